@@ -1,0 +1,12 @@
+"""hwbench: benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.
+
+The way one benchmark point travels (docs/architecture.md):
+CLI -> RunSpec (hwbench.spec) -> worker (hwbench.harness.worker) using a device
+backend (hwbench.device), a workload (hwbench.workload) and an engine
+(hwbench.engine) -> RunResult written by hwbench.results.
+"""
+
+__version__ = "0.1.0"
+
+# Version of the result-file layout (docs/results.md). Bump on any incompatible change.
+RESULT_SCHEMA_VERSION = 1

@@ -1,0 +1,3 @@
+from hwbench.cli import main
+
+raise SystemExit(main())

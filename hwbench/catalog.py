@@ -1,0 +1,277 @@
+"""The hardware and workload catalogs: YAML files, one per accelerator model
+(devices/) and one per GPT size (workloads/), shipped inside the package.
+
+More catalog folders can be named in HWBENCH_CATALOG_PATH (separated by ':');
+each may hold devices/ and workloads/, and an entry there replaces a shipped
+entry of the same name. Field reference: docs/catalog.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hwbench.errors import SetupError
+from hwbench.workload.config import GPTConfig
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class CatalogError(SetupError):
+    """A catalog file that cannot be used; the message names the file and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceModel:
+    name: str
+    vendor: str
+    backend: str
+    title: str
+    match: tuple[str, ...]
+    memory_bytes: int | None
+    tdp_watts: float | None
+    interconnect: str | None
+    peak_flops: dict[str, float | None]
+    peak_flops_source: str | None
+    price_usd_per_hour: float | None
+    path: str
+
+    def peak(self, precision: str) -> tuple[float | None, str | None]:
+        """(peak dense FLOP/s, None) or (None, why there is none)."""
+        value = self.peak_flops.get(precision)
+        if value is None:
+            return None, f"the catalog entry {self.name!r} ({self.path}) has no {precision} peak"
+        return value, None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingDefaults:
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    lr: float
+    min_lr: float
+    precision: str
+    recompute: bool
+    initial_scale_power: int
+    loss_scale: float | None
+    weight_decay: float
+    clip_grad: float
+    lr_decay_style: str
+    lr_decay_iters: int
+    lr_warmup_iters: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedLayout:
+    devices: int
+    tp: int
+    pp: int
+    zero_stage: int
+    tables: tuple[str, ...]
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    model: GPTConfig
+    training: TrainingDefaults
+    published: PublishedLayout | None
+    path: str
+
+
+class _Fields:
+    """Typed access to one YAML mapping, failing with the file and field named."""
+
+    def __init__(self, data: Any, path: str, prefix: str = "") -> None:
+        if not isinstance(data, dict):
+            raise CatalogError(f"{path}: {prefix or 'the file'} must be a mapping")
+        self.data, self.path, self.prefix = data, path, prefix
+
+    def _fail(self, key: str, want: str) -> CatalogError:
+        value = self.data.get(key, "<missing>")
+        return CatalogError(f"{self.path}: field {self.prefix}{key} must be {want}, got {value!r}")
+
+    def section(self, key: str, optional: bool = False) -> "_Fields | None":
+        if optional and self.data.get(key) is None:
+            return None
+        return _Fields(self.data.get(key), self.path, f"{self.prefix}{key}.")
+
+    def text(self, key: str, optional: bool = False) -> str | None:
+        value = self.data.get(key)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            raise self._fail(key, "a non-empty string")
+        return value
+
+    def number(self, key: str, optional: bool = False, minimum: float = 0.0) -> float | None:
+        value = self.data.get(key)
+        if value is None and optional:
+            return None
+        try:  # YAML 1.1 reads '989e12' as a string: accept numeric strings
+            number = float(value)
+        except (TypeError, ValueError):
+            raise self._fail(key, "a number") from None
+        if isinstance(value, bool) or number < minimum:
+            raise self._fail(key, f"a number >= {minimum:g}")
+        return number
+
+    def integer(self, key: str, optional: bool = False, minimum: int = 1) -> int | None:
+        value = self.number(key, optional, minimum)
+        if value is None:
+            return None
+        if value != int(value):
+            raise self._fail(key, "an integer")
+        return int(value)
+
+    def flag(self, key: str) -> bool:
+        value = self.data.get(key)
+        if not isinstance(value, bool):
+            raise self._fail(key, "true or false")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.data.get(key)
+        if value not in choices:
+            raise self._fail(key, "one of " + ", ".join(choices))
+        return value
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise CatalogError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from None
+
+
+def _device_from(path: Path) -> DeviceModel:
+    f = _Fields(_read_yaml(path), str(path))
+    match = f.data.get("match")
+    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+        raise f._fail("match", "a list of regular expressions")
+    for pattern in match:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise CatalogError(f"{path}: field match: bad regular expression {pattern!r}: {error}") from None
+    peaks = f.section("peak_flops")
+    return DeviceModel(
+        name=f.text("name"),
+        vendor=f.text("vendor"),
+        backend=f.choice("backend", ("cpu", "cuda", "npu")),
+        title=f.text("title"),
+        match=tuple(match),
+        memory_bytes=f.integer("memory_bytes", optional=True),
+        tdp_watts=f.number("tdp_watts", optional=True),
+        interconnect=f.text("interconnect", optional=True),
+        peak_flops={p: peaks.number(p, optional=True, minimum=1.0) for p in PRECISIONS},
+        peak_flops_source=f.text("peak_flops_source", optional=True),
+        price_usd_per_hour=f.number("price_usd_per_hour", optional=True),
+        path=str(path),
+    )
+
+
+def _workload_from(path: Path) -> Workload:
+    f = _Fields(_read_yaml(path), str(path))
+    m, t = f.section("model"), f.section("training")
+    model = GPTConfig(
+        num_layers=m.integer("num_layers"),
+        hidden_size=m.integer("hidden_size"),
+        num_attention_heads=m.integer("num_attention_heads"),
+        max_position_embeddings=m.integer("max_position_embeddings"),
+        vocab_size=m.integer("vocab_size"),
+        make_vocab_size_divisible_by=m.integer("make_vocab_size_divisible_by"),
+    )
+    for problem in model.problems():
+        raise CatalogError(f"{path}: model: {problem}")
+    decay_iters = t.integer("lr_decay_iters")
+    warmup_iters = t.integer("lr_warmup_iters", optional=True, minimum=0)
+    if warmup_iters is None:  # Megatron: warm-up = fraction x decay iterations
+        warmup_iters = round(t.number("lr_warmup_fraction") * decay_iters)
+    training = TrainingDefaults(
+        seq_length=t.integer("seq_length"),
+        micro_batch_size=t.integer("micro_batch_size"),
+        global_batch_size=t.integer("global_batch_size"),
+        lr=t.number("lr"),
+        min_lr=t.number("min_lr"),
+        precision=t.choice("precision", PRECISIONS),
+        recompute=t.flag("recompute"),
+        initial_scale_power=t.integer("initial_scale_power", minimum=0),
+        loss_scale=t.number("loss_scale", optional=True, minimum=1.0),
+        weight_decay=t.number("weight_decay"),
+        clip_grad=t.number("clip_grad"),
+        lr_decay_style=t.choice("lr_decay_style", ("cosine", "linear", "constant")),
+        lr_decay_iters=decay_iters,
+        lr_warmup_iters=warmup_iters,
+        seed=t.integer("seed", minimum=0),
+    )
+    published = None
+    p = f.section("published", optional=True)
+    if p is not None:
+        tables = p.data.get("tables") or []
+        published = PublishedLayout(
+            devices=p.integer("devices"), tp=p.integer("tp"), pp=p.integer("pp"),
+            zero_stage=p.integer("zero_stage", minimum=0), tables=tuple(str(x) for x in tables),
+            source=p.text("source"),
+        )
+    return Workload(f.text("name"), f.text("title"), model, training, published, str(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    devices: dict[str, DeviceModel]
+    workloads: dict[str, Workload]
+
+    def match_device(self, backend: str, device_name: str) -> DeviceModel | None:
+        """The entry whose longest matching pattern matches ``device_name``."""
+        best: tuple[int, DeviceModel] | None = None
+        for entry in self.devices.values():
+            if entry.backend != backend:
+                continue
+            for pattern in entry.match:
+                if re.search(pattern, device_name, re.IGNORECASE) and (best is None or len(pattern) > best[0]):
+                    best = (len(pattern), entry)
+        return best[1] if best else None
+
+
+def catalog_dirs() -> list[Path]:
+    """The shipped catalog, then each folder of HWBENCH_CATALOG_PATH."""
+    dirs = [Path(str(resources.files("hwbench.catalogs")))]
+    extra = os.environ.get("HWBENCH_CATALOG_PATH", "")
+    dirs += [Path(part) for part in extra.split(os.pathsep) if part]
+    return dirs
+
+
+def _load(kind: str, reader) -> dict:
+    entries: dict = {}
+    for root in catalog_dirs():
+        folder = root / kind
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")):
+            entry = reader(path)
+            if entry.name != path.stem:
+                raise CatalogError(f"{path}: field name {entry.name!r} must equal the file name {path.stem!r}")
+            entries[entry.name] = entry
+    return entries
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(key: str) -> Catalog:
+    return Catalog(devices=_load("devices", _device_from), workloads=_load("workloads", _workload_from))
+
+
+def load_catalog() -> Catalog:
+    """Read every catalog folder (cached per HWBENCH_CATALOG_PATH value)."""
+    return _cached(os.environ.get("HWBENCH_CATALOG_PATH", ""))

@@ -1,0 +1,132 @@
+"""The `hwbench` command: parses, calls, prints. No logic of its own.
+
+Exit status: 0 success; 1 the run finished with a status other than ok (the
+result file says why); 2 bad input or a machine that lacks the device, with
+one line on stderr and nothing written; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from tabulate import tabulate
+
+from hwbench import __version__
+from hwbench.catalog import PRECISIONS, load_catalog
+from hwbench.device import DEVICE_CHOICES
+from hwbench.errors import SetupError, UsageError
+from hwbench.spec import DEFAULT_MODEL, DEFAULT_OUT, DEFAULT_STEPS, DEFAULT_WARMUP
+from hwbench.workload.flops import FLOPS_FORMULAS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one line (no usage dump), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hwbench", description="Benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.")
+    parser.add_argument("--version", action="version", version=f"hwbench {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="train one workload on one device and measure it")
+    run.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                     help="auto picks npu, then cuda, then cpu (default: auto)")
+    run.add_argument("--model", help=f"workload from the catalog, see `hwbench models` (default: {DEFAULT_MODEL})")
+    run.add_argument("--micro-batch-size", type=int, help="samples per forward pass (default: the workload's)")
+    run.add_argument("--global-batch-size", type=int,
+                     help="samples per optimizer step; a multiple of the micro batch (default: the workload's)")
+    run.add_argument("--seq-length", type=int, help="tokens per sample (default: the workload's)")
+    run.add_argument("--precision", choices=PRECISIONS, help="fp32, or bf16/fp16 autocast (default: the workload's)")
+    run.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
+                     help="activation checkpointing of every block (default: the workload's)")
+    run.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    run.add_argument("--steps", type=int, help=f"timed optimizer steps (default: {DEFAULT_STEPS})")
+    run.add_argument("--warmup", type=int, help=f"untimed steps before them (default: {DEFAULT_WARMUP})")
+    run.add_argument("--seed", type=int, help="seed for weights and data (default: the workload's)")
+    run.add_argument("--out", help=f"folder for the result file (default: {DEFAULT_OUT})")
+    run.add_argument("--telemetry", action=argparse.BooleanOptionalAction, default=None,
+                     help="sample power, clocks and temperature during the timed steps (default: on)")
+    run.add_argument("--telemetry-interval", type=float, help="seconds between telemetry samples (default: 0.5)")
+    run.add_argument("--flops-formula", choices=tuple(FLOPS_FORMULAS),
+                     help="model FLOPs formula for TFLOP/s and MFU (default: megatron-lm)")
+    run.add_argument("--quiet", action="store_true", help="no progress display")
+
+    commands.add_parser("models", help="list the workloads with their parameter counts and published settings")
+    commands.add_parser("devices", help="list the hardware catalog and the device this machine would use")
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from hwbench.harness.worker import run_point
+    from hwbench.report.summary import run_summary_table
+    from hwbench.results import write_result
+    from hwbench.spec import build_run_spec
+
+    options = vars(args).copy()
+    options["telemetry_interval"] = options.pop("telemetry_interval")
+    catalog = load_catalog()
+    spec = build_run_spec(options, catalog)
+    result = run_point(spec, catalog, show_progress=not args.quiet)
+    path = write_result(result, spec.out_dir)
+    print(run_summary_table(result, str(path)))
+    return 0 if result.status == "ok" else 1
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from hwbench.workload.params import count_parameters
+
+    rows = []
+    for workload in sorted(load_catalog().workloads.values(), key=lambda w: count_parameters(w.model).total):
+        m, t, p = workload.model, workload.training, workload.published
+        counts = count_parameters(m)
+        rows.append([
+            workload.name, f"{counts.total / 1e6:,.1f}M", f"{counts.non_embedding / 1e6:,.1f}M",
+            m.num_layers, m.hidden_size, m.num_attention_heads, t.seq_length,
+            f"{t.micro_batch_size}/{t.global_batch_size}", t.precision, "yes" if t.recompute else "no",
+            f"{p.devices} dev, TP{p.tp} PP{p.pp} ({', '.join(p.tables)})" if p else "-",
+        ])
+    print(tabulate(rows, headers=["model", "params", "non-emb", "layers", "hidden", "heads", "seq",
+                                  "micro/global", "precision", "recompute", "published layout"],
+                   disable_numparse=True))
+    print("\nParameters are counted from the architecture (padded GPT-2 vocabulary at TP1), no weights allocated.")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from hwbench.device import detect_device, select_backend
+
+    rows = []
+    for entry in sorted(load_catalog().devices.values(), key=lambda d: (d.vendor, d.name)):
+        peaks = ", ".join(f"{k} {v / 1e12:g}" for k, v in entry.peak_flops.items() if v) or "none known"
+        memory = f"{entry.memory_bytes / 2**30:g} GiB" if entry.memory_bytes else "from device"
+        rows.append([entry.name, entry.backend, entry.title, memory, peaks])
+    print(tabulate(rows, headers=["entry", "backend", "model", "memory", "peak TFLOP/s (dense)"]))
+    detected = detect_device()
+    backend = select_backend(detected)
+    names = ", ".join(backend.device_names())
+    print(f"\nThis machine: --device auto uses {detected} ({backend.device_count()} x {names})")
+    return 0
+
+
+COMMANDS = {"run": _cmd_run, "models": _cmd_models, "devices": _cmd_devices}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, SetupError) as error:
+        print(f"hwbench: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hwbench: interrupted; no result written for the unfinished run", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""What CUDA GPUs and Ascend NPUs share: torch_npu mirrors torch.cuda as
+torch.npu (FACTS.md §6), so one class drives both through that module."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from hwbench.device.base import Backend, EventTimer, MemoryStats, StepTimer
+
+
+class AcceleratorBackend(Backend):
+    """A backend over a torch.cuda-like module (``torch.cuda`` or ``torch.npu``)."""
+
+    def __init__(self, api: ModuleType) -> None:
+        super().__init__()
+        self.api = api
+        self.local_index = 0
+
+    def device_count(self) -> int:
+        return int(self.api.device_count())
+
+    def device_names(self) -> list[str]:
+        return [str(self.api.get_device_name(i)) for i in range(self.device_count())]
+
+    def _set_device(self, local_rank: int) -> torch.device:
+        self.local_index = local_rank
+        self.api.set_device(local_rank)
+        return torch.device(self.name, local_rank)
+
+    def synchronize(self) -> None:
+        self.api.synchronize()
+
+    def step_timer(self) -> StepTimer:
+        return EventTimer(self.api.Event)
+
+    def reset_peak_memory(self) -> None:
+        self.api.reset_peak_memory_stats()
+
+    def memory_stats(self) -> MemoryStats:
+        unmeasured: dict[str, str] = {}
+        stats: dict[str, Any] = {}
+        try:
+            stats = dict(self.api.memory_stats())
+        except Exception as error:  # an old runtime without memory_stats
+            unmeasured["memory_stats"] = f"{type(error).__name__}: {error}"
+
+        def stat(key: str, field: str) -> int | None:
+            if key in stats:
+                return int(stats[key])
+            unmeasured.setdefault(field, f"memory_stats() has no '{key}'")
+            return None
+
+        return MemoryStats(
+            peak_allocated_bytes=stat("allocated_bytes.all.peak", "peak_allocated_bytes"),
+            peak_reserved_bytes=stat("reserved_bytes.all.peak", "peak_reserved_bytes"),
+            capacity_bytes=self._capacity_bytes(unmeasured),
+            alloc_retries=stat("num_alloc_retries", "alloc_retries"),
+            ooms=stat("num_ooms", "ooms"),
+            source=f"torch.{self.name}.memory_stats() of the caching allocator",
+            unmeasured=unmeasured,
+        )
+
+    def _capacity_bytes(self, unmeasured: dict[str, str]) -> int | None:
+        try:
+            return int(self.api.get_device_properties(self.local_index).total_memory)
+        except Exception as error:
+            unmeasured["capacity_bytes"] = f"{type(error).__name__}: {error}"
+            return None

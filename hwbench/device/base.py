@@ -1,0 +1,166 @@
+"""The device protocol every vendor backend implements (DESIGN.md, "The device layer").
+
+Everything outside hwbench/device talks to hardware only through ``Backend``.
+A query a device cannot answer gives None plus a reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import time
+from typing import Any, Iterator
+
+import torch
+
+from hwbench.device.telemetry import TelemetrySampler
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass
+class MemoryStats:
+    """Peak memory of this process's device since the last reset, in bytes.
+    A None field comes with its reason in ``unmeasured``."""
+
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    capacity_bytes: int | None
+    alloc_retries: int | None
+    ooms: int | None
+    source: str
+    unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class StepTimer(abc.ABC):
+    """Marks step boundaries without synchronising; ``intervals_s`` (called after
+    the device is synchronised) gives the time between consecutive marks."""
+
+    @abc.abstractmethod
+    def mark(self) -> None: ...
+
+    @abc.abstractmethod
+    def intervals_s(self) -> list[float]: ...
+
+
+class HostTimer(StepTimer):
+    """For devices whose work is done when the call returns (the CPU)."""
+
+    def __init__(self) -> None:
+        self._marks: list[float] = []
+
+    def mark(self) -> None:
+        self._marks.append(time.perf_counter())
+
+    def intervals_s(self) -> list[float]:
+        return [b - a for a, b in zip(self._marks, self._marks[1:])]
+
+
+class EventTimer(StepTimer):
+    """Device events recorded in the stream: device time, no host sync per step."""
+
+    def __init__(self, event_factory) -> None:
+        self._event_factory = event_factory
+        self._events: list[Any] = []
+
+    def mark(self) -> None:
+        event = self._event_factory(enable_timing=True)
+        event.record()
+        self._events.append(event)
+
+    def intervals_s(self) -> list[float]:
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
+
+
+class Backend(abc.ABC):
+    """One vendor's way of doing the things a benchmark needs."""
+
+    name: str  # "cpu", "cuda", "npu"
+    dist_backend: str  # process-group backend: gloo, nccl, hccl
+    deepspeed_accelerator: str  # the DS_ACCELERATOR value that matches
+    simulated: bool = False  # True when a stand-in replaces the vendor runtime
+
+    def __init__(self) -> None:
+        # What the backend changed in this process to run well, recorded in results.
+        self.tuning: dict[str, Any] = {}
+        self.torch_device = torch.device("cpu")
+
+    # identity -------------------------------------------------------------
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def device_names(self) -> list[str]: ...
+
+    # control --------------------------------------------------------------
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+        """Bind this process to its device and apply the backend's tuning."""
+        self.torch_device = self._set_device(local_rank)
+        return self.torch_device
+
+    @abc.abstractmethod
+    def _set_device(self, local_rank: int) -> torch.device: ...
+
+    @abc.abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abc.abstractmethod
+    def step_timer(self) -> StepTimer: ...
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # seeds every device torch knows, CPU included
+
+    # precision ------------------------------------------------------------
+    def precision_problem(self, precision: str) -> str | None:
+        """Why this device cannot train in ``precision``, or None when it can."""
+        return None
+
+    def autocast(self, precision: str) -> contextlib.AbstractContextManager:
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
+
+    def grad_scaler(self, init_scale: float, dynamic: bool) -> torch.amp.GradScaler:
+        """fp16 loss scaling: dynamic (halve on overflow, double after 1000 clean
+        steps, as Megatron and DeepSpeed do) or fixed at ``init_scale``."""
+        if dynamic:
+            return torch.amp.GradScaler(self.torch_device.type, init_scale=init_scale,
+                                        growth_factor=2.0, backoff_factor=0.5, growth_interval=1000)
+        return torch.amp.GradScaler(self.torch_device.type, init_scale=init_scale,
+                                    growth_factor=1.0, backoff_factor=1.0)
+
+    def optimizer_options(self) -> dict[str, Any]:
+        """Keyword arguments for torch.optim.AdamW that run fastest here."""
+        return {"foreach": True}
+
+    # memory ---------------------------------------------------------------
+    @abc.abstractmethod
+    def reset_peak_memory(self) -> None: ...
+
+    @abc.abstractmethod
+    def memory_stats(self) -> MemoryStats: ...
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        text = str(error).lower()
+        return "out of memory" in text or "can't allocate memory" in text
+
+    # telemetry and environment --------------------------------------------
+    @abc.abstractmethod
+    def telemetry_sampler(self, interval_s: float) -> TelemetrySampler: ...
+
+    @abc.abstractmethod
+    def fingerprint(self) -> dict[str, Any]:
+        """Driver, runtime and library versions and device models (vendor part;
+        hwbench.device.fingerprint adds what every backend shares)."""
+
+    @contextlib.contextmanager
+    def measuring(self) -> Iterator[None]:
+        """Bracket a timed region with device synchronisation."""
+        self.synchronize()
+        try:
+            yield
+        finally:
+            self.synchronize()

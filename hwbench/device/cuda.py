@@ -1,0 +1,73 @@
+"""The CUDA backend (NVIDIA GPUs), with NVML telemetry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hwbench.device.accelerator import AcceleratorBackend
+from hwbench.device.nvml import NvmlSampler, nvml_driver_version
+from hwbench.device.telemetry import TelemetrySampler
+from hwbench.errors import SetupError
+
+
+class CudaBackend(AcceleratorBackend):
+    name = "cuda"
+    dist_backend = "nccl"
+    deepspeed_accelerator = "cuda"
+
+    def __init__(self) -> None:
+        if torch.version.cuda is None:
+            raise SetupError(
+                f"--device cuda: this torch build ({torch.__version__}) has no CUDA support; "
+                "install a CUDA build of torch (README, 'On a GPU machine')"
+            )
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            raise SetupError(
+                "--device cuda: torch sees no CUDA device; check nvidia-smi, the driver "
+                "and CUDA_VISIBLE_DEVICES"
+            )
+        super().__init__(torch.cuda)
+
+    @staticmethod
+    def available() -> bool:
+        return torch.version.cuda is not None and torch.cuda.is_available()
+
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
+        device = super().prepare_process(local_rank, local_world_size)
+        # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.tuning = {"tf32": False}
+        return device
+
+    def precision_problem(self, precision: str) -> str | None:
+        if precision == "bf16" and not torch.cuda.is_bf16_supported():
+            return "this GPU has no bf16 support (compute capability below 8.0); use --precision fp16"
+        return None
+
+    def optimizer_options(self) -> dict[str, Any]:
+        return {"fused": True}
+
+    def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
+        props = torch.cuda.get_device_properties(self.local_index)
+        uuid = getattr(props, "uuid", None)
+        return NvmlSampler([str(uuid)] if uuid is not None else [], [self.local_index], interval_s)
+
+    def fingerprint(self) -> dict[str, Any]:
+        count = self.device_count()
+        props = [torch.cuda.get_device_properties(i) for i in range(count)]
+        try:
+            nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+        except Exception:
+            nccl = None
+        return {
+            "device_models": self.device_names(),
+            "device_count": count,
+            "compute_capability": [f"{p.major}.{p.minor}" for p in props],
+            "driver_version": nvml_driver_version(),
+            "cuda_version": torch.version.cuda,
+            "cudnn_version": torch.backends.cudnn.version(),
+            "nccl_version": nccl,
+        }

@@ -1,0 +1,120 @@
+"""The Ascend NPU backend through torch_npu, with npu-smi telemetry.
+
+Without an Ascend machine it is exercised through a stand-in ``torch_npu``
+(tests/fakes) that declares itself with ``__hwbench_stand_in__``; results from
+such a run are marked simulated and the compute runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import re
+from typing import Any
+
+import torch
+
+from hwbench.device.accelerator import AcceleratorBackend
+from hwbench.device.npu_smi import NpuSmiSampler
+from hwbench.device.telemetry import TelemetrySampler
+from hwbench.errors import SetupError
+
+DEFAULT_TOOLKIT = "/usr/local/Ascend/ascend-toolkit"
+DEFAULT_DRIVER = "/usr/local/Ascend/driver"
+
+
+def import_torch_npu():
+    """Import torch_npu or raise SetupError saying what is missing and the fix."""
+    try:
+        return importlib.import_module("torch_npu")
+    except ModuleNotFoundError as error:
+        if error.name != "torch_npu":
+            raise SetupError(f"--device npu: torch_npu cannot import its dependency {error.name}: {error}")
+        torch_version = torch.__version__.split("+")[0]
+        raise SetupError(
+            f"--device npu: torch_npu is not installed (pip install torch-npu=={torch_version}, "
+            "the version of the installed torch)"
+        ) from None
+    except (ImportError, OSError) as error:
+        missing = re.search(r"(lib[\w.+-]+\.so[\w.]*)", str(error))
+        what = missing.group(1) if missing else str(error)
+        raise SetupError(
+            f"--device npu: CANN runtime not found: {what} "
+            f"(source {DEFAULT_TOOLKIT}/set_env.sh)"
+        ) from None
+
+
+def _read_version(paths: list[str], key_pattern: str) -> str | None:
+    for pattern in paths:
+        for path in sorted(glob.glob(pattern)):
+            try:
+                text = open(path).read()
+            except OSError:
+                continue
+            match = re.search(key_pattern + r"\s*[=:]\s*([\w.\-]+)", text, re.IGNORECASE)
+            if match:
+                return match.group(1)
+    return None
+
+
+class NpuBackend(AcceleratorBackend):
+    name = "npu"
+    dist_backend = "hccl"
+    deepspeed_accelerator = "npu"
+
+    def __init__(self) -> None:
+        self.torch_npu = import_torch_npu()
+        self.simulated = bool(getattr(self.torch_npu, "__hwbench_stand_in__", False))
+        if not hasattr(torch, "npu"):
+            raise SetupError("--device npu: torch_npu imported but torch.npu is missing; reinstall torch-npu")
+        super().__init__(torch.npu)
+        if self.device_count() == 0:
+            raise SetupError(
+                "--device npu: torch_npu sees no NPU; check npu-smi info and ASCEND_RT_VISIBLE_DEVICES"
+            )
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            import_torch_npu()
+            return int(torch.npu.device_count()) > 0
+        except (SetupError, AttributeError):
+            return False
+
+    def _set_device(self, local_rank: int) -> torch.device:
+        self.local_index = local_rank
+        self.api.set_device(local_rank)
+        if self.simulated:
+            return torch.device("cpu")  # the stand-in computes on the host
+        return torch.device("npu", local_rank)
+
+    def physical_npu_id(self) -> int:
+        """npu-smi numbers NPUs physically; ASCEND_RT_VISIBLE_DEVICES remaps them."""
+        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
+        ids = [int(part) for part in visible.split(",") if part.strip().isdigit()]
+        return ids[self.local_index] if self.local_index < len(ids) else self.local_index
+
+    def precision_problem(self, precision: str) -> str | None:
+        if precision == "bf16" and not self.api.is_bf16_supported():
+            return "this NPU has no bf16 support (Ascend 910 first generation); use --precision fp16"
+        return None
+
+    def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
+        return NpuSmiSampler([self.physical_npu_id()], interval_s)
+
+    def fingerprint(self) -> dict[str, Any]:
+        toolkit = os.environ.get("ASCEND_TOOLKIT_HOME", f"{DEFAULT_TOOLKIT}/latest")
+        return {
+            "device_models": self.device_names(),
+            "device_count": self.device_count(),
+            "simulated": self.simulated,
+            "torch_npu_version": getattr(self.torch_npu, "__version__", None),
+            "cann_version": _read_version(
+                [f"{toolkit}/version.cfg", f"{toolkit}/*/ascend_toolkit_install.info",
+                 f"{toolkit}/ascend_toolkit_install.info"],
+                r"(?:toolkit_installed_version|version)",
+            ),
+            "driver_version": _read_version([f"{DEFAULT_DRIVER}/version.info"], r"version"),
+            "hccl_version": _read_version([f"{toolkit}/*/hccl/version.info", f"{toolkit}/hccl/version.info"], r"version"),
+        }

@@ -1,0 +1,140 @@
+"""Device telemetry sampled by a background thread around the timed steps.
+
+A sampler reads every visible device at a fixed interval; its summary holds
+means, maxima and energy. Readings a device does not support are None and the
+summary says why, so a missing sensor never stops a benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+# How each reading is summarised over the timed window.
+MEAN_AND_MAX = ("power_w", "temperature_c", "sm_clock_mhz", "utilization_percent", "memory_used_mb")
+
+
+class TelemetrySampler:
+    """Base sampler: subclasses implement ``read`` (one reading per device) and
+    may override ``energy_counter_j`` when the device has an energy counter."""
+
+    source = "none"
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, list[dict[str, Any]]]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._energy_start: list[float | None] = []
+        self._window: tuple[float, float] | None = None
+
+    # To be provided by vendors -------------------------------------------
+    def read(self) -> list[dict[str, Any]]:
+        """One reading per device: keys from MEAN_AND_MAX plus 'throttle_reasons'
+        (list of names) and 'ecc_uncorrected' (count); None where unsupported."""
+        return []
+
+    def energy_counter_j(self) -> list[float | None]:
+        """Cumulative energy per device in joules, where the device counts it."""
+        return []
+
+    def unavailable_reason(self) -> str | None:
+        """Why this sampler measures nothing, or None when it works."""
+        return None
+
+    # Running -------------------------------------------------------------
+    def start(self) -> None:
+        if self.unavailable_reason():
+            return
+        self._energy_start = self.energy_counter_j()
+        self._window = (time.monotonic(), math.nan)
+        self._thread = threading.Thread(target=self._loop, name="hwbench-telemetry", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._take_sample()
+            self._stop.wait(self.interval_s)
+
+    def _take_sample(self) -> None:
+        try:
+            self.samples.append((time.monotonic(), self.read()))
+        except Exception as error:  # a flaky sensor must not end the run
+            if len(self.errors) < 5:
+                self.errors.append(f"{type(error).__name__}: {error}")
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling and summarise the window since ``start``."""
+        reason = self.unavailable_reason()
+        if reason:
+            return {"source": self.source, "available": False, "reason": reason, "devices": []}
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._take_sample()  # one reading at the very end of the window
+        energy_end = self.energy_counter_j()
+        start = self._window[0] if self._window else time.monotonic()
+        return self._summarise(time.monotonic() - start, energy_end)
+
+    def _summarise(self, window_s: float, energy_end: list[float | None]) -> dict[str, Any]:
+        device_count = max((len(r) for _, r in self.samples), default=0)
+        devices = []
+        for index in range(device_count):
+            readings = [r[index] for _, r in self.samples if index < len(r)]
+            times = [t for t, r in self.samples if index < len(r)]
+            devices.append(self._summarise_device(index, readings, times, window_s, energy_end))
+        return {
+            "source": self.source,
+            "available": True,
+            "interval_s": self.interval_s,
+            "window_s": window_s,
+            "samples": len(self.samples),
+            "errors": self.errors,
+            "devices": devices,
+        }
+
+    def _summarise_device(self, index, readings, times, window_s, energy_end) -> dict[str, Any]:
+        summary: dict[str, Any] = {"index": index}
+        unmeasured: dict[str, str] = {}
+        for key in MEAN_AND_MAX:
+            values = [r.get(key) for r in readings if r.get(key) is not None]
+            if values:
+                summary[f"{key}_mean"] = sum(values) / len(values)
+                summary[f"{key}_max"] = max(values)
+            else:
+                summary[f"{key}_mean"] = summary[f"{key}_max"] = None
+                unmeasured[key] = "not reported by this device"
+        reasons = sorted({name for r in readings for name in (r.get("throttle_reasons") or [])})
+        summary["throttle_reasons"] = reasons if any("throttle_reasons" in r for r in readings) else None
+        ecc = [r.get("ecc_uncorrected") for r in readings if r.get("ecc_uncorrected") is not None]
+        summary["ecc_uncorrected_delta"] = (max(ecc) - min(ecc)) if ecc else None
+        summary["energy_j"], summary["energy_method"] = self._energy(index, readings, times, energy_end)
+        if summary["energy_j"] is None:
+            unmeasured["energy_j"] = "no energy counter and no power readings"
+        summary["unmeasured"] = unmeasured
+        return summary
+
+    def _energy(self, index, readings, times, energy_end):
+        begin = self._energy_start[index] if index < len(self._energy_start) else None
+        end = energy_end[index] if index < len(energy_end) else None
+        if begin is not None and end is not None:
+            return end - begin, "energy counter"
+        powers = [(t, r.get("power_w")) for t, r in zip(times, readings) if r.get("power_w") is not None]
+        if len(powers) >= 2:  # trapezoidal integration of sampled power
+            joules = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(powers, powers[1:]))
+            return joules, "integrated power samples"
+        return None, None
+
+
+class NoTelemetry(TelemetrySampler):
+    """For devices with no readable sensors (the CPU without RAPL, say)."""
+
+    def __init__(self, reason: str, interval_s: float = 0.5) -> None:
+        super().__init__(interval_s)
+        self._reason = reason
+
+    def unavailable_reason(self) -> str | None:
+        return self._reason

@@ -1,0 +1,1 @@
+"""Training engines: how a model, an optimizer and the parallel layout are put together."""

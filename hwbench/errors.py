@@ -1,0 +1,16 @@
+"""The two kinds of error a user sees as one line and exit status 2."""
+
+
+class UsageError(Exception):
+    """A bad option value or combination. The message names the option, the
+    value and what would be accepted; the CLI prints it as one line, exits 2
+    and writes nothing."""
+
+    exit_code = 2
+
+
+class SetupError(Exception):
+    """The machine lacks what the chosen device needs (a driver, a package, a
+    runtime). The message says what is missing and how to fix it; exit 2."""
+
+    exit_code = 2

@@ -1,0 +1,56 @@
+"""The progress display on stderr: one rewritten line on a terminal, a line
+every few seconds otherwise (CI logs)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Progress:
+    def __init__(self, title: str, total_steps: int, warmup_steps: int, *, stream: TextIO | None = None,
+                 enabled: bool = True, log_interval_s: float = 10.0) -> None:
+        self.title = title
+        self.total = total_steps
+        self.warmup = warmup_steps
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.interactive = enabled and self.stream.isatty()
+        self.log_interval_s = log_interval_s
+        self.started = time.monotonic()
+        self._last_draw = 0.0
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self._finish_line()
+            print(f"{self.title}: {message}", file=self.stream, flush=True)
+
+    def step(self, done: int, loss: float | None = None) -> None:
+        """``done`` steps of ``total`` finished (warm-up included)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        due = 0.2 if self.interactive else self.log_interval_s
+        if done < self.total and now - self._last_draw < due:
+            return
+        self._last_draw = now
+        phase = "warm-up" if done <= self.warmup else "timed"
+        elapsed = now - self.started
+        eta = elapsed / done * (self.total - done) if done else 0.0
+        text = f"{self.title}: step {done}/{self.total} ({phase})  elapsed {elapsed:5.1f}s  eta {eta:5.1f}s"
+        if loss is not None:
+            text += f"  loss {loss:.4f}"
+        if self.interactive:
+            print("\r" + text.ljust(100), end="", file=self.stream, flush=True)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def _finish_line(self) -> None:
+        if self.interactive and self._last_draw:
+            print(file=self.stream, flush=True)
+            self._last_draw = 0.0
+
+    def close(self) -> None:
+        if self.enabled:
+            self._finish_line()

@@ -1,0 +1,1 @@
+"""Turning results into tables people read."""

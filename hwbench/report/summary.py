@@ -1,0 +1,87 @@
+"""The table printed at the end of `hwbench run`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from hwbench.results import RunResult
+
+
+def human_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024
+    return str(value)
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _why(result: RunResult, key: str) -> str:
+    reason = result.metrics.get("unmeasured", {}).get(key)
+    return f"null: {reason}" if reason else "-"
+
+
+def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[str, str]]:
+    spec, metrics, device, workload = result.spec, result.metrics, result.device, result.workload
+    rows: list[tuple[str, str]] = [
+        ("status", result.status + (f" ({result.error['message']})" if result.error else "")),
+        ("model", f"{workload.get('name', spec['model'])}: {workload.get('parameters', 0) / 1e6:,.1f}M parameters"),
+        ("device", f"{device.get('backend', '?')}: {device.get('device_model', '?')}"
+                   + (" [SIMULATED]" if device.get("simulated") else "")),
+        ("batch", f"micro {spec['micro_batch_size']}, global {spec['global_batch_size']}, seq {spec['seq_length']}, "
+                  f"{spec['precision']}" + (", recompute" if spec["recompute"] else "")
+                  + (", compiled" if spec["compile"] else "")),
+    ]
+    if not metrics:
+        return rows + ([("result file", path)] if path else [])
+    step = metrics["step_time_s"]
+    memory = metrics["memory"]
+    mfu = metrics.get("mfu")
+    rows += [
+        ("steps", f"{metrics['timed_steps']} timed after {spec['warmup']} warm-up"),
+        ("samples/s", _number(metrics["samples_per_s"])),
+        ("tokens/s", _number(metrics["tokens_per_s"], 0)),
+        ("TFLOP/s per device", _number(metrics["tflops_per_device"], 3) + f"  ({metrics['flops_formula']})"),
+        ("MFU", f"{mfu:.1%}" if mfu is not None else _why(result, "mfu")),
+        ("step time", f"median {step['median'] * 1e3:,.1f} ms, p10 {step['p10'] * 1e3:,.1f}, "
+                      f"p90 {step['p90'] * 1e3:,.1f}, CV {step['cv']:.1%}"),
+        ("peak memory", f"allocated {human_bytes(memory.get('peak_allocated_bytes'))}, "
+                        f"reserved {human_bytes(memory.get('peak_reserved_bytes'))} "
+                        f"of {human_bytes(memory.get('capacity_bytes'))}"),
+        ("loss", f"{_number(metrics.get('loss_start'), 3)} -> {_number(metrics.get('loss_end'), 3)} "
+                 f"(floor {_number(metrics.get('loss_floor'), 3)})"),
+    ]
+    if spec["precision"] == "fp16":
+        rows.append(("fp16 skipped steps", str(metrics["skipped_steps"])))
+    rows.append(("telemetry", _telemetry_text(result)))
+    for warning in result.warnings:
+        rows.append(("warning", warning))
+    if path:
+        rows.append(("result file", path))
+    return rows
+
+
+def _telemetry_text(result: RunResult) -> str:
+    telemetry: dict[str, Any] | None = result.metrics.get("telemetry")
+    if not telemetry or not telemetry.get("available"):
+        return _why(result, "telemetry")
+    parts = []
+    for device in telemetry["devices"]:
+        text = f"#{device['index']}: power {_number(device.get('power_w_mean'), 0)} W"
+        text += f", energy {_number(device.get('energy_j'), 0)} J"
+        text += f", temp max {_number(device.get('temperature_c_max'), 0)} C"
+        if device.get("throttle_reasons"):
+            text += f", throttle {'+'.join(device['throttle_reasons'])}"
+        parts.append(text)
+    return "; ".join(parts) or "no samples"
+
+
+def run_summary_table(result: RunResult, path: str | None = None) -> str:
+    return tabulate(run_summary_rows(result, path), tablefmt="simple", disable_numparse=True)

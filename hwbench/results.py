@@ -1,0 +1,133 @@
+"""RunResult: one JSON file per run, its atomic store and its loader.
+
+Every field is documented in docs/results.md. A figure that was not measured
+is null and its reason is kept in the ``unmeasured`` map beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import secrets
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+from hwbench import RESULT_SCHEMA_VERSION, __version__
+
+STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped")
+
+
+class ResultFormatError(ValueError):
+    """A result file that cannot be read: truncated, not JSON, or of a schema
+    version this hwbench does not know."""
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_id: str
+    status: str
+    spec: dict[str, Any]
+    workload: dict[str, Any] = dataclasses.field(default_factory=dict)
+    device: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    started_at: str = ""
+    finished_at: str = ""
+    hwbench_version: str = __version__
+    schema_version: int = RESULT_SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        # schema_version first, so `head` on a file shows what it is
+        return {"schema_version": data.pop("schema_version"), **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id(model: str, device: str) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{model}-{device}-{secrets.token_hex(3)}"
+
+
+def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
+    """Write ``<out_dir>/<run_id>.json`` atomically: a temporary file in the same
+    folder, flushed to disk, then renamed over the final name."""
+    if result.status not in STATUSES:
+        raise ValueError(f"unknown status {result.status!r}")
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{result.run_id}.json"
+    text = json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
+    handle, temporary = tempfile.mkstemp(prefix=f".{result.run_id}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return final
+
+
+def load_result(path: str | os.PathLike) -> RunResult:
+    """Read one result file; ResultFormatError names the file and the problem."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ResultFormatError(f"{path}: not a complete JSON document (truncated?): {error}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ResultFormatError(f"{path}: cannot be read: {error}") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
+    version = data["schema_version"]
+    if version != RESULT_SCHEMA_VERSION:
+        raise ResultFormatError(
+            f"{path}: schema_version {version!r} is not known to hwbench {__version__} "
+            f"(it reads version {RESULT_SCHEMA_VERSION})"
+        )
+    for key in ("run_id", "status", "spec"):
+        if key not in data:
+            raise ResultFormatError(f"{path}: field {key!r} is missing")
+    return RunResult.from_dict(data)
+
+
+def result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Result files named directly or found (recursively) in folders."""
+    found: list[Path] = []
+    for entry in map(Path, paths):
+        if entry.is_dir():
+            found += sorted(p for p in entry.rglob("*.json") if not p.name.startswith("."))
+        else:
+            found.append(entry)
+    return found
+
+
+def load_results(paths: Iterable[str | os.PathLike]) -> tuple[list[RunResult], list[tuple[Path, str]]]:
+    """Load every result under ``paths``. Files that cannot be read are skipped
+    with a warning naming them, and returned as (path, reason) pairs."""
+    results, skipped = [], []
+    for path in result_files(paths):
+        try:
+            results.append(load_result(path))
+        except ResultFormatError as error:
+            warnings.warn(f"skipping {error}", stacklevel=2)
+            skipped.append((path, str(error)))
+    return results, skipped

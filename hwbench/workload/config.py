@@ -1,0 +1,46 @@
+"""The shape of a Megatron GPT-2 model (FACTS.md §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of one GPT size. Everything else (FFN width, head size, the
+    padded vocabulary) follows Megatron's defaults and is derived here."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    max_position_embeddings: int
+    vocab_size: int = 50257
+    make_vocab_size_divisible_by: int = 128
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        return 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tensor_parallel: int = 1) -> int:
+        """Megatron pads the vocabulary to a multiple of
+        make_vocab_size_divisible_by x TP (50257 -> 50304 at TP1, 50432 at TP2)."""
+        multiple = self.make_vocab_size_divisible_by * tensor_parallel
+        return -(-self.vocab_size // multiple) * multiple
+
+    def problems(self) -> list[str]:
+        """What makes this shape unbuildable, as sentences (empty when fine)."""
+        found = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                found.append(f"{field.name} must be a positive integer, got {value!r}")
+        if not found and self.hidden_size % self.num_attention_heads:
+            found.append(
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        return found

@@ -1,0 +1,86 @@
+"""Model FLOPs per training iteration: the one place hwbench computes them.
+
+TFLOP/s and MFU everywhere in hwbench come from ``model_flops_per_iteration``;
+the result records which formula was used (FACTS.md §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from hwbench.workload.config import GPTConfig
+from hwbench.workload.params import count_parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopsFormula:
+    name: str
+    source: str
+    expression: str
+    # (config, global batch, seq length, padded vocab, recompute) -> FLOPs per iteration
+    compute: Callable[[GPTConfig, int, int, int, bool], float]
+
+
+def _megatron_lm(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+    L, h = config.num_layers, config.hidden_size
+    return 72.0 * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (12 * L * h))
+
+
+def _megatron_deepspeed(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+    L, h = config.num_layers, config.hidden_size
+    factor = 4 if recompute else 3
+    return 24.0 * factor * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (16 * L * h))
+
+
+def _palm(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+    n = count_parameters(config).non_embedding
+    L, H, Q = config.num_layers, config.num_attention_heads, config.head_dim
+    return float(batch * seq * (6 * n + 12 * L * H * Q * seq))
+
+
+FLOPS_FORMULAS: dict[str, FlopsFormula] = {
+    f.name: f
+    for f in (
+        FlopsFormula(
+            name="megatron-lm",
+            source="Megatron-LM core_v0.7-v0.11 num_floating_point_operations (plain GPT)",
+            expression="72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
+            compute=_megatron_lm,
+        ),
+        FlopsFormula(
+            name="megatron-deepspeed",
+            source="Megatron-DeepSpeed throughput_calculator (hardware FLOPs when recomputing)",
+            expression="24*f*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)), f = 4 with recompute else 3",
+            compute=_megatron_deepspeed,
+        ),
+        FlopsFormula(
+            name="palm",
+            source="PaLM appendix B / nanoGPT estimate_mfu",
+            expression="B*s*(6*N + 12*L*H*Q*s), N = non-embedding parameters",
+            compute=_palm,
+        ),
+    )
+}
+
+DEFAULT_FLOPS_FORMULA = "megatron-lm"
+
+
+def model_flops_per_iteration(
+    config: GPTConfig,
+    global_batch_size: int,
+    seq_length: int,
+    *,
+    tensor_parallel: int = 1,
+    recompute: bool = False,
+    formula: str = DEFAULT_FLOPS_FORMULA,
+) -> float:
+    """FLOPs of one training iteration (forward and backward over the global batch).
+
+    The default, ``megatron-lm``, counts model FLOPs: recomputation does not add
+    to it, so MFU stays comparable with and without activation checkpointing.
+    """
+    if formula not in FLOPS_FORMULAS:
+        raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FLOPS_FORMULAS)}")
+    vocab = config.padded_vocab_size(tensor_parallel)
+    return FLOPS_FORMULAS[formula].compute(config, global_batch_size, seq_length, vocab, recompute)
