@@ -1,0 +1,70 @@
+"""Result files: atomic writes, round trips and refusing what cannot be read."""
+
+import json
+import math
+import warnings
+
+import pytest
+
+from hwbench import RESULT_SCHEMA_VERSION
+from hwbench.results import ResultFormatError, RunResult, load_result, load_results, write_result
+
+
+def _result(run_id="r1", **metrics):
+    return RunResult(run_id=run_id, status="ok", spec={"model": "tiny"},
+                     metrics={"tokens_per_s": 123.5, **metrics}, steps=[{"step": 1, "loss": 10.8}])
+
+
+def test_write_then_load_round_trip(tmp_path):
+    original = _result(mfu=None, unmeasured={"mfu": "no peak"})
+    path = write_result(original, tmp_path / "runs")
+    assert path.name == "r1.json"
+    loaded = load_result(path)
+    assert loaded == original
+    data = json.loads(path.read_text())
+    assert list(data)[0] == "schema_version" and data["schema_version"] == RESULT_SCHEMA_VERSION
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r1.json"]  # no temporary left
+
+
+def test_unwritable_figure_leaves_no_file(tmp_path):
+    with pytest.raises(ValueError):
+        write_result(_result(tokens_per_s=math.nan), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_status_is_refused(tmp_path):
+    bad = _result()
+    bad.status = "great"
+    with pytest.raises(ValueError, match="unknown status"):
+        write_result(bad, tmp_path)
+
+
+def test_truncated_file_is_refused_and_skipped_with_a_warning(tmp_path):
+    good = write_result(_result("good"), tmp_path)
+    broken = write_result(_result("broken"), tmp_path)
+    broken.write_text(broken.read_text()[:40])
+    with pytest.raises(ResultFormatError, match="broken.json.*truncated"):
+        load_result(broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results, skipped = load_results([tmp_path])
+    assert [r.run_id for r in results] == ["good"]
+    assert [p.name for p, _ in skipped] == ["broken.json"]
+    assert any("broken.json" in str(w.message) for w in caught)
+    assert good.exists()
+
+
+def test_unknown_schema_version_is_refused(tmp_path):
+    path = write_result(_result(), tmp_path)
+    data = json.loads(path.read_text())
+    data["schema_version"] = RESULT_SCHEMA_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultFormatError, match=f"schema_version {RESULT_SCHEMA_VERSION + 1}"):
+        load_result(path)
+
+
+def test_file_without_schema_version_is_not_a_result(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"hello": 1}')
+    with pytest.raises(ResultFormatError, match="not an hwbench result"):
+        load_result(path)

@@ -1,0 +1,114 @@
+"""End-to-end `hwbench run` on the CPU: real training, a real result file."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hwbench.catalog import load_catalog
+from hwbench.cli import main
+from hwbench.device.cpu import CpuBackend
+from hwbench.engine.native import NativeEngine
+from hwbench.results import load_result
+from hwbench.spec import DEFAULT_MODEL, build_run_spec
+from hwbench.workload.data import SyntheticTokens
+from hwbench.workload.model import GPT
+
+
+def _only_result(folder):
+    files = sorted(folder.glob("*.json"))
+    assert len(files) == 1, files
+    return files[0], load_result(files[0])
+
+
+def test_embedded_default_trains_and_writes_a_result(tmp_path):
+    """The README's main command, shortened to 8 timed steps."""
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "8", "--warmup", "2",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    path, result = _only_result(tmp_path)
+    assert result.status == "ok" and result.spec["model"] == DEFAULT_MODEL
+    metrics = result.metrics
+    assert metrics["tokens_per_s"] > 0 and metrics["samples_per_s"] > 0
+    assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"] * result.spec["seq_length"])
+    assert metrics["loss_end"] < metrics["loss_start"]  # it learned something
+    assert metrics["loss_end"] > metrics["loss_floor"]  # and nothing impossible
+    assert [s["phase"] for s in result.steps] == ["warmup"] * 2 + ["timed"] * 8
+    assert all(s["time_s"] > 0 for s in result.steps if s["phase"] == "timed")
+    assert metrics["step_time_s"]["n"] == 8
+    assert metrics["memory"]["peak_reserved_bytes"] > 0
+    assert metrics["mfu"] is None and "no catalog entry" in metrics["unmeasured"]["mfu"]
+    assert result.environment["torch_version"] == torch.__version__
+    assert result.environment["tuning"]["intra_op_threads"] >= 1
+    assert result.started_at < result.finished_at
+    assert "tokens/s" in done.stdout and str(path) in done.stdout
+
+
+def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsys):
+    from hwbench.device.cpu import _cpu_model
+
+    catalog_dir = tmp_path / "catalog" / "devices"
+    catalog_dir.mkdir(parents=True)
+    (catalog_dir / "this-cpu.yaml").write_text(
+        "name: this-cpu\nvendor: test\nbackend: cpu\ntitle: this machine\n"
+        f"match: ['^{_cpu_model().replace('(', '.').replace(')', '.')}$']\n"
+        "peak_flops: {fp32: 1.0e12, bf16: null, fp16: null}\npeak_flops_source: a test figure\n"
+    )
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path / "catalog"))
+    out = tmp_path / "out"
+    assert main(["run", "--quiet", "--model", "tiny", "--steps", "3", "--warmup", "1", "--out", str(out)]) == 0
+    _, result = _only_result(out)
+    assert result.device["catalog_entry"] == "this-cpu"
+    assert result.metrics["mfu"] == pytest.approx(result.metrics["tflops_per_device"] / 1.0)
+    assert "MFU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
+    assert main(["run", "--quiet", "--model", "tiny", "--precision", precision, "--steps", "3", "--warmup", "1",
+                 "--out", str(tmp_path)]) == 0
+    _, result = _only_result(tmp_path)
+    assert result.status == "ok"
+    scales = [s["loss_scale"] for s in result.steps]
+    if precision == "fp16":
+        assert scales[0] == 2.0 ** 12  # initial_scale_power 12, as published
+        assert result.metrics["skipped_steps"] == sum(s["skipped"] for s in result.steps)
+    else:
+        assert scales == [None] * 4
+
+
+def _engine(micro, global_batch):
+    catalog = load_catalog()
+    spec = build_run_spec({"model": "tiny", "micro_batch_size": micro, "global_batch_size": global_batch,
+                           "device": "cpu"}, catalog)
+    backend = CpuBackend()
+    backend.prepare_process()
+    torch.manual_seed(0)
+    model = GPT(catalog.workloads["tiny"].model)
+    return spec, model, NativeEngine(model, spec, backend)
+
+
+def test_gradient_accumulation_matches_one_large_batch():
+    _, model_a, engine_a = _engine(micro=8, global_batch=8)
+    _, model_b, engine_b = _engine(micro=2, global_batch=8)
+    data_a = SyntheticTokens(50257, 128, 8, seed=3, device=torch.device("cpu"))
+    tokens, labels = data_a.next_batch()
+    halves = iter([(tokens[i:i + 2], labels[i:i + 2]) for i in range(0, 8, 2)])
+    out_a = engine_a.train_step(lambda: (tokens, labels))
+    out_b = engine_b.train_step(lambda: next(halves))
+    assert out_a.loss.item() == pytest.approx(out_b.loss.item(), rel=1e-5)
+    assert out_a.grad_norm.item() == pytest.approx(out_b.grad_norm.item(), rel=1e-4)
+    torch.testing.assert_close(model_a.blocks[1].mlp.fc2.weight, model_b.blocks[1].mlp.fc2.weight,
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
+    assert main(["run", "--quiet", "--model", "tiny", "--steps", "2", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    path, _ = _only_result(tmp_path)
+    data = json.loads(path.read_text())
+    assert set(data) == {"schema_version", "run_id", "status", "spec", "workload", "device", "metrics", "steps",
+                         "ranks", "environment", "error", "warnings", "started_at", "finished_at",
+                         "hwbench_version"}
+    assert data["error"] is None and data["ranks"][0]["rank"] == 0

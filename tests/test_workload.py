@@ -1,0 +1,160 @@
+"""The GPT workloads: sizes, parameter counts, FLOPs, the model and its data."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hwbench.catalog import load_catalog
+from hwbench.workload import GPTConfig, count_parameters, model_flops_per_iteration
+from hwbench.workload.data import SyntheticTokens
+from hwbench.workload.model import GPT
+
+PUBLISHED_SIZES = {  # FACTS.md §2: layers, hidden, heads, seq
+    "345m": (24, 1024, 16, 1024),
+    "1.3b": (24, 2048, 16, 1024),
+    "2.7b": (32, 2560, 32, 2048),
+    "3.7b": (32, 3072, 32, 2048),
+    "345m-nomp": (24, 1024, 16, 1024),
+}
+
+
+def analytic_parameters(L, h, positions, vocab):
+    # tied embedding + positions + L x (2 LN + qkv + proj + 2 MLP) + final LN
+    per_layer = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (4 * h * h + 4 * h) + (4 * h * h + h)
+    return vocab * h + positions * h + L * per_layer + 2 * h
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_SIZES))
+def test_catalog_sizes_have_published_shapes_and_parameter_counts(name):
+    workload = load_catalog().workloads[name]
+    L, h, heads, seq = PUBLISHED_SIZES[name]
+    m = workload.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, workload.training.seq_length) == (L, h, heads, seq)
+    assert count_parameters(m).total == analytic_parameters(L, h, m.max_position_embeddings, 50304)
+
+
+def test_345m_lands_near_355m_with_the_padded_gpt2_vocabulary():
+    total = count_parameters(load_catalog().workloads["345m"].model).total
+    assert 354e6 < total < 356e6
+
+
+@pytest.mark.parametrize("name,low,high", [("1.3b", 1.25e9, 1.35e9), ("2.7b", 2.6e9, 2.7e9), ("3.7b", 3.7e9, 3.85e9)])
+def test_larger_sizes_land_near_their_names(name, low, high):
+    assert low < count_parameters(load_catalog().workloads[name].model).total < high
+
+
+def test_published_settings_of_345m_and_table3():
+    catalog = load_catalog()
+    t, p = catalog.workloads["345m"].training, catalog.workloads["345m"].published
+    assert (t.micro_batch_size, t.global_batch_size, t.precision, t.recompute) == (4, 16, "fp16", True)
+    assert (p.devices, p.tp, p.pp, t.lr, t.min_lr) == (8, 1, 2, 1.5e-4, 1.5e-5)
+    assert t.lr_warmup_iters == 3200  # 0.01 x 320000 decay iterations
+    nomp = catalog.workloads["345m-nomp"]
+    assert (nomp.training.global_batch_size, nomp.training.loss_scale, nomp.training.recompute) == (64, 65536, False)
+    assert nomp.published.tables == ("table3",)
+
+
+def test_vocabulary_is_padded_like_megatron():
+    config = GPTConfig(24, 1024, 16, 1024)
+    assert config.padded_vocab_size(1) == 50304
+    assert config.padded_vocab_size(2) == 50432
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "345m", "1.3b"])
+def test_model_built_on_meta_device_has_the_counted_parameters(name):
+    config = load_catalog().workloads[name].model
+    with torch.device("meta"):
+        model = GPT(config)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(config).total
+
+
+def test_megatron_flops_formula_by_hand():
+    config = GPTConfig(24, 1024, 16, 1024)
+    B, s, L, h, V = 16, 1024, 24, 1024, 50304
+    by_hand = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert model_flops_per_iteration(config, B, s) == pytest.approx(by_hand, rel=1e-12)
+    # 345m, global batch 16, seq 1024, by hand: 72*16*1024*24*1024^2 = 29,686,813,949,952
+    # times (1 + 1024/6144 + 50304/294912) = 1.3372396 -> 3.96984e13 FLOPs per iteration
+    assert model_flops_per_iteration(config, B, s) == pytest.approx(29_686_813_949_952 * 1.3372396, rel=1e-6)
+
+
+def test_model_flops_ignore_recompute_but_hardware_flops_count_it():
+    config = GPTConfig(24, 2048, 16, 1024)
+    plain = model_flops_per_iteration(config, 32, 1024)
+    assert model_flops_per_iteration(config, 32, 1024, recompute=True) == plain
+    hw3 = model_flops_per_iteration(config, 32, 1024, formula="megatron-deepspeed")
+    hw4 = model_flops_per_iteration(config, 32, 1024, formula="megatron-deepspeed", recompute=True)
+    assert hw4 / hw3 == pytest.approx(4 / 3)
+
+
+def test_palm_formula_is_six_n_plus_attention():
+    config = GPTConfig(12, 768, 12, 1024)
+    n = count_parameters(config).non_embedding
+    expected = 8 * 1024 * (6 * n + 12 * 12 * 12 * 64 * 1024)
+    assert model_flops_per_iteration(config, 8, 1024, formula="palm") == expected
+
+
+def test_unknown_formula_is_refused():
+    with pytest.raises(ValueError, match="unknown FLOPs formula"):
+        model_flops_per_iteration(GPTConfig(2, 64, 2, 32), 1, 32, formula="guess")
+
+
+def _tiny_model(recompute=False):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(2, 64, 4, 32, vocab_size=1000), recompute=recompute)
+
+
+def test_initial_loss_is_near_log_vocab():
+    model = _tiny_model()
+    tokens = torch.randint(0, 1000, (4, 33))
+    loss = model(tokens[:, :-1], tokens[:, 1:])
+    assert abs(loss.item() - math.log(model.vocab_size)) < 0.1
+
+
+def test_attention_goes_through_sdpa(monkeypatch):
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("is_causal"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
+    model = _tiny_model()
+    tokens = torch.randint(0, 1000, (2, 17))
+    model(tokens[:, :-1], tokens[:, 1:])
+    assert calls == [True, True]  # one causal call per block
+
+
+def test_recompute_gives_the_same_loss_and_gradients():
+    tokens = torch.randint(0, 1000, (2, 33))
+    results = []
+    for recompute in (False, True):
+        model = _tiny_model(recompute)
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        results.append((loss.item(), model.blocks[0].mlp.fc1.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_output_layer_is_tied_to_the_word_embedding():
+    model = _tiny_model()
+    names = [name for name, _ in model.named_parameters()]
+    assert "wte.weight" in names and not any("lm_head" in n for n in names)
+
+
+def test_synthetic_tokens_are_seeded_and_learnable():
+    a = SyntheticTokens(50257, 16, 4, seed=7, device=torch.device("cpu"))
+    b = SyntheticTokens(50257, 16, 4, seed=7, device=torch.device("cpu"))
+    c = SyntheticTokens(50257, 16, 4, seed=8, device=torch.device("cpu"))
+    first_a, first_b, first_c = a.next_batch(), b.next_batch(), c.next_batch()
+    assert torch.equal(first_a[0], first_b[0]) and not torch.equal(first_a[0], first_c[0])
+    tokens, labels = first_a
+    assert tokens.shape == labels.shape == (4, 16)
+    assert torch.equal(tokens[:, 1:], labels[:, :-1])  # labels are the next tokens
+    assert 0 <= int(tokens.min()) and int(tokens.max()) < 50257
+    # Zipf(1) over the GPT-2 vocabulary: entropy ~7.57 nats, well under log(V) = 10.8
+    assert 7.4 < a.entropy_nats < 7.7
