@@ -31,7 +31,8 @@ def test_train_step(benchmark, model, precision):
     with torch.device(device):
         gpt = GPT(workload.model)
     engine = NativeEngine(gpt, spec, backend)
-    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed, device)
+    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed,
+                           to_device=backend.to_device)
 
     def step():
         engine.train_step(data.next_batch)

@@ -93,7 +93,7 @@ def _engine(micro, global_batch):
 def test_gradient_accumulation_matches_one_large_batch():
     _, model_a, engine_a = _engine(micro=8, global_batch=8)
     _, model_b, engine_b = _engine(micro=2, global_batch=8)
-    data_a = SyntheticTokens(50257, 128, 8, seed=3, device=torch.device("cpu"))
+    data_a = SyntheticTokens(50257, 128, 8, seed=3)
     tokens, labels = data_a.next_batch()
     halves = iter([(tokens[i:i + 2], labels[i:i + 2]) for i in range(0, 8, 2)])
     out_a = engine_a.train_step(lambda: (tokens, labels))

@@ -108,6 +108,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def step_timer(self) -> StepTimer: ...
 
+    def to_device(self, host_tensor: torch.Tensor) -> torch.Tensor:
+        """Move a freshly made host tensor (a data batch) to the device."""
+        return host_tensor.to(self.torch_device, non_blocking=True)
+
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every device torch knows, CPU included
 

@@ -42,6 +42,12 @@ class CudaBackend(AcceleratorBackend):
         self.tuning = {"tf32": False}
         return device
 
+    def to_device(self, host_tensor: torch.Tensor) -> torch.Tensor:
+        # From pageable memory the copy would block the host until the stream drains,
+        # serialising host and GPU once per micro-batch; pinned memory (cached by
+        # torch's host allocator) lets it queue like a kernel.
+        return host_tensor.pin_memory().to(self.torch_device, non_blocking=True)
+
     def precision_problem(self, precision: str) -> str | None:
         if precision == "bf16" and not torch.cuda.is_bf16_supported():
             return "this GPU has no bf16 support (compute capability below 8.0); use --precision fp16"

@@ -79,7 +79,7 @@ class NpuBackend(AcceleratorBackend):
         try:
             import_torch_npu()
             return int(torch.npu.device_count()) > 0
-        except (SetupError, AttributeError):
+        except Exception:  # any driver or runtime trouble: auto moves on to the next device
             return False
 
     def _set_device(self, local_rank: int) -> torch.device:

@@ -29,7 +29,7 @@ _FIRST_ROW = re.compile(
     + r"\b"
 )
 _SECOND_ROW = re.compile(
-    r"^\|\s*(?P<chip>\d+)\s*\|\s*(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*\|\s*(?P<rest>.*)\|\s*$"
+    r"^\|\s*(?P<chip>\d+)(?:\s+(?P<device>\d+))?\s*\|\s*(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*\|\s*(?P<rest>.*)\|\s*$"
 )
 _USAGE_PAIR = re.compile(r"(\d+)\s*/\s*(\d+)")
 
@@ -46,6 +46,22 @@ def parse_npu_smi_info(text: str) -> dict[int, dict[str, Any]]:
     devices: dict[int, dict[str, Any]] = {}
     current: dict[str, Any] | None = None
     for line in text.splitlines():
+        # The second row first: on 310P cards it starts with two numbers (chip and
+        # device), which the first-row pattern would otherwise take for an NPU row.
+        second = _SECOND_ROW.match(line)
+        if second:
+            if current is not None:
+                rest = second["rest"]
+                aicore = re.match(r"\s*" + _NUMBER, rest)
+                current["bus_id"] = second["bus"]
+                current["utilization_percent"] = _number(aicore.group(1)) if aicore else None
+                pairs = [(float(a), float(b)) for a, b in _USAGE_PAIR.findall(rest)]
+                if pairs:
+                    current["memory_used_mb"], current["memory_total_mb"] = pairs[0]
+                if len(pairs) > 1:
+                    current["hbm_used_mb"], current["hbm_total_mb"] = pairs[1]
+                current = None
+            continue
         first = _FIRST_ROW.match(line)
         if first:
             current = {
@@ -56,19 +72,6 @@ def parse_npu_smi_info(text: str) -> dict[int, dict[str, Any]]:
                 "temperature_c": _number(first["temp"]),
             }
             devices[current["npu"]] = current
-            continue
-        second = _SECOND_ROW.match(line)
-        if second and current is not None:
-            rest = second["rest"]
-            aicore = re.match(r"\s*" + _NUMBER, rest)
-            current["bus_id"] = second["bus"]
-            current["utilization_percent"] = _number(aicore.group(1)) if aicore else None
-            pairs = [(float(a), float(b)) for a, b in _USAGE_PAIR.findall(rest)]
-            if pairs:
-                current["memory_used_mb"], current["memory_total_mb"] = pairs[0]
-            if len(pairs) > 1:
-                current["hbm_used_mb"], current["hbm_total_mb"] = pairs[1]
-            current = None
     return devices
 
 

@@ -59,7 +59,8 @@ class NvmlSampler(TelemetrySampler):
             return
         try:
             self._pynvml.nvmlInit()
-            self._handles = [self._handle(uuid, index) for uuid, index in zip(uuids or [None] * len(indices), indices)]
+            padded = list(uuids) + [None] * (len(indices) - len(uuids))
+            self._handles = [self._handle(uuid, index) for uuid, index in zip(padded, indices)]
         except Exception as error:
             self._reason = f"NVML unavailable: {type(error).__name__}: {error}"
 

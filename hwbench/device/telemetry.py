@@ -51,13 +51,13 @@ class TelemetrySampler:
             return
         self._energy_start = self.energy_counter_j()
         self._window = (time.monotonic(), math.nan)
+        self._take_sample()  # the first reading, before the thread, so a window always has two
         self._thread = threading.Thread(target=self._loop, name="hwbench-telemetry", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):
             self._take_sample()
-            self._stop.wait(self.interval_s)
 
     def _take_sample(self) -> None:
         try:

@@ -133,7 +133,8 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, progress: Progr
     with torch.device(device):
         model = GPT(workload.model, tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
     engine = NativeEngine(model, spec, backend)
-    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed, device)
+    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed,
+                           to_device=backend.to_device)
 
     outcomes: list[StepOutcome] = []
     for step in range(1, spec.warmup + 1):

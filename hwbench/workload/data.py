@@ -11,7 +11,7 @@ from a seeded generator, so every device sees the same tokens for the same seed.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -24,9 +24,10 @@ class SyntheticTokens:
     kind = "synthetic-zipf"
 
     def __init__(self, vocab_size: int, seq_length: int, micro_batch_size: int, seed: int,
-                 device: torch.device, exponent: float = ZIPF_EXPONENT) -> None:
+                 to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                 exponent: float = ZIPF_EXPONENT) -> None:
         self.vocab_size, self.seq_length, self.micro_batch_size = vocab_size, seq_length, micro_batch_size
-        self.device = device
+        self.to_device = to_device  # the backend's host-to-device copy
         self.exponent = exponent
         ranks = torch.arange(1, vocab_size + 1, dtype=torch.float64)
         weights = ranks.pow(-exponent)
@@ -54,7 +55,7 @@ class SyntheticTokens:
         uniform = torch.rand(self.micro_batch_size, self.seq_length + 1, generator=self._generator,
                              dtype=torch.float64)
         sample = torch.searchsorted(self._cdf, uniform).clamp_(max=self.vocab_size - 1)
-        sample = sample.to(self.device, non_blocking=True)
+        sample = self.to_device(sample)
         return sample[:, :-1], sample[:, 1:]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,0 +1,317 @@
+"""The Ascend NPU path, exercised through the stand-in torch_npu and npu-smi in
+tests/fakes: the npu-smi parser on recorded outputs, and `hwbench` run as a
+real subprocess with and without the stand-in (and without the CANN runtime)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from hwbench.device.npu import NpuBackend
+from hwbench.device.npu_smi import NpuSmiSampler, parse_npu_smi_info
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+RECORDINGS = FAKES / "npu-smi"
+
+# Seconds a subprocess may take. Start-up (torch import) is ~2 s; the tiny run trains
+# in ~10 s on 2 cores. The budgets leave room for a loaded CI machine, not more.
+QUICK_S = 45
+TRAIN_S = 120
+
+
+@pytest.fixture(scope="module")
+def standin():
+    """The stand-in module's constants, loaded under a private name; the torch.npu
+    it attaches is taken off again so this test process still has no NPU."""
+    had_npu = hasattr(torch, "npu")
+    spec = importlib.util.spec_from_file_location("_hwbench_standin_torch_npu", FAKES / "torch_npu" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    previous = os.environ.pop("HWBENCH_STANDIN_NO_CANN", None)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if previous is not None:
+            os.environ["HWBENCH_STANDIN_NO_CANN"] = previous
+        if not had_npu:
+            if hasattr(torch, "npu"):
+                delattr(torch, "npu")
+            sys.modules.pop("torch.npu", None)
+    return module
+
+
+def plain_env() -> dict[str, str]:
+    """os.environ without the stand-ins: tests/fakes off PYTHONPATH and PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWBENCH_STANDIN_")}
+    for key in ("PYTHONPATH", "PATH"):
+        parts = [p for p in env.get(key, "").split(os.pathsep) if p and not Path(p).resolve().is_relative_to(FAKES)]
+        env[key] = os.pathsep.join(parts)
+    if not env["PYTHONPATH"]:
+        del env["PYTHONPATH"]
+    return env
+
+
+def hwbench(args: list[str], env: dict[str, str], cwd: Path, timeout: float = QUICK_S):
+    return subprocess.run([sys.executable, "-m", "hwbench", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def recording(name: str) -> str:
+    return (RECORDINGS / name).read_text()
+
+
+# --- npu-smi info parsing ----------------------------------------------------
+
+
+def test_parse_910b3_idle_recording():
+    table = parse_npu_smi_info(recording("info-910b3.txt"))
+    assert list(table) == [0]  # the process table adds no device
+    npu = table[0]
+    assert npu["name"] == "910B3"
+    assert npu["health"] == "OK"
+    assert npu["bus_id"] == "0000:C1:00.0"
+    assert npu["power_w"] == 101.8
+    assert npu["temperature_c"] == 43.0
+    assert npu["utilization_percent"] == 0.0
+    assert (npu["memory_used_mb"], npu["memory_total_mb"]) == (0.0, 0.0)
+    assert (npu["hbm_used_mb"], npu["hbm_total_mb"]) == (3318.0, 65536.0)
+
+
+def test_parse_two_loaded_910b3_whose_hbm_field_lost_its_space():
+    text = recording("info-910b3-loaded.txt")
+    assert "59356/ 65536" in text  # the recording really has the squeezed field
+    table = parse_npu_smi_info(text)
+    assert sorted(table) == [0, 1]  # process rows ("| 0       0  | 124528 | python3 ...") are not devices
+    first, second = table[0], table[1]
+    assert (first["power_w"], first["temperature_c"], first["utilization_percent"]) == (310.5, 58.0, 87.0)
+    assert (first["hbm_used_mb"], first["hbm_total_mb"]) == (59356.0, 65536.0)
+    assert (first["memory_used_mb"], first["memory_total_mb"]) == (0.0, 0.0)
+    assert first["bus_id"] == "0000:C1:00.0"
+    assert (second["power_w"], second["temperature_c"], second["utilization_percent"]) == (296.2, 55.0, 84.0)
+    assert (second["hbm_used_mb"], second["hbm_total_mb"]) == (58890.0, 65536.0)
+    assert second["bus_id"] == "0000:C2:00.0"
+
+
+def test_parse_310p_recording_without_hbm_column():
+    table = parse_npu_smi_info(recording("info-310p.txt"))
+    assert list(table) == [0]
+    npu = table[0]
+    assert npu["name"] == "310P3"
+    assert npu["health"] == "OK"
+    assert npu["power_w"] == 15.8
+    assert npu["temperature_c"] == 42.0
+    assert npu["bus_id"] == "0000:82:00.0"
+    assert npu["utilization_percent"] == 0.0
+    assert (npu["memory_used_mb"], npu["memory_total_mb"]) == (1074.0, 21534.0)
+    assert "hbm_used_mb" not in npu and "hbm_total_mb" not in npu
+
+
+def test_parse_310p_first_row_alone():
+    """The first row of a 310P card alone: no HBM fields."""
+    first_row = [line for line in recording("info-310p.txt").splitlines() if "310P3" in line]
+    npu = parse_npu_smi_info("\n".join(first_row))[0]
+    assert (npu["name"], npu["power_w"], npu["temperature_c"]) == ("310P3", 15.8, 42.0)
+    assert "hbm_used_mb" not in npu and "utilization_percent" not in npu
+
+
+def test_parse_power_not_available():
+    text = recording("info-910b3.txt").replace("| 101.8       43 ", "| NA          43 ")
+    npu = parse_npu_smi_info(text)[0]
+    assert npu["power_w"] is None
+    assert npu["temperature_c"] == 43.0
+
+
+# --- the npu-smi sampler over the stand-in npu-smi ---------------------------
+
+
+def test_npu_smi_sampler_reads_the_physical_npus(monkeypatch):
+    monkeypatch.setenv("PATH", os.pathsep.join([str(FAKES / "bin"), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("HWBENCH_STANDIN_NPU_SMI", "info-910b3-loaded.txt")
+    sampler = NpuSmiSampler([1, 0], interval_s=0.1)
+    assert sampler.interval_s == 1.0  # npu-smi is slow: intervals under a second are raised
+    assert sampler.unavailable_reason() is None
+    first, second = sampler.read()
+    assert (first["power_w"], first["utilization_percent"]) == (296.2, 84.0)
+    assert first["memory_used_mb"] == 58890.0  # on HBM cards, memory is the HBM figure
+    assert (second["power_w"], second["memory_used_mb"]) == (310.5, 59356.0)
+
+
+def test_npu_smi_sampler_without_npu_smi(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sampler = NpuSmiSampler([0])
+    assert "npu-smi is not on PATH" in sampler.unavailable_reason()
+    summary = sampler.stop()
+    assert summary["available"] is False and summary["source"] == "npu-smi"
+
+
+def test_physical_npu_id_follows_ascend_rt_visible_devices(monkeypatch):
+    backend = NpuBackend.__new__(NpuBackend)  # no torch_npu needed for the mapping
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "6,3")
+    backend.local_index = 1
+    assert backend.physical_npu_id() == 3
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES")
+    assert backend.physical_npu_id() == 1
+
+
+# --- the stand-in torch_npu itself (in a subprocess: it patches torch) --------
+
+
+def test_standin_torch_npu_api(standin_npu_env, tmp_path, standin):
+    script = textwrap.dedent("""
+        import json, os, sys, time, torch
+        import torch_npu
+        import torch.npu as npu_module
+        out = {"version": torch_npu.__version__, "stand_in": torch_npu.__hwbench_stand_in__,
+               "same_module": npu_module is torch.npu, "count": torch.npu.device_count(),
+               "name": torch.npu.get_device_name(0), "total": torch.npu.get_device_properties(0).total_memory,
+               "bf16": torch.npu.is_bf16_supported(), "available": torch.npu.is_available(),
+               "stats": torch.npu.memory_stats(), "mem_get_info": list(torch.npu.mem_get_info()),
+               "max_allocated": torch.npu.max_memory_allocated(), "max_reserved": torch.npu.max_memory_reserved()}
+        torch.npu.set_device(1)
+        out["current"] = torch.npu.current_device()
+        try:
+            torch.npu.set_device(2)
+            out["bad_ordinal"] = "accepted"
+        except RuntimeError as error:
+            out["bad_ordinal"] = str(error)
+        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        start.record(); time.sleep(0.05); end.record(); torch.npu.synchronize()
+        out["elapsed_ms"] = start.elapsed_time(end)
+        torch.npu.reset_peak_memory_stats()
+        out["stats_after_reset"] = torch.npu.memory_stats()
+        print(json.dumps(out))
+    """)
+    env = {**standin_npu_env, "ASCEND_RT_VISIBLE_DEVICES": "4,5"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=QUICK_S)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["version"] == "2.13.0+standin" and out["stand_in"] is True and out["same_module"] is True
+    assert out["count"] == 2 and out["current"] == 1
+    assert "invalid device ordinal 2" in out["bad_ordinal"]
+    assert out["name"] == "Ascend910B3" and out["total"] == 65536 * 2**20
+    assert out["bf16"] is True and out["available"] is True
+    assert out["stats"]["allocated_bytes.all.peak"] == standin.PEAK_ALLOCATED_BYTES
+    assert out["stats"]["reserved_bytes.all.peak"] == standin.PEAK_RESERVED_BYTES
+    assert out["stats"]["num_alloc_retries"] == standin.NUM_ALLOC_RETRIES
+    assert out["stats"]["num_ooms"] == standin.NUM_OOMS
+    assert out["stats_after_reset"] == out["stats"]  # recorded values, not measurements
+    assert out["max_allocated"] == standin.PEAK_ALLOCATED_BYTES
+    assert out["max_reserved"] == standin.PEAK_RESERVED_BYTES
+    assert out["mem_get_info"] == [65536 * 2**20 - standin.CURRENT_RESERVED_BYTES, 65536 * 2**20]
+    assert 45 <= out["elapsed_ms"] < 1000  # milliseconds, from perf_counter
+
+
+def test_standin_counts_one_device_by_default_and_none_when_hidden(standin_npu_env, tmp_path):
+    script = "import torch, torch_npu; print(torch.npu.device_count())"
+    env = {k: v for k, v in standin_npu_env.items() if k != "ASCEND_RT_VISIBLE_DEVICES"}
+    default = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=QUICK_S)
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip() == "1"
+    # No visible NPU: hwbench refuses --device npu with one line and exit 2.
+    hidden = hwbench(["run", "--device", "npu", "--model", "tiny", "--out", str(tmp_path / "out")],
+                     {**env, "ASCEND_RT_VISIBLE_DEVICES": ""}, tmp_path)
+    assert hidden.returncode == 2, hidden.stderr
+    assert hidden.stderr.strip() == ("hwbench: error: --device npu: torch_npu sees no NPU; "
+                                     "check npu-smi info and ASCEND_RT_VISIBLE_DEVICES")
+    assert not (tmp_path / "out").exists()
+
+
+# --- hwbench end to end through the stand-in ----------------------------------
+
+
+def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
+    out = tmp_path / "results"
+    done = hwbench(["run", "--device", "npu", "--model", "tiny", "--steps", "3", "--warmup", "1", "--quiet",
+                    "--out", str(out)], standin_npu_env, tmp_path, timeout=TRAIN_S)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) == 1 and files[0].endswith(".json"), files
+    result = json.loads((out / files[0]).read_text())
+    assert result["status"] == "ok"
+
+    device, environment, metrics = result["device"], result["environment"], result["metrics"]
+    assert device["backend"] == "npu"
+    assert device["dist_backend"] == "hccl"
+    assert device["simulated"] is True
+    assert device["device_model"] == "Ascend910B3"
+    assert device["torch_device"] == "cpu"  # the stand-in computes on the host
+    assert device["peak_flops"] is None
+    assert environment["simulated"] is True
+    assert environment["backend"] == "npu"
+    assert environment["torch_npu_version"] == standin.__version__ == "2.13.0+standin"
+    assert "simulated" in result["warnings"][0]
+
+    memory = metrics["memory"]
+    assert memory["peak_allocated_bytes"] == standin.PEAK_ALLOCATED_BYTES
+    assert memory["peak_reserved_bytes"] == standin.PEAK_RESERVED_BYTES
+    assert memory["alloc_retries"] == standin.NUM_ALLOC_RETRIES
+    assert memory["ooms"] == standin.NUM_OOMS
+    assert memory["capacity_bytes"] == standin.TOTAL_MEMORY_BYTES
+
+    assert metrics["mfu"] is None
+    assert "simulated" in metrics["unmeasured"]["mfu"]
+    assert metrics["timed_steps"] == 3
+    assert metrics["tokens_per_s"] > 0
+
+    telemetry = metrics["telemetry"]
+    assert telemetry["source"] == "npu-smi"
+    assert telemetry["available"] is True
+    assert telemetry["errors"] == []
+    assert telemetry["samples"] >= 2  # one at the start, one at the end of the window
+    npu0 = telemetry["devices"][0]
+    assert npu0["power_w_mean"] == pytest.approx(101.8)
+    assert npu0["power_w_max"] == pytest.approx(101.8)
+    assert npu0["temperature_c_mean"] == pytest.approx(43.0)
+    assert npu0["utilization_percent_mean"] == pytest.approx(0.0)
+    assert npu0["memory_used_mb_mean"] == pytest.approx(3318.0)
+    assert npu0["energy_method"] == "integrated power samples"
+
+    assert "SIMULATED" in done.stdout
+
+
+def test_auto_picks_the_standin_npu(standin_npu_env, tmp_path):
+    done = hwbench(["devices"], standin_npu_env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "--device auto uses npu (1 x Ascend910B3)" in done.stdout
+
+
+def test_npu_without_cann_runtime_is_one_line_and_writes_nothing(standin_npu_env, tmp_path):
+    out = tmp_path / "results"
+    done = hwbench(["run", "--device", "npu", "--model", "tiny", "--steps", "3", "--warmup", "1", "--quiet",
+                    "--out", str(out)], {**standin_npu_env, "HWBENCH_STANDIN_NO_CANN": "1"}, tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "libhccl.so" in lines[0] and "set_env.sh" in lines[0]
+    assert lines[0].startswith("hwbench: error: --device npu:")
+    assert done.stdout == ""
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed here")
+def test_npu_without_torch_npu_says_how_to_install_it(tmp_path):
+    out = tmp_path / "results"
+    done = hwbench(["run", "--device", "npu", "--model", "tiny", "--out", str(out)], plain_env(), tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    torch_version = torch.__version__.split("+")[0]
+    assert "torch_npu is not installed" in lines[0]
+    assert f"pip install torch-npu=={torch_version}" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed here")
+def test_auto_falls_back_to_cpu_without_torch_npu(tmp_path):
+    done = hwbench(["devices"], plain_env(), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "--device auto uses cpu" in done.stdout

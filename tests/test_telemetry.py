@@ -1,0 +1,283 @@
+"""Telemetry samplers: NVML through a fake pynvml (FACTS.md §8), and the base
+sampler's summary, energy and error handling."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from hwbench.device.nvml import NvmlSampler, decode_throttle_reasons
+from hwbench.device.telemetry import MEAN_AND_MAX, TelemetrySampler
+
+
+def wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.005)
+
+
+# --- a fake pynvml --------------------------------------------------------------
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):  # the name pynvml gives it
+    pass
+
+
+def fake_pynvml(*, clock_event_mask: int | None = None, init_error: Exception | None = None,
+                uuid_works: bool = True) -> types.ModuleType:
+    """A pynvml where power, temperature, SM clock, memory and utilisation answer;
+    energy, ECC and (unless clock_event_mask is given) clock events raise
+    NVMLError_NotSupported, as on a GPU without those counters."""
+    nv = types.ModuleType("pynvml")
+    nv.NVML_TEMPERATURE_GPU = 0
+    nv.NVML_CLOCK_SM = 1
+    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    nv.NVML_VOLATILE_ECC = 0
+    nv.NVMLError = NVMLError
+    nv.NVMLError_NotSupported = NVMLError_NotSupported
+    nv.calls = {"init": 0, "by_uuid": [], "by_index": []}
+    nv.power_mw_returned = []
+    powers_mw = itertools.cycle([180_000, 240_000, 300_000, 270_000])
+    lock = threading.Lock()
+
+    def not_supported(*args):
+        raise NVMLError_NotSupported("Not Supported")
+
+    def init():
+        nv.calls["init"] += 1
+        if init_error is not None:
+            raise init_error
+
+    def by_uuid(text):
+        nv.calls["by_uuid"].append(text)
+        if not uuid_works:
+            raise NVMLError("Not Found")
+        return ("handle", text)
+
+    def by_index(index):
+        nv.calls["by_index"].append(index)
+        return ("handle", index)
+
+    def power(handle):
+        with lock:
+            value = next(powers_mw)
+            nv.power_mw_returned.append(value)
+        return value
+
+    def temperature(handle, sensor):
+        assert sensor == nv.NVML_TEMPERATURE_GPU
+        return 67
+
+    def clock(handle, kind):
+        assert kind == nv.NVML_CLOCK_SM
+        return 1410
+
+    nv.nvmlInit = init
+    nv.nvmlDeviceGetHandleByUUID = by_uuid
+    nv.nvmlDeviceGetHandleByIndex = by_index
+    nv.nvmlDeviceGetPowerUsage = power
+    nv.nvmlDeviceGetTemperature = temperature
+    nv.nvmlDeviceGetClockInfo = clock
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=5 * 2**30, total=80 * 2**30, free=75 * 2**30)
+    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=97, memory=41)
+    nv.nvmlDeviceGetTotalEnergyConsumption = not_supported
+    nv.nvmlDeviceGetTotalEccErrors = not_supported
+    if clock_event_mask is None:
+        nv.nvmlDeviceGetCurrentClocksEventReasons = not_supported
+        nv.nvmlDeviceGetCurrentClocksThrottleReasons = not_supported
+    else:
+        nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: clock_event_mask
+    return nv
+
+
+# --- NvmlSampler --------------------------------------------------------------
+
+
+def test_nvml_sampler_without_pynvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now raises ImportError
+    sampler = NvmlSampler(["GPU-0000"], [0], interval_s=0.01)
+    reason = sampler.unavailable_reason()
+    assert reason is not None and "nvidia-ml-py" in reason
+    sampler.start()
+    summary = sampler.stop()
+    assert summary["available"] is False
+    assert summary["reason"] == reason
+    assert summary["source"] == "nvml"
+    assert summary["devices"] == []
+
+
+def test_nvml_sampler_when_nvml_init_fails(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=NVMLError("Driver Not Loaded")))
+    sampler = NvmlSampler([], [0])
+    assert sampler.unavailable_reason() == "NVML unavailable: NVMLError: Driver Not Loaded"
+    assert sampler.stop()["available"] is False
+
+
+def test_nvml_readings_are_none_where_not_supported(monkeypatch):
+    nv = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler(["0a1b"], [0])
+    assert sampler.unavailable_reason() is None
+    assert nv.calls["by_uuid"] == ["GPU-0a1b"]  # the "GPU-" prefix NVML wants is added
+    (reading,) = sampler.read()
+    assert reading["power_w"] == 180.0  # mW -> W
+    assert reading["temperature_c"] == 67
+    assert reading["sm_clock_mhz"] == 1410
+    assert reading["utilization_percent"] == 97
+    assert reading["memory_used_mb"] == 5 * 1024
+    assert reading["ecc_uncorrected"] is None
+    assert "throttle_reasons" not in reading  # clock events not supported: no key at all
+    assert sampler.energy_counter_j() == [None]
+
+
+def test_nvml_handle_falls_back_to_the_index_when_the_uuid_is_unknown(monkeypatch):
+    nv = fake_pynvml(uuid_works=False)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler(["GPU-ffff"], [3])
+    assert sampler.unavailable_reason() is None
+    assert nv.calls["by_uuid"] == ["GPU-ffff"] and nv.calls["by_index"] == [3]
+
+
+def test_nvml_summary_integrates_power_without_an_energy_counter(monkeypatch):
+    nv = fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([], [0], interval_s=0.01)
+    sampler.start()
+    time.sleep(0.1)
+    summary = sampler.stop()
+
+    assert summary["available"] is True and summary["source"] == "nvml"
+    assert summary["errors"] == []
+    assert summary["samples"] == len(sampler.samples) == len(nv.power_mw_returned) >= 3
+    (device,) = summary["devices"]
+    watts = [mw / 1000 for mw in nv.power_mw_returned]
+    assert device["power_w_mean"] == pytest.approx(sum(watts) / len(watts))
+    assert device["power_w_max"] == max(watts)
+    assert device["temperature_c_mean"] == 67 and device["sm_clock_mhz_max"] == 1410
+    assert device["ecc_uncorrected_delta"] is None
+    assert device["throttle_reasons"] is None
+    assert device["energy_method"] == "integrated power samples"
+    # Trapezoids over the sample times, bounded by the lowest and highest power.
+    times = [t for t, _ in sampler.samples]
+    span = times[-1] - times[0]
+    expected = sum((t1 - t0) * (p0 + p1) / 2 for t0, t1, p0, p1 in zip(times, times[1:], watts, watts[1:]))
+    assert device["energy_j"] == pytest.approx(expected)
+    assert min(watts) * span <= device["energy_j"] <= max(watts) * span
+    assert 0.05 < summary["window_s"] < 5
+
+
+def test_nvml_throttle_reasons_decoded_when_clock_events_work(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(clock_event_mask=0x4 | 0x40))
+    sampler = NvmlSampler([], [0], interval_s=0.01)
+    assert sampler.read()[0]["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    sampler.start()
+    time.sleep(0.05)
+    (device,) = sampler.stop()["devices"]
+    assert device["throttle_reasons"] == ["hw_thermal_slowdown", "sw_power_cap"]  # sorted union
+
+
+def test_decode_throttle_reasons():
+    assert decode_throttle_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert decode_throttle_reasons(0x1 | 0x8 | 0x20 | 0x80) == [
+        "gpu_idle", "hw_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"]
+    assert decode_throttle_reasons(0) == []
+    assert decode_throttle_reasons(0x10000) == []  # bits hwbench does not know are ignored
+
+
+# --- the base sampler ---------------------------------------------------------
+
+
+class CountingSampler(TelemetrySampler):
+    """Two devices; the first has an energy counter, the second only power."""
+
+    source = "test"
+
+    def __init__(self) -> None:
+        super().__init__(interval_s=60.0)  # one sample at start, one at stop: no timing in the figures
+        self.counters = iter([[1000.0, None], [1042.5, None]])
+        self.readings = iter([
+            [{"power_w": 100.0, "temperature_c": 50.0, "ecc_uncorrected": 2, "throttle_reasons": []},
+             {"power_w": 10.0}],
+            [{"power_w": 300.0, "temperature_c": 70.0, "ecc_uncorrected": 5, "throttle_reasons": ["sw_power_cap"]},
+             {"power_w": 30.0}],
+        ])
+
+    def read(self):
+        return next(self.readings)
+
+    def energy_counter_j(self):
+        return next(self.counters)
+
+
+def test_base_summary_prefers_the_energy_counter():
+    sampler = CountingSampler()
+    sampler.start()
+    wait_for(lambda: len(sampler.samples) == 1)  # the loop's first sample, before stop's
+    summary = sampler.stop()
+    assert summary["samples"] == 2 and summary["errors"] == []
+    counted, integrated = summary["devices"]
+
+    assert counted["energy_j"] == pytest.approx(42.5)  # counter at stop minus counter at start
+    assert counted["energy_method"] == "energy counter"
+    assert counted["power_w_mean"] == 200.0 and counted["power_w_max"] == 300.0
+    assert counted["temperature_c_mean"] == 60.0 and counted["temperature_c_max"] == 70.0
+    assert counted["ecc_uncorrected_delta"] == 3
+    assert counted["throttle_reasons"] == ["sw_power_cap"]
+    assert set(counted["unmeasured"]) == set(MEAN_AND_MAX) - {"power_w", "temperature_c"}
+
+    (t0, _), (t1, _) = sampler.samples
+    assert integrated["energy_method"] == "integrated power samples"  # no counter on this one
+    assert integrated["energy_j"] == pytest.approx((t1 - t0) * (10.0 + 30.0) / 2)
+    assert integrated["throttle_reasons"] is None and integrated["ecc_uncorrected_delta"] is None
+
+
+class FailingSampler(TelemetrySampler):
+    source = "test"
+
+    def __init__(self, fail_every: int = 1) -> None:
+        super().__init__(interval_s=0.01)
+        self.calls = 0
+        self.fail_every = fail_every
+
+    def read(self):
+        self.calls += 1
+        if self.calls % self.fail_every == 0:
+            raise RuntimeError(f"sensor gone (call {self.calls})")
+        return [{"power_w": 50.0}]
+
+
+def test_a_sampler_whose_read_raises_keeps_running_and_keeps_five_errors():
+    sampler = FailingSampler()
+    sampler.start()
+    wait_for(lambda: sampler.calls >= 8)  # still sampling after the fifth error
+    assert sampler._thread.is_alive()
+    summary = sampler.stop()  # no exception reaches the caller
+    assert summary["available"] is True
+    assert summary["samples"] == 0 and summary["devices"] == []
+    assert len(summary["errors"]) == 5
+    assert summary["errors"][0] == "RuntimeError: sensor gone (call 1)"
+    assert summary["errors"][4] == "RuntimeError: sensor gone (call 5)"
+
+
+def test_a_flaky_sampler_summarises_the_readings_it_got():
+    sampler = FailingSampler(fail_every=2)
+    sampler.start()
+    wait_for(lambda: sampler.calls >= 6)
+    summary = sampler.stop()
+    assert summary["errors"] and len(summary["errors"]) <= 5
+    assert all(error.startswith("RuntimeError: sensor gone") for error in summary["errors"])
+    (device,) = summary["devices"]
+    assert summary["samples"] >= 3
+    assert device["power_w_mean"] == 50.0
+    assert device["energy_method"] == "integrated power samples"
