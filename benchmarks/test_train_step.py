@@ -14,7 +14,7 @@ from hwbench.catalog import load_catalog
 from hwbench.device import select_backend
 from hwbench.engine.native import NativeEngine
 from hwbench.spec import build_run_spec
-from hwbench.workload.data import SyntheticTokens
+from hwbench.harness.worker import make_data_source
 from hwbench.workload.model import GPT
 
 
@@ -31,11 +31,10 @@ def test_train_step(benchmark, model, precision):
     with torch.device(device):
         gpt = GPT(workload.model)
     engine = NativeEngine(gpt, spec, backend)
-    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed,
-                           to_device=backend.to_device)
+    data = make_data_source(spec, workload, backend)
 
     def step():
-        engine.train_step(data.next_batch)
+        engine.train_step(data.train_batch)
         backend.synchronize()
 
     for _ in range(3):  # warm-up: allocator and heap growth, kernel selection

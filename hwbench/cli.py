@@ -45,6 +45,11 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                      help="activation checkpointing of every block (default: the workload's)")
     run.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    run.add_argument("--data", help="builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf "
+                     "tokens) or the prefix of a Megatron dataset PREFIX.bin/.idx (default: builtin)")
+    run.add_argument("--split", help="train,valid,test weights for --data PREFIX (default: 949,50,1)")
+    run.add_argument("--eval-interval", type=int, help="validate every N steps; 0: only after the last (default: 0)")
+    run.add_argument("--eval-iters", type=int, help="global batches per validation; 0: none (default: 10)")
     run.add_argument("--steps", type=int, help=f"timed optimizer steps (default: {DEFAULT_STEPS})")
     run.add_argument("--warmup", type=int, help=f"untimed steps before them (default: {DEFAULT_WARMUP})")
     run.add_argument("--seed", type=int, help="seed for weights and data (default: the workload's)")
@@ -55,6 +60,12 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flops-formula", choices=tuple(FLOPS_FORMULAS),
                      help="model FLOPs formula for TFLOP/s and MFU (default: megatron-lm)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+
+    parity = commands.add_parser("parity", help="compare the loss curves of two runs; exit 1 when they diverge")
+    parity.add_argument("run_a", metavar="RUN_A", help="result file")
+    parity.add_argument("run_b", metavar="RUN_B", help="result file")
+    parity.add_argument("--tolerance", type=float, default=None,
+                        help="largest relative loss difference allowed at any step (default: 0.02)")
 
     commands.add_parser("models", help="list the workloads with their parameter counts and published settings")
     commands.add_parser("devices", help="list the hardware catalog and the device this machine would use")
@@ -75,6 +86,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     path = write_result(result, spec.out_dir)
     print(run_summary_table(result, str(path)))
     return 0 if result.status == "ok" else 1
+
+
+def _cmd_parity(args: argparse.Namespace) -> int:
+    from hwbench.report.parity import DEFAULT_TOLERANCE, compare_runs, format_report
+    from hwbench.results import ResultFormatError, load_result
+
+    try:
+        a, b = load_result(args.run_a), load_result(args.run_b)
+    except ResultFormatError as error:
+        raise UsageError(str(error)) from None
+    report = compare_runs(a, b, DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance)
+    print(format_report(report, a, b))
+    return 0 if report.within_tolerance else 1
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -113,7 +137,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "models": _cmd_models, "devices": _cmd_devices}
+COMMANDS = {"run": _cmd_run, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

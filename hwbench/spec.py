@@ -20,6 +20,10 @@ DEFAULT_WARMUP = 5
 DEFAULT_MODEL = "small"  # the embedded default: trains on 2 CPU cores in well under a minute
 DEFAULT_OUT = "results/runs"
 DEFAULT_TELEMETRY_INTERVAL_S = 0.5
+DEFAULT_DATA = "builtin"
+DATA_KEYWORDS = ("builtin", "synthetic")
+DEFAULT_SPLIT = "949,50,1"
+DEFAULT_EVAL_ITERS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +71,10 @@ class RunSpec:
     optimizer: OptimizerSpec
     initial_scale_power: int  # fp16 dynamic loss scale starts at 2**this
     loss_scale: float | None  # fixed fp16 loss scale, or None for dynamic
-    data: str
+    data: str  # builtin, synthetic, or a Megatron dataset prefix
+    split: str
+    eval_interval: int  # evaluate every this many steps; 0 = only after the last step
+    eval_iters: int  # global batches per evaluation; 0 = no validation
     telemetry: bool
     telemetry_interval_s: float
     flops_formula: str
@@ -101,6 +108,25 @@ def _check_out_dir(out: str) -> str:
                 raise UsageError(f"--out {out!r} lies under the file {str(parent)!r}; give a directory")
             break
     return out
+
+
+def _check_data(data: str) -> str:
+    if data in DATA_KEYWORDS:
+        return data
+    missing = [suffix for suffix in (".idx", ".bin") if not Path(data + suffix).is_file()]
+    if missing:
+        raise UsageError(
+            f"--data {data!r}: no {' or '.join(data + m for m in missing)}; give the prefix of a Megatron "
+            f"dataset (as `hwbench data prepare` writes), or one of: {', '.join(DATA_KEYWORDS)}"
+        )
+    return data
+
+
+def _check_split(split: str) -> str:
+    from hwbench.workload.gpt_dataset import parse_split
+
+    parse_split(split)
+    return split
 
 
 def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
@@ -174,7 +200,10 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
         ),
         initial_scale_power=defaults.initial_scale_power,
         loss_scale=defaults.loss_scale,
-        data="synthetic",
+        data=_check_data(given("data", DEFAULT_DATA)),
+        split=_check_split(given("split", DEFAULT_SPLIT)),
+        eval_interval=_positive("--eval-interval", given("eval_interval", 0), minimum=0),
+        eval_iters=_positive("--eval-iters", given("eval_iters", DEFAULT_EVAL_ITERS), minimum=0),
         telemetry=bool(given("telemetry", True)),
         telemetry_interval_s=float(interval),
         flops_formula=formula,

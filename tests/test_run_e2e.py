@@ -93,8 +93,8 @@ def _engine(micro, global_batch):
 def test_gradient_accumulation_matches_one_large_batch():
     _, model_a, engine_a = _engine(micro=8, global_batch=8)
     _, model_b, engine_b = _engine(micro=2, global_batch=8)
-    data_a = SyntheticTokens(50257, 128, 8, seed=3)
-    tokens, labels = data_a.next_batch()
+    data_a = SyntheticTokens(50257, 128, 8, 8, seed=3)
+    tokens, labels = data_a.train_batch()
     halves = iter([(tokens[i:i + 2], labels[i:i + 2]) for i in range(0, 8, 2)])
     out_a = engine_a.train_step(lambda: (tokens, labels))
     out_b = engine_b.train_step(lambda: next(halves))

@@ -147,10 +147,10 @@ def test_output_layer_is_tied_to_the_word_embedding():
 
 
 def test_synthetic_tokens_are_seeded_and_learnable():
-    a = SyntheticTokens(50257, 16, 4, seed=7)
-    b = SyntheticTokens(50257, 16, 4, seed=7)
-    c = SyntheticTokens(50257, 16, 4, seed=8)
-    first_a, first_b, first_c = a.next_batch(), b.next_batch(), c.next_batch()
+    a = SyntheticTokens(50257, 16, 4, 4, seed=7)
+    b = SyntheticTokens(50257, 16, 4, 4, seed=7)
+    c = SyntheticTokens(50257, 16, 4, 4, seed=8)
+    first_a, first_b, first_c = a.train_batch(), b.train_batch(), c.train_batch()
     assert torch.equal(first_a[0], first_b[0]) and not torch.equal(first_a[0], first_c[0])
     tokens, labels = first_a
     assert tokens.shape == labels.shape == (4, 16)

@@ -8,7 +8,7 @@ same step (docs/architecture.md).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -71,3 +71,20 @@ class NativeEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(loss=total_loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale)
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
+        """Token-weighted mean loss over ``batches`` and the token count, as
+        Megatron's validation computes it (sum of loss x tokens / tokens)."""
+        self.model.eval()
+        total = torch.zeros((), device=self.backend.torch_device, dtype=torch.float64)
+        tokens = 0
+        try:
+            for inputs, labels in batches:
+                with self.backend.autocast(self.spec.precision):
+                    loss = self.model(inputs, labels)
+                total += loss.double() * labels.numel()
+                tokens += labels.numel()
+        finally:
+            self.model.train()
+        return (total / max(tokens, 1)).item(), tokens

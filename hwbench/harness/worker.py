@@ -20,12 +20,12 @@ from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, select_backend
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.engine.native import NativeEngine, StepOutcome
-from hwbench.errors import UsageError
+from hwbench.errors import SetupError, UsageError
 from hwbench.harness.progress import Progress
 from hwbench.harness.stats import summarize
 from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
-from hwbench.workload.data import SyntheticTokens
+from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
 from hwbench.workload.model import GPT
 from hwbench.workload.params import count_parameters
@@ -44,6 +44,7 @@ class Measurement:
     memory: dict[str, Any]
     telemetry: dict[str, Any] | None
     data: dict[str, Any]
+    validation: list[dict[str, Any]]
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True) -> RunResult:
@@ -52,20 +53,29 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True) ->
     if problem:
         raise UsageError(f"--precision {spec.precision}: {problem}")
     workload = catalog.workloads[spec.model]
+    try:
+        backend.prepare_process(local_rank=0, local_world_size=1)
+    except Exception as error:
+        raise SetupError(f"--device {backend.name}: the device could not be prepared: {error}") from error
+    # Opening the data checks it (a bad .idx, a split with no training documents):
+    # bad input, so it fails here, before a result exists.
+    data = make_data_source(spec, workload, backend)
     result = RunResult(
         run_id=new_run_id(spec.model, backend.name), status="failed", spec=spec.to_dict(), started_at=utc_now()
     )
     progress = Progress(f"{spec.model} on {backend.name}", spec.warmup + spec.steps, spec.warmup,
                         enabled=show_progress)
     try:
-        backend.prepare_process(local_rank=0, local_world_size=1)
         result.environment = environment_fingerprint(backend)
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
-        measurement = measure(spec, workload, backend, progress)
+        measurement = measure(spec, workload, backend, data, progress)
         summarise(result, spec, workload, measurement)
     except Exception as error:  # recorded as data: the run's status says what happened
-        result.status = "oom" if backend.is_out_of_memory(error) else "failed"
+        if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
+            result.status = "invalid"
+        else:
+            result.status = "oom" if backend.is_out_of_memory(error) else "failed"
         result.error = {
             "type": type(error).__name__,
             "message": str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
@@ -126,38 +136,76 @@ def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def measure(spec: RunSpec, workload: Workload, backend: Backend, progress: Progress) -> Measurement:
-    """Warm-up steps (excluded), then timed steps bracketed by device syncs."""
+def make_data_source(spec: RunSpec, workload: Workload, backend: Backend) -> SampledData:
+    """The --data source: builtin corpus, synthetic tokens or a Megatron dataset."""
+    batching = dict(seq_length=spec.seq_length, micro_batch_size=spec.micro_batch_size,
+                    global_batch_size=spec.global_batch_size, seed=spec.seed, to_device=backend.to_device)
+    if spec.data == "builtin":
+        return BuiltinCorpus(**batching)
+    if spec.data == "synthetic":
+        return SyntheticTokens(workload.model.vocab_size, **batching)
+    from hwbench.workload.gpt_dataset import MegatronData
+
+    return MegatronData(spec.data, spec.split, train_steps=spec.warmup + spec.steps, eval_iters=spec.eval_iters,
+                        vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
+
+
+def validate(engine: NativeEngine, data: SampledData, spec: RunSpec, step: int) -> dict[str, Any]:
+    """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
+    batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
+    loss, tokens = engine.evaluate(batches)
+    return {"step": step, "loss": _finite(loss), "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
+            "tokens": tokens, "iters": spec.eval_iters}
+
+
+def _eval_due(spec: RunSpec, step: int) -> bool:
+    last = spec.warmup + spec.steps
+    return spec.eval_iters > 0 and (step == last or (spec.eval_interval > 0 and step % spec.eval_interval == 0))
+
+
+def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledData,
+            progress: Progress) -> Measurement:
+    """Warm-up steps (excluded), then timed steps bracketed by device syncs.
+    Validation runs between steps at --eval-interval and after the last step;
+    its time is marked apart and left out of the step times."""
     backend.seed(spec.seed)
     device = backend.torch_device
     with torch.device(device):
         model = GPT(workload.model, tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
     engine = NativeEngine(model, spec, backend)
-    data = SyntheticTokens(workload.model.vocab_size, spec.seq_length, spec.micro_batch_size, spec.seed,
-                           to_device=backend.to_device)
+    validation: list[dict[str, Any]] = []
 
     outcomes: list[StepOutcome] = []
     for step in range(1, spec.warmup + 1):
-        outcomes.append(engine.train_step(data.next_batch))
+        outcomes.append(engine.train_step(data.train_batch))
         progress.step(step, loss=outcomes[-1].loss.item())  # warm-up may sync freely
+        if _eval_due(spec, step) and data.has_validation:
+            validation.append(validate(engine, data, spec, step))
     backend.synchronize()
 
     backend.reset_peak_memory()
     sampler = backend.telemetry_sampler(spec.telemetry_interval_s) if spec.telemetry else None
     timer = backend.step_timer()
+    interval_is_step: list[bool] = []  # one entry per interval between marks
     if sampler:
         sampler.start()
     wall_start = time.perf_counter()
     with backend.measuring():
         timer.mark()
-        for step in range(1, spec.steps + 1):
-            outcomes.append(engine.train_step(data.next_batch))
+        for step in range(spec.warmup + 1, spec.warmup + spec.steps + 1):
+            outcomes.append(engine.train_step(data.train_batch))
             timer.mark()
-            progress.step(spec.warmup + step)  # no loss read here: it would sync the device
+            interval_is_step.append(True)
+            progress.step(step)  # no loss read here: it would sync the device
+            if _eval_due(spec, step) and data.has_validation:
+                validation.append(validate(engine, data, spec, step))
+                timer.mark()
+                interval_is_step.append(False)
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
-    return Measurement(outcomes, timer.intervals_s(), wall_time, memory, telemetry, data.describe())
+    step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
+    return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
 
 def _finite(value: float | None) -> float | None:
@@ -213,11 +261,19 @@ def summarise(result: RunResult, spec: RunSpec, workload: Workload, m: Measureme
         "loss_start": _finite(losses[0]),
         "loss_end": _finite(losses[-1]),
         "loss_floor": m.data.get("entropy_nats"),
+        "validation": m.validation,
+        "valid_loss": m.validation[-1]["loss"] if m.validation else None,
+        "valid_ppl": m.validation[-1]["ppl"] if m.validation else None,
+        "valid_ppl_step": m.validation[-1]["step"] if m.validation else None,
+        "ppl_floor": m.data.get("perplexity_floor"),
         "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
         "telemetry": m.telemetry,
         "data": m.data,
         "unmeasured": unmeasured,
     }
+    if not m.validation:
+        unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
+                                   else f"--split {spec.split} leaves no validation documents")
     if m.telemetry is None:
         unmeasured["telemetry"] = "turned off with --no-telemetry"
     elif not m.telemetry.get("available"):

@@ -58,6 +58,12 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("loss", f"{_number(metrics.get('loss_start'), 3)} -> {_number(metrics.get('loss_end'), 3)} "
                  f"(floor {_number(metrics.get('loss_floor'), 3)})"),
     ]
+    if metrics.get("valid_ppl") is not None:
+        rows.append(("validation", f"PPL {metrics['valid_ppl']:,.3f} (loss {metrics['valid_loss']:.4f}) after "
+                                   f"{metrics['valid_ppl_step']} steps; lowest reachable PPL "
+                                   f"{_number(metrics.get('ppl_floor'), 3)}"))
+    elif "valid_ppl" in metrics.get("unmeasured", {}):
+        rows.append(("validation", _why(result, "valid_ppl")))
     if spec["precision"] == "fp16":
         rows.append(("fp16 skipped steps", str(metrics["skipped_steps"])))
     rows.append(("telemetry", _telemetry_text(result)))

@@ -1,63 +1,164 @@
-"""Synthetic token data for throughput runs.
+"""Where training and validation tokens come from.
 
-Tokens are drawn i.i.d. from a Zipf law over the (unpadded) vocabulary, the
-rank-frequency shape of natural text. Throughput does not depend on the token
-values, but a learnable distribution makes the loss curve mean something: a
-model can lower its loss exactly to the distribution's entropy, which is
-reported beside the measured loss as the floor. Batches are drawn on the host
-from a seeded generator, so every device sees the same tokens for the same seed.
+Three sources share one interface (``train_batch``, ``valid_batch``,
+``describe``), chosen by ``--data``:
+
+* ``builtin`` (the default): a seeded synthetic language with a known entropy
+  rate (hwbench.workload.corpus), so even the embedded default reports a
+  meaningful perplexity with the lowest reachable one beside it;
+* ``synthetic``: tokens drawn i.i.d. from a Zipf law over the vocabulary, the
+  rank-frequency shape of natural text (as Megatron's mock data, but learnable:
+  the floor is the distribution's entropy);
+* a path prefix: a Megatron indexed dataset (``PREFIX.bin/.idx``), split and
+  sampled as Megatron does (hwbench.workload.gpt_dataset).
+
+Every source defines its data per *sample index*, never per micro-batch: global
+batch t holds samples [t*G, (t+1)*G), each data-parallel rank takes its
+contiguous share and each accumulation step the next micro-batch of it. So the
+tokens a run trains on depend on the seed and the global batch alone, not on the
+micro batch or the parallel layout, and runs of different layouts can be
+compared step by step. Batches are made on the host, so every device sees the
+same tokens for the same seed, and then moved with the backend's copy.
 """
 
 from __future__ import annotations
 
+import abc
 import math
-from typing import Callable, Iterator
+from typing import Callable
 
+import numpy as np
 import torch
 
+from hwbench.errors import UsageError
+from hwbench.workload.corpus import MarkovCorpus
+
 ZIPF_EXPONENT = 1.0
+BLOCK = 64  # samples generated together by the synthetic sources
+SPLIT_IDS = {"train": 0, "valid": 1}
+Batch = tuple[torch.Tensor, torch.Tensor]
+ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
 
-class SyntheticTokens:
-    """Micro-batches of (tokens, labels), each (micro_batch, seq) int64."""
+class DataError(UsageError):
+    """Data that cannot be trained on (a token outside the vocabulary, say)."""
+
+
+def sample_range(step: int, micro_step: int, dp_rank: int, dp_size: int, micro: int, global_batch: int) -> range:
+    """Sample indices of one micro-batch: optimizer step ``step`` (0-based), its
+    ``micro_step``-th accumulation step, on data-parallel rank ``dp_rank``."""
+    per_rank = global_batch // dp_size
+    start = step * global_batch + dp_rank * per_rank + micro_step * micro
+    return range(start, start + micro)
+
+
+def check_token_range(sample: np.ndarray, vocab_size: int, where: str) -> None:
+    """Token ids beyond the model's vocabulary would index past the embedding
+    (a device-side assert on GPUs): refuse them with the place named."""
+    top = int(sample.max()) if sample.size else 0
+    if top >= vocab_size:
+        raise DataError(f"{where}: token id {top} is outside the model's vocabulary of {vocab_size}")
+
+
+class SampledData(abc.ABC):
+    """Micro-batching over samples addressed by index (see the module docstring)."""
+
+    kind = "abstract"
+
+    def __init__(self, seq_length: int, micro_batch_size: int, global_batch_size: int,
+                 to_device: ToDevice = lambda t: t, dp_rank: int = 0, dp_size: int = 1) -> None:
+        self.seq_length, self.micro, self.global_batch = seq_length, micro_batch_size, global_batch_size
+        self.to_device, self.dp_rank, self.dp_size = to_device, dp_rank, dp_size
+        self.accumulation = global_batch_size // (micro_batch_size * dp_size)
+        self._train_calls = 0
+
+    @abc.abstractmethod
+    def samples(self, split: str, indices: range) -> np.ndarray:
+        """(len(indices), seq+1) int64 tokens of those samples of a split."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict: ...
+
+    has_validation = True
+
+    def _batch(self, split: str, call: int) -> Batch:
+        step, micro_step = divmod(call, self.accumulation)
+        indices = sample_range(step, micro_step, self.dp_rank, self.dp_size, self.micro, self.global_batch)
+        sample = torch.from_numpy(np.ascontiguousarray(self.samples(split, indices), dtype=np.int64))
+        sample = self.to_device(sample)
+        return sample[:, :-1], sample[:, 1:]  # inputs and next-token labels, (micro, seq) each
+
+    def train_batch(self) -> Batch:
+        self._train_calls += 1
+        return self._batch("train", self._train_calls - 1)
+
+    def valid_batch(self, index: int) -> Batch:
+        """The ``index``-th micro-batch of validation: the same ones at every evaluation."""
+        return self._batch("valid", index)
+
+
+class BlockGenerated(SampledData):
+    """Synthetic sources that draw BLOCK samples at a time from PCG64(seed, split, block)."""
+
+    def __init__(self, seed: int, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seed = seed
+        self._cache: tuple[tuple[str, int], np.ndarray] | None = None
+
+    @abc.abstractmethod
+    def draw_block(self, rng: np.random.Generator, length: int) -> np.ndarray: ...
+
+    def _block(self, split: str, block: int) -> np.ndarray:
+        if self._cache is None or self._cache[0] != (split, block):
+            rng = np.random.Generator(np.random.PCG64([self.seed, SPLIT_IDS[split], block]))
+            self._cache = ((split, block), self.draw_block(rng, self.seq_length + 1))
+        return self._cache[1]
+
+    def samples(self, split: str, indices: range) -> np.ndarray:
+        return np.stack([self._block(split, i // BLOCK)[i % BLOCK] for i in indices])
+
+
+class SyntheticTokens(BlockGenerated):
+    """i.i.d. Zipf-distributed tokens over the vocabulary."""
 
     kind = "synthetic-zipf"
 
-    def __init__(self, vocab_size: int, seq_length: int, micro_batch_size: int, seed: int,
-                 to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    def __init__(self, vocab_size: int, seq_length: int, micro_batch_size: int, global_batch_size: int, seed: int,
+                 to_device: ToDevice = lambda t: t, dp_rank: int = 0, dp_size: int = 1,
                  exponent: float = ZIPF_EXPONENT) -> None:
-        self.vocab_size, self.seq_length, self.micro_batch_size = vocab_size, seq_length, micro_batch_size
-        self.to_device = to_device  # the backend's host-to-device copy
-        self.exponent = exponent
-        ranks = torch.arange(1, vocab_size + 1, dtype=torch.float64)
-        weights = ranks.pow(-exponent)
+        super().__init__(seed, seq_length, micro_batch_size, global_batch_size, to_device, dp_rank, dp_size)
+        self.vocab_size, self.exponent = vocab_size, exponent
+        weights = np.arange(1, vocab_size + 1, dtype=np.float64) ** -exponent
         self.probabilities = weights / weights.sum()
-        self._cdf = torch.cumsum(self.probabilities, 0).to(torch.float64)
-        self._cdf[-1] = 1.0
-        self._generator = torch.Generator().manual_seed(seed)
+        self._cdf = np.cumsum(self.probabilities)
 
     @property
     def entropy_nats(self) -> float:
         """The lowest mean cross-entropy any model can reach on this data."""
         p = self.probabilities
-        return float(-(p * p.log()).sum())
+        return float(-(p * np.log(p)).sum())
 
     def describe(self) -> dict:
-        return {
-            "kind": self.kind,
-            "vocab_size": self.vocab_size,
-            "zipf_exponent": self.exponent,
-            "entropy_nats": self.entropy_nats,
-            "perplexity_floor": math.exp(self.entropy_nats),
-        }
+        return {"kind": self.kind, "vocab_size": self.vocab_size, "zipf_exponent": self.exponent,
+                "entropy_nats": self.entropy_nats, "perplexity_floor": math.exp(self.entropy_nats)}
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        uniform = torch.rand(self.micro_batch_size, self.seq_length + 1, generator=self._generator,
-                             dtype=torch.float64)
-        sample = torch.searchsorted(self._cdf, uniform).clamp_(max=self.vocab_size - 1)
-        sample = self.to_device(sample)
-        return sample[:, :-1], sample[:, 1:]
+    def draw_block(self, rng: np.random.Generator, length: int) -> np.ndarray:
+        tokens = np.searchsorted(self._cdf, rng.random((BLOCK, length)), side="right")
+        return np.minimum(tokens, self.vocab_size - 1)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next_batch()
+
+class BuiltinCorpus(BlockGenerated):
+    """The built-in Markov language (hwbench.workload.corpus)."""
+
+    kind = MarkovCorpus.kind
+
+    def __init__(self, seq_length: int, micro_batch_size: int, global_batch_size: int, seed: int,
+                 to_device: ToDevice = lambda t: t, dp_rank: int = 0, dp_size: int = 1) -> None:
+        super().__init__(seed, seq_length, micro_batch_size, global_batch_size, to_device, dp_rank, dp_size)
+        self.corpus = MarkovCorpus(seed=seed)
+
+    def describe(self) -> dict:
+        return self.corpus.describe()
+
+    def draw_block(self, rng: np.random.Generator, length: int) -> np.ndarray:
+        return self.corpus.draw(rng, BLOCK, length)

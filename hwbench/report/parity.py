@@ -1,0 +1,104 @@
+"""Convergence parity: do two runs train to the same loss, step by step?
+
+``hwbench parity RUN_A RUN_B`` compares the training-loss curves of two result
+files (GPU vs NPU, native vs DeepSpeed, before vs after a change) at every
+step both recorded, and their validation losses at common steps. The relative
+difference |a - b| / max(|a|, |b|) must stay within the tolerance at every
+step and at the end. docs/parity.md says how the default tolerance was chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tabulate import tabulate
+
+from hwbench.errors import UsageError
+from hwbench.results import RunResult
+
+DEFAULT_TOLERANCE = 0.02  # docs/parity.md
+FINAL_WINDOW = 5  # steps averaged for the final comparison
+# Spec fields that must match for loss curves to be comparable at all.
+MUST_MATCH = ("model", "seed", "data", "split", "global_batch_size", "seq_length")
+
+
+@dataclasses.dataclass
+class ParityReport:
+    rows: list[dict[str, Any]]  # step, loss_a, loss_b, rel_diff, over
+    validation_rows: list[dict[str, Any]]
+    max_rel_diff: float
+    max_rel_diff_step: int
+    first_divergent_step: int | None
+    final_rel_diff: float
+    tolerance: float
+    warnings: list[str]
+
+    @property
+    def within_tolerance(self) -> bool:
+        return self.first_divergent_step is None and self.final_rel_diff <= self.tolerance
+
+
+def relative_difference(a: float, b: float) -> float:
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale > 0 else 0.0
+
+
+def _losses(result: RunResult) -> dict[int, float]:
+    return {s["step"]: s["loss"] for s in result.steps if s.get("loss") is not None}
+
+
+def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANCE) -> ParityReport:
+    if not 0 < tolerance < 1:
+        raise UsageError(f"--tolerance {tolerance!r} is not accepted; give a fraction between 0 and 1, e.g. 0.02")
+    losses_a, losses_b = _losses(a), _losses(b)
+    common = sorted(set(losses_a) & set(losses_b))
+    if not common:
+        raise UsageError(f"runs {a.run_id} and {b.run_id} share no step with a finite loss; nothing to compare")
+    warnings = [f"spec.{key} differs: {a.spec.get(key)!r} vs {b.spec.get(key)!r}; the curves need not agree"
+                for key in MUST_MATCH if a.spec.get(key) != b.spec.get(key)]
+    rows = []
+    for step in common:
+        diff = relative_difference(losses_a[step], losses_b[step])
+        rows.append({"step": step, "loss_a": losses_a[step], "loss_b": losses_b[step], "rel_diff": diff,
+                     "over": diff > tolerance})
+    worst = max(rows, key=lambda r: r["rel_diff"])
+    first_over = next((r["step"] for r in rows if r["over"]), None)
+    window = common[-FINAL_WINDOW:]
+    final_a = sum(losses_a[s] for s in window) / len(window)
+    final_b = sum(losses_b[s] for s in window) / len(window)
+    valid_a = {v["step"]: v["loss"] for v in a.metrics.get("validation") or [] if v.get("loss") is not None}
+    valid_b = {v["step"]: v["loss"] for v in b.metrics.get("validation") or [] if v.get("loss") is not None}
+    validation_rows = [{"step": s, "loss_a": valid_a[s], "loss_b": valid_b[s],
+                        "rel_diff": relative_difference(valid_a[s], valid_b[s])}
+                       for s in sorted(set(valid_a) & set(valid_b))]
+    if len(common) < max(len(losses_a), len(losses_b)):
+        warnings.append(f"compared {len(common)} common steps of {len(losses_a)} and {len(losses_b)}")
+    return ParityReport(rows, validation_rows, worst["rel_diff"], worst["step"], first_over,
+                        relative_difference(final_a, final_b), tolerance, warnings)
+
+
+def format_report(report: ParityReport, a: RunResult, b: RunResult) -> str:
+    lines = [f"A: {a.run_id} ({a.device.get('device_model', '?')}, {a.spec.get('precision')})",
+             f"B: {b.run_id} ({b.device.get('device_model', '?')}, {b.spec.get('precision')})", ""]
+    shown = report.rows if len(report.rows) <= 40 else (
+        report.rows[:10] + [r for r in report.rows[10:-10] if r["over"]][:10] + report.rows[-10:])
+    lines.append(tabulate([[r["step"], f"{r['loss_a']:.5f}", f"{r['loss_b']:.5f}", f"{r['rel_diff']:.3%}",
+                            "OVER" if r["over"] else ""] for r in shown],
+                          headers=["step", "loss A", "loss B", "rel diff", ""], disable_numparse=True))
+    if report.validation_rows:
+        lines += ["", tabulate([[v["step"], f"{v['loss_a']:.5f}", f"{v['loss_b']:.5f}", f"{v['rel_diff']:.3%}"]
+                                for v in report.validation_rows],
+                               headers=["valid step", "loss A", "loss B", "rel diff"], disable_numparse=True)]
+    lines.append("")
+    lines += [f"warning: {w}" for w in report.warnings]
+    lines.append(f"largest step difference {report.max_rel_diff:.3%} at step {report.max_rel_diff_step}; "
+                 f"final ({FINAL_WINDOW}-step mean) difference {report.final_rel_diff:.3%}; "
+                 f"tolerance {report.tolerance:.2%}")
+    if report.within_tolerance:
+        lines.append("PARITY: the curves agree within tolerance")
+    else:
+        where = (f"first diverge at step {report.first_divergent_step}" if report.first_divergent_step
+                 else "end apart")
+        lines.append(f"NO PARITY: the curves {where}")
+    return "\n".join(lines)
