@@ -8,14 +8,13 @@ and compare runs with --benchmark-compare / --benchmark-compare-fail=median:5%.
 """
 
 import pytest
-import torch
 
 from hwbench.catalog import load_catalog
 from hwbench.device import select_backend
 from hwbench.engine.native import NativeEngine
 from hwbench.spec import build_run_spec
 from hwbench.harness.worker import make_data_source
-from hwbench.workload.model import GPT
+from hwbench.workload.model import build_model
 
 
 @pytest.mark.parametrize("model,precision", [("tiny", "fp32"), ("small", "fp32"), ("small", "bf16")])
@@ -28,8 +27,7 @@ def test_train_step(benchmark, model, precision):
     device = backend.prepare_process()
     backend.seed(spec.seed)
     workload = catalog.workloads[model]
-    with torch.device(device):
-        gpt = GPT(workload.model)
+    gpt = build_model(workload.model, device=device, seed=spec.seed)
     engine = NativeEngine(gpt, spec, backend)
     data = make_data_source(spec, workload, backend)
 

@@ -158,3 +158,18 @@ def test_synthetic_tokens_are_seeded_and_learnable():
     assert 0 <= int(tokens.min()) and int(tokens.max()) < 50257
     # Zipf(1) over the GPT-2 vocabulary: entropy ~7.57 nats, well under log(V) = 10.8
     assert 7.4 < a.entropy_nats < 7.7
+
+
+def test_build_model_gives_weights_that_depend_on_the_seed_alone():
+    from hwbench.workload.model import build_model
+
+    config = GPTConfig(2, 64, 4, 32, vocab_size=1000)
+    a = build_model(config, device=torch.device("cpu"), seed=9)
+    torch.manual_seed(12345)  # the global generator must not matter
+    b = build_model(config, device=torch.device("cpu"), seed=9)
+    c = build_model(config, device=torch.device("cpu"), seed=10)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.wte.weight, c.wte.weight)
+    std = a.blocks[0].mlp.fc2.weight.std().item()
+    assert std == pytest.approx(0.02 / math.sqrt(4), rel=0.1)  # output projections scaled by 1/sqrt(2L)

@@ -14,7 +14,6 @@ import time
 import traceback
 from typing import Any
 
-import torch
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, select_backend
@@ -27,7 +26,7 @@ from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
-from hwbench.workload.model import GPT
+from hwbench.workload.model import build_model
 from hwbench.workload.params import count_parameters
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
@@ -169,9 +168,8 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
     Validation runs between steps at --eval-interval and after the last step;
     its time is marked apart and left out of the step times."""
     backend.seed(spec.seed)
-    device = backend.torch_device
-    with torch.device(device):
-        model = GPT(workload.model, tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
+    model = build_model(workload.model, device=backend.torch_device, seed=spec.seed,
+                        tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
     engine = NativeEngine(model, spec, backend)
     validation: list[dict[str, Any]] = []
 

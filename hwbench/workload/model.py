@@ -82,20 +82,29 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
-        self.reset_parameters()
+        if not any(p.is_meta for p in self.parameters()):
+            self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Megatron's init: N(0, 0.02) weights, the two output projections of each
-        block scaled by 1/sqrt(2L), zero biases, unit LayerNorm gains."""
+        block scaled by 1/sqrt(2L), zero biases, unit LayerNorm gains.
+
+        Values are drawn on the host (from ``generator``, or torch's default CPU
+        generator) one tensor at a time and copied to the parameter's device, so
+        the same seed gives the same weights on every device."""
         scaled_std = INIT_STD / math.sqrt(2.0 * self.config.num_layers)
+
+        def normal_(parameter: torch.Tensor, std: float) -> None:
+            host = torch.empty(parameter.shape, dtype=parameter.dtype).normal_(0.0, std, generator=generator)
+            parameter.copy_(host)
+
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = scaled_std if name.endswith(("out_proj", "fc2")) else INIT_STD
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                normal_(module.weight, scaled_std if name.endswith(("out_proj", "fc2")) else INIT_STD)
                 nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+                normal_(module.weight, INIT_STD)
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
@@ -113,3 +122,14 @@ class GPT(nn.Module):
         logits = F.linear(x, self.wte.weight)  # (B, S, V), tied output layer
         # Megatron computes the loss in fp32 (autocast keeps cross_entropy in fp32 too).
         return F.cross_entropy(logits.float().view(B * S, -1), labels.reshape(B * S))
+
+
+def build_model(config: GPTConfig, *, device: torch.device, seed: int, tensor_parallel: int = 1,
+                recompute: bool = False) -> GPT:
+    """The model on ``device`` with weights that depend on ``seed`` alone (not on
+    the device): built without storage, then filled tensor by tensor."""
+    with torch.device("meta"):
+        model = GPT(config, tensor_parallel=tensor_parallel, recompute=recompute)
+    model.to_empty(device=device)
+    model.reset_parameters(torch.Generator().manual_seed(seed))
+    return model
