@@ -67,6 +67,10 @@ def _build_parser() -> argparse.ArgumentParser:
     parity.add_argument("--tolerance", type=float, default=None,
                         help="largest relative loss difference allowed at any step (default: 0.02)")
 
+    data = commands.add_parser("data", help="prepare datasets: `hwbench data prepare --help`")
+    data.add_argument("data_command", choices=("prepare",))
+    data.add_argument("data_args", nargs=argparse.REMAINDER)
+
     commands.add_parser("models", help="list the workloads with their parameter counts and published settings")
     commands.add_parser("devices", help="list the hardware catalog and the device this machine would use")
     return parser
@@ -99,6 +103,12 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     report = compare_runs(a, b, DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance)
     print(format_report(report, a, b))
     return 0 if report.within_tolerance else 1
+
+
+def _cmd_data(args: argparse.Namespace) -> int:
+    from hwbench.workload import prepare
+
+    return prepare.main(args.data_args)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -137,7 +147,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
+COMMANDS = {"run": _cmd_run, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
