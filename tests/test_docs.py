@@ -1,0 +1,44 @@
+"""The documentation stays true to the code: every field a result file holds is
+described in docs/results.md, every module is placed in docs/architecture.md."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+# Keys under these paths are data (variable names, per-field reasons), not schema.
+OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
+             "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents")
+
+
+def key_paths(value, prefix=""):
+    if isinstance(value, dict):
+        for key, child in value.items():
+            path = f"{prefix}.{key}" if prefix else key
+            yield path
+            if path not in OPEN_MAPS:
+                yield from key_paths(child, path)
+    elif isinstance(value, list):
+        for child in value:
+            yield from key_paths(child, prefix + "[]")
+
+
+@pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic"]])
+def test_every_result_field_is_documented(tmp_path, extra):
+    assert main(["run", "--quiet", "--model", "tiny", "--steps", "2", "--warmup", "1", "--eval-iters", "1",
+                 "--out", str(tmp_path), *extra]) == 0
+    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    doc = (ROOT / "docs" / "results.md").read_text()
+    missing = sorted({p for p in key_paths(result) if f"`{p}`" not in doc})
+    assert not missing, f"docs/results.md does not describe: {missing}"
+
+
+def test_every_module_is_in_the_architecture_page():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "hwbench").rglob("*.py") if p.name != "__init__.py"
+                     and p.name != "__main__.py")
+    missing = [m for m in modules if m not in doc and Path(m).name not in doc]
+    assert not missing, f"docs/architecture.md does not mention: {missing}"
