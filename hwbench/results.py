@@ -75,6 +75,7 @@ def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
     text = json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
     handle, temporary = tempfile.mkstemp(prefix=f".{result.run_id}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
             stream.flush()
@@ -84,6 +85,12 @@ def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return final
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def load_result(path: str | os.PathLike) -> RunResult:
