@@ -193,8 +193,9 @@ def _workload_from(path: Path) -> Workload:
         vocab_size=m.integer("vocab_size"),
         make_vocab_size_divisible_by=m.integer("make_vocab_size_divisible_by"),
     )
-    for problem in model.problems():
-        raise CatalogError(f"{path}: model: {problem}")
+    problems = model.problems()
+    if problems:
+        raise CatalogError(f"{path}: model: {'; '.join(problems)}")
     decay_iters = t.integer("lr_decay_iters")
     warmup_iters = t.integer("lr_warmup_iters", optional=True, minimum=0)
     if warmup_iters is None:  # Megatron: warm-up = fraction x decay iterations
