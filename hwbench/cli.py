@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hwbench: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("hwbench: interrupted; no result written for the unfinished run", file=sys.stderr)
+        print("hwbench: interrupted; nothing unfinished was written", file=sys.stderr)
         return 130
 
 

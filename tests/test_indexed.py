@@ -52,7 +52,13 @@ def test_dtype_for_vocab_follows_megatron():
 
 def test_round_trip_and_index_bytes_are_exactly_the_specification(tmp_path):
     prefix = tmp_path / "corpus_text_document"
-    write_indexed_dataset(prefix, DOCUMENTS, np.uint16)
+    previous = os.umask(0o022)
+    try:
+        write_indexed_dataset(prefix, DOCUMENTS, np.uint16)
+    finally:
+        os.umask(previous)
+    for suffix in (".bin", ".idx"):  # shared data: readable by others, as the umask allows
+        assert (tmp_path / f"corpus_text_document{suffix}").stat().st_mode & 0o777 == 0o644
     dataset = IndexedDataset(prefix)
     assert read_all(dataset) == [d for d in DOCUMENTS if d]
     assert dataset.dtype == np.uint16 and dataset.variant == "megatron-lm"

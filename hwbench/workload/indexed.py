@@ -258,7 +258,8 @@ class IndexedDatasetWriter:
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODE_FOR_DTYPE:
             known = ", ".join(str(np.dtype(t)) for t in DTYPE_CODES.values())
-            raise IndexedDatasetError(f"{self.path_prefix}: dtype {self.dtype} has no Megatron code; use one of {known}")
+            raise IndexedDatasetError(f"{self.path_prefix}: dtype {self.dtype} has no Megatron code; "
+                                      f"use one of {known}")
         self._disk_dtype = _little_endian(self.dtype)
         self._limits = _token_limits(self.dtype)
         self._lengths = array("i")  # int32, as in the .idx
@@ -267,18 +268,27 @@ class IndexedDatasetWriter:
         self._state = "open"
         folder, name = os.path.split(os.path.abspath(self.path_prefix))
         self._bin_temporary = self._temporary(folder, name + ".bin.")
-        self._idx_temporary = self._temporary(folder, name + ".idx.")
+        try:
+            self._idx_temporary = self._temporary(folder, name + ".idx.")
+        except BaseException:
+            os.remove(self._bin_temporary)
+            raise
         self._bin = open(self._bin_temporary, "wb")
 
     @staticmethod
     def _temporary(folder: str, prefix: str) -> str:
+        """An empty file beside the output, readable as the user's umask allows
+        (mkstemp makes 0600; datasets are shared files)."""
         try:
             handle, path = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
         except FileNotFoundError:
             raise IndexedDatasetError(f"{folder}: no such folder for the output") from None
         except OSError as error:
             raise IndexedDatasetError(f"{folder}: cannot write there ({error.strerror})") from None
-        os.close(handle)
+        try:
+            os.fchmod(handle, 0o666 & ~_umask())
+        finally:
+            os.close(handle)
         return path
 
     @property
@@ -385,6 +395,12 @@ class IndexedDatasetWriter:
         stream.write(np.zeros(1, "<i8").tobytes())
         if self._document_ends:
             stream.write(np.frombuffer(self._document_ends, dtype=np.int64).astype("<i8").tobytes())
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def _token_limits(dtype: np.dtype) -> tuple[int, int]:
