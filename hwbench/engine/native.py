@@ -16,8 +16,7 @@ from torch import nn
 from hwbench.device import Backend
 from hwbench.engine.optim import build_optimizer, learning_rate
 from hwbench.spec import RunSpec
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+from hwbench.workload.data import Batch
 
 
 @dataclasses.dataclass
