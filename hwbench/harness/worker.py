@@ -165,8 +165,9 @@ def _eval_due(spec: RunSpec, step: int) -> bool:
 def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledData,
             progress: Progress) -> Measurement:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
-    Validation runs between steps at --eval-interval and after the last step;
-    its time is marked apart and left out of the step times."""
+    Validation at --eval-interval runs between timed steps, marked apart and left
+    out of the step times (it does fall inside the telemetry window); the final
+    validation runs after the measured window has closed."""
     backend.seed(spec.seed)
     model = build_model(workload.model, device=backend.torch_device, seed=spec.seed,
                         tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
@@ -188,20 +189,23 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
     if sampler:
         sampler.start()
     wall_start = time.perf_counter()
+    last = spec.warmup + spec.steps
     with backend.measuring():
         timer.mark()
-        for step in range(spec.warmup + 1, spec.warmup + spec.steps + 1):
+        for step in range(spec.warmup + 1, last + 1):
             outcomes.append(engine.train_step(data.train_batch))
             timer.mark()
             interval_is_step.append(True)
             progress.step(step)  # no loss read here: it would sync the device
-            if _eval_due(spec, step) and data.has_validation:
+            if step < last and _eval_due(spec, step) and data.has_validation:
                 validation.append(validate(engine, data, spec, step))
                 timer.mark()
                 interval_is_step.append(False)
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
+    if _eval_due(spec, last) and data.has_validation:  # after the measured window
+        validation.append(validate(engine, data, spec, last))
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
