@@ -112,3 +112,20 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
                          "ranks", "environment", "error", "warnings", "started_at", "finished_at",
                          "hwbench_version"}
     assert data["error"] is None and data["ranks"][0]["rank"] == 0
+
+
+def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    process = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--steps", "10000",
+                                "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(8)  # importing torch and a few training steps
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1].startswith("hwbench: interrupted")
+    assert not out.exists() or list(out.iterdir()) == []
