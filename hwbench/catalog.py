@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 from importlib import resources
@@ -123,7 +124,7 @@ class _Fields:
             number = float(value)
         except (TypeError, ValueError):
             raise self._fail(key, "a number") from None
-        if isinstance(value, bool) or number < minimum:
+        if isinstance(value, bool) or not math.isfinite(number) or number < minimum:
             raise self._fail(key, f"a number >= {minimum:g}")
         return number
 

@@ -88,9 +88,15 @@ def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
 
 
 def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+    """The process umask, read without changing it (os.umask would, for a moment,
+    for every thread)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def load_result(path: str | os.PathLike) -> RunResult:

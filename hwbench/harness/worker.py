@@ -2,7 +2,8 @@
 
 run_point(spec) -> RunResult. Device and setup problems raise before anything
 is built (SetupError / UsageError, exit 2, nothing written); a failure during
-training is returned as a result with status oom, failed or numerics, so it is
+training is returned as a result with status oom, failed, invalid (bad data
+found while training) or numerics, so it is
 recorded like any other figure.
 """
 
