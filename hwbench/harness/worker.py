@@ -158,9 +158,10 @@ def validate(engine: NativeEngine, data: SampledData, spec: RunSpec, step: int) 
             "tokens": tokens, "iters": spec.eval_iters}
 
 
-def _eval_due(spec: RunSpec, step: int) -> bool:
+def _eval_due(spec: RunSpec, data: SampledData, step: int) -> bool:
     last = spec.warmup + spec.steps
-    return spec.eval_iters > 0 and (step == last or (spec.eval_interval > 0 and step % spec.eval_interval == 0))
+    return (spec.eval_iters > 0 and data.has_validation
+            and (step == last or (spec.eval_interval > 0 and step % spec.eval_interval == 0)))
 
 
 def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledData,
@@ -179,7 +180,7 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
     for step in range(1, spec.warmup + 1):
         outcomes.append(engine.train_step(data.train_batch))
         progress.step(step, loss=outcomes[-1].loss.item())  # warm-up may sync freely
-        if _eval_due(spec, step) and data.has_validation:
+        if _eval_due(spec, data, step):
             validation.append(validate(engine, data, spec, step))
     backend.synchronize()
 
@@ -198,14 +199,14 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
             timer.mark()
             interval_is_step.append(True)
             progress.step(step)  # no loss read here: it would sync the device
-            if step < last and _eval_due(spec, step) and data.has_validation:
+            if step < last and _eval_due(spec, data, step):
                 validation.append(validate(engine, data, spec, step))
                 timer.mark()
                 interval_is_step.append(False)
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
-    if _eval_due(spec, last) and data.has_validation:  # after the measured window
+    if _eval_due(spec, data, last):  # after the measured window
         validation.append(validate(engine, data, spec, last))
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)

@@ -103,16 +103,17 @@ class BlockGenerated(SampledData):
     def __init__(self, seed: int, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.seed = seed
-        self._cache: tuple[tuple[str, int], np.ndarray] | None = None
+        self._blocks: dict[str, tuple[int, np.ndarray]] = {}  # per split: the last block drawn
 
     @abc.abstractmethod
     def draw_block(self, rng: np.random.Generator, length: int) -> np.ndarray: ...
 
     def _block(self, split: str, block: int) -> np.ndarray:
-        if self._cache is None or self._cache[0] != (split, block):
+        cached = self._blocks.get(split)
+        if cached is None or cached[0] != block:  # a validation pass does not evict the training block
             rng = np.random.Generator(np.random.PCG64([self.seed, SPLIT_IDS[split], block]))
-            self._cache = ((split, block), self.draw_block(rng, self.seq_length + 1))
-        return self._cache[1]
+            cached = self._blocks[split] = (block, self.draw_block(rng, self.seq_length + 1))
+        return cached[1]
 
     def samples(self, split: str, indices: range) -> np.ndarray:
         return np.stack([self._block(split, i // BLOCK)[i % BLOCK] for i in indices])
