@@ -17,7 +17,7 @@ from hwbench import __version__
 from hwbench.catalog import PRECISIONS, load_catalog
 from hwbench.device import DEVICE_CHOICES
 from hwbench.errors import SetupError, UsageError
-from hwbench.spec import DEFAULT_MODEL, DEFAULT_OUT, DEFAULT_STEPS, DEFAULT_WARMUP
+from hwbench.spec import DEFAULT_MODEL, DEFAULT_OUT, DEFAULT_STEPS, DEFAULT_WARMUP, ENGINES, PP_SCHEDULES
 from hwbench.workload.flops import FLOPS_FORMULAS
 
 
@@ -60,6 +60,27 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flops-formula", choices=tuple(FLOPS_FORMULAS),
                      help="model FLOPs formula for TFLOP/s and MFU (default: megatron-lm)")
     run.add_argument("--quiet", action="store_true", help="no progress display")
+    layout = run.add_argument_group("parallel layout")
+    layout.add_argument("--tp", type=int, help="tensor-parallel degree (default: the workload's published layout "
+                        "when the world size allows, else 1)")
+    layout.add_argument("--pp", type=int, help="pipeline-parallel stages (default: as --tp)")
+    layout.add_argument("--dp", type=int, help="data-parallel degree (default: world size / (tp x pp))")
+    layout.add_argument("--fsdp", action="store_true", default=None,
+                        help="shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)")
+    layout.add_argument("--zero", type=int, help="DeepSpeed ZeRO stage 0-3 (--engine deepspeed; default: 0)")
+    layout.add_argument("--engine", choices=ENGINES, help="native (torch.distributed) or deepspeed (default: native)")
+    layout.add_argument("--pp-schedule", choices=PP_SCHEDULES,
+                        help="pipeline schedule (default: 1f1b, or gpipe when there are fewer microbatches than stages)")
+    launch = run.add_argument_group("processes and nodes (torchrun)")
+    launch.add_argument("--nproc-per-node", type=int, help="ranks on this node (default: 1, in this process)")
+    launch.add_argument("--nnodes", type=int, help="nodes in the job (default: 1)")
+    launch.add_argument("--node-rank", type=int, help="this node's rank, 0 to nnodes-1 (default: 0)")
+    launch.add_argument("--master-addr", help="address of node 0 (default: 127.0.0.1)")
+    launch.add_argument("--master-port", type=int, help="port on node 0 (default: a free one on one node; 29500 "
+                        "across nodes)")
+    launch.add_argument("--rdzv-endpoint", help="HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port")
+    launch.add_argument("--timeout", type=float, help="seconds before a run that has not finished is ended, every "
+                        "process with it (default: 1800)")
 
     parity = commands.add_parser("parity", help="compare the loss curves of two runs; exit 1 when they diverge")
     parity.add_argument("run_a", metavar="RUN_A", help="result file")
@@ -74,6 +95,22 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list the workloads with their parameter counts and published settings")
     commands.add_parser("devices", help="list the hardware catalog and the device this machine would use")
     return parser
+
+
+def _run_options(args: argparse.Namespace) -> dict:
+    options = vars(args).copy()
+    options["telemetry_interval"] = options.pop("telemetry_interval")
+    return options
+
+
+def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
+    """The RunSpec that `hwbench run RUN_ARGV...` would run, validated the same
+    way (raises UsageError). ``check_paths=False`` for a run that happens on
+    another machine (hwbench.k8s), where --data and --out are that machine's paths."""
+    from hwbench.spec import build_run_spec
+
+    args = _build_parser().parse_args(["run", *run_argv])
+    return build_run_spec(_run_options(args), load_catalog(), check_paths=check_paths)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

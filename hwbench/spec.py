@@ -26,17 +26,48 @@ DEFAULT_SPLIT = "949,50,1"
 DEFAULT_EVAL_ITERS = 10
 
 
+ENGINES = ("native", "deepspeed")
+PP_SCHEDULES = ("1f1b", "gpipe")
+ZERO_STAGES = (0, 1, 2, 3)
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_TIMEOUT_S = 1800.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelDims:
-    """Degrees of tensor, pipeline and data parallelism; world = tp x pp x dp."""
+    """Degrees of tensor, pipeline and data parallelism; world = tp x pp x dp.
+    ``source`` says where tp and pp came from: the user, the workload's published
+    layout, or the default of none."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    source: str = "default"
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSpec:
+    """How the processes of a run are started (hwbench.harness.launcher).
+    ``under_torchrun``: this command already runs as one rank of a torchrun job
+    (in a Kubernetes pod, say) and does not launch again."""
+
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    node_rank: int = 0
+    master_addr: str = DEFAULT_MASTER_ADDR
+    master_port: int | None = None  # None: a free port (single node only)
+    rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master addr/port
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    under_torchrun: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +99,11 @@ class RunSpec:
     warmup: int
     seed: int
     parallel: ParallelDims
+    engine: str  # native or deepspeed
+    zero_stage: int  # DeepSpeed ZeRO stage (deepspeed engine only)
+    fsdp: bool  # FSDP2 sharding of the data-parallel dimension (native engine only)
+    pp_schedule: str  # 1f1b or gpipe (pipeline parallelism only)
+    launch: LaunchSpec
     optimizer: OptimizerSpec
     initial_scale_power: int  # fp16 dynamic loss scale starts at 2**this
     loss_scale: float | None  # fixed fp16 loss scale, or None for dynamic
@@ -129,8 +165,108 @@ def _check_split(split: str) -> str:
     return split
 
 
-def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
-    """RunSpec from CLI-style options (None = the workload's default)."""
+def _build_launch(options: dict[str, Any], torchrun_world_size: int | None) -> LaunchSpec:
+    def given(key: str, default: Any) -> Any:
+        value = options.get(key)
+        return default if value is None else value
+
+    nnodes = _positive("--nnodes", given("nnodes", 1))
+    nproc = _positive("--nproc-per-node", given("nproc_per_node", 1))
+    node_rank = _positive("--node-rank", given("node_rank", 0), minimum=0)
+    if node_rank >= nnodes:
+        raise UsageError(f"--node-rank {node_rank} is not below --nnodes {nnodes}; accepted: 0 to {nnodes - 1}")
+    port = options.get("master_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        raise UsageError(f"--master-port {port!r} is not accepted; give a TCP port from 1 to 65535")
+    endpoint = options.get("rdzv_endpoint")
+    if endpoint is not None:
+        host, _, endpoint_port = endpoint.rpartition(":")
+        if not host or not endpoint_port.isdigit() or not 1 <= int(endpoint_port) <= 65535:
+            raise UsageError(f"--rdzv-endpoint {endpoint!r} is not accepted; give HOST:PORT")
+    if nnodes > 1 and port is None and endpoint is None:
+        port = DEFAULT_MASTER_PORT  # every node must agree on it
+    timeout = given("timeout", DEFAULT_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise UsageError(f"--timeout {timeout!r} is not accepted; give seconds > 0")
+    launch = LaunchSpec(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
+                        master_addr=given("master_addr", DEFAULT_MASTER_ADDR), master_port=port,
+                        rdzv_endpoint=endpoint, timeout_s=float(timeout),
+                        under_torchrun=torchrun_world_size is not None)
+    if torchrun_world_size is not None and torchrun_world_size != launch.world_size:
+        # Already one rank of a torchrun job: the job's size is torchrun's.
+        launch = dataclasses.replace(launch, nnodes=1, nproc_per_node=torchrun_world_size, node_rank=0)
+    return launch
+
+
+def _build_engine_options(options: dict[str, Any]) -> tuple[str, int, bool, str]:
+    engine = options.get("engine") or "native"
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not known; accepted: {', '.join(ENGINES)}")
+    zero = options.get("zero")
+    if zero is not None and zero not in ZERO_STAGES:
+        raise UsageError(f"--zero {zero!r} is not a ZeRO stage; accepted: 0, 1, 2, 3")
+    schedule = options.get("pp_schedule") or "1f1b"  # build_run_spec turns it to gpipe when 1F1B cannot run
+    if schedule not in PP_SCHEDULES:
+        raise UsageError(f"--pp-schedule {schedule!r} is not known; accepted: {', '.join(PP_SCHEDULES)}")
+    fsdp = bool(options.get("fsdp"))
+    if zero is not None and zero > 0 and engine != "deepspeed":
+        raise UsageError(f"--zero {zero} needs --engine deepspeed; the native engine shards with --fsdp")
+    if fsdp and engine == "deepspeed":
+        raise UsageError("--fsdp is a native-engine option; with --engine deepspeed use --zero 3 to shard parameters")
+    return engine, zero or 0, fsdp, schedule
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _build_parallel(options: dict[str, Any], workload: Workload, launch: LaunchSpec, engine: str) -> ParallelDims:
+    """tp, pp and dp for the world size, checked against the model: tp divides the
+    heads (and so the hidden size and the padded vocabulary), pp does not exceed
+    the layers, tp x pp x dp is the world size."""
+    world = launch.world_size
+    where = (f"the world size {world} (--nnodes {launch.nnodes} x --nproc-per-node {launch.nproc_per_node})"
+             if not launch.under_torchrun else f"the world size {world} that torchrun started")
+    tp, pp, dp = options.get("tp"), options.get("pp"), options.get("dp")
+    source = "user" if tp is not None or pp is not None else "default"
+    published = workload.published
+    if source == "default" and published and engine == "native" and world % (published.tp * published.pp) == 0:
+        tp, pp, source = published.tp, published.pp, "published"  # the layout the published tables used
+    tp = _positive("--tp", 1 if tp is None else tp)
+    pp = _positive("--pp", 1 if pp is None else pp)
+    model = workload.model
+    heads = model.num_attention_heads
+    if heads % tp:
+        raise UsageError(f"--tp {tp} does not divide the {heads} attention heads of --model {workload.name}; "
+                         f"accepted: {_divisors(heads)}")
+    if model.padded_vocab_size(tp) % tp:
+        raise UsageError(f"--tp {tp} does not divide the padded vocabulary {model.padded_vocab_size(tp)}")
+    if pp > model.num_layers:
+        raise UsageError(f"--pp {pp} exceeds the {model.num_layers} layers of --model {workload.name}; "
+                         f"accepted: 1 to {model.num_layers}")
+    if dp is None:
+        if world % (tp * pp):
+            raise UsageError(f"--tp {tp} x --pp {pp} = {tp * pp} does not divide {where}; "
+                             f"accepted: tp x pp among {_divisors(world)}")
+        dp = world // (tp * pp)
+    dp = _positive("--dp", dp)
+    if tp * pp * dp != world:
+        raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
+    return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
+
+
+def _check_engine_layout(engine: str, zero_stage: int, fsdp: bool, parallel: ParallelDims) -> None:
+    if engine == "deepspeed" and (parallel.tp > 1 or parallel.pp > 1):
+        raise UsageError(f"--engine deepspeed runs data parallelism with ZeRO; --tp {parallel.tp} --pp {parallel.pp} "
+                         "needs --engine native")
+
+
+def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
+                   check_paths: bool = True) -> RunSpec:
+    """RunSpec from CLI-style options (None = the workload's default).
+    ``torchrun_world_size``: set when this process is already a torchrun rank.
+    ``check_paths``: False when the run happens elsewhere (a Kubernetes pod), so
+    --data and --out name paths there, not here."""
 
     def given(key: str, default: Any) -> Any:
         value = options.get(key)
@@ -155,7 +291,10 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
     steps = _positive("--steps", given("steps", DEFAULT_STEPS))
     warmup = _positive("--warmup", given("warmup", DEFAULT_WARMUP), minimum=0)
     seed = _positive("--seed", given("seed", defaults.seed), minimum=0)
-    parallel = ParallelDims()
+    launch = _build_launch(options, torchrun_world_size)
+    engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
+    parallel = _build_parallel(options, workload, launch, engine)
+    _check_engine_layout(engine, zero_stage, fsdp, parallel)
 
     if global_batch % (micro * parallel.dp):
         step = micro * parallel.dp
@@ -164,6 +303,14 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
             + (f" x data parallel {parallel.dp}" if parallel.dp > 1 else "")
             + f"; accepted: {step}, {2 * step}, {3 * step}, ..."
         )
+    microbatches = global_batch // (micro * parallel.dp)
+    if parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:
+        if options.get("pp_schedule"):
+            raise UsageError(
+                f"--pp-schedule 1f1b needs at least --pp {parallel.pp} microbatches per step; --global-batch-size "
+                f"{global_batch} / (--micro-batch-size {micro} x dp {parallel.dp}) gives {microbatches}; accepted: "
+                "a smaller micro batch, a larger global batch, or --pp-schedule gpipe")
+        pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
     positions = workload.model.max_position_embeddings
     if seq > positions:
         raise UsageError(
@@ -189,6 +336,11 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
         warmup=warmup,
         seed=seed,
         parallel=parallel,
+        engine=engine,
+        zero_stage=zero_stage,
+        fsdp=fsdp,
+        pp_schedule=pp_schedule,
+        launch=launch,
         optimizer=OptimizerSpec(
             lr=defaults.lr,
             min_lr=defaults.min_lr,
@@ -200,12 +352,12 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog) -> RunSpec:
         ),
         initial_scale_power=defaults.initial_scale_power,
         loss_scale=defaults.loss_scale,
-        data=_check_data(given("data", DEFAULT_DATA)),
+        data=_check_data(given("data", DEFAULT_DATA)) if check_paths else given("data", DEFAULT_DATA),
         split=_check_split(given("split", DEFAULT_SPLIT)),
         eval_interval=_positive("--eval-interval", given("eval_interval", 0), minimum=0),
         eval_iters=_positive("--eval-iters", given("eval_iters", DEFAULT_EVAL_ITERS), minimum=0),
         telemetry=bool(given("telemetry", True)),
         telemetry_interval_s=float(interval),
         flops_formula=formula,
-        out_dir=_check_out_dir(given("out", DEFAULT_OUT)),
+        out_dir=_check_out_dir(given("out", DEFAULT_OUT)) if check_paths else given("out", DEFAULT_OUT),
     )

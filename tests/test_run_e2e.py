@@ -100,7 +100,7 @@ def test_gradient_accumulation_matches_one_large_batch():
     out_b = engine_b.train_step(lambda: next(halves))
     assert out_a.loss.item() == pytest.approx(out_b.loss.item(), rel=1e-5)
     assert out_a.grad_norm.item() == pytest.approx(out_b.grad_norm.item(), rel=1e-4)
-    torch.testing.assert_close(model_a.blocks[1].mlp.fc2.weight, model_b.blocks[1].mlp.fc2.weight,
+    torch.testing.assert_close(model_a.blocks["1"].mlp.fc2.weight, model_b.blocks["1"].mlp.fc2.weight,
                                rtol=1e-4, atol=1e-6)
 
 

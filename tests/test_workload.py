@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hwbench.catalog import load_catalog
 from hwbench.workload import GPTConfig, count_parameters, model_flops_per_iteration
 from hwbench.workload.data import SyntheticTokens
-from hwbench.workload.model import GPT
+from hwbench.workload.model import GPT, lm_loss
 
 PUBLISHED_SIZES = {  # FACTS.md §2: layers, hidden, heads, seq
     "345m": (24, 1024, 16, 1024),
@@ -109,7 +109,7 @@ def _tiny_model(recompute=False):
 def test_initial_loss_is_near_log_vocab():
     model = _tiny_model()
     tokens = torch.randint(0, 1000, (4, 33))
-    loss = model(tokens[:, :-1], tokens[:, 1:])
+    loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
     assert abs(loss.item() - math.log(model.vocab_size)) < 0.1
 
 
@@ -124,7 +124,7 @@ def test_attention_goes_through_sdpa(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
     model = _tiny_model()
     tokens = torch.randint(0, 1000, (2, 17))
-    model(tokens[:, :-1], tokens[:, 1:])
+    model(tokens[:, :-1])
     assert calls == [True, True]  # one causal call per block
 
 
@@ -133,9 +133,9 @@ def test_recompute_gives_the_same_loss_and_gradients():
     results = []
     for recompute in (False, True):
         model = _tiny_model(recompute)
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
-        results.append((loss.item(), model.blocks[0].mlp.fc1.weight.grad.clone()))
+        results.append((loss.item(), model.blocks["0"].mlp.fc1.weight.grad.clone()))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
     torch.testing.assert_close(results[0][1], results[1][1])
 
@@ -143,7 +143,8 @@ def test_recompute_gives_the_same_loss_and_gradients():
 def test_output_layer_is_tied_to_the_word_embedding():
     model = _tiny_model()
     names = [name for name, _ in model.named_parameters()]
-    assert "wte.weight" in names and not any("lm_head" in n for n in names)
+    assert "wte.weight" in names and "output.weight" not in names  # one parameter, counted once
+    assert model.output.weight is model.wte.weight
 
 
 def test_synthetic_tokens_are_seeded_and_learnable():
@@ -171,5 +172,31 @@ def test_build_model_gives_weights_that_depend_on_the_seed_alone():
     for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.wte.weight, c.wte.weight)
-    std = a.blocks[0].mlp.fc2.weight.std().item()
+    std = a.blocks["0"].mlp.fc2.weight.std().item()
     assert std == pytest.approx(0.02 / math.sqrt(4), rel=0.1)  # output projections scaled by 1/sqrt(2L)
+
+
+def test_a_pipeline_stage_gets_the_same_weights_as_the_whole_model():
+    from hwbench.workload.model import build_model, init_parameters
+
+    config = GPTConfig(4, 64, 4, 32, vocab_size=1000)
+    whole = build_model(config, device=torch.device("cpu"), seed=5)
+    with torch.device("meta"):
+        stage = GPT(config)
+    stage.wte = stage.wpe = None  # the last of two stages: blocks 2 and 3, ln_f and output
+    del stage.blocks["0"], stage.blocks["1"]
+    stage.output.weight = torch.nn.Parameter(torch.empty(stage.output.weight.shape, device="meta"))  # untied copy
+    stage.to_empty(device="cpu")
+    init_parameters(stage, seed=5)
+    torch.testing.assert_close(stage.output.weight, whole.wte.weight, rtol=0, atol=0)
+    torch.testing.assert_close(stage.blocks["3"].mlp.fc2.weight, whole.blocks["3"].mlp.fc2.weight, rtol=0, atol=0)
+
+
+def test_tensor_parallel_padding_leaves_the_real_vocabulary_rows_unchanged():
+    from hwbench.workload.model import build_model
+
+    config = GPTConfig(2, 64, 4, 32, vocab_size=1100, make_vocab_size_divisible_by=128)
+    one = build_model(config, device=torch.device("cpu"), seed=5, tensor_parallel=1)
+    four = build_model(config, device=torch.device("cpu"), seed=5, tensor_parallel=4)
+    assert one.wte.weight.shape[0] == 1152 and four.wte.weight.shape[0] == 1536
+    torch.testing.assert_close(four.wte.weight[:1100], one.wte.weight[:1100], rtol=0, atol=0)
