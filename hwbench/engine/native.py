@@ -17,6 +17,7 @@ from hwbench.device import Backend
 from hwbench.engine.optim import build_optimizer, learning_rate
 from hwbench.spec import RunSpec
 from hwbench.workload.data import Batch
+from hwbench.workload.model import lm_loss
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class NativeEngine:
         for _ in range(accumulation):
             tokens, labels = next_batch()
             with self.backend.autocast(self.spec.precision):
-                loss = self.forward(tokens, labels) / accumulation
+                loss = lm_loss(self.forward(tokens), labels) / accumulation
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             total_loss += loss.detach()
         scale = self.scaler.get_scale() if self.scaler else None
@@ -81,7 +82,7 @@ class NativeEngine:
         try:
             for inputs, labels in batches:
                 with self.backend.autocast(self.spec.precision):
-                    loss = self.model(inputs, labels)
+                    loss = lm_loss(self.model(inputs), labels)
                 total += loss.double() * labels.numel()
                 tokens += labels.numel()
         finally:
