@@ -92,6 +92,9 @@ def _build_parser() -> argparse.ArgumentParser:
     data.add_argument("data_command", choices=("prepare",))
     data.add_argument("data_args", nargs=argparse.REMAINDER)
 
+    commands.add_parser("k8s", add_help=False,
+                        help="print a Kubeflow PyTorchJob manifest that runs `hwbench run` on every pod "
+                             "(`hwbench k8s --help`)")
     commands.add_parser("models", help="list the workloads with their parameter counts and published settings")
     commands.add_parser("devices", help="list the hardware catalog and the device this machine would use")
     return parser
@@ -113,17 +116,31 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
     return build_run_spec(_run_options(args), load_catalog(), check_paths=check_paths)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from hwbench.harness.worker import run_point
+def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
+    """One point: in this process (one rank), as this rank of a torchrun job
+    (when torchrun started this command), or as a torchrun job this command
+    launches (--nproc-per-node / --nnodes)."""
+    from hwbench.engine.distributed import RankEnvironment
     from hwbench.report.summary import run_summary_table
     from hwbench.results import write_result
     from hwbench.spec import build_run_spec
 
-    options = vars(args).copy()
-    options["telemetry_interval"] = options.pop("telemetry_interval")
     catalog = load_catalog()
-    spec = build_run_spec(options, catalog)
-    result = run_point(spec, catalog, show_progress=not args.quiet)
+    rank_env = RankEnvironment.from_environ()
+    spec = build_run_spec(_run_options(args), catalog,
+                          torchrun_world_size=rank_env.world_size if rank_env else None)
+    if rank_env is not None:
+        from hwbench.harness.worker import run_as_rank
+
+        return run_as_rank(spec, catalog, rank_env, show_progress=not args.quiet)
+    if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
+        from hwbench.harness.launcher import launch
+
+        result = launch(spec, run_argv)
+    else:
+        from hwbench.harness.worker import run_point
+
+        result = run_point(spec, catalog, show_progress=not args.quiet)
     path = write_result(result, spec.out_dir)
     print(run_summary_table(result, str(path)))
     return 0 if result.status == "ok" else 1
@@ -184,12 +201,20 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": _cmd_run, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
+# `run` and `k8s` are dispatched in main(): they need the raw arguments.
+COMMANDS = {"data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _build_parser().parse_args(argv)
+        if raw[:1] == ["k8s"]:  # its own options, then `hwbench run` options: hwbench.k8s parses both
+            from hwbench import k8s
+
+            return k8s.main(raw[1:])
+        args = _build_parser().parse_args(raw)
+        if args.command == "run":  # the launcher passes the same options on to every rank
+            return _cmd_run(args, raw[raw.index("run") + 1:])
         return COMMANDS[args.command](args)
     except (UsageError, SetupError) as error:
         print(f"hwbench: error: {error}", file=sys.stderr)

@@ -36,7 +36,10 @@ class RunResult:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     ranks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    launch: dict[str, Any] = dataclasses.field(default_factory=dict)
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+    nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     error: dict[str, Any] | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
     started_at: str = ""

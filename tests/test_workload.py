@@ -200,3 +200,11 @@ def test_tensor_parallel_padding_leaves_the_real_vocabulary_rows_unchanged():
     four = build_model(config, device=torch.device("cpu"), seed=5, tensor_parallel=4)
     assert one.wte.weight.shape[0] == 1152 and four.wte.weight.shape[0] == 1536
     torch.testing.assert_close(four.wte.weight[:1100], one.wte.weight[:1100], rtol=0, atol=0)
+
+
+def test_the_output_layer_stays_tied_after_leaving_the_meta_device():
+    from hwbench.workload.model import build_model
+
+    model = build_model(GPTConfig(2, 64, 4, 32, vocab_size=1000), device=torch.device("cpu"), seed=1)
+    assert model.output.weight is model.wte.weight
+    assert [n for n, _ in model.named_parameters()].count("output.weight") == 0

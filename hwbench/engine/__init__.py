@@ -1,1 +1,26 @@
-"""Training engines: how a model, an optimizer and the parallel layout are put together."""
+"""Engines: native (torch.distributed) and deepspeed (ZeRO)."""
+
+from __future__ import annotations
+
+from hwbench.device import Backend
+from hwbench.engine.base import Engine, StepOutcome
+from hwbench.engine.distributed import DistContext
+from hwbench.spec import RunSpec
+from hwbench.workload.config import GPTConfig
+
+
+def build_engine(config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext) -> Engine:
+    """The engine --engine names, with its model built for this rank."""
+    backend.seed(spec.seed)
+    if spec.engine == "deepspeed":
+        from hwbench.engine.deepspeed import DeepSpeedEngine
+        from hwbench.workload.model import build_model
+
+        model = build_model(config, device=backend.torch_device, seed=spec.seed, recompute=spec.recompute)
+        return DeepSpeedEngine(model, spec, backend, ctx)
+    from hwbench.engine.native import NativeEngine
+
+    return NativeEngine(config, spec, backend, ctx)
+
+
+__all__ = ["Engine", "StepOutcome", "build_engine"]

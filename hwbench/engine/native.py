@@ -1,90 +1,284 @@
-"""The native engine: plain torch on one device, with gradient accumulation,
-autocast mixed precision and fp16 loss scaling.
+"""The native engine: torch.distributed as it ships, on one DeviceMesh.
 
-Parallel layouts (DDP, FSDP2, DTensor TP, pipelining) compose on top of this
-same step (docs/architecture.md).
+    tp > 1     DTensor tensor parallelism (hwbench.engine.parallelize)
+    pp > 1     torch.distributed.pipelining stages over the block list, 1F1B or
+               GPipe, microbatches = global batch / (micro batch x dp)
+    dp > 1     DDP when it is the only dimension; FSDP2 with --fsdp; otherwise
+               one all-reduce of the gradients over the dp group per step
+    1 rank     plain PyTorch
+
+Every layout takes the same optimizer step: gradients averaged over the global
+batch, one global gradient norm (clipped to clip_grad), AdamW with Megatron's
+schedule, fp16 loss scaling decided from that global norm
+(hwbench.engine.loss_scale). So with the same seed and data every layout
+follows the same loss curve, up to floating-point reduction order.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable, Iterable
+import contextlib
+import math
+from typing import Any, Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hwbench.device import Backend
+from hwbench.engine.base import StepOutcome
+from hwbench.engine.distributed import DistContext, single_process
+from hwbench.engine.loss_scale import LossScaler
 from hwbench.engine.optim import build_optimizer, learning_rate
+from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
 from hwbench.spec import RunSpec
+from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
-from hwbench.workload.model import lm_loss
-
-
-@dataclasses.dataclass
-class StepOutcome:
-    """What one optimizer step leaves on the device (read after the timed loop,
-    so the loop never waits for the host)."""
-
-    loss: torch.Tensor  # mean loss over the global batch, detached
-    grad_norm: torch.Tensor  # before clipping; not finite when fp16 overflowed
-    lr: float
-    loss_scale: float | None
+from hwbench.workload.model import GPT, init_parameters, lm_loss
 
 
 class NativeEngine:
-    def __init__(self, model: nn.Module, spec: RunSpec, backend: Backend) -> None:
-        self.spec = spec
-        self.backend = backend
-        self.model = model
+    def __init__(self, config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext | None = None) -> None:
+        self.spec, self.backend = spec, backend
+        self.ctx = ctx or single_process(spec.parallel)
+        dims = self.ctx.dims
+        self.loss_parallel = dims.tp > 1 and dims.pp == 1
+        self.model = self._build(config)
         self.model.train()
-        self.optimizer = build_optimizer(model, spec.optimizer, backend.optimizer_options())
-        self.forward: Callable[..., torch.Tensor] = torch.compile(model) if spec.compile else model
+        self.optimizer = build_optimizer(self.model, spec.optimizer, backend.optimizer_options())
         self.scaler = None
         if spec.precision == "fp16":
             dynamic = spec.loss_scale is None
-            init_scale = float(2 ** spec.initial_scale_power) if dynamic else float(spec.loss_scale)
-            self.scaler = backend.grad_scaler(init_scale, dynamic)
+            self.scaler = LossScaler(2.0 ** spec.initial_scale_power if dynamic else spec.loss_scale, dynamic)
+        self._tied_group = self._tied_embedding_group() if dims.pp > 1 else None
+        self.schedule = self._pipeline_schedule() if dims.pp > 1 else None
         self.iteration = 0
 
+    # construction -----------------------------------------------------------
+    def _build(self, config: GPTConfig) -> nn.Module:
+        """Meta model -> stage cut -> TP -> FSDP -> storage -> seed-determined weights
+        -> DDP (pure data parallelism only)."""
+        spec, ctx, dims = self.spec, self.ctx, self.ctx.dims
+        with torch.device("meta"):
+            model = GPT(config, tensor_parallel=dims.tp, recompute=spec.recompute)
+        if dims.pp > 1:
+            cut_pipeline_stage(model, ctx.pp_rank, dims.pp)
+        if dims.tp > 1:
+            apply_tensor_parallel(model, ctx.mesh["tp"], loss_parallel=self.loss_parallel)
+        if spec.fsdp:
+            # With pipelining each microbatch runs forward then backward later:
+            # keep gathered parameters rather than re-gathering for every one.
+            apply_fsdp(model, ctx.mesh["dp"], reshard_after_forward=dims.pp == 1)
+        model.to_empty(device=self.backend.torch_device)
+        model.tie_output_to_embedding()
+        init_parameters(model, spec.seed)
+        self.gpt = model
+        if spec.compile:
+            for block in model.blocks.values():
+                block.compile()
+        if dims.dp > 1 and not spec.fsdp and dims.tp == 1 and dims.pp == 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = None if self.backend.torch_device.type == "cpu" else [self.backend.torch_device]
+            return DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.group("dp"))
+        return model
+
+    def _tied_embedding_group(self):
+        """The group of the first and last stage with the same dp and tp
+        coordinates: they hold the two copies of the tied word embedding."""
+        ctx, dims = self.ctx, self.ctx.dims
+        ranks = ctx.mesh.mesh  # (pp, dp, tp) tensor of global ranks
+        mine = None
+        for d in range(dims.dp):
+            for t in range(dims.tp):
+                pair = [int(ranks[0, d, t]), int(ranks[-1, d, t])]
+                group = dist.new_group(pair)  # every rank creates every group, in the same order
+                if ctx.rank in pair:
+                    mine = group
+        return mine
+
+    def _pipeline_schedule(self):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        ctx, dims = self.ctx, self.ctx.dims
+        stage = PipelineStage(self.model, ctx.pp_rank, dims.pp, self.backend.torch_device, group=ctx.group("pp"))
+        kind = Schedule1F1B if self.spec.pp_schedule == "1f1b" else ScheduleGPipe
+        # scale_grads: each microbatch's mean loss counts 1/microbatches, as in accumulation
+        return kind(stage, n_microbatches=self.spec.gradient_accumulation_steps, loss_fn=self._pipeline_loss,
+                    scale_grads=True)
+
+    def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = lm_loss(logits, labels)
+        return loss * self.scaler.scale if self.scaler and self.model.training else loss
+
+    # training -----------------------------------------------------------------
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _gradient_sync(self, last_micro_step: bool) -> contextlib.AbstractContextManager:
+        """DDP and FSDP reduce gradients in the backward of the last micro-batch only."""
+        if isinstance(self.model, nn.parallel.DistributedDataParallel) and not last_micro_step:
+            return self.model.no_sync()
+        if self.spec.fsdp:
+            self.gpt.set_requires_gradient_sync(last_micro_step)
+        return contextlib.nullcontext()
+
+    def _forward_backward(self, next_batch: Callable[[], Batch]) -> torch.Tensor:
+        """Gradients of this rank's share of the global batch; returns its mean loss."""
+        accumulation = self.spec.gradient_accumulation_steps
+        if self.schedule is not None:
+            return self._pipeline_forward_backward(next_batch, accumulation)
+        total_loss = torch.zeros((), device=self.backend.torch_device)
+        for micro_step in range(accumulation):
+            tokens, labels = next_batch()
+            with self._gradient_sync(micro_step == accumulation - 1), self._loss_context():
+                with self.backend.autocast(self.spec.precision):
+                    loss = lm_loss(self.model(tokens), labels) / accumulation
+                (loss * self.scaler.scale if self.scaler else loss).backward()
+            total_loss += _local(loss.detach())
+        return total_loss
+
+    def _pipeline_forward_backward(self, next_batch: Callable[[], Batch], accumulation: int) -> torch.Tensor:
+        batches = [next_batch() for _ in range(accumulation)]  # the schedule splits them again
+        tokens = torch.cat([b[0] for b in batches])
+        labels = torch.cat([b[1] for b in batches])
+        losses: list[torch.Tensor] = []
+        first, last = self.ctx.pp_rank == 0, self.ctx.is_last_stage
+        with self.backend.autocast(self.spec.precision):
+            self.schedule.step(*((tokens,) if first else ()), target=labels if last else None,
+                               losses=losses if last else None, return_outputs=False)
+        if not last:
+            return torch.full((), math.nan, device=self.backend.torch_device)
+        loss = torch.stack([l.detach().float() for l in losses]).mean()
+        return loss / self.scaler.scale if self.scaler else loss
+
+    def _reduce_gradients(self) -> None:
+        """What DDP or FSDP do not: the dp average when tensor or pipeline
+        parallelism is on (one flat all-reduce), and the sum of the two tied
+        embedding copies of the first and last pipeline stage."""
+        dims = self.ctx.dims
+        if dims.dp > 1 and not self.spec.fsdp and (dims.tp > 1 or dims.pp > 1):
+            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.ctx.all_reduce(flat, "dp")
+            flat /= dims.dp
+            offset = 0
+            for grad in grads:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+        if self._tied_group is not None:
+            holder = self.gpt.wte if self.ctx.pp_rank == 0 else self.gpt.output
+            dist.all_reduce(_local(holder.weight.grad), group=self._tied_group)
+
+    def _global_grad_norm(self) -> torch.Tensor:
+        """The L2 norm of all gradients of the model, the same on every rank:
+        DTensor shards reduced over their mesh, pipeline stages summed, and the
+        last stage's copy of the tied embedding left out (counted once, as on one device)."""
+        parameters = [p for name, p in self.gpt.named_parameters()
+                      if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], 2.0)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        if self.ctx.dims.pp > 1:
+            squared = norm.float() ** 2
+            self.ctx.all_reduce(squared, "pp")
+            norm = squared.sqrt()
+        return norm
+
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
-        """One optimizer step over the global batch (micro-batches accumulated)."""
+        """One optimizer step over the global batch."""
         self.iteration += 1
         lr = learning_rate(self.spec.optimizer, self.iteration)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        accumulation = self.spec.gradient_accumulation_steps
-        total_loss = torch.zeros((), device=self.backend.torch_device)
-        for _ in range(accumulation):
-            tokens, labels = next_batch()
-            with self.backend.autocast(self.spec.precision):
-                loss = lm_loss(self.forward(tokens), labels) / accumulation
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
-            total_loss += loss.detach()
-        scale = self.scaler.get_scale() if self.scaler else None
+        loss = self._forward_backward(next_batch)
+        self._reduce_gradients()
+        scale = self.scaler.scale if self.scaler else None
         if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optimizer.clip_grad)
-        if self.scaler:
-            self.scaler.step(self.optimizer)  # skipped when the gradients overflowed
-            self.scaler.update()
-        else:
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(1.0 / scale)
+        grad_norm = self._global_grad_norm()
+        skipped = False
+        if self.scaler:  # one host sync per step, as Megatron's and torch's scalers have
+            skipped = not bool(torch.isfinite(grad_norm))
+            self.scaler.update(skipped)
+        if not skipped:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(loss=total_loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale)
+        return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale, skipped=skipped)
 
+    # validation ---------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
-        """Token-weighted mean loss over ``batches`` and the token count, as
-        Megatron's validation computes it (sum of loss x tokens / tokens)."""
+        """Token-weighted mean loss over ``batches`` on every dp rank together (as
+        Megatron's validation: sum of loss x tokens / tokens), the same on every rank."""
         self.model.eval()
-        total = torch.zeros((), device=self.backend.torch_device, dtype=torch.float64)
-        tokens = 0
+        device = self.backend.torch_device
+        totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss x tokens, tokens
         try:
-            for inputs, labels in batches:
-                with self.backend.autocast(self.spec.precision):
-                    loss = lm_loss(self.model(inputs), labels)
-                total += loss.double() * labels.numel()
-                tokens += labels.numel()
+            if self.schedule is not None:
+                self._pipeline_evaluate(list(batches), totals)
+            else:
+                for inputs, labels in batches:
+                    with self._loss_context(), self.backend.autocast(self.spec.precision):
+                        loss = _local(lm_loss(self.model(inputs), labels))
+                    totals[0] += loss.double() * labels.numel()
+                    totals[1] += labels.numel()
         finally:
             self.model.train()
-        return (total / max(tokens, 1)).item(), tokens
+        self.ctx.all_reduce(totals, "dp")
+        if self.ctx.dims.pp > 1:  # only the last stage has the loss: share it along the pipeline
+            if not self.ctx.is_last_stage:
+                totals.zero_()
+            self.ctx.all_reduce(totals, "pp")
+        return (totals[0] / totals[1].clamp(min=1)).item(), int(totals[1].item())
+
+    def _pipeline_evaluate(self, batches: list[Batch], totals: torch.Tensor) -> None:
+        group = self.spec.gradient_accumulation_steps  # the schedule's microbatch count
+        first, last = self.ctx.pp_rank == 0, self.ctx.is_last_stage
+        for start in range(0, len(batches), group):
+            chunk = batches[start:start + group]
+            tokens, labels = torch.cat([b[0] for b in chunk]), torch.cat([b[1] for b in chunk])
+            losses: list[torch.Tensor] = []
+            with self.backend.autocast(self.spec.precision):
+                self.schedule.eval(*((tokens,) if first else ()), target=labels if last else None,
+                                   losses=losses if last else None)
+            if last:
+                per_micro = labels.numel() // len(losses)
+                totals[0] += sum(l.double() for l in losses) * per_micro
+                totals[1] += labels.numel()
+
+    def describe(self) -> dict[str, Any]:
+        dims = self.ctx.dims
+        if dims.dp == 1:
+            data_parallel = None
+        elif self.spec.fsdp:
+            data_parallel = "fsdp2"
+        elif dims.tp == 1 and dims.pp == 1:
+            data_parallel = "ddp"
+        else:
+            data_parallel = "all-reduce"
+        stage_blocks = [list(stage_layers(self.gpt.config.num_layers, dims.pp, s)) for s in range(dims.pp)]
+        return {
+            "name": "native",
+            "data_parallel": data_parallel,
+            "tensor_parallel": "dtensor" if dims.tp > 1 else None,
+            "vocab_parallel": dims.tp > 1,
+            "loss_parallel": self.loss_parallel,
+            "pipeline_schedule": self.spec.pp_schedule if dims.pp > 1 else None,
+            "pipeline_microbatches": self.spec.gradient_accumulation_steps if dims.pp > 1 else None,
+            "pipeline_stage_layers": stage_blocks if dims.pp > 1 else None,
+            "loss_scaling": None if not self.scaler else ("dynamic" if self.scaler.dynamic else "fixed"),
+            "compile": self.spec.compile,
+            "recompute": self.spec.recompute,
+        }
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The local part of a DTensor (a replicated loss, a sharded gradient); a plain tensor as is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -11,27 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 import traceback
 from typing import Any
 
+import torch
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, select_backend
 from hwbench.device.fingerprint import environment_fingerprint
-from hwbench.engine.native import NativeEngine, StepOutcome
+from hwbench.engine import build_engine
+from hwbench.engine.base import Engine, StepOutcome
+from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import SetupError, UsageError
+from hwbench.harness.faults import RUN_DIR_ENV, Fault, Heartbeat
+from hwbench.harness.merge import merge_ranks
 from hwbench.harness.progress import Progress
-from hwbench.harness.stats import summarize
 from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
-from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
-from hwbench.workload.model import build_model
 from hwbench.workload.params import count_parameters
-
-NOISY_CV = 0.10  # step-time CV above which a result carries a warning
-FEW_TIMED_STEPS = 10
 
 
 @dataclasses.dataclass
@@ -47,48 +47,121 @@ class Measurement:
     validation: list[dict[str, Any]]
 
 
-def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True) -> RunResult:
+def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
+              rank_env: RankEnvironment | None = None) -> RunResult | None:
+    """Run the point in this process: alone (``rank_env`` None), or as one rank
+    of a torchrun job. Every rank measures itself; rank 0 gathers the others'
+    figures and returns the merged result (other ranks return None).
+
+    Alone, a failure while training is returned as a result (status oom,
+    failed, invalid, numerics). As a rank, it is raised (RankFailure): torchrun
+    then stops the other ranks, which would otherwise wait in a collective, and
+    records the traceback for the launcher."""
     backend = select_backend(spec.device)
     problem = backend.precision_problem(spec.precision)
     if problem:
         raise UsageError(f"--precision {spec.precision}: {problem}")
     workload = catalog.workloads[spec.model]
+    local_rank, local_world = (rank_env.local_rank, rank_env.local_world_size) if rank_env else (0, 1)
     try:
-        backend.prepare_process(local_rank=0, local_world_size=1)
+        backend.prepare_process(local_rank=local_rank, local_world_size=local_world)
     except Exception as error:
         raise SetupError(f"--device {backend.name}: the device could not be prepared: {error}") from error
+    fault = Fault.from_environ()
+    heartbeat = Heartbeat(rank_env.rank if rank_env else 0, os.environ.get(RUN_DIR_ENV) if rank_env else None)
+    if rank_env is None:
+        ctx = single_process(spec.parallel)
+    else:
+        ctx = init_distributed(backend, spec.parallel, rank_env, spec.launch.timeout_s)
     # Opening the data checks it (a bad .idx, a split with no training documents):
     # bad input, so it fails here, before a result exists.
-    data = make_data_source(spec, workload, backend)
-    result = RunResult(
-        run_id=new_run_id(spec.model, backend.name), status="failed", spec=spec.to_dict(), started_at=utc_now()
-    )
-    progress = Progress(f"{spec.model} on {backend.name}", spec.warmup + spec.steps, spec.warmup,
-                        enabled=show_progress)
+    data = make_data_source(spec, workload, backend, ctx)
+    result = RunResult(run_id=new_run_id(spec.model, backend.name), status="failed", spec=spec.to_dict(),
+                       started_at=utc_now())
+    progress = Progress(f"{spec.model} on {backend.name}" + (f" x{ctx.world_size}" if ctx.distributed else ""),
+                        spec.warmup + spec.steps, spec.warmup, enabled=show_progress and ctx.rank == 0)
+    report = None
     try:
         result.environment = environment_fingerprint(backend)
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
-        measurement = measure(spec, workload, backend, data, progress)
-        summarise(result, spec, workload, measurement)
+        engine = build_engine(workload.model, spec, backend, ctx)
+        result.engine = engine.describe()
+        measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
+        report = rank_report(ctx, measurement, result.environment, heartbeat)
     except Exception as error:  # recorded as data: the run's status says what happened
-        if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
-            result.status = "invalid"
-        else:
-            result.status = "oom" if backend.is_out_of_memory(error) else "failed"
-        result.error = {
-            "type": type(error).__name__,
-            "message": str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__,
-            "traceback": traceback.format_exc(),
-            "rank": 0,
-        }
+        failure = describe_failure(error, backend, ctx.rank)
+        if ctx.distributed:
+            raise RankFailure(f"{failure['status']}: {failure['type']}: {failure['message']}") from error
+        result.status, result.error = failure.pop("status"), failure
     finally:
         progress.close()
-        result.finished_at = utc_now()
+    if report is not None:
+        reports = ctx.gather_objects(report)
+        if ctx.rank == 0:
+            merge_ranks(result, spec, workload, reports, ctx)
+    result.finished_at = utc_now()
     if backend.simulated:
         result.warnings.insert(0, "device simulated: a stand-in torch_npu ran the NPU code path on the host "
                                   "CPU; no figure here describes an NPU")
-    return result
+    return result if ctx.rank == 0 else None
+
+
+def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, show_progress: bool) -> int:
+    """This process is one rank of a torchrun job. Rank 0 writes the merged
+    result: into the launcher's run folder when hwbench launched the job, else
+    (torchrun started by hand, or in a Kubernetes pod) into --out, with the
+    table on stdout. A failure is raised out of the ``@record``-ed function, so
+    torchrun's error file carries it to the launcher."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from hwbench.engine.distributed import shutdown
+    from hwbench.report.summary import run_summary_table
+    from hwbench.results import write_result
+
+    @record
+    def rank_main() -> int:
+        try:
+            result = run_point(spec, catalog, show_progress=show_progress, rank_env=rank_env)
+        finally:
+            shutdown()
+        if result is None:
+            return 0
+        run_dir = os.environ.get(RUN_DIR_ENV)
+        if run_dir:
+            write_result_file(result, os.path.join(run_dir, "result.json"))
+            return 0
+        result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
+                         "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
+        path = write_result(result, spec.out_dir)
+        print(run_summary_table(result, str(path)))
+        return 0 if result.status == "ok" else 1
+
+    return rank_main()
+
+
+def write_result_file(result: RunResult, path: str) -> None:
+    import json
+
+    temporary = path + ".tmp"
+    with open(temporary, "w") as handle:
+        json.dump(result.to_dict(), handle)
+    os.replace(temporary, path)
+
+
+class RankFailure(RuntimeError):
+    """A rank's training failed; the message starts with the status it implies."""
+
+
+def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
+    if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
+        status = "invalid"
+    else:
+        status = "oom" if backend.is_out_of_memory(error) else "failed"
+    text = str(error).strip()
+    return {"status": status, "type": type(error).__name__,
+            "message": text.splitlines()[0] if text else type(error).__name__,
+            "traceback": traceback.format_exc(), "rank": rank}
 
 
 def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
@@ -136,10 +209,12 @@ def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def make_data_source(spec: RunSpec, workload: Workload, backend: Backend) -> SampledData:
-    """The --data source: builtin corpus, synthetic tokens or a Megatron dataset."""
+def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext) -> SampledData:
+    """The --data source: builtin corpus, synthetic tokens or a Megatron dataset,
+    serving this rank's data-parallel share of every global batch."""
     batching = dict(seq_length=spec.seq_length, micro_batch_size=spec.micro_batch_size,
-                    global_batch_size=spec.global_batch_size, seed=spec.seed, to_device=backend.to_device)
+                    global_batch_size=spec.global_batch_size, seed=spec.seed, to_device=backend.to_device,
+                    dp_rank=ctx.dp_rank, dp_size=spec.parallel.dp)
     if spec.data == "builtin":
         return BuiltinCorpus(**batching)
     if spec.data == "synthetic":
@@ -150,7 +225,7 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend) -> Sam
                         vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
 
 
-def validate(engine: NativeEngine, data: SampledData, spec: RunSpec, step: int) -> dict[str, Any]:
+def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dict[str, Any]:
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
     loss, tokens = engine.evaluate(batches)
@@ -164,25 +239,28 @@ def _eval_due(spec: RunSpec, data: SampledData, step: int) -> bool:
             and (step == last or (spec.eval_interval > 0 and step % spec.eval_interval == 0)))
 
 
-def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledData,
-            progress: Progress) -> Measurement:
+def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progress, engine: Engine,
+            ctx: DistContext, heartbeat: Heartbeat, fault: Fault | None) -> Measurement:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval runs between timed steps, marked apart and left
     out of the step times (it does fall inside the telemetry window); the final
     validation runs after the measured window has closed."""
-    backend.seed(spec.seed)
-    model = build_model(workload.model, device=backend.torch_device, seed=spec.seed,
-                        tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
-    engine = NativeEngine(model, spec, backend)
     validation: list[dict[str, Any]] = []
-
     outcomes: list[StepOutcome] = []
-    for step in range(1, spec.warmup + 1):
+
+    def train(step: int) -> None:
+        if fault:
+            fault.maybe_trigger(ctx.rank, step)
         outcomes.append(engine.train_step(data.train_batch))
-        progress.step(step, loss=outcomes[-1].loss.item())  # warm-up may sync freely
+
+    for step in range(1, spec.warmup + 1):
+        train(step)
+        heartbeat.step(step, "warmup")
+        progress.step(step, loss=_finite(outcomes[-1].loss.item()))  # warm-up may sync freely
         if _eval_due(spec, data, step):
             validation.append(validate(engine, data, spec, step))
     backend.synchronize()
+    ctx.barrier()  # every rank starts the timed window together
 
     backend.reset_peak_memory()
     sampler = backend.telemetry_sampler(spec.telemetry_interval_s) if spec.telemetry else None
@@ -195,9 +273,10 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
     with backend.measuring():
         timer.mark()
         for step in range(spec.warmup + 1, last + 1):
-            outcomes.append(engine.train_step(data.train_batch))
+            train(step)
             timer.mark()
             interval_is_step.append(True)
+            heartbeat.step(step, "timed")  # the host's count: the device may still be working on it
             progress.step(step)  # no loss read here: it would sync the device
             if step < last and _eval_due(spec, data, step):
                 validation.append(validate(engine, data, spec, step))
@@ -208,95 +287,36 @@ def measure(spec: RunSpec, workload: Workload, backend: Backend, data: SampledDa
     memory = dataclasses.asdict(backend.memory_stats())
     if _eval_due(spec, data, last):  # after the measured window
         validation.append(validate(engine, data, spec, last))
+    heartbeat.step(last, "done")
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
-def summarise(result: RunResult, spec: RunSpec, workload: Workload, m: Measurement) -> None:
-    """Fill the result's metrics, steps and per-rank figures from a measurement."""
-    losses = [o.loss.item() for o in m.outcomes]
-    norms = [o.grad_norm.item() for o in m.outcomes]
-    scaled = spec.precision == "fp16"
-    result.steps = []
-    for index, (outcome, loss, norm) in enumerate(zip(m.outcomes, losses, norms), start=1):
-        timed = index > spec.warmup
-        result.steps.append({
-            "step": index,
-            "phase": "timed" if timed else "warmup",
-            "time_s": m.step_times_s[index - spec.warmup - 1] if timed else None,
-            "loss": _finite(loss),
-            "grad_norm": _finite(norm),
-            "lr": outcome.lr,
-            "loss_scale": outcome.loss_scale,
-            "skipped": scaled and not math.isfinite(norm),
-        })
-
-    times = m.step_times_s
-    world = spec.parallel.world_size
-    total_time = sum(times)
-    samples_per_s = spec.global_batch_size * len(times) / total_time
-    flops = model_flops_per_iteration(workload.model, spec.global_batch_size, spec.seq_length,
-                                      tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
-                                      formula=spec.flops_formula)
-    achieved = flops * len(times) / total_time / world
-    peak = result.device.get("peak_flops")
-    unmeasured: dict[str, str] = {}
-    if peak is None:
-        unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
-    memory = m.memory
-    result.metrics = {
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * spec.seq_length,
-        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world,
-        "tflops_per_device": achieved / 1e12,
-        "mfu": achieved / peak if peak else None,
-        "flops_per_iteration": flops,
-        "flops_formula": spec.flops_formula,
-        "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
-        "world_size": world,
-        "timed_steps": len(times),
-        "step_time_s": summarize(times),
-        "timed_wall_time_s": m.wall_time_s,
-        "memory": memory,
-        "loss_start": _finite(losses[0]),
-        "loss_end": _finite(losses[-1]),
-        "loss_floor": m.data.get("entropy_nats"),
-        "validation": m.validation,
-        "valid_loss": m.validation[-1]["loss"] if m.validation else None,
-        "valid_ppl": m.validation[-1]["ppl"] if m.validation else None,
-        "valid_ppl_step": m.validation[-1]["step"] if m.validation else None,
-        "ppl_floor": m.data.get("perplexity_floor"),
-        "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
+def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> dict[str, Any]:
+    """This rank's figures as plain values, for rank 0 to merge. The loss of each
+    step is averaged over the data-parallel ranks here (one collective after the
+    timed loop), so the merged curve is the global batch's."""
+    losses = torch.stack([o.loss.detach().float().reshape(()) for o in m.outcomes])
+    ctx.all_reduce(losses, "dp")
+    losses /= ctx.dims.dp
+    return {
+        "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
+        "host": heartbeat.record["host"], "pid": heartbeat.record["pid"],
+        "coordinates": {"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
+        "losses": [float(x) for x in losses.cpu()],
+        "grad_norms": [float(o.grad_norm.float()) for o in m.outcomes],
+        "lrs": [o.lr for o in m.outcomes],
+        "loss_scales": [o.loss_scale for o in m.outcomes],
+        "skipped": [bool(o.skipped) for o in m.outcomes],
+        "step_times_s": m.step_times_s,
+        "wall_time_s": m.wall_time_s,
+        "memory": m.memory,
         "telemetry": m.telemetry,
         "data": m.data,
-        "unmeasured": unmeasured,
+        "validation": m.validation,
+        "environment": environment,
     }
-    if not m.validation:
-        unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
-                                   else f"--split {spec.split} leaves no validation documents")
-    if m.telemetry is None:
-        unmeasured["telemetry"] = "turned off with --no-telemetry"
-    elif not m.telemetry.get("available"):
-        unmeasured["telemetry"] = m.telemetry.get("reason", "unavailable")
-    result.ranks = [{"rank": 0, "step_time_s": result.metrics["step_time_s"], "memory": memory}]
 
-    bad = [s["step"] for s in result.steps if s["loss"] is None or (s["grad_norm"] is None and not s["skipped"])]
-    all_skipped = scaled and result.metrics["skipped_steps"] == len(result.steps)
-    result.status = "numerics" if bad or all_skipped else "ok"
-    if bad:
-        result.error = {"type": "NonFiniteLoss", "message": f"loss or gradient not finite at steps {bad[:10]}",
-                        "traceback": None, "rank": 0}
-    elif all_skipped:
-        result.error = {"type": "LossScaleCollapse", "rank": 0, "traceback": None,
-                        "message": "every fp16 step overflowed and was skipped"}
-    cv = result.metrics["step_time_s"]["cv"]
-    if cv > NOISY_CV:
-        result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")
-    if len(times) < FEW_TIMED_STEPS:
-        result.warnings.append(f"only {len(times)} timed steps: use --steps {FEW_TIMED_STEPS} or more for stable figures")
-    if result.metrics["skipped_steps"]:
-        result.warnings.append(f"{result.metrics['skipped_steps']} fp16 steps overflowed and were skipped")
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None

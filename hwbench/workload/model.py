@@ -89,9 +89,17 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(config) for i in range(config.num_layers)})
         self.ln_f: nn.LayerNorm | None = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
         self.output: nn.Linear | None = nn.Linear(config.hidden_size, self.vocab_size, bias=False)
-        self.output.weight = self.wte.weight  # tied, as Megatron's GPT-2
+        self.tie_output_to_embedding()
         if not any(p.is_meta for p in self.parameters()):
             init_parameters(self, torch.initial_seed())  # follows torch.manual_seed
+
+    def tie_output_to_embedding(self) -> None:
+        """The output layer uses the word embedding's weight (Megatron's GPT-2).
+        Moving a model off the meta device (to_empty) gives each module its own
+        new tensor, so this is called again after it. A pipeline stage that has
+        only one of the two keeps its own copy (hwbench.engine.parallelize)."""
+        if self.wte is not None and self.output is not None and self.output.weight is not self.wte.weight:
+            self.output.weight = self.wte.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.wte is not None:  # first stage: token ids in
@@ -171,5 +179,6 @@ def build_model(config: GPTConfig, *, device: torch.device, seed: int, tensor_pa
     with torch.device("meta"):
         model = GPT(config, tensor_parallel=tensor_parallel, recompute=recompute)
     model.to_empty(device=device)
+    model.tie_output_to_embedding()
     init_parameters(model, seed)
     return model

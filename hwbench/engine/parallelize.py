@@ -1,0 +1,104 @@
+"""Parallelism applied to an unchanged GPT, one function per kind, in a fixed
+order (as torchtitan does): cut the pipeline stage, then tensor parallelism,
+then FSDP2. Every function works on a model still on the meta device; the
+engine materialises and initialises the parameters afterwards
+(hwbench.workload.model.init_parameters), so each rank only ever allocates its
+own part.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hwbench.workload.model import GPT
+
+
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The block indices of pipeline ``stage``: an even split, the first stages
+    taking one more block when the layers do not divide."""
+    base, extra = divmod(num_layers, stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:
+    """Keep what pipeline ``stage`` of ``stages`` computes: the embeddings on the
+    first, its blocks, the final LayerNorm and output layer on the last. The
+    last stage's output layer gets its own weight (the first stage holds the
+    word embedding it is tied to); the engine keeps the two equal by summing
+    their gradients, as Megatron does."""
+    keep = {str(i) for i in stage_layers(len(model.blocks), stages, stage)}
+    for name in [n for n in model.blocks if n not in keep]:
+        del model.blocks[name]
+    if stage > 0:
+        model.wte = None
+        model.wpe = None
+    if stage < stages - 1:
+        model.ln_f = None
+        model.output = None
+    elif stage > 0:
+        model.output.weight = nn.Parameter(model.output.weight.detach().clone())
+    return model
+
+
+def _replicate(module: nn.Module, mesh) -> None:
+    """Parameters that tensor parallelism does not split (LayerNorms, positions)
+    become replicated DTensors, so every parameter of the model is a DTensor on
+    one mesh (optimizer and gradient-norm code then need no special cases); the
+    module still takes and returns plain tensors."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def inputs_to_dtensor(_module, inputs, device_mesh):
+        return tuple(DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+                     if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+    def output_to_local(_module, output, _device_mesh):
+        return output.to_local() if isinstance(output, DTensor) else output
+
+    distribute_module(module, mesh, input_fn=inputs_to_dtensor, output_fn=output_to_local)
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
+    """Megatron's split with DTensor: q, k, v and fc1 column-parallel, out_proj and
+    fc2 row-parallel (one all-reduce after attention and one after the MLP);
+    the word embedding vocab-parallel. The output layer is column-parallel over
+    the vocabulary: with ``loss_parallel`` its logits stay sharded and the loss
+    is computed on the shards (hwbench.workload.model.lm_loss under
+    torch.distributed.tensor.parallel.loss_parallel), otherwise they are gathered."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in model.blocks.values():
+        parallelize_module(block, tp_mesh, {
+            "attn.q_proj": ColwiseParallel(),
+            "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(),
+            "attn.out_proj": RowwiseParallel(),
+            "mlp.fc1": ColwiseParallel(),
+            "mlp.fc2": RowwiseParallel(),
+        })
+        _replicate(block.ln_1, tp_mesh)
+        _replicate(block.ln_2, tp_mesh)
+    tied = model.wte is not None and model.output is not None and model.output.weight is model.wte.weight
+    if model.wte is not None:
+        parallelize_module(model.wte, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        _replicate(model.wpe, tp_mesh)
+    if model.output is not None:
+        _replicate(model.ln_f, tp_mesh)
+        parallelize_module(model.output, tp_mesh, ColwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel))
+    if tied:  # both are the (vocab, hidden) weight sharded on the vocabulary: one parameter again
+        model.output.weight = model.wte.weight
+
+
+def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool) -> None:
+    """FSDP2 over the data-parallel mesh: each block is one unit (gathered before
+    its forward, resharded after), the root holds the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+

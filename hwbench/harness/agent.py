@@ -1,0 +1,65 @@
+"""torchrun, as a child process of the launcher, with its failures written down.
+
+    python -m hwbench.harness.agent RUN_DIR -- TORCHRUN_ARGS...
+
+runs torch.distributed.run (the torchrun agent) with TORCHRUN_ARGS and writes
+``RUN_DIR/agent.json``: ``{"status": "ok"}`` or ``{"status": "failed",
+"failures": [...]}`` with, for every failed rank, its exit code, the signal
+that killed it, and the error file its ``@record``-ed entry point wrote
+(FACTS.md §9). torchrun itself only prints these; the launcher needs them as data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
+    signal_name = None
+    if failure.exitcode is not None and failure.exitcode < 0:
+        try:
+            signal_name = failure.signal_name()
+        except Exception:  # an exit code that is no signal number
+            signal_name = f"signal {-failure.exitcode}"
+    return {
+        "rank": rank,
+        "local_rank": failure.local_rank,
+        "pid": failure.pid,
+        "exitcode": failure.exitcode,
+        "signal": signal_name,
+        "message": failure.message,
+        "error_file_data": failure.error_file_data or None,
+        "timestamp": failure.timestamp,
+    }
+
+
+def _write(run_dir: Path, record: dict[str, Any]) -> None:
+    temporary = run_dir / "agent.json.tmp"
+    temporary.write_text(json.dumps(record, indent=1, default=str))
+    os.replace(temporary, run_dir / "agent.json")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] != "--":
+        print("usage: python -m hwbench.harness.agent RUN_DIR -- TORCHRUN_ARGS...", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(argv[2:]))
+    except ChildFailedError as error:
+        failures = [_failure_record(rank, failure) for rank, failure in sorted(error.failures.items())]
+        _write(run_dir, {"status": "failed", "failures": failures})
+        return 1
+    _write(run_dir, {"status": "ok"})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

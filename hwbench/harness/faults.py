@@ -1,0 +1,98 @@
+"""Injected faults and the per-rank heartbeat, for testing what a run does when
+a rank fails, and for saying where each rank was when one did.
+
+HWBENCH_FAULT (hidden: for tests and for drills) names one fault:
+``RANK:STEP:KIND`` with KIND one of raise, oom, signal (SIGKILL itself), hang.
+The rank meets it at the start of that step (1-based, warm-up included).
+
+HWBENCH_RUN_DIR, set by the launcher, is where each rank writes its heartbeat:
+``rank<R>.json`` with its pid, host and last completed step, replaced after
+every step (a few hundred bytes; no device sync). The launcher reads them after
+a failure or a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+FAULT_ENV = "HWBENCH_FAULT"
+RUN_DIR_ENV = "HWBENCH_RUN_DIR"
+FAULT_KINDS = ("raise", "oom", "signal", "hang")
+
+
+class InjectedFault(RuntimeError):
+    """The failure HWBENCH_FAULT asked for."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    rank: int
+    step: int
+    kind: str
+
+    @classmethod
+    def from_environ(cls) -> "Fault | None":
+        text = os.environ.get(FAULT_ENV)
+        if not text:
+            return None
+        try:
+            rank, step, kind = text.split(":")
+            fault = cls(int(rank), int(step), kind)
+        except ValueError:
+            raise ValueError(f"{FAULT_ENV}={text!r}: expected RANK:STEP:KIND") from None
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"{FAULT_ENV}={text!r}: KIND is one of {', '.join(FAULT_KINDS)}")
+        return fault
+
+    def maybe_trigger(self, rank: int, step: int) -> None:
+        if rank != self.rank or step != self.step:
+            return
+        if self.kind == "raise":
+            raise InjectedFault(f"injected fault: rank {rank} raised at step {step}")
+        if self.kind == "oom":
+            raise MemoryError(f"injected fault: rank {rank} out of memory at step {step}")
+        if self.kind == "signal":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang: never return, as a rank stuck in a collective would
+            time.sleep(3600)
+
+
+class Heartbeat:
+    """Writes this rank's last completed step where the launcher can read it."""
+
+    def __init__(self, rank: int, run_dir: str | None) -> None:
+        self.rank = rank
+        self.path = Path(run_dir) / f"rank{rank}.json" if run_dir else None
+        self.record = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "step": 0,
+                       "phase": "setup"}
+        self._write()
+
+    def step(self, step: int, phase: str) -> None:
+        self.record.update(step=step, phase=phase)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.record))
+        os.replace(temporary, self.path)
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, dict]:
+    """Every heartbeat in ``run_dir``, by rank (what a node's launcher can see:
+    the ranks of its own node)."""
+    beats = {}
+    for path in sorted(Path(run_dir).glob("rank*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        beats[int(record["rank"])] = record
+    return beats

@@ -1,0 +1,267 @@
+"""One process tree per benchmark point: torchrun under a timeout.
+
+    hwbench run ... --nproc-per-node N [--nnodes M --node-rank R ...]
+
+starts ``python -m hwbench.harness.agent`` (torchrun, hwbench.harness.agent),
+which starts N ranks of ``hwbench run`` with the same options; each rank sees
+torchrun's environment and acts as a worker (hwbench.harness.worker). Rank 0
+merges every rank's figures and leaves the result in a private run folder;
+this launcher reads it, adds how the run was launched, and returns it.
+
+When a rank fails, the result says which, how (its traceback from torchrun's
+error file, or the signal that killed it) and where every rank of this node
+was (their heartbeats). When the run passes ``--timeout``, the launcher ends
+the whole tree (torchrun first, then anything left, by SIGKILL) and the
+result has status ``timeout``. No process outlives the launcher: it makes
+itself the subreaper of its tree, so even orphaned ranks are found and reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hwbench.errors import SetupError, UsageError
+from hwbench.harness.faults import RUN_DIR_ENV, read_heartbeats
+from hwbench.results import RunResult, new_run_id, utc_now
+from hwbench.spec import RunSpec
+
+RESULT_FILE = "result.json"
+TERMINATE_GRACE_S = 10.0  # torchrun's own SIGTERM-then-SIGKILL of its workers takes a few seconds
+PR_SET_CHILD_SUBREAPER = 36
+RDZV_ID = "hwbench"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
+    """torchrun's options for this node of the job."""
+    launch = spec.launch
+    args = [f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", "--max-restarts=0",
+            f"--log-dir={log_dir}"]
+    if launch.rdzv_endpoint:
+        args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={RDZV_ID}",
+                 f"--node-rank={launch.node_rank}"]
+    else:
+        port = launch.master_port or free_port()
+        args += [f"--node-rank={launch.node_rank}", f"--master-addr={launch.master_addr}", f"--master-port={port}"]
+    return args
+
+
+def _become_subreaper() -> bool:
+    """Orphans of our tree (a rank whose torchrun died) are re-parented to us,
+    not to init, so the launcher can still find and reap them (Linux only)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def process_tree(roots: list[int]) -> list[int]:
+    """The given pids and all their descendants that are alive."""
+    children = _children_map()
+    found, queue = [], list(roots)
+    while queue:
+        pid = queue.pop()
+        if pid in found or not Path(f"/proc/{pid}").exists():
+            continue
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def end_tree(agent: subprocess.Popen, run_dir: Path) -> list[int]:
+    """SIGTERM torchrun (it stops its workers), then SIGKILL whatever of the
+    tree is left; reap it all. Returns the pids that needed SIGKILL."""
+    worker_pids = [beat["pid"] for beat in read_heartbeats(run_dir).values()]
+    tree = process_tree([agent.pid, *worker_pids])
+    with contextlib.suppress(ProcessLookupError):
+        agent.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        _reap()
+        time.sleep(0.1)
+    killed = []
+    for pid in process_tree(tree):
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        agent.wait(timeout=5)
+    _reap()
+    return killed
+
+
+def _reap() -> None:
+    """Collect exited orphans the subreaper inherited."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch(spec: RunSpec, run_argv: list[str]) -> RunResult:
+    """Run ``hwbench run RUN_ARGV`` as a torchrun job under spec.launch.timeout_s."""
+    _check_device(spec)
+    run_dir = Path(tempfile.mkdtemp(prefix="hwbench-run-"))
+    started = utc_now()
+    command = [sys.executable, "-m", "hwbench.harness.agent", str(run_dir), "--",
+               *torchrun_arguments(spec, str(run_dir / "logs")), "--module", "hwbench", "run", *run_argv]
+    environment = {**os.environ, RUN_DIR_ENV: str(run_dir)}
+    _become_subreaper()
+    agent = subprocess.Popen(command, env=environment, start_new_session=True)
+    try:
+        try:
+            agent.wait(timeout=spec.launch.timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            killed = end_tree(agent, run_dir)
+        _reap()
+        result = _collect(spec, run_dir, agent.returncode, timed_out, killed if timed_out else [])
+        result.launch = _describe_launch(spec, command, started)
+        return result
+    except BaseException:  # Ctrl-C or anything else: nothing may outlive us
+        end_tree(agent, run_dir)
+        raise
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _check_device(spec: RunSpec) -> None:
+    """Device problems fail here, once, as one line, before any rank starts."""
+    from hwbench.device import select_backend
+
+    backend = select_backend(spec.device)
+    problem = backend.precision_problem(spec.precision)
+    if problem:
+        raise UsageError(f"--precision {spec.precision}: {problem}")
+    count = backend.device_count()
+    if backend.name != "cpu" and count < spec.launch.nproc_per_node:
+        raise UsageError(f"--nproc-per-node {spec.launch.nproc_per_node} needs that many {backend.name} devices; "
+                         f"this node has {count}")
+
+
+def _describe_launch(spec: RunSpec, command: list[str], started: str) -> dict[str, Any]:
+    return {"launcher": "torchrun", "node_rank": spec.launch.node_rank, "nnodes": spec.launch.nnodes,
+            "nproc_per_node": spec.launch.nproc_per_node, "command": command, "started_at": started,
+            "timeout_s": spec.launch.timeout_s}
+
+
+def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bool, killed: list[int]) -> RunResult:
+    merged = _load_json(run_dir / RESULT_FILE)
+    if merged is not None and not timed_out:
+        return RunResult.from_dict(merged)
+    agent = _load_json(run_dir / "agent.json") or {}
+    failures = agent.get("failures", [])
+    _raise_setup_problem(failures)
+    beats = read_heartbeats(run_dir)
+    result = RunResult(run_id=new_run_id(spec.model, spec.device), status="timeout" if timed_out else "failed",
+                       spec=spec.to_dict(), started_at=utc_now())
+    result.ranks = [{"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"],
+                     "phase": beat["phase"]} for rank, beat in sorted(beats.items())]
+    if timed_out:
+        where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
+        result.error = {"type": "Timeout", "rank": None, "traceback": None, "signal": None,
+                        "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: "
+                                   f"{where}", "killed_pids": killed}
+    elif failures:
+        result.status, result.error = _describe_rank_failure(failures)
+    else:
+        result.error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
+                        "message": f"torchrun exited with status {returncode} and no rank reported a failure "
+                                   "(the rendezvous may have failed: see the messages above)"}
+    result.finished_at = utc_now()
+    if spec.launch.nnodes > 1:
+        result.warnings.append(f"ranks of other nodes are not listed: node {spec.launch.node_rank}'s launcher "
+                               "sees its own ranks' heartbeats only")
+    return result
+
+
+def _error_message(failure: dict[str, Any]) -> tuple[str, str | None]:
+    """(message, traceback) from torchrun's error file of a failed rank."""
+    data = failure.get("error_file_data") or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        return str(message.get("message", "")), (message.get("extraInfo") or {}).get("py_callstack")
+    if isinstance(message, str):
+        return message, None
+    return str(failure.get("message") or ""), None
+
+
+def _raise_setup_problem(failures: list[dict[str, Any]]) -> None:
+    """A rank that stopped on bad input or a missing device says so as the
+    launcher would have: one line, exit 2, no result."""
+    for failure in failures:
+        message, _ = _error_message(failure)
+        for kind, error in (("UsageError: ", UsageError), ("SetupError: ", SetupError)):
+            if message.startswith(kind):
+                raise error(f"rank {failure['rank']}: {message[len(kind):].strip()}")
+
+
+def _describe_rank_failure(failures: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Status and error of the first failure (torchrun's root cause: the earliest)."""
+    first = min(failures, key=lambda f: (f.get("timestamp") or 0, f["rank"]))
+    message, trace = _error_message(first)
+    status = "failed"
+    # The worker raises RankFailure("<status>: <type>: <message>"): oom, invalid or failed.
+    body = message.split(": ", 1)[1] if message.startswith("RankFailure: ") else message
+    for candidate in ("oom", "invalid"):
+        if body.startswith(candidate + ": "):
+            status = candidate
+    if first.get("signal"):
+        message = f"rank {first['rank']} was killed by {first['signal']} (exit code {first['exitcode']})"
+    elif not message:
+        message = f"rank {first['rank']} exited with status {first['exitcode']}"
+    error = {"type": "RankFailed", "rank": first["rank"], "local_rank": first.get("local_rank"),
+             "exitcode": first.get("exitcode"), "signal": first.get("signal"), "message": message,
+             "traceback": trace, "failed_ranks": [f["rank"] for f in failures]}
+    return status, error

@@ -1,0 +1,214 @@
+"""Rank 0's view of a run: every rank's figures merged into one RunResult.
+
+Global figures use the slowest rank, as the run itself does: step t of the
+run takes as long as its slowest rank took for step t. The loss curve comes
+from a rank of the last pipeline stage (its losses were already averaged over
+the data-parallel ranks). Memory is the peak over ranks; every rank's own
+figures stay in ``ranks``; the slowest rank is named as the straggler.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from hwbench.catalog import Workload
+from hwbench.harness.stats import summarize
+from hwbench.results import RunResult
+from hwbench.spec import RunSpec
+from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
+
+NOISY_CV = 0.10  # step-time CV above which a result carries a warning
+FEW_TIMED_STEPS = 10
+STRAGGLER_RATIO = 1.05  # a rank this much slower than the median rank is named in the warnings
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _loss_rank(reports: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
+    last_stage = spec.parallel.pp - 1
+    return next(r for r in reports if r["coordinates"]["pp"] == last_stage)
+
+
+def _peak(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def merge_memory(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peak over ranks of every byte count; the rank that had it."""
+    memories = [r["memory"] for r in reports]
+    merged: dict[str, Any] = {}
+    for key, value in memories[0].items():
+        if key.endswith("_bytes"):
+            merged[key] = _peak([m.get(key) for m in memories])
+        elif isinstance(value, int) and not isinstance(value, bool):
+            merged[key] = sum(m.get(key) or 0 for m in memories)  # counts (allocator retries, OOMs)
+        else:
+            merged[key] = value
+    peak = merged.get("peak_allocated_bytes")
+    if peak is not None and len(reports) > 1:
+        merged["peak_allocated_rank"] = next(r["rank"] for r in reports if r["memory"].get("peak_allocated_bytes") == peak)
+    return merged
+
+
+def merge_telemetry(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One rank's telemetry as is; with several, the sum of their energy and
+    mean power (each rank samples its own device) beside every rank's own."""
+    readings = [r["telemetry"] for r in reports]
+    if len(readings) == 1 or readings[0] is None:
+        return readings[0]
+    available = [t for t in readings if t and t.get("available")]
+    if not available:
+        return {**readings[0], "ranks": len(readings)}
+    devices, seen = [], set()
+    for report, reading in zip(reports, readings):
+        for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
+            key = (report["host"], device.get("index"))
+            if key not in seen:  # ranks of one node may sample the same devices
+                seen.add(key)
+                devices.append({**device, "host": report["host"]})
+    energies = [d.get("energy_j") for d in devices]
+    powers = [d.get("power_w_mean") for d in devices]
+    return {
+        "source": available[0].get("source"),
+        "available": True,
+        "ranks": len(readings),
+        "ranks_available": len(available),
+        "energy_j": sum(energies) if energies and None not in energies else None,
+        "power_w_mean_total": sum(powers) if powers and None not in powers else None,
+        "devices": devices,
+    }
+
+
+def straggler(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rank with the slowest median step, and how much slower than the median rank."""
+    if len(reports) < 2:
+        return None
+    medians = {r["rank"]: statistics.median(r["step_times_s"]) for r in reports}
+    slowest = max(medians, key=medians.get)
+    typical = statistics.median(medians.values())
+    return {"rank": slowest, "median_step_time_s": medians[slowest], "median_of_ranks_s": typical,
+            "ratio": medians[slowest] / typical if typical > 0 else None}
+
+
+def merge_nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The environment of every node (one entry per node rank), with its ranks."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for r in reports:
+        node = nodes.setdefault(r["node_rank"], {"node_rank": r["node_rank"], "host": r["host"], "ranks": [],
+                                                 "environment": r["environment"]})
+        node["ranks"].append(r["rank"])
+    return [nodes[k] for k in sorted(nodes)]
+
+
+def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[dict[str, Any]],
+                ctx: Any = None) -> None:
+    """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
+    source = _loss_rank(reports, spec)
+    losses, norms = source["losses"], source["grad_norms"]
+    steps = len(losses)
+    # Step t takes as long as its slowest rank.
+    times = [max(r["step_times_s"][i] for r in reports) for i in range(len(source["step_times_s"]))]
+    result.steps = []
+    for index in range(steps):
+        timed = index >= spec.warmup
+        result.steps.append({
+            "step": index + 1,
+            "phase": "timed" if timed else "warmup",
+            "time_s": times[index - spec.warmup] if timed else None,
+            "loss": _finite(losses[index]),
+            "grad_norm": _finite(norms[index]),
+            "lr": source["lrs"][index],
+            "loss_scale": source["loss_scales"][index],
+            "skipped": source["skipped"][index],
+        })
+
+    world = spec.parallel.world_size
+    total_time = sum(times)
+    samples_per_s = spec.global_batch_size * len(times) / total_time
+    flops = model_flops_per_iteration(workload.model, spec.global_batch_size, spec.seq_length,
+                                      tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
+                                      formula=spec.flops_formula)
+    achieved = flops * len(times) / total_time / world
+    peak = result.device.get("peak_flops")
+    unmeasured: dict[str, str] = {}
+    if peak is None:
+        unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
+    validation = reports[0]["validation"]
+    telemetry = merge_telemetry(reports)
+    result.metrics = {
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": samples_per_s * spec.seq_length,
+        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world,
+        "tflops_per_device": achieved / 1e12,
+        "mfu": achieved / peak if peak else None,
+        "flops_per_iteration": flops,
+        "flops_formula": spec.flops_formula,
+        "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
+        "world_size": world,
+        "timed_steps": len(times),
+        "step_time_s": summarize(times),
+        "timed_wall_time_s": max(r["wall_time_s"] for r in reports),
+        "memory": merge_memory(reports),
+        "loss_start": _finite(losses[0]),
+        "loss_end": _finite(losses[-1]),
+        "loss_floor": source["data"].get("entropy_nats"),
+        "validation": validation,
+        "valid_loss": validation[-1]["loss"] if validation else None,
+        "valid_ppl": validation[-1]["ppl"] if validation else None,
+        "valid_ppl_step": validation[-1]["step"] if validation else None,
+        "ppl_floor": source["data"].get("perplexity_floor"),
+        "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
+        "straggler": straggler(reports),
+        "telemetry": telemetry,
+        "data": source["data"],
+        "unmeasured": unmeasured,
+    }
+    if not validation:
+        unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
+                                   else f"--split {spec.split} leaves no validation documents")
+    if telemetry is None:
+        unmeasured["telemetry"] = "turned off with --no-telemetry"
+    elif not telemetry.get("available"):
+        unmeasured["telemetry"] = telemetry.get("reason", "unavailable")
+    if world == 1:
+        unmeasured["straggler"] = "one rank"
+    result.ranks = [{
+        "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"], "host": r["host"],
+        "coordinates": r["coordinates"], "step_time_s": summarize(r["step_times_s"]), "memory": r["memory"],
+        "telemetry": r["telemetry"] if world > 1 else None,
+    } for r in reports]
+    result.nodes = merge_nodes(reports)
+    _judge(result, spec, times)
+
+
+def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
+    """Status and warnings from the merged figures."""
+    scaled = spec.precision == "fp16"
+    bad = [s["step"] for s in result.steps if s["loss"] is None or (s["grad_norm"] is None and not s["skipped"])]
+    all_skipped = scaled and result.metrics["skipped_steps"] == len(result.steps)
+    result.status = "numerics" if bad or all_skipped else "ok"
+    if bad:
+        result.error = {"type": "NonFiniteLoss", "message": f"loss or gradient not finite at steps {bad[:10]}",
+                        "traceback": None, "rank": 0}
+    elif all_skipped:
+        result.error = {"type": "LossScaleCollapse", "rank": 0, "traceback": None,
+                        "message": "every fp16 step overflowed and was skipped"}
+    cv = result.metrics["step_time_s"]["cv"]
+    if cv > NOISY_CV:
+        result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")
+    if len(times) < FEW_TIMED_STEPS:
+        result.warnings.append(f"only {len(times)} timed steps: use --steps {FEW_TIMED_STEPS} or more for stable figures")
+    if result.metrics["skipped_steps"]:
+        result.warnings.append(f"{result.metrics['skipped_steps']} fp16 steps overflowed and were skipped")
+    lagging = result.metrics["straggler"]
+    if lagging and lagging["ratio"] and lagging["ratio"] > STRAGGLER_RATIO:
+        result.warnings.append(f"straggler: rank {lagging['rank']} took {lagging['ratio']:.2f}x the median rank's "
+                               "median step time")
+    if spec.parallel.source == "published":
+        result.warnings.append(f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "
+                               "workload's published settings")
