@@ -8,6 +8,7 @@ one line on stderr and nothing written; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -16,7 +17,7 @@ from tabulate import tabulate
 from hwbench import __version__
 from hwbench.catalog import PRECISIONS, load_catalog
 from hwbench.device import DEVICE_CHOICES
-from hwbench.errors import SetupError, UsageError
+from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.spec import DEFAULT_MODEL, DEFAULT_OUT, DEFAULT_STEPS, DEFAULT_WARMUP, ENGINES, PP_SCHEDULES
 from hwbench.workload.flops import FLOPS_FORMULAS
 
@@ -136,7 +137,10 @@ def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
     if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
         from hwbench.harness.launcher import launch
 
-        result = launch(spec, run_argv)
+        result = launch(spec, run_argv, catalog)
+        if result is None:
+            print(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
+            return 0
     else:
         from hwbench.harness.worker import run_point
 
@@ -219,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, SetupError) as error:
         print(f"hwbench: error: {error}", file=sys.stderr)
         return 2
+    except RankFailure as error:  # this rank's traceback is in torchrun's error file and the rank's log
+        print(f"hwbench: rank {os.environ.get('RANK', '?')}: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("hwbench: interrupted; nothing unfinished was written", file=sys.stderr)
         return 130

@@ -14,3 +14,9 @@ class SetupError(Exception):
     runtime). The message says what is missing and how to fix it; exit 2."""
 
     exit_code = 2
+
+
+class RankFailure(RuntimeError):
+    """One rank of a torchrun job failed while training. The message starts with
+    the status it implies (failed, oom, invalid); torchrun's error file carries
+    it, with the traceback, to the launcher (hwbench.harness.launcher)."""

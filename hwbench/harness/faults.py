@@ -77,6 +77,12 @@ class Heartbeat:
         self.record.update(step=step, phase=phase)
         self._write()
 
+    def fail(self, status: str, message: str) -> None:
+        """Note the moment this rank failed: of several failed ranks, the one that
+        failed first is the root cause (the others lose their peer in a collective)."""
+        self.record.update(failed_at=time.time(), status=status, message=message)
+        self._write()
+
     def _write(self) -> None:
         if self.path is None:
             return

@@ -32,8 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hwbench.catalog import Catalog
+from hwbench.device import Backend
+from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import RUN_DIR_ENV, read_heartbeats
+from hwbench.harness.worker import describe_device, describe_workload
 from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
 
@@ -52,8 +56,9 @@ def free_port() -> int:
 def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
     """torchrun's options for this node of the job."""
     launch = spec.launch
+    # Every rank's output goes to its log file; the console shows local rank 0's.
     args = [f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", "--max-restarts=0",
-            f"--log-dir={log_dir}"]
+            f"--log-dir={log_dir}", "--tee=3", "--local-ranks-filter=0"]
     if launch.rdzv_endpoint:
         args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={RDZV_ID}",
                  f"--node-rank={launch.node_rank}"]
@@ -148,14 +153,18 @@ def _load_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def launch(spec: RunSpec, run_argv: list[str]) -> RunResult:
-    """Run ``hwbench run RUN_ARGV`` as a torchrun job under spec.launch.timeout_s."""
-    _check_device(spec)
+def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | None:
+    """Run ``hwbench run RUN_ARGV`` as a torchrun job under spec.launch.timeout_s.
+    None on a node other than node 0 when its ranks finished: rank 0, on node 0,
+    holds the result."""
+    backend = _check_device(spec)
     run_dir = Path(tempfile.mkdtemp(prefix="hwbench-run-"))
     started = utc_now()
     command = [sys.executable, "-m", "hwbench.harness.agent", str(run_dir), "--",
                *torchrun_arguments(spec, str(run_dir / "logs")), "--module", "hwbench", "run", *run_argv]
     environment = {**os.environ, RUN_DIR_ENV: str(run_dir)}
+    # torchrun would set 1 and warn; the CPU backend sets its threads per rank itself.
+    environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.launch.nproc_per_node)))
     _become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
     try:
@@ -167,6 +176,12 @@ def launch(spec: RunSpec, run_argv: list[str]) -> RunResult:
             killed = end_tree(agent, run_dir)
         _reap()
         result = _collect(spec, run_dir, agent.returncode, timed_out, killed if timed_out else [])
+        if result is None:
+            return None
+        if not result.device:  # no rank got as far as describing itself: the launcher does
+            result.device = describe_device(backend, catalog, spec.precision)
+            result.workload = describe_workload(catalog.workloads[spec.model], spec)
+            result.environment = environment_fingerprint(backend)
         result.launch = _describe_launch(spec, command, started)
         return result
     except BaseException:  # Ctrl-C or anything else: nothing may outlive us
@@ -176,7 +191,7 @@ def launch(spec: RunSpec, run_argv: list[str]) -> RunResult:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _check_device(spec: RunSpec) -> None:
+def _check_device(spec: RunSpec) -> Backend:
     """Device problems fail here, once, as one line, before any rank starts."""
     from hwbench.device import select_backend
 
@@ -188,6 +203,7 @@ def _check_device(spec: RunSpec) -> None:
     if backend.name != "cpu" and count < spec.launch.nproc_per_node:
         raise UsageError(f"--nproc-per-node {spec.launch.nproc_per_node} needs that many {backend.name} devices; "
                          f"this node has {count}")
+    return backend
 
 
 def _describe_launch(spec: RunSpec, command: list[str], started: str) -> dict[str, Any]:
@@ -196,15 +212,18 @@ def _describe_launch(spec: RunSpec, command: list[str], started: str) -> dict[st
             "timeout_s": spec.launch.timeout_s}
 
 
-def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bool, killed: list[int]) -> RunResult:
+def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bool,
+             killed: list[int]) -> RunResult | None:
     merged = _load_json(run_dir / RESULT_FILE)
     if merged is not None and not timed_out:
         return RunResult.from_dict(merged)
+    if returncode == 0 and not timed_out and spec.launch.node_rank > 0:
+        return None  # this node's ranks finished; node 0 writes the result
     agent = _load_json(run_dir / "agent.json") or {}
     failures = agent.get("failures", [])
     _raise_setup_problem(failures)
     beats = read_heartbeats(run_dir)
-    result = RunResult(run_id=new_run_id(spec.model, spec.device), status="timeout" if timed_out else "failed",
+    result = RunResult(run_id=new_run_id(spec.model, spec.device if spec.device != "auto" else "device"), status="timeout" if timed_out else "failed",
                        spec=spec.to_dict(), started_at=utc_now())
     result.ranks = [{"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"],
                      "phase": beat["phase"]} for rank, beat in sorted(beats.items())]
@@ -214,7 +233,14 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
                         "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: "
                                    f"{where}", "killed_pids": killed}
     elif failures:
-        result.status, result.error = _describe_rank_failure(failures)
+        result.status, result.error = _describe_rank_failure(failures, beats)
+        result.error["log_tail"] = log_tail(run_dir, result.error.get("local_rank"))
+        by_rank = {f["rank"]: f for f in failures}
+        for entry in result.ranks:
+            failure = by_rank.get(entry["rank"])
+            entry["exitcode"] = failure["exitcode"] if failure else None
+            entry["signal"] = failure["signal"] if failure else None
+            entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
     else:
         result.error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
                         "message": f"torchrun exited with status {returncode} and no rank reported a failure "
@@ -237,6 +263,20 @@ def _error_message(failure: dict[str, Any]) -> tuple[str, str | None]:
     return str(failure.get("message") or ""), None
 
 
+LOG_TAIL_LINES = 40
+
+
+def log_tail(run_dir: Path, local_rank: int | None) -> str | None:
+    """The last lines a rank wrote to stderr (torchrun's per-rank log)."""
+    if local_rank is None:
+        return None
+    logs = sorted((run_dir / "logs").glob(f"**/attempt_*/{local_rank}/stderr.log"))
+    if not logs:
+        return None
+    lines = logs[-1].read_text(errors="replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:]) or None
+
+
 def _raise_setup_problem(failures: list[dict[str, Any]]) -> None:
     """A rank that stopped on bad input or a missing device says so as the
     launcher would have: one line, exit 2, no result."""
@@ -247,21 +287,35 @@ def _raise_setup_problem(failures: list[dict[str, Any]]) -> None:
                 raise error(f"rank {failure['rank']}: {message[len(kind):].strip()}")
 
 
-def _describe_rank_failure(failures: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
-    """Status and error of the first failure (torchrun's root cause: the earliest)."""
-    first = min(failures, key=lambda f: (f.get("timestamp") or 0, f["rank"]))
+def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[str, Any]:
+    """The rank whose failure made the others fail. One rank failing makes its
+    peers fail too (a collective loses its peer; torchrun SIGTERMs the rest),
+    so: a rank that died by a signal other than torchrun's SIGTERM first, then
+    the rank whose own exception came first (heartbeat time, sub-second), then
+    torchrun's order."""
+    def order(failure: dict[str, Any]) -> tuple:
+        killed_by_agent = failure.get("signal") == "SIGTERM"
+        own_signal = failure.get("signal") is not None and not killed_by_agent
+        failed_at = beats.get(failure["rank"], {}).get("failed_at")
+        return (not own_signal, failed_at is None, failed_at or 0.0, failure.get("timestamp") or 0, failure["rank"])
+
+    return min(failures, key=order)
+
+
+def _describe_rank_failure(failures: list[dict[str, Any]], beats: dict[int, dict]) -> tuple[str, dict[str, Any]]:
+    """Status and error of the root-cause failure."""
+    first = root_cause(failures, beats)
     message, trace = _error_message(first)
     status = "failed"
     # The worker raises RankFailure("<status>: <type>: <message>"): oom, invalid or failed.
-    body = message.split(": ", 1)[1] if message.startswith("RankFailure: ") else message
-    for candidate in ("oom", "invalid"):
-        if body.startswith(candidate + ": "):
-            status = candidate
+    if message.startswith("RankFailure: "):
+        status, _, message = message[len("RankFailure: "):].partition(": ")
     if first.get("signal"):
-        message = f"rank {first['rank']} was killed by {first['signal']} (exit code {first['exitcode']})"
+        message = f"killed by {first['signal']} (exit code {first['exitcode']})"
     elif not message:
-        message = f"rank {first['rank']} exited with status {first['exitcode']}"
-    error = {"type": "RankFailed", "rank": first["rank"], "local_rank": first.get("local_rank"),
+        message = f"exited with status {first['exitcode']}"
+    message = f"rank {first['rank']}: {message}"
+    error = {"type": "RankFailed", "log_tail": None, "rank": first["rank"], "local_rank": first.get("local_rank"),
              "exitcode": first.get("exitcode"), "signal": first.get("signal"), "message": message,
              "traceback": trace, "failed_ranks": [f["rank"] for f in failures]}
     return status, error

@@ -24,7 +24,7 @@ from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
-from hwbench.errors import SetupError, UsageError
+from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.faults import RUN_DIR_ENV, Fault, Heartbeat
 from hwbench.harness.merge import merge_ranks
 from hwbench.harness.progress import Progress
@@ -91,6 +91,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         report = rank_report(ctx, measurement, result.environment, heartbeat)
     except Exception as error:  # recorded as data: the run's status says what happened
         failure = describe_failure(error, backend, ctx.rank)
+        heartbeat.fail(failure["status"], failure["message"])
         if ctx.distributed:
             raise RankFailure(f"{failure['status']}: {failure['type']}: {failure['message']}") from error
         result.status, result.error = failure.pop("status"), failure
@@ -147,10 +148,6 @@ def write_result_file(result: RunResult, path: str) -> None:
     with open(temporary, "w") as handle:
         json.dump(result.to_dict(), handle)
     os.replace(temporary, path)
-
-
-class RankFailure(RuntimeError):
-    """A rank's training failed; the message starts with the status it implies."""
 
 
 def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:

@@ -18,6 +18,10 @@ from hwbench.errors import UsageError
 from hwbench.results import RunResult
 
 DEFAULT_TOLERANCE = 0.02  # docs/parity.md
+# Two layouts of one run (TP, PP, DP, FSDP, ZeRO) on the same device and precision
+# differ only in reduction order and the tensor-parallel vocabulary padding:
+# docs/parity.md shows 0.03% at most on `tiny`; a real layout bug is far larger.
+LAYOUT_TOLERANCE = 1e-3
 FINAL_WINDOW = 5  # steps averaged for the final comparison
 # Spec fields that must match for loss curves to be comparable at all.
 MUST_MATCH = ("model", "seed", "data", "split", "global_batch_size", "seq_length")

@@ -38,7 +38,11 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("batch", f"micro {spec['micro_batch_size']}, global {spec['global_batch_size']}, seq {spec['seq_length']}, "
                   f"{spec['precision']}" + (", recompute" if spec["recompute"] else "")
                   + (", compiled" if spec["compile"] else "")),
+        ("layout", layout_text(result)),
     ]
+    if result.status in ("failed", "timeout", "oom") and result.ranks and "last_step" in result.ranks[0]:
+        rows.append(("ranks", "; ".join(f"{r['rank']}: step {r['last_step']}"
+                                        + (f", {r['signal']}" if r.get("signal") else "") for r in result.ranks)))
     if not metrics:
         return rows + ([("result file", path)] if path else [])
     step = metrics["step_time_s"]
@@ -72,6 +76,27 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if path:
         rows.append(("result file", path))
     return rows
+
+
+def layout_text(result: RunResult) -> str:
+    """"TP2 PP1 DP2, native (ddp), 4 ranks on 2 nodes"."""
+    spec, engine = result.spec, result.engine or {}
+    parallel = spec.get("parallel") or {}
+    text = f"TP{parallel.get('tp', 1)} PP{parallel.get('pp', 1)} DP{parallel.get('dp', 1)}"
+    name = engine.get("name") or spec.get("engine", "native")
+    if name == "deepspeed":
+        text += f", deepspeed ZeRO {engine.get('zero_stage', spec.get('zero_stage'))}"
+    else:
+        details = [d for d in (engine.get("data_parallel"), engine.get("pipeline_schedule")) if d]
+        text += f", native" + (f" ({', '.join(details)})" if details else "")
+    launch = spec.get("launch") or {}
+    ranks = (launch.get("nnodes", 1) or 1) * (launch.get("nproc_per_node", 1) or 1)
+    if ranks > 1:
+        text += f", {ranks} ranks on {launch.get('nnodes', 1)} node{'s' if launch.get('nnodes', 1) > 1 else ''}"
+    straggler = (result.metrics or {}).get("straggler")
+    if straggler and straggler.get("ratio"):
+        text += f"; slowest rank {straggler['rank']} ({straggler['ratio']:.2f}x median)"
+    return text
 
 
 def _telemetry_text(result: RunResult) -> str:
