@@ -16,7 +16,7 @@ from hwbench.device import select_backend
 from hwbench.engine.native import NativeEngine
 from hwbench.harness.worker import make_data_source
 from hwbench.spec import build_run_spec
-from hwbench.workload.model import build_model
+from hwbench.engine.distributed import single_process
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
@@ -42,8 +42,8 @@ def test_micro_batch_read_share_of_step(benchmark, source, shakespeare):
     backend = select_backend(spec.device)
     backend.prepare_process()
     workload = catalog.workloads["small"]
-    data = make_data_source(spec, workload, backend)
-    engine = NativeEngine(build_model(workload.model, device=backend.torch_device, seed=1), spec, backend)
+    data = make_data_source(spec, workload, backend, single_process(spec.parallel))
+    engine = NativeEngine(workload.model, spec, backend)
     for _ in range(3):
         engine.train_step(data.train_batch)
     backend.synchronize()

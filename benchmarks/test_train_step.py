@@ -14,7 +14,7 @@ from hwbench.device import select_backend
 from hwbench.engine.native import NativeEngine
 from hwbench.spec import build_run_spec
 from hwbench.harness.worker import make_data_source
-from hwbench.workload.model import build_model
+from hwbench.engine.distributed import single_process
 
 
 @pytest.mark.parametrize("model,precision", [("tiny", "fp32"), ("small", "fp32"), ("small", "bf16")])
@@ -27,9 +27,8 @@ def test_train_step(benchmark, model, precision):
     device = backend.prepare_process()
     backend.seed(spec.seed)
     workload = catalog.workloads[model]
-    gpt = build_model(workload.model, device=device, seed=spec.seed)
-    engine = NativeEngine(gpt, spec, backend)
-    data = make_data_source(spec, workload, backend)
+    engine = NativeEngine(workload.model, spec, backend)
+    data = make_data_source(spec, workload, backend, single_process(spec.parallel))
 
     def step():
         engine.train_step(data.train_batch)

@@ -22,6 +22,26 @@ BAD_RUNS = [
     (["--warmup", "-1"], ["--warmup -1", ">= 0"]),
     (["--steps", "ten"], ["--steps", "'ten'"]),
     (["--telemetry-interval", "0"], ["--telemetry-interval 0", "0.01 to 60"]),
+    # parallel layouts: checked before any process starts
+    (["--model", "tiny", "--tp", "2"], ["--tp 2", "world size 1", "--nproc-per-node 1"]),
+    (["--model", "tiny", "--nproc-per-node", "4", "--tp", "3"], ["--tp 3", "4 attention heads", "accepted: 1, 2, 4"]),
+    (["--model", "tiny", "--nproc-per-node", "4", "--pp", "4"], ["--pp 4", "2 layers", "1 to 2"]),
+    (["--model", "tiny", "--nproc-per-node", "4", "--tp", "2", "--dp", "3"], ["--dp 3", "= 6", "world size 4"]),
+    (["--model", "tiny", "--nproc-per-node", "2", "--global-batch-size", "4", "--micro-batch-size", "4"],
+     ["--global-batch-size 4", "--micro-batch-size 4", "data parallel 2"]),
+    (["--model", "tiny", "--zero", "2"], ["--zero 2", "--engine deepspeed"]),
+    (["--model", "tiny", "--zero", "5", "--engine", "deepspeed"], ["--zero 5", "0, 1, 2, 3"]),
+    (["--model", "tiny", "--fsdp", "--engine", "deepspeed"], ["--fsdp", "--zero 3"]),
+    (["--model", "tiny", "--nproc-per-node", "2", "--tp", "2", "--engine", "deepspeed"],
+     ["--engine deepspeed", "--tp 2", "--engine native"]),
+    (["--model", "tiny", "--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "1f1b", "--micro-batch-size", "8"],
+     ["--pp-schedule 1f1b", "--pp 2", "gives 1", "gpipe"]),
+    (["--model", "tiny", "--engine", "megatron"], ["--engine", "'megatron'", "native"]),
+    (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2", "0 to 1"]),
+    (["--nproc-per-node", "0"], ["--nproc-per-node 0", ">= 1"]),
+    (["--master-port", "70000"], ["--master-port 70000", "1 to 65535"]),
+    (["--rdzv-endpoint", "nohost"], ["--rdzv-endpoint 'nohost'", "HOST:PORT"]),
+    (["--timeout", "0"], ["--timeout 0", "> 0"]),
 ]
 
 
@@ -95,3 +115,33 @@ def test_devices_lists_the_catalog_and_this_machine(capsys):
     text = capsys.readouterr().out
     assert "h100-sxm" in text and "989" in text and "ascend-910" in text
     assert "--device auto uses" in text
+
+
+def _spec(*args):
+    from hwbench.cli import parse_run_spec
+
+    return parse_run_spec(list(args))
+
+
+def test_the_published_layout_applies_when_the_device_count_allows():
+    spec = _spec("--model", "345m", "--nproc-per-node", "8")  # published: TP1 PP2, 8 devices
+    assert (spec.parallel.tp, spec.parallel.pp, spec.parallel.dp, spec.parallel.source) == (1, 2, 4, "published")
+    # 4 devices: TP1 PP2 still fits; microbatches 16 / (4 x 2) = 2 >= 2 stages, so 1F1B
+    spec = _spec("--model", "345m", "--nproc-per-node", "4")
+    assert (spec.parallel.pp, spec.parallel.dp, spec.pp_schedule) == (2, 2, "1f1b")
+    # 8 devices: 16 / (4 x 4) = 1 microbatch per step, fewer than 2 stages: GPipe, said in the spec
+    assert _spec("--model", "345m", "--nproc-per-node", "8").pp_schedule == "gpipe"
+    spec = _spec("--model", "1.3b", "--nproc-per-node", "2")  # TP2 PP2 needs a multiple of 4
+    assert (spec.parallel.tp, spec.parallel.pp, spec.parallel.dp, spec.parallel.source) == (1, 1, 2, "default")
+    spec = _spec("--model", "1.3b", "--nproc-per-node", "4", "--tp", "4")  # the user's word wins
+    assert (spec.parallel.tp, spec.parallel.pp, spec.parallel.source) == (4, 1, "user")
+    spec = _spec("--model", "345m", "--nproc-per-node", "2", "--engine", "deepspeed")  # ZeRO engine: data parallel
+    assert (spec.parallel.pp, spec.parallel.dp) == (1, 2)
+
+
+def test_under_torchrun_the_world_size_is_torchruns():
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    spec = build_run_spec({"model": "tiny", "tp": 2}, load_catalog(), torchrun_world_size=4)
+    assert spec.launch.under_torchrun and spec.launch.world_size == 4 and spec.parallel.dp == 2

@@ -11,7 +11,9 @@ from hwbench.cli import main
 ROOT = Path(__file__).resolve().parent.parent
 # Keys under these paths are data (variable names, per-field reasons), not schema.
 OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
-             "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents")
+             "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents",
+             # documented as "fields as <the top-level object>"
+             "nodes[].environment", "ranks[].telemetry", "engine.config")
 
 
 def key_paths(value, prefix=""):

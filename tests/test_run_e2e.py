@@ -14,7 +14,6 @@ from hwbench.engine.native import NativeEngine
 from hwbench.results import load_result
 from hwbench.spec import DEFAULT_MODEL, build_run_spec
 from hwbench.workload.data import SyntheticTokens
-from hwbench.workload.model import GPT
 
 
 def _only_result(folder):
@@ -85,9 +84,8 @@ def _engine(micro, global_batch):
                            "device": "cpu"}, catalog)
     backend = CpuBackend()
     backend.prepare_process()
-    torch.manual_seed(0)
-    model = GPT(catalog.workloads["tiny"].model)
-    return spec, model, NativeEngine(model, spec, backend)
+    engine = NativeEngine(catalog.workloads["tiny"].model, spec, backend)  # same seed, same weights
+    return spec, engine.model, engine
 
 
 def test_gradient_accumulation_matches_one_large_batch():
@@ -109,9 +107,11 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
     path, _ = _only_result(tmp_path)
     data = json.loads(path.read_text())
     assert set(data) == {"schema_version", "run_id", "status", "spec", "workload", "device", "metrics", "steps",
-                         "ranks", "environment", "error", "warnings", "started_at", "finished_at",
-                         "hwbench_version"}
+                         "ranks", "engine", "launch", "environment", "nodes", "error", "warnings", "started_at",
+                         "finished_at", "hwbench_version"}
     assert data["error"] is None and data["ranks"][0]["rank"] == 0
+    assert data["engine"]["name"] == "native" and data["launch"] == {}  # one process: nothing launched
+    assert [n["node_rank"] for n in data["nodes"]] == [0]
 
 
 def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):

@@ -125,15 +125,6 @@ class Backend(abc.ABC):
             return contextlib.nullcontext()
         return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
 
-    def grad_scaler(self, init_scale: float, dynamic: bool) -> torch.amp.GradScaler:
-        """fp16 loss scaling: dynamic (halve on overflow, double after 1000 clean
-        steps, as Megatron and DeepSpeed do) or fixed at ``init_scale``."""
-        if dynamic:
-            return torch.amp.GradScaler(self.torch_device.type, init_scale=init_scale,
-                                        growth_factor=2.0, backoff_factor=0.5, growth_interval=1000)
-        return torch.amp.GradScaler(self.torch_device.type, init_scale=init_scale,
-                                    growth_factor=1.0, backoff_factor=1.0)
-
     def optimizer_options(self) -> dict[str, Any]:
         """Keyword arguments for torch.optim.AdamW that run fastest here."""
         return {"foreach": True}

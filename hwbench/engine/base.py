@@ -40,3 +40,6 @@ class Engine(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The engine's settings as the result records them (``engine`` key)."""
+
+    def close(self) -> None:
+        """Release what the engine set up for itself (a one-rank process group)."""

@@ -278,6 +278,9 @@ class NativeEngine:
             "recompute": self.spec.recompute,
         }
 
+    def close(self) -> None:
+        """Nothing to release: the worker owns the process group."""
+
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The local part of a DTensor (a replicated loss, a sharded gradient); a plain tensor as is."""

@@ -86,9 +86,12 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
         engine = build_engine(workload.model, spec, backend, ctx)
-        result.engine = engine.describe()
-        measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
-        report = rank_report(ctx, measurement, result.environment, heartbeat)
+        try:
+            result.engine = engine.describe()
+            measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
+            report = rank_report(ctx, measurement, result.environment, heartbeat)
+        finally:
+            engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
         failure = describe_failure(error, backend, ctx.rank)
         heartbeat.fail(failure["status"], failure["message"])

@@ -1,0 +1,123 @@
+"""What DeepSpeed needs from the device layer before it is imported.
+
+DeepSpeed picks its accelerator once, at import (``DS_ACCELERATOR`` overrides
+its own detection), and older releases and Ascend's adaptor (``deepspeed_npu``)
+import ``torch._six``, which PyTorch 2 removed (FACTS.md section 7). So the
+patches go in before ``import deepspeed``, and each one is recorded for the
+result, so a reader knows what the run changed.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import importlib
+import importlib.util
+import math
+import os
+import sys
+import types
+from typing import Any
+
+from hwbench.errors import SetupError
+
+ACCELERATOR_ENV = "DS_ACCELERATOR"
+NOT_INSTALLED = ("--engine deepspeed: deepspeed is not installed (pip install 'hwbench[deepspeed]', "
+                 "or deepspeed with deepspeed_npu on Ascend)")
+
+# The records of the first successful call: DeepSpeed is imported once per process,
+# so later calls change nothing and report what the first one did.
+_records: list[dict[str, Any]] | None = None
+
+
+def prepare_deepspeed(backend: Any) -> list[dict[str, Any]]:
+    """Patch this process for DeepSpeed on ``backend`` and import it.
+
+    Sets DS_ACCELERATOR (unless the user did), installs a ``torch._six`` shim
+    when torch lacks it, imports ``deepspeed_npu`` on an NPU when installed,
+    then imports deepspeed. Returns one record per patch (``patch``,
+    ``applied``, ``why``, sometimes ``value``); idempotent. Raises SetupError
+    when deepspeed is missing or cannot be imported."""
+    global _records
+    if _records is not None:
+        return _records
+    records = [_set_accelerator(backend), _install_torch_six_shim()]
+    if backend.name == "npu":
+        records.append(_import_npu_adaptor(backend))
+    records.append(_import_deepspeed())
+    _records = records
+    return records
+
+
+def _set_accelerator(backend: Any) -> dict[str, Any]:
+    user_value = os.environ.get(ACCELERATOR_ENV)
+    if user_value:
+        return {"patch": ACCELERATOR_ENV, "applied": False, "value": user_value,
+                "why": f"kept the user's {ACCELERATOR_ENV}={user_value}"}
+    value, why = backend.deepspeed_accelerator, f"the {backend.name} backend's DeepSpeed accelerator"
+    if getattr(backend, "simulated", False):
+        # The stand-in torch_npu computes on the host: DeepSpeed's NPU accelerator
+        # would call into CANN, which is not there.
+        value, why = "cpu", "simulated NPU (stand-in torch_npu computing on the host CPU): DeepSpeed runs on cpu"
+    os.environ[ACCELERATOR_ENV] = value
+    return {"patch": ACCELERATOR_ENV, "applied": True, "value": value, "why": why}
+
+
+def torch_six_shim() -> types.ModuleType:
+    """A stand-in for ``torch._six`` with the names DeepSpeed 0.6 and the Ascend
+    adaptor import from it."""
+    module = types.ModuleType("torch._six")
+    module.inf = math.inf
+    module.nan = math.nan
+    module.string_classes = (str, bytes)
+    module.int_classes = int
+    module.container_abcs = collections.abc
+    return module
+
+
+def _install_torch_six_shim() -> dict[str, Any]:
+    patch = "torch._six shim"
+    try:
+        importlib.import_module("torch._six")
+        return {"patch": patch, "applied": False, "why": "torch provides torch._six"}
+    except ImportError:
+        pass
+    import torch
+
+    shim = torch_six_shim()
+    sys.modules["torch._six"] = shim
+    torch._six = shim  # `import torch._six as x` reads the attribute of the parent package
+    return {"patch": patch, "applied": True,
+            "why": "PyTorch 2 removed torch._six; DeepSpeed 0.6-era releases and deepspeed_npu import inf from it"}
+
+
+def _import_npu_adaptor(backend: Any) -> dict[str, Any]:
+    patch = "deepspeed_npu"
+    found = importlib.util.find_spec("deepspeed_npu") is not None
+    if getattr(backend, "simulated", False):
+        return {"patch": patch, "applied": False, "found": found,
+                "why": "simulated NPU: the adaptor patches DeepSpeed for real NPUs only"}
+    if not found:
+        return {"patch": patch, "applied": False, "found": False,
+                "why": "deepspeed_npu is not installed; DeepSpeed's own NPU accelerator is used"}
+    importlib.import_module("deepspeed_npu")
+    return {"patch": patch, "applied": True, "found": True, "why": "Ascend's adaptor patches DeepSpeed for NPUs"}
+
+
+def _import_deepspeed() -> dict[str, Any]:
+    try:
+        deepspeed = importlib.import_module("deepspeed")
+    except ImportError as error:
+        if error.name == "deepspeed" or not error.name:
+            raise SetupError(NOT_INSTALLED) from None
+        raise SetupError(f"--engine deepspeed: deepspeed cannot import {error.name}: {error}") from None
+    version = getattr(deepspeed, "__version__", None)
+    return {"patch": "import deepspeed", "applied": True, "version": version,
+            "why": "imported after the patches above"}
+
+
+def deepspeed_version() -> str | None:
+    """The version of the deepspeed prepare_deepspeed imported, or None before it."""
+    for record in _records or []:
+        if record["patch"] == "import deepspeed":
+            return record.get("version")
+    return None

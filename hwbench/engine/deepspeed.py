@@ -1,0 +1,217 @@
+"""The DeepSpeed engine: data parallelism over the whole world with ZeRO 0-3
+(``--engine deepspeed --zero N``), as Megatron-DeepSpeed trains.
+
+The model, the AdamW parameter groups and Megatron's learning-rate schedule
+are hwbench's own (the same as the native engine's); DeepSpeed wraps them and
+does the rest: mixed precision (it converts the module to fp16/bf16), loss
+scaling, gradient accumulation (it divides the loss by the accumulation steps
+and steps the optimizer at the boundary only), gradient reduction, clipping
+and ZeRO partitioning. The device-specific preparation (DS_ACCELERATOR, the
+torch._six shim, Ascend's adaptor) is hwbench.device.deepspeed_support.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hwbench.device import Backend
+from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
+from hwbench.engine.base import StepOutcome
+from hwbench.engine.distributed import DistContext
+from hwbench.engine.optim import build_optimizer, learning_rate
+from hwbench.spec import OptimizerSpec, RunSpec
+from hwbench.workload.data import Batch
+from hwbench.workload.model import lm_loss
+
+# DeepSpeed prints a progress line every steps_per_print steps; inside a timed run
+# that would be host work (and output) mid-measurement, so never.
+NEVER_PRINT = 2 ** 31 - 1
+
+# fp16 dynamic loss scaling: DeepSpeed's defaults, which Megatron-DeepSpeed used.
+LOSS_SCALE_WINDOW = 1000
+HYSTERESIS = 2
+MIN_LOSS_SCALE = 1
+
+
+def deepspeed_config(spec: RunSpec, dp_size: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for ``spec`` on ``dp_size`` data-parallel ranks.
+    DeepSpeed checks train_batch_size = micro x accumulation x dp_size itself."""
+    config: dict[str, Any] = {
+        "train_batch_size": spec.global_batch_size,
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
+        "gradient_accumulation_steps": spec.global_batch_size // (spec.micro_batch_size * dp_size),
+        "gradient_clipping": spec.optimizer.clip_grad,
+        "zero_optimization": {"stage": spec.zero_stage},
+        "steps_per_print": NEVER_PRINT,
+        "wall_clock_breakdown": False,
+        # We hand DeepSpeed a client torch.optim.AdamW (hwbench's parameter groups);
+        # ZeRO refuses optimizers it has not tested unless told.
+        "zero_allow_untested_optimizer": True,
+    }
+    if spec.precision == "fp16":
+        config["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0 if spec.loss_scale is None else spec.loss_scale,  # 0 = dynamic
+            "initial_scale_power": spec.initial_scale_power,
+            "loss_scale_window": LOSS_SCALE_WINDOW,
+            "hysteresis": HYSTERESIS,
+            "min_loss_scale": MIN_LOSS_SCALE,
+        }
+    elif spec.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+def megatron_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerSpec) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR that sets the lr of Megatron's schedule: optimizer step k
+    (0-based, as LambdaLR counts) uses learning_rate(spec, k + 1). DeepSpeed
+    steps it after every applied optimizer step (not after skipped ones, as
+    Megatron does)."""
+    for group in optimizer.param_groups:
+        group["lr"] = spec.lr  # LambdaLR multiplies the group's base lr
+        group.pop("initial_lr", None)
+
+    def factor(step: int) -> float:
+        return learning_rate(spec, step + 1) / spec.lr if spec.lr else 0.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _as_norm_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """DeepSpeed's global grad norm (float, tensor or None) as a 0-dim fp32 tensor;
+    None (not computed, or an overflow) becomes NaN."""
+    if value is None:
+        return torch.full((), math.nan, device=device)
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).float()
+    return torch.tensor(float(value), device=device)
+
+
+class DeepSpeedEngine:
+    """hwbench's Engine (hwbench.engine.base) over deepspeed.initialize."""
+
+    def __init__(self, model: nn.Module, spec: RunSpec, backend: Backend, ctx: DistContext) -> None:
+        self.spec, self.backend, self.ctx = spec, backend, ctx
+        self.patches = prepare_deepspeed(backend)  # before deepspeed is imported
+        import deepspeed
+
+        self._set_local_rank = False
+        self._owns_process_group = self._ensure_process_group()
+        self.dp_size = dist.get_world_size()  # tp = pp = 1: data parallel is the whole world
+        self.config = deepspeed_config(spec, self.dp_size)
+        optimizer = build_optimizer(model, spec.optimizer, backend.optimizer_options())
+        scheduler = megatron_scheduler(optimizer, spec.optimizer)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.config,
+            dist_init_required=False,  # reuse the process group torchrun's caller set up
+        )
+        # DeepSpeed clips fp32 ZeRO-0 gradients without keeping the norm; only its
+        # wrapping optimizers (fp16, bf16, ZeRO) record one.
+        self._norm_from_grads = not hasattr(self.engine.optimizer, "_global_grad_norm")
+        self.accelerator = self._accelerator_name()
+
+    def _ensure_process_group(self) -> bool:
+        """DeepSpeed needs a process group even on one process: make a one-rank
+        group with an in-memory store (no port, no environment) when there is none."""
+        if dist.is_initialized():
+            return False
+        dist.init_process_group(self.backend.dist_backend, store=dist.HashStore(), rank=0, world_size=1)
+        # deepspeed.initialize asserts LOCAL_RANK is set (torchrun sets it); close() removes ours.
+        self._set_local_rank = "LOCAL_RANK" not in os.environ
+        if self._set_local_rank:
+            os.environ["LOCAL_RANK"] = "0"
+        return True
+
+    @staticmethod
+    def _accelerator_name() -> str | None:
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        return getattr(accelerator, "_name", None) or type(accelerator).__name__
+
+    def _loss_scale(self) -> float | None:
+        if self.spec.precision != "fp16":
+            return None
+        optimizer = self.engine.optimizer
+        config = getattr(optimizer, "loss_scale_config", None)
+        scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
+        return None if scale is None else float(scale)
+
+    def _grads_norm(self) -> torch.Tensor:
+        """The global norm of the module's (already reduced) gradients, as
+        DeepSpeed's ZeRO-0 fp32 clipping computes it."""
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads, 2.0).detach().float()
+
+    def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
+        """One optimizer step: engine.step() after every micro-batch, as DeepSpeed
+        wants; it applies the optimizer at the accumulation boundary only."""
+        engine = self.engine
+        lr = float(self.optimizer.param_groups[0]["lr"])  # what this step's update uses
+        loss_scale = self._loss_scale()
+        skipped_before = engine.skipped_steps
+        accumulation = engine.gradient_accumulation_steps()
+        total = torch.zeros((), device=self.backend.torch_device)
+        grad_norm = None
+        for micro in range(accumulation):
+            tokens, labels = next_batch()
+            loss = lm_loss(engine(tokens), labels)
+            engine.backward(loss)  # divides by the accumulation steps itself
+            total += loss.detach().float()
+            if micro == accumulation - 1 and self._norm_from_grads:
+                grad_norm = self._grads_norm()
+            engine.step()
+        if grad_norm is None:
+            grad_norm = _as_norm_tensor(engine.get_global_grad_norm(), self.backend.torch_device)
+        skipped = engine.skipped_steps > skipped_before
+        if skipped:
+            grad_norm = torch.full((), math.inf, device=self.backend.torch_device)
+        return StepOutcome(loss=total / accumulation, grad_norm=grad_norm, lr=lr,
+                           loss_scale=loss_scale, skipped=skipped)
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
+        """Token-weighted mean loss over every rank's ``batches`` (Megatron's
+        validation: sum of loss x tokens / tokens), the same on every rank."""
+        self.engine.eval()
+        total = torch.zeros(2, device=self.backend.torch_device, dtype=torch.float64)
+        try:
+            for inputs, labels in batches:
+                loss = lm_loss(self.engine(inputs), labels)
+                total[0] += loss.double() * labels.numel()
+                total[1] += labels.numel()
+        finally:
+            self.engine.train()
+        self.ctx.all_reduce_world(total)
+        loss_sum, tokens = total.tolist()
+        return loss_sum / max(tokens, 1.0), int(tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": "deepspeed",
+            "deepspeed_version": deepspeed_version(),
+            "zero_stage": self.spec.zero_stage,
+            "dp_size": self.dp_size,
+            "config": self.config,
+            "patches": self.patches,
+            "accelerator": self.accelerator,
+        }
+
+    def close(self) -> None:
+        """Free DeepSpeed's state and the one-rank process group this engine made
+        (a group the caller made stays theirs)."""
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
+        if self._set_local_rank:
+            os.environ.pop("LOCAL_RANK", None)
+            self._set_local_rank = False

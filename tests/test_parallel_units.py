@@ -1,0 +1,71 @@
+"""The parts of parallel runs that need no processes: stage splits, loss
+scaling, torchrun's environment, root-cause choice, rank merging."""
+
+import pytest
+
+from hwbench.engine.distributed import RankEnvironment
+from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler
+from hwbench.engine.parallelize import stage_layers
+from hwbench.harness.launcher import root_cause
+from hwbench.harness.merge import merge_memory, straggler
+
+
+def test_stages_split_the_blocks_evenly_first_stages_taking_the_rest():
+    assert [list(stage_layers(24, 2, s)) for s in range(2)] == [list(range(12)), list(range(12, 24))]
+    assert [len(stage_layers(10, 4, s)) for s in range(4)] == [3, 3, 2, 2]
+    assert sorted(i for s in range(4) for i in stage_layers(10, 4, s)) == list(range(10))
+
+
+def test_dynamic_loss_scale_halves_after_hysteresis_and_grows_after_the_window():
+    scaler = LossScaler(2.0 ** 12, dynamic=True)
+    for _ in range(HYSTERESIS - 1):
+        scaler.update(overflowed=True)
+    assert scaler.scale == 2.0 ** 12  # Megatron and DeepSpeed tolerate one overflow first
+    scaler.update(overflowed=True)
+    assert scaler.scale == 2.0 ** 11
+    for _ in range(LOSS_SCALE_WINDOW):
+        scaler.update(overflowed=False)
+    assert scaler.scale == 2.0 ** 12
+
+
+def test_fixed_loss_scale_never_changes():
+    scaler = LossScaler(65536.0, dynamic=False)
+    for overflow in (True, True, True, False):
+        scaler.update(overflow)
+    assert scaler.scale == 65536.0
+
+
+def test_a_pod_with_only_rank_and_world_size_is_not_a_torchrun_worker():
+    operator_pod = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"}
+    assert RankEnvironment.from_environ(operator_pod) is None  # it launches torchrun itself
+    worker = {**operator_pod, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8", "GROUP_RANK": "1",
+              "TORCHELASTIC_RUN_ID": "x", "RANK": "9", "WORLD_SIZE": "16"}
+    env = RankEnvironment.from_environ(worker)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (9, 16, 0, 8, 1)
+
+
+def test_the_root_cause_is_the_rank_that_failed_first_not_its_peers():
+    # rank 1 raised; rank 0 then lost its peer in a collective and was SIGTERMed by torchrun
+    failures = [{"rank": 0, "signal": "SIGTERM", "timestamp": 100}, {"rank": 1, "signal": None, "timestamp": 100}]
+    beats = {0: {"failed_at": 50.7}, 1: {"failed_at": 50.2}}
+    assert root_cause(failures, beats)["rank"] == 1
+    # a rank killed by SIGKILL (the OOM killer, say) outranks the peers torchrun stopped
+    failures = [{"rank": 0, "signal": "SIGTERM", "timestamp": 1}, {"rank": 3, "signal": "SIGKILL", "timestamp": 2}]
+    assert root_cause(failures, {})["rank"] == 3
+
+
+def _report(rank, times, peak):
+    return {"rank": rank, "step_times_s": times,
+            "memory": {"peak_allocated_bytes": peak, "peak_reserved_bytes": peak, "ooms": 0, "source": "x"}}
+
+
+def test_merged_memory_is_the_peak_over_ranks_and_names_it():
+    merged = merge_memory([_report(0, [1.0], 10), _report(1, [1.0], 30), _report(2, [1.0], None)])
+    assert merged["peak_allocated_bytes"] == 30 and merged["peak_allocated_rank"] == 1 and merged["ooms"] == 0
+
+
+def test_the_straggler_is_the_rank_with_the_slowest_median_step():
+    reports = [_report(0, [1.0, 1.0, 1.1], 1), _report(1, [1.5, 1.6, 1.4], 1), _report(2, [1.0, 0.9, 1.0], 1)]
+    slow = straggler(reports)
+    assert slow["rank"] == 1 and slow["ratio"] == pytest.approx(1.5 / 1.0)
+    assert straggler(reports[:1]) is None
