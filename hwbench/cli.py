@@ -93,6 +93,20 @@ def _build_parser() -> argparse.ArgumentParser:
     data.add_argument("data_command", choices=("prepare",))
     data.add_argument("data_args", nargs=argparse.REMAINDER)
 
+    sweep = commands.add_parser("sweep", help="run every point of a suite, each in its own process tree; resumable")
+    sweep.add_argument("suite", metavar="SUITE", help="a suite file, or a shipped suite: smoke, nightly, table2, table3")
+    sweep.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own")
+    sweep.add_argument("--nproc-per-node", type=int, help="for every point that does not set its own")
+    sweep.add_argument("--repeats", type=int, default=1, help="runs of each point, with seeds seed, seed+1, ... "
+                       "(default: 1)")
+    sweep.add_argument("--out", default=DEFAULT_OUT, help=f"results go to OUT/<suite>/<point>/ (default: {DEFAULT_OUT})")
+    sweep.add_argument("--force", action="store_true", help="run points again whose results already exist")
+    sweep.add_argument("--no-plan", dest="plan", action="store_false",
+                       help="run points the memory planner predicts will not fit")
+    sweep.add_argument("--quiet", action="store_true", help="no line per point")
+
+    commands.add_parser("plan", add_help=False,
+                        help="predict each rank's peak memory for the layouts of a model (`hwbench plan --help`)")
     commands.add_parser("k8s", add_help=False,
                         help="print a Kubeflow PyTorchJob manifest that runs `hwbench run` on every pod "
                              "(`hwbench k8s --help`)")
@@ -145,9 +159,38 @@ def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
         from hwbench.harness.worker import run_point
 
         result = run_point(spec, catalog, show_progress=not args.quiet)
+    if os.environ.get("HWBENCH_SWEEP"):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
+        import json
+
+        result.sweep = json.loads(os.environ["HWBENCH_SWEEP"])
     path = write_result(result, spec.out_dir)
     print(run_summary_table(result, str(path)))
     return 0 if result.status == "ok" else 1
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hwbench.harness.suite import find_suite, load_suite
+    from hwbench.harness.sweep import SweepInterrupted, SweepOptions, run_sweep
+    from hwbench.report.summary import sweep_summary_table
+
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node {args.nproc_per_node} is not accepted; give an integer >= 1")
+    suite = load_suite(find_suite(args.suite))
+    options = SweepOptions(out_dir=Path(args.out), device=args.device, nproc_per_node=args.nproc_per_node,
+                           repeats=args.repeats, force=args.force, plan=args.plan)
+    try:
+        records = run_sweep(suite, options, show_progress=not args.quiet)
+    except SweepInterrupted as stop:
+        print(f"hwbench: sweep stopped by {stop}; finished points are kept, the same command resumes",
+              file=sys.stderr)
+        return 128 + stop.signal_number
+    print(sweep_summary_table(suite, records))
+    bad = [r for r in records if any(x.status not in ("ok", "skipped") for x in r.results)]
+    return 1 if bad else 0
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
@@ -205,8 +248,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-# `run` and `k8s` are dispatched in main(): they need the raw arguments.
-COMMANDS = {"data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
+# `run`, `k8s` and `plan` are dispatched in main(): they need the raw arguments.
+COMMANDS = {"sweep": _cmd_sweep, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,6 +259,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hwbench import k8s
 
             return k8s.main(raw[1:])
+        if raw[:1] == ["plan"]:  # hwbench.planner parses its own options
+            from hwbench import planner
+
+            return planner.main(raw[1:])
         args = _build_parser().parse_args(raw)
         if args.command == "run":  # the launcher passes the same options on to every rank
             return _cmd_run(args, raw[raw.index("run") + 1:])

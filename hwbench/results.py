@@ -40,6 +40,7 @@ class RunResult:
     launch: dict[str, Any] = dataclasses.field(default_factory=dict)
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sweep: dict[str, Any] | None = None  # suite, point, repeat and resume key when a sweep ran it
     error: dict[str, Any] | None = None
     warnings: list[str] = dataclasses.field(default_factory=list)
     started_at: str = ""

@@ -29,3 +29,25 @@ def standin_npu_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), env.get("PYTHONPATH")]))
     env["PATH"] = os.pathsep.join(filter(None, [str(FAKES / "bin"), env.get("PATH")]))
     return env
+
+
+def sigint_as_usual() -> None:
+    """preexec_fn for a child that a test interrupts with SIGINT: a test run
+    started in the background (CI wrappers, `cmd &`) ignores SIGINT, and a child
+    inherits that; Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def kill_tree(pid: int) -> None:
+    """End a child a failed test left running, with every process under it."""
+    import signal
+
+    from hwbench.harness.launcher import process_tree
+
+    for member in process_tree([pid]):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

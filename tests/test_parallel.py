@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import kill_tree, sigint_as_usual
 
 from hwbench.cli import main
 from hwbench.harness.launcher import free_port
@@ -180,10 +181,13 @@ def test_interrupting_the_launcher_leaves_no_rank_behind(tmp_path):
     env = {**os.environ, "HWBENCH_FAULT": "0:2:hang"}
     launcher = subprocess.Popen([sys.executable, "-m", "hwbench", "run", *BASE, "--nproc-per-node", "2",
                                  "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    beats_seen = _wait_for_ranks(launcher.pid)
-    launcher.send_signal(signal.SIGINT)
-    _, stderr = launcher.communicate(timeout=60)
+                                text=True, preexec_fn=sigint_as_usual)
+    try:
+        beats_seen = _wait_for_ranks(launcher.pid)
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        kill_tree(launcher.pid)
     assert launcher.returncode == 130, stderr[-2000:]
     assert not out.exists() or not list(out.glob("*.json"))
     assert all(_gone(pid) for pid in beats_seen)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import kill_tree, sigint_as_usual
 import torch
 
 from hwbench.catalog import load_catalog
@@ -121,11 +122,14 @@ def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):
     out = tmp_path / "runs"
     process = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--steps", "10000",
                                 "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    time.sleep(8)  # importing torch and a few training steps
-    assert process.poll() is None, process.communicate()
-    process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+                               text=True, preexec_fn=sigint_as_usual)
+    try:
+        time.sleep(8)  # importing torch and a few training steps
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        kill_tree(process.pid)
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("hwbench: interrupted")
     assert not out.exists() or list(out.iterdir()) == []

@@ -167,6 +167,7 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.launch.nproc_per_node)))
     _become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
+    previous_term = signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # a pod deleted, a sweep stopping
     try:
         try:
             agent.wait(timeout=spec.launch.timeout_s)
@@ -188,7 +189,13 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
         end_tree(agent, run_dir)
         raise
     finally:
+        signal.signal(signal.SIGTERM, previous_term)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _terminate_as_interrupt(_signal_number, _frame) -> None:
+    """SIGTERM ends the run as Ctrl-C does: the whole tree, nothing written."""
+    raise KeyboardInterrupt
 
 
 def _check_device(spec: RunSpec) -> Backend:

@@ -116,3 +116,32 @@ def _telemetry_text(result: RunResult) -> str:
 
 def run_summary_table(result: RunResult, path: str | None = None) -> str:
     return tabulate(run_summary_rows(result, path), tablefmt="simple", disable_numparse=True)
+
+
+def sweep_summary_table(suite, records) -> str:
+    """One row per point: its statuses, throughput (median over repeats) and why
+    a point has no figures."""
+    rows = []
+    for record in records:
+        statuses = [r.status for r in record.results]
+        ok = [r for r in record.results if r.status == "ok"]
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in dict.fromkeys(statuses))
+        aggregate = record.aggregate or {}
+        if aggregate:
+            samples = aggregate["samples_per_s"]
+            throughput = f"{samples['median']:,.2f}" + (f" (CV {samples['cv']:.1%}{', noisy' if samples['noisy'] else ''})"
+                                                        if samples["n"] > 1 else "")
+        elif ok:
+            throughput = f"{ok[0].metrics['samples_per_s']:,.2f}"
+        else:
+            throughput = "-"
+        mfu = ok[0].metrics.get("mfu") if ok else None
+        memory = max((r.metrics.get("memory", {}).get("peak_reserved_bytes") or 0 for r in ok), default=0) or None
+        note = next((r.error["message"] for r in record.results if r.error), "")
+        if record.reused:
+            note = (f"{record.reused} kept; " + note).strip("; ")
+        rows.append([record.point.name, counts, throughput, f"{mfu:.1%}" if mfu is not None else "-",
+                     human_bytes(memory), note[:90]])
+    title = f"sweep {suite.name}: {len(records)} points"
+    return title + "\n" + tabulate(rows, headers=["point", "status", "samples/s", "MFU", "peak memory", "note"],
+                                   disable_numparse=True)

@@ -1,0 +1,158 @@
+"""Suites: many benchmark points in one YAML file (workloads/suites/*.yaml).
+
+    name: smoke
+    description: ...
+    defaults:            # `hwbench run` options for every point (names as on the command line,
+      model: tiny        #   without the dashes; true/false for switches)
+      steps: 3
+    points:              # explicit points: each overrides the defaults; `name` is optional,
+      - {name: one-rank} #   `env` sets environment variables for that point (NCCL_ALGO, ...)
+      - {name: dp2, nproc-per-node: 2, env: {NCCL_ALGO: Ring}}
+    grid:                # and/or a grid: every combination of these lists, at the defaults
+      tp: [1, 2]
+      precision: [fp32, bf16]
+
+A point is the list of `hwbench run` arguments it stands for; it is validated
+by the same code as `hwbench run` when the sweep reaches it (an impossible
+layout is recorded as `invalid`, not fatal to the sweep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hwbench.errors import UsageError
+
+SUITE_KEYS = {"name", "description", "defaults", "points", "grid"}
+# Options a sweep sets for every point itself; a suite must not.
+RESERVED = {"out", "quiet"}
+SWITCHES = {"recompute", "compile", "fsdp", "telemetry"}  # boolean options
+NEGATABLE = {"recompute", "telemetry"}  # these have a --no-x form (their defaults may be on)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One benchmark point of a suite: a name and its `hwbench run` options."""
+
+    name: str
+    options: tuple[tuple[str, Any], ...]  # (option, value), in a stable order
+    env: tuple[tuple[str, str], ...] = ()  # environment variables for this point's processes
+
+    def run_args(self) -> list[str]:
+        """The `hwbench run` arguments of this point."""
+        args: list[str] = []
+        for key, value in self.options:
+            flag = "--" + key.replace("_", "-")
+            if key in SWITCHES:
+                if value:
+                    args.append(flag)
+                elif key in NEGATABLE:
+                    args.append("--no-" + key)
+                # --compile and --fsdp are off unless given
+            else:
+                args += [flag, str(value)]
+        return args
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.options).get(key, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    path: str
+    points: tuple[Point, ...]
+
+
+def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
+    normalised = {}
+    for key, value in (options or {}).items():
+        key = str(key).replace("-", "_")
+        if key in RESERVED:
+            raise UsageError(f"{where}: `{key}` is set by `hwbench sweep` (--out), not by the suite")
+        if key in SWITCHES and not isinstance(value, bool):
+            raise UsageError(f"{where}: `{key}` must be true or false, not {value!r}")
+        if isinstance(value, (list, dict)):
+            raise UsageError(f"{where}: `{key}` must be one value, not {value!r}")
+        normalised[key] = value
+    return normalised
+
+
+def _point_name(options: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """A readable name from what differs from the defaults: model-tp2-pp1-bf16..."""
+    parts = [str(options.get("model", "default"))]
+    for key, value in options.items():
+        if key in ("model", "name") or defaults.get(key) == value:
+            continue
+        if key in SWITCHES:
+            parts.append(key if value else f"no-{key}")
+        elif key in ("tp", "pp", "dp", "zero"):
+            parts.append(f"{key}{value}")
+        else:
+            parts.append(f"{key.replace('_', '-')}-{value}")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts))
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file; UsageError names the file and the problem."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise UsageError(f"suite {str(path)!r} cannot be read: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"suite {path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"suite {path}: expected a mapping with {', '.join(sorted(SUITE_KEYS))}")
+    unknown = set(data) - SUITE_KEYS
+    if unknown:
+        raise UsageError(f"suite {path}: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"accepted: {', '.join(sorted(SUITE_KEYS))}")
+    defaults = _normalise(data.get("defaults"), f"suite {path} defaults")
+    points: list[Point] = []
+    for index, entry in enumerate(data.get("points") or []):
+        if not isinstance(entry, dict):
+            raise UsageError(f"suite {path}: points[{index}] must be a mapping of options")
+        entry = dict(entry)
+        name = entry.pop("name", None)
+        env = entry.pop("env", None) or {}
+        if not isinstance(env, dict):
+            raise UsageError(f"suite {path}: points[{index}].env must map variable names to values")
+        options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]")}
+        points.append(Point(str(name) if name else _point_name(options, defaults), tuple(options.items()),
+                            tuple((str(k), str(v)) for k, v in env.items())))
+    grid = data.get("grid") or {}
+    if grid:
+        if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+            raise UsageError(f"suite {path}: grid must map options to non-empty lists of values")
+        keys = [str(k).replace("-", "_") for k in grid]
+        for values in itertools.product(*grid.values()):
+            options = {**defaults, **_normalise(dict(zip(keys, values)), f"suite {path} grid")}
+            points.append(Point(_point_name(options, defaults), tuple(options.items())))
+    if not points:
+        raise UsageError(f"suite {path}: no points (give `points`, `grid` or both)")
+    names = [p.name for p in points]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UsageError(f"suite {path}: point names repeat: {', '.join(duplicates)}; give each a `name`")
+    return Suite(str(data.get("name") or path.stem), str(data.get("description") or ""), str(path), tuple(points))
+
+
+def find_suite(name_or_path: str) -> Path:
+    """A suite file by path, or by name among the shipped suites."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = Path(__file__).resolve().parent.parent / "catalogs" / "workloads" / "suites"
+    for candidate in (shipped / name_or_path, shipped / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    names = sorted(p.stem for p in shipped.glob("*.yaml"))
+    raise UsageError(f"suite {name_or_path!r} is neither a file nor a shipped suite; shipped: {', '.join(names)}")

@@ -1,0 +1,305 @@
+"""`hwbench sweep SUITE`: every point of a suite, each isolated, recorded
+whatever happens, resumable.
+
+Each point (and each repeat of it) runs as its own `hwbench run` process tree
+under a time limit; its result lands in ``OUT/<suite>/<point>/``. What a point
+cannot do is data, never the end of the sweep: a bad layout is `invalid`, a
+point the planner predicts will not fit is `skipped` (with the prediction), a
+crash `failed`, a hang `timeout`. A point whose result already exists for the
+same options, hwbench version and machine is not run again unless --force, so
+after Ctrl-C or SIGTERM (the running point is stopped and cleaned up, every
+finished result kept) the same command carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hwbench import __version__
+from hwbench.errors import UsageError
+from hwbench.harness.suite import Point, Suite
+from hwbench.results import RunResult, load_results, new_run_id, utc_now, write_result
+
+SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
+TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
+STOP_GRACE_S = 30.0
+NOISY_CV = 0.05  # repeats whose throughput CV exceeds this are flagged noisy
+# Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
+T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+       2.045, 2.042]
+
+
+class SweepInterrupted(Exception):
+    def __init__(self, signal_number: int) -> None:
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    out_dir: Path
+    device: str | None = None
+    nproc_per_node: int | None = None
+    repeats: int = 1
+    force: bool = False
+    plan: bool = True
+
+
+@dataclasses.dataclass
+class PointRecord:
+    """What the sweep knows of one point after running (or not running) it."""
+
+    point: Point
+    results: list[RunResult]
+    reused: int = 0  # results found from an earlier sweep
+    aggregate: dict[str, Any] | None = None
+
+
+def point_args(point: Point, options: SweepOptions) -> list[str]:
+    """The point's `hwbench run` arguments with the sweep's --device/--nproc-per-node
+    where the point does not set its own."""
+    args = point.run_args()
+    if options.device and point.option("device") is None:
+        args += ["--device", options.device]
+    if options.nproc_per_node and point.option("nproc_per_node") is None:
+        args += ["--nproc-per-node", str(options.nproc_per_node)]
+    return args
+
+
+def machine_key() -> dict[str, Any]:
+    """What must be the same for an earlier result to stand for this machine."""
+    import torch
+
+    return {"host": socket.gethostname(), "torch": torch.__version__}
+
+
+def result_key(args: list[str], repeat: int, env: dict[str, str] | None = None) -> str:
+    """Same options, repeat, environment variables, hwbench version and machine: same key."""
+    payload = json.dumps({"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__,
+                          "machine": machine_key()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _existing(point_dir: Path) -> dict[str, RunResult]:
+    if not point_dir.is_dir():
+        return {}
+    found = {}
+    results, _unreadable = load_results([point_dir])
+    for result in results:
+        key = (result.sweep or {}).get("key")
+        if key:
+            found[key] = result
+    return found
+
+
+def _recorded(status: str, args: list[str], message: str, point_dir: Path, sweep: dict, spec: dict | None = None,
+              extra: dict | None = None) -> RunResult:
+    """A result the sweep writes itself for a point that did not (or could not) run."""
+    result = RunResult(run_id=new_run_id(sweep["point"], "sweep"), status=status,
+                       spec=spec or {"run_args": args}, started_at=utc_now())
+    result.error = {"type": status.capitalize(), "message": message, "traceback": None, "rank": None,
+                    **(extra or {})}
+    result.sweep = sweep
+    result.finished_at = utc_now()
+    write_result(result, point_dir)
+    return result
+
+
+def _plan_problem(spec, catalog) -> tuple[str, dict] | None:
+    """Why the planner predicts the point will not fit, with the prediction."""
+    from hwbench.device import select_backend
+    from hwbench.planner import fits, plan_memory
+
+    backend = select_backend(spec.device)
+    names = backend.device_names()
+    entry = catalog.match_device(backend.name, names[0] if names else "")
+    capacity = backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+    if not capacity:
+        return None
+    plan = plan_memory(spec, catalog.workloads[spec.model].model, backend.name)
+    if fits(plan, capacity):
+        return None
+    prediction = {"predicted_peak_bytes": plan.total_bytes, "capacity_bytes": capacity,
+                  "plan": dataclasses.asdict(plan)}
+    return (f"predicted peak {plan.total_bytes / 2**30:.1f} GiB per rank (stage {plan.stage}) does not fit "
+            f"{capacity / 2**30:.1f} GiB; run with --no-plan to try anyway", prediction)
+
+
+def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
+            env: dict[str, str] | None = None) -> RunResult:
+    """One `hwbench run` in its own process tree; a result whatever happens."""
+    from hwbench.harness.launcher import process_tree
+
+    point_dir.mkdir(parents=True, exist_ok=True)
+    log = point_dir / f"repeat{sweep['repeat']}.log"
+    before = {r.run_id for r in load_results([point_dir])[0]}
+    with open(log, "w") as log_file:
+        child = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", *args, "--out", str(point_dir)],
+                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, **(env or {}), SWEEP_ENV: json.dumps(sweep)})
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _end(child, process_tree)
+            return _recorded("timeout", args, f"the point ran past {timeout_s:g}s and was ended by the sweep",
+                             point_dir, sweep)
+        except BaseException:
+            _stop(child, process_tree)
+            raise
+    new = [r for r in load_results([point_dir])[0] if r.run_id not in before]
+    if new:
+        return new[-1]
+    last_line = next((line for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()), "")
+    if child.returncode == 2:  # bad input or a missing device, found by `hwbench run` itself
+        return _recorded("invalid", args, last_line.removeprefix("hwbench: error: "), point_dir, sweep)
+    return _recorded("failed", args, f"`hwbench run` exited with status {child.returncode} and wrote no result: "
+                                     f"{last_line}", point_dir, sweep)
+
+
+def _stop(child: subprocess.Popen, process_tree) -> None:
+    """Ask the running point to stop (its launcher ends its ranks on SIGTERM),
+    then make sure."""
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _end(child, process_tree)
+
+
+def _end(child: subprocess.Popen, process_tree) -> None:
+    for pid in process_tree([child.pid]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=10)
+
+
+def throughput_statistics(values: list[float]) -> dict[str, Any]:
+    """Median, olympic mean (fastest and slowest dropped, from 3 values), CV and
+    a 95% confidence interval of the mean (Student t)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    stdev = statistics.stdev(values) if n > 1 else 0.0
+    ordered = sorted(values)
+    olympic = statistics.fmean(ordered[1:-1]) if n >= 3 else None
+    half = (T95[n - 2] if n - 2 < len(T95) else 1.96) * stdev / math.sqrt(n) if n > 1 else None
+    cv = stdev / mean if mean > 0 else 0.0
+    return {"n": n, "median": statistics.median(values), "mean": mean, "olympic_mean": olympic, "stdev": stdev,
+            "cv": cv, "ci95_low": mean - half if half is not None else None,
+            "ci95_high": mean + half if half is not None else None, "noisy": cv > NOISY_CV}
+
+
+def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
+    ok = [r for r in results if r.status == "ok"]
+    if not ok:
+        return None
+    figures = {key: throughput_statistics([r.metrics[key] for r in ok])
+               for key in ("samples_per_s", "tokens_per_s", "tflops_per_device")}
+    return {"point": point.name, "repeats": len(results), "ok": len(ok),
+            "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}
+
+
+def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -> list[PointRecord]:
+    """Every point of ``suite`` (and every repeat), in order. Raises
+    SweepInterrupted after SIGINT/SIGTERM, once the running point is cleaned up."""
+    from hwbench.catalog import load_catalog
+    from hwbench.cli import parse_run_spec
+
+    catalog = load_catalog()
+    records: list[PointRecord] = []
+    total = len(suite.points) * options.repeats
+    done, spent, ran = 0, 0.0, 0
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+
+    def on_term(signal_number, _frame):
+        raise SweepInterrupted(signal_number)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        for point in suite.points:
+            point_dir = options.out_dir / suite.name / point.name
+            record = PointRecord(point, [])
+            records.append(record)
+            existing = {} if options.force else _existing(point_dir)
+            base_args = point_args(point, options)
+            for repeat in range(options.repeats):
+                args = list(base_args)
+                if options.repeats > 1:  # distinct seeds, logged in each result's spec.seed
+                    seed = int(point.option("seed", 1234)) + repeat
+                    args += ["--seed", str(seed)]
+                key = result_key(args, repeat, dict(point.env))
+                sweep = {"suite": suite.name, "suite_path": suite.path, "point": point.name, "repeat": repeat,
+                         "repeats": options.repeats, "key": key}
+                done += 1
+                if key in existing:
+                    record.results.append(existing[key])
+                    record.reused += 1
+                    _say(show_progress, f"[{done}/{total}] {point.name}: {existing[key].status} (kept from an "
+                                        "earlier sweep; --force runs it again)")
+                    continue
+                eta = f", about {_duration(spent / ran * (total - done + 1))} left" if ran else ""
+                _say(show_progress, f"[{done}/{total}] {point.name}" +
+                     (f" repeat {repeat + 1}/{options.repeats}" if options.repeats > 1 else "") + f" running{eta}")
+                started = time.monotonic()
+                result = _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec)
+                if result.status not in ("skipped", "invalid"):
+                    spent += time.monotonic() - started
+                    ran += 1
+                record.results.append(result)
+                _say(show_progress, f"[{done}/{total}] {point.name}: {result.status}"
+                     + (f" ({result.error['message']})" if result.error else ""))
+            record.aggregate = aggregate(point, record.results) if options.repeats > 1 else None
+            if record.aggregate:
+                _write_json(point_dir / "aggregate.json", record.aggregate)
+    except KeyboardInterrupt:
+        raise SweepInterrupted(signal.SIGINT) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return records
+
+
+def _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec) -> RunResult:
+    try:
+        spec = parse_run_spec(args + ["--out", str(point_dir)])
+    except UsageError as error:
+        return _recorded("invalid", args, str(error), point_dir, sweep)
+    if options.plan:
+        problem = _plan_problem(spec, catalog)
+        if problem:
+            message, prediction = problem
+            return _recorded("skipped", args, message, point_dir, sweep, spec=spec.to_dict(), extra=prediction)
+    margin = TIMEOUT_MARGIN_S if spec.launch.world_size > 1 else 0.0  # the launcher enforces its own first
+    return run_one(args, point_dir, sweep, spec.launch.timeout_s + margin, dict(point.env))
+
+
+def _write_json(path: Path, value: Any) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(value, indent=1))
+    os.replace(temporary, path)
+
+
+def _say(enabled: bool, text: str) -> None:
+    if enabled:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

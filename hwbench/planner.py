@@ -1,0 +1,450 @@
+"""The memory planner (`hwbench plan`): the predicted peak device memory of each
+rank for one benchmark point, from the architecture and the layout alone (no
+torch, no device). docs/planner.md writes the model down with its sources.
+
+In short, per rank of pipeline stage ``stage`` (P = parameters this rank holds
+after tensor and pipeline parallelism, before data-parallel sharding):
+
+    static  = weights + gradients + optimizer state + persistent buffers
+    working = activations + logits + gathered (FSDP2 / ZeRO-3 unsharded units)
+    total   = static + overhead + max(working, step_transient)
+
+``step_transient`` is what exists only after the backward (the flat gradient
+all-reduce buffer, foreach AdamW temporaries, DeepSpeed's fp32 gradient copy),
+when the activations are already freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Sequence
+
+from hwbench.errors import UsageError
+from hwbench.spec import RunSpec
+from hwbench.workload.config import GPTConfig
+
+GIB = 2 ** 30
+
+# Fixed per-device framework memory outside the tensors counted here. Estimates,
+# not measurements (docs/planner.md):
+# cuda: CUDA context with lazy module loading (~0.3-0.5 GiB), cuBLAS/cuBLASLt
+#   workspaces, NCCL communicator buffers; rounded up to 1 GiB.
+# npu: CANN runtime context and HCCL buffers (HCCL_BUFFSIZE defaults to 200 MB per
+#   communicator); rounded up to 2 GiB.
+# cpu: the process's resident libraries (torch, Python), ~0.5 GiB.
+OVERHEAD_BYTES = {"cuda": 1 * GIB, "npu": 2 * GIB, "cpu": GIB // 2}
+BACKENDS = tuple(OVERHEAD_BYTES)
+
+# A plan fits when its total is at most this fraction of the device's memory: the
+# caching allocator's fragmentation (reserved above allocated, commonly 5-15 %)
+# and the temporaries not modelled need the rest.
+DEFAULT_HEADROOM = 0.9
+
+# DeepSpeed's default ZeRO-1/2 gradient bucket (reduce_bucket_size, elements); the
+# engine (hwbench/engine/deepspeed.py) does not change it.
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+FP32 = 4
+HALF = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class StageParams:
+    """Parameters one rank of a pipeline stage holds, after tensor parallelism and
+    before any data-parallel sharding."""
+
+    blocks: int  # parameters of this stage's transformer blocks (this TP rank's share)
+    block: int  # one block's parameters (this TP rank's share)
+    embedding: int  # word (V*h/t) + position (P*h) embeddings: the first stage
+    head: int  # final LayerNorm, plus the output layer's own weight copy when pp > 1: the last stage
+    layers: int  # blocks on this stage
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.embedding + self.head
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Predicted peak memory of one rank (bytes), for pipeline stage ``stage``.
+    total = weights + gradients + optimizer + buffers + overhead
+            + max(activations + logits + gathered, step_transient)."""
+
+    stage: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    buffers_bytes: int  # persistent communication buffers (DDP buckets, DeepSpeed's reduce bucket)
+    activations_bytes: int  # everything kept for the backward, all micro-batches in flight on this stage
+    logits_bytes: int  # last stage only
+    gathered_bytes: int  # FSDP2 / ZeRO-3 unsharded parameters (and one unit's gradients) while computing
+    step_transient_bytes: int  # after the backward, when activations are freed
+    overhead_bytes: int
+    total_bytes: int
+    parameters: int  # parameters this rank holds before dp sharding (tp and pp applied)
+    microbatches_in_flight: int
+    notes: tuple[str, ...] = ()
+
+    def fits(self, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
+        return fits(self, capacity_bytes, headroom)
+
+
+def fits(plan: MemoryPlan, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
+    """True when the predicted peak is at most ``headroom`` x the device's memory."""
+    return plan.total_bytes <= headroom * capacity_bytes
+
+
+def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StageParams:
+    """Exact per-rank parameter counts (hwbench/engine/parallelize.py's split).
+
+    Per block, one TP rank: q, k, v, fc1 column-parallel (weights and biases / t),
+    out_proj and fc2 row-parallel (weights / t, biases replicated), both LayerNorms
+    replicated: (3h^2 + 3h + h^2 + 4h^2 + 4h + 4h^2) / t + (h + h + 4h)
+    = (12h^2 + 7h) / t + 6h   (t = 1: 12h^2 + 13h, as params.count_parameters).
+    The word embedding and the output layer are vocab-parallel (V/t rows)."""
+    from hwbench.engine.parallelize import stage_layers  # torch is imported there only at call time
+
+    h = config.hidden_size
+    vocab = config.padded_vocab_size(tp)
+    block = (12 * h * h + 7 * h) // tp + 6 * h
+    layers = len(stage_layers(config.num_layers, pp, stage))
+    embedding = vocab * h // tp + config.max_position_embeddings * h if stage == 0 else 0
+    head = 0
+    if stage == pp - 1:
+        head = 2 * h + (vocab * h // tp if pp > 1 else 0)  # pp = 1: the output weight is wte itself
+    return StageParams(blocks=layers * block, block=block, embedding=embedding, head=head, layers=layers)
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, tp: int, act: int, residual: int) -> int:
+    """Bytes one block keeps for its backward (Korthikanti et al. 2022, Table 2 /
+    eq. 2 without sequence parallelism), for hwbench's block: SDPA fused attention
+    keeps no (a, s, s) scores, so the 5as/h term is gone; no dropout, so the two
+    s*b*h dropout masks are gone. ``act``: bytes of the autocast dtype, ``residual``:
+    bytes of the residual stream (fp32 under hwbench's autocast, fp32 weights).
+
+    replicated: two LayerNorm inputs 2*residual*sbh, the q/k/v input and fc1 input
+    (the autocast copies of the LayerNorm outputs) 2*act*sbh;
+    per TP rank: q, k 2*act, v act, out_proj input act, GELU input 4*act,
+    fc2 input 4*act = 12*act*sbh / t.
+    act = residual = 2: s*b*h*(8 + 24/t), the paper's 10 + 24/t less the masks."""
+    sbh = s * b * h
+    return sbh * (2 * residual + 2 * act) + sbh * 12 * act // tp
+
+
+def _dtype_bytes(spec: RunSpec) -> tuple[int, int, int, int]:
+    """(weight, gradient, activation, residual-stream) bytes for the engine and precision."""
+    if spec.precision == "fp32":
+        return FP32, FP32, FP32, FP32
+    if spec.engine == "deepspeed":  # DeepSpeed converts the module to fp16/bf16
+        return HALF, HALF, HALF, HALF
+    return FP32, FP32, HALF, FP32  # autocast over fp32 weights: the residual stream stays fp32
+
+
+def microbatches_in_flight(spec: RunSpec, stage: int) -> int:
+    """Micro-batches whose activations a stage holds at once: 1 without pipelining
+    (accumulation runs forward then backward per micro-batch); 1F1B: pp - stage
+    (at most all of them); GPipe: all of them."""
+    m = spec.gradient_accumulation_steps
+    if spec.parallel.pp == 1:
+        return 1
+    if spec.pp_schedule == "gpipe":
+        return m
+    return min(spec.parallel.pp - stage, m)
+
+
+def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) -> MemoryPlan:
+    """The predicted peak of a rank of pipeline stage ``stage``."""
+    if backend_name not in OVERHEAD_BYTES:
+        raise UsageError(f"--backend {backend_name!r} is not known; accepted: {', '.join(BACKENDS)}")
+    tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
+    params = stage_parameters(config, tp, pp, stage)
+    n = params.total
+    w_b, g_b, act_b, res_b = _dtype_bytes(spec)
+    notes: list[str] = []
+    deepspeed = spec.engine == "deepspeed"
+    half = spec.precision != "fp32"
+    zero = spec.zero_stage if deepspeed and dp > 1 else 0
+
+    # states ------------------------------------------------------------------
+    if deepspeed and half:
+        # ZeRO paper: 2 (fp16 weights) + 2 (fp16 grads) + K = 12 (fp32 master, m, v) bytes/param
+        opt_per_param = 3 * FP32
+        notes.append("deepspeed 16-bit: 2+2+12 bytes/param (ZeRO paper, K=12)")
+    else:
+        opt_per_param = 2 * FP32  # AdamW: two fp32 moments
+    weights = n * w_b
+    gradients = n * g_b
+    optimizer = n * opt_per_param
+    sharded = spec.fsdp and dp > 1
+    if sharded:  # FSDP2: everything sharded over dp (padding to a multiple of dp ignored)
+        weights, gradients, optimizer = _ceil(weights, dp), _ceil(gradients, dp), _ceil(optimizer, dp)
+    if zero >= 1:
+        optimizer = _ceil(optimizer, dp)
+    if zero >= 2:
+        gradients = _ceil(gradients, dp)
+    if zero >= 3:
+        weights = _ceil(weights, dp)
+
+    buffers = 0
+    step_transient = 0
+    if not deepspeed and dp > 1 and not spec.fsdp:
+        if tp == 1 and pp == 1:
+            buffers = n * g_b  # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False)
+            notes.append("DDP buckets: one more gradient copy")
+        else:
+            step_transient = n * g_b  # native engine: one flat all-reduce buffer of the gradients
+    if deepspeed and dp > 1 and zero in (1, 2):
+        buffers = min(n, DEEPSPEED_REDUCE_BUCKET_ELEMENTS) * g_b
+    if deepspeed and half:  # the fp32 gradients of (this partition of) the master weights at the step
+        step_transient = max(step_transient, _ceil(n * FP32, dp if zero >= 1 else 1))
+    if not deepspeed and backend_name == "npu":
+        # foreach AdamW (no fused kernel): sqrt(v) temporaries the size of the local parameters
+        local = _ceil(n, dp) if sharded else n
+        step_transient = max(step_transient, local * FP32)
+        notes.append("npu: foreach AdamW temporaries at the step")
+
+    # activations ---------------------------------------------------------------
+    s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size
+    in_flight = microbatches_in_flight(spec, stage)
+    full_layer = activation_bytes_per_layer(s, b, h, tp, act_b, res_b)
+    if spec.recompute:
+        per_micro = params.layers * s * b * h * res_b  # each block's input only
+        recompute_peak = full_layer if params.layers else 0  # one block's activations while it is recomputed
+        notes.append("recompute: block inputs kept, one block recomputed at a time")
+    else:
+        per_micro = params.layers * full_layer
+        recompute_peak = 0
+    last = stage == pp - 1
+    if last:
+        per_micro += s * b * h * (res_b + act_b)  # final LayerNorm input and the output layer's input
+    activations = in_flight * per_micro + recompute_peak
+
+    logits = 0
+    if last:
+        loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
+        vocab = config.padded_vocab_size(tp) // (tp if loss_parallel else 1)
+        sv = s * b * vocab
+        # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during
+        # one backward: the logits in the activation dtype and the fp32 gradient
+        logits = in_flight * sv * FP32 + sv * (act_b + FP32)
+        if tp > 1 and not loss_parallel:
+            notes.append("tp with pp: logits gathered over the full vocabulary on the last stage")
+
+    gathered = 0
+    if sharded:
+        # FSDP2 units: every block, and the root (embeddings, final LayerNorm, output).
+        # The root stays gathered from its forward to its backward (FSDP2 never
+        # reshards the root after forward); blocks: the one computing and the one
+        # prefetched, or all of the stage's when pp > 1 (reshard_after_forward=False);
+        # plus one block's unsharded gradients before their reduce-scatter.
+        kept_blocks = 2 if pp == 1 else params.layers
+        root = params.embedding + params.head
+        gathered = (root + min(kept_blocks, params.layers) * params.block) * w_b + params.block * g_b
+    elif zero >= 3:
+        # ZeRO-3 gathers module by module with a prefetch: about two blocks, or the word embedding
+        gathered = max(params.embedding + params.head, 2 * params.block) * w_b + params.block * g_b
+        notes.append("zero-3 gathered units approximated as max(embedding, two blocks)")
+
+    overhead = OVERHEAD_BYTES[backend_name]
+    static = weights + gradients + optimizer + buffers
+    total = static + overhead + max(activations + logits + gathered, step_transient)
+    return MemoryPlan(stage=stage, weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=optimizer,
+                      buffers_bytes=buffers, activations_bytes=activations, logits_bytes=logits,
+                      gathered_bytes=gathered, step_transient_bytes=step_transient, overhead_bytes=overhead,
+                      total_bytes=total, parameters=n, microbatches_in_flight=in_flight, notes=tuple(notes))
+
+
+def plan_for_all_stages(spec: RunSpec, config: GPTConfig, backend_name: str) -> list[MemoryPlan]:
+    return [plan_stage(spec, config, backend_name, stage) for stage in range(spec.parallel.pp)]
+
+
+def plan_memory(spec: RunSpec, config: GPTConfig, backend_name: str) -> MemoryPlan:
+    """The plan of the rank with the largest predicted peak (its ``stage`` says
+    which pipeline stage; the first stage wins ties)."""
+    plans = plan_for_all_stages(spec, config, backend_name)
+    return max(plans, key=lambda plan: (plan.total_bytes, -plan.stage))
+
+
+def _ceil(value: int, divisor: int) -> int:
+    return -(-value // divisor)
+
+
+# sizes ----------------------------------------------------------------------------
+_UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 20, "MIB": 2 ** 20, "MB": 10 ** 6,
+          "G": 2 ** 30, "GIB": 2 ** 30, "GB": 10 ** 9, "T": 2 ** 40, "TIB": 2 ** 40, "TB": 10 ** 12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str, option: str = "--device-memory") -> int:
+    """Bytes from '32GiB', '80GB', '24G', '1.5TiB': GiB/MiB/... and the bare
+    letters G/M/K/T are powers of 2; GB/MB/KB/TB are powers of 10; no unit is bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
+                         "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+# hwbench plan ---------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    from hwbench.cli import _Parser
+
+    parser = _Parser(prog="hwbench plan", description="Predict the per-rank peak memory of training layouts and "
+                     "which fit a device (docs/planner.md).")
+    parser.add_argument("--model", help="workload from the catalog (default: the run default)")
+    parser.add_argument("--devices", type=int, default=1, help="devices in the job (default: 1)")
+    parser.add_argument("--device-memory", help="memory of one device: 32GiB, 80GB, 24G (G = GiB)")
+    parser.add_argument("--device-model", help="take the memory from the device catalog, e.g. h100-sxm")
+    parser.add_argument("--backend", choices=BACKENDS,
+                        help="framework overhead of this device kind (default: the device model's, else cuda)")
+    parser.add_argument("--layout", help="one layout TPxPPxDP (e.g. 2x2x2): show every pipeline stage")
+    parser.add_argument("--engine", choices=("native", "deepspeed"), help="only this engine's variants")
+    parser.add_argument("--fsdp", action="store_true", default=None, help="with --layout: FSDP2 (native engine)")
+    parser.add_argument("--zero", type=int, help="with --layout: ZeRO stage 0-3 (deepspeed engine)")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--global-batch-size", type=int)
+    parser.add_argument("--seq-length", type=int)
+    parser.add_argument("--pp-schedule", choices=("1f1b", "gpipe"))
+    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                        help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
+    return parser
+
+
+def _run_options(args: argparse.Namespace) -> list[str]:
+    argv: list[str] = ["--data", "synthetic"]
+    for name in ("model", "precision", "micro_batch_size", "global_batch_size", "seq_length", "pp_schedule"):
+        value = getattr(args, name)
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    if args.recompute is not None:
+        argv.append("--recompute" if args.recompute else "--no-recompute")
+    return argv
+
+
+def _variants(dp: int, tp: int, pp: int, engine: str | None) -> list[tuple[str, list[str]]]:
+    found = []
+    if engine in (None, "native"):
+        found.append(("native", ["--engine", "native"]))
+        if dp > 1:
+            found.append(("native fsdp", ["--engine", "native", "--fsdp"]))
+    if engine in (None, "deepspeed") and tp == 1 and pp == 1:
+        for zero in range(4 if dp > 1 else 1):
+            found.append((f"deepspeed zero{zero}", ["--engine", "deepspeed", "--zero", str(zero)]))
+    return found
+
+
+def _layouts(devices: int) -> list[tuple[int, int, int]]:
+    return [(tp, pp, devices // (tp * pp)) for tp in range(1, devices + 1) for pp in range(1, devices + 1)
+            if devices % (tp * pp) == 0]
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.2f}"
+
+
+def _row(layout: str, variant: str, spec: RunSpec, plan: MemoryPlan, capacity: int, headroom: float) -> list:
+    other = plan.buffers_bytes + plan.gathered_bytes
+    precision = spec.precision + ("+recompute" if spec.recompute else "")
+    return [layout, variant, precision, plan.stage, _gib(plan.weights_bytes),
+            _gib(plan.gradients_bytes), _gib(plan.optimizer_bytes), _gib(plan.activations_bytes),
+            _gib(plan.logits_bytes), _gib(other), _gib(plan.step_transient_bytes), _gib(plan.overhead_bytes),
+            _gib(plan.total_bytes), "yes" if plan.fits(capacity, headroom) else "no"]
+
+
+HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
+           "logits", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
+
+
+def main(argv: Sequence[str]) -> int:
+    """`hwbench plan ...`: print the table; UsageError for bad input."""
+    from tabulate import tabulate
+
+    from hwbench.catalog import load_catalog
+    from hwbench.cli import parse_run_spec
+
+    args = _parser().parse_args(list(argv))
+    catalog = load_catalog()
+    if isinstance(args.devices, bool) or args.devices < 1:
+        raise UsageError(f"--devices {args.devices} is not accepted; give an integer >= 1")
+    if not 0 < args.headroom <= 1:
+        raise UsageError(f"--headroom {args.headroom} is not accepted; give a fraction in (0, 1]")
+    backend = args.backend
+    if args.device_memory is not None:
+        capacity = parse_size(args.device_memory)
+    elif args.device_model is not None:
+        device = catalog.devices.get(args.device_model)
+        if device is None:
+            raise UsageError(f"--device-model {args.device_model!r} is not in the catalog; accepted: "
+                             f"{', '.join(sorted(catalog.devices))}")
+        if device.memory_bytes is None:
+            raise UsageError(f"--device-model {args.device_model} has no fixed memory in the catalog; "
+                             "give --device-memory SIZE")
+        capacity = device.memory_bytes
+        backend = backend or (device.backend if device.backend in OVERHEAD_BYTES else None)
+    else:
+        raise UsageError("hwbench plan needs --device-memory SIZE (e.g. 32GiB) or --device-model NAME "
+                         f"(accepted: {', '.join(sorted(catalog.devices))})")
+    backend = backend or "cuda"
+
+    run_argv = _run_options(args)
+    if args.layout is not None:
+        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", args.layout.strip().lower())
+        if not match or min(int(g) for g in match.groups()) < 1:
+            raise UsageError(f"--layout {args.layout!r} is not a layout; accepted: TPxPPxDP with positive "
+                             "integers, e.g. 2x2x2")
+        tp, pp, dp = (int(g) for g in match.groups())
+        engine = args.engine or ("deepspeed" if args.zero is not None else "native")
+        extra = ["--engine", engine] + (["--fsdp"] if args.fsdp else []) + (
+            ["--zero", str(args.zero)] if args.zero is not None else [])
+        spec = parse_run_spec([*run_argv, *extra, "--nproc-per-node", str(tp * pp * dp), "--tp", str(tp),
+                               "--pp", str(pp), "--dp", str(dp)], check_paths=False)
+        config = catalog.workloads[spec.model].model
+        variant = engine + (" fsdp" if spec.fsdp else "")
+        variant += f" zero{spec.zero_stage}" if engine == "deepspeed" else ""
+        rows = [_row(args.layout, variant, spec, plan, capacity, args.headroom)
+                for plan in plan_for_all_stages(spec, config, backend)]
+        print(tabulate(rows, headers=HEADERS))
+        _print_footer(spec, capacity, args.headroom, backend, plan_memory(spec, config, backend).notes, [])
+        return 0
+
+    rows: list[tuple[int, list]] = []
+    skipped: list[str] = []
+    spec = None
+    for tp, pp, dp in _layouts(args.devices):
+        name = f"{tp}x{pp}x{dp}"
+        base = [*run_argv, "--nproc-per-node", str(args.devices), "--tp", str(tp), "--pp", str(pp)]
+        for variant, extra in _variants(dp, tp, pp, args.engine):
+            try:
+                point = parse_run_spec([*base, *extra], check_paths=False)
+            except UsageError as error:
+                line = f"{name}: {error}"
+                if line not in skipped:  # the same reason for every variant: once
+                    skipped.append(line)
+                continue
+            spec = point
+            config = catalog.workloads[point.model].model
+            plan = plan_memory(point, config, backend)
+            rows.append((plan.total_bytes, _row(name, variant, point, plan, capacity, args.headroom)))
+    rows.sort(key=lambda item: item[0])
+    print(tabulate([row for _, row in rows], headers=HEADERS))
+    _print_footer(spec, capacity, args.headroom, backend, (), skipped)
+    return 0
+
+
+def _print_footer(spec: RunSpec | None, capacity: int, headroom: float, backend: str, notes: Sequence[str],
+                  skipped: list[str]) -> None:
+    print(f"\ndevice memory {capacity / GIB:.2f} GiB; fits: total <= {headroom:g} x that; overhead for {backend}: "
+          f"{OVERHEAD_BYTES[backend] / GIB:.2f} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
+          "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
+    if spec is not None:
+        print(f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
+              f"global batch {spec.global_batch_size}")
+    for note in notes:
+        print(f"note: {note}")
+    for line in skipped:
+        print(f"skipped {line}")

@@ -1,0 +1,202 @@
+"""hwbench.planner against hand-computed bytes (docs/planner.md has the model)."""
+
+import dataclasses
+
+import pytest
+
+from hwbench.cli import parse_run_spec
+from hwbench.errors import UsageError
+from hwbench.planner import (GIB, OVERHEAD_BYTES, activation_bytes_per_layer, fits, main, microbatches_in_flight,
+                             parse_size, plan_for_all_stages, plan_memory, plan_stage, stage_parameters)
+from hwbench.spec import ParallelDims
+from hwbench.workload.config import GPTConfig
+from hwbench.workload.params import count_parameters
+
+# 2 layers, h = 64, 4 heads, 32 positions, vocab 100 -> padded 128 at TP1, 256 at TP2.
+CONFIG = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,
+                   vocab_size=100, make_vocab_size_divisible_by=128)
+# one block at TP1: LN 2*64 + q,k,v 3*(64*64 + 64) + out_proj 64*64 + 64 + LN 2*64
+#                   + fc1 64*256 + 256 + fc2 256*64 + 64
+BLOCK = 128 + 3 * (4096 + 64) + 4096 + 64 + 128 + 16384 + 256 + 16384 + 64
+assert BLOCK == 49_984  # = 12h^2 + 13h
+EMBEDDING = 128 * 64 + 32 * 64  # wte (padded vocab x h) + wpe = 10_240
+LN_F = 2 * 64
+N = EMBEDDING + 2 * BLOCK + LN_F  # 110_336; the output layer is tied to wte
+S, B, H = 16, 2, 64
+SBH = S * B * H  # 2048
+CPU = OVERHEAD_BYTES["cpu"]
+
+
+def spec_for(tp=1, pp=1, dp=1, precision="fp32", recompute=False, engine="native", zero=0, fsdp=False,
+             schedule="1f1b", global_batch=None):
+    base = parse_run_spec(["--model", "tiny", "--data", "synthetic"], check_paths=False)
+    return dataclasses.replace(base, parallel=ParallelDims(tp=tp, pp=pp, dp=dp), precision=precision,
+                               recompute=recompute, engine=engine, zero_stage=zero, fsdp=fsdp, pp_schedule=schedule,
+                               seq_length=S, micro_batch_size=B, global_batch_size=global_batch or B * dp)
+
+
+def test_single_device_fp32_breakdown_by_hand():
+    plan = plan_memory(spec_for(), CONFIG, "cpu")
+    assert plan.parameters == N == count_parameters(CONFIG).total == 110_336
+    assert plan.weights_bytes == 4 * N and plan.gradients_bytes == 4 * N
+    assert plan.optimizer_bytes == 8 * N  # AdamW: two fp32 moments
+    # per layer, fp32 (act = residual = 4 bytes): LN inputs 2*4 + qkv/fc1 inputs 2*4
+    # + (q,k 8 + v 4 + proj in 4 + gelu in 16 + fc2 in 16) = 16 + 48 = 64 bytes per s*b*h
+    assert activation_bytes_per_layer(S, B, H, 1, 4, 4) == SBH * 64 == 131_072
+    head = SBH * (4 + 4)  # final LN input (fp32) + output layer input
+    assert plan.activations_bytes == 2 * SBH * 64 + head == 278_528
+    sv = S * B * 128
+    assert plan.logits_bytes == sv * 4 + sv * (4 + 4) == 49_152  # log-softmax kept; logits + gradient
+    assert plan.buffers_bytes == plan.gathered_bytes == plan.step_transient_bytes == 0
+    assert plan.overhead_bytes == CPU
+    assert plan.total_bytes == 16 * N + 278_528 + 49_152 + CPU
+    assert plan.stage == 0 and plan.microbatches_in_flight == 1
+
+
+def test_autocast_activations_keep_an_fp32_residual_stream():
+    plan = plan_memory(spec_for(precision="bf16"), CONFIG, "cpu")
+    assert plan.weights_bytes == 4 * N and plan.optimizer_bytes == 8 * N  # fp32 weights and states
+    # act 2, residual 4: 2*4 + 2*2 + 12*2 = 36 per s*b*h (Korthikanti's 34 - 2 masks + 4 for fp32 LN inputs)
+    assert plan.activations_bytes == 2 * SBH * 36 + SBH * (4 + 2)
+    # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks)
+    assert activation_bytes_per_layer(S, B, H, 1, 2, 2) == SBH * 32
+    assert activation_bytes_per_layer(S, B, H, 2, 2, 2) == SBH * (8 + 12)
+
+
+def test_tensor_parallel_halves_block_weights_but_not_layernorms():
+    p1, p2 = stage_parameters(CONFIG, 1, 1, 0), stage_parameters(CONFIG, 2, 1, 0)
+    # TP2: (q,k,v,fc1 weights+biases, out_proj/fc2 weights) / 2; 2 LNs (4h) and 2 row biases (2h) whole
+    assert p2.block == (3 * (4096 + 64) + 4096 + 16384 + 256 + 16384) // 2 + 4 * 64 + 2 * 64 == 25_184
+    assert p1.block == BLOCK
+    assert p2.embedding == 256 * 64 // 2 + 32 * 64  # vocab padded to 256 at TP2, split; positions whole
+    plan = plan_memory(spec_for(tp=2), CONFIG, "cpu")
+    assert plan.weights_bytes == 4 * (p2.embedding + 2 * 25_184 + LN_F)
+
+
+def test_pipeline_first_and_last_stage():
+    first, last = (stage_parameters(CONFIG, 1, 2, s) for s in (0, 1))
+    assert first.total == EMBEDDING + BLOCK and first.head == 0
+    assert last.total == BLOCK + LN_F + 128 * 64  # own copy of the tied output weight
+    plans = plan_for_all_stages(spec_for(pp=2, global_batch=4 * B), CONFIG, "cpu")
+    assert [p.logits_bytes > 0 for p in plans] == [False, True]
+    assert plan_memory(spec_for(pp=2, global_batch=4 * B), CONFIG, "cpu").stage == \
+        max(plans, key=lambda p: p.total_bytes).stage
+
+
+def test_in_flight_microbatches_1f1b_vs_gpipe():
+    one_f = spec_for(pp=2, global_batch=4 * B)  # 4 micro-batches
+    gpipe = spec_for(pp=2, global_batch=4 * B, schedule="gpipe")
+    assert [microbatches_in_flight(one_f, s) for s in (0, 1)] == [2, 1]
+    assert [microbatches_in_flight(gpipe, s) for s in (0, 1)] == [4, 4]
+    assert microbatches_in_flight(spec_for(global_batch=4 * B), 0) == 1  # accumulation, no pipeline
+    plan = plan_stage(gpipe, CONFIG, "cpu", 0)
+    assert plan.activations_bytes == 4 * SBH * 64  # one block on stage 0, 4 micro-batches
+    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * SBH * 64
+
+
+def test_recompute_keeps_block_inputs_and_one_block():
+    plan = plan_memory(spec_for(recompute=True), CONFIG, "cpu")
+    assert plan.activations_bytes == 2 * SBH * 4 + SBH * 64 + SBH * 8
+    assert plan.activations_bytes < plan_memory(spec_for(), CONFIG, "cpu").activations_bytes
+
+
+def test_zero_stages_divide_the_right_states():
+    dp = 4
+    z = {k: plan_memory(spec_for(dp=dp, engine="deepspeed", zero=k, precision="fp16"), CONFIG, "cuda")
+         for k in range(4)}
+    # ZeRO paper: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, m, v) bytes per parameter
+    assert (z[0].weights_bytes, z[0].gradients_bytes, z[0].optimizer_bytes) == (2 * N, 2 * N, 12 * N)
+    assert (z[1].weights_bytes, z[1].gradients_bytes, z[1].optimizer_bytes) == (2 * N, 2 * N, 12 * N // dp)
+    assert (z[2].weights_bytes, z[2].gradients_bytes, z[2].optimizer_bytes) == (2 * N, 2 * N // dp, 12 * N // dp)
+    assert (z[3].weights_bytes, z[3].gradients_bytes, z[3].optimizer_bytes) == (2 * N // dp, 2 * N // dp,
+                                                                                12 * N // dp)
+    assert z[3].gathered_bytes > 0 and z[2].gathered_bytes == 0
+    # 16-bit deepspeed activations: everything 2 bytes
+    assert z[0].activations_bytes == 2 * SBH * 32 + SBH * 4
+
+
+def test_fsdp_shards_everything_and_gathers_units():
+    dp = 4
+    plain = plan_memory(spec_for(dp=dp), CONFIG, "cuda")
+    fsdp = plan_memory(spec_for(dp=dp, fsdp=True), CONFIG, "cuda")
+    assert (fsdp.weights_bytes, fsdp.gradients_bytes, fsdp.optimizer_bytes) == (N, N, 2 * N)  # 4N, 4N, 8N / 4
+    assert plain.buffers_bytes == 4 * N  # DDP's gradient buckets
+    # root unit (embeddings + final LN) + 2 blocks (computing, prefetched) + 1 block's gradients, fp32
+    assert fsdp.gathered_bytes == 4 * (EMBEDDING + LN_F + 2 * BLOCK) + 4 * BLOCK
+
+
+def test_flat_gradient_allreduce_is_a_transient_after_backward():
+    plan = plan_memory(spec_for(tp=2, dp=2), CONFIG, "cuda")
+    assert plan.step_transient_bytes == plan.gradients_bytes
+    static = plan.weights_bytes + plan.gradients_bytes + plan.optimizer_bytes + plan.overhead_bytes
+    assert plan.total_bytes == static + max(plan.activations_bytes + plan.logits_bytes, plan.step_transient_bytes)
+
+
+def test_stage_parameters_match_the_real_model():
+    torch = pytest.importorskip("torch")
+    from hwbench.engine.parallelize import cut_pipeline_stage
+    from hwbench.workload.model import GPT
+
+    for stages in (1, 2):
+        for stage in range(stages):
+            with torch.device("meta"):
+                model = cut_pipeline_stage(GPT(CONFIG), stage, stages) if stages > 1 else GPT(CONFIG)
+            real = sum(p.numel() for p in model.parameters())  # tied weights counted once
+            assert real == stage_parameters(CONFIG, 1, stages, stage).total
+
+
+def test_sizes():
+    assert parse_size("32GiB") == 32 * 2 ** 30 and parse_size("24G") == 24 * 2 ** 30
+    assert parse_size("80GB") == 80 * 10 ** 9 and parse_size("1024") == 1024
+    assert fits(plan_memory(spec_for(), CONFIG, "cpu"), GIB) and not fits(plan_memory(spec_for(), CONFIG, "cpu"),
+                                                                              GIB // 2)
+
+
+def _rows(out):
+    return [line.split() for line in out.splitlines() if line[:1].isdigit() and "x" in line.split()[0]]
+
+
+def _variant(row):
+    end = next(i for i, word in enumerate(row) if word.split("+")[0] in ("fp32", "bf16", "fp16"))
+    return " ".join(row[1:end])
+
+
+def test_main_lists_layouts(capsys):
+    assert main(["--model", "1.3b", "--devices", "8", "--device-memory", "32GiB"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert {r[0] for r in rows} >= {"2x2x2", "8x1x1", "1x8x1"}
+    totals = [float(r[-2]) for r in rows]
+    assert totals == sorted(totals)
+
+
+def test_main_marks_what_does_not_fit(capsys):
+    # 3.7B params x 16 bytes (fp32 weights + grads + 2 moments) = 59 GB: no 32 GiB device holds DP8 plain
+    assert main(["--model", "3.7b", "--devices", "8", "--device-memory", "32GiB", "--precision", "fp16",
+                 "--micro-batch-size", "1", "--global-batch-size", "64"]) == 0
+    by_variant = {(r[0], _variant(r)): r[-1] for r in _rows(capsys.readouterr().out)}
+    assert by_variant[("1x1x8", "native")] == "no"
+    assert by_variant[("1x1x8", "deepspeed zero0")] == "no"  # 16 bytes/param as well
+    assert by_variant[("1x1x8", "deepspeed zero3")] == "yes"
+    assert by_variant[("8x1x1", "native")] == "yes"
+
+
+def test_main_one_layout_every_stage(capsys):
+    assert main(["--model", "1.3b", "--layout", "2x2x2", "--device-model", "h100-sxm"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert [r[3] for r in rows] == ["0", "1"]
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--device-memory", "32XB"], "--device-memory"),
+    (["--device-memory", "32GiB", "--layout", "2x2"], "--layout"),
+    (["--device-memory", "32GiB", "--devices", "0"], "--devices"),
+    (["--device-model", "nope"], "--device-model"),
+    (["--device-model", "a100-sxm"], "--device-memory"),
+    ([], "--device-memory"),
+    (["--device-memory", "32GiB", "--backend", "tpu"], "--backend"),
+    (["--device-memory", "32GiB", "--model", "1.3b", "--layout", "3x1x1"], "--tp"),
+])
+def test_bad_input_is_one_line(argv, option):
+    with pytest.raises(UsageError) as error:
+        main(argv)
+    assert option in str(error.value) and "\n" not in str(error.value)

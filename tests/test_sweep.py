@@ -1,0 +1,153 @@
+"""Sweeps: every point recorded whatever happens, resumable, with repeats."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import kill_tree
+import yaml
+
+from hwbench.cli import main
+from hwbench.errors import UsageError
+from hwbench.harness.suite import load_suite
+from hwbench.harness.sweep import throughput_statistics
+from hwbench.results import load_results
+
+FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
+        "telemetry": False, "timeout": 120}
+
+
+def _suite(tmp_path: Path, points: list[dict], name: str = "t", **extra) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "defaults": FAST, "points": points, **extra}, sort_keys=False))
+    return path
+
+
+def _statuses(out: Path, suite: str) -> dict[str, list[str]]:
+    found = {}
+    for point_dir in sorted((out / suite).iterdir()):
+        results, _ = load_results([point_dir])
+        found[point_dir.name] = sorted(r.status for r in results)
+    return found
+
+
+@pytest.mark.slow
+def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys):
+    suite = _suite(tmp_path, [
+        {"name": "good"},
+        {"name": "raises", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:raise"}},
+        {"name": "killed", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:signal"}},
+        {"name": "hangs", "timeout": 15, "env": {"HWBENCH_FAULT": "0:2:hang"}},
+        {"name": "bad-layout", "nproc-per-node": 2, "tp": 3},
+        {"name": "too-big", "model": "3.7b", "seq-length": 32, "micro-batch-size": 1, "global-batch-size": 1},
+        {"name": "good-again", "nproc-per-node": 2},
+    ])
+    out = tmp_path / "out"
+    assert main(["sweep", str(suite), "--out", str(out)]) == 1  # not every point was ok
+    assert _statuses(out, "t") == {
+        "good": ["ok"], "raises": ["failed"], "killed": ["failed"], "hangs": ["timeout"],
+        "bad-layout": ["invalid"], "too-big": ["skipped"], "good-again": ["ok"]}
+    results = {r.sweep["point"]: r for r in load_results([out])[0]}
+    assert results["raises"].error["rank"] == 1 and "InjectedFault" in results["raises"].error["traceback"]
+    assert results["killed"].error["signal"] == "SIGKILL"
+    assert "--tp 3" in results["bad-layout"].error["message"]
+    skipped = results["too-big"].error
+    assert skipped["predicted_peak_bytes"] > skipped["capacity_bytes"]
+    assert results["good"].metrics["samples_per_s"] > 0 and results["good-again"].metrics["world_size"] == 2
+    table = capsys.readouterr().out
+    for name in ("good", "raises", "killed", "hangs", "bad-layout", "too-big", "good-again"):
+        assert name in table
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_sweep_and_the_same_command_resumes(tmp_path):
+    suite = _suite(tmp_path, [{"name": "first"}, {"name": "second", "env": {"HWBENCH_FAULT": "0:2:hang"}},
+                              {"name": "third"}])
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "hwbench", "sweep", str(suite), "--out", str(out)]
+    sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((out / "t" / "second").glob("repeat0.log")):  # the first point is done, the second hangs
+            assert time.monotonic() < deadline and sweep.poll() is None
+            time.sleep(0.5)
+        time.sleep(4)
+        sweep.send_signal(signal.SIGTERM)
+        _, stderr = sweep.communicate(timeout=90)
+    finally:
+        kill_tree(sweep.pid)
+    assert sweep.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    assert "the same command resumes" in stderr
+    assert _statuses(out, "t") == {"first": ["ok"], "second": []}  # nothing half-written for the stopped point
+    first = load_results([out / "t" / "first"])[0][0]
+
+    suite.write_text(suite.read_text().replace("0:2:hang", "none:0:raise").replace("HWBENCH_FAULT", "UNUSED"))
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "first: ok (kept from an earlier sweep" in again.stderr
+    assert _statuses(out, "t") == {"first": ["ok"], "second": ["ok"], "third": ["ok"]}
+    assert load_results([out / "t" / "first"])[0][0].run_id == first.run_id  # not run again
+
+
+@pytest.mark.slow
+def test_repeats_give_distinct_seeds_and_statistics(tmp_path):
+    suite = _suite(tmp_path, [{"name": "p", "seed": 7}])
+    out = tmp_path / "out"
+    assert main(["sweep", str(suite), "--out", str(out), "--repeats", "3", "--quiet"]) == 0
+    aggregate = json.loads((out / "t" / "p" / "aggregate.json").read_text())
+    assert aggregate["seeds"] == [7, 8, 9] and aggregate["ok"] == 3
+    samples = aggregate["samples_per_s"]
+    assert samples["n"] == 3 and samples["ci95_low"] <= samples["mean"] <= samples["ci95_high"]
+    assert samples["olympic_mean"] == pytest.approx(samples["median"])  # 3 values: the middle one
+    assert isinstance(samples["noisy"], bool)
+
+
+def test_throughput_statistics_by_hand():
+    stats = throughput_statistics([10.0, 12.0, 11.0, 30.0])
+    assert stats["median"] == 11.5 and stats["olympic_mean"] == 11.5  # 10 and 30 dropped
+    mean, stdev = 15.75, (sum((x - 15.75) ** 2 for x in (10, 12, 11, 30)) / 3) ** 0.5
+    assert stats["mean"] == mean and stats["stdev"] == pytest.approx(stdev)
+    assert stats["ci95_high"] - mean == pytest.approx(3.182 * stdev / 2)  # t(0.975, df 3) x s / sqrt(4)
+    assert stats["noisy"] is True and stats["cv"] == pytest.approx(stdev / mean)
+
+
+def test_a_grid_expands_to_every_combination(tmp_path):
+    path = _suite(tmp_path, [], grid={"tp": [1, 2], "precision": ["fp32", "bf16"]})
+    suite = load_suite(path)
+    assert [p.name for p in suite.points] == ["tiny-tp1-precision-fp32", "tiny-tp1-precision-bf16",
+                                              "tiny-tp2-precision-fp32", "tiny-tp2-precision-bf16"]
+    assert suite.points[3].run_args()[-4:] == ["--tp", "2", "--precision", "bf16"]
+    assert "--no-telemetry" in suite.points[0].run_args()
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ({"name": "x", "points": [{"out": "elsewhere"}]}, "set by `hwbench sweep`"),
+    ({"name": "x", "pointz": []}, "unknown key(s) pointz"),
+    ({"name": "x"}, "no points"),
+    ({"name": "x", "points": [{"name": "a"}, {"name": "a"}]}, "point names repeat: a"),
+    ({"name": "x", "grid": {"tp": 2}}, "non-empty lists"),
+])
+def test_a_bad_suite_is_one_line_naming_the_file(tmp_path, content, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(content))
+    with pytest.raises(UsageError) as error:
+        load_suite(path)
+    assert fragment in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_shipped_suites_load_and_their_points_validate():
+    from hwbench.cli import parse_run_spec
+    from hwbench.harness.suite import find_suite
+
+    for name in ("smoke", "table2", "table3", "nightly"):
+        suite = load_suite(find_suite(name))
+        for point in suite.points:
+            parse_run_spec(point.run_args(), check_paths=False)  # raises on a bad point
+    table2 = load_suite(find_suite("table2"))
+    assert [p.option("model") for p in table2.points] == ["345m", "1.3b", "2.7b", "3.7b"]
