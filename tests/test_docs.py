@@ -13,7 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
              "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents",
              # documented as "fields as <the top-level object>"
-             "nodes[].environment", "ranks[].telemetry", "engine.config")
+             "nodes[].environment", "ranks[].telemetry", "engine.config", "error.plan")
+
+
+def undocumented(result: dict) -> list[str]:
+    """Key paths of a result that docs/results.md does not name."""
+    doc = (ROOT / "docs" / "results.md").read_text()
+    return sorted({p for p in key_paths(result) if f"`{p}`" not in doc})
 
 
 def key_paths(value, prefix=""):

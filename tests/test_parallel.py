@@ -81,6 +81,9 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, reference, optio
     assert result["nodes"][0]["ranks"] == list(range(tp * pp * dp))
     assert result["metrics"]["straggler"]["rank"] in range(tp * pp * dp)
     _assert_same_curve(result, reference)
+    from test_docs import undocumented
+
+    assert not undocumented(result)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -151,6 +154,9 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback(tmp_path, monkeypat
     assert error["rank"] == 1 and error["signal"] is None
     assert "InjectedFault" in error["traceback"] and "rank 1 raised at step 2" in error["message"]
     assert "InjectedFault" in error["log_tail"]
+    from test_docs import undocumented
+
+    assert not undocumented(result)
     assert [r["last_step"] for r in result["ranks"]] == [1, 1]
 
 

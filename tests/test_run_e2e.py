@@ -108,7 +108,7 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
     path, _ = _only_result(tmp_path)
     data = json.loads(path.read_text())
     assert set(data) == {"schema_version", "run_id", "status", "spec", "workload", "device", "metrics", "steps",
-                         "ranks", "engine", "launch", "environment", "nodes", "error", "warnings", "started_at",
+                         "ranks", "engine", "launch", "environment", "nodes", "sweep", "error", "warnings", "started_at",
                          "finished_at", "hwbench_version"}
     assert data["error"] is None and data["ranks"][0]["rank"] == 0
     assert data["engine"]["name"] == "native" and data["launch"] == {}  # one process: nothing launched

@@ -60,6 +60,10 @@ def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys
     skipped = results["too-big"].error
     assert skipped["predicted_peak_bytes"] > skipped["capacity_bytes"]
     assert results["good"].metrics["samples_per_s"] > 0 and results["good-again"].metrics["world_size"] == 2
+    from test_docs import undocumented
+
+    for result in results.values():
+        assert not undocumented(result.to_dict()), result.sweep["point"]
     table = capsys.readouterr().out
     for name in ("good", "raises", "killed", "hangs", "bad-layout", "too-big", "good-again"):
         assert name in table
