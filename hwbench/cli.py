@@ -105,6 +105,24 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="run points the memory planner predicts will not fit")
     sweep.add_argument("--quiet", action="store_true", help="no line per point")
 
+    tune = commands.add_parser("tune", help="measure layouts of a model on N devices and rank the fastest that fit")
+    tune.add_argument("--model", required=True, help="workload from the catalog")
+    tune.add_argument("--devices", type=int, required=True, help="devices (ranks) on this node")
+    tune.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="device kind (default: auto)")
+    tune.add_argument("--device-memory", help="capacity per device for the planner, e.g. 32GiB (default: the "
+                      "device's own, or the catalog's)")
+    tune.add_argument("--engines", default="native", help="native, deepspeed or native,deepspeed (default: native)")
+    tune.add_argument("--max-trials", type=int, default=8, help="layouts to measure at most (default: 8)")
+    tune.add_argument("--patience", type=int, default=3,
+                      help="stop after this many trials in a row without a 2%% gain (default: 3)")
+    tune.add_argument("--steps", type=int, default=10, help="timed steps per trial (default: 10)")
+    tune.add_argument("--warmup", type=int, default=3, help="warm-up steps per trial (default: 3)")
+    for option in ("--precision", "--seq-length", "--global-batch-size", "--data"):
+        tune.add_argument(option, help="as for `hwbench run`")
+    tune.add_argument("--timeout", type=float, default=600, help="seconds per trial (default: 600)")
+    tune.add_argument("--out", default="results/tune", help="trials go to OUT/<candidate>/ (default: results/tune)")
+    tune.add_argument("--quiet", action="store_true", help="no line per trial")
+
     commands.add_parser("plan", add_help=False,
                         help="predict each rank's peak memory for the layouts of a model (`hwbench plan --help`)")
     commands.add_parser("k8s", add_help=False,
@@ -193,6 +211,56 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hwbench.harness.tune import ranking, tune, write_ranking
+    from hwbench.planner import parse_size
+
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not engines or any(e not in ENGINES for e in engines):
+        raise UsageError(f"--engines {args.engines!r} is not accepted; give native, deepspeed or native,deepspeed")
+    for option, value, minimum in (("--devices", args.devices, 1), ("--max-trials", args.max_trials, 1),
+                                   ("--patience", args.patience, 1), ("--steps", args.steps, 1),
+                                   ("--warmup", args.warmup, 0)):
+        if value < minimum:
+            raise UsageError(f"{option} {value} is not accepted; give an integer >= {minimum}")
+    base = ["--model", args.model, "--device", args.device, "--steps", str(args.steps), "--warmup",
+            str(args.warmup), "--eval-iters", "0", "--no-telemetry", "--timeout", str(args.timeout),
+            "--data", args.data or "synthetic"]
+    for option in ("precision", "seq_length", "global_batch_size"):
+        if getattr(args, option) is not None:
+            base += ["--" + option.replace("_", "-"), getattr(args, option)]
+    parse_run_spec(base, check_paths=False)  # the fixed options must be valid on their own
+    capacity = parse_size(args.device_memory, "--device-memory") if args.device_memory else _device_capacity(args)
+    out = Path(args.out)
+    trials = tune(base, args.devices, out / f"{args.model}-{args.devices}", capacity, engines, args.max_trials,
+                  args.patience, show_progress=not args.quiet)
+    write_ranking(trials, out / f"{args.model}-{args.devices}" / "ranking.json")
+    ranked = ranking(trials)
+    rows = [[i, t.candidate.name, f"{t.samples_per_s:,.2f}", f"{t.samples_per_s / ranked[0].samples_per_s:.0%}",
+             f"{t.predicted_peak_bytes / 2**30:.2f}" if t.predicted_peak_bytes else "-"]
+            for i, t in enumerate(ranked, start=1)]
+    print(tabulate(rows, headers=["rank", "layout", "samples/s", "of best", "predicted GiB/rank"],
+                   disable_numparse=True))
+    counts = {}
+    for t in trials:
+        if not t.samples_per_s:
+            counts[t.status] = counts.get(t.status, 0) + 1
+    print("not ranked: " + (", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none"))
+    print(f"ranking and every trial: {out / f'{args.model}-{args.devices}' / 'ranking.json'}")
+    return 0 if ranked else 1
+
+
+def _device_capacity(args: argparse.Namespace) -> int | None:
+    from hwbench.device import select_backend
+
+    backend = select_backend(args.device)
+    names = backend.device_names()
+    entry = load_catalog().match_device(backend.name, names[0] if names else "")
+    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+
+
 def _cmd_parity(args: argparse.Namespace) -> int:
     from hwbench.report.parity import DEFAULT_TOLERANCE, compare_runs, format_report
     from hwbench.results import ResultFormatError, load_result
@@ -249,7 +317,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 # `run`, `k8s` and `plan` are dispatched in main(): they need the raw arguments.
-COMMANDS = {"sweep": _cmd_sweep, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
+COMMANDS = {"sweep": _cmd_sweep, "tune": _cmd_tune, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -170,6 +170,7 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path, monkeypatc
 def test_a_rank_out_of_memory_gives_status_oom(tmp_path, monkeypatch):
     code, result = _faulty_run(tmp_path, monkeypatch, "0:2:oom")
     assert code == 1 and result["status"] == "oom" and result["error"]["rank"] == 0
+    assert result["error"]["requested_bytes"] == 2 * 2**30 and result["error"]["free_bytes"] == 512 * 2**20
 
 
 def test_a_hung_rank_ends_in_timeout_with_every_ranks_last_step(tmp_path, monkeypatch):

@@ -69,3 +69,15 @@ def test_the_straggler_is_the_rank_with_the_slowest_median_step():
     slow = straggler(reports)
     assert slow["rank"] == 1 and slow["ratio"] == pytest.approx(1.5 / 1.0)
     assert straggler(reports[:1]) is None
+
+
+def test_oom_figures_are_read_from_the_cuda_and_npu_allocator_messages():
+    from hwbench.device.base import oom_figures
+
+    cuda = ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.10 GiB of which "
+            "3.56 MiB is free. Process 1 has 79.09 GiB memory in use.")
+    assert oom_figures(cuda) == {"requested_bytes": 20 * 2**20, "free_bytes": int(3.56 * 2**20)}
+    npu = ("NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 60.97 GiB total capacity; 57.28 GiB already "
+           "allocated; 57.28 GiB current active; 1.23 GiB free; 58.00 GiB reserved in total by PyTorch)")
+    assert oom_figures(npu) == {"requested_bytes": 2 * 2**30, "free_bytes": int(1.23 * 2**30)}
+    assert oom_figures("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes") == {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import re
 import dataclasses
 import time
 from typing import Any, Iterator
@@ -71,6 +72,25 @@ class EventTimer(StepTimer):
 
     def intervals_s(self) -> list[float]:
         return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
+
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_REQUESTED = re.compile(r"Tried to allocate ([\d.]+) ?([KMGT]i?B|B)")
+_FREE = re.compile(r"([\d.]+) ?([KMGT]i?B|B) (?:is )?free")
+
+
+def oom_figures(message: str) -> dict[str, int]:
+    """The bytes an out-of-memory error asked for and the bytes the device had
+    free, from the allocator's message (CUDA: "Tried to allocate 2.00 GiB. GPU 0
+    has a total capacity of 79.10 GiB of which 1.23 GiB is free"; torch_npu:
+    "Tried to allocate 2.00 GiB (NPU 0; ...; 1.23 GiB free; ...)"). Only what
+    the message says; an empty dict when it says neither."""
+    figures = {}
+    for key, pattern in (("requested_bytes", _REQUESTED), ("free_bytes", _FREE)):
+        match = pattern.search(message)
+        if match:
+            figures[key] = int(float(match.group(1)) * _UNITS[match.group(2)])
+    return figures
 
 
 class Backend(abc.ABC):

@@ -56,7 +56,10 @@ class Fault:
         if self.kind == "raise":
             raise InjectedFault(f"injected fault: rank {rank} raised at step {step}")
         if self.kind == "oom":
-            raise MemoryError(f"injected fault: rank {rank} out of memory at step {step}")
+            # worded as the CUDA allocator words it, so the figures it carries are read as a real one's
+            raise MemoryError(f"injected fault: rank {rank} out of memory at step {step}. "
+                              "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 8.00 GiB of which "
+                              "512.00 MiB is free.")
         if self.kind == "signal":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # hang: never return, as a rank stuck in a collective would

@@ -34,6 +34,7 @@ from typing import Any
 
 from hwbench.catalog import Catalog
 from hwbench.device import Backend
+from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import RUN_DIR_ENV, read_heartbeats
@@ -325,4 +326,6 @@ def _describe_rank_failure(failures: list[dict[str, Any]], beats: dict[int, dict
     error = {"type": "RankFailed", "log_tail": None, "rank": first["rank"], "local_rank": first.get("local_rank"),
              "exitcode": first.get("exitcode"), "signal": first.get("signal"), "message": message,
              "traceback": trace, "failed_ranks": [f["rank"] for f in failures]}
+    if status == "oom":
+        error.update(oom_figures(message))
     return status, error

@@ -20,6 +20,7 @@ import torch
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, select_backend
+from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
@@ -159,9 +160,12 @@ def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[
     else:
         status = "oom" if backend.is_out_of_memory(error) else "failed"
     text = str(error).strip()
-    return {"status": status, "type": type(error).__name__,
-            "message": text.splitlines()[0] if text else type(error).__name__,
-            "traceback": traceback.format_exc(), "rank": rank}
+    failure = {"status": status, "type": type(error).__name__,
+               "message": text.splitlines()[0] if text else type(error).__name__,
+               "traceback": traceback.format_exc(), "rank": rank}
+    if status == "oom":
+        failure.update(oom_figures(text))  # requested_bytes, free_bytes: what the allocator said
+    return failure
 
 
 def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
