@@ -123,6 +123,13 @@ def _build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default="results/tune", help="trials go to OUT/<candidate>/ (default: results/tune)")
     tune.add_argument("--quiet", action="store_true", help="no line per trial")
 
+    commands.add_parser("report", add_help=False,
+                        help="tables, plots and one HTML page from result files, beside the published tables "
+                             "(`hwbench report --help`)")
+    commands.add_parser("compare", add_help=False,
+                        help="compare two sets of results; exit 3 on a significant regression (`hwbench compare --help`)")
+    commands.add_parser("system", add_help=False,
+                        help="an MLPerf-style system description of the machine a result ran on")
     commands.add_parser("plan", add_help=False,
                         help="predict each rank's peak memory for the layouts of a model (`hwbench plan --help`)")
     commands.add_parser("k8s", add_help=False,
@@ -316,7 +323,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-# `run`, `k8s` and `plan` are dispatched in main(): they need the raw arguments.
+# `run`, `k8s`, `plan`, `report`, `compare` and `system` are dispatched in main(): they need the raw arguments.
 COMMANDS = {"sweep": _cmd_sweep, "tune": _cmd_tune, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
@@ -331,6 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hwbench import planner
 
             return planner.main(raw[1:])
+        if raw[:1] == ["report"]:
+            from hwbench.report import report
+
+            return report.main(raw[1:])
+        if raw[:1] == ["compare"]:
+            from hwbench.report import compare
+
+            return compare.main(raw[1:])
+        if raw[:1] == ["system"]:
+            from hwbench.report import system
+
+            return system.main(raw[1:])
         args = _build_parser().parse_args(raw)
         if args.command == "run":  # the launcher passes the same options on to every rank
             return _cmd_run(args, raw[raw.index("run") + 1:])

@@ -1,0 +1,432 @@
+"""`hwbench compare BASELINE CURRENT`: did performance change between two sets of results?
+
+BASELINE and CURRENT are result files or folders (searched recursively). Results are
+grouped into points by the spec fields that define what was measured (``point_key``);
+the results of one point on one side (the repeats of a sweep, or several nights in a
+folder) form a sample. For every point on both sides the change of the median figure
+is tested:
+
+- a change counts only when it is larger than ``--threshold`` AND significant (asv's rule);
+- significant: Mann-Whitney U two-sided p < 0.05, or, with 3 or more values on each side,
+  complete separation (every current value beyond every baseline value, U = 0 or U = n1 x n2).
+  With 3 repeats each the smallest exact two-sided p is 0.1, so the test alone could never
+  flag anything; complete separation of 3 vs 3 happens by chance with probability 2/20 = 10%
+  in either direction, 5% in the bad one, and the threshold must be passed as well;
+- with a single value on a side only the threshold applies ("no repeats: threshold only");
+- a point that is ok in the baseline and has no ok result in the current set is a regression.
+
+Exit status: 3 on any regression, 0 otherwise, 2 on unusable input (UsageError).
+docs/compare.md has the rules in full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from tabulate import tabulate
+
+from hwbench.errors import UsageError
+from hwbench.results import RunResult, load_results
+
+ALPHA = 0.05
+SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
+EXACT_LIMIT = 20000  # enumerate the exact U distribution when C(n1 + n2, n1) is at most this
+DEFAULT_THRESHOLD = 0.05
+REGRESSION_EXIT = 3
+
+# metric name -> (how to read it from result.metrics, higher is better)
+METRICS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "tokens_per_s": (("tokens_per_s",), True),
+    "samples_per_s": (("samples_per_s",), True),
+    "tflops_per_device": (("tflops_per_device",), True),
+    "mfu": (("mfu",), True),
+    "step_time_median": (("step_time_s", "median"), False),
+    "peak_memory": (("memory", "peak_reserved_bytes"), False),
+}
+
+# Environment fields whose difference makes two results hard to compare.
+ENV_FIELDS = ("torch_version", "driver_version", "cuda_version", "cann_version", "torch_npu_version",
+              "nccl_version", "hccl_version", "deepspeed_version", "hwbench_version")
+
+# The point key, in order: (name, how to read it). Seed, out_dir, launch ports and
+# timeouts, telemetry and evaluation settings are deliberately not part of it.
+KEY_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size", "global_batch_size",
+              "seq_length", "recompute", "compile", "tp", "pp", "dp", "nnodes", "engine", "zero_stage", "fsdp",
+              "pp_schedule", "data", "steps")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"hwbench compare: {message}")
+
+
+def parse_threshold(text: str) -> float:
+    """``5%`` or ``0.05`` -> 0.05; anything else is a UsageError."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise UsageError(f"--threshold {text!r}: not a number; give a percentage (5%) or a fraction (0.05)") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"--threshold {text!r}: must be 0 or more; give a percentage (5%) or a fraction (0.05)")
+    if value >= 1:
+        raise UsageError(f"--threshold {text!r}: must be below 100%; give a percentage (5%) or a fraction "
+                         "below 1 (0.05)")
+    return value
+
+
+# --- Mann-Whitney U ----------------------------------------------------------
+
+
+def _midranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
+    """(U of x, two-sided p, method). U counts the pairs where x beats y (a tie counts
+    1/2): 0 when every x is below every y, n1 x n2 when every x is above. Exact (all
+    C(n1 + n2, n1) assignments of the pooled midranks, so ties are handled) when that
+    number is at most EXACT_LIMIT; else the normal approximation with tie and
+    continuity correction."""
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        raise ValueError("both samples need at least one value")
+    pooled = list(x) + list(y)
+    ranks = _midranks(pooled)
+    offset = n1 * (n1 + 1) / 2
+    u = sum(ranks[:n1]) - offset
+    mean = n1 * n2 / 2
+    distance = abs(u - mean)
+    if math.comb(n1 + n2, n1) <= EXACT_LIMIT:
+        total = extreme = 0
+        for chosen in itertools.combinations(ranks, n1):
+            total += 1
+            if abs(sum(chosen) - offset - mean) >= distance - 1e-9:
+                extreme += 1
+        return u, min(1.0, extreme / total), "exact"
+    n = n1 + n2
+    ties = defaultdict(int)
+    for value in pooled:
+        ties[value] += 1
+    tie_term = sum(t ** 3 - t for t in ties.values()) / (n * (n - 1))
+    variance = n1 * n2 / 12 * ((n + 1) - tie_term)
+    if variance <= 0:
+        return u, 1.0, "normal"
+    z = max(0.0, distance - 0.5) / math.sqrt(variance)
+    return u, min(1.0, math.erfc(z / math.sqrt(2))), "normal"
+
+
+# --- points ------------------------------------------------------------------
+
+
+def _data_kind(data: Any) -> Any:
+    if data in (None, "builtin", "synthetic"):
+        return data
+    return f"megatron:{Path(str(data)).name}"  # the dataset, not where this machine keeps it
+
+
+def point_key(result: RunResult) -> tuple | None:
+    """The fields that define a benchmark point (KEY_FIELDS), or None when the result
+    has no resolved spec (a sweep's record of a point `hwbench run` refused)."""
+    spec = result.spec or {}
+    if "model" not in spec:
+        return None
+    parallel = spec.get("parallel") or {}
+    launch = spec.get("launch") or {}
+    device = result.device or {}
+    models = (result.environment or {}).get("device_models") or [None]
+    pp = parallel.get("pp", 1)
+    values = {
+        "model": spec.get("model"),
+        "backend": device.get("backend") or (result.environment or {}).get("backend") or spec.get("device"),
+        "device_model": device.get("device_model") or models[0],
+        "precision": spec.get("precision"),
+        "micro_batch_size": spec.get("micro_batch_size"),
+        "global_batch_size": spec.get("global_batch_size"),
+        "seq_length": spec.get("seq_length"),
+        "recompute": spec.get("recompute"),
+        "compile": spec.get("compile"),
+        "tp": parallel.get("tp", 1),
+        "pp": pp,
+        "dp": parallel.get("dp", 1),
+        "nnodes": launch.get("nnodes", 1),
+        "engine": spec.get("engine", "native"),
+        "zero_stage": spec.get("zero_stage", 0),
+        "fsdp": spec.get("fsdp", False),
+        "pp_schedule": spec.get("pp_schedule") if (pp or 1) > 1 else None,  # unused without pipelining
+        "data": _data_kind(spec.get("data")),
+        "steps": spec.get("steps"),
+    }
+    return tuple(values[name] for name in KEY_FIELDS)
+
+
+def _sweep_point(result: RunResult) -> tuple | None:
+    sweep = result.sweep or {}
+    return (sweep.get("suite"), sweep.get("point")) if sweep.get("point") else None
+
+
+def point_label(key: tuple, names: set) -> str:
+    values = dict(zip(KEY_FIELDS, key))
+    text = (f"{values['model']} {values['backend']} {values['precision']} mb{values['micro_batch_size']} "
+            f"gb{values['global_batch_size']} s{values['seq_length']}")
+    layout = f" tp{values['tp']}pp{values['pp']}dp{values['dp']}"
+    if (values["tp"], values["pp"], values["dp"]) != (1, 1, 1):
+        text += layout
+    if values["recompute"]:
+        text += " recompute"
+    if values["compile"]:
+        text += " compile"
+    if values["engine"] != "native":
+        text += f" {values['engine']} zero{values['zero_stage']}"
+    if values["fsdp"]:
+        text += " fsdp"
+    named = sorted(f"{suite}/{point}" if suite else str(point) for suite, point in names)
+    return (", ".join(named) + f" ({text})") if named else text
+
+
+def group(results: list[RunResult]) -> tuple[dict[tuple, list[RunResult]], dict[tuple, set], list[RunResult]]:
+    """Results by point key; the sweep point names seen for each key; results without a
+    key that no sweep point name could place."""
+    by_key: dict[tuple, list[RunResult]] = defaultdict(list)
+    names: dict[tuple, set] = defaultdict(set)
+    keyless = []
+    for result in results:
+        key = point_key(result)
+        if key is None:
+            keyless.append(result)
+            continue
+        by_key[key].append(result)
+        if _sweep_point(result):
+            names[key].add(_sweep_point(result))
+    return by_key, names, keyless
+
+
+def _place_keyless(keyless: list[RunResult], names: dict[tuple, set], by_key: dict[tuple, list[RunResult]]):
+    """A sweep's own record of a point without a resolved spec (timeout, invalid) joins
+    the key that results of the same sweep point have (on either side)."""
+    unplaced = []
+    for result in keyless:
+        point = _sweep_point(result)
+        owners = [key for key, seen in names.items() if point and point in seen]
+        if len(owners) == 1:
+            by_key[owners[0]].append(result)
+        else:
+            unplaced.append(result)
+    return unplaced
+
+
+def metric_value(result: RunResult, metric: str) -> float | None:
+    value: Any = result.metrics or {}
+    for part in METRICS[metric][0]:
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+# --- comparison --------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PointComparison:
+    key: tuple
+    label: str
+    baseline: list[float]
+    current: list[float]
+    baseline_statuses: list[str]
+    current_statuses: list[str]
+    change: float | None = None
+    p: float | None = None
+    u: float | None = None
+    rule: str = ""
+    verdict: str = ""
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict.startswith("regression")
+
+
+def compare_point(comparison: PointComparison, threshold: float, higher_is_better: bool) -> PointComparison:
+    base, cur = comparison.baseline, comparison.current
+    if not cur and base:
+        bad = sorted(set(s for s in comparison.current_statuses if s != "ok")) or ["no figure"]
+        comparison.verdict = f"regression: {'/'.join(bad)} in current"
+        comparison.rule = "ok in baseline, not in current"
+        return comparison
+    if not base:
+        comparison.verdict = "no baseline figure" if cur else "no figure on either side"
+        comparison.rule = "statuses: " + "/".join(sorted(set(comparison.baseline_statuses)))
+        return comparison
+    base_median, cur_median = statistics.median(base), statistics.median(cur)
+    if base_median == 0:
+        comparison.verdict, comparison.rule = "no figure", "baseline median is 0"
+        return comparison
+    change = (cur_median - base_median) / abs(base_median)
+    comparison.change = change
+    worse = -change if higher_is_better else change  # > 0: worse by that fraction
+    beyond = abs(change) > threshold
+    if len(base) < 2 or len(cur) < 2:
+        comparison.rule = "no repeats: threshold only"
+        significant = True
+    else:
+        u, p, method = mann_whitney_u(base, cur)
+        comparison.u, comparison.p = u, p
+        separated = u in (0, len(base) * len(cur))
+        comparison.rule = f"p={p:.3g} ({method} U={u:g})"
+        significant = p < ALPHA
+        if not significant and separated and min(len(base), len(cur)) >= SEPARATION_MIN_N:
+            significant = True
+            comparison.rule += ", separated"
+    if beyond and significant:
+        comparison.verdict = "regression" if worse > 0 else "improvement"
+    elif comparison.rule.startswith("no repeats"):
+        comparison.verdict = "no repeats"
+    else:
+        comparison.verdict = "within noise"
+    return comparison
+
+
+def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[str]:
+    """One line per fingerprint field whose values differ between the two sides."""
+    lines = []
+
+    def values(results: list[RunResult], field: str) -> set:
+        found = set()
+        for result in results:
+            env = result.environment or {}
+            if field == "device_model":
+                value = (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])
+            else:
+                value = env.get(field)
+            if env or result.device:
+                found.add(value if value is None else str(value))
+        return found
+
+    for field in ("device_model",) + ENV_FIELDS:
+        a, b = values(base, field), values(cur, field)
+        if a and b and a != b:
+            show = lambda s: ", ".join(sorted(map(str, s)))  # noqa: E731
+            lines.append(f"environments differ: {field} {show(a)} (baseline) vs {show(b)} (current)")
+    return lines
+
+
+def _load_side(name: str, path: str) -> list[RunResult]:
+    if not Path(path).exists():
+        raise UsageError(f"{name} {path!r}: no such file or folder; give a result file or a folder of them")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unreadable files are counted below
+        results, skipped = load_results([path])
+    if not results:
+        extra = f" ({len(skipped)} unreadable: {skipped[0][1]})" if skipped else ""
+        raise UsageError(f"{name} {path!r}: no hwbench result files found{extra}; give a result file or a folder "
+                         "of them")
+    return results
+
+
+def compare(baseline: list[RunResult], current: list[RunResult], threshold: float = DEFAULT_THRESHOLD,
+            metric: str = "tokens_per_s") -> dict[str, Any]:
+    """The comparison as data: points compared, points on one side only, warnings."""
+    higher = METRICS[metric][1]
+    base_by, base_names, base_keyless = group(baseline)
+    cur_by, cur_names, cur_keyless = group(current)
+    names: dict[tuple, set] = defaultdict(set)
+    for mapping in (base_names, cur_names):
+        for key, seen in mapping.items():
+            names[key] |= seen
+    unplaced = _place_keyless(base_keyless, names, base_by) + _place_keyless(cur_keyless, names, cur_by)
+    common = [key for key in base_by if key in cur_by]
+    points = []
+    for key in sorted(common, key=lambda k: point_label(k, names[k])):
+        b, c = base_by[key], cur_by[key]
+        comparison = PointComparison(
+            key=key, label=point_label(key, names[key]),
+            baseline=[v for r in b if r.status == "ok" and (v := metric_value(r, metric)) is not None],
+            current=[v for r in c if r.status == "ok" and (v := metric_value(r, metric)) is not None],
+            baseline_statuses=[r.status for r in b], current_statuses=[r.status for r in c])
+        points.append(compare_point(comparison, threshold, higher))
+    matched_base = [r for k in common for r in base_by[k]]
+    matched_cur = [r for k in common for r in cur_by[k]]
+    return {
+        "metric": metric, "higher_is_better": higher, "threshold": threshold, "points": points,
+        "only_baseline": [point_label(k, names[k]) for k in base_by if k not in cur_by],
+        "only_current": [point_label(k, names[k]) for k in cur_by if k not in base_by],
+        "unplaced": [r.run_id for r in unplaced],
+        "warnings": environment_warnings(matched_base, matched_cur),
+    }
+
+
+def _figure(values: list[float], statuses: list[str]) -> str:
+    if not values:
+        return "- (" + "/".join(sorted(set(statuses))) + ")"
+    median = statistics.median(values)
+    text = f"{median:.4g}" if abs(median) < 1e6 else f"{median:.4e}"
+    failed = len(statuses) - len(values)
+    return f"{text} (n={len(values)}" + (f", {failed} not ok" if failed else "") + ")"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    direction = "higher is better" if report["higher_is_better"] else "lower is better"
+    lines = [f"metric {report['metric']} ({direction}), threshold {report['threshold'] * 100:g}%, "
+             f"significance: Mann-Whitney U p<{ALPHA:g} or complete separation with >={SEPARATION_MIN_N} "
+             "values a side", ""]
+    rows = [[p.label, _figure(p.baseline, p.baseline_statuses), _figure(p.current, p.current_statuses),
+             "-" if p.change is None else f"{p.change * 100:+.2f}%", p.rule, p.verdict] for p in report["points"]]
+    lines.append(tabulate(rows, headers=["point", "baseline median (n)", "current median (n)", "change",
+                                         "p or rule", "verdict"]))
+    for title, entries in (("only in baseline", report["only_baseline"]), ("only in current", report["only_current"]),
+                           ("results without a spec that no point could take", report["unplaced"])):
+        if entries:
+            lines += ["", f"{title}:"] + [f"  {entry}" for entry in entries]
+    regressions = sum(p.regression for p in report["points"])
+    improvements = sum(p.verdict == "improvement" for p in report["points"])
+    lines += ["", f"{len(report['points'])} points compared: {regressions} regression(s), "
+                  f"{improvements} improvement(s)"]
+    return "\n".join(lines)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hwbench compare", description="Compare two sets of results point by point; exit 3 when "
+                     "a point regressed by more than the threshold and significantly (docs/compare.md).")
+    parser.add_argument("baseline", metavar="BASELINE", help="result file or folder (searched recursively)")
+    parser.add_argument("current", metavar="CURRENT", help="result file or folder (searched recursively)")
+    parser.add_argument("--threshold", default="5%", help="smallest change that counts: 5%% or 0.05 (default: 5%%)")
+    parser.add_argument("--metric", default="tokens_per_s", choices=tuple(METRICS),
+                        help="figure to compare (default: tokens_per_s)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    threshold = parse_threshold(args.threshold)
+    baseline = _load_side("BASELINE", args.baseline)
+    current = _load_side("CURRENT", args.current)
+    report = compare(baseline, current, threshold, args.metric)
+    if not report["points"]:
+        raise UsageError(f"no point in common between BASELINE {args.baseline!r} ({len(report['only_baseline'])} "
+                         f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points); points match "
+                         "on model, device, precision, batch, sequence, layout, engine, data and steps")
+    for line in report["warnings"]:
+        print(f"hwbench compare: warning: {line}", file=sys.stderr)
+    print(format_report(report))
+    return REGRESSION_EXIT if any(p.regression for p in report["points"]) else 0

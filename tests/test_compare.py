@@ -1,0 +1,307 @@
+"""`hwbench compare` and `hwbench system`: fast, no training.
+
+tests/data/compare/tiny-cpu.json is one real result (`hwbench run --quiet --model tiny
+--steps 2 --warmup 1 --eval-iters 0`); the tests write modified copies of it (other
+throughput, seed, status, environment) into tmp_path.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main as cli_main
+from hwbench.errors import UsageError
+from hwbench.report import compare, system
+from hwbench.results import RunResult, load_result, write_result
+
+TEMPLATE = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
+
+
+def template() -> dict:
+    return json.loads(TEMPLATE.read_text())
+
+
+def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: str = "ok", env: dict | None = None,
+          spec: dict | None = None, point: str | None = "one-rank") -> Path:
+    """One result per value in ``tokens`` (repeats with seeds start_seed, +1, ...)."""
+    for repeat, value in enumerate(tokens):
+        data = template()
+        data["run_id"] = f"{folder.name}-{data['spec']['model']}-{repeat}-{value}-{status}".replace(".", "_")
+        data["spec"]["seed"] = start_seed + repeat
+        data["spec"].update(spec or {})
+        data["environment"].update(env or {})
+        data["status"] = status
+        if status == "ok":
+            seq = data["spec"]["seq_length"]
+            data["metrics"]["tokens_per_s"] = value
+            data["metrics"]["samples_per_s"] = value / seq
+            data["metrics"]["step_time_s"]["median"] = data["spec"]["global_batch_size"] * seq / value
+        else:
+            data["metrics"], data["steps"] = {}, []
+            data["error"] = {"type": "RuntimeError", "message": "boom", "traceback": None, "rank": 0}
+        if point:
+            data["sweep"] = {"suite": "nightly", "suite_path": "x", "point": point, "repeat": repeat,
+                             "repeats": len(tokens), "key": f"k{repeat}"}
+        write_result(RunResult.from_dict(data), folder)
+    return folder
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = compare.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def verdicts(out: str) -> str:
+    return out.split("\n\n")[1]  # the table
+
+
+def test_template_is_a_real_result():
+    result = load_result(TEMPLATE)
+    assert result.status == "ok" and result.metrics["tokens_per_s"] > 0 and result.environment["torch_version"]
+
+
+# --- Mann-Whitney U against hand-computed values ------------------------------
+
+
+def test_mann_whitney_exact_separated_3v3():
+    # U = 0; the exact null distribution of U for 3 vs 3 has 20 equally likely
+    # assignments, one with U = 0 and one with U = 9: p = 2/20.
+    u, p, method = compare.mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert (u, method) == (0, "exact") and p == pytest.approx(0.1)
+    u, p, _ = compare.mann_whitney_u([4, 5, 6], [1, 2, 3])
+    assert u == 9 and p == pytest.approx(0.1)
+
+
+def test_mann_whitney_exact_interleaved():
+    # x ranks 1, 3, 5: R = 9, U = 9 - 6 = 3, mean 4.5. Counts of U = 0..9 for 3 vs 3 are
+    # 1 1 2 3 3 3 3 2 1 1; |U - 4.5| >= 1.5 covers U <= 3 and U >= 6: 14/20.
+    u, p, _ = compare.mann_whitney_u([1, 3, 5], [2, 4, 6])
+    assert u == 3 and p == pytest.approx(0.7)
+
+
+def test_mann_whitney_exact_with_ties():
+    # pooled 1 2 2 3 -> midranks 1, 2.5, 2.5, 4; x = [1, 2]: R = 3.5, U = 3.5 - 3 = 0.5,
+    # mean 2. The 6 assignments of 2 ranks to x have rank sums 3.5, 3.5, 5, 5, 6.5, 6.5,
+    # so U = 0.5, 0.5, 2, 2, 3.5, 3.5; |U - 2| >= 1.5 for 4 of them: p = 4/6.
+    u, p, _ = compare.mann_whitney_u([1, 2], [2, 3])
+    assert u == 0.5 and p == pytest.approx(4 / 6)
+
+
+def test_mann_whitney_normal_approximation():
+    # 10 vs 10 completely separated: U = 0, mean 50, variance 10*10*21/12 = 175,
+    # z = (50 - 0.5) / sqrt(175), p = erfc(z / sqrt 2).
+    u, p, method = compare.mann_whitney_u(list(range(1, 11)), list(range(11, 21)))
+    assert (u, method) == (0, "normal")
+    assert p == pytest.approx(math.erfc(49.5 / math.sqrt(175) / math.sqrt(2)))
+    assert p == pytest.approx(1.83e-4, rel=0.01)
+
+
+def test_mann_whitney_all_tied():
+    assert compare.mann_whitney_u([5, 5, 5], [5, 5, 5])[1] == 1.0
+
+
+# --- thresholds ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,value", [("5%", 0.05), ("0.05", 0.05), ("2.5%", 0.025), ("0", 0.0)])
+def test_threshold_forms(text, value):
+    assert compare.parse_threshold(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["abc", "-5%", "-0.1", "5", "150%", "nan"])
+def test_bad_threshold_is_a_usage_error(tmp_path, text):
+    base = write(tmp_path / "base", [100.0])
+    with pytest.raises(UsageError, match="--threshold"):
+        compare.main([str(base), str(base), "--threshold", text])
+
+
+# --- verdicts ------------------------------------------------------------------
+
+
+def test_planted_10_percent_regression_with_3_repeats(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [900.0, 905.0, 898.0], start_seed=2000)
+    code, out, _ = run(capsys, base, cur, "--threshold", "5%")
+    assert code == 3
+    table = verdicts(out)
+    assert "regression" in table and "separated" in table and "-10." in table
+    assert "nightly/one-rank" in table and "(n=3)" in table
+
+
+def test_two_percent_change_is_within_noise(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1030.0, 980.0])
+    cur = write(tmp_path / "cur", [990.0, 1000.0, 970.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "within noise" in verdicts(out)
+
+
+def test_separated_but_below_threshold_is_within_noise(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1001.0, 1002.0])
+    cur = write(tmp_path / "cur", [980.0, 981.0, 982.0])
+    code, out, _ = run(capsys, base, cur, "--threshold", "0.05")
+    assert code == 0 and "within noise" in verdicts(out)
+
+
+def test_large_but_noisy_change_is_within_noise(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 700.0, 1300.0])
+    cur = write(tmp_path / "cur", [800.0, 1250.0, 650.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "within noise" in verdicts(out)
+
+
+def test_improvement(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1100.0, 1120.0, 1105.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "improvement" in verdicts(out) and "1 improvement(s)" in out
+
+
+def test_lower_is_better_metric(tmp_path, capsys):
+    # tokens/s down 10% -> step time up 11%: a regression in step_time_median too
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [900.0, 905.0, 898.0])
+    code, out, _ = run(capsys, base, cur, "--metric", "step_time_median")
+    assert code == 3 and "lower is better" in out and "+11." in verdicts(out)
+
+
+def test_single_values_use_the_threshold_only(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0])
+    same = write(tmp_path / "same", [980.0])
+    code, out, _ = run(capsys, base, same)
+    assert code == 0 and "no repeats: threshold only" in out and "no repeats" in verdicts(out).splitlines()[-1]
+    slow = write(tmp_path / "slow", [900.0, 905.0, 898.0])  # 3 values here, 1 there: still threshold only
+    code, out, _ = run(capsys, base, slow)
+    assert code == 3 and "no repeats: threshold only" in out and "regression" in verdicts(out)
+
+
+def test_failed_in_current_is_a_regression(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [0.0, 0.0], status="failed")
+    code, out, _ = run(capsys, base, cur)
+    assert code == 3 and "regression: failed in current" in verdicts(out)
+
+
+def test_sweep_record_without_spec_joins_its_point(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = tmp_path / "cur"
+    data = template()
+    record = {"run_id": "x-one-rank-sweep-abc", "status": "timeout", "spec": {"run_args": ["--model", "tiny"]},
+              "sweep": {"suite": "nightly", "point": "one-rank", "repeat": 0, "repeats": 1, "key": "k"},
+              "environment": {}, "hwbench_version": data["hwbench_version"]}
+    write_result(RunResult.from_dict(record), cur)
+    code, out, _ = run(capsys, base, cur)
+    assert code == 3 and "regression: timeout in current" in verdicts(out)
+
+
+def test_environment_difference_is_warned(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1001.0, 1009.0, 996.0], env={"torch_version": "2.14.0+cpu"})
+    code, _, err = run(capsys, base, cur)
+    assert code == 0
+    assert "warning: environments differ: torch_version 2.13.0+cpu (baseline) vs 2.14.0+cpu (current)" in err
+
+
+def test_points_only_on_one_side_are_listed(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0])
+    write(tmp_path / "base", [500.0], spec={"precision": "bf16"}, point="bf16")
+    cur = write(tmp_path / "cur", [1000.0])
+    write(tmp_path / "cur", [400.0], spec={"seq_length": 64}, point="short")
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0
+    assert "only in baseline:\n  nightly/bf16" in out and "only in current:\n  nightly/short" in out
+
+
+def test_seed_out_dir_and_port_do_not_split_points(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0], spec={"out_dir": "/a"})
+    data = template()
+    launch = dict(data["spec"]["launch"], master_port=29500, timeout_s=60.0)
+    cur = write(tmp_path / "cur", [1000.0], start_seed=9, spec={"out_dir": "/b", "launch": launch}, point=None)
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "1 points compared" in out and "only in" not in out
+
+
+def test_compare_through_the_cli(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [900.0, 905.0, 898.0])
+    assert cli_main(["compare", str(base), str(cur)]) == 3
+    assert cli_main(["compare", str(base), str(cur), "--threshold", "abc"]) == 2
+    assert "--threshold 'abc'" in capsys.readouterr().err
+
+
+# --- unusable input --------------------------------------------------------------
+
+
+def test_empty_folder_is_a_usage_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    base = write(tmp_path / "base", [1000.0])
+    with pytest.raises(UsageError, match="CURRENT .*empty.*no hwbench result files"):
+        compare.main([str(base), str(tmp_path / "empty")])
+    with pytest.raises(UsageError, match="BASELINE .*missing.*no such file"):
+        compare.main([str(tmp_path / "missing"), str(base)])
+
+
+def test_no_common_point_is_a_usage_error(tmp_path):
+    base = write(tmp_path / "base", [1000.0])
+    cur = write(tmp_path / "cur", [1000.0], spec={"model": "small"})
+    with pytest.raises(UsageError, match="no point in common"):
+        compare.main([str(base), str(cur)])
+
+
+def test_bad_metric_is_a_usage_error(tmp_path):
+    base = write(tmp_path / "base", [1000.0])
+    with pytest.raises(UsageError, match="--metric"):
+        compare.main([str(base), str(base), "--metric", "speed"])
+
+
+# --- system description ------------------------------------------------------------
+
+
+def test_system_description_from_a_real_result():
+    result = load_result(TEMPLATE)
+    described = system.system_description(result)
+    env = result.environment
+    assert described["number_of_nodes"] == 1
+    assert described["accelerator_backend"] == "cpu" and described["accelerators_per_node"] == 0
+    assert described["accelerator_model_name"] is None
+    assert described["host_processor_model_name"] == result.device["device_model"]
+    assert described["host_processor_core_count"] == env["cpu_cores_usable"]
+    assert described["host_memory_capacity"].endswith("GiB")
+    assert described["framework"].startswith(f"PyTorch {env['torch_version']}")
+    assert described["operating_system"] == env["os"]
+    assert described["hwbench_version"] == env["hwbench_version"]
+    assert described["hwbench_git_commit"] == env["hwbench_git"]["commit"]
+    assert described["accelerator_interconnect"] is None and described["cuda_version"] is None
+    assert described["host_processors_per_node"] is None
+    # the same from the dict and from the bare environment (what it lacks is null)
+    assert system.system_description(result.to_dict()) == described
+    bare = system.system_description(env)
+    assert bare["operating_system"] == env["os"] and bare["number_of_nodes"] is None
+
+
+def test_system_description_of_a_gpu_result():
+    data = copy.deepcopy(template())
+    data["device"].update(backend="cuda", device_model="NVIDIA H100 80GB HBM3", catalog_entry="h100-sxm",
+                          memory_capacity_bytes=85 * 2**30)
+    data["spec"]["launch"].update(nnodes=2, nproc_per_node=8)
+    data["environment"].update(backend="cuda", driver_version="550.54", cuda_version="12.4")
+    described = system.system_description(data)
+    assert described["system_name"] == "2x8 NVIDIA H100 80GB HBM3"
+    assert described["accelerators_per_node"] == 8 and described["number_of_nodes"] == 2
+    assert described["accelerator_interconnect"].startswith("NVLink 4")
+    assert described["accelerator_memory_capacity"] == "85.0 GiB" and described["host_memory_capacity"] is None
+    assert (described["driver_version"], described["cuda_version"]) == ("550.54", "12.4")
+
+
+def test_system_main_prints_and_writes(tmp_path, capsys):
+    out = tmp_path / "sys.json"
+    assert system.main([str(TEMPLATE), "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text()) and printed["accelerator_backend"] == "cpu"
+    with pytest.raises(UsageError, match="RESULT_FILE"):
+        system.main([str(tmp_path / "nothing.json")])

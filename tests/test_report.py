@@ -1,0 +1,216 @@
+"""`hwbench report`: published tables as data, per-device normalisation, cost and
+energy per token, the Markdown/HTML/CSV/JSON outputs and bad input. Fast: the
+fixture results under tests/data/report/ were made once (make_fixtures.py) with
+hand-set figures, so every expected value below is computed by hand."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hwbench.errors import UsageError
+from hwbench.report.published import REQUIRED_COLUMNS, load_published
+from hwbench.report.report import SECTIONS, main
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests" / "data" / "report"
+GOOD, BAD = DATA / "good", DATA / "bad"
+PUBLISHED = REPO / "results" / "published"
+A, B, C = "20261121T100000Z-345m-cuda-aaaaaa", "20261121T130000Z-tiny-cpu-bbbbbb", "20261121T120000Z-345m-nomp-npu-cccccc"
+
+
+def run_report(*argv: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    return json.loads(run_report(str(GOOD), "--format", "json", "--price", "h100-sxm=2.5", "--against", str(PUBLISHED)))
+
+
+def _run(data: dict, run_id: str) -> dict:
+    return next(r for r in data["runs"] if r["run_id"] == run_id)
+
+
+# --- the published tables ------------------------------------------------------------
+
+def test_published_tables_hold_exactly_the_facts_figures():
+    table = load_published(PUBLISHED)
+    got = {(int(r.table), r.name, r.model): (r.params, None if pd.isna(r.ppl) else r.ppl, r.samples_per_s,
+                                              int(r.seq_length), None if pd.isna(r.steps) else int(r.steps))
+           for r in table.itertuples()}
+    assert got == {
+        (2, "8p-GPU(V)", "345m"): ("345M", 26.375, 37.8, 1024, 500000),
+        (2, "8p-NPU", "345m"): ("345M", 26.485, 59.7, 1024, 500000),
+        (2, "8p-GPU(V)", "1.3b"): ("1.3B", None, 15.71, 1024, None),
+        (2, "8p-NPU", "1.3b"): ("1.3B", None, 21.47, 1024, None),
+        (2, "8p-GPU(V)", "2.7b"): ("2.7B", None, 4.125, 2048, None),
+        (2, "8p-NPU", "2.7b"): ("2.7B", None, 5.280, 2048, None),
+        (2, "8p-GPU(V)", "3.7b"): ("3.7B", None, 3.120, 2048, None),
+        (2, "8p-NPU", "3.7b"): ("3.7B", None, 4.558, 2048, None),
+        (3, "8p-GPU(A)", "345m-nomp"): ("345M", 28.67, 235.0, 1024, 100000),
+        (3, "8p-NPU", "345m-nomp"): ("345M", 28.71, 227.0, 1024, 100000),
+    }
+    assert set(table["devices"]) == {8.0}
+    layouts = {(r.model, int(r.tp), int(r.pp), int(r.micro_batch_size), int(r.global_batch_size))
+               for r in table.itertuples()}
+    assert layouts == {("345m", 1, 2, 4, 16), ("1.3b", 2, 2, 8, 32), ("2.7b", 2, 2, 8, 32), ("3.7b", 2, 2, 4, 16),
+                       ("345m-nomp", 1, 1, 8, 64)}  # FACTS §2
+    assert set(table["precision"]) == {"fp16"}
+
+
+def test_published_csv_missing_columns_is_one_line_usage_error(tmp_path):
+    bad = tmp_path / "table9.csv"
+    text = (PUBLISHED / "table2.csv").read_text().splitlines()
+    columns = text[0].split(",")
+    keep = [i for i, c in enumerate(columns) if c not in ("samples_per_s", "ppl")]
+    bad.write_text("\n".join(",".join(line.split(",")[i] for i in keep) for line in text) + "\n")
+    with pytest.raises(UsageError) as error:
+        load_published(bad)
+    message = str(error.value)
+    assert "\n" not in message and str(bad) in message and "ppl" in message and "samples_per_s" in message
+    with pytest.raises(UsageError, match="missing column"):
+        main([str(GOOD), "--against", str(bad)])
+
+
+def test_published_csv_bad_number(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text(",".join(REQUIRED_COLUMNS) + "\n2,8p-X,345m,345M,8,1,2,1024,,fast,\n")
+    with pytest.raises(UsageError, match=r"line 2: column samples_per_s is 'fast'"):
+        load_published(bad)
+
+
+# --- figures computed by hand -----------------------------------------------------------
+
+def test_ratios_and_per_device_normalisation(data):
+    rows = {(c["run_id"], c["table"], c["name"]): c for c in data["comparison"]}
+    # a: 345m TP1 PP2 on 2 devices, 14.925 samples/s; matches both Table 2 345m rows (TP1 PP2)
+    npu = rows[(A, "2", "8p-NPU")]
+    assert npu["ratio"] == pytest.approx(14.925 / 59.7) == pytest.approx(0.25)
+    assert npu["measured_samples_per_s_per_device"] == pytest.approx(14.925 / 2)
+    assert npu["published_samples_per_s_per_device"] == pytest.approx(59.7 / 8)
+    assert npu["ratio_per_device"] == pytest.approx(1.0)
+    gpu = rows[(A, "2", "8p-GPU(V)")]
+    assert gpu["ratio"] == pytest.approx(14.925 / 37.8)
+    assert gpu["ratio_per_device"] == pytest.approx((14.925 / 2) / (37.8 / 8))
+    # c: 345m-nomp on 1 simulated NPU, 14.1875 samples/s against Table 3
+    assert rows[(C, "3", "8p-NPU")]["ratio"] == pytest.approx(0.0625)
+    assert rows[(C, "3", "8p-NPU")]["ratio_per_device"] == pytest.approx(0.5)
+    assert rows[(C, "3", "8p-GPU(A)")]["ratio_per_device"] == pytest.approx(14.1875 / (235 / 8))
+    # d (345m TP1 PP1: no published layout), b (tiny), e (oom) are not compared
+    assert {c["run_id"] for c in data["comparison"]} == {A, C}
+    assert len(data["comparison"]) == 4
+
+
+def test_cost_energy_and_projection_by_hand(data):
+    a = _run(data, A)
+    tokens_per_s = 14.925 * 1024
+    assert a["cost_per_million_tokens_usd"] == pytest.approx(2.5 / 3600 * 2 / tokens_per_s * 1e6)
+    assert a["price_source"] == "--price h100-sxm"
+    # 2 devices x 1000 J over 4 timed steps x 16 samples x 1024 tokens
+    assert a["energy_j"] == 2000 and a["timed_tokens"] == 4 * 16 * 1024
+    assert a["energy_per_token_j"] == pytest.approx(2000 / 65536)
+    assert a["power_w_mean"] == 800
+    # 300e9 tokens on 8 devices at tokens/s per device, linear scaling
+    days = 300e9 / (tokens_per_s / 2 * 8) / 86400
+    assert a["projected_days"] == pytest.approx(days)
+    assert a["projected_cost_usd"] == pytest.approx(2.5 * 8 * days * 24)
+    # b: price 0.36 USD/h from the result, 512 tokens/s on 1 CPU; no telemetry on the CPU
+    b = _run(data, B)
+    assert b["cost_per_million_tokens_usd"] == pytest.approx(0.1953125)
+    assert b["energy_per_token_j"] is None and "CPU backend" in b["energy_reason"]
+    # c: no price anywhere
+    c = _run(data, C)
+    assert c["cost_per_million_tokens_usd"] is None and c["price_source"].startswith("no price")
+
+
+def test_price_by_device_model_and_projection_options():
+    data = json.loads(run_report(str(GOOD / "a-345m-h100x2.json"), "--format", "json", "--price",
+                                 "NVIDIA H100 80GB HBM3=3", "--tokens", "1e9", "--devices", "4"))
+    a = data["runs"][0]
+    assert a["price_usd_per_hour"] == 3
+    days = 1e9 / (14.925 * 1024 / 2 * 4) / 86400
+    assert a["projected_days"] == pytest.approx(days)
+    assert a["projected_cost_usd"] == pytest.approx(3 * 4 * days * 24)
+
+
+# --- outputs --------------------------------------------------------------------------
+
+def test_markdown_has_every_section_and_the_tables():
+    text = run_report(str(GOOD), "--price", "h100-sxm=2.5")
+    for title in SECTIONS:
+        assert f"## {title}" in text
+    assert "| NAME " in text and "8p-NPU" in text and "59.7" in text and "26.485" in text
+    assert f"↳ measured {A}" in text and "0.250" in text and "1.000" in text
+    assert "$0.0909" in text and "$0.1953" in text and "0.030518 J" in text
+    assert "simulated device" in text and "[CPU]" in text
+    assert "linear scaling" in text and "samples/s / its world size" in text
+    assert "runs differ in torch_version" in text and "runs differ in precision" in text
+    assert "CUDA out of memory" in text
+    assert "nan" not in text.lower().replace("nanos", "")
+
+
+def test_html_is_self_contained_with_plots(tmp_path):
+    out = tmp_path / "r.html"
+    assert main([str(GOOD), "--format", "html", "--out", str(out), "--price", "h100-sxm=2.5"]) == 0
+    text = out.read_text()
+    for title in SECTIONS:
+        assert f"<h2>{title}</h2>" in text
+    assert text.count('<img src="data:image/png;base64,') == 4  # throughput, scaling, memory, loss
+    assert "<style>" in text and "http://" not in text and "https://" not in text and "<script" not in text
+    assert "<table>" in text
+
+
+def test_csv_is_the_runs_table():
+    frame = pd.read_csv(io.StringIO(run_report(str(GOOD), "--format", "csv")))
+    assert len(frame) == 5
+    assert {"run_id", "samples_per_s", "tokens_per_s_per_device", "cost_per_million_tokens_usd",
+            "energy_per_token_j", "predicted_peak_bytes"} <= set(frame.columns)
+
+
+def test_predicted_memory_from_the_planner(data):
+    a = _run(data, A)
+    assert a["predicted_peak_bytes"] > 0 and a["predicted_reason"] is None
+    assert a["peak_bytes"] == 20 * 2 ** 30 and a["capacity_bytes"] == 80 * 2 ** 30
+
+
+# --- bad input -------------------------------------------------------------------------
+
+def test_empty_folder_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError) as error:
+        main([str(tmp_path)])
+    assert "\n" not in str(error.value) and str(tmp_path) in str(error.value)
+
+
+def test_missing_path_and_bad_options(tmp_path):
+    for argv, pattern in (([str(tmp_path / "none")], "no such file"),
+                          ([str(GOOD), "--price", "h100"], "--price 'h100'"),
+                          ([str(GOOD), "--tokens", "lots"], "--tokens 'lots'"),
+                          ([str(GOOD), "--devices", "0"], "--devices 0"),
+                          ([str(GOOD), "--format", "pdf"], "pdf")):
+        with pytest.raises(UsageError, match=pattern):
+            main(argv)
+
+
+def test_truncated_and_unknown_schema_are_listed_as_skipped(tmp_path):
+    text = run_report(str(BAD))
+    skipped = text.split("## Skipped input files")[1]
+    assert "truncated.json" in skipped and "not a complete JSON document" in skipped
+    assert "future.json" in skipped and "schema_version 2" in skipped
+    assert B in text  # the good file is reported
+    both = run_report(str(GOOD), str(BAD))  # the same run twice: reported once, the copy listed as skipped
+    assert both.split("## Skipped input files")[1].count("already read from") == 1
+    only_bad = tmp_path / "only-bad"
+    only_bad.mkdir()
+    shutil.copy(BAD / "truncated.json", only_bad)
+    with pytest.raises(UsageError, match="no readable result file"):
+        main([str(only_bad)])
