@@ -507,10 +507,17 @@ def _model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
         section.blocks.append(("h", f"{model}"))
         table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
                        "tokens/s", "TFLOP/s per device", "MFU", "peak memory", "predicted", "capacity"], [])
+        reasons: list[str] = []  # why MFU is missing, each said once under the table
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
             engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
                 + (" FSDP" if run["fsdp"] else "")
-            mfu = f"{run['mfu']:.1%}" if _is(run["mfu"]) else f"- ({run['mfu_reason'] or 'not measured'})"
+            if _is(run["mfu"]):
+                mfu = f"{run['mfu']:.1%}"
+            else:
+                reason = run["mfu_reason"] or "not measured"
+                if reason not in reasons:
+                    reasons.append(reason)
+                mfu = f"- [{reasons.index(reason) + 1}]"
             predicted = gib(run["predicted_peak_bytes"]) if _is(run["predicted_peak_bytes"]) \
                 else f"- ({run['predicted_reason']})"
             table.rows.append([run["run_id"], device_text(run), run["layout"], engine,
@@ -520,6 +527,8 @@ def _model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
                                fmt(run["tflops_per_device"], 3), mfu, gib(run["peak_bytes"]), predicted,
                                gib(run["capacity_bytes"])])
         section.blocks.append(("table", table))
+        for index, reason in enumerate(reasons, start=1):
+            section.blocks.append(("p", f"[{index}] MFU not measured: {reason}."))
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
     for key, alt in (("throughput", "Throughput by layout"), ("scaling", "Scaling with device count"),
@@ -560,7 +569,7 @@ def _procurement_section(runs: pd.DataFrame, tokens: float, devices: int, notes:
 def _convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
     section = Section("Convergence")
     section.blocks.append(("p", "Training loss (nats) at the first and last step and the validation PPL after "
-                                "the step shown; the floor is the lowest reachable PPL of the built-in data."))
+                                "the step shown; the floor is the lowest reachable PPL of the run's data (built-in or synthetic; none for a dataset)."))
     table = Table(["run", "model", "loss first", "loss last", "validation PPL", "after step", "PPL floor"], [])
     for _, run in runs[runs["status"] == "ok"].iterrows():
         ppl = fmt(run["valid_ppl"], 3) if _is(run["valid_ppl"]) else f"- ({run['valid_ppl_reason'] or 'not measured'})"
