@@ -18,6 +18,9 @@ import torch
 import hwbench
 
 # Variables that change how collectives and runtimes behave (FACTS.md §6, §9).
+# hwbench's own plumbing between its processes (a temporary folder, the sweep's
+# point record, which the result holds as `sweep`): not part of the environment.
+INTERNAL_ENV = ("HWBENCH_RUN_DIR", "HWBENCH_SWEEP")
 RECORDED_ENV_PREFIXES = ("HWBENCH_", "NCCL_", "HCCL_", "TORCH_NCCL_", "ASCEND_", "CUDA_VISIBLE_DEVICES",
                          "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TASK_QUEUE_ENABLE", "DS_ACCELERATOR",
                          "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
@@ -63,7 +66,8 @@ def environment_fingerprint(backend) -> dict[str, Any]:
         "backend": backend.name,
         "simulated": backend.simulated,
         "tuning": backend.tuning,
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)},
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(RECORDED_ENV_PREFIXES) and k not in INTERNAL_ENV},
         "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **backend.fingerprint(),
     }
