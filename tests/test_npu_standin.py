@@ -315,3 +315,20 @@ def test_auto_falls_back_to_cpu_without_torch_npu(tmp_path):
     done = hwbench(["devices"], plain_env(), tmp_path)
     assert done.returncode == 0, done.stderr
     assert "--device auto uses cpu" in done.stdout
+
+
+@pytest.mark.slow
+def test_two_simulated_npu_ranks_train_over_gloo_and_say_so(standin_npu_env, tmp_path):
+    """The stand-in computes on the host, so its ranks join over gloo (no HCCL);
+    the merged result still says the device was simulated."""
+    env = {**standin_npu_env, "ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [sys.executable, "-m", "hwbench", "run", "--quiet", "--device", "npu", "--model", "tiny", "--data",
+         "synthetic", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",
+         "--nproc-per-node", "2", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(next(out.glob("*.json")).read_text())
+    assert result["device"]["simulated"] is True and result["device"]["dist_backend"] == "gloo"
+    assert result["metrics"]["world_size"] == 2 and result["metrics"]["mfu"] is None
+    assert result["warnings"][0].startswith("device simulated")

@@ -66,6 +66,8 @@ class NpuBackend(AcceleratorBackend):
     def __init__(self) -> None:
         self.torch_npu = import_torch_npu()
         self.simulated = bool(getattr(self.torch_npu, "__hwbench_stand_in__", False))
+        if self.simulated:
+            self.dist_backend = "gloo"  # the stand-in computes on the host: no HCCL there
         if not hasattr(torch, "npu"):
             raise SetupError("--device npu: torch_npu imported but torch.npu is missing; reinstall torch-npu")
         super().__init__(torch.npu)
