@@ -24,7 +24,7 @@ def test_train_step(benchmark, model, precision):
     backend = select_backend(spec.device)
     if backend.precision_problem(precision):
         pytest.skip(backend.precision_problem(precision))
-    device = backend.prepare_process()
+    backend.prepare_process()
     backend.seed(spec.seed)
     workload = catalog.workloads[model]
     engine = NativeEngine(workload.model, spec, backend)

@@ -261,11 +261,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _device_capacity(args: argparse.Namespace) -> int | None:
     from hwbench.device import select_backend
+    from hwbench.harness.worker import device_capacity_bytes
 
-    backend = select_backend(args.device)
-    names = backend.device_names()
-    entry = load_catalog().match_device(backend.name, names[0] if names else "")
-    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+    return device_capacity_bytes(select_backend(args.device), load_catalog())
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
@@ -323,33 +321,20 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-# `run`, `k8s`, `plan`, `report`, `compare` and `system` are dispatched in main(): they need the raw arguments.
+# Commands whose module parses its own arguments (hwbench k8s also takes `hwbench run` options);
+# `run` too is dispatched in main(), since the launcher passes its raw arguments on to every rank.
+OWN_PARSER_COMMANDS = {"k8s": "hwbench.k8s", "plan": "hwbench.planner", "report": "hwbench.report.report",
+                       "compare": "hwbench.report.compare", "system": "hwbench.report.system"}
 COMMANDS = {"sweep": _cmd_sweep, "tune": _cmd_tune, "data": _cmd_data, "parity": _cmd_parity, "models": _cmd_models, "devices": _cmd_devices}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     try:
-        if raw[:1] == ["k8s"]:  # its own options, then `hwbench run` options: hwbench.k8s parses both
-            from hwbench import k8s
+        if raw[:1] and raw[0] in OWN_PARSER_COMMANDS:
+            import importlib
 
-            return k8s.main(raw[1:])
-        if raw[:1] == ["plan"]:  # hwbench.planner parses its own options
-            from hwbench import planner
-
-            return planner.main(raw[1:])
-        if raw[:1] == ["report"]:
-            from hwbench.report import report
-
-            return report.main(raw[1:])
-        if raw[:1] == ["compare"]:
-            from hwbench.report import compare
-
-            return compare.main(raw[1:])
-        if raw[:1] == ["system"]:
-            from hwbench.report import system
-
-            return system.main(raw[1:])
+            return importlib.import_module(OWN_PARSER_COMMANDS[raw[0]]).main(raw[1:])
         args = _build_parser().parse_args(raw)
         if args.command == "run":  # the launcher passes the same options on to every rank
             return _cmd_run(args, raw[raw.index("run") + 1:])

@@ -69,21 +69,29 @@ def new_run_id(model: str, device: str) -> str:
 
 
 def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
-    """Write ``<out_dir>/<run_id>.json`` atomically: a temporary file in the same
-    folder, flushed to disk, then renamed over the final name."""
+    """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic)."""
     if result.status not in STATUSES:
         raise ValueError(f"unknown status {result.status!r}")
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"{result.run_id}.json"
-    text = json.dumps(result.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
-    handle, temporary = tempfile.mkstemp(prefix=f".{result.run_id}.", suffix=".tmp", dir=folder)
+    return write_json_atomic(folder / f"{result.run_id}.json", result.to_dict())
+
+
+def write_json_atomic(path: str | os.PathLike, value: Any, durable: bool = True) -> Path:
+    """Every JSON file hwbench writes: a temporary file in the same folder, then
+    renamed over the final name, so a reader sees the old file or the whole new
+    one, never half. ``durable``: flushed to disk before the rename (results);
+    False for files that are rewritten every step (heartbeats)."""
+    final = Path(path)
+    text = json.dumps(value, indent=2, allow_nan=False, default=str) + "\n"
+    handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
     try:
         os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                stream.flush()
+                os.fsync(stream.fileno())
         os.replace(temporary, final)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

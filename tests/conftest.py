@@ -42,12 +42,6 @@ def sigint_as_usual() -> None:
 
 def kill_tree(pid: int) -> None:
     """End a child a failed test left running, with every process under it."""
-    import signal
+    from hwbench.harness.launcher import kill_tree as kill
 
-    from hwbench.harness.launcher import process_tree
-
-    for member in process_tree([pid]):
-        try:
-            os.kill(member, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill([pid])

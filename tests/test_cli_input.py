@@ -1,7 +1,6 @@
 """Bad input: one line naming the option, the value and what is accepted;
 exit status 2; nothing written."""
 
-import os
 import subprocess
 import sys
 

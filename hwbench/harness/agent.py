@@ -11,8 +11,6 @@ that killed it, and the error file its ``@record``-ed entry point wrote
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,9 +36,9 @@ def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
 
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
-    temporary = run_dir / "agent.json.tmp"
-    temporary.write_text(json.dumps(record, indent=1, default=str))
-    os.replace(temporary, run_dir / "agent.json")
+    from hwbench.results import write_json_atomic
+
+    write_json_atomic(run_dir / "agent.json", record)
 
 
 def main(argv: list[str]) -> int:

@@ -21,6 +21,8 @@ import socket
 import time
 from pathlib import Path
 
+from hwbench.results import write_json_atomic
+
 FAULT_ENV = "HWBENCH_FAULT"
 RUN_DIR_ENV = "HWBENCH_RUN_DIR"
 FAULT_KINDS = ("raise", "oom", "signal", "hang")
@@ -87,11 +89,8 @@ class Heartbeat:
         self._write()
 
     def _write(self) -> None:
-        if self.path is None:
-            return
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self.record))
-        os.replace(temporary, self.path)
+        if self.path is not None:  # no fsync: rewritten every step, read only after a failure
+            write_json_atomic(self.path, self.record, durable=False)
 
 
 def read_heartbeats(run_dir: str | Path) -> dict[int, dict]:

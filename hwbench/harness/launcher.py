@@ -113,6 +113,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def kill_tree(roots: list[int]) -> list[int]:
+    """SIGKILL the given processes and all their descendants that are alive;
+    returns the pids killed."""
+    killed = []
+    for pid in process_tree(roots):
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
 def end_tree(agent: subprocess.Popen, run_dir: Path) -> list[int]:
     """SIGTERM torchrun (it stops its workers), then SIGKILL whatever of the
     tree is left; reap it all. Returns the pids that needed SIGKILL."""
@@ -124,12 +136,7 @@ def end_tree(agent: subprocess.Popen, run_dir: Path) -> list[int]:
     while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
         _reap()
         time.sleep(0.1)
-    killed = []
-    for pid in process_tree(tree):
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+    killed = kill_tree(tree)
     with contextlib.suppress(subprocess.TimeoutExpired):
         agent.wait(timeout=5)
     _reap()

@@ -9,12 +9,11 @@ figures stay in ``ranks``; the slowest rank is named as the straggler.
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.harness.stats import summarize
+from hwbench.harness.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
@@ -23,9 +22,6 @@ NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
 STRAGGLER_RATIO = 1.05  # a rank this much slower than the median rank is named in the warnings
 
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
 
 
 def _loss_rank(reports: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
@@ -120,8 +116,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
             "step": index + 1,
             "phase": "timed" if timed else "warmup",
             "time_s": times[index - spec.warmup] if timed else None,
-            "loss": _finite(losses[index]),
-            "grad_norm": _finite(norms[index]),
+            "loss": finite_or_none(losses[index]),
+            "grad_norm": finite_or_none(norms[index]),
             "lr": source["lrs"][index],
             "loss_scale": source["loss_scales"][index],
             "skipped": source["skipped"][index],
@@ -154,8 +150,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         "step_time_s": summarize(times),
         "timed_wall_time_s": max(r["wall_time_s"] for r in reports),
         "memory": merge_memory(reports),
-        "loss_start": _finite(losses[0]),
-        "loss_end": _finite(losses[-1]),
+        "loss_start": finite_or_none(losses[0]),
+        "loss_end": finite_or_none(losses[-1]),
         "loss_floor": source["data"].get("entropy_nats"),
         "validation": validation,
         "valid_loss": validation[-1]["loss"] if validation else None,

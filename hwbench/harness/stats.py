@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """A figure as results hold it: a finite number, or None (JSON has no NaN)."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

@@ -31,7 +31,7 @@ from typing import Any
 from hwbench import __version__
 from hwbench.errors import UsageError
 from hwbench.harness.suite import Point, Suite
-from hwbench.results import RunResult, load_results, new_run_id, utc_now, write_result
+from hwbench.results import RunResult, load_results, new_run_id, utc_now, write_json_atomic, write_result
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
@@ -119,18 +119,21 @@ def _recorded(status: str, args: list[str], message: str, point_dir: Path, sweep
     return result
 
 
-def _plan_problem(spec, catalog) -> tuple[str, dict] | None:
-    """Why the planner predicts the point will not fit, with the prediction."""
+def _plan_problem(spec, catalog, devices: dict) -> tuple[str, dict] | None:
+    """Why the planner predicts the point will not fit, with the prediction.
+    ``devices`` caches (backend name, capacity) per --device for the sweep, so
+    the device is asked once, not once per point."""
     from hwbench.device import select_backend
+    from hwbench.harness.worker import device_capacity_bytes
     from hwbench.planner import fits, plan_memory
 
-    backend = select_backend(spec.device)
-    names = backend.device_names()
-    entry = catalog.match_device(backend.name, names[0] if names else "")
-    capacity = backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+    if spec.device not in devices:
+        backend = select_backend(spec.device)
+        devices[spec.device] = (backend.name, device_capacity_bytes(backend, catalog))
+    backend_name, capacity = devices[spec.device]
     if not capacity:
         return None
-    plan = plan_memory(spec, catalog.workloads[spec.model].model, backend.name)
+    plan = plan_memory(spec, catalog.workloads[spec.model].model, backend_name)
     if fits(plan, capacity):
         return None
     prediction = {"predicted_peak_bytes": plan.total_bytes, "capacity_bytes": capacity,
@@ -142,8 +145,6 @@ def _plan_problem(spec, catalog) -> tuple[str, dict] | None:
 def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
             env: dict[str, str] | None = None) -> RunResult:
     """One `hwbench run` in its own process tree; a result whatever happens."""
-    from hwbench.harness.launcher import process_tree
-
     point_dir.mkdir(parents=True, exist_ok=True)
     log = point_dir / f"repeat{sweep['repeat']}.log"
     before = {r.run_id for r in load_results([point_dir])[0]}
@@ -154,11 +155,11 @@ def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
         try:
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _end(child, process_tree)
+            _end(child)
             return _recorded("timeout", args, f"the point ran past {timeout_s:g}s and was ended by the sweep",
                              point_dir, sweep)
         except BaseException:
-            _stop(child, process_tree)
+            _stop(child)
             raise
     new = [r for r in load_results([point_dir])[0] if r.run_id not in before]
     if new:
@@ -170,7 +171,7 @@ def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
                                      f"{last_line}", point_dir, sweep)
 
 
-def _stop(child: subprocess.Popen, process_tree) -> None:
+def _stop(child: subprocess.Popen) -> None:
     """Ask the running point to stop (its launcher ends its ranks on SIGTERM),
     then make sure."""
     with contextlib.suppress(ProcessLookupError):
@@ -179,13 +180,13 @@ def _stop(child: subprocess.Popen, process_tree) -> None:
         child.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    _end(child, process_tree)
+    _end(child)
 
 
-def _end(child: subprocess.Popen, process_tree) -> None:
-    for pid in process_tree([child.pid]):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def _end(child: subprocess.Popen) -> None:
+    from hwbench.harness.launcher import kill_tree
+
+    kill_tree([child.pid])
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=10)
 
@@ -222,6 +223,7 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
     from hwbench.cli import parse_run_spec
 
     catalog = load_catalog()
+    devices: dict = {}  # --device -> (backend name, capacity), for the planner
     records: list[PointRecord] = []
     total = len(suite.points) * options.repeats
     done, spent, ran = 0, 0.0, 0
@@ -257,7 +259,7 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
                 _say(show_progress, f"[{done}/{total}] {point.name}" +
                      (f" repeat {repeat + 1}/{options.repeats}" if options.repeats > 1 else "") + f" running{eta}")
                 started = time.monotonic()
-                result = _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec)
+                result = _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec, devices)
                 if result.status not in ("skipped", "invalid"):
                     spent += time.monotonic() - started
                     ran += 1
@@ -266,7 +268,7 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
                      + (f" ({result.error['message']})" if result.error else ""))
             record.aggregate = aggregate(point, record.results) if options.repeats > 1 else None
             if record.aggregate:
-                _write_json(point_dir / "aggregate.json", record.aggregate)
+                write_json_atomic(point_dir / "aggregate.json", record.aggregate)
     except KeyboardInterrupt:
         raise SweepInterrupted(signal.SIGINT) from None
     finally:
@@ -275,24 +277,18 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
     return records
 
 
-def _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec) -> RunResult:
+def _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec, devices) -> RunResult:
     try:
         spec = parse_run_spec(args + ["--out", str(point_dir)])
     except UsageError as error:
         return _recorded("invalid", args, str(error), point_dir, sweep)
     if options.plan:
-        problem = _plan_problem(spec, catalog)
+        problem = _plan_problem(spec, catalog, devices)
         if problem:
             message, prediction = problem
             return _recorded("skipped", args, message, point_dir, sweep, spec=spec.to_dict(), extra=prediction)
     margin = TIMEOUT_MARGIN_S if spec.launch.world_size > 1 else 0.0  # the launcher enforces its own first
     return run_one(args, point_dir, sweep, spec.launch.timeout_s + margin, dict(point.env))
-
-
-def _write_json(path: Path, value: Any) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(value, indent=1))
-    os.replace(temporary, path)
 
 
 def _say(enabled: bool, text: str) -> None:

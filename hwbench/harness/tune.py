@@ -15,13 +15,11 @@ best by more than 2%. The result is a ranking of what was measured.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.results import RunResult
+from hwbench.results import RunResult, write_json_atomic
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
 
@@ -161,7 +159,4 @@ def write_ranking(trials: list[Trial], path: Path) -> None:
              "samples_per_s": t.samples_per_s, "predicted_peak_bytes": t.predicted_peak_bytes, "note": t.note,
              "run_id": t.run_id} for t in trials]
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"ranking": [t.candidate.name for t in ranking(trials)], "trials": rows},
-                                    indent=1))
-    os.replace(temporary, path)
+    write_json_atomic(path, {"ranking": [t.candidate.name for t in ranking(trials)], "trials": rows})

@@ -1,10 +1,11 @@
-"""One benchmark point in this process: build, warm up, measure, summarise.
+"""One benchmark point on this rank: build, warm up, measure, report.
 
-run_point(spec) -> RunResult. Device and setup problems raise before anything
-is built (SetupError / UsageError, exit 2, nothing written); a failure during
-training is returned as a result with status oom, failed, invalid (bad data
-found while training) or numerics, so it is
-recorded like any other figure.
+run_point(spec) -> RunResult, alone or as one rank of a torchrun job (rank 0
+merges every rank's figures: hwbench.harness.merge). Device and setup
+problems raise before anything is built (SetupError / UsageError, exit 2,
+nothing written); a failure during training is a result with status oom,
+failed, invalid (bad data found while training) or numerics, or, as a rank,
+a RankFailure that the launcher turns into one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.faults import RUN_DIR_ENV, Fault, Heartbeat
 from hwbench.harness.merge import merge_ranks
 from hwbench.harness.progress import Progress
+from hwbench.harness.stats import finite_or_none
 from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
@@ -122,7 +124,7 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
 
     from hwbench.engine.distributed import shutdown
     from hwbench.report.summary import run_summary_table
-    from hwbench.results import write_result
+    from hwbench.results import write_json_atomic, write_result
 
     @record
     def rank_main() -> int:
@@ -134,7 +136,7 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
             return 0
         run_dir = os.environ.get(RUN_DIR_ENV)
         if run_dir:
-            write_result_file(result, os.path.join(run_dir, "result.json"))
+            write_json_atomic(os.path.join(run_dir, "result.json"), result.to_dict())
             return 0
         result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
@@ -143,15 +145,6 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
         return 0 if result.status == "ok" else 1
 
     return rank_main()
-
-
-def write_result_file(result: RunResult, path: str) -> None:
-    import json
-
-    temporary = path + ".tmp"
-    with open(temporary, "w") as handle:
-        json.dump(result.to_dict(), handle)
-    os.replace(temporary, path)
 
 
 def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
@@ -168,15 +161,26 @@ def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[
     return failure
 
 
-def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
+def catalog_entry(backend: Backend, catalog: Catalog):
+    """(device model name, the catalog entry that matches it or None)."""
     names = backend.device_names()
     model_name = names[0] if names else "unknown"
-    entry = catalog.match_device(backend.name, model_name)
+    return model_name, catalog.match_device(backend.name, model_name)
+
+
+def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
+    """Memory per device: what the device reports, else its catalog entry's."""
+    _, entry = catalog_entry(backend, catalog)
+    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+
+
+def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
+    model_name, entry = catalog_entry(backend, catalog)
     peak, reason = (entry.peak(precision) if entry else
                     (None, f"no catalog entry matches the {backend.name} device {model_name!r}"))
     if backend.simulated:
         peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
-    capacity = backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+    capacity = device_capacity_bytes(backend, catalog)
     return {
         "backend": backend.name,
         "dist_backend": backend.dist_backend,
@@ -233,7 +237,7 @@ def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dic
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
     loss, tokens = engine.evaluate(batches)
-    return {"step": step, "loss": _finite(loss), "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
+    return {"step": step, "loss": finite_or_none(loss), "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
             "tokens": tokens, "iters": spec.eval_iters}
 
 
@@ -260,7 +264,7 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     for step in range(1, spec.warmup + 1):
         train(step)
         heartbeat.step(step, "warmup")
-        progress.step(step, loss=_finite(outcomes[-1].loss.item()))  # warm-up may sync freely
+        progress.step(step, loss=finite_or_none(outcomes[-1].loss.item()))  # warm-up may sync freely
         if _eval_due(spec, data, step):
             validation.append(validate(engine, data, spec, step))
     backend.synchronize()
@@ -321,6 +325,3 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         "environment": environment,
     }
 
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

@@ -88,7 +88,7 @@ def layout_text(result: RunResult) -> str:
         text += f", deepspeed ZeRO {engine.get('zero_stage', spec.get('zero_stage'))}"
     else:
         details = [d for d in (engine.get("data_parallel"), engine.get("pipeline_schedule")) if d]
-        text += f", native" + (f" ({', '.join(details)})" if details else "")
+        text += ", native" + (f" ({', '.join(details)})" if details else "")
     launch = spec.get("launch") or {}
     ranks = (launch.get("nnodes", 1) or 1) * (launch.get("nproc_per_node", 1) or 1)
     if ranks > 1:
