@@ -81,3 +81,13 @@ def test_oom_figures_are_read_from_the_cuda_and_npu_allocator_messages():
            "allocated; 57.28 GiB current active; 1.23 GiB free; 58.00 GiB reserved in total by PyTorch)")
     assert oom_figures(npu) == {"requested_bytes": 2 * 2**30, "free_bytes": int(1.23 * 2**30)}
     assert oom_figures("DefaultCPUAllocator: can't allocate memory: you tried to allocate 123 bytes") == {}
+
+
+@pytest.mark.parametrize("text", ["bogus", "1:2:explode", "one:2:raise"])
+def test_a_malformed_fault_is_one_clear_line(monkeypatch, text):
+    from hwbench.errors import UsageError
+    from hwbench.harness.faults import Fault
+
+    monkeypatch.setenv("HWBENCH_FAULT", text)
+    with pytest.raises(UsageError, match="HWBENCH_FAULT"):
+        Fault.from_environ()

@@ -21,6 +21,7 @@ import socket
 import time
 from pathlib import Path
 
+from hwbench.errors import UsageError
 from hwbench.results import write_json_atomic
 
 FAULT_ENV = "HWBENCH_FAULT"
@@ -47,9 +48,11 @@ class Fault:
             rank, step, kind = text.split(":")
             fault = cls(int(rank), int(step), kind)
         except ValueError:
-            raise ValueError(f"{FAULT_ENV}={text!r}: expected RANK:STEP:KIND") from None
+            raise UsageError(f"{FAULT_ENV}={text!r} is not accepted; give RANK:STEP:KIND, "
+                             f"KIND one of {', '.join(FAULT_KINDS)}") from None
         if kind not in FAULT_KINDS:
-            raise ValueError(f"{FAULT_ENV}={text!r}: KIND is one of {', '.join(FAULT_KINDS)}")
+            raise UsageError(f"{FAULT_ENV}={text!r}: KIND {kind!r} is not accepted; give one of "
+                             f"{', '.join(FAULT_KINDS)}")
         return fault
 
     def maybe_trigger(self, rank: int, step: int) -> None:
