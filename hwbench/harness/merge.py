@@ -101,8 +101,7 @@ def merge_nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [nodes[k] for k in sorted(nodes)]
 
 
-def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[dict[str, Any]],
-                ctx: Any = None) -> None:
+def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[dict[str, Any]]) -> None:
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
     losses, norms = source["losses"], source["grad_norms"]

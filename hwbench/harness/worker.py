@@ -106,7 +106,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     if report is not None:
         reports = ctx.gather_objects(report)
         if ctx.rank == 0:
-            merge_ranks(result, spec, workload, reports, ctx)
+            merge_ranks(result, spec, workload, reports)
     result.finished_at = utc_now()
     if backend.simulated:
         result.warnings.insert(0, "device simulated: a stand-in torch_npu ran the NPU code path on the host "
