@@ -23,6 +23,7 @@ DATA = REPO / "tests" / "data" / "report"
 GOOD, BAD = DATA / "good", DATA / "bad"
 PUBLISHED = REPO / "results" / "published"
 A, B, C = "20261121T100000Z-345m-cuda-aaaaaa", "20261121T130000Z-tiny-cpu-bbbbbb", "20261121T120000Z-345m-nomp-npu-cccccc"
+D = "20261121T110000Z-345m-cuda-dddddd"
 
 
 def run_report(*argv: str) -> str:
@@ -106,9 +107,34 @@ def test_ratios_and_per_device_normalisation(data):
     assert rows[(C, "3", "8p-NPU")]["ratio"] == pytest.approx(0.0625)
     assert rows[(C, "3", "8p-NPU")]["ratio_per_device"] == pytest.approx(0.5)
     assert rows[(C, "3", "8p-GPU(A)")]["ratio_per_device"] == pytest.approx(14.1875 / (235 / 8))
-    # d (345m TP1 PP1: no published layout), b (tiny), e (oom) are not compared
-    assert {c["run_id"] for c in data["comparison"]} == {A, C}
-    assert len(data["comparison"]) == 4
+    # a's layout is the published one; only its device count differs
+    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8"]
+    # d: 345m TP1 PP1 on 1 GPU, 8 samples/s: a 1-device run read against the 8-device rows per device,
+    # its different layout named
+    d = rows[(D, "2", "8p-GPU(V)")]
+    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8"]
+    assert d["ratio"] == pytest.approx(8 / 37.8)
+    assert d["ratio_per_device"] == pytest.approx(8 / (37.8 / 8))
+    assert rows[(D, "2", "8p-NPU")]["ratio_per_device"] == pytest.approx(8 / (59.7 / 8))
+    # b (tiny: no published row) and e (oom) are not compared
+    assert {c["run_id"] for c in data["comparison"]} == {A, C, D}
+    assert len(data["comparison"]) == 6
+
+
+def test_differences_name_every_setting_that_differs():
+    from hwbench.report.report import setting_differences
+    pub = pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0, "global_batch_size": 32.0,
+                     "micro_batch_size": 8.0, "precision": "fp16"})
+    same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,
+                      "micro_batch_size": 8, "precision": "fp16"})
+    assert setting_differences(same, pub) == []
+    other = pd.Series({"tp": 1, "pp": 1, "world_size": 1, "seq_length": 2048, "global_batch_size": 8,
+                       "micro_batch_size": 2, "precision": "bf16"})
+    assert setting_differences(other, pub) == ["TP 1 vs 2", "PP 1 vs 2", "devices 1 vs 8", "seq 2048 vs 1024",
+                                               "global batch 8 vs 32", "micro batch 2 vs 8", "precision bf16 vs fp16"]
+    # a published row that leaves a setting empty matches any value of it
+    assert setting_differences(other, pd.Series({"tp": float("nan"), "pp": None, "devices": 8.0})) == \
+        ["devices 1 vs 8"]
 
 
 def test_cost_energy_and_projection_by_hand(data):

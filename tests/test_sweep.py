@@ -19,6 +19,7 @@ from hwbench.harness.suite import load_suite
 from hwbench.harness.sweep import throughput_statistics
 from hwbench.results import load_results
 
+REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
         "telemetry": False, "timeout": 120}
 
@@ -149,7 +150,9 @@ def test_shipped_suites_load_and_their_points_validate():
     from hwbench.cli import parse_run_spec
     from hwbench.harness.suite import find_suite
 
-    for name in ("smoke", "table2", "table3", "nightly"):
+    shipped = sorted(p.stem for p in (REPO / "workloads" / "suites").glob("*.yaml"))
+    assert {"smoke", "table2", "table3", "nightly", "published-1dev"} <= set(shipped)
+    for name in shipped:
         suite = load_suite(find_suite(name))
         for point in suite.points:
             parse_run_spec(point.run_args(), check_paths=False)  # raises on a bad point

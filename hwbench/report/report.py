@@ -264,25 +264,29 @@ def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: floa
 
 
 def compare(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per (ok run, published row of the same model and, where both have it, the same tp/pp)."""
+    """One row per (ok run, published row of the same model).
+
+    Every published row of the run's model is matched, whatever the layout: a 1-device measurement
+    is read against an 8-device figure through the per-device ratio. ``same_layout`` says whether
+    the run's TP and PP equal the published ones (a published row that leaves them empty matches
+    any), and ``differences`` names every setting that differs from the published point."""
     rows = []
     if published is None or runs.empty:
         return pd.DataFrame(rows, dtype=object)
     for _, run in runs[runs["status"] == "ok"].iterrows():
         for _, pub in published[published["model"] == run["model"]].iterrows():
-            if not pd.isna(pub["tp"]) and int(pub["tp"]) != run["tp"]:
-                continue
-            if not pd.isna(pub["pp"]) and int(pub["pp"]) != run["pp"]:
-                continue
             measured, published_value = run["samples_per_s"], pub["samples_per_s"]
             per_device = measured / run["world_size"] if measured is not None else None
             pub_per_device = published_value / pub["devices"]
+            differences = setting_differences(run, pub)
             rows.append({
                 "run_id": run["run_id"], "model": run["model"], "table": pub["table"], "name": pub["name"],
                 "params": pub["params"], "published_ppl": pub["ppl"], "published_samples_per_s": published_value,
                 "published_devices": int(pub["devices"]), "published_seq_length": pub["seq_length"],
                 "published_steps": pub["steps"], "published_layout": _pub_layout(pub),
                 "measured_samples_per_s": measured, "world_size": run["world_size"], "layout": run["layout"],
+                "same_layout": not any(d.startswith(("TP ", "PP ")) for d in differences),
+                "differences": differences,
                 "ratio": measured / published_value if measured is not None else None,
                 "measured_samples_per_s_per_device": per_device,
                 "published_samples_per_s_per_device": pub_per_device,
@@ -292,6 +296,24 @@ def compare(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
                 "device_model": run["device_model"], "simulated": run["simulated"], "backend": run["backend"],
             })
     return pd.DataFrame(rows, dtype=object)
+
+
+def setting_differences(run: pd.Series, pub: pd.Series) -> list[str]:
+    """The settings of a measured run that differ from a published point, e.g. 'TP 1 vs 2'."""
+    differences = []
+    for label, run_key, pub_key in (("TP", "tp", "tp"), ("PP", "pp", "pp"), ("devices", "world_size", "devices"),
+                                    ("seq", "seq_length", "seq_length"),
+                                    ("global batch", "global_batch_size", "global_batch_size"),
+                                    ("micro batch", "micro_batch_size", "micro_batch_size"),
+                                    ("precision", "precision", "precision")):
+        published_value, measured = pub.get(pub_key), run.get(run_key)
+        if published_value is None or measured is None or pd.isna(published_value):
+            continue
+        if isinstance(published_value, float) and float(published_value).is_integer():
+            published_value = int(published_value)
+        if measured != published_value:
+            differences.append(f"{label} {measured} vs {published_value}")
+    return differences
 
 
 def _pub_layout(pub: pd.Series) -> str:
@@ -453,7 +475,9 @@ def _published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: 
     section.blocks.append(("p", "Published figures: " + ", ".join(sorted(set(published["file"])))
                            + ". Published samples/s is the global figure of all 8 devices (the mean of the last "
                              "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
-                             "every published row of the same model whose TP and PP equal its own."))
+                             "every published row of its model, whatever its layout; the note names every setting "
+                             "that differs from the published point (layout, device count, sequence length, batch, "
+                             "precision). Where the layout or device count differs, read the per-device ratio."))
     section.blocks.append(("p", NORMALISATION))
     for table_name, group in published.groupby("table", sort=True):
         section.blocks.append(("h", f"Table {table_name}"))
@@ -475,8 +499,8 @@ def _published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: 
                     notes.append("simulated device: not a hardware figure")
                 elif c["backend"] == "cpu":
                     notes.append("CPU run")
-                if c["seq_length"] != c["published_seq_length"]:
-                    notes.append(f"seq {c['seq_length']} vs published {fmt(c['published_seq_length'], 0)}")
+                if c["differences"]:
+                    notes.append("differs: " + ", ".join(c["differences"]))
                 table.rows.append([f"↳ measured {c['run_id']}", pub["params"], ppl, fmt(c["measured_samples_per_s"], 3),
                                    fmt(c["seq_length"], 0), f"{c['timed_steps']} timed", f"{c['layout']} on "
                                    f"{c['world_size']} ({c['device_model']})",
@@ -486,11 +510,8 @@ def _published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: 
     unmatched = []
     for _, run in runs[runs["status"] == "ok"].iterrows():
         if comparison.empty or run["run_id"] not in set(comparison["run_id"]):
-            layouts = published[published["model"] == run["model"]]
-            why = (f"published layouts of {run['model']}: "
-                   + ", ".join(sorted({_pub_layout(p) for _, p in layouts.iterrows()}))) if len(layouts) else \
-                f"no published row for model {run['model']}"
-            unmatched.append(f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; {why}")
+            unmatched.append(f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
+                             f"no published row for model {run['model']}")
     if unmatched:
         section.blocks.append(("p", "Runs without a published counterpart:"))
         section.blocks.append(("list", unmatched))
