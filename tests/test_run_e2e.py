@@ -42,6 +42,10 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
     assert metrics["mfu"] is None and "no catalog entry" in metrics["unmeasured"]["mfu"]
     assert result.environment["torch_version"] == torch.__version__
     assert result.environment["tuning"]["intra_op_threads"] >= 1
+    # the tuned heap is bounded: the bound is recorded and trims are counted over the timed steps
+    assert result.environment["tuning"]["allocator"].startswith("glibc: mmap off")
+    assert isinstance(metrics["memory"]["heap_trims"], int) and 0 <= metrics["memory"]["heap_trims"] <= 8
+    assert "tuned heap bounded at" in metrics["memory"]["source"]
     assert result.started_at < result.finished_at
     assert "tokens/s" in done.stdout and str(path) in done.stdout
 
@@ -133,3 +137,31 @@ def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("hwbench: interrupted")
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_heap_bound_trims_only_past_its_bound(monkeypatch):
+    """The tuned CPU heap: the first step sets the bound (1.5x its resident set),
+    later steps past the bound hand free pages back and are counted."""
+    from hwbench.device import cpu
+
+    resident = iter([1000, 1400, 1500, 1501, 1200, 2000])
+    monkeypatch.setattr(cpu, "_resident_bytes", lambda: next(resident))
+    calls = []
+    bound = cpu.HeapBound(calls.append)
+    for _ in range(6):
+        bound.step_done()
+    assert bound.bound_bytes == 1500
+    assert calls == [0, 0] and bound.trims == 2  # 1501 and 2000 are past it; 1500 is not
+
+
+def test_the_real_heap_bound_reads_this_process(monkeypatch):
+    from hwbench.device import cpu
+
+    assert cpu._resident_bytes() > 0
+    monkeypatch.setenv(cpu.ALLOCATOR_TUNING_ENV, "0")
+    text, bound = cpu.keep_freed_memory_in_heap()
+    assert bound is None and cpu.ALLOCATOR_TUNING_ENV in text
+    backend = CpuBackend()
+    backend.prepare_process()
+    backend.step_done()  # nothing to bound
+    assert backend.memory_stats().heap_trims is None

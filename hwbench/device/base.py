@@ -32,6 +32,8 @@ class MemoryStats:
     ooms: int | None
     source: str
     unmeasured: dict[str, str] = dataclasses.field(default_factory=dict)
+    # CPU: times the tuned heap was handed back to the system at its bound (CpuBackend.step_done)
+    heap_trims: int | None = None
 
 
 class StepTimer(abc.ABC):
@@ -150,6 +152,10 @@ class Backend(abc.ABC):
         return {"foreach": True}
 
     # memory ---------------------------------------------------------------
+    def step_done(self) -> None:
+        """Called after every training step, inside its timed interval (so what it
+        costs is in the step time). The CPU backend bounds its heap here."""
+
     @abc.abstractmethod
     def reset_peak_memory(self) -> None: ...
 

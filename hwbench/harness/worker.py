@@ -260,6 +260,7 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         if fault:
             fault.maybe_trigger(ctx.rank, step)
         outcomes.append(engine.train_step(data.train_batch))
+        backend.step_done()
 
     for step in range(1, spec.warmup + 1):
         train(step)
