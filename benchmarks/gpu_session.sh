@@ -9,7 +9,7 @@
 #      under the published Table 2/3 rows, per device, and each run's peak memory beside the
 #      planner's prediction (the planner's accuracy check);
 #   5. `hwbench system` of the first result.
-# Everything lands in OUTDIR (default ./gpu-session): results.tar.gz with every result and log,
+# Everything lands in OUTDIR (default ./gpu-session): results/ and results.tar.gz (every result and log),
 # report.md, report.html, system.json, session.log. Nothing here needs the network or an
 # install: `python3 -m hwbench` runs from this checkout (PYTHONPATH), so a machine with torch,
 # pandas, tabulate, matplotlib, PyYAML and tokenizers can run it as it is.
@@ -53,6 +53,6 @@ first="$(ls "$results"/run/*.json 2>/dev/null | head -n 1)"
 if [ -n "$first" ]; then
   step system hw system "$first" --out "$out/system.json"
 fi
-tar -czf "$out/results.tar.gz" -C "$out" results && rm -rf "$results"
+tar -czf "$out/results.tar.gz" -C "$out" results  # kept: the same command again resumes the sweep
 echo "== done: exit $status; files in $out" | tee -a "$log"
 exit "$status"
