@@ -98,18 +98,37 @@ class _Fields:
         if not isinstance(data, dict):
             raise CatalogError(f"{path}: {prefix or 'the file'} must be a mapping")
         self.data, self.path, self.prefix = data, path, prefix
+        self.known: set[str] = set()  # every key a reader asked for
+        self.sections: list[_Fields] = []
 
     def _fail(self, key: str, want: str) -> CatalogError:
         value = self.data.get(key, "<missing>")
         return CatalogError(f"{self.path}: field {self.prefix}{key} must be {want}, got {value!r}")
 
+    def get(self, key: str) -> Any:
+        self.known.add(key)
+        return self.data.get(key)
+
     def section(self, key: str, optional: bool = False) -> "_Fields | None":
-        if optional and self.data.get(key) is None:
+        if optional and self.get(key) is None:
             return None
-        return _Fields(self.data.get(key), self.path, f"{self.prefix}{key}.")
+        fields = _Fields(self.get(key), self.path, f"{self.prefix}{key}.")
+        self.sections.append(fields)
+        return fields
+
+    def no_unknown_fields(self) -> None:
+        """A field nobody reads is a typo or a field of another version: fail on it,
+        rather than let it read as absent (a mistyped peak would make MFU null)."""
+        unknown = sorted(str(key) for key in self.data if key not in self.known)
+        if unknown:
+            raise CatalogError(f"{self.path}: unknown field {self.prefix}{unknown[0]}; the fields of "
+                               f"{self.prefix.rstrip('.') or 'this file'} are: {', '.join(sorted(self.known))} "
+                               "(docs/catalog.md)")
+        for fields in self.sections:
+            fields.no_unknown_fields()
 
     def text(self, key: str, optional: bool = False) -> str | None:
-        value = self.data.get(key)
+        value = self.get(key)
         if value is None and optional:
             return None
         if not isinstance(value, str) or not value:
@@ -117,7 +136,7 @@ class _Fields:
         return value
 
     def number(self, key: str, optional: bool = False, minimum: float = 0.0) -> float | None:
-        value = self.data.get(key)
+        value = self.get(key)
         if value is None and optional:
             return None
         try:  # YAML 1.1 reads '989e12' as a string: accept numeric strings
@@ -137,13 +156,13 @@ class _Fields:
         return int(value)
 
     def flag(self, key: str) -> bool:
-        value = self.data.get(key)
+        value = self.get(key)
         if not isinstance(value, bool):
             raise self._fail(key, "true or false")
         return value
 
     def choice(self, key: str, choices: tuple[str, ...]) -> str:
-        value = self.data.get(key)
+        value = self.get(key)
         if value not in choices:
             raise self._fail(key, "one of " + ", ".join(choices))
         return value
@@ -158,7 +177,7 @@ def _read_yaml(path: Path) -> Any:
 
 def _device_from(path: Path) -> DeviceModel:
     f = _Fields(_read_yaml(path), str(path))
-    match = f.data.get("match")
+    match = f.get("match")
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         raise f._fail("match", "a list of regular expressions")
     for pattern in match:
@@ -167,7 +186,7 @@ def _device_from(path: Path) -> DeviceModel:
         except re.error as error:
             raise CatalogError(f"{path}: field match: bad regular expression {pattern!r}: {error}") from None
     peaks = f.section("peak_flops")
-    return DeviceModel(
+    device = DeviceModel(
         name=f.text("name"),
         vendor=f.text("vendor"),
         backend=f.choice("backend", ("cpu", "cuda", "npu")),
@@ -181,6 +200,8 @@ def _device_from(path: Path) -> DeviceModel:
         price_usd_per_hour=f.number("price_usd_per_hour", optional=True),
         path=str(path),
     )
+    f.no_unknown_fields()
+    return device
 
 
 def _workload_from(path: Path) -> Workload:
@@ -221,13 +242,15 @@ def _workload_from(path: Path) -> Workload:
     published = None
     p = f.section("published", optional=True)
     if p is not None:
-        tables = p.data.get("tables") or []
+        tables = p.get("tables") or []
         published = PublishedLayout(
             devices=p.integer("devices"), tp=p.integer("tp"), pp=p.integer("pp"),
             zero_stage=p.integer("zero_stage", minimum=0), tables=tuple(str(x) for x in tables),
             source=p.text("source"),
         )
-    return Workload(f.text("name"), f.text("title"), model, training, published, str(path))
+    workload = Workload(f.text("name"), f.text("title"), model, training, published, str(path))
+    f.no_unknown_fields()
+    return workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -348,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hwbench: interrupted; nothing unfinished was written", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hwbench models | head`: the reader is gone, so is the rest of the output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 128 + 13  # as a process killed by SIGPIPE
 
 
 if __name__ == "__main__":

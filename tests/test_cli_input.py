@@ -101,6 +101,32 @@ def test_broken_catalog_file_is_named(tmp_path, capsys, monkeypatch):
     assert "mychip.yaml" in line and "peak_flops.bf16" in line and "'fast'" in line
 
 
+@pytest.mark.parametrize("text, field", [
+    # a mistyped peak would otherwise read as "no peak" and make every MFU null
+    ("peak_flops: {bf16: 1.0e15, fp61: 2.0e15}\n", "peak_flops.fp61"),
+    ("peak_flops: {bf16: 1.0e15}\nprice_per_hour: 2.5\n", "price_per_hour"),
+])
+def test_an_unknown_catalog_field_is_named_with_the_known_ones(tmp_path, capsys, monkeypatch, text, field):
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    (devices / "mychip.yaml").write_text("name: mychip\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['Mine']\n"
+                                         + text)
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert main(["devices"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "mychip.yaml" in lines[0] and f"unknown field {field};" in lines[0]
+    assert ("bf16" if "." in field else "price_usd_per_hour") in lines[0]  # what would be accepted
+
+
+def test_a_closed_pipe_ends_the_output_quietly():
+    """`hwbench models | head -1`: no BrokenPipeError traceback, the SIGPIPE exit status."""
+    child = subprocess.Popen([sys.executable, "-m", "hwbench", "models"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()  # the reader leaves before the first line
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 141 and b"Traceback" not in stderr, stderr
+
+
 def test_models_lists_every_size_with_counts(capsys):
     assert main(["models"]) == 0
     text = capsys.readouterr().out
