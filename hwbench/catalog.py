@@ -259,13 +259,14 @@ class Catalog:
     workloads: dict[str, Workload]
 
     def match_device(self, backend: str, device_name: str) -> DeviceModel | None:
-        """The entry whose longest matching pattern matches ``device_name``."""
+        """The entry whose longest matching pattern matches ``device_name``; on a tie the
+        entry loaded last (a user's folder after the shipped one)."""
         best: tuple[int, DeviceModel] | None = None
         for entry in self.devices.values():
             if entry.backend != backend:
                 continue
             for pattern in entry.match:
-                if re.search(pattern, device_name, re.IGNORECASE) and (best is None or len(pattern) > best[0]):
+                if re.search(pattern, device_name, re.IGNORECASE) and (best is None or len(pattern) >= best[0]):
                     best = (len(pattern), entry)
         return best[1] if best else None
 

@@ -170,3 +170,17 @@ def test_under_torchrun_the_world_size_is_torchruns():
 
     spec = build_run_spec({"model": "tiny", "tp": 2}, load_catalog(), torchrun_world_size=4)
     assert spec.launch.under_torchrun and spec.launch.world_size == 4 and spec.parallel.dp == 2
+
+
+def test_a_user_entry_as_specific_as_a_shipped_one_takes_the_device(tmp_path, monkeypatch):
+    from hwbench.catalog import load_catalog
+
+    shipped = load_catalog().match_device("cuda", "NVIDIA H200")
+    assert shipped is not None and shipped.name == "h200"
+    pattern = max(shipped.match, key=len)
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    (devices / "my-h200.yaml").write_text(
+        f"name: my-h200\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['{pattern}']\npeak_flops: {{bf16: 1.0e15}}\n")
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert load_catalog().match_device("cuda", "NVIDIA H200").name == "my-h200"
