@@ -333,3 +333,28 @@ def test_two_simulated_npu_ranks_train_over_gloo_and_say_so(standin_npu_env, tmp
     assert result["device"]["simulated"] is True and result["device"]["dist_backend"] == "gloo"
     assert result["metrics"]["world_size"] == 2 and result["metrics"]["mfu"] is None
     assert result["warnings"][0].startswith("device simulated")
+
+
+def test_cann_driver_and_hccl_versions_are_read_from_their_files(tmp_path):
+    """The formats CANN writes: version.cfg with one [package:CANN] bracket per installed
+    release, ascend_toolkit_install.info and the driver's version.info with key=value lines
+    where other keys end in 'version' too."""
+    from hwbench.device.npu import _cann_version, _read_version
+
+    (tmp_path / "version.cfg").write_text(
+        "# version cfg\nruntime_running_version=[7.3.0.1.231:8.0.RC2]\n"
+        "toolkit_upgrade_version=[7.3.0.1.231:8.0.RC2]\n"
+        "toolkit_installed_version=[7.0.0.5.242:7.0.RC1][7.1.0.3.220:7.0.0][7.3.0.1.231:8.0.RC2]\n")
+    assert _cann_version(str(tmp_path)) == "8.0.RC2"  # the newest installed, not 7.0.RC1
+    (tmp_path / "version.cfg").write_text("toolkit_installed_version=[7.3.0.1.231:8.0.RC2]\n"
+                                          "toolkit_running_version=[7.1.0.3.220:7.0.0]\n")
+    assert _cann_version(str(tmp_path)) == "7.0.0"  # the running one, when it is named
+    (tmp_path / "version.cfg").unlink()
+    (tmp_path / "aarch64-linux").mkdir()
+    (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text(
+        "package_name=Ascend-cann-toolkit\ninnerversion=V100R001C19SPC001B227\nversion=8.0.RC3\narch=aarch64\n")
+    assert _cann_version(str(tmp_path)) == "8.0.RC3"
+    driver = tmp_path / "version.info"
+    driver.write_text("ascendhal_version=7.35.19\nVersion=24.1.rc2\nInnerversion=V100R001C19SPC002B109\n")
+    assert _read_version([str(driver)], "version") == "24.1.rc2"
+    assert _read_version([str(tmp_path / "nothing.info")], "version") is None

@@ -45,17 +45,34 @@ def import_torch_npu():
         ) from None
 
 
-def _read_version(paths: list[str], key_pattern: str) -> str | None:
+def _read_version(paths: list[str], key: str) -> str | None:
+    """The value of the first ``key=value`` line (key matched case-insensitively, at the
+    start of a line, so ``innerversion=`` or ``ascendhal_version=`` never pass for
+    ``version=``) in the first of ``paths`` (globs) that has one. CANN's version.cfg
+    writes ``toolkit_installed_version=[7.3.0.1.231:8.0.RC2]``, one bracket per installed
+    release: the CANN version is the part after the colon of the last bracket."""
+    line = re.compile(rf"^\s*{key}\s*=\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
     for pattern in paths:
         for path in sorted(glob.glob(pattern)):
             try:
-                text = open(path).read()
+                text = open(path, errors="replace").read()
             except OSError:
                 continue
-            match = re.search(key_pattern + r"\s*[=:]\s*([\w.\-]+)", text, re.IGNORECASE)
+            match = line.search(text)
             if match:
-                return match.group(1)
+                value = match.group(1)
+                releases = re.findall(r"\[[^:\]]*:([^\]]+)\]", value)
+                return releases[-1] if releases else value
     return None
+
+
+def _cann_version(toolkit: str) -> str | None:
+    """CANN's version from the toolkit folder: version.cfg (the running, else the
+    newest installed release), else ascend_toolkit_install.info (``version=8.0.RC2``)."""
+    return (_read_version([f"{toolkit}/version.cfg"], "toolkit_running_version")
+            or _read_version([f"{toolkit}/version.cfg"], "toolkit_installed_version")
+            or _read_version([f"{toolkit}/*/ascend_toolkit_install.info", f"{toolkit}/ascend_toolkit_install.info"],
+                             "version"))
 
 
 class NpuBackend(AcceleratorBackend):
@@ -112,11 +129,8 @@ class NpuBackend(AcceleratorBackend):
             "device_count": self.device_count(),
             "simulated": self.simulated,
             "torch_npu_version": getattr(self.torch_npu, "__version__", None),
-            "cann_version": _read_version(
-                [f"{toolkit}/version.cfg", f"{toolkit}/*/ascend_toolkit_install.info",
-                 f"{toolkit}/ascend_toolkit_install.info"],
-                r"(?:toolkit_installed_version|version)",
-            ),
-            "driver_version": _read_version([f"{DEFAULT_DRIVER}/version.info"], r"version"),
-            "hccl_version": _read_version([f"{toolkit}/*/hccl/version.info", f"{toolkit}/hccl/version.info"], r"version"),
+            "cann_version": _cann_version(toolkit),
+            "driver_version": _read_version([f"{DEFAULT_DRIVER}/version.info"], "version"),
+            "hccl_version": _read_version([f"{toolkit}/*/hccl/version.info", f"{toolkit}/hccl/version.info"],
+                                          "version"),
         }
