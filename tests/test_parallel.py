@@ -45,14 +45,22 @@ def reference(tmp_path_factory) -> dict:
     return result
 
 
-def _assert_same_curve(result: dict, reference: dict, tolerance: float = LAYOUT_TOLERANCE) -> None:
+# Gradient norms agree to rounding in every layout that does not pad the vocabulary: measured
+# within 7e-7 (DDP, FSDP2, PP2, ZeRO 0-3) once norms are accumulated in fp64 on the CPU; torch's
+# fp32 CPU norm had read up to 7.5e-4 low on one process and not on ZeRO's fp64 path.
+NORM_TOLERANCE = 1e-5
+
+
+def _assert_same_curve(result: dict, reference: dict, tolerance: float = LAYOUT_TOLERANCE,
+                       norm_tolerance: float = NORM_TOLERANCE) -> None:
     losses = [s["loss"] for s in result["steps"]]
     expected = [s["loss"] for s in reference["steps"]]
     assert len(losses) == len(expected) == 3
     for step, (got, want) in enumerate(zip(losses, expected), start=1):
         assert abs(got - want) / want < tolerance, f"step {step}: loss {got} vs single-process {want}"
-    for got, want in zip([s["grad_norm"] for s in result["steps"]], [s["grad_norm"] for s in reference["steps"]]):
-        assert abs(got - want) / want < 10 * tolerance  # a norm of noisy gradients: looser, still tight
+    norms = zip([s["grad_norm"] for s in result["steps"]], [s["grad_norm"] for s in reference["steps"]])
+    for step, (got, want) in enumerate(norms, start=1):
+        assert abs(got - want) / want < norm_tolerance, f"step {step}: grad norm {got} vs single-process {want}"
     got, want = result["metrics"]["valid_loss"], reference["metrics"]["valid_loss"]
     assert abs(got - want) / want < tolerance, f"validation loss {got} vs {want}"
 
@@ -80,7 +88,8 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, reference, optio
     assert sorted(r["rank"] for r in result["ranks"]) == list(range(tp * pp * dp))
     assert result["nodes"][0]["ranks"] == list(range(tp * pp * dp))
     assert result["metrics"]["straggler"]["rank"] in range(tp * pp * dp)
-    _assert_same_curve(result, reference)
+    # TP pads the vocabulary (50304 -> 50432 rows): losses and norms move by about 2e-4
+    _assert_same_curve(result, reference, norm_tolerance=NORM_TOLERANCE if tp == 1 else 10 * LAYOUT_TOLERANCE)
     from test_docs import undocumented
 
     assert not undocumented(result)

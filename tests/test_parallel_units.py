@@ -2,6 +2,7 @@
 scaling, torchrun's environment, root-cause choice, rank merging."""
 
 import pytest
+import torch
 
 from hwbench.engine.distributed import RankEnvironment
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler
@@ -91,3 +92,18 @@ def test_a_malformed_fault_is_one_clear_line(monkeypatch, text):
     monkeypatch.setenv("HWBENCH_FAULT", text)
     with pytest.raises(UsageError, match="HWBENCH_FAULT"):
         Fault.from_environ()
+
+
+def test_the_cpu_gradient_norm_is_reduced_in_fp64():
+    """torch's fp32 L2-norm kernel on the CPU sums into one float (pytorch/pytorch#169237):
+    the tiny model's 6.4M-element embedding gradient read 2.4e-4 low; 20M equal elements
+    read 5.9e-5 low here. The engines' norm, reduced in the backend's grad_norm_dtype, must
+    match an fp64 reference."""
+    from hwbench.device.cpu import CpuBackend
+    from hwbench.engine.base import total_grad_norm
+
+    grads = [torch.full((20_000_000,), 1e-3), torch.ones(4096)]
+    exact = torch.sqrt(sum((g.double() ** 2).sum() for g in grads)).item()
+    got = total_grad_norm(grads, CpuBackend.grad_norm_dtype)
+    assert got.dtype == torch.float32 and abs(got.item() - exact) / exact < 1e-6
+    assert total_grad_norm([], CpuBackend.grad_norm_dtype).item() == 0.0

@@ -102,6 +102,8 @@ class Backend(abc.ABC):
     dist_backend: str  # process-group backend: gloo, nccl, hccl
     deepspeed_accelerator: str  # the DS_ACCELERATOR value that matches
     simulated: bool = False  # True when a stand-in replaces the vendor runtime
+    # dtype the engines reduce each gradient's norm in (None: torch's get_total_norm as is)
+    grad_norm_dtype: torch.dtype | None = None
 
     def __init__(self) -> None:
         # What the backend changed in this process to run well, recorded in results.

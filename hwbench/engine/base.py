@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hwbench.workload.data import Batch
 
@@ -43,3 +44,38 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release what the engine set up for itself (a one-rank process group)."""
+
+
+# Elements per partial sum of squares in total_grad_norm: short enough that one fp32
+# accumulator stays accurate (PyTorch's own fix attempt, PR 169996, chose the same).
+NORM_CHUNK = 512
+
+
+def total_grad_norm(grads: list[torch.Tensor], accumulate_dtype: torch.dtype | None) -> torch.Tensor:
+    """The L2 norm of ``grads`` taken together (0-dim float32; a DTensor when they are).
+
+    ``accumulate_dtype`` is the backend's ``grad_norm_dtype``: None keeps torch's own
+    ``get_total_norm``. Otherwise each plain tensor's squares are summed in rows of
+    NORM_CHUNK elements, and the rows' sums added in ``accumulate_dtype``: as accurate
+    as casting the tensor, at a tenth of the time (``small`` on the CPU: 3.7 ms against
+    42 ms per step; torch's fp32 kernel 6.3 ms). DTensor shards are cast, so that
+    DTensor reduces their norms over its mesh as usual."""
+    if accumulate_dtype is None or not grads:
+        return torch.nn.utils.get_total_norm(grads, 2.0)
+    squares = [_sum_of_squares(g, accumulate_dtype) for g in grads]
+    return torch.stack(squares).sum().sqrt().float()
+
+
+def _sum_of_squares(tensor: torch.Tensor, accumulate_dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(tensor, DTensor):
+        return torch.linalg.vector_norm(tensor, 2, dtype=accumulate_dtype) ** 2
+    flat = tensor.detach().reshape(-1)
+    row_dtype = torch.float32 if flat.dtype in (torch.bfloat16, torch.float16) else None  # rows never in 16 bits
+    whole = flat.numel() // NORM_CHUNK * NORM_CHUNK
+    total = torch.zeros((), dtype=accumulate_dtype, device=flat.device)
+    if whole:
+        rows = torch.linalg.vector_norm(flat[:whole].view(-1, NORM_CHUNK), 2, dim=1, dtype=row_dtype)
+        total = total + (rows.to(accumulate_dtype) ** 2).sum()
+    if whole < flat.numel():
+        total = total + torch.linalg.vector_norm(flat[whole:], 2, dtype=row_dtype).to(accumulate_dtype) ** 2
+    return total

@@ -22,7 +22,7 @@ from torch import nn
 
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
-from hwbench.engine.base import StepOutcome
+from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.optim import build_optimizer, learning_rate
 from hwbench.spec import OptimizerSpec, RunSpec
@@ -144,10 +144,12 @@ class DeepSpeedEngine:
         return None if scale is None else float(scale)
 
     def _grads_norm(self) -> torch.Tensor:
-        """The global norm of the module's (already reduced) gradients, as
-        DeepSpeed's ZeRO-0 fp32 clipping computes it."""
+        """The global norm of the module's (already reduced) gradients, computed as
+        the native engine computes it. DeepSpeed's own ZeRO-0 clipping reduces in
+        fp32 (runtime/utils.py), so on the CPU its clip factor can differ from
+        1/this norm by as much as that fp32 norm errs (7.5e-4 on the tiny model; docs/parallel.md)."""
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads, 2.0).detach().float()
+        return total_grad_norm(grads, self.backend.grad_norm_dtype).detach().float()
 
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step: engine.step() after every micro-batch, as DeepSpeed

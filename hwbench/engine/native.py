@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hwbench.device import Backend
-from hwbench.engine.base import StepOutcome
+from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
 from hwbench.engine.loss_scale import LossScaler
 from hwbench.engine.optim import build_optimizer, learning_rate
@@ -179,7 +179,7 @@ class NativeEngine:
         last stage's copy of the tied embedding left out (counted once, as on one device)."""
         parameters = [p for name, p in self.gpt.named_parameters()
                       if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters], 2.0)
+        norm = total_grad_norm([p.grad for p in parameters], self.backend.grad_norm_dtype)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         if self.ctx.dims.pp > 1:
