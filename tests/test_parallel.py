@@ -73,6 +73,8 @@ LAYOUTS = [
     pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", id="dp2-fsdp"),
     pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2"),
     pytest.param(["--nproc-per-node", "4", "--pp", "2"], (1, 2, 2), "all-reduce", id="pp2xdp2"),
+    pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", id="tp2xfsdp2"),
+    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2"),
 ]
 
 
