@@ -15,12 +15,13 @@
 # pandas, tabulate, matplotlib, PyYAML and tokenizers can run it as it is.
 #
 #   benchmarks/gpu_session.sh [OUTDIR]
+#   benchmarks/gpu_session.sh gpu-session; cp gpu-session/*.* "$OUT"/   # on the device tool: 5 files back
 #   HWBENCH_DEVICE=npu benchmarks/gpu_session.sh      # an Ascend machine
 #   HWBENCH_DEVICE=cpu HWBENCH_SUITE=smoke HWBENCH_MODEL=tiny benchmarks/gpu_session.sh  # the mechanics, on a CPU
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(mkdir -p "${1:-gpu-session}" && cd "${1:-gpu-session}" && pwd)"
+out="$(mkdir -p "${1:-gpu-session}" && cd "${1:-gpu-session}" && pwd)" || { echo "cannot use ${1:-gpu-session}" >&2; exit 2; }
 device="${HWBENCH_DEVICE:-cuda}"
 suite="${HWBENCH_SUITE:-published-1dev}"
 model="${HWBENCH_MODEL:-345m}"
@@ -44,8 +45,12 @@ cd "$here"
 results="$out/results"
 mkdir -p "$results/run"
 step devices hw devices
-step run hw run --device "$device" --model "$model" --precision "$precision" --data synthetic \
-  --eval-iters 0 --out "$results/run"
+if ls "$results"/run/*.json >/dev/null 2>&1; then  # a second call resumes: no second copy of this run
+  echo "== run: kept $(ls "$results"/run/*.json | head -n 1)" | tee -a "$log"
+else
+  step run hw run --device "$device" --model "$model" --precision "$precision" --data synthetic \
+    --eval-iters 0 --out "$results/run"
+fi
 step sweep hw sweep "$suite" --device "$device" --out "$results/sweep"
 step report-md hw report "$results" --against "$here/results/published" --format md --out "$out/report.md"
 step report-html hw report "$results" --against "$here/results/published" --format html --out "$out/report.html"
@@ -53,6 +58,6 @@ first="$(ls "$results"/run/*.json 2>/dev/null | head -n 1)"
 if [ -n "$first" ]; then
   step system hw system "$first" --out "$out/system.json"
 fi
-tar -czf "$out/results.tar.gz" -C "$out" results  # kept: the same command again resumes the sweep
+tar -czf "$out/results.tar.gz" -C "$out" results || status=1  # results/ kept: the same command resumes
 echo "== done: exit $status; files in $out" | tee -a "$log"
 exit "$status"

@@ -220,8 +220,11 @@ def _workload_from(path: Path) -> Workload:
         raise CatalogError(f"{path}: model: {'; '.join(problems)}")
     decay_iters = t.integer("lr_decay_iters")
     warmup_iters = t.integer("lr_warmup_iters", optional=True, minimum=0)
+    warmup_fraction = t.number("lr_warmup_fraction", optional=True)  # read either way: a known field
     if warmup_iters is None:  # Megatron: warm-up = fraction x decay iterations
-        warmup_iters = round(t.number("lr_warmup_fraction") * decay_iters)
+        if warmup_fraction is None:
+            raise t._fail("lr_warmup_fraction", "a number when lr_warmup_iters is not given")
+        warmup_iters = round(warmup_fraction * decay_iters)
     training = TrainingDefaults(
         seq_length=t.integer("seq_length"),
         micro_batch_size=t.integer("micro_batch_size"),
@@ -289,6 +292,7 @@ def _load(kind: str, reader) -> dict:
             entry = reader(path)
             if entry.name != path.stem:
                 raise CatalogError(f"{path}: field name {entry.name!r} must equal the file name {path.stem!r}")
+            entries.pop(entry.name, None)  # a replacing entry counts as loaded last (pattern ties)
             entries[entry.name] = entry
     return entries
 

@@ -348,9 +348,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hwbench: interrupted; nothing unfinished was written", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `hwbench models | head`: the reader is gone, so is the rest of the output
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a pipe of something else broke: a real failure
+        # `hwbench models | head`: the reader is gone, so is the rest of the output
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 128 + 13  # as a process killed by SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real stdout
+        return False
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 exit status 2; nothing written."""
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -184,3 +185,35 @@ def test_a_user_entry_as_specific_as_a_shipped_one_takes_the_device(tmp_path, mo
         f"name: my-h200\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['{pattern}']\npeak_flops: {{bf16: 1.0e15}}\n")
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
     assert load_catalog().match_device("cuda", "NVIDIA H200").name == "my-h200"
+
+
+def test_a_workload_may_give_both_warmup_fields_and_needs_one(tmp_path, monkeypatch, capsys):
+    from hwbench.catalog import load_catalog
+
+    shipped = Path(load_catalog().workloads["tiny"].path).read_text()
+    assert "lr_warmup_iters" in shipped
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    both = shipped.replace("name: tiny", "name: mine").replace("  lr_warmup_iters:", "  lr_warmup_fraction: 0.01\n  lr_warmup_iters:")
+    (workloads / "mine.yaml").write_text(both)
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert load_catalog().workloads["mine"].training.lr_warmup_iters == load_catalog().workloads["tiny"].training.lr_warmup_iters
+    neither = "\n".join(line for line in both.splitlines() if "lr_warmup" not in line) + "\n"
+    (workloads / "mine.yaml").write_text(neither)
+    from hwbench.catalog import _cached
+
+    _cached.cache_clear()  # the catalog is read once per HWBENCH_CATALOG_PATH value
+    assert main(["models"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "mine.yaml" in line and "lr_warmup_fraction" in line and "lr_warmup_iters" in line
+
+
+def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout(monkeypatch):
+    from hwbench import cli
+
+    def broken(args):
+        raise BrokenPipeError("a child's pipe")
+
+    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    with pytest.raises(BrokenPipeError):
+        cli.main(["models"])

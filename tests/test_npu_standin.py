@@ -358,3 +358,7 @@ def test_cann_driver_and_hccl_versions_are_read_from_their_files(tmp_path):
     driver.write_text("ascendhal_version=7.35.19\nVersion=24.1.rc2\nInnerversion=V100R001C19SPC002B109\n")
     assert _read_version([str(driver)], "version") == "24.1.rc2"
     assert _read_version([str(tmp_path / "nothing.info")], "version") is None
+    driver.write_text("Version=\ninnerversion=V100R001\nversion: 25.0.rc1\n")  # an empty value is skipped
+    assert _read_version([str(driver)], "version") == "25.0.rc1"
+    (tmp_path / "version.cfg").write_text("toolkit_installed_version=[8.0.RC2]\n")  # no package part
+    assert _cann_version(str(tmp_path)) == "8.0.RC2"

@@ -66,6 +66,9 @@ def test_published_tables_hold_exactly_the_facts_figures():
                for r in table.itertuples()}
     assert layouts == {("345m", 1, 2, 4, 16), ("1.3b", 2, 2, 8, 32), ("2.7b", 2, 2, 8, 32), ("3.7b", 2, 2, 4, 16),
                        ("345m-nomp", 1, 1, 8, 64)}  # FACTS §2
+    # activation checkpointing on, off for 345M_without_mp (FACTS §2)
+    assert {r.model: r.recompute for r in table.itertuples()} == {
+        "345m": True, "1.3b": True, "2.7b": True, "3.7b": True, "345m-nomp": False}
     assert set(table["precision"]) == {"fp16"}
 
 
@@ -90,6 +93,13 @@ def test_published_csv_bad_number(tmp_path):
         load_published(bad)
 
 
+def test_published_csv_bad_recompute(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text(",".join(REQUIRED_COLUMNS) + ",recompute\n2,8p-X,345m,345M,8,1,2,1024,,37.8,,maybe\n")
+    with pytest.raises(UsageError, match=r"line 2: column recompute is 'maybe'; accepted: true, false"):
+        load_published(bad)
+
+
 # --- figures computed by hand -----------------------------------------------------------
 
 def test_ratios_and_per_device_normalisation(data):
@@ -108,11 +118,11 @@ def test_ratios_and_per_device_normalisation(data):
     assert rows[(C, "3", "8p-NPU")]["ratio_per_device"] == pytest.approx(0.5)
     assert rows[(C, "3", "8p-GPU(A)")]["ratio_per_device"] == pytest.approx(14.1875 / (235 / 8))
     # a's layout is the published one; only its device count differs
-    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8"]
+    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8", "recompute off vs on"]
     # d: 345m TP1 PP1 on 1 GPU, 8 samples/s: a 1-device run read against the 8-device rows per device,
     # its different layout named
     d = rows[(D, "2", "8p-GPU(V)")]
-    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8"]
+    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8", "recompute off vs on"]
     assert d["ratio"] == pytest.approx(8 / 37.8)
     assert d["ratio_per_device"] == pytest.approx(8 / (37.8 / 8))
     assert rows[(D, "2", "8p-NPU")]["ratio_per_device"] == pytest.approx(8 / (59.7 / 8))
@@ -124,17 +134,22 @@ def test_ratios_and_per_device_normalisation(data):
 def test_differences_name_every_setting_that_differs():
     from hwbench.report.report import setting_differences
     pub = pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0, "global_batch_size": 32.0,
-                     "micro_batch_size": 8.0, "precision": "fp16"})
+                     "micro_batch_size": 8.0, "precision": "fp16", "recompute": True})
     same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,
-                      "micro_batch_size": 8, "precision": "fp16"})
+                      "micro_batch_size": 8, "precision": "fp16", "recompute": True})
     assert setting_differences(same, pub) == []
     other = pd.Series({"tp": 1, "pp": 1, "world_size": 1, "seq_length": 2048, "global_batch_size": 8,
-                       "micro_batch_size": 2, "precision": "bf16"})
+                       "micro_batch_size": 2, "precision": "bf16", "recompute": False})
     assert setting_differences(other, pub) == ["TP 1 vs 2", "PP 1 vs 2", "devices 1 vs 8", "seq 2048 vs 1024",
-                                               "global batch 8 vs 32", "micro batch 2 vs 8", "precision bf16 vs fp16"]
+                                               "global batch 8 vs 32", "micro batch 2 vs 8", "precision bf16 vs fp16",
+                                               "recompute off vs on"]
     # a published row that leaves a setting empty matches any value of it
     assert setting_differences(other, pd.Series({"tp": float("nan"), "pp": None, "devices": 8.0})) == \
         ["devices 1 vs 8"]
+    # a setting the run did not record is named, not taken for the same
+    assert setting_differences(pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": None}),
+                               pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0})) == \
+        ["seq ? vs 1024"]
 
 
 def test_cost_energy_and_projection_by_hand(data):

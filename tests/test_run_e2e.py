@@ -45,6 +45,8 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
     # the tuned heap is bounded: the bound is recorded and trims are counted over the timed steps
     assert result.environment["tuning"]["allocator"].startswith("glibc: mmap off")
     assert isinstance(metrics["memory"]["heap_trims"], int) and 0 <= metrics["memory"]["heap_trims"] <= 8
+    bound_gib = float(metrics["memory"]["source"].split("bounded at ")[1].split(" GiB")[0])
+    assert 0 < bound_gib * 2**30 < metrics["memory"]["capacity_bytes"]
     assert "tuned heap bounded at" in metrics["memory"]["source"]
     assert result.started_at < result.finished_at
     assert "tokens/s" in done.stdout and str(path) in done.stdout
@@ -144,7 +146,9 @@ def test_heap_bound_trims_only_past_its_bound(monkeypatch):
     later steps past the bound hand free pages back and are counted."""
     from hwbench.device import cpu
 
-    resident = iter([1000, 1400, 1500, 1501, 1200, 2000])
+    # after each step, and after each trim, the resident set the bound reads
+    resident = iter([1000, 1400, 1500, 1501, 900, 1200, 2000, 900,
+                     2100, 1200])  # memory in use grew: 1200 stays after a trim
     monkeypatch.setattr(cpu, "_resident_bytes", lambda: next(resident))
     calls = []
     bound = cpu.HeapBound(calls.append)
@@ -152,12 +156,18 @@ def test_heap_bound_trims_only_past_its_bound(monkeypatch):
         bound.step_done()
     assert bound.bound_bytes == 1500
     assert calls == [0, 0] and bound.trims == 2  # 1501 and 2000 are past it; 1500 is not
+    bound.step_done()  # 2100: trimmed, 1200 left; 1.5 x 1200 = 1800 becomes the bound
+    assert bound.trims == 3 and bound.bound_bytes == 1800
 
 
-def test_the_real_heap_bound_reads_this_process(monkeypatch):
+def test_no_heap_bound_without_the_tuning_and_a_resident_size(monkeypatch):
     from hwbench.device import cpu
 
-    assert cpu._resident_bytes() > 0
+    assert cpu._resident_bytes() > 0  # this process's, from /proc/self/statm
+    monkeypatch.setattr(cpu, "_resident_bytes", lambda: None)
+    text, bound = cpu.keep_freed_memory_in_heap()
+    assert bound is None and "statm unreadable" in text
+    monkeypatch.undo()
     monkeypatch.setenv(cpu.ALLOCATOR_TUNING_ENV, "0")
     text, bound = cpu.keep_freed_memory_in_heap()
     assert bound is None and cpu.ALLOCATOR_TUNING_ENV in text

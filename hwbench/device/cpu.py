@@ -72,6 +72,8 @@ def keep_freed_memory_in_heap() -> tuple[str, HeapBound | None]:
     libc = ctypes.CDLL(libc_name)
     if not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
         return "unchanged (no mallopt or malloc_trim)", None
+    if _resident_bytes() is None:  # no way to bound the heap: do not let it grow unbounded
+        return "unchanged (/proc/self/statm unreadable: the heap could not be bounded)", None
     mmap_ok = libc.mallopt(_M_MMAP_MAX, 0)
     trim_ok = libc.mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim (mallopt(3))
     if mmap_ok and trim_ok:
@@ -88,7 +90,10 @@ class HeapBound:
     ever. After each step the resident set is read (/proc/self/statm); past the
     bound, ``malloc_trim(0)`` returns every free page (MADV_DONTNEED) and the next
     step faults back in what it needs: a slower step now and then instead of a
-    process that grows until it is killed."""
+    process that grows until it is killed. Memory that is really in use and grew
+    after the first step (optimizer state made late, say) stays resident through a
+    trim: then the bound moves up to HEAP_BOUND_FACTOR x what is left, so the run
+    does not trim at every step."""
 
     def __init__(self, malloc_trim: Any, factor: float = HEAP_BOUND_FACTOR) -> None:
         self._malloc_trim = malloc_trim
@@ -105,6 +110,9 @@ class HeapBound:
         elif resident > self.bound_bytes:
             self._malloc_trim(0)
             self.trims += 1
+            left = _resident_bytes()
+            if left is not None and left * self.factor > self.bound_bytes:
+                self.bound_bytes = int(left * self.factor)
 
 
 def _resident_bytes() -> int | None:

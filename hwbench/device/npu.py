@@ -46,12 +46,12 @@ def import_torch_npu():
 
 
 def _read_version(paths: list[str], key: str) -> str | None:
-    """The value of the first ``key=value`` line (key matched case-insensitively, at the
+    """The value of the first ``key=value`` (or ``key: value``) line (key matched case-insensitively, at the
     start of a line, so ``innerversion=`` or ``ascendhal_version=`` never pass for
     ``version=``) in the first of ``paths`` (globs) that has one. CANN's version.cfg
     writes ``toolkit_installed_version=[7.3.0.1.231:8.0.RC2]``, one bracket per installed
     release: the CANN version is the part after the colon of the last bracket."""
-    line = re.compile(rf"^\s*{key}\s*=\s*(\S.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+    line = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*[=:][ \t]*(\S[^\n]*?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
     for pattern in paths:
         for path in sorted(glob.glob(pattern)):
             try:
@@ -61,8 +61,8 @@ def _read_version(paths: list[str], key: str) -> str | None:
             match = line.search(text)
             if match:
                 value = match.group(1)
-                releases = re.findall(r"\[[^:\]]*:([^\]]+)\]", value)
-                return releases[-1] if releases else value
+                releases = re.findall(r"\[([^\]]+)\]", value)  # [package:CANN] or [CANN]
+                return releases[-1].rsplit(":", 1)[-1] if releases else value
     return None
 
 

@@ -52,23 +52,24 @@ NORM_CHUNK = 512
 
 
 def total_grad_norm(grads: list[torch.Tensor], accumulate_dtype: torch.dtype | None) -> torch.Tensor:
-    """The L2 norm of ``grads`` taken together (0-dim float32; a DTensor when they are).
+    """The L2 norm of ``grads`` taken together (0-dim, float32 when ``accumulate_dtype``
+    is given; a DTensor when the gradients are).
 
     ``accumulate_dtype`` is the backend's ``grad_norm_dtype``: None keeps torch's own
-    ``get_total_norm``. Otherwise each plain tensor's squares are summed in rows of
-    NORM_CHUNK elements, and the rows' sums added in ``accumulate_dtype``: as accurate
-    as casting the tensor, at a tenth of the time (``small`` on the CPU: 3.7 ms against
-    42 ms per step; torch's fp32 kernel 6.3 ms). DTensor shards are cast, so that
-    DTensor reduces their norms over its mesh as usual."""
+    ``get_total_norm``. Otherwise plain tensors have their squares summed in rows of
+    NORM_CHUNK elements and the rows added in ``accumulate_dtype``: as accurate as casting
+    each tensor, and faster than both that and torch's fp32 kernel on the CPU (docs/parallel.md).
+    DTensor gradients (TP, FSDP2) are reduced in ``accumulate_dtype`` shard by shard and
+    their norms stacked, so DTensor reduces them over the mesh in one collective."""
     if accumulate_dtype is None or not grads:
         return torch.nn.utils.get_total_norm(grads, 2.0)
-    squares = [_sum_of_squares(g, accumulate_dtype) for g in grads]
-    return torch.stack(squares).sum().sqrt().float()
+    if any(isinstance(g, DTensor) for g in grads):
+        norms = [torch.linalg.vector_norm(g, 2, dtype=accumulate_dtype) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms), 2).float()
+    return torch.stack([_sum_of_squares(g, accumulate_dtype) for g in grads]).sum().sqrt().float()
 
 
 def _sum_of_squares(tensor: torch.Tensor, accumulate_dtype: torch.dtype) -> torch.Tensor:
-    if isinstance(tensor, DTensor):
-        return torch.linalg.vector_norm(tensor, 2, dtype=accumulate_dtype) ** 2
     flat = tensor.detach().reshape(-1)
     row_dtype = torch.float32 if flat.dtype in (torch.bfloat16, torch.float16) else None  # rows never in 16 bits
     whole = flat.numel() // NORM_CHUNK * NORM_CHUNK

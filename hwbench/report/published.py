@@ -15,12 +15,13 @@ from hwbench.errors import UsageError
 
 REQUIRED_COLUMNS = ("table", "name", "model", "params", "devices", "tp", "pp", "seq_length",
                     "ppl", "samples_per_s", "steps")
-OPTIONAL_COLUMNS = ("device_class", "micro_batch_size", "global_batch_size", "precision", "source")
+OPTIONAL_COLUMNS = ("device_class", "micro_batch_size", "global_batch_size", "precision", "recompute", "source")
+BOOLEAN_COLUMNS = {"recompute": {"true": True, "false": False}}
 NUMERIC_COLUMNS = ("devices", "tp", "pp", "seq_length", "micro_batch_size", "global_batch_size", "ppl",
                    "samples_per_s", "steps")
 # columns that may be empty (not published); the others must be filled on every row
 MAY_BE_EMPTY = ("ppl", "steps", "tp", "pp", "device_class", "micro_batch_size", "global_batch_size",
-                "precision", "source")
+                "precision", "recompute", "source")
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "results" / "published"
 
@@ -70,8 +71,14 @@ def _read_one(path: Path) -> pd.DataFrame:
             if not number > 0:
                 raise UsageError(f"--against {path}: line {line}: column {column} is {value!r}; "
                                  "accepted: a number > 0, or empty for not published")
+        for column, values in BOOLEAN_COLUMNS.items():
+            if row[column] != "" and row[column].lower() not in values:
+                raise UsageError(f"--against {path}: line {line}: column {column} is {row[column]!r}; "
+                                 "accepted: true, false, or empty for not published")
     for column in NUMERIC_COLUMNS:
         frame[column] = pd.to_numeric(frame[column].replace({"": None}), errors="coerce").astype("float64")
+    for column, values in BOOLEAN_COLUMNS.items():
+        frame[column] = frame[column].map(lambda v: values.get(v.lower()) if v else None).astype(object)
     frame["file"] = str(path)
     return frame
 

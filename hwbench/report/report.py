@@ -285,7 +285,7 @@ def compare(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
                 "published_devices": int(pub["devices"]), "published_seq_length": pub["seq_length"],
                 "published_steps": pub["steps"], "published_layout": _pub_layout(pub),
                 "measured_samples_per_s": measured, "world_size": run["world_size"], "layout": run["layout"],
-                "same_layout": not any(d.startswith(("TP ", "PP ")) for d in differences),
+                "same_layout": all(pd.isna(pub[k]) or int(pub[k]) == run[k] for k in ("tp", "pp")),
                 "differences": differences,
                 "ratio": measured / published_value if measured is not None else None,
                 "measured_samples_per_s_per_device": per_device,
@@ -299,21 +299,30 @@ def compare(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def setting_differences(run: pd.Series, pub: pd.Series) -> list[str]:
-    """The settings of a measured run that differ from a published point, e.g. 'TP 1 vs 2'."""
+    """The settings of a measured run that differ from a published point, e.g. 'TP 1 vs 2';
+    a setting the run did not record reads '?' ('seq ? vs 1024'), one the published row
+    leaves empty is not compared."""
     differences = []
     for label, run_key, pub_key in (("TP", "tp", "tp"), ("PP", "pp", "pp"), ("devices", "world_size", "devices"),
                                     ("seq", "seq_length", "seq_length"),
                                     ("global batch", "global_batch_size", "global_batch_size"),
                                     ("micro batch", "micro_batch_size", "micro_batch_size"),
-                                    ("precision", "precision", "precision")):
+                                    ("precision", "precision", "precision"),
+                                    ("recompute", "recompute", "recompute")):
         published_value, measured = pub.get(pub_key), run.get(run_key)
-        if published_value is None or measured is None or pd.isna(published_value):
+        if published_value is None or (not isinstance(published_value, str) and pd.isna(published_value)):
             continue
         if isinstance(published_value, float) and float(published_value).is_integer():
             published_value = int(published_value)
-        if measured != published_value:
-            differences.append(f"{label} {measured} vs {published_value}")
+        if measured is None or (isinstance(measured, float) and pd.isna(measured)):
+            differences.append(f"{label} ? vs {_setting_text(published_value)}")
+        elif measured != published_value:
+            differences.append(f"{label} {_setting_text(measured)} vs {_setting_text(published_value)}")
     return differences
+
+
+def _setting_text(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _pub_layout(pub: pd.Series) -> str:
@@ -477,7 +486,7 @@ def _published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: 
                              "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
                              "every published row of its model, whatever its layout; the note names every setting "
                              "that differs from the published point (layout, device count, sequence length, batch, "
-                             "precision). Where the layout or device count differs, read the per-device ratio."))
+                             "precision, recompute). Where the layout or device count differs, read the per-device ratio."))
     section.blocks.append(("p", NORMALISATION))
     for table_name, group in published.groupby("table", sort=True):
         section.blocks.append(("h", f"Table {table_name}"))
