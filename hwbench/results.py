@@ -19,6 +19,20 @@ from typing import Any, Iterable
 from hwbench import RESULT_SCHEMA_VERSION, __version__
 
 STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped")
+# Fields of `environment` that can change the figures by themselves: `hwbench report` and
+# `hwbench compare` warn when the runs they put side by side differ in one of them.
+# `tuning` is what the backend changed in the process (allocator, threads, TF32).
+PERFORMANCE_ENVIRONMENT_FIELDS = ("torch_version", "driver_version", "cuda_version", "cann_version",
+                                  "torch_npu_version", "nccl_version", "hccl_version", "deepspeed_version",
+                                  "hwbench_version", "tuning")
+
+
+def environment_value(environment: dict[str, Any], field: str) -> str | None:
+    """One environment field as comparable text (a mapping as sorted key=value pairs)."""
+    value = environment.get(field)
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={value[key]}" for key in sorted(value))
+    return None if value is None else str(value)
 
 
 class ResultFormatError(ValueError):

@@ -207,6 +207,18 @@ def test_environment_difference_is_warned(tmp_path, capsys):
     assert "warning: environments differ: torch_version 2.13.0+cpu (baseline) vs 2.14.0+cpu (current)" in err
 
 
+def test_a_different_backend_tuning_is_warned(tmp_path, capsys):
+    """HWBENCH_CPU_ALLOCATOR_TUNING=0 on one side: slower by itself (found by running the
+    nightly workflow's steps on the CPU), so the comparison says so."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    tuning = {**template()["environment"]["tuning"], "allocator": "unchanged (HWBENCH_CPU_ALLOCATOR_TUNING=0)"}
+    cur = write(tmp_path / "cur", [1001.0, 1009.0, 996.0], env={"tuning": tuning})
+    code, _, err = run(capsys, base, cur)
+    assert code == 0
+    line = next(line for line in err.splitlines() if "environments differ: tuning" in line)
+    assert "allocator=glibc: mmap off" in line and "allocator=unchanged (HWBENCH_CPU_ALLOCATOR_TUNING=0)" in line
+
+
 def test_points_only_on_one_side_are_listed(tmp_path, capsys):
     base = write(tmp_path / "base", [1000.0])
     write(tmp_path / "base", [500.0], spec={"precision": "bf16"}, point="bf16")

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
-from hwbench.results import RunResult, load_results
+from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_value, load_results
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
@@ -51,10 +51,6 @@ METRICS: dict[str, tuple[tuple[str, ...], bool]] = {
     "step_time_median": (("step_time_s", "median"), False),
     "peak_memory": (("memory", "peak_reserved_bytes"), False),
 }
-
-# Environment fields whose difference makes two results hard to compare.
-ENV_FIELDS = ("torch_version", "driver_version", "cuda_version", "cann_version", "torch_npu_version",
-              "nccl_version", "hccl_version", "deepspeed_version", "hwbench_version")
 
 # The point key, in order: (name, how to read it). Seed, out_dir, launch ports and
 # timeouts, telemetry and evaluation settings are deliberately not part of it.
@@ -316,12 +312,12 @@ def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[st
             if field == "device_model":
                 value = (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])
             else:
-                value = env.get(field)
+                value = environment_value(env, field)
             if env or result.device:
                 found.add(value if value is None else str(value))
         return found
 
-    for field in ("device_model",) + ENV_FIELDS:
+    for field in ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS:
         a, b = values(base, field), values(cur, field)
         if a and b and a != b:
             show = lambda s: ", ".join(sorted(map(str, s)))  # noqa: E731

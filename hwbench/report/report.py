@@ -21,15 +21,13 @@ from tabulate import tabulate
 
 from hwbench.errors import UsageError
 from hwbench.report.published import DEFAULT_DIR, load_published
-from hwbench.results import RunResult, load_results, result_files
+from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_value, load_results, result_files
 
 FORMATS = ("md", "html", "csv", "json")
 DEFAULT_TOKENS = 300e9
 DEFAULT_DEVICES = 8
 SECTIONS = ("Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Environment",
             "Skipped input files")
-ENV_KEYS = ("torch_version", "driver_version", "cuda_version", "cann_version", "torch_npu_version",
-            "deepspeed_version", "hwbench_version")
 NORMALISATION = ("Per-device figures divide the global samples/s by the devices that produced it: a measured "
                  "run's samples/s / its world size (tp x pp x dp ranks, one device each), a published row's "
                  "samples/s / its devices (8 for every published row). The ratio is measured / published.")
@@ -234,8 +232,9 @@ def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: floa
         "hwbench_git": (environment.get("hwbench_git") or {}).get("commit"),
         "hwbench_git_dirty": (environment.get("hwbench_git") or {}).get("dirty"),
     }
-    for key in ENV_KEYS:
-        row[key] = environment.get(key, result.hwbench_version if key == "hwbench_version" else None)
+    for key in PERFORMANCE_ENVIRONMENT_FIELDS:
+        row[key] = environment_value(environment, key)
+    row["hwbench_version"] = row["hwbench_version"] or result.hwbench_version
     if row["tokens_per_s_per_device"] is None and row["tokens_per_s"] is not None:
         row["tokens_per_s_per_device"] = row["tokens_per_s"] / world
     row["samples_per_s_per_device"] = None if row["samples_per_s"] is None else row["samples_per_s"] / world
@@ -337,8 +336,9 @@ def env_warnings(runs: pd.DataFrame) -> list[str]:
     ok = runs[runs["status"] == "ok"] if not runs.empty else runs
     if len(ok) < 2:
         return found
-    per_backend = ("driver_version", "cuda_version", "cann_version", "torch_npu_version")
-    for key in ENV_KEYS + ("hwbench_git", "precision"):
+    per_backend = ("driver_version", "cuda_version", "cann_version", "torch_npu_version", "nccl_version",
+                   "hccl_version", "tuning")
+    for key in PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision"):
         groups = ok.groupby("backend") if key in per_backend else [(None, ok)]
         for backend, group in groups:
             values: dict[str, list[str]] = {}
