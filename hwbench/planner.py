@@ -338,7 +338,8 @@ def _variants(dp: int, tp: int, pp: int, engine: str | None) -> list[tuple[str, 
     return found
 
 
-def _layouts(devices: int) -> list[tuple[int, int, int]]:
+def layouts(devices: int) -> list[tuple[int, int, int]]:
+    """Every (tp, pp, dp) split of ``devices``, tp-major."""
     return [(tp, pp, devices // (tp * pp)) for tp in range(1, devices + 1) for pp in range(1, devices + 1)
             if devices % (tp * pp) == 0]
 
@@ -415,7 +416,7 @@ def main(argv: Sequence[str]) -> int:
     rows: list[tuple[int, list]] = []
     skipped: list[str] = []
     spec = None
-    for tp, pp, dp in _layouts(args.devices):
+    for tp, pp, dp in layouts(args.devices):
         name = f"{tp}x{pp}x{dp}"
         base = [*run_argv, "--nproc-per-node", str(args.devices), "--tp", str(tp), "--pp", str(pp)]
         for variant, extra in _variants(dp, tp, pp, args.engine):

@@ -7,6 +7,7 @@ naming the option, the value and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -165,11 +166,14 @@ def _check_split(split: str) -> str:
     return split
 
 
-def _build_launch(options: dict[str, Any], torchrun_world_size: int | None) -> LaunchSpec:
-    def given(key: str, default: Any) -> Any:
-        value = options.get(key)
-        return default if value is None else value
+def _given(options: dict[str, Any], key: str, default: Any) -> Any:
+    """The option's value, or ``default`` when it was not given (None)."""
+    value = options.get(key)
+    return default if value is None else value
 
+
+def _build_launch(options: dict[str, Any], torchrun_world_size: int | None) -> LaunchSpec:
+    given = functools.partial(_given, options)
     nnodes = _positive("--nnodes", given("nnodes", 1))
     nproc = _positive("--nproc-per-node", given("nproc_per_node", 1))
     node_rank = _positive("--node-rank", given("node_rank", 0), minimum=0)
@@ -239,8 +243,6 @@ def _build_parallel(options: dict[str, Any], workload: Workload, launch: LaunchS
     if heads % tp:
         raise UsageError(f"--tp {tp} does not divide the {heads} attention heads of --model {workload.name}; "
                          f"accepted: {_divisors(heads)}")
-    if model.padded_vocab_size(tp) % tp:
-        raise UsageError(f"--tp {tp} does not divide the padded vocabulary {model.padded_vocab_size(tp)}")
     if pp > model.num_layers:
         raise UsageError(f"--pp {pp} exceeds the {model.num_layers} layers of --model {workload.name}; "
                          f"accepted: 1 to {model.num_layers}")
@@ -255,7 +257,7 @@ def _build_parallel(options: dict[str, Any], workload: Workload, launch: LaunchS
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
 
 
-def _check_engine_layout(engine: str, zero_stage: int, fsdp: bool, parallel: ParallelDims) -> None:
+def _check_engine_layout(engine: str, parallel: ParallelDims) -> None:
     if engine == "deepspeed" and (parallel.tp > 1 or parallel.pp > 1):
         raise UsageError(f"--engine deepspeed runs data parallelism with ZeRO; --tp {parallel.tp} --pp {parallel.pp} "
                          "needs --engine native")
@@ -268,10 +270,7 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
     ``check_paths``: False when the run happens elsewhere (a Kubernetes pod), so
     --data and --out name paths there, not here."""
 
-    def given(key: str, default: Any) -> Any:
-        value = options.get(key)
-        return default if value is None else value
-
+    given = functools.partial(_given, options)
     model_name = given("model", DEFAULT_MODEL)
     if model_name not in catalog.workloads:
         raise UsageError(f"--model {model_name!r} is not in the catalog; accepted: {', '.join(sorted(catalog.workloads))}")
@@ -294,7 +293,7 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
     launch = _build_launch(options, torchrun_world_size)
     engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
     parallel = _build_parallel(options, workload, launch, engine)
-    _check_engine_layout(engine, zero_stage, fsdp, parallel)
+    _check_engine_layout(engine, parallel)
 
     if global_batch % (micro * parallel.dp):
         step = micro * parallel.dp

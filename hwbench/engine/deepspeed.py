@@ -24,6 +24,7 @@ from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext
+from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, MIN_LOSS_SCALE  # DeepSpeed's defaults too
 from hwbench.engine.optim import build_optimizer, learning_rate
 from hwbench.spec import OptimizerSpec, RunSpec
 from hwbench.workload.data import Batch
@@ -33,10 +34,6 @@ from hwbench.workload.model import lm_loss
 # that would be host work (and output) mid-measurement, so never.
 NEVER_PRINT = 2 ** 31 - 1
 
-# fp16 dynamic loss scaling: DeepSpeed's defaults, which Megatron-DeepSpeed used.
-LOSS_SCALE_WINDOW = 1000
-HYSTERESIS = 2
-MIN_LOSS_SCALE = 1
 
 
 def deepspeed_config(spec: RunSpec, dp_size: int) -> dict[str, Any]:
@@ -61,7 +58,7 @@ def deepspeed_config(spec: RunSpec, dp_size: int) -> dict[str, Any]:
             "initial_scale_power": spec.initial_scale_power,
             "loss_scale_window": LOSS_SCALE_WINDOW,
             "hysteresis": HYSTERESIS,
-            "min_loss_scale": MIN_LOSS_SCALE,
+            "min_loss_scale": int(MIN_LOSS_SCALE),
         }
     elif spec.precision == "bf16":
         config["bf16"] = {"enabled": True}

@@ -42,6 +42,7 @@ class NativeEngine:
         self.ctx = ctx or single_process(spec.parallel)
         dims = self.ctx.dims
         self.loss_parallel = dims.tp > 1 and dims.pp == 1
+        self.data_parallel = _data_parallel_mode(dims.tp, dims.pp, dims.dp, spec.fsdp)
         self.model = self._build(config)
         self.model.train()
         self.optimizer = build_optimizer(self.model, spec.optimizer, backend.optimizer_options())
@@ -75,7 +76,7 @@ class NativeEngine:
         if spec.compile:
             for block in model.blocks.values():
                 block.compile()
-        if dims.dp > 1 and not spec.fsdp and dims.tp == 1 and dims.pp == 1:
+        if self.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = None if self.backend.torch_device.type == "cpu" else [self.backend.torch_device]
@@ -120,9 +121,9 @@ class NativeEngine:
 
     def _gradient_sync(self, last_micro_step: bool) -> contextlib.AbstractContextManager:
         """DDP and FSDP reduce gradients in the backward of the last micro-batch only."""
-        if isinstance(self.model, nn.parallel.DistributedDataParallel) and not last_micro_step:
+        if self.data_parallel == "ddp" and not last_micro_step:
             return self.model.no_sync()
-        if self.spec.fsdp:
+        if self.spec.fsdp:  # FSDP is applied even at dp 1
             self.gpt.set_requires_gradient_sync(last_micro_step)
         return contextlib.nullcontext()
 
@@ -160,7 +161,7 @@ class NativeEngine:
         parallelism is on (one flat all-reduce), and the sum of the two tied
         embedding copies of the first and last pipeline stage."""
         dims = self.ctx.dims
-        if dims.dp > 1 and not self.spec.fsdp and (dims.tp > 1 or dims.pp > 1):
+        if self.data_parallel == "all-reduce":
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
             flat = torch.cat([g.reshape(-1) for g in grads])
             self.ctx.all_reduce(flat, "dp")
@@ -197,10 +198,8 @@ class NativeEngine:
         loss = self._forward_backward(next_batch)
         self._reduce_gradients()
         scale = self.scaler.scale if self.scaler else None
-        if self.scaler:
-            for parameter in self.model.parameters():
-                if parameter.grad is not None:
-                    parameter.grad.mul_(1.0 / scale)
+        if self.scaler:  # unscale in one multi-tensor call, not a kernel per parameter
+            torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], 1.0 / scale)
         grad_norm = self._global_grad_norm()
         skipped = False
         if self.scaler:  # one host sync per step, as Megatron's and torch's scalers have
@@ -255,18 +254,10 @@ class NativeEngine:
 
     def describe(self) -> dict[str, Any]:
         dims = self.ctx.dims
-        if dims.dp == 1:
-            data_parallel = None
-        elif self.spec.fsdp:
-            data_parallel = "fsdp2"
-        elif dims.tp == 1 and dims.pp == 1:
-            data_parallel = "ddp"
-        else:
-            data_parallel = "all-reduce"
         stage_blocks = [list(stage_layers(self.gpt.config.num_layers, dims.pp, s)) for s in range(dims.pp)]
         return {
             "name": "native",
-            "data_parallel": data_parallel,
+            "data_parallel": self.data_parallel,
             "tensor_parallel": "dtensor" if dims.tp > 1 else None,
             "vocab_parallel": dims.tp > 1,
             "loss_parallel": self.loss_parallel,
@@ -285,3 +276,13 @@ class NativeEngine:
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """The local part of a DTensor (a replicated loss, a sharded gradient); a plain tensor as is."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _data_parallel_mode(tp: int, pp: int, dp: int, fsdp: bool) -> str | None:
+    """How gradients are averaged over data parallelism: None (dp 1), "fsdp2", "ddp"
+    (pure data parallelism), or "all-reduce" (one flat all-reduce beside TP or PP)."""
+    if dp == 1:
+        return None
+    if fsdp:
+        return "fsdp2"
+    return "ddp" if tp == 1 and pp == 1 else "all-reduce"

@@ -80,7 +80,6 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
         })
         _replicate(block.ln_1, tp_mesh)
         _replicate(block.ln_2, tp_mesh)
-    tied = model.wte is not None and model.output is not None and model.output.weight is model.wte.weight
     if model.wte is not None:
         parallelize_module(model.wte, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
         _replicate(model.wpe, tp_mesh)
@@ -89,8 +88,8 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
         parallelize_module(model.output, tp_mesh, ColwiseParallel(
             input_layouts=Replicate(), output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel))
-    if tied:  # both are the (vocab, hidden) weight sharded on the vocabulary: one parameter again
-        model.output.weight = model.wte.weight
+    # both are the (vocab, hidden) weight sharded on the vocabulary: one parameter again
+    model.tie_output_to_embedding()
 
 
 def apply_fsdp(model: GPT, dp_mesh, reshard_after_forward: bool) -> None:

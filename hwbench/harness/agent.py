@@ -36,9 +36,10 @@ def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
 
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
+    from hwbench.harness.faults import AGENT_FILE
     from hwbench.results import write_json_atomic
 
-    write_json_atomic(run_dir / "agent.json", record)
+    write_json_atomic(run_dir / AGENT_FILE, record)
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,9 @@ from hwbench.results import write_json_atomic
 
 FAULT_ENV = "HWBENCH_FAULT"
 RUN_DIR_ENV = "HWBENCH_RUN_DIR"
+# files in that run folder: rank 0's merged result, the torchrun agent's outcome
+RESULT_FILE = "result.json"
+AGENT_FILE = "agent.json"
 FAULT_KINDS = ("raise", "oom", "signal", "hang")
 
 

@@ -37,12 +37,11 @@ from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
-from hwbench.harness.faults import RUN_DIR_ENV, read_heartbeats
-from hwbench.harness.worker import describe_device, describe_workload
+from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
+from hwbench.harness.worker import checked_backend, describe_device, describe_workload
 from hwbench.results import RunResult, new_run_id, utc_now
 from hwbench.spec import RunSpec
 
-RESULT_FILE = "result.json"
 TERMINATE_GRACE_S = 10.0  # torchrun's own SIGTERM-then-SIGKILL of its workers takes a few seconds
 PR_SET_CHILD_SUBREAPER = 36
 RDZV_ID = "hwbench"
@@ -208,12 +207,7 @@ def _terminate_as_interrupt(_signal_number, _frame) -> None:
 
 def _check_device(spec: RunSpec) -> Backend:
     """Device problems fail here, once, as one line, before any rank starts."""
-    from hwbench.device import select_backend
-
-    backend = select_backend(spec.device)
-    problem = backend.precision_problem(spec.precision)
-    if problem:
-        raise UsageError(f"--precision {spec.precision}: {problem}")
+    backend = checked_backend(spec)
     count = backend.device_count()
     if backend.name != "cpu" and count < spec.launch.nproc_per_node:
         raise UsageError(f"--nproc-per-node {spec.launch.nproc_per_node} needs that many {backend.name} devices; "
@@ -234,7 +228,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         return RunResult.from_dict(merged)
     if returncode == 0 and not timed_out and spec.launch.node_rank > 0:
         return None  # this node's ranks finished; node 0 writes the result
-    agent = _load_json(run_dir / "agent.json") or {}
+    agent = _load_json(run_dir / AGENT_FILE) or {}
     failures = agent.get("failures", [])
     _raise_setup_problem(failures)
     beats = read_heartbeats(run_dir)

@@ -58,25 +58,23 @@ class Candidate:
 
 
 def candidates(devices: int, global_batch: int, engines: list[str]) -> list[Candidate]:
+    from hwbench.planner import layouts
+
     found = []
-    for tp in range(1, devices + 1):
-        for pp in range(1, devices // tp + 1):
-            if devices % (tp * pp):
-                continue
-            dp = devices // (tp * pp)
-            if global_batch % dp:
-                continue
-            variants = []
-            if "native" in engines:
-                variants += ["plain"] + (["fsdp"] if dp > 1 else [])
-            if "deepspeed" in engines and tp == pp == 1:
-                variants += ["zero1", "zero2", "zero3"] if dp > 1 else ["zero1"]
-            per_rank = global_batch // dp
-            micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
-            for variant in variants:
-                for micro in micros:
-                    for recompute in (False, True):
-                        found.append(Candidate(tp, pp, dp, variant, micro, recompute, per_rank))
+    for tp, pp, dp in layouts(devices):
+        if global_batch % dp:
+            continue
+        variants = []
+        if "native" in engines:
+            variants += ["plain"] + (["fsdp"] if dp > 1 else [])
+        if "deepspeed" in engines and tp == pp == 1:
+            variants += ["zero1", "zero2", "zero3"] if dp > 1 else ["zero1"]
+        per_rank = global_batch // dp
+        micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+        for variant in variants:
+            for micro in micros:
+                for recompute in (False, True):
+                    found.append(Candidate(tp, pp, dp, variant, micro, recompute, per_rank))
     return sorted(found, key=Candidate.prior)
 
 
@@ -95,14 +93,14 @@ def tune(base_args: list[str], devices: int, out_dir: Path, capacity_bytes: int 
     """Prune, then measure in prior order until the stopping rule; every trial returned."""
     from hwbench.catalog import load_catalog
     from hwbench.cli import parse_run_spec
-    from hwbench.harness.sweep import _say, result_key, run_one
+    from hwbench.harness.sweep import TIMEOUT_MARGIN_S, _say, result_key, run_one
     from hwbench.planner import fits, plan_memory
 
     catalog = load_catalog()
     base = parse_run_spec(base_args + ["--nproc-per-node", str(devices)], check_paths=False)
     config = catalog.workloads[base.model].model
     trials: list[Trial] = []
-    runnable: list[tuple[Candidate, list[str], Any]] = []
+    runnable: list[tuple[Candidate, list[str], Any, Any]] = []
     for candidate in candidates(devices, base.global_batch_size, engines):
         args = base_args + ["--nproc-per-node", str(devices), *candidate.run_args()]
         try:
@@ -115,17 +113,16 @@ def tune(base_args: list[str], devices: int, out_dir: Path, capacity_bytes: int 
             trials.append(Trial(candidate, "does-not-fit", predicted_peak_bytes=plan.total_bytes,
                                 note=f"predicted {plan.total_bytes / 2**30:.2f} GiB per rank"))
             continue
-        runnable.append((candidate, args, plan))
+        runnable.append((candidate, args, spec, plan))
     _say(show_progress, f"tune {base.model} on {devices} devices: {len(runnable)} candidates fit, "
                         f"{len(trials)} pruned; measuring at most {max_trials}")
     best, since_best, measured = 0.0, 0, 0
-    for index, (candidate, args, plan) in enumerate(runnable[:max_trials], start=1):
+    for index, (candidate, args, spec, plan) in enumerate(runnable[:max_trials], start=1):
         measured = index
         sweep = {"suite": f"tune-{base.model}-{devices}", "suite_path": None, "point": candidate.name,
                  "repeat": 0, "repeats": 1, "key": result_key(args, 0)}
         _say(show_progress, f"[{index}/{min(max_trials, len(runnable))}] {candidate.name}")
-        spec = parse_run_spec(args, check_paths=False)
-        result: RunResult = run_one(args, out_dir / candidate.name, sweep, spec.launch.timeout_s + 120.0)
+        result: RunResult = run_one(args, out_dir / candidate.name, sweep, spec.launch.timeout_s + TIMEOUT_MARGIN_S)
         samples = result.metrics.get("samples_per_s") if result.status == "ok" else None
         trials.append(Trial(candidate, result.status, samples, plan.total_bytes,
                             (result.error or {}).get("message", ""), result.run_id))
@@ -137,7 +134,7 @@ def tune(base_args: list[str], devices: int, out_dir: Path, capacity_bytes: int 
         if since_best >= patience:
             _say(show_progress, f"stopping: {patience} trials in a row without a {IMPROVEMENT:.0%} gain")
             break
-    for candidate, _, plan in runnable[measured:]:
+    for candidate, _, _, plan in runnable[measured:]:
         trials.append(Trial(candidate, "not-measured", predicted_peak_bytes=plan.total_bytes,
                             note="the search stopped first"))
     return trials

@@ -27,7 +27,7 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
-from hwbench.harness.faults import RUN_DIR_ENV, Fault, Heartbeat
+from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, Fault, Heartbeat
 from hwbench.harness.merge import merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.stats import finite_or_none
@@ -60,10 +60,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     failed, invalid, numerics). As a rank, it is raised (RankFailure): torchrun
     then stops the other ranks, which would otherwise wait in a collective, and
     records the traceback for the launcher."""
-    backend = select_backend(spec.device)
-    problem = backend.precision_problem(spec.precision)
-    if problem:
-        raise UsageError(f"--precision {spec.precision}: {problem}")
+    backend = checked_backend(spec)
     workload = catalog.workloads[spec.model]
     local_rank, local_world = (rank_env.local_rank, rank_env.local_world_size) if rank_env else (0, 1)
     try:
@@ -136,7 +133,7 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
             return 0
         run_dir = os.environ.get(RUN_DIR_ENV)
         if run_dir:
-            write_json_atomic(os.path.join(run_dir, "result.json"), result.to_dict())
+            write_json_atomic(os.path.join(run_dir, RESULT_FILE), result.to_dict())
             return 0
         result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
@@ -161,6 +158,15 @@ def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[
     return failure
 
 
+def checked_backend(spec: RunSpec) -> Backend:
+    """The run's device backend, once it is known to run the spec's precision."""
+    backend = select_backend(spec.device)
+    problem = backend.precision_problem(spec.precision)
+    if problem:
+        raise UsageError(f"--precision {spec.precision}: {problem}")
+    return backend
+
+
 def catalog_entry(backend: Backend, catalog: Catalog):
     """(device model name, the catalog entry that matches it or None)."""
     names = backend.device_names()
@@ -170,7 +176,10 @@ def catalog_entry(backend: Backend, catalog: Catalog):
 
 def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
     """Memory per device: what the device reports, else its catalog entry's."""
-    _, entry = catalog_entry(backend, catalog)
+    return _capacity_bytes(backend, catalog_entry(backend, catalog)[1])
+
+
+def _capacity_bytes(backend: Backend, entry) -> int | None:
     return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
 
 
@@ -180,7 +189,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
                     (None, f"no catalog entry matches the {backend.name} device {model_name!r}"))
     if backend.simulated:
         peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
-    capacity = device_capacity_bytes(backend, catalog)
+    capacity = _capacity_bytes(backend, entry)
     return {
         "backend": backend.name,
         "dist_backend": backend.dist_backend,
