@@ -184,10 +184,12 @@ def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
         from hwbench.harness.worker import run_point
 
         result = run_point(spec, catalog, show_progress=not args.quiet)
-    if os.environ.get("HWBENCH_SWEEP"):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
+    from hwbench.harness.sweep import SWEEP_ENV
+
+    if os.environ.get(SWEEP_ENV):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
         import json
 
-        result.sweep = json.loads(os.environ["HWBENCH_SWEEP"])
+        result.sweep = json.loads(os.environ[SWEEP_ENV])
     path = write_result(result, spec.out_dir)
     print(run_summary_table(result, str(path)))
     return 0 if result.status == "ok" else 1
@@ -222,6 +224,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hwbench.harness.tune import ranking, tune, write_ranking
+    from hwbench.results import RANKING_FILE
     from hwbench.planner import parse_size
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -243,7 +246,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     out = Path(args.out)
     trials = tune(base, args.devices, out / f"{args.model}-{args.devices}", capacity, engines, args.max_trials,
                   args.patience, show_progress=not args.quiet)
-    write_ranking(trials, out / f"{args.model}-{args.devices}" / "ranking.json")
+    write_ranking(trials, out / f"{args.model}-{args.devices}" / RANKING_FILE)
     ranked = ranking(trials)
     rows = [[i, t.candidate.name, f"{t.samples_per_s:,.2f}", f"{t.samples_per_s / ranked[0].samples_per_s:.0%}",
              f"{t.predicted_peak_bytes / 2**30:.2f}" if t.predicted_peak_bytes else "-"]
@@ -255,7 +258,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if not t.samples_per_s:
             counts[t.status] = counts.get(t.status, 0) + 1
     print("not ranked: " + (", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none"))
-    print(f"ranking and every trial: {out / f'{args.model}-{args.devices}' / 'ranking.json'}")
+    print(f"ranking and every trial: {out / f'{args.model}-{args.devices}' / RANKING_FILE}")
     return 0 if ranked else 1
 
 

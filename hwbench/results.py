@@ -148,12 +148,20 @@ def load_result(path: str | os.PathLike) -> RunResult:
     return RunResult.from_dict(data)
 
 
+# hwbench's own summaries that live beside results: a sweep point's repeat statistics,
+# `hwbench tune`'s ranking. Folders are searched for results without them.
+AGGREGATE_FILE = "aggregate.json"
+RANKING_FILE = "ranking.json"
+
+
 def result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Result files named directly or found (recursively) in folders."""
+    """Result files named directly or found (recursively) in folders (hidden files and
+    hwbench's own summaries left out)."""
     found: list[Path] = []
     for entry in map(Path, paths):
         if entry.is_dir():
-            found += sorted(p for p in entry.rglob("*.json") if not p.name.startswith("."))
+            found += sorted(p for p in entry.rglob("*.json")
+                            if not p.name.startswith(".") and p.name not in (AGGREGATE_FILE, RANKING_FILE))
         else:
             found.append(entry)
     return found

@@ -68,3 +68,15 @@ def test_file_without_schema_version_is_not_a_result(tmp_path):
     path.write_text('{"hello": 1}')
     with pytest.raises(ResultFormatError, match="not an hwbench result"):
         load_result(path)
+
+
+def test_sweep_and_tune_summaries_beside_results_are_not_read_as_results(tmp_path):
+    """A sweep point keeps aggregate.json beside its repeats, tune its ranking.json: a
+    folder search reads the results only, with no 'not an hwbench result' warning."""
+    write_result(_result("r1"), tmp_path / "point")
+    (tmp_path / "point" / "aggregate.json").write_text(json.dumps({"ok": 1}))
+    (tmp_path / "ranking.json").write_text(json.dumps([]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results, skipped = load_results([tmp_path])
+    assert [r.run_id for r in results] == ["r1"] and skipped == []

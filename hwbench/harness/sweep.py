@@ -31,7 +31,7 @@ from typing import Any
 from hwbench import __version__
 from hwbench.errors import UsageError
 from hwbench.harness.suite import Point, Suite
-from hwbench.results import RunResult, load_results, new_run_id, utc_now, write_json_atomic, write_result
+from hwbench.results import AGGREGATE_FILE, RunResult, load_results, new_run_id, result_files, utc_now, write_json_atomic, write_result
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
@@ -147,7 +147,7 @@ def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
     """One `hwbench run` in its own process tree; a result whatever happens."""
     point_dir.mkdir(parents=True, exist_ok=True)
     log = point_dir / f"repeat{sweep['repeat']}.log"
-    before = {r.run_id for r in load_results([point_dir])[0]}
+    before = set(result_files([point_dir]))  # names only: earlier repeats are not read again
     with open(log, "w") as log_file:
         child = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", *args, "--out", str(point_dir)],
                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
@@ -161,7 +161,7 @@ def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
         except BaseException:
             _stop(child)
             raise
-    new = [r for r in load_results([point_dir])[0] if r.run_id not in before]
+    new = load_results(sorted(set(result_files([point_dir])) - before))[0]
     if new:
         return new[-1]
     last_line = next((line for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()), "")
@@ -268,7 +268,7 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
                      + (f" ({result.error['message']})" if result.error else ""))
             record.aggregate = aggregate(point, record.results) if options.repeats > 1 else None
             if record.aggregate:
-                write_json_atomic(point_dir / "aggregate.json", record.aggregate)
+                write_json_atomic(point_dir / AGGREGATE_FILE, record.aggregate)
     except KeyboardInterrupt:
         raise SweepInterrupted(signal.SIGINT) from None
     finally:
