@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from hwbench.harness.suite import find_suite, load_suite
+from hwbench.harness.sweep import SweepOptions, point_args
 from hwbench.results import load_results
 
 SUITE = os.environ.get("HWBENCH_BENCH_SUITE", "smoke")
@@ -43,9 +44,7 @@ def _points():
 
 
 def _run_point(point, out_dir: Path, seed: int) -> None:
-    args = point.run_args()
-    if DEVICE and point.option("device") is None:
-        args += ["--device", DEVICE]
+    args = point_args(point, SweepOptions(out_dir=out_dir, device=DEVICE or None))
     args += ["--seed", str(seed)]  # distinct seeds per round, as `hwbench sweep --repeats`
     done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", *args, "--out", str(out_dir)],
                           env={**os.environ, **dict(point.env)}, capture_output=True, text=True)

@@ -111,12 +111,6 @@ class K8sJob:
         return ["/bin/sh", "-c", script]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as one line (UsageError, exit 2), as hwbench.cli does."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
 
 def _int_at_least(option: str, minimum: int, maximum: int | None = None):
     def convert(text: str) -> int:
@@ -157,6 +151,8 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from hwbench.cli import _Parser  # one line, exit 2, for a bad option
+
     parser = _Parser(prog="hwbench k8s", allow_abbrev=False,
                      description="Print a Kubeflow PyTorchJob manifest that runs `hwbench run` on --nnodes pods. "
                      "Options not listed here are `hwbench run` options, passed to every pod.")

@@ -22,7 +22,8 @@ import re
 from collections.abc import Sequence
 
 from hwbench.errors import UsageError
-from hwbench.spec import RunSpec
+from hwbench.catalog import PRECISIONS
+from hwbench.spec import ENGINES, PP_SCHEDULES, RunSpec
 from hwbench.workload.config import GPTConfig
 
 GIB = 2 ** 30
@@ -301,15 +302,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=BACKENDS,
                         help="framework overhead of this device kind (default: the device model's, else cuda)")
     parser.add_argument("--layout", help="one layout TPxPPxDP (e.g. 2x2x2): show every pipeline stage")
-    parser.add_argument("--engine", choices=("native", "deepspeed"), help="only this engine's variants")
+    parser.add_argument("--engine", choices=ENGINES, help="only this engine's variants")
     parser.add_argument("--fsdp", action="store_true", default=None, help="with --layout: FSDP2 (native engine)")
     parser.add_argument("--zero", type=int, help="with --layout: ZeRO stage 0-3 (deepspeed engine)")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    parser.add_argument("--precision", choices=PRECISIONS)
     parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--global-batch-size", type=int)
     parser.add_argument("--seq-length", type=int)
-    parser.add_argument("--pp-schedule", choices=("1f1b", "gpipe"))
+    parser.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
     return parser

@@ -25,6 +25,9 @@ STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped")
 PERFORMANCE_ENVIRONMENT_FIELDS = ("torch_version", "driver_version", "cuda_version", "cann_version",
                                   "torch_npu_version", "nccl_version", "hccl_version", "deepspeed_version",
                                   "hwbench_version", "tuning")
+# Of those, the ones that belong to a device kind: compared among runs of the same backend only.
+PER_BACKEND_ENVIRONMENT_FIELDS = ("driver_version", "cuda_version", "cann_version", "torch_npu_version",
+                                  "nccl_version", "hccl_version", "tuning")
 
 
 def environment_value(environment: dict[str, Any], field: str) -> str | None:

@@ -134,24 +134,15 @@ def test_planted_10_percent_regression_with_3_repeats(tmp_path, capsys):
     assert "nightly/one-rank" in table and "(n=3)" in table
 
 
-def test_two_percent_change_is_within_noise(tmp_path, capsys):
-    base = write(tmp_path / "base", [1000.0, 1030.0, 980.0])
-    cur = write(tmp_path / "cur", [990.0, 1000.0, 970.0])
-    code, out, _ = run(capsys, base, cur)
-    assert code == 0 and "within noise" in verdicts(out)
-
-
-def test_separated_but_below_threshold_is_within_noise(tmp_path, capsys):
-    base = write(tmp_path / "base", [1000.0, 1001.0, 1002.0])
-    cur = write(tmp_path / "cur", [980.0, 981.0, 982.0])
-    code, out, _ = run(capsys, base, cur, "--threshold", "0.05")
-    assert code == 0 and "within noise" in verdicts(out)
-
-
-def test_large_but_noisy_change_is_within_noise(tmp_path, capsys):
-    base = write(tmp_path / "base", [1000.0, 700.0, 1300.0])
-    cur = write(tmp_path / "cur", [800.0, 1250.0, 650.0])
-    code, out, _ = run(capsys, base, cur)
+@pytest.mark.parametrize("base_values, cur_values, extra", [
+    ([1000.0, 1030.0, 980.0], [990.0, 1000.0, 970.0], ()),
+    ([1000.0, 1001.0, 1002.0], [980.0, 981.0, 982.0], ("--threshold", "0.05")),
+    ([1000.0, 700.0, 1300.0], [800.0, 1250.0, 650.0], ()),
+], ids=["two-percent-change", "separated-but-below-threshold", "large-but-noisy"])
+def test_change_is_within_noise(tmp_path, capsys, base_values, cur_values, extra):
+    base = write(tmp_path / "base", base_values)
+    cur = write(tmp_path / "cur", cur_values)
+    code, out, _ = run(capsys, base, cur, *extra)
     assert code == 0 and "within noise" in verdicts(out)
 
 

@@ -280,7 +280,8 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
     comparison.change = change
     worse = -change if higher_is_better else change  # > 0: worse by that fraction
     beyond = abs(change) > threshold
-    if len(base) < 2 or len(cur) < 2:
+    no_repeats = len(base) < 2 or len(cur) < 2
+    if no_repeats:
         comparison.rule = "no repeats: threshold only"
         significant = True
     else:
@@ -294,7 +295,7 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
             comparison.rule += ", separated"
     if beyond and significant:
         comparison.verdict = "regression" if worse > 0 else "improvement"
-    elif comparison.rule.startswith("no repeats"):
+    elif no_repeats:
         comparison.verdict = "no repeats"
     else:
         comparison.verdict = "within noise"

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import math
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +20,8 @@ from tabulate import tabulate
 
 from hwbench.errors import UsageError
 from hwbench.report.published import DEFAULT_DIR, load_published
-from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_value, load_results, result_files
+from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError, RunResult, environment_value, load_result,
+                             result_files)
 
 FORMATS = ("md", "html", "csv", "json")
 DEFAULT_TOKENS = 300e9
@@ -35,12 +35,9 @@ SCALING_ASSUMPTION = ("Projections assume linear scaling: N devices reach N x th
                       "with no loss to communication, stragglers or a larger data-parallel degree.")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
+    from hwbench.cli import _Parser  # one line, exit 2, for a bad option
+
     parser = _Parser(prog="hwbench report", description=(
         "Report result files (files or folders) against the published tables: throughput, per-device "
         "normalisation, memory, cost and energy per token, convergence and environment."))
@@ -88,28 +85,31 @@ def parse_tokens(text: str) -> float:
 
 def load_inputs(paths: Sequence[str]) -> tuple[list[tuple[RunResult, str]], list[tuple[str, str]]]:
     """(result, file) pairs and (file, reason) of the files skipped."""
+    files: list[Path] = []
     for path in paths:
         entry = Path(path)
         if not entry.exists():
             raise UsageError(f"RESULTS {path}: no such file or folder")
-        if entry.is_dir() and not result_files([entry]):
+        found = result_files([entry])
+        if entry.is_dir() and not found:
             raise UsageError(f"RESULTS {path}: the folder holds no result files (*.json)")
+        files += found
     loaded: list[tuple[RunResult, str]] = []
-    skipped_all: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = []  # the report lists them itself: no warnings
     seen: dict[str, str] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the report lists skipped files itself
-        for file in result_files(paths):
-            results, skipped = load_results([file])
-            skipped_all += [(str(p), reason) for p, reason in skipped]
-            for result in results:
-                first = seen.get(result.run_id)
-                if first is not None:  # the same run named twice (a copy, or a file and its folder)
-                    skipped_all.append((str(file), f"{file}: run {result.run_id} is already read from {first}"))
-                    continue
-                seen[result.run_id] = str(file)
-                loaded.append((result, str(file)))
-    return loaded, skipped_all
+    for file in files:
+        try:
+            result = load_result(file)
+        except ResultFormatError as error:
+            skipped.append((str(file), str(error)))
+            continue
+        first = seen.get(result.run_id)
+        if first is not None:  # the same run named twice (a copy, or a file and its folder)
+            skipped.append((str(file), f"{file}: run {result.run_id} is already read from {first}"))
+            continue
+        seen[result.run_id] = str(file)
+        loaded.append((result, str(file)))
+    return loaded, skipped
 
 
 # ---------------------------------------------------------------------------- figures
@@ -235,8 +235,6 @@ def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: floa
     for key in PERFORMANCE_ENVIRONMENT_FIELDS:
         row[key] = environment_value(environment, key)
     row["hwbench_version"] = row["hwbench_version"] or result.hwbench_version
-    if row["tokens_per_s_per_device"] is None and row["tokens_per_s"] is not None:
-        row["tokens_per_s_per_device"] = row["tokens_per_s"] / world
     row["samples_per_s_per_device"] = None if row["samples_per_s"] is None else row["samples_per_s"] / world
     measured = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None else row["peak_reserved_bytes"]
     row["peak_bytes"] = measured
@@ -336,10 +334,8 @@ def env_warnings(runs: pd.DataFrame) -> list[str]:
     ok = runs[runs["status"] == "ok"] if not runs.empty else runs
     if len(ok) < 2:
         return found
-    per_backend = ("driver_version", "cuda_version", "cann_version", "torch_npu_version", "nccl_version",
-                   "hccl_version", "tuning")
     for key in PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision"):
-        groups = ok.groupby("backend") if key in per_backend else [(None, ok)]
+        groups = ok.groupby("backend") if key in PER_BACKEND_ENVIRONMENT_FIELDS else [(None, ok)]
         for backend, group in groups:
             values: dict[str, list[str]] = {}
             for _, run in group.iterrows():

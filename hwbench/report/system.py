@@ -41,7 +41,7 @@ def _interconnect(entry: str | None) -> str | None:
         device = load_catalog().devices.get(entry)
     except Exception:  # a catalog that cannot be read leaves the field unknown
         return None
-    return getattr(device, "interconnect", None) if device else None
+    return device.interconnect if device else None
 
 
 def system_description(source: RunResult | dict[str, Any]) -> dict[str, Any]:
@@ -127,4 +127,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-main_system = main
