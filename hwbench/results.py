@@ -95,12 +95,16 @@ def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
 
 
 def write_json_atomic(path: str | os.PathLike, value: Any, durable: bool = True) -> Path:
-    """Every JSON file hwbench writes: a temporary file in the same folder, then
-    renamed over the final name, so a reader sees the old file or the whole new
-    one, never half. ``durable``: flushed to disk before the rename (results);
-    False for files that are rewritten every step (heartbeats)."""
+    """Every JSON file hwbench writes, through write_text_atomic. ``durable``: flushed
+    to disk before the rename (results); False for files that are rewritten every step
+    (heartbeats)."""
+    return write_text_atomic(path, json.dumps(value, indent=2, allow_nan=False, default=str) + "\n", durable)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) -> Path:
+    """A temporary file in the same folder, then renamed over the final name, so a
+    reader sees the old file or the whole new one, never half (results, reports)."""
     final = Path(path)
-    text = json.dumps(value, indent=2, allow_nan=False, default=str) + "\n"
     handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
     try:
         os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files

@@ -308,3 +308,15 @@ def test_system_main_prints_and_writes(tmp_path, capsys):
     assert printed == json.loads(out.read_text()) and printed["accelerator_backend"] == "cpu"
     with pytest.raises(UsageError, match="RESULT_FILE"):
         system.main([str(tmp_path / "nothing.json")])
+
+
+def test_report_and_system_out_unwritable_is_one_line_and_leaves_nothing(tmp_path):
+    from hwbench.report import report, system
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where a folder is expected
+    with pytest.raises(UsageError, match="--out .* cannot be written"):
+        system.main([str(TEMPLATE), "--out", str(blocked / "system.json")])
+    with pytest.raises(UsageError, match="--out .* cannot be written"):
+        report.main([str(TEMPLATE), "--out", str(blocked / "report.md")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

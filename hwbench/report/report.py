@@ -21,7 +21,7 @@ from tabulate import tabulate
 from hwbench.errors import UsageError
 from hwbench.report.published import DEFAULT_DIR, load_published
 from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError, RunResult, environment_value, load_result,
-                             result_files)
+                             result_files, write_text_atomic)
 
 FORMATS = ("md", "html", "csv", "json")
 DEFAULT_TOKENS = 300e9
@@ -712,7 +712,7 @@ def main(argv: Sequence[str]) -> int:
         text = {"md": render_markdown, "csv": render_csv, "json": render_json}[args.format](report)
     if args.out:
         try:
-            Path(args.out).write_text(text)
+            write_text_atomic(args.out, text)  # never a half-written report
         except OSError as error:
             raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
         print(f"report written to {args.out}", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hwbench.errors import UsageError
-from hwbench.results import ResultFormatError, RunResult, load_result
+from hwbench.results import ResultFormatError, RunResult, load_result, write_text_atomic
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"RESULT_FILE {error}") from None
     text = json.dumps(system_description(result), indent=2)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(args.out, text + "\n")
+        except OSError as error:
+            raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
     print(text)
     return 0
 
