@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
-
-STATUSES = ("ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped")
+from hwbench.result_shape import STATUSES, shape_problem
 # Fields of `environment` that can change the figures by themselves: `hwbench report` and
 # `hwbench compare` warn when the runs they put side by side differ in one of them.
 # `tuning` is what the backend changed in the process (allocator, threads, TF32).
@@ -133,25 +132,36 @@ def _umask() -> int:
 
 
 def load_result(path: str | os.PathLike) -> RunResult:
-    """Read one result file; ResultFormatError names the file and the problem."""
+    """Read one result file; ResultFormatError names the file and the problem: not
+    readable, not UTF-8, not complete JSON, nested too deeply, of an unknown schema
+    version, or a field of the wrong type (hwbench.result_shape)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultFormatError(f"{path}: not a complete JSON document (truncated?): {error}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ResultFormatError(f"{path}: cannot be read: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ResultFormatError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    except RecursionError:
+        raise ResultFormatError(f"{path}: JSON nested too deeply to be a result") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ResultFormatError(f"{path}: not a result: {str(error)[:200]}") from None
+    except (OSError, MemoryError) as error:
+        raise ResultFormatError(f"{path}: cannot be read: {getattr(error, 'strerror', None) or error}") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
     version = data["schema_version"]
-    if version != RESULT_SCHEMA_VERSION:
+    if version != RESULT_SCHEMA_VERSION or isinstance(version, bool):
         raise ResultFormatError(
             f"{path}: schema_version {version!r} is not known to hwbench {__version__} "
-            f"(it reads version {RESULT_SCHEMA_VERSION})"
+            f"(it reads version {RESULT_SCHEMA_VERSION})"[:300]
         )
     for key in ("run_id", "status", "spec"):
         if key not in data:
             raise ResultFormatError(f"{path}: field {key!r} is missing")
+    problem = shape_problem(data)
+    if problem:
+        raise ResultFormatError(f"{path}: field {problem}")
     return RunResult.from_dict(data)
 
 
