@@ -170,9 +170,17 @@ class _Fields:
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise CatalogError(f"{path}: cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise CatalogError(f"{path}: not UTF-8 text at byte {error.start} ({error.reason}); save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise CatalogError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from None
+    except RecursionError:
+        raise CatalogError(f"{path}: nested too deeply to be a catalog entry") from None
 
 
 def _device_from(path: Path) -> DeviceModel:
@@ -278,7 +286,12 @@ def catalog_dirs() -> list[Path]:
     """The shipped catalog, then each folder of HWBENCH_CATALOG_PATH."""
     dirs = [Path(str(resources.files("hwbench.catalogs")))]
     extra = os.environ.get("HWBENCH_CATALOG_PATH", "")
-    dirs += [Path(part) for part in extra.split(os.pathsep) if part]
+    for part in filter(None, extra.split(os.pathsep)):
+        folder = Path(part)
+        if not folder.is_dir():  # a typo would silently drop the user's entries (and their MFU peaks)
+            raise CatalogError(f"HWBENCH_CATALOG_PATH names {part!r}, which is not a folder; give folders holding "
+                               "devices/ and/or workloads/, separated by ':'")
+        dirs.append(folder)
     return dirs
 
 

@@ -103,6 +103,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--force", action="store_true", help="run points again whose results already exist")
     sweep.add_argument("--no-plan", dest="plan", action="store_false",
                        help="run points the memory planner predicts will not fit")
+    sweep.add_argument("--wait", action="store_true",
+                       help="when another sweep is writing the same suite folder, wait for it instead of refusing")
     sweep.add_argument("--quiet", action="store_true", help="no line per point")
 
     tune = commands.add_parser("tune", help="measure layouts of a model on N devices and rank the fastest that fit")
@@ -146,6 +148,12 @@ def _run_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def run_option_names() -> frozenset[str]:
+    """The option names (argparse dests) `hwbench run` takes: what a suite point may set."""
+    run = _build_parser()._subparsers._group_actions[0].choices["run"]
+    return frozenset(action.dest for action in run._actions if action.dest != "help")
+
+
 def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
     """The RunSpec that `hwbench run RUN_ARGV...` would run, validated the same
     way (raises UsageError). ``check_paths=False`` for a run that happens on
@@ -162,20 +170,24 @@ def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
     launches (--nproc-per-node / --nnodes)."""
     from hwbench.engine.distributed import RankEnvironment
     from hwbench.report.summary import run_summary_table
-    from hwbench.results import write_result
+    from hwbench.harness.faults import Fault
+    from hwbench.results import store_result
     from hwbench.spec import build_run_spec
 
     catalog = load_catalog()
     rank_env = RankEnvironment.from_environ()
     spec = build_run_spec(_run_options(args), catalog,
                           torchrun_world_size=rank_env.world_size if rank_env else None)
+    Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     if rank_env is not None:
         from hwbench.harness.worker import run_as_rank
 
         return run_as_rank(spec, catalog, rank_env, show_progress=not args.quiet)
     if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
-        from hwbench.harness.launcher import launch
+        from hwbench.harness.launcher import launch, recover_stranded_runs
 
+        for note in recover_stranded_runs():
+            print(f"hwbench: note: {note}", file=sys.stderr)
         result = launch(spec, run_argv, catalog)
         if result is None:
             print(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
@@ -190,8 +202,15 @@ def _cmd_run(args: argparse.Namespace, run_argv: list[str]) -> int:
         import json
 
         result.sweep = json.loads(os.environ[SWEEP_ENV])
-    path = write_result(result, spec.out_dir)
-    print(run_summary_table(result, str(path)))
+    stored = store_result(result, spec.out_dir)
+    if stored.path is None:
+        print(stored.text)
+        print(f"hwbench: error: {stored.problem}", file=sys.stderr)
+        return 1
+    print(run_summary_table(result, str(stored.path)))
+    if stored.problem:
+        print(f"hwbench: error: {stored.problem}", file=sys.stderr)
+        return 1
     return 0 if result.status == "ok" else 1
 
 
@@ -206,9 +225,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node {args.nproc_per_node} is not accepted; give an integer >= 1")
-    suite = load_suite(find_suite(args.suite))
+    from hwbench.harness.launcher import recover_stranded_runs
+    from hwbench.results import check_output_folder
+
+    suite = load_suite(find_suite(args.suite), run_option_names())
+    check_output_folder(args.out)
+    for note in recover_stranded_runs():
+        print(f"hwbench: note: {note}", file=sys.stderr)
     options = SweepOptions(out_dir=Path(args.out), device=args.device, nproc_per_node=args.nproc_per_node,
-                           repeats=args.repeats, force=args.force, plan=args.plan)
+                           repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait)
     try:
         records = run_sweep(suite, options, show_progress=not args.quiet)
     except SweepInterrupted as stop:
@@ -241,7 +266,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for option in ("precision", "seq_length", "global_batch_size"):
         if getattr(args, option) is not None:
             base += ["--" + option.replace("_", "-"), getattr(args, option)]
+    from hwbench.results import check_output_folder
+    from hwbench.spec import check_data
+
     parse_run_spec(base, check_paths=False)  # the fixed options must be valid on their own
+    if args.data:
+        check_data(args.data)  # before the first trial, not once per trial
+    check_output_folder(args.out)
     capacity = parse_size(args.device_memory, "--device-memory") if args.device_memory else _device_capacity(args)
     out = Path(args.out)
     trials = tune(base, args.devices, out / f"{args.model}-{args.devices}", capacity, engines, args.max_trials,
@@ -332,6 +363,9 @@ COMMANDS = {"sweep": _cmd_sweep, "tune": _cmd_tune, "data": _cmd_data, "parity":
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hwbench.harness.lifeline import hold
+
+    hold()  # started by another hwbench process (a sweep, torchrun's agent): die with it
     raw = list(sys.argv[1:] if argv is None else argv)
     try:
         if raw[:1] and raw[0] in OWN_PARSER_COMMANDS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
+from hwbench.errors import UsageError
 from hwbench.result_shape import STATUSES, shape_problem
 # Fields of `environment` that can change the figures by themselves: `hwbench report` and
 # `hwbench compare` warn when the runs they put side by side differ in one of them.
@@ -84,20 +86,87 @@ def new_run_id(model: str, device: str) -> str:
     return f"{stamp}-{model}-{device}-{secrets.token_hex(3)}"
 
 
+def check_output_folder(folder: str | os.PathLike, option: str = "--out") -> Path:
+    """Refuse, before anything runs, an output folder hwbench could not write: empty,
+    a file, under a file, or not writable (a read-only file system, no permission).
+    Probed by creating and removing a file in the folder, or in its nearest existing
+    ancestor when it does not exist yet, so nothing is left behind either way."""
+    text = os.fspath(folder)
+    if not text.strip():
+        raise UsageError(f"{option} {text!r} is not accepted; give a directory (it is created when missing)")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {text!r} is a file; give a directory (it is created when missing)")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option} {text!r} lies under the file {str(existing)!r}; give a directory")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".hwbench-probe-", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise UsageError(f"{option} {text!r} cannot be written ({error.strerror} in {str(existing)!r}); give a "
+                         "writable directory") from None
+    return path
+
+
 def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
     """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic)."""
     if result.status not in STATUSES:
         raise ValueError(f"unknown status {result.status!r}")
+    if os.sep in result.run_id or result.run_id in ("", ".", ".."):
+        raise ValueError(f"run id {result.run_id!r} is not a file name")
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(folder / f"{result.run_id}.json", result.to_dict())
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredResult:
+    """Where a finished result went. ``path`` None: no file could take it, and ``text``
+    holds the JSON for the caller to print; ``problem`` says why it is not in --out."""
+
+    path: Path | None
+    problem: str | None = None
+    text: str | None = None
+
+
+def store_result(result: RunResult, out_dir: str | os.PathLike) -> StoredResult:
+    """write_result, never losing a measurement: when --out cannot take the file (full
+    disk, folder removed or made read-only during the run), it goes to the system temp
+    folder; when that fails too, its JSON is returned for stdout."""
+    try:
+        return StoredResult(write_result(result, out_dir))
+    except OSError as error:
+        problem = f"the result could not be written to {os.fspath(out_dir)!r}: {error.strerror or error}"
+    fallback = Path(tempfile.gettempdir())
+    try:
+        return StoredResult(write_result(result, fallback), f"{problem}; it was kept in {fallback}")
+    except OSError as error:
+        text = json.dumps(_finite(result.to_dict()), indent=2, allow_nan=False, default=str)
+        return StoredResult(None, f"{problem}, nor to {fallback} ({error.strerror or error}); the result follows "
+                                  "on stdout", text)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as null: JSON has no NaN, and a figure that
+    is not a number was not measured."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def write_json_atomic(path: str | os.PathLike, value: Any, durable: bool = True) -> Path:
     """Every JSON file hwbench writes, through write_text_atomic. ``durable``: flushed
     to disk before the rename (results); False for files that are rewritten every step
     (heartbeats)."""
-    return write_text_atomic(path, json.dumps(value, indent=2, allow_nan=False, default=str) + "\n", durable)
+    return write_text_atomic(path, json.dumps(_finite(value), indent=2, allow_nan=False, default=str) + "\n", durable)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) -> Path:

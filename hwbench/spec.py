@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
 from hwbench.catalog import PRECISIONS, Catalog, Workload
 from hwbench.device import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.results import check_output_folder
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
 
 DEFAULT_STEPS = 20
@@ -33,6 +35,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TIMEOUT_S = 1800.0
+MAX_TIMEOUT_S = 30 * 86400.0
+MAX_SEED = 2**32 - 1  # Megatron seeds numpy's legacy generator, which takes 0 to 2**32 - 1
+MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,25 +134,19 @@ class RunSpec:
         return dataclasses.asdict(self)
 
 
-def _positive(option: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{option} {value!r} is not accepted; give an integer >= {minimum}")
+def _positive(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        accepted = f"from {minimum} to {maximum}" if maximum else f">= {minimum}"
+        raise UsageError(f"{option} {value!r} is not accepted; give an integer {accepted}")
     return value
 
 
 def _check_out_dir(out: str) -> str:
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out!r} is a file; give a directory (it is created when missing)")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"--out {out!r} lies under the file {str(parent)!r}; give a directory")
-            break
+    check_output_folder(out)
     return out
 
 
-def _check_data(data: str) -> str:
+def check_data(data: str) -> str:
     if data in DATA_KEYWORDS:
         return data
     missing = [suffix for suffix in (".idx", ".bin") if not Path(data + suffix).is_file()]
@@ -190,8 +189,10 @@ def _build_launch(options: dict[str, Any], torchrun_world_size: int | None) -> L
     if nnodes > 1 and port is None and endpoint is None:
         port = DEFAULT_MASTER_PORT  # every node must agree on it
     timeout = given("timeout", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise UsageError(f"--timeout {timeout!r} is not accepted; give seconds > 0")
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT_S):
+        raise UsageError(f"--timeout {timeout!r} is not accepted; give seconds > 0, at most {MAX_TIMEOUT_S:g} "
+                         "(30 days)")
     launch = LaunchSpec(nnodes=nnodes, nproc_per_node=nproc, node_rank=node_rank,
                         master_addr=given("master_addr", DEFAULT_MASTER_ADDR), master_port=port,
                         rdzv_endpoint=endpoint, timeout_s=float(timeout),
@@ -287,9 +288,9 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
     micro = _positive("--micro-batch-size", given("micro_batch_size", defaults.micro_batch_size))
     global_batch = _positive("--global-batch-size", given("global_batch_size", defaults.global_batch_size))
     seq = _positive("--seq-length", given("seq_length", defaults.seq_length))
-    steps = _positive("--steps", given("steps", DEFAULT_STEPS))
-    warmup = _positive("--warmup", given("warmup", DEFAULT_WARMUP), minimum=0)
-    seed = _positive("--seed", given("seed", defaults.seed), minimum=0)
+    steps = _positive("--steps", given("steps", DEFAULT_STEPS), maximum=MAX_STEPS)
+    warmup = _positive("--warmup", given("warmup", DEFAULT_WARMUP), minimum=0, maximum=MAX_STEPS)
+    seed = _positive("--seed", given("seed", defaults.seed), minimum=0, maximum=MAX_SEED)
     launch = _build_launch(options, torchrun_world_size)
     engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
     parallel = _build_parallel(options, workload, launch, engine)
@@ -351,7 +352,7 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
         ),
         initial_scale_power=defaults.initial_scale_power,
         loss_scale=defaults.loss_scale,
-        data=_check_data(given("data", DEFAULT_DATA)) if check_paths else given("data", DEFAULT_DATA),
+        data=check_data(given("data", DEFAULT_DATA)) if check_paths else given("data", DEFAULT_DATA),
         split=_check_split(given("split", DEFAULT_SPLIT)),
         eval_interval=_positive("--eval-interval", given("eval_interval", 0), minimum=0),
         eval_iters=_positive("--eval-iters", given("eval_iters", DEFAULT_EVAL_ITERS), minimum=0),

@@ -215,9 +215,51 @@ def test_points_only_on_one_side_are_listed(tmp_path, capsys):
     write(tmp_path / "base", [500.0], spec={"precision": "bf16"}, point="bf16")
     cur = write(tmp_path / "cur", [1000.0])
     write(tmp_path / "cur", [400.0], spec={"seq_length": 64}, point="short")
-    code, out, _ = run(capsys, base, cur)
+    code, out, err = run(capsys, base, cur)
+    assert code == compare.MISSING_EXIT == 4  # the gate cannot vouch for a point it did not see
+    assert "only in baseline (missing from current):\n  nightly/bf16" in out and "only in current:\n  nightly/short" in out
+    assert "1 baseline point(s) have no result in CURRENT" in err and "--allow-missing" in err
+    code, _, _ = run(capsys, base, cur, "--allow-missing")
     assert code == 0
-    assert "only in baseline:\n  nightly/bf16" in out and "only in current:\n  nightly/short" in out
+
+
+def _unreadable_variants():
+    nested = "[" * 100_000 + "]" * 100_000
+    data = template()
+    negative = copy.deepcopy(data)
+    negative["metrics"]["tokens_per_s"] = -5.0
+    infinite = json.dumps(data).replace('"tokens_per_s": ' + json.dumps(data["metrics"]["tokens_per_s"]),
+                                        '"tokens_per_s": Infinity', 1)
+    return {
+        "truncated": (json.dumps(data)[:700], "not a complete JSON document"),
+        "empty": ("", "not a complete JSON document"),
+        "binary": (b"\x89PNG\r\n\x1a\n\xff\xfe", "not UTF-8"),
+        "a list": ("[1, 2, 3]", "not an hwbench result"),
+        "unknown schema": (json.dumps({**data, "schema_version": 99}), "schema_version 99 is not known"),
+        "null spec": (json.dumps({**data, "spec": None}), "field spec: must be a mapping, not null"),
+        "deep nesting": (nested, "nested too deeply"),
+        "negative throughput": (json.dumps(negative), "metrics.tokens_per_s: must be >= 0"),
+        "infinite throughput": (infinite, "metrics.tokens_per_s: must be a finite number"),
+    }
+
+
+@pytest.mark.parametrize("variant", list(_unreadable_variants()))
+def test_an_unreadable_current_file_is_named_and_fails_the_gate(tmp_path, capsys, variant):
+    """A regressed point whose current file is damaged must not pass as 'only in baseline'
+    with exit 0: the file is named with its reason, and the gate fails."""
+    base = write(tmp_path / "base", [1000.0])
+    write(tmp_path / "base", [500.0], spec={"precision": "bf16"}, point="bf16")
+    cur = write(tmp_path / "cur", [1000.0])
+    write(cur, [400.0], spec={"precision": "bf16"}, point="bf16")
+    assert run(capsys, base, cur)[0] == compare.REGRESSION_EXIT  # intact: -20%, a regression
+    target = next(p for p in cur.glob("*.json") if "400" in p.name)
+    content, reason = _unreadable_variants()[variant]
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, out, err = run(capsys, base, cur)
+    assert code == compare.MISSING_EXIT
+    assert f"CURRENT file left out: {target}: " in err and reason in err
+    assert "unreadable files (left out):" in out and reason in out
+    assert "only in baseline (missing from current):\n  nightly/bf16" in out
 
 
 def test_seed_out_dir_and_port_do_not_split_points(tmp_path, capsys):

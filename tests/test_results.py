@@ -26,10 +26,14 @@ def test_write_then_load_round_trip(tmp_path):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r1.json"]  # no temporary left
 
 
-def test_unwritable_figure_leaves_no_file(tmp_path):
-    with pytest.raises(ValueError):
-        write_result(_result(tokens_per_s=math.nan), tmp_path)
-    assert list(tmp_path.iterdir()) == []
+def test_a_non_finite_figure_is_written_as_null_not_lost(tmp_path):
+    """JSON has no NaN: a figure that is not a number was not measured, so it is written
+    as null and the rest of the measurement is kept (it used to raise and lose it all)."""
+    path = write_result(_result(tokens_per_s=math.nan, mfu=math.inf), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["r1.json"]  # no temporary left
+    loaded = load_result(path)
+    assert loaded.metrics["tokens_per_s"] is None and loaded.metrics["mfu"] is None
+    assert loaded.steps == [{"step": 1, "loss": 10.8}]
 
 
 def test_unknown_status_is_refused(tmp_path):

@@ -20,7 +20,7 @@ import hwbench
 # Variables that change how collectives and runtimes behave (FACTS.md §6, §9).
 # hwbench's own plumbing between its processes (a temporary folder, the sweep's
 # point record, which the result holds as `sweep`): not part of the environment.
-INTERNAL_ENV = ("HWBENCH_RUN_DIR", "HWBENCH_SWEEP")
+INTERNAL_ENV = ("HWBENCH_RUN_DIR", "HWBENCH_SWEEP", "HWBENCH_PARENT_PID")
 RECORDED_ENV_PREFIXES = ("HWBENCH_", "NCCL_", "HCCL_", "TORCH_NCCL_", "ASCEND_", "CUDA_VISIBLE_DEVICES",
                          "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TASK_QUEUE_ENABLE", "DS_ACCELERATOR",
                          "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")

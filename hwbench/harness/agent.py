@@ -46,6 +46,9 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
         print("usage: python -m hwbench.harness.agent RUN_DIR -- TORCHRUN_ARGS...", file=sys.stderr)
         return 2
+    from hwbench.harness.lifeline import hold
+
+    hold()  # die with the launcher; the ranks, which inherit this environment, die with us
     run_dir = Path(argv[0])
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run

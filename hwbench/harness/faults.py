@@ -43,7 +43,9 @@ class Fault:
     kind: str
 
     @classmethod
-    def from_environ(cls) -> "Fault | None":
+    def from_environ(cls, world_size: int | None = None, total_steps: int | None = None) -> "Fault | None":
+        """The fault HWBENCH_FAULT names, checked against the run when its world size and
+        step count are given: a fault the run can never meet is refused, not ignored."""
         text = os.environ.get(FAULT_ENV)
         if not text:
             return None
@@ -56,6 +58,12 @@ class Fault:
         if kind not in FAULT_KINDS:
             raise UsageError(f"{FAULT_ENV}={text!r}: KIND {kind!r} is not accepted; give one of "
                              f"{', '.join(FAULT_KINDS)}")
+        if world_size is not None and not 0 <= fault.rank < world_size:
+            raise UsageError(f"{FAULT_ENV}={text!r}: RANK {fault.rank} is not a rank of this run; accepted: 0 to "
+                             f"{world_size - 1}")
+        if total_steps is not None and not 1 <= fault.step <= total_steps:
+            raise UsageError(f"{FAULT_ENV}={text!r}: STEP {fault.step} is not a step of this run; accepted: 1 to "
+                             f"{total_steps} (warm-up included)")
         return fault
 
     def maybe_trigger(self, rank: int, step: int) -> None:

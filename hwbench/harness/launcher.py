@@ -38,10 +38,13 @@ from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
+from hwbench.harness.lifeline import child_environment
 from hwbench.harness.worker import checked_backend, describe_device, describe_workload
-from hwbench.results import RunResult, new_run_id, utc_now
+from hwbench.results import ResultFormatError, RunResult, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.spec import RunSpec
 
+RUN_DIR_PREFIX = "hwbench-run-"
+OWNER_FILE = "owner.json"  # the launcher that owns a run folder: pid, start time, --out
 TERMINATE_GRACE_S = 10.0  # torchrun's own SIGTERM-then-SIGKILL of its workers takes a few seconds
 PR_SET_CHILD_SUBREAPER = 36
 RDZV_ID = "hwbench"
@@ -165,16 +168,19 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     None on a node other than node 0 when its ranks finished: rank 0, on node 0,
     holds the result."""
     backend = _check_device(spec)
-    run_dir = Path(tempfile.mkdtemp(prefix="hwbench-run-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
+    write_json_atomic(run_dir / OWNER_FILE, {"pid": os.getpid(), "start": _start_time(os.getpid()),
+                                             "out_dir": os.path.abspath(spec.out_dir)})
     started = utc_now()
     command = [sys.executable, "-m", "hwbench.harness.agent", str(run_dir), "--",
                *torchrun_arguments(spec, str(run_dir / "logs")), "--module", "hwbench", "run", *run_argv]
-    environment = {**os.environ, RUN_DIR_ENV: str(run_dir)}
+    environment = child_environment({**os.environ, RUN_DIR_ENV: str(run_dir)})
     # torchrun would set 1 and warn; the CPU backend sets its threads per rank itself.
     environment.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.launch.nproc_per_node)))
     _become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
-    previous_term = signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # a pod deleted, a sweep stopping
+    # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C
+    previous = {sig: signal.signal(sig, _terminate_as_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         try:
             agent.wait(timeout=spec.launch.timeout_s)
@@ -196,13 +202,54 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
         end_tree(agent, run_dir)
         raise
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _terminate_as_interrupt(_signal_number, _frame) -> None:
-    """SIGTERM ends the run as Ctrl-C does: the whole tree, nothing written."""
+    """SIGTERM and SIGHUP end the run as Ctrl-C does: the whole tree, nothing written."""
     raise KeyboardInterrupt
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22):
+    with the pid, it tells a live owner from a new process that reused its pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def recover_stranded_runs(temp_dir: str | None = None) -> list[str]:
+    """Run folders whose launcher was killed before it could clean up (SIGKILL, the OOM
+    killer): a finished result in one is moved to the --out its launcher was given,
+    marked as recovered; then the folder is removed. Folders of live launchers are left
+    alone. Returns one line per folder for the caller to show."""
+    notes = []
+    for run_dir in sorted(Path(temp_dir or tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*")):
+        owner = _load_json(run_dir / OWNER_FILE)
+        if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+            continue  # not ours, or its owner is still writing the owner file
+        if _alive(owner["pid"]) and _start_time(owner["pid"]) == owner.get("start"):
+            continue
+        notes.append(_recover(run_dir, owner))
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return notes
+
+
+def _recover(run_dir: Path, owner: dict[str, Any]) -> str:
+    where = f"the run folder {run_dir} of a launcher that was killed (pid {owner['pid']})"
+    if not (run_dir / RESULT_FILE).exists():
+        return f"removed {where}; it held no finished result"
+    try:
+        result = load_result(run_dir / RESULT_FILE)
+        result.warnings.append(f"recovered from {run_dir}: its launcher (pid {owner['pid']}) was killed after rank "
+                               "0 wrote the result; launch details are missing")
+        path = write_result(result, owner.get("out_dir") or ".")
+    except (ResultFormatError, OSError) as error:
+        return f"removed {where}; its result could not be recovered: {error}"
+    return f"recovered a finished result from {where}: {path}"
 
 
 def _check_device(spec: RunSpec) -> Backend:

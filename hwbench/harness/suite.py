@@ -71,10 +71,25 @@ class Suite:
     points: tuple[Point, ...]
 
 
-def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
+def check_name(name: str, where: str) -> str:
+    """A suite or point name becomes a folder under the sweep's --out: it must stay a
+    single folder name there (no separator, no `..`, no NUL or control character)."""
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or any(ord(c) < 32 for c in name)
+            or len(name.encode()) > 200):
+        raise UsageError(f"{where} {name!r} is not accepted: a name becomes a folder under --out; give letters, "
+                         "digits, '.', '_' or '-' (not '.' or '..', no '/', '\\' or control characters, at most "
+                         "200 bytes)")
+    return name
+
+
+def _normalise(options: dict[str, Any], where: str, known: frozenset[str] | None) -> dict[str, Any]:
     normalised = {}
+    if options is not None and not isinstance(options, dict):
+        raise UsageError(f"{where}: must map `hwbench run` options to values, not {options!r}"[:300])
     for key, value in (options or {}).items():
         key = str(key).replace("-", "_")
+        if known is not None and key not in known and key not in RESERVED:
+            raise UsageError(f"{where}: `{key}` is not a `hwbench run` option; accepted: {', '.join(sorted(known))}")
         if key in RESERVED:
             raise UsageError(f"{where}: `{key}` is set by `hwbench sweep` (--out), not by the suite")
         if key in SWITCHES and not isinstance(value, bool):
@@ -100,22 +115,38 @@ def _point_name(options: dict[str, Any], defaults: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(parts))
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read and check a suite file; UsageError names the file and the problem."""
-    path = Path(path)
+def read_yaml_text(path: Path, what: str) -> str:
+    """A YAML file's text; UsageError names the file and the byte where it is not UTF-8."""
     try:
-        data = yaml.safe_load(path.read_text())
+        raw = path.read_bytes()
     except OSError as error:
-        raise UsageError(f"suite {str(path)!r} cannot be read: {error.strerror}") from None
+        raise UsageError(f"{what} {str(path)!r} cannot be read: {error.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{what} {path}: not UTF-8 text at byte {error.start} ({error.reason}); save it as "
+                         "UTF-8") from None
+
+
+def load_suite(path: str | Path, known_options: frozenset[str] | None = None) -> Suite:
+    """Read and check a suite file; UsageError names the file and the problem.
+    ``known_options``: the `hwbench run` option names (dests) a point may set; an
+    unknown one refuses the suite here rather than failing every point later."""
+    path = Path(path)
+    text = read_yaml_text(path, "suite")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise UsageError(f"suite {path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    except RecursionError:
+        raise UsageError(f"suite {path}: nested too deeply") from None
     if not isinstance(data, dict):
         raise UsageError(f"suite {path}: expected a mapping with {', '.join(sorted(SUITE_KEYS))}")
     unknown = set(data) - SUITE_KEYS
     if unknown:
         raise UsageError(f"suite {path}: unknown key(s) {', '.join(sorted(unknown))}; "
                          f"accepted: {', '.join(sorted(SUITE_KEYS))}")
-    defaults = _normalise(data.get("defaults"), f"suite {path} defaults")
+    defaults = _normalise(data.get("defaults"), f"suite {path} defaults", known_options)
     points: list[Point] = []
     for index, entry in enumerate(data.get("points") or []):
         if not isinstance(entry, dict):
@@ -125,8 +156,9 @@ def load_suite(path: str | Path) -> Suite:
         env = entry.pop("env", None) or {}
         if not isinstance(env, dict):
             raise UsageError(f"suite {path}: points[{index}].env must map variable names to values")
-        options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]")}
-        points.append(Point(str(name) if name else _point_name(options, defaults), tuple(options.items()),
+        options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]", known_options)}
+        point_name = check_name(str(name), f"suite {path} points[{index}].name") if name else None
+        points.append(Point(point_name or _point_name(options, defaults), tuple(options.items()),
                             tuple((str(k), str(v)) for k, v in env.items())))
     grid = data.get("grid") or {}
     if grid:
@@ -134,15 +166,18 @@ def load_suite(path: str | Path) -> Suite:
             raise UsageError(f"suite {path}: grid must map options to non-empty lists of values")
         keys = [str(k).replace("-", "_") for k in grid]
         for values in itertools.product(*grid.values()):
-            options = {**defaults, **_normalise(dict(zip(keys, values)), f"suite {path} grid")}
+            options = {**defaults, **_normalise(dict(zip(keys, values)), f"suite {path} grid", known_options)}
             points.append(Point(_point_name(options, defaults), tuple(options.items())))
     if not points:
         raise UsageError(f"suite {path}: no points (give `points`, `grid` or both)")
+    for point in points:  # generated names too: a model or value may hold anything
+        check_name(point.name, f"suite {path} point name")
     names = [p.name for p in points]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UsageError(f"suite {path}: point names repeat: {', '.join(duplicates)}; give each a `name`")
-    return Suite(str(data.get("name") or path.stem), str(data.get("description") or ""), str(path), tuple(points))
+    name = check_name(str(data.get("name") or path.stem), f"suite {path} name")
+    return Suite(name, str(data.get("description") or ""), str(path), tuple(points))
 
 
 def find_suite(name_or_path: str) -> Path:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -30,12 +31,14 @@ from typing import Any
 
 from hwbench import __version__
 from hwbench.errors import UsageError
+from hwbench.harness.lifeline import child_environment
 from hwbench.harness.suite import Point, Suite
 from hwbench.results import AGGREGATE_FILE, RunResult, load_results, new_run_id, result_files, utc_now, write_json_atomic, write_result
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 STOP_GRACE_S = 30.0
+LOCK_FILE = ".hwbench-sweep.lock"  # in OUT/<suite>/: one sweep writes a suite's folder at a time
 NOISY_CV = 0.05  # repeats whose throughput CV exceeds this are flagged noisy
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -57,6 +60,7 @@ class SweepOptions:
     repeats: int = 1
     force: bool = False
     plan: bool = True
+    wait: bool = False  # for another sweep's lock on the folder, instead of refusing
 
 
 @dataclasses.dataclass
@@ -151,7 +155,7 @@ def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
     with open(log, "w") as log_file:
         child = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", *args, "--out", str(point_dir)],
                                  stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**os.environ, **(env or {}), SWEEP_ENV: json.dumps(sweep)})
+                                 env=child_environment({**os.environ, **(env or {}), SWEEP_ENV: json.dumps(sweep)}))
         try:
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -216,9 +220,50 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
             "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}
 
 
+@contextlib.contextmanager
+def folder_lock(folder: Path, wait: bool):
+    """Hold OUT/<suite>/'s lock for the sweep: two sweeps writing one folder would run
+    every point twice and mix their figures. A second sweep is refused naming the
+    holder's pid (or waits, with ``wait``). The kernel drops a flock when its holder
+    dies, so a lock left by a killed sweep never blocks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise UsageError(f"--out: another sweep (pid {holder}) is writing {folder}; let it finish, give --wait "
+                             "to queue behind it, or give another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _point_dir(options: SweepOptions, suite: Suite, point: Point) -> Path:
+    """OUT/<suite>/<point>, which must stay inside OUT whatever the names hold (suites
+    check their names on load; a Suite built in code is checked here)."""
+    root = options.out_dir.resolve()
+    folder = options.out_dir / suite.name / point.name
+    if folder.resolve().parent.parent != root:
+        raise UsageError(f"suite {suite.name!r} point {point.name!r}: the names would put results outside --out "
+                         f"{str(options.out_dir)!r}; give plain folder names")
+    return folder
+
+
 def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -> list[PointRecord]:
-    """Every point of ``suite`` (and every repeat), in order. Raises
-    SweepInterrupted after SIGINT/SIGTERM, once the running point is cleaned up."""
+    """Every point of ``suite`` (and every repeat), in order, holding the suite folder's
+    lock. Raises SweepInterrupted after SIGINT/SIGTERM/SIGHUP, once the running point
+    is cleaned up."""
+    for point in suite.points:
+        _point_dir(options, suite, point)
+    with folder_lock(options.out_dir / suite.name, options.wait):
+        return _run_points(suite, options, show_progress)
+
+
+def _run_points(suite: Suite, options: SweepOptions, show_progress: bool) -> list[PointRecord]:
     from hwbench.catalog import load_catalog
     from hwbench.cli import parse_run_spec
 
@@ -227,15 +272,16 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
     records: list[PointRecord] = []
     total = len(suite.points) * options.repeats
     done, spent, ran = 0, 0.0, 0
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)}
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
     def on_term(signal_number, _frame):
         raise SweepInterrupted(signal_number)
 
-    signal.signal(signal.SIGTERM, on_term)
+    for sig in previous:
+        signal.signal(sig, on_term)
     try:
         for point in suite.points:
-            point_dir = options.out_dir / suite.name / point.name
+            point_dir = _point_dir(options, suite, point)
             record = PointRecord(point, [])
             records.append(record)
             existing = {} if options.force else _existing(point_dir)

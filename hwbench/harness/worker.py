@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -121,7 +122,7 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
 
     from hwbench.engine.distributed import shutdown
     from hwbench.report.summary import run_summary_table
-    from hwbench.results import write_json_atomic, write_result
+    from hwbench.results import store_result, write_json_atomic
 
     @record
     def rank_main() -> int:
@@ -137,8 +138,11 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, s
             return 0
         result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
-        path = write_result(result, spec.out_dir)
-        print(run_summary_table(result, str(path)))
+        stored = store_result(result, spec.out_dir)
+        print(stored.text if stored.path is None else run_summary_table(result, str(stored.path)))
+        if stored.problem:
+            print(f"hwbench: error: {stored.problem}", file=sys.stderr)
+            return 1
         return 0 if result.status == "ok" else 1
 
     return rank_main()

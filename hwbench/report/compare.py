@@ -13,9 +13,15 @@ is tested:
   flag anything; complete separation of 3 vs 3 happens by chance with probability 2/20 = 10%
   in either direction, 5% in the bad one, and the threshold must be passed as well;
 - with a single value on a side only the threshold applies ("no repeats: threshold only");
-- a point that is ok in the baseline and has no ok result in the current set is a regression.
+- a point that is ok in the baseline and has no ok result in the current set is a regression;
+- a baseline point with no result at all in the current set (never run, or its file
+  unreadable) is missing: the gate fails unless --allow-missing.
 
-Exit status: 3 on any regression, 0 otherwise, 2 on unusable input (UsageError).
+A file that cannot be read on either side is named with its reason on stderr and in
+the output; it never silently turns a point into "only in baseline".
+
+Exit status: 3 on any regression, 4 when a baseline point is missing from CURRENT
+(and none regressed), 0 otherwise, 2 on unusable input (UsageError).
 docs/compare.md has the rules in full.
 """
 
@@ -41,6 +47,7 @@ SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values 
 EXACT_LIMIT = 20000  # enumerate the exact U distribution when C(n1 + n2, n1) is at most this
 DEFAULT_THRESHOLD = 0.05
 REGRESSION_EXIT = 3
+MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gate cannot vouch for it
 
 # metric name -> (how to read it from result.metrics, higher is better)
 METRICS: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -326,24 +333,26 @@ def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[st
     return lines
 
 
-def _load_side(name: str, path: str) -> list[RunResult]:
+def _load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:
+    """The readable results under ``path`` and the (file, reason) of every unreadable one."""
     if not Path(path).exists():
         raise UsageError(f"{name} {path!r}: no such file or folder; give a result file or a folder of them")
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # unreadable files are counted below
+        warnings.simplefilter("ignore")  # unreadable files are returned and named by the caller
         results, skipped = load_results([path])
     if not results:
         extra = f" ({len(skipped)} unreadable: {skipped[0][1]})" if skipped else ""
         raise UsageError(f"{name} {path!r}: no hwbench result files found{extra}; give a result file or a folder "
                          "of them")
-    return results
+    return results, skipped
 
 
 def compare(baseline: list[RunResult], current: list[RunResult], threshold: float = DEFAULT_THRESHOLD,
-            metric: str = "tokens_per_s") -> dict[str, Any]:
-    """The comparison as data: points compared, points on one side only, warnings."""
+            metric: str = "tokens_per_s", unreadable: list[tuple[str, Path, str]] = ()) -> dict[str, Any]:
+    """The comparison as data: points compared, points on one side only, the unreadable
+    files as (side, path, reason), warnings."""
     higher = METRICS[metric][1]
     base_by, base_names, base_keyless = group(baseline)
     cur_by, cur_names, cur_keyless = group(current)
@@ -369,8 +378,19 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
         "only_baseline": [point_label(k, names[k]) for k in base_by if k not in cur_by],
         "only_current": [point_label(k, names[k]) for k in cur_by if k not in base_by],
         "unplaced": [r.run_id for r in unplaced],
+        "unreadable": [{"side": side, "path": str(path), "reason": reason} for side, path, reason in unreadable],
         "warnings": environment_warnings(matched_base, matched_cur),
     }
+
+
+def exit_status(report: dict[str, Any], allow_missing: bool = False) -> int:
+    """REGRESSION_EXIT on a regression; MISSING_EXIT when a baseline point has no result in
+    CURRENT (unless allowed); 0 otherwise."""
+    if any(p.regression for p in report["points"]):
+        return REGRESSION_EXIT
+    if report["only_baseline"] and not allow_missing:
+        return MISSING_EXIT
+    return 0
 
 
 def _figure(values: list[float], statuses: list[str]) -> str:
@@ -391,8 +411,11 @@ def format_report(report: dict[str, Any]) -> str:
              "-" if p.change is None else f"{p.change * 100:+.2f}%", p.rule, p.verdict] for p in report["points"]]
     lines.append(tabulate(rows, headers=["point", "baseline median (n)", "current median (n)", "change",
                                          "p or rule", "verdict"]))
-    for title, entries in (("only in baseline", report["only_baseline"]), ("only in current", report["only_current"]),
-                           ("results without a spec that no point could take", report["unplaced"])):
+    unreadable = [f"{u['side']} {u['path']}: {u['reason']}" for u in report.get("unreadable", [])]
+    for title, entries in (("only in baseline (missing from current)", report["only_baseline"]),
+                           ("only in current", report["only_current"]),
+                           ("results without a spec that no point could take", report["unplaced"]),
+                           ("unreadable files (left out)", unreadable)):
         if entries:
             lines += ["", f"{title}:"] + [f"  {entry}" for entry in entries]
     regressions = sum(p.regression for p in report["points"])
@@ -410,15 +433,20 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threshold", default="5%", help="smallest change that counts: 5%% or 0.05 (default: 5%%)")
     parser.add_argument("--metric", default="tokens_per_s", choices=tuple(METRICS),
                         help="figure to compare (default: tokens_per_s)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help=f"a baseline point with no result in CURRENT does not fail the gate (exit {MISSING_EXIT})")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     threshold = parse_threshold(args.threshold)
-    baseline = _load_side("BASELINE", args.baseline)
-    current = _load_side("CURRENT", args.current)
-    report = compare(baseline, current, threshold, args.metric)
+    baseline, base_unreadable = _load_side("BASELINE", args.baseline)
+    current, cur_unreadable = _load_side("CURRENT", args.current)
+    unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
+    for side, _path, reason in unreadable:
+        print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
+    report = compare(baseline, current, threshold, args.metric, unreadable)
     if not report["points"]:
         raise UsageError(f"no point in common between BASELINE {args.baseline!r} ({len(report['only_baseline'])} "
                          f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points); points match "
@@ -426,4 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in report["warnings"]:
         print(f"hwbench compare: warning: {line}", file=sys.stderr)
     print(format_report(report))
-    return REGRESSION_EXIT if any(p.regression for p in report["points"]) else 0
+    status = exit_status(report, args.allow_missing)
+    if status == MISSING_EXIT:
+        print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "
+              "the gate fails (give --allow-missing to accept that)", file=sys.stderr)
+    return status

@@ -218,9 +218,12 @@ class IndexedDataset:
             past = np.flatnonzero((starts < 0) | (starts + block * itemsize > bin_size))
             if past.size:
                 i = start + int(past[0])
-                raise self._fail(self.bin_path, f"sequence {i} ({lengths[i]} tokens at byte {pointers[i]}) ends at "
-                                                f"byte {pointers[i] + lengths[i] * itemsize}, past the end of the "
-                                                f"file ({bin_size} bytes)")
+                at, end = int(pointers[i]), int(pointers[i]) + int(lengths[i]) * itemsize  # Python ints: no overflow
+                if at < 0:
+                    raise self._fail(self.idx_path, f"sequence_pointers[{i}] (offset {pointers_at + 8 * i}) is {at}; "
+                                                    "a byte offset is never negative")
+                raise self._fail(self.bin_path, f"sequence {i} ({int(lengths[i])} tokens at byte {at}) ends at "
+                                                f"byte {end}, past the end of the file ({bin_size} bytes)")
             ends = expected_start + np.cumsum(block * itemsize)
             expected = np.concatenate(([expected_start], ends[:-1]))
             wrong = np.flatnonzero(starts != expected)
