@@ -691,6 +691,8 @@ def main(argv: Sequence[str]) -> int:
     tokens = parse_tokens(args.tokens)
     prices = parse_prices(args.price)
     loaded, skipped = load_inputs(args.results)
+    for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
+        print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
     if not loaded:
         raise UsageError(f"RESULTS {' '.join(args.results)}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
