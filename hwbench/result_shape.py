@@ -6,7 +6,7 @@ may be truncated, edited by hand or produced by a buggy tool. The loader
 compare, parity, system and history can trust the type of every field they read,
 and a bad file is skipped with its reason instead of a traceback somewhere below.
 
-Rules: a field that is absent is accepted (records of points that never ran,
+Rules: a field that is absent is accepted (unless marked Required) (records of points that never ran,
 older writers); a field that is present must have its type; keys not named here
 are kept and not checked. Numbers must be finite (hwbench writes null for what it
 did not measure), and throughput and memory figures must not be negative.
@@ -63,6 +63,13 @@ class Nullable:
 
 
 @dataclasses.dataclass(frozen=True)
+class Required:
+    """A field that must be present wherever its mapping is (what readers index by)."""
+
+    shape: Any
+
+
+@dataclasses.dataclass(frozen=True)
 class ListOf:
     shape: Any
 
@@ -103,7 +110,7 @@ TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devic
              "energy_j": RATE, "power_w_mean_total": RATE, "interval_s": RATE, "window_s": RATE,
              "samples": Nullable(COUNT), "ranks": Nullable(COUNT), "ranks_available": Nullable(COUNT),
              "errors": Nullable(ListOf(Anything))}
-VALIDATION_POINT = {"step": COUNT, "loss": FIGURE, "ppl": FIGURE, "tokens": Nullable(COUNT), "iters": Nullable(COUNT)}
+VALIDATION_POINT = {"step": Required(COUNT), "loss": FIGURE, "ppl": FIGURE, "tokens": Nullable(COUNT), "iters": Nullable(COUNT)}
 METRICS = {
     "samples_per_s": RATE, "tokens_per_s": RATE, "tokens_per_s_per_device": RATE, "tflops_per_device": RATE,
     "mfu": RATE, "flops_per_iteration": RATE, "flops_formula": TEXT, "flops_formula_expression": TEXT,
@@ -135,12 +142,12 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
 ENVIRONMENT = {"device_models": Nullable(ListOf(str)), "device_count": Nullable(COUNT), "host": TEXT,
                "backend": TEXT, "simulated": Nullable(bool), "cpu_cores_usable": Nullable(COUNT),
                "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything))}
-STEP = {"step": COUNT, "phase": TEXT, "time_s": RATE, "loss": FIGURE, "grad_norm": FIGURE, "lr": FIGURE,
+STEP = {"step": Required(COUNT), "phase": TEXT, "time_s": RATE, "loss": FIGURE, "grad_norm": FIGURE, "lr": FIGURE,
         "loss_scale": FIGURE, "skipped": Nullable(bool)}
-RANK = {"rank": COUNT, "local_rank": Nullable(COUNT), "node_rank": Nullable(COUNT), "host": TEXT,
+RANK = {"rank": Required(COUNT), "local_rank": Nullable(COUNT), "node_rank": Nullable(COUNT), "host": TEXT,
         "coordinates": Nullable(MapOf(Nullable(COUNT))), "memory": Nullable(MEMORY),
         "step_time_s": Nullable(STEP_TIME), "telemetry": Nullable(MapOf(Anything)), "last_step": Nullable(COUNT)}
-NODE = {"node_rank": COUNT, "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT)}
+NODE = {"node_rank": Required(COUNT), "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT)}
 ERROR = {"type": TEXT, "message": TEXT, "traceback": TEXT, "rank": Nullable(COUNT), "signal": TEXT,
          "log_tail": TEXT}
 SWEEP = {"suite": TEXT, "suite_path": TEXT, "point": TEXT, "repeat": Nullable(COUNT), "repeats": Nullable(COUNT),
@@ -159,12 +166,16 @@ def shape_problem(value: Any, shape: Any = RESULT, where: str = "") -> str | Non
     or None when it fits."""
     if shape is Anything:
         return None
+    if isinstance(shape, Required):
+        return shape_problem(value, shape.shape, where)
     if isinstance(shape, Nullable):
         return None if value is None else shape_problem(value, shape.shape, where)
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             return f"{where or 'the file'}: must be a mapping, not {_kind(value)}"
         for key, field_shape in shape.items():
+            if key not in value and isinstance(field_shape, Required):
+                return f"{where}.{key}: is missing"
             if key in value:
                 problem = shape_problem(value[key], field_shape, f"{where}.{key}" if where else key)
                 if problem:
