@@ -46,10 +46,11 @@ expect_exit() {  # expect_exit NAME CODE COMMAND...: like step, but the command 
   echo "== $name: exit $rc" | tee -a "$log"
   [ "$rc" -eq "$want" ] || status=1
 }
-# A shell without CANN's environment: only PATH (without Ascend folders), HOME and PYTHONPATH.
+# A shell without CANN's environment: HOME, and PATH and PYTHONPATH without the Ascend
+# folders set_env.sh adds (no LD_LIBRARY_PATH, no ASCEND_*).
+without_ascend() { echo "$1" | tr ':' '\n' | grep -v -i ascend | paste -sd: -; }
 without_cann() {
-  local path; path="$(echo "$PATH" | tr ':' '\n' | grep -v -i ascend | paste -sd: -)"
-  env -i HOME="$HOME" PATH="$path" PYTHONPATH="$PYTHONPATH" "$@"
+  env -i HOME="$HOME" PATH="$(without_ascend "$PATH")" PYTHONPATH="$(without_ascend "$PYTHONPATH")" "$@"
 }
 
 cd "$here"
