@@ -6,6 +6,17 @@ backend (hwbench.device), a workload (hwbench.workload) and an engine
 (hwbench.engine) -> RunResult written by hwbench.results.
 """
 
+import os
+
+# Before any `import torch` in hwbench (the CLI, `python -m hwbench` and torchrun's
+# `--module hwbench` ranks all enter through this file): torch_npu registers itself
+# as a torch backend that plain `import torch` loads, and on a host without CANN that
+# load raises "Failed to load the backend extension: torch_npu" before hwbench can
+# say why, even for --device cpu. hwbench imports torch_npu itself where it is
+# wanted (--device npu or auto, hwbench/device/npu.py) and reports its failure in
+# one line. Children (torchrun ranks) inherit the switch. docs/npu.md.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 __version__ = "0.1.0"
 
 # Version of the result-file layout (docs/results.md). Bump on any incompatible change.

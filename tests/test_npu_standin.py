@@ -151,13 +151,13 @@ def test_npu_smi_sampler_without_npu_smi(monkeypatch, tmp_path):
     assert summary["available"] is False and summary["source"] == "npu-smi"
 
 
-def test_physical_npu_id_follows_ascend_rt_visible_devices(monkeypatch):
+def test_smi_device_id_follows_ascend_rt_visible_devices(monkeypatch):
     backend = NpuBackend.__new__(NpuBackend)  # no torch_npu needed for the mapping
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "6,3")
     backend.local_index = 1
-    assert backend.physical_npu_id() == 3
+    assert backend.smi_device_id() == 3
     monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES")
-    assert backend.physical_npu_id() == 1
+    assert backend.smi_device_id() == 1
 
 
 # --- the stand-in torch_npu itself (in a subprocess: it patches torch) --------

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import collections.abc
 import importlib
+import importlib.metadata
 import importlib.util
 import math
 import os
+import re
 import sys
 import types
 from typing import Any
@@ -33,8 +35,9 @@ def prepare_deepspeed(backend: Any) -> list[dict[str, Any]]:
     """Patch this process for DeepSpeed on ``backend`` and import it.
 
     Sets DS_ACCELERATOR (unless the user did), installs a ``torch._six`` shim
-    when torch lacks it, imports ``deepspeed_npu`` on an NPU when installed,
-    then imports deepspeed. Returns one record per patch (``patch``,
+    when torch lacks it, on an NPU imports ``deepspeed_npu`` only under a
+    DeepSpeed without its own NPU accelerator (npu_adaptor_decision), then
+    imports deepspeed. Returns one record per patch (``patch``,
     ``applied``, ``why``, sometimes ``value``); idempotent. Raises SetupError
     when deepspeed is missing or cannot be imported."""
     global _records
@@ -90,17 +93,62 @@ def _install_torch_six_shim() -> dict[str, Any]:
             "why": "PyTorch 2 removed torch._six; DeepSpeed 0.6-era releases and deepspeed_npu import inf from it"}
 
 
+# DeepSpeed has had its own NPU accelerator since 0.9.3 (FACTS.md section 7). Ascend's
+# adaptor pins one DeepSpeed release (its branches v0.6.0 and v0.9.2: "目前仅支持 deepspeed
+# 版本 0.9.2") and its README now says DeepSpeed supports NPUs natively, to uninstall
+# deepspeed_npu and install the newest DeepSpeed. So the adaptor is loaded only under a
+# DeepSpeed older than its own NPU accelerator; with the DeepSpeed hwbench asks for
+# (>= 0.14) it never is, even when installed: its patches target 0.9.2's code.
+NATIVE_NPU_DEEPSPEED = (0, 9, 3)
+ADAPTOR_DEEPSPEED_RELEASES = ("0.6.0", "0.9.2")
+
+
+def _installed_deepspeed_version() -> str | None:
+    """The installed deepspeed's version from its metadata, without importing it
+    (the import picks the accelerator, so it must come after the patches)."""
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def npu_adaptor_decision(deepspeed_version: str | None, found: bool) -> tuple[bool, str]:
+    """Whether to import deepspeed_npu under this DeepSpeed, and why."""
+    if deepspeed_version is None:
+        return False, "deepspeed is not installed"
+    if _release(deepspeed_version) >= NATIVE_NPU_DEEPSPEED:
+        return False, (f"DeepSpeed {deepspeed_version} has its own NPU accelerator (since 0.9.3); "
+                       f"deepspeed_npu patches only DeepSpeed {' and '.join(ADAPTOR_DEEPSPEED_RELEASES)}"
+                       + (" and is left unloaded" if found else ""))
+    if not found:
+        return False, (f"DeepSpeed {deepspeed_version} predates its NPU accelerator and deepspeed_npu "
+                       "is not installed")
+    return True, f"DeepSpeed {deepspeed_version} predates its NPU accelerator: Ascend's adaptor patches it"
+
+
 def _import_npu_adaptor(backend: Any) -> dict[str, Any]:
     patch = "deepspeed_npu"
     found = importlib.util.find_spec("deepspeed_npu") is not None
     if getattr(backend, "simulated", False):
         return {"patch": patch, "applied": False, "found": found,
                 "why": "simulated NPU: the adaptor patches DeepSpeed for real NPUs only"}
-    if not found:
-        return {"patch": patch, "applied": False, "found": False,
-                "why": "deepspeed_npu is not installed; DeepSpeed's own NPU accelerator is used"}
-    importlib.import_module("deepspeed_npu")
-    return {"patch": patch, "applied": True, "found": True, "why": "Ascend's adaptor patches DeepSpeed for NPUs"}
+    version = _installed_deepspeed_version()
+    load, why = npu_adaptor_decision(version, found)
+    record = {"patch": patch, "applied": load, "found": found, "deepspeed_version": version, "why": why}
+    if not load:
+        return record
+    try:
+        importlib.import_module("deepspeed_npu")
+    except Exception as error:  # the adaptor patches DeepSpeed at import; any failure leaves it half-patched
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise SetupError(f"--engine deepspeed: deepspeed_npu cannot be imported under DeepSpeed {version}: "
+                         f"{type(error).__name__}: {first_line} (or pip install 'deepspeed>=0.14', "
+                         "which needs no adaptor)") from None
+    return record
 
 
 def _import_deepspeed() -> dict[str, Any]:

@@ -25,7 +25,10 @@ DEFAULT_DRIVER = "/usr/local/Ascend/driver"
 
 
 def import_torch_npu():
-    """Import torch_npu or raise SetupError saying what is missing and the fix."""
+    """Import torch_npu or raise SetupError saying what is missing and the fix.
+
+    hwbench switches torch's backend autoload off (hwbench/__init__.py), so this
+    explicit import is where torch_npu's failures surface, with the cause."""
     try:
         return importlib.import_module("torch_npu")
     except ModuleNotFoundError as error:
@@ -43,6 +46,22 @@ def import_torch_npu():
             f"--device npu: CANN runtime not found: {what} "
             f"(source {DEFAULT_TOOLKIT}/set_env.sh)"
         ) from None
+    except RuntimeError as error:  # torch_npu raises RuntimeError for a torch it cannot share
+        raise SetupError(_torch_npu_runtime_error(error)) from None
+
+
+def _torch_npu_runtime_error(error: RuntimeError) -> str:
+    """One line for a RuntimeError from ``import torch_npu``. The wheel's
+    _check_device_conflict refuses a torch built for another accelerator
+    ("Two accelerators cannot be used at the same time in PyTorch: npu and cuda")."""
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    conflict = re.search(r"Two accelerators cannot be used at the same time in PyTorch: npu and (\w+)", first_line)
+    if conflict:
+        torch_version = torch.__version__.split("+")[0]
+        return (f"--device npu: torch_npu refuses this torch {torch.__version__}, a {conflict.group(1)} build; "
+                f"install the CPU build of torch {torch_version} beside torch-npu "
+                f"(pip install torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu)")
+    return f"--device npu: torch_npu failed to import: {first_line}"
 
 
 def _read_version(paths: list[str], key: str) -> str | None:
@@ -108,8 +127,12 @@ class NpuBackend(AcceleratorBackend):
             return torch.device("cpu")  # the stand-in computes on the host
         return torch.device("npu", local_rank)
 
-    def physical_npu_id(self) -> int:
-        """npu-smi numbers NPUs physically; ASCEND_RT_VISIBLE_DEVICES remaps them."""
+    def smi_device_id(self) -> int:
+        """This rank's device id as npu-smi prints it (the NPU id of a 910B, the
+        Phy-ID of an A3 die, the device id of a 310P/310B chip):
+        ASCEND_RT_VISIBLE_DEVICES lists those ids and torch_npu numbers the
+        listed ones from 0. Assumes logical id = physical id, as npu-smi info -m
+        shows on hosts without phyid-remap."""
         visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
         ids = [int(part) for part in visible.split(",") if part.strip().isdigit()]
         return ids[self.local_index] if self.local_index < len(ids) else self.local_index
@@ -120,7 +143,7 @@ class NpuBackend(AcceleratorBackend):
         return None
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
-        return NpuSmiSampler([self.physical_npu_id()], interval_s)
+        return NpuSmiSampler([self.smi_device_id()], interval_s)
 
     def fingerprint(self) -> dict[str, Any]:
         toolkit = os.environ.get("ASCEND_TOOLKIT_HOME", f"{DEFAULT_TOOLKIT}/latest")

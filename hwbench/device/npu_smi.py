@@ -1,14 +1,28 @@
 """Ascend telemetry from ``npu-smi info`` (FACTS.md §6).
 
-``npu-smi info`` prints two table rows per NPU:
+``npu-smi info`` prints two table rows per chip:
 
     | 0     910B3               | OK            | 101.8       43                0    / 0             |
     | 0                         | 0000:C1:00.0  | 0           0    / 0          3318 / 65536         |
 
-the first with name, health, power (W), temperature (C) and huge pages; the
-second with bus id, AICore (%), memory usage and HBM usage (MB). Under load the
-HBM field can lose its space ("59356/ 65536"); 310P cards have no HBM column.
-The parser is tolerant of both.
+the first with the NPU (card) id, name, health, power (W), temperature (C) and
+huge pages; the second with the chip number on the card, on some cards a device
+id, the bus id, AICore (%), memory usage and HBM usage (MB). The layouts seen in
+published outputs (tests/fakes/npu-smi/README.md):
+
+* 910B (``Chip`` header): one chip per NPU id; the NPU id is the device id.
+* Atlas A3 (``Chip  Phy-ID``): two dies per NPU id, each with its own row pair;
+  the second number is the die's Phy-ID (0-15), and the second die prints
+  power as ``-`` (the card's power is on die 0).
+* 310P / 310B (``Chip    Device``): NPU ids are card numbers (4, 8, 32, ...);
+  a Duo card repeats one NPU id for chips 0 and 1; the second number is the
+  chip's device id. 310B boards print ``NA`` for the bus id.
+
+So the table is keyed by device id (the second number where there is one,
+else the NPU id): the id torch_npu numbers devices by, which
+ASCEND_RT_VISIBLE_DEVICES selects from. Under load the HBM field can lose its
+space ("59356/ 65536"); 310P/310B have no HBM column. The parser is tolerant
+of both.
 """
 
 from __future__ import annotations
@@ -28,8 +42,10 @@ _FIRST_ROW = re.compile(
     + _NUMBER.replace("(", "(?P<temp>", 1)
     + r"\b"
 )
+# The bus id, or NA where the board has no PCIe bus id (310B).
+_BUS_ID = r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d|NA"
 _SECOND_ROW = re.compile(
-    r"^\|\s*(?P<chip>\d+)(?:\s+(?P<device>\d+))?\s*\|\s*(?P<bus>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*\|\s*(?P<rest>.*)\|\s*$"
+    rf"^\|\s*(?P<chip>\d+)(?:\s+(?P<device>\d+))?\s*\|\s*(?P<bus>{_BUS_ID})\s*\|\s*(?P<rest>.*)\|\s*$"
 )
 _USAGE_PAIR = re.compile(r"(\d+)\s*/\s*(\d+)")
 
@@ -40,50 +56,74 @@ def _number(text: str | None) -> float | None:
     return float(text)
 
 
-def parse_npu_smi_info(text: str) -> dict[int, dict[str, Any]]:
-    """Per NPU id: name, health, power_w, temperature_c, utilization_percent
-    (AICore), memory_used_mb / memory_total_mb and hbm_used_mb / hbm_total_mb."""
-    devices: dict[int, dict[str, Any]] = {}
+def _first_row(match: re.Match) -> dict[str, Any]:
+    return {
+        "npu": int(match["npu"]),
+        "name": match["name"],
+        "health": match["health"],
+        "power_w": _number(match["power"]),
+        "temperature_c": _number(match["temp"]),
+    }
+
+
+def _add_second_row(row: dict[str, Any], match: re.Match) -> None:
+    """The chip's ids and usage figures, into the row its first line started."""
+    row["chip"] = int(match["chip"])
+    row["device_id"] = int(match["device"]) if match["device"] is not None else row["npu"]
+    row["bus_id"] = None if match["bus"] == "NA" else match["bus"]
+    rest = match["rest"]
+    aicore = re.match(r"\s*" + _NUMBER, rest)
+    row["utilization_percent"] = _number(aicore.group(1)) if aicore else None
+    pairs = [(float(a), float(b)) for a, b in _USAGE_PAIR.findall(rest)]
+    if pairs:
+        row["memory_used_mb"], row["memory_total_mb"] = pairs[0]
+    if len(pairs) > 1:
+        row["hbm_used_mb"], row["hbm_total_mb"] = pairs[1]
+
+
+def parse_npu_smi_rows(text: str) -> list[dict[str, Any]]:
+    """One dict per chip (die), in the order npu-smi prints them: npu (card id),
+    chip, device_id, name, health, power_w, temperature_c, bus_id (None where
+    npu-smi says NA), utilization_percent (AICore), memory_used_mb /
+    memory_total_mb and, on HBM cards, hbm_used_mb / hbm_total_mb. A first row
+    without its second row has no chip or device_id."""
+    rows: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     for line in text.splitlines():
-        # The second row first: on 310P cards it starts with two numbers (chip and
-        # device), which the first-row pattern would otherwise take for an NPU row.
+        # The second row first: it starts with one or two numbers (chip, device
+        # id) that the first-row pattern would otherwise take for an NPU row;
+        # its bus-id column (an address or NA) tells them apart.
         second = _SECOND_ROW.match(line)
         if second:
             if current is not None:
-                rest = second["rest"]
-                aicore = re.match(r"\s*" + _NUMBER, rest)
-                current["bus_id"] = second["bus"]
-                current["utilization_percent"] = _number(aicore.group(1)) if aicore else None
-                pairs = [(float(a), float(b)) for a, b in _USAGE_PAIR.findall(rest)]
-                if pairs:
-                    current["memory_used_mb"], current["memory_total_mb"] = pairs[0]
-                if len(pairs) > 1:
-                    current["hbm_used_mb"], current["hbm_total_mb"] = pairs[1]
+                _add_second_row(current, second)
                 current = None
             continue
         first = _FIRST_ROW.match(line)
         if first:
-            current = {
-                "npu": int(first["npu"]),
-                "name": first["name"],
-                "health": first["health"],
-                "power_w": _number(first["power"]),
-                "temperature_c": _number(first["temp"]),
-            }
-            devices[current["npu"]] = current
-    return devices
+            current = _first_row(first)
+            rows.append(current)
+    return rows
+
+
+def parse_npu_smi_info(text: str) -> dict[int, dict[str, Any]]:
+    """The rows of parse_npu_smi_rows keyed by device id: the id torch_npu and
+    ASCEND_RT_VISIBLE_DEVICES number devices by (the Phy-ID of an A3 die, the
+    device id of a 310P/310B chip, the NPU id of a 910B). A first row alone is
+    keyed by its NPU id."""
+    return {row.get("device_id", row["npu"]): row for row in parse_npu_smi_rows(text)}
 
 
 class NpuSmiSampler(TelemetrySampler):
-    """Runs ``npu-smi info`` at each interval; ``npu-smi`` takes a few hundred
+    """Runs ``npu-smi info`` at each interval and reads the chips named by
+    device id (parse_npu_smi_info); ``npu-smi`` takes a few hundred
     milliseconds, so intervals under one second are raised to one second."""
 
     source = "npu-smi"
 
-    def __init__(self, npu_ids: list[int], interval_s: float = 1.0, command: str = "npu-smi") -> None:
+    def __init__(self, device_ids: list[int], interval_s: float = 1.0, command: str = "npu-smi") -> None:
         super().__init__(max(1.0, interval_s))
-        self.npu_ids = npu_ids
+        self.device_ids = device_ids
         self._command = shutil.which(command)
 
     def unavailable_reason(self) -> str | None:
@@ -97,8 +137,8 @@ class NpuSmiSampler(TelemetrySampler):
         ).stdout
         table = parse_npu_smi_info(output)
         readings = []
-        for npu in self.npu_ids:
-            row = dict(table.get(npu, {}))
+        for device_id in self.device_ids:
+            row = dict(table.get(device_id, {}))
             if row.get("hbm_used_mb") is not None:  # on HBM cards that is the device memory
                 row["memory_used_mb"] = row["hbm_used_mb"]
             readings.append(row)

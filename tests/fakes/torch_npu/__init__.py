@@ -16,9 +16,20 @@ What it fakes:
 * The memory statistics: ``memory_stats()`` and the ``*_memory_*`` functions
   return the fixed recorded values below, never a measurement, so tests can
   compare results against these constants.
+* The way the real wheel loads: it registers a torch backend entry point
+  (torch_npu-*.dist-info/entry_points.txt beside this package: ``[torch.backends]
+  torch_npu = torch_npu:_autoload``), so with tests/fakes on the path a plain
+  ``import torch`` imports this module, unless TORCH_DEVICE_BACKEND_AUTOLOAD=0.
+  Like the wheel it sets that switch to 0 while it imports torch and restores
+  it in ``_autoload``.
 * A missing CANN runtime: with ``HWBENCH_STANDIN_NO_CANN=1`` in the environment
-  the import fails exactly as the real torch_npu does without CANN
-  (``ImportError: libhccl.so: cannot open shared object file: ...``).
+  the import fails exactly as the real torch_npu 2.13.0 does without CANN
+  (``ImportError: libhccl.so: cannot open shared object file: ...``); under
+  autoload torch turns that into ``RuntimeError: Failed to load the backend
+  extension: torch_npu`` at ``import torch``, as on a real host.
+* A torch built for another accelerator: the wheel's ``_check_device_conflict``
+  is copied below; ``HWBENCH_STANDIN_TORCH_ACCELERATOR=cuda`` makes it see a
+  CUDA build of torch (this machine has only the CPU build).
 
 The module declares itself with ``__hwbench_stand_in__ = True``; hwbench reads
 that flag and marks every result produced through this stand-in as simulated
@@ -39,11 +50,43 @@ __version__ = "2.13.0+standin"
 
 NO_CANN_ENV = "HWBENCH_STANDIN_NO_CANN"
 NO_CANN_MESSAGE = "libhccl.so: cannot open shared object file: No such file or directory"
+ACCELERATOR_ENV = "HWBENCH_STANDIN_TORCH_ACCELERATOR"
+AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+# As the wheel does: autoload off while this module imports torch (a circular
+# import otherwise), restored by _autoload() once the import has succeeded. A
+# failed import leaves it at 0, as the wheel's does.
+ORG_AUTOLOAD = os.getenv(AUTOLOAD_ENV, "1")
+os.environ[AUTOLOAD_ENV] = "0"
+
+import torch  # noqa: E402  (the wheel's order: the switch, torch, the conflict check, CANN)
+
+
+def _accelerator_type() -> str:
+    return os.environ.get(ACCELERATOR_ENV) or torch._C._get_accelerator().type
+
+
+def _check_device_conflict() -> None:
+    """The wheel's check (torch_npu/__init__.py of torch-npu 2.13.0), reading the
+    accelerator through _accelerator_type so a test can fake a CUDA build."""
+    acc_type = _accelerator_type()
+    if acc_type not in ("cpu", "npu"):
+        raise RuntimeError(
+            f"Two accelerators cannot be used at the same time "
+            f"in PyTorch: npu and {acc_type}. You can install "
+            f"the cpu version of PyTorch to use your npu device, "
+            f"or use the {acc_type} device with "
+            f"'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'.\n"
+            f"[ERROR] {time.strftime('%Y-%m-%d-%H:%M:%S', time.localtime())} "
+            f"(PID:{os.getpid()}, Device:-1, RankID:-1) "
+            f"ERR00007 PTA feature not supported"
+        )
+
+
+_check_device_conflict()
 
 if os.environ.get(NO_CANN_ENV) == "1":
     raise ImportError(NO_CANN_MESSAGE)
-
-import torch  # noqa: E402  (after the CANN check, as the real import order fails)
 
 # The device this stand-in reports.
 DEVICE_NAME = "Ascend910B3"
@@ -203,3 +246,12 @@ for _name in ("device_count", "is_available", "set_device", "current_device", "s
 
 torch.npu = npu
 sys.modules["torch.npu"] = npu
+
+
+def _autoload() -> None:
+    """The entry point torch calls at ``import torch``; like the wheel's, it only
+    restores the autoload switch (children inherit it)."""
+    os.environ[AUTOLOAD_ENV] = ORG_AUTOLOAD
+
+
+_autoload()  # when `import torch_npu` came first, torch skipped the autoload
