@@ -16,7 +16,12 @@ import pytest
 
 from hwbench.errors import UsageError
 from hwbench.report.published import REQUIRED_COLUMNS, load_published
-from hwbench.report.report import SECTIONS, main
+from hwbench.cli import run_command
+from hwbench.report.report import SECTIONS
+
+
+def main(argv):
+    return run_command("report", argv)
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "report"
@@ -236,7 +241,7 @@ def test_missing_path_and_bad_options(tmp_path):
     for argv, pattern in (([str(tmp_path / "none")], "no such file"),
                           ([str(GOOD), "--price", "h100"], "--price 'h100'"),
                           ([str(GOOD), "--tokens", "lots"], "--tokens 'lots'"),
-                          ([str(GOOD), "--devices", "0"], "--devices 0"),
+                          ([str(GOOD), "--projection-devices", "0"], "--projection-devices 0"),
                           ([str(GOOD), "--format", "pdf"], "pdf")):
         with pytest.raises(UsageError, match=pattern):
             main(argv)

@@ -13,7 +13,7 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.harness.stats import finite_or_none, summarize
+from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration

@@ -7,11 +7,9 @@ Formulas and sections are described in docs/reports.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,9 +17,8 @@ import pandas as pd
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
-from hwbench.report.published import DEFAULT_DIR, load_published
 from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError, RunResult, environment_value, load_result,
-                             result_files, write_text_atomic)
+                             result_files)
 
 FORMATS = ("md", "html", "csv", "json")
 DEFAULT_TOKENS = 300e9
@@ -33,27 +30,6 @@ NORMALISATION = ("Per-device figures divide the global samples/s by the devices 
                  "samples/s / its devices (8 for every published row). The ratio is measured / published.")
 SCALING_ASSUMPTION = ("Projections assume linear scaling: N devices reach N x the run's tokens/s per device, "
                       "with no loss to communication, stragglers or a larger data-parallel degree.")
-
-
-def _parser() -> argparse.ArgumentParser:
-    from hwbench.cli import _Parser  # one line, exit 2, for a bad option
-
-    parser = _Parser(prog="hwbench report", description=(
-        "Report result files (files or folders) against the published tables: throughput, per-device "
-        "normalisation, memory, cost and energy per token, convergence and environment."))
-    parser.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
-    parser.add_argument("--against", metavar="PATH", default=None,
-                        help="published table (.csv) or folder of them (default: results/published of this checkout)")
-    parser.add_argument("--format", choices=FORMATS, default="md", help="md (default), html, csv or json")
-    parser.add_argument("--out", metavar="FILE", help="write the report here (default: standard output)")
-    parser.add_argument("--price", action="append", default=[], metavar="DEVICE=USD/h",
-                        help="price of one device per hour, by catalog entry name or device model; repeatable "
-                             "(overrides the price in the result and the catalog)")
-    parser.add_argument("--tokens", default=str(DEFAULT_TOKENS), metavar="N",
-                        help="tokens for the training projection (default: 300e9)")
-    parser.add_argument("--devices", type=int, default=DEFAULT_DEVICES, metavar="N",
-                        help=f"devices for the training projection (default: {DEFAULT_DEVICES})")
-    return parser
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -682,42 +658,3 @@ def render_json(report: Report) -> str:
 
 def render_csv(report: Report) -> str:
     return report.runs.to_csv(index=False)
-
-
-def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
-    if args.devices < 1:
-        raise UsageError(f"--devices {args.devices} is not accepted; give a number of devices >= 1")
-    tokens = parse_tokens(args.tokens)
-    prices = parse_prices(args.price)
-    loaded, skipped = load_inputs(args.results)
-    for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
-        print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
-    if not loaded:
-        raise UsageError(f"RESULTS {' '.join(args.results)}: no readable result file "
-                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
-    published, note = None, None
-    if args.against is not None:
-        published = load_published(args.against)
-    elif DEFAULT_DIR.is_dir():
-        published = load_published(DEFAULT_DIR)
-    elif Path("results/published").is_dir():
-        published = load_published("results/published")
-    else:
-        note = "No published tables found (results/published); give --against PATH."
-    report = build_report(loaded, skipped, published, note, prices, tokens, args.devices,
-                          with_plots=args.format == "html")
-    if args.format == "html":
-        from hwbench.report.html import render_html
-        text = render_html(report)
-    else:
-        text = {"md": render_markdown, "csv": render_csv, "json": render_json}[args.format](report)
-    if args.out:
-        try:
-            write_text_atomic(args.out, text)  # never a half-written report
-        except OSError as error:
-            raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
-        print(f"report written to {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-    return 0
