@@ -28,7 +28,7 @@ from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, Fault, Heartbeat
-from hwbench.harness.merge import merge_ranks
+from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.stats import finite_or_none
 from hwbench.devices import checked_backend, describe_device, describe_workload
@@ -101,6 +101,8 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     finally:
         progress.close()
     if report is not None:
+        if ctx.distributed:
+            progress.note("gathering every rank's figures")
         reports = ctx.gather_objects(report)
         if ctx.rank == 0:
             merge_ranks(result, spec, workload, reports)
@@ -233,34 +235,35 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
     if _eval_due(spec, data, last):  # after the measured window
+        progress.note(f"timed steps done; validating ({spec.eval_iters} batches)")
         validation.append(validate(engine, data, spec, last))
     heartbeat.step(last, "done")
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
 
-def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> dict[str, Any]:
+def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> RankReport:
     """This rank's figures as plain values, for rank 0 to merge. The loss of each
     step is averaged over the data-parallel ranks here (one collective after the
     timed loop), so the merged curve is the global batch's."""
     losses = torch.stack([o.loss.detach().float().reshape(()) for o in m.outcomes])
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
-    return {
-        "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
-        "host": heartbeat.record["host"], "pid": heartbeat.record["pid"],
-        "coordinates": {"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
-        "losses": [float(x) for x in losses.cpu()],
-        "grad_norms": [float(o.grad_norm.float()) for o in m.outcomes],
-        "lrs": [o.lr for o in m.outcomes],
-        "loss_scales": [o.loss_scale for o in m.outcomes],
-        "skipped": [bool(o.skipped) for o in m.outcomes],
-        "step_times_s": m.step_times_s,
-        "wall_time_s": m.wall_time_s,
-        "memory": m.memory,
-        "telemetry": m.telemetry,
-        "data": m.data,
-        "validation": m.validation,
-        "environment": environment,
-    }
+    return RankReport(
+        rank=ctx.rank, local_rank=ctx.local_rank, node_rank=ctx.node_rank,
+        host=heartbeat.record["host"], pid=heartbeat.record["pid"],
+        coordinates={"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
+        losses=[float(x) for x in losses.cpu()],
+        grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
+        lrs=[o.lr for o in m.outcomes],
+        loss_scales=[o.loss_scale for o in m.outcomes],
+        skipped=[bool(o.skipped) for o in m.outcomes],
+        step_times_s=m.step_times_s,
+        wall_time_s=m.wall_time_s,
+        memory=m.memory,
+        telemetry=m.telemetry,
+        data=m.data,
+        validation=m.validation,
+        environment=environment,
+    )
 
