@@ -1,6 +1,6 @@
 """The report's plots as PNG bytes (matplotlib, Agg backend; no display needed).
 
-Each function takes run rows (dicts as built by hwbench.report.report.run_row)
+Each function takes run rows (dicts as built by hwbench.report.runs.run_row)
 and returns PNG bytes, or None when there is nothing to plot.
 """
 
