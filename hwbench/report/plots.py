@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-GIB = 2 ** 30
+from hwbench.units import GIB  # noqa: E402
 
 
 def _png(figure) -> bytes:
