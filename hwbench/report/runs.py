@@ -15,7 +15,10 @@ from hwbench.errors import UsageError
 from hwbench.report.cells import number
 from hwbench.report.cost import procurement_figures
 from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError,
-                             RunResult, environment_value, load_result, result_files)
+                             RunResult, environment_differences, environment_value, load_result, result_files)
+
+# What the runs of one report must agree on to be compared: the environment, the commit, the precision.
+ENVIRONMENT_WARNING_FIELDS = PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision")
 
 
 def load_inputs(paths: Sequence[str]) -> tuple[list[tuple[RunResult, str]], list[tuple[str, str]]]:
@@ -126,21 +129,30 @@ def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: floa
 
 
 def environment_warnings(runs: pd.DataFrame) -> list[str]:
-    """Where the compared (ok) runs differ in software versions or precision."""
-    found = []
+    """Where the compared (ok) runs differ in software versions or precision; the fields of
+    one device kind (PER_BACKEND_ENVIRONMENT_FIELDS) among runs of the same backend only."""
+    found: list[str] = []
     ok = runs[runs["status"] == "ok"] if not runs.empty else runs
     if len(ok) < 2:
         return found
-    for key in PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision"):
+    for key in ENVIRONMENT_WARNING_FIELDS:
         groups = ok.groupby("backend") if key in PER_BACKEND_ENVIRONMENT_FIELDS else [(None, ok)]
         for backend, group in groups:
-            values: dict[str, list[str]] = {}
-            for _, run in group.iterrows():
-                value = run.get(key)
-                if value is None or (isinstance(value, float) and math.isnan(value)):
-                    continue
-                values.setdefault(str(value), []).append(run["run_id"])
-            if len(values) > 1:
+            each_run = [(run["run_id"], [_fingerprint(run)]) for _, run in group.iterrows()]
+            for _, held in environment_differences(each_run, (key,)):
+                ids_by_value: dict[str, list[str]] = {}
+                for run_id, (value,) in held:
+                    ids_by_value.setdefault(value, []).append(run_id)
                 found.append(f"runs differ in {key}" + (f" (backend {backend})" if backend else "") + ": "
-                             + "; ".join(f"{v} ({', '.join(ids)})" for v, ids in values.items()))
+                             + "; ".join(f"{v} ({', '.join(ids)})" for v, ids in ids_by_value.items()))
     return found
+
+
+def _fingerprint(run: pd.Series) -> dict[str, str]:
+    """A run row's warning fields as text; a field it did not record is left out (not compared)."""
+    fingerprint = {}
+    for key in ENVIRONMENT_WARNING_FIELDS:
+        value = run.get(key)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            fingerprint[key] = str(value)
+    return fingerprint
