@@ -12,13 +12,25 @@ _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
-def gib(value: float | int | None, digits: int = 2, unit: bool = False, missing: str = "-") -> str:
+def gib(value: float | int | None, digits: int = 2, unit: bool = False, missing: str = "-",
+        thousands: bool = False) -> str:
     """``value`` bytes in GiB (2^30) with ``digits`` decimals, "GiB" appended with
-    ``unit``; ``missing`` for None."""
+    ``unit``, thousands separated by commas with ``thousands``; ``missing`` for None."""
     if value is None:
         return missing
-    text = f"{value / GIB:.{digits}f}"
+    text = f"{value / GIB:{',' if thousands else ''}.{digits}f}"
     return f"{text} GiB" if unit else text
+
+
+def human_bytes(value: float | None) -> str:
+    """Bytes in the largest binary unit under 1024 (B, KiB, MiB, GiB, TiB), one decimal; "-" for None."""
+    if value is None:
+        return "-"
+    for name in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or name == "TiB":
+            return f"{value:.1f} {name}" if name != "B" else f"{int(value)} B"
+        value /= 1024
+    return str(value)
 
 
 def parse_size(text: str, option: str = "--device-memory") -> int:

@@ -353,7 +353,7 @@ def test_system_main_prints_and_writes(tmp_path, capsys):
 
 
 def test_report_and_system_out_unwritable_is_one_line_and_leaves_nothing(tmp_path):
-    from hwbench.report import report, system
+    from hwbench.report import build, system  # noqa: F401
 
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where a folder is expected

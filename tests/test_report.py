@@ -17,7 +17,7 @@ import pytest
 from hwbench.errors import UsageError
 from hwbench.report.published import REQUIRED_COLUMNS, load_published
 from hwbench.cli import run_command
-from hwbench.report.report import SECTIONS
+from hwbench.report.sections import SECTIONS
 
 
 def main(argv):
@@ -137,7 +137,7 @@ def test_ratios_and_per_device_normalisation(data):
 
 
 def test_differences_name_every_setting_that_differs():
-    from hwbench.report.report import setting_differences
+    from hwbench.report.against_published import setting_differences
     pub = pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0, "global_batch_size": 32.0,
                      "micro_batch_size": 8.0, "precision": "fp16", "recompute": True})
     same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,

@@ -35,15 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.report.published import DEFAULT_DIR, load_published
-    from hwbench.report.report import (
-        build_report,
-        load_inputs,
-        parse_prices,
-        parse_tokens,
-        render_csv,
-        render_json,
-        render_markdown,
-    )
+    from hwbench.report.build import build_report
+    from hwbench.report.cost import parse_prices, parse_tokens
+    from hwbench.report.render import render_csv, render_json, render_markdown
+    from hwbench.report.runs import load_inputs
     from hwbench.results import write_text_atomic
 
     if args.projection_devices < 1:

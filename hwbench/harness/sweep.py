@@ -34,6 +34,7 @@ from hwbench.harness.suite import Point, Suite
 from hwbench.stats import throughput_statistics
 from hwbench.options import RunOptions
 from hwbench.results import AGGREGATE_FILE, RunResult, load_results, new_run_id, result_files, utc_now, write_json_atomic, write_result
+from hwbench.units import gib
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
@@ -148,8 +149,8 @@ def _plan_problem(spec, catalog, devices: dict) -> tuple[str, dict] | None:
         return None
     prediction = {"predicted_peak_bytes": plan.total_bytes, "capacity_bytes": capacity,
                   "plan": dataclasses.asdict(plan)}
-    return (f"predicted peak {plan.total_bytes / 2**30:.1f} GiB per rank (stage {plan.stage}) does not fit "
-            f"{capacity / 2**30:.1f} GiB; run with --no-plan to try anyway", prediction)
+    return (f"predicted peak {gib(plan.total_bytes, 1, unit=True)} per rank (stage {plan.stage}) does not fit "
+            f"{gib(capacity, 1, unit=True)}; run with --no-plan to try anyway", prediction)
 
 
 def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,

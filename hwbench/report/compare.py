@@ -38,7 +38,8 @@ from tabulate import tabulate
 
 from hwbench.errors import UsageError
 from hwbench.stats import mann_whitney_u
-from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_value, load_results
+from hwbench.results import (PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_differences, environment_value,
+                             load_results)
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
@@ -251,26 +252,29 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
 
 def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[str]:
     """One line per fingerprint field whose values differ between the two sides."""
+    groups = [("baseline", [_fingerprint(r) for r in base]), ("current", [_fingerprint(r) for r in cur])]
     lines = []
-
-    def values(results: list[RunResult], field: str) -> set:
-        found = set()
-        for result in results:
-            env = result.environment or {}
-            if field == "device_model":
-                value = (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])
-            else:
-                value = environment_value(env, field)
-            if env or result.device:
-                found.add(value if value is None else str(value))
-        return found
-
-    for field in ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS:
-        a, b = values(base, field), values(cur, field)
-        if a and b and a != b:
-            show = lambda s: ", ".join(sorted(map(str, s)))  # noqa: E731
-            lines.append(f"environments differ: {field} {show(a)} (baseline) vs {show(b)} (current)")
+    for field, held in environment_differences(groups, ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS):
+        (_, a), (_, b) = held  # a difference needs both sides
+        lines.append(f"environments differ: {field} {_listed(a)} (baseline) vs {_listed(b)} (current)")
     return lines
+
+
+def _listed(values: list) -> str:
+    return ", ".join(sorted(map(str, values)))
+
+
+def _fingerprint(result: RunResult) -> dict[str, str | None]:
+    """The device model and performance fields of a result; a missing one is the value None
+    (it differs from a known one), and a result with no environment or device knows none."""
+    env = result.environment or {}
+    if not (env or result.device):
+        return {}
+    fingerprint: dict[str, str | None] = {
+        "device_model": (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])}
+    for field in PERFORMANCE_ENVIRONMENT_FIELDS:
+        fingerprint[field] = environment_value(env, field)
+    return {field: value if value is None else str(value) for field, value in fingerprint.items()}
 
 
 def load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:

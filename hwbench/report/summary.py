@@ -7,16 +7,7 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.results import RunResult
-
-
-def human_bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return str(value)
+from hwbench.units import human_bytes
 
 
 def _number(value: float | None, digits: int = 2) -> str:

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from hwbench.results import RunResult
+from hwbench.units import gib
 
 
 def _bytes(value: Any) -> str | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         return None
-    return f"{value / 2**30:.1f} GiB"
+    return gib(value, 1, unit=True)
 
 
 def _interconnect(entry: str | None) -> str | None:
