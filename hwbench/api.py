@@ -145,7 +145,8 @@ def report(paths: Iterable[str | Path], *, format: str = "md", against: str | Pa
            prices: Mapping[str, float] | None = None, tokens: float = 300e9, projection_devices: int = 8) -> str:
     """The `hwbench report` document as text (md, csv, json or html). The files that
     could not be read are listed in it."""
-    from hwbench.report.report import make_report
+    from hwbench.report.build import make_report
 
-    return make_report([str(p) for p in paths], format, against, {k.lower(): v for k, v in (prices or {}).items()},
-                       tokens, projection_devices)
+    text, _skipped = make_report([str(p) for p in paths], format, against,
+                                 {k.lower(): v for k, v in (prices or {}).items()}, tokens, projection_devices)
+    return text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hwbench.errors import UsageError
 
@@ -34,41 +33,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.report.published import DEFAULT_DIR, load_published
-    from hwbench.report.build import build_report
+    from hwbench.report.build import make_report
     from hwbench.report.cost import parse_prices, parse_tokens
-    from hwbench.report.render import render_csv, render_json, render_markdown
-    from hwbench.report.runs import load_inputs
     from hwbench.results import write_text_atomic
 
     if args.projection_devices < 1:
         raise UsageError(f"--projection-devices {args.projection_devices} is not accepted; give a number of "
                          "devices >= 1")
-    tokens = parse_tokens(args.tokens)
-    prices = parse_prices(args.price)
-    loaded, skipped = load_inputs(args.results)
+    text, skipped = make_report(args.results, args.format, args.against, parse_prices(args.price),
+                                parse_tokens(args.tokens), args.projection_devices)
     for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
         print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
-    if not loaded:
-        raise UsageError(f"RESULTS {' '.join(args.results)}: no readable result file "
-                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
-    published, note = None, None
-    if args.against is not None:
-        published = load_published(args.against)
-    elif DEFAULT_DIR.is_dir():
-        published = load_published(DEFAULT_DIR)
-    elif Path("results/published").is_dir():
-        published = load_published("results/published")
-    else:
-        note = "No published tables found (results/published); give --against PATH."
-    report = build_report(loaded, skipped, published, note, prices, tokens, args.projection_devices,
-                          with_plots=args.format == "html")
-    if args.format == "html":
-        from hwbench.report.html import render_html
-
-        text = render_html(report)
-    else:
-        text = {"md": render_markdown, "csv": render_csv, "json": render_json}[args.format](report)
     if args.out:
         try:
             write_text_atomic(args.out, text)  # never a half-written report

@@ -4,6 +4,8 @@ Formulas and sections are described in docs/reports.md."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pandas as pd
 
 from hwbench.report.against_published import match_published
@@ -57,3 +59,41 @@ def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]]) -> dict[s
         if image is not None:
             images[key] = image
     return images
+
+
+def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | None]:
+    """The published tables to report against: ``against``, else results/published of
+    this checkout (or of the working folder); else None and a note saying so."""
+    from pathlib import Path
+
+    from hwbench.report.published import DEFAULT_DIR, load_published
+
+    if against is not None:
+        return load_published(against), None
+    for folder in (DEFAULT_DIR, Path("results/published")):
+        if folder.is_dir():
+            return load_published(folder), None
+    return None, "No published tables found (results/published); give --against PATH."
+
+
+def make_report(paths: Sequence[str], format: str, against: str | None, prices: dict[str, float], tokens: float,
+                projection_devices: int) -> tuple[str, list[tuple[str, str]]]:
+    """The report over the result files under ``paths`` as text in ``format`` (md, csv,
+    json, html), and the (file, reason) of each file left out. UsageError when no file
+    could be read."""
+    from hwbench.errors import UsageError
+    from hwbench.report.render import render_csv, render_json, render_markdown
+    from hwbench.report.runs import load_inputs
+
+    loaded, skipped = load_inputs(paths)
+    if not loaded:
+        raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
+                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
+    published, note = published_tables(None if against is None else str(against))
+    report = build_report(loaded, skipped, published, note, prices, tokens, projection_devices,
+                          with_plots=format == "html")
+    if format == "html":
+        from hwbench.report.html import render_html
+
+        return render_html(report), skipped
+    return {"md": render_markdown, "csv": render_csv, "json": render_json}[format](report), skipped
