@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hwbench.cli import main
-from hwbench.harness.sweep import LOCK_FILE
+from hwbench.harness.sweep import lock_path
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 1, "warmup": 0, "eval-iters": 0,
@@ -179,7 +179,7 @@ def test_a_second_sweep_on_a_locked_folder_is_refused_naming_the_holder(tmp_path
     suite.write_text(yaml.safe_dump({"name": "t", "defaults": FAST, "points": [{"name": "p"}]}))
     out = tmp_path / "out"
     (out / "t").mkdir(parents=True)
-    with open(out / "t" / LOCK_FILE, "a+") as holder:  # as a running sweep holds it
+    with open(lock_path(out, "t"), "a+") as holder:  # as a running sweep holds it
         fcntl.flock(holder, fcntl.LOCK_EX)
         holder.write("424242\n")
         holder.flush()
@@ -193,10 +193,10 @@ def test_a_stale_lock_from_a_dead_sweep_never_blocks(tmp_path):
     suite.write_text(yaml.safe_dump({"name": "t", "defaults": FAST, "points": [{"name": "p"}]}))
     out = tmp_path / "out"
     (out / "t").mkdir(parents=True)
-    (out / "t" / LOCK_FILE).write_text("1\n")  # a lock file whose holder is gone: no flock on it
+    (lock_path(out, "t")).write_text("1\n")  # a lock file whose holder is gone: no flock on it
     assert main(["sweep", str(suite), "--out", str(out), "--quiet"]) == 0
     assert len(list((out / "t" / "p").glob("*.json"))) == 1
-    assert (out / "t" / LOCK_FILE).read_text().strip() == str(os.getpid())
+    assert (lock_path(out, "t")).read_text().strip() == str(os.getpid())
 
 
 # --- 7, 2. damaged result files -------------------------------------------------------

@@ -39,7 +39,7 @@ from hwbench.units import gib
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 STOP_GRACE_S = 30.0
-LOCK_FILE = ".hwbench-sweep.lock"  # in OUT/<suite>/: one sweep writes a suite's folder at a time
+LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one sweep writes a suite's folder at a time
 
 
 class SweepInterrupted(Exception):
@@ -212,6 +212,11 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
             "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}
 
 
+def lock_path(out_dir: Path, suite_name: str) -> Path:
+    """The lock of OUT/<suite>/, beside it (the suite folder holds only point folders)."""
+    return out_dir / f".{suite_name}{LOCK_SUFFIX}"
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path, wait: bool):
     """Hold OUT/<suite>/'s lock for the sweep: two sweeps writing one folder would run
@@ -219,7 +224,7 @@ def folder_lock(folder: Path, wait: bool):
     holder's pid (or waits, with ``wait``). The kernel drops a flock when its holder
     dies, so a lock left by a killed sweep never blocks."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_FILE, "a+") as handle:
+    with open(lock_path(folder.parent, folder.name), "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
