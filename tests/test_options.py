@@ -104,3 +104,16 @@ def test_commands_that_need_no_device_do_not_import_torch(argv):
             "sys.stdout.flush()\nprint('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)" % argv)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH", done.stderr[-2000:]
+
+
+def test_the_run_table_says_why_a_figure_is_missing_and_names_the_formula():
+    import json
+    from pathlib import Path
+
+    from hwbench.report.summary import run_summary_rows
+    from hwbench.results import RunResult
+
+    data = json.loads((Path(__file__).parent / "data" / "compare" / "tiny-cpu.json").read_text())
+    rows = dict(run_summary_rows(RunResult.from_dict(data)))
+    assert rows["peak memory"].startswith("allocated n/a on CPU: resident set below, resident set ")
+    assert rows["TFLOP/s per device"].endswith("(FLOPs formula: megatron-lm)")
