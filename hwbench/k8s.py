@@ -15,7 +15,7 @@ into such a manifest on stdout, for `kubectl create -f`. Every pod runs
         --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --out /results/runs
 
 and hwbench's launcher starts G local ranks there. The run options are checked
-here exactly as `hwbench run` checks them (hwbench.cli.parse_run_spec, paths
+here exactly as `hwbench run` checks them (hwbench.commands.run.parse_run_spec, paths
 excepted: they are the pod's), so a layout that does not fit N x G ranks is
 refused before anything reaches the cluster. Nothing here talks to a cluster.
 
@@ -26,19 +26,16 @@ Pieces: `job_from_argv` (parse and validate, -> K8sJob), `build_manifest`
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
 import posixpath
 import re
 import shlex
-import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import yaml
 
 from hwbench import __version__
-from hwbench.errors import UsageError
+from hwbench.device.kinds import KINDS
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -53,10 +50,9 @@ RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 DEFAULT_RESTART_POLICY = "Never"  # a benchmark that failed should say so, not quietly run again
 DEFAULT_DEVICE = "cuda"
 POD_DEVICES = ("cuda", "npu", "cpu")
-DEVICE_RESOURCES = {"cuda": "nvidia.com/gpu", "npu": "huawei.com/Ascend910", "cpu": None}
+DEVICE_RESOURCES = {name: kind.k8s_resource for name, kind in KINDS.items()}
 # Variables copied from the shell that runs `hwbench k8s` into every pod.
-_COMM = ("NCCL_", "TORCH_NCCL_", "HCCL_")
-PASS_THROUGH_PREFIXES = {"cuda": _COMM, "npu": (*_COMM, "ASCEND_"), "cpu": _COMM}
+PASS_THROUGH_PREFIXES = {name: kind.env_prefixes for name, kind in KINDS.items()}
 # Set per pod by the operator or the device plugin: never copied from this machine, refused in --env.
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK",
                           "CUDA_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"})
@@ -112,178 +108,29 @@ class K8sJob:
 
 
 
-def _int_at_least(option: str, minimum: int, maximum: int | None = None):
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
-            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
-        return value
-    return convert
-
-
-def _matching(option: str, pattern: re.Pattern, accepted: str, max_length: int | None = None):
-    def convert(text: str) -> str:
-        if not pattern.match(text) or (max_length is not None and len(text) > max_length):
-            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
-        return text
-    return convert
-
-
-def _image(text: str) -> str:
-    if not text or any(c.isspace() for c in text):
-        raise UsageError(f"--image {text!r} is not accepted; give a container image reference without spaces "
-                         "(e.g. registry.example.com/hwbench:0.1)")
-    return text
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not _ENV_NAME.match(key):
-        raise UsageError(f"--env {text!r} is not accepted; give KEY=VALUE with KEY a variable name")
-    if key in RESERVED_ENV:
-        raise UsageError(f"--env {text!r} is not accepted; {key} is set in each pod by the operator or the device "
-                         f"plugin; accepted: any other KEY=VALUE")
-    return key, value
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    from hwbench.cli import _Parser  # one line, exit 2, for a bad option
-
-    parser = _Parser(prog="hwbench k8s", allow_abbrev=False,
-                     description="Print a Kubeflow PyTorchJob manifest that runs `hwbench run` on --nnodes pods. "
-                     "Options not listed here are `hwbench run` options, passed to every pod.")
-    parser.add_argument("--nnodes", required=True, type=_int_at_least("--nnodes", 1), help="pods (nodes) in the job")
-    parser.add_argument("--nproc-per-node", required=True, type=_int_at_least("--nproc-per-node", 1),
-                        help="ranks per pod; also the accelerators each pod requests")
-    parser.add_argument("--image", required=True, type=_image, help="container image with hwbench installed")
-    parser.add_argument("--name", type=_matching("--name", _DNS_LABEL, "a DNS-1123 label: lowercase letters, digits "
-                                                 "and '-', starting and ending with a letter or digit"),
-                        help="job name (default: hwbench-<model>-<N>x<G>)")
-    parser.add_argument("--namespace", type=_matching("--namespace", _DNS_LABEL, "a DNS-1123 label of at most 63 "
-                                                      "characters", MAX_LABEL), help="namespace of the job")
-    parser.add_argument("--results-claim", type=_matching("--results-claim", _DNS_SUBDOMAIN, "the name of a "
-                                                          "PersistentVolumeClaim (lowercase, digits, '-', '.')", 253),
-                        help=f"PersistentVolumeClaim mounted at {RESULTS_MOUNT} (default: an emptyDir, which "
-                        "disappears with the pod)")
-    parser.add_argument("--shm-size", default=DEFAULT_SHM_SIZE,
-                        type=_matching("--shm-size", _QUANTITY, "a Kubernetes quantity such as 16Gi"),
-                        help=f"size of the memory-backed {SHM_MOUNT} (default: {DEFAULT_SHM_SIZE})")
-    parser.add_argument("--restart-policy", default=DEFAULT_RESTART_POLICY, type=_choice("--restart-policy",
-                        RESTART_POLICIES), help=f"{', '.join(RESTART_POLICIES)} (default: {DEFAULT_RESTART_POLICY})")
-    parser.add_argument("--backoff-limit", default=0, type=_int_at_least("--backoff-limit", 0),
-                        help="restarts before the job is marked Failed (default: 0)")
-    parser.add_argument("--active-deadline", type=_int_at_least("--active-deadline", 1),
-                        help="seconds after which the operator ends the job (runPolicy.activeDeadlineSeconds)")
-    parser.add_argument("--master-port", default=DEFAULT_MASTER_PORT, type=_int_at_least("--master-port", 1, 65535),
-                        help=f"rendezvous port on the master pod (default: {DEFAULT_MASTER_PORT})")
-    parser.add_argument("--cpu", type=_matching("--cpu", _CPU_QUANTITY, "a CPU quantity such as 16 or 500m"),
-                        help="CPU request per pod")
-    parser.add_argument("--memory", type=_matching("--memory", _QUANTITY, "a Kubernetes quantity such as 200Gi"),
-                        help="memory request per pod")
-    parser.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
-                        help="environment variable for every pod (repeatable)")
-    parser.add_argument("--hold", default=0, type=_int_at_least("--hold", 0),
-                        help="seconds each pod stays up after the run, so that results can be copied out with "
-                        "kubectl cp (default: 0)")
-    return parser
-
-
-def _choice(option: str, choices: Sequence[str]):
-    def convert(text: str) -> str:
-        if text not in choices:
-            raise UsageError(f"{option} {text!r} is not accepted; accepted: {', '.join(choices)}")
-        return text
-    return convert
-
-
-def _refuse_launcher_options(run_args: Sequence[str]) -> None:
-    for token in run_args:
-        option = token.split("=", 1)[0]
-        if not option.startswith("--") or len(option) < 4:
-            continue
-        for launcher in LAUNCHER_OPTIONS:
-            if launcher.startswith(option):  # argparse would take an abbreviation for the option itself
-                raise UsageError(f"{token} is not accepted among the run options of `hwbench k8s`; the manifest sets "
-                                 f"{', '.join(LAUNCHER_OPTIONS[2:])} for each pod (use --nnodes, --nproc-per-node "
-                                 "and --master-port of `hwbench k8s`)")
-
-
-def _default_name(model: str, nnodes: int, nproc: int) -> str:
+def default_name(model: str, nnodes: int, nproc: int) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "run"
     suffix = f"-{nnodes}x{nproc}"
-    room = _name_room(nnodes) - len("hwbench-") - len(suffix)
+    room = name_room(nnodes) - len("hwbench-") - len(suffix)
     return f"hwbench-{slug[:room].rstrip('-')}{suffix}"
 
 
-def _name_room(nnodes: int) -> int:
+def name_room(nnodes: int) -> int:
     """Longest job name whose pod and service names (<name>-worker-<i>) stay DNS-1123 labels."""
     longest_suffix = f"-worker-{nnodes - 2}" if nnodes > 1 else "-master-0"
     return MAX_LABEL - max(len(longest_suffix), len("-master-0"))
 
 
-def _pass_through_env(device: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+def pass_through_env(device: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     prefixes = PASS_THROUGH_PREFIXES[device]
     return sorted((k, v) for k, v in environ.items() if k.startswith(prefixes) and k not in RESERVED_ENV)
 
 
-def _under(path: str, folder: str) -> bool:
+def under(path: str, folder: str) -> bool:
     if not posixpath.isabs(path):
         return False
     normal = posixpath.normpath(path)
     return normal == folder or normal.startswith(folder + "/")
-
-
-def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> K8sJob:
-    """Parse `hwbench k8s` arguments into a validated K8sJob (UsageError, one line, on bad input).
-
-    ``environ`` (default os.environ) supplies the NCCL_*/HCCL_* (and for npu
-    ASCEND_*) variables copied into every pod."""
-    from hwbench.cli import parse_run_spec
-
-    environ = os.environ if environ is None else environ
-    args, run_args = _build_parser().parse_known_args(list(argv))
-    _refuse_launcher_options(run_args)
-    launch = ["--nnodes", str(args.nnodes), "--nproc-per-node", str(args.nproc_per_node)]
-    # Validate exactly as `hwbench run` on the pod will. The pod defaults go first so that
-    # the user's own --device/--out win (argparse keeps the last); comparing with a parse
-    # without them tells whether the user gave those options.
-    pod_defaults = ["--device", DEFAULT_DEVICE, "--out", POD_OUT]
-    spec = parse_run_spec([*pod_defaults, *run_args, *launch], check_paths=False)
-    plain = parse_run_spec([*run_args, *launch], check_paths=False)
-    if spec.device not in POD_DEVICES:
-        raise UsageError(f"--device {spec.device!r} is not accepted for `hwbench k8s`; a pod requests its accelerators "
-                         f"by name, so give an explicit --device {'|'.join(POD_DEVICES)} (default: {DEFAULT_DEVICE})")
-    added: list[str] = []
-    if plain.device != spec.device:
-        added += ["--device", spec.device]
-    if plain.out_dir != spec.out_dir:
-        added += ["--out", POD_OUT]
-    elif not _under(spec.out_dir, RESULTS_MOUNT):
-        print(f"hwbench: warning: --out {spec.out_dir} is outside the results volume {RESULTS_MOUNT}; the result "
-              "files will be lost with the pod's filesystem", file=sys.stderr)
-
-    name = args.name or _default_name(spec.model, args.nnodes, args.nproc_per_node)
-    if len(name) > _name_room(args.nnodes):
-        raise UsageError(f"--name {name!r} is too long: {len(name)} characters; accepted: at most "
-                         f"{_name_room(args.nnodes)} for {args.nnodes} pods, so that pod names "
-                         f"<name>-worker-<i> stay within {MAX_LABEL}")
-
-    env: dict[str, str] = dict(_pass_through_env(spec.device, environ))
-    from_shell = tuple(env)
-    for key, value in args.env:
-        env[key] = value
-    from_shell = tuple(k for k in from_shell if k not in dict(args.env))
-
-    return K8sJob(
-        name=name, image=args.image, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, device=spec.device,
-        model=spec.model, run_args=tuple([*run_args, *added]), out_dir=spec.out_dir, namespace=args.namespace,
-        results_claim=args.results_claim, shm_size=args.shm_size, restart_policy=args.restart_policy,
-        backoff_limit=args.backoff_limit, active_deadline_s=args.active_deadline, master_port=args.master_port,
-        cpu=args.cpu, memory=args.memory, env=tuple(env.items()), env_from_shell=from_shell, hold_s=args.hold)
 
 
 def _labels(job: K8sJob) -> dict[str, str]:
@@ -381,13 +228,3 @@ def render(manifest: Mapping[str, Any]) -> str:
     ]
     body = yaml.safe_dump(dict(manifest), sort_keys=False, width=1000)
     return "\n".join(header) + "\n" + body
-
-
-def main(argv: Sequence[str]) -> int:
-    """`hwbench k8s ARGV...`: print the manifest on stdout; UsageError for bad input (the CLI exits 2)."""
-    job = job_from_argv(argv)
-    if job.results_claim is None:
-        print(f"hwbench: note: no --results-claim, so {RESULTS_MOUNT} is an emptyDir: results vanish with the pod "
-              "(copy them out with kubectl cp while it runs, see --hold)", file=sys.stderr)
-    sys.stdout.write(render(build_manifest(job)))
-    return 0

@@ -16,27 +16,19 @@ when the activations are already freed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import re
 from collections.abc import Sequence
 
+from hwbench.device.kinds import DEVICE_KINDS, KINDS
 from hwbench.errors import UsageError
-from hwbench.catalog import PRECISIONS
-from hwbench.spec import ENGINES, PP_SCHEDULES, RunSpec
-from hwbench.workload.config import GPTConfig
+from hwbench.spec import ENGINES, RunSpec
+from hwbench.units import GIB, parse_size  # noqa: F401  (parse_size: planner.parse_size, as before)
+from hwbench.workload.config import GPTConfig, stage_layers
 
-GIB = 2 ** 30
-
-# Fixed per-device framework memory outside the tensors counted here. Estimates,
-# not measurements (docs/planner.md):
-# cuda: CUDA context with lazy module loading (~0.3-0.5 GiB), cuBLAS/cuBLASLt
-#   workspaces, NCCL communicator buffers; rounded up to 1 GiB.
-# npu: CANN runtime context and HCCL buffers (HCCL_BUFFSIZE defaults to 200 MB per
-#   communicator); rounded up to 2 GiB.
-# cpu: the process's resident libraries (torch, Python), ~0.5 GiB.
-OVERHEAD_BYTES = {"cuda": 1 * GIB, "npu": 2 * GIB, "cpu": GIB // 2}
-BACKENDS = tuple(OVERHEAD_BYTES)
+# Fixed per-device framework memory outside the tensors counted here: the device
+# kind's estimate (hwbench/device/kinds.py; docs/planner.md).
+OVERHEAD_BYTES = {name: kind.framework_overhead_bytes for name, kind in KINDS.items()}
+BACKENDS = DEVICE_KINDS
 
 # A plan fits when its total is at most this fraction of the device's memory: the
 # caching allocator's fragmentation (reserved above allocated, commonly 5-15 %)
@@ -105,7 +97,6 @@ def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StagePa
     replicated: (3h^2 + 3h + h^2 + 4h^2 + 4h + 4h^2) / t + (h + h + 4h)
     = (12h^2 + 7h) / t + 6h   (t = 1: 12h^2 + 13h, as params.count_parameters).
     The word embedding and the output layer are vocab-parallel (V/t rows)."""
-    from hwbench.engine.parallelize import stage_layers  # torch is imported there only at call time
 
     h = config.hidden_size
     vocab = config.padded_vocab_size(tp)
@@ -158,7 +149,7 @@ def microbatches_in_flight(spec: RunSpec, stage: int) -> int:
 def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) -> MemoryPlan:
     """The predicted peak of a rank of pipeline stage ``stage``."""
     if backend_name not in OVERHEAD_BYTES:
-        raise UsageError(f"--backend {backend_name!r} is not known; accepted: {', '.join(BACKENDS)}")
+        raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(BACKENDS)}")
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
     params = stage_parameters(config, tp, pp, stage)
     n = params.total
@@ -273,69 +264,40 @@ def _ceil(value: int, divisor: int) -> int:
 
 
 # sizes ----------------------------------------------------------------------------
-_UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 20, "MIB": 2 ** 20, "MB": 10 ** 6,
-          "G": 2 ** 30, "GIB": 2 ** 30, "GB": 10 ** 9, "T": 2 ** 40, "TIB": 2 ** 40, "TB": 10 ** 12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How a layout's data parallelism is run: the native engine plain or with FSDP2,
+    or DeepSpeed with a ZeRO stage. `hwbench plan` and `hwbench tune` share these."""
+
+    engine: str
+    fsdp: bool = False
+    zero: int = 0
+
+    @property
+    def name(self) -> str:
+        return "native fsdp" if self.fsdp else "native" if self.engine == "native" else f"deepspeed zero{self.zero}"
+
+    @property
+    def short(self) -> str:
+        return "fsdp" if self.fsdp else "plain" if self.engine == "native" else f"zero{self.zero}"
+
+    def options(self) -> dict:
+        """The run options that select this variant."""
+        return {"engine": self.engine, "fsdp": self.fsdp or None,
+                "zero": self.zero if self.engine == "deepspeed" else None}
 
 
-def parse_size(text: str, option: str = "--device-memory") -> int:
-    """Bytes from '32GiB', '80GB', '24G', '1.5TiB': GiB/MiB/... and the bare
-    letters G/M/K/T are powers of 2; GB/MB/KB/TB are powers of 10; no unit is bytes."""
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
-                         "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-# hwbench plan ---------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    from hwbench.cli import _Parser
-
-    parser = _Parser(prog="hwbench plan", description="Predict the per-rank peak memory of training layouts and "
-                     "which fit a device (docs/planner.md).")
-    parser.add_argument("--model", help="workload from the catalog (default: the run default)")
-    parser.add_argument("--devices", type=int, default=1, help="devices in the job (default: 1)")
-    parser.add_argument("--device-memory", help="memory of one device: 32GiB, 80GB, 24G (G = GiB)")
-    parser.add_argument("--device-model", help="take the memory from the device catalog, e.g. h100-sxm")
-    parser.add_argument("--backend", choices=BACKENDS,
-                        help="framework overhead of this device kind (default: the device model's, else cuda)")
-    parser.add_argument("--layout", help="one layout TPxPPxDP (e.g. 2x2x2): show every pipeline stage")
-    parser.add_argument("--engine", choices=ENGINES, help="only this engine's variants")
-    parser.add_argument("--fsdp", action="store_true", default=None, help="with --layout: FSDP2 (native engine)")
-    parser.add_argument("--zero", type=int, help="with --layout: ZeRO stage 0-3 (deepspeed engine)")
-    parser.add_argument("--precision", choices=PRECISIONS)
-    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--micro-batch-size", type=int)
-    parser.add_argument("--global-batch-size", type=int)
-    parser.add_argument("--seq-length", type=int)
-    parser.add_argument("--pp-schedule", choices=PP_SCHEDULES)
-    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
-                        help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
-    return parser
-
-
-def _run_options(args: argparse.Namespace) -> list[str]:
-    argv: list[str] = ["--data", "synthetic"]
-    for name in ("model", "precision", "micro_batch_size", "global_batch_size", "seq_length", "pp_schedule"):
-        value = getattr(args, name)
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    if args.recompute is not None:
-        argv.append("--recompute" if args.recompute else "--no-recompute")
-    return argv
-
-
-def _variants(dp: int, tp: int, pp: int, engine: str | None) -> list[tuple[str, list[str]]]:
+def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES) -> list[Variant]:
+    """The variants a tp x pp x dp layout can run: native plain, FSDP2 when there is
+    data parallelism to shard over, DeepSpeed ZeRO 0-3 (0 only without data
+    parallelism) for pure data parallelism."""
     found = []
-    if engine in (None, "native"):
-        found.append(("native", ["--engine", "native"]))
+    if "native" in engines:
+        found.append(Variant("native"))
         if dp > 1:
-            found.append(("native fsdp", ["--engine", "native", "--fsdp"]))
-    if engine in (None, "deepspeed") and tp == 1 and pp == 1:
-        for zero in range(4 if dp > 1 else 1):
-            found.append((f"deepspeed zero{zero}", ["--engine", "deepspeed", "--zero", str(zero)]))
+            found.append(Variant("native", fsdp=True))
+    if "deepspeed" in engines and tp == 1 and pp == 1:
+        found += [Variant("deepspeed", zero=zero) for zero in range(4 if dp > 1 else 1)]
     return found
 
 
@@ -343,110 +305,3 @@ def layouts(devices: int) -> list[tuple[int, int, int]]:
     """Every (tp, pp, dp) split of ``devices``, tp-major."""
     return [(tp, pp, devices // (tp * pp)) for tp in range(1, devices + 1) for pp in range(1, devices + 1)
             if devices % (tp * pp) == 0]
-
-
-def _gib(value: int) -> str:
-    return f"{value / GIB:.2f}"
-
-
-def _row(layout: str, variant: str, spec: RunSpec, plan: MemoryPlan, capacity: int, headroom: float) -> list:
-    other = plan.buffers_bytes + plan.gathered_bytes
-    precision = spec.precision + ("+recompute" if spec.recompute else "")
-    return [layout, variant, precision, plan.stage, _gib(plan.weights_bytes),
-            _gib(plan.gradients_bytes), _gib(plan.optimizer_bytes), _gib(plan.activations_bytes),
-            _gib(plan.logits_bytes), _gib(other), _gib(plan.step_transient_bytes), _gib(plan.overhead_bytes),
-            _gib(plan.total_bytes), "yes" if plan.fits(capacity, headroom) else "no"]
-
-
-HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
-           "logits", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
-
-
-def main(argv: Sequence[str]) -> int:
-    """`hwbench plan ...`: print the table; UsageError for bad input."""
-    from tabulate import tabulate
-
-    from hwbench.catalog import load_catalog
-    from hwbench.cli import parse_run_spec
-
-    args = _parser().parse_args(list(argv))
-    catalog = load_catalog()
-    if isinstance(args.devices, bool) or args.devices < 1:
-        raise UsageError(f"--devices {args.devices} is not accepted; give an integer >= 1")
-    if not 0 < args.headroom <= 1:
-        raise UsageError(f"--headroom {args.headroom} is not accepted; give a fraction in (0, 1]")
-    backend = args.backend
-    if args.device_memory is not None:
-        capacity = parse_size(args.device_memory)
-    elif args.device_model is not None:
-        device = catalog.devices.get(args.device_model)
-        if device is None:
-            raise UsageError(f"--device-model {args.device_model!r} is not in the catalog; accepted: "
-                             f"{', '.join(sorted(catalog.devices))}")
-        if device.memory_bytes is None:
-            raise UsageError(f"--device-model {args.device_model} has no fixed memory in the catalog; "
-                             "give --device-memory SIZE")
-        capacity = device.memory_bytes
-        backend = backend or (device.backend if device.backend in OVERHEAD_BYTES else None)
-    else:
-        raise UsageError("hwbench plan needs --device-memory SIZE (e.g. 32GiB) or --device-model NAME "
-                         f"(accepted: {', '.join(sorted(catalog.devices))})")
-    backend = backend or "cuda"
-
-    run_argv = _run_options(args)
-    if args.layout is not None:
-        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", args.layout.strip().lower())
-        if not match or min(int(g) for g in match.groups()) < 1:
-            raise UsageError(f"--layout {args.layout!r} is not a layout; accepted: TPxPPxDP with positive "
-                             "integers, e.g. 2x2x2")
-        tp, pp, dp = (int(g) for g in match.groups())
-        engine = args.engine or ("deepspeed" if args.zero is not None else "native")
-        extra = ["--engine", engine] + (["--fsdp"] if args.fsdp else []) + (
-            ["--zero", str(args.zero)] if args.zero is not None else [])
-        spec = parse_run_spec([*run_argv, *extra, "--nproc-per-node", str(tp * pp * dp), "--tp", str(tp),
-                               "--pp", str(pp), "--dp", str(dp)], check_paths=False)
-        config = catalog.workloads[spec.model].model
-        variant = engine + (" fsdp" if spec.fsdp else "")
-        variant += f" zero{spec.zero_stage}" if engine == "deepspeed" else ""
-        rows = [_row(args.layout, variant, spec, plan, capacity, args.headroom)
-                for plan in plan_for_all_stages(spec, config, backend)]
-        print(tabulate(rows, headers=HEADERS))
-        _print_footer(spec, capacity, args.headroom, backend, plan_memory(spec, config, backend).notes, [])
-        return 0
-
-    rows: list[tuple[int, list]] = []
-    skipped: list[str] = []
-    spec = None
-    for tp, pp, dp in layouts(args.devices):
-        name = f"{tp}x{pp}x{dp}"
-        base = [*run_argv, "--nproc-per-node", str(args.devices), "--tp", str(tp), "--pp", str(pp)]
-        for variant, extra in _variants(dp, tp, pp, args.engine):
-            try:
-                point = parse_run_spec([*base, *extra], check_paths=False)
-            except UsageError as error:
-                line = f"{name}: {error}"
-                if line not in skipped:  # the same reason for every variant: once
-                    skipped.append(line)
-                continue
-            spec = point
-            config = catalog.workloads[point.model].model
-            plan = plan_memory(point, config, backend)
-            rows.append((plan.total_bytes, _row(name, variant, point, plan, capacity, args.headroom)))
-    rows.sort(key=lambda item: item[0])
-    print(tabulate([row for _, row in rows], headers=HEADERS))
-    _print_footer(spec, capacity, args.headroom, backend, (), skipped)
-    return 0
-
-
-def _print_footer(spec: RunSpec | None, capacity: int, headroom: float, backend: str, notes: Sequence[str],
-                  skipped: list[str]) -> None:
-    print(f"\ndevice memory {capacity / GIB:.2f} GiB; fits: total <= {headroom:g} x that; overhead for {backend}: "
-          f"{OVERHEAD_BYTES[backend] / GIB:.2f} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
-          "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
-    if spec is not None:
-        print(f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
-              f"global batch {spec.global_batch_size}")
-    for note in notes:
-        print(f"note: {note}")
-    for line in skipped:
-        print(f"skipped {line}")

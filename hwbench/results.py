@@ -15,7 +15,7 @@ import secrets
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
 from hwbench.errors import UsageError
@@ -37,6 +37,28 @@ def environment_value(environment: dict[str, Any], field: str) -> str | None:
     if isinstance(value, dict):
         return ", ".join(f"{key}={value[key]}" for key in sorted(value))
     return None if value is None else str(value)
+
+
+def environment_differences(groups: Sequence[tuple[str, Sequence[Mapping[str, Any]]]],
+                            fields: Sequence[str]) -> list[tuple[str, list[tuple[str, list[Any]]]]]:
+    """Where groups of runs differ in the fields that change the figures: the one rule of
+    `hwbench report` (each ok run a group) and `hwbench compare` (baseline and current).
+
+    A group is (label, the fingerprints of its runs: field -> comparable value); a field a
+    fingerprint leaves out is unknown for that run and not compared, and a group that knows
+    no value of a field is left out of it. A field differs when the remaining groups do not
+    all hold the same set of values; for each such field, in ``fields`` order, the result
+    gives (label, the group's distinct values in first-seen order) for every remaining group."""
+    found = []
+    for field in fields:
+        held = []
+        for label, fingerprints in groups:
+            values = list(dict.fromkeys(fingerprint[field] for fingerprint in fingerprints if field in fingerprint))
+            if values:
+                held.append((label, values))
+        if any(set(values) != set(held[0][1]) for _, values in held[1:]):
+            found.append((field, held))
+    return found
 
 
 class ResultFormatError(ValueError):

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.catalog import PRECISIONS, Catalog, Workload
-from hwbench.device import DEVICE_CHOICES
+from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.options import ENGINES, PP_SCHEDULES, RunOptions
 from hwbench.results import check_output_folder
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
 
@@ -29,8 +30,6 @@ DEFAULT_SPLIT = "949,50,1"
 DEFAULT_EVAL_ITERS = 10
 
 
-ENGINES = ("native", "deepspeed")
-PP_SCHEDULES = ("1f1b", "gpipe")
 ZERO_STAGES = (0, 1, 2, 3)
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -141,6 +140,16 @@ def _positive(option: str, value: Any, minimum: int = 1, maximum: int | None = N
     return value
 
 
+def _positive_number(option: str, value: Any, minimum: float | None = None) -> float:
+    """A finite number > 0 (or >= ``minimum``)."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (value >= minimum if minimum is not None else value > 0))
+    if not ok:
+        raise UsageError(f"{option} {value!r} is not accepted; give a number "
+                         + (f">= {minimum:g}" if minimum is not None else "> 0"))
+    return float(value)
+
+
 def _check_out_dir(out: str) -> str:
     check_output_folder(out)
     return out
@@ -159,7 +168,7 @@ def check_data(data: str) -> str:
 
 
 def _check_split(split: str) -> str:
-    from hwbench.workload.gpt_dataset import parse_split
+    from hwbench.workload.split import parse_split
 
     parse_split(split)
     return split
@@ -258,24 +267,59 @@ def _build_parallel(options: dict[str, Any], workload: Workload, launch: LaunchS
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
 
 
+def find_workload(catalog: Catalog, name: str) -> Workload:
+    """The catalog's workload by name, in any case (`--model 1.3B`, as reports print it)."""
+    by_lower = {key.lower(): workload for key, workload in catalog.workloads.items()}
+    workload = by_lower.get(str(name).lower())
+    if workload is None:
+        raise UsageError(f"--model {name!r} is not in the catalog; accepted: {', '.join(sorted(catalog.workloads))}")
+    return workload
+
+
+def _batch_sizes(options: dict[str, Any], defaults, dp: int) -> tuple[int, int]:
+    """(micro, global) batch sizes for ``dp`` data-parallel replicas. Given both, they
+    must fit. Given neither, the workload's micro batch, and its global batch rounded up
+    to a multiple of micro x dp (Megatron's micro x dp when the workload accumulates
+    nothing; unchanged when it already fits). Given one, the other follows: the global
+    batch rounded up likewise, or the workload's micro batch cut to a divisor of the
+    per-replica batch."""
+    micro_given, global_given = options.get("micro_batch_size"), options.get("global_batch_size")
+    micro = _positive("--micro-batch-size", _given(options, "micro_batch_size", defaults.micro_batch_size))
+    if global_given is None:
+        step = micro * dp
+        return micro, max(step, -(-defaults.global_batch_size // step) * step)
+    global_batch = _positive("--global-batch-size", global_given)
+    if micro_given is None and global_batch % dp == 0:
+        per_replica = global_batch // dp
+        micro = max(m for m in range(1, min(micro, per_replica) + 1) if per_replica % m == 0)
+    if global_batch % (micro * dp):
+        step = micro * dp
+        raise UsageError(
+            f"--global-batch-size {global_batch} is not a multiple of --micro-batch-size {micro}"
+            + (f" x data parallel {dp}" if dp > 1 else "")
+            + f"; accepted: {step}, {2 * step}, {3 * step}, ..."
+        )
+    return micro, global_batch
+
+
 def _check_engine_layout(engine: str, parallel: ParallelDims) -> None:
     if engine == "deepspeed" and (parallel.tp > 1 or parallel.pp > 1):
         raise UsageError(f"--engine deepspeed runs data parallelism with ZeRO; --tp {parallel.tp} --pp {parallel.pp} "
                          "needs --engine native")
 
 
-def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
+def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
                    check_paths: bool = True) -> RunSpec:
     """RunSpec from CLI-style options (None = the workload's default).
     ``torchrun_world_size``: set when this process is already a torchrun rank.
     ``check_paths``: False when the run happens elsewhere (a Kubernetes pod), so
     --data and --out name paths there, not here."""
 
+    if isinstance(options, RunOptions):
+        options = dataclasses.asdict(options)
     given = functools.partial(_given, options)
-    model_name = given("model", DEFAULT_MODEL)
-    if model_name not in catalog.workloads:
-        raise UsageError(f"--model {model_name!r} is not in the catalog; accepted: {', '.join(sorted(catalog.workloads))}")
-    workload: Workload = catalog.workloads[model_name]
+    workload = find_workload(catalog, given("model", DEFAULT_MODEL))
+    model_name = workload.name
     defaults = workload.training
 
     device = given("device", "auto")
@@ -285,8 +329,6 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
     if precision not in PRECISIONS:
         raise UsageError(f"--precision {precision!r} is not known; accepted: {', '.join(PRECISIONS)}")
 
-    micro = _positive("--micro-batch-size", given("micro_batch_size", defaults.micro_batch_size))
-    global_batch = _positive("--global-batch-size", given("global_batch_size", defaults.global_batch_size))
     seq = _positive("--seq-length", given("seq_length", defaults.seq_length))
     steps = _positive("--steps", given("steps", DEFAULT_STEPS), maximum=MAX_STEPS)
     warmup = _positive("--warmup", given("warmup", DEFAULT_WARMUP), minimum=0, maximum=MAX_STEPS)
@@ -295,14 +337,7 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
     engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
     parallel = _build_parallel(options, workload, launch, engine)
     _check_engine_layout(engine, parallel)
-
-    if global_batch % (micro * parallel.dp):
-        step = micro * parallel.dp
-        raise UsageError(
-            f"--global-batch-size {global_batch} is not a multiple of --micro-batch-size {micro}"
-            + (f" x data parallel {parallel.dp}" if parallel.dp > 1 else "")
-            + f"; accepted: {step}, {2 * step}, {3 * step}, ..."
-        )
+    micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = global_batch // (micro * parallel.dp)
     if parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:
         if options.get("pp_schedule"):
@@ -342,8 +377,8 @@ def build_run_spec(options: dict[str, Any], catalog: Catalog, torchrun_world_siz
         pp_schedule=pp_schedule,
         launch=launch,
         optimizer=OptimizerSpec(
-            lr=defaults.lr,
-            min_lr=defaults.min_lr,
+            lr=_positive_number("--lr", given("lr", defaults.lr)),
+            min_lr=_positive_number("--min-lr", given("min_lr", defaults.min_lr), minimum=0.0),
             weight_decay=defaults.weight_decay,
             clip_grad=defaults.clip_grad,
             lr_warmup_iters=defaults.lr_warmup_iters,

@@ -149,7 +149,7 @@ def test_devices_lists_the_catalog_and_this_machine(capsys):
 
 
 def _spec(*args):
-    from hwbench.cli import parse_run_spec
+    from hwbench.commands.run import parse_run_spec
 
     return parse_run_spec(list(args))
 
@@ -215,10 +215,11 @@ def test_a_workload_may_give_both_warmup_fields_and_needs_one(tmp_path, monkeypa
 
 def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout(monkeypatch):
     from hwbench import cli
+    from hwbench.commands import models
 
     def broken(args):
         raise BrokenPipeError("a child's pipe")
 
-    monkeypatch.setitem(cli.COMMANDS, "models", broken)
+    monkeypatch.setattr(models, "main", broken)
     with pytest.raises(BrokenPipeError):
         cli.main(["models"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.cli import main as cli_main
+from hwbench.cli import main as cli_main, run_command
 from hwbench.errors import UsageError
 from hwbench.report import compare, system
 from hwbench.results import RunResult, load_result, write_result
@@ -52,7 +52,7 @@ def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: 
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
-    code = compare.main([str(a) for a in argv])
+    code = run_command("compare", [str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -118,7 +118,7 @@ def test_threshold_forms(text, value):
 def test_bad_threshold_is_a_usage_error(tmp_path, text):
     base = write(tmp_path / "base", [100.0])
     with pytest.raises(UsageError, match="--threshold"):
-        compare.main([str(base), str(base), "--threshold", text])
+        run_command("compare", [str(base), str(base), "--threshold", text])
 
 
 # --- verdicts ------------------------------------------------------------------
@@ -286,22 +286,22 @@ def test_empty_folder_is_a_usage_error(tmp_path):
     (tmp_path / "empty").mkdir()
     base = write(tmp_path / "base", [1000.0])
     with pytest.raises(UsageError, match="CURRENT .*empty.*no hwbench result files"):
-        compare.main([str(base), str(tmp_path / "empty")])
+        run_command("compare", [str(base), str(tmp_path / "empty")])
     with pytest.raises(UsageError, match="BASELINE .*missing.*no such file"):
-        compare.main([str(tmp_path / "missing"), str(base)])
+        run_command("compare", [str(tmp_path / "missing"), str(base)])
 
 
 def test_no_common_point_is_a_usage_error(tmp_path):
     base = write(tmp_path / "base", [1000.0])
     cur = write(tmp_path / "cur", [1000.0], spec={"model": "small"})
     with pytest.raises(UsageError, match="no point in common"):
-        compare.main([str(base), str(cur)])
+        run_command("compare", [str(base), str(cur)])
 
 
 def test_bad_metric_is_a_usage_error(tmp_path):
     base = write(tmp_path / "base", [1000.0])
     with pytest.raises(UsageError, match="--metric"):
-        compare.main([str(base), str(base), "--metric", "speed"])
+        run_command("compare", [str(base), str(base), "--metric", "speed"])
 
 
 # --- system description ------------------------------------------------------------
@@ -345,20 +345,20 @@ def test_system_description_of_a_gpu_result():
 
 def test_system_main_prints_and_writes(tmp_path, capsys):
     out = tmp_path / "sys.json"
-    assert system.main([str(TEMPLATE), "--out", str(out)]) == 0
+    assert run_command("system", [str(TEMPLATE), "--out", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(out.read_text()) and printed["accelerator_backend"] == "cpu"
     with pytest.raises(UsageError, match="RESULT_FILE"):
-        system.main([str(tmp_path / "nothing.json")])
+        run_command("system", [str(tmp_path / "nothing.json")])
 
 
 def test_report_and_system_out_unwritable_is_one_line_and_leaves_nothing(tmp_path):
-    from hwbench.report import report, system
+    from hwbench.report import build, system  # noqa: F401
 
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where a folder is expected
     with pytest.raises(UsageError, match="--out .* cannot be written"):
-        system.main([str(TEMPLATE), "--out", str(blocked / "system.json")])
+        run_command("system", [str(TEMPLATE), "--out", str(blocked / "system.json")])
     with pytest.raises(UsageError, match="--out .* cannot be written"):
-        report.main([str(TEMPLATE), "--out", str(blocked / "report.md")])
+        run_command("report", [str(TEMPLATE), "--out", str(blocked / "report.md")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

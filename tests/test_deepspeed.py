@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from hwbench.cli import parse_run_spec
+from hwbench.commands.run import parse_run_spec
 from hwbench.device import deepspeed_support
 from hwbench.device.deepspeed_support import ACCELERATOR_ENV, prepare_deepspeed
 from hwbench.errors import SetupError

@@ -10,6 +10,8 @@ import yaml
 import hwbench
 import hwbench.cli
 from hwbench import k8s
+from hwbench.cli import run_command
+from hwbench.commands import k8s as k8s_command
 from hwbench.errors import UsageError
 
 BASE = ["--image", "registry.example.com/hwbench:0.1"]
@@ -28,7 +30,7 @@ def _clean_env(monkeypatch):
 
 
 def manifest(capsys, *argv: str) -> dict:
-    assert k8s.main([*BASE, *argv]) == 0
+    assert run_command("k8s", [*BASE, *argv]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# ")
     return yaml.safe_load(out)
@@ -139,7 +141,7 @@ def test_nccl_env_passed_through_and_env_option(capsys, monkeypatch):
 
 
 def test_user_out_kept_and_warned_when_outside_results(capsys):
-    assert k8s.main([*BASE, "--nnodes", "1", "--nproc-per-node", "1", *TINY, "--out", "/tmp/x"]) == 0
+    assert run_command("k8s", [*BASE, "--nnodes", "1", "--nproc-per-node", "1", *TINY, "--out", "/tmp/x"]) == 0
     captured = capsys.readouterr()
     words = pod_words(yaml.safe_load(captured.out)["spec"]["pytorchReplicaSpecs"]["Master"])
     assert words.count("--out") == 1 and words[words.index("--out") + 1] == "/tmp/x"
@@ -160,7 +162,7 @@ def test_hold_keeps_pod_alive_and_keeps_exit_status(capsys):
 
 
 def test_build_manifest_is_pure_and_render_has_kubectl_header():
-    job = k8s.job_from_argv([*BASE, "--nnodes", "3", "--nproc-per-node", "2", *TINY], environ={})
+    job = k8s_command.job_from_argv([*BASE, "--nnodes", "3", "--nproc-per-node", "2", *TINY], environ={})
     assert isinstance(job, k8s.K8sJob) and job.device == "cuda" and job.name == "hwbench-tiny-3x2"
     assert k8s.build_manifest(job) == k8s.build_manifest(job)
     text = k8s.render(k8s.build_manifest(job))
@@ -189,7 +191,7 @@ def test_build_manifest_is_pure_and_render_has_kubectl_header():
 ])
 def test_bad_input_is_one_line_naming_the_option(argv, named, capsys):
     with pytest.raises(UsageError) as error:
-        k8s.main([*BASE, *argv])
+        run_command("k8s", [*BASE, *argv])
     message = str(error.value)
     assert named in message and "\n" not in message
     assert capsys.readouterr().out == ""

@@ -8,7 +8,7 @@ from hwbench.engine.distributed import RankEnvironment
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler
 from hwbench.engine.parallelize import stage_layers
 from hwbench.harness.launcher import root_cause
-from hwbench.harness.merge import merge_memory, straggler
+from hwbench.harness.merge import RankReport, merge_memory, straggler
 
 
 def test_stages_split_the_blocks_evenly_first_stages_taking_the_rest():
@@ -56,8 +56,8 @@ def test_the_root_cause_is_the_rank_that_failed_first_not_its_peers():
 
 
 def _report(rank, times, peak):
-    return {"rank": rank, "step_times_s": times,
-            "memory": {"peak_allocated_bytes": peak, "peak_reserved_bytes": peak, "ooms": 0, "source": "x"}}
+    return RankReport(rank=rank, step_times_s=times,
+                      memory={"peak_allocated_bytes": peak, "peak_reserved_bytes": peak, "ooms": 0, "source": "x"})
 
 
 def test_merged_memory_is_the_peak_over_ranks_and_names_it():

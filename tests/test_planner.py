@@ -4,13 +4,19 @@ import dataclasses
 
 import pytest
 
-from hwbench.cli import parse_run_spec
+from hwbench.cli import run_command
+from hwbench.commands.run import parse_run_spec
 from hwbench.errors import UsageError
-from hwbench.planner import (GIB, OVERHEAD_BYTES, activation_bytes_per_layer, fits, main, microbatches_in_flight,
+from hwbench.planner import (GIB, OVERHEAD_BYTES, activation_bytes_per_layer, fits, microbatches_in_flight,
                              parse_size, plan_for_all_stages, plan_memory, plan_stage, stage_parameters)
 from hwbench.spec import ParallelDims
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.params import count_parameters
+
+
+def main(argv):
+    return run_command("plan", argv)
+
 
 # 2 layers, h = 64, 4 heads, 32 positions, vocab 100 -> padded 128 at TP1, 256 at TP2.
 CONFIG = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32,

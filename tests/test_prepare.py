@@ -13,7 +13,12 @@ import pytest
 from hwbench.errors import UsageError
 from hwbench.workload import prepare as prepare_module
 from hwbench.workload.indexed import IndexedDataset, IndexedDatasetWriter
-from hwbench.workload.prepare import ChunkEncoder, Chunk, PrepareOptions, encode_chunks, main, prepare
+from hwbench.cli import run_command
+from hwbench.workload.prepare import ChunkEncoder, Chunk, PrepareOptions, encode_chunks, prepare
+
+
+def main(argv):
+    return run_command("data", ["prepare", *argv])
 from hwbench.workload.tokenizer import TokenizerError, byte_level, gpt2_bpe
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

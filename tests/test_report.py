@@ -16,7 +16,12 @@ import pytest
 
 from hwbench.errors import UsageError
 from hwbench.report.published import REQUIRED_COLUMNS, load_published
-from hwbench.report.report import SECTIONS, main
+from hwbench.cli import run_command
+from hwbench.report.sections import SECTIONS
+
+
+def main(argv):
+    return run_command("report", argv)
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "report"
@@ -132,7 +137,7 @@ def test_ratios_and_per_device_normalisation(data):
 
 
 def test_differences_name_every_setting_that_differs():
-    from hwbench.report.report import setting_differences
+    from hwbench.report.against_published import setting_differences
     pub = pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0, "global_batch_size": 32.0,
                      "micro_batch_size": 8.0, "precision": "fp16", "recompute": True})
     same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,
@@ -236,7 +241,7 @@ def test_missing_path_and_bad_options(tmp_path):
     for argv, pattern in (([str(tmp_path / "none")], "no such file"),
                           ([str(GOOD), "--price", "h100"], "--price 'h100'"),
                           ([str(GOOD), "--tokens", "lots"], "--tokens 'lots'"),
-                          ([str(GOOD), "--devices", "0"], "--devices 0"),
+                          ([str(GOOD), "--projection-devices", "0"], "--projection-devices 0"),
                           ([str(GOOD), "--format", "pdf"], "pdf")):
         with pytest.raises(UsageError, match=pattern):
             main(argv)

@@ -147,7 +147,7 @@ def test_a_bad_suite_is_one_line_naming_the_file(tmp_path, content, fragment):
 
 
 def test_shipped_suites_load_and_their_points_validate():
-    from hwbench.cli import parse_run_spec
+    from hwbench.commands.run import parse_run_spec
     from hwbench.harness.suite import find_suite
 
     shipped = sorted(p.stem for p in (REPO / "workloads" / "suites").glob("*.yaml"))

@@ -6,13 +6,28 @@ prefers an NPU, then a CUDA GPU, then the CPU.
 
 from __future__ import annotations
 
-from hwbench.device.base import PRECISION_DTYPES, Backend, MemoryStats
+from typing import TYPE_CHECKING, Any
+
+from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
+if TYPE_CHECKING:
+    from hwbench.device.base import Backend
+
+_FROM_BASE = ("Backend", "MemoryStats", "PRECISION_DTYPES")
 
 
-def select_backend(requested: str) -> Backend:
+def __getattr__(name: str) -> Any:
+    """Backend, MemoryStats and PRECISION_DTYPES come from device.base, which imports
+    torch: only when asked for, so that commands that never touch a device start fast."""
+    if name in _FROM_BASE:
+        from hwbench.device import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'hwbench.device' has no attribute {name!r}")
+
+
+def select_backend(requested: str) -> "Backend":
     """The backend for ``--device``; SetupError when the machine lacks it."""
     if requested not in DEVICE_CHOICES:
         raise UsageError(f"--device {requested!r} is not known; accepted: {', '.join(DEVICE_CHOICES)}")

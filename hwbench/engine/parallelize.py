@@ -12,14 +12,7 @@ import torch
 from torch import nn
 
 from hwbench.workload.model import GPT
-
-
-def stage_layers(num_layers: int, stages: int, stage: int) -> range:
-    """The block indices of pipeline ``stage``: an even split, the first stages
-    taking one more block when the layers do not divide."""
-    base, extra = divmod(num_layers, stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
+from hwbench.workload.config import stage_layers  # noqa: F401  (the engines and planner share it)
 
 
 def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:

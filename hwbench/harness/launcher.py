@@ -39,7 +39,7 @@ from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.harness.lifeline import child_environment
-from hwbench.harness.worker import checked_backend, describe_device, describe_workload
+from hwbench.devices import checked_backend, describe_device, describe_workload
 from hwbench.results import ResultFormatError, RunResult, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.spec import RunSpec
 

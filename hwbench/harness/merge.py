@@ -9,11 +9,12 @@ figures stay in ``ranks``; the slowest rank is named as the straggler.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.harness.stats import finite_or_none, summarize
+from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
@@ -23,10 +24,35 @@ FEW_TIMED_STEPS = 10
 STRAGGLER_RATIO = 1.05  # a rank this much slower than the median rank is named in the warnings
 
 
+@dataclasses.dataclass
+class RankReport:
+    """One rank's figures, sent to rank 0 (torch.distributed.gather_object pickles it).
+    Per-step lists are aligned: entry i is step i (warm-up included)."""
 
-def _loss_rank(reports: list[dict[str, Any]], spec: RunSpec) -> dict[str, Any]:
+    rank: int
+    step_times_s: list[float]  # timed steps only
+    memory: dict[str, Any]  # MemoryStats as a dict, with `unmeasured`
+    local_rank: int = 0
+    node_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    coordinates: dict[str, int] = dataclasses.field(default_factory=lambda: {"pp": 0, "dp": 0, "tp": 0})
+    losses: list[float] = dataclasses.field(default_factory=list)  # averaged over the data-parallel ranks
+    grad_norms: list[float] = dataclasses.field(default_factory=list)
+    lrs: list[float] = dataclasses.field(default_factory=list)
+    loss_scales: list[float | None] = dataclasses.field(default_factory=list)
+    skipped: list[bool] = dataclasses.field(default_factory=list)
+    wall_time_s: float = 0.0
+    telemetry: dict[str, Any] | None = None
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    validation: list[RankReport] = dataclasses.field(default_factory=list)
+    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+
+def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
     last_stage = spec.parallel.pp - 1
-    return next(r for r in reports if r["coordinates"]["pp"] == last_stage)
+    return next(r for r in reports if r.coordinates["pp"] == last_stage)
 
 
 def _peak(values: list[int | None]) -> int | None:
@@ -34,9 +60,9 @@ def _peak(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def merge_memory(reports: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_memory(reports: list[RankReport]) -> dict[str, Any]:
     """Peak over ranks of every byte count; the rank that had it."""
-    memories = [r["memory"] for r in reports]
+    memories = [r.memory for r in reports]
     merged: dict[str, Any] = {}
     for key, value in memories[0].items():
         if key.endswith("_bytes"):
@@ -47,14 +73,14 @@ def merge_memory(reports: list[dict[str, Any]]) -> dict[str, Any]:
             merged[key] = value
     peak = merged.get("peak_allocated_bytes")
     if peak is not None and len(reports) > 1:
-        merged["peak_allocated_rank"] = next(r["rank"] for r in reports if r["memory"].get("peak_allocated_bytes") == peak)
+        merged["peak_allocated_rank"] = next(r.rank for r in reports if r.memory.get("peak_allocated_bytes") == peak)
     return merged
 
 
-def merge_telemetry(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
     """One rank's telemetry as is; with several, the sum of their energy and
     mean power (each rank samples its own device) beside every rank's own."""
-    readings = [r["telemetry"] for r in reports]
+    readings = [r.telemetry for r in reports]
     if len(readings) == 1 or readings[0] is None:
         return readings[0]
     available = [t for t in readings if t and t.get("available")]
@@ -63,10 +89,10 @@ def merge_telemetry(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
     devices, seen = [], set()
     for report, reading in zip(reports, readings):
         for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
-            key = (report["host"], device.get("index"))
+            key = (report.host, device.get("index"))
             if key not in seen:  # ranks of one node may sample the same devices
                 seen.add(key)
-                devices.append({**device, "host": report["host"]})
+                devices.append({**device, "host": report.host})
     energies = [d.get("energy_j") for d in devices]
     powers = [d.get("power_w_mean") for d in devices]
     return {
@@ -80,34 +106,34 @@ def merge_telemetry(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def straggler(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
     """The rank with the slowest median step, and how much slower than the median rank."""
     if len(reports) < 2:
         return None
-    medians = {r["rank"]: statistics.median(r["step_times_s"]) for r in reports}
+    medians = {r.rank: statistics.median(r.step_times_s) for r in reports}
     slowest = max(medians, key=medians.get)
     typical = statistics.median(medians.values())
     return {"rank": slowest, "median_step_time_s": medians[slowest], "median_of_ranks_s": typical,
             "ratio": medians[slowest] / typical if typical > 0 else None}
 
 
-def merge_nodes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def merge_nodes(reports: list[RankReport]) -> list[RankReport]:
     """The environment of every node (one entry per node rank), with its ranks."""
     nodes: dict[int, dict[str, Any]] = {}
     for r in reports:
-        node = nodes.setdefault(r["node_rank"], {"node_rank": r["node_rank"], "host": r["host"], "ranks": [],
-                                                 "environment": r["environment"]})
-        node["ranks"].append(r["rank"])
+        node = nodes.setdefault(r.node_rank, {"node_rank": r.node_rank, "host": r.host, "ranks": [],
+                                                 "environment": r.environment})
+        node["ranks"].append(r.rank)
     return [nodes[k] for k in sorted(nodes)]
 
 
-def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[dict[str, Any]]) -> None:
+def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
-    losses, norms = source["losses"], source["grad_norms"]
+    losses, norms = source.losses, source.grad_norms
     steps = len(losses)
     # Step t takes as long as its slowest rank.
-    times = [max(r["step_times_s"][i] for r in reports) for i in range(len(source["step_times_s"]))]
+    times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
     result.steps = []
     for index in range(steps):
         timed = index >= spec.warmup
@@ -117,9 +143,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
             "time_s": times[index - spec.warmup] if timed else None,
             "loss": finite_or_none(losses[index]),
             "grad_norm": finite_or_none(norms[index]),
-            "lr": source["lrs"][index],
-            "loss_scale": source["loss_scales"][index],
-            "skipped": source["skipped"][index],
+            "lr": source.lrs[index],
+            "loss_scale": source.loss_scales[index],
+            "skipped": source.skipped[index],
         })
 
     world = spec.parallel.world_size
@@ -133,7 +159,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     unmeasured: dict[str, str] = {}
     if peak is None:
         unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
-    validation = reports[0]["validation"]
+    validation = reports[0].validation
     telemetry = merge_telemetry(reports)
     result.metrics = {
         "samples_per_s": samples_per_s,
@@ -147,20 +173,20 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         "world_size": world,
         "timed_steps": len(times),
         "step_time_s": summarize(times),
-        "timed_wall_time_s": max(r["wall_time_s"] for r in reports),
+        "timed_wall_time_s": max(r.wall_time_s for r in reports),
         "memory": merge_memory(reports),
         "loss_start": finite_or_none(losses[0]),
         "loss_end": finite_or_none(losses[-1]),
-        "loss_floor": source["data"].get("entropy_nats"),
+        "loss_floor": source.data.get("entropy_nats"),
         "validation": validation,
         "valid_loss": validation[-1]["loss"] if validation else None,
         "valid_ppl": validation[-1]["ppl"] if validation else None,
         "valid_ppl_step": validation[-1]["step"] if validation else None,
-        "ppl_floor": source["data"].get("perplexity_floor"),
+        "ppl_floor": source.data.get("perplexity_floor"),
         "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
         "straggler": straggler(reports),
         "telemetry": telemetry,
-        "data": source["data"],
+        "data": source.data,
         "unmeasured": unmeasured,
     }
     if not validation:
@@ -173,9 +199,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     if world == 1:
         unmeasured["straggler"] = "one rank"
     result.ranks = [{
-        "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"], "host": r["host"],
-        "coordinates": r["coordinates"], "step_time_s": summarize(r["step_times_s"]), "memory": r["memory"],
-        "telemetry": r["telemetry"] if world > 1 else None,
+        "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank, "host": r.host,
+        "coordinates": r.coordinates, "step_time_s": summarize(r.step_times_s), "memory": r.memory,
+        "telemetry": r.telemetry if world > 1 else None,
     } for r in reports]
     result.nodes = merge_nodes(reports)
     _judge(result, spec, times)

@@ -28,12 +28,11 @@ from typing import Any
 import yaml
 
 from hwbench.errors import UsageError
+from hwbench.options import BY_NAME, SWITCHES, RunOptions, coerce
 
 SUITE_KEYS = {"name", "description", "defaults", "points", "grid"}
 # Options a sweep sets for every point itself; a suite must not.
 RESERVED = {"out", "quiet"}
-SWITCHES = {"recompute", "compile", "fsdp", "telemetry"}  # boolean options
-NEGATABLE = {"recompute", "telemetry"}  # these have a --no-x form (their defaults may be on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,19 +43,14 @@ class Point:
     options: tuple[tuple[str, Any], ...]  # (option, value), in a stable order
     env: tuple[tuple[str, str], ...] = ()  # environment variables for this point's processes
 
+    def run_options(self) -> RunOptions:
+        return RunOptions(**dict(self.options))
+
     def run_args(self) -> list[str]:
-        """The `hwbench run` arguments of this point."""
+        """The `hwbench run` arguments of this point, in the suite's order."""
         args: list[str] = []
         for key, value in self.options:
-            flag = "--" + key.replace("_", "-")
-            if key in SWITCHES:
-                if value:
-                    args.append(flag)
-                elif key in NEGATABLE:
-                    args.append("--no-" + key)
-                # --compile and --fsdp are off unless given
-            else:
-                args += [flag, str(value)]
+            args += RunOptions(**{key: value}).to_argv()
         return args
 
     def option(self, key: str, default: Any = None) -> Any:
@@ -82,21 +76,26 @@ def check_name(name: str, where: str) -> str:
     return name
 
 
-def _normalise(options: dict[str, Any], where: str, known: frozenset[str] | None) -> dict[str, Any]:
-    normalised = {}
+def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """A point's options with `hwbench run`'s names and types (hwbench.options): an
+    unknown option or a value of the wrong type refuses the suite here, not every
+    point later."""
     if options is not None and not isinstance(options, dict):
         raise UsageError(f"{where}: must map `hwbench run` options to values, not {options!r}"[:300])
+    normalised = {}
     for key, value in (options or {}).items():
         key = str(key).replace("-", "_")
-        if known is not None and key not in known and key not in RESERVED:
-            raise UsageError(f"{where}: `{key}` is not a `hwbench run` option; accepted: {', '.join(sorted(known))}")
         if key in RESERVED:
             raise UsageError(f"{where}: `{key}` is set by `hwbench sweep` (--out), not by the suite")
+        if key not in BY_NAME:
+            raise UsageError(f"{where}: `{key}` is not a `hwbench run` option; accepted: "
+                             f"{', '.join(sorted(set(BY_NAME) - RESERVED))}")
         if key in SWITCHES and not isinstance(value, bool):
             raise UsageError(f"{where}: `{key}` must be true or false, not {value!r}")
-        if isinstance(value, (list, dict)):
-            raise UsageError(f"{where}: `{key}` must be one value, not {value!r}")
-        normalised[key] = value
+        try:
+            normalised[key] = coerce(BY_NAME[key], value)
+        except UsageError as error:
+            raise UsageError(f"{where}: {error}") from None
     return normalised
 
 
@@ -128,10 +127,8 @@ def read_yaml_text(path: Path, what: str) -> str:
                          "UTF-8") from None
 
 
-def load_suite(path: str | Path, known_options: frozenset[str] | None = None) -> Suite:
-    """Read and check a suite file; UsageError names the file and the problem.
-    ``known_options``: the `hwbench run` option names (dests) a point may set; an
-    unknown one refuses the suite here rather than failing every point later."""
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file; UsageError names the file and the problem."""
     path = Path(path)
     text = read_yaml_text(path, "suite")
     try:
@@ -146,7 +143,7 @@ def load_suite(path: str | Path, known_options: frozenset[str] | None = None) ->
     if unknown:
         raise UsageError(f"suite {path}: unknown key(s) {', '.join(sorted(unknown))}; "
                          f"accepted: {', '.join(sorted(SUITE_KEYS))}")
-    defaults = _normalise(data.get("defaults"), f"suite {path} defaults", known_options)
+    defaults = _normalise(data.get("defaults"), f"suite {path} defaults")
     points: list[Point] = []
     for index, entry in enumerate(data.get("points") or []):
         if not isinstance(entry, dict):
@@ -156,7 +153,7 @@ def load_suite(path: str | Path, known_options: frozenset[str] | None = None) ->
         env = entry.pop("env", None) or {}
         if not isinstance(env, dict):
             raise UsageError(f"suite {path}: points[{index}].env must map variable names to values")
-        options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]", known_options)}
+        options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]")}
         point_name = check_name(str(name), f"suite {path} points[{index}].name") if name else None
         points.append(Point(point_name or _point_name(options, defaults), tuple(options.items()),
                             tuple((str(k), str(v)) for k, v in env.items())))
@@ -166,7 +163,7 @@ def load_suite(path: str | Path, known_options: frozenset[str] | None = None) ->
             raise UsageError(f"suite {path}: grid must map options to non-empty lists of values")
         keys = [str(k).replace("-", "_") for k in grid]
         for values in itertools.product(*grid.values()):
-            options = {**defaults, **_normalise(dict(zip(keys, values)), f"suite {path} grid", known_options)}
+            options = {**defaults, **_normalise(dict(zip(keys, values)), f"suite {path} grid")}
             points.append(Point(_point_name(options, defaults), tuple(options.items())))
     if not points:
         raise UsageError(f"suite {path}: no points (give `points`, `grid` or both)")

@@ -18,11 +18,9 @@ import dataclasses
 import fcntl
 import hashlib
 import json
-import math
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -33,17 +31,15 @@ from hwbench import __version__
 from hwbench.errors import UsageError
 from hwbench.harness.lifeline import child_environment
 from hwbench.harness.suite import Point, Suite
+from hwbench.stats import throughput_statistics
+from hwbench.options import RunOptions
 from hwbench.results import AGGREGATE_FILE, RunResult, load_results, new_run_id, result_files, utc_now, write_json_atomic, write_result
+from hwbench.units import gib
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 STOP_GRACE_S = 30.0
 LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one sweep writes a suite's folder at a time
-NOISY_CV = 0.05  # repeats whose throughput CV exceeds this are flagged noisy
-# Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-       2.045, 2.042]
 
 
 class SweepInterrupted(Exception):
@@ -71,6 +67,17 @@ class PointRecord:
     results: list[RunResult]
     reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
+
+
+def point_options(point: Point, options: SweepOptions) -> RunOptions:
+    """The point's options with the sweep's --device/--nproc-per-node where the point
+    does not set its own (the typed twin of point_args)."""
+    changes: dict[str, Any] = {}
+    if options.device and point.option("device") is None:
+        changes["device"] = options.device
+    if options.nproc_per_node and point.option("nproc_per_node") is None:
+        changes["nproc_per_node"] = options.nproc_per_node
+    return point.run_options().merged(**changes)
 
 
 def point_args(point: Point, options: SweepOptions) -> list[str]:
@@ -128,7 +135,7 @@ def _plan_problem(spec, catalog, devices: dict) -> tuple[str, dict] | None:
     ``devices`` caches (backend name, capacity) per --device for the sweep, so
     the device is asked once, not once per point."""
     from hwbench.device import select_backend
-    from hwbench.harness.worker import device_capacity_bytes
+    from hwbench.devices import device_capacity_bytes
     from hwbench.planner import fits, plan_memory
 
     if spec.device not in devices:
@@ -142,8 +149,8 @@ def _plan_problem(spec, catalog, devices: dict) -> tuple[str, dict] | None:
         return None
     prediction = {"predicted_peak_bytes": plan.total_bytes, "capacity_bytes": capacity,
                   "plan": dataclasses.asdict(plan)}
-    return (f"predicted peak {plan.total_bytes / 2**30:.1f} GiB per rank (stage {plan.stage}) does not fit "
-            f"{capacity / 2**30:.1f} GiB; run with --no-plan to try anyway", prediction)
+    return (f"predicted peak {gib(plan.total_bytes, 1, unit=True)} per rank (stage {plan.stage}) does not fit "
+            f"{gib(capacity, 1, unit=True)}; run with --no-plan to try anyway", prediction)
 
 
 def run_one(args: list[str], point_dir: Path, sweep: dict, timeout_s: float,
@@ -193,21 +200,6 @@ def _end(child: subprocess.Popen) -> None:
     kill_tree([child.pid])
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=10)
-
-
-def throughput_statistics(values: list[float]) -> dict[str, Any]:
-    """Median, olympic mean (fastest and slowest dropped, from 3 values), CV and
-    a 95% confidence interval of the mean (Student t)."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    stdev = statistics.stdev(values) if n > 1 else 0.0
-    ordered = sorted(values)
-    olympic = statistics.fmean(ordered[1:-1]) if n >= 3 else None
-    half = (T95[n - 2] if n - 2 < len(T95) else 1.96) * stdev / math.sqrt(n) if n > 1 else None
-    cv = stdev / mean if mean > 0 else 0.0
-    return {"n": n, "median": statistics.median(values), "mean": mean, "olympic_mean": olympic, "stdev": stdev,
-            "cv": cv, "ci95_low": mean - half if half is not None else None,
-            "ci95_high": mean + half if half is not None else None, "noisy": cv > NOISY_CV}
 
 
 def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
@@ -270,7 +262,6 @@ def run_sweep(suite: Suite, options: SweepOptions, show_progress: bool = True) -
 
 def _run_points(suite: Suite, options: SweepOptions, show_progress: bool) -> list[PointRecord]:
     from hwbench.catalog import load_catalog
-    from hwbench.cli import parse_run_spec
 
     catalog = load_catalog()
     devices: dict = {}  # --device -> (backend name, capacity), for the planner
@@ -290,12 +281,13 @@ def _run_points(suite: Suite, options: SweepOptions, show_progress: bool) -> lis
             record = PointRecord(point, [])
             records.append(record)
             existing = {} if options.force else _existing(point_dir)
-            base_args = point_args(point, options)
+            base_args, base_options = point_args(point, options), point_options(point, options)
             for repeat in range(options.repeats):
-                args = list(base_args)
+                args, run_options = list(base_args), base_options
                 if options.repeats > 1:  # distinct seeds, logged in each result's spec.seed
                     seed = int(point.option("seed", 1234)) + repeat
                     args += ["--seed", str(seed)]
+                    run_options = run_options.merged(seed=seed)
                 key = result_key(args, repeat, dict(point.env))
                 sweep = {"suite": suite.name, "suite_path": suite.path, "point": point.name, "repeat": repeat,
                          "repeats": options.repeats, "key": key}
@@ -310,7 +302,7 @@ def _run_points(suite: Suite, options: SweepOptions, show_progress: bool) -> lis
                 _say(show_progress, f"[{done}/{total}] {point.name}" +
                      (f" repeat {repeat + 1}/{options.repeats}" if options.repeats > 1 else "") + f" running{eta}")
                 started = time.monotonic()
-                result = _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec, devices)
+                result = _run_point(point, args, run_options, point_dir, sweep, options, catalog, devices)
                 if result.status not in ("skipped", "invalid"):
                     spent += time.monotonic() - started
                     ran += 1
@@ -328,9 +320,11 @@ def _run_points(suite: Suite, options: SweepOptions, show_progress: bool) -> lis
     return records
 
 
-def _run_point(point, args, point_dir, sweep, options, catalog, parse_run_spec, devices) -> RunResult:
+def _run_point(point, args, run_options, point_dir, sweep, options, catalog, devices) -> RunResult:
+    from hwbench.spec import build_run_spec
+
     try:
-        spec = parse_run_spec(args + ["--out", str(point_dir)])
+        spec = build_run_spec(run_options.merged(out=str(point_dir)), catalog)
     except UsageError as error:
         return _recorded("invalid", args, str(error), point_dir, sweep)
     if options.plan:

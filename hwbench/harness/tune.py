@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.options import RunOptions
 from hwbench.results import RunResult, write_json_atomic
+from hwbench.units import gib
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
 
@@ -39,14 +41,12 @@ class Candidate:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-{self.variant}-mb{self.micro_batch}"
                 + ("-recompute" if self.recompute else ""))
 
-    def run_args(self) -> list[str]:
-        args = ["--tp", str(self.tp), "--pp", str(self.pp), "--dp", str(self.dp),
-                "--micro-batch-size", str(self.micro_batch), "--recompute" if self.recompute else "--no-recompute"]
-        if self.variant == "fsdp":
-            args.append("--fsdp")
-        elif self.variant.startswith("zero"):
-            args += ["--engine", "deepspeed", "--zero", self.variant[4:]]
-        return args
+    def options(self) -> dict:
+        """The run options that make this candidate."""
+        variant = {"fsdp": {"fsdp": True}, "plain": {}}.get(self.variant) or {"engine": "deepspeed",
+                                                                             "zero": int(self.variant[4:])}
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch_size": self.micro_batch,
+                "recompute": self.recompute, **variant}
 
     def prior(self) -> tuple:
         """Usually fastest first, and every layout early: no recompute; the
@@ -58,20 +58,20 @@ class Candidate:
 
 
 def candidates(devices: int, global_batch: int, engines: list[str]) -> list[Candidate]:
-    from hwbench.planner import layouts
+    """Every layout of ``devices`` (hwbench.planner.layouts) with each variant that can
+    run it (hwbench.planner.variants, but ZeRO 0 only without data parallelism: with
+    it, it is plain data parallelism on DeepSpeed), micro batch and recompute setting."""
+    from hwbench.planner import layouts, variants
 
     found = []
     for tp, pp, dp in layouts(devices):
         if global_batch % dp:
             continue
-        variants = []
-        if "native" in engines:
-            variants += ["plain"] + (["fsdp"] if dp > 1 else [])
-        if "deepspeed" in engines and tp == pp == 1:
-            variants += ["zero1", "zero2", "zero3"] if dp > 1 else ["zero1"]
+        names = [v.short for v in variants(tp, pp, dp, engines) if not (v.engine == "deepspeed" and dp > 1
+                                                                        and v.zero == 0)]
         per_rank = global_batch // dp
         micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
-        for variant in variants:
+        for variant in names:
             for micro in micros:
                 for recompute in (False, True):
                     found.append(Candidate(tp, pp, dp, variant, micro, recompute, per_rank))
@@ -88,38 +88,39 @@ class Trial:
     run_id: str | None = None
 
 
-def tune(base_args: list[str], devices: int, out_dir: Path, capacity_bytes: int | None, engines: list[str],
+def tune(base: RunOptions, devices: int, out_dir: Path, capacity_bytes: int | None, engines: list[str],
          max_trials: int, patience: int, show_progress: bool = True) -> list[Trial]:
     """Prune, then measure in prior order until the stopping rule; every trial returned."""
     from hwbench.catalog import load_catalog
-    from hwbench.cli import parse_run_spec
     from hwbench.harness.sweep import TIMEOUT_MARGIN_S, _say, result_key, run_one
     from hwbench.planner import fits, plan_memory
+    from hwbench.spec import build_run_spec
 
     catalog = load_catalog()
-    base = parse_run_spec(base_args + ["--nproc-per-node", str(devices)], check_paths=False)
-    config = catalog.workloads[base.model].model
+    base = base.merged(nproc_per_node=devices)
+    base_spec = build_run_spec(base, catalog, check_paths=False)
+    config = catalog.workloads[base_spec.model].model
     trials: list[Trial] = []
     runnable: list[tuple[Candidate, list[str], Any, Any]] = []
-    for candidate in candidates(devices, base.global_batch_size, engines):
-        args = base_args + ["--nproc-per-node", str(devices), *candidate.run_args()]
+    for candidate in candidates(devices, base_spec.global_batch_size, engines):
+        options = base.merged(**candidate.options())
         try:
-            spec = parse_run_spec(args, check_paths=False)
+            spec = build_run_spec(options, catalog, check_paths=False)
         except UsageError as error:
             trials.append(Trial(candidate, "invalid", note=str(error)))
             continue
         plan = plan_memory(spec, config, _backend_name(spec.device))
         if capacity_bytes and not fits(plan, capacity_bytes):
             trials.append(Trial(candidate, "does-not-fit", predicted_peak_bytes=plan.total_bytes,
-                                note=f"predicted {plan.total_bytes / 2**30:.2f} GiB per rank"))
+                                note=f"predicted {gib(plan.total_bytes)} GiB per rank"))
             continue
-        runnable.append((candidate, args, spec, plan))
-    _say(show_progress, f"tune {base.model} on {devices} devices: {len(runnable)} candidates fit, "
+        runnable.append((candidate, options.to_argv(), spec, plan))
+    _say(show_progress, f"tune {base_spec.model} on {devices} devices: {len(runnable)} candidates fit, "
                         f"{len(trials)} pruned; measuring at most {max_trials}")
     best, since_best, measured = 0.0, 0, 0
     for index, (candidate, args, spec, plan) in enumerate(runnable[:max_trials], start=1):
         measured = index
-        sweep = {"suite": f"tune-{base.model}-{devices}", "suite_path": None, "point": candidate.name,
+        sweep = {"suite": f"tune-{base_spec.model}-{devices}", "suite_path": None, "point": candidate.name,
                  "repeat": 0, "repeats": 1, "key": result_key(args, 0)}
         _say(show_progress, f"[{index}/{min(max_trials, len(runnable))}] {candidate.name}")
         result: RunResult = run_one(args, out_dir / candidate.name, sweep, spec.launch.timeout_s + TIMEOUT_MARGIN_S)

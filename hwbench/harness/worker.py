@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 import time
 import traceback
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 
 from hwbench.catalog import Catalog, Workload
-from hwbench.device import Backend, select_backend
+from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.engine import build_engine
@@ -29,13 +28,13 @@ from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, Fault, Heartbeat
-from hwbench.harness.merge import merge_ranks
+from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
-from hwbench.harness.stats import finite_or_none
-from hwbench.results import RunResult, new_run_id, utc_now
+from hwbench.stats import finite_or_none
+from hwbench.devices import checked_backend, describe_device, describe_workload
+from hwbench.results import RunResult, StoredResult, new_run_id, store_result, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
-from hwbench.workload.params import count_parameters
 
 
 @dataclasses.dataclass
@@ -102,6 +101,8 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     finally:
         progress.close()
     if report is not None:
+        if ctx.distributed:
+            progress.note("gathering every rank's figures")
         reports = ctx.gather_objects(report)
         if ctx.rank == 0:
             merge_ranks(result, spec, workload, reports)
@@ -112,38 +113,32 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     return result if ctx.rank == 0 else None
 
 
-def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *, show_progress: bool) -> int:
-    """This process is one rank of a torchrun job. Rank 0 writes the merged
-    result: into the launcher's run folder when hwbench launched the job, else
-    (torchrun started by hand, or in a Kubernetes pod) into --out, with the
-    table on stdout. A failure is raised out of the ``@record``-ed function, so
-    torchrun's error file carries it to the launcher."""
+def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
+                show_progress: bool) -> tuple[RunResult | None, StoredResult | None]:
+    """This process is one rank of a torchrun job. Rank 0 stores the merged result:
+    in the launcher's run folder when hwbench launched the job (returned as (None,
+    None): the launcher reports it), else (torchrun started by hand, or in a Kubernetes
+    pod) in --out, returned with where it went. A failure is raised out of the
+    ``@record``-ed function, so torchrun's error file carries it to the launcher."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from hwbench.engine.distributed import shutdown
-    from hwbench.report.summary import run_summary_table
-    from hwbench.results import store_result, write_json_atomic
 
     @record
-    def rank_main() -> int:
+    def rank_main() -> tuple[RunResult | None, StoredResult | None]:
         try:
             result = run_point(spec, catalog, show_progress=show_progress, rank_env=rank_env)
         finally:
             shutdown()
         if result is None:
-            return 0
+            return None, None
         run_dir = os.environ.get(RUN_DIR_ENV)
         if run_dir:
             write_json_atomic(os.path.join(run_dir, RESULT_FILE), result.to_dict())
-            return 0
+            return None, None
         result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
-        stored = store_result(result, spec.out_dir)
-        print(stored.text if stored.path is None else run_summary_table(result, str(stored.path)))
-        if stored.problem:
-            print(f"hwbench: error: {stored.problem}", file=sys.stderr)
-            return 1
-        return 0 if result.status == "ok" else 1
+        return result, store_result(result, spec.out_dir)
 
     return rank_main()
 
@@ -160,74 +155,6 @@ def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[
     if status == "oom":
         failure.update(oom_figures(text))  # requested_bytes, free_bytes: what the allocator said
     return failure
-
-
-def checked_backend(spec: RunSpec) -> Backend:
-    """The run's device backend, once it is known to run the spec's precision."""
-    backend = select_backend(spec.device)
-    problem = backend.precision_problem(spec.precision)
-    if problem:
-        raise UsageError(f"--precision {spec.precision}: {problem}")
-    return backend
-
-
-def catalog_entry(backend: Backend, catalog: Catalog):
-    """(device model name, the catalog entry that matches it or None)."""
-    names = backend.device_names()
-    model_name = names[0] if names else "unknown"
-    return model_name, catalog.match_device(backend.name, model_name)
-
-
-def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
-    """Memory per device: what the device reports, else its catalog entry's."""
-    return _capacity_bytes(backend, catalog_entry(backend, catalog)[1])
-
-
-def _capacity_bytes(backend: Backend, entry) -> int | None:
-    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
-
-
-def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
-    model_name, entry = catalog_entry(backend, catalog)
-    peak, reason = (entry.peak(precision) if entry else
-                    (None, f"no catalog entry matches the {backend.name} device {model_name!r}"))
-    if backend.simulated:
-        peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
-    capacity = _capacity_bytes(backend, entry)
-    return {
-        "backend": backend.name,
-        "dist_backend": backend.dist_backend,
-        "device_model": model_name,
-        "device_count": backend.device_count(),
-        "torch_device": str(backend.torch_device),
-        "simulated": backend.simulated,
-        "catalog_entry": entry.name if entry else None,
-        "catalog_path": entry.path if entry else None,
-        "peak_flops": peak,
-        "peak_flops_precision": precision,
-        "peak_flops_source": entry.peak_flops_source if entry and peak else None,
-        "peak_flops_unmeasured": reason,
-        "memory_capacity_bytes": capacity,
-        "tdp_watts": entry.tdp_watts if entry else None,
-        "price_usd_per_hour": entry.price_usd_per_hour if entry else None,
-        "tuning": backend.tuning,
-    }
-
-
-def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
-    config = workload.model
-    counts = count_parameters(config, spec.parallel.tp)
-    return {
-        "name": workload.name,
-        "title": workload.title,
-        "catalog_path": workload.path,
-        **dataclasses.asdict(config),
-        "padded_vocab_size": config.padded_vocab_size(spec.parallel.tp),
-        "parameters": counts.total,
-        "parameters_embedding": counts.embedding,
-        "parameters_non_embedding": counts.non_embedding,
-        "published": dataclasses.asdict(workload.published) if workload.published else None,
-    }
 
 
 def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext) -> SampledData:
@@ -308,34 +235,35 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
     if _eval_due(spec, data, last):  # after the measured window
+        progress.note(f"timed steps done; validating ({spec.eval_iters} batches)")
         validation.append(validate(engine, data, spec, last))
     heartbeat.step(last, "done")
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
 
-def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> dict[str, Any]:
+def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> RankReport:
     """This rank's figures as plain values, for rank 0 to merge. The loss of each
     step is averaged over the data-parallel ranks here (one collective after the
     timed loop), so the merged curve is the global batch's."""
     losses = torch.stack([o.loss.detach().float().reshape(()) for o in m.outcomes])
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
-    return {
-        "rank": ctx.rank, "local_rank": ctx.local_rank, "node_rank": ctx.node_rank,
-        "host": heartbeat.record["host"], "pid": heartbeat.record["pid"],
-        "coordinates": {"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
-        "losses": [float(x) for x in losses.cpu()],
-        "grad_norms": [float(o.grad_norm.float()) for o in m.outcomes],
-        "lrs": [o.lr for o in m.outcomes],
-        "loss_scales": [o.loss_scale for o in m.outcomes],
-        "skipped": [bool(o.skipped) for o in m.outcomes],
-        "step_times_s": m.step_times_s,
-        "wall_time_s": m.wall_time_s,
-        "memory": m.memory,
-        "telemetry": m.telemetry,
-        "data": m.data,
-        "validation": m.validation,
-        "environment": environment,
-    }
+    return RankReport(
+        rank=ctx.rank, local_rank=ctx.local_rank, node_rank=ctx.node_rank,
+        host=heartbeat.record["host"], pid=heartbeat.record["pid"],
+        coordinates={"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
+        losses=[float(x) for x in losses.cpu()],
+        grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
+        lrs=[o.lr for o in m.outcomes],
+        loss_scales=[o.loss_scale for o in m.outcomes],
+        skipped=[bool(o.skipped) for o in m.outcomes],
+        step_times_s=m.step_times_s,
+        wall_time_s=m.wall_time_s,
+        memory=m.memory,
+        telemetry=m.telemetry,
+        data=m.data,
+        validation=m.validation,
+        environment=environment,
+    )
 

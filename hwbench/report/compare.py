@@ -27,24 +27,22 @@ docs/compare.md has the rules in full.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import itertools
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
-from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_value, load_results
+from hwbench.stats import mann_whitney_u
+from hwbench.results import (PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_differences, environment_value,
+                             load_results)
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
-EXACT_LIMIT = 20000  # enumerate the exact U distribution when C(n1 + n2, n1) is at most this
 DEFAULT_THRESHOLD = 0.05
 REGRESSION_EXIT = 3
 MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gate cannot vouch for it
@@ -66,11 +64,6 @@ KEY_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size
               "pp_schedule", "data", "steps")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"hwbench compare: {message}")
-
-
 def parse_threshold(text: str) -> float:
     """``5%`` or ``0.05`` -> 0.05; anything else is a UsageError."""
     raw = text.strip()
@@ -84,58 +77,6 @@ def parse_threshold(text: str) -> float:
         raise UsageError(f"--threshold {text!r}: must be below 100%; give a percentage (5%) or a fraction "
                          "below 1 (0.05)")
     return value
-
-
-# --- Mann-Whitney U ----------------------------------------------------------
-
-
-def _midranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties given the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
-    """(U of x, two-sided p, method). U counts the pairs where x beats y (a tie counts
-    1/2): 0 when every x is below every y, n1 x n2 when every x is above. Exact (all
-    C(n1 + n2, n1) assignments of the pooled midranks, so ties are handled) when that
-    number is at most EXACT_LIMIT; else the normal approximation with tie and
-    continuity correction."""
-    n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("both samples need at least one value")
-    pooled = list(x) + list(y)
-    ranks = _midranks(pooled)
-    offset = n1 * (n1 + 1) / 2
-    u = sum(ranks[:n1]) - offset
-    mean = n1 * n2 / 2
-    distance = abs(u - mean)
-    if math.comb(n1 + n2, n1) <= EXACT_LIMIT:
-        total = extreme = 0
-        for chosen in itertools.combinations(ranks, n1):
-            total += 1
-            if abs(sum(chosen) - offset - mean) >= distance - 1e-9:
-                extreme += 1
-        return u, min(1.0, extreme / total), "exact"
-    n = n1 + n2
-    ties = defaultdict(int)
-    for value in pooled:
-        ties[value] += 1
-    tie_term = sum(t ** 3 - t for t in ties.values()) / (n * (n - 1))
-    variance = n1 * n2 / 12 * ((n + 1) - tie_term)
-    if variance <= 0:
-        return u, 1.0, "normal"
-    z = max(0.0, distance - 0.5) / math.sqrt(variance)
-    return u, min(1.0, math.erfc(z / math.sqrt(2))), "normal"
 
 
 # --- points ------------------------------------------------------------------
@@ -311,29 +252,32 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
 
 def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[str]:
     """One line per fingerprint field whose values differ between the two sides."""
+    groups = [("baseline", [_fingerprint(r) for r in base]), ("current", [_fingerprint(r) for r in cur])]
     lines = []
-
-    def values(results: list[RunResult], field: str) -> set:
-        found = set()
-        for result in results:
-            env = result.environment or {}
-            if field == "device_model":
-                value = (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])
-            else:
-                value = environment_value(env, field)
-            if env or result.device:
-                found.add(value if value is None else str(value))
-        return found
-
-    for field in ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS:
-        a, b = values(base, field), values(cur, field)
-        if a and b and a != b:
-            show = lambda s: ", ".join(sorted(map(str, s)))  # noqa: E731
-            lines.append(f"environments differ: {field} {show(a)} (baseline) vs {show(b)} (current)")
+    for field, held in environment_differences(groups, ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS):
+        (_, a), (_, b) = held  # a difference needs both sides
+        lines.append(f"environments differ: {field} {_listed(a)} (baseline) vs {_listed(b)} (current)")
     return lines
 
 
-def _load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:
+def _listed(values: list) -> str:
+    return ", ".join(sorted(map(str, values)))
+
+
+def _fingerprint(result: RunResult) -> dict[str, str | None]:
+    """The device model and performance fields of a result; a missing one is the value None
+    (it differs from a known one), and a result with no environment or device knows none."""
+    env = result.environment or {}
+    if not (env or result.device):
+        return {}
+    fingerprint: dict[str, str | None] = {
+        "device_model": (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])}
+    for field in PERFORMANCE_ENVIRONMENT_FIELDS:
+        fingerprint[field] = environment_value(env, field)
+    return {field: value if value is None else str(value) for field, value in fingerprint.items()}
+
+
+def load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:
     """The readable results under ``path`` and the (file, reason) of every unreadable one."""
     if not Path(path).exists():
         raise UsageError(f"{name} {path!r}: no such file or folder; give a result file or a folder of them")
@@ -423,39 +367,3 @@ def format_report(report: dict[str, Any]) -> str:
     lines += ["", f"{len(report['points'])} points compared: {regressions} regression(s), "
                   f"{improvements} improvement(s)"]
     return "\n".join(lines)
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hwbench compare", description="Compare two sets of results point by point; exit 3 when "
-                     "a point regressed by more than the threshold and significantly (docs/compare.md).")
-    parser.add_argument("baseline", metavar="BASELINE", help="result file or folder (searched recursively)")
-    parser.add_argument("current", metavar="CURRENT", help="result file or folder (searched recursively)")
-    parser.add_argument("--threshold", default="5%", help="smallest change that counts: 5%% or 0.05 (default: 5%%)")
-    parser.add_argument("--metric", default="tokens_per_s", choices=tuple(METRICS),
-                        help="figure to compare (default: tokens_per_s)")
-    parser.add_argument("--allow-missing", action="store_true",
-                        help=f"a baseline point with no result in CURRENT does not fail the gate (exit {MISSING_EXIT})")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    threshold = parse_threshold(args.threshold)
-    baseline, base_unreadable = _load_side("BASELINE", args.baseline)
-    current, cur_unreadable = _load_side("CURRENT", args.current)
-    unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
-    for side, _path, reason in unreadable:
-        print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
-    report = compare(baseline, current, threshold, args.metric, unreadable)
-    if not report["points"]:
-        raise UsageError(f"no point in common between BASELINE {args.baseline!r} ({len(report['only_baseline'])} "
-                         f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points); points match "
-                         "on model, device, precision, batch, sequence, layout, engine, data and steps")
-    for line in report["warnings"]:
-        print(f"hwbench compare: warning: {line}", file=sys.stderr)
-    print(format_report(report))
-    status = exit_status(report, args.allow_missing)
-    if status == MISSING_EXIT:
-        print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "
-              "the gate fails (give --allow-missing to accept that)", file=sys.stderr)
-    return status

@@ -7,7 +7,7 @@ import base64
 import html
 import re
 
-from hwbench.report.report import Report
+from hwbench.report.document import Report
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; margin: 2em auto;

@@ -1,6 +1,6 @@
 """The report's plots as PNG bytes (matplotlib, Agg backend; no display needed).
 
-Each function takes run rows (dicts as built by hwbench.report.report.run_row)
+Each function takes run rows (dicts as built by hwbench.report.runs.run_row)
 and returns PNG bytes, or None when there is nothing to plot.
 """
 
@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-GIB = 2 ** 30
+from hwbench.units import GIB  # noqa: E402
 
 
 def _png(figure) -> bytes:

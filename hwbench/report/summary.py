@@ -7,16 +7,7 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.results import RunResult
-
-
-def human_bytes(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return str(value)
+from hwbench.units import human_bytes
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -52,13 +43,12 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("steps", f"{metrics['timed_steps']} timed after {spec['warmup']} warm-up"),
         ("samples/s", _number(metrics["samples_per_s"])),
         ("tokens/s", _number(metrics["tokens_per_s"], 0)),
-        ("TFLOP/s per device", _number(metrics["tflops_per_device"], 3) + f"  ({metrics['flops_formula']})"),
+        ("TFLOP/s per device", _number(metrics["tflops_per_device"], 3)
+         + f"  (FLOPs formula: {metrics['flops_formula']})"),
         ("MFU", f"{mfu:.1%}" if mfu is not None else _why(result, "mfu")),
         ("step time", f"median {step['median'] * 1e3:,.1f} ms, p10 {step['p10'] * 1e3:,.1f}, "
                       f"p90 {step['p90'] * 1e3:,.1f}, CV {step['cv']:.1%}"),
-        ("peak memory", f"allocated {human_bytes(memory.get('peak_allocated_bytes'))}, "
-                        f"reserved {human_bytes(memory.get('peak_reserved_bytes'))} "
-                        f"of {human_bytes(memory.get('capacity_bytes'))}"),
+        ("peak memory", _memory_text(memory)),
         ("loss", f"{_number(metrics.get('loss_start'), 3)} -> {_number(metrics.get('loss_end'), 3)} "
                  f"(floor {_number(metrics.get('loss_floor'), 3)})"),
     ]
@@ -76,6 +66,20 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if path:
         rows.append(("result file", path))
     return rows
+
+
+def _memory_text(memory: dict[str, Any]) -> str:
+    """Allocated and reserved peaks of capacity; a figure the device does not keep says
+    why in a few words (the full reason is in the result's `memory.unmeasured`)."""
+    allocated = memory.get("peak_allocated_bytes")
+    reason = (memory.get("unmeasured") or {}).get("peak_allocated_bytes") or ""
+    if allocated is None and "resident set" in reason:
+        allocated_text = "n/a on CPU: resident set below"
+    else:
+        allocated_text = human_bytes(allocated) if allocated is not None or not reason else f"n/a ({reason})"
+    reserved_name = "resident set" if "resident set" in reason else "reserved"
+    return (f"allocated {allocated_text}, {reserved_name} {human_bytes(memory.get('peak_reserved_bytes'))} "
+            f"of {human_bytes(memory.get('capacity_bytes'))}")
 
 
 def layout_text(result: RunResult) -> str:

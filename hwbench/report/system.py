@@ -11,25 +11,16 @@ the device catalog entry the result names (`device.catalog_entry`), else null.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from hwbench.errors import UsageError
-from hwbench.results import ResultFormatError, RunResult, load_result, write_text_atomic
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"hwbench system: {message}")
+from hwbench.results import RunResult
+from hwbench.units import gib
 
 
 def _bytes(value: Any) -> str | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
         return None
-    return f"{value / 2**30:.1f} GiB"
+    return gib(value, 1, unit=True)
 
 
 def _interconnect(entry: str | None) -> str | None:
@@ -104,29 +95,3 @@ def system_description(source: RunResult | dict[str, Any]) -> dict[str, Any]:
         "hwbench_git_commit": git.get("commit"),
         "hwbench_git_dirty": git.get("dirty"),
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="hwbench system", description="Print an MLPerf-style system description of the machine "
-                     "a result ran on, built only from what the result recorded.")
-    parser.add_argument("result", metavar="RESULT_FILE", help="one result JSON file")
-    parser.add_argument("--out", help="also write the JSON to this file")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    path = Path(args.result)
-    if not path.is_file():
-        raise UsageError(f"RESULT_FILE {args.result!r}: not a file; give one hwbench result JSON file")
-    try:
-        result = load_result(path)
-    except ResultFormatError as error:
-        raise UsageError(f"RESULT_FILE {error}") from None
-    text = json.dumps(system_description(result), indent=2)
-    if args.out:
-        try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(args.out, text + "\n")
-        except OSError as error:
-            raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
-    print(text)
-    return 0
-
-

@@ -44,3 +44,11 @@ class GPTConfig:
                 f"num_attention_heads {self.num_attention_heads}"
             )
         return found
+
+
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The block indices of pipeline ``stage``: an even split, the first stages
+    taking one more block when the layers do not divide."""
+    base, extra = divmod(num_layers, stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))

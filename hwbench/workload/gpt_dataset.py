@@ -23,21 +23,9 @@ from pathlib import Path
 import numpy as np
 from hwbench.errors import UsageError
 from hwbench.workload.data import SampledData, ToDevice, check_token_range
+from hwbench.workload.split import parse_split
 
 SPLIT_NAMES = ("train", "valid", "test")
-
-
-def parse_split(text: str) -> list[float]:
-    """'949,50,1' (or '949/50/1') -> three normalised weights; fewer are padded with 0."""
-    try:
-        weights = [float(part) for part in text.replace("/", ",").split(",")]
-    except ValueError:
-        weights = []
-    if not 1 <= len(weights) <= 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UsageError(f"--split {text!r} is not accepted; give up to three non-negative weights such as 949,50,1")
-    weights += [0.0] * (3 - len(weights))
-    total = sum(weights)
-    return [w / total for w in weights]
 
 
 def split_boundaries(text: str, count: int) -> list[tuple[int, int]]:

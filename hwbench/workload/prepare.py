@@ -36,7 +36,6 @@ interrupted.
 
 from __future__ import annotations
 
-import argparse
 import bz2
 import collections
 import concurrent.futures
@@ -458,47 +457,6 @@ def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, 
     }
 
 
-# --- the command ---------------------------------------------------------------------------------
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as one line (no usage dump), exit 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
-def _tokenizer_name(text: str) -> str:
-    return TOKENIZER_ALIASES.get(text, text)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hwbench data prepare",
-                     description="Tokenize text into a Megatron dataset PREFIX_KEY_document.bin/.idx "
-                                 "(as Megatron's tools/preprocess_data.py).")
-    parser.add_argument("--input", required=True, metavar="PATH",
-                        help="JSON lines (.json/.jsonl) or plain text (.txt), optionally .gz/.xz/.bz2")
-    parser.add_argument("--input-format", choices=INPUT_FORMATS,
-                        help="json or text (default: from the file name)")
-    parser.add_argument("--json-keys", nargs="+", metavar="KEY",
-                        help="keys of each JSON line to tokenize, one output each (default: text)")
-    parser.add_argument("--text-document", choices=TEXT_DOCUMENTS,
-                        help="plain text: a document is a blank-line-separated paragraph, a line or the whole "
-                             "file (default: paragraph)")
-    parser.add_argument("--tokenizer", "--tokenizer-type", type=_tokenizer_name, choices=TOKENIZERS,
-                        default="gpt2-bpe", help="gpt2-bpe (needs --vocab-file, --merge-file) or byte (UTF-8 "
-                                                 "bytes, no files) (default: gpt2-bpe)")
-    parser.add_argument("--vocab-file", metavar="PATH", help="GPT-2 gpt2-vocab.json")
-    parser.add_argument("--merge-file", metavar="PATH", help="GPT-2 gpt2-merges.txt")
-    parser.add_argument("--append-eod", action="store_true", help="end every document with the end-of-text id")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="worker processes, one core each (default: 1)")
-    parser.add_argument("--output-prefix", required=True, metavar="PREFIX",
-                        help="writes PREFIX_KEY_document.bin and .idx")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
-    return parser
-
-
 def summary_table(summary: dict) -> str:
     """The summary of ``prepare`` as a two-column table."""
     rows = [
@@ -514,18 +472,3 @@ def summary_table(summary: dict) -> str:
     ]
     rows += [["output", path] for path in summary["files"]]
     return tabulate(rows, tablefmt="plain", disable_numparse=True)
-
-
-def main(argv: Sequence[str]) -> int:
-    """``hwbench data prepare ARGS``: prepares, prints the summary, returns 0.
-    UsageError and KeyboardInterrupt propagate to the CLI, which prints one
-    line and exits 2 or 130."""
-    args = build_parser().parse_args(list(argv))
-    summary = prepare(
-        args.input, args.output_prefix, tokenizer=args.tokenizer, vocab_file=args.vocab_file,
-        merge_file=args.merge_file, json_keys=args.json_keys, input_format=args.input_format,
-        text_document=args.text_document, append_eod=args.append_eod, workers=args.workers,
-        progress=not args.quiet,
-    )
-    print(summary_table(summary))
-    return 0

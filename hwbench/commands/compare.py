@@ -1,0 +1,54 @@
+"""`hwbench compare BASELINE CURRENT`: did performance change? Exit 3 on a significant
+regression, 4 when a baseline point is missing from CURRENT (docs/compare.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hwbench.errors import UsageError
+from hwbench.report.compare import METRICS
+
+DESCRIPTION = ("Compare two sets of results point by point; exit 3 when a point regressed by more than the "
+               "threshold and significantly, 4 when a baseline point has no result in CURRENT (docs/compare.md).")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("baseline", metavar="BASELINE", help="result file or folder (searched recursively)")
+    parser.add_argument("current", metavar="CURRENT", help="result file or folder (searched recursively)")
+    parser.add_argument("--threshold", default="5%", help="smallest change that counts: 5%% or 0.05 (default: 5%%)")
+    parser.add_argument("--metric", default="tokens_per_s", choices=tuple(METRICS),
+                        help="figure to compare (default: tokens_per_s)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="a baseline point with no result in CURRENT does not fail the gate (exit 4)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from hwbench.report.compare import (
+        MISSING_EXIT,
+        compare,
+        exit_status,
+        format_report,
+        load_side,
+        parse_threshold,
+    )
+
+    threshold = parse_threshold(args.threshold)
+    baseline, base_unreadable = load_side("BASELINE", args.baseline)
+    current, cur_unreadable = load_side("CURRENT", args.current)
+    unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
+    for side, _path, reason in unreadable:
+        print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
+    report = compare(baseline, current, threshold, args.metric, unreadable)
+    if not report["points"]:
+        raise UsageError(f"no point in common between BASELINE {args.baseline!r} ({len(report['only_baseline'])} "
+                         f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points); points match "
+                         "on model, device, precision, batch, sequence, layout, engine, data and steps")
+    for line in report["warnings"]:
+        print(f"hwbench compare: warning: {line}", file=sys.stderr)
+    print(format_report(report))
+    status = exit_status(report, args.allow_missing)
+    if status == MISSING_EXIT:
+        print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "
+              "the gate fails (give --allow-missing to accept that)", file=sys.stderr)
+    return status

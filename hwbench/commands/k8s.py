@@ -1,0 +1,209 @@
+"""`hwbench k8s`: print a Kubeflow PyTorchJob manifest that runs the same `hwbench run`
+on every pod (docs/kubernetes.md). Options not listed here are `hwbench run` options,
+checked here as the pod will check them and passed to every pod."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Mapping, Sequence
+
+from hwbench.errors import UsageError
+from hwbench.k8s import (
+    _CPU_QUANTITY,
+    _DNS_LABEL,
+    _DNS_SUBDOMAIN,
+    _ENV_NAME,
+    _QUANTITY,
+    DEFAULT_DEVICE,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RESTART_POLICY,
+    DEFAULT_SHM_SIZE,
+    LAUNCHER_OPTIONS,
+    MAX_LABEL,
+    POD_DEVICES,
+    POD_OUT,
+    RESERVED_ENV,
+    RESTART_POLICIES,
+    RESULTS_MOUNT,
+    SHM_MOUNT,
+    K8sJob,
+    default_name,
+    name_room,
+    pass_through_env,
+    under,
+)
+
+DESCRIPTION = ("Print a Kubeflow PyTorchJob manifest that runs `hwbench run` on --nnodes pods. Options not listed "
+               "here are `hwbench run` options, passed to every pod.")
+
+
+def _int_at_least(option: str, minimum: int, maximum: int | None = None):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
+            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
+        return value
+    return convert
+
+
+def _matching(option: str, pattern: re.Pattern, accepted: str, max_length: int | None = None):
+    def convert(text: str) -> str:
+        if not pattern.match(text) or (max_length is not None and len(text) > max_length):
+            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
+        return text
+    return convert
+
+
+def _image(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise UsageError(f"--image {text!r} is not accepted; give a container image reference without spaces "
+                         "(e.g. registry.example.com/hwbench:0.1)")
+    return text
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not _ENV_NAME.match(key):
+        raise UsageError(f"--env {text!r} is not accepted; give KEY=VALUE with KEY a variable name")
+    if key in RESERVED_ENV:
+        raise UsageError(f"--env {text!r} is not accepted; {key} is set in each pod by the operator or the device "
+                         f"plugin; accepted: any other KEY=VALUE")
+    return key, value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nnodes", required=True, type=_int_at_least("--nnodes", 1), help="pods (nodes) in the job")
+    parser.add_argument("--nproc-per-node", required=True, type=_int_at_least("--nproc-per-node", 1),
+                        help="ranks per pod; also the accelerators each pod requests")
+    parser.add_argument("--image", required=True, type=_image, help="container image with hwbench installed")
+    parser.add_argument("--name", type=_matching("--name", _DNS_LABEL, "a DNS-1123 label: lowercase letters, digits "
+                                                 "and '-', starting and ending with a letter or digit"),
+                        help="job name (default: hwbench-<model>-<N>x<G>)")
+    parser.add_argument("--namespace", type=_matching("--namespace", _DNS_LABEL, "a DNS-1123 label of at most 63 "
+                                                      "characters", MAX_LABEL), help="namespace of the job")
+    parser.add_argument("--results-claim", type=_matching("--results-claim", _DNS_SUBDOMAIN, "the name of a "
+                                                          "PersistentVolumeClaim (lowercase, digits, '-', '.')", 253),
+                        help=f"PersistentVolumeClaim mounted at {RESULTS_MOUNT} (default: an emptyDir, which "
+                        "disappears with the pod)")
+    parser.add_argument("--shm-size", default=DEFAULT_SHM_SIZE,
+                        type=_matching("--shm-size", _QUANTITY, "a Kubernetes quantity such as 16Gi"),
+                        help=f"size of the memory-backed {SHM_MOUNT} (default: {DEFAULT_SHM_SIZE})")
+    parser.add_argument("--restart-policy", default=DEFAULT_RESTART_POLICY, type=_choice("--restart-policy",
+                        RESTART_POLICIES), help=f"{', '.join(RESTART_POLICIES)} (default: {DEFAULT_RESTART_POLICY})")
+    parser.add_argument("--backoff-limit", default=0, type=_int_at_least("--backoff-limit", 0),
+                        help="restarts before the job is marked Failed (default: 0)")
+    parser.add_argument("--active-deadline", type=_int_at_least("--active-deadline", 1),
+                        help="seconds after which the operator ends the job (runPolicy.activeDeadlineSeconds)")
+    parser.add_argument("--master-port", default=DEFAULT_MASTER_PORT, type=_int_at_least("--master-port", 1, 65535),
+                        help=f"rendezvous port on the master pod (default: {DEFAULT_MASTER_PORT})")
+    parser.add_argument("--cpu", type=_matching("--cpu", _CPU_QUANTITY, "a CPU quantity such as 16 or 500m"),
+                        help="CPU request per pod")
+    parser.add_argument("--memory", type=_matching("--memory", _QUANTITY, "a Kubernetes quantity such as 200Gi"),
+                        help="memory request per pod")
+    parser.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
+                        help="environment variable for every pod (repeatable)")
+    parser.add_argument("--hold", default=0, type=_int_at_least("--hold", 0),
+                        help="seconds each pod stays up after the run, so that results can be copied out with "
+                        "kubectl cp (default: 0)")
+
+
+def _choice(option: str, choices: Sequence[str]):
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise UsageError(f"{option} {text!r} is not accepted; accepted: {', '.join(choices)}")
+        return text
+    return convert
+
+
+def _refuse_launcher_options(run_args: Sequence[str]) -> None:
+    for token in run_args:
+        option = token.split("=", 1)[0]
+        if not option.startswith("--") or len(option) < 4:
+            continue
+        for launcher in LAUNCHER_OPTIONS:
+            if launcher.startswith(option):  # argparse would take an abbreviation for the option itself
+                raise UsageError(f"{token} is not accepted among the run options of `hwbench k8s`; the manifest sets "
+                                 f"{', '.join(LAUNCHER_OPTIONS[2:])} for each pod (use --nnodes, --nproc-per-node "
+                                 "and --master-port of `hwbench k8s`)")
+
+
+
+def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> K8sJob:
+    """Parse `hwbench k8s` arguments into a validated K8sJob (UsageError, one line, on bad input).
+
+    ``environ`` (default os.environ) supplies the NCCL_*/HCCL_* (and for npu
+    ASCEND_*) variables copied into every pod."""
+    from hwbench.commands.run import parse_run_spec
+
+    environ = os.environ if environ is None else environ
+    args, run_args = _parser().parse_known_args(list(argv))
+    _refuse_launcher_options(run_args)
+    launch = ["--nnodes", str(args.nnodes), "--nproc-per-node", str(args.nproc_per_node)]
+    # Validate exactly as `hwbench run` on the pod will. The pod defaults go first so that
+    # the user's own --device/--out win (argparse keeps the last); comparing with a parse
+    # without them tells whether the user gave those options.
+    pod_defaults = ["--device", DEFAULT_DEVICE, "--out", POD_OUT]
+    spec = parse_run_spec([*pod_defaults, *run_args, *launch], check_paths=False)
+    plain = parse_run_spec([*run_args, *launch], check_paths=False)
+    if spec.device not in POD_DEVICES:
+        raise UsageError(f"--device {spec.device!r} is not accepted for `hwbench k8s`; a pod requests its accelerators "
+                         f"by name, so give an explicit --device {'|'.join(POD_DEVICES)} (default: {DEFAULT_DEVICE})")
+    added: list[str] = []
+    if plain.device != spec.device:
+        added += ["--device", spec.device]
+    if plain.out_dir != spec.out_dir:
+        added += ["--out", POD_OUT]
+    elif not under(spec.out_dir, RESULTS_MOUNT):
+        print(f"hwbench: warning: --out {spec.out_dir} is outside the results volume {RESULTS_MOUNT}; the result "
+              "files will be lost with the pod's filesystem", file=sys.stderr)
+
+    name = args.name or default_name(spec.model, args.nnodes, args.nproc_per_node)
+    if len(name) > name_room(args.nnodes):
+        raise UsageError(f"--name {name!r} is too long: {len(name)} characters; accepted: at most "
+                         f"{name_room(args.nnodes)} for {args.nnodes} pods, so that pod names "
+                         f"<name>-worker-<i> stay within {MAX_LABEL}")
+
+    env: dict[str, str] = dict(pass_through_env(spec.device, environ))
+    from_shell = tuple(env)
+    for key, value in args.env:
+        env[key] = value
+    from_shell = tuple(k for k in from_shell if k not in dict(args.env))
+
+    return K8sJob(
+        name=name, image=args.image, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, device=spec.device,
+        model=spec.model, run_args=tuple([*run_args, *added]), out_dir=spec.out_dir, namespace=args.namespace,
+        results_claim=args.results_claim, shm_size=args.shm_size, restart_policy=args.restart_policy,
+        backoff_limit=args.backoff_limit, active_deadline_s=args.active_deadline, master_port=args.master_port,
+        cpu=args.cpu, memory=args.memory, env=tuple(env.items()), env_from_shell=from_shell, hold_s=args.hold)
+
+
+
+def _parser() -> argparse.ArgumentParser:
+    from hwbench.cli import Parser
+
+    parser = Parser(prog="hwbench k8s", description=DESCRIPTION, allow_abbrev=False)
+    configure(parser)
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> K8sJob:
+    """The job, validated (the run options the way `hwbench run` on the pod will)."""
+    return job_from_argv(argv)
+
+
+def main(job: K8sJob) -> int:
+    """Print the manifest on stdout."""
+    from hwbench.k8s import build_manifest, render
+
+    if job.results_claim is None:
+        print(f"hwbench: note: no --results-claim, so {RESULTS_MOUNT} is an emptyDir: results vanish with the pod "
+              "(copy them out with kubectl cp while it runs, see --hold)", file=sys.stderr)
+    sys.stdout.write(render(build_manifest(job)))
+    return 0

@@ -1,0 +1,34 @@
+"""`hwbench models`: the workload catalog with parameter counts and published settings."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = "List the workloads with their parameter counts and published settings."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def main(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from hwbench.catalog import load_catalog
+    from hwbench.workload.params import count_parameters
+
+    rows = []
+    for workload in sorted(load_catalog().workloads.values(), key=lambda w: count_parameters(w.model).total):
+        m, t, p = workload.model, workload.training, workload.published
+        counts = count_parameters(m)
+        rows.append([
+            workload.name, f"{counts.total / 1e6:,.1f}M", f"{counts.non_embedding / 1e6:,.1f}M",
+            m.num_layers, m.hidden_size, m.num_attention_heads, t.seq_length,
+            f"{t.micro_batch_size}/{t.global_batch_size}", t.precision, "yes" if t.recompute else "no",
+            f"{p.devices} dev, TP{p.tp} PP{p.pp} ({', '.join(p.tables)})" if p else "-",
+        ])
+    print(tabulate(rows, headers=["model", "params", "non-emb", "layers", "hidden", "heads", "seq",
+                                  "micro/global", "precision", "recompute", "published layout"],
+                   disable_numparse=True))
+    print("\nParameters are counted from the architecture (padded GPT-2 vocabulary at TP1), no weights allocated.")
+    return 0

@@ -1,0 +1,55 @@
+"""`hwbench report`: result files as Markdown, HTML, CSV or JSON beside the published
+tables (docs/reports.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hwbench.errors import UsageError
+
+DESCRIPTION = ("Report result files (files or folders) against the published tables: throughput, per-device "
+               "normalisation, memory, cost and energy per token, convergence and environment.")
+FORMATS = ("md", "html", "csv", "json")
+DEFAULT_TOKENS = "300e9"
+DEFAULT_PROJECTION_DEVICES = 8
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
+    parser.add_argument("--against", metavar="PATH", default=None,
+                        help="published table (.csv) or folder of them (default: results/published of this checkout)")
+    parser.add_argument("--format", choices=FORMATS, default="md", help="md (default), html, csv or json")
+    parser.add_argument("--out", metavar="FILE", help="write the report here (default: standard output)")
+    parser.add_argument("--price", action="append", default=[], metavar="DEVICE=USD/h",
+                        help="price of one device per hour, by catalog entry name or device model; repeatable "
+                             "(overrides the price in the result and the catalog)")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS, metavar="N",
+                        help=f"tokens for the training projection (default: {DEFAULT_TOKENS})")
+    parser.add_argument("--projection-devices", "--devices", dest="projection_devices", type=int,
+                        default=DEFAULT_PROJECTION_DEVICES, metavar="N",
+                        help=f"devices of the projected training job (default: {DEFAULT_PROJECTION_DEVICES}; "
+                             "--devices is the old name)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from hwbench.report.build import make_report
+    from hwbench.report.cost import parse_prices, parse_tokens
+    from hwbench.results import write_text_atomic
+
+    if args.projection_devices < 1:
+        raise UsageError(f"--projection-devices {args.projection_devices} is not accepted; give a number of "
+                         "devices >= 1")
+    text, skipped = make_report(args.results, args.format, args.against, parse_prices(args.price),
+                                parse_tokens(args.tokens), args.projection_devices)
+    for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
+        print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
+    if args.out:
+        try:
+            write_text_atomic(args.out, text)  # never a half-written report
+        except OSError as error:
+            raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
+        print(f"report written to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0

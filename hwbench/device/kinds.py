@@ -1,0 +1,36 @@
+"""What hwbench knows of each device kind without touching the device: the facts that
+commands planning for another machine need (`hwbench plan` for an H100 from a laptop,
+`hwbench k8s` for a cluster). Importing this module imports no torch.
+
+The Backend classes (cpu.py, cuda.py, npu.py) take their name and process-group
+backend from here, so each fact is written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceKind:
+    name: str  # --device
+    dist_backend: str  # torch.distributed backend
+    deepspeed_accelerator: str  # DS_ACCELERATOR
+    # Memory the framework and runtime take beside the model's tensors (CUDA context and
+    # allocator fragmentation, CANN's workspace, the CPU allocator's arenas): the planner's
+    # per-rank overhead. An estimate until measured on each kind (docs/planner.md).
+    framework_overhead_bytes: int
+    k8s_resource: str | None  # the extended resource a pod requests per device
+    env_prefixes: tuple[str, ...]  # environment variables that tune this kind's collectives and runtime
+
+
+_COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
+KINDS = {
+    "cpu": DeviceKind("cpu", "gloo", "cpu", GIB // 2, None, _COMMUNICATION),
+    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION),
+    "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_")),
+}
+DEVICE_KINDS = tuple(KINDS)  # cpu, cuda, npu
+DEVICE_CHOICES = ("auto", *DEVICE_KINDS)

@@ -1,0 +1,83 @@
+"""Device lookups shared by the run, sweep, tune and plan paths: the backend a spec
+asks for (checked against its precision), the catalog entry of the device, its
+memory, and the result's `device` and `workload` descriptions. Kept apart from the
+worker so that a sweep or a command can ask without importing the training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hwbench.catalog import Catalog, Workload
+from hwbench.device import Backend, select_backend
+from hwbench.errors import UsageError
+from hwbench.spec import RunSpec
+from hwbench.workload.params import count_parameters
+
+
+def checked_backend(spec: RunSpec) -> Backend:
+    """The run's device backend, once it is known to run the spec's precision."""
+    backend = select_backend(spec.device)
+    problem = backend.precision_problem(spec.precision)
+    if problem:
+        raise UsageError(f"--precision {spec.precision}: {problem}")
+    return backend
+
+
+def catalog_entry(backend: Backend, catalog: Catalog):
+    """(device model name, the catalog entry that matches it or None)."""
+    names = backend.device_names()
+    model_name = names[0] if names else "unknown"
+    return model_name, catalog.match_device(backend.name, model_name)
+
+
+def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
+    """Memory per device: what the device reports, else its catalog entry's."""
+    return _capacity_bytes(backend, catalog_entry(backend, catalog)[1])
+
+
+def _capacity_bytes(backend: Backend, entry) -> int | None:
+    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)
+
+
+def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
+    model_name, entry = catalog_entry(backend, catalog)
+    peak, reason = (entry.peak(precision) if entry else
+                    (None, f"no catalog entry matches the {backend.name} device {model_name!r}"))
+    if backend.simulated:
+        peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
+    capacity = _capacity_bytes(backend, entry)
+    return {
+        "backend": backend.name,
+        "dist_backend": backend.dist_backend,
+        "device_model": model_name,
+        "device_count": backend.device_count(),
+        "torch_device": str(backend.torch_device),
+        "simulated": backend.simulated,
+        "catalog_entry": entry.name if entry else None,
+        "catalog_path": entry.path if entry else None,
+        "peak_flops": peak,
+        "peak_flops_precision": precision,
+        "peak_flops_source": entry.peak_flops_source if entry and peak else None,
+        "peak_flops_unmeasured": reason,
+        "memory_capacity_bytes": capacity,
+        "tdp_watts": entry.tdp_watts if entry else None,
+        "price_usd_per_hour": entry.price_usd_per_hour if entry else None,
+        "tuning": backend.tuning,
+    }
+
+
+def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
+    config = workload.model
+    counts = count_parameters(config, spec.parallel.tp)
+    return {
+        "name": workload.name,
+        "title": workload.title,
+        "catalog_path": workload.path,
+        **dataclasses.asdict(config),
+        "padded_vocab_size": config.padded_vocab_size(spec.parallel.tp),
+        "parameters": counts.total,
+        "parameters_embedding": counts.embedding,
+        "parameters_non_embedding": counts.non_embedding,
+        "published": dataclasses.asdict(workload.published) if workload.published else None,
+    }

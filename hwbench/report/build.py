@@ -1,0 +1,99 @@
+"""`hwbench report` assembled: the runs table, the match against the published tables, the
+notes and warnings and the plots, laid out as the sections of one Report document.
+Formulas and sections are described in docs/reports.md."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+
+from hwbench.report.against_published import match_published
+from hwbench.report.document import Report
+from hwbench.report.runs import environment_warnings, run_row
+from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
+                                     published_section, runs_section, skipped_section)
+from hwbench.results import RunResult
+
+
+def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
+                 published: pd.DataFrame | None, published_note: str | None,
+                 prices: dict[str, float], tokens: float, devices: int, with_plots: bool = True) -> Report:
+    """The report of the ``loaded`` (result, file) pairs; ``skipped`` (file, reason) pairs are listed
+    in it; ``published`` is None when no tables were found (``published_note`` says why)."""
+    rows = [run_row(result, file, prices, tokens, devices) for result, file in loaded]
+    runs = pd.DataFrame(rows, dtype=object)  # object: None stays None, integers stay integers
+    comparison = match_published(runs, published)
+    notes = unmatched_price_notes(runs, prices)
+    warnings_found = environment_warnings(runs)
+    images = plot_images(rows, loaded) if with_plots else {}
+    sections = [
+        runs_section(runs),
+        published_section(runs, comparison, published, published_note),
+        model_section(runs, images),
+        procurement_section(runs, tokens, devices, notes),
+        convergence_section(runs, images),
+        environment_section(runs, warnings_found),
+        skipped_section(skipped),
+    ]
+    return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
+
+
+def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, float]) -> list[str]:
+    """A note for each --price that names no run's device: most likely a typo."""
+    known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {str(x).lower() for x in runs["device_model"].dropna()}
+    return [f"--price {key} matched no run's catalog entry or device model" for key in prices if key not in known]
+
+
+def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]]) -> dict[str, bytes]:
+    """The plots of the ok runs as PNG bytes by key (throughput, scaling, memory, loss); a plot
+    with nothing to show is left out."""
+    from hwbench.report import plots  # matplotlib: only for the HTML report
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    curves = {result.run_id: [(s["step"], s["loss"]) for s in result.steps if s.get("loss") is not None]
+              for result, _ in loaded if result.status == "ok"}
+    images: dict[str, bytes] = {}
+    for key, image in (("throughput", plots.throughput_by_layout(ok)), ("scaling", plots.scaling(ok)),
+                       ("memory", plots.memory(ok)), ("loss", plots.loss_curves(curves))):
+        if image is not None:
+            images[key] = image
+    return images
+
+
+def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | None]:
+    """The published tables to report against: ``against``, else results/published of
+    this checkout (or of the working folder); else None and a note saying so."""
+    from pathlib import Path
+
+    from hwbench.report.published import DEFAULT_DIR, load_published
+
+    if against is not None:
+        return load_published(against), None
+    for folder in (DEFAULT_DIR, Path("results/published")):
+        if folder.is_dir():
+            return load_published(folder), None
+    return None, "No published tables found (results/published); give --against PATH."
+
+
+def make_report(paths: Sequence[str], format: str, against: str | None, prices: dict[str, float], tokens: float,
+                projection_devices: int) -> tuple[str, list[tuple[str, str]]]:
+    """The report over the result files under ``paths`` as text in ``format`` (md, csv,
+    json, html), and the (file, reason) of each file left out. UsageError when no file
+    could be read."""
+    from hwbench.errors import UsageError
+    from hwbench.report.render import render_csv, render_json, render_markdown
+    from hwbench.report.runs import load_inputs
+
+    loaded, skipped = load_inputs(paths)
+    if not loaded:
+        raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
+                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
+    published, note = published_tables(None if against is None else str(against))
+    report = build_report(loaded, skipped, published, note, prices, tokens, projection_devices,
+                          with_plots=format == "html")
+    if format == "html":
+        from hwbench.report.html import render_html
+
+        return render_html(report), skipped
+    return {"md": render_markdown, "csv": render_csv, "json": render_json}[format](report), skipped

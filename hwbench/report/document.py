@@ -1,0 +1,34 @@
+"""The report as a document: titled sections of blocks (paragraphs, headings, tables,
+lists, plots) and the data behind them. Built by build.py, written out by render.py
+(Markdown, CSV, JSON) and html.py; it knows nothing of either side."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+
+@dataclasses.dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclasses.dataclass
+class Section:
+    title: str
+    # ("p", text), ("h", text), ("table", Table), ("img", key, alt) or ("list", [text])
+    blocks: list[tuple] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Report:
+    title: str
+    sections: list[Section]
+    runs: pd.DataFrame
+    comparison: pd.DataFrame
+    skipped: list[tuple[str, str]]
+    warnings: list[str]
+    notes: list[str]
+    images: dict[str, bytes]

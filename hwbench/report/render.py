@@ -1,0 +1,57 @@
+"""The report document written out as Markdown, JSON or CSV (HTML: html.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+from tabulate import tabulate
+
+from hwbench.report.against_published import NORMALISATION
+from hwbench.report.cost import SCALING_ASSUMPTION
+from hwbench.report.document import Report
+
+
+def render_markdown(report: Report) -> str:
+    lines = [f"# {report.title}", ""]
+    for section in report.sections:
+        lines += [f"## {section.title}", ""]
+        for block in section.blocks:
+            kind = block[0]
+            if kind == "p":
+                lines += [block[1], ""]
+            elif kind == "h":
+                lines += [f"### {block[1]}", ""]
+            elif kind == "table":
+                rows = [[str(c).replace("|", "\\|") for c in row] for row in block[1].rows]
+                lines += [tabulate(rows, headers=block[1].headers, tablefmt="github", disable_numparse=True), ""]
+            elif kind == "list":
+                lines += [f"- {item}" for item in block[1]] + [""]
+            elif kind == "img":
+                lines += [f"_Plot: {block[2]} (in the HTML report: `--format html`)._", ""]
+    return "\n".join(lines)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item"):  # numpy scalars
+        return _clean(value.item())
+    return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
+
+
+def render_json(report: Report) -> str:
+    data = {"runs": _records(report.runs), "comparison": _records(report.comparison),
+            "skipped": [{"file": p, "reason": r} for p, r in report.skipped], "warnings": report.warnings,
+            "notes": report.notes, "assumptions": {"normalisation": NORMALISATION, "scaling": SCALING_ASSUMPTION}}
+    return json.dumps(data, indent=2, allow_nan=False, default=str) + "\n"
+
+
+def render_csv(report: Report) -> str:
+    return report.runs.to_csv(index=False)

@@ -1,0 +1,195 @@
+"""The report's sections, each a function of the runs table (and what belongs to it) that
+returns a Section of the document: what each says is described in docs/reports.md."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from hwbench.report.against_published import NORMALISATION, published_layout
+from hwbench.report.cells import device_text, fmt, fmt_g, fmt_ratio, gib_cell, is_number, tokens_text
+from hwbench.report.cost import SCALING_ASSUMPTION
+from hwbench.report.document import Section, Table
+
+SECTIONS = ("Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Environment",
+            "Skipped input files")
+
+
+def runs_section(runs: pd.DataFrame) -> Section:
+    section = Section("Runs")
+    statuses = runs["status"].value_counts().to_dict()
+    section.blocks.append(("p", f"{len(runs)} result(s): " + ", ".join(f"{n} {s}" for s, n in statuses.items())
+                           + ". Only runs with status ok enter the comparisons."))
+    table = Table(["run", "status", "model", "device", "layout", "precision", "samples/s", "note"], [])
+    for _, run in runs.iterrows():
+        table.rows.append([run["run_id"], run["status"], run["model"], device_text(run), run["layout"],
+                           run["precision"], fmt(run["samples_per_s"]), run["error"] or ""])
+    section.blocks.append(("table", table))
+    return section
+
+
+def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: pd.DataFrame | None,
+                       note: str | None) -> Section:
+    section = Section("Against the published tables")
+    if published is None:
+        section.blocks.append(("p", note or "No published tables were given."))
+        return section
+    section.blocks.append(("p", "Published figures: " + ", ".join(sorted(set(published["file"])))
+                           + ". Published samples/s is the global figure of all 8 devices (the mean of the last "
+                             "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
+                             "every published row of its model, whatever its layout; the note names every setting "
+                             "that differs from the published point (layout, device count, sequence length, batch, "
+                             "precision, recompute). Where the layout or device count differs, read the per-device ratio."))
+    section.blocks.append(("p", NORMALISATION))
+    for table_name, group in published.groupby("table", sort=True):
+        section.blocks.append(("h", f"Table {table_name}"))
+        table = Table(["NAME", "params", "PPL", "samples/s", "seq_len", "Steps", "layout", "samples/s per device",
+                       "ratio", "ratio per device", "note"], [])
+        for _, pub in group.iterrows():
+            table.rows.append([pub["name"], pub["params"], fmt_g(pub["ppl"]), fmt_g(pub["samples_per_s"]),
+                               fmt(pub["seq_length"], 0), fmt(pub["steps"], 0),
+                               f"{published_layout(pub)} on {int(pub['devices'])}",
+                               fmt(pub["samples_per_s"] / pub["devices"], 3), "", "", pub.get("device_class", "")])
+            if comparison.empty:
+                continue
+            matched = comparison[(comparison["table"] == pub["table"]) & (comparison["name"] == pub["name"])
+                                 & (comparison["model"] == pub["model"])]
+            for _, c in matched.iterrows():
+                ppl = "-" if not is_number(c["measured_ppl"]) else f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})"
+                notes = []
+                if c["simulated"]:
+                    notes.append("simulated device: not a hardware figure")
+                elif c["backend"] == "cpu":
+                    notes.append("CPU run")
+                if c["differences"]:
+                    notes.append("differs: " + ", ".join(c["differences"]))
+                table.rows.append([f"↳ measured {c['run_id']}", pub["params"], ppl, fmt(c["measured_samples_per_s"], 3),
+                                   fmt(c["seq_length"], 0), f"{c['timed_steps']} timed", f"{c['layout']} on "
+                                   f"{c['world_size']} ({c['device_model']})",
+                                   fmt(c["measured_samples_per_s_per_device"], 3), fmt_ratio(c["ratio"]),
+                                   fmt_ratio(c["ratio_per_device"]), "; ".join(notes)])
+        section.blocks.append(("table", table))
+    unmatched = []
+    for _, run in runs[runs["status"] == "ok"].iterrows():
+        if comparison.empty or run["run_id"] not in set(comparison["run_id"]):
+            unmatched.append(f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
+                             f"no published row for model {run['model']}")
+    if unmatched:
+        section.blocks.append(("p", "Runs without a published counterpart:"))
+        section.blocks.append(("list", unmatched))
+    return section
+
+
+def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
+    section = Section("Per model")
+    section.blocks.append(("p", "Every layout measured, by model. Peak memory is the allocator's peak allocated "
+                                "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
+                                "(`hwbench plan`) for the run's own spec and backend; capacity is the device's."))
+    ok = runs[runs["status"] == "ok"]
+    for model, group in ok.groupby("model", sort=True):
+        section.blocks.append(("h", f"{model}"))
+        table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
+                       "tokens/s", "TFLOP/s per device", "MFU", "peak memory", "predicted", "capacity"], [])
+        reasons: list[str] = []  # why MFU is missing, each said once under the table
+        for _, run in group.sort_values(["world_size", "layout"]).iterrows():
+            engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
+                + (" FSDP" if run["fsdp"] else "")
+            if is_number(run["mfu"]):
+                mfu = f"{run['mfu']:.1%}"
+            else:
+                reason = run["mfu_reason"] or "not measured"
+                if reason not in reasons:
+                    reasons.append(reason)
+                mfu = f"- [{reasons.index(reason) + 1}]"
+            predicted = gib_cell(run["predicted_peak_bytes"]) if is_number(run["predicted_peak_bytes"]) \
+                else f"- ({run['predicted_reason']})"
+            table.rows.append([run["run_id"], device_text(run), run["layout"], engine,
+                               run["precision"] + (", recompute" if run["recompute"] else ""),
+                               f"{run['micro_batch_size']}/{run['global_batch_size']}", str(run["seq_length"]),
+                               fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
+                               fmt(run["tflops_per_device"], 3), mfu, gib_cell(run["peak_bytes"]), predicted,
+                               gib_cell(run["capacity_bytes"])])
+        section.blocks.append(("table", table))
+        for index, reason in enumerate(reasons, start=1):
+            section.blocks.append(("p", f"[{index}] MFU not measured: {reason}."))
+    if ok.empty:
+        section.blocks.append(("p", "No run with status ok."))
+    for key, alt in (("throughput", "Throughput by layout"), ("scaling", "Scaling with device count"),
+                     ("memory", "Peak memory against capacity")):
+        if key in images:
+            section.blocks.append(("img", key, alt))
+    if ok.empty or ok.groupby("model")["world_size"].nunique().max() < 2:
+        section.blocks.append(("p", "No scaling plot: no model was measured at more than one world size."))
+    return section
+
+
+def procurement_section(runs: pd.DataFrame, tokens: float, devices: int, notes: list[str]) -> Section:
+    section = Section("Procurement")
+    section.blocks.append(("p", "Cost per million tokens = price per device-hour / 3600 x devices of the run / "
+                                "tokens/s x 1e6. Energy per token = energy the devices used over the telemetry window "
+                                "(which brackets the timed steps) / tokens of the timed steps (global batch x seq "
+                                "x timed steps); average power is the devices' mean power summed."))
+    section.blocks.append(("p", f"Projection: time and cost to train {tokens_text(tokens)} tokens on {devices} devices of the "
+                                f"same kind (--tokens, --devices). {SCALING_ASSUMPTION}"))
+    table = Table(["run", "device", "tokens/s per device", "J/token", "avg power", "price/device-h",
+                   "$ per 1M tokens", f"days for {tokens_text(tokens)} tokens on {devices}", "projected cost"], [])
+    for _, run in runs[runs["status"] == "ok"].iterrows():
+        energy = fmt(run["energy_per_token_j"], 4) + " J" if is_number(run["energy_per_token_j"]) \
+            else f"not measured: {run['energy_reason']}"
+        power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
+        price = f"${run['price_usd_per_hour']:,.2f} ({run['price_source']})" if is_number(run["price_usd_per_hour"]) \
+            else run["price_source"]
+        cost = f"${run['cost_per_million_tokens_usd']:,.4f}" if is_number(run["cost_per_million_tokens_usd"]) else "no price"
+        projected = f"${run['projected_cost_usd']:,.0f}" if is_number(run["projected_cost_usd"]) else "no price"
+        table.rows.append([run["run_id"], device_text(run), fmt(run["tokens_per_s_per_device"], 1), energy, power,
+                           price, cost, fmt(run["projected_days"], 1), projected])
+    section.blocks.append(("table", table))
+    if notes:
+        section.blocks.append(("list", notes))
+    return section
+
+
+def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
+    section = Section("Convergence")
+    section.blocks.append(("p", "Training loss (nats) at the first and last step and the validation PPL after "
+                                "the step shown; the floor is the lowest reachable PPL of the run's data (built-in or synthetic; none for a dataset)."))
+    table = Table(["run", "model", "loss first", "loss last", "validation PPL", "after step", "PPL floor"], [])
+    for _, run in runs[runs["status"] == "ok"].iterrows():
+        ppl = fmt(run["valid_ppl"], 3) if is_number(run["valid_ppl"]) else f"- ({run['valid_ppl_reason'] or 'not measured'})"
+        table.rows.append([run["run_id"], run["model"], fmt(run["loss_start"], 3), fmt(run["loss_end"], 3), ppl,
+                           "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else str(run["valid_ppl_step"]),
+                           fmt(run["ppl_floor"], 3)])
+    section.blocks.append(("table", table))
+    if "loss" in images:
+        section.blocks.append(("img", "loss", "Loss curves"))
+    return section
+
+
+def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
+    section = Section("Environment")
+    table = Table(["run", "device", "count", "driver", "CUDA", "CANN", "torch", "deepspeed", "hwbench"], [])
+    for _, run in runs.iterrows():
+        git = run["hwbench_git"]
+        version = str(run["hwbench_version"]) + (f" ({str(git)[:10]}{', dirty' if run['hwbench_git_dirty'] else ''})"
+                                                if git else "")
+        table.rows.append([run["run_id"], f"{run['device_model']}" + (" [simulated]" if run["simulated"] else ""),
+                           fmt(run["device_count"], 0), *(str(run[k] or "-") for k in (
+                               "driver_version", "cuda_version", "cann_version", "torch_version",
+                               "deepspeed_version")), version])
+    section.blocks.append(("table", table))
+    if found:
+        section.blocks.append(("p", "Warnings: the compared runs differ."))
+        section.blocks.append(("list", found))
+    else:
+        section.blocks.append(("p", "No differences in driver, CUDA/CANN, torch, DeepSpeed or hwbench versions, "
+                                    "or precision, among the ok runs."))
+    return section
+
+
+def skipped_section(skipped: list[tuple[str, str]]) -> Section:
+    section = Section("Skipped input files")
+    if skipped:
+        section.blocks.append(("p", f"{len(skipped)} file(s) left out of this report:"))
+        section.blocks.append(("list", [f"{path}: {reason.removeprefix(path + ': ')}" for path, reason in skipped]))
+    else:
+        section.blocks.append(("p", "None: every input file was read."))
+    return section

@@ -1,0 +1,44 @@
+"""Bytes as people write them, both ways: the one byte formatter and size parser."""
+
+from __future__ import annotations
+
+import re
+
+from hwbench.errors import UsageError
+
+GIB = 2 ** 30
+_UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 20, "MIB": 2 ** 20, "MB": 10 ** 6,
+          "G": 2 ** 30, "GIB": 2 ** 30, "GB": 10 ** 9, "T": 2 ** 40, "TIB": 2 ** 40, "TB": 10 ** 12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def gib(value: float | int | None, digits: int = 2, unit: bool = False, missing: str = "-",
+        thousands: bool = False) -> str:
+    """``value`` bytes in GiB (2^30) with ``digits`` decimals, "GiB" appended with
+    ``unit``, thousands separated by commas with ``thousands``; ``missing`` for None."""
+    if value is None:
+        return missing
+    text = f"{value / GIB:{',' if thousands else ''}.{digits}f}"
+    return f"{text} GiB" if unit else text
+
+
+def human_bytes(value: float | None) -> str:
+    """Bytes in the largest binary unit under 1024 (B, KiB, MiB, GiB, TiB), one decimal; "-" for None."""
+    if value is None:
+        return "-"
+    for name in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or name == "TiB":
+            return f"{value:.1f} {name}" if name != "B" else f"{int(value)} B"
+        value /= 1024
+    return str(value)
+
+
+def parse_size(text: str, option: str = "--device-memory") -> int:
+    """Bytes from '32GiB', '80GB', '24G', '1.5TiB': GiB/MiB/... and the bare
+    letters G/M/K/T are powers of 2; GB/MB/KB/TB are powers of 10; no unit is bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
+                         "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
+    return int(float(match.group(1)) * _UNITS[unit])
