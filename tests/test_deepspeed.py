@@ -161,7 +161,7 @@ def test_setup_error_without_deepspeed(monkeypatch, fresh_patches):
     message = str(raised.value)
     assert "\n" not in message
     assert message == ("--engine deepspeed: deepspeed is not installed (pip install 'hwbench[deepspeed]', "
-                       "or deepspeed with deepspeed_npu on Ascend)")
+                       "on Ascend too: DeepSpeed >= 0.9.3 has its own NPU accelerator)")
     assert deepspeed_support._records is None  # a later call tries again
 
 

@@ -24,7 +24,7 @@ from hwbench.errors import SetupError
 
 ACCELERATOR_ENV = "DS_ACCELERATOR"
 NOT_INSTALLED = ("--engine deepspeed: deepspeed is not installed (pip install 'hwbench[deepspeed]', "
-                 "or deepspeed with deepspeed_npu on Ascend)")
+                 "on Ascend too: DeepSpeed >= 0.9.3 has its own NPU accelerator)")
 
 # The records of the first successful call: DeepSpeed is imported once per process,
 # so later calls change nothing and report what the first one did.
