@@ -191,11 +191,11 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
         buffers = min(n, DEEPSPEED_REDUCE_BUCKET_ELEMENTS) * g_b
     if deepspeed and half:  # the fp32 gradients of (this partition of) the master weights at the step
         step_transient = max(step_transient, _ceil(n * FP32, dp if zero >= 1 else 1))
-    if not deepspeed and backend_name == "npu":
+    if not deepspeed and not KINDS[backend_name].fused_adamw:
         # foreach AdamW (no fused kernel): sqrt(v) temporaries the size of the local parameters
         local = _ceil(n, dp) if sharded else n
         step_transient = max(step_transient, local * FP32)
-        notes.append("npu: foreach AdamW temporaries at the step")
+        notes.append(f"{backend_name}: foreach AdamW temporaries at the step")
 
     # activations ---------------------------------------------------------------
     s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size

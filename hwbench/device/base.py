@@ -150,8 +150,10 @@ class Backend(abc.ABC):
         return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
 
     def optimizer_options(self) -> dict[str, Any]:
-        """Keyword arguments for torch.optim.AdamW that run fastest here."""
-        return {"foreach": True}
+        """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py)."""
+        from hwbench.device.kinds import KINDS
+
+        return {"fused": True} if KINDS[self.name].fused_adamw else {"foreach": True}
 
     # memory ---------------------------------------------------------------
     def step_done(self) -> None:

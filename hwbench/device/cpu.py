@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hwbench.device.kinds import KINDS
 from hwbench.device.base import Backend, HostTimer, MemoryStats, StepTimer
 from hwbench.device.telemetry import NoTelemetry, TelemetrySampler
 
@@ -170,8 +171,8 @@ def _memory_capacity_bytes() -> int | None:
 
 class CpuBackend(Backend):
     name = "cpu"
-    dist_backend = "gloo"
-    deepspeed_accelerator = "cpu"
+    dist_backend = KINDS["cpu"].dist_backend
+    deepspeed_accelerator = KINDS["cpu"].deepspeed_accelerator
     # torch's fp32 L2-norm kernel on the CPU sums into one float: the norm of a tiny
     # model's 6.4M-element embedding gradient came out 2.4e-4 low, 7.5e-4 by step 3
     # (pytorch/pytorch#169237). Reduced in fp64, as DeepSpeed's ZeRO does on the CPU.
@@ -210,9 +211,6 @@ class CpuBackend(Backend):
 
     def precision_problem(self, precision: str) -> str | None:
         return None  # autocast runs bf16 and fp16 on any CPU, slowly without bf16/fp16 units
-
-    def optimizer_options(self) -> dict[str, Any]:
-        return {"fused": True}  # fused CPU AdamW (torch >= 2.4)
 
     def step_done(self) -> None:
         if self._heap is not None:

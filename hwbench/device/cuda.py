@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
+from hwbench.device.kinds import KINDS
 from hwbench.device.nvml import NvmlSampler, nvml_driver_version
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
@@ -14,8 +15,8 @@ from hwbench.errors import SetupError
 
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
-    dist_backend = "nccl"
-    deepspeed_accelerator = "cuda"
+    dist_backend = KINDS["cuda"].dist_backend
+    deepspeed_accelerator = KINDS["cuda"].deepspeed_accelerator
 
     def __init__(self) -> None:
         if torch.version.cuda is None:
@@ -52,9 +53,6 @@ class CudaBackend(AcceleratorBackend):
         if precision == "bf16" and not torch.cuda.is_bf16_supported():
             return "this GPU has no bf16 support (compute capability below 8.0); use --precision fp16"
         return None
-
-    def optimizer_options(self) -> dict[str, Any]:
-        return {"fused": True}
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         props = torch.cuda.get_device_properties(self.local_index)

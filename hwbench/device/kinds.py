@@ -24,13 +24,17 @@ class DeviceKind:
     framework_overhead_bytes: int
     k8s_resource: str | None  # the extended resource a pod requests per device
     env_prefixes: tuple[str, ...]  # environment variables that tune this kind's collectives and runtime
+    # torch has a fused AdamW kernel here (CPU since torch 2.4, CUDA); elsewhere AdamW runs
+    # foreach, whose sqrt(v) temporaries the planner counts at the step.
+    fused_adamw: bool
 
 
 _COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
 KINDS = {
-    "cpu": DeviceKind("cpu", "gloo", "cpu", GIB // 2, None, _COMMUNICATION),
-    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION),
-    "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_")),
+    "cpu": DeviceKind("cpu", "gloo", "cpu", GIB // 2, None, _COMMUNICATION, fused_adamw=True),
+    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION, fused_adamw=True),
+    "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_"),
+                      fused_adamw=False),
 }
 DEVICE_KINDS = tuple(KINDS)  # cpu, cuda, npu
 DEVICE_CHOICES = ("auto", *DEVICE_KINDS)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
+from hwbench.device.kinds import KINDS
 from hwbench.device.npu_smi import NpuSmiSampler
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
@@ -96,8 +97,8 @@ def _cann_version(toolkit: str) -> str | None:
 
 class NpuBackend(AcceleratorBackend):
     name = "npu"
-    dist_backend = "hccl"
-    deepspeed_accelerator = "npu"
+    dist_backend = KINDS["npu"].dist_backend
+    deepspeed_accelerator = KINDS["npu"].deepspeed_accelerator
 
     def __init__(self) -> None:
         self.torch_npu = import_torch_npu()
