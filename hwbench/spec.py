@@ -234,7 +234,7 @@ def _build_parallel(options: dict[str, Any], workload: Workload, launch: LaunchS
     tp, pp, dp = options.get("tp"), options.get("pp"), options.get("dp")
     source = "user" if tp is not None or pp is not None else "default"
     published = workload.published
-    if source == "default" and published and world % (published.tp * published.pp) == 0:
+    if source == "default" and published and engine == "native" and world % (published.tp * published.pp) == 0:
         tp, pp, source = published.tp, published.pp, "published"  # the layout the published tables used
     tp = _positive("--tp", 1 if tp is None else tp)
     pp = _positive("--pp", 1 if pp is None else pp)

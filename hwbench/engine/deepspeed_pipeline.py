@@ -38,7 +38,7 @@ from torch import nn
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
 from hwbench.engine.base import StepOutcome, total_grad_norm
-from hwbench.engine.deepspeed import _as_norm_tensor, deepspeed_config, megatron_scheduler
+from hwbench.engine.deepspeed import DeepSpeedEngine, _as_norm_tensor, deepspeed_config, megatron_scheduler
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.optim import build_optimizer
 from hwbench.engine.tensor_parallel import (ParallelBlock, TensorGroup, VocabParallelEmbedding, copy_to_group,
@@ -124,6 +124,10 @@ def build_pipeline_module(config: GPTConfig, spec: RunSpec, tp: TensorGroup):
                    "checkpointable_layers": [BLOCK_TYPE]}
     return PipelineModule(layers=layer_specs(config, tp, spec.seed), topology=topology, loss_fn=lm_loss,
                           partition_method=f"type:{BLOCK_TYPE}", **options)
+
+
+def _accelerator_name() -> str | None:
+    return DeepSpeedEngine._accelerator_name()
 
 
 class DeepSpeedPipelineEngine:
@@ -222,25 +226,27 @@ class DeepSpeedPipelineEngine:
         return mean, int(tokens)
 
     def describe(self) -> dict[str, Any]:
-        parts = list(self.module.parts)
-        specs = self.module._layer_specs
+        """The result's ``engine``, in the fields docs/results.md names: the
+        deepspeed engine's own, and the layout fields the native engine fills."""
+        parts, specs = list(self.module.parts), self.module._layer_specs
         stage_blocks = [[i - 1 for i in range(parts[s], parts[s + 1])
                          if getattr(specs[i], "typename", None) is ParallelBlockPipe] for s in range(len(parts) - 1)]
+        pipelined = self.spec.parallel.pp > 1
         return {
             "name": "deepspeed",
             "deepspeed_version": deepspeed_version(),
             "zero_stage": self.spec.zero_stage,
             "dp_size": self.spec.parallel.dp,
-            "pipeline": "deepspeed.pipe.PipelineModule (PipelineEngine.train_batch)",
-            "pipeline_schedule": "1f1b (DeepSpeed TrainSchedule)",
-            "pipeline_microbatches": self.engine.gradient_accumulation_steps(),
-            "pipeline_stage_layers": stage_blocks,
-            "tensor_parallel": "megatron column/row parallel layers" if self.spec.parallel.tp > 1 else None,
+            "accelerator": _accelerator_name(),
+            "tensor_parallel": "megatron" if self.spec.parallel.tp > 1 else None,
             "vocab_parallel": self.spec.parallel.tp > 1,
-            "tied_embedding": "TiedLayerSpec, first and last stage",
-            "activation_checkpointing": "deepspeed.checkpointing, every block" if self.spec.recompute else None,
-            "grad_norm": ("hwbench's model-parallel norm in place of DeepSpeed's fp32 clip_grad_norm_"
-                          if self.replaces_fp32_clip else "DeepSpeed's optimizer"),
+            "loss_parallel": False,  # the logits are gathered before the loss, as the native engine does with pp
+            "pipeline_schedule": "1f1b" if pipelined else None,  # DeepSpeed's TrainSchedule
+            "pipeline_microbatches": self.engine.gradient_accumulation_steps() if pipelined else None,
+            "pipeline_stage_layers": stage_blocks if pipelined else None,
+            "loss_scaling": None if self.spec.precision != "fp16" else (
+                "dynamic" if self.spec.loss_scale is None else "fixed"),
+            "recompute": self.spec.recompute,
             "config": self.config,
             "patches": self.patches,
         }
