@@ -302,10 +302,17 @@ def _batch_sizes(options: dict[str, Any], defaults, dp: int) -> tuple[int, int]:
     return micro, global_batch
 
 
-def _check_engine_layout(engine: str, parallel: ParallelDims) -> None:
-    if engine == "deepspeed" and (parallel.tp > 1 or parallel.pp > 1):
-        raise UsageError(f"--engine deepspeed runs data parallelism with ZeRO; --tp {parallel.tp} --pp {parallel.pp} "
-                         "needs --engine native")
+def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0, pp_schedule: str | None = None) -> None:
+    """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
+    takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
+    if engine != "deepspeed" or (parallel.tp == 1 and parallel.pp == 1):
+        return
+    if zero_stage > 1:
+        raise UsageError(f"--zero {zero_stage} with --tp {parallel.tp} --pp {parallel.pp}: DeepSpeed's pipeline engine "
+                         "takes ZeRO 0 or 1; accepted: --zero 0, --zero 1, or --tp 1 --pp 1 for ZeRO 2 and 3")
+    if pp_schedule not in (None, "1f1b"):
+        raise UsageError(f"--pp-schedule {pp_schedule} with --engine deepspeed: DeepSpeed's pipeline engine runs 1F1B; "
+                         "accepted: 1f1b, or --engine native")
 
 
 def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
@@ -336,7 +343,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     launch = _build_launch(options, torchrun_world_size)
     engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
     parallel = _build_parallel(options, workload, launch, engine)
-    _check_engine_layout(engine, parallel)
+    _check_engine_layout(engine, parallel, zero_stage, options.get("pp_schedule"))
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = global_batch // (micro * parallel.dp)
     if parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:

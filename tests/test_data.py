@@ -61,8 +61,12 @@ def test_markov_corpus_entropy_matches_sampled_text_and_is_deterministic():
 
 def test_validation_and_training_samples_differ():
     data = BuiltinCorpus(32, 4, 4, seed=1)
-    assert not torch.equal(data.train_batch()[0], data.valid_batch(0)[0])
-    assert torch.equal(data.valid_batch(0)[0], data.valid_batch(0)[0])  # the same at every evaluation
+    assert not torch.equal(data.train_batch()[0], BuiltinCorpus(32, 4, 4, seed=1).valid_batch(0)[0])
+    first = [data.valid_batch(i)[0] for i in range(2)]  # one evaluation of two micro-batches
+    second = [data.valid_batch(i)[0] for i in range(2)]  # the next one moves on, as Megatron's iterator
+    again = BuiltinCorpus(32, 4, 4, seed=1)
+    assert torch.equal(second[0], again.valid_batch(2)[0]) and torch.equal(second[1], again.valid_batch(3)[0])
+    assert not torch.equal(first[0], second[0])
 
 
 def test_split_boundaries_by_hand():
@@ -98,12 +102,15 @@ def test_gpt_samples_run_across_documents_by_hand(monkeypatch):
     monkeypatch.setattr(GPTSamples, "_save_cached", lambda *a: None)
     docs = [[0, 1, 2], [10, 11, 12, 13], [20, 21]]  # 9 tokens per epoch
     samples = GPTSamples(ListDataset(docs), np.arange(3), seq_length=4, num_samples=4, seed=3, cache_name="t")
-    # 4 samples of 4+1 tokens need 4*4+1 = 17 tokens: two epochs of 9
-    assert samples.epochs == 2
+    # 4 samples of 4+1 tokens need 4*4+1 = 17 tokens: two epochs of 9, (18-1)//4 = 4 whole samples;
+    # the second epoch gives 2 of them, not under 80 % of an epoch's 2: one shuffle over both epochs
+    assert samples.epochs == 2 and samples.before_final is None and len(samples) == 4
     rng = np.random.RandomState(3)
-    order = np.concatenate([rng.permutation(3), rng.permutation(3)])
+    order = np.tile(np.arange(3, dtype=np.int32), 2)
+    rng.shuffle(order)  # the documents of both epochs together, once
     stream = np.concatenate([docs[d] for d in order])
-    shuffle = rng.permutation(4)
+    shuffle = np.arange(4, dtype=np.uint32)
+    rng.shuffle(shuffle)
     for i in range(4):
         j = shuffle[i]
         assert samples[i].tolist() == stream[j * 4: j * 4 + 5].tolist()

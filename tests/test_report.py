@@ -123,11 +123,13 @@ def test_ratios_and_per_device_normalisation(data):
     assert rows[(C, "3", "8p-NPU")]["ratio_per_device"] == pytest.approx(0.5)
     assert rows[(C, "3", "8p-GPU(A)")]["ratio_per_device"] == pytest.approx(14.1875 / (235 / 8))
     # a's layout is the published one; only its device count differs
-    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8", "recompute off vs on"]
+    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8", "recompute off vs on",
+                                                         "engine native vs deepspeed"]
     # d: 345m TP1 PP1 on 1 GPU, 8 samples/s: a 1-device run read against the 8-device rows per device,
     # its different layout named
     d = rows[(D, "2", "8p-GPU(V)")]
-    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8", "recompute off vs on"]
+    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8", "recompute off vs on",
+                                                         "engine native vs deepspeed"]
     assert d["ratio"] == pytest.approx(8 / 37.8)
     assert d["ratio_per_device"] == pytest.approx(8 / (37.8 / 8))
     assert rows[(D, "2", "8p-NPU")]["ratio_per_device"] == pytest.approx(8 / (59.7 / 8))
@@ -143,6 +145,11 @@ def test_differences_name_every_setting_that_differs():
     same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,
                       "micro_batch_size": 8, "precision": "fp16", "recompute": True})
     assert setting_differences(same, pub) == []
+    # the engine: the shipped published rows were measured with Megatron-DeepSpeed
+    assert setting_differences(pd.Series({**same, "engine": "native"}), pub) == ["engine native vs deepspeed"]
+    assert setting_differences(pd.Series({**same, "engine": "deepspeed"}), pub) == []
+    assert setting_differences(pd.Series({**same, "engine": "deepspeed"}), pd.Series({**pub, "engine": "native"})) == \
+        ["engine deepspeed vs native"]
     other = pd.Series({"tp": 1, "pp": 1, "world_size": 1, "seq_length": 2048, "global_batch_size": 8,
                        "micro_batch_size": 2, "precision": "bf16", "recompute": False})
     assert setting_differences(other, pub) == ["TP 1 vs 2", "PP 1 vs 2", "devices 1 vs 8", "seq 2048 vs 1024",

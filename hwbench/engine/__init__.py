@@ -1,4 +1,4 @@
-"""Engines: native (torch.distributed) and deepspeed (ZeRO)."""
+"""Engines: native (torch.distributed) and deepspeed (ZeRO; its pipeline engine with --tp/--pp)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from hwbench.workload.config import GPTConfig
 def build_engine(config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext) -> Engine:
     """The engine --engine names, with its model built for this rank."""
     backend.seed(spec.seed)
+    if spec.engine == "deepspeed" and (spec.parallel.tp > 1 or spec.parallel.pp > 1):
+        from hwbench.engine.deepspeed_pipeline import DeepSpeedPipelineEngine
+
+        return DeepSpeedPipelineEngine(config, spec, backend, ctx)  # builds its own layers, per stage
     if spec.engine == "deepspeed":
         from hwbench.engine.deepspeed import DeepSpeedEngine
         from hwbench.workload.model import build_model

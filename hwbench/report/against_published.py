@@ -68,7 +68,15 @@ def setting_differences(run: pd.Series, pub: pd.Series) -> list[str]:
             differences.append(f"{label} ? vs {_setting_text(published_value)}")
         elif measured != published_value:
             differences.append(f"{label} {_setting_text(measured)} vs {_setting_text(published_value)}")
+    published_engine = pub.get("engine") or PUBLISHED_ENGINE
+    if run.get("engine") and run.get("engine") != published_engine:
+        differences.append(f"engine {run.get('engine')} vs {published_engine}")
     return differences
+
+
+# The shipped published tables (FACTS.md §1) were all measured with Megatron-DeepSpeed, hwbench's
+# --engine deepspeed; a table of other runs may name its engine in an `engine` column.
+PUBLISHED_ENGINE = "deepspeed"
 
 
 def _setting_text(value: Any) -> str:

@@ -17,7 +17,9 @@ batch t holds samples [t*G, (t+1)*G), each data-parallel rank takes its
 contiguous share and each accumulation step the next micro-batch of it. So the
 tokens a run trains on depend on the seed and the global batch alone, not on the
 micro batch or the parallel layout, and runs of different layouts can be
-compared step by step. Batches are made on the host, so every device sees the
+compared step by step. Validation reads the validation split the same way and
+moves on from one evaluation to the next, as Megatron's validation iterator
+does. Batches are made on the host, so every device sees the
 same tokens for the same seed, and then moved with the backend's copy.
 """
 
@@ -46,9 +48,10 @@ class DataError(UsageError):
 
 def sample_range(step: int, micro_step: int, dp_rank: int, dp_size: int, micro: int, global_batch: int) -> range:
     """Sample indices of one micro-batch: optimizer step ``step`` (0-based), its
-    ``micro_step``-th accumulation step, on data-parallel rank ``dp_rank``."""
-    per_rank = global_batch // dp_size
-    start = step * global_batch + dp_rank * per_rank + micro_step * micro
+    ``micro_step``-th accumulation step, on data-parallel rank ``dp_rank``. As
+    Megatron's MegatronPretrainingSampler: each accumulation step takes the next
+    micro x dp samples and rank r the r-th micro of them."""
+    start = step * global_batch + (micro_step * dp_size + dp_rank) * micro
     return range(start, start + micro)
 
 
@@ -71,6 +74,7 @@ class SampledData(abc.ABC):
         self.to_device, self.dp_rank, self.dp_size = to_device, dp_rank, dp_size
         self.accumulation = global_batch_size // (micro_batch_size * dp_size)
         self._train_calls = 0
+        self._valid_start = self._valid_next = 0  # where this evaluation began; the first micro-batch not yet read
 
     @abc.abstractmethod
     def samples(self, split: str, indices: range) -> np.ndarray:
@@ -93,8 +97,14 @@ class SampledData(abc.ABC):
         return self._batch("train", self._train_calls - 1)
 
     def valid_batch(self, index: int) -> Batch:
-        """The ``index``-th micro-batch of validation: the same ones at every evaluation."""
-        return self._batch("valid", index)
+        """The ``index``-th micro-batch of this evaluation. Validation moves on
+        as Megatron's validation iterator does: an evaluation (``index`` 0 starts
+        one) begins after the last micro-batch the previous evaluation read."""
+        if index == 0:
+            self._valid_start = self._valid_next
+        position = self._valid_start + index
+        self._valid_next = max(self._valid_next, position + 1)
+        return self._batch("valid", position)
 
 
 class BlockGenerated(SampledData):

@@ -1,0 +1,257 @@
+"""--engine deepspeed with --tp / --pp: DeepSpeed's pipeline engine, as
+Megatron-DeepSpeed trained the published Table 2 (FACTS.md §1-2).
+
+The GPT is a list of layer specs for deepspeed.pipe.PipelineModule, as
+Megatron-DeepSpeed's GPTModelPipe builds it: the embedding (a TiedLayerSpec),
+one spec per transformer block, the final LayerNorm, and the output layer as
+the same tied embedding module applied through its word-embedding weight, so
+the first and last stage each hold a copy whose gradients DeepSpeed sums
+(``_exec_reduce_tied_grads``). Blocks are split over the stages by type
+(``partition_method='type:ParallelBlockPipe'``, Megatron-DeepSpeed's
+``type:transformer``). Tensor parallelism is Megatron's column/row parallel
+layers (hwbench.engine.tensor_parallel) on the ``model`` axis of DeepSpeed's
+PipeModelDataParallelTopology; DeepSpeed lays ranks out as hwbench's mesh does
+(tensor innermost, then data, pipeline outermost). DeepSpeed runs the rest: its
+1F1B TrainSchedule (``train_batch``), gradient reduction over data
+parallelism, fp16 with dynamic loss scaling, ZeRO 0 or 1, activation
+checkpointing of the blocks (``activation_checkpoint_interval`` 1, DeepSpeed's
+own checkpoint function) and clipping.
+
+One deliberate difference from DeepSpeed as it ships: with fp32 and ZeRO 0,
+DeepSpeed clips with ``runtime.utils.clip_grad_norm_``, which counts replicated
+parameters on model-parallel rank 0 only (on a pipeline, that is the first
+stage: the other stages' LayerNorms go uncounted) and the tied embedding on
+both stages. That path is replaced here by the norm DeepSpeed's fp16 and ZeRO
+optimizers use (every stage, each tensor-parallel duplicate and the tied copy
+once), which is also the native engine's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hwbench.device import Backend
+from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
+from hwbench.engine.base import StepOutcome, total_grad_norm
+from hwbench.engine.deepspeed import DeepSpeedEngine, _as_norm_tensor, deepspeed_config, megatron_scheduler
+from hwbench.engine.distributed import DistContext
+from hwbench.engine.optim import build_optimizer
+from hwbench.engine.tensor_parallel import (ParallelBlock, TensorGroup, VocabParallelEmbedding, copy_to_group,
+                                            gather_last_dim, load_host_values)
+from hwbench.spec import RunSpec
+from hwbench.workload.config import GPTConfig
+from hwbench.workload.data import Batch
+from hwbench.workload.model import LAYERNORM_EPS, lm_loss
+
+TIED_KEY = "embed"  # the TiedLayerSpec key of the word embedding (first stage) and output layer (last stage)
+BLOCK_TYPE = "ParallelBlockPipe"  # what partition_method 'type:' and checkpointable_layers match
+
+
+class EmbeddingPipe(nn.Module):
+    """Token ids -> word + position embeddings (B, S, h). The last stage holds a
+    second instance only for its word embedding, the output layer's weight."""
+
+    def __init__(self, config: GPTConfig, tp: TensorGroup, seed: int) -> None:
+        super().__init__()
+        self.wte = VocabParallelEmbedding(config.padded_vocab_size(tp.size), config.hidden_size, tp)
+        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        load_host_values(self, "", config, seed, tp)
+        self.tp = tp
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.wte(tokens) + self.wpe(positions)
+
+
+def output_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
+    """The output layer: hidden states times this rank's vocabulary rows of the
+    tied word embedding, the slices gathered into (B, S, V) logits."""
+    local = torch.nn.functional.linear(copy_to_group(hidden, embedding.tp), embedding.wte.weight)
+    return gather_last_dim(local, embedding.tp)
+
+
+class ParallelBlockPipe(ParallelBlock):
+    """Transformer block ``number`` with that block's weights."""
+
+    def __init__(self, config: GPTConfig, tp: TensorGroup, seed: int, number: int) -> None:
+        super().__init__(config, tp)
+        load_host_values(self, f"blocks.{number}.", config, seed, tp)
+
+
+class FinalNormPipe(nn.LayerNorm):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config.hidden_size, eps=LAYERNORM_EPS)  # ones and zeros, as _host_values gives
+
+
+def layer_specs(config: GPTConfig, tp: TensorGroup, seed: int) -> list:
+    """GPTModelPipe's layer list: embedding, blocks, final LayerNorm, tied output layer."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+
+    return [
+        TiedLayerSpec(TIED_KEY, EmbeddingPipe, config, tp, seed, tied_weight_attr="wte.weight"),
+        *[LayerSpec(ParallelBlockPipe, config, tp, seed, number) for number in range(config.num_layers)],
+        LayerSpec(FinalNormPipe, config),
+        TiedLayerSpec(TIED_KEY, EmbeddingPipe, config, tp, seed, forward_fn=output_logits,
+                      tied_weight_attr="wte.weight"),
+    ]
+
+
+def _checkpoint_function():
+    """DeepSpeed's activation checkpointing (Megatron-DeepSpeed's
+    deepspeed.checkpointing.checkpoint), configured without an mpu: no
+    partitioned activations, which the published runs did not use either."""
+    import deepspeed
+
+    deepspeed.checkpointing.configure(None, partition_activations=False, contiguous_checkpointing=False,
+                                      checkpoint_in_cpu=False, synchronize=False, profile=False)
+    return deepspeed.checkpointing.checkpoint
+
+
+def build_pipeline_module(config: GPTConfig, spec: RunSpec, tp: TensorGroup):
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    dims = spec.parallel
+    topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
+    options: dict[str, Any] = {}
+    if spec.recompute:
+        options = {"activation_checkpoint_interval": 1, "activation_checkpoint_func": _checkpoint_function(),
+                   "checkpointable_layers": [BLOCK_TYPE]}
+    return PipelineModule(layers=layer_specs(config, tp, spec.seed), topology=topology, loss_fn=lm_loss,
+                          partition_method=f"type:{BLOCK_TYPE}", **options)
+
+
+def _accelerator_name() -> str | None:
+    return DeepSpeedEngine._accelerator_name()
+
+
+class DeepSpeedPipelineEngine:
+    """hwbench's Engine (hwbench.engine.base) over DeepSpeed's PipelineEngine."""
+
+    def __init__(self, config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext) -> None:
+        self.spec, self.backend, self.ctx = spec, backend, ctx
+        self.patches = prepare_deepspeed(backend)  # before deepspeed is imported
+        import deepspeed
+
+        # deepspeed.comm wraps the process group the worker joined; PipelineModule uses it before initialize
+        deepspeed.init_distributed(dist_backend=backend.dist_backend, dist_init_required=False)
+        tp = TensorGroup(ctx.group("tp"), spec.parallel.tp, ctx.tp_rank) if spec.parallel.tp > 1 else TensorGroup()
+        self.module = build_pipeline_module(config, spec, tp)
+        self.config = deepspeed_config(spec, spec.parallel.dp)
+        optimizer = build_optimizer(self.module, spec.optimizer, backend.optimizer_options())
+        scheduler = megatron_scheduler(optimizer, spec.optimizer)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=self.module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config,
+            dist_init_required=False)
+        self.grid = self.engine.grid
+        self._clipped_norm: torch.Tensor | None = None
+        self.replaces_fp32_clip = not hasattr(self.engine.optimizer, "_global_grad_norm")  # fp32 ZeRO 0
+        if self.replaces_fp32_clip:
+            self.engine.clip_fp32_gradients = self._clip_fp32_gradients
+
+    # the gradient norm ----------------------------------------------------------
+    def _counted_grads(self) -> list[torch.Tensor]:
+        """Each gradient of the model once: tensor-parallel duplicates on tensor
+        rank 0 only, the last stage's copy of the tied embedding not at all
+        (DeepSpeed marks it ds_pipe_replicated)."""
+        tp_rank = self.grid.get_slice_parallel_rank()
+        return [p.grad for p in self.module.parameters()
+                if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
+                and (tp_rank == 0 or getattr(p, "tensor_model_parallel", False))]
+
+    def _global_grad_norm(self) -> torch.Tensor:
+        """The L2 norm of all gradients of the model, the same on every rank of
+        a pipeline (squares summed over the model-parallel group: stages and
+        tensor ranks)."""
+        squared = total_grad_norm(self._counted_grads(), self.backend.grad_norm_dtype).float() ** 2
+        dist.all_reduce(squared, group=self.grid.get_model_parallel_group())
+        return squared.sqrt()
+
+    def _clip_fp32_gradients(self) -> None:
+        norm = self._global_grad_norm()
+        torch.nn.utils.clip_grads_with_norm_(self.module.parameters(), self.engine.gradient_clipping(), norm)
+        self._clipped_norm = norm
+
+    # training -----------------------------------------------------------------
+    def _loss_scale(self) -> float | None:
+        if self.spec.precision != "fp16":
+            return None
+        optimizer = self.engine.optimizer
+        config = getattr(optimizer, "loss_scale_config", None)
+        scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
+        return None if scale is None else float(scale)
+
+    def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
+        """One optimizer step: DeepSpeed's train_batch over this step's micro-batches
+        (drawn on every rank, as the native engine does; DeepSpeed reads them on
+        the first and last stage)."""
+        engine = self.engine
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        loss_scale = self._loss_scale()
+        skipped_before = engine.skipped_steps
+        batches = [next_batch() for _ in range(engine.gradient_accumulation_steps())]
+        self._clipped_norm = None
+        loss = engine.train_batch(data_iter=iter(batches))  # the global batch's mean loss, on every rank
+        skipped = engine.skipped_steps > skipped_before
+        device = self.backend.torch_device
+        if skipped:
+            grad_norm = torch.full((), math.inf, device=device)
+        elif self._clipped_norm is not None:
+            grad_norm = self._clipped_norm.detach().reshape(())
+        else:
+            grad_norm = _as_norm_tensor(engine.get_global_grad_norm(), device)
+        return StepOutcome(loss=loss.detach().float().reshape(()), grad_norm=grad_norm, lr=lr,
+                           loss_scale=loss_scale, skipped=skipped)
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
+        """Mean validation loss over every rank's ``batches`` (each micro-batch has
+        the same tokens, so the token-weighted mean of Megatron is the plain
+        mean), through DeepSpeed's eval_batch one global batch at a time."""
+        batches = list(batches)
+        per_step = self.engine.gradient_accumulation_steps()
+        losses = []
+        for start in range(0, len(batches), per_step):
+            chunk = batches[start:start + per_step]
+            loss = self.engine.eval_batch(iter(chunk), num_micro_batches=len(chunk))  # dp-averaged, every stage
+            losses.append((float(loss), len(chunk)))
+        micro_batches = sum(n for _, n in losses)
+        tokens = sum(labels.numel() for _, labels in batches) * self.spec.parallel.dp
+        mean = sum(loss * n for loss, n in losses) / max(micro_batches, 1)
+        return mean, int(tokens)
+
+    def describe(self) -> dict[str, Any]:
+        """The result's ``engine``, in the fields docs/results.md names: the
+        deepspeed engine's own, and the layout fields the native engine fills."""
+        parts, specs = list(self.module.parts), self.module._layer_specs
+        stage_blocks = [[i - 1 for i in range(parts[s], parts[s + 1])
+                         if getattr(specs[i], "typename", None) is ParallelBlockPipe] for s in range(len(parts) - 1)]
+        pipelined = self.spec.parallel.pp > 1
+        return {
+            "name": "deepspeed",
+            "deepspeed_version": deepspeed_version(),
+            "zero_stage": self.spec.zero_stage,
+            "dp_size": self.spec.parallel.dp,
+            "accelerator": _accelerator_name(),
+            "tensor_parallel": "megatron" if self.spec.parallel.tp > 1 else None,
+            "vocab_parallel": self.spec.parallel.tp > 1,
+            "loss_parallel": False,  # the logits are gathered before the loss, as the native engine does with pp
+            "pipeline_schedule": "1f1b" if pipelined else None,  # DeepSpeed's TrainSchedule
+            "pipeline_microbatches": self.engine.gradient_accumulation_steps() if pipelined else None,
+            "pipeline_stage_layers": stage_blocks if pipelined else None,
+            "loss_scaling": None if self.spec.precision != "fp16" else (
+                "dynamic" if self.spec.loss_scale is None else "fixed"),
+            "recompute": self.spec.recompute,
+            "config": self.config,
+            "patches": self.patches,
+        }
+
+    def close(self) -> None:
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
