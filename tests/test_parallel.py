@@ -97,6 +97,30 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, reference, optio
     assert not undocumented(result)
 
 
+# Layouts that pad the vocabulary the same way (TP2) differ only in reduction order: 2e-7 measured.
+SAME_PADDING_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def native_tp2(tmp_path_factory) -> dict:
+    code, result = _run(tmp_path_factory.mktemp("tp2"), "--nproc-per-node", "2", "--tp", "2")
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    return result
+
+
+def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
+    """The published layout of 1.3b-3.7b: the tied embedding's two copies (first and
+    last stage) are vocab-sharded and summed over the pipeline. Against TP2, which
+    pads the vocabulary the same way, to 1e-5 per step (loss, norm, validation)."""
+    code, result = _run(tmp_path, "--nproc-per-node", "4", "--tp", "2", "--pp", "2")
+    assert code == 0, result.get("error")
+    assert (result["spec"]["parallel"]["tp"], result["spec"]["parallel"]["pp"], result["spec"]["parallel"]["dp"]) == (2, 2, 1)
+    engine = result["engine"]
+    assert engine["name"] == "native" and engine["vocab_parallel"] and engine["pipeline_schedule"] == "1f1b"
+    assert len(result["ranks"]) == 4
+    _assert_same_curve(result, native_tp2, tolerance=SAME_PADDING_TOLERANCE, norm_tolerance=SAME_PADDING_TOLERANCE)
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, reference, stage):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")

@@ -171,8 +171,19 @@ class NativeEngine:
                 grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
                 offset += grad.numel()
         if self._tied_group is not None:
-            holder = self.gpt.wte if self.ctx.pp_rank == 0 else self.gpt.output
-            dist.all_reduce(_local(holder.weight.grad), group=self._tied_group)
+            dist.all_reduce(self._tied_gradient(), group=self._tied_group)
+
+    def _tied_gradient(self) -> torch.Tensor:
+        """This stage's copy of the tied embedding's gradient, laid out as its weight.
+        Under TP, DTensor's embedding backward has no vocab-sharded rule: the first
+        stage's embedding gradient comes back replicated over the whole vocabulary
+        while the last stage's output gradient is sharded on it, so the two local
+        tensors differ in size (2x at TP2) and the all-reduce would mismatch.
+        Replicate -> Shard is a local slice, no communication."""
+        weight = (self.gpt.wte if self.ctx.pp_rank == 0 else self.gpt.output).weight
+        if hasattr(weight.grad, "placements") and weight.grad.placements != weight.placements:
+            weight.grad = weight.grad.redistribute(weight.device_mesh, weight.placements)
+        return _local(weight.grad)
 
     def _global_grad_norm(self) -> torch.Tensor:
         """The L2 norm of all gradients of the model, the same on every rank:
