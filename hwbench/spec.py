@@ -346,7 +346,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     _check_engine_layout(engine, parallel, zero_stage, options.get("pp_schedule"))
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = global_batch // (micro * parallel.dp)
-    if parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:
+    # DeepSpeed's pipeline engine runs 1F1B whatever the microbatch count; the native one falls back
+    if engine == "native" and parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:
         if options.get("pp_schedule"):
             raise UsageError(
                 f"--pp-schedule 1f1b needs at least --pp {parallel.pp} microbatches per step; --global-batch-size "

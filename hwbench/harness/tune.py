@@ -43,8 +43,12 @@ class Candidate:
 
     def options(self) -> dict:
         """The run options that make this candidate."""
-        variant = {"fsdp": {"fsdp": True}, "plain": {}}.get(self.variant) or {"engine": "deepspeed",
-                                                                             "zero": int(self.variant[4:])}
+        if self.variant == "plain":
+            variant = {}
+        elif self.variant == "fsdp":
+            variant = {"fsdp": True}
+        else:  # zeroN
+            variant = {"engine": "deepspeed", "zero": int(self.variant[4:])}
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch_size": self.micro_batch,
                 "recompute": self.recompute, **variant}
 

@@ -170,6 +170,7 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
     from hwbench.workload.gpt_dataset import MegatronData
 
     return MegatronData(spec.data, spec.split, train_steps=spec.warmup + spec.steps, eval_iters=spec.eval_iters,
+                        eval_interval=spec.eval_interval,
                         vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
 
 
