@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import json
 import math
 import os
@@ -134,6 +135,20 @@ def check_output_folder(folder: str | os.PathLike, option: str = "--out") -> Pat
     return path
 
 
+def check_output_file(path: str | os.PathLike, option: str, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Refuse, before anything is read, an output file that would destroy something: one
+    of the command's own input files, or an existing path that is not a regular file
+    (a folder, a device such as /dev/full)."""
+    final = Path(path)
+    if final.exists() and not final.is_file():
+        raise UsageError(f"{option} {os.fspath(path)!r} exists and is not a regular file; give a file path")
+    for source in result_files(inputs):
+        if final.exists() and source.exists() and os.path.samefile(final, source):
+            raise UsageError(f"{option} {os.fspath(path)!r} is one of the input files; give another path, or the "
+                             "input would be overwritten")
+    return final
+
+
 def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
     """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic)."""
     if result.status not in STATUSES:
@@ -195,6 +210,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) 
     """A temporary file in the same folder, then renamed over the final name, so a
     reader sees the old file or the whole new one, never half (results, reports)."""
     final = Path(path)
+    if final.exists() and not final.is_file():  # a rename would replace a device or a folder with this file
+        raise OSError(errno.EEXIST, "it exists and is not a regular file", str(final))
     handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
     try:
         os.fchmod(handle, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared files

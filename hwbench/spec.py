@@ -37,6 +37,9 @@ DEFAULT_TIMEOUT_S = 1800.0
 MAX_TIMEOUT_S = 30 * 86400.0
 MAX_SEED = 2**32 - 1  # Megatron seeds numpy's legacy generator, which takes 0 to 2**32 - 1
 MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
+MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
+MAX_RANKS_PER_NODE = 1024
+MAX_NODES = 65_536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,8 +185,8 @@ def _given(options: dict[str, Any], key: str, default: Any) -> Any:
 
 def _build_launch(options: dict[str, Any], torchrun_world_size: int | None) -> LaunchSpec:
     given = functools.partial(_given, options)
-    nnodes = _positive("--nnodes", given("nnodes", 1))
-    nproc = _positive("--nproc-per-node", given("nproc_per_node", 1))
+    nnodes = _positive("--nnodes", given("nnodes", 1), maximum=MAX_NODES)
+    nproc = _positive("--nproc-per-node", given("nproc_per_node", 1), maximum=MAX_RANKS_PER_NODE)
     node_rank = _positive("--node-rank", given("node_rank", 0), minimum=0)
     if node_rank >= nnodes:
         raise UsageError(f"--node-rank {node_rank} is not below --nnodes {nnodes}; accepted: 0 to {nnodes - 1}")
@@ -284,11 +287,12 @@ def _batch_sizes(options: dict[str, Any], defaults, dp: int) -> tuple[int, int]:
     batch rounded up likewise, or the workload's micro batch cut to a divisor of the
     per-replica batch."""
     micro_given, global_given = options.get("micro_batch_size"), options.get("global_batch_size")
-    micro = _positive("--micro-batch-size", _given(options, "micro_batch_size", defaults.micro_batch_size))
+    micro = _positive("--micro-batch-size", _given(options, "micro_batch_size", defaults.micro_batch_size),
+                      maximum=MAX_BATCH)
     if global_given is None:
         step = micro * dp
         return micro, max(step, -(-defaults.global_batch_size // step) * step)
-    global_batch = _positive("--global-batch-size", global_given)
+    global_batch = _positive("--global-batch-size", global_given, maximum=MAX_BATCH)
     if micro_given is None and global_batch % dp == 0:
         per_replica = global_batch // dp
         micro = max(m for m in range(1, min(micro, per_replica) + 1) if per_replica % m == 0)
@@ -344,6 +348,9 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     engine, zero_stage, fsdp, pp_schedule = _build_engine_options(options)
     parallel = _build_parallel(options, workload, launch, engine)
     _check_engine_layout(engine, parallel, zero_stage, options.get("pp_schedule"))
+    if fsdp and parallel.world_size == 1:
+        raise UsageError("--fsdp shards over the data-parallel ranks, and this run has one process; give "
+                         "--nproc-per-node N (N >= 2), or leave --fsdp out")
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = global_batch // (micro * parallel.dp)
     # DeepSpeed's pipeline engine runs 1F1B whatever the microbatch count; the native one falls back
@@ -397,8 +404,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         loss_scale=defaults.loss_scale,
         data=check_data(given("data", DEFAULT_DATA)) if check_paths else given("data", DEFAULT_DATA),
         split=_check_split(given("split", DEFAULT_SPLIT)),
-        eval_interval=_positive("--eval-interval", given("eval_interval", 0), minimum=0),
-        eval_iters=_positive("--eval-iters", given("eval_iters", DEFAULT_EVAL_ITERS), minimum=0),
+        eval_interval=_positive("--eval-interval", given("eval_interval", 0), minimum=0, maximum=MAX_STEPS),
+        eval_iters=_positive("--eval-iters", given("eval_iters", DEFAULT_EVAL_ITERS), minimum=0, maximum=MAX_STEPS),
         telemetry=bool(given("telemetry", True)),
         telemetry_interval_s=float(interval),
         flops_formula=formula,

@@ -292,3 +292,65 @@ def test_a_negative_pointer_is_named_as_such(tmp_path):
         IndexedDataset(prefix)
     assert "sequence_pointers[1]" in str(error.value) and "is -2" in str(error.value)
     assert "ends at byte -2" not in str(error.value)
+
+
+# --- found by the second attack ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["report", "system"])
+def test_an_output_that_is_an_input_or_not_a_regular_file_is_refused(tmp_path, capsys, command):
+    result = tmp_path / "r.json"
+    shutil.copy(RESULT, result)
+    before = result.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # stands for /dev/full: a rename would have replaced the device with a file
+    for out, fragment in ((result, "is one of the input files"), (fifo, "is not a regular file")):
+        argv = [command, str(result), "--out", str(out)] if command == "system" else [command, str(result), "--out",
+                                                                                     str(out)]
+        _one_line_exit_2(capsys, argv, "--out", fragment)
+    assert result.read_bytes() == before and fifo.is_fifo()
+
+
+@pytest.mark.parametrize("point,fragment", [
+    ({"name": "a", "env": {"A=B": "x"}}, "env 'A=B'"),
+    ({"name": "a", "env": {"A": "x\x00y"}}, "env 'A'"),
+    ({"name": ["a", "b"]}, "must be one name"),
+])
+def test_a_bad_point_env_or_name_refuses_the_suite(tmp_path, capsys, point, fragment):
+    suite = tmp_path / "t.yaml"
+    suite.write_text(json.dumps({"name": "t", "defaults": FAST, "points": [point]}))
+    _one_line_exit_2(capsys, ["sweep", str(suite), "--out", str(tmp_path / "out")], fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_list_as_suite_name_is_refused(tmp_path, capsys):
+    suite = tmp_path / "t.yaml"
+    suite.write_text(json.dumps({"name": ["a", "b"], "defaults": FAST, "points": [{"name": "p"}]}))
+    _one_line_exit_2(capsys, ["sweep", str(suite), "--out", str(tmp_path / "out")], "must be one name")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--nproc-per-node", "100000"], "--nproc-per-node 100000"),
+    (["--micro-batch-size", "99999999999999999999"], "--micro-batch-size 99999999999999999999"),
+    (["--eval-iters", "99999999999999"], "--eval-iters 99999999999999"),
+    (["--fsdp"], "--fsdp shards over the data-parallel ranks"),
+])
+def test_unbounded_values_and_fsdp_alone_are_refused(tmp_path, capsys, args, fragment):
+    _one_line_exit_2(capsys, ["run", "--quiet", "--model", "tiny", *args, "--out", str(tmp_path / "o")], fragment)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_into_a_full_disk_ends_in_one_line(tmp_path):
+    suite = tmp_path / "t.yaml"
+    suite.write_text(json.dumps({"name": "t", "defaults": FAST, "points": [{"name": "p"}]}))
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    with _tmpfs(tmp_path / "full", "256k") as disk:
+        _fill(disk)
+        done = subprocess.run([sys.executable, "-m", "hwbench", "sweep", str(suite), "--out", str(disk / "s")],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(spare)})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "the sweep could not write to" in done.stderr.strip().splitlines()[-1]
+    assert len(list(spare.glob("*.json"))) == 1  # the point's own result, kept by `hwbench run`

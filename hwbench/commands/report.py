@@ -35,8 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from hwbench.report.build import make_report
     from hwbench.report.cost import parse_prices, parse_tokens
-    from hwbench.results import write_text_atomic
+    from hwbench.results import check_output_file, write_text_atomic
 
+    if args.out:
+        check_output_file(args.out, "--out", args.results)
     if args.projection_devices < 1:
         raise UsageError(f"--projection-devices {args.projection_devices} is not accepted; give a number of "
                          "devices >= 1")

@@ -102,11 +102,13 @@ def main(args: argparse.Namespace) -> int:
         from hwbench.harness.worker import run_as_rank
 
         return _stored(*run_as_rank(spec, catalog, rank_env, show_progress=not args.quiet))
-    if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
-        from hwbench.harness.launcher import launch, recover_stranded_runs
+    from hwbench.harness.launcher import recover_stranded_runs
 
-        for note in recover_stranded_runs():
-            print(f"hwbench: note: {note}", file=sys.stderr)
+    for note in recover_stranded_runs():  # folders of launchers that were killed (docs/reliability.md)
+        print(f"hwbench: note: {note}", file=sys.stderr)
+    if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
+        from hwbench.harness.launcher import launch
+
         result = launch(spec, _rank_argv(options, args.quiet), catalog)
         if result is None:
             print(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")

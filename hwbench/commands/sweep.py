@@ -53,6 +53,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"hwbench: sweep stopped by {stop}; finished points are kept, the same command resumes",
               file=sys.stderr)
         return 128 + stop.signal_number
+    except OSError as error:  # --out filled up or vanished mid-sweep: finished points are on disk
+        print(f"hwbench: error: the sweep could not write to {args.out!r} ({error.strerror or error}); finished "
+              "points are kept (a point's result may be in the temp folder: see its repeat*.log), the same command "
+              "resumes", file=sys.stderr)
+        return 1
     print(sweep_summary_table(suite, records))
     bad = [r for r in records if any(x.status not in ("ok", "skipped") for x in r.results)]
     return 1 if bad else 0

@@ -21,9 +21,11 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     from hwbench.report.system import system_description
-    from hwbench.results import ResultFormatError, load_result, write_text_atomic
+    from hwbench.results import ResultFormatError, check_output_file, load_result, write_text_atomic
 
     path = Path(args.result)
+    if args.out:
+        check_output_file(args.out, "--out", [path] if path.is_file() else [])
     if not path.is_file():
         raise UsageError(f"RESULT_FILE {args.result!r}: not a file; give one hwbench result JSON file")
     try:

@@ -153,7 +153,15 @@ def load_suite(path: str | Path) -> Suite:
         env = entry.pop("env", None) or {}
         if not isinstance(env, dict):
             raise UsageError(f"suite {path}: points[{index}].env must map variable names to values")
+        for key, value in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)) or isinstance(value, (list, dict)) \
+                    or "\0" in str(value):
+                raise UsageError(f"suite {path}: points[{index}].env {str(key)!r}: {str(value)!r}"[:200]
+                                 + " is not accepted; give NAME: value, NAME of letters, digits and '_' (not "
+                                 "starting with a digit), one value without NUL")
         options = {**defaults, **_normalise(entry, f"suite {path} points[{index}]")}
+        if isinstance(name, (list, dict)):
+            raise UsageError(f"suite {path}: points[{index}].name must be one name, not {name!r}"[:300])
         point_name = check_name(str(name), f"suite {path} points[{index}].name") if name else None
         points.append(Point(point_name or _point_name(options, defaults), tuple(options.items()),
                             tuple((str(k), str(v)) for k, v in env.items())))
@@ -173,6 +181,8 @@ def load_suite(path: str | Path) -> Suite:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UsageError(f"suite {path}: point names repeat: {', '.join(duplicates)}; give each a `name`")
+    if not isinstance(data.get("name"), (str, int, type(None))):
+        raise UsageError(f"suite {path}: name {data.get('name')!r} must be one name, not a list or mapping"[:300])
     name = check_name(str(data.get("name") or path.stem), f"suite {path} name")
     return Suite(name, str(data.get("description") or ""), str(path), tuple(points))
 

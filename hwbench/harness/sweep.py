@@ -232,10 +232,11 @@ def folder_lock(folder: Path, wait: bool):
             holder = handle.read().strip() or "unknown"
             raise UsageError(f"--out: another sweep (pid {holder}) is writing {folder}; let it finish, give --wait "
                              "to queue behind it, or give another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        with contextlib.suppress(OSError):  # the pid only names the holder: a full disk must not stop the sweep
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
         yield
 
 
