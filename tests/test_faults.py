@@ -9,8 +9,8 @@ wherever it was re-parented.
 
 The default run covers the cases the reliability attack found orphaning processes
 (SIGKILL of the launcher and of the sweep, SIGHUP of the sweep; a rank's SIGKILL is also
-in tests/test_sweep.py); the whole matrix runs with
-`python -m pytest -m faults tests/test_faults.py` (about 5 minutes on 2 cores).
+in tests/test_sweep.py); the other 13 cases of the matrix run with
+`python -m pytest -m faults tests/test_faults.py` (about 2 minutes on 2 cores).
 """
 
 from __future__ import annotations
