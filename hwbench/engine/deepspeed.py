@@ -90,6 +90,17 @@ def _as_norm_tensor(value: Any, device: torch.device) -> torch.Tensor:
     return torch.tensor(float(value), device=device)
 
 
+def current_loss_scale(engine, precision: str) -> float | None:
+    """DeepSpeed's fp16 loss scale now (None unless fp16): newer releases keep it in the
+    optimizer's loss_scale_config, older ones as optimizer.cur_scale."""
+    if precision != "fp16":
+        return None
+    optimizer = engine.optimizer
+    config = getattr(optimizer, "loss_scale_config", None)
+    scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
+    return None if scale is None else float(scale)
+
+
 class DeepSpeedEngine:
     """hwbench's Engine (hwbench.engine.base) over deepspeed.initialize."""
 
@@ -133,12 +144,7 @@ class DeepSpeedEngine:
         return getattr(accelerator, "_name", None) or type(accelerator).__name__
 
     def _loss_scale(self) -> float | None:
-        if self.spec.precision != "fp16":
-            return None
-        optimizer = self.engine.optimizer
-        config = getattr(optimizer, "loss_scale_config", None)
-        scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
-        return None if scale is None else float(scale)
+        return current_loss_scale(self.engine, self.spec.precision)
 
     def _grads_norm(self) -> torch.Tensor:
         """The global norm of the module's (already reduced) gradients, computed as

@@ -38,7 +38,8 @@ from torch import nn
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
 from hwbench.engine.base import StepOutcome, total_grad_norm
-from hwbench.engine.deepspeed import DeepSpeedEngine, _as_norm_tensor, deepspeed_config, megatron_scheduler
+from hwbench.engine.deepspeed import (DeepSpeedEngine, _as_norm_tensor, current_loss_scale, deepspeed_config,
+                                      megatron_scheduler)
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.optim import build_optimizer
 from hwbench.engine.tensor_parallel import (ParallelBlock, TensorGroup, VocabParallelEmbedding, copy_to_group,
@@ -179,12 +180,7 @@ class DeepSpeedPipelineEngine:
 
     # training -----------------------------------------------------------------
     def _loss_scale(self) -> float | None:
-        if self.spec.precision != "fp16":
-            return None
-        optimizer = self.engine.optimizer
-        config = getattr(optimizer, "loss_scale_config", None)
-        scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
-        return None if scale is None else float(scale)
+        return current_loss_scale(self.engine, self.spec.precision)
 
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step: DeepSpeed's train_batch over this step's micro-batches
