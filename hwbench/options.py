@@ -96,7 +96,6 @@ RUN_OPTIONS: tuple[Option, ...] = (
 BY_NAME = {option.name: option for option in RUN_OPTIONS}
 OPTION_NAMES = frozenset(BY_NAME)
 SWITCHES = frozenset(o.name for o in RUN_OPTIONS if o.switch)
-NEGATABLE_SWITCHES = frozenset(o.name for o in RUN_OPTIONS if o.switch == NEGATABLE)
 
 # Megatron flags that set an hwbench option to a fixed value.
 MEGATRON_CONSTANTS = {"--fp16": ("precision", "fp16"), "--bf16": ("precision", "bf16"),
