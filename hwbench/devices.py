@@ -64,6 +64,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "tdp_watts": entry.tdp_watts if entry else None,
         "price_usd_per_hour": entry.price_usd_per_hour if entry else None,
         "tuning": backend.tuning,
+        "auto_passed_over": list(backend.passed_over) or None,
     }
 
 

@@ -10,6 +10,8 @@ The same checks against the real wheel are in tests/test_npu_wheel.py (opt-in)."
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -100,10 +102,33 @@ def test_npu_run_without_cann_is_one_line_naming_set_env(no_cann_env, tmp_path):
     assert not out.exists()
 
 
-def test_auto_without_cann_falls_back_to_cpu(no_cann_env, tmp_path):
+def test_auto_without_cann_falls_back_to_cpu_and_says_why(no_cann_env, tmp_path):
     done = hwbench(["devices"], no_cann_env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--device auto uses cpu" in done.stdout
+    assert f"passed over npu: CANN runtime not found: libhccl.so (source {SET_ENV})" in done.stdout
+
+
+def test_auto_run_without_cann_records_and_prints_the_npu_it_passed_over(no_cann_env, tmp_path):
+    """A CPU figure must not pass for the NPU's: the run says, and its result records, why auto chose the CPU."""
+    out = tmp_path / "out"
+    done = hwbench(["run", "--device", "auto", "--model", "tiny", "--steps", "2", "--warmup", "1", "--eval-iters",
+                    "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reason = f"npu: CANN runtime not found: libhccl.so (source {SET_ENV})"
+    assert f"hwbench: note: --device auto passed over {reason}; this run used the cpu" in done.stderr
+    (result_file,) = out.glob("*.json")
+    device = json.loads(result_file.read_text())["device"]
+    assert device["backend"] == "cpu" and device["auto_passed_over"] == [reason]
+
+
+def test_auto_on_a_machine_without_accelerator_software_passes_over_nothing(tmp_path):
+    from hwbench.device import select_backend
+
+    assert importlib.util.find_spec("torch_npu") is None  # this test's premise: a plain CPU machine
+    backend = select_backend("auto")
+    assert backend.name == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert backend.passed_over == ()
 
 
 # --- case 2: a CUDA build of torch with torch_npu installed --------------------

@@ -15,7 +15,7 @@ def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from hwbench.catalog import load_catalog
-    from hwbench.device import detect_device, select_backend
+    from hwbench.device import select_backend
     from hwbench.units import GIB
 
     rows = []
@@ -24,8 +24,9 @@ def main(args: argparse.Namespace) -> int:
         memory = f"{entry.memory_bytes / GIB:g} GiB" if entry.memory_bytes else "from device"
         rows.append([entry.name, entry.backend, entry.title, memory, peaks])
     print(tabulate(rows, headers=["entry", "backend", "model", "memory", "peak TFLOP/s (dense)"]))
-    detected = detect_device()
-    backend = select_backend(detected)
+    backend = select_backend("auto")
     names = ", ".join(backend.device_names())
-    print(f"\nThis machine: --device auto uses {detected} ({backend.device_count()} x {names})")
+    print(f"\nThis machine: --device auto uses {backend.name} ({backend.device_count()} x {names})")
+    for reason in backend.passed_over:
+        print(f"  passed over {reason}")
     return 0

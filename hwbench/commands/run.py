@@ -117,6 +117,9 @@ def main(args: argparse.Namespace) -> int:
         from hwbench.harness.worker import run_point
 
         result = run_point(spec, catalog, show_progress=not args.quiet)
+    for reason in (result.device or {}).get("auto_passed_over") or ():
+        print(f"hwbench: note: --device auto passed over {reason}; this run used the "
+              f"{(result.device or {}).get('backend')}", file=sys.stderr)
     from hwbench.harness.sweep import SWEEP_ENV
     from hwbench.results import store_result
 

@@ -1,7 +1,11 @@
 """The device layer: the only part of hwbench that names a vendor.
 
 ``select_backend("auto" | "cpu" | "cuda" | "npu")`` returns a Backend; auto
-prefers an NPU, then a CUDA GPU, then the CPU.
+prefers an NPU, then a CUDA GPU, then the CPU. An accelerator whose software is
+installed but unusable (torch_npu without CANN sourced, a CUDA build of torch
+whose driver sees no GPU) is passed over, and the Backend auto chose keeps the
+reasons in ``passed_over``: the result records them and ``hwbench run`` prints
+them, so a CPU figure is never taken for an accelerator's by mistake.
 """
 
 from __future__ import annotations
@@ -31,8 +35,15 @@ def select_backend(requested: str) -> "Backend":
     """The backend for ``--device``; SetupError when the machine lacks it."""
     if requested not in DEVICE_CHOICES:
         raise UsageError(f"--device {requested!r} is not known; accepted: {', '.join(DEVICE_CHOICES)}")
+    passed_over: tuple[str, ...] = ()
     if requested == "auto":
-        requested = detect_device()
+        requested, passed_over = detect_device_explained()
+    backend = _construct(requested)
+    backend.passed_over = passed_over
+    return backend
+
+
+def _construct(requested: str) -> "Backend":
     if requested == "npu":
         from hwbench.device.npu import NpuBackend
 
@@ -47,14 +58,23 @@ def select_backend(requested: str) -> "Backend":
 
 
 def detect_device() -> str:
+    """The device kind --device auto uses on this machine."""
+    return detect_device_explained()[0]
+
+
+def detect_device_explained() -> tuple[str, tuple[str, ...]]:
+    """(the kind auto uses, why each accelerator whose software is installed was passed over)."""
     from hwbench.device.cuda import CudaBackend
     from hwbench.device.npu import NpuBackend
 
-    if NpuBackend.available():
-        return "npu"
-    if CudaBackend.available():
-        return "cuda"
-    return "cpu"
+    passed_over: list[str] = []
+    for kind, backend in (("npu", NpuBackend), ("cuda", CudaBackend)):
+        reason = backend.unavailable_reason()
+        if reason is None:
+            return kind, tuple(passed_over)
+        if backend.installed():
+            passed_over.append(f"{kind}: {reason}")
+    return "cpu", tuple(passed_over)
 
 
-__all__ = ["Backend", "DEVICE_CHOICES", "MemoryStats", "PRECISION_DTYPES", "detect_device", "select_backend"]
+__all__ = ["Backend", "DEVICE_CHOICES", "MemoryStats", "PRECISION_DTYPES", "detect_device", "detect_device_explained", "select_backend"]

@@ -102,6 +102,7 @@ class Backend(abc.ABC):
     dist_backend: str  # process-group backend: gloo, nccl, hccl
     deepspeed_accelerator: str  # the DS_ACCELERATOR value that matches
     simulated: bool = False  # True when a stand-in replaces the vendor runtime
+    passed_over: tuple[str, ...] = ()  # set by --device auto: installed accelerators it could not use, and why
     # dtype the engines reduce each gradient's norm in (None: torch's get_total_norm as is)
     grad_norm_dtype: torch.dtype | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -32,8 +33,21 @@ class CudaBackend(AcceleratorBackend):
         super().__init__(torch.cuda)
 
     @staticmethod
-    def available() -> bool:
-        return torch.version.cuda is not None and torch.cuda.is_available()
+    def installed() -> bool:
+        """A CUDA build of torch on a machine with the NVIDIA driver loaded: a GPU machine."""
+        return torch.version.cuda is not None and os.path.exists("/proc/driver/nvidia/version")
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """None when torch sees a CUDA device; otherwise why not."""
+        if torch.version.cuda is None:
+            return f"this torch build ({torch.__version__}) has no CUDA support"
+        try:
+            if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+                return None
+        except Exception as error:  # a broken driver raises from is_available on some versions
+            return f"CUDA failed: {type(error).__name__}: {error}"
+        return "torch sees no CUDA device (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES)"
 
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
         device = super().prepare_process(local_rank, local_world_size)

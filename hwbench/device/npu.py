@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import importlib.util
 import os
 import re
 from typing import Any
@@ -114,12 +115,22 @@ class NpuBackend(AcceleratorBackend):
             )
 
     @staticmethod
-    def available() -> bool:
+    def installed() -> bool:
+        """torch_npu is installed (usable or not): an Ascend machine, or one meant to be."""
+        return importlib.util.find_spec("torch_npu") is not None
+
+    @staticmethod
+    def unavailable_reason() -> str | None:
+        """None when torch_npu imports and sees an NPU; otherwise why not."""
         try:
             import_torch_npu()
-            return int(torch.npu.device_count()) > 0
-        except Exception:  # any driver or runtime trouble: auto moves on to the next device
-            return False
+            if int(torch.npu.device_count()) > 0:
+                return None
+            return "torch_npu sees no NPU (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
+        except SetupError as error:
+            return str(error).removeprefix("--device npu: ")
+        except Exception as error:  # any driver or runtime trouble, named
+            return f"torch_npu failed: {type(error).__name__}: {error}"
 
     def _set_device(self, local_rank: int) -> torch.device:
         self.local_index = local_rank
