@@ -30,23 +30,42 @@ def _points(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return points
 
 
+def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, list[dict[str, Any]]]]]:
+    """(the categories: layout, devices and precision of each point, in order; for each device
+    model, the runs of each of its categories). A chart then has one series (colour, legend
+    entry) per device model, so two devices never share a bar's label."""
+    categories: list[str] = []
+    by_device: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    ordered = sorted(rows, key=lambda r: (r["devices_charged"], r["world_size"], r["layout"], str(r["precision"])))
+    for row in ordered:
+        category = (f"{row['layout']}\n{row['devices_charged']} device(s), {row['precision']}"
+                    + ("\noversubscribed" if row["oversubscribed"] is True else ""))
+        if category not in categories:
+            categories.append(category)
+        device = str(row["device_model"]) + (" [simulated]" if row.get("simulated") else "")
+        by_device.setdefault(device, {}).setdefault(category, []).append(row)
+    return categories, by_device
+
+
 def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
-    """tokens/s per device charged of each point (the median of its repeats; hover: every run)."""
-    points = [runs for runs in _points([r for r in rows if r.get("tokens_per_s_per_device_charged")]).values()]
-    if not points:
+    """tokens/s per device charged of each point (the median of its repeats; hover: every run),
+    one series per device model."""
+    rows = [r for r in rows if r.get("tokens_per_s_per_device_charged")]
+    if not rows:
         return None
-    points.sort(key=lambda runs: (str(runs[0]["device_model"]), runs[0]["world_size"], runs[0]["layout"]))
-    labels, values, texts = [], [], []
-    for runs in points:
-        figures = [r["tokens_per_s_per_device_charged"] for r in runs]
-        first = runs[0]
-        labels.append(f"{first['layout']}\n{first['precision']}, {first['devices_charged']} device(s)"
-                      + ("\noversubscribed" if first["oversubscribed"] is True else ""))
-        values.append(statistics.median(figures))
-        texts.append(f"{run_label(first)}: median {statistics.median(figures):,.1f} tokens/s per device over "
-                     f"{len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures))
+    categories, by_device = _by_device(rows)
+    series = []
+    for device, runs_by_category in sorted(by_device.items()):
+        values, texts = [], []
+        for category in categories:
+            figures = [r["tokens_per_s_per_device_charged"] for r in runs_by_category.get(category, [])]
+            values.append(statistics.median(figures) if figures else None)
+            texts.append(f"{device}, {category.replace(chr(10), ', ')}: median {statistics.median(figures):,.1f} "
+                         f"tokens/s per device over {len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures)
+                         if figures else "")
+        series.append((device, values, texts))
     return bar_chart(f"{model}: throughput per device charged", "tokens/s per device (median of repeats)",
-                     labels, [("tokens/s per device", values, texts)])
+                     categories, series)
 
 
 def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
@@ -75,17 +94,23 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
 
 
 def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """Measured peak, planner prediction and capacity per device of each point (the highest
+    over its repeats), one group of bars per point and device model."""
     rows = [r for r in rows if r.get("peak_bytes") is not None or r.get("predicted_peak_bytes") is not None]
     if not rows:
         return None
-    rows = sorted(rows, key=lambda r: (str(r["device_model"]), r["world_size"], r["layout"]))[:12]
-    labels = [f"{r['layout']}\n{r['precision']}\n{r['run_id'][-6:]}" for r in rows]
+    categories, by_device = _by_device(rows)
+    groups = [(device, category, runs) for device, found in sorted(by_device.items())
+              for category, runs in found.items()][:12]
+    labels = [f"{device[:22]}\n{category}" for device, category, _ in groups]
     series = []
     for key, name in (("peak_bytes", "measured peak"), ("predicted_peak_bytes", "predicted (planner)"),
                       ("capacity_bytes", "capacity")):
-        values = [None if r.get(key) is None else r[key] / GIB for r in rows]
-        series.append((name, values, [f"{run_label(r)} ({r['run_id']}): {name} "
-                                      + ("-" if v is None else f"{v:,.3f} GiB") for r, v in zip(rows, values)]))
+        values = [max((r[key] for r in runs if r.get(key) is not None), default=None) for _, _, runs in groups]
+        values = [None if v is None else v / GIB for v in values]
+        series.append((name, values, [f"{device}, {category.replace(chr(10), ', ')}: {name} "
+                                      + ("-" if v is None else f"{v:,.3f} GiB")
+                                      for (device, category, _), v in zip(groups, values)]))
     return bar_chart(f"{model}: peak memory per device", "GiB per device", labels, series)
 
 

@@ -11,8 +11,8 @@ import html
 import math
 from typing import Sequence
 
-WIDTH, HEIGHT = 760, 380
-LEFT, RIGHT, TOP, BOTTOM = 78, 230, 40, 78  # the legend sits in the right margin
+WIDTH, HEIGHT = 960, 400
+LEFT, RIGHT, TOP, BOTTOM = 78, 300, 40, 84  # the legend sits in the right margin
 COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e", "#d57dbf", "#7f7f7f", "#bcbc35",
           "#42b4c6")
 
@@ -70,7 +70,7 @@ def _legend(names: list[tuple[str, str, bool]]) -> list[str]:
                      f'<title>click to hide or show: {_e(name)}</title>'
                      f'<line x1="{WIDTH - RIGHT + 12}" x2="{WIDTH - RIGHT + 32}" y1="{y}" y2="{y}" stroke="{color}" '
                      f'stroke-width="3"{dash}/><text x="{WIDTH - RIGHT + 38}" y="{y + 4}" font-size="11">'
-                     f'{_e(name[:34] + ("…" if len(name) > 34 else ""))}</text></g>')
+                     f'{_e(name[:46] + ("…" if len(name) > 46 else ""))}</text></g>')
     return parts
 
 
@@ -135,8 +135,9 @@ def bar_chart(title: str, y_label: str, categories: Sequence[str], series: Seque
                 continue
             x = LEFT + slot * index + slot * 0.1 + width * number
             parts.append(f'<rect x="{x:.1f}" y="{y_of(value):.1f}" width="{width:.1f}" '
-                         f'height="{HEIGHT - BOTTOM - y_of(value):.1f}" fill="{color}"><title>{_e(text)}</title></rect>'
-                         f'<text x="{x + width / 2:.1f}" y="{y_of(value) - 3:.1f}" font-size="10" '
-                         f'text-anchor="middle">{_label(value)}</text>')
+                         f'height="{HEIGHT - BOTTOM - y_of(value):.1f}" fill="{color}"><title>{_e(text)}</title></rect>')
+            if width >= 26:  # a value label only where it fits above its bar; the hover title always has it
+                parts.append(f'<text x="{x + width / 2:.1f}" y="{y_of(value) - 3:.1f}" font-size="10" '
+                             f'text-anchor="middle">{_label(value)}</text>')
         parts.append("</g>")
     return "\n".join(parts + _legend(legend) + ["</svg>"])
