@@ -143,7 +143,8 @@ def _published_candidates(published: pd.DataFrame | None, model: str, prices: di
         cost = cost_per_million_tokens(price, int(pub.devices), pub.samples_per_s * pub.seq_length)
         source = f"; priced as catalog {entry}" if entry else ""
         candidates.append(Candidate(
-            device=f"published {pub.name} ({pub.device_class or 'device not named'}, Table {pub.table}{source})",
+            device=f"published {pub.name} ({pub.device_class or 'device not named'}, {pub.precision or '?'}, "
+                   f"Table {pub.table}{source})",
             point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}", devices=int(pub.devices),
             per_device=[per_device], costs=[cost] if cost is not None else [], energy=[], price=price,
             price_why=why, fit=fit_scaling([]), energy_why="not published", published=True))
@@ -206,11 +207,12 @@ def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
 
 
 def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
-    if len(measured) < 2:
-        name = measured[0].device if measured else "no device"
+    if not measured:
+        lines = ["No device was measured for this workload: the published rows are compared with each other."]
+    elif len(measured) < 2:
         against = "compared with the published rows only" if published else "and no published row exists for it"
-        lines = [f"Only one device model was measured for this workload ({name}): no measured comparison, "
-                 f"{against}."]
+        lines = [f"Only one device model was measured for this workload ({measured[0].device}): no measured "
+                 f"comparison, {against}."]
     else:
         lines = [_faster(measured), _cheaper(measured)]
     if measured and published:
@@ -267,9 +269,15 @@ def _against_published(measured: list[Candidate], published: list[Candidate]) ->
 
 def _published_only(published: list[Candidate]) -> str:
     ranked = sorted(published, key=lambda c: c.median, reverse=True)
-    return (f"On the published figures alone, {ranked[0].device} has {ranked[0].median / ranked[1].median:.2f}x "
-            f"the tokens/s per device of {ranked[1].device}; one figure each, no repeats: no confidence can be "
-            "stated.")
+    faster = (f"On the published figures alone, {ranked[0].device} has {ranked[0].median / ranked[1].median:.2f}x "
+              f"the tokens/s per device of {ranked[1].device}; one figure each, no repeats: no confidence can be "
+              "stated.")
+    unpriced = [c for c in published if not c.costs]
+    if unpriced:
+        return faster + f" Cheaper: cannot say: {unpriced[0].price_why}."
+    cheap = sorted(published, key=lambda c: c.costs[0])
+    return faster + (f" Cheaper on the published figures: {cheap[0].device}, ${cheap[0].costs[0]:,.4g} per million "
+                     f"tokens against ${cheap[1].costs[0]:,.4g} (one figure each: no confidence).")
 
 
 def _fit_tables(measured: list[Candidate]) -> list[tuple]:
