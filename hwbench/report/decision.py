@@ -93,7 +93,7 @@ def _workloads(runs: pd.DataFrame, published: pd.DataFrame | None) -> list[tuple
 
 
 def _budget(rows: pd.DataFrame, model: str, tokens: float | None) -> tuple[float | None, str]:
-    parameters = next((r for r in rows["parameters"] if is_number(r)), None) if not rows.empty else None
+    parameters = min((r for r in rows["parameters"] if is_number(r)), default=None) if not rows.empty else None
     if parameters is None and tokens is None:
         from hwbench.catalog import load_catalog
         from hwbench.workload.params import count_parameters

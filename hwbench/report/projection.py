@@ -37,6 +37,7 @@ def scaling_fits(rows: Iterable[dict[str, Any]]) -> dict[tuple, ScalingFit]:
 def apply_projections(rows: list[dict[str, Any]], fits: dict[tuple, ScalingFit], devices: int) -> None:
     """Adds to each row the tokens/s, days and cost projected to ``devices`` devices for its token
     budget, and the sentence of the scaling assumption."""
+    _one_budget_per_model(rows)
     for row in rows:
         fit = fits.get(group_key(row))
         tps = number(row["tokens_per_s"])
@@ -49,3 +50,17 @@ def apply_projections(rows: list[dict[str, Any]], fits: dict[tuple, ScalingFit],
         row["projected_tokens_per_s"], row["projected_days"], row["projected_cost_usd"] = projected, days, cost
         row["projection_basis"] = fit.assumption(devices) if fit.points else \
             f"projected linearly from this run's {row['devices_charged']} device(s) (not in a scaling fit)"
+
+
+def _one_budget_per_model(rows: list[dict[str, Any]]) -> None:
+    """Runs of one model at TP > 1 count a few more parameters (the vocabulary is padded to a
+    multiple of 128 x TP): the default budget is that of the smallest count, the same for every run."""
+    smallest: dict[Any, tuple[float, str]] = {}
+    for row in rows:
+        if number(row["token_budget"]) is not None and row["token_budget_basis"] != "--tokens":
+            key = row["model"]
+            if key not in smallest or row["token_budget"] < smallest[key][0]:
+                smallest[key] = (row["token_budget"], row["token_budget_basis"])
+    for row in rows:
+        if row["model"] in smallest and row["token_budget_basis"] != "--tokens":
+            row["token_budget"], row["token_budget_basis"] = smallest[row["model"]]

@@ -149,15 +149,23 @@ def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> S
     table = Table(["run", "device", "devices charged", "tokens/s per device", "J/token", "avg power",
                    "price/device-h", "$ per 1M tokens", "token budget", f"days on {devices}", "projected cost",
                    "scaling"], [])
+    footnotes: list[str] = []  # the devices-charged and scaling bases, each said once under the table
     for _, run in runs[runs["status"] == "ok"].iterrows():
-        table.rows.append(_procurement_row(run))
+        table.rows.append(_procurement_row(run, footnotes))
     section.blocks.append(("table", table))
+    section.blocks += [("p", f"[{index}] {text}.") for index, text in enumerate(footnotes, start=1)]
     if notes:
         section.blocks.append(("list", notes))
     return section
 
 
-def _procurement_row(run: pd.Series) -> list[str]:
+def _footnote(text: str, footnotes: list[str]) -> str:
+    if text not in footnotes:
+        footnotes.append(text)
+    return f"[{footnotes.index(text) + 1}]"
+
+
+def _procurement_row(run: pd.Series, footnotes: list[str]) -> list[str]:
     energy = fmt(run["energy_per_token_j"], 4) + " J" if is_number(run["energy_per_token_j"]) \
         else f"not measured: {run['energy_reason']}"
     power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
@@ -168,9 +176,10 @@ def _procurement_row(run: pd.Series) -> list[str]:
     projected = f"${run['projected_cost_usd']:,.0f}" if is_number(run["projected_cost_usd"]) else "no price"
     marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
     budget = tokens_text(run["token_budget"]) if is_number(run["token_budget"]) else "-"
-    return [run["run_id"] + marked, device_text(run), f"{run['devices_charged']} ({run['devices_charged_basis']})",
+    return [run["run_id"] + marked, device_text(run),
+            f"{run['devices_charged']} {_footnote(run['devices_charged_basis'], footnotes)}",
             fmt(run["tokens_per_s_per_device_charged"], 1), energy, power, price, cost, budget,
-            fmt(run["projected_days"], 2), projected, run["projection_basis"]]
+            fmt(run["projected_days"], 2), projected, _footnote(run["projection_basis"], footnotes)]
 
 
 def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
