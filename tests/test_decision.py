@@ -193,3 +193,30 @@ def test_published_tables_alone(tmp_path):
     days = 20 * 354_871_296 / (37.8 * 1024) / 86400  # 8 devices, the published count: no scaling needed
     assert f"| {fmt(days, 2)} " in decision
     assert math.isfinite(days)
+
+
+def test_html_renders_offline_in_chromium_and_a_legend_click_hides_its_series(pair, tmp_path):
+    """The page is opened in headless Chromium (a few seconds): no script error, the charts are
+    in the DOM, and a click on a legend entry hides that series (the click is sent by a script
+    appended to the page for the test)."""
+    import re
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed: the HTML report is not rendered")
+    page = tmp_path / "report.html"
+    assert run_command("report", [str(pair), "--format", "html", "--out", str(page)]) == 0
+    click = ('<script>document.querySelector("svg.chart g.legend").dispatchEvent(new MouseEvent("click"));'
+             "</script></body>")
+    page.write_text(page.read_text().replace("</body>", click))
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Uncaught" not in done.stderr
+    dom = done.stdout
+    assert len(re.findall(r'<svg class="chart"', dom)) == 4  # tiny: throughput, scaling, memory, loss
+    first = re.search(r'<g class="legend([^"]*)" data-series="([^"]*)"', dom)
+    assert first.group(1) == " off"
+    assert re.search(rf'<g data-series="{re.escape(first.group(2))}" class="hidden">', dom)
