@@ -220,3 +220,12 @@ def test_html_renders_offline_in_chromium_and_a_legend_click_hides_its_series(pa
     first = re.search(r'<g class="legend([^"]*)" data-series="([^"]*)"', dom)
     assert first.group(1) == " off"
     assert re.search(rf'<g data-series="{re.escape(first.group(2))}" class="hidden">', dom)
+
+
+def test_json_carries_the_decision(pair):
+    data = json.loads(report(str(pair), "--format", "json"))
+    texts = [block["text"] for block in data["decision"] if "text" in block]
+    assert any(text.startswith("Faster: NVIDIA H100 80GB HBM3, 2.00x") for text in texts)
+    table = next(block["table"] for block in data["decision"] if "table" in block)
+    assert {row["device"]: row["ratio to fastest"] for row in table} == {
+        "NVIDIA A100-SXM4-40GB": "0.500", "NVIDIA H100 80GB HBM3": "1.000"}
