@@ -8,8 +8,10 @@ import sys
 
 from hwbench.errors import UsageError
 
-DESCRIPTION = ("Report result files (files or folders) against the published tables: throughput, per-device "
-               "normalisation, memory, cost and energy per token, convergence and environment.")
+DESCRIPTION = ("Report result files (files or folders) against the published tables: first a decision (the faster "
+               "and the cheaper device per workload, with the confidence the repeats give, time and cost to train), "
+               "then throughput, per-device normalisation, memory, cost and energy per token, convergence and "
+               "environment. No RESULTS: the published tables alone.")
 FORMATS = ("md", "html", "csv", "json")
 DEFAULT_PROJECTION_DEVICES = 8
 

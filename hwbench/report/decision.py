@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.report.cells import fmt, is_number, number, tokens_text
+from hwbench.report.cells import fmt, is_number, tokens_text
 from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
 from hwbench.report.document import Section, Table
@@ -89,7 +89,7 @@ def _workloads(runs: pd.DataFrame, published: pd.DataFrame | None) -> list[tuple
                                       .drop_duplicates().itertuples(index=False)]
     if measured or published is None:
         return sorted(measured)
-    return sorted({(row.model, row.precision or "fp16") for row in published.itertuples()})
+    return sorted({(row.model, row.precision or "precision not published") for row in published.itertuples()})
 
 
 def _budget(rows: pd.DataFrame, model: str, tokens: float | None) -> tuple[float | None, str]:

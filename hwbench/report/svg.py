@@ -104,13 +104,14 @@ def line_chart(title: str, x_label: str, y_label: str, series: Sequence[Series],
         parts.append(f'<g data-series="{_e(s.name)}"><polyline points="{path}" fill="none" stroke="{color}" '
                      f'stroke-width="2"{dash}/>')
         if s.markers:
-            parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="4" fill="{color}"><title>{_e(text)}</title>'
-                      "</circle>" for x, y, text in s.points]
+            parts += [f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="4" fill="{color}">'
+                      f"<title>{_e(text)}</title></circle>" for x, y, text in s.points]
         parts.append("</g>")
     return "\n".join(parts + _legend(legend) + ["</svg>"])
 
 
-def bar_chart(title: str, y_label: str, categories: Sequence[str], series: Sequence[tuple[str, list, list[str]]]) -> str:
+def bar_chart(title: str, y_label: str, categories: Sequence[str],
+              series: Sequence[tuple[str, list, list[str]]]) -> str:
     """Grouped bars: each series is (name, values (None: no bar), hover texts), one value per category."""
     values = [v for _, vs, _ in series for v in vs if v is not None]
     ticks_y = _ticks(0.0, max(values or [1.0]) * 1.08)
@@ -135,7 +136,8 @@ def bar_chart(title: str, y_label: str, categories: Sequence[str], series: Seque
                 continue
             x = LEFT + slot * index + slot * 0.1 + width * number
             parts.append(f'<rect x="{x:.1f}" y="{y_of(value):.1f}" width="{width:.1f}" '
-                         f'height="{HEIGHT - BOTTOM - y_of(value):.1f}" fill="{color}"><title>{_e(text)}</title></rect>')
+                         f'height="{HEIGHT - BOTTOM - y_of(value):.1f}" fill="{color}">'
+                         f'<title>{_e(text)}</title></rect>')
             if width >= 26:  # a value label only where it fits above its bar; the hover title always has it
                 parts.append(f'<text x="{x + width / 2:.1f}" y="{y_of(value) - 3:.1f}" font-size="10" '
                              f'text-anchor="middle">{_label(value)}</text>')
