@@ -229,3 +229,19 @@ def test_json_carries_the_decision(pair):
     table = next(block["table"] for block in data["decision"] if "table" in block)
     assert {row["device"]: row["ratio to fastest"] for row in table} == {
         "NVIDIA A100-SXM4-40GB": "0.500", "NVIDIA H100 80GB HBM3": "1.000"}
+
+
+def test_cpu_energy_of_one_socket_covers_its_ranks(tmp_path):
+    """RAPL telemetry of a 2-rank CPU run reads one socket: with devices_used 1 it covers the run
+    (telemetry in the shape of GPU telemetry, set by hand: this machine exposes no RAPL counter)."""
+    cpu = {"backend": "cpu", "device_model": "AMD EPYC", "catalog_entry": None, "price_usd_per_hour": None}
+    data = result("20261121T000000Z-tiny-cpu-rapl", cpu, 2, 900, 1, devices_used=1,
+                  devices_used_basis="1 CPU socket (2 ranks)")
+    data["metrics"]["telemetry"] = {"source": "rapl", "available": True, "energy_j": 300.0,
+                                    "power_w_mean_total": 60.0,
+                                    "devices": [{"index": 0, "energy_j": 300.0, "power_w_mean": 60.0}]}
+    row = json.loads(report(str(write(tmp_path / "rapl", data)), "--format", "json"))["runs"][0]
+    spec = data["spec"]
+    assert row["energy_per_token_j"] == pytest.approx(300.0 / (spec["global_batch_size"] * spec["seq_length"]
+                                                               * data["metrics"]["timed_steps"]))
+    assert row["devices_charged_basis"] == "1 CPU socket (2 ranks)"

@@ -59,7 +59,9 @@ def training_time_and_cost(tokens: float | None, tokens_per_s: float | None, dev
 
 
 def measured_energy(result: RunResult, world: int) -> tuple[float | None, float | None, str | None]:
-    """(energy J over the telemetry window, mean power W summed over devices, why energy is missing)."""
+    """(energy J over the telemetry window, mean power W summed over devices, why energy is missing).
+    ``world``: the devices the telemetry must cover (the devices charged: one CPU socket reads for
+    all the ranks on it)."""
     metrics = result.metrics or {}
     telemetry = metrics.get("telemetry")
     if not telemetry or not telemetry.get("available"):
@@ -103,7 +105,7 @@ def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str
     figures["price_source"] = price.source if price else why
     figures["price_date"] = price.date if price else None
     figures["cost_per_million_tokens_usd"] = cost_per_million_tokens(price, charged, tps)
-    energy, power, energy_reason = measured_energy(result, row["world_size"]) if result.status == "ok" \
+    energy, power, energy_reason = measured_energy(result, charged) if result.status == "ok" \
         else (None, None, f"status {result.status}")
     steps = row["timed_steps"]
     timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) if steps and row["seq_length"] else None
