@@ -245,3 +245,25 @@ def test_cpu_energy_of_one_socket_covers_its_ranks(tmp_path):
     assert row["energy_per_token_j"] == pytest.approx(300.0 / (spec["global_batch_size"] * spec["seq_length"]
                                                                * data["metrics"]["timed_steps"]))
     assert row["devices_charged_basis"] == "1 CPU socket (2 ranks)"
+
+
+def test_a_catalog_price_needs_its_source_and_date(tmp_path, monkeypatch):
+    from hwbench.catalog import CatalogError, load_catalog
+
+    entry = (REPO / "hwbench" / "catalogs" / "devices" / "h100-sxm.yaml").read_text()
+    (tmp_path / "devices").mkdir()
+    mine = tmp_path / "devices" / "h100-sxm.yaml"
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    mine.write_text("\n".join(line for line in entry.splitlines() if not line.startswith("price_source")) + "\n")
+    with pytest.raises(CatalogError, match="price_source must be given with price_date"):
+        load_catalog()
+    mine.write_text(entry.replace("price_date: '2026-08-26'", "price_date: 'last week'"))
+    with pytest.raises(CatalogError, match="price_date must be a date written YYYY-MM-DD"):
+        load_catalog()
+    monkeypatch.delenv("HWBENCH_CATALOG_PATH")
+    # every shipped entry has a price with its source and date, or says why it has none
+    for name, device in load_catalog().devices.items():
+        if device.price_usd_per_hour is None:
+            assert device.price_unavailable, name
+        else:
+            assert device.price_source and "$" in device.price_source and device.price_date, name
