@@ -142,9 +142,9 @@ def load_results(paths: Iterable[str | Path]):
 
 
 def report(paths: Iterable[str | Path], *, format: str = "md", against: str | Path | None = None,
-           prices: Mapping[str, float] | None = None, tokens: float = 300e9, projection_devices: int = 8) -> str:
+           prices: Mapping[str, float] | None = None, tokens: float | None = None, projection_devices: int = 8) -> str:
     """The `hwbench report` document as text (md, csv, json or html). The files that
-    could not be read are listed in it."""
+    could not be read are listed in it. ``tokens`` None: 20 tokens per parameter of each model."""
     from hwbench.report.build import make_report
 
     text, _skipped = make_report([str(p) for p in paths], format, against,

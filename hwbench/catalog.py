@@ -41,7 +41,10 @@ class DeviceModel:
     interconnect: str | None
     peak_flops: dict[str, float | None]
     peak_flops_source: str | None
-    price_usd_per_hour: float | None
+    price_usd_per_hour: float | None  # USD per device-hour
+    price_source: str | None  # provider, instance and where the figure was read
+    price_date: str | None  # the date of the figure (YYYY-MM-DD)
+    price_unavailable: str | None  # why there is no price
     path: str
 
     def peak(self, precision: str) -> tuple[float | None, str | None]:
@@ -206,10 +209,27 @@ def _device_from(path: Path) -> DeviceModel:
         peak_flops={p: peaks.number(p, optional=True, minimum=1.0) for p in PRECISIONS},
         peak_flops_source=f.text("peak_flops_source", optional=True),
         price_usd_per_hour=f.number("price_usd_per_hour", optional=True),
+        price_source=f.text("price_source", optional=True),
+        price_date=_price_date(f),
+        price_unavailable=f.text("price_unavailable", optional=True),
         path=str(path),
     )
     f.no_unknown_fields()
+    if device.price_usd_per_hour is not None and not (device.price_source and device.price_date):
+        raise f._fail("price_source", "given with price_date wherever price_usd_per_hour is (where the price comes "
+                                      "from and when)")
     return device
+
+
+def _price_date(f: _Fields) -> str | None:
+    """price_date as YYYY-MM-DD text (YAML reads an unquoted date as a date)."""
+    value = f.get("price_date")
+    if value is None:
+        return None
+    text = str(value)
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        raise f._fail("price_date", "a date written YYYY-MM-DD")
+    return text
 
 
 def _workload_from(path: Path) -> Workload:

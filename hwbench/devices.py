@@ -63,6 +63,8 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "memory_capacity_bytes": capacity,
         "tdp_watts": entry.tdp_watts if entry else None,
         "price_usd_per_hour": entry.price_usd_per_hour if entry else None,
+        "price_source": entry.price_source if entry else None,
+        "price_date": entry.price_date if entry else None,
         "tuning": backend.tuning,
         "auto_passed_over": list(backend.passed_over) or None,
     }

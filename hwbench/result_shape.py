@@ -138,7 +138,7 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
           "torch_device": TEXT, "simulated": Nullable(bool), "catalog_entry": TEXT, "catalog_path": TEXT,
           "peak_flops": RATE, "peak_flops_precision": TEXT, "peak_flops_source": TEXT,
           "peak_flops_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
-          "price_usd_per_hour": RATE, "tuning": Nullable(MapOf(Anything)),
+          "price_usd_per_hour": RATE, "price_source": TEXT, "price_date": TEXT, "tuning": Nullable(MapOf(Anything)),
           "auto_passed_over": Nullable(ListOf(str))}
 ENVIRONMENT = {"device_models": Nullable(ListOf(str)), "device_count": Nullable(COUNT), "host": TEXT,
                "backend": TEXT, "simulated": Nullable(bool), "cpu_cores_usable": Nullable(COUNT),

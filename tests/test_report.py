@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -173,10 +175,19 @@ def test_cost_energy_and_projection_by_hand(data):
     assert a["energy_j"] == 2000 and a["timed_tokens"] == 4 * 16 * 1024
     assert a["energy_per_token_j"] == pytest.approx(2000 / 65536)
     assert a["power_w_mean"] == 800
-    # 300e9 tokens on 8 devices at tokens/s per device, linear scaling
-    days = 300e9 / (tokens_per_s / 2 * 8) / 86400
+    # the default budget: 20 tokens per parameter (Hoffmann et al. 2022) of the 345m fixture's 354,871,296
+    budget = 20 * 354_871_296
+    assert a["token_budget"] == budget and "20 tokens per parameter" in a["token_budget_basis"]
+    # 345m on the H100 was measured at 1 device (d: 8 samples/s) and 2 (a: 14.925): the fitted slope of
+    # log2 tokens/s on log2 devices is log2(14.925 / 8), and a is projected from 2 to 8 devices with it
+    slope = math.log2(14.925 / 8)
+    projected = tokens_per_s * (8 / 2) ** slope
+    days = budget / projected / 86400
+    assert a["projected_tokens_per_s"] == pytest.approx(projected)
     assert a["projected_days"] == pytest.approx(days)
     assert a["projected_cost_usd"] == pytest.approx(2.5 * 8 * days * 24)
+    assert "fitted to 1, 2 devices (93% efficiency per doubling)" in a["projection_basis"]
+    assert 2 ** (slope - 1) == pytest.approx(0.9328, abs=1e-4)
     # b: price 0.36 USD/h from the result, 512 tokens/s on 1 CPU; no telemetry on the CPU
     b = _run(data, B)
     assert b["cost_per_million_tokens_usd"] == pytest.approx(0.1953125)
@@ -218,8 +229,19 @@ def test_html_is_self_contained_with_plots(tmp_path):
     text = out.read_text()
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in text
-    assert text.count('<img src="data:image/png;base64,') == 4  # throughput, scaling, memory, loss
-    assert "<style>" in text and "http://" not in text and "https://" not in text and "<script" not in text
+    # one chart per model and kind, inline SVG: 345m (throughput, scaling over 1 and 2 H100s, memory, loss),
+    # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot)
+    charts = re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', text)
+    assert sorted(charts) == sorted([
+        "345m: throughput per device charged", "345m: scaling with devices charged (oversubscribed runs left out)",
+        "345m: peak memory per device", "345m: training loss (warm-up steps included)",
+        "345m-nomp: throughput per device charged", "345m-nomp: peak memory per device",
+        "345m-nomp: training loss (warm-up steps included)", "tiny: throughput per device charged",
+        "tiny: peak memory per device", "tiny: training loss (warm-up steps included)"])
+    assert "<style>" in text and "<img" not in text
+    # offline: no resource is fetched (the SVG namespace is an identifier, not a request)
+    assert not re.search(r'(src|href)="https?://', text) and "@import" not in text
+    assert text.count("<script>") == 1 and "addEventListener" in text
     assert "<table>" in text
 
 

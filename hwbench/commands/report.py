@@ -8,24 +8,30 @@ import sys
 
 from hwbench.errors import UsageError
 
-DESCRIPTION = ("Report result files (files or folders) against the published tables: throughput, per-device "
-               "normalisation, memory, cost and energy per token, convergence and environment.")
+DESCRIPTION = ("Report result files (files or folders) against the published tables: first a decision (the faster "
+               "and the cheaper device per workload, with the confidence the repeats give, time and cost to train), "
+               "then throughput, per-device normalisation, memory, cost and energy per token, convergence and "
+               "environment. No RESULTS: the published tables alone.")
 FORMATS = ("md", "html", "csv", "json")
-DEFAULT_TOKENS = "300e9"
 DEFAULT_PROJECTION_DEVICES = 8
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
+    parser.add_argument("results", nargs="*", metavar="RESULTS",
+                        help="result files or folders (searched recursively); none: the published tables alone")
     parser.add_argument("--against", metavar="PATH", default=None,
                         help="published table (.csv) or folder of them (default: results/published of this checkout)")
     parser.add_argument("--format", choices=FORMATS, default="md", help="md (default), html, csv or json")
     parser.add_argument("--out", metavar="FILE", help="write the report here (default: standard output)")
     parser.add_argument("--price", action="append", default=[], metavar="DEVICE=USD/h",
                         help="price of one device per hour, by catalog entry name or device model; repeatable "
-                             "(overrides the price in the result and the catalog)")
-    parser.add_argument("--tokens", default=DEFAULT_TOKENS, metavar="N",
-                        help=f"tokens for the training projection (default: {DEFAULT_TOKENS})")
+                             "(overrides --prices, the price in the result and the catalog)")
+    parser.add_argument("--prices", metavar="FILE.yaml",
+                        help="your own prices: a YAML mapping of catalog entry or device model to USD per device-hour "
+                             "or to {usd_per_hour, source, date} (overrides the result's and the catalog's)")
+    parser.add_argument("--tokens", default=None, metavar="N",
+                        help="tokens of the training projection (default: 20 per parameter of each model, the "
+                             "compute-optimal budget of Hoffmann et al. 2022)")
     parser.add_argument("--projection-devices", "--devices", dest="projection_devices", type=int,
                         default=DEFAULT_PROJECTION_DEVICES, metavar="N",
                         help=f"devices of the projected training job (default: {DEFAULT_PROJECTION_DEVICES}; "
@@ -34,7 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.report.build import make_report
-    from hwbench.report.cost import parse_prices, parse_tokens
+    from hwbench.report.cost import parse_tokens
+    from hwbench.report.prices import load_price_file, parse_price_options
     from hwbench.results import check_output_file, write_text_atomic
 
     if args.out:
@@ -42,8 +49,9 @@ def main(args: argparse.Namespace) -> int:
     if args.projection_devices < 1:
         raise UsageError(f"--projection-devices {args.projection_devices} is not accepted; give a number of "
                          "devices >= 1")
-    text, skipped = make_report(args.results, args.format, args.against, parse_prices(args.price),
-                                parse_tokens(args.tokens), args.projection_devices)
+    prices = {**(load_price_file(args.prices) if args.prices else {}), **parse_price_options(args.price)}
+    tokens = None if args.tokens is None else parse_tokens(args.tokens)
+    text, skipped = make_report(args.results, args.format, args.against, prices, tokens, args.projection_devices)
     for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
         print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
     if args.out:

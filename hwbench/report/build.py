@@ -4,12 +4,15 @@ Formulas and sections are described in docs/reports.md."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from hwbench.report.against_published import match_published
+from hwbench.report.decision import decision_section
 from hwbench.report.document import Report
+from hwbench.report.prices import Price
+from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
 from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
@@ -18,20 +21,28 @@ from hwbench.results import RunResult
 
 def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
                  published: pd.DataFrame | None, published_note: str | None,
-                 prices: dict[str, float], tokens: float, devices: int, with_plots: bool = True) -> Report:
+                 prices: dict[str, Price], tokens: float | None, devices: int, with_plots: bool = True) -> Report:
     """The report of the ``loaded`` (result, file) pairs; ``skipped`` (file, reason) pairs are listed
-    in it; ``published`` is None when no tables were found (``published_note`` says why)."""
-    rows = [run_row(result, file, prices, tokens, devices) for result, file in loaded]
+    in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
+    None: each workload's budget is 20 tokens per parameter."""
+    rows = [run_row(result, file, prices, tokens) for result, file in loaded]
+    fits = scaling_fits(rows)
+    apply_projections(rows, fits, devices)
     runs = pd.DataFrame(rows, dtype=object)  # object: None stays None, integers stay integers
     comparison = match_published(runs, published)
     notes = unmatched_price_notes(runs, prices)
     warnings_found = environment_warnings(runs)
-    images = plot_images(rows, loaded) if with_plots else {}
+    images = plot_images(rows, loaded, fits) if with_plots else {}
+    decision = decision_section(runs, fits, published, prices, tokens, devices)
+    if runs.empty:  # the published tables alone
+        sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
+        return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
     sections = [
+        decision,
         runs_section(runs),
         published_section(runs, comparison, published, published_note),
         model_section(runs, images),
-        procurement_section(runs, tokens, devices, notes),
+        procurement_section(runs, devices, notes),
         convergence_section(runs, images),
         environment_section(runs, warnings_found),
         skipped_section(skipped),
@@ -39,25 +50,31 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
 
-def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, float]) -> list[str]:
-    """A note for each --price that names no run's device: most likely a typo."""
+def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[str]:
+    """A note for each --price or --prices entry that names no run's device: most likely a typo."""
+    if runs.empty:
+        return []
     known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {str(x).lower() for x in runs["device_model"].dropna()}
-    return [f"--price {key} matched no run's catalog entry or device model" for key in prices if key not in known]
+    return [f"{prices[key].source.split(' ')[0]} {key} matched no run's catalog entry or device model"
+            for key in prices if key not in known]
 
 
-def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]]) -> dict[str, bytes]:
-    """The plots of the ok runs as PNG bytes by key (throughput, scaling, memory, loss); a plot
-    with nothing to show is left out."""
-    from hwbench.report import plots  # matplotlib: only for the HTML report
+def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dict) -> dict[str, str]:
+    """The plots of the ok runs as SVG text by "kind:model" (throughput, scaling, memory, loss),
+    one chart per model; a plot with nothing to show is left out."""
+    from hwbench.report import plots
 
     ok = [r for r in rows if r["status"] == "ok"]
-    curves = {result.run_id: [(s["step"], s["loss"]) for s in result.steps if s.get("loss") is not None]
-              for result, _ in loaded if result.status == "ok"}
-    images: dict[str, bytes] = {}
-    for key, image in (("throughput", plots.throughput_by_layout(ok)), ("scaling", plots.scaling(ok)),
-                       ("memory", plots.memory(ok)), ("loss", plots.loss_curves(curves))):
-        if image is not None:
-            images[key] = image
+    results = {result.run_id: result for result, _ in loaded}
+    images: dict[str, str] = {}
+    for model in sorted({str(r["model"]) for r in ok}):
+        mine = [r for r in ok if str(r["model"]) == model]
+        curves = [(r, [(s["step"], s["loss"]) for s in results[r["run_id"]].steps if s.get("loss") is not None])
+                  for r in mine]
+        for kind, image in (("throughput", plots.throughput(model, mine)), ("scaling", plots.scaling(model, fits)),
+                            ("memory", plots.memory(model, mine)), ("loss", plots.loss_curves(model, curves))):
+            if image is not None:
+                images[f"{kind}:{model}"] = image
     return images
 
 
@@ -76,21 +93,25 @@ def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | No
     return None, "No published tables found (results/published); give --against PATH."
 
 
-def make_report(paths: Sequence[str], format: str, against: str | None, prices: dict[str, float], tokens: float,
-                projection_devices: int) -> tuple[str, list[tuple[str, str]]]:
-    """The report over the result files under ``paths`` as text in ``format`` (md, csv,
-    json, html), and the (file, reason) of each file left out. UsageError when no file
-    could be read."""
+def make_report(paths: Sequence[str], format: str, against: str | None, prices: Mapping[str, Any],
+                tokens: float | None, projection_devices: int) -> tuple[str, list[tuple[str, str]]]:
+    """The report over the result files under ``paths`` (none: the published tables alone) as
+    text in ``format`` (md, csv, json, html), and the (file, reason) of each file left out.
+    ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
+    no file could be read."""
     from hwbench.errors import UsageError
+    from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
     from hwbench.report.runs import load_inputs
 
     loaded, skipped = load_inputs(paths)
-    if not loaded:
+    if paths and not loaded:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
     published, note = published_tables(None if against is None else str(against))
-    report = build_report(loaded, skipped, published, note, prices, tokens, projection_devices,
+    if not loaded and published is None:
+        raise UsageError(f"RESULTS: none given and no published tables: {note}")
+    report = build_report(loaded, skipped, published, note, as_prices(prices), tokens, projection_devices,
                           with_plots=format == "html")
     if format == "html":
         from hwbench.report.html import render_html

@@ -59,7 +59,10 @@ def gib_cell(value: Any) -> str:
 
 
 def device_text(run: Any) -> str:
-    text = f"{run['device_model']} x{run['world_size']}"
+    charged = run.get("devices_charged", run["world_size"])
+    text = f"{run['device_model']} x{charged}"
+    if charged != run["world_size"]:  # ranks sharing one device (a CPU socket): the devices are what is charged
+        text += f" ({run['world_size']} ranks)"
     if run["simulated"]:
         text += " [simulated]"
     elif run["backend"] == "cpu":

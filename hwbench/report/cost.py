@@ -5,30 +5,19 @@ million tokens, energy per token and the projection of a whole training job
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.report.cells import number
+from hwbench.report.placement import devices_charged, oversubscription
+from hwbench.report.prices import Price, device_price
 from hwbench.results import RunResult
 
-SCALING_ASSUMPTION = ("Projections assume linear scaling: N devices reach N x the run's tokens/s per device, "
-                      "with no loss to communication, stragglers or a larger data-parallel degree.")
-
-
-def parse_prices(items: Sequence[str]) -> dict[str, float]:
-    """``["h100-sxm=2.5"]`` -> ``{"h100-sxm": 2.5}`` (names lower-cased); a UsageError otherwise."""
-    prices: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            price = float(value)
-        except ValueError:
-            price = float("nan")
-        if not sep or not name.strip() or not math.isfinite(price) or price < 0:
-            raise UsageError(f"--price {item!r} is not accepted; give DEVICE=USD/h with a catalog entry name or "
-                             "device model and a number >= 0, e.g. --price h100-sxm=2.5")
-        prices[name.strip().lower()] = price
-    return prices
+# Hoffmann et al. 2022 ("Chinchilla"): about 20 training tokens per parameter is compute-optimal.
+TOKENS_PER_PARAMETER = 20
+SCALING_ASSUMPTION = ("Projections use the scaling fitted to the device counts measured (efficiency per doubling, "
+                      "never above linear); a workload measured at one device count is projected linearly: N devices "
+                      "reach N x the tokens/s per device, with no loss to communication or stragglers.")
 
 
 def parse_tokens(text: str) -> float:
@@ -42,27 +31,37 @@ def parse_tokens(text: str) -> float:
     return tokens
 
 
-def price_per_hour(result: RunResult, overrides: dict[str, float]) -> tuple[float | None, str]:
-    """(USD per device-hour, where it came from): --price, then the result, then the catalog now;
-    (None, why) without any."""
-    device = result.device or {}
-    entry, model = device.get("catalog_entry"), device.get("device_model")
-    for key in (entry, model):
-        if key and key.lower() in overrides:
-            return overrides[key.lower()], f"--price {key}"
-    if number(device.get("price_usd_per_hour")) is not None:
-        return float(device["price_usd_per_hour"]), "catalog at run time"
-    if entry:
-        from hwbench.catalog import load_catalog
-        catalog_entry = load_catalog().devices.get(entry)
-        if catalog_entry is not None and catalog_entry.price_usd_per_hour is not None:
-            return catalog_entry.price_usd_per_hour, f"catalog {entry}"
-    name = entry or model or "this device"
-    return None, f"no price for {name}: the catalog has none; give --price {entry or 'DEVICE'}=USD/h"
+def token_budget(tokens: float | None, parameters: Any) -> tuple[float | None, str]:
+    """(tokens to train, why that many): --tokens, else 20 tokens per parameter."""
+    if tokens is not None:
+        return tokens, "--tokens"
+    count = number(parameters)
+    if count is None:
+        return None, "no parameter count in the result and no --tokens"
+    return TOKENS_PER_PARAMETER * count, (f"{TOKENS_PER_PARAMETER} tokens per parameter x {count / 1e6:,.2f}M "
+                                          "parameters (compute-optimal, Hoffmann et al. 2022)")
+
+
+def cost_per_million_tokens(price: Price | None, devices: int, tokens_per_s: float | None) -> float | None:
+    """USD per million tokens: the price of ``devices`` devices for the time a million tokens take."""
+    if price is None or not tokens_per_s:
+        return None
+    return price.usd_per_hour / 3600 * devices / tokens_per_s * 1e6
+
+
+def training_time_and_cost(tokens: float | None, tokens_per_s: float | None, devices: int,
+                           price: Price | None) -> tuple[float | None, float | None]:
+    """(days, USD) to train ``tokens`` at ``tokens_per_s`` on ``devices`` devices of ``price``."""
+    if tokens is None or not tokens_per_s:
+        return None, None
+    days = tokens / tokens_per_s / 86400
+    return days, (price.usd_per_hour * devices * days * 24 if price is not None else None)
 
 
 def measured_energy(result: RunResult, world: int) -> tuple[float | None, float | None, str | None]:
-    """(energy J over the telemetry window, mean power W summed over devices, why energy is missing)."""
+    """(energy J over the telemetry window, mean power W summed over devices, why energy is missing).
+    ``world``: the devices the telemetry must cover (the devices charged: one CPU socket reads for
+    all the ranks on it)."""
     metrics = result.metrics or {}
     telemetry = metrics.get("telemetry")
     if not telemetry or not telemetry.get("available"):
@@ -88,27 +87,30 @@ def measured_energy(result: RunResult, world: int) -> tuple[float | None, float 
     return energy, power, None
 
 
-def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str, float], tokens: float,
-                        devices: int) -> dict[str, Any]:
+def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str, Price],
+                        tokens: float | None) -> dict[str, Any]:
     """The procurement columns of a run's row (``row`` holds its throughput and batch figures):
-    price, cost per million tokens, energy per token, and the time and cost to train ``tokens``
-    tokens on ``devices`` devices of the same kind. The key order is the column order of the report."""
-    world = row["world_size"]
+    devices charged, price, cost per million tokens, energy per token and the token budget. The
+    projection to a device count is added by the report, once the scaling is known (build.py).
+    The key order is the column order of the report."""
     figures: dict[str, Any] = {}
-    price, price_source = price_per_hour(result, prices)
-    figures["price_usd_per_hour"], figures["price_source"] = price, price_source
+    charged, basis = devices_charged(result, row["world_size"])
+    figures["devices_charged"], figures["devices_charged_basis"] = charged, basis
+    figures["oversubscribed"], figures["oversubscribed_reason"] = oversubscription(result)
     tps = row["tokens_per_s"]
-    figures["cost_per_million_tokens_usd"] = (price / 3600 * world / tps * 1e6) if price is not None and tps else None
-    energy, power, energy_reason = measured_energy(result, world) if result.status == "ok" \
+    figures["tokens_per_s_per_device_charged"] = tps / charged if tps else None
+    device = result.device or {}
+    price, why = device_price(device.get("catalog_entry"), device.get("device_model"), device, prices)
+    figures["price_usd_per_hour"] = price.usd_per_hour if price else None
+    figures["price_source"] = price.source if price else why
+    figures["price_date"] = price.date if price else None
+    figures["cost_per_million_tokens_usd"] = cost_per_million_tokens(price, charged, tps)
+    energy, power, energy_reason = measured_energy(result, charged) if result.status == "ok" \
         else (None, None, f"status {result.status}")
     steps = row["timed_steps"]
     timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) if steps and row["seq_length"] else None
     figures["timed_tokens"] = timed_tokens
     figures["energy_j"], figures["power_w_mean"], figures["energy_reason"] = energy, power, energy_reason
     figures["energy_per_token_j"] = energy / timed_tokens if energy is not None and timed_tokens else None
-    per_device = row["tokens_per_s_per_device"]
-    # linear scaling (SCALING_ASSUMPTION): N devices reach N x the run's tokens/s per device
-    figures["projected_days"] = tokens / (per_device * devices) / 86400 if per_device else None
-    figures["projected_cost_usd"] = (price * devices * figures["projected_days"] * 24
-                                     if price is not None and figures["projected_days"] is not None else None)
+    figures["token_budget"], figures["token_budget_basis"] = token_budget(tokens, row["parameters"])
     return figures

@@ -31,4 +31,4 @@ class Report:
     skipped: list[tuple[str, str]]
     warnings: list[str]
     notes: list[str]
-    images: dict[str, bytes]
+    images: dict[str, str]  # inline SVG by "kind:model"

@@ -1,9 +1,9 @@
-"""One self-contained HTML file: inline CSS, PNG plots as base64 data URIs, no
-external resources (no scripts, fonts or stylesheets fetched)."""
+"""One self-contained HTML file: inline CSS, the plots as inline SVG (hover a mark for its
+figures) and one small inline script that hides or shows a series when its legend entry is
+clicked; no external resources (no scripts, fonts or stylesheets fetched)."""
 
 from __future__ import annotations
 
-import base64
 import html
 import re
 
@@ -25,10 +25,25 @@ tr.measured td { background: #f2f8ef; }
 td:first-child { white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 figure { margin: 1em 0; }
-figure img { max-width: 100%; border: 1px solid #eee; }
+figure svg { max-width: 100%; height: auto; border: 1px solid #eee; background: #fff; }
+svg .hidden { display: none; }
+svg g.legend.off { opacity: .35; }
 figcaption { font-size: 13px; color: #555; }
 ul.warn li { color: #8a4b00; }
 code { background: #f4f4f5; padding: 0 3px; }
+"""
+
+# Clicking a legend entry hides or shows the marks of its series in the same chart.
+TOGGLE_SCRIPT = """
+document.querySelectorAll("svg.chart g.legend").forEach(function (entry) {
+  entry.addEventListener("click", function () {
+    var name = entry.getAttribute("data-series");
+    entry.classList.toggle("off");
+    entry.ownerSVGElement.querySelectorAll("g[data-series]:not(.legend)").forEach(function (group) {
+      if (group.getAttribute("data-series") === name) { group.classList.toggle("hidden"); }
+    });
+  });
+});
 """
 
 _NUMBER = re.compile(r"^[-+$]?[\d,]*\.?\d+(e[-+]?\d+)?( \w+| J| W| GiB)?$")
@@ -79,12 +94,11 @@ def render_html(report: Report) -> str:
             elif kind == "table":
                 parts.append(_table(block[1].headers, block[1].rows))
             elif kind == "list":
-                css = ' class="warn"' if section.title == "Environment" else ""
+                css = ' class="warn"' if section.title == "Environment" else ""  # noqa: E501
                 parts.append(f"<ul{css}>" + "".join(f"<li>{html.escape(i)}</li>" for i in block[1]) + "</ul>")
             elif kind == "img":
-                data = base64.b64encode(report.images[block[1]]).decode("ascii")
-                parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block[2])}">'
+                parts.append(f"<figure>{report.images[block[1]]}"
                              f"<figcaption>{html.escape(block[2])}</figcaption></figure>")
         parts.append("</section>")
-    parts.append("</body></html>")
+    parts.append(f"<script>{TOGGLE_SCRIPT}</script></body></html>")
     return "\n".join(parts) + "\n"

@@ -1,115 +1,124 @@
-"""The report's plots as PNG bytes (matplotlib, Agg backend; no display needed).
-
-Each function takes run rows (dicts as built by hwbench.report.runs.run_row)
-and returns PNG bytes, or None when there is nothing to plot.
-"""
+"""The report's plots as inline SVG (hwbench.report.svg), one per model and kind: a chart never
+mixes two models. Each function takes run rows (dicts as built by hwbench.report.runs.run_row,
+with the projection fields) and returns SVG text, or None when there is nothing to plot.
+Oversubscribed runs are marked in every label and left out of the scaling plot."""
 
 from __future__ import annotations
 
-import io
+import statistics
 from typing import Any, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from hwbench.units import GIB  # noqa: E402
+from hwbench.report.scaling import ScalingFit
+from hwbench.report.svg import Series, bar_chart, line_chart
+from hwbench.units import GIB
 
 
-def _png(figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=100)
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-def _label(row: dict[str, Any]) -> str:
+def run_label(row: dict[str, Any]) -> str:
+    """"AMD EPYC, TP1 PP1 DP2, fp32" (+ " [oversubscribed]"): device, layout and precision."""
     device = str(row.get("device_model") or "?")
-    if len(device) > 22:
-        device = device[:21] + "…"
-    flag = " (sim)" if row.get("simulated") else ""
-    return f"{row['model']} {row['layout']}\n{device} x{row['world_size']}{flag}\n{row['run_id'][-6:]}"
+    device = device if len(device) <= 24 else device[:23] + "…"
+    flags = " [simulated]" if row.get("simulated") else ""
+    flags += " [oversubscribed]" if row.get("oversubscribed") is True else ""
+    return f"{device}, {row['layout']}, {row['precision']}{flags}"
 
 
-def throughput_by_layout(rows: Sequence[dict[str, Any]]) -> bytes | None:
-    rows = [r for r in rows if r.get("samples_per_s") is not None]
+def _points(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of each benchmark point (repeats together), by point."""
+    points: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        points.setdefault(row["point"] or row["run_id"], []).append(row)
+    return points
+
+
+def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, list[dict[str, Any]]]]]:
+    """(the categories: layout, devices and precision of each point, in order; for each device
+    model, the runs of each of its categories). A chart then has one series (colour, legend
+    entry) per device model, so two devices never share a bar's label."""
+    categories: list[str] = []
+    by_device: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    ordered = sorted(rows, key=lambda r: (r["devices_charged"], r["world_size"], r["layout"], str(r["precision"])))
+    for row in ordered:
+        category = (f"{row['layout']}\n{row['devices_charged']} device(s), {row['precision']}"
+                    + ("\noversubscribed" if row["oversubscribed"] is True else ""))
+        if category not in categories:
+            categories.append(category)
+        device = str(row["device_model"]) + (" [simulated]" if row.get("simulated") else "")
+        by_device.setdefault(device, {}).setdefault(category, []).append(row)
+    return categories, by_device
+
+
+def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """tokens/s per device charged of each point (the median of its repeats; hover: every run),
+    one series per device model."""
+    rows = [r for r in rows if r.get("tokens_per_s_per_device_charged")]
     if not rows:
         return None
-    rows = sorted(rows, key=lambda r: (r["model"], r["world_size"], r["layout"]))
-    figure, axis = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.2))
-    bars = axis.bar(range(len(rows)), [r["samples_per_s"] for r in rows], color="#3b75af")
-    axis.bar_label(bars, labels=[f"{r['samples_per_s']:.3g}" for r in rows], fontsize=8)
-    axis.set_xticks(range(len(rows)), [_label(r) for r in rows], fontsize=7)
-    axis.set_ylabel("samples/s (all devices)")
-    axis.set_title("Throughput by layout")
-    axis.grid(axis="y", alpha=0.3)
-    return _png(figure)
+    categories, by_device = _by_device(rows)
+    series = []
+    for device, runs_by_category in sorted(by_device.items()):
+        values, texts = [], []
+        for category in categories:
+            figures = [r["tokens_per_s_per_device_charged"] for r in runs_by_category.get(category, [])]
+            values.append(statistics.median(figures) if figures else None)
+            texts.append(f"{device}, {category.replace(chr(10), ', ')}: median {statistics.median(figures):,.1f} "
+                         f"tokens/s per device over {len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures)
+                         if figures else "")
+        series.append((device, values, texts))
+    return bar_chart(f"{model}: throughput per device charged", "tokens/s per device (median of repeats)",
+                     categories, series)
 
 
-def scaling(rows: Sequence[dict[str, Any]]) -> bytes | None:
-    """samples/s against world size, one line per model measured at more than one world size."""
-    by_model: dict[str, dict[int, float]] = {}
-    for row in rows:
-        if row.get("samples_per_s") is None:
+def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
+    """Measured tokens/s against devices charged, the fitted line and the ideal (linear from the
+    smallest count), for each device model of ``model`` measured at two or more counts."""
+    series: list[Series] = []
+    for (fit_model, precision, device), fit in sorted(fits.items(), key=lambda item: str(item[0])):
+        if fit_model != model or not fit.fitted:
             continue
-        points = by_model.setdefault(row["model"], {})
-        points[row["world_size"]] = max(points.get(row["world_size"], 0.0), row["samples_per_s"])
-    by_model = {m: p for m, p in by_model.items() if len(p) > 1}
-    if not by_model:
+        first = fit.points[0]
+        name = f"{device}, {precision}"
+        series.append(Series(f"{name}: measured", [
+            (p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
+                                        f"{p.layout.split(' (')[0]})") for p in fit.points]))
+        series.append(Series(f"{name}: fit, {fit.efficiency_per_doubling:.0%}/doubling", [
+            (p.devices, fit.fitted_tokens_per_s(p.devices), f"fitted {fit.fitted_tokens_per_s(p.devices):,.1f}")
+            for p in fit.points], dashed=True, markers=False))
+        series.append(Series(f"{name}: ideal (linear)", [
+            (p.devices, first.tokens_per_s * p.devices / first.devices,
+             f"ideal {first.tokens_per_s * p.devices / first.devices:,.1f}") for p in fit.points],
+            dashed=True, markers=False, color="#a1a1aa"))
+    if not series:
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for model, points in sorted(by_model.items()):
-        sizes = sorted(points)
-        axis.plot(sizes, [points[s] for s in sizes], marker="o", label=f"{model} (best per size)")
-        first = sizes[0]
-        axis.plot(sizes, [points[first] * s / first for s in sizes], linestyle=":", color="grey")
-    axis.plot([], [], linestyle=":", color="grey", label="linear from the smallest")
-    axis.set_xticks(sorted({s for p in by_model.values() for s in p}))
-    axis.set_xlabel("devices (world size)")
-    axis.set_ylabel("samples/s (all devices)")
-    axis.set_title("Scaling with device count")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    return _png(figure)
+    return line_chart(f"{model}: scaling with devices charged (oversubscribed runs left out)", "devices (log2 axis)",
+                      "tokens/s (all devices)", series, log2_x=True)
 
 
-def memory(rows: Sequence[dict[str, Any]]) -> bytes | None:
+def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """Measured peak, planner prediction and capacity per device of each point (the highest
+    over its repeats), one group of bars per point and device model."""
     rows = [r for r in rows if r.get("peak_bytes") is not None or r.get("predicted_peak_bytes") is not None]
     if not rows:
         return None
-    rows = sorted(rows, key=lambda r: (r["model"], r["world_size"], r["layout"]))
-    figure, axis = plt.subplots(figsize=(max(6.0, 1.9 * len(rows) + 2), 4.2))
-    width = 0.27
-    series = (("peak_bytes", "measured peak", "#3b75af"), ("predicted_peak_bytes", "predicted (planner)", "#ef8636"),
-              ("capacity_bytes", "capacity", "#b0b0b0"))
-    for offset, (key, name, color) in enumerate(series):
-        values = [(r.get(key) or 0) / GIB for r in rows]
-        bars = axis.bar([i + (offset - 1) * width for i in range(len(rows))], values, width, label=name, color=color)
-        axis.bar_label(bars, labels=[f"{v:.2f}" if v else "-" for v in values], fontsize=7)
-    axis.set_xticks(range(len(rows)), [_label(r) for r in rows], fontsize=7)
-    axis.set_ylabel("GiB per device")
-    axis.set_title("Peak memory against capacity")
-    axis.grid(axis="y", alpha=0.3)
-    axis.legend(fontsize=8)
-    return _png(figure)
+    categories, by_device = _by_device(rows)
+    groups = [(device, category, runs) for device, found in sorted(by_device.items())
+              for category, runs in found.items()][:12]
+    labels = [f"{device[:22]}\n{category}" for device, category, _ in groups]
+    series = []
+    for key, name in (("peak_bytes", "measured peak"), ("predicted_peak_bytes", "predicted (planner)"),
+                      ("capacity_bytes", "capacity")):
+        values = [max((r[key] for r in runs if r.get(key) is not None), default=None) for _, _, runs in groups]
+        values = [None if v is None else v / GIB for v in values]
+        series.append((name, values, [f"{device}, {category.replace(chr(10), ', ')}: {name} "
+                                      + ("-" if v is None else f"{v:,.3f} GiB")
+                                      for (device, category, _), v in zip(groups, values)]))
+    return bar_chart(f"{model}: peak memory per device", "GiB per device", labels, series)
 
 
-def loss_curves(curves: dict[str, list[tuple[int, float]]]) -> bytes | None:
-    curves = {k: v for k, v in curves.items() if v}
-    if not curves:
+def loss_curves(model: str, curves: Sequence[tuple[dict[str, Any], list[tuple[int, float]]]]) -> str | None:
+    """Training loss per step of each run, labelled by device, layout and precision."""
+    series = [Series(f"{run_label(row)} ({row['run_id'][-6:]})",
+                     [(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
+                     markers=len(points) < 40) for row, points in curves if points]
+    if not series:
         return None
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for label, points in curves.items():
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                  label=label)
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.set_xlabel("step (warm-up included)")
-    axis.set_ylabel("training loss (nats)")
-    axis.set_title("Loss curves")
-    axis.grid(alpha=0.3)
-    figure.set_size_inches(6.4, 4.2 + 0.22 * len(curves))
-    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=1, frameon=False)
-    return _png(figure)
+    return line_chart(f"{model}: training loss (warm-up steps included)", "step", "loss (nats)", series)

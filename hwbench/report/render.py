@@ -46,10 +46,23 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.items()} for row in frame.to_dict(orient="records")]
 
 
+def _decision(report: Report) -> list[dict[str, Any]]:
+    """The decision section as data: its headings, sentences and tables in order."""
+    section = next((s for s in report.sections if s.title == "Decision"), None)
+    blocks = []
+    for block in section.blocks if section else []:
+        if block[0] == "table":
+            blocks.append({"table": [dict(zip(block[1].headers, row)) for row in block[1].rows]})
+        elif block[0] in ("p", "h", "list"):
+            blocks.append({{"p": "text", "h": "heading", "list": "items"}[block[0]]: block[1]})
+    return blocks
+
+
 def render_json(report: Report) -> str:
     data = {"runs": _records(report.runs), "comparison": _records(report.comparison),
             "skipped": [{"file": p, "reason": r} for p, r in report.skipped], "warnings": report.warnings,
-            "notes": report.notes, "assumptions": {"normalisation": NORMALISATION, "scaling": SCALING_ASSUMPTION}}
+            "notes": report.notes, "assumptions": {"normalisation": NORMALISATION, "scaling": SCALING_ASSUMPTION},
+            "decision": _decision(report)}
     return json.dumps(data, indent=2, allow_nan=False, default=str) + "\n"
 
 

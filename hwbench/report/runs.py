@@ -13,7 +13,9 @@ import pandas as pd
 
 from hwbench.errors import UsageError
 from hwbench.report.cells import number
+from hwbench.report.compare import KEY_FIELDS, point_key
 from hwbench.report.cost import procurement_figures
+from hwbench.report.prices import Price
 from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError,
                              RunResult, environment_differences, environment_value, load_result, result_files)
 
@@ -79,7 +81,8 @@ def predicted_peak(result: RunResult) -> tuple[int | None, str | None]:
         return None, f"the planner cannot plan it: {error}"
 
 
-def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: float, devices: int) -> dict[str, Any]:
+def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: float | None) -> dict[str, Any]:
+    """One run's figures; ``tokens`` is the training budget of the projection (None: 20 per parameter)."""
     spec, device, metrics = result.spec, result.device or {}, result.metrics or {}
     parallel = spec.get("parallel") or {}
     tp, pp, dp = (int(parallel.get(k, 1) or 1) for k in ("tp", "pp", "dp"))
@@ -124,8 +127,15 @@ def run_row(result: RunResult, file: str, prices: dict[str, float], tokens: floa
         row["predicted_peak_bytes"], row["predicted_reason"] = predicted_peak(result)
     else:
         row["predicted_peak_bytes"], row["predicted_reason"] = None, f"status {result.status}"
-    row.update(procurement_figures(result, row, prices, tokens, devices))
+    row["point"] = point_text(result)
+    row.update(procurement_figures(result, row, prices, tokens))
     return row
+
+
+def point_text(result: RunResult) -> str | None:
+    """The run's benchmark point as `hwbench compare` keys it (its repeats share it), as text."""
+    key = point_key(result)
+    return None if key is None else " ".join(f"{name}={value}" for name, value in zip(KEY_FIELDS, key))
 
 
 def environment_warnings(runs: pd.DataFrame) -> list[str]:

@@ -10,7 +10,7 @@ from hwbench.report.cells import device_text, fmt, fmt_g, fmt_ratio, gib_cell, i
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 
-SECTIONS = ("Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Environment",
+SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Environment",
             "Skipped input files")
 
 
@@ -22,9 +22,17 @@ def runs_section(runs: pd.DataFrame) -> Section:
     table = Table(["run", "status", "model", "device", "layout", "precision", "samples/s", "note"], [])
     for _, run in runs.iterrows():
         table.rows.append([run["run_id"], run["status"], run["model"], device_text(run), run["layout"],
-                           run["precision"], fmt(run["samples_per_s"]), run["error"] or ""])
+                           run["precision"], fmt(run["samples_per_s"]), _run_note(run)])
     section.blocks.append(("table", table))
     return section
+
+
+def _run_note(run: pd.Series) -> str:
+    """The error of a failed run, and the mark of an oversubscribed one (with why)."""
+    notes = [run["error"]] if run["error"] else []
+    if run["oversubscribed"] is True:
+        notes.append(f"oversubscribed ({run['oversubscribed_reason']}): left out of decisions and scaling fits")
+    return "; ".join(notes)
 
 
 def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: pd.DataFrame | None,
@@ -69,7 +77,7 @@ def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: p
                                    fmt_ratio(c["ratio_per_device"]), "; ".join(notes)])
         section.blocks.append(("table", table))
     unmatched = []
-    for _, run in runs[runs["status"] == "ok"].iterrows():
+    for _, run in (runs[runs["status"] == "ok"] if not runs.empty else runs).iterrows():
         if comparison.empty or run["run_id"] not in set(comparison["run_id"]):
             unmatched.append(f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
                              f"no published row for model {run['model']}")
@@ -91,6 +99,7 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
                        "tokens/s", "TFLOP/s per device", "MFU", "peak memory", "predicted", "capacity"], [])
         reasons: list[str] = []  # why MFU is missing, each said once under the table
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
+            marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
             engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
                 + (" FSDP" if run["fsdp"] else "")
             if is_number(run["mfu"]):
@@ -102,7 +111,7 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
                 mfu = f"- [{reasons.index(reason) + 1}]"
             predicted = gib_cell(run["predicted_peak_bytes"]) if is_number(run["predicted_peak_bytes"]) \
                 else f"- ({run['predicted_reason']})"
-            table.rows.append([run["run_id"], device_text(run), run["layout"], engine,
+            table.rows.append([run["run_id"] + marked, device_text(run), run["layout"], engine,
                                run["precision"] + (", recompute" if run["recompute"] else ""),
                                f"{run['micro_batch_size']}/{run['global_batch_size']}", str(run["seq_length"]),
                                fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
@@ -111,41 +120,66 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
         section.blocks.append(("table", table))
         for index, reason in enumerate(reasons, start=1):
             section.blocks.append(("p", f"[{index}] MFU not measured: {reason}."))
+        section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
-    for key, alt in (("throughput", "Throughput by layout"), ("scaling", "Scaling with device count"),
-                     ("memory", "Peak memory against capacity")):
-        if key in images:
-            section.blocks.append(("img", key, alt))
-    if ok.empty or ok.groupby("model")["world_size"].nunique().max() < 2:
-        section.blocks.append(("p", "No scaling plot: no model was measured at more than one world size."))
     return section
 
 
-def procurement_section(runs: pd.DataFrame, tokens: float, devices: int, notes: list[str]) -> Section:
+def _model_images(model: str, images: dict) -> list[tuple]:
+    blocks = [("img", f"{kind}:{model}", f"{model}: {alt}") for kind, alt in (
+        ("throughput", "throughput per device charged"), ("scaling", "scaling with devices charged"),
+        ("memory", "peak memory against predicted and capacity")) if f"{kind}:{model}" in images]
+    if images and f"scaling:{model}" not in images:
+        blocks.append(("p", f"No scaling plot for {model}: no device model of it was measured at two or more "
+                            "device counts (oversubscribed runs left out)."))
+    return blocks
+
+
+def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> Section:
     section = Section("Procurement")
-    section.blocks.append(("p", "Cost per million tokens = price per device-hour / 3600 x devices of the run / "
-                                "tokens/s x 1e6. Energy per token = energy the devices used over the telemetry window "
-                                "(which brackets the timed steps) / tokens of the timed steps (global batch x seq "
-                                "x timed steps); average power is the devices' mean power summed."))
-    section.blocks.append(("p", f"Projection: time and cost to train {tokens_text(tokens)} tokens on {devices} devices of the "
-                                f"same kind (--tokens, --devices). {SCALING_ASSUMPTION}"))
-    table = Table(["run", "device", "tokens/s per device", "J/token", "avg power", "price/device-h",
-                   "$ per 1M tokens", f"days for {tokens_text(tokens)} tokens on {devices}", "projected cost"], [])
+    section.blocks.append(("p", "Cost per million tokens = price per device-hour / 3600 x devices charged / "
+                                "tokens/s x 1e6; devices charged: ranks on one CPU socket are one CPU, a GPU or NPU "
+                                "run is charged its devices (the count and its basis are shown). Energy per token = "
+                                "energy the devices used over the telemetry window (which brackets the timed steps) "
+                                "/ tokens of the timed steps; average power is the devices' mean power summed."))
+    section.blocks.append(("p", f"Projection: time and cost to train each run's token budget on {devices} devices "
+                                f"of the same kind (--tokens, default 20 per parameter; --projection-devices). "
+                                f"{SCALING_ASSUMPTION}"))
+    table = Table(["run", "device", "devices charged", "tokens/s per device", "J/token", "avg power",
+                   "price/device-h", "$ per 1M tokens", "token budget", f"days on {devices}", "projected cost",
+                   "scaling"], [])
+    footnotes: list[str] = []  # the devices-charged and scaling bases, each said once under the table
     for _, run in runs[runs["status"] == "ok"].iterrows():
-        energy = fmt(run["energy_per_token_j"], 4) + " J" if is_number(run["energy_per_token_j"]) \
-            else f"not measured: {run['energy_reason']}"
-        power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
-        price = f"${run['price_usd_per_hour']:,.2f} ({run['price_source']})" if is_number(run["price_usd_per_hour"]) \
-            else run["price_source"]
-        cost = f"${run['cost_per_million_tokens_usd']:,.4f}" if is_number(run["cost_per_million_tokens_usd"]) else "no price"
-        projected = f"${run['projected_cost_usd']:,.0f}" if is_number(run["projected_cost_usd"]) else "no price"
-        table.rows.append([run["run_id"], device_text(run), fmt(run["tokens_per_s_per_device"], 1), energy, power,
-                           price, cost, fmt(run["projected_days"], 1), projected])
+        table.rows.append(_procurement_row(run, footnotes))
     section.blocks.append(("table", table))
+    section.blocks += [("p", f"[{index}] {text}.") for index, text in enumerate(footnotes, start=1)]
     if notes:
         section.blocks.append(("list", notes))
     return section
+
+
+def _footnote(text: str, footnotes: list[str]) -> str:
+    if text not in footnotes:
+        footnotes.append(text)
+    return f"[{footnotes.index(text) + 1}]"
+
+
+def _procurement_row(run: pd.Series, footnotes: list[str]) -> list[str]:
+    energy = fmt(run["energy_per_token_j"], 4) + " J" if is_number(run["energy_per_token_j"]) \
+        else f"not measured: {run['energy_reason']}"
+    power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
+    price = f"${run['price_usd_per_hour']:,.4g} ({run['price_source']}" + (
+        f", {run['price_date']})" if run["price_date"] else ")") if is_number(run["price_usd_per_hour"]) \
+        else run["price_source"]
+    cost = f"${run['cost_per_million_tokens_usd']:,.4f}" if is_number(run["cost_per_million_tokens_usd"]) else "no price"
+    projected = f"${run['projected_cost_usd']:,.0f}" if is_number(run["projected_cost_usd"]) else "no price"
+    marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
+    budget = tokens_text(run["token_budget"]) if is_number(run["token_budget"]) else "-"
+    return [run["run_id"] + marked, device_text(run),
+            f"{run['devices_charged']} {_footnote(run['devices_charged_basis'], footnotes)}",
+            fmt(run["tokens_per_s_per_device_charged"], 1), energy, power, price, cost, budget,
+            fmt(run["projected_days"], 2), projected, _footnote(run["projection_basis"], footnotes)]
 
 
 def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
@@ -159,8 +193,9 @@ def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section
                            "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else str(run["valid_ppl_step"]),
                            fmt(run["ppl_floor"], 3)])
     section.blocks.append(("table", table))
-    if "loss" in images:
-        section.blocks.append(("img", "loss", "Loss curves"))
+    for key in sorted(k for k in images if k.startswith("loss:")):
+        section.blocks.append(("img", key, f"{key.removeprefix('loss:')}: loss curves by device, layout and precision "
+                                           "(click a legend entry to hide or show it)"))
     return section
 
 

@@ -1,0 +1,296 @@
+"""The decision section, first in the report: for every workload (model and precision), the
+device models measured side by side and against the published rows, the faster and the cheaper
+named with the confidence the repeats give (the test and threshold of `hwbench compare`), and the
+time and cost to train the token budget on the projection's device count (docs/reports.md,
+"Decision")."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+import pandas as pd
+
+from hwbench.report.cells import fmt, is_number, tokens_text
+from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
+from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
+from hwbench.report.document import Section, Table
+from hwbench.report.prices import Price, device_price
+from hwbench.report.projection import group_key, usable
+from hwbench.report.scaling import ScalingFit, fit_scaling
+
+# The device class of a published row -> the catalog entry its price is taken from. The tables
+# name a "V100-class" GPU without its form factor: it is priced as the SXM2 card (said in the report).
+PUBLISHED_DEVICE_ENTRIES = {"gpu-v100": "v100-sxm2", "gpu-a100": "a100-sxm", "npu-910": "ascend-910"}
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One device model's best measured point for a workload (or one published row)."""
+
+    device: str
+    point: str
+    devices: int  # devices charged (published: the table's device count)
+    per_device: list[float]  # tokens/s per device charged, one per run
+    costs: list[float]  # USD per million tokens, one per run (empty without a price)
+    energy: list[float]  # J per token, one per run where measured
+    price: Price | None
+    price_why: str | None
+    fit: ScalingFit
+    energy_why: str | None = None
+    published: bool = False
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.per_device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    tokens: float | None
+    basis: str
+    devices: int
+
+
+def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], published: pd.DataFrame | None,
+                     prices: dict[str, Price], tokens: float | None, devices: int) -> Section:
+    section = Section("Decision")
+    section.blocks.append(("p", _INTRO.format(threshold=DEFAULT_THRESHOLD, devices=devices)))
+    used: dict[str, str] = {}
+    workloads = _workloads(runs, published)
+    for model, precision in workloads:
+        rows = runs[(runs["model"] == model) & (runs["precision"] == precision)] if not runs.empty else runs
+        candidates = _measured(rows, fits)
+        pub = _published_candidates(published, model, prices)
+        budget = _budget(rows, model, tokens)
+        section.blocks += _workload_blocks(model, precision, candidates, pub, Projection(*budget, devices))
+        for candidate in candidates + pub:
+            used[candidate.device] = candidate.price.text() if candidate.price else candidate.price_why or ""
+    if not workloads:
+        section.blocks.append(("p", "No ok run and no published row: nothing to decide."))
+    section.blocks.append(("h", "Prices used"))
+    section.blocks.append(("list", [f"{device}: {text}" for device, text in sorted(used.items())]
+                           or ["none: no device priced"]))
+    return section
+
+
+_INTRO = ("Per workload (model and precision): each device model's best measured point (the layout with the "
+          "highest median tokens/s per device), its throughput per device charged, $ per million tokens, J per "
+          "token where energy was measured, and the time and cost to train the token budget on {devices} devices. "
+          "A device is named faster or cheaper only when its repeats show the difference: the change of the median "
+          "must pass {threshold:.0%} and be significant (Mann-Whitney U p < 0.05, or complete separation with 3 or "
+          "more runs a side), the rule of `hwbench compare`. Published rows are one figure each: they are compared, "
+          "never with a confidence. Oversubscribed runs are left out.")
+
+
+def _workloads(runs: pd.DataFrame, published: pd.DataFrame | None) -> list[tuple[str, str]]:
+    measured = [] if runs.empty else [(m, p) for m, p in runs[runs["status"] == "ok"][["model", "precision"]]
+                                      .drop_duplicates().itertuples(index=False)]
+    if measured or published is None:
+        return sorted(measured)
+    return sorted({(row.model, row.precision or "precision not published") for row in published.itertuples()})
+
+
+def _budget(rows: pd.DataFrame, model: str, tokens: float | None) -> tuple[float | None, str]:
+    parameters = min((r for r in rows["parameters"] if is_number(r)), default=None) if not rows.empty else None
+    if parameters is None and tokens is None:
+        from hwbench.catalog import load_catalog
+        from hwbench.workload.params import count_parameters
+
+        workload = load_catalog().workloads.get(model)
+        parameters = count_parameters(workload.model, 1).total if workload else None
+    return token_budget(tokens, parameters)
+
+
+def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candidate]:
+    candidates = []
+    ok = [row for row in rows.to_dict(orient="records") if usable(row)]
+    for device in sorted({row["device_model"] for row in ok}, key=str):
+        mine = [row for row in ok if row["device_model"] == device]
+        best = _best_point(mine)
+        runs = [row for row in mine if row["point"] == best]
+        first = runs[0]
+        price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
+            if is_number(first["price_usd_per_hour"]) else None
+        energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
+        candidates.append(Candidate(
+            device=str(device) + (" [simulated]" if first["simulated"] else ""),
+            point=f"{first['layout']} x{first['world_size']} ranks", devices=first["devices_charged"],
+            per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
+            costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
+            energy=energy, price=price, price_why=None if price else first["price_source"],
+            fit=fits.get(group_key(first)) or fit_scaling([]),
+            energy_why=None if energy else first["energy_reason"]))
+    return candidates
+
+
+def _best_point(rows: list[dict[str, Any]]) -> str:
+    by_point: dict[str, list[float]] = {}
+    for row in rows:
+        by_point.setdefault(row["point"], []).append(row["tokens_per_s_per_device_charged"])
+    return max(by_point, key=lambda point: statistics.median(by_point[point]))
+
+
+def _published_candidates(published: pd.DataFrame | None, model: str, prices: dict[str, Price]) -> list[Candidate]:
+    if published is None:
+        return []
+    candidates = []
+    for pub in published[published["model"] == model].itertuples():
+        entry = PUBLISHED_DEVICE_ENTRIES.get(pub.device_class or "")
+        price, why = device_price(entry, pub.device_class or None, None, prices)
+        per_device = pub.samples_per_s * pub.seq_length / pub.devices
+        cost = cost_per_million_tokens(price, int(pub.devices), pub.samples_per_s * pub.seq_length)
+        source = f"; priced as catalog {entry}" if entry else ""
+        candidates.append(Candidate(
+            device=f"published {pub.name} ({pub.device_class or 'device not named'}, {pub.precision or '?'}, "
+                   f"Table {pub.table}{source})",
+            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}", devices=int(pub.devices),
+            per_device=[per_device], costs=[cost] if cost is not None else [], energy=[], price=price,
+            price_why=why, fit=fit_scaling([]), energy_why="not published", published=True))
+    return candidates
+
+
+def _workload_blocks(model: str, precision: str, measured: list[Candidate], published: list[Candidate],
+                     projection: Projection) -> list[tuple]:
+    blocks: list[tuple] = [("h", f"{model}, {precision}")]
+    budget = f"{tokens_text(projection.tokens)} tokens ({projection.basis})" if projection.tokens else projection.basis
+    blocks.append(("p", f"Token budget: {budget}; projected on {projection.devices} devices."))
+    everyone = measured + published
+    if not everyone:
+        return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
+    fastest = max(everyone, key=lambda c: c.median)
+    blocks.append(("table", _candidates_table(everyone, fastest, projection)))
+    blocks += [("p", sentence) for sentence in _verdicts(measured, published)]
+    blocks += [("p", _projection_sentence(c, projection)) for c in measured]
+    blocks += _fit_tables(measured)
+    return blocks
+
+
+def _candidates_table(candidates: list[Candidate], fastest: Candidate, projection: Projection) -> Table:
+    table = Table(["device", "best point", "devices charged", "runs", "tokens/s per device (median, min-max)",
+                   "ratio to fastest", "price/device-h", "$ per 1M tokens", "J/token",
+                   f"days on {projection.devices}", f"cost on {projection.devices}", "scaling"], [])
+    for c in candidates:
+        days, cost = _train(c, projection)
+        spread = f" ({fmt(min(c.per_device), 1)}-{fmt(max(c.per_device), 1)})" if len(c.per_device) > 1 else ""
+        table.rows.append([
+            c.device, c.point, str(c.devices), "published" if c.published else str(len(c.per_device)),
+            fmt(c.median, 1) + spread, f"{c.median / fastest.median:.3f}",
+            f"${c.price.usd_per_hour:,.4g}" if c.price else "no price",
+            f"${statistics.median(c.costs):,.4g}" if c.costs else "no price",
+            f"{statistics.median(c.energy):.4g} J" if c.energy else f"not measured ({c.energy_why})",
+            fmt(days, 2), f"${cost:,.0f}" if cost is not None else "no price", _scaling_cell(c)])
+    return table
+
+
+def _scaling_cell(candidate: Candidate) -> str:
+    if candidate.published:
+        return "one published count: linear"
+    if candidate.fit.fitted:
+        return f"fitted: {candidate.fit.efficiency_per_doubling:.0%} per doubling"
+    return "one device count: linear"
+
+
+def _train(candidate: Candidate, projection: Projection) -> tuple[float | None, float | None]:
+    tokens_per_s = candidate.fit.project(candidate.median * candidate.devices, candidate.devices, projection.devices)
+    return training_time_and_cost(projection.tokens, tokens_per_s, projection.devices, candidate.price)
+
+
+def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
+    days, cost = _train(candidate, projection)
+    if days is None:
+        return f"{candidate.device}: no projection ({projection.basis})."
+    money = f" and costs ${cost:,.0f}" if cost is not None else f"; its cost is unknown ({candidate.price_why})"
+    return (f"Time to train on {projection.devices} x {candidate.device}: {tokens_text(projection.tokens)} tokens "
+            f"take {fmt(days, 2)} days{money}, {candidate.fit.assumption(projection.devices)}.")
+
+
+def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
+    if not measured:
+        lines = ["No device was measured for this workload: the published rows are compared with each other."]
+    elif len(measured) < 2:
+        against = "compared with the published rows only" if published else "and no published row exists for it"
+        lines = [f"Only one device model was measured for this workload ({measured[0].device}): no measured "
+                 f"comparison, {against}."]
+    else:
+        lines = [_faster(measured), _cheaper(measured)]
+    if measured and published:
+        lines.append(_against_published(measured, published))
+    elif not measured and len(published) > 1:
+        lines.append(_published_only(published))
+    return lines
+
+
+def _faster(candidates: list[Candidate]) -> str:
+    ranked = sorted(candidates, key=lambda c: c.median, reverse=True)
+    verdict = _significance(ranked[0].per_device, ranked[1].per_device, higher_is_better=True)
+    ratio = ranked[0].median / ranked[1].median
+    what = f"{ratio:.2f}x the tokens/s per device of {ranked[1].device}"
+    return _named("Faster", ranked[0].device, what, verdict, ranked[0], ranked[1])
+
+
+def _cheaper(candidates: list[Candidate]) -> str:
+    unpriced = [c for c in candidates if not c.costs]
+    if unpriced:
+        return f"Cheaper: cannot say: {unpriced[0].price_why}."
+    ranked = sorted(candidates, key=lambda c: statistics.median(c.costs))
+    verdict = _significance(ranked[0].costs, ranked[1].costs, higher_is_better=False)
+    low, high = statistics.median(ranked[0].costs), statistics.median(ranked[1].costs)
+    what = f"${low:,.4g} per million tokens against ${high:,.4g} on {ranked[1].device} ({low / high:.2f}x)"
+    return _named("Cheaper", ranked[0].device, what, verdict, ranked[0], ranked[1])
+
+
+def _named(kind: str, winner: str, what: str, verdict: PointComparison, first: Candidate, second: Candidate) -> str:
+    counts = f"{len(first.per_device)} and {len(second.per_device)} runs"
+    if verdict.verdict == "improvement":
+        return f"{kind}: {winner}, {what}; shown by the repeats ({counts}; {verdict.rule})."
+    reason = "fewer than 2 runs a side" if verdict.verdict == "no repeats" else f"{verdict.rule}, {verdict.verdict}"
+    return f"{kind}: not distinguishable with {counts} ({winner} leads: {what}; {reason})."
+
+
+def _significance(best: list[float], other: list[float], higher_is_better: bool) -> PointComparison:
+    """`hwbench compare`'s verdict of ``best`` (as current) against ``other`` (as baseline): a
+    single run a side is "no repeats", never a winner."""
+    comparison = PointComparison(key=(), label="", baseline=list(other), current=list(best),
+                                 baseline_statuses=["ok"] * len(other), current_statuses=["ok"] * len(best))
+    if len(best) < 2 or len(other) < 2:
+        comparison.verdict, comparison.rule = "no repeats", "no repeats"
+        return comparison
+    return compare_point(comparison, DEFAULT_THRESHOLD, higher_is_better)
+
+
+def _against_published(measured: list[Candidate], published: list[Candidate]) -> str:
+    best = max(measured, key=lambda c: c.median)
+    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}" for p in published]
+    return (f"Against the published tables (tokens/s per device): {best.device} reaches " + "; ".join(parts)
+            + ". Each published row is one figure without repeats: no confidence can be stated.")
+
+
+def _published_only(published: list[Candidate]) -> str:
+    ranked = sorted(published, key=lambda c: c.median, reverse=True)
+    faster = (f"On the published figures alone, {ranked[0].device} has {ranked[0].median / ranked[1].median:.2f}x "
+              f"the tokens/s per device of {ranked[1].device}; one figure each, no repeats: no confidence can be "
+              "stated.")
+    unpriced = [c for c in published if not c.costs]
+    if unpriced:
+        return faster + f" Cheaper: cannot say: {unpriced[0].price_why}."
+    cheap = sorted(published, key=lambda c: c.costs[0])
+    return faster + (f" Cheaper on the published figures: {cheap[0].device}, ${cheap[0].costs[0]:,.4g} per million "
+                     f"tokens against ${cheap[1].costs[0]:,.4g} (one figure each: no confidence).")
+
+
+def _fit_tables(measured: list[Candidate]) -> list[tuple]:
+    blocks: list[tuple] = []
+    for c in (c for c in measured if c.fit.fitted):
+        table = Table(["devices", "point", "runs", "tokens/s measured", "tokens/s fitted", "ideal (linear)",
+                       "efficiency vs ideal"], [])
+        first = c.fit.points[0]
+        for p in c.fit.points:
+            ideal = first.tokens_per_s * p.devices / first.devices
+            table.rows.append([str(p.devices), p.layout.split(" (")[0], str(p.runs), fmt(p.tokens_per_s, 1),
+                               fmt(c.fit.fitted_tokens_per_s(p.devices), 1), fmt(ideal, 1),
+                               f"{p.tokens_per_s / ideal:.0%}"])
+        blocks += [("p", f"Scaling of {c.device}: fitted points (least squares of log2 tokens/s on log2 devices; "
+                         f"{c.fit.efficiency_per_doubling:.0%} efficiency per doubling)."), ("table", table)]
+    return blocks

@@ -1,0 +1,269 @@
+"""The report's decision section (issue 16): the faster and the cheaper device named only when the
+repeats show it, prices with their sources, devices charged, oversubscribed runs marked and left
+out of fits, the fitted scaling and the 20-tokens-per-parameter budget.
+
+The result sets are built from a real CPU result (tests/data/report/source-tiny-cpu.json, a
+`hwbench run --model tiny` on this project's CPU machine) with the device fields, throughput and
+the issue-16 environment fields (devices_used, oversubscribed) set by hand: a pair of device
+models needs two machines this project does not have. Every expected figure is computed by hand
+below."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import run_command
+from hwbench.report.cells import fmt
+from hwbench.errors import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+SOURCE = REPO / "tests" / "data" / "report" / "source-tiny-cpu.json"
+PUBLISHED = REPO / "results" / "published"
+TINY_PARAMETERS = 6_852_096  # the source result's workload.parameters
+H100 = {"backend": "cuda", "device_model": "NVIDIA H100 80GB HBM3", "catalog_entry": "h100-sxm",
+        "price_usd_per_hour": None}
+A100 = {"backend": "cuda", "device_model": "NVIDIA A100-SXM4-40GB", "catalog_entry": "a100-sxm",
+        "price_usd_per_hour": None}
+
+
+def report(*argv: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert run_command("report", list(argv)) == 0
+    return out.getvalue()
+
+
+def result(run_id: str, device: dict, world: int, tokens_per_s: float, seed: int, **environment) -> dict:
+    data = json.loads(SOURCE.read_text())
+    data = copy.deepcopy(data)
+    data["run_id"] = run_id
+    data["device"].update(device, simulated=False, device_count=world)
+    data["spec"]["seed"] = seed
+    data["spec"]["parallel"] = {"tp": 1, "pp": 1, "dp": world, "source": "user"}
+    data["spec"]["launch"]["nproc_per_node"] = world
+    data["environment"].update(backend=device["backend"], device_models=[device["device_model"]], **environment)
+    seq = data["spec"]["seq_length"]
+    data["metrics"].update(world_size=world, tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / world,
+                           samples_per_s=tokens_per_s / seq)
+    return data
+
+
+def write(folder: Path, *results: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for data in results:
+        (folder / f"{data['run_id']}.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.fixture
+def pair(tmp_path) -> Path:
+    """H100: 3 runs on 1 device (1000, 1010, 990 tokens/s) and 3 on 2 (1900, 1920, 1880), plus an
+    oversubscribed 4-device run (10 tokens/s) that must not enter the fit; A100: 3 runs on 1 device
+    (500, 505, 495)."""
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+            for i, t in enumerate((1000, 1010, 990))]
+    runs += [result(f"2026112{i}T010000Z-tiny-cuda-h2{i}", H100, 2, t, i, devices_used=2)
+             for i, t in enumerate((1900, 1920, 1880))]
+    runs.append(result("20261124T020000Z-tiny-cuda-h4x", H100, 4, 10, 0, devices_used=4, oversubscribed=True,
+                       oversubscribed_reason="devices shared with another job"))
+    runs += [result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
+             for i, t in enumerate((500, 505, 495))]
+    return write(tmp_path / "pair", *runs)
+
+
+def test_faster_and_cheaper_named_with_the_repeats(pair):
+    text = report(str(pair), "--against", str(PUBLISHED))
+    decision = text.split("## Decision")[1].split("## Runs")[0]
+    # tokens/s per device: H100 median 1000 (its 1-device point beats 950 on 2), A100 500: 2.00x, 3 vs 3 separated
+    assert ("Faster: NVIDIA H100 80GB HBM3, 2.00x the tokens/s per device of NVIDIA A100-SXM4-40GB; shown by the "
+            "repeats (3 and 3 runs; p=0.1 (exact U=0), separated).") in decision
+    # $ per million tokens with the catalog's prices: 6.88/3600/1000e-6 = 1.911 against 2.7447/3600/500e-6 = 1.525
+    h100, a100 = 6.88 / 3600 / 1000 * 1e6, 2.7447 / 3600 / 500 * 1e6
+    assert f"Cheaper: NVIDIA A100-SXM4-40GB, ${a100:,.4g} per million tokens against ${h100:,.4g}" in decision
+    assert f"({a100 / h100:.2f}x); shown by the repeats" in decision
+    # every price used, with its source and date
+    assert "p5.48xlarge (8x H100 SXM 80GB), us-east-1: $55.04/h / 8 GPUs" in decision and "2026-08-26" in decision
+    assert "p4d.24xlarge (8x A100 SXM4 40GB)" in decision
+
+
+def test_projection_uses_the_fitted_scaling_and_the_budget(pair):
+    text = report(str(pair), "--against", str(PUBLISHED))
+    decision = text.split("## Decision")[1].split("## Runs")[0]
+    budget = 20 * TINY_PARAMETERS
+    assert "Token budget: 137.042e6 tokens (20 tokens per parameter x 6.85M parameters" in decision
+    # fit over (1, 1000) and (2, 1900): slope log2(1.9), 95% per doubling; 8 devices from the 1-device point:
+    # 1000 x 8^log2(1.9) = 1000 x 1.9^3 = 6859 tokens/s; the oversubscribed 4-device run is not a point
+    days = budget / (1000 * 1.9 ** 3) / 86400
+    cost = 6.88 * 8 * days * 24
+    assert (f"Time to train on 8 x NVIDIA H100 80GB HBM3: 137.042e6 tokens take {fmt(days, 2)} days and costs "
+            f"${cost:,.0f}, projected to 8 devices with the scaling fitted to 1, 2 devices (95% efficiency per "
+            "doubling).") in decision
+    # the A100, one device count: linear, said in the same sentence
+    days_a100 = budget / (500 * 8) / 86400
+    assert (f"Time to train on 8 x NVIDIA A100-SXM4-40GB: 137.042e6 tokens take {fmt(days_a100, 2)} days and costs "
+            f"${2.7447 * 8 * days_a100 * 24:,.0f}, projected linearly from 1 device(s): measured at one device "
+            "count only") in decision
+    # the fitted points are shown: 1 and 2 devices, fitted exactly by a line through two points
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in decision.splitlines()
+            if line.startswith("| 2 ")]
+    assert rows == [["2", "TP1 PP1 DP2", "3", "1,900.0", "1,900.0", "2,000.0", "95%"]]
+
+
+def test_oversubscribed_run_is_marked_everywhere_and_left_out(pair):
+    data = json.loads(report(str(pair), "--format", "json"))
+    marked = next(r for r in data["runs"] if r["run_id"].endswith("h4x"))
+    assert marked["oversubscribed"] is True and marked["devices_charged"] == 4
+    text = report(str(pair))
+    runs_table = text.split("## Runs")[1].split("## Against")[0]
+    assert "oversubscribed (devices shared with another job): left out of decisions and scaling fits" in runs_table
+    assert text.split("## Procurement")[1].count("[oversubscribed]") == 1
+    assert text.split("## Per model")[1].split("## Procurement")[0].count("[oversubscribed]") == 1
+
+
+def test_one_run_a_side_is_not_distinguishable(tmp_path):
+    folder = write(tmp_path / "single", result("20261121T000000Z-tiny-cuda-h1", H100, 1, 1000, 1),
+                   result("20261121T000000Z-tiny-cuda-a1", A100, 1, 500, 1))
+    decision = report(str(folder), "--tokens", "1e9").split("## Decision")[1].split("## Runs")[0]
+    assert ("Faster: not distinguishable with 1 and 1 runs (NVIDIA H100 80GB HBM3 leads: 2.00x the tokens/s per "
+            "device of NVIDIA A100-SXM4-40GB; fewer than 2 runs a side).") in decision
+    assert "Token budget: 1e9 tokens (--tokens)" in decision
+
+
+def test_cpu_ranks_on_one_socket_are_one_device_and_oversubscription_is_judged(tmp_path):
+    """Older CPU results record neither devices_used nor oversubscribed: one socket per node is
+    charged, and ranks x threads per rank above the usable cores is oversubscribed."""
+    cpu = {"backend": "cpu", "device_model": "AMD EPYC", "catalog_entry": None, "price_usd_per_hour": None}
+    fits = result("20261121T000000Z-tiny-cpu-fits", cpu, 2, 900, 1)
+    fits["environment"]["tuning"]["intra_op_threads"] = 1  # 2 ranks x 1 thread on 2 cores
+    over = result("20261121T000000Z-tiny-cpu-over", cpu, 2, 400, 2)
+    over["environment"]["tuning"]["intra_op_threads"] = 2  # 2 ranks x 2 threads on 2 cores
+    for data in (fits, over):
+        data["device"]["tuning"] = data["environment"]["tuning"]
+    folder = write(tmp_path / "cpu", fits, over)
+    data = json.loads(report(str(folder), "--format", "json", "--price", "AMD EPYC=0.5"))
+    rows = {r["run_id"][-4:]: r for r in data["runs"]}
+    assert rows["fits"]["devices_charged"] == 1 and "one CPU socket per node" in rows["fits"]["devices_charged_basis"]
+    assert rows["fits"]["cost_per_million_tokens_usd"] == pytest.approx(0.5 / 3600 * 1 / 900 * 1e6)
+    assert rows["fits"]["oversubscribed"] is False
+    assert rows["over"]["oversubscribed"] is True
+    assert rows["over"]["oversubscribed_reason"] == "2 ranks x 2 threads per rank on 2 usable cores"
+    text = report(str(folder), "--price", "AMD EPYC=0.5")
+    assert "AMD EPYC x1 (2 ranks) [CPU]" in text
+
+
+def test_prices_file_and_its_errors(tmp_path, pair):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("h100-sxm: {usd_per_hour: 2.0, source: our contract, date: 2026-11-01}\n"
+                      "NVIDIA A100-SXM4-40GB: 1.5\n")
+    data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices)))
+    h100 = next(r for r in data["runs"] if r["run_id"].endswith("h10"))
+    a100 = next(r for r in data["runs"] if r["run_id"].endswith("a10"))
+    assert (h100["price_usd_per_hour"], h100["price_source"], h100["price_date"]) == (2.0, "our contract", "2026-11-01")
+    assert (a100["price_usd_per_hour"], a100["price_source"]) == (1.5, f"--prices {prices}")
+    # --price wins over the file
+    data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices), "--price", "h100-sxm=3"))
+    assert next(r for r in data["runs"] if r["run_id"].endswith("h10"))["price_usd_per_hour"] == 3.0
+    for text, pattern in (("h100-sxm: lots\n", "entry 'h100-sxm' is 'lots'; accepted: a number >= 0"),
+                          ("h100-sxm: {usd: 2}\n", "entry 'h100-sxm' has unknown key 'usd'"),
+                          ("- 1\n", "must be a mapping"), ("a: [\n", "not a YAML file")):
+        prices.write_text(text)
+        with pytest.raises(UsageError, match=pattern) as error:
+            run_command("report", [str(pair), "--prices", str(prices)])
+        assert "\n" not in str(error.value)
+
+
+def test_published_tables_alone(tmp_path):
+    text = report("--against", str(PUBLISHED))
+    decision = text.split("## Decision")[1]
+    # 345m: 8p-NPU 59.7 samples/s x 1024 / 8 devices = 7641.6 tokens/s per device; 8p-GPU(V) 37.8 -> 4838.4
+    assert f"has {59.7 / 37.8:.2f}x the tokens/s per device of published 8p-GPU(V)" in decision
+    assert "one figure each, no repeats: no confidence can be stated" in decision
+    # the V100-class row is priced as the catalog's v100-sxm2 ($3.06, AWS p3.16xlarge); no Ascend 910 price
+    assert "priced as catalog v100-sxm2" in decision and "$3.06" in decision
+    assert "no public on-demand list price of an Ascend 910 instance found" in decision
+    # 345m's budget: 20 x 354,871,296 parameters
+    assert f"Token budget: {20 * 354_871_296 / 1e9:g}e9 tokens (20 tokens per parameter" in decision
+    days = 20 * 354_871_296 / (37.8 * 1024) / 86400  # 8 devices, the published count: no scaling needed
+    assert f"| {fmt(days, 2)} " in decision
+    assert math.isfinite(days)
+
+
+def test_html_renders_offline_in_chromium_and_a_legend_click_hides_its_series(pair, tmp_path):
+    """The page is opened in headless Chromium (a few seconds): no script error, the charts are
+    in the DOM, and a click on a legend entry hides that series (the click is sent by a script
+    appended to the page for the test)."""
+    import re
+    import shutil
+    import subprocess
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed: the HTML report is not rendered")
+    page = tmp_path / "report.html"
+    assert run_command("report", [str(pair), "--format", "html", "--out", str(page)]) == 0
+    click = ('<script>document.querySelector("svg.chart g.legend").dispatchEvent(new MouseEvent("click"));'
+             "</script></body>")
+    page.write_text(page.read_text().replace("</body>", click))
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Uncaught" not in done.stderr
+    dom = done.stdout
+    assert len(re.findall(r'<svg class="chart"', dom)) == 4  # tiny: throughput, scaling, memory, loss
+    first = re.search(r'<g class="legend([^"]*)" data-series="([^"]*)"', dom)
+    assert first.group(1) == " off"
+    assert re.search(rf'<g data-series="{re.escape(first.group(2))}" class="hidden">', dom)
+
+
+def test_json_carries_the_decision(pair):
+    data = json.loads(report(str(pair), "--format", "json"))
+    texts = [block["text"] for block in data["decision"] if "text" in block]
+    assert any(text.startswith("Faster: NVIDIA H100 80GB HBM3, 2.00x") for text in texts)
+    table = next(block["table"] for block in data["decision"] if "table" in block)
+    assert {row["device"]: row["ratio to fastest"] for row in table} == {
+        "NVIDIA A100-SXM4-40GB": "0.500", "NVIDIA H100 80GB HBM3": "1.000"}
+
+
+def test_cpu_energy_of_one_socket_covers_its_ranks(tmp_path):
+    """RAPL telemetry of a 2-rank CPU run reads one socket: with devices_used 1 it covers the run
+    (telemetry in the shape of GPU telemetry, set by hand: this machine exposes no RAPL counter)."""
+    cpu = {"backend": "cpu", "device_model": "AMD EPYC", "catalog_entry": None, "price_usd_per_hour": None}
+    data = result("20261121T000000Z-tiny-cpu-rapl", cpu, 2, 900, 1, devices_used=1,
+                  devices_used_basis="1 CPU socket (2 ranks)")
+    data["metrics"]["telemetry"] = {"source": "rapl", "available": True, "energy_j": 300.0,
+                                    "power_w_mean_total": 60.0,
+                                    "devices": [{"index": 0, "energy_j": 300.0, "power_w_mean": 60.0}]}
+    row = json.loads(report(str(write(tmp_path / "rapl", data)), "--format", "json"))["runs"][0]
+    spec = data["spec"]
+    assert row["energy_per_token_j"] == pytest.approx(300.0 / (spec["global_batch_size"] * spec["seq_length"]
+                                                               * data["metrics"]["timed_steps"]))
+    assert row["devices_charged_basis"] == "1 CPU socket (2 ranks)"
+
+
+def test_a_catalog_price_needs_its_source_and_date(tmp_path, monkeypatch):
+    from hwbench.catalog import CatalogError, load_catalog
+
+    entry = (REPO / "hwbench" / "catalogs" / "devices" / "h100-sxm.yaml").read_text()
+    (tmp_path / "devices").mkdir()
+    mine = tmp_path / "devices" / "h100-sxm.yaml"
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    mine.write_text("\n".join(line for line in entry.splitlines() if not line.startswith("price_source")) + "\n")
+    with pytest.raises(CatalogError, match="price_source must be given with price_date"):
+        load_catalog()
+    mine.write_text(entry.replace("price_date: '2026-08-26'", "price_date: 'last week'"))
+    with pytest.raises(CatalogError, match="price_date must be a date written YYYY-MM-DD"):
+        load_catalog()
+    monkeypatch.delenv("HWBENCH_CATALOG_PATH")
+    # every shipped entry has a price with its source and date, or says why it has none
+    for name, device in load_catalog().devices.items():
+        if device.price_usd_per_hour is None:
+            assert device.price_unavailable, name
+        else:
+            assert device.price_source and "$" in device.price_source and device.price_date, name
