@@ -125,6 +125,12 @@ def test_oversubscribed_run_is_marked_everywhere_and_left_out(pair):
     assert "oversubscribed (devices shared with another job): left out of decisions and scaling fits" in runs_table
     assert text.split("## Procurement")[1].count("[oversubscribed]") == 1
     assert text.split("## Per model")[1].split("## Procurement")[0].count("[oversubscribed]") == 1
+    from hwbench.report.plots import throughput
+
+    rows = [r for r in data["runs"] if r["model"] == "tiny"]
+    chart = throughput("tiny", rows)
+    assert "tiny: throughput per device charged (1 oversubscribed run(s) left out)" in chart
+    assert "oversubscribed" not in chart.replace("oversubscribed run(s) left out", "")
 
 
 def test_one_run_a_side_is_not_distinguishable(tmp_path):

@@ -1,7 +1,7 @@
 """The report's plots as inline SVG (hwbench.report.svg), one per model and kind: a chart never
 mixes two models. Each function takes run rows (dicts as built by hwbench.report.runs.run_row,
 with the projection fields) and returns SVG text, or None when there is nothing to plot.
-Oversubscribed runs are marked in every label and left out of the scaling plot."""
+Oversubscribed runs are marked in every label and left out of the throughput and scaling plots."""
 
 from __future__ import annotations
 
@@ -49,10 +49,13 @@ def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dic
 
 def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     """tokens/s per device charged of each point (the median of its repeats; hover: every run),
-    one series per device model."""
-    rows = [r for r in rows if r.get("tokens_per_s_per_device_charged")]
+    one series per device model. Oversubscribed runs are left out: their throughput measures the
+    contention, not the device (their memory still counts, in the memory plot)."""
+    measured = [r for r in rows if r.get("tokens_per_s_per_device_charged")]
+    rows = [r for r in measured if r["oversubscribed"] is not True]
     if not rows:
         return None
+    left_out = len(measured) - len(rows)
     categories, by_device = _by_device(rows)
     series = []
     for device, runs_by_category in sorted(by_device.items()):
@@ -64,8 +67,9 @@ def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
                          f"tokens/s per device over {len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures)
                          if figures else "")
         series.append((device, values, texts))
-    return bar_chart(f"{model}: throughput per device charged", "tokens/s per device (median of repeats)",
-                     categories, series)
+    title = f"{model}: throughput per device charged" + (
+        f" ({left_out} oversubscribed run(s) left out)" if left_out else "")
+    return bar_chart(title, "tokens/s per device (median of repeats)", categories, series)
 
 
 def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
