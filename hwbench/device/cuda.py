@@ -35,8 +35,9 @@ class CudaBackend(AcceleratorBackend):
     def available() -> bool:
         return torch.version.cuda is not None and torch.cuda.is_available()
 
-    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
-        device = super().prepare_process(local_rank, local_world_size)
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
+                        threads: int | None = None) -> torch.device:
+        device = super().prepare_process(local_rank, local_world_size, threads)
         # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
