@@ -14,7 +14,7 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.harness.placement import cpu_list_text, node_placements, placement_environment
+from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
@@ -128,8 +128,9 @@ def merge_nodes(reports: list[RankReport]) -> list[RankReport]:
         node = nodes.setdefault(r.node_rank, {"node_rank": r.node_rank, "host": r.host, "ranks": [],
                                                  "environment": r.environment})
         node["ranks"].append(r.rank)
-    for placement in node_placements(reports) or []:
-        nodes[placement.node_rank]["placement"] = placement.describe()
+    for placement in host_placements(reports) or []:
+        for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
+            nodes[node_rank]["placement"] = placement.describe()
     return [nodes[k] for k in sorted(nodes)]
 
 
@@ -218,7 +219,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     } for r in reports]
     result.nodes = merge_nodes(reports)
     # a new mapping: the nodes' entries keep each node's own environment as it was reported
-    result.environment = {**result.environment, **placement_environment(node_placements(reports))}
+    result.environment = {**result.environment, **placement_environment(host_placements(reports))}
     _judge(result, spec, times)
 
 
