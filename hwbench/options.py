@@ -85,6 +85,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("pp_schedule", "pipeline schedule (default: 1f1b, or gpipe when there are fewer microbatches than "
            "stages)", choices=PP_SCHEDULES, group=P),
     Option("nproc_per_node", "ranks on this node (default: 1, in this process)", int, group=L),
+    Option("threads_per_rank", "torch intra-op threads in each rank (default: the usable cores of the node "
+           "shared among its ranks); more threads than cores marks the run oversubscribed", int, group=L),
     Option("nnodes", "nodes in the job (default: 1)", int, group=L),
     Option("node_rank", "this node's rank, 0 to nnodes-1 (default: 0)", int, group=L),
     Option("master_addr", "address of node 0 (default: 127.0.0.1)", group=L),
@@ -196,6 +198,7 @@ class RunOptions:
     engine: str | None = None
     pp_schedule: str | None = None
     nproc_per_node: int | None = None
+    threads_per_rank: int | None = None
     nnodes: int | None = None
     node_rank: int | None = None
     master_addr: str | None = None

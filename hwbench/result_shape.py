@@ -105,7 +105,8 @@ MEMORY = {"peak_allocated_bytes": BYTES, "peak_reserved_bytes": BYTES, "capacity
 TELEMETRY_DEVICE = {"index": Nullable(COUNT), "host": TEXT, "uuid": TEXT, "energy_j": RATE, "energy_method": TEXT,
                     "power_w_mean": RATE, "power_w_max": RATE, "temperature_c_mean": FIGURE,
                     "temperature_c_max": FIGURE, "utilization_percent_mean": FIGURE,
-                    "memory_used_mb_mean": FIGURE, "throttle_reasons": Nullable(ListOf(str))}
+                    "memory_used_mb_mean": FIGURE, "throttle_reasons": Nullable(ListOf(str)),
+                    "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT}
 TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devices": Nullable(ListOf(TELEMETRY_DEVICE)),
              "energy_j": RATE, "power_w_mean_total": RATE, "interval_s": RATE, "window_s": RATE,
              "samples": Nullable(COUNT), "ranks": Nullable(COUNT), "ranks_available": Nullable(COUNT),
@@ -133,6 +134,7 @@ SPEC = {
     "initial_scale_power": Nullable(COUNT), "loss_scale": FIGURE, "data": TEXT, "split": TEXT,
     "eval_interval": Nullable(COUNT), "eval_iters": Nullable(COUNT), "telemetry": Nullable(bool),
     "telemetry_interval_s": RATE, "flops_formula": TEXT, "out_dir": TEXT, "run_args": ListOf(str),
+    "threads_per_rank": Nullable(Integer(minimum=1)),
 }
 DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_count": Nullable(COUNT),
           "torch_device": TEXT, "simulated": Nullable(bool), "catalog_entry": TEXT, "catalog_path": TEXT,
@@ -142,13 +144,22 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
           "auto_passed_over": Nullable(ListOf(str))}
 ENVIRONMENT = {"device_models": Nullable(ListOf(str)), "device_count": Nullable(COUNT), "host": TEXT,
                "backend": TEXT, "simulated": Nullable(bool), "cpu_cores_usable": Nullable(COUNT),
-               "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything))}
+               "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything)),
+               "oversubscribed": Nullable(bool), "oversubscribed_reason": TEXT,
+               "threads_per_rank": Nullable(Integer(minimum=1)), "devices_used": Nullable(COUNT),
+               "devices_used_basis": TEXT}
 STEP = {"step": Required(COUNT), "phase": TEXT, "time_s": RATE, "loss": FIGURE, "grad_norm": FIGURE, "lr": FIGURE,
         "loss_scale": FIGURE, "skipped": Nullable(bool)}
+RANK_PLACEMENT = {"threads": Nullable(Integer(minimum=1)), "usable_cores": Nullable(COUNT), "cpus": TEXT,
+                  "devices": Nullable(ListOf(str))}
+NODE_PLACEMENT = {"threads_per_rank": Nullable(ListOf(Integer(minimum=1))), "usable_cores": Nullable(COUNT),
+                  "devices": Nullable(ListOf(str)), "oversubscribed": Nullable(bool), "oversubscribed_reason": TEXT}
 RANK = {"rank": Required(COUNT), "local_rank": Nullable(COUNT), "node_rank": Nullable(COUNT), "host": TEXT,
         "coordinates": Nullable(MapOf(Nullable(COUNT))), "memory": Nullable(MEMORY),
-        "step_time_s": Nullable(STEP_TIME), "telemetry": Nullable(MapOf(Anything)), "last_step": Nullable(COUNT)}
-NODE = {"node_rank": Required(COUNT), "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT)}
+        "step_time_s": Nullable(STEP_TIME), "telemetry": Nullable(MapOf(Anything)), "last_step": Nullable(COUNT),
+        "placement": Nullable(RANK_PLACEMENT)}
+NODE = {"node_rank": Required(COUNT), "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT),
+        "placement": Nullable(NODE_PLACEMENT)}
 ERROR = {"type": TEXT, "message": TEXT, "traceback": TEXT, "rank": Nullable(COUNT), "signal": TEXT,
          "log_tail": TEXT}
 SWEEP = {"suite": TEXT, "suite_path": TEXT, "point": TEXT, "repeat": Nullable(COUNT), "repeats": Nullable(COUNT),

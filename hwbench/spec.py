@@ -40,6 +40,7 @@ MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already 
 MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
 MAX_RANKS_PER_NODE = 1024
 MAX_NODES = 65_536
+MAX_THREADS_PER_RANK = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +124,7 @@ class RunSpec:
     telemetry_interval_s: float
     flops_formula: str
     out_dir: str
+    threads_per_rank: int | None = None  # None: the backend shares the usable cores among the ranks
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -410,4 +412,6 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         telemetry_interval_s=float(interval),
         flops_formula=formula,
         out_dir=_check_out_dir(given("out", DEFAULT_OUT)) if check_paths else given("out", DEFAULT_OUT),
+        threads_per_rank=(None if options.get("threads_per_rank") is None else
+                          _positive("--threads-per-rank", options["threads_per_rank"], maximum=MAX_THREADS_PER_RANK)),
     )

@@ -44,6 +44,7 @@ BAD_RUNS = [
     (["--model", "tiny", "--engine", "megatron"], ["--engine", "'megatron'", "native"]),
     (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2", "0 to 1"]),
     (["--nproc-per-node", "0"], ["--nproc-per-node 0", "from 1 to 1024"]),
+    (["--threads-per-rank", "0"], ["--threads-per-rank 0", "from 1 to 4096"]),
     (["--master-port", "70000"], ["--master-port 70000", "1 to 65535"]),
     (["--rdzv-endpoint", "nohost"], ["--rdzv-endpoint 'nohost'", "HOST:PORT"]),
     (["--timeout", "0"], ["--timeout 0", "> 0"]),

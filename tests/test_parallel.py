@@ -146,6 +146,11 @@ def test_two_node_agents_on_loopback_run_one_job(tmp_path):
     assert [n["node_rank"] for n in result["nodes"]] == [0, 1]
     assert [n["ranks"] for n in result["nodes"]] == [[0], [1]]
     assert result["spec"]["parallel"]["dp"] == 2
+    # both node agents run on this host, each rank with all its cores: judged together, oversubscribed
+    cores = len(os.sched_getaffinity(0))
+    assert result["environment"]["oversubscribed"] is True
+    assert result["environment"]["oversubscribed_reason"].endswith(f"= {2 * cores} > {cores} usable cores")
+    assert [n["placement"]["oversubscribed"] for n in result["nodes"]] == [True, True]
 
 
 def test_run_under_torchrun_is_that_ranks_worker(tmp_path):

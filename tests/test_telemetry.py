@@ -4,6 +4,8 @@ sampler's summary, energy and error handling."""
 from __future__ import annotations
 
 import itertools
+import os
+import pathlib
 import sys
 import threading
 import time
@@ -281,3 +283,157 @@ def test_a_flaky_sampler_summarises_the_readings_it_got():
     assert summary["samples"] >= 3
     assert device["power_w_mean"] == 50.0
     assert device["energy_method"] == "integrated power samples"
+
+
+# --- RAPL package energy on the CPU (a fake powercap tree) ------------------------
+
+from hwbench.device.rapl import ENERGY_METHOD, POWERCAP, RaplSampler, counter_increment_uj  # noqa: E402
+
+RANGE_UJ = 262_143_328_850  # max_energy_range_uj of a real Intel package zone
+
+
+def powercap_tree(root, packages=(0,), energy_uj=1_000_000):
+    """/sys/class/powercap as the kernel lays it out: a package zone per socket, its
+    core sub-zone (intel-rapl:N:0) and a psys zone, which are not package energy."""
+    for n in packages:
+        zone = root / f"intel-rapl:{n}"
+        (zone / f"intel-rapl:{n}:0").mkdir(parents=True)
+        (zone / "name").write_text(f"package-{n}\n")
+        (zone / "energy_uj").write_text(f"{energy_uj}\n")
+        (zone / "max_energy_range_uj").write_text(f"{RANGE_UJ}\n")
+        (zone / f"intel-rapl:{n}:0" / "name").write_text("core\n")
+        (zone / f"intel-rapl:{n}:0" / "energy_uj").write_text("5\n")
+    psys = root / f"intel-rapl:{len(packages)}"
+    psys.mkdir()
+    (psys / "name").write_text("psys\n")
+    (psys / "energy_uj").write_text("7\n")
+    (psys / "max_energy_range_uj").write_text(f"{RANGE_UJ}\n")
+    return root
+
+
+def set_energy(root, package, microjoules):
+    (root / f"intel-rapl:{package}" / "energy_uj").write_text(f"{microjoules}\n")
+
+
+def test_rapl_counter_increment_across_the_wrap():
+    assert counter_increment_uj(100, 250, RANGE_UJ) == 150
+    assert counter_increment_uj(RANGE_UJ - 1_000_000, 2_000_000, RANGE_UJ) == 3_000_000
+
+
+def test_rapl_energy_over_the_window_counts_every_wrap(tmp_path):
+    root = powercap_tree(tmp_path / "powercap", energy_uj=RANGE_UJ - 5_000_000)
+    sampler = RaplSampler(interval_s=60.0, root=root)  # the test drives the readings
+    assert [d.name for d in sampler.domains] == ["package-0"]  # not the core sub-zone, not psys
+    sampler.start()
+    set_energy(root, 0, 10_000_000)  # wrapped: 15 J since the start
+    sampler.read()
+    set_energy(root, 0, RANGE_UJ - 1_000_000)
+    sampler.read()
+    set_energy(root, 0, 4_000_000)  # wrapped again: a start/end difference alone would miss both
+    summary = sampler.stop()
+
+    assert summary["available"] is True and summary["source"] == "rapl"
+    (device,) = summary["devices"]
+    assert device["energy_j"] == pytest.approx(15 + (RANGE_UJ - 11_000_000) / 1e6 + 5)
+    assert device["energy_method"] == ENERGY_METHOD == "rapl-package"
+    assert device["name"] == "package-0" and device["package"] == 0
+    assert "whole CPU socket" in device["energy_scope"] and "other" not in device["unmeasured"]
+    assert device["power_w_mean"] == pytest.approx(device["energy_j"] / summary["window_s"])
+
+
+def test_rapl_reads_only_the_packages_the_ranks_may_run_on(tmp_path):
+    root = powercap_tree(tmp_path / "powercap", packages=(0, 1))
+    assert [d.package for d in RaplSampler(root=root).domains] == [0, 1]
+    assert [d.package for d in RaplSampler(root=root, packages=[1]).domains] == [1]
+    reason = RaplSampler(root=root, packages=[2]).unavailable_reason()
+    assert reason == f"no RAPL: {root} has no intel-rapl package domain for CPU package 2"
+
+
+def test_rapl_energy_unreadable_is_unavailable_with_the_reason(tmp_path, monkeypatch):
+    """Since Linux 5.10 energy_uj is 0400 root. Root ignores file modes, so when this
+    test runs as root the read is refused as the kernel refuses it to anyone else."""
+    root = powercap_tree(tmp_path / "powercap")
+    energy = root / "intel-rapl:0" / "energy_uj"
+    energy.chmod(0o000)
+    if os.access(energy, os.R_OK):
+        real_read_text = pathlib.Path.read_text
+
+        def refused(path, *args, **kwargs):
+            if path == energy:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_read_text(path, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "read_text", refused)
+    sampler = RaplSampler(root=root)
+    sampler.start()
+    summary = sampler.stop()
+    assert summary["available"] is False and summary["devices"] == []
+    assert str(energy) in summary["reason"] and "root-only" in summary["reason"]
+
+
+def test_rapl_on_this_machine(tmp_path):
+    """The real /sys/class/powercap: absent on most VMs (this one included), then the
+    telemetry is unavailable and says so; where it is there and readable, it measures."""
+    sampler = RaplSampler(interval_s=0.05)
+    sampler.start()
+    time.sleep(0.2)
+    summary = sampler.stop()
+    if not POWERCAP.is_dir():
+        assert summary == {"source": "rapl", "available": False, "devices": [],
+                           "reason": f"no RAPL: {POWERCAP} does not exist (no powercap driver: an older kernel, "
+                                     "or a virtual machine)"}
+    elif summary["available"]:
+        assert all(d["energy_j"] >= 0 and d["energy_method"] == "rapl-package" for d in summary["devices"])
+    else:
+        assert summary["reason"].startswith(("no RAPL", "RAPL energy unreadable"))
+
+
+def test_cpu_backend_telemetry_is_rapl():
+    from hwbench.device.cpu import CpuBackend
+
+    assert isinstance(CpuBackend().telemetry_sampler(0.5), RaplSampler)
+
+
+def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
+    """What the report charges (hwbench.report.cost.measured_energy) from a CPU run's
+    telemetry: two ranks of one node sample the same package, counted once."""
+    from hwbench.harness.merge import RankReport, merge_telemetry
+    from hwbench.report.cost import measured_energy
+    from hwbench.results import RunResult
+
+    root = powercap_tree(tmp_path / "powercap", energy_uj=0)
+    sampler = RaplSampler(interval_s=60.0, root=root)
+    sampler.start()
+    set_energy(root, 0, 30_000_000)
+    one_rank = sampler.stop()
+    result = RunResult(run_id="r", status="ok", spec={}, metrics={"telemetry": one_rank})
+    energy, power, reason = measured_energy(result, world=1)
+    assert (energy, reason) == (pytest.approx(30.0), None) and power == pytest.approx(30.0 / one_rank["window_s"])
+
+    ranks = [RankReport(rank=r, step_times_s=[1.0], memory={}, host="h", telemetry=one_rank) for r in (0, 1)]
+    merged = merge_telemetry(ranks)
+    assert len(merged["devices"]) == 1 and merged["energy_j"] == pytest.approx(30.0)
+
+
+def test_merged_gpu_telemetry_keeps_every_rank_s_device():
+    """Each GPU rank samples its own device at summary index 0: the name tells them apart
+    (before, a node's ranks merged into one device and the report missed the others' energy)."""
+    from hwbench.harness.merge import RankReport, merge_telemetry
+
+    def reading(name, joules):
+        return {"source": "nvml", "available": True, "devices": [
+            {"index": 0, "name": name, "energy_j": joules, "power_w_mean": joules / 10}]}
+
+    ranks = [RankReport(rank=r, step_times_s=[1.0], memory={}, host="h", telemetry=reading(f"gpu:{r}", 100.0 * (r + 1)))
+             for r in (0, 1)]
+    merged = merge_telemetry(ranks)
+    assert [d["name"] for d in merged["devices"]] == ["gpu:0", "gpu:1"]
+    assert merged["energy_j"] == pytest.approx(300.0) and merged["power_w_mean_total"] == pytest.approx(30.0)
+
+
+def test_each_gpu_and_npu_sampler_names_its_device(monkeypatch):
+    from hwbench.device.npu_smi import NpuSmiSampler
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    assert NvmlSampler([], [3]).device_details(0) == {"name": "gpu:3"}
+    assert NpuSmiSampler([5]).device_details(0) == {"name": "npu:5"}

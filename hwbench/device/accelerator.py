@@ -33,6 +33,9 @@ class AcceleratorBackend(Backend):
     def synchronize(self) -> None:
         self.api.synchronize()
 
+    def devices_in_use(self) -> tuple[list[str], str]:
+        return [f"{self.name}:{self.local_index}"], f"the {self.name} device each rank is bound to"
+
     def step_timer(self) -> StepTimer:
         return EventTimer(self.api.Event)
 

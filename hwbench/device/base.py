@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
+from hwbench.device.host import allowed_cpus, usable_cores
 from hwbench.device.telemetry import TelemetrySampler
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -105,6 +106,9 @@ class Backend(abc.ABC):
     passed_over: tuple[str, ...] = ()  # set by --device auto: installed accelerators it could not use, and why
     # dtype the engines reduce each gradient's norm in (None: torch's get_total_norm as is)
     grad_norm_dtype: torch.dtype | None = None
+    # Whether each rank needs a device of its own (GPUs, NPUs) or ranks share one (the
+    # CPU): ranks sharing an exclusive device make a run oversubscribed.
+    exclusive_devices: bool = True
 
     def __init__(self) -> None:
         # What the backend changed in this process to run well, recorded in results.
@@ -119,8 +123,12 @@ class Backend(abc.ABC):
     def device_names(self) -> list[str]: ...
 
     # control --------------------------------------------------------------
-    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
-        """Bind this process to its device and apply the backend's tuning."""
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
+                        threads: int | None = None) -> torch.device:
+        """Bind this process to its device and apply the backend's tuning. ``threads``
+        (--threads-per-rank) sets torch's intra-op threads; None leaves the backend's choice."""
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.torch_device = self._set_device(local_rank)
         return self.torch_device
 
@@ -129,6 +137,20 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def synchronize(self) -> None: ...
+
+    # placement --------------------------------------------------------------
+    @abc.abstractmethod
+    def devices_in_use(self) -> tuple[list[str], str]:
+        """The devices this process computes on, named so that they are distinct on
+        its node, and how they were found: for counting the devices a run used."""
+
+    def placement(self) -> dict[str, Any]:
+        """Where this process runs (after prepare_process): torch's intra-op threads,
+        the CPUs it may run on, its usable cores and its devices. Rank 0 judges
+        oversubscription and counts the devices used from every rank's."""
+        devices, basis = self.devices_in_use()
+        return {"threads": torch.get_num_threads(), "cpus": allowed_cpus(), "usable_cores": usable_cores(),
+                "devices": devices, "devices_basis": basis, "exclusive_devices": self.exclusive_devices}
 
     @abc.abstractmethod
     def step_timer(self) -> StepTimer: ...

@@ -32,24 +32,13 @@ import torch
 
 from hwbench.device.kinds import KINDS
 from hwbench.device.base import Backend, HostTimer, MemoryStats, StepTimer
-from hwbench.device.telemetry import NoTelemetry, TelemetrySampler
+from hwbench.device.host import allowed_cpus, cpu_packages, usable_cores
+from hwbench.device.rapl import RaplSampler
+from hwbench.device.telemetry import TelemetrySampler
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-
-
-def usable_cores() -> int:
-    """Cores this process may really use: its affinity mask, capped by a cgroup
-    v2 CPU quota when one is set."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 # Set to 0 to leave glibc's allocator as it is (lower resident peak, slower steps).
@@ -177,6 +166,7 @@ class CpuBackend(Backend):
     # model's 6.4M-element embedding gradient came out 2.4e-4 low, 7.5e-4 by step 3
     # (pytorch/pytorch#169237). Reduced in fp64, as DeepSpeed's ZeRO does on the CPU.
     grad_norm_dtype = torch.float64
+    exclusive_devices = False  # ranks share the CPU; oversubscription is judged by threads and cores
 
     def __init__(self) -> None:
         super().__init__()
@@ -189,19 +179,28 @@ class CpuBackend(Backend):
     def device_names(self) -> list[str]:
         return [_cpu_model()]
 
-    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
-        threads = max(1, usable_cores() // max(1, local_world_size))
-        torch.set_num_threads(threads)
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
+                        threads: int | None = None) -> torch.device:
+        """``threads`` None: the usable cores shared among the ranks on this host."""
+        chosen = threads if threads is not None else max(1, usable_cores() // max(1, local_world_size))
         allocator, self._heap = keep_freed_memory_in_heap()
         self.tuning = {
-            "intra_op_threads": threads,
+            "intra_op_threads": chosen,
             "usable_cores": usable_cores(),
             "allocator": allocator,
         }
-        return super().prepare_process(local_rank, local_world_size)
+        return super().prepare_process(local_rank, local_world_size, chosen)
 
     def _set_device(self, local_rank: int) -> torch.device:
         return torch.device("cpu")
+
+    def devices_in_use(self) -> tuple[list[str], str]:
+        """One device per CPU package (socket) the process may run on: ranks on one
+        socket share one CPU, and the energy and price are the socket's."""
+        packages, problem = cpu_packages(allowed_cpus())
+        if packages is None:
+            return ["cpu"], f"one CPU per node: {problem}"
+        return [f"package-{p}" for p in packages], "CPU packages (sockets) of the cores the ranks may run on"
 
     def synchronize(self) -> None:
         pass  # CPU work is done when the call returns
@@ -252,7 +251,10 @@ class CpuBackend(Backend):
         )
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
-        return NoTelemetry("no power or thermal sensors are read on the CPU backend", interval_s)
+        """RAPL package energy of the sockets this process may run on (all, when the
+        topology is unknown); unavailable with the reason where RAPL is absent or unreadable."""
+        packages, _ = cpu_packages(allowed_cpus())
+        return RaplSampler(interval_s, packages=packages)
 
     def fingerprint(self) -> dict[str, Any]:
         flags = _cpu_flags()

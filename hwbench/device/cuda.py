@@ -49,8 +49,9 @@ class CudaBackend(AcceleratorBackend):
             return f"CUDA failed: {type(error).__name__}: {error}"
         return "torch sees no CUDA device (check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES)"
 
-    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
-        device = super().prepare_process(local_rank, local_world_size)
+    def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
+                        threads: int | None = None) -> torch.device:
+        device = super().prepare_process(local_rank, local_world_size, threads)
         # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off.
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False

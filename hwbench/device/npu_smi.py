@@ -126,6 +126,10 @@ class NpuSmiSampler(TelemetrySampler):
         self.device_ids = device_ids
         self._command = shutil.which(command)
 
+    def device_details(self, index: int) -> dict[str, Any]:
+        # each rank samples its own chip at summary index 0: the id tells the node's chips apart
+        return {"name": f"npu:{self.device_ids[index]}"} if index < len(self.device_ids) else {}
+
     def unavailable_reason(self) -> str | None:
         if self._command is None:
             return "npu-smi is not on PATH (it comes with the Ascend driver)"

@@ -53,6 +53,7 @@ class NvmlSampler(TelemetrySampler):
         super().__init__(interval_s)
         self._pynvml = _import_pynvml()
         self._handles: list[Any] = []
+        self._names = [f"gpu:{index}" for index in indices]  # distinct on the node, unlike the summary's index
         self._reason: str | None = None
         if self._pynvml is None:
             self._reason = "nvidia-ml-py (module pynvml) is not installed"
@@ -75,6 +76,9 @@ class NvmlSampler(TelemetrySampler):
 
     def unavailable_reason(self) -> str | None:
         return self._reason
+
+    def device_details(self, index: int) -> dict[str, Any]:
+        return {"name": self._names[index]} if index < len(self._names) else {}
 
     def _query(self, call: Callable[[], Any]) -> Any:
         try:

@@ -21,6 +21,7 @@ class TelemetrySampler:
     may override ``energy_counter_j`` when the device has an energy counter."""
 
     source = "none"
+    energy_method = "energy counter"  # what energy_counter_j reads, as the result names it
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
@@ -44,6 +45,10 @@ class TelemetrySampler:
     def unavailable_reason(self) -> str | None:
         """Why this sampler measures nothing, or None when it works."""
         return None
+
+    def device_details(self, index: int) -> dict[str, Any]:
+        """What names device ``index`` in the summary beyond its index (a RAPL domain's name)."""
+        return {}
 
     # Running -------------------------------------------------------------
     def start(self) -> None:
@@ -97,7 +102,7 @@ class TelemetrySampler:
         }
 
     def _summarise_device(self, index, readings, times, window_s, energy_end) -> dict[str, Any]:
-        summary: dict[str, Any] = {"index": index}
+        summary: dict[str, Any] = {"index": index, **self.device_details(index)}
         unmeasured: dict[str, str] = {}
         for key in MEAN_AND_MAX:
             values = [r.get(key) for r in readings if r.get(key) is not None]
@@ -121,7 +126,7 @@ class TelemetrySampler:
         begin = self._energy_start[index] if index < len(self._energy_start) else None
         end = energy_end[index] if index < len(energy_end) else None
         if begin is not None and end is not None:
-            return end - begin, "energy counter"
+            return end - begin, self.energy_method
         powers = [(t, r.get("power_w")) for t, r in zip(times, readings) if r.get("power_w") is not None]
         if len(powers) >= 2:  # trapezoidal integration of sampled power
             joules = sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in zip(powers, powers[1:]))

@@ -14,6 +14,7 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
+from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
@@ -47,7 +48,7 @@ class RankReport:
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     validation: list[RankReport] = dataclasses.field(default_factory=list)
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
-
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -89,8 +90,10 @@ def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
     devices, seen = [], set()
     for report, reading in zip(reports, readings):
         for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
-            key = (report.host, device.get("index"))
-            if key not in seen:  # ranks of one node may sample the same devices
+            # ranks of one node may sample the same devices (the CPU's packages); each rank
+            # samples its own GPU/NPU at index 0, told apart by its name
+            key = (report.host, device.get("name", device.get("index")))
+            if key not in seen:
                 seen.add(key)
                 devices.append({**device, "host": report.host})
     energies = [d.get("energy_j") for d in devices]
@@ -118,13 +121,24 @@ def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
 
 
 def merge_nodes(reports: list[RankReport]) -> list[RankReport]:
-    """The environment of every node (one entry per node rank), with its ranks."""
+    """The environment of every node (one entry per node rank), with its ranks and
+    where they ran (threads, usable cores, devices, oversubscription)."""
     nodes: dict[int, dict[str, Any]] = {}
     for r in reports:
         node = nodes.setdefault(r.node_rank, {"node_rank": r.node_rank, "host": r.host, "ranks": [],
                                                  "environment": r.environment})
         node["ranks"].append(r.rank)
+    for placement in host_placements(reports) or []:
+        for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
+            nodes[node_rank]["placement"] = placement.describe()
     return [nodes[k] for k in sorted(nodes)]
+
+
+def _rank_placement(placement: dict[str, Any]) -> dict[str, Any] | None:
+    if not placement:
+        return None
+    return {"threads": placement["threads"], "usable_cores": placement["usable_cores"],
+            "cpus": cpu_list_text(placement["cpus"]), "devices": placement["devices"]}
 
 
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
@@ -201,9 +215,11 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.ranks = [{
         "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank, "host": r.host,
         "coordinates": r.coordinates, "step_time_s": summarize(r.step_times_s), "memory": r.memory,
-        "telemetry": r.telemetry if world > 1 else None,
+        "telemetry": r.telemetry if world > 1 else None, "placement": _rank_placement(r.placement),
     } for r in reports]
     result.nodes = merge_nodes(reports)
+    # a new mapping: the nodes' entries keep each node's own environment as it was reported
+    result.environment = {**result.environment, **placement_environment(host_placements(reports))}
     _judge(result, spec, times)
 
 
@@ -230,6 +246,9 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
     if lagging and lagging["ratio"] and lagging["ratio"] > STRAGGLER_RATIO:
         result.warnings.append(f"straggler: rank {lagging['rank']} took {lagging['ratio']:.2f}x the median rank's "
                                "median step time")
+    if result.environment.get("oversubscribed"):
+        result.warnings.append(f"[oversubscribed] {result.environment['oversubscribed_reason']}: the figures include "
+                               "time spent waiting for a core or a device")
     if spec.parallel.source == "published":
         result.warnings.append(f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "
                                "workload's published settings")

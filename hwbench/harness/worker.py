@@ -64,7 +64,8 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     workload = catalog.workloads[spec.model]
     local_rank, local_world = (rank_env.local_rank, rank_env.local_world_size) if rank_env else (0, 1)
     try:
-        backend.prepare_process(local_rank=local_rank, local_world_size=local_world)
+        backend.prepare_process(local_rank=local_rank, local_world_size=local_world, threads=spec.threads_per_rank)
+        placement = backend.placement()
     except Exception as error:
         raise SetupError(f"--device {backend.name}: the device could not be prepared: {error}") from error
     fault = Fault.from_environ()
@@ -89,7 +90,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         try:
             result.engine = engine.describe()
             measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
-            report = rank_report(ctx, measurement, result.environment, heartbeat)
+            report = rank_report(ctx, measurement, result.environment, heartbeat, placement)
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
@@ -243,7 +244,8 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
 
 
-def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat) -> RankReport:
+def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat,
+                placement: dict[str, Any]) -> RankReport:
     """This rank's figures as plain values, for rank 0 to merge. The loss of each
     step is averaged over the data-parallel ranks here (one collective after the
     timed loop), so the merged curve is the global batch's."""
@@ -266,5 +268,6 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         data=m.data,
         validation=m.validation,
         environment=environment,
+        placement=placement,
     )
 
