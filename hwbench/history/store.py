@@ -1,0 +1,186 @@
+"""The history database: every result ever added, one SQLite file (docs/history.md).
+
+Tables: ``runs`` (one row per result: run id, start time, the night it belongs to,
+git commit, status, the point it measured, its environment fingerprint) and
+``metrics`` (every numeric figure of a result under its dotted name, such as
+``tokens_per_s`` or ``step_time_s.median``). Adding is idempotent by run id, and
+one call of add_results is one transaction: a failure leaves the database as it was.
+
+The schema version is SQLite's ``user_version``; MIGRATIONS[v] takes a database from
+version v - 1 to v, so an older file is brought up to date when it is opened and a
+newer one is refused (this hwbench would not know its tables).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from hwbench.errors import UsageError
+from hwbench.report.compare import KEY_FIELDS, _fingerprint, point_key
+from hwbench.results import RunResult
+
+DEFAULT_DB = "results/history.sqlite"
+OPTION = "--db"
+
+# MIGRATIONS[v]: the statements that take a database from version v - 1 to version v.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE runs (
+               run_id TEXT PRIMARY KEY,
+               started_at TEXT NOT NULL,
+               night TEXT NOT NULL,          -- the UTC date the run started on
+               git_commit TEXT,
+               git_dirty INTEGER,
+               status TEXT NOT NULL,
+               point_key TEXT,               -- JSON list of hwbench.report.compare.KEY_FIELDS; NULL without a spec
+               fingerprint TEXT NOT NULL,    -- JSON: device model and the performance environment fields
+               environment TEXT NOT NULL,    -- JSON: the result's whole environment
+               source TEXT NOT NULL,         -- the file it was read from
+               added_at TEXT NOT NULL)""",
+        """CREATE TABLE metrics (
+               run_id TEXT NOT NULL REFERENCES runs(run_id),
+               name TEXT NOT NULL,
+               value REAL NOT NULL,
+               PRIMARY KEY (run_id, name)) WITHOUT ROWID""",
+        "CREATE INDEX runs_by_point ON runs(point_key, started_at)",
+        "CREATE INDEX metrics_by_name ON metrics(name)",
+    ),
+}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+def open_history(path: str | os.PathLike, create: bool = False) -> sqlite3.Connection:
+    """The database at ``path``, migrated to SCHEMA_VERSION. ``create``: make the file (and
+    its folder) when missing; otherwise a missing file is a UsageError naming --db."""
+    where = Path(path)
+    if where.exists() and not where.is_file():
+        raise UsageError(f"{OPTION} {os.fspath(path)!r} is not a file; give the path of an SQLite file")
+    if not where.exists():
+        if not create:
+            raise UsageError(f"{OPTION} {os.fspath(path)!r}: no history database there; make one with "
+                             "`hwbench history add RESULTS --db PATH`")
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(f"{OPTION} {os.fspath(path)!r}: its folder cannot be made ({error.strerror})") from None
+    try:
+        connection = sqlite3.connect(where)
+        migrate(connection, os.fspath(path))
+    except sqlite3.DatabaseError as error:
+        raise UsageError(f"{OPTION} {os.fspath(path)!r}: not a usable SQLite database ({error})") from None
+    return connection
+
+
+def migrate(connection: sqlite3.Connection, name: str) -> None:
+    """Apply every migration above the file's version, each in its own transaction."""
+    version = connection.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise UsageError(f"{OPTION} {name!r}: history schema version {version} is newer than this hwbench reads "
+                         f"(up to {SCHEMA_VERSION}); use a newer hwbench")
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        with connection:
+            for statement in MIGRATIONS[target]:
+                connection.execute(statement)
+            connection.execute(f"PRAGMA user_version = {target}")
+
+
+def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every numeric figure of a result's metrics as (dotted name, value); lists (validation
+    points, per-device telemetry) and the reasons of unmeasured figures are left out."""
+    for key, value in metrics.items():
+        if key == "unmeasured":
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from flat_metrics(value, f"{name}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield name, float(value)
+
+
+def night_of(started_at: str) -> str:
+    """The UTC date a run started on: the repeats of one nightly job share it."""
+    try:
+        moment = datetime.datetime.fromisoformat(started_at)
+    except ValueError:
+        return started_at[:10]
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(datetime.timezone.utc)
+    return moment.date().isoformat()
+
+
+@dataclasses.dataclass
+class AddOutcome:
+    added: int = 0
+    already_present: int = 0
+    without_start: list[str] = dataclasses.field(default_factory=list)  # run ids left out: no start time
+
+
+def add_results(connection: sqlite3.Connection, results: Iterable[tuple[RunResult, Path]]) -> AddOutcome:
+    """Add (result, the file it came from) pairs in one transaction; a run id already in the
+    database is left as it is."""
+    outcome = AddOutcome()
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    known = {row[0] for row in connection.execute("SELECT run_id FROM runs")}
+    runs, metrics = [], []
+    for result, source in results:
+        if result.run_id in known:
+            outcome.already_present += 1
+            continue
+        if not result.started_at:
+            outcome.without_start.append(result.run_id)
+            continue
+        known.add(result.run_id)
+        runs.append(_run_row(result, source, now))
+        metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics or {})]
+    with connection:
+        connection.executemany("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+        connection.executemany("INSERT INTO metrics VALUES (?, ?, ?)", metrics)
+    outcome.added = len(runs)
+    return outcome
+
+
+def _run_row(result: RunResult, source: Path, now: str) -> tuple:
+    environment = result.environment or {}
+    git = environment.get("hwbench_git") or {}
+    key = point_key(result)
+    dirty = git.get("dirty")
+    return (result.run_id, result.started_at, night_of(result.started_at), git.get("commit"),
+            None if dirty is None else int(bool(dirty)), result.status,
+            None if key is None else json.dumps(list(key)), json.dumps(_fingerprint(result), sort_keys=True),
+            json.dumps(environment, sort_keys=True, default=str), os.fspath(source), now)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredRun:
+    """One run as the history reads it back for one metric."""
+
+    run_id: str
+    started_at: str
+    night: str
+    commit: str | None
+    status: str
+    point: dict[str, Any]  # KEY_FIELDS -> value
+    fingerprint: dict[str, str | None]
+    value: float | None  # the metric; None when the run has no such figure
+
+
+def runs_with_metric(connection: sqlite3.Connection, metric_name: str) -> list[StoredRun]:
+    """Every run that measured a point, with its value of ``metric_name`` (dotted name),
+    oldest first."""
+    rows = connection.execute(
+        """SELECT runs.run_id, started_at, night, git_commit, status, point_key, fingerprint, metrics.value
+           FROM runs LEFT JOIN metrics ON metrics.run_id = runs.run_id AND metrics.name = ?
+           WHERE point_key IS NOT NULL ORDER BY started_at, runs.run_id""", (metric_name,))
+    return [StoredRun(run_id, started, night, commit, status, dict(zip(KEY_FIELDS, json.loads(key))),
+                      json.loads(fingerprint), value)
+            for run_id, started, night, commit, status, key, fingerprint, value in rows]
+
+
+def run_count(connection: sqlite3.Connection) -> int:
+    return connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
