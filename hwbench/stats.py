@@ -5,6 +5,7 @@ statistic of `hwbench history changes`."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -161,12 +162,14 @@ def student_t_two_sided_p(t: float, df: float) -> float:
     return regularized_beta(df / (df + t * t), df / 2.0, 0.5)
 
 
+@functools.lru_cache(maxsize=512)
 def student_t_quantile(two_sided_p: float, df: float) -> float:
-    """The t with P(|T| >= t) = ``two_sided_p`` (bisection on student_t_two_sided_p)."""
+    """The t with P(|T| >= t) = ``two_sided_p`` (bisection on student_t_two_sided_p; cached,
+    as the change-point search asks for the same few degrees of freedom again and again)."""
     low, high = 0.0, 1.0
     while student_t_two_sided_p(high, df) > two_sided_p:
         high *= 2.0
-    for _ in range(100):
+    for _ in range(60):
         middle = (low + high) / 2.0
         if student_t_two_sided_p(middle, df) > two_sided_p:
             low = middle
@@ -198,26 +201,35 @@ def pooled_t_test(before: Sequence[float], after: Sequence[float]) -> dict[str, 
             "df": float(df), "p": student_t_two_sided_p(t, df), "mean_before": mean1, "mean_after": mean2}
 
 
-def energy_split_statistics(values: Sequence[float], min_size: int) -> list[float]:
-    """E-divisive's divergence of every split of ``values`` (Matteson & James 2014, with
-    alpha = 1 and the second segment running to the end, as Hunter/Otava use it):
-    for a split at tau, with X = values[:tau] (m values) and Y = values[tau:] (r values),
-    Q(tau) = m r / (m + r) x (2/(m r) sum|X - Y| - 1/C(m,2) sum|X - X'| - 1/C(r,2) sum|Y - Y'|).
-    Returns Q for tau = min_size ... n - min_size (index 0 is tau = min_size); all in
-    O(n^2) from cumulative sums of the pairwise distances."""
+def energy_divisive_split(values: Sequence[float], min_size: int) -> tuple[int, int, float] | None:
+    """E-divisive's best split of ``values`` (Matteson & James 2014, alpha = 1): the (tau, kappa)
+    that maximise the scaled energy divergence between X = values[:tau] (m values) and
+    Y = values[tau:kappa] (r values),
+        Q = m r / (m + r) x (2/(m r) sum|X - Y| - 1/C(m,2) sum|X - X'| - 1/C(r,2) sum|Y - Y'|),
+    over min_size <= m, r; returns (tau, kappa, Q), or None when ``values`` is too short.
+    Searching kappa too (not only the end) finds a dip that recovers. All (tau, kappa) at
+    once in O(n^2) from a 2-D cumulative sum of the pairwise distances."""
     import numpy as np
 
     x = np.asarray(values, dtype=float)
     n = len(x)
+    if n < 2 * min_size:
+        return None
     upper = np.triu(np.abs(x[:, None] - x[None, :]), 1)
-    into = upper.sum(axis=0)  # into[k]: sum over i < k of |x_i - x_k|
-    out_of = upper.sum(axis=1)  # out_of[i]: sum over k > i
-    total = upper.sum()
-    taus = np.arange(min_size, n - min_size + 1)
-    left = np.concatenate(([0.0], np.cumsum(into)))[taus]  # pairs inside values[:tau]
-    right = np.concatenate((np.cumsum(out_of[::-1])[::-1], [0.0]))[taus]  # pairs inside values[tau:]
-    cross = total - left - right
-    m, r = taus.astype(float), (n - taus).astype(float)
-    within_left = np.divide(left, m * (m - 1) / 2, out=np.zeros_like(left), where=m > 1)
-    within_right = np.divide(right, r * (r - 1) / 2, out=np.zeros_like(right), where=r > 1)
-    return (m * r / n * (2 * cross / (m * r) - within_left - within_right)).tolist()
+    cumulative = np.zeros((n + 1, n + 1))
+    cumulative[1:, 1:] = upper.cumsum(axis=0).cumsum(axis=1)
+
+    def block(r0, r1, c0, c1):  # sum of upper[r0:r1, c0:c1]
+        return cumulative[r1, c1] - cumulative[r0, c1] - cumulative[r1, c0] + cumulative[r0, c0]
+
+    tau, kappa = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    valid = (tau >= min_size) & (kappa - tau >= min_size)
+    tau, kappa = tau[valid], kappa[valid]
+    m, r = tau.astype(float), (kappa - tau).astype(float)
+    zero = np.zeros_like(tau)
+    cross = block(zero, tau, tau, kappa)
+    within_x = np.divide(block(zero, tau, zero, tau), m * (m - 1) / 2, out=np.zeros_like(m), where=m > 1)
+    within_y = np.divide(block(tau, kappa, tau, kappa), r * (r - 1) / 2, out=np.zeros_like(r), where=r > 1)
+    divergence = m * r / (m + r) * (2 * cross / (m * r) - within_x - within_y)
+    best = int(np.argmax(divergence))
+    return int(tau[best]), int(kappa[best]), float(divergence[best])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import html
 
-from hwbench.history.changes import SeriesChanges, describe_change
+from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
 from hwbench.history.series import format_value, short_commit
 
 WIDTH, HEIGHT = 1100, 240
@@ -46,7 +46,7 @@ def trend_page(analyses: list[SeriesChanges], threshold: float) -> str:
              f"<p>{len(analyses)} series, {moments} change point(s), {opened} open regression(s) beyond "
              f"{threshold * 100:g}%. Written {now}.</p>",
              "<p class=note>Each dot is one night (the median of its runs); hover for night, commit and figure. "
-             "Dashed lines: change points (E-divisive means, Student t p &lt; 0.001; docs/history.md), red a "
+             f"Dashed lines: change points (E-divisive means, Student t p &lt; {ALPHA:g}; docs/history.md), red a "
              "regression, green an improvement. Grey bands: a new environment (driver, torch, ...), where a series "
              "starts a new segment. Orange: the level between change points.</p>"]
     parts += [_section(analysis) for analysis in ordered]
