@@ -30,7 +30,7 @@ from hwbench.stats import energy_divisive_split, pooled_t_test
 
 # Significance of a change point. Otava's default is 0.001; the nightly job tests every
 # series again each night, so the false alarms add up over the nights: the simulation in
-# docs/history.md found 7% of noise-only series raising a false regression on some night
+# docs/history.md found 9% of noise-only series raising a false regression on some night
 # at 0.001, 2% at 1e-4 and none at 1e-5, which still finds a 5% step within 3 nights in
 # 97% of series at 2% run-to-run noise.
 ALPHA = 1e-5
