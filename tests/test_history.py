@@ -261,3 +261,16 @@ def test_at_this_machines_noise_a_five_percent_step_cannot_be_found():
     noise = simulation.NoiseModel.from_runs(real_noise_runs(), resample=True)
     assert noise.cv > 0.10
     assert simulation.simulate_steps(noise, series=30, seed=103).rate("detected") < 0.5
+
+
+def test_history_needs_no_torch(tmp_path, capsys):
+    """`history changes` reads a database and does statistics: it must not wait for torch."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 6), "--db", db)
+    code = ("import sys\nfrom hwbench.cli import main\nmain(['history', 'changes', '--db', %r])\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)" % str(db))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "NO TORCH", done.stderr[-2000:]
