@@ -119,6 +119,15 @@ def test_add_refuses_a_missing_path_and_writes_nothing(tmp_path):
     assert cli_main(["history", "add", str(tmp_path / "missing"), "--db", str(db)]) == 2
 
 
+def test_add_of_nothing_readable_is_refused_and_makes_no_database(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "broken.json").write_text("{")
+    db = tmp_path / "history.sqlite"
+    with pytest.raises(UsageError, match="no readable hwbench result files \\(1 unreadable\\)"):
+        run_command("history", ["add", str(tmp_path / "runs"), "--db", str(db)])
+    assert not db.exists()
+
+
 def test_add_names_unreadable_files_and_takes_the_rest(tmp_path, capsys):
     results = write_nights(tmp_path / "runs", [1000.0])
     (results / "broken.json").write_text('{"schema_version": 1, "run_id": ')

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
-from hwbench.report.compare import METRICS
+from hwbench.report.compare import DEFAULT_THRESHOLD, METRICS
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
                "result files, `changes` reports change points (exit 3 on an open regression beyond the "
@@ -18,6 +18,7 @@ DESCRIPTION = ("Keep every result in a history database and find where performan
 # tokens/s stands for samples/s, TFLOP/s and MFU too: they are fixed multiples of it for a
 # point, so they would repeat its change points.
 DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory")
+THRESHOLD = f"{DEFAULT_THRESHOLD * 100:g}%"  # hwbench compare's
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,13 +31,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     changes = actions.add_parser("changes", help="change points of every series; exit 3 on an open regression")
     changes.add_argument("--since", metavar="DATE", help="only changes from this UTC date on (YYYY-MM-DD) are listed "
                                                          "and can fail the gate")
-    changes.add_argument("--threshold", default="5%",
-                         help="an open regression fails the gate when worse than this: 5%% or 0.05 (default: 5%%)")
+    changes.add_argument("--threshold", default=THRESHOLD, help="an open regression fails the gate when worse than "
+                                                                 f"this: 5%% or 0.05 (default: {THRESHOLD}%)")
     show = actions.add_parser("show", help="a table of the series: nights, latest figure, change points")
     report = actions.add_parser("report", help="the trend page: one offline HTML file, a chart per series")
     report.add_argument("--format", choices=("html",), default="html", help="html (the only format)")
     report.add_argument("--out", metavar="FILE", required=True, help="the page to write (e.g. trends.html)")
-    report.add_argument("--threshold", default="5%", help="threshold for open regressions (default: 5%%)")
+    report.add_argument("--threshold", default=THRESHOLD, help=f"threshold for open regressions (default: {THRESHOLD}%)")
     for sub in (add, changes, show, report):
         sub.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
                          help=f"the history database, an SQLite file (default: {DEFAULT_DB})")
@@ -56,7 +57,6 @@ def add(args: argparse.Namespace) -> int:
     for path in args.results:
         if not Path(path).exists():
             raise UsageError(f"RESULTS {path!r}: no such file or folder; give result files or folders of them")
-    connection = open_history(args.db, create=True)
     loaded, unreadable = [], 0
     for path in result_files(args.results):
         try:
@@ -64,6 +64,10 @@ def add(args: argparse.Namespace) -> int:
         except ResultFormatError as error:
             unreadable += 1
             print(f"hwbench history: warning: left out {error}", file=sys.stderr)
+    if not loaded:
+        raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
+                         "unreadable); give result files or folders of them")
+    connection = open_history(args.db, create=True)
     outcome = add_results(connection, loaded)
     for run_id in outcome.without_start:
         print(f"hwbench history: warning: left out run {run_id}: it has no start time", file=sys.stderr)
@@ -124,7 +128,6 @@ def show(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from hwbench.history.series import format_value, short_commit
-    from hwbench.report.compare import DEFAULT_THRESHOLD
 
     rows = []
     for analysis in _analyses(args, DEFAULT_THRESHOLD):
