@@ -146,6 +146,10 @@ def test_database_of_a_newer_schema_or_not_sqlite_is_refused(tmp_path):
         store.open_history(garbage)
     with pytest.raises(UsageError, match="--db .*no history database"):
         store.open_history(tmp_path / "absent.sqlite")
+    with pytest.raises(UsageError, match="--db 'postgresql://ci@db/hwbench': database URLs are not supported"):
+        store.open_history("postgresql://ci@db/hwbench", create=True)
+    with pytest.raises(UsageError, match="--db .* is not a file"):
+        store.open_history(tmp_path, create=True)
 
 
 def test_an_old_database_is_migrated_when_opened(tmp_path, monkeypatch):
@@ -184,6 +188,15 @@ def test_a_recovered_regression_is_listed_but_not_open(tmp_path, capsys):
     assert code == 0 and "0 open regression(s)" in out and "2 change point(s)" in out
     assert 7.0 <= float(re.search(r" fell ([0-9.]+)%", out).group(1)) <= 9.0
     assert 7.5 <= float(re.search(r" rose ([0-9.]+)%", out).group(1)) <= 10.0
+
+
+def test_a_half_fixed_regression_stays_open_while_the_rest_passes_the_threshold(tmp_path, capsys):
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 20 + [880.0] * 8 + [940.0] * 8), "--db", db)
+    code, out, _ = history(capsys, "changes", "--db", db)
+    assert code == REGRESSION_EXIT and f"worse than before {night_date(20)}" in out
+    step_time = next(line for line in out.splitlines() if line.startswith("median step time") and " rose " in line)
+    assert step_time.endswith("(regression)")  # lower is better: a longer step is the regression
 
 
 def test_an_environment_change_starts_a_segment_and_is_not_a_regression(tmp_path, capsys):

@@ -32,7 +32,7 @@ from hwbench.stats import energy_divisive_split, pooled_t_test
 # series again each night, so the false alarms add up over the nights: the simulation in
 # docs/history.md found 9% of noise-only series raising a false regression on some night
 # at 0.001, 2% at 1e-4 and none at 1e-5, which still finds a 5% step within 3 nights in
-# 97% of series at 2% run-to-run noise.
+# 95% of series at 2% run-to-run noise.
 ALPHA = 1e-5
 MIN_NIGHTS = 3  # nights on each side of a change point, so one odd night cannot make one
 
@@ -121,9 +121,14 @@ def open_regression(tests: Sequence[dict[str, float]], threshold: float,
         return None, None
     latest = regressions[-1]
     before = tests[latest]["mean_before"]
-    relative = (tests[-1]["mean_after"] - before) / before
+    relative = _relative(tests[-1]["mean_after"] - before, before)
     worse_by = -relative if higher_is_better else relative
     return (latest if worse_by > threshold else None), relative
+
+
+def _relative(difference: float, level: float) -> float:
+    """``difference`` as a fraction of ``level``; 0 for a level of 0, which has no relative change."""
+    return difference / abs(level) if level else 0.0
 
 
 def _worse(test: dict[str, float], higher_is_better: bool) -> bool:
@@ -142,19 +147,23 @@ def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
         values = [night.value for night in segment.nights]
         points = change_points(values, alpha, min_nights)
         tests = level_changes(values, points)
-        first = len(changes)
-        ends = list(points[1:]) + [len(values)]
-        for split, end, test in zip(points, ends, tests):
-            changes.append(Change(series=series, index=offset + split, night=segment.nights[split],
-                                  previous=segment.nights[split - 1], before=test["mean_before"],
-                                  after=test["mean_after"], change=test["difference"] / test["mean_before"],
-                                  ci95_low=test["ci95_low"] / test["mean_before"],
-                                  ci95_high=test["ci95_high"] / test["mean_before"], p=test["p"],
-                                  later_nights=end - split - 1, worse=_worse(test, higher_is_better)))
         latest, open_change = open_regression(tests, threshold, higher_is_better)
-        open_index = None if latest is None else first + latest
+        open_index = None if latest is None else len(changes) + latest
+        changes += _segment_changes(series, segment.nights, offset, points, tests, higher_is_better)
         offset += len(values)
     return SeriesChanges(series, changes, None if open_index is None else changes[open_index], open_change)
+
+
+def _segment_changes(series: Series, nights: list[Night], offset: int, points: list[int],
+                     tests: list[dict[str, float]], higher_is_better: bool) -> list[Change]:
+    ends = points[1:] + [len(nights)]
+    return [Change(series=series, index=offset + split, night=nights[split], previous=nights[split - 1],
+                   before=test["mean_before"], after=test["mean_after"],
+                   change=_relative(test["difference"], test["mean_before"]),
+                   ci95_low=_relative(test["ci95_low"], test["mean_before"]),
+                   ci95_high=_relative(test["ci95_high"], test["mean_before"]), p=test["p"],
+                   later_nights=end - split - 1, worse=_worse(test, higher_is_better))
+            for split, end, test in zip(points, ends, tests)]
 
 
 def describe_change(change: Change) -> str:

@@ -58,6 +58,9 @@ SCHEMA_VERSION = max(MIGRATIONS)
 def open_history(path: str | os.PathLike, create: bool = False) -> sqlite3.Connection:
     """The database at ``path``, migrated to SCHEMA_VERSION. ``create``: make the file (and
     its folder) when missing; otherwise a missing file is a UsageError naming --db."""
+    if "://" in os.fspath(path):  # a database URL: only the embedded file is supported (docs/history.md)
+        raise UsageError(f"{OPTION} {os.fspath(path)!r}: database URLs are not supported; give the path of an "
+                         "SQLite file (default results/history.sqlite)")
     where = Path(path)
     if where.exists() and not where.is_file():
         raise UsageError(f"{OPTION} {os.fspath(path)!r} is not a file; give the path of an SQLite file")
