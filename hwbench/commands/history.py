@@ -118,6 +118,9 @@ def changes(args: argparse.Namespace) -> int:
     for analysis in open_regressions:
         print(f"OPEN REGRESSION: {analysis.series.label} is {abs(analysis.open_change) * 100:.1f}% worse than before "
               f"{analysis.open_regression.night.night} (commit {analysis.open_regression.night.commit or 'unknown'})")
+    if not analyses:
+        print(f"hwbench history: warning: {args.db} holds no ok result with "
+              f"{args.metric or ', '.join(DEFAULT_METRICS)}", file=sys.stderr)
     print(f"{len(analyses)} series: {listed} change point(s), {environment} environment change(s)"
           f"{' since ' + since if since else ''}; {len(open_regressions)} open regression(s) beyond "
           f"{threshold * 100:g}%")
@@ -135,9 +138,10 @@ def show(args: argparse.Namespace) -> int:
         latest = analysis.changes[-1] if analysis.changes else None
         rows.append([series.label, len(series.nights), len(series.segments), last.night, short_commit(last.commit),
                      format_value(series.metric, last.value), len(analysis.changes),
-                     f"{latest.kind} {latest.change * 100:+.1f}% at {latest.night.night}" if latest else "-"])
+                     f"{latest.kind} {latest.change * 100:+.1f}% at {latest.night.night}" if latest else "-",
+                     f"{analysis.open_change * 100:+.1f}%" if analysis.open_regression else "-"])
     print(tabulate(rows, headers=["series", "nights", "segments", "last night", "commit", "last value",
-                                  "change points", "latest change"]))
+                                  "change points", "latest change", "open regression"]))
     return 0
 
 
