@@ -1,7 +1,7 @@
 """How long `hwbench history add` takes for 10,000 results and `hwbench history changes` for
 200 series of 50 nights (docs/history.md). Not part of the test run:
 
-    python benchmarks/history_speed.py [--keep FOLDER]
+    python benchmarks/history_speed.py [--keep FOLDER] [--db postgresql://...]
 
 The results are copies of a real one (tests/data/compare/tiny-cpu.json): 200 points (other
 sequence lengths) x 50 nights, one run a night, throughput around a level with 2% noise and a
@@ -55,10 +55,13 @@ def timed(argv: list[str]) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", help="write the results and the database here (default: a temporary folder)")
+    parser.add_argument("--db", help="the database (default: FOLDER/history.sqlite); an empty PostgreSQL "
+                                     "database's URL times that")
     args = parser.parse_args()
     folder = Path(args.keep or tempfile.mkdtemp(prefix="hwbench-history-speed-"))
-    write_results(folder / "results")
-    db = folder / "history.sqlite"
+    if not (folder / "results").exists():
+        write_results(folder / "results")
+    db = args.db or folder / "history.sqlite"
     for argv in (["history", "add", str(folder / "results"), "--db", str(db)],
                  ["history", "add", str(folder / "results"), "--db", str(db)],
                  ["history", "changes", "--db", str(db), "--metric", "tokens_per_s"],

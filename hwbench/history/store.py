@@ -1,4 +1,5 @@
-"""The history database: every result ever added, one SQLite file (docs/history.md).
+"""The history database: every result ever added, one SQLite file, or a PostgreSQL
+database for a team's shared store (hwbench.history.postgres; docs/history.md).
 
 Tables: ``runs`` (one row per result: run id, start time, the night it belongs to,
 git commit, status, the point it measured, its environment fingerprint) and
@@ -6,9 +7,10 @@ git commit, status, the point it measured, its environment fingerprint) and
 ``tokens_per_s`` or ``step_time_s.median``). Adding is idempotent by run id, and
 one call of add_results is one transaction: a failure leaves the database as it was.
 
-The schema version is SQLite's ``user_version``; MIGRATIONS[v] takes a database from
-version v - 1 to v, so an older file is brought up to date when it is opened and a
-newer one is refused (this hwbench would not know its tables).
+The schema version is SQLite's ``user_version`` (a one-row table in PostgreSQL);
+MIGRATIONS[v] takes a database from version v - 1 to v, so an older database is brought
+up to date when it is opened and a newer one is refused (this hwbench would not know its
+tables). The statements are plain SQL that both databases take.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from hwbench.results import RunResult
 
 DEFAULT_DB = "results/history.sqlite"
 OPTION = "--db"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 # MIGRATIONS[v]: the statements that take a database from version v - 1 to version v.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -46,8 +49,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         """CREATE TABLE metrics (
                run_id TEXT NOT NULL REFERENCES runs(run_id),
                name TEXT NOT NULL,
-               value REAL NOT NULL,
-               PRIMARY KEY (run_id, name)) WITHOUT ROWID""",
+               value DOUBLE PRECISION NOT NULL,
+               PRIMARY KEY (run_id, name))""",
         "CREATE INDEX runs_by_point ON runs(point_key, started_at)",
         "CREATE INDEX metrics_by_name ON metrics(name)",
     ),
@@ -55,34 +58,79 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
-def open_history(path: str | os.PathLike, create: bool = False) -> sqlite3.Connection:
-    """The database at ``path``, migrated to SCHEMA_VERSION. ``create``: make the file (and
-    its folder) when missing; otherwise a missing file is a UsageError naming --db."""
-    if "://" in os.fspath(path):  # a database URL: only the embedded file is supported (docs/history.md)
-        raise UsageError(f"{OPTION} {os.fspath(path)!r}: database URLs are not supported; give the path of an "
-                         "SQLite file (default results/history.sqlite)")
+def open_history(path: str | os.PathLike, create: bool = False):
+    """The database at ``path`` (a file, or a postgresql:// URL), migrated to SCHEMA_VERSION.
+    ``create``: make the file (and its folder), or the tables, when missing; otherwise a
+    missing database is a UsageError naming --db."""
+    text = os.fspath(path)
+    if text.startswith(POSTGRES_SCHEMES):
+        return _open_postgres(text, create)
+    if "://" in text:
+        raise UsageError(f"{OPTION} {text!r}: not a database hwbench knows; give the path of an SQLite file or a "
+                         "postgresql:// URL")
     where = Path(path)
     if where.exists() and not where.is_file():
-        raise UsageError(f"{OPTION} {os.fspath(path)!r} is not a file; give the path of an SQLite file")
+        raise UsageError(f"{OPTION} {text!r} is not a file; give the path of an SQLite file")
     if not where.exists():
         if not create:
-            raise UsageError(f"{OPTION} {os.fspath(path)!r}: no history database there; make one with "
+            raise UsageError(f"{OPTION} {text!r}: no history database there; make one with "
                              "`hwbench history add RESULTS --db PATH`")
         try:
             where.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise UsageError(f"{OPTION} {os.fspath(path)!r}: its folder cannot be made ({error.strerror})") from None
+            raise UsageError(f"{OPTION} {text!r}: its folder cannot be made ({error.strerror})") from None
     try:
         connection = sqlite3.connect(where)
-        migrate(connection, os.fspath(path))
+        migrate(connection, text)
     except sqlite3.DatabaseError as error:
-        raise UsageError(f"{OPTION} {os.fspath(path)!r}: not a usable SQLite database ({error})") from None
+        raise UsageError(f"{OPTION} {text!r}: not a usable SQLite database ({error})") from None
     return connection
 
 
-def migrate(connection: sqlite3.Connection, name: str) -> None:
-    """Apply every migration above the file's version, each in its own transaction."""
-    version = connection.execute("PRAGMA user_version").fetchone()[0]
+def _open_postgres(url: str, create: bool):
+    try:
+        from hwbench.history.postgres import PostgresConnection, connection_error_types
+    except ImportError:
+        raise UsageError(f"{OPTION} {_without_password(url)!r}: a PostgreSQL database needs psycopg (pip install "
+                         "'hwbench[postgres]')") from None
+    errors = connection_error_types()
+    try:
+        connection = PostgresConnection(url)
+        if not create and connection.schema_version() == 0:
+            raise UsageError(f"{OPTION} {_without_password(url)!r}: no history tables there; make them with "
+                             "`hwbench history add RESULTS --db URL`")
+        migrate(connection, _without_password(url))
+    except errors as error:
+        raise UsageError(f"{OPTION} {_without_password(url)!r}: the PostgreSQL database cannot be used: "
+                         f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+    return connection
+
+
+def _without_password(url: str) -> str:
+    """The URL as it may be printed: a password in it replaced by ***."""
+    scheme, _, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if at and ":" in credentials:
+        credentials = credentials.split(":", 1)[0] + ":***"
+    return f"{scheme}://{credentials}{at}{host}"
+
+
+def _schema_version(connection) -> int:
+    if isinstance(connection, sqlite3.Connection):
+        return connection.execute("PRAGMA user_version").fetchone()[0]
+    return connection.schema_version()
+
+
+def _set_schema_version(connection, version: int) -> None:
+    if isinstance(connection, sqlite3.Connection):
+        connection.execute(f"PRAGMA user_version = {int(version)}")
+    else:
+        connection.set_schema_version(version)
+
+
+def migrate(connection, name: str) -> None:
+    """Apply every migration above the database's version, each in its own transaction."""
+    version = _schema_version(connection)
     if version > SCHEMA_VERSION:
         raise UsageError(f"{OPTION} {name!r}: history schema version {version} is newer than this hwbench reads "
                          f"(up to {SCHEMA_VERSION}); use a newer hwbench")
@@ -90,7 +138,7 @@ def migrate(connection: sqlite3.Connection, name: str) -> None:
         with connection:
             for statement in MIGRATIONS[target]:
                 connection.execute(statement)
-            connection.execute(f"PRAGMA user_version = {target}")
+            _set_schema_version(connection, target)
 
 
 def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -124,7 +172,7 @@ class AddOutcome:
     without_start: list[str] = dataclasses.field(default_factory=list)  # run ids left out: no start time
 
 
-def add_results(connection: sqlite3.Connection, results: Iterable[tuple[RunResult, Path]]) -> AddOutcome:
+def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOutcome:
     """Add (result, the file it came from) pairs in one transaction; a run id already in the
     database is left as it is."""
     outcome = AddOutcome()
@@ -142,8 +190,8 @@ def add_results(connection: sqlite3.Connection, results: Iterable[tuple[RunResul
         runs.append(_run_row(result, source, now))
         metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics or {})]
     with connection:
-        connection.executemany("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
-        connection.executemany("INSERT INTO metrics VALUES (?, ?, ?)", metrics)
+        _insert_new(connection, "runs", runs)
+        _insert_new(connection, "metrics", metrics)
     outcome.added = len(runs)
     return outcome
 
@@ -157,6 +205,18 @@ def _run_row(result: RunResult, source: Path, now: str) -> tuple:
             None if dirty is None else int(bool(dirty)), result.status,
             None if key is None else json.dumps(list(key)), json.dumps(_fingerprint(result), sort_keys=True),
             json.dumps(environment, sort_keys=True, default=str), os.fspath(source), now)
+
+
+def _insert_new(connection, table: str, rows: list[tuple]) -> None:
+    """Insert rows, leaving out those whose key is there already: another writer of a shared
+    database may have added the same run since the known run ids were read."""
+    if not rows:
+        return
+    if isinstance(connection, sqlite3.Connection):
+        marks = ", ".join("?" * len(rows[0]))
+        connection.executemany(f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT DO NOTHING", rows)
+    else:
+        connection.insert_new(table, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +233,7 @@ class StoredRun:
     value: float | None  # the metric; None when the run has no such figure
 
 
-def runs_with_metric(connection: sqlite3.Connection, metric_name: str) -> list[StoredRun]:
+def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
     """Every run that measured a point, with its value of ``metric_name`` (dotted name),
     oldest first."""
     rows = connection.execute(
@@ -185,5 +245,5 @@ def runs_with_metric(connection: sqlite3.Connection, metric_name: str) -> list[S
             for run_id, started, night, commit, status, key, fingerprint, value in rows]
 
 
-def run_count(connection: sqlite3.Connection) -> int:
+def run_count(connection) -> int:
     return connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
