@@ -7,8 +7,8 @@ and how often it raises a false regression, with noise built from real repeated 
 runs of `hwbench run --model tiny --seq-length 64 --steps 10 --warmup 2` on the 2-vCPU
 development machine). Their tokens/s gives the first noise model: their relative deviations
 from the median, resampled (a normal with their CV, 105% here, would draw negative
-throughputs). Then normal noise at fixed CVs shows where the method meets the goals. Seeds are fixed, so the figures are reproducible. Takes a few
-minutes on 2 cores.
+throughputs). Then normal noise at fixed CVs shows where the method meets the goals. Seeds
+are fixed, so the figures are reproducible. Takes a few minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def write_nights(folder: Path, levels: list[float], *, cv: float = 0.01, seed: i
             value = level * (1 + rng.gauss(0, cv))
             data["metrics"]["tokens_per_s"] = value
             data["metrics"]["samples_per_s"] = value / data["spec"]["seq_length"]
-            data["metrics"]["step_time_s"]["median"] = data["spec"]["global_batch_size"] * data["spec"]["seq_length"] / value
+            tokens_per_step = data["spec"]["global_batch_size"] * data["spec"]["seq_length"]
+            data["metrics"]["step_time_s"]["median"] = tokens_per_step / value
             data["sweep"] = {"suite": "nightly", "suite_path": "x", "point": "one-rank", "repeat": repeat,
                              "repeats": repeats, "key": f"k{repeat}"}
             write_result(RunResult.from_dict(data), folder / f"night{night:03d}")

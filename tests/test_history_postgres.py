@@ -106,3 +106,4 @@ def test_an_unreachable_server_is_one_line_without_the_password(tmp_path):
     with pytest.raises(UsageError, match="cannot be used") as raised:
         store.open_history(url, create=True)
     assert "secret" not in str(raised.value) and "ci:***@" in str(raised.value)
+    assert store.printable(url) == f"postgresql://ci:***@/hwbench?host={tmp_path}&port=1"

@@ -37,7 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     report = actions.add_parser("report", help="the trend page: one offline HTML file, a chart per series")
     report.add_argument("--format", choices=("html",), default="html", help="html (the only format)")
     report.add_argument("--out", metavar="FILE", required=True, help="the page to write (e.g. trends.html)")
-    report.add_argument("--threshold", default=THRESHOLD, help=f"threshold for open regressions (default: {THRESHOLD}%)")
+    report.add_argument("--threshold", default=THRESHOLD,
+                        help=f"threshold for open regressions (default: {THRESHOLD}%)")
     for sub in (add, changes, show, report):
         sub.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
                          help=f"the history database, an SQLite file (default: {DEFAULT_DB})")
@@ -51,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add(args: argparse.Namespace) -> int:
-    from hwbench.history.store import add_results, open_history, run_count
+    from hwbench.history.store import add_results, open_history, printable, run_count
     from hwbench.results import ResultFormatError, load_result, result_files
 
     for path in args.results:
@@ -71,7 +72,7 @@ def add(args: argparse.Namespace) -> int:
     outcome = add_results(connection, loaded)
     for run_id in outcome.without_start:
         print(f"hwbench history: warning: left out run {run_id}: it has no start time", file=sys.stderr)
-    print(f"{args.db}: added {outcome.added} run(s), {outcome.already_present} already there, {unreadable} "
+    print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there, {unreadable} "
           f"unreadable file(s) left out; {run_count(connection)} run(s) in all")
     return 0
 
@@ -100,6 +101,7 @@ def _since(text: str | None) -> str:
 
 def changes(args: argparse.Namespace) -> int:
     from hwbench.history.changes import describe_change, describe_environment_change
+    from hwbench.history.store import printable
     from hwbench.report.compare import REGRESSION_EXIT, parse_threshold
 
     threshold, since = parse_threshold(args.threshold), _since(args.since)
@@ -119,7 +121,7 @@ def changes(args: argparse.Namespace) -> int:
         print(f"OPEN REGRESSION: {analysis.series.label} is {abs(analysis.open_change) * 100:.1f}% worse than before "
               f"{analysis.open_regression.night.night} (commit {analysis.open_regression.night.commit or 'unknown'})")
     if not analyses:
-        print(f"hwbench history: warning: {args.db} holds no ok result with "
+        print(f"hwbench history: warning: {printable(args.db)} holds no ok result with "
               f"{args.metric or ', '.join(DEFAULT_METRICS)}", file=sys.stderr)
     print(f"{len(analyses)} series: {listed} change point(s), {environment} environment change(s)"
           f"{' since ' + since if since else ''}; {len(open_regressions)} open regression(s) beyond "

@@ -91,23 +91,26 @@ def _open_postgres(url: str, create: bool):
     try:
         from hwbench.history.postgres import PostgresConnection, connection_error_types
     except ImportError:
-        raise UsageError(f"{OPTION} {_without_password(url)!r}: a PostgreSQL database needs psycopg (pip install "
+        raise UsageError(f"{OPTION} {printable(url)!r}: a PostgreSQL database needs psycopg (pip install "
                          "'hwbench[postgres]')") from None
     errors = connection_error_types()
     try:
         connection = PostgresConnection(url)
         if not create and connection.schema_version() == 0:
-            raise UsageError(f"{OPTION} {_without_password(url)!r}: no history tables there; make them with "
+            raise UsageError(f"{OPTION} {printable(url)!r}: no history tables there; make them with "
                              "`hwbench history add RESULTS --db URL`")
-        migrate(connection, _without_password(url))
+        migrate(connection, printable(url))
     except errors as error:
-        raise UsageError(f"{OPTION} {_without_password(url)!r}: the PostgreSQL database cannot be used: "
-                         f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from None
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{OPTION} {printable(url)!r}: the PostgreSQL database cannot be used: {reason}") from None
     return connection
 
 
-def _without_password(url: str) -> str:
-    """The URL as it may be printed: a password in it replaced by ***."""
+def printable(database: str | os.PathLike) -> str:
+    """--db as it may be printed: a password in a URL replaced by ***."""
+    url = os.fspath(database)
+    if "://" not in url:
+        return url
     scheme, _, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")
     if at and ":" in credentials:
