@@ -31,6 +31,7 @@ COMMANDS = {
     "plan": "predict each rank's peak memory for the layouts of a model",
     "report": "tables, plots and one HTML page from result files, beside the published tables",
     "compare": "compare two sets of results; exit 3 on a significant regression",
+    "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "system": "an MLPerf-style system description of the machine a result ran on",
     "data": "prepare datasets: `hwbench data prepare --help`",

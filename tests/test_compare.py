@@ -169,6 +169,15 @@ def test_single_values_use_the_threshold_only(tmp_path, capsys):
     slow = write(tmp_path / "slow", [900.0, 905.0, 898.0])  # 3 values here, 1 there: still threshold only
     code, out, _ = run(capsys, base, slow)
     assert code == 3 and "no repeats: threshold only" in out and "regression" in verdicts(out)
+    assert ("1 point(s) have a single run on a side: with one run per side significance cannot be judged, so the "
+            "5% threshold alone decided them (1 regression(s), 0 improvement(s), 0 within it)") in out
+
+
+def test_repeats_on_both_sides_need_no_threshold_only_note(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [900.0, 905.0, 898.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 3 and "significance cannot be judged" not in out
 
 
 def test_failed_in_current_is_a_regression(tmp_path, capsys):

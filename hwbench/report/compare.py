@@ -366,4 +366,18 @@ def format_report(report: dict[str, Any]) -> str:
     improvements = sum(p.verdict == "improvement" for p in report["points"])
     lines += ["", f"{len(report['points'])} points compared: {regressions} regression(s), "
                   f"{improvements} improvement(s)"]
+    lines += _threshold_only_note(report)
     return "\n".join(lines)
+
+
+def _threshold_only_note(report: dict[str, Any]) -> list[str]:
+    """Say plainly what decided the points with one run on a side: the threshold alone."""
+    alone = [p for p in report["points"] if p.rule == "no repeats: threshold only"]
+    if not alone:
+        return []
+    decided = (f"{sum(p.regression for p in alone)} regression(s), {sum(p.verdict == 'improvement' for p in alone)} "
+               f"improvement(s), {sum(p.verdict == 'no repeats' for p in alone)} within it")
+    return ["", f"{len(alone)} point(s) have a single run on a side: with one run per side significance cannot be "
+                f"judged, so the {report['threshold'] * 100:g}% threshold alone decided them ({decided}). One run "
+                "differs from the next by more than that on a busy machine (docs/compare.md measured it); give "
+                "each side repeats (hwbench sweep --repeats 3) for a judged verdict."]

@@ -1,0 +1,163 @@
+"""`hwbench history add|changes|show|report`: every result kept in one database, change
+points found in the series of nights, a trend page (docs/history.md)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+from hwbench.errors import UsageError
+from hwbench.history.store import DEFAULT_DB
+from hwbench.report.compare import DEFAULT_THRESHOLD, METRICS
+
+DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
+               "result files, `changes` reports change points (exit 3 on an open regression beyond the "
+               "threshold), `show` lists the series, `report` writes the trend page (docs/history.md).")
+# tokens/s stands for samples/s, TFLOP/s and MFU too: they are fixed multiples of it for a
+# point, so they would repeat its change points.
+DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory")
+THRESHOLD = f"{DEFAULT_THRESHOLD * 100:g}%"  # hwbench compare's
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from hwbench.cli import Parser
+
+    actions = parser.add_subparsers(dest="action", required=True, metavar="{add,changes,show,report}",
+                                    parser_class=Parser)
+    add = actions.add_parser("add", help="add result files or folders (sweep folders included) to the database")
+    add.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
+    changes = actions.add_parser("changes", help="change points of every series; exit 3 on an open regression")
+    changes.add_argument("--since", metavar="DATE", help="only changes from this UTC date on (YYYY-MM-DD) are listed "
+                                                         "and can fail the gate")
+    changes.add_argument("--threshold", default=THRESHOLD, help="an open regression fails the gate when worse than "
+                                                                 f"this: 5%% or 0.05 (default: {THRESHOLD}%)")
+    show = actions.add_parser("show", help="a table of the series: nights, latest figure, change points")
+    report = actions.add_parser("report", help="the trend page: one offline HTML file, a chart per series")
+    report.add_argument("--format", choices=("html",), default="html", help="html (the only format)")
+    report.add_argument("--out", metavar="FILE", required=True, help="the page to write (e.g. trends.html)")
+    report.add_argument("--threshold", default=THRESHOLD,
+                        help=f"threshold for open regressions (default: {THRESHOLD}%)")
+    for sub in (add, changes, show, report):
+        sub.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
+                         help=f"the history database, an SQLite file (default: {DEFAULT_DB})")
+    for sub in (changes, show, report):
+        sub.add_argument("--metric", choices=tuple(METRICS), default=None,
+                         help=f"one metric (default: {', '.join(DEFAULT_METRICS)})")
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"add": add, "changes": changes, "show": show, "report": report}[args.action](args)
+
+
+def add(args: argparse.Namespace) -> int:
+    from hwbench.history.store import add_results, open_history, printable, run_count
+    from hwbench.results import ResultFormatError, load_result, result_files
+
+    for path in args.results:
+        if not Path(path).exists():
+            raise UsageError(f"RESULTS {path!r}: no such file or folder; give result files or folders of them")
+    loaded, unreadable = [], 0
+    for path in result_files(args.results):
+        try:
+            loaded.append((load_result(path), path))
+        except ResultFormatError as error:
+            unreadable += 1
+            print(f"hwbench history: warning: left out {error}", file=sys.stderr)
+    if not loaded:
+        raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
+                         "unreadable); give result files or folders of them")
+    connection = open_history(args.db, create=True)
+    outcome = add_results(connection, loaded)
+    for run_id in outcome.without_start:
+        print(f"hwbench history: warning: left out run {run_id}: it has no start time", file=sys.stderr)
+    print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there, {unreadable} "
+          f"unreadable file(s) left out; {run_count(connection)} run(s) in all")
+    return 0
+
+
+def _analyses(args: argparse.Namespace, threshold: float):
+    from hwbench.history.changes import series_changes
+    from hwbench.history.series import series_of, stored_name
+    from hwbench.history.store import open_history, runs_with_metric
+
+    connection = open_history(args.db)
+    found = []
+    for metric in (args.metric,) if args.metric else DEFAULT_METRICS:
+        for series in series_of(runs_with_metric(connection, stored_name(metric)), metric):
+            found.append(series_changes(series, threshold))
+    return found
+
+
+def _since(text: str | None) -> str:
+    if text is None:
+        return ""
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise UsageError(f"--since {text!r}: not a date; give a UTC date as YYYY-MM-DD") from None
+
+
+def changes(args: argparse.Namespace) -> int:
+    from hwbench.history.changes import describe_change, describe_environment_change
+    from hwbench.history.store import printable
+    from hwbench.report.compare import REGRESSION_EXIT, parse_threshold
+
+    threshold, since = parse_threshold(args.threshold), _since(args.since)
+    analyses = _analyses(args, threshold)
+    listed = environment = 0
+    for analysis in analyses:
+        for segment in analysis.series.segments[1:]:
+            if segment.nights[0].night >= since:
+                environment += 1
+                print(describe_environment_change(analysis.series, segment))
+        for change in analysis.changes:
+            if change.night.night >= since:
+                listed += 1
+                print(describe_change(change))
+    open_regressions = [a for a in analyses if a.open_regression and a.open_regression.night.night >= since]
+    for analysis in open_regressions:
+        print(f"OPEN REGRESSION: {analysis.series.label} is {abs(analysis.open_change) * 100:.1f}% worse than before "
+              f"{analysis.open_regression.night.night} (commit {analysis.open_regression.night.commit or 'unknown'})")
+    if not analyses:
+        print(f"hwbench history: warning: {printable(args.db)} holds no ok result with "
+              f"{args.metric or ', '.join(DEFAULT_METRICS)}", file=sys.stderr)
+    print(f"{len(analyses)} series: {listed} change point(s), {environment} environment change(s)"
+          f"{' since ' + since if since else ''}; {len(open_regressions)} open regression(s) beyond "
+          f"{threshold * 100:g}%")
+    return REGRESSION_EXIT if open_regressions else 0
+
+
+def show(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from hwbench.history.series import format_value, short_commit
+
+    rows = []
+    for analysis in _analyses(args, DEFAULT_THRESHOLD):
+        series, last = analysis.series, analysis.series.nights[-1]
+        latest = analysis.changes[-1] if analysis.changes else None
+        rows.append([series.label, len(series.nights), len(series.segments), last.night, short_commit(last.commit),
+                     format_value(series.metric, last.value), len(analysis.changes),
+                     f"{latest.kind} {latest.change * 100:+.1f}% at {latest.night.night}" if latest else "-",
+                     f"{analysis.open_change * 100:+.1f}%" if analysis.open_regression else "-"])
+    print(tabulate(rows, headers=["series", "nights", "segments", "last night", "commit", "last value",
+                                  "change points", "latest change", "open regression"]))
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from hwbench.history.page import trend_page
+    from hwbench.report.compare import parse_threshold
+    from hwbench.results import check_output_file, write_text_atomic
+
+    check_output_file(args.out, "--out", [args.db])
+    threshold = parse_threshold(args.threshold)
+    text = trend_page(_analyses(args, threshold), threshold)
+    try:
+        write_text_atomic(args.out, text)
+    except OSError as error:
+        raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
+    print(f"trend page written to {args.out}", file=sys.stderr)
+    return 0
