@@ -139,9 +139,12 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
           "peak_flops": RATE, "peak_flops_precision": TEXT, "peak_flops_source": TEXT,
           "peak_flops_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
           "price_usd_per_hour": RATE, "tuning": Nullable(MapOf(Anything))}
+SLURM_JOB = {"job_id": TEXT, "step_id": TEXT, "nodelist": TEXT, "nnodes": Nullable(COUNT), "ntasks": Nullable(COUNT),
+             "partition": TEXT, "cluster": TEXT, "account": TEXT}
 ENVIRONMENT = {"device_models": Nullable(ListOf(str)), "device_count": Nullable(COUNT), "host": TEXT,
                "backend": TEXT, "simulated": Nullable(bool), "cpu_cores_usable": Nullable(COUNT),
-               "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything))}
+               "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything)),
+               "slurm": Nullable(SLURM_JOB)}
 STEP = {"step": Required(COUNT), "phase": TEXT, "time_s": RATE, "loss": FIGURE, "grad_norm": FIGURE, "lr": FIGURE,
         "loss_scale": FIGURE, "skipped": Nullable(bool)}
 RANK = {"rank": Required(COUNT), "local_rank": Nullable(COUNT), "node_rank": Nullable(COUNT), "host": TEXT,
@@ -149,7 +152,7 @@ RANK = {"rank": Required(COUNT), "local_rank": Nullable(COUNT), "node_rank": Nul
         "step_time_s": Nullable(STEP_TIME), "telemetry": Nullable(MapOf(Anything)), "last_step": Nullable(COUNT)}
 NODE = {"node_rank": Required(COUNT), "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT)}
 ERROR = {"type": TEXT, "message": TEXT, "traceback": TEXT, "rank": Nullable(COUNT), "signal": TEXT,
-         "log_tail": TEXT}
+         "log_tail": TEXT, "slurm_state": TEXT, "slurm_job_id": TEXT}
 SWEEP = {"suite": TEXT, "suite_path": TEXT, "point": TEXT, "repeat": Nullable(COUNT), "repeats": Nullable(COUNT),
          "key": TEXT}
 RESULT = {
