@@ -85,8 +85,8 @@ def main(args: argparse.Namespace) -> int:
               "resumes", file=sys.stderr)
         return 1
     if settings is not None and settings.detach:
-        out = sum(1 for r in records for x in r.results if x is None)
-        print(f"submitted; {out} job(s) out. `hwbench sweep {args.suite} --executor slurm --out {args.out} --collect` "
+        out = [job for record in records for job in record.jobs]
+        print(f"submitted; {len(out)} job(s) out ({', '.join(out) or 'none'}). `hwbench sweep {args.suite} --executor slurm --out {args.out} --collect` "
               "gathers their results")
         return 0
     print(sweep_summary_table(suite, records))
@@ -124,11 +124,13 @@ def _slurm_settings(args: argparse.Namespace):
 def _interrupted_slurm(stop, suite_dir) -> int:
     """Ctrl-C while Slurm jobs are out: ask whether to cancel them (at a terminal);
     otherwise they keep running and the same command re-attaches to them."""
+    import signal
+
     from hwbench.harness.slurm import cancel_jobs
 
     jobs = ", ".join(stop.jobs)
     cancel = False
-    if stop.signal_number == 2 and sys.stdin.isatty():
+    if stop.signal_number == signal.SIGINT and sys.stdin.isatty():
         try:
             cancel = input(f"\ncancel the {len(stop.jobs)} Slurm job(s) still out ({jobs})? [y/N] ").strip().lower() \
                 in ("y", "yes")

@@ -272,6 +272,7 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
                 if state in ACTIVE_STATES or (state and kept is None):
                     jobs.append(Job(record, len(record.results), earlier["job_id"], point_dir, args, sweep, label, state))
                     record.results.append(None)
+                    record.jobs.append(earlier["job_id"])
                     say(f"{label}: job {earlier['job_id']} {state} (re-attached)")
                     continue
             if kept:  # a cancelled or lost job's record: this submission replaces it
@@ -286,6 +287,7 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
                 continue
             jobs.append(Job(record, len(record.results), result_or_job, point_dir, args, sweep, label, "PENDING"))
             record.results.append(None)
+            record.jobs.append(result_or_job)
             say(f"{label}: submitted as job {result_or_job}")
     return records, jobs
 
@@ -351,6 +353,7 @@ def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) 
                 if state not in ACTIVE_STATES:
                     result = collect(job, state)
                     job.record.results[job.index] = result
+                    job.record.jobs.remove(job.job_id)
                     waiting.remove(job)
                     say(f"{job.label}: {result.status}" + (f" ({result.error['message']})" if result.error else ""))
             if waiting and time.monotonic() - last_summary >= SUMMARY_EVERY_S:

@@ -68,6 +68,7 @@ class PointRecord:
     results: list[RunResult]
     reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
+    jobs: list[str] = dataclasses.field(default_factory=list)  # Slurm jobs still out (hwbench.harness.slurm)
 
 
 def point_options(point: Point, options: SweepOptions) -> RunOptions:
