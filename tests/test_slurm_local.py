@@ -133,3 +133,46 @@ def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
     assert collected.returncode == 0 and "kept from an earlier sweep" in collected.stderr
     [path] = result_files([tmp_path / "out"])
     assert load_result(path).environment["slurm"]["job_id"] == job
+
+
+def test_a_refused_submission_is_recorded_then_submitted_again(slurm_env, tmp_path):
+    suite = _suite(tmp_path / "typo.yaml", [{"name": "one"}])
+    base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),
+                    "--poll", "0.5")
+    refused = subprocess.run([*base, "--partition", "nosuch"], env=slurm_env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1
+    [path] = result_files([tmp_path / "out"])
+    record = load_result(path)
+    assert record.status == "invalid" and record.error["slurm_state"] == "SUBMIT_FAILED"
+    assert "sbatch refused the job" in record.error["message"]
+    fixed = subprocess.run(base, env=slurm_env, capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stderr
+    assert [load_result(p).status for p in result_files([tmp_path / "out"])] == ["ok"]  # the record replaced
+
+
+def test_ctrl_c_without_a_terminal_leaves_the_jobs_running(slurm_env, tmp_path):
+    from conftest import sigint_as_usual
+
+    suite = _suite(tmp_path / "stuck.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
+                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    job_file = out / "stuck" / "hang" / "repeat0.slurm"
+    try:
+        _wait_for(job_file, 120)
+        time.sleep(1)
+        sweep.send_signal(2)
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+    job = json.loads(job_file.read_text())["job_id"]
+    try:
+        assert sweep.returncode == 130, stderr
+        assert f"jobs {job} keep running" in stderr
+        state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
+        assert "JobState=PENDING" in state.stdout or "JobState=RUNNING" in state.stdout
+        assert result_files([out]) == []  # nothing written for a job still out
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env)

@@ -55,8 +55,10 @@ ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 # A job that ended without a result: its final state as the nearest hwbench status.
 STATUS_OF_STATE = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom"}
-# Ended by something other than the point itself: a resumed sweep submits it again.
-RESUBMIT_STATES = ("CANCELLED", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED")
+# Ended by something other than the point itself, or never started because sbatch refused it
+# (a wrong --partition): a resumed sweep submits it again.
+SUBMIT_FAILED = "SUBMIT_FAILED"
+RESUBMIT_STATES = ("CANCELLED", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED", SUBMIT_FAILED)
 SLURM_TOOL_TIMEOUT_S = 60.0
 SUMMARY_EVERY_S = 60.0
 TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")  # sbatch --time's forms
@@ -198,6 +200,7 @@ class Job:
     sweep: dict[str, Any]
     label: str
     state: str = "SUBMITTED"
+    submitted_at: str = ""  # results that started before are an earlier job's (with --force)
 
 
 def _keyed_results(point_dir: Path) -> dict[str, tuple[Path, RunResult]]:
@@ -270,7 +273,8 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
             if earlier.get("key") == key and earlier.get("job_id"):
                 state = job_state(earlier["job_id"])
                 if state in ACTIVE_STATES or (state and kept is None):
-                    jobs.append(Job(record, len(record.results), earlier["job_id"], point_dir, args, sweep, label, state))
+                    jobs.append(Job(record, len(record.results), earlier["job_id"], point_dir, args, sweep, label, state,
+                                    earlier.get("submitted_at", "")))
                     record.results.append(None)
                     record.jobs.append(earlier["job_id"])
                     say(f"{label}: job {earlier['job_id']} {state} (re-attached)")
@@ -285,7 +289,9 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
                 record.results.append(result_or_job)
                 say(f"{label}: {result_or_job.status} ({result_or_job.error['message']})")
                 continue
-            jobs.append(Job(record, len(record.results), result_or_job, point_dir, args, sweep, label, "PENDING"))
+            submitted_at = _read_job(point_dir / f"repeat{repeat}.slurm").get("submitted_at", "")
+            jobs.append(Job(record, len(record.results), result_or_job, point_dir, args, sweep, label, "PENDING",
+                            submitted_at))
             record.results.append(None)
             record.jobs.append(result_or_job)
             say(f"{label}: submitted as job {result_or_job}")
@@ -323,11 +329,13 @@ def _submit_point(point, args, run_options, point_dir, sweep, key, settings, cat
     script = point_dir / f"repeat{repeat}.sbatch"
     write_text_atomic(script, batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log",
                                            settings, dict(point.env), sweep, f"hwbench-{suite.name}-{point.name}"))
+    submitted_at = utc_now()
     job_id, problem = submit(script)
     if job_id is None:
-        return _recorded("invalid", args, f"sbatch refused the job: {problem}", point_dir, sweep)
-    write_json_atomic(point_dir / f"repeat{repeat}.slurm", {"job_id": job_id, "key": key, "submitted_at": utc_now(),
-                                                            "script": script.name})
+        return _recorded("invalid", args, f"sbatch refused the job: {problem}", point_dir, sweep,
+                         extra={"slurm_state": SUBMIT_FAILED})
+    write_json_atomic(point_dir / f"repeat{repeat}.slurm", {"job_id": job_id, "key": key,
+                                                            "submitted_at": submitted_at, "script": script.name})
     return job_id
 
 
@@ -375,7 +383,7 @@ def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) 
 def collect(job: Job, state: str) -> RunResult:
     """The ended job's result: what `hwbench run` wrote, else a record of its final state."""
     found = _keyed_results(job.point_dir).get(job.sweep["key"])
-    if found:
+    if found and found[1].started_at >= job.submitted_at:  # both utc_now(): ISO text compares as time
         return found[1]
     log = job.point_dir / f"repeat{job.sweep['repeat']}.log"
     tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
