@@ -74,6 +74,21 @@ def test_srun_two_tasks_are_two_ranks(slurm_env, tmp_path):
     assert result.launch["launcher"] == "srun" and result.launch["master_addr"] == "localhost"
 
 
+def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
+    """srun with one task and --nproc-per-node 2: the task is node 0 of a torchrun job."""
+    done = subprocess.run(["srun", "--ntasks=1", "--cpus-per-task=2", *_hwbench("run", *TINY, "--quiet",
+                                                                                "--nproc-per-node", "2",
+                                                                                "--out", str(tmp_path))],
+                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = result_files([tmp_path])
+    result = load_result(path)
+    assert result.status == "ok" and result.metrics["world_size"] == 2
+    assert result.launch["launcher"] == "torchrun"
+    assert result.spec["launch"]["master_addr"] == "localhost"
+    assert result.spec["launch"]["master_port"] == 10000 + int(result.environment["slurm"]["job_id"]) % 50000
+
+
 def _suite(path: Path, points: list[dict]) -> Path:
     import yaml
 
@@ -176,3 +191,36 @@ def test_ctrl_c_without_a_terminal_leaves_the_jobs_running(slurm_env, tmp_path):
         assert result_files([out]) == []  # nothing written for a job still out
     finally:
         subprocess.run(["scancel", job], env=slurm_env)
+
+
+def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
+    import os
+    import pty
+
+    from conftest import sigint_as_usual
+
+    suite = _suite(tmp_path / "asked.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    out = tmp_path / "out"
+    controller, terminal = pty.openpty()
+    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
+                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=terminal,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    os.close(terminal)
+    job_file = out / "asked" / "hang" / "repeat0.slurm"
+    try:
+        _wait_for(job_file, 120)
+        job = json.loads(job_file.read_text())["job_id"]
+        time.sleep(1)
+        sweep.send_signal(2)
+        os.write(controller, b"y\n")
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+        os.close(controller)
+        subprocess.run(["scancel", json.loads(job_file.read_text())["job_id"]] if job_file.exists() else ["true"],
+                       env=slurm_env)
+    assert sweep.returncode == 130, stderr
+    assert f"cancelled jobs {job}" in stderr
+    assert not job_file.exists()  # forgotten: the same command submits the point again
+    state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
+    assert "JobState=CANCELLED" in state.stdout

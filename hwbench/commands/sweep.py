@@ -132,8 +132,9 @@ def _interrupted_slurm(stop, suite_dir) -> int:
     cancel = False
     if stop.signal_number == signal.SIGINT and sys.stdin.isatty():
         try:
-            cancel = input(f"\ncancel the {len(stop.jobs)} Slurm job(s) still out ({jobs})? [y/N] ").strip().lower() \
-                in ("y", "yes")
+            print(f"\ncancel the {len(stop.jobs)} Slurm job(s) still out ({jobs})? [y/N] ", end="", file=sys.stderr,
+                  flush=True)
+            cancel = input().strip().lower() in ("y", "yes")
         except (EOFError, KeyboardInterrupt):
             cancel = False
     if cancel:
