@@ -232,7 +232,12 @@ def run_slurm_sweep(suite: Suite, options: SweepOptions, settings: SlurmSettings
         _point_dir(options, suite, point)
     with folder_lock(options.out_dir / suite.name, options.wait):
         machine = _machine()
-        records, jobs = _submit_points(suite, options, settings, machine, say)
+        records: list[PointRecord] = []
+        jobs: list[Job] = []
+        try:
+            _submit_points(suite, options, settings, machine, say, records, jobs)
+        except KeyboardInterrupt:  # while submitting: the jobs already out keep running, or are cancelled
+            raise SweepInterrupted(signal.SIGINT, [job.job_id for job in jobs]) from None
         if not settings.detach:
             _wait(jobs, settings, say)
         for record in records:
@@ -243,11 +248,12 @@ def run_slurm_sweep(suite: Suite, options: SweepOptions, settings: SlurmSettings
         return records
 
 
-def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRecord], list[Job]]:
+def _submit_points(suite, options, settings, machine, say, records: list[PointRecord], jobs: list[Job]) -> None:
+    """Fill ``records`` (one per point: kept results, or None where a job will bring one)
+    and ``jobs`` (submitted or re-attached)."""
     from hwbench.catalog import load_catalog
 
     catalog = load_catalog()
-    records, jobs = [], []
     total = len(suite.points) * options.repeats
     done = 0
     for point in suite.points:
@@ -263,7 +269,7 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
                      "repeats": options.repeats, "key": key}
             label = f"[{done}/{total}] {point.name}" + (f" repeat {repeat + 1}" if options.repeats > 1 else "")
             kept = existing.get(key)
-            if kept and (kept[1].error or {}).get("slurm_state") not in RESUBMIT_STATES:
+            if kept and (settings.collect or (kept[1].error or {}).get("slurm_state") not in RESUBMIT_STATES):
                 record.results.append(kept[1])
                 record.reused += 1
                 say(f"{label}: {kept[1].status} (kept from an earlier sweep; --force runs it again)")
@@ -295,7 +301,6 @@ def _submit_points(suite, options, settings, machine, say) -> tuple[list[PointRe
             record.results.append(None)
             record.jobs.append(result_or_job)
             say(f"{label}: submitted as job {result_or_job}")
-    return records, jobs
 
 
 def _point_run(point: Point, options: SweepOptions, settings: SlurmSettings, repeat: int) -> tuple[list[str], Any]:
