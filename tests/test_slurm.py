@@ -109,3 +109,9 @@ def test_bad_slurm_options_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_slurm_only_options_are_refused_for_a_local_sweep(capsys):
+    for flag in (["--poll", "1"], ["--launch", "torchrun"], ["--nodes-per-point", "2"]):
+        assert main(["sweep", "smoke", *flag]) == 2
+        assert f"{flag[0]} is accepted only with --executor slurm" in capsys.readouterr().err

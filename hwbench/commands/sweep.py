@@ -36,13 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="nodes of a point that does not set --nnodes (default: auto, the point's own --nnodes)")
     slurm.add_argument("--sbatch-arg", action="append", default=[], metavar="OPTION",
                        help="one more sbatch option for every job, e.g. --sbatch-arg=--qos=high (repeatable)")
-    slurm.add_argument("--launch", choices=("tasks", "torchrun"), default="tasks",
+    slurm.add_argument("--launch", choices=("tasks", "torchrun"),
                        help="tasks: one Slurm task per device, each one rank (default); torchrun: one task per node "
                             "that starts the node's ranks")
     slurm.add_argument("--detach", action="store_true", help="submit the jobs and return; --collect gathers them")
     slurm.add_argument("--collect", action="store_true",
                        help="submit nothing: wait for the jobs of an earlier sweep and gather their results")
-    slurm.add_argument("--poll", type=float, default=10.0, metavar="SECONDS",
+    slurm.add_argument("--poll", type=float, metavar="SECONDS",
                        help="how often Slurm is asked for the jobs' states (default: 10)")
 
 
@@ -103,7 +103,9 @@ def _slurm_settings(args: argparse.Namespace):
     are then refused)."""
     slurm_only = [flag for flag, value in (("--partition", args.partition), ("--account", args.account),
                                            ("--time", args.time), ("--detach", args.detach),
-                                           ("--collect", args.collect), ("--sbatch-arg", args.sbatch_arg))
+                                           ("--collect", args.collect), ("--sbatch-arg", args.sbatch_arg),
+                                           ("--launch", args.launch), ("--poll", args.poll is not None),
+                                           ("--nodes-per-point", args.nodes_per_point != "auto"))
                   if value]
     if args.executor != "slurm":
         if slurm_only:
@@ -118,7 +120,8 @@ def _slurm_settings(args: argparse.Namespace):
         raise UsageError("--detach and --collect are not accepted together; submit with --detach, later --collect")
     return SlurmSettings(partition=args.partition, account=args.account, time=args.time,
                          nodes_per_point=None if nodes == "auto" else int(nodes), sbatch_args=tuple(args.sbatch_arg),
-                         launch=args.launch, poll_s=args.poll, detach=args.detach, collect=args.collect)
+                         launch=args.launch or "tasks", poll_s=10.0 if args.poll is None else args.poll,
+                         detach=args.detach, collect=args.collect)
 
 
 def _interrupted_slurm(stop, suite_dir) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 import signal
@@ -201,6 +200,7 @@ class Job:
     label: str
     state: str = "SUBMITTED"
     submitted_at: str = ""  # results that started before are an earlier job's (with --force)
+    reattached: bool = False  # re-attached to a job an earlier sweep submitted
 
 
 def _keyed_results(point_dir: Path) -> dict[str, tuple[Path, RunResult]]:
@@ -274,33 +274,43 @@ def _submit_points(suite, options, settings, machine, say, records: list[PointRe
                 record.reused += 1
                 say(f"{label}: {kept[1].status} (kept from an earlier sweep; --force runs it again)")
                 continue
-            job_file = point_dir / f"repeat{repeat}.slurm"
-            earlier = {} if options.force else _read_job(job_file)
-            if earlier.get("key") == key and earlier.get("job_id"):
-                state = job_state(earlier["job_id"])
-                if state in ACTIVE_STATES or (state and kept is None):
-                    jobs.append(Job(record, len(record.results), earlier["job_id"], point_dir, args, sweep, label, state,
-                                    earlier.get("submitted_at", "")))
-                    record.results.append(None)
-                    record.jobs.append(earlier["job_id"])
-                    say(f"{label}: job {earlier['job_id']} {state} (re-attached)")
+            fresh = Job(record, len(record.results), "", point_dir, args, sweep, label, "PENDING")
+            job = _earlier_job(fresh, has_result=kept is not None, force=options.force)
+            if job is None:
+                if kept:  # a cancelled or refused job's record: this submission replaces it
+                    kept[0].unlink(missing_ok=True)
+                if settings.collect:
+                    say(f"{label}: not submitted (no job to collect)")
                     continue
-            if kept:  # a cancelled or lost job's record: this submission replaces it
-                kept[0].unlink(missing_ok=True)
-            if settings.collect:
-                say(f"{label}: not submitted (no job to collect)")
+                job = _submit_point(point, run_options, catalog, suite, settings, fresh)
+            if isinstance(job, RunResult):
+                record.results.append(job)
+                say(f"{label}: {job.status} ({job.error['message']})")
                 continue
-            result_or_job = _submit_point(point, args, run_options, point_dir, sweep, key, settings, catalog, suite)
-            if isinstance(result_or_job, RunResult):
-                record.results.append(result_or_job)
-                say(f"{label}: {result_or_job.status} ({result_or_job.error['message']})")
-                continue
-            submitted_at = _read_job(point_dir / f"repeat{repeat}.slurm").get("submitted_at", "")
-            jobs.append(Job(record, len(record.results), result_or_job, point_dir, args, sweep, label, "PENDING",
-                            submitted_at))
+            jobs.append(job)
             record.results.append(None)
-            record.jobs.append(result_or_job)
-            say(f"{label}: submitted as job {result_or_job}")
+            record.jobs.append(job.job_id)
+            say(f"{label}: job {job.job_id} {job.state} (re-attached)" if job.reattached
+                else f"{label}: submitted as job {job.job_id}")
+
+
+def _earlier_job(job: Job, has_result: bool, force: bool) -> Job | None:
+    """``job`` filled with the job an earlier sweep submitted for this point and repeat, when
+    it is still out or ended without anyone collecting it (re-attached, never submitted
+    twice); None otherwise, ``job`` untouched."""
+    earlier = {} if force else _read_job(_job_file(job))
+    if earlier.get("key") != job.sweep["key"] or not earlier.get("job_id"):
+        return None
+    state = job_state(earlier["job_id"])
+    if not (state in ACTIVE_STATES or (state and not has_result)):
+        return None
+    job.job_id, job.state, job.submitted_at = earlier["job_id"], state, earlier.get("submitted_at", "")
+    job.reattached = True
+    return job
+
+
+def _job_file(job: Job) -> Path:
+    return job.point_dir / f"repeat{job.sweep['repeat']}.slurm"
 
 
 def _point_run(point: Point, options: SweepOptions, settings: SlurmSettings, repeat: int) -> tuple[list[str], Any]:
@@ -317,13 +327,14 @@ def _point_run(point: Point, options: SweepOptions, settings: SlurmSettings, rep
     return args, run_options
 
 
-def _submit_point(point, args, run_options, point_dir, sweep, key, settings, catalog, suite) -> RunResult | str:
-    """The job id, or the result recorded for a point that could not be submitted."""
+def _submit_point(point, run_options, catalog, suite, settings, job: Job) -> RunResult | Job:
+    """The submitted job, or the result recorded for a point that could not be submitted."""
     from hwbench.spec import build_run_spec
 
     # Checked here as `hwbench run` will check it on the nodes: a bad layout is
     # recorded without a job. (The memory planner is not asked: this machine is
     # not the nodes'.) Under srun the launch comes from Slurm, so no master port.
+    args, point_dir, sweep = job.args, job.point_dir, job.sweep
     launch = {"master_port": 29500} if run_options.given().get("nnodes", 1) > 1 else {}
     try:
         spec = build_run_spec(run_options.merged(out=str(point_dir), **launch), catalog)
@@ -334,14 +345,15 @@ def _submit_point(point, args, run_options, point_dir, sweep, key, settings, cat
     script = point_dir / f"repeat{repeat}.sbatch"
     write_text_atomic(script, batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log",
                                            settings, dict(point.env), sweep, f"hwbench-{suite.name}-{point.name}"))
-    submitted_at = utc_now()
+    job.submitted_at = utc_now()
     job_id, problem = submit(script)
     if job_id is None:
         return _recorded("invalid", args, f"sbatch refused the job: {problem}", point_dir, sweep,
                          extra={"slurm_state": SUBMIT_FAILED})
-    write_json_atomic(point_dir / f"repeat{repeat}.slurm", {"job_id": job_id, "key": key,
-                                                            "submitted_at": submitted_at, "script": script.name})
-    return job_id
+    job.job_id = job_id
+    write_json_atomic(_job_file(job), {"job_id": job_id, "key": sweep["key"], "submitted_at": job.submitted_at,
+                                       "script": script.name})
+    return job
 
 
 def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) -> None:
