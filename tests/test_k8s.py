@@ -297,6 +297,29 @@ def _rule_holds(rule: str, manifest: dict) -> bool:
     raise AssertionError(f"a CRD rule this test does not evaluate: {rule}")
 
 
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def webhook_problems(manifest: dict) -> list[str]:
+    """The training operator's admission webhook for a PyTorchJob, as its source reads
+    (kubeflow/training-operator, pkg/webhooks/pytorch/pytorchjob_webhook.go, commit 06f6008e):
+    the name a DNS-1035 label, only Master and Worker replicas, exactly 1 Master, a container
+    named `pytorch` with an image in every replica."""
+    if manifest["kind"] != "PyTorchJob":
+        return []
+    name = manifest["metadata"]["name"]
+    problems = [] if DNS_1035_LABEL.match(name) and len(name) <= 63 else [f"metadata.name {name!r}: not DNS-1035"]
+    for kind, replica in manifest["spec"]["pytorchReplicaSpecs"].items():
+        if kind not in ("Master", "Worker"):
+            problems.append(f"replica type {kind}")
+        if (kind == "Master" and replica.get("replicas") != 1) or replica.get("replicas", 1) < 1:
+            problems.append(f"{kind}.replicas {replica.get('replicas')}")
+        containers = replica["template"]["spec"]["containers"]
+        if not any(c["name"] == "pytorch" for c in containers) or not all(c.get("image") for c in containers):
+            problems.append(f"{kind}: no container `pytorch` with an image")
+    return problems
+
+
 def printed(capsys, *argv: str) -> dict:
     """The manifest `hwbench k8s` prints, read as kubectl reads YAML."""
     assert run_command("k8s", [*BASE, *argv]) == 0
@@ -315,7 +338,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["cuda-2x8", "npu-1x8", "cpu-3x2"])
 def test_manifests_fit_the_real_crd(capsys, api, layout):
     extra = ["--active-deadline", "3600"] if api == "pytorchjob" else []
-    assert crd_problems(printed(capsys, "--api", api, *layout, *extra)) == []
+    manifest = printed(capsys, "--api", api, *layout, *extra)
+    assert crd_problems(manifest) == [] and webhook_problems(manifest) == []
 
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
@@ -342,6 +366,8 @@ def test_the_checks_catch_what_the_api_server_refuses(capsys):
     assert "1000.0 is not of type 'string'" in problems
     assert "'gpus' was unexpected" in problems
     assert "'0' is not of type 'integer'" in problems
+    m["metadata"]["name"] = "2node-test"  # passes DNS-1123, as hwbench's check once did
+    assert webhook_problems(m) == ["metadata.name '2node-test': not DNS-1035"]
     t = printed(capsys, "--api", "trainjob", "--nnodes", "1", "--nproc-per-node", "1")
     t["metadata"]["name"] = "2node-test"
     assert "metadata.name must match RFC 1035 DNS label format" in "\n".join(crd_problems(t))
