@@ -224,3 +224,15 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
     assert not job_file.exists()  # forgotten: the same command submits the point again
     state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
     assert "JobState=CANCELLED" in state.stdout
+
+
+def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
+    import hwbench
+    from hwbench.harness.slurm import SlurmSettings
+
+    for key in ("SLURM_CONF", "PYTHONPATH"):
+        monkeypatch.setenv(key, slurm_env[key])
+    suite = _suite(tmp_path / "api.yaml", [{"name": "one"}])
+    [record] = hwbench.sweep(suite, out=tmp_path / "out", device="cpu", slurm=SlurmSettings(poll_s=0.5))
+    [result] = record.results
+    assert result.status == "ok" and result.environment["slurm"]["partition"] == "debug"
