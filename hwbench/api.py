@@ -55,10 +55,12 @@ def run(options: RunOptions | Mapping[str, Any] | None = None, /, *, progress: b
 
 def sweep(suite: str | Path, *, out: str | Path = "results/runs", device: str | None = None,
           nproc_per_node: int | None = None, repeats: int = 1, force: bool = False, plan: bool = True,
-          progress: bool = False) -> list:
+          progress: bool = False, slurm=None) -> list:
     """Every point of a suite (a file or a shipped suite's name), each in its own process
     tree, resumable, as `hwbench sweep`; returns a PointRecord per point (its results,
-    how many were kept from an earlier sweep, the repeat statistics)."""
+    how many were kept from an earlier sweep, the repeat statistics). ``slurm``, a
+    hwbench.harness.slurm.SlurmSettings, makes every point a Slurm job
+    (`hwbench sweep --executor slurm`, docs/slurm.md)."""
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import SweepOptions, run_sweep
     from hwbench.results import check_output_folder
@@ -66,7 +68,18 @@ def sweep(suite: str | Path, *, out: str | Path = "results/runs", device: str | 
     check_output_folder(out)
     options = SweepOptions(out_dir=Path(out), device=device, nproc_per_node=nproc_per_node, repeats=repeats,
                            force=force, plan=plan)
-    return run_sweep(load_suite(find_suite(str(suite))), options, show_progress=progress)
+    loaded = load_suite(find_suite(str(suite)))
+    if slurm is not None:
+        from hwbench.harness.slurm import run_slurm_sweep
+
+        return run_slurm_sweep(loaded, options, slurm, say=_stderr_line if progress else None)
+    return run_sweep(loaded, options, show_progress=progress)
+
+
+def _stderr_line(text: str) -> None:
+    import sys
+
+    print(text, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)

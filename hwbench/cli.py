@@ -35,7 +35,8 @@ COMMANDS = {
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "system": "an MLPerf-style system description of the machine a result ran on",
     "data": "prepare datasets: `hwbench data prepare --help`",
-    "k8s": "print a Kubeflow PyTorchJob manifest that runs `hwbench run` on every pod",
+    "k8s": "print a Kubeflow PyTorchJob (or TrainJob) manifest that runs `hwbench run` on every pod",
+    "slurm": "print the sbatch script that runs `hwbench run` on the nodes of a Slurm job",
     "models": "list the workloads with their parameter counts and published settings",
     "devices": "list the hardware catalog and the device this machine would use",
 }

@@ -39,6 +39,16 @@ from hwbench.device.kinds import KINDS
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
+# Kubeflow Trainer v2: a TrainJob runs on a training runtime; torch-distributed is the one it ships
+# for PyTorch, and its torch plugin sets PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+# PET_MASTER_ADDR and PET_MASTER_PORT in the trainer container (named `node`).
+TRAINJOB_API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINJOB_KIND = "TrainJob"
+TRAINJOB_CONTAINER = "node"
+DEFAULT_RUNTIME = "torch-distributed"
+APIS = ("pytorchjob", "trainjob")
+TRAINJOB_RESERVED_ENV = frozenset({"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                                   "PET_MASTER_PORT"})
 CONTAINER_NAME = "pytorch"  # the operator finds the training container (and its port) by this name
 PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the Master container's port of this name
 DEFAULT_MASTER_PORT = 23456  # the operator's own default for that port
@@ -59,9 +69,12 @@ RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "L
 # `hwbench run` options the manifest generates itself (per pod).
 LAUNCHER_OPTIONS = ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port",
                     "--rdzv-endpoint")
-MAX_LABEL = 63  # DNS-1123 label: pod and service names are <name>-master-0, <name>-worker-<i>
+MAX_LABEL = 63  # DNS label: pod and service names are <name>-master-0, <name>-worker-<i>
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # DNS-1123 label (namespaces)
+# The training operator's webhook wants a job name that is a DNS-1035 label (it names a
+# Service after it): a leading letter, so `2node-test` passes DNS-1123 and is refused.
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|[0-9]+m)$")
@@ -92,13 +105,18 @@ class K8sJob:
     env: tuple[tuple[str, str], ...] = ()  # (name, value) for every pod
     env_from_shell: tuple[str, ...] = ()  # which of env came from the environment of `hwbench k8s`
     hold_s: int = 0  # keep the pod alive this long after the run, for `kubectl cp`
+    api: str = "pytorchjob"  # or "trainjob" (Kubeflow Trainer v2)
+    runtime: str = DEFAULT_RUNTIME  # the TrainJob's training runtime
 
     @property
     def pod_command(self) -> list[str]:
-        """The container command: the same `hwbench run` on every pod, rank from the operator."""
+        """The container command: the same `hwbench run` on every pod, rank from the operator
+        (RANK, MASTER_ADDR, MASTER_PORT for a PyTorchJob; PET_* for a TrainJob)."""
         run = " ".join(shlex.quote(a) for a in ("hwbench", "run", *self.run_args))
-        launch = (f'--nnodes {self.nnodes} --nproc-per-node {self.nproc_per_node} --node-rank "$RANK" '
-                  f'--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"')
+        rank, address, port = (("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT") if self.api == "trainjob"
+                               else ("RANK", "MASTER_ADDR", "MASTER_PORT"))
+        launch = (f'--nnodes {self.nnodes} --nproc-per-node {self.nproc_per_node} --node-rank "${rank}" '
+                  f'--master-addr "${address}" --master-port "${port}"')
         if self.hold_s:
             script = (f"{run} {launch}; rc=$?; echo \"hwbench: run exited $rc; pod held {self.hold_s}s for "
                       f"kubectl cp\"; sleep {self.hold_s}; exit $rc")
@@ -108,15 +126,18 @@ class K8sJob:
 
 
 
-def default_name(model: str, nnodes: int, nproc: int) -> str:
+def default_name(model: str, nnodes: int, nproc: int, api: str = "pytorchjob") -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "run"
     suffix = f"-{nnodes}x{nproc}"
-    room = name_room(nnodes) - len("hwbench-") - len(suffix)
+    room = name_room(nnodes, api) - len("hwbench-") - len(suffix)
     return f"hwbench-{slug[:room].rstrip('-')}{suffix}"
 
 
-def name_room(nnodes: int) -> int:
-    """Longest job name whose pod and service names (<name>-worker-<i>) stay DNS-1123 labels."""
+def name_room(nnodes: int, api: str = "pytorchjob") -> int:
+    """Longest job name whose pod and service names stay DNS labels: <name>-worker-<i> for a
+    PyTorchJob, the JobSet's <name>-node-0-<i> for a TrainJob."""
+    if api == "trainjob":
+        return MAX_LABEL - len(f"-{TRAINJOB_CONTAINER}-0-{nnodes - 1}")
     longest_suffix = f"-worker-{nnodes - 2}" if nnodes > 1 else "-master-0"
     return MAX_LABEL - max(len(longest_suffix), len("-master-0"))
 
@@ -133,26 +154,71 @@ def under(path: str, folder: str) -> bool:
     return normal == folder or normal.startswith(folder + "/")
 
 
+class Quoted(str):
+    """A string YAML must write in quotes. PyYAML reads YAML 1.1 and leaves `1e3`, `0o17`
+    or `0x1F` bare, but kubectl's reader (YAML 1.2) takes them for the numbers 1000.0,
+    15 and 31, which a string field (an env value, a quantity, a label) refuses."""
+
+
+# What a YAML 1.2 reader (kubectl's) takes for something other than a string when it is
+# written bare: numbers in every YAML 1.2 spelling, booleans, null, the empty string.
+_YAML12_NOT_TEXT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"
+                              r"|[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                              r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)|null|Null|NULL|~"
+                              r"|true|True|TRUE|false|False|FALSE|)$")
+
+
+class ManifestDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper writing strings so that a YAML 1.2 reader reads strings back:
+    Quoted values always in quotes, any other string in quotes where it would read as a
+    number, boolean or null."""
+
+
+def _represent_text(dumper: yaml.SafeDumper, value: str):
+    quoted = isinstance(value, Quoted) or bool(_YAML12_NOT_TEXT.match(value))
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style='"' if quoted else None)
+
+
+ManifestDumper.add_representer(str, _represent_text)
+ManifestDumper.add_representer(Quoted, _represent_text)
+
+
 def _labels(job: K8sJob) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "hwbench", "app.kubernetes.io/instance": job.name,
-            "app.kubernetes.io/version": __version__}
+    return {"app.kubernetes.io/name": "hwbench", "app.kubernetes.io/instance": Quoted(job.name),
+            "app.kubernetes.io/version": Quoted(__version__)}
 
 
-def _replica_spec(job: K8sJob, replicas: int) -> dict[str, Any]:
+def _resources(job: K8sJob) -> dict[str, Any]:
+    """requests and limits of one pod (node): the accelerators, --cpu, --memory."""
     resources: dict[str, Any] = {}
     accelerator = DEVICE_RESOURCES[job.device]
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
-    if accelerator:
-        requests[accelerator] = limits[accelerator] = job.nproc_per_node
+    if accelerator:  # a quantity as text: the kubernetes client's typed model refuses an integer
+        requests[accelerator] = limits[accelerator] = Quoted(job.nproc_per_node)
     if job.cpu:
-        requests["cpu"] = job.cpu
+        requests["cpu"] = Quoted(job.cpu)
     if job.memory:
-        requests["memory"] = job.memory
+        requests["memory"] = Quoted(job.memory)
     if requests:
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
+    return resources
+
+
+def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the pod's volumes, the container's mounts): shared memory and the results volume."""
+    results_volume: dict[str, Any] = (
+        {"name": "results", "persistentVolumeClaim": {"claimName": job.results_claim}} if job.results_claim
+        else {"name": "results", "emptyDir": {}})
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": Quoted(job.shm_size)}}, results_volume]
+    mounts = [{"name": "dshm", "mountPath": SHM_MOUNT}, {"name": "results", "mountPath": RESULTS_MOUNT}]
+    return volumes, mounts
+
+
+def _replica_spec(job: K8sJob, replicas: int) -> dict[str, Any]:
+    resources = _resources(job)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": job.image,
@@ -160,14 +226,10 @@ def _replica_spec(job: K8sJob, replicas: int) -> dict[str, Any]:
         "ports": [{"name": PORT_NAME, "containerPort": job.master_port}],
     }
     if job.env:
-        container["env"] = [{"name": k, "value": v} for k, v in job.env]
+        container["env"] = [{"name": k, "value": Quoted(v)} for k, v in job.env]
     if resources:
         container["resources"] = resources
-    container["volumeMounts"] = [{"name": "dshm", "mountPath": SHM_MOUNT},
-                                 {"name": "results", "mountPath": RESULTS_MOUNT}]
-    results_volume: dict[str, Any] = (
-        {"name": "results", "persistentVolumeClaim": {"claimName": job.results_claim}} if job.results_claim
-        else {"name": "results", "emptyDir": {}})
+    volumes, container["volumeMounts"] = _volumes(job)
     return {
         "replicas": replicas,
         "restartPolicy": job.restart_policy,
@@ -175,25 +237,55 @@ def _replica_spec(job: K8sJob, replicas: int) -> dict[str, Any]:
             "metadata": {"labels": _labels(job)},
             "spec": {
                 "containers": [container],
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}},
-                            results_volume],
+                "volumes": volumes,
             },
         },
     }
 
 
 def build_manifest(job: K8sJob) -> dict[str, Any]:
-    """The PyTorchJob (kubeflow.org/v1) for ``job``: a Master and nnodes-1 Workers running the same command."""
+    """The manifest for ``job``: a PyTorchJob, or with ``api="trainjob"`` a TrainJob."""
+    return build_trainjob(job) if job.api == "trainjob" else build_pytorchjob(job)
+
+
+def _metadata(job: K8sJob) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": job.name}
     if job.namespace:
         metadata["namespace"] = job.namespace
     metadata["labels"] = _labels(job)
     metadata["annotations"] = {
-        "hwbench/version": __version__,
-        "hwbench/layout": f"{job.nnodes} pods x {job.nproc_per_node} ranks, device {job.device}",
-        "hwbench/run-args": " ".join(shlex.quote(a) for a in job.run_args),
-        "hwbench/env-passed": ",".join(k for k, _ in job.env),
+        "hwbench/version": Quoted(__version__),
+        "hwbench/layout": Quoted(f"{job.nnodes} pods x {job.nproc_per_node} ranks, device {job.device}"),
+        "hwbench/run-args": Quoted(" ".join(shlex.quote(a) for a in job.run_args)),
+        "hwbench/env-passed": Quoted(",".join(k for k, _ in job.env)),
     }
+    return metadata
+
+
+def build_trainjob(job: K8sJob) -> dict[str, Any]:
+    """The TrainJob (trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2) for ``job``: nnodes
+    nodes of the training runtime (torch-distributed), each running the same command; the
+    runtime owns restarts, so --restart-policy and its kin have no place here."""
+    trainer: dict[str, Any] = {"image": job.image, "command": job.pod_command, "numNodes": job.nnodes,
+                               "numProcPerNode": job.nproc_per_node}
+    if job.env:
+        trainer["env"] = [{"name": k, "value": Quoted(v)} for k, v in job.env]
+    resources = _resources(job)
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    volumes, mounts = _volumes(job)
+    overrides = [{"targetJobs": [{"name": TRAINJOB_CONTAINER}],
+                  "spec": {"containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": mounts}], "volumes": volumes}}]
+    return {
+        "apiVersion": TRAINJOB_API_VERSION,
+        "kind": TRAINJOB_KIND,
+        "metadata": _metadata(job),
+        "spec": {"runtimeRef": {"name": job.runtime}, "trainer": trainer, "podTemplateOverrides": overrides},
+    }
+
+
+def build_pytorchjob(job: K8sJob) -> dict[str, Any]:
+    """The PyTorchJob (kubeflow.org/v1) for ``job``: a Master and nnodes-1 Workers running the same command."""
     replica_specs: dict[str, Any] = {"Master": _replica_spec(job, 1)}
     if job.nnodes > 1:
         replica_specs["Worker"] = _replica_spec(job, job.nnodes - 1)
@@ -203,7 +295,7 @@ def build_manifest(job: K8sJob) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": metadata,
+        "metadata": _metadata(job),
         "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
     }
 
@@ -215,16 +307,33 @@ def render(manifest: Mapping[str, Any]) -> str:
     ns = f" -n {namespace}" if namespace else ""
     annotations = manifest["metadata"].get("annotations", {})
     env = annotations.get("hwbench/env-passed") or "none"
+    layout = annotations.get("hwbench/layout", "")
+    if manifest["kind"] == TRAINJOB_KIND:
+        runtime = manifest["spec"]["runtimeRef"]["name"]
+        pods = f"jobset.sigs.k8s.io/jobset-name={name}"
+        usage = [
+            f"# hwbench {__version__}: Kubeflow Trainer TrainJob '{name}' ({layout}), runtime {runtime}.",
+            f"# Needs Kubeflow Trainer v2 and its {runtime} ClusterTrainingRuntime in the cluster. Use it with:",
+            "#   kubectl create -f job.yaml",
+            f"#   kubectl get trainjobs{ns}",
+            f"#   kubectl get pods{ns} -l {pods}",
+            f"#   kubectl logs{ns} -f -l {pods},batch.kubernetes.io/job-completion-index=0",
+            f"#   kubectl delete trainjob{ns} {name}",
+        ]
+    else:
+        usage = [
+            f"# hwbench {__version__}: Kubeflow PyTorchJob '{name}' ({layout}).",
+            "# Needs the Kubeflow training operator in the cluster. Use it with:",
+            "#   kubectl create -f job.yaml",
+            f"#   kubectl get pytorchjobs{ns}",
+            f"#   kubectl get pods{ns} -l app.kubernetes.io/instance={name}",
+            f"#   kubectl logs{ns} -f {name}-master-0",
+            f"#   kubectl delete pytorchjob{ns} {name}",
+        ]
     header = [
-        f"# hwbench {__version__}: Kubeflow PyTorchJob '{name}' ({annotations.get('hwbench/layout', '')}).",
-        "# Needs the Kubeflow training operator in the cluster. Use it with:",
-        "#   kubectl create -f job.yaml",
-        f"#   kubectl get pytorchjobs{ns}",
-        f"#   kubectl get pods{ns} -l app.kubernetes.io/instance={name}",
-        f"#   kubectl logs{ns} -f {name}-master-0",
-        f"#   kubectl delete pytorchjob{ns} {name}",
+        *usage,
         f"# Results: {RESULTS_MOUNT} in each pod (see docs/kubernetes.md for copying them out).",
         f"# Environment passed to every pod: {env}",
     ]
-    body = yaml.safe_dump(dict(manifest), sort_keys=False, width=1000)
+    body = yaml.dump(dict(manifest), Dumper=ManifestDumper, sort_keys=False, width=1000)
     return "\n".join(header) + "\n" + body

@@ -142,12 +142,14 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
           "peak_flops_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
           "price_usd_per_hour": RATE, "price_source": TEXT, "price_date": TEXT, "tuning": Nullable(MapOf(Anything)),
           "auto_passed_over": Nullable(ListOf(str))}
+SLURM_JOB = {"job_id": TEXT, "step_id": TEXT, "nodelist": TEXT, "nnodes": Nullable(COUNT), "ntasks": Nullable(COUNT),
+             "partition": TEXT, "cluster": TEXT, "account": TEXT}
 ENVIRONMENT = {"device_models": Nullable(ListOf(str)), "device_count": Nullable(COUNT), "host": TEXT,
                "backend": TEXT, "simulated": Nullable(bool), "cpu_cores_usable": Nullable(COUNT),
                "tuning": Nullable(MapOf(Anything)), "hwbench_git": Nullable(MapOf(Anything)),
                "oversubscribed": Nullable(bool), "oversubscribed_reason": TEXT,
                "threads_per_rank": Nullable(Integer(minimum=1)), "devices_used": Nullable(COUNT),
-               "devices_used_basis": TEXT}
+               "devices_used_basis": TEXT, "slurm": Nullable(SLURM_JOB)}
 STEP = {"step": Required(COUNT), "phase": TEXT, "time_s": RATE, "loss": FIGURE, "grad_norm": FIGURE, "lr": FIGURE,
         "loss_scale": FIGURE, "skipped": Nullable(bool)}
 RANK_PLACEMENT = {"threads": Nullable(Integer(minimum=1)), "usable_cores": Nullable(COUNT), "cpus": TEXT,
@@ -161,7 +163,7 @@ RANK = {"rank": Required(COUNT), "local_rank": Nullable(COUNT), "node_rank": Nul
 NODE = {"node_rank": Required(COUNT), "host": TEXT, "ranks": ListOf(COUNT), "environment": Nullable(ENVIRONMENT),
         "placement": Nullable(NODE_PLACEMENT)}
 ERROR = {"type": TEXT, "message": TEXT, "traceback": TEXT, "rank": Nullable(COUNT), "signal": TEXT,
-         "log_tail": TEXT}
+         "log_tail": TEXT, "slurm_state": TEXT, "slurm_job_id": TEXT}
 SWEEP = {"suite": TEXT, "suite_path": TEXT, "point": TEXT, "repeat": Nullable(COUNT), "repeats": Nullable(COUNT),
          "key": TEXT}
 RESULT = {

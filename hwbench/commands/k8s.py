@@ -13,11 +13,14 @@ from typing import Mapping, Sequence
 from hwbench.errors import UsageError
 from hwbench.k8s import (
     _CPU_QUANTITY,
+    _DNS_1035_LABEL,
     _DNS_LABEL,
     _DNS_SUBDOMAIN,
     _ENV_NAME,
     _QUANTITY,
+    APIS,
     DEFAULT_DEVICE,
+    DEFAULT_RUNTIME,
     DEFAULT_MASTER_PORT,
     DEFAULT_RESTART_POLICY,
     DEFAULT_SHM_SIZE,
@@ -29,6 +32,7 @@ from hwbench.k8s import (
     RESTART_POLICIES,
     RESULTS_MOUNT,
     SHM_MOUNT,
+    TRAINJOB_RESERVED_ENV,
     K8sJob,
     default_name,
     name_room,
@@ -79,12 +83,19 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api", default="pytorchjob", type=_choice("--api", APIS),
+                        help="pytorchjob: the training operator's PyTorchJob (kubeflow.org/v1, default); trainjob: "
+                             "Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org/v1alpha1)")
+    parser.add_argument("--runtime", type=_matching("--runtime", _DNS_SUBDOMAIN, "the name of a training runtime "
+                                                    "(lowercase, digits, '-', '.')", 253),
+                        help=f"--api trainjob: the ClusterTrainingRuntime to run on (default: {DEFAULT_RUNTIME})")
     parser.add_argument("--nnodes", required=True, type=_int_at_least("--nnodes", 1), help="pods (nodes) in the job")
     parser.add_argument("--nproc-per-node", required=True, type=_int_at_least("--nproc-per-node", 1),
                         help="ranks per pod; also the accelerators each pod requests")
     parser.add_argument("--image", required=True, type=_image, help="container image with hwbench installed")
-    parser.add_argument("--name", type=_matching("--name", _DNS_LABEL, "a DNS-1123 label: lowercase letters, digits "
-                                                 "and '-', starting and ending with a letter or digit"),
+    parser.add_argument("--name", type=_matching("--name", _DNS_1035_LABEL, "a DNS-1035 label, as the training "
+                                                 "operator requires: lowercase letters, digits and '-', starting "
+                                                 "with a letter and ending with a letter or digit"),
                         help="job name (default: hwbench-<model>-<N>x<G>)")
     parser.add_argument("--namespace", type=_matching("--namespace", _DNS_LABEL, "a DNS-1123 label of at most 63 "
                                                       "characters", MAX_LABEL), help="namespace of the job")
@@ -164,11 +175,13 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
         print(f"hwbench: warning: --out {spec.out_dir} is outside the results volume {RESULTS_MOUNT}; the result "
               "files will be lost with the pod's filesystem", file=sys.stderr)
 
-    name = args.name or default_name(spec.model, args.nnodes, args.nproc_per_node)
-    if len(name) > name_room(args.nnodes):
+    _check_api_options(args, argv)
+    name = args.name or default_name(spec.model, args.nnodes, args.nproc_per_node, args.api)
+    room = name_room(args.nnodes, args.api)
+    if len(name) > room:
+        pods = "<name>-node-0-<i>" if args.api == "trainjob" else "<name>-worker-<i>"
         raise UsageError(f"--name {name!r} is too long: {len(name)} characters; accepted: at most "
-                         f"{name_room(args.nnodes)} for {args.nnodes} pods, so that pod names "
-                         f"<name>-worker-<i> stay within {MAX_LABEL}")
+                         f"{room} for {args.nnodes} pods, so that pod names {pods} stay within {MAX_LABEL}")
 
     env: dict[str, str] = dict(pass_through_env(spec.device, environ))
     from_shell = tuple(env)
@@ -181,7 +194,28 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
         model=spec.model, run_args=tuple([*run_args, *added]), out_dir=spec.out_dir, namespace=args.namespace,
         results_claim=args.results_claim, shm_size=args.shm_size, restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit, active_deadline_s=args.active_deadline, master_port=args.master_port,
-        cpu=args.cpu, memory=args.memory, env=tuple(env.items()), env_from_shell=from_shell, hold_s=args.hold)
+        cpu=args.cpu, memory=args.memory, env=tuple(env.items()), env_from_shell=from_shell, hold_s=args.hold,
+        api=args.api, runtime=args.runtime or DEFAULT_RUNTIME)
+
+
+# PyTorchJob settings that a TrainJob does not have: its training runtime (a JobSet) owns
+# restarts, deadlines and the rendezvous port.
+PYTORCHJOB_ONLY = ("--restart-policy", "--backoff-limit", "--active-deadline", "--master-port")
+
+
+def _check_api_options(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    given = {token.split("=", 1)[0] for token in argv}
+    if args.api == "trainjob":
+        for flag in PYTORCHJOB_ONLY:
+            if flag in given:
+                raise UsageError(f"{flag} is not accepted with --api trainjob; the TrainJob's training runtime "
+                                 f"sets it (accepted with --api pytorchjob)")
+        for key, _ in args.env:
+            if key in TRAINJOB_RESERVED_ENV:
+                raise UsageError(f"--env {key}=... is not accepted with --api trainjob; the runtime's torch plugin "
+                                 "sets it in every node")
+    elif args.runtime:
+        raise UsageError("--runtime is accepted only with --api trainjob")
 
 
 

@@ -96,6 +96,8 @@ def main(args: argparse.Namespace) -> int:
     options = options_from_namespace(args)
     catalog = load_catalog()
     rank_env = RankEnvironment.from_environ()
+    if rank_env is None:  # under srun: Slurm's ranks (hwbench.harness.slurm_env, docs/slurm.md)
+        options, rank_env = _under_slurm(options)
     spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     if rank_env is not None:
@@ -126,6 +128,23 @@ def main(args: argparse.Namespace) -> int:
     if os.environ.get(SWEEP_ENV):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
         result.sweep = json.loads(os.environ[SWEEP_ENV])
     return _stored(result, store_result(result, spec.out_dir))
+
+
+def _under_slurm(options: RunOptions):
+    """(options, rank environment) for a run started by srun: each task one rank (it
+    gets torchrun's variables), or each task one node of the torchrun job hwbench
+    launches (--nproc-per-node G with one task per node); unchanged elsewhere."""
+    from hwbench.engine.distributed import RankEnvironment
+    from hwbench.harness.slurm_env import SlurmTask, slurm_mode
+
+    task = SlurmTask.from_environ()
+    mode = slurm_mode(task, options.given())
+    if mode == "task":
+        os.environ.update(task.torchrun_environment(os.environ))
+        return options, RankEnvironment.from_environ()
+    if mode == "node":
+        return options.merged(**task.node_launch_options(os.environ)), None
+    return options, None
 
 
 def _rank_argv(options: RunOptions, quiet: bool) -> list[str]:

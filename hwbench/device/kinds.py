@@ -27,12 +27,16 @@ class DeviceKind:
     # torch has a fused AdamW kernel here (CPU since torch 2.4, CUDA); elsewhere AdamW runs
     # foreach, whose sqrt(v) temporaries the planner counts at the step.
     fused_adamw: bool
+    # Slurm's generic resource for this kind (sbatch --gres=NAME:COUNT); None where sites name
+    # it their own way (Ascend: give it with --sbatch-arg) or there is none (CPU)
+    slurm_gres: str | None = None
 
 
 _COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
 KINDS = {
     "cpu": DeviceKind("cpu", "gloo", "cpu", GIB // 2, None, _COMMUNICATION, fused_adamw=True),
-    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION, fused_adamw=True),
+    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION, fused_adamw=True,
+                       slurm_gres="gpu"),
     "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_"),
                       fused_adamw=False),
 }

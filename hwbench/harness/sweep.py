@@ -43,9 +43,10 @@ LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one swee
 
 
 class SweepInterrupted(Exception):
-    def __init__(self, signal_number: int) -> None:
+    def __init__(self, signal_number: int, jobs: list[str] | None = None) -> None:
         super().__init__(signal.Signals(signal_number).name)
         self.signal_number = signal_number
+        self.jobs = jobs or []  # Slurm jobs still pending or running (hwbench.harness.slurm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ class PointRecord:
     results: list[RunResult]
     reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
+    jobs: list[str] = dataclasses.field(default_factory=list)  # Slurm jobs still out (hwbench.harness.slurm)
 
 
 def point_options(point: Point, options: SweepOptions) -> RunOptions:
@@ -98,10 +100,12 @@ def machine_key() -> dict[str, Any]:
     return {"host": socket.gethostname(), "torch": torch.__version__}
 
 
-def result_key(args: list[str], repeat: int, env: dict[str, str] | None = None) -> str:
-    """Same options, repeat, environment variables, hwbench version and machine: same key."""
+def result_key(args: list[str], repeat: int, env: dict[str, str] | None = None,
+               machine: dict[str, Any] | None = None) -> str:
+    """Same options, repeat, environment variables, hwbench version and machine (this
+    one, or ``machine``: a Slurm sweep's cluster): same key."""
     payload = json.dumps({"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__,
-                          "machine": machine_key()}, sort_keys=True)
+                          "machine": machine or machine_key()}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -30,6 +30,7 @@ from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, Fault, Heartbeat
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
+from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.stats import finite_or_none
 from hwbench.devices import checked_backend, describe_device, describe_workload
 from hwbench.results import RunResult, StoredResult, new_run_id, store_result, utc_now, write_json_atomic
@@ -84,6 +85,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     report = None
     try:
         result.environment = environment_fingerprint(backend)
+        result.environment["slurm"] = slurm_record()  # None outside a Slurm job
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
         engine = build_engine(workload.model, spec, backend, ctx)
@@ -137,7 +139,8 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
         if run_dir:
             write_json_atomic(os.path.join(run_dir, RESULT_FILE), result.to_dict())
             return None, None
-        result.launch = {"launcher": "external torchrun", "run_id": rank_env.run_id,
+        launcher = "srun" if (rank_env.run_id or "").startswith(SLURM_RUN_PREFIX) else "external torchrun"
+        result.launch = {"launcher": launcher, "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
         return result, store_result(result, spec.out_dir)
 

@@ -1,0 +1,238 @@
+"""hwbench under a real Slurm: a single-node controller and node daemon on loopback,
+started by tests/slurm/start_local_slurm.sh (docs/slurm.md). Marked `slurm`; they skip,
+with the reason, without the slurm-wlm and munge packages or without root.
+
+    python -m pytest -m slurm tests/test_slurm_local.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hwbench.results import load_result, result_files
+
+REPO = Path(__file__).resolve().parent.parent
+START = REPO / "tests" / "slurm" / "start_local_slurm.sh"
+TINY = ["--model", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--seq-length", "32"]
+
+pytestmark = pytest.mark.slurm
+
+
+def _missing() -> str | None:
+    tools = [t for t in ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "scancel") if not shutil.which(t)]
+    if tools:
+        return f"{', '.join(tools)} not found: install the slurm-wlm and munge packages (docs/slurm.md)"
+    if os.geteuid() != 0:
+        return "the local Slurm needs root (slurmd starts jobs as their user)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+    """The environment of a client of a fresh local Slurm (SLURM_CONF, PYTHONPATH)."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("slurm")
+    started = subprocess.run([str(START), str(folder)], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    daemons = [int((folder / f"{name}.pid").read_text()) for name in ("slurmctld", "slurmd", "munged")]
+    try:
+        yield env
+    finally:
+        subprocess.run([str(START), "--stop", str(folder)], timeout=60)
+        left = [pid for pid in daemons if Path(f"/proc/{pid}").exists()]
+        assert not left, f"daemons left running: {left}"
+
+
+def _hwbench(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hwbench", *args]
+
+
+def test_srun_two_tasks_are_two_ranks(slurm_env, tmp_path):
+    done = subprocess.run(["srun", "--ntasks=2", "--kill-on-bad-exit=1", *_hwbench("run", *TINY, "--quiet",
+                                                                                  "--out", str(tmp_path))],
+                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = result_files([tmp_path])
+    result = load_result(path)
+    assert result.status == "ok"
+    assert result.metrics["world_size"] == 2 and len(result.ranks) == 2
+    slurm = result.environment["slurm"]
+    assert slurm["ntasks"] == 2 and slurm["partition"] == "debug" and slurm["cluster"] == "hwbench-local"
+    assert slurm["nodelist"] == "localhost" and slurm["job_id"].isdigit()
+    assert result.launch["launcher"] == "srun" and result.launch["master_addr"] == "localhost"
+
+
+def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
+    """srun with one task and --nproc-per-node 2: the task is node 0 of a torchrun job."""
+    done = subprocess.run(["srun", "--ntasks=1", "--cpus-per-task=2", *_hwbench("run", *TINY, "--quiet",
+                                                                                "--nproc-per-node", "2",
+                                                                                "--out", str(tmp_path))],
+                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = result_files([tmp_path])
+    result = load_result(path)
+    assert result.status == "ok" and result.metrics["world_size"] == 2
+    assert result.launch["launcher"] == "torchrun"
+    assert result.spec["launch"]["master_addr"] == "localhost"
+    assert result.spec["launch"]["master_port"] == 10000 + int(result.environment["slurm"]["job_id"]) % 50000
+
+
+def _suite(path: Path, points: list[dict]) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump({"name": path.stem, "defaults": {"model": "tiny", "steps": 2, "warmup": 1,
+                                                                     "seq-length": 32, "timeout": 600},
+                                    "points": points}))
+    return path
+
+
+def _wait_for(path: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.2)
+
+
+def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
+    suite = _suite(tmp_path / "trio.yaml", [{"name": "good"}, {"name": "crash", "env": {"HWBENCH_FAULT": "0:2:raise"}},
+                                            {"name": "cancelled", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out),
+                                      "--poll", "0.5"), env=slurm_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        job_file = out / "trio" / "cancelled" / "repeat0.slurm"
+        _wait_for(job_file, 120)
+        subprocess.run(["scancel", json.loads(job_file.read_text())["job_id"]], env=slurm_env, check=True)
+        stdout, stderr = sweep.communicate(timeout=300)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 1, stderr
+    results = {name: load_result(p) for p in result_files([out]) for name in [p.parent.name]}
+    assert results["good"].status == "ok"
+    assert results["good"].environment["slurm"]["job_id"] == json.loads(
+        (out / "trio" / "good" / "repeat0.slurm").read_text())["job_id"]
+    assert results["crash"].status == "failed" and results["crash"].error["type"] == "InjectedFault"
+    cancelled = results["cancelled"]
+    assert cancelled.status == "failed" and cancelled.error["slurm_state"] == "CANCELLED"
+    assert "CANCELLED" in stdout  # the summary names the state
+    for name in ("good", "crash"):  # the cancelled job may never have started, so may have no log
+        assert "hwbench run" in (out / "trio" / name / "repeat0.sbatch").read_text()
+        assert (out / "trio" / name / "repeat0.log").exists()
+
+
+def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
+    suite = _suite(tmp_path / "solo.yaml", [{"name": "one"}])
+    base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),
+                    "--poll", "0.5")
+    detached = subprocess.run([*base, "--detach"], env=slurm_env, capture_output=True, text=True, timeout=120)
+    assert detached.returncode == 0, detached.stderr
+    assert "1 job(s) out" in detached.stdout
+    job = json.loads((tmp_path / "out" / "solo" / "one" / "repeat0.slurm").read_text())["job_id"]
+    again = subprocess.run(base, env=slurm_env, capture_output=True, text=True, timeout=300)  # re-attaches
+    assert again.returncode == 0, again.stderr
+    assert f"job {job}" in again.stderr and "re-attached" in again.stderr and "submitted" not in again.stderr
+    collected = subprocess.run([*base, "--collect"], env=slurm_env, capture_output=True, text=True, timeout=120)
+    assert collected.returncode == 0 and "kept from an earlier sweep" in collected.stderr
+    [path] = result_files([tmp_path / "out"])
+    assert load_result(path).environment["slurm"]["job_id"] == job
+
+
+def test_a_refused_submission_is_recorded_then_submitted_again(slurm_env, tmp_path):
+    suite = _suite(tmp_path / "typo.yaml", [{"name": "one"}])
+    base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),
+                    "--poll", "0.5")
+    refused = subprocess.run([*base, "--partition", "nosuch"], env=slurm_env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1
+    [path] = result_files([tmp_path / "out"])
+    record = load_result(path)
+    assert record.status == "invalid" and record.error["slurm_state"] == "SUBMIT_FAILED"
+    assert "sbatch refused the job" in record.error["message"]
+    fixed = subprocess.run(base, env=slurm_env, capture_output=True, text=True, timeout=300)
+    assert fixed.returncode == 0, fixed.stderr
+    assert [load_result(p).status for p in result_files([tmp_path / "out"])] == ["ok"]  # the record replaced
+
+
+def test_ctrl_c_without_a_terminal_leaves_the_jobs_running(slurm_env, tmp_path):
+    from conftest import sigint_as_usual
+
+    suite = _suite(tmp_path / "stuck.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
+                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    job_file = out / "stuck" / "hang" / "repeat0.slurm"
+    try:
+        _wait_for(job_file, 120)
+        time.sleep(1)
+        sweep.send_signal(2)
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+    job = json.loads(job_file.read_text())["job_id"]
+    try:
+        assert sweep.returncode == 130, stderr
+        assert f"jobs {job} keep running" in stderr
+        state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
+        assert "JobState=PENDING" in state.stdout or "JobState=RUNNING" in state.stdout
+        assert result_files([out]) == []  # nothing written for a job still out
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env)
+
+
+def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
+    import os
+    import pty
+
+    from conftest import sigint_as_usual
+
+    suite = _suite(tmp_path / "asked.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    out = tmp_path / "out"
+    controller, terminal = pty.openpty()
+    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
+                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=terminal,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    os.close(terminal)
+    job_file = out / "asked" / "hang" / "repeat0.slurm"
+    try:
+        _wait_for(job_file, 120)
+        job = json.loads(job_file.read_text())["job_id"]
+        time.sleep(1)
+        sweep.send_signal(2)
+        os.write(controller, b"y\n")
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+        os.close(controller)
+        subprocess.run(["scancel", json.loads(job_file.read_text())["job_id"]] if job_file.exists() else ["true"],
+                       env=slurm_env)
+    assert sweep.returncode == 130, stderr
+    assert f"cancelled jobs {job}" in stderr
+    assert not job_file.exists()  # forgotten: the same command submits the point again
+    state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
+    assert "JobState=CANCELLED" in state.stdout
+
+
+def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
+    import hwbench
+    from hwbench.harness.slurm import SlurmSettings
+
+    for key in ("SLURM_CONF", "PYTHONPATH"):
+        monkeypatch.setenv(key, slurm_env[key])
+    suite = _suite(tmp_path / "api.yaml", [{"name": "one"}])
+    [record] = hwbench.sweep(suite, out=tmp_path / "out", device="cpu", slurm=SlurmSettings(poll_s=0.5))
+    [result] = record.results
+    assert result.status == "ok" and result.environment["slurm"]["partition"] == "debug"
