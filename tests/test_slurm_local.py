@@ -43,7 +43,10 @@ def slurm_env(tmp_path_factory):
         pytest.skip(reason)
     folder = tmp_path_factory.mktemp("slurm")
     started = subprocess.run([str(START), str(folder)], capture_output=True, text=True, timeout=120)
-    assert started.returncode == 0, started.stderr
+    if started.returncode != 0:  # the machine cannot host the daemons (a container without munge's
+        # socket folder, a port taken...): not hwbench's fault; the script's own words say why
+        subprocess.run([str(START), "--stop", str(folder)], timeout=60)
+        pytest.skip(f"the local Slurm did not start: {started.stderr.strip()[-500:]}")
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     daemons = [int((folder / f"{name}.pid").read_text()) for name in ("slurmctld", "slurmd", "munged")]
