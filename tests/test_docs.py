@@ -34,7 +34,8 @@ def key_paths(value, prefix=""):
             yield from key_paths(child, prefix + "[]")
 
 
-@pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic"]])
+@pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic",
+                                    "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2"]])
 def test_every_result_field_is_documented(tmp_path, extra):
     assert main(["run", "--quiet", "--model", "tiny", "--steps", "2", "--warmup", "1", "--eval-iters", "1",
                  "--out", str(tmp_path), *extra]) == 0

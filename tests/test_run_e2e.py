@@ -73,7 +73,9 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
+    # a small batch: fp16 on a CPU without fp16 units is emulated, about 10x slower than fp32
     assert main(["run", "--quiet", "--model", "tiny", "--precision", precision, "--steps", "3", "--warmup", "1",
+                 "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
                  "--out", str(tmp_path)]) == 0
     _, result = _only_result(tmp_path)
     assert result.status == "ok"
