@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hwbench.errors import UsageError
-from hwbench.report.compare import KEY_FIELDS, _fingerprint, point_key
+from hwbench.report.compare import KEY_FIELDS, performance_fingerprint, point_key
 from hwbench.results import RunResult
 
 DEFAULT_DB = "results/history.sqlite"
@@ -206,7 +206,8 @@ def _run_row(result: RunResult, source: Path, now: str) -> tuple:
     dirty = git.get("dirty")
     return (result.run_id, result.started_at, night_of(result.started_at), git.get("commit"),
             None if dirty is None else int(bool(dirty)), result.status,
-            None if key is None else json.dumps(list(key)), json.dumps(_fingerprint(result), sort_keys=True),
+            None if key is None else json.dumps(list(key)),
+            json.dumps(performance_fingerprint(result), sort_keys=True),
             json.dumps(environment, sort_keys=True, default=str), os.fspath(source), now)
 
 

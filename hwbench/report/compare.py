@@ -252,7 +252,8 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
 
 def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[str]:
     """One line per fingerprint field whose values differ between the two sides."""
-    groups = [("baseline", [_fingerprint(r) for r in base]), ("current", [_fingerprint(r) for r in cur])]
+    groups = [("baseline", [performance_fingerprint(r) for r in base]),
+              ("current", [performance_fingerprint(r) for r in cur])]
     lines = []
     for field, held in environment_differences(groups, ("device_model",) + PERFORMANCE_ENVIRONMENT_FIELDS):
         (_, a), (_, b) = held  # a difference needs both sides
@@ -264,7 +265,7 @@ def _listed(values: list) -> str:
     return ", ".join(sorted(map(str, values)))
 
 
-def _fingerprint(result: RunResult) -> dict[str, str | None]:
+def performance_fingerprint(result: RunResult) -> dict[str, str | None]:
     """The device model and performance fields of a result; a missing one is the value None
     (it differs from a known one), and a result with no environment or device knows none."""
     env = result.environment or {}
