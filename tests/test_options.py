@@ -117,3 +117,13 @@ def test_the_run_table_says_why_a_figure_is_missing_and_names_the_formula():
     rows = dict(run_summary_rows(RunResult.from_dict(data)))
     assert rows["peak memory"].startswith("allocated n/a on CPU: resident set below, resident set ")
     assert rows["TFLOP/s per device"].endswith("(FLOPs formula: megatron-lm)")
+
+
+@pytest.mark.parametrize("name", sorted(__import__("hwbench.cli", fromlist=["COMMANDS"]).COMMANDS))
+def test_every_commands_help_prints(name, capsys):
+    """argparse formats help with %: a default such as slurm's `hwbench-%j.log` must be escaped."""
+    _, parser = command_parser(name)
+    with pytest.raises(SystemExit) as done:
+        parser.parse_args(["--help"])
+    assert done.value.code == 0
+    assert f"usage: hwbench {name}" in capsys.readouterr().out

@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tasks: one Slurm task per device, each one rank (default); torchrun: one task per node "
                              "that starts the node's ranks")
     parser.add_argument("--job-name", default=None, help="#SBATCH --job-name (default: hwbench-<model>-<N>x<G>)")
-    parser.add_argument("--log", default=LOG_NAME, help=f"#SBATCH --output (default: {LOG_NAME})")
+    parser.add_argument("--log", default=LOG_NAME, help=f"#SBATCH --output (default: {LOG_NAME.replace('%', '%%')})")
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
