@@ -178,11 +178,29 @@ def test_prices_file_and_its_errors(tmp_path, pair):
     assert next(r for r in data["runs"] if r["run_id"].endswith("h10"))["price_usd_per_hour"] == 3.0
     for text, pattern in (("h100-sxm: lots\n", "entry 'h100-sxm' is 'lots'; accepted: a number >= 0"),
                           ("h100-sxm: {usd: 2}\n", "entry 'h100-sxm' has unknown key 'usd'"),
-                          ("- 1\n", "must be a mapping"), ("a: [\n", "not a YAML file")):
+                          ("- 1\n", "must be a mapping"), ("a: [\n", "not a YAML file"),
+                          ('h100-sxm: "1.5"\n', "entry 'h100-sxm' is '1.5'"),
+                          ("h100-sxm: 1\nH100-SXM: 2\n", "'H100-SXM' is named twice"),
+                          ("h100-sxm: 1\nh100-sxm: 2\n", "line 1: 'h100-sxm' is named twice"),
+                          ("h100-sxm: {usd_per_hour: 1, date: soon}\n", "has date 'soon'"),
+                          ("h100-sxm: {usd_per_hour: 1, source: [1, 2]}\n", "has source \\[1, 2\\]"),
+                          # an alias bomb: nine lines that expand to 10^9 strings
+                          ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+                              f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+                              for i in range(8)), "line 2: aliases \\(\\*name\\) are not accepted")):
         prices.write_text(text)
         with pytest.raises(UsageError, match=pattern) as error:
             run_command("report", [str(pair), "--prices", str(prices)])
         assert "\n" not in str(error.value)
+    with pytest.raises(UsageError, match="/dev/zero: larger than 1 MiB"):  # read up to a limit, not forever
+        run_command("report", [str(pair), "--prices", "/dev/zero"])
+
+
+@pytest.mark.parametrize("tokens", ["1e30", "5e-324", "1.5", "0", "nan"])
+def test_a_token_budget_out_of_range_is_refused(tokens, pair):
+    with pytest.raises(UsageError, match=f"--tokens '{tokens}' is not accepted; give a whole number of tokens "
+                                         "from 1 to 1e18"):
+        run_command("report", [str(pair), "--tokens", tokens])
 
 
 def test_published_tables_alone(tmp_path):

@@ -37,9 +37,9 @@ def fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
 def tokens_text(tokens: float) -> str:
     """300e9 -> "300e9": the way --tokens is usually written."""
     for power in (12, 9, 6):
-        if tokens >= 10 ** power:
+        if 10 ** power <= tokens < 10 ** (power + 3):
             return f"{tokens / 10 ** power:g}e{power}"
-    return f"{tokens:g}"
+    return f"{tokens:g}"  # beyond 1e15 as Python writes it: 1e+18
 
 
 def fmt_ratio(value: Any) -> str:

@@ -20,14 +20,19 @@ SCALING_ASSUMPTION = ("Projections use the scaling fitted to the device counts m
                       "reach N x the tokens/s per device, with no loss to communication or stragglers.")
 
 
+MAX_TOKENS = 1e18  # far beyond any training run: the largest published ones are about 1.5e13 tokens
+
+
 def parse_tokens(text: str) -> float:
-    """The projection's token count from text such as "300e9"; a UsageError unless > 0."""
+    """The projection's token count from text such as "300e9"; a UsageError unless a whole number
+    from 1 to MAX_TOKENS."""
     try:
         tokens = float(text)
     except ValueError:
         tokens = float("nan")
-    if not math.isfinite(tokens) or tokens <= 0:
-        raise UsageError(f"--tokens {text!r} is not accepted; give a number of tokens > 0, e.g. 300e9")
+    if not math.isfinite(tokens) or not 1 <= tokens <= MAX_TOKENS or tokens != int(tokens):
+        raise UsageError(f"--tokens {text!r} is not accepted; give a whole number of tokens from 1 to "
+                         "1e18, e.g. 300e9")
     return tokens
 
 

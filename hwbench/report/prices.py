@@ -6,9 +6,13 @@ date, docs/catalog.md). docs/reports.md, "Prices"."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping
+
+import yaml
 
 from hwbench.errors import UsageError
 
@@ -38,45 +42,100 @@ def parse_price_options(items: list[str]) -> dict[str, Price]:
     return prices
 
 
+MAX_PRICE_FILE_BYTES = 1 << 20  # a price list is a few lines; anything larger is not one
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
 def load_price_file(path: str) -> dict[str, Price]:
     """A team's prices: a YAML mapping of catalog entry or device model to a number (USD per
     device-hour; the source is then the file) or to {usd_per_hour, source, date}. A bad file is a
     one-line UsageError naming the file, the entry and what is accepted."""
-    import yaml
-
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise UsageError(f"--prices {path}: cannot be read: {error.strerror}") from None
+        loader = _PriceLoader(_read_small(path))  # a SafeLoader, below
+        loader.name = path
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except (UnicodeDecodeError, yaml.YAMLError) as error:
         raise UsageError(f"--prices {path}: not a YAML file: {str(error).splitlines()[0]}") from None
     if not isinstance(data, dict) or not data:
         raise UsageError(f"--prices {path}: must be a mapping of catalog entry or device model to USD per "
                          "device-hour (a number, or {usd_per_hour, source, date})")
-    return {str(key).strip().lower(): _file_entry(path, str(key), value) for key, value in data.items()}
+    prices: dict[str, Price] = {}
+    for key, value in data.items():
+        name = str(key).strip().lower()
+        if name in prices:
+            raise UsageError(f"--prices {path}: {_short(key)} is named twice (names are compared ignoring case)")
+        prices[name] = _file_entry(path, str(key), value)
+    return prices
+
+
+def _read_small(path: str) -> str:
+    """The file's text, refused beyond MAX_PRICE_FILE_BYTES (/dev/zero must not fill the memory)."""
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_PRICE_FILE_BYTES + 1)
+    except OSError as error:
+        raise UsageError(f"--prices {path}: cannot be read: {error.strerror}") from None
+    if len(raw) > MAX_PRICE_FILE_BYTES:
+        raise UsageError(f"--prices {path}: larger than {MAX_PRICE_FILE_BYTES >> 20} MiB; a price list is a "
+                         "mapping of a few entries")
+    return raw.decode("utf-8")
+
+
+class _PriceLoader(yaml.SafeLoader):
+    """SafeLoader without aliases (an alias bomb of a few lines expands to gigabytes) and without
+    duplicate keys (YAML would keep the last one silently)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            line = self.peek_event().start_mark.line + 1
+            raise UsageError(f"--prices {self.name}: line {line}: aliases (*name) are not accepted in a price list")
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(key, deep=True) for key, _ in node.value]
+        repeated = next((key for key in keys if keys.count(key) > 1), None)
+        if repeated is not None:
+            raise UsageError(f"--prices {self.name}: line {node.start_mark.line + 1}: {_short(repeated)} is named "
+                             "twice")
+        return super().construct_mapping(node, deep)
 
 
 _ENTRY_KEYS = {"usd_per_hour", "source", "date"}
+_ACCEPTED = "a number >= 0 or {usd_per_hour: number >= 0, source: text, date: YYYY-MM-DD}"
 
 
 def _file_entry(path: str, key: str, value: Any) -> Price:
-    accepted = "a number >= 0 or {usd_per_hour: number >= 0, source: text, date: YYYY-MM-DD}"
     if not isinstance(value, dict):
-        price = _number(value)
+        price = _number(value, strict=True)
         if price is None:
-            raise UsageError(f"--prices {path}: entry {key!r} is {value!r}; accepted: {accepted}")
+            raise UsageError(f"--prices {path}: entry {_short(key)} is {_short(value)}; accepted: {_ACCEPTED}")
         return Price(price, f"--prices {path}", None)
-    unknown = set(map(str, value)) - _ENTRY_KEYS
-    price = _number(value.get("usd_per_hour"))
-    if unknown or price is None:
-        what = f"unknown key {sorted(unknown)[0]!r}" if unknown else f"usd_per_hour {value.get('usd_per_hour')!r}"
-        raise UsageError(f"--prices {path}: entry {key!r} has {what}; accepted: {accepted}")
-    date = value.get("date")
-    return Price(price, str(value.get("source") or f"--prices {path}"), None if date is None else str(date))
+    unknown = sorted(set(map(str, value)) - _ENTRY_KEYS)
+    price = _number(value.get("usd_per_hour"), strict=True)
+    source, date = value.get("source"), value.get("date")
+    date_text = date.isoformat() if isinstance(date, datetime.date) else date
+    problem = (f"unknown key {_short(unknown[0])}" if unknown
+               else f"usd_per_hour {_short(value.get('usd_per_hour'))}" if price is None
+               else f"source {_short(source)}" if source is not None and not (isinstance(source, str) and source.strip())
+               else f"date {_short(date)}" if date is not None and not (isinstance(date_text, str) and _DATE.match(date_text))
+               else None)
+    if problem:
+        raise UsageError(f"--prices {path}: entry {_short(key)} has {problem}; accepted: {_ACCEPTED}")
+    return Price(price, source.strip() if source else f"--prices {path}", date_text)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
+def _short(value: Any) -> str:
+    """repr() of a value from a file, cut to one short line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(value: Any, strict: bool = False) -> float | None:
+    """A price >= 0, or None. ``strict`` (values from a file): a YAML number only, not text."""
+    if isinstance(value, bool) or (strict and not isinstance(value, (int, float))):
         return None
     try:
         figure = float(value)
