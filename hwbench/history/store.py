@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import functools
 import json
 import math
@@ -74,7 +75,7 @@ class HistoryConnection(sqlite3.Connection):
 
 def database_error(name: str, error: sqlite3.Error) -> UsageError:
     """One line for an SQLite failure: busy (another writer), damaged, or not usable."""
-    reason = str(error) or type(error).__name__
+    reason = " ".join(str(error).split()) or type(error).__name__
     if isinstance(error, sqlite3.OperationalError) and ("locked" in reason or "busy" in reason):
         return UsageError(f"{OPTION} {name!r}: the history database is busy (another `hwbench history add` is writing "
                           f"to it) and stayed so for {BUSY_TIMEOUT_S:g} s; try again when it has finished")
@@ -128,6 +129,11 @@ def open_history(path: str | os.PathLike, create: bool = False):
         connection = _connect(where, text)
         _refuse_foreign(connection, text)
         migrate(connection, text)
+        # nothing is added to a damaged file (reads stop at the damage they meet anyway)
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            found = " ".join("; ".join(problems).replace("*** in database main ***", "").split())
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {found[:200]}")
     except sqlite3.DatabaseError as error:
         if connection is not None:
             connection.close()
@@ -165,6 +171,9 @@ def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, P
             except FileExistsError:
                 pass  # another add made it first: add into that one
             except OSError as error:
+                if error.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) and not where.exists():
+                    os.replace(temporary, where)  # a file system without hard links
+                    return outcome, count
                 raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
         finally:
             Path(temporary).unlink(missing_ok=True)
