@@ -13,6 +13,7 @@ import json
 import math
 import os
 import secrets
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -239,13 +240,34 @@ def _umask() -> int:
     return 0o022
 
 
+class _NotRegularFile(Exception):
+    """A result path that is a FIFO, a socket or a device: reading it could wait forever."""
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, refused without reading when it is not a regular file (opened
+    non-blocking, so a FIFO without a writer does not hang the open)."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(handle).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+            raise _NotRegularFile(kind)
+        os.set_blocking(handle, True)
+        with os.fdopen(handle, "rb", closefd=False) as stream:
+            return stream.read()
+    finally:
+        os.close(handle)
+
+
 def load_result(path: str | os.PathLike) -> RunResult:
     """Read one result file; ResultFormatError names the file and the problem: not
     readable, not UTF-8, not complete JSON, nested too deeply, of an unknown schema
     version, or a field of the wrong type (hwbench.result_shape)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(_read_regular_file(path).decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultFormatError(f"{path}: not a complete JSON document (truncated?): {error}") from None
     except UnicodeDecodeError as error:
@@ -254,6 +276,8 @@ def load_result(path: str | os.PathLike) -> RunResult:
         raise ResultFormatError(f"{path}: JSON nested too deeply to be a result") from None
     except ValueError as error:  # an integer of more digits than Python converts
         raise ResultFormatError(f"{path}: not a result: {str(error)[:200]}") from None
+    except _NotRegularFile as error:
+        raise ResultFormatError(f"{path}: not a regular file ({error})") from None
     except (OSError, MemoryError) as error:
         raise ResultFormatError(f"{path}: cannot be read: {getattr(error, 'strerror', None) or error}") from None
     if not isinstance(data, dict) or "schema_version" not in data:

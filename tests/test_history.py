@@ -297,3 +297,171 @@ def test_history_needs_no_torch(tmp_path, capsys):
             "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)" % str(db))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH", done.stderr[-2000:]
+
+
+# --- damaged, busy, foreign and concurrent databases; bad start times; FIFOs ---------
+
+
+def _one_line_exit_2(capsys, argv, *expected):
+    code = cli_main(["history", *map(str, argv)])
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def _small_history(tmp_path, capsys) -> Path:
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 30), "--db", db)
+    return db
+
+
+READ_COMMANDS = (["show"], ["changes"], ["report", "--out", "trends.html"])
+
+
+def test_a_damaged_database_file_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    db = _small_history(tmp_path, capsys)
+    with open(db, "r+b") as stream:  # dd if=/dev/urandom bs=1 count=24 seek=4096 conv=notrunc
+        stream.seek(4096)
+        stream.write(random.Random(5).randbytes(24))
+    for command in READ_COMMANDS:
+        _one_line_exit_2(capsys, [*command, "--db", db], "--db", "the history database is damaged")
+    _one_line_exit_2(capsys, ["add", NOISE_RUNS, "--db", db], "--db", "damaged")
+    assert not (tmp_path / "trends.html").exists()
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("UPDATE runs SET fingerprint = 'not json'", "fingerprint is not a JSON mapping"),
+    ("UPDATE runs SET point_key = '{bad'", "point_key is not a JSON list"),
+    ("UPDATE runs SET point_key = '[1,2]'", "point_key is not a JSON list"),
+    ("UPDATE metrics SET value = 'abc' WHERE name = 'tokens_per_s'", "tokens_per_s is not a finite number"),
+    ("DROP TABLE metrics", "no metrics table"),
+])
+def test_damaged_rows_are_refused_with_their_run_id(tmp_path, capsys, monkeypatch, damage, words):
+    monkeypatch.chdir(tmp_path)
+    db = _small_history(tmp_path, capsys)
+    with sqlite3.connect(db) as connection:
+        connection.execute(damage)
+    for command in READ_COMMANDS:
+        err = _one_line_exit_2(capsys, [*command, "--db", db, "--metric", "tokens_per_s"], "--db", words)
+        assert "DROP" in damage or "run 'night" in err
+
+
+@pytest.mark.parametrize("content", [b"", "foreign"])
+def test_read_commands_never_write_into_a_file_that_is_not_a_history(tmp_path, capsys, monkeypatch, content):
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "other.db"
+    if content == "foreign":
+        with sqlite3.connect(db) as connection:
+            connection.execute("CREATE TABLE x (a)")
+    else:
+        db.write_bytes(content)
+    before = hashlib.md5(db.read_bytes()).hexdigest()
+    for command in READ_COMMANDS:
+        _one_line_exit_2(capsys, [*command, "--db", db], "--db", "not an hwbench history")
+    assert hashlib.md5(db.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+    if content == "foreign":  # nor does add take it over
+        _one_line_exit_2(capsys, ["add", NOISE_RUNS, "--db", db], "not an hwbench history")
+        assert hashlib.md5(db.read_bytes()).hexdigest() == before
+
+
+def _concurrent_writer(db, folder, barrier, answers):
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    barrier.wait()  # the writers start `hwbench history add` at the same moment
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(["history", "add", str(folder), "--db", str(db)])
+    found = re.search(r"added (\d+) run\(s\), (\d+) already there", out.getvalue())
+    answers.put(tuple(map(int, found.groups())) if code == 0 and found else f"exit {code}: {err.getvalue()}")
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_concurrent_adds_create_the_database_once_and_count_every_run_once(tmp_path, trial):
+    """Real processes, as four nightly jobs sharing one database: the first adds race to
+    create it, the later ones to add the same runs; every run is counted added exactly once."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    db = tmp_path / "new" / "sub" / "h.sqlite"
+    more = write_nights(tmp_path / "runs", [1000.0] * 20)
+    for folder in (NOISE_RUNS, more):  # a database that does not exist yet, then one that does
+        barrier, answers = context.Barrier(4), context.Queue()
+        writers = [context.Process(target=_concurrent_writer, args=(db, folder, barrier, answers)) for _ in range(4)]
+        for writer in writers:
+            writer.start()
+        counts = [answers.get(timeout=300) for _ in writers]
+        for writer in writers:
+            writer.join(timeout=60)
+        files = len(result_files([folder]))
+        assert all(isinstance(count, tuple) and sum(count) == files for count in counts), counts
+        assert sum(added for added, _ in counts) == files, counts
+    total = len(result_files([NOISE_RUNS])) + 60
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == total
+    assert sorted(p.name for p in db.parent.iterdir()) == ["h.sqlite"]
+
+
+def test_a_busy_database_is_named_busy_not_unusable(tmp_path, capsys, monkeypatch):
+    db = _small_history(tmp_path, capsys)
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.2)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        _one_line_exit_2(capsys, ["add", NOISE_RUNS, "--db", db], "--db", "busy", "another `hwbench history add`")
+    finally:
+        holder.execute("ROLLBACK")
+    assert store.BUSY_TIMEOUT_S == 0.2 and history(capsys, "add", NOISE_RUNS, "--db", db)[0] == 0
+
+
+@pytest.mark.parametrize("step, failure", [("run_count", KeyboardInterrupt),  # SIGINT after the runs went in
+                                            ("_insert_new", sqlite3.OperationalError("disk I/O error"))])
+def test_an_add_into_a_new_file_that_fails_late_leaves_no_file(tmp_path, capsys, monkeypatch, step, failure):
+    def late(*args):
+        raise failure
+
+    monkeypatch.setattr(store, step, late)
+    db = tmp_path / "h.sqlite"
+    code = cli_main(["history", "add", str(NOISE_RUNS), "--db", str(db)])
+    _, err = capsys.readouterr()
+    assert code == (130 if failure is KeyboardInterrupt else 2) and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("started_at", ["not a date", "9999-01-01T00:00:00+00:00", "2026-11-23", ""])
+def test_a_result_without_a_usable_start_time_is_left_out_with_its_reason(tmp_path, capsys, started_at):
+    results = write_nights(tmp_path / "runs", [1000.0])
+    bad = json.loads((results / "night000" / "night0-0.json").read_text())
+    bad["run_id"], bad["started_at"] = "bad-start", started_at
+    (results / "bad-start.json").write_text(json.dumps(bad))
+    db = tmp_path / "h.sqlite"
+    code, out, err = history(capsys, "add", results, "--db", db)
+    assert code == 0 and "added 3 run(s)" in out and "1 unreadable" in out
+    assert "bad-start.json: field 'started_at'" in err
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs WHERE run_id = 'bad-start'").fetchone()[0] == 0
+
+
+def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from hwbench.results import load_results
+
+    results = write_nights(tmp_path / "runs", [1000.0])
+    os.mkfifo(results / "z.json")
+    code = (f"from hwbench.cli import main\nraise SystemExit(main(['history', 'add', {str(results)!r}, '--db', "
+            f"{str(tmp_path / 'h.sqlite')!r}]))")
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environment)
+    assert done.returncode == 0 and "added 3 run(s)" in done.stdout and "1 unreadable" in done.stdout, done
+    assert "z.json: not a regular file (a FIFO)" in done.stderr
+    with pytest.warns(UserWarning, match="z.json: not a regular file"):
+        loaded, skipped = load_results([results])
+    assert len(loaded) == 3 and [path.name for path, _ in skipped] == ["z.json"]

@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add(args: argparse.Namespace) -> int:
-    from hwbench.history.store import add_results, open_history, printable, run_count
+    from hwbench.history.store import add_to_history, printable, start_problem
     from hwbench.results import ResultFormatError, load_result, result_files
 
     for path in args.results:
@@ -61,19 +61,22 @@ def add(args: argparse.Namespace) -> int:
     loaded, unreadable = [], 0
     for path in result_files(args.results):
         try:
-            loaded.append((load_result(path), path))
+            result = load_result(path)
+            problem = start_problem(result.started_at)
+            if problem:
+                raise ResultFormatError(f"{path}: field 'started_at' {problem}")
+            loaded.append((result, path))
         except ResultFormatError as error:
             unreadable += 1
             print(f"hwbench history: warning: left out {error}", file=sys.stderr)
     if not loaded:
         raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
                          "unreadable); give result files or folders of them")
-    connection = open_history(args.db, create=True)
-    outcome = add_results(connection, loaded)
+    outcome, total = add_to_history(args.db, loaded)
     for run_id in outcome.without_start:
         print(f"hwbench history: warning: left out run {run_id}: it has no start time", file=sys.stderr)
     print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there, {unreadable} "
-          f"unreadable file(s) left out; {run_count(connection)} run(s) in all")
+          f"unreadable file(s) left out; {total} run(s) in all")
     return 0
 
 

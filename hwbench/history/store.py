@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
+import functools
 import json
+import math
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hwbench.errors import UsageError
 from hwbench.report.compare import KEY_FIELDS, performance_fingerprint, point_key
-from hwbench.results import RunResult
+from hwbench.results import RunResult, _umask
 
 DEFAULT_DB = "results/history.sqlite"
 OPTION = "--db"
@@ -34,7 +38,7 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 # MIGRATIONS[v]: the statements that take a database from version v - 1 to version v.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
-        """CREATE TABLE runs (
+        """CREATE TABLE IF NOT EXISTS runs (
                run_id TEXT PRIMARY KEY,
                started_at TEXT NOT NULL,
                night TEXT NOT NULL,          -- the UTC date the run started on
@@ -46,22 +50,61 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
                environment TEXT NOT NULL,    -- JSON: the result's whole environment
                source TEXT NOT NULL,         -- the file it was read from
                added_at TEXT NOT NULL)""",
-        """CREATE TABLE metrics (
+        """CREATE TABLE IF NOT EXISTS metrics (
                run_id TEXT NOT NULL REFERENCES runs(run_id),
                name TEXT NOT NULL,
                value DOUBLE PRECISION NOT NULL,
                PRIMARY KEY (run_id, name))""",
-        "CREATE INDEX runs_by_point ON runs(point_key, started_at)",
-        "CREATE INDEX metrics_by_name ON metrics(name)",
+        "CREATE INDEX IF NOT EXISTS runs_by_point ON runs(point_key, started_at)",
+        "CREATE INDEX IF NOT EXISTS metrics_by_name ON metrics(name)",
     ),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
 
+# How long an SQLite command waits for another writer (a concurrent `history add`) to finish.
+BUSY_TIMEOUT_S = 60.0
+HISTORY_TABLES = ("runs", "metrics")
+
+
+class HistoryConnection(sqlite3.Connection):
+    """sqlite3's connection that knows the --db it was opened from, for its error messages."""
+
+    name = ""
+
+
+def database_error(name: str, error: sqlite3.Error) -> UsageError:
+    """One line for an SQLite failure: busy (another writer), damaged, or not usable."""
+    reason = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, sqlite3.OperationalError) and ("locked" in reason or "busy" in reason):
+        return UsageError(f"{OPTION} {name!r}: the history database is busy (another `hwbench history add` is writing "
+                          f"to it) and stayed so for {BUSY_TIMEOUT_S:g} s; try again when it has finished")
+    damaged = ("malformed", "not a database", "no such table", "no such column", "corrupt", "disk image")
+    if not isinstance(error, sqlite3.OperationalError) or any(word in reason for word in damaged):
+        return UsageError(f"{OPTION} {name!r}: the history database is damaged ({reason}); restore it from a copy or "
+                          "add the results again into a new file")
+    return UsageError(f"{OPTION} {name!r}: the history database cannot be used ({reason})")
+
+
+def _guarded(function):
+    """A store operation on an SQLite connection: sqlite3's errors become one UsageError line."""
+
+    @functools.wraps(function)
+    def guarded(connection, *args, **kwargs):
+        try:
+            return function(connection, *args, **kwargs)
+        except sqlite3.Error as error:
+            if not isinstance(connection, sqlite3.Connection):
+                raise
+            raise database_error(getattr(connection, "name", "") or "?", error) from None
+    return guarded
+
+
 def open_history(path: str | os.PathLike, create: bool = False):
     """The database at ``path`` (a file, or a postgresql:// URL), migrated to SCHEMA_VERSION.
     ``create``: make the file (and its folder), or the tables, when missing; otherwise a
-    missing database is a UsageError naming --db."""
+    missing database is a UsageError naming --db, and the file is opened read-only and
+    must be an hwbench history (nothing is written into another SQLite file)."""
     text = os.fspath(path)
     if text.startswith(POSTGRES_SCHEMES):
         return _open_postgres(text, create)
@@ -79,11 +122,124 @@ def open_history(path: str | os.PathLike, create: bool = False):
             where.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(f"{OPTION} {text!r}: its folder cannot be made ({error.strerror})") from None
+    if not create:
+        return _open_sqlite_read(where, text)
+    connection = None
     try:
-        connection = sqlite3.connect(where)
+        connection = _connect(where, text)
+        _refuse_foreign(connection, text)
         migrate(connection, text)
+        # nothing is added to a damaged file (reads stop at the damage they meet anyway)
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            found = " ".join("; ".join(problems).replace("*** in database main ***", "").split())
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {found[:200]}")
     except sqlite3.DatabaseError as error:
-        raise UsageError(f"{OPTION} {text!r}: not a usable SQLite database ({error})") from None
+        if connection is not None:
+            connection.close()
+        raise _open_error(text, error) from None
+    return connection
+
+
+def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, Path]]) -> tuple[AddOutcome, int]:
+    """open_history(create=True), add_results and run_count. A new SQLite file is built under a
+    temporary name in its folder and linked into place only once committed, so an add that
+    fails or is interrupted leaves no file behind; when another add made the file meanwhile,
+    the runs go into that one."""
+    results = list(results)
+    text = os.fspath(path)
+    where = Path(path)
+    if "://" not in text and not where.exists():
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
+        except OSError as error:
+            raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
+        try:
+            os.close(handle)
+            os.chmod(temporary, 0o666 & ~_umask())
+            connection = open_history(temporary, create=True)
+            connection.name = text
+            try:
+                outcome = add_results(connection, results)
+                count = run_count(connection)
+            finally:
+                connection.close()
+            try:
+                os.link(temporary, where)
+                return outcome, count
+            except FileExistsError:
+                pass  # another add made it first: add into that one
+            except OSError as error:
+                if error.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) and not where.exists():
+                    os.replace(temporary, where)  # a file system without hard links
+                    return outcome, count
+                raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+            Path(temporary + "-journal").unlink(missing_ok=True)
+    connection = open_history(path, create=True)
+    try:
+        return add_results(connection, results), run_count(connection)
+    finally:
+        connection.close()
+
+
+def _connect(where: Path, name: str, read_only: bool = False) -> HistoryConnection:
+    if read_only:
+        connection = sqlite3.connect(where.absolute().as_uri() + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                                     factory=HistoryConnection)
+    else:
+        connection = sqlite3.connect(where, timeout=BUSY_TIMEOUT_S, factory=HistoryConnection)
+    connection.name = name
+    return connection
+
+
+def _open_error(name: str, error: sqlite3.DatabaseError) -> UsageError:
+    if "file is not a database" in str(error):
+        return UsageError(f"{OPTION} {name!r}: not a usable SQLite database ({error}); give the file "
+                          "`hwbench history add` made")
+    return database_error(name, error)
+
+
+def _tables(connection) -> set[str]:
+    return {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _refuse_foreign(connection, name: str) -> None:
+    """An SQLite database that holds tables but is no hwbench history is not written into."""
+    tables = _tables(connection)
+    if _schema_version(connection) == 0 and tables and not set(HISTORY_TABLES) <= tables:
+        raise UsageError(f"{OPTION} {name!r}: an SQLite database that is not an hwbench history (tables: "
+                         f"{', '.join(sorted(tables))[:200]}); give a history file or a new path")
+
+
+def _open_sqlite_read(where: Path, name: str):
+    """Read-only (changes, show, report): nothing is written unless the file is an older
+    hwbench history, which is migrated."""
+    connection = None
+    try:
+        connection = _connect(where, name, read_only=True)
+        version = _schema_version(connection)
+        if version > SCHEMA_VERSION:
+            migrate(connection, name)  # refuses it
+        missing = [table for table in HISTORY_TABLES if table not in _tables(connection)]
+        if version == 0 or missing:
+            raise UsageError(f"{OPTION} {name!r}: not an hwbench history database (" +
+                             (f"no {' and '.join(missing)} table" if missing else "no history schema version") +
+                             "); give the file `hwbench history add` made")
+        if version < SCHEMA_VERSION:
+            connection.close()
+            connection = _connect(where, name)
+            migrate(connection, name)
+    except sqlite3.DatabaseError as error:
+        if connection is not None:
+            connection.close()
+        raise _open_error(name, error) from None
+    except UsageError:
+        if connection is not None:
+            connection.close()
+        raise
     return connection
 
 
@@ -132,13 +288,19 @@ def _set_schema_version(connection, version: int) -> None:
 
 
 def migrate(connection, name: str) -> None:
-    """Apply every migration above the database's version, each in its own transaction."""
+    """Apply every migration above the database's version, each in its own transaction.
+    SQLite: the version is read again under the write lock (BEGIN IMMEDIATE), so concurrent
+    first adds do not both create the tables."""
     version = _schema_version(connection)
     if version > SCHEMA_VERSION:
         raise UsageError(f"{OPTION} {name!r}: history schema version {version} is newer than this hwbench reads "
                          f"(up to {SCHEMA_VERSION}); use a newer hwbench")
     for target in range(version + 1, SCHEMA_VERSION + 1):
         with connection:
+            if isinstance(connection, sqlite3.Connection):
+                connection.execute("BEGIN IMMEDIATE")
+                if _schema_version(connection) >= target:  # another writer got there first
+                    continue
             for statement in MIGRATIONS[target]:
                 connection.execute(statement)
             _set_schema_version(connection, target)
@@ -168,31 +330,54 @@ def night_of(started_at: str) -> str:
     return moment.date().isoformat()
 
 
+def start_problem(started_at: Any) -> str | None:
+    """Why a result's started_at cannot place it on a night: not an ISO 8601 date-time, or
+    later than a day from now (a clock or a hand edit gone wrong); None when it can."""
+    if not isinstance(started_at, str) or not started_at:
+        return "is missing; a result needs its start time"
+    try:
+        if "T" not in started_at and " " not in started_at.strip():
+            raise ValueError
+        moment = datetime.datetime.fromisoformat(started_at)
+    except ValueError:
+        return f"{started_at[:60]!r} is not an ISO 8601 date-time (such as 2026-11-23T02:17:00+00:00)"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    if moment > datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1):
+        return f"{started_at[:60]!r} is in the future"
+    return None
+
+
 @dataclasses.dataclass
 class AddOutcome:
     added: int = 0
     already_present: int = 0
-    without_start: list[str] = dataclasses.field(default_factory=list)  # run ids left out: no start time
+    without_start: list[str] = dataclasses.field(default_factory=list)  # run ids left out: no usable start time
 
 
+@_guarded
 def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOutcome:
     """Add (result, the file it came from) pairs in one transaction; a run id already in the
-    database is left as it is."""
+    database is left as it is. The runs already there are read inside the write transaction
+    (SQLite: BEGIN IMMEDIATE), so concurrent adds count them right."""
     outcome = AddOutcome()
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    known = {row[0] for row in connection.execute("SELECT run_id FROM runs")}
-    runs, metrics = [], []
-    for result, source in results:
-        if result.run_id in known:
-            outcome.already_present += 1
-            continue
-        if not result.started_at:
-            outcome.without_start.append(result.run_id)
-            continue
-        known.add(result.run_id)
-        runs.append(_run_row(result, source, now))
-        metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics or {})]
+    results = list(results)
     with connection:
+        if isinstance(connection, sqlite3.Connection):
+            connection.execute("BEGIN IMMEDIATE")
+        known = {row[0] for row in connection.execute("SELECT run_id FROM runs")}
+        runs, metrics = [], []
+        for result, source in results:
+            if result.run_id in known:
+                outcome.already_present += 1
+                continue
+            if start_problem(result.started_at):
+                outcome.without_start.append(result.run_id)
+                continue
+            known.add(result.run_id)
+            runs.append(_run_row(result, source, now))
+            metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics or {})]
         _insert_new(connection, "runs", runs)
         _insert_new(connection, "metrics", metrics)
     outcome.added = len(runs)
@@ -237,17 +422,48 @@ class StoredRun:
     value: float | None  # the metric; None when the run has no such figure
 
 
+@_guarded
 def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
     """Every run that measured a point, with its value of ``metric_name`` (dotted name),
-    oldest first."""
+    oldest first. A row of the wrong shape (edited or damaged) is refused with its run id."""
     rows = connection.execute(
         """SELECT runs.run_id, started_at, night, git_commit, status, point_key, fingerprint, metrics.value
            FROM runs LEFT JOIN metrics ON metrics.run_id = runs.run_id AND metrics.name = ?
            WHERE point_key IS NOT NULL ORDER BY started_at, runs.run_id""", (metric_name,))
-    return [StoredRun(run_id, started, night, commit, status, dict(zip(KEY_FIELDS, json.loads(key))),
-                      json.loads(fingerprint), value)
-            for run_id, started, night, commit, status, key, fingerprint, value in rows]
+    found = []
+    for run_id, started, night, commit, status, key, fingerprint, value in rows:
+        point, prints = _json_column(key), _json_column(fingerprint)
+        problem = None
+        if not all(isinstance(text, str) for text in (run_id, started, night, status)):
+            problem = "run id, started_at, night or status is not text"
+        elif commit is not None and not isinstance(commit, str):
+            problem = "git_commit is not text"
+        elif not (isinstance(point, list) and len(point) == len(KEY_FIELDS)
+                  and all(item is None or isinstance(item, (str, int, float, bool)) for item in point)):
+            problem = f"point_key is not a JSON list of {len(KEY_FIELDS)} values"
+        elif not (isinstance(prints, dict) and all(item is None or isinstance(item, str) for item in prints.values())):
+            problem = "fingerprint is not a JSON mapping of text"
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                    or not math.isfinite(value)):
+            problem = f"its {metric_name} is not a finite number ({str(value)[:40]!r})"
+        if problem:
+            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
+                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
+                             "again into a new file")
+        found.append(StoredRun(run_id, started, night, commit, status, dict(zip(KEY_FIELDS, point)), prints,
+                               None if value is None else float(value)))
+    return found
 
 
+def _json_column(text: Any) -> Any:
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+@_guarded
 def run_count(connection) -> int:
     return connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
