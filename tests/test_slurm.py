@@ -221,9 +221,11 @@ def test_time_in_slurms_forms_and_longer_than_zero(bad, capsys):
     ("--gres=gpu:2", "--device"),
 ])
 def test_sbatch_arg_may_not_set_what_hwbench_writes(arg, instead, capsys):
-    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"--sbatch-arg={arg}"],
+    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cuda", f"--sbatch-arg={arg}"],
                             f"--sbatch-arg {arg!r} is not accepted", capsys)
     assert f"give {instead}" in err
     for other in ("--exclusive", "--ntasks=4", "--nodelist=a", "--time-min=5", "-n4", "--gres-flags=enforce-binding",
-                  "--qos=high", "--output-x"):
+                  "--qos=high", "--output-x", "--gres=npu:8"):
         SlurmSettings(sbatch_args=(other,))
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--sbatch-arg=--gres=npu:8"]) == 0  # no gres of its own
+    assert "#SBATCH --gres=npu:8\n" in capsys.readouterr().out

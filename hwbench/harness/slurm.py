@@ -73,7 +73,7 @@ WRITTEN_OPTIONS = {("nodes", "N"): "--nnodes (or --nodes-per-point in a sweep)",
                    ("output", "o"): "--log (hwbench slurm; a sweep writes OUT/<suite>/<point>/repeat<N>.log)",
                    ("time", "t"): "--time", ("partition", "p"): "--partition", ("account", "A"): "--account",
                    ("job-name", "J"): "--job-name (hwbench slurm; a sweep names its jobs hwbench-<suite>-<point>)",
-                   ("gres", None): "--device and --nproc-per-node"}
+                   ("gres", None): "--device and --nproc-per-node (hwbench writes --gres for them)"}
 
 
 # The one place the values that go into an sbatch script are checked (docs/slurm.md).
@@ -120,13 +120,16 @@ def check_poll(seconds: float) -> float:
     return seconds
 
 
-def check_sbatch_arg(arg: str) -> str:
-    """One more sbatch option, not one hwbench writes itself."""
+def check_sbatch_arg(arg: str, gres_written: bool = False) -> str:
+    """One more sbatch option, not one hwbench writes itself (--gres only for a device
+    that hwbench writes one for: an NPU site names its own)."""
     check_script_value("--sbatch-arg", arg)
     if not arg.startswith("-") or arg in ("-", "--"):
         raise UsageError(f"--sbatch-arg {arg!r} is not accepted; give one sbatch option such as "
                          "--sbatch-arg=--qos=high")
     for (long, short), instead in WRITTEN_OPTIONS.items():
+        if long == "gres" and not gres_written:
+            continue
         if (re.fullmatch(rf"--{re.escape(long)}(?:[=\s].*)?", arg, re.S)
                 or (short and arg.startswith(f"-{short}") and not arg.startswith("--"))):
             raise UsageError(f"--sbatch-arg {arg!r} is not accepted; hwbench writes --{long} itself: give {instead}")
@@ -199,7 +202,7 @@ def batch_script(spec: RunSpec, run_args: list[str], point_dir: Path | str, log:
     if settings.account:
         sbatch["account"] = check_slurm_name("--account", settings.account)
     lines = ["#!/bin/bash"] + [f"#SBATCH --{name}={shlex.quote(str(value))}" for name, value in sbatch.items()]
-    lines += [f"#SBATCH {shlex.quote(check_sbatch_arg(arg))}" for arg in settings.sbatch_args]
+    lines += [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, bool(gres)))}" for arg in settings.sbatch_args]
     lines += ["", f"# written by hwbench: {nodes} node(s) x {per_node} device(s), "
               + ("one task per device, each one rank (ranks from SLURM_PROCID)" if tasks_per_node == per_node
                  else "one task per node, each launching torchrun with its ranks"),
@@ -438,8 +441,12 @@ def _submit_point(point, run_options, catalog, suite, settings, job: Job) -> Run
     point_dir.mkdir(parents=True, exist_ok=True)
     repeat = sweep["repeat"]
     script = point_dir / f"repeat{repeat}.sbatch"
-    write_text_atomic(script, batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log",
-                                           settings, dict(point.env), sweep, _job_name(suite, point)))
+    try:  # the point's device may bring a --gres an --sbatch-arg also sets: that point is invalid
+        text = batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log", settings,
+                            dict(point.env), sweep, _job_name(suite, point))
+    except UsageError as error:
+        return _recorded("invalid", args, str(error), point_dir, sweep)
+    write_text_atomic(script, text)
     job.submitted_at = utc_now()
     job_id, problem = submit(script)
     if job_id is None:
