@@ -229,3 +229,9 @@ def test_sbatch_arg_may_not_set_what_hwbench_writes(arg, instead, capsys):
         SlurmSettings(sbatch_args=(other,))
     assert main(["slurm", "--model", "tiny", "--device", "cpu", "--sbatch-arg=--gres=npu:8"]) == 0  # no gres of its own
     assert "#SBATCH --gres=npu:8\n" in capsys.readouterr().out
+
+
+def test_sweep_refuses_an_out_folder_that_would_break_the_scripts(tmp_path, capsys):
+    out = tmp_path / "X\ntouch y"
+    _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--out", str(out)], "--out ", capsys)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
