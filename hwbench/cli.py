@@ -49,6 +49,12 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
 
 
+def one_line(text: str) -> str:
+    """An error message as one line: a control character a value brought in (a newline
+    in an unrecognized argument) is written as its escape, as repr() writes it."""
+    return "".join(repr(char)[1:-1] if not char.isprintable() and char != " " else char for char in text)
+
+
 def _top_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="hwbench", description="Benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.",
                     epilog="`hwbench COMMAND --help` for each command's options.")
@@ -86,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return run_command(raw[0], raw[1:])
     except (UsageError, SetupError) as error:
-        print(f"hwbench: error: {error}", file=sys.stderr)
+        print(f"hwbench: error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except RankFailure as error:  # this rank's traceback is in torchrun's error file and the rank's log
         print(f"hwbench: rank {os.environ.get('RANK', '?')}: {error}", file=sys.stderr)

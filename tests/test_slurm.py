@@ -115,3 +115,123 @@ def test_slurm_only_options_are_refused_for_a_local_sweep(capsys):
     for flag in (["--poll", "1"], ["--launch", "torchrun"], ["--nodes-per-point", "2"]):
         assert main(["sweep", "smoke", *flag]) == 2
         assert f"{flag[0]} is accepted only with --executor slurm" in capsys.readouterr().err
+
+
+# Input an attack tester found getting through (each refused as one line, exit 2, nothing written).
+def _suite(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ndefaults: {model: tiny, device: cpu, steps: 2}\npoints:\n  - {name: one}\n")
+    return str(path)
+
+
+def _one_line_refusal(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flag", ["--partition", "--account", "--job-name", "--log"])
+@pytest.mark.parametrize("bad", ["debug\ntouch /tmp/x", "a\recho", "a\x00b", "a\tb", "a\x1bb", "a\u2028b"])
+def test_control_characters_never_reach_the_script(flag, bad, capsys):
+    _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"{flag}={bad}"],
+                      f"{flag} {bad!r} is not accepted", capsys)
+    assert capsys.readouterr().out == ""
+
+
+def test_sweep_refuses_a_newline_in_partition_before_writing(tmp_path, capsys):
+    out = tmp_path / "X"
+    _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--partition=debug\ntouch /tmp/x",
+                       "--detach", "--out", str(out)], "--partition 'debug\\ntouch /tmp/x' is not accepted", capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, bad, message", [
+    ("--partition", "a b", "without whitespace"), ("--partition", "a,,b", "comma-separated"),
+    ("--account", "a,b", "without whitespace or commas"), ("--account", "", "is not accepted"),
+])
+def test_slurm_names_are_shaped_as_slurm_accepts(flag, bad, message, capsys):
+    _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"{flag}={bad}"], message, capsys)
+
+
+def test_every_script_value_is_checked_or_quoted(capsys):
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--job-name=a b $(id)", "--log=/tmp/x y/%j.log",
+                 "--partition=gpu,debug", "--sbatch-arg=--comment=a #b"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --job-name='a b $(id)'\n" in script and "#SBATCH --output='/tmp/x y/%j.log'\n" in script
+    assert "#SBATCH --partition=gpu,debug\n" in script and "#SBATCH '--comment=a #b'\n" in script
+    with pytest.raises(UsageError, match="env 'A;B'"):
+        from hwbench.harness.slurm import batch_script
+        from hwbench.commands.run import parse_run_spec
+
+        batch_script(parse_run_spec(["--model", "tiny", "--device", "cpu"], check_paths=False), [], "o", "l",
+                     SlurmSettings(), env={"A;B": "1"})
+
+
+def test_an_error_naming_a_newline_stays_one_line(capsys):
+    _one_line_refusal(["slurm", "--model", "tiny", "--run-id=a\nb"], "--run-id=a\\nb", capsys)
+
+
+@pytest.mark.parametrize("poll", ["nan", "inf", "-inf", "0", "-1", "3601"])
+def test_poll_must_be_finite_seconds_in_range(poll, tmp_path, capsys):
+    out = tmp_path / "X"
+    _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--poll", poll, "--out", str(out)],
+                      "--poll", capsys)
+    assert not out.exists()
+    SlurmSettings(poll_s=0.5) and SlurmSettings(poll_s=3600)
+
+
+def _fake_tools(tmp_path, scontrol_exit: int):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "scontrol"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho '{tool}: fatal: no controller' >&2\nexit {scontrol_exit}\n")
+        (bin_dir / tool).chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("collect", [[], ["--collect"]])
+@pytest.mark.parametrize("tools", ["none", "no controller"])
+def test_a_refused_slurm_sweep_leaves_no_folder_and_no_lock(tools, collect, tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty) if tools == "none" else _fake_tools(tmp_path, 1))
+    out = tmp_path / "X"
+    message = "scontrol not found" if tools == "none" else "controller does not answer"
+    _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--out", str(out), *collect], message,
+                      capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bad", ["0", "0:0", "00:00:00", "0-0", "99:99", "1:60:00", "1-25:00:00", "1-23:60",
+                                 "1-0:0:60", "1h", "-5", "1-", ":30", "1:2:3:4", "1\n", "\u0661"])
+def test_time_in_slurms_forms_and_longer_than_zero(bad, capsys):
+    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", "--time", bad], f"--time {bad!r}",
+                            capsys)
+    assert "D-HH:MM:SS" in err and "MM:SS" in err
+    for good in ("1", "90", "0:30", "59:59", "48:00:00", "1-0", "0-1", "1-23:59", "6-23:59:59"):
+        SlurmSettings(time=good)
+
+
+@pytest.mark.parametrize("arg, instead", [
+    ("--nodes=5", "--nnodes"), ("--nodes 5", "--nnodes"), ("-N5", "--nnodes"), ("-N", "--nnodes"),
+    ("--ntasks-per-node=2", "--nproc-per-node"), ("--output=x.log", "--log"), ("-ox", "--log"),
+    ("--time=10", "--time"), ("-t10", "--time"), ("--partition=a", "--partition"), ("-pa", "--partition"),
+    ("--account=a", "--account"), ("-Aa", "--account"), ("--job-name=x", "--job-name"), ("-Jx", "--job-name"),
+    ("--gres=gpu:2", "--device"),
+])
+def test_sbatch_arg_may_not_set_what_hwbench_writes(arg, instead, capsys):
+    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cuda", f"--sbatch-arg={arg}"],
+                            f"--sbatch-arg {arg!r} is not accepted", capsys)
+    assert f"give {instead}" in err
+    for other in ("--exclusive", "--ntasks=4", "--nodelist=a", "--time-min=5", "-n4", "--gres-flags=enforce-binding",
+                  "--qos=high", "--output-x", "--gres=npu:8"):
+        SlurmSettings(sbatch_args=(other,))
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--sbatch-arg=--gres=npu:8"]) == 0  # no gres of its own
+    assert "#SBATCH --gres=npu:8\n" in capsys.readouterr().out
+
+
+def test_sweep_refuses_an_out_folder_that_would_break_the_scripts(tmp_path, capsys):
+    out = tmp_path / "X\ntouch y"
+    _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--out", str(out)], "--out ", capsys)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]

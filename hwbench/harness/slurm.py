@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,7 +62,86 @@ SUBMIT_FAILED = "SUBMIT_FAILED"
 RESUBMIT_STATES = ("CANCELLED", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED", SUBMIT_FAILED)
 SLURM_TOOL_TIMEOUT_S = 60.0
 SUMMARY_EVERY_S = 60.0
-TIME_FORMAT = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")  # sbatch --time's forms
+# sbatch --time's forms: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+TIME_FORMS = "MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+TIME_FORMAT = re.compile(r"(?P<lead>\d+)(?::(?P<m>\d{1,2}))?(?::(?P<s>\d{1,2}))?"
+                         r"|(?P<d>\d+)-(?P<h>\d{1,2})(?::(?P<dm>\d{1,2}))?(?::(?P<ds>\d{1,2}))?", re.ASCII)
+POLL_MAX_S = 3600.0
+# The #SBATCH options hwbench writes itself: (long name, short letter or None) -> the hwbench option to use.
+WRITTEN_OPTIONS = {("nodes", "N"): "--nnodes (or --nodes-per-point in a sweep)",
+                   ("ntasks-per-node", None): "--nproc-per-node and --launch",
+                   ("output", "o"): "--log (hwbench slurm; a sweep writes OUT/<suite>/<point>/repeat<N>.log)",
+                   ("time", "t"): "--time", ("partition", "p"): "--partition", ("account", "A"): "--account",
+                   ("job-name", "J"): "--job-name (hwbench slurm; a sweep names its jobs hwbench-<suite>-<point>)",
+                   ("gres", None): "--device and --nproc-per-node (hwbench writes --gres for them)"}
+
+
+# The one place the values that go into an sbatch script are checked (docs/slurm.md).
+def check_script_value(option: str, value: str) -> str:
+    """Any value written into an sbatch script: no control character (a newline would
+    end the #SBATCH line and start a script line of its own)."""
+    if any(ord(char) < 32 or 127 <= ord(char) < 160 or char in "\u2028\u2029" for char in value):
+        raise UsageError(f"{option} {value!r} is not accepted; give a value without control characters "
+                         "(newline, tab, ...)")
+    return value
+
+
+def check_slurm_name(option: str, value: str, lists: bool = False) -> str:
+    """A partition (``lists``: a comma-separated list of them) or an account name."""
+    check_script_value(option, value)
+    items = value.split(",") if lists else [value]
+    if not value or any(not item or re.search(r"[\s,]", item) for item in items):
+        raise UsageError(f"{option} {value!r} is not accepted; give a Slurm name without whitespace"
+                         + (" (several: comma-separated, as gpu,debug)" if lists else " or commas"))
+    return value
+
+
+def check_time(value: str) -> str:
+    """sbatch --time in one of Slurm's forms, longer than zero."""
+    match = TIME_FORMAT.fullmatch(value)
+    if match and match.group("lead") is not None:
+        fields = [int(f) for f in (match.group("lead"), match.group("m"), match.group("s")) if f is not None]
+        ok = all(f < 60 for f in fields[1:])
+        seconds = fields[0] * 60 if len(fields) == 1 else sum(f * 60 ** (len(fields) - 1 - i) for i, f in enumerate(fields))
+    elif match:
+        days, hours, minutes, secs = (int(match.group(k) or 0) for k in ("d", "h", "dm", "ds"))
+        ok = hours < 24 and minutes < 60 and secs < 60
+        seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
+    if not match or not ok or seconds <= 0:
+        raise UsageError(f"--time {value!r} is not accepted; give Slurm's form, longer than zero: {TIME_FORMS} "
+                         "(hours < 24 after D-, minutes and seconds < 60)")
+    return value
+
+
+def check_poll(seconds: float) -> float:
+    """--poll: finite seconds, 0 < poll <= POLL_MAX_S."""
+    if not (math.isfinite(seconds) and 0 < seconds <= POLL_MAX_S):
+        raise UsageError(f"--poll {seconds!r} is not accepted; give seconds > 0 and <= {POLL_MAX_S:g}")
+    return seconds
+
+
+def check_sbatch_arg(arg: str, gres_written: bool = False) -> str:
+    """One more sbatch option, not one hwbench writes itself (--gres only for a device
+    that hwbench writes one for: an NPU site names its own)."""
+    check_script_value("--sbatch-arg", arg)
+    if not arg.startswith("-") or arg in ("-", "--"):
+        raise UsageError(f"--sbatch-arg {arg!r} is not accepted; give one sbatch option such as "
+                         "--sbatch-arg=--qos=high")
+    for (long, short), instead in WRITTEN_OPTIONS.items():
+        if long == "gres" and not gres_written:
+            continue
+        if (re.fullmatch(rf"--{re.escape(long)}(?:[=\s].*)?", arg, re.S)
+                or (short and arg.startswith(f"-{short}") and not arg.startswith("--"))):
+            raise UsageError(f"--sbatch-arg {arg!r} is not accepted; hwbench writes --{long} itself: give {instead}")
+    return arg
+
+
+def check_slurm_tools(collect: bool) -> None:
+    """Slurm's client tools on PATH (sbatch unless only collecting), before anything is written."""
+    for tool in ("scontrol",) + (() if collect else ("sbatch",)):
+        if shutil.which(tool) is None:
+            raise SetupError(f"{tool} not found: --executor slurm needs Slurm's client tools (sbatch, scontrol, "
+                             "scancel) on PATH")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +160,19 @@ class SlurmSettings:
     python: str = sys.executable  # the interpreter every node runs (a shared file system)
 
     def __post_init__(self) -> None:
-        if self.time is not None and not TIME_FORMAT.fullmatch(self.time):
-            raise UsageError(f"--time {self.time!r} is not accepted; give Slurm's form: MINUTES, HH:MM:SS or "
-                             "D-HH[:MM[:SS]]")
+        if self.partition is not None:
+            check_slurm_name("--partition", self.partition, lists=True)
+        if self.account is not None:
+            check_slurm_name("--account", self.account)
+        if self.time is not None:
+            check_time(self.time)
         if self.nodes_per_point is not None and self.nodes_per_point < 1:
             raise UsageError(f"--nodes-per-point {self.nodes_per_point} is not accepted; give auto or an integer >= 1")
         if self.launch not in LAUNCHES:
             raise UsageError(f"--launch {self.launch!r} is not accepted; give one of {', '.join(LAUNCHES)}")
-        if self.poll_s <= 0:
-            raise UsageError(f"--poll {self.poll_s:g} is not accepted; give seconds > 0")
+        check_poll(self.poll_s)
         for arg in self.sbatch_args:
-            if not arg.startswith("-") or "\n" in arg:
-                raise UsageError(f"--sbatch-arg {arg!r} is not accepted; give one sbatch option such as "
-                                 "--sbatch-arg=--qos=high")
+            check_sbatch_arg(arg)
 
 
 def slurm_time(seconds: float) -> str:
@@ -108,21 +189,30 @@ def batch_script(spec: RunSpec, run_args: list[str], point_dir: Path | str, log:
     nodes, per_node = spec.launch.nnodes, spec.launch.nproc_per_node
     tasks_per_node = 1 if settings.launch == "torchrun" else per_node
     gres = KINDS[spec.device].slurm_gres if spec.device in KINDS else None
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={nodes}",
-             f"#SBATCH --ntasks-per-node={tasks_per_node}", f"#SBATCH --output={log}",
-             f"#SBATCH --time={settings.time or slurm_time(spec.launch.timeout_s + TIMEOUT_MARGIN_S)}"]
+    # Every #SBATCH value is checked (no control character can start a line of its own)
+    # and shell-quoted (sbatch reads #SBATCH lines with quotes, as a shell would).
+    sbatch = {"job-name": check_script_value("--job-name", job_name), "nodes": int(nodes),
+              "ntasks-per-node": int(tasks_per_node), "output": check_script_value("--log", str(log)),
+              "time": check_time(settings.time) if settings.time
+              else slurm_time(spec.launch.timeout_s + TIMEOUT_MARGIN_S)}
     if gres:
-        lines.append(f"#SBATCH --gres={gres}:{per_node}")
-    lines += [f"#SBATCH --partition={settings.partition}"] * bool(settings.partition)
-    lines += [f"#SBATCH --account={settings.account}"] * bool(settings.account)
-    lines += [f"#SBATCH {arg}" for arg in settings.sbatch_args]
+        sbatch["gres"] = f"{gres}:{int(per_node)}"
+    if settings.partition:
+        sbatch["partition"] = check_slurm_name("--partition", settings.partition, lists=True)
+    if settings.account:
+        sbatch["account"] = check_slurm_name("--account", settings.account)
+    lines = ["#!/bin/bash"] + [f"#SBATCH --{name}={shlex.quote(str(value))}" for name, value in sbatch.items()]
+    lines += [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, bool(gres)))}" for arg in settings.sbatch_args]
     lines += ["", f"# written by hwbench: {nodes} node(s) x {per_node} device(s), "
               + ("one task per device, each one rank (ranks from SLURM_PROCID)" if tasks_per_node == per_node
                  else "one task per node, each launching torchrun with its ranks"),
               "# rendezvous: the job's first host, port 10000 + job id mod 50000 (hwbench/harness/slurm_env.py)"]
     if sweep is not None:
         lines.append(f"export {SWEEP_ENV}={shlex.quote(json.dumps(sweep, sort_keys=True))}")
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in (env or {}).items()]
+    for key, value in (env or {}).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise UsageError(f"env {key!r} is not accepted; give a variable name (letters, digits, _)")
+        lines.append(f"export {key}={shlex.quote(value)}")
     quiet = ["--quiet"] if sweep is not None else []  # a sweep's log needs no progress lines
     command = [settings.python, "-m", "hwbench", "run", *quiet, *run_args, "--out", str(point_dir)]
     lines += ["", "srun --kill-on-bad-exit=1 " + shlex.join(command), ""]
@@ -228,10 +318,14 @@ def run_slurm_sweep(suite: Suite, options: SweepOptions, settings: SlurmSettings
     (unless detached). Raises SweepInterrupted (with the jobs still out) on
     SIGINT/SIGTERM/SIGHUP: the jobs keep running, and the caller may cancel_jobs()."""
     say = say or (lambda _text: None)
+    # Everything that can refuse the sweep is asked before the suite's folder and lock exist.
+    check_script_value("--out", str(options.out_dir.resolve()))  # in every script's --output and srun line
     for point in suite.points:
         _point_dir(options, suite, point)
+        check_script_value(f"suite {suite.name!r} point", _job_name(suite, point))
+    check_slurm_tools(settings.collect)
+    machine = _machine()  # asks the controller: refused here when none answers
     with folder_lock(options.out_dir / suite.name, options.wait):
-        machine = _machine()
         records: list[PointRecord] = []
         jobs: list[Job] = []
         try:
@@ -327,6 +421,10 @@ def _point_run(point: Point, options: SweepOptions, settings: SlurmSettings, rep
     return args, run_options
 
 
+def _job_name(suite: Suite, point: Point) -> str:
+    return f"hwbench-{suite.name}-{point.name}"
+
+
 def _submit_point(point, run_options, catalog, suite, settings, job: Job) -> RunResult | Job:
     """The submitted job, or the result recorded for a point that could not be submitted."""
     from hwbench.spec import build_run_spec
@@ -343,8 +441,12 @@ def _submit_point(point, run_options, catalog, suite, settings, job: Job) -> Run
     point_dir.mkdir(parents=True, exist_ok=True)
     repeat = sweep["repeat"]
     script = point_dir / f"repeat{repeat}.sbatch"
-    write_text_atomic(script, batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log",
-                                           settings, dict(point.env), sweep, f"hwbench-{suite.name}-{point.name}"))
+    try:  # the point's device may bring a --gres an --sbatch-arg also sets: that point is invalid
+        text = batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log", settings,
+                            dict(point.env), sweep, _job_name(suite, point))
+    except UsageError as error:
+        return _recorded("invalid", args, str(error), point_dir, sweep)
+    write_text_atomic(script, text)
     job.submitted_at = utc_now()
     job_id, problem = submit(script)
     if job_id is None:
