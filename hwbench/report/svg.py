@@ -123,7 +123,7 @@ def bar_chart(title: str, y_label: str, categories: Sequence[str],
     slot = (WIDTH - LEFT - RIGHT) / max(1, len(categories))
     width = slot * 0.8 / max(1, len(series))
     for index, category in enumerate(categories):
-        for line, text in enumerate(category.split("\n")[:3]):
+        for line, text in enumerate(category.split("\n")[:4]):  # device, layout, count, a mark
             parts.append(f'<text x="{LEFT + slot * (index + 0.5):.1f}" y="{HEIGHT - BOTTOM + 14 + 12 * line}" '
                          f'font-size="10" text-anchor="middle">{_e(text)}</text>')
     legend = []
