@@ -161,5 +161,5 @@ def report(paths: Iterable[str | Path], *, format: str = "md", against: str | Pa
     from hwbench.report.build import make_report
 
     text, _skipped = make_report([str(p) for p in paths], format, against,
-                                 {k.lower(): v for k, v in (prices or {}).items()}, tokens, projection_devices)
+                                 prices or {}, tokens, projection_devices)
     return text

@@ -9,6 +9,7 @@ entry of the same name. Field reference: docs/catalog.md.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import math
 import os
@@ -226,10 +227,22 @@ def _price_date(f: _Fields) -> str | None:
     value = f.get("price_date")
     if value is None:
         return None
-    text = str(value)
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+    text = calendar_date(value)
+    if text is None:
         raise f._fail("price_date", "a date written YYYY-MM-DD")
     return text
+
+
+def calendar_date(value: Any) -> str | None:
+    """A real calendar day as YYYY-MM-DD text (a date YAML read, or such text), else None."""
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value.isoformat()
+    if not isinstance(value, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        return None
+    try:
+        return datetime.date.fromisoformat(value).isoformat()
+    except ValueError:  # 2026-13-45
+        return None
 
 
 def _workload_from(path: Path) -> Workload:

@@ -40,3 +40,15 @@ def test_api_errors_are_the_commands_errors():
         hwbench.run(model="gpt5")
     with pytest.raises(UsageError, match="`speed` is not a `hwbench run` option"):
         hwbench.run(speed=3)
+
+
+def test_hwbench_report_can_be_called_again(tmp_path):
+    """Importing hwbench.report's modules binds the package over the API function's name: the
+    package must answer the call too."""
+    import hwbench
+
+    folder = Path(__file__).resolve().parent / "data" / "history" / "noise"
+    first = hwbench.report([str(folder)], tokens=1e9)
+    import hwbench.report.build  # noqa: F401  (what the first call did already)
+
+    assert hwbench.report([str(folder)], tokens=1e9) == first

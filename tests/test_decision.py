@@ -291,3 +291,21 @@ def test_a_catalog_price_needs_its_source_and_date(tmp_path, monkeypatch):
             assert device.price_unavailable, name
         else:
             assert device.price_source and "$" in device.price_source and device.price_date, name
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"projection_devices": 0}, "--projection-devices 0 is not accepted"),
+    ({"tokens": -1}, "--tokens -1 is not accepted"),
+    ({"prices": {"h100-sxm": -5}}, "--price h100-sxm=-5 is not accepted"),
+    ({"prices": {"x": "abc"}}, "--price x='abc' is not accepted")])
+def test_the_python_api_checks_what_the_command_line_checks(pair, options, message):
+    import hwbench.api
+
+    with pytest.raises(UsageError, match=message):
+        hwbench.api.report([str(pair)], **options)
+
+
+def test_a_zero_throughput_is_reported_not_fitted(tmp_path):
+    folder = write(tmp_path / "zero", *[result(f"2026112{i}T000000Z-tiny-cuda-z{i}", H100, 1, 0, i, devices_used=1)
+                                        for i in range(2)])
+    assert "## Decision" in report(str(folder), "--tokens", "1e9")  # no math domain error from log2(0)

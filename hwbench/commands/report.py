@@ -46,9 +46,6 @@ def main(args: argparse.Namespace) -> int:
 
     if args.out:
         check_output_file(args.out, "--out", args.results)
-    if args.projection_devices < 1:
-        raise UsageError(f"--projection-devices {args.projection_devices} is not accepted; give a number of "
-                         "devices >= 1")
     prices = {**(load_price_file(args.prices) if args.prices else {}), **parse_price_options(args.price)}
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
     text, skipped = make_report(args.results, args.format, args.against, prices, tokens, args.projection_devices)

@@ -100,10 +100,13 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
     no file could be read."""
     from hwbench.errors import UsageError
+    from hwbench.report.cost import check_projection
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
     from hwbench.report.runs import load_inputs
 
+    tokens, projection_devices = check_projection(tokens, projection_devices)
+    checked_prices = as_prices(prices)
     loaded, skipped = load_inputs(paths)
     if paths and not loaded:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
@@ -111,7 +114,7 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     published, note = published_tables(None if against is None else str(against))
     if not loaded and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
-    report = build_report(loaded, skipped, published, note, as_prices(prices), tokens, projection_devices,
+    report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
                           with_plots=format == "html")
     if format == "html":
         from hwbench.report.html import render_html

@@ -30,10 +30,20 @@ def parse_tokens(text: str) -> float:
         tokens = float(text)
     except ValueError:
         tokens = float("nan")
-    if not math.isfinite(tokens) or not 1 <= tokens <= MAX_TOKENS or tokens != int(tokens):
-        raise UsageError(f"--tokens {text!r} is not accepted; give a whole number of tokens from 1 to "
+    return check_projection(tokens, 1, shown=repr(text))[0]
+
+
+def check_projection(tokens: float | None, devices: Any, shown: str | None = None) -> tuple[float | None, int]:
+    """(tokens, devices) of the training projection, checked wherever they come from (the command
+    line, the Python API): tokens None (20 per parameter) or a whole number from 1 to MAX_TOKENS,
+    devices a whole number >= 1; a one-line UsageError otherwise."""
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, (int, float))
+                               or not math.isfinite(tokens) or not 1 <= tokens <= MAX_TOKENS or tokens != int(tokens)):
+        raise UsageError(f"--tokens {shown or repr(tokens)} is not accepted; give a whole number of tokens from 1 to "
                          "1e18, e.g. 300e9")
-    return tokens
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise UsageError(f"--projection-devices {devices!r} is not accepted; give a number of devices >= 1")
+    return tokens, devices
 
 
 def token_budget(tokens: float | None, parameters: Any) -> tuple[float | None, str]:

@@ -22,14 +22,6 @@ def run_label(row: dict[str, Any]) -> str:
     return f"{device}, {row['layout']}, {row['precision']}{flags}"
 
 
-def _points(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The runs of each benchmark point (repeats together), by point."""
-    points: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        points.setdefault(row["point"] or row["run_id"], []).append(row)
-    return points
-
-
 def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, list[dict[str, Any]]]]]:
     """(the categories: layout, devices and precision of each point, in order; for each device
     model, the runs of each of its categories). A chart then has one series (colour, legend

@@ -6,14 +6,13 @@ date, docs/catalog.md). docs/reports.md, "Prices"."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
+from hwbench.catalog import calendar_date
 from hwbench.errors import UsageError
 
 
@@ -43,7 +42,6 @@ def parse_price_options(items: list[str]) -> dict[str, Price]:
 
 
 MAX_PRICE_FILE_BYTES = 1 << 20  # a price list is a few lines; anything larger is not one
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def load_price_file(path: str) -> dict[str, Price]:
@@ -116,11 +114,11 @@ def _file_entry(path: str, key: str, value: Any) -> Price:
     unknown = sorted(set(map(str, value)) - _ENTRY_KEYS)
     price = _number(value.get("usd_per_hour"), strict=True)
     source, date = value.get("source"), value.get("date")
-    date_text = date.isoformat() if isinstance(date, datetime.date) else date
+    date_text = calendar_date(date)
     problem = (f"unknown key {_short(unknown[0])}" if unknown
                else f"usd_per_hour {_short(value.get('usd_per_hour'))}" if price is None
                else f"source {_short(source)}" if source is not None and not (isinstance(source, str) and source.strip())
-               else f"date {_short(date)}" if date is not None and not (isinstance(date_text, str) and _DATE.match(date_text))
+               else f"date {_short(date)}" if date is not None and date_text is None
                else None)
     if problem:
         raise UsageError(f"--prices {path}: entry {_short(key)} has {problem}; accepted: {_ACCEPTED}")
@@ -145,9 +143,13 @@ def _number(value: Any, strict: bool = False) -> float | None:
 
 
 def as_prices(given: Mapping[str, Any]) -> dict[str, Price]:
-    """Prices by lower-cased name; a bare number (the Python API's form) is a --price."""
-    return {key.lower(): value if isinstance(value, Price) else Price(float(value), f"--price {key}", None)
-            for key, value in given.items()}
+    """Prices by lower-cased name; a bare number (the Python API's form) is a --price, checked as one."""
+    prices: dict[str, Price] = {}
+    for key, value in given.items():
+        if not isinstance(value, Price) and _number(value, strict=True) is None:
+            raise UsageError(f"--price {key}={value!r} is not accepted; give USD per device-hour as a number >= 0")
+        prices[str(key).lower()] = value if isinstance(value, Price) else Price(float(value), f"--price {key}", None)
+    return prices
 
 
 def device_price(entry: str | None, model: str | None, recorded: Mapping[str, Any] | None,

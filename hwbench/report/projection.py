@@ -21,7 +21,8 @@ def group_key(row: dict[str, Any]) -> tuple:
 
 def usable(row: dict[str, Any]) -> bool:
     """An ok run with a throughput that did not share its cores or devices: it enters fits and decisions."""
-    return row["status"] == "ok" and number(row["tokens_per_s"]) is not None and row["oversubscribed"] is not True
+    throughput = number(row["tokens_per_s"])  # 0 is a valid figure, but nothing to fit or divide by
+    return row["status"] == "ok" and throughput is not None and throughput > 0 and row["oversubscribed"] is not True
 
 
 def scaling_fits(rows: Iterable[dict[str, Any]]) -> dict[tuple, ScalingFit]:
