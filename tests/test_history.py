@@ -465,3 +465,16 @@ def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):
     with pytest.warns(UserWarning, match="z.json: not a regular file"):
         loaded, skipped = load_results([results])
     assert len(loaded) == 3 and [path.name for path, _ in skipped] == ["z.json"]
+
+
+
+def test_nights_are_ordered_by_the_instant_not_the_text():
+    """10-02T01:00+05:00 is 10-01T20:00Z: before 10-01T21:00Z, though its text sorts after."""
+    from hwbench.history.series import nights_of
+    from hwbench.history.store import StoredRun, night_of
+
+    def run(run_id, started_at, value):
+        return StoredRun(run_id, started_at, night_of(started_at), "c" + run_id, "ok", {}, {}, value)
+
+    nights = nights_of([run("1", "2026-10-01T21:00:00+00:00", 2.0), run("2", "2026-10-02T01:00:00+05:00", 1.0)])
+    assert [night.values for night in nights] == [[1.0], [2.0]]

@@ -86,11 +86,12 @@ def _analyses(args: argparse.Namespace, threshold: float):
     from hwbench.history.store import open_history, runs_with_metric
 
     connection = open_history(args.db)
-    found = []
-    for metric in (args.metric,) if args.metric else DEFAULT_METRICS:
-        for series in series_of(runs_with_metric(connection, stored_name(metric)), metric):
-            found.append(series_changes(series, threshold))
-    return found
+    try:
+        return [series_changes(series, threshold)
+                for metric in ((args.metric,) if args.metric else DEFAULT_METRICS)
+                for series in series_of(runs_with_metric(connection, stored_name(metric)), metric)]
+    finally:
+        connection.close()
 
 
 def _since(text: str | None) -> str:

@@ -17,7 +17,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from hwbench.history.store import StoredRun
+from hwbench.history.store import StoredRun, utc_instant
 from hwbench.report.compare import METRICS
 from hwbench.results import PERFORMANCE_ENVIRONMENT_FIELDS, environment_differences
 from hwbench.units import human_bytes
@@ -93,7 +93,8 @@ def nights_of(runs: list[StoredRun]) -> list[Night]:
             grouped[group] = Night(run.night, run.commit, run.started_at, [], [], run.fingerprint)
         grouped[group].values.append(run.value)
         grouped[group].run_ids.append(run.run_id)
-    return sorted(grouped.values(), key=lambda night: night.started_at)
+    return sorted(grouped.values(), key=lambda night: utc_instant(night.started_at))
+
 
 
 def segments_of(nights: list[Night]) -> list[Segment]:

@@ -97,7 +97,18 @@ def _guarded(function):
             if not isinstance(connection, sqlite3.Connection):
                 raise
             raise database_error(getattr(connection, "name", "") or "?", error) from None
+        except Exception as error:  # a PostgreSQL store's driver error (a dropped connection, a denied INSERT)
+            if isinstance(connection, sqlite3.Connection) or not _is_driver_error(error):
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UsageError(f"{OPTION}: the PostgreSQL database failed: {reason}") from None
     return guarded
+
+
+def _is_driver_error(error: Exception) -> bool:
+    from hwbench.history.postgres import connection_error_types  # only reached with a PostgreSQL store
+
+    return isinstance(error, connection_error_types())
 
 
 def open_history(path: str | os.PathLike, create: bool = False):
@@ -322,12 +333,16 @@ def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[st
 def night_of(started_at: str) -> str:
     """The UTC date a run started on: the repeats of one nightly job share it."""
     try:
-        moment = datetime.datetime.fromisoformat(started_at)
+        return utc_instant(started_at).date().isoformat()
     except ValueError:
         return started_at[:10]
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(datetime.timezone.utc)
-    return moment.date().isoformat()
+
+
+def utc_instant(started_at: str) -> datetime.datetime:
+    """A start time as a UTC instant (a time without an offset is taken as UTC). Sorting the text
+    would put 10-02T01:00+05:00 after 10-01T21:00Z, though it is the earlier."""
+    moment = datetime.datetime.fromisoformat(started_at)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).astimezone(datetime.timezone.utc)
 
 
 def start_problem(started_at: Any) -> str | None:
