@@ -235,3 +235,27 @@ def test_sweep_refuses_an_out_folder_that_would_break_the_scripts(tmp_path, caps
     out = tmp_path / "X\ntouch y"
     _one_line_refusal(["sweep", _suite(tmp_path), "--executor", "slurm", "--out", str(out)], "--out ", capsys)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+def test_a_controller_that_does_not_answer_is_asked_again_not_taken_for_an_end(monkeypatch):
+    """scontrol timing out must not make a running job look ended (and be recorded failed)."""
+    import subprocess
+
+    from hwbench.harness import slurm
+
+    answers = {"scontrol": subprocess.CompletedProcess([], 1, "", "scontrol did not answer in 30s")}
+    monkeypatch.setattr(slurm, "_slurm_tool", lambda args: answers[args[0]])
+    assert slurm.job_state("42") == slurm.NO_ANSWER
+    answers["scontrol"] = subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified")
+    answers["sacct"] = subprocess.CompletedProcess([], 0, "TIMEOUT\n", "")
+    assert slurm.job_state("42") == "TIMEOUT"
+
+
+def test_a_result_is_the_jobs_when_it_names_the_job(tmp_path):
+    from hwbench.harness.slurm import _written_by
+    from hwbench.results import RunResult
+
+    job = type("J", (), {"job_id": "7", "submitted_at": "2026-11-23T10:00:00+00:00"})()
+    early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00", environment={"slurm": {"job_id": "7"}})
+    other_job = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T10:05:00+00:00", environment={"slurm": {"job_id": "6"}})
+    assert _written_by(early_clock, job) and not _written_by(other_job, job)

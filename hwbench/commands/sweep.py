@@ -114,7 +114,7 @@ def _slurm_settings(args: argparse.Namespace):
     from hwbench.harness.slurm import SlurmSettings
 
     nodes = args.nodes_per_point
-    if nodes != "auto" and not nodes.isdigit():
+    if nodes != "auto" and not (nodes.isascii() and nodes.isdigit() and int(nodes) >= 1):
         raise UsageError(f"--nodes-per-point {nodes!r} is not accepted; give auto or an integer >= 1")
     if args.detach and args.collect:
         raise UsageError("--detach and --collect are not accepted together; submit with --detach, later --collect")

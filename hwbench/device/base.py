@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from hwbench.device.host import allowed_cpus, usable_cores
+from hwbench.device.host import allowed_cpus, share_of_cores, usable_cores
 from hwbench.device.telemetry import TelemetrySampler
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -126,9 +126,9 @@ class Backend(abc.ABC):
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
                         threads: int | None = None) -> torch.device:
         """Bind this process to its device and apply the backend's tuning. ``threads``
-        (--threads-per-rank) sets torch's intra-op threads; None leaves the backend's choice."""
-        if threads is not None:
-            torch.set_num_threads(threads)
+        (--threads-per-rank) sets torch's intra-op threads; None: this rank's share of the usable
+        cores (torch's own default counts the machine's cores, beyond a container's CPU quota)."""
+        torch.set_num_threads(threads if threads is not None else share_of_cores(local_world_size))
         self.torch_device = self._set_device(local_rank)
         return self.torch_device
 

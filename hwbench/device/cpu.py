@@ -32,7 +32,7 @@ import torch
 
 from hwbench.device.kinds import KINDS
 from hwbench.device.base import Backend, HostTimer, MemoryStats, StepTimer
-from hwbench.device.host import allowed_cpus, cpu_packages, usable_cores
+from hwbench.device.host import allowed_cpus, cpu_packages, share_of_cores, usable_cores
 from hwbench.device.rapl import RaplSampler
 from hwbench.device.telemetry import TelemetrySampler
 
@@ -182,7 +182,7 @@ class CpuBackend(Backend):
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
                         threads: int | None = None) -> torch.device:
         """``threads`` None: the usable cores shared among the ranks on this host."""
-        chosen = threads if threads is not None else max(1, usable_cores() // max(1, local_world_size))
+        chosen = threads if threads is not None else share_of_cores(local_world_size)
         allocator, self._heap = keep_freed_memory_in_heap()
         self.tuning = {
             "intra_op_threads": chosen,

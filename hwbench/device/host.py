@@ -46,3 +46,9 @@ def cpu_packages(cpus: list[int], sysfs_cpu: Path = SYSFS_CPU) -> tuple[list[int
             return None, f"{path} says -1 (no package information)"
         packages.add(package)
     return sorted(packages), None
+
+
+def share_of_cores(local_ranks: int) -> int:
+    """A rank's intra-op threads when none were asked for: the usable cores shared among the ranks
+    on this host (the launcher sets OMP_NUM_THREADS the same way), at least 1."""
+    return max(1, usable_cores() // max(1, local_ranks))

@@ -36,7 +36,7 @@ from hwbench.catalog import Catalog
 from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
-from hwbench.device.host import usable_cores
+from hwbench.device.host import share_of_cores
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.harness.lifeline import child_environment
@@ -178,7 +178,7 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     environment = child_environment({**os.environ, RUN_DIR_ENV: str(run_dir)})
     # torchrun would set 1 and warn; the CPU backend sets its threads per rank itself. The
     # usable cores, not os.cpu_count(): under a cpuset or quota the host's count oversubscribes.
-    environment.setdefault("OMP_NUM_THREADS", str(max(1, usable_cores() // spec.launch.nproc_per_node)))
+    environment.setdefault("OMP_NUM_THREADS", str(share_of_cores(spec.launch.nproc_per_node)))
     _become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
     # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C

@@ -237,6 +237,9 @@ def submit(script: Path) -> tuple[str | None, str]:
     return done.stdout.strip().split(";")[0], ""
 
 
+NO_ANSWER = "NO_ANSWER"  # job_state when the controller did not answer: ask again at the next poll
+
+
 def job_state(job_id: str) -> str | None:
     """The job's state (PENDING, RUNNING, COMPLETED, ...) from the controller, or from
     accounting once the controller forgot it; None when neither knows the job."""
@@ -244,6 +247,8 @@ def job_state(job_id: str) -> str | None:
     match = re.search(r"\bJobState=(\S+)", done.stdout) if done.returncode == 0 else None
     if match:
         return match.group(1)
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        return NO_ANSWER  # a controller that did not answer has not forgotten the job: it may still run
     done = _slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     words = done.stdout.split() if done.returncode == 0 else []
     return words[0].rstrip("+") if words else None
@@ -473,6 +478,8 @@ def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) 
         while waiting:
             for job in list(waiting):
                 state = job_state(job.job_id) or "UNKNOWN"
+                if state == NO_ANSWER:
+                    continue
                 if state != job.state:
                     job.state = state
                     if state in ACTIVE_STATES:
@@ -499,10 +506,17 @@ def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) 
             signal.signal(sig, handler)
 
 
+def _written_by(result: RunResult, job: Job) -> bool:
+    """The result is this job's: it names the job (environment.slurm), or, from a run that recorded no
+    job, it started after the submission (both utc_now(); ISO text compares as time)."""
+    recorded = ((result.environment or {}).get("slurm") or {}).get("job_id")
+    return recorded == job.job_id if recorded else result.started_at >= job.submitted_at
+
+
 def collect(job: Job, state: str) -> RunResult:
     """The ended job's result: what `hwbench run` wrote, else a record of its final state."""
     found = _keyed_results(job.point_dir).get(job.sweep["key"])
-    if found and found[1].started_at >= job.submitted_at:  # both utc_now(): ISO text compares as time
+    if found and _written_by(found[1], job):
         return found[1]
     log = job.point_dir / f"repeat{job.sweep['repeat']}.log"
     tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
