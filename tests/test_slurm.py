@@ -259,3 +259,23 @@ def test_a_result_is_the_jobs_when_it_names_the_job(tmp_path):
     early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00", environment={"slurm": {"job_id": "7"}})
     other_job = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T10:05:00+00:00", environment={"slurm": {"job_id": "6"}})
     assert _written_by(early_clock, job) and not _written_by(other_job, job)
+
+
+def test_a_slurm_script_needs_a_device_kind(capsys):
+    _one_line_refusal(["slurm", "--model", "tiny", "--device", "auto"],
+                      "--device auto is not accepted for a Slurm job", capsys)
+
+
+def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
+    import subprocess
+
+    from hwbench.errors import SetupError
+    from hwbench.harness import slurm
+
+    record = tmp_path / "p" / "repeat0.slurm"
+    record.parent.mkdir()
+    record.write_text('{"job_id": "9"}')
+    monkeypatch.setattr(slurm, "_slurm_tool", lambda args: subprocess.CompletedProcess(args, 1, "", "scancel: error"))
+    with pytest.raises(SetupError, match="scancel 9 failed"):
+        slurm.cancel_jobs(["9"], tmp_path)
+    assert record.exists()

@@ -186,9 +186,13 @@ def batch_script(spec: RunSpec, run_args: list[str], point_dir: Path | str, log:
                  job_name: str = "hwbench") -> str:
     """The sbatch script that runs `hwbench run RUN_ARGS` on the point's nodes: one
     task per device (each one rank), or one task per node that launches torchrun."""
+    if spec.device not in KINDS:  # auto: the script could not ask Slurm for the devices, and a node
+        # given none would quietly benchmark its CPU (as `hwbench k8s` refuses it too)
+        raise UsageError(f"--device {spec.device} is not accepted for a Slurm job: the script asks Slurm for the "
+                         f"devices by kind; give --device {' or '.join(KINDS)}")
     nodes, per_node = spec.launch.nnodes, spec.launch.nproc_per_node
     tasks_per_node = 1 if settings.launch == "torchrun" else per_node
-    gres = KINDS[spec.device].slurm_gres if spec.device in KINDS else None
+    gres = KINDS[spec.device].slurm_gres
     # Every #SBATCH value is checked (no control character can start a line of its own)
     # and shell-quoted (sbatch reads #SBATCH lines with quotes, as a shell would).
     sbatch = {"job-name": check_script_value("--job-name", job_name), "nodes": int(nodes),
@@ -259,7 +263,11 @@ def cancel_jobs(jobs: list[str], out_dir: Path) -> None:
     command submits those points again."""
     if not jobs:
         return
-    _slurm_tool(["scancel", *jobs])
+    done = _slurm_tool(["scancel", *jobs])
+    if done.returncode != 0:  # the jobs may still run: keep their records, so the sweep re-attaches
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise SetupError(f"scancel {' '.join(jobs)} failed ({reason}); the jobs are kept and the same command "
+                         "re-attaches to them")
     for record in out_dir.rglob("repeat*.slurm"):
         if _read_job(record).get("job_id") in jobs:
             record.unlink(missing_ok=True)
