@@ -309,3 +309,11 @@ def test_a_zero_throughput_is_reported_not_fitted(tmp_path):
     folder = write(tmp_path / "zero", *[result(f"2026112{i}T000000Z-tiny-cuda-z{i}", H100, 1, 0, i, devices_used=1)
                                         for i in range(2)])
     assert "## Decision" in report(str(folder), "--tokens", "1e9")  # no math domain error from log2(0)
+
+
+def test_a_price_for_no_measured_device_is_noted_whatever_its_source(tmp_path, pair):
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("typo-gpu: {usd_per_hour: 2.0, source: AWS list price}\n")
+    data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices), "--price", "other-typo=1"))
+    assert "the price of 'typo-gpu' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
+    assert "the price of 'other-typo' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]

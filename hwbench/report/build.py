@@ -55,7 +55,7 @@ def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[
     if runs.empty:
         return []
     known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {str(x).lower() for x in runs["device_model"].dropna()}
-    return [f"{prices[key].source.split(' ')[0]} {key} matched no run's catalog entry or device model"
+    return [f"the price of {key!r} (--price or --prices) matched no run's catalog entry or device model"
             for key in prices if key not in known]
 
 
