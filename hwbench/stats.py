@@ -46,10 +46,6 @@ def summarize(values: list[float]) -> dict[str, float | int]:
     }
 
 
-# Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-       2.045, 2.042]
 NOISY_CV = 0.05  # repeats whose throughput CV exceeds this are flagged noisy
 EXACT_LIMIT = 20000  # enumerate the exact U distribution when C(n1 + n2, n1) is at most this
 
@@ -62,7 +58,7 @@ def throughput_statistics(values: list[float]) -> dict[str, Any]:
     stdev = statistics.stdev(values) if n > 1 else 0.0
     ordered = sorted(values)
     olympic = statistics.fmean(ordered[1:-1]) if n >= 3 else None
-    half = (T95[n - 2] if n - 2 < len(T95) else 1.96) * stdev / math.sqrt(n) if n > 1 else None
+    half = student_t_quantile(0.05, n - 1) * stdev / math.sqrt(n) if n > 1 else None
     cv = stdev / mean if mean > 0 else 0.0
     return {"n": n, "median": statistics.median(values), "mean": mean, "olympic_mean": olympic, "stdev": stdev,
             "cv": cv, "ci95_low": mean - half if half is not None else None,

@@ -118,7 +118,7 @@ def test_throughput_statistics_by_hand():
     assert stats["median"] == 11.5 and stats["olympic_mean"] == 11.5  # 10 and 30 dropped
     mean, stdev = 15.75, (sum((x - 15.75) ** 2 for x in (10, 12, 11, 30)) / 3) ** 0.5
     assert stats["mean"] == mean and stats["stdev"] == pytest.approx(stdev)
-    assert stats["ci95_high"] - mean == pytest.approx(3.182 * stdev / 2)  # t(0.975, df 3) x s / sqrt(4)
+    assert stats["ci95_high"] - mean == pytest.approx(3.182446 * stdev / 2)  # t(0.975, df 3) = 3.182446 (tables: 3.182) x s / sqrt(4)
     assert stats["noisy"] is True and stats["cv"] == pytest.approx(stdev / mean)
 
 
