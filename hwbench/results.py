@@ -313,17 +313,28 @@ def result_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
                             if not p.name.startswith(".") and p.name not in (AGGREGATE_FILE, RANKING_FILE))
         else:
             found.append(entry)
-    return found
+    unique = {path.resolve(): path for path in reversed(found)}  # a file named twice is read once
+    return [path for path in found if unique.get(path.resolve()) is path]
 
 
 def load_results(paths: Iterable[str | os.PathLike]) -> tuple[list[RunResult], list[tuple[Path, str]]]:
-    """Load every result under ``paths``. Files that cannot be read are skipped
-    with a warning naming them, and returned as (path, reason) pairs."""
-    results, skipped = [], []
+    """Load every result under ``paths``, each run once. Files that cannot be read,
+    and second copies of a run already read (a folder given twice, a result copied
+    beside its original), are skipped with a warning naming them, and returned as
+    (path, reason) pairs: a copy counted twice would pass for a repeat in a comparison."""
+    results, skipped, read_from = [], [], {}
     for path in result_files(paths):
         try:
-            results.append(load_result(path))
+            result = load_result(path)
         except ResultFormatError as error:
             warnings.warn(f"skipping {error}", stacklevel=2)
             skipped.append((path, str(error)))
+            continue
+        if result.run_id in read_from:
+            reason = f"{path}: run {result.run_id} was already read from {read_from[result.run_id]}"
+            warnings.warn(f"skipping {reason}", stacklevel=2)
+            skipped.append((path, reason))
+            continue
+        read_from[result.run_id] = path
+        results.append(result)
     return results, skipped

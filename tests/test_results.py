@@ -58,6 +58,22 @@ def test_truncated_file_is_refused_and_skipped_with_a_warning(tmp_path):
     assert good.exists()
 
 
+def test_a_run_read_twice_counts_once(tmp_path):
+    """The same folder given twice, or a result copied beside its original, is one run:
+    counted twice it would pass for a repeat in a comparison or a report's statistics."""
+    original = write_result(_result("r1"), tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    copy = tmp_path / "b" / original.name
+    copy.write_text(original.read_text())
+    write_result(_result("r2"), tmp_path / "b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results, skipped = load_results([tmp_path, tmp_path / "a"])
+    assert sorted(r.run_id for r in results) == ["r1", "r2"]
+    assert skipped == [(copy, f"{copy}: run r1 was already read from {original}")]  # the file named twice: once
+    assert len(caught) == 1
+
+
 def test_unknown_schema_version_is_refused(tmp_path):
     path = write_result(_result(), tmp_path)
     data = json.loads(path.read_text())
