@@ -415,15 +415,50 @@ def test_base_summary_prefers_the_energy_counter():
     assert counted["ecc_uncorrected_delta"] == 3
     assert counted["throttle_reasons"] is None  # two samples: both at the window's edges
     assert set(counted["unmeasured"]) == set(MEAN_AND_MAX) - {"power_w", "temperature_c"} | {"throttle_reasons"}
-    # 42.5 J in a window of milliseconds at 200 W cannot be this device's: the summary says so
-    assert counted["energy_warning"].startswith("energy 42.5 J is ")
-    assert "the mean power x window (200 W x " in counted["energy_warning"]
-    assert "energy_warning" not in integrated  # integrated power agrees with its own mean
+    assert "energy_warning" not in counted  # two samples: too few to judge the energy by
 
     (t0, _), (t1, _) = sampler.samples
     assert integrated["energy_method"] == "integrated power samples"  # no counter on this one
     assert integrated["energy_j"] == pytest.approx((t1 - t0) * (10.0 + 30.0) / 2)
     assert integrated["throttle_reasons"] is None and integrated["ecc_uncorrected_delta"] is None
+
+
+class SteadySampler(TelemetrySampler):
+    """One device drawing 50 W; its energy counter (when given) grows by counter_step_j per read."""
+
+    source = "test"
+
+    def __init__(self, counter_step_j: float | None = None) -> None:
+        super().__init__(interval_s=0.01)
+        self.counter_step_j = counter_step_j
+        self.counter_j = 0.0
+
+    def read(self):
+        return [{"power_w": 50.0}]
+
+    def energy_counter_j(self):
+        if self.counter_step_j is None:
+            return [None]
+        self.counter_j += self.counter_step_j
+        return [self.counter_j]
+
+
+@pytest.mark.parametrize("counter_step_j, warned", [(None, False), (1e6, True)])
+def test_energy_far_from_mean_power_times_window_is_flagged(counter_step_j, warned):
+    """Energy should be about the mean power times the window; a counter that says 1 MJ
+    while the device drew 50 W for a fraction of a second is not this device's."""
+    sampler = SteadySampler(counter_step_j)
+    sampler.start()
+    wait_for(lambda: len(sampler.samples) >= 12)
+    summary = sampler.stop()
+    (device,) = summary["devices"]
+    if warned:
+        assert device["energy_j"] == pytest.approx(1e6)
+        assert device["energy_warning"].startswith("energy 1e+06 J is ")
+        assert "the mean power x window (50 W x " in device["energy_warning"]
+    else:
+        assert device["energy_j"] == pytest.approx(50.0 * summary["window_s"], rel=0.1)
+        assert "energy_warning" not in device
 
 
 class FailingSampler(TelemetrySampler):

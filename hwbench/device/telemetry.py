@@ -16,8 +16,10 @@ from typing import Any
 MEAN_AND_MAX = ("power_w", "temperature_c", "sm_clock_mhz", "utilization_percent", "memory_used_mb")
 INTEGRATED_POWER = "integrated power samples"
 # Energy and mean power x window disagreeing by more than this factor means a wrong
-# reading (another device's counter, a unit), not sampling noise.
+# reading (another device's counter, a unit), not sampling noise; checked only with this
+# many power samples, since the edge samples (at barriers, idle) skew a short window's mean.
 ENERGY_MISMATCH_FACTOR = 2.0
+ENERGY_CHECK_MIN_SAMPLES = 10
 
 
 class TelemetrySampler:
@@ -127,7 +129,8 @@ class TelemetrySampler:
         summary["energy_j"], summary["energy_method"] = self._energy(index, readings, times, energy_end)
         if summary["energy_j"] is None:
             unmeasured["energy_j"] = "no energy counter and no power readings"
-        mismatch = _energy_mismatch(summary["energy_j"], summary["power_w_mean"], window_s)
+        power_samples = sum(1 for r in readings if r.get("power_w") is not None)
+        mismatch = _energy_mismatch(summary["energy_j"], summary["power_w_mean"], window_s, power_samples)
         if mismatch:
             summary["energy_warning"] = mismatch
         summary["unmeasured"] = unmeasured
@@ -160,9 +163,10 @@ def _throttle_reasons(readings: list[dict[str, Any]], unmeasured: dict[str, str]
     return sorted({name for r in inside for name in (r.get("throttle_reasons") or [])})
 
 
-def _energy_mismatch(energy_j: float | None, power_w_mean: float | None, window_s: float) -> str | None:
+def _energy_mismatch(energy_j: float | None, power_w_mean: float | None, window_s: float,
+                     power_samples: int) -> str | None:
     """A note when energy and mean power x window disagree past ENERGY_MISMATCH_FACTOR."""
-    if energy_j is None or not power_w_mean or window_s <= 0:
+    if energy_j is None or not power_w_mean or window_s <= 0 or power_samples < ENERGY_CHECK_MIN_SAMPLES:
         return None
     ratio = energy_j / (power_w_mean * window_s)
     if 1 / ENERGY_MISMATCH_FACTOR <= ratio <= ENERGY_MISMATCH_FACTOR:
