@@ -461,6 +461,34 @@ def test_energy_far_from_mean_power_times_window_is_flagged(counter_step_j, warn
         assert "energy_warning" not in device
 
 
+class ScriptedSampler(TelemetrySampler):
+    """One device whose readings come from a list; an exception in it is raised by read."""
+
+    source = "test"
+
+    def __init__(self, script) -> None:
+        super().__init__(interval_s=60.0)  # the test takes the samples inside the window
+        self.script = iter(script)
+
+    def read(self):
+        step = next(self.script)
+        if isinstance(step, Exception):
+            raise step
+        return [step]
+
+
+def test_throttle_reasons_edges_are_the_samples_at_start_and_stop_not_the_first_that_worked():
+    """The sample at start failed: the first reading kept is from inside the window and counts."""
+    sampler = ScriptedSampler([RuntimeError("busy"), {"throttle_reasons": ["sw_power_cap"]},
+                               {"throttle_reasons": []}, {"throttle_reasons": ["hw_slowdown"]}])
+    sampler.start()
+    sampler._take_sample()
+    sampler._take_sample()
+    summary = sampler.stop()
+    assert summary["errors"] == ["RuntimeError: busy"]
+    assert summary["devices"][0]["throttle_reasons"] == ["sw_power_cap"]
+
+
 class FailingSampler(TelemetrySampler):
     source = "test"
 

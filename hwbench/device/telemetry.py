@@ -36,6 +36,7 @@ class TelemetrySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._energy_start: list[float | None] = []
+        self._edge_times: set[float] = set()  # when the samples at start and stop were taken
         self._window: tuple[float, float] | None = None
 
     # To be provided by vendors -------------------------------------------
@@ -67,7 +68,7 @@ class TelemetrySampler:
             return
         self._energy_start = self.energy_counter_j()
         self._window = (time.monotonic(), math.nan)
-        self._take_sample()  # the first reading, before the thread, so a window always has two
+        self._take_sample(edge=True)  # the first reading, before the thread, so a window always has two
         self._thread = threading.Thread(target=self._loop, name="hwbench-telemetry", daemon=True)
         self._thread.start()
 
@@ -75,9 +76,12 @@ class TelemetrySampler:
         while not self._stop.wait(self.interval_s):
             self._take_sample()
 
-    def _take_sample(self) -> None:
+    def _take_sample(self, edge: bool = False) -> None:
         try:
-            self.samples.append((time.monotonic(), self.read()))
+            taken = time.monotonic()
+            self.samples.append((taken, self.read()))
+            if edge:
+                self._edge_times.add(taken)
         except Exception as error:  # a flaky sensor must not end the run
             if len(self.errors) < 5:
                 self.errors.append(f"{type(error).__name__}: {error}")
@@ -90,7 +94,7 @@ class TelemetrySampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self._take_sample()  # one reading at the very end of the window
+        self._take_sample(edge=True)  # one reading at the very end of the window
         energy_end = self.energy_counter_j()
         start = self._window[0] if self._window else time.monotonic()
         return self._summarise(time.monotonic() - start, energy_end)
@@ -123,7 +127,8 @@ class TelemetrySampler:
             else:
                 summary[f"{key}_mean"] = summary[f"{key}_max"] = None
                 unmeasured[key] = "not reported by this device"
-        summary["throttle_reasons"] = _throttle_reasons(readings, unmeasured)
+        inside = [r for t, r in zip(times, readings) if t not in self._edge_times]
+        summary["throttle_reasons"] = _throttle_reasons(readings, inside, unmeasured)
         ecc = [r.get("ecc_uncorrected") for r in readings if r.get("ecc_uncorrected") is not None]
         summary["ecc_uncorrected_delta"] = (max(ecc) - min(ecc)) if ecc else None
         summary["energy_j"], summary["energy_method"] = self._energy(index, readings, times, energy_end)
@@ -150,13 +155,13 @@ class TelemetrySampler:
         return None, None
 
 
-def _throttle_reasons(readings: list[dict[str, Any]], unmeasured: dict[str, str]) -> list[str] | None:
-    """The sorted union of the reasons in the samples inside the window. The first and
-    last samples are left out: they are taken at the barriers around the timed steps,
-    where the device waits, not where it trains."""
+def _throttle_reasons(readings: list[dict[str, Any]], inside: list[dict[str, Any]],
+                      unmeasured: dict[str, str]) -> list[str] | None:
+    """The sorted union of the reasons in the samples ``inside`` the window. The samples
+    at start and stop are left out: they are taken at the barriers around the timed
+    steps, where the device waits, not where it trains."""
     if not any("throttle_reasons" in r for r in readings):
         return None
-    inside = readings[1:-1]
     if not any("throttle_reasons" in r for r in inside):
         unmeasured["throttle_reasons"] = "no sample inside the window, only its edges (at barriers)"
         return None
