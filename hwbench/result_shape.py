@@ -106,7 +106,8 @@ TELEMETRY_DEVICE = {"index": Nullable(COUNT), "host": TEXT, "uuid": TEXT, "energ
                     "power_w_mean": RATE, "power_w_max": RATE, "temperature_c_mean": FIGURE,
                     "temperature_c_max": FIGURE, "utilization_percent_mean": FIGURE,
                     "memory_used_mb_mean": FIGURE, "throttle_reasons": Nullable(ListOf(str)),
-                    "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT}
+                    "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT, "pci_bus_id": TEXT,
+                    "chip": Nullable(COUNT), "identified_by": TEXT, "power_method": TEXT, "energy_warning": TEXT}
 TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devices": Nullable(ListOf(TELEMETRY_DEVICE)),
              "energy_j": RATE, "power_w_mean_total": RATE, "interval_s": RATE, "window_s": RATE,
              "samples": Nullable(COUNT), "ranks": Nullable(COUNT), "ranks_available": Nullable(COUNT),

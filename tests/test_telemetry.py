@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from hwbench.device.nvml import NvmlSampler, decode_throttle_reasons
+from hwbench.device.nvml import (INTEGRATED_AVERAGED, INTEGRATED_INSTANT, CudaDeviceIds, NvmlSampler,
+                                 decode_throttle_reasons, pci_bus_id)
 from hwbench.device.telemetry import MEAN_AND_MAX, TelemetrySampler
 
 
@@ -36,11 +37,25 @@ class NVMLError_NotSupported(NVMLError):  # the name pynvml gives it
     pass
 
 
+def field_value(milliwatts: int, nvml_return: int = 0) -> types.SimpleNamespace:
+    """One nvmlFieldValue_t as nvidia-ml-py returns it: value type 1 (unsigned int), in mW."""
+    return types.SimpleNamespace(fieldId=186, nvmlReturn=nvml_return, valueType=1,
+                                 value=types.SimpleNamespace(uiVal=milliwatts))
+
+
 def fake_pynvml(*, clock_event_mask: int | None = None, init_error: Exception | None = None,
-                uuid_works: bool = True) -> types.ModuleType:
+                uuid_works: bool = True, pci_works: bool = True, gpus: dict[str, str] | None = None,
+                instant_mw=None, energy_step_mj: dict[str, int] | None = None) -> types.ModuleType:
     """A pynvml where power, temperature, SM clock, memory and utilisation answer;
     energy, ECC and (unless clock_event_mask is given) clock events raise
-    NVMLError_NotSupported, as on a GPU without those counters."""
+    NVMLError_NotSupported, as on a GPU without those counters.
+
+    gpus maps PCI bus id -> NVML UUID (one GPU, 0000:3b:00.0, by default); a handle
+    found by UUID or bus id is that GPU's UUID. instant_mw, a callable, answers the
+    NVML_FI_DEV_POWER_INSTANT field (absent: the constant is not there, as in an older
+    nvidia-ml-py). energy_step_mj gives a GPU an energy counter that grows by its step
+    at every read. clock_event_mask may be a callable, called at every read."""
+    gpus = gpus if gpus is not None else {"0000:3b:00.0": "GPU-0a1b"}
     nv = types.ModuleType("pynvml")
     nv.NVML_TEMPERATURE_GPU = 0
     nv.NVML_CLOCK_SM = 1
@@ -48,8 +63,9 @@ def fake_pynvml(*, clock_event_mask: int | None = None, init_error: Exception | 
     nv.NVML_VOLATILE_ECC = 0
     nv.NVMLError = NVMLError
     nv.NVMLError_NotSupported = NVMLError_NotSupported
-    nv.calls = {"init": 0, "by_uuid": [], "by_index": []}
+    nv.calls = {"init": 0, "by_uuid": [], "by_pci": [], "by_index": []}
     nv.power_mw_returned = []
+    nv.energy_mj = {uuid: 1_000_000 for uuid in (energy_step_mj or {})}
     powers_mw = itertools.cycle([180_000, 240_000, 300_000, 270_000])
     lock = threading.Lock()
 
@@ -63,13 +79,19 @@ def fake_pynvml(*, clock_event_mask: int | None = None, init_error: Exception | 
 
     def by_uuid(text):
         nv.calls["by_uuid"].append(text)
-        if not uuid_works:
+        if not uuid_works or text not in gpus.values():
             raise NVMLError("Not Found")
         return ("handle", text)
 
-    def by_index(index):
+    def by_pci(bus_id):
+        nv.calls["by_pci"].append(bus_id)
+        if not pci_works or bus_id not in gpus:
+            raise NVMLError("Not Found")
+        return ("handle", gpus[bus_id])
+
+    def by_index(index):  # NVML's own numbering: hwbench must never use it for a CUDA index
         nv.calls["by_index"].append(index)
-        return ("handle", index)
+        return ("handle", sorted(gpus)[index])
 
     def power(handle):
         with lock:
@@ -85,30 +107,53 @@ def fake_pynvml(*, clock_event_mask: int | None = None, init_error: Exception | 
         assert kind == nv.NVML_CLOCK_SM
         return 1410
 
+    def energy(handle):
+        uuid = handle[1]
+        if uuid not in nv.energy_mj:
+            not_supported()
+        nv.energy_mj[uuid] += energy_step_mj[uuid]
+        return nv.energy_mj[uuid]
+
+    def field_values(handle, fields):
+        assert fields == [nv.NVML_FI_DEV_POWER_INSTANT]
+        return [instant_mw()]
+
     nv.nvmlInit = init
     nv.nvmlDeviceGetHandleByUUID = by_uuid
+    nv.nvmlDeviceGetHandleByPciBusId = by_pci
     nv.nvmlDeviceGetHandleByIndex = by_index
+    nv.nvmlDeviceGetUUID = lambda handle: handle[1]
     nv.nvmlDeviceGetPowerUsage = power
     nv.nvmlDeviceGetTemperature = temperature
     nv.nvmlDeviceGetClockInfo = clock
     nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=5 * 2**30, total=80 * 2**30, free=75 * 2**30)
     nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=97, memory=41)
-    nv.nvmlDeviceGetTotalEnergyConsumption = not_supported
+    nv.nvmlDeviceGetTotalEnergyConsumption = energy
     nv.nvmlDeviceGetTotalEccErrors = not_supported
+    if instant_mw is not None:
+        nv.NVML_FI_DEV_POWER_INSTANT = 186
+        nv.nvmlDeviceGetFieldValues = field_values
     if clock_event_mask is None:
         nv.nvmlDeviceGetCurrentClocksEventReasons = not_supported
         nv.nvmlDeviceGetCurrentClocksThrottleReasons = not_supported
+    elif callable(clock_event_mask):
+        nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: clock_event_mask()
     else:
         nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: clock_event_mask
     return nv
 
 
-# --- NvmlSampler --------------------------------------------------------------
+def gpu(cuda_index: int = 0, uuid: str | None = "0a1b", bus: str | None = "0000:3b:00.0") -> CudaDeviceIds:
+    """A CUDA device as the CUDA runtime describes it (torch's UUID text has no "GPU-")."""
+    return CudaDeviceIds(cuda_index=cuda_index, uuid=uuid, pci_bus_id=bus)
+
+
+# --- NvmlSampler ---------------------------------------------------------------
 
 
 def test_nvml_sampler_without_pynvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` now raises ImportError
-    sampler = NvmlSampler(["GPU-0000"], [0], interval_s=0.01)
+    sampler = NvmlSampler([gpu()], interval_s=0.01)
     reason = sampler.unavailable_reason()
     assert reason is not None and "nvidia-ml-py" in reason
     sampler.start()
@@ -121,7 +166,7 @@ def test_nvml_sampler_without_pynvml(monkeypatch):
 
 def test_nvml_sampler_when_nvml_init_fails(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=NVMLError("Driver Not Loaded")))
-    sampler = NvmlSampler([], [0])
+    sampler = NvmlSampler([gpu()])
     assert sampler.unavailable_reason() == "NVML unavailable: NVMLError: Driver Not Loaded"
     assert sampler.stop()["available"] is False
 
@@ -129,7 +174,7 @@ def test_nvml_sampler_when_nvml_init_fails(monkeypatch):
 def test_nvml_readings_are_none_where_not_supported(monkeypatch):
     nv = fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    sampler = NvmlSampler(["0a1b"], [0])
+    sampler = NvmlSampler([gpu(uuid="0a1b")])
     assert sampler.unavailable_reason() is None
     assert nv.calls["by_uuid"] == ["GPU-0a1b"]  # the "GPU-" prefix NVML wants is added
     (reading,) = sampler.read()
@@ -143,18 +188,81 @@ def test_nvml_readings_are_none_where_not_supported(monkeypatch):
     assert sampler.energy_counter_j() == [None]
 
 
-def test_nvml_handle_falls_back_to_the_index_when_the_uuid_is_unknown(monkeypatch):
-    nv = fake_pynvml(uuid_works=False)
+def test_nvml_finds_the_gpu_by_uuid_and_records_it(monkeypatch):
+    nv = fake_pynvml(gpus={"0000:3b:00.0": "GPU-aaaa", "0000:5e:00.0": "GPU-bbbb"})
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    sampler = NvmlSampler(["GPU-ffff"], [3])
+    sampler = NvmlSampler([gpu(cuda_index=0, uuid="bbbb", bus="0000:5e:00.0")])
     assert sampler.unavailable_reason() is None
-    assert nv.calls["by_uuid"] == ["GPU-ffff"] and nv.calls["by_index"] == [3]
+    assert nv.calls["by_pci"] == [] and nv.calls["by_index"] == []
+    assert sampler.device_details(0) == {"name": "gpu:0", "uuid": "GPU-bbbb", "pci_bus_id": "0000:5e:00.0",
+                                         "identified_by": "uuid", "power_method": None}
 
 
-def test_nvml_summary_integrates_power_without_an_energy_counter(monkeypatch):
+def test_nvml_falls_back_to_the_pci_bus_id_when_the_uuid_is_not_found(monkeypatch):
+    """A MIG instance's UUID is no GPU's: NVML is asked by PCI bus id, never by the CUDA
+    index (NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES: index 0 is
+    another GPU here)."""
+    nv = fake_pynvml(gpus={"0000:3b:00.0": "GPU-aaaa", "0000:5e:00.0": "GPU-bbbb"})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([gpu(cuda_index=0, uuid="ffff", bus="0000:5e:00.0")])
+    assert sampler.unavailable_reason() is None
+    assert nv.calls["by_uuid"] == ["GPU-ffff"] and nv.calls["by_pci"] == ["0000:5e:00.0"]
+    assert nv.calls["by_index"] == []
+    details = sampler.device_details(0)
+    assert details["identified_by"] == "pci_bus_id"
+    assert details["uuid"] == "GPU-bbbb"  # NVML's UUID of the GPU found: what ranks are merged by
+    sampler.start()
+    (device,) = sampler.stop()["devices"]
+    assert (device["uuid"], device["identified_by"], device["pci_bus_id"]) == ("GPU-bbbb", "pci_bus_id",
+                                                                               "0000:5e:00.0")
+
+
+def test_nvml_telemetry_is_unavailable_when_neither_uuid_nor_bus_id_finds_the_gpu(monkeypatch):
+    nv = fake_pynvml(uuid_works=False, pci_works=False)
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([gpu(cuda_index=2, uuid="ffff", bus="0000:af:00.0")], interval_s=0.01)
+    reason = sampler.unavailable_reason()
+    assert reason == ("NVML does not find CUDA device 2 (UUID GPU-ffff: NVMLError: Not Found; "
+                      "PCI bus id 0000:af:00.0: NVMLError: Not Found); its index is not used, since NVML "
+                      "numbers GPUs in PCI order, not CUDA's")
+    assert nv.calls["by_index"] == []  # no guess: index 2 would be whichever GPU NVML numbers 2
+    sampler.start()
+    assert sampler.stop() == {"source": "nvml", "available": False, "reason": reason, "devices": []}
+
+
+def test_nvml_without_any_id_from_the_cuda_runtime_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    reason = NvmlSampler([gpu(uuid=None, bus=None)]).unavailable_reason()
+    assert "no UUID from the CUDA runtime; no PCI bus id from the CUDA runtime" in reason
+
+
+def test_pci_bus_id_is_the_form_nvml_accepts():
+    assert pci_bus_id(0, 0x3B, 0) == "0000:3b:00.0"
+    assert pci_bus_id(1, 0xC1, 0x1F) == "0001:c1:1f.0"
+
+
+def test_cuda_backend_gives_the_sampler_torch_s_uuid_and_pci_address(monkeypatch):
+    """CudaBackend.telemetry_sampler hands NVML what torch's device properties say
+    (torch 2.13: uuid, pci_domain_id, pci_bus_id, pci_device_id)."""
+    from hwbench.device import cuda
+
+    nv = fake_pynvml(uuid_works=False, gpus={"0000:3b:00.0": "GPU-aaaa", "0000:5e:00.0": "GPU-bbbb"})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    props = types.SimpleNamespace(uuid="cafe", pci_domain_id=0, pci_bus_id=0x5E, pci_device_id=0)
+    monkeypatch.setattr(cuda.torch.cuda, "get_device_properties", lambda index: props)
+    backend = cuda.CudaBackend.__new__(cuda.CudaBackend)  # no CUDA device needed for the ids
+    backend.local_index = 1
+    sampler = backend.telemetry_sampler(0.5)
+    assert nv.calls["by_uuid"] == ["GPU-cafe"] and nv.calls["by_pci"] == ["0000:5e:00.0"]
+    assert sampler.device_details(0)["name"] == "gpu:1" and sampler.device_details(0)["uuid"] == "GPU-bbbb"
+
+
+def test_nvml_summary_integrates_averaged_power_without_an_energy_counter(monkeypatch):
+    """No energy counter, no instantaneous power field (an older nvidia-ml-py): the
+    1 s-averaged nvmlDeviceGetPowerUsage is integrated, and labelled approximate."""
     nv = fake_pynvml()
     monkeypatch.setitem(sys.modules, "pynvml", nv)
-    sampler = NvmlSampler([], [0], interval_s=0.01)
+    sampler = NvmlSampler([gpu()], interval_s=0.01)
     sampler.start()
     time.sleep(0.1)
     summary = sampler.stop()
@@ -169,7 +277,8 @@ def test_nvml_summary_integrates_power_without_an_energy_counter(monkeypatch):
     assert device["temperature_c_mean"] == 67 and device["sm_clock_mhz_max"] == 1410
     assert device["ecc_uncorrected_delta"] is None
     assert device["throttle_reasons"] is None
-    assert device["energy_method"] == "integrated power samples"
+    assert device["energy_method"] == INTEGRATED_AVERAGED == "integrated 1 s-averaged power samples (approximate)"
+    assert device["power_method"] == "nvmlDeviceGetPowerUsage (a 1 s average on Ampere and newer)"
     # Trapezoids over the sample times, bounded by the lowest and highest power.
     times = [t for t, _ in sampler.samples]
     span = times[-1] - times[0]
@@ -177,14 +286,83 @@ def test_nvml_summary_integrates_power_without_an_energy_counter(monkeypatch):
     assert device["energy_j"] == pytest.approx(expected)
     assert min(watts) * span <= device["energy_j"] <= max(watts) * span
     assert 0.05 < summary["window_s"] < 5
+    assert "energy_warning" not in device
+
+
+def test_nvml_prefers_instantaneous_power_over_the_1_s_average(monkeypatch):
+    """No energy counter: the NVML_FI_DEV_POWER_INSTANT field is sampled and integrated
+    instead of the averaged nvmlDeviceGetPowerUsage, and the energy is about the mean
+    power times the window."""
+    nv = fake_pynvml(instant_mw=lambda: field_value(250_000))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([gpu()], interval_s=0.01)
+    assert sampler.read()[0]["power_w"] == 250.0
+    assert nv.power_mw_returned == []  # the averaged call is never made
+    sampler.start()
+    time.sleep(0.1)
+    summary = sampler.stop()
+    (device,) = summary["devices"]
+    assert device["power_w_mean"] == device["power_w_max"] == 250.0
+    assert device["energy_method"] == INTEGRATED_INSTANT == "integrated instantaneous power samples"
+    assert device["power_method"] == "instantaneous power (NVML field NVML_FI_DEV_POWER_INSTANT)"
+    assert device["energy_j"] == pytest.approx(device["power_w_mean"] * summary["window_s"], rel=0.05)
+
+
+def test_nvml_instant_field_not_supported_falls_back_to_averaged_power(monkeypatch):
+    """The field call succeeds but the field itself answers NVML_ERROR_NOT_SUPPORTED (3)."""
+    nv = fake_pynvml(instant_mw=lambda: field_value(0, nvml_return=3))
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([gpu()], interval_s=60.0)
+    sampler.start()
+    (device,) = sampler.stop()["devices"]
+    assert device["power_w_max"] == 240.0 and nv.power_mw_returned == [180_000, 240_000]
+    assert device["energy_method"] == INTEGRATED_AVERAGED
+
+
+def test_nvml_energy_counter_is_preferred_over_any_power(monkeypatch):
+    nv = fake_pynvml(instant_mw=lambda: field_value(250_000), energy_step_mj={"GPU-0a1b": 5_000})
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([gpu()], interval_s=60.0)
+    sampler.start()
+    (device,) = sampler.stop()["devices"]
+    assert (device["energy_j"], device["energy_method"]) == (pytest.approx(5.0), "energy counter")
+
+
+def test_nvml_throttle_reasons_leave_out_gpu_idle_and_the_window_edges(monkeypatch):
+    """The first and last samples are taken at the barriers around the timed steps, where
+    the GPU idles: neither their reasons nor the gpu_idle bit are throttling of the run."""
+    masks = iter([0x1 | 0x40,  # start, at a barrier: idle, and a thermal reason left from before
+                  0x1 | 0x4,  # inside: idle between two steps, power capped
+                  0x0,  # inside: nothing
+                  0x1 | 0x8])  # stop, at a barrier
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(clock_event_mask=lambda: next(masks)))
+    sampler = NvmlSampler([gpu()], interval_s=60.0)  # the test takes the samples inside the window
+    sampler.start()
+    sampler._take_sample()
+    sampler._take_sample()
+    summary = sampler.stop()
+    (device,) = summary["devices"]
+    assert device["throttle_reasons"] == ["sw_power_cap"]
+    raw = [reading for _, (reading,) in sampler.samples]
+    assert [r["gpu_idle"] for r in raw] == [True, True, False, True]  # kept in the raw readings
+    assert raw[0]["throttle_reasons"] == ["hw_thermal_slowdown"]  # without gpu_idle
+
+
+def test_nvml_throttle_reasons_of_a_window_with_only_its_edges_are_not_measured(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(clock_event_mask=0x1 | 0x4))
+    sampler = NvmlSampler([gpu()], interval_s=60.0)
+    sampler.start()
+    (device,) = sampler.stop()["devices"]
+    assert device["throttle_reasons"] is None
+    assert device["unmeasured"]["throttle_reasons"] == "no sample inside the window, only its edges (at barriers)"
 
 
 def test_nvml_throttle_reasons_decoded_when_clock_events_work(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(clock_event_mask=0x4 | 0x40))
-    sampler = NvmlSampler([], [0], interval_s=0.01)
+    sampler = NvmlSampler([gpu()], interval_s=0.01)
     assert sampler.read()[0]["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown"]
     sampler.start()
-    time.sleep(0.05)
+    wait_for(lambda: len(sampler.samples) >= 3)
     (device,) = sampler.stop()["devices"]
     assert device["throttle_reasons"] == ["hw_thermal_slowdown", "sw_power_cap"]  # sorted union
 
@@ -235,13 +413,80 @@ def test_base_summary_prefers_the_energy_counter():
     assert counted["power_w_mean"] == 200.0 and counted["power_w_max"] == 300.0
     assert counted["temperature_c_mean"] == 60.0 and counted["temperature_c_max"] == 70.0
     assert counted["ecc_uncorrected_delta"] == 3
-    assert counted["throttle_reasons"] == ["sw_power_cap"]
-    assert set(counted["unmeasured"]) == set(MEAN_AND_MAX) - {"power_w", "temperature_c"}
+    assert counted["throttle_reasons"] is None  # two samples: both at the window's edges
+    assert set(counted["unmeasured"]) == set(MEAN_AND_MAX) - {"power_w", "temperature_c"} | {"throttle_reasons"}
+    assert "energy_warning" not in counted  # two samples: too few to judge the energy by
 
     (t0, _), (t1, _) = sampler.samples
     assert integrated["energy_method"] == "integrated power samples"  # no counter on this one
     assert integrated["energy_j"] == pytest.approx((t1 - t0) * (10.0 + 30.0) / 2)
     assert integrated["throttle_reasons"] is None and integrated["ecc_uncorrected_delta"] is None
+
+
+class SteadySampler(TelemetrySampler):
+    """One device drawing 50 W; its energy counter (when given) grows by counter_step_j per read."""
+
+    source = "test"
+
+    def __init__(self, counter_step_j: float | None = None) -> None:
+        super().__init__(interval_s=0.01)
+        self.counter_step_j = counter_step_j
+        self.counter_j = 0.0
+
+    def read(self):
+        return [{"power_w": 50.0}]
+
+    def energy_counter_j(self):
+        if self.counter_step_j is None:
+            return [None]
+        self.counter_j += self.counter_step_j
+        return [self.counter_j]
+
+
+@pytest.mark.parametrize("counter_step_j, warned", [(None, False), (1e6, True)])
+def test_energy_far_from_mean_power_times_window_is_flagged(counter_step_j, warned):
+    """Energy should be about the mean power times the window; a counter that says 1 MJ
+    while the device drew 50 W for a fraction of a second is not this device's."""
+    sampler = SteadySampler(counter_step_j)
+    sampler.start()
+    wait_for(lambda: len(sampler.samples) >= 12)
+    summary = sampler.stop()
+    (device,) = summary["devices"]
+    if warned:
+        assert device["energy_j"] == pytest.approx(1e6)
+        assert device["energy_warning"].startswith("energy 1e+06 J is ")
+        assert "the mean power x window (50 W x " in device["energy_warning"]
+    else:
+        assert device["energy_j"] == pytest.approx(50.0 * summary["window_s"], rel=0.1)
+        assert "energy_warning" not in device
+
+
+class ScriptedSampler(TelemetrySampler):
+    """One device whose readings come from a list; an exception in it is raised by read."""
+
+    source = "test"
+
+    def __init__(self, script) -> None:
+        super().__init__(interval_s=60.0)  # the test takes the samples inside the window
+        self.script = iter(script)
+
+    def read(self):
+        step = next(self.script)
+        if isinstance(step, Exception):
+            raise step
+        return [step]
+
+
+def test_throttle_reasons_edges_are_the_samples_at_start_and_stop_not_the_first_that_worked():
+    """The sample at start failed: the first reading kept is from inside the window and counts."""
+    sampler = ScriptedSampler([RuntimeError("busy"), {"throttle_reasons": ["sw_power_cap"]},
+                               {"throttle_reasons": []}, {"throttle_reasons": ["hw_slowdown"]}])
+    sampler.start()
+    sampler._take_sample()
+    sampler._take_sample()
+    summary = sampler.stop()
+    assert summary["errors"] == ["RuntimeError: busy"]
+    assert summary["devices"][0]["throttle_reasons"] == ["sw_power_cap"]
 
 
 class FailingSampler(TelemetrySampler):
@@ -417,7 +662,8 @@ def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
 
 def test_merged_gpu_telemetry_keeps_every_rank_s_device():
     """Each GPU rank samples its own device at summary index 0: the name tells them apart
-    (before, a node's ranks merged into one device and the report missed the others' energy)."""
+    where no UUID is known (before, a node's ranks merged into one device and the report
+    missed the others' energy)."""
     from hwbench.harness.merge import RankReport, merge_telemetry
 
     def reading(name, joules):
@@ -431,9 +677,94 @@ def test_merged_gpu_telemetry_keeps_every_rank_s_device():
     assert merged["energy_j"] == pytest.approx(300.0) and merged["power_w_mean_total"] == pytest.approx(30.0)
 
 
+EIGHT_GPUS = {f"0000:{0x18 + 0x10 * n:02x}:00.0": f"GPU-{n:04d}" for n in range(8)}
+
+
+def rank_telemetry(monkeypatch, nv, ids: CudaDeviceIds) -> dict:
+    """What one rank's NvmlSampler reports over a window (one sample at each edge)."""
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    sampler = NvmlSampler([ids], interval_s=60.0)
+    sampler.start()
+    return sampler.stop()
+
+
+def test_eight_ranks_of_one_node_report_eight_gpus_and_their_summed_energy(monkeypatch):
+    """torchrun with one GPU per rank, each rank bound by its own CUDA_VISIBLE_DEVICES (as
+    Slurm's --gpu-bind does): every rank sees its GPU as CUDA device 0, named gpu:0; the
+    UUIDs tell the eight apart, and the run's energy is all eight's."""
+    from hwbench.harness.merge import RankReport, merge_telemetry
+
+    steps_mj = {uuid: 1000 * (n + 1) for n, uuid in enumerate(EIGHT_GPUS.values())}  # GPU n: n + 1 J
+    nv = fake_pynvml(gpus=EIGHT_GPUS, energy_step_mj=steps_mj)
+    reports = []
+    for rank, (bus, uuid) in enumerate(EIGHT_GPUS.items()):
+        telemetry = rank_telemetry(monkeypatch, nv, gpu(cuda_index=0, uuid=uuid.removeprefix("GPU-"), bus=bus))
+        reports.append(RankReport(rank=rank, local_rank=rank, step_times_s=[1.0], memory={}, host="node0",
+                                  telemetry=telemetry))
+    assert {r.telemetry["devices"][0]["name"] for r in reports} == {"gpu:0"}  # the name alone would merge them
+
+    merged = merge_telemetry(reports)
+    assert [d["uuid"] for d in merged["devices"]] == list(EIGHT_GPUS.values())
+    assert all(d["host"] == "node0" and d["identified_by"] == "uuid" for d in merged["devices"])
+    assert merged["energy_j"] == pytest.approx(sum(range(1, 9)))  # 36 J
+    assert merged["ranks"] == merged["ranks_available"] == 8
+
+
+def test_two_ranks_sampling_one_gpu_count_it_once(monkeypatch):
+    """Two ranks on one GPU (two slices of it, found by PCI bus id since a slice's UUID is no
+    GPU's, or two processes sharing it): one device, its energy once."""
+    from hwbench.harness.merge import RankReport, merge_telemetry
+
+    nv = fake_pynvml(gpus=EIGHT_GPUS, energy_step_mj={"GPU-0003": 7_000})
+    bus = next(b for b, u in EIGHT_GPUS.items() if u == "GPU-0003")
+    shared = [rank_telemetry(monkeypatch, nv, gpu(cuda_index=r, uuid=f"slice-{r}", bus=bus)) for r in (0, 1)]
+    assert [t["devices"][0]["name"] for t in shared] == ["gpu:0", "gpu:1"]  # different CUDA devices
+    merged = merge_telemetry([RankReport(rank=r, step_times_s=[1.0], memory={}, host="node0", telemetry=t)
+                              for r, t in enumerate(shared)])
+    (device,) = merged["devices"]
+    assert (device["uuid"], device["identified_by"]) == ("GPU-0003", "pci_bus_id")
+    assert merged["energy_j"] == pytest.approx(7.0)
+
+
+def test_one_uuid_on_two_hosts_is_one_device_and_names_repeat_across_hosts():
+    """A UUID is unique everywhere (hosts of one name, as containers often are, cannot merge
+    two GPUs); a name or bus id is only unique on its host."""
+    from hwbench.harness.merge import device_key
+
+    assert device_key("a", {"uuid": "GPU-1", "name": "gpu:0"}) == device_key("b", {"uuid": "GPU-1", "name": "gpu:3"})
+    assert device_key("a", {"uuid": None, "name": "gpu:0"}) != device_key("b", {"uuid": None, "name": "gpu:0"})
+    assert device_key("a", {"pci_bus_id": "0000:01:00.0", "chip": 0}) != device_key(
+        "a", {"pci_bus_id": "0000:01:00.0", "chip": 1})  # two chips of one card
+
+
 def test_each_gpu_and_npu_sampler_names_its_device(monkeypatch):
     from hwbench.device.npu_smi import NpuSmiSampler
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
-    assert NvmlSampler([], [3]).device_details(0) == {"name": "gpu:3"}
-    assert NpuSmiSampler([5]).device_details(0) == {"name": "npu:5"}
+    assert NvmlSampler([gpu(cuda_index=3)]).device_details(0)["name"] == "gpu:3"
+    assert NpuSmiSampler([5]).device_details(0) == {"name": "npu:5", "pci_bus_id": None, "chip": None,
+                                                   "identified_by": "npu-smi device id"}
+
+
+def test_npu_ranks_merge_by_bus_id_and_chip(monkeypatch):
+    """npu-smi's identity of a chip: its bus id and chip number (a 310P Duo's two chips
+    share the bus id, recorded in tests/fakes/npu-smi). Ranks on the two chips are two
+    devices; two ranks on one chip are one."""
+    from hwbench.device.npu_smi import NpuSmiSampler
+    from hwbench.harness.merge import RankReport, merge_telemetry
+
+    fakes = pathlib.Path(__file__).resolve().parent / "fakes"
+    monkeypatch.setenv("PATH", os.pathsep.join([str(fakes / "bin"), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("HWBENCH_STANDIN_NPU_SMI", "info-310p-duo.txt")
+
+    def rank(number, device_id):
+        sampler = NpuSmiSampler([device_id], interval_s=60.0)
+        sampler.start()
+        return RankReport(rank=number, step_times_s=[1.0], memory={}, host="h", telemetry=sampler.stop())
+
+    both_chips = merge_telemetry([rank(0, 0), rank(1, 1)])
+    assert [(d["pci_bus_id"], d["chip"], d["name"]) for d in both_chips["devices"]] == [
+        ("0000:01:00.0", 0, "npu:0"), ("0000:01:00.0", 1, "npu:1")]
+    assert all(d["identified_by"] == "npu-smi device id" for d in both_chips["devices"])
+    one_chip = merge_telemetry([rank(0, 1), rank(1, 1)])
+    assert [d["chip"] for d in one_chip["devices"]] == [1]

@@ -9,7 +9,7 @@ import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.kinds import KINDS
-from hwbench.device.nvml import NvmlSampler, nvml_driver_version
+from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, pci_bus_id
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
 
@@ -70,9 +70,13 @@ class CudaBackend(AcceleratorBackend):
         return None
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
+        # The UUID and PCI address find this GPU in NVML, whose numbering ignores CUDA_VISIBLE_DEVICES.
         props = torch.cuda.get_device_properties(self.local_index)
         uuid = getattr(props, "uuid", None)
-        return NvmlSampler([str(uuid)] if uuid is not None else [], [self.local_index], interval_s)
+        pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        ids = CudaDeviceIds(cuda_index=self.local_index, uuid=str(uuid) if uuid is not None else None,
+                            pci_bus_id=pci_bus_id(*pci) if None not in pci else None)
+        return NvmlSampler([ids], interval_s)
 
     def fingerprint(self) -> dict[str, Any]:
         count = self.device_count()

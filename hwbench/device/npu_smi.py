@@ -125,10 +125,17 @@ class NpuSmiSampler(TelemetrySampler):
         super().__init__(max(1.0, interval_s))
         self.device_ids = device_ids
         self._command = shutil.which(command)
+        self._places: dict[int, dict[str, Any]] = {}  # device id -> its bus id and chip, as npu-smi printed them
 
     def device_details(self, index: int) -> dict[str, Any]:
-        # each rank samples its own chip at summary index 0: the id tells the node's chips apart
-        return {"name": f"npu:{self.device_ids[index]}"} if index < len(self.device_ids) else {}
+        """The chip's identity on its host: its npu-smi device id (in the name), its PCI
+        bus id and chip number on the card (two chips of a 310P Duo share the bus id)."""
+        if index >= len(self.device_ids):
+            return {}
+        device_id = self.device_ids[index]
+        place = self._places.get(device_id, {})
+        return {"name": f"npu:{device_id}", "pci_bus_id": place.get("bus_id"), "chip": place.get("chip"),
+                "identified_by": "npu-smi device id"}
 
     def unavailable_reason(self) -> str | None:
         if self._command is None:
@@ -143,6 +150,8 @@ class NpuSmiSampler(TelemetrySampler):
         readings = []
         for device_id in self.device_ids:
             row = dict(table.get(device_id, {}))
+            if "chip" in row:
+                self._places[device_id] = {"bus_id": row.get("bus_id"), "chip": row["chip"]}
             if row.get("hbm_used_mb") is not None:  # on HBM cards that is the device memory
                 row["memory_used_mb"] = row["hbm_used_mb"]
             readings.append(row)

@@ -1,16 +1,23 @@
 """NVML telemetry through nvidia-ml-py (module ``pynvml``), FACTS.md §8.
 
-Every query is wrapped: a GPU that does not support one gives None."""
+Every query is wrapped: a GPU that does not support one gives None.
+
+NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so a CUDA
+index is never an NVML index: a device is found by the UUID the CUDA runtime
+gives it, else by its PCI bus id, else not at all (telemetry unavailable, with
+the reason), and never by guessing."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from hwbench.device.telemetry import TelemetrySampler
 
 # Clock event (throttle) reason bits, nvml.h
+GPU_IDLE_BIT = 0x1
 THROTTLE_BITS = {
-    0x1: "gpu_idle",
+    GPU_IDLE_BIT: "gpu_idle",
     0x2: "applications_clocks_setting",
     0x4: "sw_power_cap",
     0x8: "hw_slowdown",
@@ -21,9 +28,47 @@ THROTTLE_BITS = {
     0x100: "display_clock_setting",
 }
 
+# What the summary's power figures and integrated energy are, by the call that gave the power.
+INSTANT_POWER = "NVML_FI_DEV_POWER_INSTANT"
+AVERAGED_POWER = "nvmlDeviceGetPowerUsage"
+POWER_METHODS = {
+    INSTANT_POWER: "instantaneous power (NVML field NVML_FI_DEV_POWER_INSTANT)",
+    AVERAGED_POWER: "nvmlDeviceGetPowerUsage (a 1 s average on Ampere and newer)",
+}
+INTEGRATED_INSTANT = "integrated instantaneous power samples"
+INTEGRATED_AVERAGED = "integrated 1 s-averaged power samples (approximate)"
+
+# nvmlValueType_t -> the member of nvmlValue_t that holds the value (nvml.h)
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
 
 def decode_throttle_reasons(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+def pci_bus_id(domain: int, bus: int, device: int) -> str:
+    """The PCI address NVML's nvmlDeviceGetHandleByPciBusId accepts ("0000:3b:00.0");
+    a GPU is function 0 of its PCI device."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaDeviceIds:
+    """What the CUDA runtime says of one device: enough to find the same GPU in NVML."""
+
+    cuda_index: int  # as torch numbers it, after CUDA_VISIBLE_DEVICES
+    uuid: str | None = None  # torch's text form, without NVML's "GPU-" prefix
+    pci_bus_id: str | None = None  # pci_bus_id(...)
+
+
+@dataclasses.dataclass(frozen=True)
+class NvmlDevice:
+    """A GPU found in NVML, and how it was found."""
+
+    handle: Any
+    ids: CudaDeviceIds
+    identified_by: str  # "uuid" or "pci_bus_id"
+    uuid: str | None  # NVML's UUID of the physical GPU: the same on every rank that samples it
 
 
 def _import_pynvml():
@@ -34,14 +79,19 @@ def _import_pynvml():
     return pynvml
 
 
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def nvml_driver_version() -> str | None:
     pynvml = _import_pynvml()
     if pynvml is None:
         return None
     try:
         pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else str(version)
+        return _text(pynvml.nvmlSystemGetDriverVersion())
     except Exception:
         return None
 
@@ -49,73 +99,143 @@ def nvml_driver_version() -> str | None:
 class NvmlSampler(TelemetrySampler):
     source = "nvml"
 
-    def __init__(self, uuids: list[str], indices: list[int], interval_s: float = 0.5) -> None:
+    def __init__(self, devices: list[CudaDeviceIds], interval_s: float = 0.5) -> None:
         super().__init__(interval_s)
         self._pynvml = _import_pynvml()
-        self._handles: list[Any] = []
-        self._names = [f"gpu:{index}" for index in indices]  # distinct on the node, unlike the summary's index
+        self._devices: list[NvmlDevice] = []
+        self._power_calls: list[str | None] = [None] * len(devices)  # the call that last gave each power
         self._reason: str | None = None
         if self._pynvml is None:
             self._reason = "nvidia-ml-py (module pynvml) is not installed"
             return
         try:
             self._pynvml.nvmlInit()
-            padded = list(uuids) + [None] * (len(indices) - len(uuids))
-            self._handles = [self._handle(uuid, index) for uuid, index in zip(padded, indices)]
         except Exception as error:
             self._reason = f"NVML unavailable: {type(error).__name__}: {error}"
+            return
+        try:
+            self._devices = [self._find(ids) for ids in devices]
+        except LookupError as error:
+            self._reason = str(error)
 
-    def _handle(self, uuid: str | None, index: int):
-        if uuid:
-            text = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    # Finding the device ------------------------------------------------------
+    def _find(self, ids: CudaDeviceIds) -> NvmlDevice:
+        """The NVML device behind a CUDA device, by UUID, else PCI bus id; LookupError
+        with both failures when neither finds it (a MIG instance's UUID, for one, is
+        not a GPU's, and NVML's index is not CUDA's)."""
+        nv = self._pynvml
+        failures = []
+        if ids.uuid:
+            text = ids.uuid if ids.uuid.startswith(("GPU-", "MIG-")) else f"GPU-{ids.uuid}"
             try:
-                return self._pynvml.nvmlDeviceGetHandleByUUID(text)
-            except Exception:
-                pass
-        return self._pynvml.nvmlDeviceGetHandleByIndex(index)
+                return self._found(nv.nvmlDeviceGetHandleByUUID(text), ids, "uuid", text)
+            except Exception as error:
+                failures.append(f"UUID {text}: {type(error).__name__}: {error}")
+        else:
+            failures.append("no UUID from the CUDA runtime")
+        if ids.pci_bus_id:
+            try:
+                return self._found(nv.nvmlDeviceGetHandleByPciBusId(ids.pci_bus_id), ids, "pci_bus_id", None)
+            except Exception as error:
+                failures.append(f"PCI bus id {ids.pci_bus_id}: {type(error).__name__}: {error}")
+        else:
+            failures.append("no PCI bus id from the CUDA runtime")
+        raise LookupError(f"NVML does not find CUDA device {ids.cuda_index} ({'; '.join(failures)}); "
+                          "its index is not used, since NVML numbers GPUs in PCI order, not CUDA's")
+
+    def _found(self, handle: Any, ids: CudaDeviceIds, identified_by: str, looked_up: str | None) -> NvmlDevice:
+        uuid = _text(self._query(lambda: self._pynvml.nvmlDeviceGetUUID(handle))) or looked_up
+        return NvmlDevice(handle, ids, identified_by, uuid)
 
     def unavailable_reason(self) -> str | None:
         return self._reason
 
     def device_details(self, index: int) -> dict[str, Any]:
-        return {"name": self._names[index]} if index < len(self._names) else {}
+        if index >= len(self._devices):
+            return {}
+        device = self._devices[index]
+        power_call = self._power_calls[index]
+        return {
+            "name": f"gpu:{device.ids.cuda_index}",  # distinct on the node under one CUDA_VISIBLE_DEVICES
+            "uuid": device.uuid,  # the identity ranks are merged by
+            "pci_bus_id": device.ids.pci_bus_id,
+            "identified_by": device.identified_by,
+            "power_method": POWER_METHODS.get(power_call) if power_call else None,
+        }
 
+    def integrated_energy_method(self, index: int) -> str:
+        if index < len(self._power_calls) and self._power_calls[index] == INSTANT_POWER:
+            return INTEGRATED_INSTANT
+        return INTEGRATED_AVERAGED
+
+    # Reading -----------------------------------------------------------------
     def _query(self, call: Callable[[], Any]) -> Any:
         try:
             return call()
         except Exception:  # NVMLError_NotSupported and friends: not measured
             return None
 
-    def read(self) -> list[dict[str, Any]]:
+    def _instant_power_mw(self, handle: Any) -> float | None:
+        """The instantaneous power field, where this nvidia-ml-py and driver have it."""
         nv = self._pynvml
-        readings = []
-        for h in self._handles:
-            power_mw = self._query(lambda: nv.nvmlDeviceGetPowerUsage(h))
-            mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h))
-            if mask is None:
-                mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
-            memory = self._query(lambda: nv.nvmlDeviceGetMemoryInfo(h))
-            utilization = self._query(lambda: nv.nvmlDeviceGetUtilizationRates(h))
-            reading = {
-                "power_w": power_mw / 1000.0 if power_mw is not None else None,
-                "temperature_c": self._query(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                "sm_clock_mhz": self._query(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                "utilization_percent": utilization.gpu if utilization is not None else None,
-                "memory_used_mb": memory.used / 2**20 if memory is not None else None,
-                "ecc_uncorrected": self._query(
-                    lambda: nv.nvmlDeviceGetTotalEccErrors(
-                        h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-                    )
-                ),
-            }
-            if mask is not None:
-                reading["throttle_reasons"] = decode_throttle_reasons(int(mask))
-            readings.append(reading)
-        return readings
+        field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if field is None or not hasattr(nv, "nvmlDeviceGetFieldValues"):
+            return None
+        values = self._query(lambda: nv.nvmlDeviceGetFieldValues(handle, [field]))
+        if not values or getattr(values[0], "nvmlReturn", 1) != 0:  # each field has its own NVML_SUCCESS
+            return None
+        member = _VALUE_MEMBERS.get(getattr(values[0], "valueType", None))
+        return getattr(values[0].value, member) if member else None
+
+    def _power_w(self, index: int, handle: Any) -> float | None:
+        """Instantaneous power where the driver gives it: nvmlDeviceGetPowerUsage is a
+        1 s average on Ampere and newer, which lags a window's first and last seconds."""
+        milliwatts = self._instant_power_mw(handle)
+        call = INSTANT_POWER
+        if milliwatts is None:
+            milliwatts = self._query(lambda: self._pynvml.nvmlDeviceGetPowerUsage(handle))
+            call = AVERAGED_POWER
+        if milliwatts is None:
+            return None
+        if self._power_calls[index] != AVERAGED_POWER:  # one averaged reading makes the whole device's figure so
+            self._power_calls[index] = call
+        return milliwatts / 1000.0
+
+    def _clock_event_mask(self, handle: Any) -> int | None:
+        nv = self._pynvml
+        mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        if mask is None:
+            mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        return int(mask) if mask is not None else None
+
+    def read(self) -> list[dict[str, Any]]:
+        return [self._read_device(index, device.handle) for index, device in enumerate(self._devices)]
+
+    def _read_device(self, index: int, h: Any) -> dict[str, Any]:
+        nv = self._pynvml
+        memory = self._query(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        utilization = self._query(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        reading = {
+            "power_w": self._power_w(index, h),
+            "temperature_c": self._query(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            "sm_clock_mhz": self._query(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "utilization_percent": utilization.gpu if utilization is not None else None,
+            "memory_used_mb": memory.used / 2**20 if memory is not None else None,
+            "ecc_uncorrected": self._query(
+                lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+            ),
+        }
+        mask = self._clock_event_mask(h)
+        if mask is not None:
+            # gpu_idle is no throttle: the window's edges sit at barriers, where every GPU
+            # idles. It stays in the raw reading, apart from the reasons.
+            reading["gpu_idle"] = bool(mask & GPU_IDLE_BIT)
+            reading["throttle_reasons"] = decode_throttle_reasons(mask & ~GPU_IDLE_BIT)
+        return reading
 
     def energy_counter_j(self) -> list[float | None]:
         counters = []
-        for h in self._handles:
-            millijoules = self._query(lambda: self._pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        for device in self._devices:
+            millijoules = self._query(lambda: self._pynvml.nvmlDeviceGetTotalEnergyConsumption(device.handle))
             counters.append(millijoules / 1000.0 if millijoules is not None else None)
         return counters

@@ -78,9 +78,22 @@ def merge_memory(reports: list[RankReport]) -> dict[str, Any]:
     return merged
 
 
+def device_key(host: str, device: dict[str, Any]) -> tuple:
+    """What makes a sampled device the same one on every rank that samples it: its
+    UUID (unique everywhere), else its PCI bus id and chip on its host (two chips of
+    one card can share a bus id), else its name on its host (a CPU package, a chip
+    without a bus id). The index is no identity: every accelerator rank samples its
+    own device at index 0."""
+    if device.get("uuid"):
+        return ("uuid", device["uuid"])
+    if device.get("pci_bus_id"):
+        return ("pci", host, device["pci_bus_id"], device.get("chip"))
+    return ("name", host, device.get("name", device.get("index")))
+
+
 def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
-    """One rank's telemetry as is; with several, the sum of their energy and
-    mean power (each rank samples its own device) beside every rank's own."""
+    """One rank's telemetry as is; with several, every device once (device_key) and
+    the sum of their energy and mean power, beside every rank's own."""
     readings = [r.telemetry for r in reports]
     if len(readings) == 1 or readings[0] is None:
         return readings[0]
@@ -90,9 +103,9 @@ def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
     devices, seen = [], set()
     for report, reading in zip(reports, readings):
         for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
-            # ranks of one node may sample the same devices (the CPU's packages); each rank
-            # samples its own GPU/NPU at index 0, told apart by its name
-            key = (report.host, device.get("name", device.get("index")))
+            # ranks of one node may sample the same device: the CPU's packages, or one
+            # accelerator shared by several ranks (or by slices of it, each a rank)
+            key = device_key(report.host, device)
             if key not in seen:
                 seen.add(key)
                 devices.append({**device, "host": report.host})
