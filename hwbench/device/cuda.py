@@ -74,6 +74,12 @@ class CudaBackend(AcceleratorBackend):
         uuid = getattr(props, "uuid", None)
         return NvmlSampler([str(uuid)] if uuid is not None else [], [self.local_index], interval_s)
 
+    def driver(self) -> tuple[str | None, str | None]:
+        version = nvml_driver_version()
+        if version is None:
+            return None, "NVML did not answer (nvidia-ml-py missing or the driver unreadable)"
+        return version, None
+
     def fingerprint(self) -> dict[str, Any]:
         count = self.device_count()
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
