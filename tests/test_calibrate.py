@@ -171,3 +171,15 @@ def test_merge_replaces_each_precision_measured_again():
     merge_entry(store, {**key, "gemm": {"bf16": {"ceiling_flops": 3.0}}, "copy": None})
     assert store["entries"] == [{**key, "gemm": {"fp32": {"ceiling_flops": 1.0}, "bf16": {"ceiling_flops": 3.0}},
                                  "copy": {"bytes_per_s": 5.0}}]
+
+
+def test_a_size_beyond_the_device_memory_is_skipped_with_the_reason_not_tried():
+    from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm
+    from hwbench.device.cpu import CpuBackend
+
+    backend = CpuBackend()
+    settings = CalibrationSettings(precisions=("fp32",), sizes=(1 << 20,), copy_bytes=1 << 50, repeats=2, warmup=1)
+    gemm = measure_gemm(backend, "fp32", 1 << 20, settings)  # 3 x 4 TiB at the least
+    assert gemm.rate is None and "do not fit" in gemm.skipped and gemm.input_sets == 2
+    copy = measure_copy(backend, 1 << 50, settings)
+    assert copy.rate is None and "do not fit" in copy.skipped

@@ -29,12 +29,14 @@ import hwbench
 from hwbench.device.base import PRECISION_DTYPES, Backend
 from hwbench.results import utc_now
 from hwbench.stats import summarize
+from hwbench.units import human_bytes
 from hwbench.workload.flops import matmul_flops
 
 TARGET_REPETITION_S = 0.01
 MAX_CALLS_PER_REPETITION = 1000
 ROTATION_BYTES = 256 * 2**20  # beyond the L2 of any GPU today (H100: 50 MiB)
 MAX_INPUT_SETS = 16
+MEMORY_SHARE = 0.8  # of the device's memory a measurement may take (fewer input sets first, then skipped)
 DEFAULT_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 8192, 16384), "npu": (4096, 8192, 16384)}
 DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "bf16", "fp16"), "npu": ("fp32", "bf16", "fp16")}
 DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30, "npu": 2**30}
@@ -130,12 +132,26 @@ def input_sets(set_bytes: int) -> int:
     return min(MAX_INPUT_SETS, max(2, math.ceil(ROTATION_BYTES / set_bytes)))
 
 
+def memory_budget_bytes(backend: Backend) -> int | None:
+    """What a measurement may allocate: MEMORY_SHARE of the device's memory (None: unknown)."""
+    capacity = backend.memory_stats().capacity_bytes
+    return int(capacity * MEMORY_SHARE) if capacity else None
+
+
 def measure_gemm(backend: Backend, precision: str, size: int, settings: CalibrationSettings) -> Measurement:
     """The FLOP/s of size x size x size products in ``precision``; skipped with the reason when
-    the device runs out of memory."""
+    the inputs would not fit the device's memory, or the device runs out of it."""
     dtype = PRECISION_DTYPES[precision]
     element_bytes = torch.empty((), dtype=dtype).element_size()
-    sets = input_sets(2 * size * size * element_bytes)
+    matrix_bytes = size * size * element_bytes
+    sets = input_sets(2 * matrix_bytes)
+    budget = memory_budget_bytes(backend)
+    if budget is not None and (2 * sets + 1) * matrix_bytes > budget:  # fewer sets, down to 2
+        sets = max(2, (budget // matrix_bytes - 1) // 2)
+        if (2 * sets + 1) * matrix_bytes > budget:
+            return Measurement("gemm", precision, size, None, input_sets=sets,
+                               skipped=f"{human_bytes((2 * sets + 1) * matrix_bytes)} of inputs and output do not "
+                                       f"fit {human_bytes(budget)} ({MEMORY_SHARE:.0%} of the device's memory)")
     device = backend.torch_device
     operands: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
@@ -163,6 +179,10 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
 def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSettings) -> Measurement:
     """The bytes/s of copying a buffer of ``buffer_bytes`` random bytes to another on the
     device, counting what is read and what is written."""
+    budget = memory_budget_bytes(backend)
+    if budget is not None and 2 * buffer_bytes > budget:
+        return Measurement("copy", None, buffer_bytes, None, skipped=f"two buffers of {human_bytes(buffer_bytes)} do "
+                                                                     f"not fit {human_bytes(budget)}")
     device = backend.torch_device
     try:
         source = torch.randint(0, 256, (buffer_bytes,), dtype=torch.uint8, device=device)

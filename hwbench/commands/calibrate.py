@@ -125,8 +125,12 @@ def main(args: argparse.Namespace) -> int:
                                    repeats=repeats, warmup=warmup)
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
     calibration = calibrate(backend, model, driver, settings,
-                            on_measured=lambda m: print(f"  measured {_label(m)} {_size_text(m)}: "
+                            on_measured=lambda m: print(f"  {_label(m)} {_size_text(m)}: "
                                                         f"{_rate_text(m, 'median')}", file=sys.stderr, flush=True))
+    if not any(m.rate for m in calibration.measurements):
+        print(calibration_table(calibration))
+        print(f"\nnothing was measured (every size skipped): nothing stored in {store}")
+        return 1
     try:
         record_calibration(store, calibration.store_update())
     except OSError as error:
