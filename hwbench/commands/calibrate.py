@@ -104,17 +104,8 @@ def main(args: argparse.Namespace) -> int:
         raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
                          "there is nothing to calibrate")
     backend.prepare_process(threads=threads)
-    left_out = []
-    if requested is not None:
-        for precision in requested:
-            problem = backend.precision_problem(precision)
-            if problem:
-                raise UsageError(f"--precisions {precision}: {problem}")
-        precisions = requested
-    else:
-        precisions = tuple(p for p in DEFAULT_PRECISIONS[backend.name] if not backend.precision_problem(p))
-        left_out = [f"{p}: {backend.precision_problem(p)}" for p in DEFAULT_PRECISIONS[backend.name]
-                    if backend.precision_problem(p)]
+    precisions, left_out = _device_precisions(backend, requested or DEFAULT_PRECISIONS[backend.name],
+                                              explicit=requested is not None)
     driver, problem = backend.driver()
     if driver is None:
         raise SetupError(f"--device {backend.name}: the driver could not be read ({problem}); a ceiling is kept per "
@@ -144,6 +135,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"stored in {store} under {backend.name} / {model} / driver {driver}: runs on this device and driver report "
           "mfu_measured_ceiling against these ceilings")
     return 0
+
+
+def _device_precisions(backend, wanted: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...], list[str]]:
+    """(the precisions to measure, each default one the device lacks with why); a precision asked
+    for with --precisions that the device lacks is bad input."""
+    problems = {p: backend.precision_problem(p) for p in wanted}
+    if explicit:
+        for precision, problem in problems.items():
+            if problem:
+                raise UsageError(f"--precisions {precision}: {problem}")
+    return tuple(p for p in wanted if not problems[p]), [f"{p}: {problems[p]}" for p in wanted if problems[p]]
 
 
 def _label(measurement) -> str:
