@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 import hwbench
+from hwbench.calibration import DEFAULT_REPEATS, DEFAULT_WARMUP
 from hwbench.device.base import PRECISION_DTYPES, Backend
 from hwbench.results import utc_now
 from hwbench.stats import summarize
@@ -37,11 +38,6 @@ MAX_CALLS_PER_REPETITION = 1000
 ROTATION_BYTES = 256 * 2**20  # beyond the L2 of any GPU today (H100: 50 MiB)
 MAX_INPUT_SETS = 16
 MEMORY_SHARE = 0.8  # of the device's memory a measurement may take (fewer input sets first, then skipped)
-DEFAULT_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 8192, 16384), "npu": (4096, 8192, 16384)}
-DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "bf16", "fp16"), "npu": ("fp32", "bf16", "fp16")}
-DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30, "npu": 2**30}
-DEFAULT_REPEATS = 20
-DEFAULT_WARMUP = 3
 
 
 @dataclasses.dataclass(frozen=True)

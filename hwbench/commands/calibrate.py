@@ -8,9 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from hwbench.calibration import (DEFAULT_COPY_BYTES, DEFAULT_PRECISIONS, DEFAULT_REPEATS, DEFAULT_SIZES,
+                                 DEFAULT_WARMUP)
 from hwbench.calibration.store import PRECISIONS, STORE_ENV
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import SetupError, UsageError
+from hwbench.units import human_bytes
 
 DESCRIPTION = (
     "Measure the dense GEMM rate (square matrix products of several sizes, random inputs, best median of the "
@@ -20,16 +23,23 @@ DESCRIPTION = (
     "(docs/methodology.md, 'Measured ceiling').")
 
 
+def _by_kind(defaults: dict, text=lambda value: ",".join(map(str, value))) -> str:
+    return "; ".join(f"{kind} {text(value)}" for kind, value in defaults.items())
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
-    parser.add_argument("--precisions", help="comma-separated, of fp32, bf16, fp16 (default: cpu fp32,bf16; "
-                                             "cuda/npu fp32,bf16,fp16, less those the device lacks)")
-    parser.add_argument("--sizes", help="GEMM sizes n (n x n x n products), comma-separated "
-                                        "(default: cpu 512,1024,2048; cuda/npu 4096,8192,16384)")
-    parser.add_argument("--copy-size", help="the copied buffer, e.g. 1GiB (default: cpu 256MiB, cuda/npu 1GiB); "
-                                            "the bandwidth counts twice it per copy (read + write)")
-    parser.add_argument("--repeats", default="20", help="timed repetitions of each measurement (default 20, >= 2)")
-    parser.add_argument("--warmup", default="3", help="untimed calls before each measurement (default 3, >= 1)")
+    parser.add_argument("--precisions", help=f"comma-separated, of {', '.join(PRECISIONS)} (default: "
+                                             f"{_by_kind(DEFAULT_PRECISIONS)}; less those the device lacks)")
+    parser.add_argument("--sizes", help=f"GEMM sizes n (n x n x n products), comma-separated (default: "
+                                        f"{_by_kind(DEFAULT_SIZES)})")
+    parser.add_argument("--copy-size", help=f"the copied buffer, e.g. 1GiB (default: "
+                                            f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
+                                            "twice it per copy (read + write)")
+    parser.add_argument("--repeats", default=str(DEFAULT_REPEATS),
+                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, >= 2)")
+    parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
+                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, >= 1)")
     parser.add_argument("--threads", help="CPU: intra-op threads (default: the usable cores); part of the CPU's key")
     parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
                                         "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)")
@@ -91,8 +101,7 @@ def main(args: argparse.Namespace) -> int:
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
     store, option = _store_path(args)
 
-    from hwbench.calibration.measure import (DEFAULT_COPY_BYTES, DEFAULT_PRECISIONS, DEFAULT_SIZES,
-                                             CalibrationSettings, calibrate)
+    from hwbench.calibration.measure import CalibrationSettings, calibrate
     from hwbench.calibration.store import CalibrationStoreError, record_calibration
     from hwbench.device import select_backend
     from hwbench.devices import device_model_name
@@ -153,8 +162,6 @@ def _label(measurement) -> str:
 
 
 def _size_text(measurement) -> str:
-    from hwbench.units import human_bytes
-
     if measurement.kind == "gemm":
         return f"{measurement.size}x{measurement.size}x{measurement.size}"
     return f"{human_bytes(measurement.size)} buffer"
