@@ -33,6 +33,7 @@ COMMANDS = {
     "compare": "compare two sets of results; exit 3 on a significant regression",
     "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
+    "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",
     "system": "an MLPerf-style system description of the machine a result ran on",
     "data": "prepare datasets: `hwbench data prepare --help`",
     "k8s": "print a Kubeflow PyTorchJob (or TrainJob) manifest that runs `hwbench run` on every pod",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hwbench.calibration.store import default_store_path, lookup_ceiling
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, select_backend
 from hwbench.errors import UsageError
@@ -24,10 +25,15 @@ def checked_backend(spec: RunSpec) -> Backend:
     return backend
 
 
+def device_model_name(backend: Backend) -> str:
+    """The model of the backend's first device, as results and the calibration store name it."""
+    names = backend.device_names()
+    return names[0] if names else "unknown"
+
+
 def catalog_entry(backend: Backend, catalog: Catalog):
     """(device model name, the catalog entry that matches it or None)."""
-    names = backend.device_names()
-    model_name = names[0] if names else "unknown"
+    model_name = device_model_name(backend)
     return model_name, catalog.match_device(backend.name, model_name)
 
 
@@ -47,6 +53,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
     if backend.simulated:
         peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
     capacity = _capacity_bytes(backend, entry)
+    ceiling, ceiling_reason = measured_ceiling(backend, model_name, precision)
     return {
         "backend": backend.name,
         "dist_backend": backend.dist_backend,
@@ -60,6 +67,8 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "peak_flops_precision": precision,
         "peak_flops_source": entry.peak_flops_source if entry and peak else None,
         "peak_flops_unmeasured": reason,
+        "measured_ceiling": ceiling,
+        "measured_ceiling_unmeasured": ceiling_reason,
         "memory_capacity_bytes": capacity,
         "tdp_watts": entry.tdp_watts if entry else None,
         "price_usd_per_hour": entry.price_usd_per_hour if entry else None,
@@ -68,6 +77,16 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "tuning": backend.tuning,
         "auto_passed_over": list(backend.passed_over) or None,
     }
+
+
+def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the GEMM rate `hwbench calibrate` measured on this device model under this driver for
+    ``precision``, with when, how and where it was stored; None and the reason). Read when the
+    result is assembled, so the result carries the ceiling it was compared with."""
+    if backend.simulated:
+        return None, "the device is simulated: there is no ceiling to compare host-CPU work with"
+    driver, problem = backend.driver()
+    return lookup_ceiling(default_store_path(), backend.name, model_name, driver, problem, precision)
 
 
 def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:

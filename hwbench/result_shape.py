@@ -115,7 +115,8 @@ TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devic
 VALIDATION_POINT = {"step": Required(COUNT), "loss": FIGURE, "ppl": FIGURE, "tokens": Nullable(COUNT), "iters": Nullable(COUNT)}
 METRICS = {
     "samples_per_s": RATE, "tokens_per_s": RATE, "tokens_per_s_per_device": RATE, "tflops_per_device": RATE,
-    "mfu": RATE, "flops_per_iteration": RATE, "flops_formula": TEXT, "flops_formula_expression": TEXT,
+    "mfu": RATE, "mfu_measured_ceiling": RATE, "flops_per_iteration": RATE, "flops_formula": TEXT,
+    "flops_formula_expression": TEXT,
     "world_size": Nullable(Integer(minimum=1)), "timed_steps": Nullable(COUNT), "step_time_s": Nullable(STEP_TIME),
     "timed_wall_time_s": RATE, "memory": Nullable(MEMORY), "loss_start": FIGURE, "loss_end": FIGURE,
     "loss_floor": FIGURE, "validation": Nullable(ListOf(VALIDATION_POINT)), "valid_loss": FIGURE,
@@ -137,10 +138,14 @@ SPEC = {
     "telemetry_interval_s": RATE, "flops_formula": TEXT, "out_dir": TEXT, "run_args": ListOf(str),
     "threads_per_rank": Nullable(Integer(minimum=1)),
 }
+MEASURED_CEILING = {"flops": RATE, "precision": TEXT, "size": Nullable(COUNT), "cv": RATE, "measured_at": TEXT,
+                    "device_model": TEXT, "driver": TEXT, "torch_version": TEXT, "hwbench_version": TEXT,
+                    "copy_bytes_per_s": RATE, "store": TEXT}
 DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_count": Nullable(COUNT),
           "torch_device": TEXT, "simulated": Nullable(bool), "catalog_entry": TEXT, "catalog_path": TEXT,
           "peak_flops": RATE, "peak_flops_precision": TEXT, "peak_flops_source": TEXT,
-          "peak_flops_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
+          "peak_flops_unmeasured": TEXT, "measured_ceiling": Nullable(MEASURED_CEILING),
+          "measured_ceiling_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
           "price_usd_per_hour": RATE, "price_source": TEXT, "price_date": TEXT, "tuning": Nullable(MapOf(Anything)),
           "auto_passed_over": Nullable(ListOf(str))}
 SLURM_JOB = {"job_id": TEXT, "step_id": TEXT, "nodelist": TEXT, "nnodes": Nullable(COUNT), "ntasks": Nullable(COUNT),

@@ -1,4 +1,5 @@
-"""Bytes as people write them, both ways: the one byte formatter and size parser."""
+"""Bytes as people write them, both ways: the one byte formatter and size parser; and the
+one formatter of bandwidths and FLOP rates for people to read."""
 
 from __future__ import annotations
 
@@ -42,3 +43,18 @@ def parse_size(text: str, option: str = "--device-memory") -> int:
         raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
                          "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def bandwidth_text(bytes_per_s: float | None) -> str:
+    """Bytes per second in GB/s (10^9, as bandwidths are quoted), one decimal; "-" for None."""
+    return "-" if bytes_per_s is None else f"{bytes_per_s / 1e9:,.1f} GB/s"
+
+
+def flops_rate_text(flops_per_s: float | None) -> str:
+    """A FLOP rate in the largest of TFLOP/s, GFLOP/s, MFLOP/s that keeps it at least 1; "-" for None."""
+    if flops_per_s is None:
+        return "-"
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:,.1f} {unit}"
+    return f"{flops_per_s / 1e6:,.2f} MFLOP/s"

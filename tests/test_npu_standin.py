@@ -260,6 +260,8 @@ def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
 
     assert metrics["mfu"] is None
     assert "simulated" in metrics["unmeasured"]["mfu"]
+    assert metrics["mfu_measured_ceiling"] is None and device["measured_ceiling"] is None
+    assert "simulated" in metrics["unmeasured"]["mfu_measured_ceiling"]
     assert metrics["timed_steps"] == 3
     assert metrics["tokens_per_s"] > 0
 
@@ -283,6 +285,15 @@ def test_auto_picks_the_standin_npu(standin_npu_env, tmp_path):
     done = hwbench(["devices"], standin_npu_env, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "--device auto uses npu (1 x Ascend910B3)" in done.stdout
+
+
+def test_calibrate_refuses_the_simulated_npu_and_writes_nothing(standin_npu_env, tmp_path):
+    store = tmp_path / "calibration.json"
+    done = hwbench(["calibrate", "--device", "npu", "--sizes", "32", "--store", str(store)], standin_npu_env, tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "--device npu: the device is simulated" in lines[0], done.stderr
+    assert not store.exists()
 
 
 def test_npu_without_cann_runtime_is_one_line_and_writes_nothing(standin_npu_env, tmp_path):

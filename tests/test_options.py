@@ -97,7 +97,8 @@ def test_every_command_names_the_same_thing_the_same_way():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["models"], ["plan", "--model", "1.3b", "--devices", "8",
-                                                             "--device-memory", "32GiB"], ["run", "--help"]])
+                                                             "--device-memory", "32GiB"], ["run", "--help"],
+                                  ["calibrate", "--help"]])
 def test_commands_that_need_no_device_do_not_import_torch(argv):
     """What keeps `hwbench --help` and `hwbench models` well under a second (docs/performance.md)."""
     code = ("import sys\nfrom hwbench.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"

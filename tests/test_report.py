@@ -289,3 +289,22 @@ def test_truncated_and_unknown_schema_are_listed_as_skipped(tmp_path):
     shutil.copy(BAD / "truncated.json", only_bad)
     with pytest.raises(UsageError, match="no readable result file"):
         main([str(only_bad)])
+
+
+def test_per_model_table_shows_mfu_against_the_measured_ceiling_or_why_not(tmp_path):
+    shutil.copytree(GOOD, tmp_path / "runs")
+    path = tmp_path / "runs" / "a-345m-h100x2.json"  # run A
+    result = json.loads(path.read_text())
+    achieved = result["metrics"]["tflops_per_device"] * 1e12
+    result["device"]["measured_ceiling"] = {"flops": achieved * 2, "precision": result["spec"]["precision"],
+                                            "size": 8192, "measured_at": "2026-11-23T08:00:00+00:00",
+                                            "driver": "550.54.15", "store": "/x/calibration.json"}
+    result["metrics"]["mfu_measured_ceiling"] = 0.5
+    path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"))
+    assert "MFU (measured ceiling)" in text
+    per_model = text[text.index("## Per model"):]
+    row = next(line for line in per_model.splitlines() if line.startswith(f"| {A}"))
+    assert "50.0%" in row
+    # the other runs were written before hwbench calibrate: a numbered note says so
+    assert "MFU against a measured ceiling not measured: the result predates hwbench calibrate." in text

@@ -204,6 +204,12 @@ class Backend(abc.ABC):
         """Driver, runtime and library versions and device models (vendor part;
         hwbench.device.fingerprint adds what every backend shares)."""
 
+    def driver(self) -> tuple[str | None, str | None]:
+        """(the software under torch that sets this device's achievable rates, None and why
+        when it cannot be read). Measured ceilings (hwbench calibrate) are kept per device
+        model and this, so a driver update asks for a new calibration."""
+        return None, f"the {self.name} backend does not name its driver"
+
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
         """Bracket a timed region with device synchronisation."""

@@ -250,6 +250,12 @@ class CpuBackend(Backend):
             heap_trims=self._heap.trims if self._heap is not None else None,
         )
 
+    def driver(self) -> tuple[str | None, str | None]:
+        """A CPU has no driver: the GEMM library torch was built with (its version) and the
+        intra-op threads decide what it reaches, so they stand in for one."""
+        threads = torch.get_num_threads()
+        return f"torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''}", None
+
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         """RAPL package energy of the sockets this process may run on (all, when the
         topology is unknown); unavailable with the reason where RAPL is absent or unreadable."""

@@ -78,6 +78,12 @@ class CudaBackend(AcceleratorBackend):
                             pci_bus_id=pci_bus_id(*pci) if None not in pci else None)
         return NvmlSampler([ids], interval_s)
 
+    def driver(self) -> tuple[str | None, str | None]:
+        version = nvml_driver_version()
+        if version is None:
+            return None, "NVML did not answer (nvidia-ml-py missing or the driver unreadable)"
+        return version, None
+
     def fingerprint(self) -> dict[str, Any]:
         count = self.device_count()
         props = [torch.cuda.get_device_properties(i) for i in range(count)]

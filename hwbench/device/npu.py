@@ -157,6 +157,14 @@ class NpuBackend(AcceleratorBackend):
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         return NpuSmiSampler([self.smi_device_id()], interval_s)
 
+    def driver(self) -> tuple[str | None, str | None]:
+        if self.simulated:
+            return None, "the device is simulated (a stand-in torch_npu on the host CPU)"
+        version = _read_version([f"{DEFAULT_DRIVER}/version.info"], "version")
+        if version is None:
+            return None, f"{DEFAULT_DRIVER}/version.info names no version"
+        return version, None
+
     def fingerprint(self) -> dict[str, Any]:
         toolkit = os.environ.get("ASCEND_TOOLKIT_HOME", f"{DEFAULT_TOOLKIT}/latest")
         return {

@@ -186,6 +186,10 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     unmeasured: dict[str, str] = {}
     if peak is None:
         unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
+    ceiling = (result.device.get("measured_ceiling") or {}).get("flops")
+    if not ceiling:
+        unmeasured["mfu_measured_ceiling"] = (result.device.get("measured_ceiling_unmeasured")
+                                              or "no measured ceiling: run hwbench calibrate")
     validation = reports[0].validation
     telemetry = merge_telemetry(reports)
     result.metrics = {
@@ -193,7 +197,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         "tokens_per_s": samples_per_s * spec.seq_length,
         "tokens_per_s_per_device": samples_per_s * spec.seq_length / world,
         "tflops_per_device": achieved / 1e12,
-        "mfu": achieved / peak if peak else None,
+        "mfu": achieved / peak if peak else None,  # against the data sheet (the catalog's peak)
+        "mfu_measured_ceiling": achieved / ceiling if ceiling else None,  # against hwbench calibrate's GEMM rate
         "flops_per_iteration": flops,
         "flops_formula": spec.flops_formula,
         "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
@@ -259,6 +264,10 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
     if lagging and lagging["ratio"] and lagging["ratio"] > STRAGGLER_RATIO:
         result.warnings.append(f"straggler: rank {lagging['rank']} took {lagging['ratio']:.2f}x the median rank's "
                                "median step time")
+    beyond = result.metrics.get("mfu_measured_ceiling")
+    if beyond is not None and beyond > 1:
+        result.warnings.append(f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "
+                               "understates the device (too small --sizes, or a busy machine); calibrate again")
     if result.environment.get("oversubscribed"):
         result.warnings.append(f"[oversubscribed] {result.environment['oversubscribed_reason']}: the figures include "
                                "time spent waiting for a core or a device")

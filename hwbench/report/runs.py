@@ -104,6 +104,9 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "tokens_per_s_per_device": number(metrics.get("tokens_per_s_per_device")),
         "tflops_per_device": number(metrics.get("tflops_per_device")), "mfu": number(metrics.get("mfu")),
         "mfu_reason": (metrics.get("unmeasured") or {}).get("mfu"),
+        "mfu_measured_ceiling": number(metrics.get("mfu_measured_ceiling")),
+        "mfu_measured_ceiling_reason": (metrics.get("unmeasured") or {}).get("mfu_measured_ceiling")
+        or ("the result predates hwbench calibrate" if "mfu_measured_ceiling" not in metrics else None),
         "peak_allocated_bytes": number(memory.get("peak_allocated_bytes")),
         "peak_reserved_bytes": number(memory.get("peak_reserved_bytes")),
         "capacity_bytes": number(memory.get("capacity_bytes")) or number(device.get("memory_capacity_bytes")),

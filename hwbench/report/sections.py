@@ -96,34 +96,40 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
     for model, group in ok.groupby("model", sort=True):
         section.blocks.append(("h", f"{model}"))
         table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
-                       "tokens/s", "TFLOP/s per device", "MFU", "peak memory", "predicted", "capacity"], [])
-        reasons: list[str] = []  # why MFU is missing, each said once under the table
+                       "tokens/s", "TFLOP/s per device", "MFU", "MFU (measured ceiling)", "peak memory",
+                       "predicted", "capacity"], [])
+        notes: list[str] = []  # why an MFU is missing, each said once under the table
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
             marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
             engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
                 + (" FSDP" if run["fsdp"] else "")
-            if is_number(run["mfu"]):
-                mfu = f"{run['mfu']:.1%}"
-            else:
-                reason = run["mfu_reason"] or "not measured"
-                if reason not in reasons:
-                    reasons.append(reason)
-                mfu = f"- [{reasons.index(reason) + 1}]"
+            mfu = _fraction_cell(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}", notes)
+            ceiling_mfu = _fraction_cell(run["mfu_measured_ceiling"], "MFU against a measured ceiling not measured: "
+                                         f"{run['mfu_measured_ceiling_reason'] or 'not measured'}", notes)
             predicted = gib_cell(run["predicted_peak_bytes"]) if is_number(run["predicted_peak_bytes"]) \
                 else f"- ({run['predicted_reason']})"
             table.rows.append([run["run_id"] + marked, device_text(run), run["layout"], engine,
                                run["precision"] + (", recompute" if run["recompute"] else ""),
                                f"{run['micro_batch_size']}/{run['global_batch_size']}", str(run["seq_length"]),
                                fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
-                               fmt(run["tflops_per_device"], 3), mfu, gib_cell(run["peak_bytes"]), predicted,
-                               gib_cell(run["capacity_bytes"])])
+                               fmt(run["tflops_per_device"], 3), mfu, ceiling_mfu, gib_cell(run["peak_bytes"]),
+                               predicted, gib_cell(run["capacity_bytes"])])
         section.blocks.append(("table", table))
-        for index, reason in enumerate(reasons, start=1):
-            section.blocks.append(("p", f"[{index}] MFU not measured: {reason}."))
+        for index, note in enumerate(notes, start=1):
+            section.blocks.append(("p", f"[{index}] {note}."))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
     return section
+
+
+def _fraction_cell(value, note: str, notes: list[str]) -> str:
+    """A fraction as a percentage; a missing one as "- [n]", n the number of its note under the table."""
+    if is_number(value):
+        return f"{value:.1%}"
+    if note not in notes:
+        notes.append(note)
+    return f"- [{notes.index(note) + 1}]"
 
 
 def _model_images(model: str, images: dict) -> list[tuple]:

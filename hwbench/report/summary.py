@@ -7,7 +7,7 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.results import RunResult
-from hwbench.units import human_bytes
+from hwbench.units import flops_rate_text, human_bytes
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -46,6 +46,7 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("TFLOP/s per device", _number(metrics["tflops_per_device"], 3)
          + f"  (FLOPs formula: {metrics['flops_formula']})"),
         ("MFU", f"{mfu:.1%}" if mfu is not None else _why(result, "mfu")),
+        ("MFU, measured ceiling", _measured_ceiling_text(result)),
         ("step time", f"median {step['median'] * 1e3:,.1f} ms, p10 {step['p10'] * 1e3:,.1f}, "
                       f"p90 {step['p90'] * 1e3:,.1f}, CV {step['cv']:.1%}"),
         ("peak memory", _memory_text(memory)),
@@ -66,6 +67,16 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if path:
         rows.append(("result file", path))
     return rows
+
+
+def _measured_ceiling_text(result: RunResult) -> str:
+    """MFU against the GEMM rate hwbench calibrate measured, with that rate and when it was measured."""
+    mfu = result.metrics.get("mfu_measured_ceiling")
+    ceiling = result.device.get("measured_ceiling")
+    if mfu is None or not ceiling:
+        return _why(result, "mfu_measured_ceiling")
+    return (f"{mfu:.1%} of {flops_rate_text(ceiling['flops'])} ({ceiling['precision']} GEMM, n={ceiling['size']}, "
+            f"measured {(ceiling.get('measured_at') or '?')[:10]}, driver {ceiling['driver']})")
 
 
 def _memory_text(memory: dict[str, Any]) -> str:

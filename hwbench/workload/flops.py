@@ -84,3 +84,10 @@ def model_flops_per_iteration(
         raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FLOPS_FORMULAS)}")
     vocab = config.padded_vocab_size(tensor_parallel)
     return FLOPS_FORMULAS[formula].compute(config, global_batch_size, seq_length, vocab, recompute)
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of one (m x k) @ (k x n) matrix product: a multiply and an add per term
+    (2mnk), the count the model formulas use, so a measured GEMM rate (hwbench calibrate)
+    and a run's TFLOP/s are in the same units."""
+    return 2 * m * n * k

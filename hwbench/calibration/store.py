@@ -1,0 +1,172 @@
+"""The calibration store: one JSON file of measured ceilings, one entry per (device kind,
+device model, driver), each holding a GEMM rate per precision and a copy bandwidth.
+
+Where it is: ``--store`` of `hwbench calibrate`; else ``$HWBENCH_CALIBRATION``; else
+``$XDG_CACHE_HOME/hwbench/calibration.json`` (``~/.cache/hwbench/calibration.json``).
+A run reads the same path (``$HWBENCH_CALIBRATION`` or the default) when its result is
+assembled.
+
+A new calibration of a key already stored replaces, precision by precision, what it
+measured again (and the copy bandwidth); a precision it did not measure stays as it was,
+with its own date. Another key is appended. The file is rewritten atomically under an
+exclusive lock on its folder, so two calibrations never lose each other's entries.
+
+Imports no torch: `hwbench run` and reports read it without a device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from hwbench.results import write_json_atomic
+
+STORE_ENV = "HWBENCH_CALIBRATION"
+SCHEMA_VERSION = 1
+PRECISIONS = ("fp32", "bf16", "fp16")
+KEY_FIELDS = ("device_kind", "device_model", "driver")  # one entry per these
+
+
+class CalibrationStoreError(ValueError):
+    """The store file exists but is not a calibration store hwbench can read."""
+
+
+def default_store_path() -> Path:
+    """$HWBENCH_CALIBRATION, else $XDG_CACHE_HOME/hwbench/calibration.json, else
+    ~/.cache/hwbench/calibration.json."""
+    named = os.environ.get(STORE_ENV, "").strip()
+    if named:
+        return Path(named).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(cache) if cache else Path.home() / ".cache") / "hwbench" / "calibration.json"
+
+
+def empty_store() -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "entries": []}
+
+
+def load_store(path: str | os.PathLike) -> dict[str, Any]:
+    """The store at ``path``; an empty one when there is no file. CalibrationStoreError
+    (its reason) for a file that cannot be read or is not a store of this version."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return empty_store()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CalibrationStoreError(f"{path}: cannot be read ({getattr(error, 'strerror', None) or error})") from None
+    try:
+        store = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CalibrationStoreError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    problem = _store_problem(store)
+    if problem:
+        raise CalibrationStoreError(f"{path}: {problem}")
+    return store
+
+
+def _store_problem(store: Any) -> str | None:
+    if not isinstance(store, dict) or "entries" not in store:
+        return "not a calibration store (no `entries`)"
+    if store.get("schema_version") != SCHEMA_VERSION:
+        return f"calibration store schema_version {store.get('schema_version')!r}; this hwbench reads {SCHEMA_VERSION}"
+    if not isinstance(store["entries"], list):
+        return "`entries` is not a list"
+    for index, entry in enumerate(store["entries"]):
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in KEY_FIELDS):
+            return f"entry {index} lacks {', '.join(KEY_FIELDS)}"
+        if not isinstance(entry.get("gemm", {}), dict) or not isinstance(entry.get("copy") or {}, dict):
+            return f"entry {index}: `gemm` and `copy` must be mappings"
+    return None
+
+
+def entry_key(entry: dict[str, Any]) -> tuple[str, str, str]:
+    return tuple(entry[k] for k in KEY_FIELDS)  # type: ignore[return-value]
+
+
+def find_entry(store: dict[str, Any], device_kind: str, device_model: str, driver: str) -> dict[str, Any] | None:
+    return next((e for e in store["entries"] if entry_key(e) == (device_kind, device_model, driver)), None)
+
+
+def merge_entry(store: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """The store with ``update`` (one key's new measurements) merged in: each precision
+    measured replaces the stored one, the copy bandwidth too when measured; an unknown key
+    is appended. Returns the merged entry."""
+    current = find_entry(store, *entry_key(update))
+    if current is None:
+        current = {**{k: update[k] for k in KEY_FIELDS}, "gemm": {}, "copy": None}
+        store["entries"].append(current)
+    current["gemm"] = {**(current.get("gemm") or {}), **(update.get("gemm") or {})}
+    if update.get("copy") is not None:
+        current["copy"] = update["copy"]
+    for field, value in update.items():  # host, last update: what this calibration says
+        if field not in (*KEY_FIELDS, "gemm", "copy"):
+            current[field] = value
+    return current
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on the store's folder for a read-modify-write (no lock file left behind)."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def record_calibration(path: str | os.PathLike, update: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``update`` into the store at ``path`` (created with its folders when missing),
+    written atomically under the folder's lock. Returns the stored entry."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        store = load_store(path)
+        entry = merge_entry(store, update)
+        write_json_atomic(path, store)
+    return entry
+
+
+def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str, driver: str | None,
+                   driver_problem: str | None, precision: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the measured ceiling a run of ``precision`` on this device is compared with, None and
+    the reason). The ceiling names its rate, when and under which driver it was measured,
+    and the store it came from, so the result describes itself without the store."""
+    if driver is None:
+        return None, (f"the driver of the {device_kind} device {device_model!r} could not be read ({driver_problem}): "
+                      "a measured ceiling is kept per device model and driver")
+    try:
+        store = load_store(path)
+    except CalibrationStoreError as error:
+        return None, f"calibration store unreadable: {error}"
+    fix = f"run hwbench calibrate --device {device_kind}"
+    entry = find_entry(store, device_kind, device_model, driver)
+    if entry is None:
+        return None, f"no calibration for {device_model} driver {driver} in {path}: {fix}"
+    gemm = (entry.get("gemm") or {}).get(precision)
+    if not isinstance(gemm, dict) or not _positive_number(gemm.get("ceiling_flops")):
+        return None, (f"the calibration of {device_model} driver {driver} in {path} has no {precision} GEMM rate: "
+                      f"{fix} --precisions {precision}")
+    copy = entry.get("copy") or {}
+    return {
+        "flops": float(gemm["ceiling_flops"]),
+        "precision": precision,
+        "size": gemm.get("best_size"),
+        "cv": gemm.get("best_cv"),
+        "measured_at": gemm.get("measured_at"),
+        "device_model": device_model,
+        "driver": driver,
+        "torch_version": gemm.get("torch_version"),
+        "hwbench_version": gemm.get("hwbench_version"),
+        "copy_bytes_per_s": copy.get("bytes_per_s") if _positive_number(copy.get("bytes_per_s")) else None,
+        "store": str(path),
+    }, None
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and value != float("inf")

@@ -1,0 +1,185 @@
+"""`hwbench calibrate` on the CPU with tiny sizes: the store it writes (keyed by device model
+and driver, replaced precision by precision), the run that reads it (mfu_measured_ceiling, or
+None with the reason), and bad options (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hwbench.calibration.store import (CalibrationStoreError, load_store, lookup_ceiling, merge_entry,
+                                       record_calibration)
+from hwbench.cli import main
+from tests.test_docs import undocumented
+
+TINY = ["--device", "cpu", "--sizes", "32,64", "--copy-size", "1MiB", "--repeats", "3", "--warmup", "1"]
+# a small run: two timed steps of the tiny model on short sequences
+SMALL_RUN = ["run", "--quiet", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1",
+             "--eval-iters", "0", "--data", "synthetic", "--seq-length", "64", "--micro-batch-size", "1",
+             "--global-batch-size", "2"]
+
+
+def cpu_model() -> str:
+    from hwbench.device.cpu import CpuBackend
+
+    return CpuBackend().device_names()[0]
+
+
+def positive_finite(value) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def test_calibrate_on_cpu_stores_positive_rates_keyed_by_model_and_driver(tmp_path, capsys):
+    store = tmp_path / "cal" / "calibration.json"
+    assert main(["calibrate", *TINY, "--threads", "1", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    entries = json.loads(store.read_text())["entries"]
+    assert len(entries) == 1
+    entry = entries[0]
+    assert (entry["device_kind"], entry["device_model"]) == ("cpu", cpu_model())
+    assert entry["driver"].startswith("torch ") and entry["driver"].endswith(", 1 thread")
+    assert set(entry["gemm"]) == {"fp32", "bf16"}  # the CPU's default precisions
+    for precision, gemm in entry["gemm"].items():
+        sizes = {s["size"]: s for s in gemm["sizes"]}
+        assert set(sizes) == {32, 64}
+        assert all(positive_finite(s["rate"]["median"]) and s["rate"]["n"] == 3 for s in sizes.values())
+        assert all(s["input_sets"] >= 2 for s in sizes.values())  # inputs rotate
+        # the ceiling is the best median of the sizes
+        assert gemm["ceiling_flops"] == max(s["rate"]["median"] for s in sizes.values())
+        assert sizes[gemm["best_size"]]["rate"]["median"] == gemm["ceiling_flops"]
+    copy = entry["copy"]
+    assert positive_finite(copy["bytes_per_s"])
+    assert (copy["buffer_bytes"], copy["bytes_per_copy"]) == (2**20, 2**21)
+    assert "GEMM fp32" in out and "GEMM bf16" in out and "copy" in out and str(store) in out
+    assert not list(store.parent.glob(".*tmp"))  # written atomically: no temporary left
+
+
+def test_a_second_calibration_replaces_what_it_measured_and_keeps_the_rest(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, "--threads", "1", "--store", str(store)]) == 0
+    first = json.loads(store.read_text())["entries"][0]
+    assert main(["calibrate", *TINY, "--threads", "1", "--precisions", "bf16", "--sizes", "48",
+                 "--store", str(store)]) == 0
+    entries = json.loads(store.read_text())["entries"]
+    assert len(entries) == 1  # the same key: replaced, not appended
+    second = entries[0]
+    assert second["gemm"]["fp32"] == first["gemm"]["fp32"]  # not measured again: kept, with its own date
+    assert second["gemm"]["bf16"]["best_size"] == 48
+    assert second["gemm"]["bf16"]["measured_at"] >= first["gemm"]["bf16"]["measured_at"]
+    assert second["copy"]["measured_at"] == second["gemm"]["bf16"]["measured_at"]
+    # another driver key (the CPU's threads are part of it): appended beside the first
+    assert main(["calibrate", *TINY, "--threads", "2", "--precisions", "fp32", "--store", str(store)]) == 0
+    entries = json.loads(store.read_text())["entries"]
+    assert [e["driver"].rsplit(", ", 1)[1] for e in entries] == ["1 thread", "2 threads"]
+    capsys.readouterr()
+
+
+def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(tmp_path, monkeypatch, capsys):
+    store = tmp_path / "calibration.json"
+    monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
+    assert main([*SMALL_RUN, "--out", str(tmp_path / "before")]) == 0
+    before = json.loads(next((tmp_path / "before").glob("*.json")).read_text())
+    assert before["metrics"]["mfu_measured_ceiling"] is None
+    reason = before["metrics"]["unmeasured"]["mfu_measured_ceiling"]
+    assert reason.startswith(f"no calibration for {cpu_model()} driver torch ") and str(store) in reason
+    assert reason.endswith("run hwbench calibrate --device cpu")
+    assert before["device"]["measured_ceiling"] is None
+
+    # calibrated with the threads the run will use (the usable cores: the default of both)
+    assert main(["calibrate", *TINY, "--precisions", "fp32"]) == 0
+    assert main([*SMALL_RUN, "--out", str(tmp_path / "after")]) == 0
+    out = capsys.readouterr().out
+    after = json.loads(next((tmp_path / "after").glob("*.json")).read_text())
+    entry = json.loads(store.read_text())["entries"][0]
+    ceiling = after["device"]["measured_ceiling"]
+    assert ceiling["flops"] == entry["gemm"]["fp32"]["ceiling_flops"]
+    assert (ceiling["precision"], ceiling["driver"], ceiling["store"]) == ("fp32", entry["driver"], str(store))
+    assert ceiling["measured_at"] == entry["gemm"]["fp32"]["measured_at"]
+    assert after["metrics"]["mfu_measured_ceiling"] == pytest.approx(
+        after["metrics"]["tflops_per_device"] * 1e12 / ceiling["flops"])
+    assert "mfu_measured_ceiling" not in after["metrics"]["unmeasured"]
+    assert after["metrics"]["mfu"] is None  # the data sheet's MFU is still its own figure
+    assert "MFU, measured ceiling" in out
+    assert not undocumented(after), "docs/results.md does not describe every ceiling field"
+
+    # a bf16 run on the same device: the store has no bf16 rate, and the reason says so
+    assert main([*SMALL_RUN, "--precision", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+    bf16 = json.loads(next((tmp_path / "bf16").glob("*.json")).read_text())
+    assert bf16["metrics"]["mfu_measured_ceiling"] is None
+    assert "has no bf16 GEMM rate" in bf16["metrics"]["unmeasured"]["mfu_measured_ceiling"]
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--sizes", "abc"], "--sizes 'abc'"),
+    (["--sizes", "64,0"], "--sizes '64,0'"),
+    (["--precisions", "fp8"], "--precisions 'fp8'"),
+    (["--precisions", "bf16,bf16"], "--precisions 'bf16,bf16'"),
+    (["--repeats", "1"], "--repeats '1'"),
+    (["--warmup", "0"], "--warmup '0'"),
+    (["--threads", "x"], "--threads 'x'"),
+    (["--copy-size", "lots"], "--copy-size 'lots'"),
+    (["--device", "tpu"], "--device 'tpu'"),
+])
+def test_bad_option_is_one_line_exit_2_and_writes_nothing(args, named, tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, *args, "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "accepted" in lines[0]
+    assert not store.exists()
+
+
+def test_a_store_that_is_not_one_is_refused_before_measuring_and_left_alone(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    store.write_text('{"something": "else"}\n')
+    assert main(["calibrate", *TINY, "--store", str(store)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--store" in line and "not a calibration store" in line and "\n" not in line
+    assert store.read_text() == '{"something": "else"}\n'
+    assert main(["calibrate", *TINY, "--store", str(tmp_path)]) == 2  # a folder
+    assert "--store" in capsys.readouterr().err
+
+
+def test_lookup_names_why_there_is_no_ceiling(tmp_path):
+    store = tmp_path / "calibration.json"
+    found, reason = lookup_ceiling(store, "cuda", "NVIDIA H100 80GB HBM3", "550.54.15", None, "bf16")
+    assert found is None
+    assert reason == (f"no calibration for NVIDIA H100 80GB HBM3 driver 550.54.15 in {store}: "
+                      "run hwbench calibrate --device cuda")
+    record_calibration(store, {"device_kind": "cuda", "device_model": "NVIDIA H100 80GB HBM3", "driver": "550.54.15",
+                               "gemm": {"bf16": {"ceiling_flops": 7.0e14, "best_size": 8192,
+                                                 "measured_at": "2026-11-23T08:00:00Z"}}, "copy": None})
+    found, reason = lookup_ceiling(store, "cuda", "NVIDIA H100 80GB HBM3", "550.54.15", None, "bf16")
+    assert reason is None and found["flops"] == 7.0e14 and found["size"] == 8192 and found["copy_bytes_per_s"] is None
+    # another driver: no match
+    assert lookup_ceiling(store, "cuda", "NVIDIA H100 80GB HBM3", "560.28.03", None, "bf16")[0] is None
+    found, reason = lookup_ceiling(store, "cuda", "NVIDIA H100 80GB HBM3", None, "NVML did not answer", "bf16")
+    assert found is None and "NVML did not answer" in reason
+    store.write_text("{not json")
+    found, reason = lookup_ceiling(store, "cuda", "NVIDIA H100 80GB HBM3", "550.54.15", None, "bf16")
+    assert found is None and reason.startswith("calibration store unreadable") and "not JSON" in reason
+    with pytest.raises(CalibrationStoreError):
+        load_store(store)
+
+
+def test_merge_replaces_each_precision_measured_again():
+    store = {"schema_version": 1, "entries": []}
+    key = {"device_kind": "cpu", "device_model": "X", "driver": "torch 2, 1 thread"}
+    merge_entry(store, {**key, "gemm": {"fp32": {"ceiling_flops": 1.0}, "bf16": {"ceiling_flops": 2.0}},
+                        "copy": {"bytes_per_s": 5.0}})
+    merge_entry(store, {**key, "gemm": {"bf16": {"ceiling_flops": 3.0}}, "copy": None})
+    assert store["entries"] == [{**key, "gemm": {"fp32": {"ceiling_flops": 1.0}, "bf16": {"ceiling_flops": 3.0}},
+                                 "copy": {"bytes_per_s": 5.0}}]
+
+
+def test_a_size_beyond_the_device_memory_is_skipped_with_the_reason_not_tried():
+    from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm
+    from hwbench.device.cpu import CpuBackend
+
+    backend = CpuBackend()
+    settings = CalibrationSettings(precisions=("fp32",), sizes=(1 << 20,), copy_bytes=1 << 50, repeats=2, warmup=1)
+    gemm = measure_gemm(backend, "fp32", 1 << 20, settings)  # 3 x 4 TiB at the least
+    assert gemm.rate is None and "do not fit" in gemm.skipped and gemm.input_sets == 2
+    copy = measure_copy(backend, 1 << 50, settings)
+    assert copy.rate is None and "do not fit" in copy.skipped
