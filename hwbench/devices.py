@@ -71,7 +71,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
 
 
 def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
-    config = workload.model
+    config = spec.model_config(workload.model)  # --max-positions changes the position embedding
     counts = count_parameters(config, spec.parallel.tp)
     return {
         "name": workload.name,

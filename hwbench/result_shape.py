@@ -134,7 +134,7 @@ SPEC = {
     "initial_scale_power": Nullable(COUNT), "loss_scale": FIGURE, "data": TEXT, "split": TEXT,
     "eval_interval": Nullable(COUNT), "eval_iters": Nullable(COUNT), "telemetry": Nullable(bool),
     "telemetry_interval_s": RATE, "flops_formula": TEXT, "out_dir": TEXT, "run_args": ListOf(str),
-    "threads_per_rank": Nullable(Integer(minimum=1)),
+    "threads_per_rank": Nullable(Integer(minimum=1)), "max_positions": Nullable(Integer(minimum=1)),
 }
 DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_count": Nullable(COUNT),
           "torch_device": TEXT, "simulated": Nullable(bool), "catalog_entry": TEXT, "catalog_path": TEXT,
