@@ -125,16 +125,27 @@ class StepClock:
         return [a.elapsed_time(b) / 1000.0 for a, b in zip(self.marks, self.marks[1:])]
 
 
+def _accelerator_memory(name: str):
+    """torch.accelerator's memory call ``name`` (top level since torch 2.8, also in
+    torch.accelerator.memory), or None where this torch has neither."""
+    import torch
+
+    for owner in (torch.accelerator, getattr(torch.accelerator, "memory", None)):
+        if owner is not None and hasattr(owner, name):
+            return getattr(owner, name)
+    return None
+
+
 def peak_memory(device) -> tuple[int | None, str]:
     import torch
 
     if device.type == "cpu":
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
         return kib * 1024, "process peak resident set (getrusage ru_maxrss), model building included"
-    memory = getattr(torch.accelerator, "memory", None)
-    if memory is None or not hasattr(memory, "max_memory_reserved"):
-        return None, f"torch {torch.__version__} has no torch.accelerator.memory"
-    return int(memory.max_memory_reserved()), "torch.accelerator.memory.max_memory_reserved over the timed steps"
+    peak = _accelerator_memory("max_memory_reserved")
+    if peak is None:
+        return None, f"torch {torch.__version__} has no torch.accelerator.max_memory_reserved"
+    return int(peak()), "torch.accelerator.max_memory_reserved over the timed steps"
 
 
 def train(spec: RunSpec, device) -> dict:
@@ -190,9 +201,9 @@ def train(spec: RunSpec, device) -> dict:
     clock = StepClock(device)
     if device.type != "cpu":
         torch.accelerator.synchronize()
-        memory = getattr(torch.accelerator, "memory", None)
-        if memory is not None and hasattr(memory, "reset_peak_memory_stats"):
-            memory.reset_peak_memory_stats()
+        reset = _accelerator_memory("reset_peak_memory_stats")
+        if reset is not None:
+            reset()
     clock.mark()
     for i in range(spec.warmup, spec.warmup + spec.steps):
         losses.append(step(i))

@@ -20,7 +20,7 @@
 # and logs, remade each time), summary.md, system.json, side_by_side.json, report.md,
 # report.html; 7 files, no folders, within the device tool's 8. So a call that runs out of time
 # still returns everything finished before it. A step that would not end before the call's
-# budget (HWBENCH_CALL_BUDGET, default 570 s from the script's start) is stopped with SIGTERM
+# budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is stopped with SIGTERM
 # (a sweep then keeps every finished point) or not started; the same stage in the next call
 # goes on. The short table of every result comes last in the output.
 #
@@ -61,7 +61,7 @@ suite="${HWBENCH_SUITE:-published-1dev}"
 speed_suite="${HWBENCH_SPEED_SUITE:-speed-1.3b}"
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
-budget="${HWBENCH_CALL_BUDGET:-570}"
+budget="${HWBENCH_CALL_BUDGET:-560}"
 case "$budget" in ''|*[!0-9]*) echo "gpu_session.sh: HWBENCH_CALL_BUDGET '$budget' is not accepted; give whole seconds" >&2; exit 2 ;; esac
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
