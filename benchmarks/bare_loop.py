@@ -42,17 +42,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script from a checkout: hwbench from this tree
     sys.path.insert(0, str(REPO))
 
-from hwbench.catalog import load_catalog  # noqa: E402
+from hwbench.catalog import PRECISIONS, load_catalog  # noqa: E402
+from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors, exit 2)
 from hwbench.errors import UsageError  # noqa: E402
 from hwbench.spec import RunSpec, build_run_spec, find_workload  # noqa: E402
 from hwbench.workload.flops import model_flops_per_iteration  # noqa: E402
 from hwbench.workload.params import count_parameters  # noqa: E402
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="bare_loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="a torch device type: cpu, cuda, npu, ... (default: "
                         "auto, torch's current accelerator, else cpu)")
     parser.add_argument("--model", default="small", help="workload from hwbench's catalog (default: small)")
@@ -63,8 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=PRECISIONS)
     parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--compile", action="store_true", help="torch.compile every block, as hwbench --compile")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them (default: 5)")
+    parser.add_argument("--steps", type=int, help="timed steps (default: hwbench run's, 20)")
+    parser.add_argument("--warmup", type=int, help="untimed steps before them (default: hwbench run's, 5)")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--json", help="write every figure to this file")
     return parser.parse_args(argv)
@@ -253,7 +252,11 @@ def summary(figures: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as error:  # the Parser's line already starts with "bare_loop:"
+        print(error, file=sys.stderr)
+        return 2
     try:
         spec = resolve_spec(args)  # --steps, --warmup and the rest checked as `hwbench run` checks them
         device = torch_device(args.device)

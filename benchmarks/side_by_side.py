@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors)
+from hwbench.errors import UsageError  # noqa: E402
 from hwbench.results import ResultFormatError, load_result  # noqa: E402
 
 # The options both sides take, with the same spelling (bare_loop.py mirrors hwbench run's names).
@@ -39,7 +41,7 @@ SHARED = (("--model", str), ("--micro-batch-size", int), ("--global-batch-size",
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, npu or auto (default: auto)")
     for flag, kind in SHARED:
         parser.add_argument(flag, type=kind)
@@ -130,7 +132,11 @@ def table(sides: dict[str, dict], ratios: dict[str, float | None]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as error:
+        print(error, file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     shared = shared_argv(args)

@@ -31,6 +31,7 @@ def _bare_loop():
     (["--model", "gpt9"], ["--model 'gpt9'", "accepted"]),
     (["--model", "tiny", "--micro-batch-size", "3", "--global-batch-size", "4"], ["--global-batch-size 4"]),
     (["--model", "tiny", "--steps", "0"], ["--steps 0"]),
+    (["--precision", "fp8"], ["--precision", "'fp8'", "bf16"]),
 ])
 def test_the_bare_loop_refuses_bad_input_as_hwbench_run_does(argv, expected, capsys, tmp_path):
     assert _bare_loop().main([*argv, "--device", "cpu", "--json", str(tmp_path / "bare.json")]) == 2
