@@ -44,6 +44,7 @@ if str(REPO) not in sys.path:  # run as a script from a checkout: hwbench from t
 
 from hwbench.catalog import PRECISIONS, load_catalog  # noqa: E402
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors, exit 2)
+from hwbench.device.kinds import KINDS  # noqa: E402  (torch-free: what hwbench knows of each device kind)
 from hwbench.errors import UsageError  # noqa: E402
 from hwbench.spec import RunSpec, build_run_spec, find_workload  # noqa: E402
 from hwbench.workload.flops import model_flops_per_iteration  # noqa: E402
@@ -162,7 +163,8 @@ def train(spec: RunSpec, device) -> dict:
             block.compile()
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
-    fused = device.type in ("cpu", "cuda")  # torch's fused AdamW kernels; elsewhere foreach
+    kind = KINDS.get(device.type)
+    fused = bool(kind and kind.fused_adamw)  # as hwbench's backends choose (device/kinds.py); else foreach
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.optimizer.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=spec.optimizer.lr, betas=spec.optimizer.betas, eps=spec.optimizer.eps,

@@ -60,6 +60,7 @@ def test_side_by_side_runs_both_sides_on_the_same_point_and_divides_their_median
     bare = json.loads((out / "bare.json").read_text())
     assert (bare["micro_batch_size"], bare["global_batch_size"], bare["gradient_accumulation_steps"],
             bare["seq_length"], bare["precision"]) == (1, 2, 2, 32, "fp32")
+    assert bare["optimizer"] == "AdamW fused"  # as hwbench's CPU backend asks for (device/kinds.py)
     assert len(bare["step_time_s"]["all"]) == 2 and bare["step_time_s"]["median"] == median["bare loop"]
     assert bare["flops_per_iteration"] == model_flops_per_iteration(TINY, 2, 32)
     assert bare["tflops_per_device"] == pytest.approx(bare["flops_per_iteration"] / median["bare loop"] / 1e12)
