@@ -5,7 +5,8 @@
 #   probe   `hwbench devices`; a 3-step tiny run on the device and `hwbench system` of it
 #           (system.json); `hwbench calibrate` where this checkout has it
 #   run     benchmarks/side_by_side.py on MODEL (345m) PRECISION (bf16): the bare PyTorch loop,
-#           `hwbench run --no-telemetry` and `hwbench run`, and their ratios (side_by_side.json)
+#           `hwbench run --no-telemetry` and `hwbench run`, twice (HWBENCH_RUN_REPEATS), and
+#           their ratios (side_by_side.json)
 #   sweep   `hwbench sweep SUITE` (published-1dev: the published workloads, published settings,
 #           one device; the planner skips what does not fit); resumes: finished points are kept
 #   speed   `hwbench sweep SPEED_SUITE` (speed-1.3b: 1.3B at seq 2048 with --max-positions 2048,
@@ -129,15 +130,15 @@ stage_probe() {
 stage_run() {
   if [ -f "$session/side-by-side/side_by_side.json" ] && "$py" - "$session/side-by-side/side_by_side.json" <<'EOF'
 import json, sys
-sides = json.load(open(sys.argv[1]))["sides"]
-sys.exit(0 if all("error" not in side for side in sides.values()) else 1)
+repeats = json.load(open(sys.argv[1]))["repeats"]
+sys.exit(0 if all("error" not in side for r in repeats for side in r["sides"].values()) else 1)
 EOF
   then
-    say "== run: kept $session/side-by-side (all three sides ran); remove it to measure again"
+    say "== run: kept $session/side-by-side (every side of every repeat ran); remove it to measure again"
     return
   fi
   step side-by-side "$py" benchmarks/side_by_side.py --device "$device" --model "$model" --precision "$precision" \
-    "${run_args[@]}" --timeout 240 --out "$session/side-by-side"
+    --repeats "${HWBENCH_RUN_REPEATS:-2}" "${run_args[@]}" --timeout 240 --out "$session/side-by-side"
 }
 
 stage_sweep() { step sweep "${hw[@]}" sweep "$suite" --device "$device" --out "$session/sweep"; }
@@ -147,8 +148,8 @@ stage_speed() { step speed "${hw[@]}" sweep "$speed_suite" --device "$device" --
 stage_report() {
   local inputs=()
   local folder
-  for folder in side-by-side/hwbench sweep speed; do
-    [ -d "$session/$folder" ] && inputs+=("$session/$folder")
+  for folder in "$session"/side-by-side/r*/hwbench "$session/sweep" "$session/speed"; do
+    [ -d "$folder" ] && inputs+=("$folder")  # an unmatched glob stays as written: not a folder
   done
   if [ ${#inputs[@]} -eq 0 ]; then
     say "== report: no results yet (run the run, sweep or speed stage first)"

@@ -4,17 +4,19 @@ without, in one call (issue 13): what hwbench's harness and its telemetry cost.
     python benchmarks/side_by_side.py --device cuda --model 345m --precision bf16 --out OUT
     python benchmarks/side_by_side.py --device cpu --model tiny --steps 2 --warmup 1 --out OUT  # mechanics
 
-Three processes, one after another, each on its own (as hwbench runs every point):
-  1. benchmarks/bare_loop.py              -> OUT/bare.json
-  2. hwbench run ... --no-telemetry       -> OUT/hwbench-no-telemetry/<run>.json
-  3. hwbench run ... (telemetry on)       -> OUT/hwbench/<run>.json
+Three processes, one after another, each on its own (as hwbench runs every point), and
+again for every --repeats (N = 1, 2, ...):
+  1. benchmarks/bare_loop.py              -> OUT/rN/bare.json
+  2. hwbench run ... --no-telemetry       -> OUT/rN/hwbench-no-telemetry/<run>.json
+  3. hwbench run ... (telemetry on)       -> OUT/rN/hwbench/<run>.json
 with the same model, batch, sequence, precision, recompute, compile, steps and warm-up
 (--data synthetic, --eval-iters 0: no validation inside or after the timed steps). It
-writes OUT/side_by_side.json:
+writes OUT/side_by_side.json, each repeat's figures and, over the repeats, the median and
+range of:
   harness_ratio               hwbench's median step (telemetry on, as a user runs it) / the bare loop's
   harness_ratio_no_telemetry  the same with --no-telemetry
   telemetry_ratio             hwbench's median step with telemetry / without
-and prints a table last. Exit 0 when all three ran, 1 when one failed (the file says which), 2 on bad input.
+and prints them last. Exit 0 when all three ran, 1 when one failed (the file says which), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(flag, type=kind)
     parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each of the three (default: 600)")
+    parser.add_argument("--repeats", type=int, default=1, help="times the three run, one after another, in "
+                        "the same order (default: 1); the ratios are each repeat's, and their median")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each side (default: 600)")
     parser.add_argument("--out", required=True, help="folder for the three results and side_by_side.json")
     return parser.parse_args(argv)
 
@@ -131,21 +136,40 @@ def table(sides: dict[str, dict], ratios: dict[str, float | None]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-    except UsageError as error:
-        print(error, file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
+RATIOS = {  # name: (numerator side, denominator side, definition)
+    "harness_ratio": ("hwbench", "bare loop", "hwbench median step (telemetry on) / bare loop median step"),
+    "harness_ratio_no_telemetry": ("hwbench --no-telemetry", "bare loop",
+                                   "hwbench --no-telemetry median step / bare loop median step"),
+    "telemetry_ratio": ("hwbench", "hwbench --no-telemetry", "hwbench median step with telemetry / without"),
+}
+
+
+def combine(repeats: list[dict[str, dict]]) -> dict:
+    """Each repeat's ratios, and over the repeats their median and range (None where a
+    repeat lacks a side). One repeat's sides ran back to back, so its ratios are the least
+    disturbed by a card's clocks or temperature drifting between repeats."""
+    document: dict = {"repeats": [], "definitions": {name: text for name, (_, _, text) in RATIOS.items()}}
+    for sides in repeats:
+        document["repeats"].append({"sides": sides, **{name: ratio(sides[a], sides[b])
+                                                        for name, (a, b, _) in RATIOS.items()}})
+    for name in RATIOS:
+        values = [r[name] for r in document["repeats"]]
+        known = sorted(v for v in values if v is not None)
+        whole = len(known) == len(values) and known
+        document[name] = statistics.median(known) if whole else None
+        document[name + "_range"] = [known[0], known[-1]] if whole else None
+    return document
+
+
+def run_repeat(args: argparse.Namespace, shared: list[str], out: Path) -> dict[str, dict] | None:
+    """One bare loop and two hwbench runs into ``out``; None on bad input."""
     out.mkdir(parents=True, exist_ok=True)
-    shared = shared_argv(args)
     bare_json = out / "bare.json"
     bare_json.unlink(missing_ok=True)
     bare = run_child("bare loop", [sys.executable, str(REPO / "benchmarks" / "bare_loop.py"), "--device", args.device,
                                    *shared, "--json", str(bare_json)], args.timeout)
     if bare["exit"] == 2:
-        return 2  # bad input: bare_loop.py said which, in one line, as hwbench run would have
+        return None  # bad input: bare_loop.py said which, in one line, as hwbench run would have
     sides = {"bare loop": bare_side(bare_json, bare)}
     for name, folder, extra in (("hwbench --no-telemetry", "hwbench-no-telemetry", ["--no-telemetry"]),
                                 ("hwbench", "hwbench", [])):
@@ -157,16 +181,33 @@ def main(argv: list[str] | None = None) -> int:
                                  "--data", "synthetic", "--eval-iters", "0", "--timeout", str(args.timeout),
                                  *extra, "--out", str(target)], args.timeout + 60)
         sides[name] = hwbench_side(target, child)
-    ratios = {"harness_ratio": ratio(sides["hwbench"], sides["bare loop"]),
-              "harness_ratio_no_telemetry": ratio(sides["hwbench --no-telemetry"], sides["bare loop"]),
-              "telemetry_ratio": ratio(sides["hwbench"], sides["hwbench --no-telemetry"])}
-    document = {"options": {"device": args.device, "shared": shared}, "sides": sides, **ratios,
-                "definitions": {"harness_ratio": "hwbench median step (telemetry on) / bare loop median step",
-                                "harness_ratio_no_telemetry": "hwbench --no-telemetry median step / bare loop median step",
-                                "telemetry_ratio": "hwbench median step with telemetry / without"}}
+    return sides
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        if not 1 <= args.repeats <= 100:
+            raise UsageError(f"side_by_side: --repeats {args.repeats} is not accepted; give an integer from 1 to 100")
+    except UsageError as error:
+        print(error, file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    shared = shared_argv(args)
+    repeats = []
+    for number in range(1, args.repeats + 1):
+        sides = run_repeat(args, shared, out / f"r{number}")
+        if sides is None:
+            return 2
+        repeats.append(sides)
+        print(table(sides, {name: ratio(sides[a], sides[b]) for name, (a, b, _) in RATIOS.items()}), flush=True)
+    document = {"options": {"device": args.device, "shared": shared, "repeats": args.repeats}, **combine(repeats)}
     (out / "side_by_side.json").write_text(json.dumps(document, indent=2) + "\n")
-    print(table(sides, ratios))
-    return 0 if all("error" not in side for side in sides.values()) else 1
+    print(f"over {args.repeats} repeat(s), median [range]:")
+    for name in RATIOS:
+        value, spread = document[name], document[name + "_range"]
+        print(f"{name} = " + ("-" if value is None else f"{value:.3f} [{spread[0]:.3f} to {spread[1]:.3f}]"))
+    return 0 if all("error" not in side for sides in repeats for side in sides.values()) else 1
 
 
 if __name__ == "__main__":
