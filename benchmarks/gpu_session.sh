@@ -1,73 +1,175 @@
 #!/usr/bin/env bash
-# The measurements a first session on a GPU (or NPU) machine owes the open checks, in one
-# command that fits a 10-minute call (docs/performance.md, "First session on a GPU"):
-#   1. the device as hwbench sees it (`hwbench devices`), and its measured ceilings (`hwbench
-#      calibrate`: GEMM rate per precision, copy bandwidth) into OUTDIR/calibration.json, which the
-#      runs below read ($HWBENCH_CALIBRATION), so they carry mfu_measured_ceiling beside mfu;
-#   2. `hwbench run --device DEVICE --model 345m --precision bf16`: the foundation's GPU check;
-#   3. `hwbench sweep published-1dev`: the published workloads with their published settings on
-#      one device (the planner records what it predicts does not fit as skipped);
-#   4. `hwbench report` of 2 and 3 against results/published, Markdown and HTML: measured rows
-#      under the published Table 2/3 rows, per device, and each run's peak memory beside the
-#      planner's prediction (the planner's accuracy check);
-#   5. `hwbench system` of the first result.
-# Everything lands in OUTDIR (default ./gpu-session): results/ and results.tar.gz (every result and log),
-# report.md, report.html, system.json, calibration.json, session.log. Nothing here needs the network or an
-# install: `python3 -m hwbench` runs from this checkout (PYTHONPATH), so a machine with torch,
-# pandas, tabulate, matplotlib, PyYAML and tokenizers can run it as it is.
+# The measurements a GPU (or NPU) session owes the open checks (issue 13), in stages that each
+# fit one 10-minute call of the device tool and resume (docs/performance.md, "A GPU session,
+# call by call"):
+#   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
+#           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
+#           device and `hwbench system` of it (system.json)
+#   run     benchmarks/side_by_side.py on MODEL (345m) PRECISION (bf16): the bare PyTorch loop,
+#           `hwbench run --no-telemetry` and `hwbench run`, twice (HWBENCH_RUN_REPEATS), and
+#           their ratios (side_by_side.json)
+#   sweep   `hwbench sweep SUITE` (published-1dev: the published workloads, published settings,
+#           one device; the planner skips what does not fit); resumes: finished points are kept
+#   speed   `hwbench sweep SPEED_SUITE` (speed-1.3b: 1.3B at seq 2048 with --max-positions 2048,
+#           bf16, micro batch candidates with and without recompute); resumes likewise
+#   report  `hwbench report` of run, sweep and speed against results/published (report.md,
+#           report.html: per-device ratios to the published rows, the planner's prediction
+#           beside every measured peak)
+#   all     the five in order (a machine without a per-call limit)
+# Results stay in SESSION (default: gpu-session/ in this checkout, git-ignored), which a warm
+# device machine keeps between calls. After every step the files that matter are copied to
+# DEST (default: $OUT where it is set): session.log, results.tar.gz (all of SESSION's results
+# and logs, remade each time), summary.md, system.json, side_by_side.json, report.md,
+# report.html; 7 files, no folders, within the device tool's 8. So a call that runs out of time
+# still returns everything finished before it. A step that would not end before the call's
+# budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is stopped with SIGTERM
+# (a sweep then keeps every finished point) or not started; the same stage in the next call
+# goes on. The short table of every result comes last in the output.
 #
-#   benchmarks/gpu_session.sh [OUTDIR]
-#   benchmarks/gpu_session.sh gpu-session; cp gpu-session/*.* "$OUT"/   # on the device tool: 6 files back
-#   HWBENCH_DEVICE=npu benchmarks/gpu_session.sh      # an Ascend machine
-#   HWBENCH_DEVICE=cpu HWBENCH_SUITE=smoke HWBENCH_MODEL=tiny benchmarks/gpu_session.sh  # the mechanics, on a CPU
+#   benchmarks/gpu_session.sh probe run          # one call (device tool: timeout_s 600)
+#   benchmarks/gpu_session.sh sweep              # again if it ran out: it resumes
+#   HWBENCH_DEVICE=npu benchmarks/gpu_session.sh all
+#   HWBENCH_DEVICE=cpu HWBENCH_MODEL=tiny HWBENCH_PRECISION=fp32 HWBENCH_SUITE=smoke \
+#     HWBENCH_SPEED_SUITE=my-tiny-suite.yaml HWBENCH_RUN_ARGS="--steps 2 --warmup 1" \
+#     benchmarks/gpu_session.sh --dest /tmp/back all                            # the mechanics, on a CPU
+# Nothing here needs the network or an install: `python3 -m hwbench` runs from this checkout
+# (HWBENCH_PYTHON names another Python).
 set -uo pipefail
 
+usage() { echo "usage: gpu_session.sh [--dest DIR] STAGE... (stages: probe run sweep speed report all)" >&2; exit 2; }
 here="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(mkdir -p "${1:-gpu-session}" && cd "${1:-gpu-session}" && pwd)" || { echo "cannot use ${1:-gpu-session}" >&2; exit 2; }
+dest="${OUT:-}"
+stages=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dest) [ $# -ge 2 ] || usage; dest="$2"; shift 2 ;;
+    probe|run|sweep|speed|report) stages+=("$1"); shift ;;
+    all) stages+=(probe run sweep speed report); shift ;;
+    *) echo "gpu_session.sh: stage '$1' is not known; accepted: probe, run, sweep, speed, report, all" >&2; exit 2 ;;
+  esac
+done
+[ ${#stages[@]} -gt 0 ] || usage
+session="${HWBENCH_SESSION_DIR:-$here/gpu-session}"
+mkdir -p "$session" || { echo "gpu_session.sh: cannot make $session" >&2; exit 2; }
+session="$(cd "$session" && pwd)"
+if [ -n "$dest" ]; then
+  mkdir -p "$dest" || { echo "gpu_session.sh: cannot make --dest $dest" >&2; exit 2; }
+  dest="$(cd "$dest" && pwd)"
+fi
 device="${HWBENCH_DEVICE:-cuda}"
-suite="${HWBENCH_SUITE:-published-1dev}"
 model="${HWBENCH_MODEL:-345m}"
 precision="${HWBENCH_PRECISION:-bf16}"
+suite="${HWBENCH_SUITE:-published-1dev}"
+speed_suite="${HWBENCH_SPEED_SUITE:-speed-1.3b}"
+read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
+py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
+budget="${HWBENCH_CALL_BUDGET:-560}"
+case "$budget" in ''|*[!0-9]*) echo "gpu_session.sh: HWBENCH_CALL_BUDGET '$budget' is not accepted; give whole seconds" >&2; exit 2 ;; esac
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export HWBENCH_CALIBRATION="$out/calibration.json"
-hw() { python3 -m hwbench "$@"; }
-log="$out/session.log"
+[ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
+log="$session/session.log"
 status=0
-step() {  # step NAME COMMAND...: run, log, remember a failure, go on
-  local name="$1"; shift
-  echo "== $name: $*" | tee -a "$log"
-  local started=$SECONDS
-  "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
-  echo "== $name: exit $rc after $((SECONDS - started)) s" | tee -a "$log"
-  [ "$rc" -eq 0 ] || status=1
+cd "$here"
+
+say() { echo "$*" | tee -a "$log"; }
+
+publish() {  # copy what a caller needs into DEST: at most 7 files, no folders
+  [ -n "$dest" ] || return 0
+  "$py" benchmarks/session_summary.py "$session" --out "$session/summary.md" > /dev/null 2>>"$log" || true
+  tar -czf "$dest/results.tar.gz.part" -C "$session" --exclude='*.tar.gz*' . 2>>"$log" \
+    && mv -f "$dest/results.tar.gz.part" "$dest/results.tar.gz" || { say "== publish: tar failed"; status=1; }
+  local file
+  for file in session.log summary.md system.json report.md report.html; do
+    [ -f "$session/$file" ] && cp -f "$session/$file" "$dest/$file"
+  done
+  [ -f "$session/side-by-side/side_by_side.json" ] && cp -f "$session/side-by-side/side_by_side.json" "$dest/"
+  return 0
 }
 
-cd "$here"
-: > "$log"
-results="$out/results"
-mkdir -p "$results/run"
-step devices hw devices
-if [ -s "$HWBENCH_CALIBRATION" ]; then  # a second call resumes: the ceilings are measured once
-  echo "== calibrate: kept $HWBENCH_CALIBRATION" | tee -a "$log"
-elif [ "$device" = cpu ]; then  # the mechanics on a CPU: small sizes
-  step calibrate hw calibrate --device cpu --sizes 256,512 --copy-size 64MiB --repeats 5
-else
-  step calibrate hw calibrate --device "$device"
-fi
-if ls "$results"/run/*.json >/dev/null 2>&1; then  # a second call resumes: no second copy of this run
-  echo "== run: kept $(ls "$results"/run/*.json | head -n 1)" | tee -a "$log"
-else
-  step run hw run --device "$device" --model "$model" --precision "$precision" --data synthetic \
-    --eval-iters 0 --out "$results/run"
-fi
-step sweep hw sweep "$suite" --device "$device" --out "$results/sweep"
-step report-md hw report "$results" --against "$here/results/published" --format md --out "$out/report.md"
-step report-html hw report "$results" --against "$here/results/published" --format html --out "$out/report.html"
-first="$(ls "$results"/run/*.json 2>/dev/null | head -n 1)"
-if [ -n "$first" ]; then
-  step system hw system "$first" --out "$out/system.json"
-fi
-tar -czf "$out/results.tar.gz" -C "$out" results || status=1  # results/ kept: the same command resumes
-echo "== done: exit $status; files in $out" | tee -a "$log"
+step() {  # step NAME COMMAND...: run within the call's budget, log, remember a failure, publish, go on
+  local name="$1"; shift
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt 30 ]; then
+    say "== $name: not started, ${left} s left of the call's ${budget} s; run its stage again in the next call"
+    status=1
+    return
+  fi
+  say "== $name: $*"
+  local started=$SECONDS
+  timeout --signal=TERM --kill-after=20 "$((left - 5))" "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 124 ]; then
+    say "== $name: stopped at the call's budget after $((SECONDS - started)) s; run its stage again to go on"
+  else
+    say "== $name: exit $rc after $((SECONDS - started)) s"
+  fi
+  [ "$rc" -eq 0 ] || status=1
+  publish
+}
+
+hw=("$py" -m hwbench)  # an array, not a function: `timeout` runs programs only
+
+stage_probe() {
+  step devices "${hw[@]}" devices
+  if [ -s "$session/calibration.json" ]; then  # measured once per session: a second call keeps it
+    say "== calibrate: kept $session/calibration.json"
+  elif [ "$device" = cpu ]; then  # the mechanics on a CPU: small sizes, a few seconds
+    step calibrate "${hw[@]}" calibrate --device cpu --sizes 256,512 --copy-size 64MiB --repeats 5 \
+      --store "$session/calibration.json"
+  else
+    step calibrate "${hw[@]}" calibrate --device "$device" --store "$session/calibration.json"
+  fi
+  [ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
+  if ls "$session"/probe/*.json >/dev/null 2>&1; then
+    say "== probe run: kept $(ls "$session"/probe/*.json | head -n 1)"
+  else
+    step probe-run "${hw[@]}" run --quiet --device "$device" --model tiny --steps 3 --warmup 1 --eval-iters 0 \
+      --data synthetic --out "$session/probe"
+  fi
+  local first
+  first="$(ls "$session"/probe/*.json 2>/dev/null | head -n 1)"
+  [ -n "$first" ] && step system "${hw[@]}" system "$first" --out "$session/system.json"
+}
+
+stage_run() {
+  if [ -f "$session/side-by-side/side_by_side.json" ] && "$py" - "$session/side-by-side/side_by_side.json" <<'EOF'
+import json, sys
+repeats = json.load(open(sys.argv[1]))["repeats"]
+sys.exit(0 if all("error" not in side for r in repeats for side in r["sides"].values()) else 1)
+EOF
+  then
+    say "== run: kept $session/side-by-side (every side of every repeat ran); remove it to measure again"
+    return
+  fi
+  step side-by-side "$py" benchmarks/side_by_side.py --device "$device" --model "$model" --precision "$precision" \
+    --repeats "${HWBENCH_RUN_REPEATS:-2}" "${run_args[@]}" --timeout 240 --out "$session/side-by-side"
+}
+
+stage_sweep() { step sweep "${hw[@]}" sweep "$suite" --device "$device" --out "$session/sweep"; }
+
+stage_speed() { step speed "${hw[@]}" sweep "$speed_suite" --device "$device" --out "$session/speed"; }
+
+stage_report() {
+  local inputs=()
+  local folder
+  for folder in "$session"/side-by-side/r*/hwbench "$session/sweep" "$session/speed"; do
+    [ -d "$folder" ] && inputs+=("$folder")  # an unmatched glob stays as written: not a folder
+  done
+  if [ ${#inputs[@]} -eq 0 ]; then
+    say "== report: no results yet (run the run, sweep or speed stage first)"
+    status=1
+    return
+  fi
+  step report-md "${hw[@]}" report "${inputs[@]}" --against "$here/results/published" --format md --out "$session/report.md"
+  step report-html "${hw[@]}" report "${inputs[@]}" --against "$here/results/published" --format html \
+    --out "$session/report.html"
+}
+
+for stage in "${stages[@]}"; do
+  say "==== stage $stage ($(date -u +%H:%M:%S) UTC, ${SECONDS} s into the call, device $device)"
+  "stage_$stage"
+done
+publish
+say "==== done: exit $status; session in $session${dest:+, files in $dest}"
+"$py" benchmarks/session_summary.py "$session" 2>>"$log" || status=1  # the short table, last
 exit "$status"

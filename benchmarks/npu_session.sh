@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a first session on an Ascend host owes docs/npu.md, in one command (the NPU
 # counterpart of benchmarks/gpu_session.sh, which then measures the published workloads:
-# HWBENCH_DEVICE=npu benchmarks/gpu_session.sh). What has only been checked against the
+# HWBENCH_DEVICE=npu benchmarks/gpu_session.sh all). What has only been checked against the
 # wheel, the stand-in and published npu-smi outputs so far, checked on the real thing:
 #   1. the host: raw `npu-smi info` and `npu-smi info -m` (the chip mapping: is the logical id
 #      the Phy-ID / Device column hwbench reads telemetry by?), torch, torch_npu and CANN versions;

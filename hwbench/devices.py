@@ -90,7 +90,7 @@ def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple
 
 
 def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:
-    config = workload.model
+    config = spec.model_config(workload.model)  # --max-positions changes the position embedding
     counts = count_parameters(config, spec.parallel.tp)
     return {
         "name": workload.name,

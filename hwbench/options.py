@@ -53,6 +53,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("global_batch_size", "samples per optimizer step (default: the workload's, scaled with data "
            "parallelism when no batch size is given)", int),
     Option("seq_length", "tokens per sample (default: the workload's)", int),
+    Option("max_positions", "length of the learned position embedding, at least --seq-length (default: the "
+           "workload's; e.g. 2048 to run a GPT-2 size at seq 2048)", int, megatron=("--max-position-embeddings",)),
     Option("precision", "fp32, or bf16/fp16 autocast (default: the workload's)", choices=PRECISIONS),
     Option("recompute", "activation checkpointing of every block (default: the workload's)", None, switch=NEGATABLE),
     Option("compile", "torch.compile the model", None, switch=FLAG),
@@ -110,7 +112,6 @@ MEGATRON_INSTEAD = {
     "--num-layers": "the model's shape comes from --model (see `hwbench models`; add a workload YAML for another)",
     "--hidden-size": "the model's shape comes from --model (see `hwbench models`)",
     "--num-attention-heads": "the model's shape comes from --model (see `hwbench models`)",
-    "--max-position-embeddings": "the model's shape comes from --model (see `hwbench models`)",
     "--micro-batch-size": None, "--global-batch-size": None, "--seq-length": None, "--seed": None,
     "--lr": None, "--min-lr": None, "--eval-interval": None, "--eval-iters": None, "--split": None,
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
@@ -174,6 +175,7 @@ class RunOptions:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     seq_length: int | None = None
+    max_positions: int | None = None
     precision: str | None = None
     recompute: bool | None = None
     compile: bool | None = None

@@ -147,7 +147,9 @@ def microbatches_in_flight(spec: RunSpec, stage: int) -> int:
 
 
 def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) -> MemoryPlan:
-    """The predicted peak of a rank of pipeline stage ``stage``."""
+    """The predicted peak of a rank of pipeline stage ``stage``. ``config`` is the
+    workload's shape; the spec's --max-positions is applied to it here."""
+    config = spec.model_config(config)
     if backend_name not in OVERHEAD_BYTES:
         raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(BACKENDS)}")
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
@@ -249,12 +251,14 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
 
 
 def plan_for_all_stages(spec: RunSpec, config: GPTConfig, backend_name: str) -> list[MemoryPlan]:
+    """Every pipeline stage's plan (``config`` as in plan_stage)."""
     return [plan_stage(spec, config, backend_name, stage) for stage in range(spec.parallel.pp)]
 
 
 def plan_memory(spec: RunSpec, config: GPTConfig, backend_name: str) -> MemoryPlan:
     """The plan of the rank with the largest predicted peak (its ``stage`` says
-    which pipeline stage; the first stage wins ties)."""
+    which pipeline stage; the first stage wins ties). ``config`` is the workload's
+    shape, as in plan_stage."""
     plans = plan_for_all_stages(spec, config, backend_name)
     return max(plans, key=lambda plan: (plan.total_bytes, -plan.stage))
 

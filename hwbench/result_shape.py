@@ -136,7 +136,7 @@ SPEC = {
     "initial_scale_power": Nullable(COUNT), "loss_scale": FIGURE, "data": TEXT, "split": TEXT,
     "eval_interval": Nullable(COUNT), "eval_iters": Nullable(COUNT), "telemetry": Nullable(bool),
     "telemetry_interval_s": RATE, "flops_formula": TEXT, "out_dir": TEXT, "run_args": ListOf(str),
-    "threads_per_rank": Nullable(Integer(minimum=1)),
+    "threads_per_rank": Nullable(Integer(minimum=1)), "max_positions": Nullable(Integer(minimum=1)),
 }
 MEASURED_CEILING = {"flops": RATE, "precision": TEXT, "size": Nullable(COUNT), "cv": RATE, "measured_at": TEXT,
                     "device_model": TEXT, "driver": TEXT, "torch_version": TEXT, "hwbench_version": TEXT,

@@ -17,6 +17,7 @@ from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.options import ENGINES, PP_SCHEDULES, RunOptions
 from hwbench.results import check_output_folder
+from hwbench.workload.config import GPTConfig
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
 
 DEFAULT_STEPS = 20
@@ -41,6 +42,7 @@ MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keep
 MAX_RANKS_PER_NODE = 1024
 MAX_NODES = 65_536
 MAX_THREADS_PER_RANK = 4096
+MAX_POSITIONS = 1_048_576  # a position table of 2^20 rows is already 8 GiB at hidden 2048 in fp32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +127,9 @@ class RunSpec:
     flops_formula: str
     out_dir: str
     threads_per_rank: int | None = None  # None: the backend shares the usable cores among the ranks
+    # Rows of the learned position embedding (--max-positions). build_run_spec always sets it;
+    # None only in a spec read back from a result written before the option existed: the workload's.
+    max_positions: int | None = None
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -136,6 +141,13 @@ class RunSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def model_config(self, workload_model: GPTConfig) -> GPTConfig:
+        """The shape this run trains: the workload's, with --max-positions applied. Everything
+        that builds, counts or plans the model of a run goes through here."""
+        if self.max_positions is None or self.max_positions == workload_model.max_position_embeddings:
+            return workload_model
+        return dataclasses.replace(workload_model, max_position_embeddings=self.max_positions)
 
 
 def _positive(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -308,6 +320,23 @@ def _batch_sizes(options: dict[str, Any], defaults, dp: int) -> tuple[int, int]:
     return micro, global_batch
 
 
+def _max_positions(options: dict[str, Any], workload: Workload, seq: int) -> int:
+    """Rows of the position embedding: the workload's, or --max-positions; at least the sequence."""
+    own = workload.model.max_position_embeddings
+    given = options.get("max_positions")
+    if given is None:
+        if seq > own:
+            raise UsageError(
+                f"--seq-length {seq} exceeds the {own} positions of --model {workload.name}; accepted: 1 to {own}, "
+                f"or give --max-positions {seq} (or more) to lengthen the position embedding"
+            )
+        return own
+    if isinstance(given, bool) or not isinstance(given, int) or not seq <= given <= MAX_POSITIONS:
+        raise UsageError(f"--max-positions {given!r} is not accepted; give an integer from --seq-length {seq} "
+                         f"to {MAX_POSITIONS}")
+    return given
+
+
 def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0, pp_schedule: str | None = None) -> None:
     """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
     takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
@@ -363,11 +392,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
                 f"{global_batch} / (--micro-batch-size {micro} x dp {parallel.dp}) gives {microbatches}; accepted: "
                 "a smaller micro batch, a larger global batch, or --pp-schedule gpipe")
         pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
-    positions = workload.model.max_position_embeddings
-    if seq > positions:
-        raise UsageError(
-            f"--seq-length {seq} exceeds the {positions} positions of --model {model_name}; accepted: 1 to {positions}"
-        )
+    positions = _max_positions(options, workload, seq)
     formula = given("flops_formula", DEFAULT_FLOPS_FORMULA)
     if formula not in FLOPS_FORMULAS:
         raise UsageError(f"--flops-formula {formula!r} is not known; accepted: {', '.join(FLOPS_FORMULAS)}")
@@ -414,4 +439,5 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         out_dir=_check_out_dir(given("out", DEFAULT_OUT)) if check_paths else given("out", DEFAULT_OUT),
         threads_per_rank=(None if options.get("threads_per_rank") is None else
                           _positive("--threads-per-rank", options["threads_per_rank"], maximum=MAX_THREADS_PER_RANK)),
+        max_positions=positions,
     )

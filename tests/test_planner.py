@@ -38,7 +38,8 @@ def spec_for(tp=1, pp=1, dp=1, precision="fp32", recompute=False, engine="native
     base = parse_run_spec(["--model", "tiny", "--data", "synthetic"], check_paths=False)
     return dataclasses.replace(base, parallel=ParallelDims(tp=tp, pp=pp, dp=dp), precision=precision,
                                recompute=recompute, engine=engine, zero_stage=zero, fsdp=fsdp, pp_schedule=schedule,
-                               seq_length=S, micro_batch_size=B, global_batch_size=global_batch or B * dp)
+                               seq_length=S, micro_batch_size=B, global_batch_size=global_batch or B * dp,
+                               max_positions=None)  # None: CONFIG's own 32 positions, not tiny's 128
 
 
 def test_single_device_fp32_breakdown_by_hand():

@@ -38,6 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--global-batch-size", type=int)
     parser.add_argument("--seq-length", type=int)
+    parser.add_argument("--max-positions", type=int, help="length of the position embedding, at least "
+                        "--seq-length (default: the workload's)")
     parser.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
@@ -63,7 +65,7 @@ def _capacity_and_kind(args: argparse.Namespace, catalog) -> tuple[int, str]:
 def _base_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(data="synthetic", model=args.model, precision=args.precision, recompute=args.recompute,
                       micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                      seq_length=args.seq_length, pp_schedule=args.pp_schedule)
+                      seq_length=args.seq_length, max_positions=args.max_positions, pp_schedule=args.pp_schedule)
 
 
 def _row(layout: str, variant: str, spec, plan, capacity: int, headroom: float) -> list:

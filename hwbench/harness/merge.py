@@ -178,7 +178,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     world = spec.parallel.world_size
     total_time = sum(times)
     samples_per_s = spec.global_batch_size * len(times) / total_time
-    flops = model_flops_per_iteration(workload.model, spec.global_batch_size, spec.seq_length,
+    flops = model_flops_per_iteration(spec.model_config(workload.model), spec.global_batch_size, spec.seq_length,
                                       tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
                                       formula=spec.flops_formula)
     achieved = flops * len(times) / total_time / world

@@ -88,7 +88,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         result.environment["slurm"] = slurm_record()  # None outside a Slurm job
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
-        engine = build_engine(workload.model, spec, backend, ctx)
+        engine = build_engine(spec.model_config(workload.model), spec, backend, ctx)
         try:
             result.engine = engine.describe()
             measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)

@@ -1,0 +1,79 @@
+"""The short table a device session prints last (the device tool returns the tail of the
+output): one line per result under the given folders, the planner's prediction beside the
+measured peak, and the side-by-side ratios when OUT/side_by_side.json exists.
+
+    python benchmarks/session_summary.py gpu-session [--out gpu-session/summary.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hwbench.report.runs import predicted_peak  # noqa: E402
+from hwbench.results import ResultFormatError, load_result, result_files  # noqa: E402
+
+HEADERS = ("result", "status", "micro/global x seq", "rc", "step ms", "tokens/s", "TFLOP/s", "MFU",
+           "peak GiB", "planned GiB")
+
+
+def _figure(value, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def result_rows(folder: Path) -> list[tuple[str, ...]]:
+    rows = []
+    for path in result_files([folder]):
+        try:
+            result = load_result(path)
+        except ResultFormatError:
+            continue  # the bare loop's figures, side_by_side.json, a calibration store: not run results
+        spec, metrics = result.spec or {}, result.metrics or {}
+        step = metrics.get("step_time_s") or {}
+        memory = metrics.get("memory") or {}
+        planned, _ = predicted_peak(result)
+        mfu = metrics.get("mfu")
+        rows.append((f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}", result.status,
+                     f"{spec.get('micro_batch_size')}/{spec.get('global_batch_size')} x {spec.get('seq_length')}",
+                     "y" if spec.get("recompute") else "n", _figure(step.get("median"), 1000),
+                     _figure(metrics.get("tokens_per_s"), 1, 0), _figure(metrics.get("tflops_per_device")),
+                     "-" if mfu is None else f"{mfu * 100:.1f}%",
+                     _figure(memory.get("peak_reserved_bytes"), 2**-30, 2), _figure(planned, 2**-30, 2)))
+    return rows
+
+
+def markdown(rows: list[tuple[str, ...]], ratios: dict[str, float | None]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + " --- |" * len(HEADERS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if ratios:
+        lines.append("")
+        lines += [f"{name} = {'-' if value is None else f'{value:.3f}'}" for name, value in ratios.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="the session folder (results are searched recursively)")
+    parser.add_argument("--out", help="also write the table here")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder).resolve()
+    ratios = {}
+    for path in sorted(folder.rglob("side_by_side.json")):
+        document = json.loads(path.read_text())
+        ratios = {name: document.get(name) for name in ("harness_ratio", "harness_ratio_no_telemetry",
+                                                         "telemetry_ratio")}
+    text = markdown(result_rows(folder), ratios)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
