@@ -112,6 +112,8 @@ TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devic
              "energy_j": RATE, "power_w_mean_total": RATE, "interval_s": RATE, "window_s": RATE,
              "samples": Nullable(COUNT), "ranks": Nullable(COUNT), "ranks_available": Nullable(COUNT),
              "errors": Nullable(ListOf(Anything))}
+HOST_SYNCS = {"count": Required(COUNT), "where": Nullable(ListOf(str)), "rank": Nullable(COUNT),
+              "ranks_counted": Nullable(COUNT)}
 VALIDATION_POINT = {"step": Required(COUNT), "loss": FIGURE, "ppl": FIGURE, "tokens": Nullable(COUNT), "iters": Nullable(COUNT)}
 METRICS = {
     "samples_per_s": RATE, "tokens_per_s": RATE, "tokens_per_s_per_device": RATE, "tflops_per_device": RATE,
@@ -121,7 +123,7 @@ METRICS = {
     "timed_wall_time_s": RATE, "memory": Nullable(MEMORY), "loss_start": FIGURE, "loss_end": FIGURE,
     "loss_floor": FIGURE, "validation": Nullable(ListOf(VALIDATION_POINT)), "valid_loss": FIGURE,
     "valid_ppl": FIGURE, "valid_ppl_step": Nullable(COUNT), "ppl_floor": FIGURE, "skipped_steps": Nullable(COUNT),
-    "straggler": Nullable(MapOf(SCALAR)), "telemetry": Nullable(TELEMETRY), "data": Nullable(MapOf(Anything)),
+    "straggler": Nullable(MapOf(SCALAR)), "host_syncs": Nullable(HOST_SYNCS), "telemetry": Nullable(TELEMETRY), "data": Nullable(MapOf(Anything)),
     "unmeasured": REASONS,
 }
 PARALLEL = {"tp": Integer(minimum=1), "pp": Integer(minimum=1), "dp": Integer(minimum=1), "source": TEXT}

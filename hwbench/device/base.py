@@ -96,6 +96,19 @@ def oom_figures(message: str) -> dict[str, int]:
     return figures
 
 
+@dataclasses.dataclass
+class HostSyncCount:
+    """How often the host waited for the device in a region, and where (the first few
+    call sites, "file:line"); count None with the reason where the backend cannot tell."""
+
+    count: int | None = None
+    where: list[str] = dataclasses.field(default_factory=list)
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 class Backend(abc.ABC):
     """One vendor's way of doing the things a benchmark needs."""
 
@@ -209,6 +222,12 @@ class Backend(abc.ABC):
         when it cannot be read). Measured ceilings (hwbench calibrate) are kept per device
         model and this, so a driver update asks for a new calibration."""
         return None, f"the {self.name} backend does not name its driver"
+
+    def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
+        """A context that counts the times the host waits for the device inside it (nothing
+        in the timed steps should: every wait leaves the device idle while Python catches
+        up). Backends that cannot count say why."""
+        return contextlib.nullcontext(HostSyncCount(reason=f"the {self.name} backend cannot count host waits"))
 
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:

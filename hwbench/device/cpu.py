@@ -21,6 +21,7 @@ Two things make small-model training slow on a CPU out of the box:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from hwbench.device.kinds import KINDS
-from hwbench.device.base import Backend, HostTimer, MemoryStats, StepTimer
+from hwbench.device.base import Backend, HostSyncCount, HostTimer, MemoryStats, StepTimer
 from hwbench.device.host import allowed_cpus, cpu_packages, share_of_cores, usable_cores
 from hwbench.device.rapl import RaplSampler
 from hwbench.device.telemetry import TelemetrySampler
@@ -255,6 +256,10 @@ class CpuBackend(Backend):
         intra-op threads decide what it reaches, so they stand in for one."""
         threads = torch.get_num_threads()
         return f"torch {torch.__version__}, {threads} thread{'s' if threads != 1 else ''}", None
+
+    def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
+        return contextlib.nullcontext(HostSyncCount(
+            reason="the CPU runs each operation when it is called: there is no device for the host to wait for"))
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         """RAPL package energy of the sockets this process may run on (all, when the

@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
+from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS
 from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, pci_bus_id
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda warn_or_error_on_sync
+SYNC_SITES_KEPT = 5
+
+
+def count_sync_warnings(caught: list[warnings.WarningMessage], record: HostSyncCount) -> None:
+    """Count torch's sync-debug warnings into ``record`` (with their first call sites) and
+    pass every other warning on, as if it had not been caught."""
+    for warning in caught:
+        if SYNC_WARNING in str(warning.message):
+            record.count = (record.count or 0) + 1
+            site = f"{warning.filename}:{warning.lineno}"
+            if len(record.where) < SYNC_SITES_KEPT and site not in record.where:
+                record.where.append(site)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 class CudaBackend(AcceleratorBackend):
@@ -57,6 +77,22 @@ class CudaBackend(AcceleratorBackend):
         torch.backends.cudnn.allow_tf32 = False
         self.tuning = {"tf32": False}
         return device
+
+    @contextlib.contextmanager
+    def counting_host_syncs(self) -> Iterator[HostSyncCount]:
+        """torch's sync debug mode, set to warn, flags every operation that makes the host wait
+        for the stream (.item(), .cpu(), bool() of a tensor, nonzero, a copy to pageable host
+        memory...; not torch.cuda.synchronize(), which the timed region's edges call)."""
+        record = HostSyncCount(count=0)
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield record
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        count_sync_warnings(caught, record)
 
     def to_device(self, host_tensor: torch.Tensor) -> torch.Tensor:
         # From pageable memory the copy would block the host until the stream drains,

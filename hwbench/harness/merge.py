@@ -45,6 +45,7 @@ class RankReport:
     skipped: list[bool] = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
     telemetry: dict[str, Any] | None = None
+    host_syncs: dict[str, Any] | None = None  # hwbench.device.base.HostSyncCount as a dict
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     validation: list[RankReport] = dataclasses.field(default_factory=list)
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -120,6 +121,17 @@ def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
         "power_w_mean_total": sum(powers) if powers and None not in powers else None,
         "devices": devices,
     }
+
+
+def merge_host_syncs(reports: list[RankReport]) -> dict[str, Any] | None:
+    """The rank whose host waited for its device most often in the timed window (each such
+    wait leaves the device idle): its count and call sites; None when no rank could count."""
+    counted = [r for r in reports if r.host_syncs and r.host_syncs.get("count") is not None]
+    if not counted:
+        return None
+    most = max(counted, key=lambda r: r.host_syncs["count"])
+    return {"count": most.host_syncs["count"], "where": most.host_syncs.get("where", []), "rank": most.rank,
+            "ranks_counted": len(counted)}
 
 
 def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
@@ -217,6 +229,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         "ppl_floor": source.data.get("perplexity_floor"),
         "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
         "straggler": straggler(reports),
+        "host_syncs": merge_host_syncs(reports),
         "telemetry": telemetry,
         "data": source.data,
         "unmeasured": unmeasured,
@@ -230,6 +243,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         unmeasured["telemetry"] = telemetry.get("reason", "unavailable")
     if world == 1:
         unmeasured["straggler"] = "one rank"
+    if result.metrics["host_syncs"] is None:
+        unmeasured["host_syncs"] = next((r.host_syncs["reason"] for r in reports if r.host_syncs), None) or \
+            "not counted"
     result.ranks = [{
         "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank, "host": r.host,
         "coordinates": r.coordinates, "step_time_s": summarize(r.step_times_s), "memory": r.memory,
@@ -264,6 +280,11 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
     if lagging and lagging["ratio"] and lagging["ratio"] > STRAGGLER_RATIO:
         result.warnings.append(f"straggler: rank {lagging['rank']} took {lagging['ratio']:.2f}x the median rank's "
                                "median step time")
+    waits = result.metrics.get("host_syncs")
+    if waits and waits["count"]:
+        first = f" (first at {waits['where'][0]})" if waits["where"] else ""
+        result.warnings.append(f"the host waited for the device {waits['count']} times in the timed steps{first}: "
+                               "the device idles meanwhile, so launch gaps count as step time")
     beyond = result.metrics.get("mfu_measured_ceiling")
     if beyond is not None and beyond > 1:
         result.warnings.append(f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "

@@ -49,6 +49,7 @@ class Measurement:
     telemetry: dict[str, Any] | None
     data: dict[str, Any]
     validation: list[dict[str, Any]]
+    host_syncs: dict[str, Any]  # Backend.counting_host_syncs() of the timed window
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
@@ -224,7 +225,7 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         sampler.start()
     wall_start = time.perf_counter()
     last = spec.warmup + spec.steps
-    with backend.measuring():
+    with backend.measuring(), backend.counting_host_syncs() as host_syncs:
         timer.mark()
         for step in range(spec.warmup + 1, last + 1):
             train(step)
@@ -244,7 +245,8 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         validation.append(validate(engine, data, spec, last))
     heartbeat.step(last, "done")
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
-    return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation)
+    return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation,
+                       host_syncs.to_dict())
 
 
 def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat,
@@ -268,6 +270,7 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         wall_time_s=m.wall_time_s,
         memory=m.memory,
         telemetry=m.telemetry,
+        host_syncs=m.host_syncs,
         data=m.data,
         validation=m.validation,
         environment=environment,
