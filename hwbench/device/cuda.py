@@ -75,8 +75,8 @@ class CudaBackend(AcceleratorBackend):
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
                         threads: int | None = None) -> torch.device:
         device = super().prepare_process(local_rank, local_world_size, threads)
-        # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off. Which API did
-        # it follows from the torch version the fingerprint records, so tuning stays as it was.
+        # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off. The API used
+        # follows from the torch version the fingerprint records, so tuning does not repeat it.
         turn_tf32_off(torch.backends)
         self.tuning = {"tf32": False}
         return device
