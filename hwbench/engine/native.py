@@ -239,8 +239,9 @@ class NativeEngine:
             self.optimizer.found_inf = found_inf
             self._clip_and_step(grad_norm)
             return found_inf
-        # foreach/for-loop AdamW (the NPU's) has no found_inf: the host must read the flag,
-        # one sync per step, as Megatron's and torch's scalers have on such optimizers.
+        # foreach/for-loop AdamW (a device kind without fused AdamW, device/kinds.py) has no
+        # found_inf: the host must read the flag, one sync per step, as Megatron's and torch's
+        # scalers have with such optimizers.
         skipped = bool(found_inf)
         if not skipped:
             self._clip_and_step(grad_norm)
