@@ -17,7 +17,7 @@ from hwbench.harness.worker import make_data_source
 from hwbench.engine.distributed import single_process
 
 
-@pytest.mark.parametrize("model,precision", [("tiny", "fp32"), ("small", "fp32"), ("small", "bf16")])
+@pytest.mark.parametrize("model,precision", [("tiny", "fp32"), ("small", "fp32"), ("small", "bf16"), ("small", "fp16")])
 def test_train_step(benchmark, model, precision):
     catalog = load_catalog()
     spec = build_run_spec({"model": model, "precision": precision, "device": "auto"}, catalog)

@@ -262,3 +262,53 @@ def _wait_for_ranks(launcher_pid: int, timeout_s: float = 120) -> list[int]:
             return ranks
         time.sleep(0.5)
     raise AssertionError("the ranks never started")
+
+
+# fp16 from a loss scale of 2^20 overflows the tiny model's gradients on its first steps (2^18
+# does not): the run skips steps, halves the scale and recovers, so every rank must take the same
+# decisions from the global norm.
+OVERFLOWING_SCALE_POWER = 20
+
+
+@pytest.fixture(scope="module")
+def overflowing_fp16(tmp_path_factory):
+    """A catalog folder with `tiny-overflow` (tiny starting at 2^20), in HWBENCH_CATALOG_PATH
+    for this module's fp16 runs and their torchrun ranks; and the single-process run of it."""
+    from hwbench.catalog import load_catalog
+
+    folder = tmp_path_factory.mktemp("catalog")
+    (folder / "workloads").mkdir()
+    tiny = Path(load_catalog().workloads["tiny"].path).read_text()
+    assert "initial_scale_power: 12" in tiny
+    (folder / "workloads" / "tiny-overflow.yaml").write_text(
+        tiny.replace("name: tiny\n", "name: tiny-overflow\n")
+            .replace("initial_scale_power: 12", f"initial_scale_power: {OVERFLOWING_SCALE_POWER}"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HWBENCH_CATALOG_PATH", str(folder))
+        code, reference = _run(tmp_path_factory.mktemp("single-fp16"), *FP16)
+        assert code == 0 and reference["status"] == "ok", reference.get("error")
+        skipped = [s["skipped"] for s in reference["steps"]]
+        assert skipped[:2] == [True, True] and not all(skipped), skipped  # overflowed, then recovered
+        yield reference
+
+
+FP16 = ["--precision", "fp16", "--model", "tiny-overflow", "--steps", "4"]
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param(["--nproc-per-node", "2", "--tp", "2"], id="tp2"),
+    pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2"),
+    pytest.param(["--nproc-per-node", "2", "--fsdp"], id="dp2-fsdp"),
+])
+def test_fp16_layout_skips_the_single_process_steps_with_its_scales(tmp_path, overflowing_fp16, options):
+    """fp16's overflow flag and loss-scale state live on the device and fused AdamW reads the
+    flag there: with DTensor parameters (TP, FSDP2) and pipeline stages every rank skips the
+    single-process run's steps, with its loss scales, and follows its loss curve."""
+    code, result = _run(tmp_path, *FP16, *options)
+    assert code == 0, result.get("error")
+    assert result["status"] == "ok"
+    for key in ("loss_scale", "skipped"):
+        assert [s[key] for s in result["steps"]] == [s[key] for s in overflowing_fp16["steps"]], key
+    losses = zip([s["loss"] for s in result["steps"]], [s["loss"] for s in overflowing_fp16["steps"]])
+    for step, (got, want) in enumerate(losses, start=1):
+        assert abs(got - want) / want < LAYOUT_TOLERANCE, f"step {step}: loss {got} vs single-process {want}"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hwbench.engine.distributed import RankEnvironment
-from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler
+from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler, overflow_flag
 from hwbench.engine.parallelize import stage_layers
 from hwbench.harness.launcher import root_cause
 from hwbench.harness.merge import RankReport, merge_memory, straggler
@@ -17,22 +17,26 @@ def test_stages_split_the_blocks_evenly_first_stages_taking_the_rest():
     assert sorted(i for s in range(4) for i in stage_layers(10, 4, s)) == list(range(10))
 
 
+def _overflow(overflowed: bool) -> torch.Tensor:
+    return overflow_flag(torch.tensor(float("nan") if overflowed else 1.0))
+
+
 def test_dynamic_loss_scale_halves_after_hysteresis_and_grows_after_the_window():
     scaler = LossScaler(2.0 ** 12, dynamic=True)
     for _ in range(HYSTERESIS - 1):
-        scaler.update(overflowed=True)
+        scaler.update(_overflow(True))
     assert scaler.scale == 2.0 ** 12  # Megatron and DeepSpeed tolerate one overflow first
-    scaler.update(overflowed=True)
+    scaler.update(_overflow(True))
     assert scaler.scale == 2.0 ** 11
     for _ in range(LOSS_SCALE_WINDOW):
-        scaler.update(overflowed=False)
+        scaler.update(_overflow(False))
     assert scaler.scale == 2.0 ** 12
 
 
 def test_fixed_loss_scale_never_changes():
     scaler = LossScaler(65536.0, dynamic=False)
     for overflow in (True, True, True, False):
-        scaler.update(overflow)
+        scaler.update(_overflow(overflow))
     assert scaler.scale == 65536.0
 
 

@@ -34,6 +34,29 @@ def count_sync_warnings(caught: list[warnings.WarningMessage], record: HostSyncC
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+def turn_tf32_off(backends: Any) -> str:
+    """Make fp32 matmuls (cuBLAS) and cuDNN convolutions and RNNs use full fp32, through
+    ``backends`` (the ``torch.backends`` namespace, a parameter so that tests need no GPU).
+    Returns the API used: "fp32_precision" or "allow_tf32".
+
+    torch 2.9 added the per-backend ``fp32_precision`` settings and deprecated the
+    ``allow_tf32`` flags: setting a legacy flag warns there, and once the two APIs are mixed
+    (a library using the new one, hwbench the old) reading a legacy flag raises. So the new
+    API is used wherever it exists, the legacy flags only on older torch.
+    """
+    matmul, cudnn = backends.cuda.matmul, backends.cudnn
+    if hasattr(matmul, "fp32_precision") and hasattr(cudnn, "conv"):
+        matmul.fp32_precision = "ieee"
+        cudnn.fp32_precision = "ieee"  # the parent of conv and rnn
+        # Set one by one as well: a setting of conv or rnn overrides their parent's.
+        cudnn.conv.fp32_precision = "ieee"
+        cudnn.rnn.fp32_precision = "ieee"
+        return "fp32_precision"
+    matmul.allow_tf32 = False
+    cudnn.allow_tf32 = False
+    return "allow_tf32"
+
+
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
     dist_backend = KINDS["cuda"].dist_backend
@@ -72,9 +95,9 @@ class CudaBackend(AcceleratorBackend):
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
                         threads: int | None = None) -> torch.device:
         device = super().prepare_process(local_rank, local_world_size, threads)
-        # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off. The API used
+        # follows from the torch version the fingerprint records, so tuning does not repeat it.
+        turn_tf32_off(torch.backends)
         self.tuning = {"tf32": False}
         return device
 

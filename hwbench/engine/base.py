@@ -26,8 +26,10 @@ class StepOutcome:
     #                     NaN on pipeline stages that do not compute the loss
     grad_norm: torch.Tensor  # global norm before clipping (0-dim); not finite when fp16 overflowed
     lr: float  # the learning rate this step used
-    loss_scale: float | None  # fp16 loss scale this step used; None without fp16
-    skipped: bool  # the optimizer step was skipped (fp16 overflow)
+    loss_scale: torch.Tensor | float | None  # fp16 loss scale this step used (0-dim on the device in
+    #                                          the native engine); None without fp16
+    skipped: torch.Tensor | bool  # the optimizer step was skipped (fp16 overflow); the native engine's
+    #                               fused AdamW gives the device's 0-dim overflow flag (1.0 = skipped)
 
 
 class Engine(Protocol):

@@ -27,7 +27,7 @@ from torch import nn
 from hwbench.device import Backend
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
-from hwbench.engine.loss_scale import LossScaler
+from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, learning_rate
 from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
 from hwbench.spec import RunSpec
@@ -49,7 +49,8 @@ class NativeEngine:
         self.scaler = None
         if spec.precision == "fp16":
             dynamic = spec.loss_scale is None
-            self.scaler = LossScaler(2.0 ** spec.initial_scale_power if dynamic else spec.loss_scale, dynamic)
+            self.scaler = LossScaler(2.0 ** spec.initial_scale_power if dynamic else spec.loss_scale, dynamic,
+                                     backend.torch_device)
         self._tied_group = self._tied_embedding_group() if dims.pp > 1 else None
         self.schedule = self._pipeline_schedule() if dims.pp > 1 else None
         self.iteration = 0
@@ -208,19 +209,43 @@ class NativeEngine:
             group["lr"] = lr
         loss = self._forward_backward(next_batch)
         self._reduce_gradients()
-        scale = self.scaler.scale if self.scaler else None
+        scale = self.scaler.scale if self.scaler else None  # update() replaces it: this one stays this step's
         if self.scaler:  # unscale in one multi-tensor call, not a kernel per parameter
-            torch._foreach_mul_([p.grad for p in self.model.parameters() if p.grad is not None], 1.0 / scale)
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            torch._foreach_mul_(grads, self.scaler.inverse_scale)
         grad_norm = self._global_grad_norm()
-        skipped = False
-        if self.scaler:  # one host sync per step, as Megatron's and torch's scalers have
-            skipped = not bool(torch.isfinite(grad_norm))
-            self.scaler.update(skipped)
-        if not skipped:
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
-            self.optimizer.step()
+        if self.scaler:
+            found_inf = overflow_flag(grad_norm)  # the same on every rank: the norm is global
+            self.scaler.update(found_inf)
+            skipped = self._step_unless_overflowed(grad_norm, found_inf)
+        else:
+            skipped = False
+            self._clip_and_step(grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale, skipped=skipped)
+
+    def _clip_and_step(self, grad_norm: torch.Tensor) -> None:
+        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
+        self.optimizer.step()
+
+    def _step_unless_overflowed(self, grad_norm: torch.Tensor, found_inf: torch.Tensor) -> torch.Tensor | bool:
+        """The optimizer step of an fp16 run, skipped when ``found_inf`` is 1; returns the
+        skip flag (a device tensor where the device decided)."""
+        if all(group["fused"] for group in self.optimizer.param_groups):
+            # Fused AdamW reads found_inf on the device, as under torch's GradScaler: on an
+            # overflow it leaves parameters and moments as they are and takes back its
+            # step-count increment. Clipping by an inf/nan norm spoils only gradients that
+            # zero_grad drops. So the host never waits for the device here.
+            self.optimizer.found_inf = found_inf
+            self._clip_and_step(grad_norm)
+            return found_inf
+        # foreach/for-loop AdamW (a device kind without fused AdamW, device/kinds.py) has no
+        # found_inf: the host must read the flag, one sync per step, as Megatron's and torch's
+        # scalers have with such optimizers.
+        skipped = bool(found_inf)
+        if not skipped:
+            self._clip_and_step(grad_norm)
+        return skipped
 
     # validation ---------------------------------------------------------------
     @torch.no_grad()

@@ -264,8 +264,8 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         losses=[float(x) for x in losses.cpu()],
         grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
         lrs=[o.lr for o in m.outcomes],
-        loss_scales=[o.loss_scale for o in m.outcomes],
-        skipped=[bool(o.skipped) for o in m.outcomes],
+        loss_scales=[None if o.loss_scale is None else float(o.loss_scale) for o in m.outcomes],
+        skipped=[bool(o.skipped) for o in m.outcomes],  # read here, after the timed loop
         step_times_s=m.step_times_s,
         wall_time_s=m.wall_time_s,
         memory=m.memory,
