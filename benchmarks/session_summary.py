@@ -20,11 +20,21 @@ from hwbench.report.runs import predicted_peak  # noqa: E402
 from hwbench.results import ResultFormatError, load_result, result_files  # noqa: E402
 
 HEADERS = ("result", "status", "micro/global x seq", "rc", "step ms", "tokens/s", "TFLOP/s", "MFU",
-           "peak GiB", "planned GiB")
+           "MFU ceil", "host waits", "W", "peak GiB", "planned GiB")
 
 
 def _figure(value, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _mean_power_w(telemetry) -> float | None:
+    """The devices' summed mean power in the timed window, where every device reported it."""
+    powers = [d.get("power_w_mean") for d in (telemetry or {}).get("devices") or []]
+    return sum(powers) if powers and None not in powers else None
 
 
 def result_rows(folder: Path) -> list[tuple[str, ...]]:
@@ -38,12 +48,13 @@ def result_rows(folder: Path) -> list[tuple[str, ...]]:
         step = metrics.get("step_time_s") or {}
         memory = metrics.get("memory") or {}
         planned, _ = predicted_peak(result)
-        mfu = metrics.get("mfu")
+        waits = metrics.get("host_syncs")
         rows.append((f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}", result.status,
                      f"{spec.get('micro_batch_size')}/{spec.get('global_batch_size')} x {spec.get('seq_length')}",
                      "y" if spec.get("recompute") else "n", _figure(step.get("median"), 1000),
                      _figure(metrics.get("tokens_per_s"), 1, 0), _figure(metrics.get("tflops_per_device")),
-                     "-" if mfu is None else f"{mfu * 100:.1f}%",
+                     _percent(metrics.get("mfu")), _percent(metrics.get("mfu_measured_ceiling")),
+                     "-" if waits is None else str(waits["count"]), _figure(_mean_power_w(metrics.get("telemetry")), 1, 0),
                      _figure(memory.get("peak_reserved_bytes"), 2**-30, 2), _figure(planned, 2**-30, 2)))
     return rows
 
