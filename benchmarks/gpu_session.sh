@@ -49,13 +49,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#stages[@]} -gt 0 ] || usage
-session="${HWBENCH_SESSION_DIR:-$here/gpu-session}"
-mkdir -p "$session" || { echo "gpu_session.sh: cannot make $session" >&2; exit 2; }
-session="$(cd "$session" && pwd)"
+budget="${HWBENCH_CALL_BUDGET:-560}"
+case "$budget" in
+  ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_CALL_BUDGET '$budget' is not accepted; give whole seconds, 1 or more, no leading 0" >&2; exit 2 ;;
+esac
+# Everything checked before anything is made: a refused call leaves nothing behind.
 if [ -n "$dest" ]; then
-  mkdir -p "$dest" || { echo "gpu_session.sh: cannot make --dest $dest" >&2; exit 2; }
+  mkdir -p "$dest" 2>/dev/null && [ -w "$dest" ] || { echo "gpu_session.sh: --dest '$dest' cannot be made or written; give a writable folder" >&2; exit 2; }
   dest="$(cd "$dest" && pwd)"
 fi
+session="${HWBENCH_SESSION_DIR:-$here/gpu-session}"
+mkdir -p "$session" 2>/dev/null || { echo "gpu_session.sh: HWBENCH_SESSION_DIR '$session' cannot be made; give a writable folder" >&2; exit 2; }
+session="$(cd "$session" && pwd)"
 device="${HWBENCH_DEVICE:-cuda}"
 model="${HWBENCH_MODEL:-345m}"
 precision="${HWBENCH_PRECISION:-bf16}"
@@ -63,8 +68,6 @@ suite="${HWBENCH_SUITE:-published-1dev}"
 speed_suite="${HWBENCH_SPEED_SUITE:-speed-1.3b}"
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
-budget="${HWBENCH_CALL_BUDGET:-560}"
-case "$budget" in ''|*[!0-9]*) echo "gpu_session.sh: HWBENCH_CALL_BUDGET '$budget' is not accepted; give whole seconds" >&2; exit 2 ;; esac
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
 log="$session/session.log"
@@ -107,6 +110,18 @@ step() {  # step NAME COMMAND...: run within the call's budget, log, remember a 
   publish
 }
 
+ok_results() {  # the result files with status ok in a folder, one a line
+  "$py" - "$1" <<'EOF'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        if json.loads(path.read_text()).get("status") == "ok":
+            print(path)
+    except (OSError, ValueError, AttributeError):
+        pass
+EOF
+}
+
 hw=("$py" -m hwbench)  # an array, not a function: `timeout` runs programs only
 
 stage_probe() {
@@ -120,14 +135,16 @@ stage_probe() {
     step calibrate "${hw[@]}" calibrate --device "$device" --store "$session/calibration.json"
   fi
   [ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
-  if ls "$session"/probe/*.json >/dev/null 2>&1; then
-    say "== probe run: kept $(ls "$session"/probe/*.json | head -n 1)"
+  local kept
+  kept="$(ok_results "$session/probe" | head -n 1)"
+  if [ -n "$kept" ]; then  # a failed probe is tried again, not kept
+    say "== probe run: kept $kept"
   else
     step probe-run "${hw[@]}" run --quiet --device "$device" --model tiny --steps 3 --warmup 1 --eval-iters 0 \
       --data synthetic --out "$session/probe"
   fi
   local first
-  first="$(ls "$session"/probe/*.json 2>/dev/null | head -n 1)"
+  first="$(ok_results "$session/probe" | head -n 1)"
   [ -n "$first" ] && step system "${hw[@]}" system "$first" --out "$session/system.json"
 }
 

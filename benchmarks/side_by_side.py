@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+for folder in (REPO, REPO / "benchmarks"):  # hwbench, and bare_loop.py beside this file
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
+from bare_loop import resolve_spec, torch_device  # noqa: E402  (beside this file)
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors)
 from hwbench.errors import UsageError  # noqa: E402
 from hwbench.results import ResultFormatError, load_result  # noqa: E402
@@ -189,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         if not 1 <= args.repeats <= 100:
             raise UsageError(f"side_by_side: --repeats {args.repeats} is not accepted; give an integer from 1 to 100")
+        if not 1 <= args.timeout <= 86400:  # NaN fails this too
+            raise UsageError(f"side_by_side: --timeout {args.timeout} is not accepted; give seconds from 1 to 86400")
+        resolve_spec(args)  # the point, checked as hwbench run checks it, before any folder or process
+        torch_device(args.device)
     except UsageError as error:
         print(error, file=sys.stderr)
         return 2

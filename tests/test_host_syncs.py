@@ -96,3 +96,26 @@ def test_a_cpu_run_says_why_it_has_no_count(tmp_path):
     assert result.metrics["host_syncs"] is None
     assert "no device for the host to wait for" in result.metrics["unmeasured"]["host_syncs"]
     assert not any("waited for the device" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("eval_interval,validating", [(0, False), (2, True)])
+def test_a_waiting_host_is_a_warning_that_names_the_first_site(eval_interval, validating):
+    from hwbench.catalog import load_catalog
+    from hwbench.harness.merge import merge_ranks
+    from hwbench.results import RunResult
+    from hwbench.spec import build_run_spec, find_workload
+
+    catalog = load_catalog()
+    spec = build_run_spec({"model": "tiny", "device": "cpu", "steps": 4, "warmup": 1, "eval_interval": eval_interval,
+                           "telemetry": False}, catalog, check_paths=False)
+    steps = spec.warmup + spec.steps
+    report = RankReport(rank=0, step_times_s=[0.1] * spec.steps, memory={}, losses=[3.0] * steps,
+                        grad_norms=[1.0] * steps, lrs=[1e-4] * steps, loss_scales=[None] * steps,
+                        skipped=[False] * steps, wall_time_s=0.4,
+                        host_syncs={"count": 4, "where": ["native.py:217"], "reason": None})
+    result = RunResult(run_id="r", status="ok", spec={}, device={})
+    merge_ranks(result, spec, find_workload(catalog, "tiny"), [report])
+    assert result.metrics["host_syncs"]["count"] == 4
+    [warning] = [w for w in result.warnings if "waited for the device" in w]
+    assert "4 times in the timed window (first at native.py:217)" in warning
+    assert ("--eval-interval" in warning) == validating

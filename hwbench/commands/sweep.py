@@ -7,14 +7,15 @@ import sys
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.harness.suite import shipped_suite_names
 from hwbench.spec import DEFAULT_OUT
 
 DESCRIPTION = "Run every point of a suite, each in its own process tree; resumable (docs/sweeps.md)."
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("suite", metavar="SUITE", help="a suite file, or a shipped suite: smoke, nightly, table2, "
-                        "table3, published-1dev")
+    parser.add_argument("suite", metavar="SUITE", help="a suite file, or a shipped suite: "
+                        f"{', '.join(shipped_suite_names())}")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own")
     parser.add_argument("--nproc-per-node", type=int, help="for every point that does not set its own")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each point, with seeds seed, seed+1, ... "

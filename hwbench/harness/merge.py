@@ -283,8 +283,9 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
     waits = result.metrics.get("host_syncs")
     if waits and waits["count"]:
         first = f" (first at {waits['where'][0]})" if waits["where"] else ""
-        result.warnings.append(f"the host waited for the device {waits['count']} times in the timed steps{first}: "
-                               "the device idles meanwhile, so launch gaps count as step time")
+        validating = " (the validations inside it read their losses: --eval-interval)" if spec.eval_interval else ""
+        result.warnings.append(f"the host waited for the device {waits['count']} times in the timed window{first}"
+                               f"{validating}: the device idles meanwhile, so launch gaps count as step time")
     beyond = result.metrics.get("mfu_measured_ceiling")
     if beyond is not None and beyond > 1:
         result.warnings.append(f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "

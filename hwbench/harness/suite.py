@@ -187,14 +187,20 @@ def load_suite(path: str | Path) -> Suite:
     return Suite(name, str(data.get("description") or ""), str(path), tuple(points))
 
 
+SHIPPED_SUITES = Path(__file__).resolve().parent.parent / "catalogs" / "workloads" / "suites"
+
+
+def shipped_suite_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_SUITES.glob("*.yaml"))
+
+
 def find_suite(name_or_path: str) -> Path:
     """A suite file by path, or by name among the shipped suites."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    shipped = Path(__file__).resolve().parent.parent / "catalogs" / "workloads" / "suites"
-    for candidate in (shipped / name_or_path, shipped / f"{name_or_path}.yaml"):
+    for candidate in (SHIPPED_SUITES / name_or_path, SHIPPED_SUITES / f"{name_or_path}.yaml"):
         if candidate.is_file():
             return candidate
-    names = sorted(p.stem for p in shipped.glob("*.yaml"))
-    raise UsageError(f"suite {name_or_path!r} is neither a file nor a shipped suite; shipped: {', '.join(names)}")
+    raise UsageError(f"suite {name_or_path!r} is neither a file nor a shipped suite; shipped: "
+                     f"{', '.join(shipped_suite_names())}")
