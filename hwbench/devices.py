@@ -86,7 +86,11 @@ def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple
     if backend.simulated:
         return None, "the device is simulated: there is no ceiling to compare host-CPU work with"
     driver, problem = backend.driver()
-    return lookup_ceiling(default_store_path(), backend.name, model_name, driver, problem, precision)
+    try:
+        path = default_store_path()
+    except (RuntimeError, KeyError) as error:  # no $HOME and no password entry to find it from
+        return None, f"calibration store unreadable: its default path cannot be found ({error})"
+    return lookup_ceiling(path, backend.name, model_name, driver, problem, precision)
 
 
 def describe_workload(workload: Workload, spec: RunSpec) -> dict[str, Any]:

@@ -57,6 +57,10 @@ def test_calibrate_on_cpu_stores_positive_rates_keyed_by_model_and_driver(tmp_pa
 
 
 def test_a_second_calibration_replaces_what_it_measured_and_keeps_the_rest(tmp_path, capsys):
+    from hwbench.device.host import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("--threads 2 needs 2 usable cores (more threads than cores are refused)")
     store = tmp_path / "calibration.json"
     assert main(["calibrate", *TINY, "--threads", "1", "--store", str(store)]) == 0
     first = json.loads(store.read_text())["entries"][0]
@@ -183,3 +187,165 @@ def test_a_size_beyond_the_device_memory_is_skipped_with_the_reason_not_tried():
     assert gemm.rate is None and "do not fit" in gemm.skipped and gemm.input_sets == 2
     copy = measure_copy(backend, 1 << 50, settings)
     assert copy.rate is None and "do not fit" in copy.skipped
+
+
+# --- corrupted stores, odd options (an attack on `hwbench calibrate` and the run's lookup) ---
+
+H100 = ("cuda", "NVIDIA H100 80GB HBM3", "550.54.15")
+
+
+def store_text(ceiling_text: str = "7e14", **gemm_fields) -> str:
+    """A store of one H100 entry whose bf16 ceiling is the JSON text ``ceiling_text``."""
+    extra = "".join(f', "{k}": {json.dumps(v)}' for k, v in gemm_fields.items())
+    return ('{"schema_version": 1, "entries": [{"device_kind": "cuda", "device_model": "NVIDIA H100 80GB HBM3", '
+            '"driver": "550.54.15", "gemm": {"bf16": {"ceiling_flops": ' + ceiling_text + extra + '}}, '
+            '"copy": null}]}')
+
+
+UNREADABLE_STORES = {
+    "an integer of 5000 digits": store_text("1" + "0" * 4999),  # beyond Python's int-string limit
+    "nested 200000 deep": "[" * 200000 + "]" * 200000,
+}
+
+
+@pytest.mark.parametrize("name", list(UNREADABLE_STORES))
+def test_a_store_json_cannot_hold_is_unreadable_with_the_reason_not_a_traceback(name, tmp_path):
+    store = tmp_path / "calibration.json"
+    store.write_text(UNREADABLE_STORES[name])
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None and reason.startswith("calibration store unreadable: ") and str(store) in reason
+    with pytest.raises(CalibrationStoreError):
+        load_store(store)
+
+
+@pytest.mark.parametrize("ceiling, named", [
+    ("1" + "0" * 400, "an integer of 401 digits"),  # an integer, but no float holds it
+    ("NaN", "nan"), ("Infinity", "inf"), ("-1.0", "-1.0"), ("0", "0"), ("true", "True"), ('"7e14"', "'7e14'"),
+])
+def test_a_ceiling_no_float_holds_or_not_positive_is_refused_with_the_reason(ceiling, named, tmp_path):
+    store = tmp_path / "calibration.json"
+    store.write_text(store_text(ceiling))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None
+    assert "is not usable (gemm.bf16.ceiling_flops: must be a positive finite number" in reason and named in reason
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"best_size": {"x": [1]}}, "measured_ceiling.size"),
+    ({"best_size": -3}, "measured_ceiling.size"),
+    ({"best_cv": -0.5}, "measured_ceiling.cv"),
+    ({"measured_at": 20261123}, "measured_ceiling.measured_at"),
+    ({"torch_version": ["2.13"]}, "measured_ceiling.torch_version"),
+    ({"hwbench_version": {"v": 1}}, "measured_ceiling.hwbench_version"),
+])
+def test_a_stored_field_that_does_not_fit_the_result_shape_gives_no_ceiling(fields, named, tmp_path):
+    store = tmp_path / "calibration.json"
+    store.write_text(store_text(**fields))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None and named in reason and "is not usable" in reason
+
+
+def test_an_implausible_ceiling_is_refused_and_a_plausible_one_kept(tmp_path):
+    store = tmp_path / "calibration.json"
+    store.write_text(store_text("1e30"))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None and "not plausible for one device" in reason
+    store.write_text(store_text("2e15", best_size=8192, best_cv=0.01))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert reason is None and found["flops"] == 2e15
+
+
+def test_a_corrupted_store_never_fails_a_run_and_its_result_stays_readable(tmp_path, monkeypatch, capsys):
+    from hwbench.results import load_result
+
+    store = tmp_path / "calibration.json"
+    monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
+    assert main(["calibrate", *TINY, "--precisions", "fp32", "--sizes", "32"]) == 0
+    stored = json.loads(store.read_text())
+    stored["entries"][0]["gemm"]["fp32"]["best_size"] = {"x": [1]}
+    store.write_text(json.dumps(stored))
+    assert main([*SMALL_RUN, "--out", str(tmp_path / "bad-size")]) == 0
+    result = load_result(next((tmp_path / "bad-size").glob("*.json")))  # readers accept it
+    assert result.status == "ok" and result.device["measured_ceiling"] is None
+    assert "measured_ceiling.size" in result.device["measured_ceiling_unmeasured"]
+    assert "measured_ceiling.size" in result.metrics["unmeasured"]["mfu_measured_ceiling"]
+
+    store.write_text(UNREADABLE_STORES["nested 200000 deep"])
+    assert main([*SMALL_RUN, "--out", str(tmp_path / "deep")]) == 0
+    result = load_result(next((tmp_path / "deep").glob("*.json")))
+    assert result.status == "ok" and result.device["measured_ceiling"] is None
+    assert result.device["measured_ceiling_unmeasured"].startswith("calibration store unreadable: ")
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", list(UNREADABLE_STORES))
+def test_calibrate_refuses_a_store_json_cannot_hold_in_one_line_and_leaves_it(name, tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    store.write_text(UNREADABLE_STORES[name])
+    assert main(["calibrate", *TINY, "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--store " in lines[0] and "not JSON hwbench can read" in lines[0]
+    assert store.read_text() == UNREADABLE_STORES[name]
+
+
+def test_a_copy_size_below_one_byte_is_refused_not_replaced_by_the_default(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, "--copy-size", "0.5", "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--copy-size '0.5'" in lines[0] and "at least 1 byte" in lines[0]
+    assert not store.exists()
+
+
+def test_no_gemm_measured_is_exit_1_and_stores_nothing_even_with_the_copy_measured(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, "--sizes", "200000", "--precisions", "fp32", "--store", str(store)]) == 1
+    captured = capsys.readouterr()
+    assert "no GEMM rate was measured" in captured.err and "nothing stored" in captured.err
+    assert "report mfu_measured_ceiling" not in captured.out + captured.err
+    assert not store.exists()
+
+
+def test_a_copy_size_that_is_skipped_is_said_on_stderr(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, "--sizes", "32", "--precisions", "fp32", "--copy-size", "100TiB",
+                 "--store", str(store)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --copy-size 100TiB: skipped" in err and "no copy bandwidth stored" in err
+    entry = json.loads(store.read_text())["entries"][0]
+    assert entry["copy"] is None and entry["gemm"]["fp32"]["ceiling_flops"] > 0
+
+
+def test_a_store_whose_folder_cannot_be_written_is_named_as_given(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    given = str(blocker / "calibration.json")
+    assert main(["calibrate", *TINY, "--store", given]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--store {given!r}: its folder" in lines[0]
+    if __import__("os").path.isdir("/proc"):
+        assert main(["calibrate", *TINY, "--store", "/proc/x/y"]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "--store '/proc/x/y': its folder" in lines[0]
+
+
+def test_the_stored_line_says_how_runs_read_a_store_they_would_not(tmp_path, monkeypatch, capsys):
+    store = tmp_path / "elsewhere.json"
+    monkeypatch.setenv("HWBENCH_CALIBRATION", str(tmp_path / "runs-read-this.json"))
+    assert main(["calibrate", *TINY, "--sizes", "32", "--precisions", "fp32", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert f"HWBENCH_CALIBRATION={store}" in out and "runs-read-this.json" in out
+    monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
+    assert main(["calibrate", *TINY, "--sizes", "32", "--precisions", "fp32", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert "runs on this device and driver report mfu_measured_ceiling" in out and "HWBENCH_CALIBRATION=" not in out
+
+
+def test_more_threads_than_usable_cores_is_refused_naming_them(tmp_path, capsys):
+    from hwbench.device.host import usable_cores
+
+    store = tmp_path / "calibration.json"
+    cores = usable_cores()
+    assert main(["calibrate", *TINY, "--threads", str(cores + 1), "--store", str(store)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--threads '{cores + 1}'" in lines[0] and f"from 1 to {cores}" in lines[0]
+    assert not store.exists()

@@ -19,16 +19,25 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from hwbench.result_shape import MEASURED_CEILING, shape_problem
 from hwbench.results import write_json_atomic
 
 STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEY_FIELDS = ("device_kind", "device_model", "driver")  # one entry per these
+# The most FLOP/s a stored GEMM ceiling may claim for one device. The fastest accelerator
+# announced today reaches about 2.5e15 dense bf16/fp16 FLOP/s (B200/MI355X class; fp32 far less),
+# and the store keeps only fp32, bf16 and fp16: 1e17 leaves a 40x margin for devices to come,
+# while a figure above it can only be a corrupted or hand-edited store, and an MFU against it
+# would be ~0 instead of null.
+MAX_PLAUSIBLE_FLOPS = 1e17
 
 
 class CalibrationStoreError(ValueError):
@@ -54,6 +63,8 @@ def load_store(path: str | os.PathLike) -> dict[str, Any]:
     (its reason) for a file that cannot be read or is not a store of this version."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # a folder, a FIFO or /dev/zero: never read (could block)
+            raise CalibrationStoreError(f"{path}: not a regular file")
         text = path.read_text()
     except FileNotFoundError:
         return empty_store()
@@ -63,6 +74,11 @@ def load_store(path: str | os.PathLike) -> dict[str, Any]:
         store = json.loads(text)
     except json.JSONDecodeError as error:
         raise CalibrationStoreError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    except ValueError:  # the one other ValueError of json.loads: more digits than Python converts to an int
+        raise CalibrationStoreError(f"{path}: not JSON hwbench can read (an integer of more than "
+                                    f"{sys.get_int_max_str_digits()} digits)") from None
+    except RecursionError:
+        raise CalibrationStoreError(f"{path}: not JSON hwbench can read (nested too deeply)") from None
     problem = _store_problem(store)
     if problem:
         raise CalibrationStoreError(f"{path}: {problem}")
@@ -149,11 +165,15 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
     if entry is None:
         return None, f"no calibration for {device_model} driver {driver} in {path}: {fix}"
     gemm = (entry.get("gemm") or {}).get(precision)
-    if not isinstance(gemm, dict) or not _positive_number(gemm.get("ceiling_flops")):
+    if not isinstance(gemm, dict) or gemm.get("ceiling_flops") is None:
         return None, (f"the calibration of {device_model} driver {driver} in {path} has no {precision} GEMM rate: "
                       f"{fix} --precisions {precision}")
+    if not _positive_number(gemm["ceiling_flops"]):
+        return None, (f"the calibration of {device_model} driver {driver} in {path} is not usable "
+                      f"(gemm.{precision}.ceiling_flops: must be a positive finite number, not "
+                      f"{_short(gemm['ceiling_flops'])}): {fix} --precisions {precision}")
     copy = entry.get("copy") or {}
-    return {
+    ceiling = {
         "flops": float(gemm["ceiling_flops"]),
         "precision": precision,
         "size": gemm.get("best_size"),
@@ -163,10 +183,34 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
         "driver": driver,
         "torch_version": gemm.get("torch_version"),
         "hwbench_version": gemm.get("hwbench_version"),
-        "copy_bytes_per_s": copy.get("bytes_per_s") if _positive_number(copy.get("bytes_per_s")) else None,
+        "copy_bytes_per_s": float(copy["bytes_per_s"]) if _positive_number(copy.get("bytes_per_s")) else None,
         "store": str(path),
-    }, None
+    }
+    # what the run copies into device.measured_ceiling must fit the result's shape, or every
+    # reader would refuse the finished result: checked here, against the one definition of it
+    problem = shape_problem(ceiling, MEASURED_CEILING, "measured_ceiling")
+    if problem is None and ceiling["flops"] > MAX_PLAUSIBLE_FLOPS:
+        problem = (f"measured_ceiling.flops: {ceiling['flops']:g} FLOP/s is not plausible for one device "
+                   f"(more than {MAX_PLAUSIBLE_FLOPS:g})")
+    if problem:
+        return None, (f"the calibration of {device_model} driver {driver} in {path} is not usable ({problem}): "
+                      f"{fix} --precisions {precision}")
+    return ceiling, None
 
 
 def _positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and value != float("inf")
+    """A number > 0 that a float holds finitely (an integer of 400 digits is not one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and number > 0
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {len(str(value))} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

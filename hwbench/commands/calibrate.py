@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, >= 2)")
     parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
                         help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, >= 1)")
-    parser.add_argument("--threads", help="CPU: intra-op threads (default: the usable cores); part of the CPU's key")
+    parser.add_argument("--threads", help="CPU: intra-op threads, at most the usable cores (default: the usable "
+                                          "cores); part of the CPU's key")
     parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
                                         "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)")
 
@@ -80,7 +82,8 @@ def _store_path(args: argparse.Namespace) -> tuple[Path, str]:
         path = default_store_path()
         option = f"${STORE_ENV}" if os.environ.get(STORE_ENV, "").strip() else "the calibration store"
     check_output_file(path, option)
-    check_output_folder(path.parent, option)
+    # named by the value given, not by its folder, which is what cannot be written
+    check_output_folder(path.parent, f"{option} {args.store if args.store is not None else str(path)!r}: its folder")
     try:
         load_store(path)
     except CalibrationStoreError as error:
@@ -99,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.units import parse_size
 
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
+    if copy_bytes is not None and copy_bytes < 1:  # '0.5' parses to 0 bytes: there would be nothing to copy
+        raise UsageError(f"--copy-size {args.copy_size!r} is not accepted; accepted: a size of at least 1 byte, "
+                         "e.g. 256MiB")
     store, option = _store_path(args)
 
     from hwbench.calibration.measure import CalibrationSettings, calibrate
@@ -109,6 +115,15 @@ def main(args: argparse.Namespace) -> int:
     backend = select_backend(args.device)
     if threads is not None and backend.name != "cpu":
         raise UsageError(f"--threads {threads} is for --device cpu; this is {backend.name}: leave it out")
+    if threads is not None:
+        from hwbench.device.host import usable_cores
+
+        # more threads than cores measures contention, not the CPU: the ceiling of an oversubscribed
+        # configuration, which no run should be compared with (docs/methodology.md, 'Measured ceiling')
+        cores = usable_cores()
+        if threads > cores:
+            raise UsageError(f"--threads {args.threads!r} is not accepted; accepted: an integer from 1 to {cores} "
+                             f"(the cores this process may use)")
     if backend.simulated:
         raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
                          "there is nothing to calibrate")
@@ -121,15 +136,17 @@ def main(args: argparse.Namespace) -> int:
                          "device model and driver, so it could not be matched to a run")
     model = device_model_name(backend)
     settings = CalibrationSettings(precisions=precisions, sizes=sizes or DEFAULT_SIZES[backend.name],
-                                   copy_bytes=copy_bytes or DEFAULT_COPY_BYTES[backend.name],
+                                   copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None
+                                               else copy_bytes),
                                    repeats=repeats, warmup=warmup)
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
     calibration = calibrate(backend, model, driver, settings,
                             on_measured=lambda m: print(f"  {_label(m)} {_size_text(m)}: "
                                                         f"{_rate_text(m, 'median')}", file=sys.stderr, flush=True))
-    if not any(m.rate for m in calibration.measurements):
+    if not any(m.rate for m in calibration.measurements if m.kind == "gemm"):
+        # a run reads only GEMM ceilings: a copy figure alone would be stored for no run to use
         print(calibration_table(calibration))
-        print(f"\nnothing was measured (every size skipped): nothing stored in {store}")
+        print(f"no GEMM rate was measured (every size skipped): nothing stored in {store}", file=sys.stderr)
         return 1
     try:
         record_calibration(store, calibration.store_update())
@@ -141,9 +158,41 @@ def main(args: argparse.Namespace) -> int:
     print()
     for line in left_out:
         print(f"left out {line}")
-    print(f"stored in {store} under {backend.name} / {model} / driver {driver}: runs on this device and driver report "
-          "mfu_measured_ceiling against these ceilings")
+    for precision in precisions:
+        if calibration.ceiling(precision) is None:
+            print(f"warning: GEMM {precision}: every size skipped; no {precision} rate stored (an earlier one stays)",
+                  file=sys.stderr)
+    copy = next(m for m in calibration.measurements if m.kind == "copy")
+    if copy.rate is None:
+        given = (f"--copy-size {args.copy_size}" if args.copy_size is not None
+                 else f"the {human_bytes(copy.size)} copy")
+        print(f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
+              file=sys.stderr)
+    where = f"stored in {store} under {backend.name} / {model} / driver {driver}: "
+    read_by_runs = _runs_store()
+    if read_by_runs is not None and _same_path(read_by_runs, store):
+        print(where + "runs on this device and driver report mfu_measured_ceiling against these ceilings")
+    else:
+        print(where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
+              f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings")
     return 0
+
+
+def _runs_store() -> Path | None:
+    """The store a run reads ($HWBENCH_CALIBRATION, else the default); None when it cannot be found."""
+    from hwbench.calibration.store import default_store_path
+
+    try:
+        return default_store_path()
+    except (RuntimeError, KeyError):
+        return None
+
+
+def _same_path(one: Path, other: Path) -> bool:
+    try:
+        return one.resolve() == other.resolve()
+    except (OSError, RuntimeError):
+        return one.absolute() == other.absolute()
 
 
 def _device_precisions(backend, wanted: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...], list[str]]:
