@@ -66,12 +66,17 @@ def _assert_pipeline_engine(result: dict, tp: int, pp: int, dp: int, zero: int =
     assert len(result["ranks"]) == tp * pp * dp
 
 
+# heavy (python -m pytest -m heavy): the pipeline engine with TP and PP on their own; the
+# default run has both together, in the TP2 x PP2 test below (the same engine, its tensor-parallel
+# layers and its 1F1B pipeline over tiny's 2 stages, with recompute and ZeRO 1 beside them).
+@pytest.mark.heavy
 def test_pp2_follows_the_single_process_curve(tmp_path, single):
     result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "2", "--pp", "2")
     _assert_pipeline_engine(result, tp=1, pp=2, dp=1)
     _assert_same_curve(result, single)
 
 
+@pytest.mark.heavy
 def test_tp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
     result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "2", "--tp", "2")
     _assert_pipeline_engine(result, tp=2, pp=1, dp=1)

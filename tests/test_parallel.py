@@ -65,10 +65,15 @@ LAYOUTS = [
     pytest.param(["--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "gpipe"], (1, 2, 1), None, id="pp2-gpipe"),
     pytest.param(["--nproc-per-node", "2"], (1, 1, 2), "ddp", id="dp2-ddp"),
     pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", id="dp2-fsdp"),
-    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2"),
+    # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
+    # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
+    # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
+    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2",
+                 marks=pytest.mark.heavy),
     pytest.param(["--nproc-per-node", "4", "--pp", "2"], (1, 2, 2), "all-reduce", id="pp2xdp2"),
     pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", id="tp2xfsdp2"),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2"),
+    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2",
+                 marks=pytest.mark.heavy),
 ]
 
 
@@ -118,7 +123,10 @@ def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
     _assert_same_curve(result, native_tp2, tolerance=SAME_PADDING_TOLERANCE, norm_tolerance=SAME_PADDING_TOLERANCE)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# ZeRO 2 on 2 ranks is heavy (python -m pytest -m heavy): stages 1 and 2 are one DeepSpeed optimizer
+# (stage_1_and_2.DeepSpeedZeroOptimizer) and one path through hwbench's engine; 1 and 3 run here by
+# default, and ZeRO 2 itself against the native engine in test_deepspeed.py (one process).
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.heavy), 3])
 def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, reference, stage):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
     code, result = _run(tmp_path, "--nproc-per-node", "2", "--engine", "deepspeed", "--zero", str(stage))
