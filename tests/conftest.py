@@ -45,3 +45,43 @@ def kill_tree(pid: int) -> None:
     from hwbench.harness.launcher import kill_tree as kill
 
     kill([pid])
+
+
+# --- Reference runs shared by the parity tests --------------------------------
+#
+# tests/test_parallel.py and tests/test_deepspeed_pipeline.py compare every layout
+# with the same two reference runs of the same small job: one process, and the
+# native engine's TP2 on 2 ranks (which pads the vocabulary as every TP2 layout
+# does). Each is run once per test session, not once per module.
+
+PARITY_BASE = ["--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", "--steps", "2",
+               "--warmup", "1", "--eval-iters", "1", "--no-telemetry"]
+
+
+def parity_run(out: Path, *options: str) -> tuple[int, dict]:
+    """`hwbench run PARITY_BASE OPTIONS --out OUT` in this process: its exit status and
+    its one result."""
+    import json
+
+    from hwbench.cli import main
+
+    code = main(["run", *PARITY_BASE, *options, "--out", str(out)])
+    files = list(out.glob("*.json"))
+    assert len(files) == 1, f"expected one result in {out}, found {files}"
+    return code, json.loads(files[0].read_text())
+
+
+@pytest.fixture(scope="session")
+def single_process_run(tmp_path_factory) -> dict:
+    """PARITY_BASE on one process."""
+    code, result = parity_run(tmp_path_factory.mktemp("single") / "run")
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    return result
+
+
+@pytest.fixture(scope="session")
+def native_tp2_run(tmp_path_factory) -> dict:
+    """PARITY_BASE on 2 ranks, native engine, --tp 2."""
+    code, result = parity_run(tmp_path_factory.mktemp("native-tp2") / "run", "--nproc-per-node", "2", "--tp", "2")
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    return result

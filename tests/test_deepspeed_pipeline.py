@@ -13,39 +13,36 @@ the single-process run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from conftest import PARITY_BASE, parity_run
 
 from hwbench.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
 
-BASE = ["--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", "--steps", "2", "--warmup", "1",
-        "--eval-iters", "1", "--no-telemetry"]
+BASE = PARITY_BASE  # conftest: the same job as tests/test_parallel.py's layouts
 TOLERANCE = 1e-5  # relative, per step: loss, gradient norm and validation loss
 
 
 def _run(tmp_path: Path, *options: str) -> dict:
-    out = tmp_path / "run"
-    code = main(["run", *BASE, *options, "--out", str(out)])
-    files = list(out.glob("*.json"))
-    assert len(files) == 1, f"expected one result in {out}, found {files}"
-    result = json.loads(files[0].read_text())
+    code, result = parity_run(tmp_path / "run", *options)
     assert code == 0 and result["status"] == "ok", result.get("error")
     return result
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory) -> dict:
-    return _run(tmp_path_factory.mktemp("single"))
+@pytest.fixture
+def single(single_process_run) -> dict:
+    """The single-process run (conftest: one per session, shared with test_parallel)."""
+    return single_process_run
 
 
-@pytest.fixture(scope="module")
-def native_tp2(tmp_path_factory) -> dict:
-    return _run(tmp_path_factory.mktemp("native-tp2"), "--nproc-per-node", "2", "--tp", "2")
+@pytest.fixture
+def native_tp2(native_tp2_run) -> dict:
+    """The native engine's TP2 run (conftest: one per session, shared with test_parallel)."""
+    return native_tp2_run
 
 
 def _assert_same_curve(result: dict, reference: dict) -> None:
@@ -69,12 +66,17 @@ def _assert_pipeline_engine(result: dict, tp: int, pp: int, dp: int, zero: int =
     assert len(result["ranks"]) == tp * pp * dp
 
 
+# heavy (python -m pytest -m heavy): the pipeline engine with TP and PP on their own; the
+# default run has both together, in the TP2 x PP2 test below (the same engine, its tensor-parallel
+# layers and its 1F1B pipeline over tiny's 2 stages, with recompute and ZeRO 1 beside them).
+@pytest.mark.heavy
 def test_pp2_follows_the_single_process_curve(tmp_path, single):
     result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "2", "--pp", "2")
     _assert_pipeline_engine(result, tp=1, pp=2, dp=1)
     _assert_same_curve(result, single)
 
 
+@pytest.mark.heavy
 def test_tp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
     result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "2", "--tp", "2")
     _assert_pipeline_engine(result, tp=2, pp=1, dp=1)

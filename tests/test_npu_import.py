@@ -87,8 +87,8 @@ def test_help_works_without_cann(no_cann_env, tmp_path):
 
 def test_cpu_run_works_without_cann(no_cann_env, tmp_path):
     out = tmp_path / "out"
-    done = hwbench(["run", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1", "--eval-iters",
-                    "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
+    done = hwbench(["run", "--device", "cpu", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
+                    "--eval-iters", "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list(out.glob("*.json"))) == 1
 
@@ -112,8 +112,8 @@ def test_auto_without_cann_falls_back_to_cpu_and_says_why(no_cann_env, tmp_path)
 def test_auto_run_without_cann_records_and_prints_the_npu_it_passed_over(no_cann_env, tmp_path):
     """A CPU figure must not pass for the NPU's: the run says, and its result records, why auto chose the CPU."""
     out = tmp_path / "out"
-    done = hwbench(["run", "--device", "auto", "--model", "tiny", "--steps", "2", "--warmup", "1", "--eval-iters",
-                    "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
+    done = hwbench(["run", "--device", "auto", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
+                    "--eval-iters", "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     reason = f"npu: CANN runtime not found: libhccl.so (source {SET_ENV})"
     assert f"hwbench: note: --device auto passed over {reason}; this run used the cpu" in done.stderr

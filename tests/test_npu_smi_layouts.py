@@ -106,8 +106,8 @@ def test_run_on_a_simulated_a3_die_reports_that_die(standin_npu_env, tmp_path):
     npu-smi: the telemetry is die Phy-ID 2 (NPU 1, chip 0)."""
     env = {**standin_npu_env, "ASCEND_RT_VISIBLE_DEVICES": "2", "HWBENCH_STANDIN_NPU_SMI": "info-a3.txt"}
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--device", "npu", "--model", "tiny", "--steps",
-                           "2", "--warmup", "1", "--eval-iters", "0", "--quiet", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--device", "npu", "--model", "tiny", "--seq-length",
+                           "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0", "--quiet", "--out", str(out)],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=TRAIN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(next(out.glob("*.json")).read_text())

@@ -230,8 +230,8 @@ def test_standin_counts_one_device_by_default_and_none_when_hidden(standin_npu_e
 
 def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
     out = tmp_path / "results"
-    done = hwbench(["run", "--device", "npu", "--model", "tiny", "--steps", "3", "--warmup", "1", "--quiet",
-                    "--out", str(out)], standin_npu_env, tmp_path, timeout=TRAIN_S)
+    done = hwbench(["run", "--device", "npu", "--model", "tiny", "--seq-length", "32", "--steps", "3", "--warmup", "1",
+                    "--quiet", "--out", str(out)], standin_npu_env, tmp_path, timeout=TRAIN_S)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     files = sorted(p.name for p in out.iterdir())
     assert len(files) == 1 and files[0].endswith(".json"), files

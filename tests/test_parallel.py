@@ -17,32 +17,25 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kill_tree, sigint_as_usual
+from conftest import PARITY_BASE, kill_tree, parity_run, sigint_as_usual
 
-from hwbench.cli import main
 from hwbench.harness.launcher import free_port
 from hwbench.report.parity import LAYOUT_TOLERANCE
 
 pytestmark = pytest.mark.slow
 
-# Small and quick: 2 layers, seq 32, 3 steps, one validation batch.
-BASE = ["--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", "--steps", "2", "--warmup", "1",
-        "--eval-iters", "1", "--no-telemetry"]
+# Small and quick: 2 layers, seq 32, 3 steps, one validation batch (conftest.PARITY_BASE).
+BASE = PARITY_BASE
 
 
 def _run(tmp_path: Path, *options: str, name: str = "run") -> tuple[int, dict]:
-    out = tmp_path / name
-    code = main(["run", *BASE, *options, "--out", str(out)])
-    files = list(out.glob("*.json"))
-    assert len(files) == 1, f"expected one result in {out}, found {files}"
-    return code, json.loads(files[0].read_text())
+    return parity_run(tmp_path / name, *options)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    code, result = _run(tmp_path_factory.mktemp("single"))
-    assert code == 0 and result["status"] == "ok"
-    return result
+@pytest.fixture
+def reference(single_process_run) -> dict:
+    """The single-process run (conftest: one per session, shared with test_deepspeed_pipeline)."""
+    return single_process_run
 
 
 # Gradient norms agree to rounding in every layout that does not pad the vocabulary: measured
@@ -65,22 +58,31 @@ def _assert_same_curve(result: dict, reference: dict, tolerance: float = LAYOUT_
     assert abs(got - want) / want < tolerance, f"validation loss {got} vs {want}"
 
 
+TP2 = ["--nproc-per-node", "2", "--tp", "2"]  # conftest's native_tp2_run, the TP2 reference below
 LAYOUTS = [
-    pytest.param(["--nproc-per-node", "2", "--tp", "2"], (2, 1, 1), None, id="tp2"),
+    pytest.param(TP2, (2, 1, 1), None, id="tp2"),
     pytest.param(["--nproc-per-node", "2", "--pp", "2"], (1, 2, 1), None, id="pp2-1f1b"),
     pytest.param(["--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "gpipe"], (1, 2, 1), None, id="pp2-gpipe"),
     pytest.param(["--nproc-per-node", "2"], (1, 1, 2), "ddp", id="dp2-ddp"),
     pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", id="dp2-fsdp"),
-    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2"),
+    # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
+    # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
+    # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
+    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2",
+                 marks=pytest.mark.heavy),
     pytest.param(["--nproc-per-node", "4", "--pp", "2"], (1, 2, 2), "all-reduce", id="pp2xdp2"),
     pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", id="tp2xfsdp2"),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2"),
+    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2",
+                 marks=pytest.mark.heavy),
 ]
 
 
 @pytest.mark.parametrize("options,layout,data_parallel", LAYOUTS)
-def test_layout_follows_the_single_process_loss_curve(tmp_path, reference, options, layout, data_parallel):
-    code, result = _run(tmp_path, *options)
+def test_layout_follows_the_single_process_loss_curve(tmp_path, request, reference, options, layout, data_parallel):
+    if options == TP2:  # the same run as the TP2 reference: run once per session (status checked there)
+        code, result = 0, request.getfixturevalue("native_tp2_run")
+    else:
+        code, result = _run(tmp_path, *options)
     assert code == 0, result.get("error")
     tp, pp, dp = layout
     assert result["status"] == "ok"
@@ -101,11 +103,11 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, reference, optio
 SAME_PADDING_TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def native_tp2(tmp_path_factory) -> dict:
-    code, result = _run(tmp_path_factory.mktemp("tp2"), "--nproc-per-node", "2", "--tp", "2")
-    assert code == 0 and result["status"] == "ok", result.get("error")
-    return result
+@pytest.fixture
+def native_tp2(native_tp2_run) -> dict:
+    """The native engine's TP2 (conftest: one per session, shared with the tp2 layout above
+    and test_deepspeed_pipeline)."""
+    return native_tp2_run
 
 
 def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
@@ -121,7 +123,10 @@ def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
     _assert_same_curve(result, native_tp2, tolerance=SAME_PADDING_TOLERANCE, norm_tolerance=SAME_PADDING_TOLERANCE)
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+# ZeRO 2 on 2 ranks is heavy (python -m pytest -m heavy): stages 1 and 2 are one DeepSpeed optimizer
+# (stage_1_and_2.DeepSpeedZeroOptimizer) and one path through hwbench's engine; 1 and 3 run here by
+# default, and ZeRO 2 itself against the native engine in test_deepspeed.py (one process).
+@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.heavy), 3])
 def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, reference, stage):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
     code, result = _run(tmp_path, "--nproc-per-node", "2", "--engine", "deepspeed", "--zero", str(stage))

@@ -13,7 +13,8 @@ def two_runs(tmp_path_factory):
     paths = []
     for name in ("a", "b"):
         out = tmp_path_factory.mktemp(name)
-        assert main(["run", "--quiet", "--model", "tiny", "--steps", "6", "--warmup", "1", "--eval-iters", "1",
+        assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "6", "--warmup", "1",
+                     "--eval-iters", "1",
                      "--out", str(out)]) == 0
         paths.append(next(out.glob("*.json")))
     return paths
@@ -70,13 +71,14 @@ def test_validation_points_and_ppl(two_runs):
     point = metrics["validation"][-1]
     assert point["ppl"] == pytest.approx(math.exp(min(20.0, point["loss"])))
     assert metrics["valid_ppl"] == point["ppl"] and metrics["valid_ppl_step"] == 7
-    assert point["tokens"] == 1 * 8 * 128  # eval_iters x global batch x seq
+    assert point["tokens"] == 1 * 8 * 32  # eval_iters x global batch x seq
     assert metrics["ppl_floor"] == pytest.approx(math.exp(metrics["loss_floor"]))
     assert metrics["ppl_floor"] < metrics["valid_ppl"]
 
 
 def test_eval_interval_is_kept_out_of_step_times(tmp_path):
-    assert main(["run", "--quiet", "--model", "tiny", "--steps", "4", "--warmup", "1", "--eval-interval", "2",
+    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "4", "--warmup", "1",
+                 "--eval-interval", "2",
                  "--eval-iters", "2", "--out", str(tmp_path)]) == 0
     result = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert [v["step"] for v in result["metrics"]["validation"]] == [2, 4, 5]

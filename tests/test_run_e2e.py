@@ -24,9 +24,10 @@ def _only_result(folder):
 
 
 def test_embedded_default_trains_and_writes_a_result(tmp_path):
-    """The README's main command, shortened to 8 timed steps."""
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "8", "--warmup", "2",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    """The README's main command, shortened to 4 timed steps after 1 warm-up step
+    (the loss falls within them: the learning rate warms up over 2 steps)."""
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "4", "--warmup", "1",
+                           "--eval-iters", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     path, result = _only_result(tmp_path)
     assert result.status == "ok" and result.spec["model"] == DEFAULT_MODEL
@@ -35,16 +36,20 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
     assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"] * result.spec["seq_length"])
     assert metrics["loss_end"] < metrics["loss_start"]  # it learned something
     assert metrics["loss_end"] > metrics["loss_floor"]  # and nothing impossible
-    assert [s["phase"] for s in result.steps] == ["warmup"] * 2 + ["timed"] * 8
+    # one validation after the last step, over --eval-iters x global batch x seq tokens
+    assert [v["step"] for v in metrics["validation"]] == [5] and metrics["valid_ppl_step"] == 5
+    assert metrics["validation"][-1]["tokens"] == 2 * result.spec["global_batch_size"] * result.spec["seq_length"]
+    assert metrics["loss_floor"] < metrics["valid_loss"] < metrics["loss_start"]
+    assert [s["phase"] for s in result.steps] == ["warmup"] + ["timed"] * 4
     assert all(s["time_s"] > 0 for s in result.steps if s["phase"] == "timed")
-    assert metrics["step_time_s"]["n"] == 8
+    assert metrics["step_time_s"]["n"] == 4
     assert metrics["memory"]["peak_reserved_bytes"] > 0
     assert metrics["mfu"] is None and "no catalog entry" in metrics["unmeasured"]["mfu"]
     assert result.environment["torch_version"] == torch.__version__
     assert result.environment["tuning"]["intra_op_threads"] >= 1
     # the tuned heap is bounded: the bound is recorded and trims are counted over the timed steps
     assert result.environment["tuning"]["allocator"].startswith("glibc: mmap off")
-    assert isinstance(metrics["memory"]["heap_trims"], int) and 0 <= metrics["memory"]["heap_trims"] <= 8
+    assert isinstance(metrics["memory"]["heap_trims"], int) and 0 <= metrics["memory"]["heap_trims"] <= 4
     bound_gib = float(metrics["memory"]["source"].split("bounded at ")[1].split(" GiB")[0])
     assert 0 < bound_gib * 2**30 < metrics["memory"]["capacity_bytes"]
     assert "tuned heap bounded at" in metrics["memory"]["source"]
@@ -64,7 +69,8 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     )
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path / "catalog"))
     out = tmp_path / "out"
-    assert main(["run", "--quiet", "--model", "tiny", "--steps", "3", "--warmup", "1", "--out", str(out)]) == 0
+    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "3", "--warmup", "1",
+                 "--eval-iters", "1", "--out", str(out)]) == 0
     _, result = _only_result(out)
     assert result.device["catalog_entry"] == "this-cpu"
     assert result.metrics["mfu"] == pytest.approx(result.metrics["tflops_per_device"] / 1.0)
@@ -75,7 +81,7 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
 def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
     # a small batch: fp16 on a CPU without fp16 units is emulated, about 10x slower than fp32
     assert main(["run", "--quiet", "--model", "tiny", "--precision", precision, "--steps", "3", "--warmup", "1",
-                 "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
+                 "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
                  "--out", str(tmp_path)]) == 0
     _, result = _only_result(tmp_path)
     assert result.status == "ok"
@@ -145,7 +151,8 @@ def test_gradient_accumulation_matches_one_large_batch():
 
 
 def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
-    assert main(["run", "--quiet", "--model", "tiny", "--steps", "2", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "0",
+                 "--eval-iters", "1", "--out", str(tmp_path)]) == 0
     path, _ = _only_result(tmp_path)
     data = json.loads(path.read_text())
     assert set(data) == {"schema_version", "run_id", "status", "spec", "workload", "device", "metrics", "steps",
