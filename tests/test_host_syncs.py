@@ -3,7 +3,8 @@
 The counting itself is torch's sync debug mode on CUDA, which needs a card; here the
 backend's use of it (mode set to warn for the window, restored after, torch's warnings
 counted with their call sites, every other warning passed on) runs against a stand-in
-for the two torch.cuda calls, and the merge and the CPU's reason run for real."""
+for the two torch.cuda calls, and the merge and the warning run for real (the CPU's
+null with its reason: tests/test_run_e2e.py, the embedded default run)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import warnings
 import pytest
 import torch
 
-import hwbench
 from hwbench.device.cuda import SYNC_WARNING, CudaBackend
 from hwbench.harness.merge import RankReport, merge_host_syncs
 
@@ -87,15 +87,6 @@ def test_merge_keeps_the_rank_that_waited_most():
     assert merged == {"count": 3, "where": ["engine.py:217"], "rank": 1, "ranks_counted": 3}
     assert merge_host_syncs([_report(0, {"count": None, "where": [], "reason": "cannot count"})]) is None
     assert merge_host_syncs([_report(0, None)]) is None
-
-
-def test_a_cpu_run_says_why_it_has_no_count(tmp_path):
-    result = hwbench.run(model="tiny", device="cpu", steps=2, warmup=1, eval_iters=0, data="synthetic",
-                         telemetry=False, out=str(tmp_path), write=False)
-    assert result.status == "ok"
-    assert result.metrics["host_syncs"] is None
-    assert "no device for the host to wait for" in result.metrics["unmeasured"]["host_syncs"]
-    assert not any("waited for the device" in w for w in result.warnings)
 
 
 @pytest.mark.parametrize("eval_interval,validating", [(0, False), (2, True)])

@@ -55,6 +55,9 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
     assert "tuned heap bounded at" in metrics["memory"]["source"]
     assert result.started_at < result.finished_at
     assert "tokens/s" in done.stdout and str(path) in done.stdout
+    # the CPU has no device for the host to wait for: no count, and why (tests/test_host_syncs.py has the CUDA count)
+    assert metrics["host_syncs"] is None
+    assert "no device for the host to wait for" in metrics["unmeasured"]["host_syncs"]
 
 
 def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsys):
