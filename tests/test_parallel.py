@@ -300,10 +300,12 @@ def overflowing_fp16(tmp_path_factory):
 FP16 = ["--precision", "fp16", "--model", "tiny-overflow", "--steps", "4"]
 
 
+# PP2 and FSDP2 are heavy (python -m pytest -m heavy): TP2 takes the same path (the overflow
+# decided on the device from the global norm of DTensor shards, the skip by fused AdamW)
 @pytest.mark.parametrize("options", [
     pytest.param(["--nproc-per-node", "2", "--tp", "2"], id="tp2"),
-    pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2"),
-    pytest.param(["--nproc-per-node", "2", "--fsdp"], id="dp2-fsdp"),
+    pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
+    pytest.param(["--nproc-per-node", "2", "--fsdp"], id="dp2-fsdp", marks=pytest.mark.heavy),
 ])
 def test_fp16_layout_skips_the_single_process_steps_with_its_scales(tmp_path, overflowing_fp16, options):
     """fp16's overflow flag and loss-scale state live on the device and fused AdamW reads the
