@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from typing import Sequence
 
 from hwbench import __version__
-from hwbench.errors import RankFailure, SetupError, UsageError
+from hwbench.errors import RankFailure, SetupError, Terminated, UsageError
 
 # name -> its line in `hwbench --help`; the module is hwbench.commands.<name>.
 COMMANDS = {
@@ -86,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hwbench.harness.lifeline import hold
 
     hold()  # started by another hwbench process (a sweep, torchrun's agent): die with it
+    if not _is_rank_of_a_job():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _terminate_as_interrupt)
     raw = list(sys.argv[1:] if argv is None else argv)
     try:
         if not raw or raw[0] not in COMMANDS:
@@ -98,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RankFailure as error:  # this rank's traceback is in torchrun's error file and the rank's log
         print(f"hwbench: rank {os.environ.get('RANK', '?')}: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("hwbench: interrupted; nothing unfinished was written", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:
+        how = f" by {interrupt.args[0]}" if isinstance(interrupt, Terminated) and interrupt.args else ""
+        print(f"hwbench: interrupted{how}; nothing unfinished was written", file=sys.stderr)
         return 130
     except BrokenPipeError:
         if not _stdout_reader_gone():
@@ -107,6 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `hwbench models | head`: the reader is gone, so is the rest of the output
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 128 + 13  # as a process killed by SIGPIPE
+
+
+def _terminate_as_interrupt(signal_number: int, _frame) -> None:
+    raise Terminated(signal.Signals(signal_number).name)
+
+
+def _is_rank_of_a_job() -> bool:
+    """A rank that torchrun or a multi-task srun started: it must die by the signal its
+    launcher sends, so that the launcher records the signal and ends the job."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    tasks = os.environ.get("SLURM_NTASKS", "1")
+    return "SLURM_PROCID" in os.environ and tasks.isdigit() and int(tasks) > 1
 
 
 def _stdout_reader_gone() -> bool:

@@ -20,3 +20,8 @@ class RankFailure(RuntimeError):
     """One rank of a torchrun job failed while training. The message starts with
     the status it implies (failed, oom, invalid); torchrun's error file carries
     it, with the traceback, to the launcher (hwbench.harness.launcher)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled as Ctrl-C: a CI job cancelled, a terminal closed, a pod
+    deleted. ``args[0]`` names the signal."""

@@ -177,10 +177,12 @@ def check_data(data: str) -> str:
         return data
     missing = [suffix for suffix in (".idx", ".bin") if not Path(data + suffix).is_file()]
     if missing:
-        raise UsageError(
-            f"--data {data!r}: no {' or '.join(data + m for m in missing)}; give the prefix of a Megatron "
-            f"dataset (as `hwbench data prepare` writes), or one of: {', '.join(DATA_KEYWORDS)}"
-        )
+        prepared = sorted(str(idx)[:-len(".idx")] for idx in Path(data).parent.glob(Path(data).name + "_*_document.idx")
+                          if Path(str(idx)[:-len(".idx")] + ".bin").is_file())
+        hint = (f"`hwbench data prepare --output-prefix {data}` wrote {', '.join(prepared)}: give --data "
+                f"{prepared[0]}" if prepared else "give the prefix of a Megatron dataset (as `hwbench data "
+                f"prepare` writes), or one of: {', '.join(DATA_KEYWORDS)}")
+        raise UsageError(f"--data {data!r}: no {' or '.join(data + m for m in missing)}; {hint}")
     return data
 
 

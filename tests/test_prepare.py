@@ -283,10 +283,72 @@ def test_bad_options_and_files(tmp_path):
     corrupt = tmp_path / "in.jsonl.gz"
     corrupt.write_bytes(gzip.compress(b'{"text": "a"}\n' * 1000)[:-30])
     _fails(tmp_path, corrupt, f"{corrupt}: cannot read past line")
-    with pytest.raises(UsageError, match="folder .*nowhere does not exist"):
-        prepare(source, tmp_path / "nowhere" / "out", tokenizer="byte")
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(UsageError, match="afile is a file, not a folder"):
+        prepare(source, tmp_path / "afile" / "sub" / "out", tokenizer="byte")
     with pytest.raises(UsageError, match="the following arguments are required: --input"):
         main(["--output-prefix", "x"])
+
+
+def test_a_missing_output_folder_is_created_and_removed_again_on_failure(tmp_path, capsys):
+    """The README's `--output-prefix data/corpus` on a fresh clone: the folder is made; a
+    failed prepare leaves no folder it made behind."""
+    from hwbench.cli import main as hwbench_main
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
+    prefix = tmp_path / "data" / "deeper" / "corpus"
+    assert hwbench_main(["data", "prepare", "--input", str(source), "--output-prefix", str(prefix),
+                         "--tokenizer", "byte", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert IndexedDataset(f"{prefix}_text_document").num_tokens == 3
+    assert f"hwbench run --data {prefix}_text_document" in out  # what to give `run` next
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"other": "abc"}])
+    with pytest.raises(UsageError, match="no key 'text'"):
+        prepare(bad, tmp_path / "made" / "for" / "it", tokenizer="byte")
+    assert not (tmp_path / "made").exists()
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"text": ' + "[" * 100_000 + "]" * 100_000 + "}", "JSON nested too deeply"),
+    ('{"text": "a", "n": ' + "9" * 5000 + "}", "a JSON number too long to read"),
+])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pathological_json_lines_are_one_line_errors(tmp_path, line, fragment, workers):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "fine"}) + "\n" + line + "\n")
+    message = _fails(tmp_path, source, f"{source}: line 2: {fragment}", workers=workers)
+    assert len(message) < 300, message
+
+
+def test_run_names_the_dataset_prepare_wrote_for_a_prefix(tmp_path):
+    from hwbench.spec import check_data
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
+    prepare(source, tmp_path / "shakes", tokenizer="byte")
+    with pytest.raises(UsageError) as caught:
+        check_data(str(tmp_path / "shakes"))
+    assert f"give --data {tmp_path / 'shakes'}_text_document" in str(caught.value)
+    assert check_data(f"{tmp_path / 'shakes'}_text_document") == f"{tmp_path / 'shakes'}_text_document"
+
+
+def test_stale_temporaries_of_a_killed_writer_are_removed(tmp_path):
+    """A writer killed outright leaves NAME.bin.PID-XXXX.tmp; the next writer of the same prefix
+    removes those of dead processes (and of writers that named none), not a living writer's."""
+    import os
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [tmp_path / f"out_text_document.bin.{dead.pid}-abc.tmp", tmp_path / f"out_text_document.idx.{dead.pid}-abc.tmp",
+             tmp_path / "out_text_document.bin.q1w2e3r4.tmp"]
+    living = tmp_path / f"out_text_document.bin.{os.getppid()}-xyz.tmp"
+    other = tmp_path / f"other_text_document.bin.{dead.pid}-abc.tmp"
+    for path in stale + [living, other]:
+        path.write_bytes(b"partial")
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
+    prepare(source, tmp_path / "out", tokenizer="byte")
+    assert names(tmp_path) == sorted(["in.jsonl", "out_text_document.bin", "out_text_document.idx", living.name,
+                                      other.name])
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -38,12 +38,19 @@ def hold() -> None:
     text = os.environ.get(PARENT_ENV)
     if not text or not text.isdigit():
         return
+    if die_with_parent(int(text)):
+        os.environ[PARENT_ENV] = str(os.getpid())
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask the kernel to SIGKILL this process when ``parent_pid`` (its parent) ends; exit
+    at once when that parent is already gone. False where prctl is missing (not Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            return
+            return False
     except (OSError, AttributeError):
-        return
-    if os.getppid() != int(text):  # the parent died before the request: nothing will ever signal us
+        return False
+    if os.getppid() != parent_pid:  # the parent died before the request: nothing will ever signal us
         os._exit(128 + signal.SIGKILL)
-    os.environ[PARENT_ENV] = str(os.getpid())
+    return True

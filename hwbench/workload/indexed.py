@@ -239,6 +239,40 @@ class IndexedDataset:
                                             "the pair does not belong together")
 
 
+def remove_stale_temporaries(folder: str, name: str) -> list[str]:
+    """Remove the temporaries of an earlier writer of the same prefix that was killed
+    outright (SIGKILL, a power cut: no cleanup ran): ``NAME.bin.PID-XXXX.tmp`` and
+    ``NAME.idx.PID-XXXX.tmp`` whose process is gone, and those of writers that did not
+    name their process. A living writer's files are left alone. Returns what was removed."""
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        for kind in (".bin.", ".idx."):
+            if entry.startswith(name + kind) and entry.endswith(".tmp"):
+                owner = entry[len(name + kind):-len(".tmp")].split("-", 1)[0]
+                if owner.isdigit() and _process_alive(int(owner)):
+                    continue
+                try:
+                    os.remove(os.path.join(folder, entry))
+                    removed.append(entry)
+                except OSError:
+                    pass
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 class IndexedDatasetWriter:
     """Writes a Megatron mmap dataset as it goes: tokens stream to a temporary
     ``.bin``; only the lengths are kept in memory (4 bytes a sequence, plus 8 a
@@ -270,9 +304,10 @@ class IndexedDatasetWriter:
         self.num_tokens = 0
         self._state = "open"
         folder, name = os.path.split(os.path.abspath(self.path_prefix))
-        self._bin_temporary = self._temporary(folder, name + ".bin.")
+        remove_stale_temporaries(folder, name)
+        self._bin_temporary = self._temporary(folder, f"{name}.bin.{os.getpid()}-")
         try:
-            self._idx_temporary = self._temporary(folder, name + ".idx.")
+            self._idx_temporary = self._temporary(folder, f"{name}.idx.{os.getpid()}-")
         except BaseException:
             os.remove(self._bin_temporary)
             raise

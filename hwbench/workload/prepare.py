@@ -56,6 +56,7 @@ import numpy as np
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
+from hwbench.harness.lifeline import die_with_parent
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded
 
@@ -113,14 +114,49 @@ class PrepareOptions:
             raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UsageError(f"--workers {self.workers}: give 1 or more")
-        folder = os.path.dirname(os.path.abspath(self.output_prefix))
+        folder = _nearest_existing(os.path.dirname(os.path.abspath(self.output_prefix)))
         if not os.path.isdir(folder):
-            raise UsageError(f"--output-prefix {self.output_prefix}: folder {folder} does not exist")
+            raise UsageError(f"--output-prefix {self.output_prefix}: {folder} is a file, not a folder")
         return dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
 
     def output_prefixes(self) -> dict[str, str]:
         """Output path prefix per key, as preprocess_data.py names them."""
         return {key: f"{self.output_prefix}_{key}_document" for key in self.json_keys or (TEXT_KEY,)}
+
+
+def _nearest_existing(folder: str) -> str:
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def _output_folder(output_prefix: str) -> tuple[str, str | None]:
+    """Create the output prefix's folder when missing: (the folder, the topmost folder
+    created, to remove again if preparing fails, or None)."""
+    folder = os.path.dirname(os.path.abspath(output_prefix))
+    existing = _nearest_existing(folder)
+    if existing == folder:
+        return folder, None
+    top = folder
+    while os.path.dirname(top) != existing:
+        top = os.path.dirname(top)
+    try:
+        os.makedirs(folder)
+    except OSError as error:
+        raise UsageError(f"--output-prefix {output_prefix}: cannot create {folder} ({error.strerror})") from None
+    return folder, top
+
+
+def _remove_empty_folders(folder: str, top: str) -> None:
+    """Undo _output_folder's creation when nothing was written into it."""
+    while True:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        if folder == top:
+            return
+        folder = os.path.dirname(folder)
 
 
 def _format_from_name(path: str) -> str:
@@ -276,6 +312,12 @@ class ChunkEncoder:
             record = json.loads(text)
         except json.JSONDecodeError as error:
             raise InputError(f"{self._where(chunk, i)}: not JSON ({error.msg} at column {error.colno})") from None
+        except RecursionError:
+            raise InputError(f"{self._where(chunk, i)}: JSON nested too deeply to read; give one object a line "
+                             "with the text under a key") from None
+        except ValueError as error:  # Python's limit on the digits of an integer (int_max_str_digits)
+            raise InputError(f"{self._where(chunk, i)}: a JSON number too long to read "
+                             f"({str(error).split(';')[0]})") from None
         if not isinstance(record, dict):
             raise InputError(f"{self._where(chunk, i)}: expected a JSON object, found {_json_kind(record)}")
         return record
@@ -316,9 +358,11 @@ def _append_eod(ids: np.ndarray, counts: np.ndarray, eod: int) -> tuple[np.ndarr
 _worker_encoder: ChunkEncoder | None = None
 
 
-def _worker_start(encoder: ChunkEncoder) -> None:
+def _worker_start(encoder: ChunkEncoder, parent_pid: int) -> None:
     global _worker_encoder
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
+    die_with_parent(parent_pid)  # a parent killed outright (SIGKILL) leaves no worker running on
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the parent handles these (a terminal signals the whole group) and stops us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: workers are the parallelism
     _worker_encoder = encoder
 
@@ -339,7 +383,7 @@ def encode_chunks(chunks: Iterator[Chunk], encoder: ChunkEncoder, workers: int) 
                 yield encoder(chunk)
             return
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context(),
-                                                      initializer=_worker_start, initargs=(encoder,))
+                                                      initializer=_worker_start, initargs=(encoder, os.getpid()))
         pending: collections.deque = collections.deque()
         try:
             for chunk in chunks:
@@ -427,6 +471,27 @@ def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, 
     prefixes = options.output_prefixes()
     meter = PrepareProgress(progress_stream, enabled=progress)
     started = time.perf_counter()
+    folder, created = _output_folder(options.output_prefix)
+    try:
+        documents, tokens = _write_datasets(options, encoder_tokenizer, dtype, prefixes, meter)
+    except BaseException:
+        if created:
+            _remove_empty_folders(folder, created)
+        raise
+    seconds = time.perf_counter() - started
+    files = [prefix + suffix for prefix in prefixes.values() for suffix in (".bin", ".idx")]
+    return {
+        "input": options.input_path, "documents": documents, "tokens": tokens, "seconds": seconds,
+        "tokens_per_second": tokens / seconds, "tokens_per_second_per_worker": tokens / seconds / options.workers,
+        "workers": options.workers, "tokenizer": encoder_tokenizer.name, "vocab_size": encoder_tokenizer.vocab_size,
+        "eod_id": encoder_tokenizer.eod_id, "append_eod": options.append_eod, "dtype": str(dtype),
+        "tokenizer_load_seconds": load_seconds, "outputs": prefixes, "files": files,
+    }
+
+
+def _write_datasets(options: PrepareOptions, tokenizer: Tokenizer, dtype: np.dtype, prefixes: dict[str, str],
+                    meter: PrepareProgress) -> tuple[int, int]:
+    """Read, encode and write every key's dataset: (documents, tokens)."""
     documents = tokens = 0
     with ExitStack() as stack:
         stream = stack.enter_context(open_input(options.input_path))
@@ -434,7 +499,7 @@ def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, 
         stack.callback(meter.close)
         chunks = chunked(read_documents(stream, options.input_format, options.text_document),
                          options.input_path)
-        encoder = ChunkEncoder(encoder_tokenizer, options, dtype)
+        encoder = ChunkEncoder(tokenizer, options, dtype)
         encoded_chunks = stack.enter_context(closing(encode_chunks(chunks, encoder, options.workers)))
         for encoded in encoded_chunks:
             for writer, ids, counts in zip(writers, encoded.tokens, encoded.lengths):
@@ -446,15 +511,7 @@ def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, 
             raise InputError(f"{options.input_path}: no documents (the input is empty or holds only blank lines)")
         meter.update(documents, tokens, final=True)
         # leaving the block finalizes every writer (or, on an exception, aborts them all)
-    seconds = time.perf_counter() - started
-    files = [prefix + suffix for prefix in prefixes.values() for suffix in (".bin", ".idx")]
-    return {
-        "input": options.input_path, "documents": documents, "tokens": tokens, "seconds": seconds,
-        "tokens_per_second": tokens / seconds, "tokens_per_second_per_worker": tokens / seconds / options.workers,
-        "workers": options.workers, "tokenizer": encoder_tokenizer.name, "vocab_size": encoder_tokenizer.vocab_size,
-        "eod_id": encoder_tokenizer.eod_id, "append_eod": options.append_eod, "dtype": str(dtype),
-        "tokenizer_load_seconds": load_seconds, "outputs": prefixes, "files": files,
-    }
+    return documents, tokens
 
 
 def summary_table(summary: dict) -> str:
@@ -471,4 +528,5 @@ def summary_table(summary: dict) -> str:
         ["dtype", summary["dtype"]],
     ]
     rows += [["output", path] for path in summary["files"]]
+    rows += [["train on it", f"hwbench run --data {prefix}"] for prefix in summary["outputs"].values()]
     return tabulate(rows, tablefmt="plain", disable_numparse=True)
