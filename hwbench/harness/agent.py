@@ -3,7 +3,8 @@
     python -m hwbench.harness.agent RUN_DIR -- TORCHRUN_ARGS...
 
 runs torch.distributed.run (the torchrun agent) with TORCHRUN_ARGS and writes
-``RUN_DIR/agent.json``: ``{"status": "ok"}`` or ``{"status": "failed",
+``RUN_DIR/agent.json``: ``{"status": "ok"}``, ``{"status": "stopped", "signal":
+"SIGTERM"}`` (the agent itself was signalled) or ``{"status": "failed",
 "failures": [...]}`` with, for every failed rank, its exit code, the signal
 that killed it, and the error file its ``@record``-ed entry point wrote
 (FACTS.md §9). torchrun itself only prints these; the launcher needs them as data.
@@ -11,6 +12,9 @@ that killed it, and the error file its ``@record``-ed entry point wrote
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,11 +54,19 @@ def main(argv: list[str]) -> int:
 
     hold()  # die with the launcher; the ranks, which inherit this environment, die with us
     run_dir = Path(argv[0])
+    # torchrun logs every worker it stops at WARNING: when the launcher ends a run (Ctrl-C, --timeout)
+    # the user gets hwbench's one line, not torch's; failures are written down below as data.
+    os.environ.setdefault("LOGLEVEL", "ERROR")
+    logging.getLogger("torch.distributed.elastic").setLevel(os.environ["LOGLEVEL"])
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(argv[2:]))
+    except SignalException as stopped:  # torchrun has stopped the ranks; the launcher reads why
+        _write(run_dir, {"status": "stopped", "signal": signal.Signals(stopped.sigval).name})
+        return 128 + int(stopped.sigval)
     except ChildFailedError as error:
         failures = [_failure_record(rank, failure) for rank, failure in sorted(error.failures.items())]
         _write(run_dir, {"status": "failed", "failures": failures})

@@ -37,7 +37,7 @@ from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device.host import share_of_cores
-from hwbench.errors import SetupError, UsageError
+from hwbench.errors import SetupError, Terminated, UsageError
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.harness.lifeline import child_environment
 from hwbench.devices import checked_backend, describe_device, describe_workload
@@ -209,9 +209,9 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _terminate_as_interrupt(_signal_number, _frame) -> None:
+def _terminate_as_interrupt(signal_number, _frame) -> None:
     """SIGTERM and SIGHUP end the run as Ctrl-C does: the whole tree, nothing written."""
-    raise KeyboardInterrupt
+    raise Terminated(signal.Signals(signal_number).name)
 
 
 def _start_time(pid: int) -> int | None:
@@ -299,6 +299,10 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
             entry["exitcode"] = failure["exitcode"] if failure else None
             entry["signal"] = failure["signal"] if failure else None
             entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
+    elif agent.get("status") == "stopped":
+        result.error = {"type": "AgentStopped", "rank": None, "traceback": None, "signal": agent.get("signal"),
+                        "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and "
+                                   "stopped every rank"}
     else:
         result.error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
                         "message": f"torchrun exited with status {returncode} and no rank reported a failure "
