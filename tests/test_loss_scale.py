@@ -120,9 +120,9 @@ class HostDecidedEngine(NativeEngine):
         return dataclasses.replace(self._outcome_type(loss, grad_norm, lr), loss_scale=scale, skipped=skipped)
 
     def _set_lr(self):
-        from hwbench.engine.optim import learning_rate
+        from hwbench.engine.optim import step_learning_rate
 
-        lr = learning_rate(self.spec.optimizer, self.iteration)
+        lr = step_learning_rate(self.spec.optimizer, self.iteration)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr

@@ -1,5 +1,6 @@
 """End-to-end `hwbench run` on the CPU: real training, a real result file."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -24,9 +25,10 @@ def _only_result(folder):
 
 
 def test_embedded_default_trains_and_writes_a_result(tmp_path):
-    """The README's main command, shortened to 4 timed steps after 1 warm-up step
-    (the loss falls within them: the learning rate warms up over 2 steps)."""
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "4", "--warmup", "1",
+    """The README's main command, shortened to 5 timed steps after 1 warm-up step
+    (the loss falls within them: the learning rate is 0 at the first step, as in Megatron-LM,
+    and warms up over the next 2)."""
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "5", "--warmup", "1",
                            "--eval-iters", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     path, result = _only_result(tmp_path)
@@ -37,12 +39,12 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
     assert metrics["loss_end"] < metrics["loss_start"]  # it learned something
     assert metrics["loss_end"] > metrics["loss_floor"]  # and nothing impossible
     # one validation after the last step, over --eval-iters x global batch x seq tokens
-    assert [v["step"] for v in metrics["validation"]] == [5] and metrics["valid_ppl_step"] == 5
+    assert [v["step"] for v in metrics["validation"]] == [6] and metrics["valid_ppl_step"] == 6
     assert metrics["validation"][-1]["tokens"] == 2 * result.spec["global_batch_size"] * result.spec["seq_length"]
     assert metrics["loss_floor"] < metrics["valid_loss"] < metrics["loss_start"]
-    assert [s["phase"] for s in result.steps] == ["warmup"] + ["timed"] * 4
+    assert [s["phase"] for s in result.steps] == ["warmup"] + ["timed"] * 5
     assert all(s["time_s"] > 0 for s in result.steps if s["phase"] == "timed")
-    assert metrics["step_time_s"]["n"] == 4
+    assert metrics["step_time_s"]["n"] == 5
     assert metrics["memory"]["peak_reserved_bytes"] > 0
     assert metrics["mfu"] is None and "no catalog entry" in metrics["unmeasured"]["mfu"]
     assert result.environment["torch_version"] == torch.__version__
@@ -100,6 +102,8 @@ def _engine(micro, global_batch):
     catalog = load_catalog()
     spec = build_run_spec({"model": "tiny", "micro_batch_size": micro, "global_batch_size": global_batch,
                            "device": "cpu"}, catalog)
+    # no warm-up, so that the first step (which a warm-up runs at lr 0, as Megatron-LM) moves the weights
+    spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, lr_warmup_iters=0))
     backend = CpuBackend()
     backend.prepare_process()
     engine = NativeEngine(catalog.workloads["tiny"].model, spec, backend)  # same seed, same weights

@@ -208,3 +208,17 @@ def test_the_output_layer_stays_tied_after_leaving_the_meta_device():
     model = build_model(GPTConfig(2, 64, 4, 32, vocab_size=1000), device=torch.device("cpu"), seed=1)
     assert model.output.weight is model.wte.weight
     assert [n for n, _ in model.named_parameters()].count("output.weight") == 0
+
+
+def test_each_step_trains_at_megatron_lms_rate():
+    """Megatron-LM steps its scheduler after the optimizer (and step(0) at construction):
+    step k trains at the schedule after k - 1 steps, so the first warm-up step runs at 0."""
+    from hwbench.engine.optim import learning_rate, step_learning_rate
+    from hwbench.spec import OptimizerSpec
+
+    spec = OptimizerSpec(lr=1e-3, min_lr=1e-4, weight_decay=0.01, clip_grad=1.0, lr_warmup_iters=4,
+                         lr_decay_iters=20, lr_decay_style="cosine")
+    rates = [step_learning_rate(spec, step) for step in range(1, 7)]
+    assert rates[:5] == [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3]
+    assert rates[5] == learning_rate(spec, 5) < 1e-3  # decay starts after the warm-up
+    assert step_learning_rate(spec, 21) == learning_rate(spec, 20) == pytest.approx(1e-4)

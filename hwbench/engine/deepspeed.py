@@ -25,7 +25,7 @@ from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspee
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, MIN_LOSS_SCALE  # DeepSpeed's defaults too
-from hwbench.engine.optim import build_optimizer, learning_rate
+from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.spec import OptimizerSpec, RunSpec
 from hwbench.workload.data import Batch
 from hwbench.workload.model import lm_loss
@@ -67,15 +67,15 @@ def deepspeed_config(spec: RunSpec, dp_size: int) -> dict[str, Any]:
 
 def megatron_scheduler(optimizer: torch.optim.Optimizer, spec: OptimizerSpec) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR that sets the lr of Megatron's schedule: optimizer step k
-    (0-based, as LambdaLR counts) uses learning_rate(spec, k + 1). DeepSpeed
-    steps it after every applied optimizer step (not after skipped ones, as
-    Megatron does)."""
+    (0-based, as LambdaLR counts) uses step_learning_rate(spec, k + 1). DeepSpeed
+    steps it after every applied optimizer step (not after skipped ones), as
+    Megatron-LM's loop steps its scheduler."""
     for group in optimizer.param_groups:
         group["lr"] = spec.lr  # LambdaLR multiplies the group's base lr
         group.pop("initial_lr", None)
 
     def factor(step: int) -> float:
-        return learning_rate(spec, step + 1) / spec.lr if spec.lr else 0.0
+        return step_learning_rate(spec, step + 1) / spec.lr if spec.lr else 0.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 

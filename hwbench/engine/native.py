@@ -28,7 +28,7 @@ from hwbench.device import Backend
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
-from hwbench.engine.optim import build_optimizer, learning_rate
+from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
@@ -204,7 +204,7 @@ class NativeEngine:
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step over the global batch."""
         self.iteration += 1
-        lr = learning_rate(self.spec.optimizer, self.iteration)
+        lr = step_learning_rate(self.spec.optimizer, self.iteration)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         loss = self._forward_backward(next_batch)

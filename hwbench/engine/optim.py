@@ -11,8 +11,9 @@ from hwbench.spec import OptimizerSpec
 
 
 def learning_rate(spec: OptimizerSpec, iteration: int) -> float:
-    """Megatron's schedule at 1-based ``iteration``: linear warm-up to lr over
-    lr_warmup_iters, then cosine (or linear) decay to min_lr at lr_decay_iters."""
+    """Megatron's schedule (``OptimizerParamScheduler.get_lr``) after ``iteration`` steps:
+    linear warm-up from 0 to lr over lr_warmup_iters, then cosine (or linear) decay to
+    min_lr at lr_decay_iters."""
     if spec.lr_warmup_iters > 0 and iteration <= spec.lr_warmup_iters:
         return spec.lr * iteration / spec.lr_warmup_iters
     if spec.lr_decay_style == "constant":
@@ -27,6 +28,13 @@ def learning_rate(spec: OptimizerSpec, iteration: int) -> float:
     return spec.min_lr + coefficient * (spec.lr - spec.min_lr)
 
 
+def step_learning_rate(spec: OptimizerSpec, step: int) -> float:
+    """The rate optimizer step ``step`` (1-based) trains at, as in Megatron-LM's training
+    loop: it steps the scheduler after the optimizer (and ``step(0)`` at construction), so
+    step k uses the schedule after k - 1 steps, and the first warm-up step runs at 0."""
+    return learning_rate(spec, step - 1)
+
+
 def build_optimizer(model: nn.Module, spec: OptimizerSpec, options: dict) -> torch.optim.AdamW:
     """AdamW; as in Megatron, biases and LayerNorm gains get no weight decay."""
     decay, no_decay = [], []
@@ -38,4 +46,4 @@ def build_optimizer(model: nn.Module, spec: OptimizerSpec, options: dict) -> tor
         {"params": decay, "weight_decay": spec.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=learning_rate(spec, 1), betas=spec.betas, eps=spec.eps, **options)
+    return torch.optim.AdamW(groups, lr=step_learning_rate(spec, 1), betas=spec.betas, eps=spec.eps, **options)
