@@ -37,6 +37,17 @@ def _session_members(session: int) -> list[int]:
     return members
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has installed a handler for ``sig`` (SigCgt in /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
 def _wait_until(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -116,7 +127,8 @@ def test_a_one_process_run_under_sigterm_ends_as_ctrl_c(tmp_path):
                             "--no-telemetry", "--out", str(out)], env={**_environment(), "CI": "true"},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        time.sleep(5)  # into the training steps (the tiny model builds in about a second)
+        _wait_until(lambda: _catches(run.pid, sig) or run.poll() is not None, 120, "hwbench to handle the signal")
+        time.sleep(2)  # into the training steps (the tiny model builds in about a second)
         assert run.poll() is None, run.communicate()
         run.send_signal(sig)
         _, err = run.communicate(timeout=60)
