@@ -68,8 +68,8 @@ class RocmBackend(CudaBackend):
     def unavailable_reason() -> str | None:
         """None when a ROCm build of torch sees an AMD GPU; otherwise why not."""
         if torch.version.hip is None:
-            kind = "a CUDA build" if torch.version.cuda else "no ROCm support"
-            return (f"this torch build ({torch.__version__}) is {kind} (torch.version.hip is None); install a ROCm "
+            kind = "is a CUDA build" if torch.version.cuda else "has no ROCm support"
+            return (f"this torch build ({torch.__version__}) {kind} (torch.version.hip is None); install a ROCm "
                     f"build of torch ({ROCM_WHEELS})")
         try:
             if torch.cuda.is_available() and torch.cuda.device_count() > 0:
