@@ -1,6 +1,6 @@
 """The real AMD SMI (amdsmi 7.0.2) and HLML (habana-pyhlml) wheels installed on a machine
-without ROCm or the Gaudi driver. Opt-in (it installs from the package index into a venv of
-its own, which sees this venv's torch through --system-site-packages):
+without ROCm or the Gaudi driver. Opt-in (it installs them from the package index into a folder
+of their own, put on PYTHONPATH beside this checkout for hwbench run by this interpreter):
 
     HWBENCH_TEST_VENDOR_WHEELS=1 python -m pytest -m vendor_wheels tests/test_vendor_wheels.py"""
 
@@ -24,21 +24,20 @@ WHEELS = ["amdsmi==7.0.2", "habana-pyhlml"]
 
 @pytest.fixture(scope="module")
 def python() -> Path:
-    venv = Path(tempfile.gettempdir()) / "hwbench-vendor-wheels-venv"
-    if not (venv / ".ready").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
-        done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", *WHEELS],
-                              capture_output=True, text=True, timeout=900)
+    target = Path(tempfile.gettempdir()) / "hwbench-vendor-wheels"
+    if not (target / ".ready").exists():
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                               *WHEELS], capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             pytest.skip(f"pip could not install {WHEELS}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-        (venv / ".ready").write_text("ok\n")
-    return venv / "bin" / "python"
+        (target / ".ready").write_text("ok\n")
+    return target
 
 
-def run(python: Path, *args: str, cwd: Path):
+def run(wheels: Path, *args: str, cwd: Path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([str(python), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(wheels)])
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_the_wheels_fail_as_on_a_host_without_the_drivers(python, tmp_path):
