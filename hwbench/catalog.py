@@ -24,10 +24,56 @@ from hwbench.errors import SetupError
 from hwbench.workload.config import GPTConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+BACKENDS = ("cpu", "cuda", "rocm", "npu", "hpu")
+# dense = listed / 2 when the source lists the figure with 2:4 structured sparsity; compared
+# with this relative tolerance, so that a rounded figure (835.5 for 1,671 / 2) is accepted
+HALVING_TOLERANCE = 1e-3
 
 
 class CatalogError(SetupError):
     """A catalog file that cannot be used; the message names the file and field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakFigure:
+    """One precision's peak of a catalog entry: the dense figure and where it comes from,
+    or None with the reason there is none."""
+
+    dense: float | None  # FLOP/s per device, without structured sparsity
+    listed: float | None = None  # the figure as the source lists it
+    sparsity: bool | None = None  # the source lists it with sparsity, so dense = listed / 2
+    source: str | None = None  # document name or URL
+    read: str | None = None  # the day the figure was read there (YYYY-MM-DD)
+    unavailable: str | None = None  # why dense is None
+
+    def describe(self) -> str:
+        """The figure and its provenance in one line (hwbench devices, results)."""
+        if self.dense is None:
+            return f"null: {self.unavailable}"
+        halved = f"; listed {self.listed / 1e12:g} with sparsity, halved" if self.sparsity else ""
+        return f"{self.dense / 1e12:g} TFLOP/s dense ({self.source}, read {self.read}{halved})"
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerLimitMatch:
+    """Names shared by several models (a driver that reports an H200 NVL as "NVIDIA H200
+    PCIe", or as a bare "NVIDIA H200"), matched to this entry only when the power limit
+    the device reports lies in (over_watts, up_to_watts]."""
+
+    names: tuple[str, ...]
+    over_watts: float
+    up_to_watts: float
+
+    def admits(self, watts: float) -> bool:
+        return self.over_watts < watts <= self.up_to_watts
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMatch:
+    """The catalog entry a device resolved to (or None), and why, in words."""
+
+    entry: "DeviceModel | None"
+    why: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,20 +86,22 @@ class DeviceModel:
     memory_bytes: int | None
     tdp_watts: float | None
     interconnect: str | None
-    peak_flops: dict[str, float | None]
-    peak_flops_source: str | None
+    peak_flops: dict[str, PeakFigure]
     price_usd_per_hour: float | None  # USD per device-hour
     price_source: str | None  # provider, instance and where the figure was read
     price_date: str | None  # the date of the figure (YYYY-MM-DD)
     price_unavailable: str | None  # why there is no price
     path: str
+    compute_units: int | None = None  # compute units (CUs, SMs) the peak figures count
+    match_by_power_limit: PowerLimitMatch | None = None
 
     def peak(self, precision: str) -> tuple[float | None, str | None]:
         """(peak dense FLOP/s, None) or (None, why there is none)."""
-        value = self.peak_flops.get(precision)
-        if value is None:
-            return None, f"the catalog entry {self.name!r} ({self.path}) has no {precision} peak"
-        return value, None
+        figure = self.peak_flops.get(precision)
+        if figure is None or figure.dense is None:
+            why = figure.unavailable if figure else "not listed"
+            return None, f"the catalog entry {self.name!r} ({self.path}) has no {precision} peak: {why}"
+        return figure.dense, None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,23 +240,20 @@ def _device_from(path: Path) -> DeviceModel:
     match = f.get("match")
     if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
         raise f._fail("match", "a list of regular expressions")
-    for pattern in match:
-        try:
-            re.compile(pattern)
-        except re.error as error:
-            raise CatalogError(f"{path}: field match: bad regular expression {pattern!r}: {error}") from None
+    _check_patterns(path, "match", match)
     peaks = f.section("peak_flops")
     device = DeviceModel(
         name=f.text("name"),
         vendor=f.text("vendor"),
-        backend=f.choice("backend", ("cpu", "cuda", "npu")),
+        backend=f.choice("backend", BACKENDS),
         title=f.text("title"),
         match=tuple(match),
         memory_bytes=f.integer("memory_bytes", optional=True),
         tdp_watts=f.number("tdp_watts", optional=True),
         interconnect=f.text("interconnect", optional=True),
-        peak_flops={p: peaks.number(p, optional=True, minimum=1.0) for p in PRECISIONS},
-        peak_flops_source=f.text("peak_flops_source", optional=True),
+        peak_flops={p: _peak_figure(peaks, p) for p in PRECISIONS},
+        compute_units=f.integer("compute_units", optional=True),
+        match_by_power_limit=_power_limit_match(f),
         price_usd_per_hour=f.number("price_usd_per_hour", optional=True),
         price_source=f.text("price_source", optional=True),
         price_date=_price_date(f),
@@ -220,6 +265,64 @@ def _device_from(path: Path) -> DeviceModel:
         raise f._fail("price_source", "given with price_date wherever price_usd_per_hour is (where the price comes "
                                       "from and when)")
     return device
+
+
+def _check_patterns(path: Path, field: str, patterns: list[str]) -> None:
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise CatalogError(f"{path}: field {field}: bad regular expression {pattern!r}: {error}") from None
+
+
+def _peak_figure(peaks: _Fields, precision: str) -> PeakFigure:
+    """One precision of peak_flops: the dense figure with the figure as listed, whether it
+    was listed with sparsity, the source and the day it was read; or null with the reason.
+    A sparse figure given as dense, or a dense figure that is not the listed one (halved when
+    listed with sparsity), is refused: that is the MFU-above-100% mistake."""
+    if not isinstance(peaks.get(precision), dict):
+        raise peaks._fail(precision, "a mapping with dense, listed, sparsity, source and read, or with dense: null "
+                                     "and unavailable (docs/catalog.md)")
+    f = peaks.section(precision)
+    dense = f.number("dense", optional=True, minimum=1.0)
+    if dense is None:
+        figure = PeakFigure(None, unavailable=f.text("unavailable"))
+        for key in ("listed", "sparsity", "source", "read"):
+            f.get(key)  # known fields, allowed beside a null figure (a note of what was found)
+        return figure
+    listed = f.number("listed", minimum=1.0)
+    sparsity = f.flag("sparsity")
+    figure = PeakFigure(dense, listed, sparsity, f.text("source"), _date(f, "read"))
+    f.get("unavailable")
+    expected = listed / 2 if sparsity else listed
+    if abs(dense - expected) > HALVING_TOLERANCE * expected:
+        if sparsity and abs(dense - listed) <= HALVING_TOLERANCE * listed:
+            raise CatalogError(f"{f.path}: field {f.prefix}dense {dense:g} is the figure the source lists with "
+                               f"sparsity ({listed:g}): the dense peak is half of it, {listed / 2:g}")
+        how = f"half the figure listed with sparsity, {listed / 2:g}" if sparsity else f"the listed figure, {listed:g}"
+        raise CatalogError(f"{f.path}: field {f.prefix}dense {dense:g} must be {how}")
+    return figure
+
+
+def _power_limit_match(f: _Fields) -> PowerLimitMatch | None:
+    section = f.section("match_by_power_limit", optional=True)
+    if section is None:
+        return None
+    names = section.get("names")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise section._fail("names", "a non-empty list of regular expressions")
+    _check_patterns(Path(f.path), "match_by_power_limit.names", names)
+    over, up_to = section.number("over_watts"), section.number("up_to_watts", minimum=1.0)
+    if not over < up_to:
+        raise section._fail("up_to_watts", f"greater than over_watts ({over:g})")
+    return PowerLimitMatch(tuple(names), over, up_to)
+
+
+def _date(f: _Fields, key: str) -> str:
+    text = calendar_date(f.get(key))
+    if text is None:
+        raise f._fail(key, "a date written YYYY-MM-DD")
+    return text
 
 
 def _price_date(f: _Fields) -> str | None:
@@ -302,17 +405,40 @@ class Catalog:
     devices: dict[str, DeviceModel]
     workloads: dict[str, Workload]
 
-    def match_device(self, backend: str, device_name: str) -> DeviceModel | None:
-        """The entry whose longest matching pattern matches ``device_name``; on a tie the
-        entry loaded last (a user's folder after the shipped one)."""
-        best: tuple[int, DeviceModel] | None = None
+    def match_device(self, backend: str, device_name: str, power_limit_w: float | None = None) -> DeviceModel | None:
+        return self.identify(backend, device_name, power_limit_w).entry
+
+    def identify(self, backend: str, device_name: str, power_limit_w: float | None = None,
+                 power_limit_basis: str = "the power limit") -> DeviceMatch:
+        """The entry whose longest matching ``match`` pattern matches ``device_name`` (on a tie
+        the entry loaded last: a user's folder after the shipped one); else, for a name several
+        models report, the entry whose power-limit range holds ``power_limit_w``; else None.
+        Each with the reason in words."""
+        best: tuple[int, DeviceModel, str] | None = None
         for entry in self.devices.values():
             if entry.backend != backend:
                 continue
             for pattern in entry.match:
                 if re.search(pattern, device_name, re.IGNORECASE) and (best is None or len(pattern) >= best[0]):
-                    best = (len(pattern), entry)
-        return best[1] if best else None
+                    best = (len(pattern), entry, pattern)
+        if best:
+            return DeviceMatch(best[1], f"name {device_name!r} matches {best[1].name}'s pattern {best[2]!r}")
+        shared = [entry for entry in self.devices.values() if entry.backend == backend and entry.match_by_power_limit
+                  and any(re.search(p, device_name, re.IGNORECASE) for p in entry.match_by_power_limit.names)]
+        if not shared:
+            return DeviceMatch(None, f"no catalog entry matches the {backend} device {device_name!r}")
+        names = ", ".join(entry.name for entry in shared)
+        if power_limit_w is None:
+            return DeviceMatch(None, f"name {device_name!r} is reported by several models ({names}), told apart by "
+                                     f"{power_limit_basis}, which the device did not report")
+        for entry in shared:
+            limits = entry.match_by_power_limit
+            if limits.admits(power_limit_w):
+                return DeviceMatch(entry, f"name {device_name!r} is reported by several models ({names}); "
+                                          f"{power_limit_basis} {power_limit_w:g} W is in {entry.name}'s range "
+                                          f"({limits.over_watts:g}, {limits.up_to_watts:g}] W")
+        return DeviceMatch(None, f"name {device_name!r} is reported by several models ({names}), and "
+                                 f"{power_limit_basis} {power_limit_w:g} W is in none of their ranges")
 
 
 def catalog_dirs() -> list[Path]:

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from hwbench.calibration.store import default_store_path, lookup_ceiling
-from hwbench.catalog import Catalog, Workload
+from hwbench.catalog import Catalog, DeviceMatch, DeviceModel, Workload
 from hwbench.device import Backend, select_backend
 from hwbench.errors import UsageError
 from hwbench.spec import RunSpec
@@ -33,8 +33,40 @@ def device_model_name(backend: Backend) -> str:
 
 def catalog_entry(backend: Backend, catalog: Catalog):
     """(device model name, the catalog entry that matches it or None)."""
+    model_name, found = identify_device(backend, catalog)
+    return model_name, found.entry
+
+
+def identify_device(backend: Backend, catalog: Catalog) -> tuple[str, DeviceMatch]:
+    """(device model name, the catalog entry it resolves to and why): by name, and where
+    several models report one name, by the power limit the device reports."""
     model_name = device_model_name(backend)
-    return model_name, catalog.match_device(backend.name, model_name)
+    watts, basis = backend.power_limit_watts()
+    return model_name, catalog.identify(backend.name, model_name, watts, basis if watts is not None else
+                                        f"the power limit ({basis})")
+
+
+def device_peak(backend: Backend, entry: DeviceModel | None, precision: str,
+                why_no_entry: str) -> tuple[float | None, str | None, str | None]:
+    """(peak dense FLOP/s of this device, None, how it follows from the catalog) or (None, why
+    not, None). A device with fewer compute units than the data sheet's figure counts (one
+    die of a two-die module, a partitioned GPU) gets the figure scaled by its share of them."""
+    if backend.simulated:
+        return None, "the device is simulated: there is no peak to compare host-CPU work with", None
+    if entry is None:
+        return None, why_no_entry, None
+    peak, reason = entry.peak(precision)
+    if peak is None:
+        return None, reason, None
+    basis = f"{entry.name} {precision}: {entry.peak_flops[precision].describe()}"
+    units = backend.compute_units()
+    if entry.compute_units and units and units != entry.compute_units:
+        if units > entry.compute_units:
+            return None, (f"the device reports {units} compute units, more than the {entry.compute_units} of "
+                          f"{entry.name}'s figures: not that model"), None
+        peak = peak * units / entry.compute_units
+        basis += f"; scaled by the {units} of {entry.compute_units} compute units this device reports"
+    return peak, None, basis
 
 
 def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
@@ -47,11 +79,10 @@ def _capacity_bytes(backend: Backend, entry) -> int | None:
 
 
 def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[str, Any]:
-    model_name, entry = catalog_entry(backend, catalog)
-    peak, reason = (entry.peak(precision) if entry else
-                    (None, f"no catalog entry matches the {backend.name} device {model_name!r}"))
-    if backend.simulated:
-        peak, reason = None, "the device is simulated: there is no peak to compare host-CPU work with"
+    model_name, found = identify_device(backend, catalog)
+    entry = found.entry
+    peak, reason, basis = device_peak(backend, entry, precision, found.why)
+    figure = entry.peak_flops.get(precision) if entry and peak else None
     capacity = _capacity_bytes(backend, entry)
     ceiling, ceiling_reason = measured_ceiling(backend, model_name, precision)
     return {
@@ -63,9 +94,13 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "simulated": backend.simulated,
         "catalog_entry": entry.name if entry else None,
         "catalog_path": entry.path if entry else None,
+        "catalog_match": found.why,
         "peak_flops": peak,
         "peak_flops_precision": precision,
-        "peak_flops_source": entry.peak_flops_source if entry and peak else None,
+        "peak_flops_source": figure.source if figure else None,
+        "peak_flops_read": figure.read if figure else None,
+        "peak_flops_listed_with_sparsity": figure.sparsity if figure else None,
+        "peak_flops_basis": basis,
         "peak_flops_unmeasured": reason,
         "measured_ceiling": ceiling,
         "measured_ceiling_unmeasured": ceiling_reason,
@@ -76,6 +111,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> dict[
         "price_date": entry.price_date if entry else None,
         "tuning": backend.tuning,
         "auto_passed_over": list(backend.passed_over) or None,
+        **backend.device_identity(),
     }
 
 

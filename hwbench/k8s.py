@@ -59,7 +59,7 @@ DEFAULT_SHM_SIZE = "16Gi"
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 DEFAULT_RESTART_POLICY = "Never"  # a benchmark that failed should say so, not quietly run again
 DEFAULT_DEVICE = "cuda"
-POD_DEVICES = ("cuda", "npu", "cpu")
+POD_DEVICES = ("cuda", "rocm", "npu", "hpu", "cpu")
 DEVICE_RESOURCES = {name: kind.k8s_resource for name, kind in KINDS.items()}
 # Variables copied from the shell that runs `hwbench k8s` into every pod.
 PASS_THROUGH_PREFIXES = {name: kind.env_prefixes for name, kind in KINDS.items()}

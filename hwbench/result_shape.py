@@ -107,7 +107,8 @@ TELEMETRY_DEVICE = {"index": Nullable(COUNT), "host": TEXT, "uuid": TEXT, "energ
                     "temperature_c_max": FIGURE, "utilization_percent_mean": FIGURE,
                     "memory_used_mb_mean": FIGURE, "throttle_reasons": Nullable(ListOf(str)),
                     "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT, "pci_bus_id": TEXT,
-                    "chip": Nullable(COUNT), "identified_by": TEXT, "power_method": TEXT, "energy_warning": TEXT}
+                    "chip": Nullable(COUNT), "identified_by": TEXT, "power_method": TEXT, "energy_warning": TEXT,
+                    "energy_resolution_uj": RATE}
 TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devices": Nullable(ListOf(TELEMETRY_DEVICE)),
              "energy_j": RATE, "power_w_mean_total": RATE, "interval_s": RATE, "window_s": RATE,
              "samples": Nullable(COUNT), "ranks": Nullable(COUNT), "ranks_available": Nullable(COUNT),
@@ -147,6 +148,8 @@ DEVICE = {"backend": TEXT, "dist_backend": TEXT, "device_model": TEXT, "device_c
           "torch_device": TEXT, "simulated": Nullable(bool), "catalog_entry": TEXT, "catalog_path": TEXT,
           "peak_flops": RATE, "peak_flops_precision": TEXT, "peak_flops_source": TEXT,
           "peak_flops_unmeasured": TEXT, "measured_ceiling": Nullable(MEASURED_CEILING),
+          "catalog_match": TEXT, "peak_flops_read": TEXT, "peak_flops_listed_with_sparsity": Nullable(bool),
+          "peak_flops_basis": TEXT, "gfx_arch": TEXT, "hpu_mode": TEXT, "hpu_mode_basis": TEXT,
           "measured_ceiling_unmeasured": TEXT, "memory_capacity_bytes": BYTES, "tdp_watts": RATE,
           "price_usd_per_hour": RATE, "price_source": TEXT, "price_date": TEXT, "tuning": Nullable(MapOf(Anything)),
           "auto_passed_over": Nullable(ListOf(str))}

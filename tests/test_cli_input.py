@@ -104,7 +104,7 @@ def test_broken_catalog_file_is_named(tmp_path, capsys, monkeypatch):
     devices.mkdir()
     (devices / "mychip.yaml").write_text(
         "name: mychip\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['Mine']\n"
-        "peak_flops: {bf16: fast}\n"
+        "peak_flops: {bf16: fast, fp16: {dense: null, unavailable: x}, fp32: {dense: null, unavailable: x}}\n"
     )
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
     assert main(["models"]) == 2
@@ -114,8 +114,10 @@ def test_broken_catalog_file_is_named(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("text, field", [
     # a mistyped peak would otherwise read as "no peak" and make every MFU null
-    ("peak_flops: {bf16: 1.0e15, fp61: 2.0e15}\n", "peak_flops.fp61"),
-    ("peak_flops: {bf16: 1.0e15}\nprice_per_hour: 2.5\n", "price_per_hour"),
+    ("peak_flops: {bf16: {dense: null, unavailable: x}, fp16: {dense: null, unavailable: x}, "
+     "fp32: {dense: null, unavailable: x}, fp61: 2.0e15}\n", "peak_flops.fp61"),
+    ("peak_flops: {bf16: {dense: null, unavailable: x}, fp16: {dense: null, unavailable: x}, "
+     "fp32: {dense: null, unavailable: x}}\nprice_per_hour: 2.5\n", "price_per_hour"),
 ])
 def test_an_unknown_catalog_field_is_named_with_the_known_ones(tmp_path, capsys, monkeypatch, text, field):
     devices = tmp_path / "devices"
@@ -186,15 +188,17 @@ def test_under_torchrun_the_world_size_is_torchruns():
 def test_a_user_entry_as_specific_as_a_shipped_one_takes_the_device(tmp_path, monkeypatch):
     from hwbench.catalog import load_catalog
 
-    shipped = load_catalog().match_device("cuda", "NVIDIA H200")
-    assert shipped is not None and shipped.name == "h200"
+    shipped = load_catalog().match_device("cuda", "NVIDIA H200 NVL")
+    assert shipped is not None and shipped.name == "h200-nvl"
     pattern = max(shipped.match, key=len)
     devices = tmp_path / "devices"
     devices.mkdir()
+    null = "{dense: null, unavailable: not looked up}"
     (devices / "my-h200.yaml").write_text(
-        f"name: my-h200\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['{pattern}']\npeak_flops: {{bf16: 1.0e15}}\n")
+        f"name: my-h200\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['{pattern}']\n"
+        f"peak_flops: {{bf16: {null}, fp16: {null}, fp32: {null}}}\n")
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
-    assert load_catalog().match_device("cuda", "NVIDIA H200").name == "my-h200"
+    assert load_catalog().match_device("cuda", "NVIDIA H200 NVL").name == "my-h200"
 
 
 def test_a_workload_may_give_both_warmup_fields_and_needs_one(tmp_path, monkeypatch, capsys):

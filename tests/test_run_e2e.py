@@ -70,7 +70,8 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     (catalog_dir / "this-cpu.yaml").write_text(
         "name: this-cpu\nvendor: test\nbackend: cpu\ntitle: this machine\n"
         f"match: ['^{_cpu_model().replace('(', '.').replace(')', '.')}$']\n"
-        "peak_flops: {fp32: 1.0e12, bf16: null, fp16: null}\npeak_flops_source: a test figure\n"
+        "peak_flops:\n  fp32: {dense: 1.0e12, listed: 1.0e12, sparsity: false, source: a test figure, read: 2026-11-25}\n"
+        "  bf16: {dense: null, unavailable: not in the test}\n  fp16: {dense: null, unavailable: not in the test}\n"
     )
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path / "catalog"))
     out = tmp_path / "out"

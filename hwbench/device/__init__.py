@@ -1,7 +1,7 @@
 """The device layer: the only part of hwbench that names a vendor.
 
-``select_backend("auto" | "cpu" | "cuda" | "npu")`` returns a Backend; auto
-prefers an NPU, then a CUDA GPU, then the CPU. An accelerator whose software is
+``select_backend("auto" | "cpu" | "cuda" | "rocm" | "npu" | "hpu")`` returns a Backend; auto
+prefers an NPU, then a CUDA GPU, an AMD GPU (ROCm), a Gaudi (HPU), then the CPU. An accelerator whose software is
 installed but unusable (torch_npu without CANN sourced, a CUDA build of torch
 whose driver sees no GPU) is passed over, and the Backend auto chose keeps the
 reasons in ``passed_over``: the result records them and ``hwbench run`` prints
@@ -43,15 +43,19 @@ def select_backend(requested: str) -> "Backend":
     return backend
 
 
+def _accelerator_classes() -> dict[str, type]:
+    """The accelerator backends in --device auto's order (imported here: each imports torch)."""
+    from hwbench.device.cuda import CudaBackend
+    from hwbench.device.hpu import HpuBackend
+    from hwbench.device.npu import NpuBackend
+    from hwbench.device.rocm import RocmBackend
+
+    return {"npu": NpuBackend, "cuda": CudaBackend, "rocm": RocmBackend, "hpu": HpuBackend}
+
+
 def _construct(requested: str) -> "Backend":
-    if requested == "npu":
-        from hwbench.device.npu import NpuBackend
-
-        return NpuBackend()
-    if requested == "cuda":
-        from hwbench.device.cuda import CudaBackend
-
-        return CudaBackend()
+    if requested != "cpu":
+        return _accelerator_classes()[requested]()
     from hwbench.device.cpu import CpuBackend
 
     return CpuBackend()
@@ -64,11 +68,8 @@ def detect_device() -> str:
 
 def detect_device_explained() -> tuple[str, tuple[str, ...]]:
     """(the kind auto uses, why each accelerator whose software is installed was passed over)."""
-    from hwbench.device.cuda import CudaBackend
-    from hwbench.device.npu import NpuBackend
-
     passed_over: list[str] = []
-    for kind, backend in (("npu", NpuBackend), ("cuda", CudaBackend)):
+    for kind, backend in _accelerator_classes().items():
         reason = backend.unavailable_reason()
         if reason is None:
             return kind, tuple(passed_over)

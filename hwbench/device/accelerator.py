@@ -1,5 +1,6 @@
-"""What CUDA GPUs and Ascend NPUs share: torch_npu mirrors torch.cuda as
-torch.npu (FACTS.md §6), so one class drives both through that module."""
+"""What CUDA GPUs, AMD GPUs (ROCm), Ascend NPUs and Gaudi HPUs share: torch_npu and
+habana_frameworks mirror torch.cuda as torch.npu and torch.hpu, and ROCm builds of torch
+drive AMD GPUs through torch.cuda itself, so one class drives them all through that module."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ class AcceleratorBackend(Backend):
             source=f"torch.{self.name}.memory_stats() of the caching allocator",
             unmeasured=unmeasured,
         )
+
+    def compute_units(self) -> int | None:
+        try:
+            count = getattr(self.api.get_device_properties(self.local_index), "multi_processor_count", None)
+        except Exception:  # a runtime without device properties
+            return None
+        return int(count) if count else None
 
     def _capacity_bytes(self, unmeasured: dict[str, str]) -> int | None:
         try:

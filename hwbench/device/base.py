@@ -217,6 +217,21 @@ class Backend(abc.ABC):
         """Driver, runtime and library versions and device models (vendor part;
         hwbench.device.fingerprint adds what every backend shares)."""
 
+    def power_limit_watts(self) -> tuple[float | None, str]:
+        """(the power limit of this process's device in watts, what it is: the board's default
+        limit, say), or (None, why not). Tells apart models that report the same name."""
+        return None, f"the {self.name} backend reports no power limit"
+
+    def device_identity(self) -> dict[str, Any]:
+        """What names this device beyond its model, for the result's ``device`` section (a ROCm
+        GPU's gfx architecture, a Gaudi's execution mode)."""
+        return {}
+
+    def compute_units(self) -> int | None:
+        """Compute units (SMs, CUs) of this process's device, where the runtime reports them: a
+        partitioned device has fewer than the data sheet's figures count."""
+        return None
+
     def driver(self) -> tuple[str | None, str | None]:
         """(the software under torch that sets this device's achievable rates, None and why
         when it cannot be read). Measured ceilings (hwbench calibrate) are kept per device

@@ -12,7 +12,7 @@ import torch
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS
-from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, pci_bus_id
+from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, nvml_power_limit_w, pci_bus_id
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
 
@@ -128,14 +128,19 @@ class CudaBackend(AcceleratorBackend):
             return "this GPU has no bf16 support (compute capability below 8.0); use --precision fp16"
         return None
 
-    def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
+    def _nvml_ids(self) -> CudaDeviceIds:
         # The UUID and PCI address find this GPU in NVML, whose numbering ignores CUDA_VISIBLE_DEVICES.
         props = torch.cuda.get_device_properties(self.local_index)
         uuid = getattr(props, "uuid", None)
         pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-        ids = CudaDeviceIds(cuda_index=self.local_index, uuid=str(uuid) if uuid is not None else None,
-                            pci_bus_id=pci_bus_id(*pci) if None not in pci else None)
-        return NvmlSampler([ids], interval_s)
+        return CudaDeviceIds(cuda_index=self.local_index, uuid=str(uuid) if uuid is not None else None,
+                             pci_bus_id=pci_bus_id(*pci) if None not in pci else None)
+
+    def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
+        return NvmlSampler([self._nvml_ids()], interval_s)
+
+    def power_limit_watts(self) -> tuple[float | None, str]:
+        return nvml_power_limit_w(self._nvml_ids())
 
     def driver(self) -> tuple[str | None, str | None]:
         version = nvml_driver_version()

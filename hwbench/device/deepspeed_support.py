@@ -2,7 +2,7 @@
 
 DeepSpeed picks its accelerator once, at import (``DS_ACCELERATOR`` overrides
 its own detection), and older releases and Ascend's adaptor (``deepspeed_npu``)
-import ``torch._six``, which PyTorch 2 removed (FACTS.md section 7). So the
+import ``torch._six``, which PyTorch 2 removed. So the
 patches go in before ``import deepspeed``, and each one is recorded for the
 result, so a reader knows what the run changed.
 """
@@ -58,9 +58,9 @@ def _set_accelerator(backend: Any) -> dict[str, Any]:
                 "why": f"kept the user's {ACCELERATOR_ENV}={user_value}"}
     value, why = backend.deepspeed_accelerator, f"the {backend.name} backend's DeepSpeed accelerator"
     if getattr(backend, "simulated", False):
-        # The stand-in torch_npu computes on the host: DeepSpeed's NPU accelerator
-        # would call into CANN, which is not there.
-        value, why = "cpu", "simulated NPU (stand-in torch_npu computing on the host CPU): DeepSpeed runs on cpu"
+        # A stand-in computes on the host: DeepSpeed's device accelerator would call into
+        # the vendor runtime (CANN, HIP, the Gaudi bridge), which is not there.
+        value, why = "cpu", f"simulated {backend.name} (a stand-in computing on the host CPU): DeepSpeed runs on cpu"
     os.environ[ACCELERATOR_ENV] = value
     return {"patch": ACCELERATOR_ENV, "applied": True, "value": value, "why": why}
 
@@ -93,7 +93,7 @@ def _install_torch_six_shim() -> dict[str, Any]:
             "why": "PyTorch 2 removed torch._six; DeepSpeed 0.6-era releases and deepspeed_npu import inf from it"}
 
 
-# DeepSpeed has had its own NPU accelerator since 0.9.3 (FACTS.md section 7). Ascend's
+# DeepSpeed has had its own NPU accelerator since 0.9.3 (its release notes). Ascend's
 # adaptor pins one DeepSpeed release (its branches v0.6.0 and v0.9.2: "目前仅支持 deepspeed
 # 版本 0.9.2") and its README now says DeepSpeed supports NPUs natively, to uninstall
 # deepspeed_npu and install the newest DeepSpeed. So the adaptor is loaded only under a

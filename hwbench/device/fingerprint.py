@@ -17,13 +17,16 @@ import torch
 
 import hwbench
 
-# Variables that change how collectives and runtimes behave (FACTS.md §6, §9).
+# Variables that change how collectives and runtimes behave: NCCL/RCCL and HCCL settings (their
+# documentation), the devices a process sees (CUDA, HIP, ROCr, Ascend and Habana visibility lists),
+# Gaudi's execution mode (PT_HPU_LAZY_MODE) and the allocators' settings.
 # hwbench's own plumbing between its processes (a temporary folder, the sweep's
 # point record, which the result holds as `sweep`): not part of the environment.
 INTERNAL_ENV = ("HWBENCH_RUN_DIR", "HWBENCH_SWEEP", "HWBENCH_PARENT_PID")
 RECORDED_ENV_PREFIXES = ("HWBENCH_", "NCCL_", "HCCL_", "TORCH_NCCL_", "ASCEND_", "CUDA_VISIBLE_DEVICES",
                          "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TASK_QUEUE_ENABLE", "DS_ACCELERATOR",
-                         "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF")
+                         "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF", "RCCL_", "HIP_VISIBLE_DEVICES",
+                         "ROCR_VISIBLE_DEVICES", "HSA_", "PYTORCH_HIP_ALLOC_CONF", "HABANA_", "PT_HPU_")
 
 
 def package_version(name: str) -> str | None:

@@ -2,7 +2,7 @@
 commands planning for another machine need (`hwbench plan` for an H100 from a laptop,
 `hwbench k8s` for a cluster). Importing this module imports no torch.
 
-The Backend classes (cpu.py, cuda.py, npu.py) take their name and process-group
+The Backend classes (cpu.py, cuda.py, npu.py, rocm.py, hpu.py) take their name and process-group
 backend from here, so each fact is written once.
 """
 
@@ -39,6 +39,13 @@ KINDS = {
                        slurm_gres="gpu"),
     "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_"),
                       fused_adamw=False),
+    # AMD GPUs through PyTorch's ROCm build: torch.cuda, RCCL under the nccl name, DeepSpeed's CUDA
+    # accelerator (it serves ROCm builds too); the overhead is CUDA's estimate until measured
+    "rocm": DeviceKind("rocm", "nccl", "cuda", 1 * GIB, "amd.com/gpu", (*_COMMUNICATION, "RCCL_", "HIP_", "ROCR_", "HSA_"),
+                       fused_adamw=True, slurm_gres="gpu"),
+    # Intel Gaudi through habana_frameworks.torch; the overhead is the NPU's estimate until measured
+    "hpu": DeviceKind("hpu", "hccl", "hpu", 2 * GIB, "habana.ai/gaudi", (*_COMMUNICATION, "HABANA_", "PT_HPU_", "HLS_"),
+                      fused_adamw=False),
 }
-DEVICE_KINDS = tuple(KINDS)  # cpu, cuda, npu
+DEVICE_KINDS = tuple(KINDS)  # cpu, cuda, npu, rocm, hpu
 DEVICE_CHOICES = ("auto", *DEVICE_KINDS)

@@ -1,4 +1,4 @@
-"""NVML telemetry through nvidia-ml-py (module ``pynvml``), FACTS.md §8.
+"""NVML telemetry through nvidia-ml-py (module ``pynvml``; NVIDIA's NVML API reference).
 
 Every query is wrapped: a GPU that does not support one gives None.
 
@@ -239,3 +239,22 @@ class NvmlSampler(TelemetrySampler):
             millijoules = self._query(lambda: self._pynvml.nvmlDeviceGetTotalEnergyConsumption(device.handle))
             counters.append(millijoules / 1000.0 if millijoules is not None else None)
         return counters
+
+
+def nvml_power_limit_w(ids: CudaDeviceIds) -> tuple[float | None, str]:
+    """(the highest power limit the board accepts, in W, and what that is), else its default
+    limit; (None, why) when NVML gives neither. A property of the model, unlike the enforced
+    limit an administrator may lower: it tells an H200 NVL (up to 600 W) from an H200 SXM (up
+    to 700 W) when the driver reports both as "NVIDIA H200"."""
+    sampler = NvmlSampler([ids])
+    reason = sampler.unavailable_reason()
+    if reason:
+        return None, reason
+    nv, handle = sampler._pynvml, sampler._devices[0].handle
+    limits = sampler._query(lambda: nv.nvmlDeviceGetPowerManagementLimitConstraints(handle))
+    if limits and limits[1]:
+        return limits[1] / 1000.0, "the highest power limit NVML accepts (nvmlDeviceGetPowerManagementLimitConstraints)"
+    default = sampler._query(lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+    if default:
+        return default / 1000.0, "the default power limit (nvmlDeviceGetPowerManagementDefaultLimit)"
+    return None, "NVML reports no power limit for this GPU"

@@ -18,6 +18,7 @@ from hwbench.harness.placement import cpu_list_text, host_placements, placement_
 from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
+from hwbench.plausibility import implausible_throughput
 from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
@@ -194,12 +195,13 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
                                       tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
                                       formula=spec.flops_formula)
     achieved = flops * len(times) / total_time / world
-    peak = result.device.get("peak_flops")
-    unmeasured: dict[str, str] = {}
-    if peak is None:
+    implausible = implausible_throughput(achieved, result.device)
+    peak = None if implausible else result.device.get("peak_flops")
+    unmeasured: dict[str, str] = {"mfu": implausible, "mfu_measured_ceiling": implausible} if implausible else {}
+    if peak is None and not implausible:
         unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
-    ceiling = (result.device.get("measured_ceiling") or {}).get("flops")
-    if not ceiling:
+    ceiling = None if implausible else (result.device.get("measured_ceiling") or {}).get("flops")
+    if not ceiling and not implausible:
         unmeasured["mfu_measured_ceiling"] = (result.device.get("measured_ceiling_unmeasured")
                                               or "no measured ceiling: run hwbench calibrate")
     validation = reports[0].validation
@@ -254,15 +256,17 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.nodes = merge_nodes(reports)
     # a new mapping: the nodes' entries keep each node's own environment as it was reported
     result.environment = {**result.environment, **placement_environment(host_placements(reports))}
-    _judge(result, spec, times)
+    _judge(result, spec, times, implausible)
 
 
-def _judge(result: RunResult, spec: RunSpec, times: list[float]) -> None:
+def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:
     """Status and warnings from the merged figures."""
     scaled = spec.precision == "fp16"
     bad = [s["step"] for s in result.steps if s["loss"] is None or (s["grad_norm"] is None and not s["skipped"])]
     all_skipped = scaled and result.metrics["skipped_steps"] == len(result.steps)
-    result.status = "numerics" if bad or all_skipped else "ok"
+    result.status = "numerics" if bad or all_skipped else "invalid" if implausible else "ok"
+    if implausible and result.status == "invalid":
+        result.error = {"type": "ImplausibleThroughput", "message": implausible, "traceback": None, "rank": 0}
     if bad:
         result.error = {"type": "NonFiniteLoss", "message": f"loss or gradient not finite at steps {bad[:10]}",
                         "traceback": None, "rank": 0}

@@ -112,8 +112,8 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             merge_ranks(result, spec, workload, reports)
     result.finished_at = utc_now()
     if backend.simulated:
-        result.warnings.insert(0, "device simulated: a stand-in torch_npu ran the NPU code path on the host "
-                                  "CPU; no figure here describes an NPU")
+        result.warnings.insert(0, f"device simulated: a stand-in ran the {backend.name} code path on the host "
+                                  f"CPU; no figure here describes a {backend.name} device")
     return result if ctx.rank == 0 else None
 
 

@@ -1,0 +1,173 @@
+"""AMD GPU telemetry through AMD SMI's Python library (PyPI package ``amdsmi``).
+
+The library finds a GPU by its PCI address (``amdsmi_get_processor_handle_from_bdf``): HIP
+numbers devices after HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES, so an index is never used.
+Every query is wrapped: a reading a GPU does not support ("N/A", or an AmdSmiLibraryException)
+is None, never a crash.
+
+Units, from AMD SMI's reference (amdsmi_power_info_t, amdsmi_get_energy_count): socket powers
+in W (``current_socket_power`` on MI300 and newer, ``average_socket_power`` on MI200 and
+older; the other reads "N/A"); the energy counter is ``energy_accumulator`` ticks of
+``counter_resolution`` microjoules (15.259 uJ on the boards seen); VRAM in MB.
+
+Importing the wheel without ROCm's libamd_smi.so raises KeyError('libamd_smi.so'), not an
+ImportError, after printing two lines on stdout: both are caught here (import_amdsmi)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any, Callable
+
+from hwbench.device.telemetry import TelemetrySampler
+
+# amdsmi_get_violation_status's active_* flags (AMD SMI 6.4 and newer), as the result names them
+VIOLATIONS = {
+    "active_prochot_thrm": "prochot_thermal",
+    "active_ppt_pwr": "package_power",
+    "active_socket_thrm": "socket_thermal",
+    "active_vr_thrm": "voltage_regulator_thermal",
+    "active_hbm_thrm": "hbm_thermal",
+}
+MICROJOULES = 1e-6
+NOT_AVAILABLE = "N/A"
+
+
+def import_amdsmi() -> tuple[Any | None, str | None]:
+    """(the amdsmi module, None) or (None, why it cannot be used). The wheel prints its
+    loader's failure on stdout; it is kept off hwbench's output."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            import amdsmi
+        except ImportError:
+            return None, "amdsmi is not installed (pip install amdsmi, the version of the ROCm release)"
+        except (KeyError, OSError) as error:  # the wheel without ROCm's native library
+            return None, (f"amdsmi cannot load libamd_smi.so ({type(error).__name__}: {error}): install ROCm's "
+                          "amd-smi-lib or set ROCM_PATH")
+    return amdsmi, None
+
+
+def _value(reading: Any) -> float | None:
+    if reading is None or reading == NOT_AVAILABLE or isinstance(reading, str):
+        return None
+    return float(reading)
+
+
+class AmdSmiSampler(TelemetrySampler):
+    source = "amdsmi"
+    energy_method = "AMD SMI energy accumulator (amdsmi_get_energy_count)"
+
+    def __init__(self, bus_ids: list[str], interval_s: float = 0.5) -> None:
+        super().__init__(interval_s)
+        self.bus_ids = bus_ids
+        self._handles: list[Any] = []
+        self._resolution_uj: list[float | None] = [None] * len(bus_ids)
+        self._power_fields: list[str | None] = [None] * len(bus_ids)
+        self._amdsmi, self._reason = import_amdsmi()
+        if self._amdsmi is None:
+            return
+        try:
+            self._amdsmi.amdsmi_init()
+            self._handles = [self._amdsmi.amdsmi_get_processor_handle_from_bdf(bdf) for bdf in bus_ids]
+        except Exception as error:  # no driver, or a bus id AMD SMI does not know
+            self._reason = f"AMD SMI unavailable: {type(error).__name__}: {error}"
+
+    def unavailable_reason(self) -> str | None:
+        return self._reason
+
+
+    def device_details(self, index: int) -> dict[str, Any]:
+        if index >= len(self.bus_ids):
+            return {}
+        field = self._power_fields[index]
+        return {"name": f"gpu:{index}", "pci_bus_id": self.bus_ids[index], "identified_by": "pci_bus_id",
+                "energy_resolution_uj": self._resolution_uj[index],
+                "power_method": f"amdsmi_get_power_info {field} (W)" if field else None}
+
+    def _query(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception:  # AmdSmiLibraryException: not supported here
+            return None
+
+    def read(self) -> list[dict[str, Any]]:
+        return [self._read_device(index, handle) for index, handle in enumerate(self._handles)]
+
+    def _read_device(self, index: int, handle: Any) -> dict[str, Any]:
+        smi = self._amdsmi
+        activity = self._query(lambda: smi.amdsmi_get_gpu_activity(handle)) or {}
+        vram = self._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
+        clock = self._query(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
+        reading = {
+            "power_w": self._power_w(index, handle),
+            "temperature_c": self._temperature_c(handle),
+            "sm_clock_mhz": _value(clock.get("clk")),
+            "utilization_percent": _value(activity.get("gfx_activity")),
+            "memory_used_mb": _value(vram.get("vram_used")),
+        }
+        reasons = self._throttle_reasons(handle)
+        if reasons is not None:
+            reading["throttle_reasons"] = reasons
+        return reading
+
+    def _power_w(self, index: int, handle: Any) -> float | None:
+        info = self._query(lambda: self._amdsmi.amdsmi_get_power_info(handle)) or {}
+        for field in ("current_socket_power", "average_socket_power", "socket_power"):
+            watts = _value(info.get(field))
+            if watts is not None:
+                self._power_fields[index] = field
+                return watts
+        return None
+
+    def _temperature_c(self, handle: Any) -> float | None:
+        smi = self._amdsmi
+        for sensor in ("HOTSPOT", "EDGE"):  # junction first: MI300 reports no edge temperature
+            kind = getattr(smi.AmdSmiTemperatureType, sensor)
+            value = self._query(lambda: smi.amdsmi_get_temp_metric(handle, kind, smi.AmdSmiTemperatureMetric.CURRENT))
+            if _value(value) is not None:
+                return _value(value)
+        return None
+
+    def _throttle_reasons(self, handle: Any) -> list[str] | None:
+        """The violations active now (amdsmi_get_violation_status), else the metrics table's
+        single throttle flag; None where neither is reported."""
+        smi = self._amdsmi
+        status = self._query(lambda: smi.amdsmi_get_violation_status(handle))
+        if isinstance(status, dict) and any(status.get(key) in (True, False) for key in VIOLATIONS):
+            return sorted(name for key, name in VIOLATIONS.items() if status.get(key) is True)
+        metrics = self._query(lambda: smi.amdsmi_get_gpu_metrics_info(handle)) or {}
+        flag = metrics.get("throttle_status")
+        if flag in (True, False):
+            return ["throttled"] if flag else []
+        return None
+
+    def energy_counter_j(self) -> list[float | None]:
+        counters: list[float | None] = []
+        for index, handle in enumerate(self._handles):
+            count = self._query(lambda: self._amdsmi.amdsmi_get_energy_count(handle))
+            if not isinstance(count, dict):
+                counters.append(None)
+                continue
+            ticks = count.get("energy_accumulator", count.get("power"))  # "power" before AMD SMI 6.4
+            resolution = _value(count.get("counter_resolution"))
+            self._resolution_uj[index] = resolution
+            counters.append(float(ticks) * resolution * MICROJOULES if ticks is not None and resolution else None)
+        return counters
+
+
+def amdgpu_driver_version(bus_id: str | None) -> str | None:
+    """The amdgpu driver version AMD SMI reports for the GPU at ``bus_id``, else the kernel
+    module's (/sys/module/amdgpu/version, present with the DKMS driver)."""
+    smi, _ = import_amdsmi()
+    if smi is not None and bus_id:
+        try:
+            smi.amdsmi_init()
+            info = smi.amdsmi_get_gpu_driver_info(smi.amdsmi_get_processor_handle_from_bdf(bus_id))
+            if info.get("driver_version") not in (None, "", NOT_AVAILABLE):
+                return str(info["driver_version"])
+        except Exception:
+            pass
+    try:
+        return open("/sys/module/amdgpu/version").read().strip() or None
+    except OSError:
+        return None

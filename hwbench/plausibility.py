@@ -1,0 +1,30 @@
+"""Whether a run's throughput is physically possible: the one judge, called where MFU is
+computed (hwbench.harness.merge).
+
+The most frequent error in published training benchmarks is MFU against the wrong peak: a
+device given another model's figure, a figure with sparsity taken for the dense one, a device
+that is one die of a two-die module. Each shows as a throughput the device cannot reach. So a
+run above its data sheet's dense peak, or above the GEMM rate `hwbench calibrate` measured on
+it by more than that measurement's own spread, is marked invalid with the reason, and its MFU
+is not given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def implausible_throughput(achieved_flops: float, device: dict[str, Any]) -> str | None:
+    """Why ``achieved_flops`` (model FLOP/s per device) cannot be right on ``device`` (the
+    result's device section), or None when it can."""
+    peak = device.get("peak_flops")
+    if peak and achieved_flops > peak:
+        return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is {achieved_flops / peak:.0%} of the data sheet's "
+                f"dense {device.get('peak_flops_precision')} peak ({peak / 1e12:.4g} TFLOP/s, "
+                f"{device.get('catalog_entry')}): more than the device can do, so the peak or the FLOP count is wrong")
+    ceiling = device.get("measured_ceiling") or {}
+    flops, spread = ceiling.get("flops"), ceiling.get("cv") or 0.0
+    if flops and achieved_flops > flops * (1 + spread):
+        return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is above the measured GEMM ceiling "
+                f"({flops / 1e12:.4g} TFLOP/s, hwbench calibrate, {ceiling.get('measured_at')}) by more than its "
+                f"spread (CV {spread:.1%}): the ceiling is stale or the FLOP count is wrong; calibrate again")
+    return None

@@ -1,0 +1,111 @@
+"""STAND-IN for AMD SMI's Python library (PyPI ``amdsmi``), for hwbench's tests only.
+
+The calls hwbench's AMD SMI sampler makes (hwbench/device/amd_smi.py), with the names, argument
+types and return shapes of amdsmi 7.0.2 (its amdsmi_interface.py), answering for one MI300X at
+PCI address 0000:0c:00.0 (the stand-in ROCm build's device, ../sitecustomize.py).
+
+Figures and where they come from:
+
+* power: ``current_socket_power`` 717 W with ``average_socket_power`` "N/A", as an MI300X
+  reports them in ROCm/pytorch pull request #1457 ("MI300: Current socket power: 717, Average
+  socket power: N/A"; an MI200 reports the reverse).
+* energy: ``counter_resolution`` 15.259 uJ, the resolution rocm-smi prints for the energy
+  accumulator ("energy_accumulator (15.259uJ (2^-16))", ollama/ollama issue #9633); the
+  accumulator grows at the 717 W above, with wall-clock time, so energy / window is 717 W.
+* the rest (hotspot 52 C, no edge sensor, GFX clock 2100 MHz, 100 % GFX activity, 61,440 MB of
+  VRAM in use, the package-power violation active, amdgpu 6.10.5) are fixed test values.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+__hwbench_stand_in__ = True
+__version__ = "7.0.2+standin"
+
+BUS_ID = "0000:0c:00.0"
+SOCKET_POWER_W = 717
+RESOLUTION_UJ = 15.259
+_START = time.monotonic()
+
+
+class AmdSmiLibraryException(Exception):
+    pass
+
+
+class AmdSmiClkType(enum.IntEnum):
+    SYS = 0
+    GFX = 0
+    MEM = 4
+
+
+class AmdSmiTemperatureType(enum.IntEnum):
+    EDGE = 0
+    HOTSPOT = 1
+    JUNCTION = 1
+
+
+class AmdSmiTemperatureMetric(enum.IntEnum):
+    CURRENT = 0
+
+
+class processor_handle:  # noqa: N801 (amdsmi_wrapper's name)
+    def __init__(self, bdf: str) -> None:
+        self.bdf = bdf
+
+
+def amdsmi_init(flag=None) -> None:
+    pass
+
+
+def amdsmi_shut_down() -> None:
+    pass
+
+
+def amdsmi_get_processor_handle_from_bdf(bdf: str) -> processor_handle:
+    if bdf.lower() != BUS_ID:
+        raise AmdSmiLibraryException(f"AMDSMI_STATUS_NOT_FOUND: no GPU at {bdf}")
+    return processor_handle(bdf)
+
+
+def amdsmi_get_power_info(handle) -> dict:
+    return {"socket_power": SOCKET_POWER_W, "current_socket_power": SOCKET_POWER_W, "average_socket_power": "N/A",
+            "gfx_voltage": "N/A", "soc_voltage": "N/A", "mem_voltage": "N/A", "power_limit": 750}
+
+
+def amdsmi_get_energy_count(handle) -> dict:
+    joules = SOCKET_POWER_W * (time.monotonic() - _START)
+    return {"energy_accumulator": int(joules / (RESOLUTION_UJ * 1e-6)), "counter_resolution": RESOLUTION_UJ,
+            "timestamp": time.monotonic_ns()}
+
+
+def amdsmi_get_temp_metric(handle, sensor_type, metric) -> int:
+    if sensor_type == AmdSmiTemperatureType.EDGE:
+        raise AmdSmiLibraryException("AMDSMI_STATUS_NOT_SUPPORTED")
+    return 52
+
+
+def amdsmi_get_clock_info(handle, clock_type) -> dict:
+    return {"clk": 2100, "min_clk": 500, "max_clk": 2100, "clk_locked": False, "clk_deep_sleep": 0}
+
+
+def amdsmi_get_gpu_activity(handle) -> dict:
+    return {"gfx_activity": 100, "umc_activity": 38, "mm_activity": "N/A"}
+
+
+def amdsmi_get_gpu_vram_usage(handle) -> dict:
+    return {"vram_total": 196592, "vram_used": 61440}
+
+
+def amdsmi_get_violation_status(handle) -> dict:
+    return {"active_prochot_thrm": False, "active_ppt_pwr": True, "active_socket_thrm": False,
+            "active_vr_thrm": False, "active_hbm_thrm": False}
+
+
+def amdsmi_get_gpu_metrics_info(handle) -> dict:
+    return {"throttle_status": True}
+
+
+def amdsmi_get_gpu_driver_info(handle) -> dict:
+    return {"driver_name": "amdgpu", "driver_version": "6.10.5", "driver_date": "2015/01/01 00:00"}

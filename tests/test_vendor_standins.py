@@ -1,0 +1,104 @@
+"""AMD Instinct (ROCm) and Intel Gaudi (HPU) paths through the stand-ins in tests/fakes/rocm and
+tests/fakes/gaudi: complete, simulated results with telemetry, the one-line errors on a machine
+without the vendor software, and the resources `hwbench k8s`/`hwbench slurm` request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main
+
+FAKES = Path(__file__).resolve().parent / "fakes"
+RUN = ["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",
+       "--telemetry-interval", "0.1"]
+
+
+def hwbench(args, cwd, **env):
+    environment = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-m", "hwbench", *args], env=environment, cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def standin_path(folder: str) -> str:
+    return os.pathsep.join([str(FAKES / folder), str(FAKES / "common")])
+
+
+def only_result(out: Path) -> dict:
+    files = list(out.glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+def test_a_rocm_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
+    done = hwbench([*RUN, "--device", "rocm", "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("rocm"), HWBENCH_STANDIN_ROCM="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    device, env = result["device"], result["environment"]
+    assert (device["backend"], device["device_model"], device["catalog_entry"]) == ("rocm", "AMD Instinct MI300X",
+                                                                                    "mi300x")
+    assert device["simulated"] is True and device["gfx_arch"] == "gfx942" and device["dist_backend"] == "gloo"
+    assert result["metrics"]["mfu"] is None and "simulated" in result["metrics"]["unmeasured"]["mfu"]
+    assert result["warnings"][0].startswith("device simulated: a stand-in ran the rocm code path")
+    assert (env["hip_version"], env["rccl_version"], env["gfx_arch"]) == ("6.4.43482-0f2d60242", "2.22.3", ["gfx942"])
+    telemetry = result["metrics"]["telemetry"]
+    assert telemetry["source"] == "amdsmi" and telemetry["available"] is True
+    gpu = telemetry["devices"][0]
+    assert gpu["power_w_mean"] == 717 and gpu["temperature_c_max"] == 52 and gpu["pci_bus_id"] == "0000:0c:00.0"
+    assert gpu["throttle_reasons"] == ["package_power"] and gpu["energy_resolution_uj"] == pytest.approx(15.259)
+    assert gpu["energy_j"] / telemetry["window_s"] == pytest.approx(717, rel=0.05)  # the counter, in joules
+
+
+def test_a_gaudi_run_through_the_stand_in_names_its_mode_and_marks_each_lazy_step(tmp_path):
+    marks = tmp_path / "marks"
+    done = hwbench([*RUN, "--device", "hpu", "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("gaudi"), HWBENCH_STANDIN_MARK_STEP_LOG=str(marks))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    device = result["device"]
+    assert (device["backend"], device["device_model"], device["catalog_entry"]) == ("hpu", "GAUDI2", "gaudi2")
+    assert device["simulated"] is True and device["hpu_mode"] == "lazy" and result["metrics"]["mfu"] is None
+    assert len(marks.read_text().splitlines()) == len(result["steps"])  # one mark_step per training step
+    gpu = result["metrics"]["telemetry"]["devices"][0]
+    assert (gpu["power_w_mean"], gpu["temperature_c_max"], gpu["memory_used_mb_max"]) == (75, 27, 768)
+    assert gpu["name"] == "hpu:0" and gpu["pci_bus_id"] == "0000:33:00.0"
+    assert result["metrics"]["memory"]["capacity_bytes"] == 98304 * 2**20
+
+
+def test_eager_mode_is_named_and_marks_no_steps(tmp_path):
+    marks = tmp_path / "marks"
+    done = hwbench([*RUN, "--device", "hpu", "--no-telemetry", "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("gaudi"), HWBENCH_STANDIN_MARK_STEP_LOG=str(marks), PT_HPU_LAZY_MODE="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert only_result(tmp_path / "out")["device"]["hpu_mode"] == "eager" and not marks.exists()
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("rocm", "hwbench: error: --device rocm: this torch build"),
+    ("hpu", "hwbench: error: --device hpu: habana_frameworks is not installed"),
+])
+def test_a_missing_vendor_stack_is_one_line_exit_2_and_nothing_written(tmp_path, device, expected):
+    out = tmp_path / "out"
+    done = hwbench(["run", "--device", device, "--model", "tiny", "--out", str(out)], tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert done.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize("device, resource", [("rocm", "amd.com/gpu"), ("hpu", "habana.ai/gaudi")])
+def test_k8s_requests_the_vendors_device_resource(capsys, device, resource):
+    assert main(["k8s", "--image", "registry.example.com/hwbench:0.1", "--device", device, "--nnodes", "1", "--nproc-per-node", "2",
+                 "--model", "tiny", "--micro-batch-size", "1", "--global-batch-size", "2"]) == 0
+    assert f"{resource}: \"2\"" in capsys.readouterr().out
+
+
+def test_slurm_binds_amd_gpus_with_gres(capsys):
+    assert main(["slurm", "--model", "tiny", "--device", "rocm", "--nnodes", "1", "--nproc-per-node", "8"]) == 0
+    assert "#SBATCH --gres=gpu:8\n" in capsys.readouterr().out
