@@ -251,8 +251,21 @@ def test_json_carries_the_decision(pair):
     texts = [block["text"] for block in data["decision"] if "text" in block]
     assert any(text.startswith("Faster: NVIDIA H100 80GB HBM3, 2.00x") for text in texts)
     table = next(block["table"] for block in data["decision"] if "table" in block)
-    assert {row["device"]: row["ratio to fastest"] for row in table} == {
-        "NVIDIA A100-SXM4-40GB": "0.500", "NVIDIA H100 80GB HBM3": "1.000"}
+    rows = {row["device"]: row for row in table}
+    # the figures as numbers with their units, not as the Markdown writes them ("$6.88", "0.500")
+    assert {device: row["ratio to fastest"] for device, row in rows.items()} == {
+        "NVIDIA A100-SXM4-40GB": 0.5, "NVIDIA H100 80GB HBM3": 1.0}
+    h100 = rows["NVIDIA H100 80GB HBM3"]
+    assert h100["devices charged"] == 1 and h100["runs"] == 3
+    assert h100["tokens/s per device (median, min-max)"] == {"value": 1000, "min": 990, "max": 1010}
+    assert h100["price/device-h"] == {"value": 6.88, "unit": "USD"}  # the catalog's h100-sxm price
+    assert h100["$ per 1M tokens"]["value"] == pytest.approx(6.88 / 3600 / 1000 * 1e6)
+    assert h100["J/token"]["value"] is None and h100["J/token"]["reason"].startswith("not measured (")
+    days = 20 * TINY_PARAMETERS / (1000 * 1.9 ** 3) / 86400  # as test_projection_uses_the_fitted_scaling...
+    assert h100["days on 8"] == pytest.approx(days)
+    assert h100["cost on 8"] == {"value": pytest.approx(6.88 * 8 * days * 24), "unit": "USD"}
+    fitted = next(block["table"] for block in data["decision"] if "efficiency vs ideal" in block.get("table", [{}])[0])
+    assert fitted[1]["efficiency vs ideal"] == {"value": pytest.approx(0.95), "unit": "fraction"}
 
 
 def test_cpu_energy_of_one_socket_covers_its_ranks(tmp_path):

@@ -1,8 +1,13 @@
-"""Figures as the report's table cells write them: a missing or non-finite figure is "-"."""
+"""The report's table cells, typed: a cell holds its value (a number, text or None) and how to
+write it (format, unit, a range beside it, the text of a null). Markdown and HTML write
+`Cell.text` (HTML right-aligns number cells), JSON carries `Cell.data()`: the number and its
+unit, never the formatted string. A missing or non-finite figure is written "-"."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 from typing import Any
 
 from hwbench.units import gib
@@ -23,17 +28,6 @@ def is_number(value: Any) -> bool:
     return number(value) is not None
 
 
-def fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
-    figure = number(value)
-    if figure is None:
-        return "-" if value is None or isinstance(value, float) else str(value)
-    if digits == 0:
-        return f"{figure:,.0f}{suffix}"
-    if abs(figure) >= 1 or figure == 0:
-        return f"{figure:,.{digits}f}{suffix}"
-    return f"{figure:.{digits + 1}g}{suffix}"
-
-
 def tokens_text(tokens: float) -> str:
     """300e9 -> "300e9": the way --tokens is usually written."""
     for power in (12, 9, 6):
@@ -42,20 +36,142 @@ def tokens_text(tokens: float) -> str:
     return f"{tokens:g}"  # beyond 1e15 as Python writes it: 1e+18
 
 
-def fmt_ratio(value: Any) -> str:
-    figure = number(value)
-    return "-" if figure is None else f"{figure:.3f}"
+# How a number of a unit is written; any other unit follows the number after a space ("12 W").
+_WRITERS = {
+    "USD": lambda value, spec: "$" + format(value, spec),
+    "bytes": lambda value, spec: gib(value, unit=True, thousands=True),
+    "fraction": lambda value, spec: format(value, spec),  # a "%" spec: 0.412 -> 41.2%
+    "tokens": lambda value, spec: tokens_text(value),
+}
 
 
-def fmt_g(value: Any) -> str:
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    value: float | int | str | None
+    spec: str = ""  # format() spec of a number: ",.2f", ",.4g", ".1%"
+    unit: str = ""  # what the number counts: "USD", "bytes", "fraction", "tokens", "J", "W" or none
+    low: float | None = None  # a range written beside the value: "1,000.0 (990.0-1,010.0)"
+    high: float | None = None
+    missing: str | None = None  # the text of a null, saying why ("no price"); else "-"
+
+    @property
+    def is_number(self) -> bool:
+        return isinstance(self.value, numbers.Real) and not isinstance(self.value, bool)
+
+    @property
+    def text(self) -> str:
+        if self.value is None:
+            return self.missing or "-"
+        if not self.is_number:
+            return str(self.value)
+        text = self._write(self.value)
+        if self.low is not None and self.high is not None:
+            text += f" ({self._write(self.low)}-{self._write(self.high)})"
+        return text
+
+    def _write(self, value: float) -> str:
+        writer = _WRITERS.get(self.unit)
+        if writer:
+            return writer(value, self.spec)
+        return format(value, self.spec) + (f" {self.unit}" if self.unit else "")
+
+    def data(self) -> Any:
+        """The cell as JSON holds it: text as text, a number bare or, with a unit or range, as
+        {"value", "unit", "min", "max"}; a null with its reason as {"value": null, "reason"}."""
+        if self.value is None:
+            return {"value": None, "reason": self.missing} if self.missing else None
+        if not self.is_number:
+            return self.value
+        value = self.value.item() if hasattr(self.value, "item") else self.value  # numpy scalars
+        if not self.unit and self.low is None:
+            return value
+        data: dict[str, Any] = {"value": value}
+        if self.unit:
+            data["unit"] = self.unit
+        if self.low is not None and self.high is not None:
+            data.update(min=self.low, max=self.high)
+        return data
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)
+
+    # joined with text, a cell becomes text
+    def __add__(self, other: str) -> str:
+        return self.text + other
+
+    def __radd__(self, other: str) -> str:
+        return other + self.text
+
+
+def as_cell(value: Any) -> Cell:
+    """Whatever a table row holds, as a cell: a Cell as it is, a whole number as written
+    ("1024"), another number as fmt writes it, None as "-", anything else as text."""
+    if isinstance(value, Cell):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return Cell(int(value), "d")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return fmt(value)
+    return Cell(None if value is None else str(value))
+
+
+def figure(value: Any, spec: str, unit: str = "", missing: str | None = None, **extra: Any) -> Cell:
+    """A number cell written with the format() ``spec`` and its ``unit``; a value that is not a
+    finite figure gives a null cell, written ``missing`` or "-" (text stays text)."""
+    parsed = number(value)
+    if parsed is None:
+        return Cell(value if isinstance(value, str) else None, missing=missing)
+    whole = isinstance(value, numbers.Integral)  # a count stays a whole number in JSON
+    return Cell(int(value) if whole else parsed, spec, unit, missing=missing, **extra)
+
+
+def _fixed(figure: float, digits: int) -> str:
+    """fmt's spec: thousands and ``digits`` decimals, or digits + 1 significant ones below 1."""
+    if digits == 0:
+        return ",.0f"
+    return f",.{digits}f" if abs(figure) >= 1 or figure == 0 else f".{digits + 1}g"
+
+
+def fmt(value: Any, digits: int = 2, suffix: str = "", *, low: float | None = None, high: float | None = None,
+        missing: str | None = None) -> Cell:
+    """A figure with ``digits`` decimals (digits + 1 significant ones below 1), its unit
+    ``suffix`` (" W"), and a range ``low``-``high`` beside it."""
+    parsed = number(value)
+    spec = _fixed(parsed, digits) if parsed is not None else ""
+    return figure(value, spec, suffix.strip(), missing, low=number(low), high=number(high))
+
+
+def fmt_ratio(value: Any) -> Cell:
+    return figure(value, ".3f")
+
+
+def fmt_g(value: Any) -> Cell:
     """A published figure as the table gave it (no added digits)."""
-    figure = number(value)
-    return "-" if figure is None else f"{figure:,.10g}" if figure < 1e6 else f"{figure:,.0f}"
+    parsed = number(value)
+    return figure(value, ",.10g" if parsed is not None and parsed < 1e6 else ",.0f")
 
 
-def gib_cell(value: Any) -> str:
-    """Bytes as "1,234.56 GiB"; "-" when not a figure."""
-    return gib(number(value), unit=True, thousands=True)
+def gib_cell(value: Any, missing: str | None = None) -> Cell:
+    """Bytes, written "1,234.56 GiB"."""
+    return figure(value, "", "bytes", missing)
+
+
+def percent(value: Any, digits: int = 1, missing: str | None = None) -> Cell:
+    """A fraction written as a percentage: 0.412 -> "41.2%"."""
+    return figure(value, f".{digits}%", "fraction", missing)
+
+
+def usd(value: Any, spec: str = ",.2f", missing: str | None = None) -> Cell:
+    """US dollars: "$1,234.50" (``spec``: ",.4g" for a price, ",.0f" for a projected cost)."""
+    return figure(value, spec, "USD", missing)
+
+
+def tokens_cell(value: Any) -> Cell:
+    """A token count as --tokens is written: "300e9"."""
+    return figure(value, "", "tokens")
 
 
 def device_text(run: Any) -> str:
