@@ -133,6 +133,32 @@ def test_oversubscribed_run_is_marked_everywhere_and_left_out(pair):
     assert "oversubscribed" not in chart.replace("oversubscribed run(s) left out", "")
 
 
+def test_throughput_bars_carry_the_range_of_their_repeats(pair):
+    """Each bar is the median of its point's 3 repeats and its whisker spans the slowest to the
+    fastest: H100 1 device 990-1010 around 1000, 2 devices 940-960 per device around 950, A100
+    495-505 around 500 tokens/s per device."""
+    import re
+
+    from hwbench.report.plots import throughput
+
+    data = json.loads(report(str(pair), "--format", "json"))
+    chart = throughput("tiny", [r for r in data["runs"] if r["model"] == "tiny"])
+    bars = {title: (float(x) + float(width) / 2, float(y)) for x, y, width, title in
+            re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)"[^>]*><title>([^<]*)</title>', chart)}
+    whiskers = re.findall(r'<path class="whisker" d="M([\d.]+),([\d.]+)V([\d.]+)[^"]*"[^>]*><title>([^<]*)</title>',
+                          chart)
+    assert len(bars) == len(whiskers) == 3
+    spans = {}
+    for x, top, bottom, title in whiskers:
+        centre, bar_top = bars[title]
+        assert float(x) == pytest.approx(centre, abs=0.1)  # on its own bar
+        assert float(top) < bar_top < float(bottom)  # fastest above the median, slowest below (y grows down)
+        spans[title.split(":")[0]] = (float(bottom) - float(top)) / (float(bottom) - bar_top)  # range / (median - min)
+    # symmetric ranges: each whisker reaches as far above its bar as below
+    assert all(ratio == pytest.approx(2, abs=0.05) for ratio in spans.values()), spans
+    assert "median 1,000.0 tokens/s per device over 3 run(s): 1,000.0, 1,010.0, 990.0" in chart
+
+
 def test_one_run_a_side_is_not_distinguishable(tmp_path):
     folder = write(tmp_path / "single", result("20261121T000000Z-tiny-cuda-h1", H100, 1, 1000, 1),
                    result("20261121T000000Z-tiny-cuda-a1", A100, 1, 500, 1))

@@ -62,8 +62,8 @@ class Cell:
     def text(self) -> str:
         if self.value is None:
             return self.missing or "-"
-        if not self.is_number:
-            return str(self.value)
+        if isinstance(self.value, str):
+            return self.value
         text = self._write(self.value)
         if self.low is not None and self.high is not None:
             text += f" ({self._write(self.low)}-{self._write(self.high)})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from markupsafe import Markup
 
@@ -205,7 +205,7 @@ class _Chart:
                      label=_label(point.y) if width >= 26 else None)  # a value label only where it fits
 
     def _whisker(self, point: Point, cap: float) -> dict | None:
-        if point.low is None or point.high is None:
+        if point.low is None or point.high is None or point.low == point.high:
             return None
         return {"top": self.y_of(point.high), "bottom": self.y_of(point.low), "cap": cap}
 
