@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import itertools
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
 from hwbench.history.series import format_value, short_commit
@@ -92,7 +93,7 @@ def _levels(analysis: SeriesChanges) -> list[Series]:
     edges = sorted(bounds) + [start]
     nights = analysis.series.nights
     levels = []
-    for begin, end in zip(edges, edges[1:]):
+    for begin, end in itertools.pairwise(edges):
         level = sum(night.value for night in nights[begin:end]) / (end - begin)
         levels.append(Series("level", [Point(begin - 0.4, level, ""), Point(end - 0.6, level, "")], markers=False,
                              color=LEVEL))

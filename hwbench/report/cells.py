@@ -37,17 +37,15 @@ def tokens_text(tokens: float) -> str:
 
 
 # How a number of a unit is written; any other unit follows the number after a space ("12 W").
-_WRITERS = {
-    "USD": lambda value, spec: "$" + format(value, spec),
-    "bytes": lambda value, spec: gib(value, unit=True, thousands=True),
-    "fraction": lambda value, spec: format(value, spec),  # a "%" spec: 0.412 -> 41.2%
-    "tokens": lambda value, spec: tokens_text(value),
-}
+_WRITERS = {"USD": lambda value, spec: "$" + format(value, spec),
+            "bytes": lambda value, spec: gib(value, unit=True, thousands=True),
+            "fraction": format,  # with a "%" spec: 0.412 -> 41.2%
+            "tokens": lambda value, spec: tokens_text(value)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    value: float | int | str | None
+    value: float | int | str | None  # a number is a finite int or float (the constructors see to it)
     spec: str = ""  # format() spec of a number: ",.2f", ",.4g", ".1%"
     unit: str = ""  # what the number counts: "USD", "bytes", "fraction", "tokens", "J", "W" or none
     low: float | None = None  # a range written beside the value: "1,000.0 (990.0-1,010.0)"
@@ -56,41 +54,29 @@ class Cell:
 
     @property
     def is_number(self) -> bool:
-        return isinstance(self.value, numbers.Real) and not isinstance(self.value, bool)
+        return isinstance(self.value, (int, float))
 
     @property
     def text(self) -> str:
-        if self.value is None:
-            return self.missing or "-"
-        if isinstance(self.value, str):
-            return self.value
-        text = self._write(self.value)
-        if self.low is not None and self.high is not None:
-            text += f" ({self._write(self.low)}-{self._write(self.high)})"
-        return text
+        if not isinstance(self.value, (int, float)):
+            return self.missing or "-" if self.value is None else self.value
+        ranged = f" ({self._write(self.low)}-{self._write(self.high)})" if self.low is not None else ""
+        return self._write(self.value) + ranged
 
-    def _write(self, value: float) -> str:
-        writer = _WRITERS.get(self.unit)
-        if writer:
-            return writer(value, self.spec)
-        return format(value, self.spec) + (f" {self.unit}" if self.unit else "")
+    def _write(self, value: float | None) -> str:
+        if self.unit in _WRITERS:
+            return _WRITERS[self.unit](value, self.spec)
+        return f"{format(value, self.spec)} {self.unit}".rstrip()
 
     def data(self) -> Any:
         """The cell as JSON holds it: text as text, a number bare or, with a unit or range, as
         {"value", "unit", "min", "max"}; a null with its reason as {"value": null, "reason"}."""
         if self.value is None:
             return {"value": None, "reason": self.missing} if self.missing else None
-        if not self.is_number:
+        if not self.is_number or not (self.unit or self.low is not None):
             return self.value
-        value = self.value.item() if hasattr(self.value, "item") else self.value  # numpy scalars
-        if not self.unit and self.low is None:
-            return value
-        data: dict[str, Any] = {"value": value}
-        if self.unit:
-            data["unit"] = self.unit
-        if self.low is not None and self.high is not None:
-            data.update(min=self.low, max=self.high)
-        return data
+        return {"value": self.value, **({"unit": self.unit} if self.unit else {}),
+                **({"min": self.low, "max": self.high} if self.low is not None else {})}
 
     def __str__(self) -> str:
         return self.text
@@ -98,8 +84,7 @@ class Cell:
     def __format__(self, spec: str) -> str:
         return format(self.text, spec)
 
-    # joined with text, a cell becomes text
-    def __add__(self, other: str) -> str:
+    def __add__(self, other: str) -> str:  # joined with text, a cell becomes text
         return self.text + other
 
     def __radd__(self, other: str) -> str:
@@ -113,35 +98,32 @@ def as_cell(value: Any) -> Cell:
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return Cell(int(value), "d")
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return fmt(value)
-    return Cell(None if value is None else str(value))
+    return fmt(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else Cell(
+        None if value is None else str(value))
 
 
-def figure(value: Any, spec: str, unit: str = "", missing: str | None = None, **extra: Any) -> Cell:
-    """A number cell written with the format() ``spec`` and its ``unit``; a value that is not a
-    finite figure gives a null cell, written ``missing`` or "-" (text stays text)."""
+def figure(value: Any, spec: str, unit: str = "", missing: str | None = None, low: Any = None,
+           high: Any = None) -> Cell:
+    """A number cell written with the format() ``spec`` and its ``unit``, and a range ``low``-``high``
+    beside it; a value that is not a finite figure gives a null cell, written ``missing`` or "-"
+    (text stays text)."""
     parsed = number(value)
     if parsed is None:
         return Cell(value if isinstance(value, str) else None, missing=missing)
+    low, high = number(low), number(high)
+    if low is None or high is None:
+        low = high = None
     whole = isinstance(value, numbers.Integral)  # a count stays a whole number in JSON
-    return Cell(int(value) if whole else parsed, spec, unit, missing=missing, **extra)
+    return Cell(int(value) if whole else parsed, spec, unit, low, high, missing)
 
 
-def _fixed(figure: float, digits: int) -> str:
-    """fmt's spec: thousands and ``digits`` decimals, or digits + 1 significant ones below 1."""
-    if digits == 0:
-        return ",.0f"
-    return f",.{digits}f" if abs(figure) >= 1 or figure == 0 else f".{digits + 1}g"
-
-
-def fmt(value: Any, digits: int = 2, suffix: str = "", *, low: float | None = None, high: float | None = None,
+def fmt(value: Any, digits: int = 2, suffix: str = "", *, low: Any = None, high: Any = None,
         missing: str | None = None) -> Cell:
-    """A figure with ``digits`` decimals (digits + 1 significant ones below 1), its unit
-    ``suffix`` (" W"), and a range ``low``-``high`` beside it."""
+    """A figure with ``digits`` decimals and thousands (digits + 1 significant ones below 1),
+    its unit ``suffix`` (" W")."""
     parsed = number(value)
-    spec = _fixed(parsed, digits) if parsed is not None else ""
-    return figure(value, spec, suffix.strip(), missing, low=number(low), high=number(high))
+    small = parsed is not None and 0 < abs(parsed) < 1 and digits
+    return figure(value, f".{digits + 1}g" if small else f",.{digits}f", suffix.strip(), missing, low, high)
 
 
 def fmt_ratio(value: Any) -> Cell:
@@ -150,8 +132,7 @@ def fmt_ratio(value: Any) -> Cell:
 
 def fmt_g(value: Any) -> Cell:
     """A published figure as the table gave it (no added digits)."""
-    parsed = number(value)
-    return figure(value, ",.10g" if parsed is not None and parsed < 1e6 else ",.0f")
+    return figure(value, ",.10g" if (number(value) or 0) < 1e6 else ",.0f")
 
 
 def gib_cell(value: Any, missing: str | None = None) -> Cell:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from markupsafe import Markup
 
@@ -20,12 +21,11 @@ COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e", "#d5
           "#42b4c6")
 
 
-@dataclasses.dataclass
-class Point:
-    x: float  # a bar's or a trend's: the index of its category or night
+class Point(NamedTuple):
+    x: float  # in a bar or trend chart, the index of its category or night
     y: float
     title: str  # the hover text
-    low: float | None = None  # a range drawn as a whisker from low to high
+    low: float | None = None  # a range, drawn as a whisker from low to high
     high: float | None = None
 
 
@@ -40,50 +40,43 @@ class Series:
     radius: float = 4.0
 
 
-@dataclasses.dataclass
-class Band:
-    """A shaded stretch of x (a new environment), labelled at its foot."""
-
+class Band(NamedTuple):  # a shaded stretch of x (a new environment), labelled at its foot
     start: float
     end: float
     label: str
     title: str
 
 
-@dataclasses.dataclass
-class Rule:
-    """A dashed vertical line at x (a change point), labelled at its head."""
-
+class Rule(NamedTuple):  # a dashed vertical line at x (a change point), labelled at its head
     x: float
     label: str
     title: str
     color: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Frame:
+class Frame(NamedTuple):  # the chart's size and margins; a legend sits in the right margin
     width: int
     height: int
     left: int
-    right: int  # the legend, when there is one, sits in the right margin
+    right: int
     top: int
     bottom: int
 
 
-REPORT = Frame(960, 400, 78, 300, 40, 84)
-TREND = Frame(1100, 240, 90, 20, 24, 36)
+REPORT, TREND = Frame(960, 400, 78, 300, 40, 84), Frame(1100, 240, 90, 20, 24, 36)
 
 
 def line_chart(title: str, x_label: str, y_label: str, series: Sequence[Series], log2_x: bool = False) -> Markup:
     """Lines with point markers; x on a log2 axis when ``log2_x`` (device counts)."""
     xs = [p.x for s in series for p in s.points]
     scale = math.log2 if log2_x else float
-    x_of = _linear(scale(min(xs)), scale(max(xs)), REPORT)
-    chart = _Chart(REPORT, title, x_label, y_label, _y_range(series, from_zero=True), lambda v: x_of(scale(v)))
+    low, high = scale(min(xs)), scale(max(xs))
+    width = REPORT.width - REPORT.left - REPORT.right
+    chart = _Chart(REPORT, title, x_label, y_label, _y_range(series, from_zero=True),
+                   lambda v: REPORT.left + (scale(v) - low) / ((high - low) or 1) * width)
     for tick in (sorted(set(xs)) if log2_x else _ticks(min(xs), max(xs))):
         chart.x_tick(tick, [_label(tick)])
-    chart.add(series)
-    return chart.render()
+    return chart.draw(series)
 
 
 def bar_chart(title: str, y_label: str, categories: Sequence[str], series: Sequence[Series]) -> Markup:
@@ -92,8 +85,7 @@ def bar_chart(title: str, y_label: str, categories: Sequence[str], series: Seque
     chart = _Chart(REPORT, title, "", y_label, _y_range(series, from_zero=True), _slots(len(categories), REPORT))
     for index, category in enumerate(categories):
         chart.x_tick(index, category.split("\n")[:4], size=10)  # device, layout, count, a mark
-    chart.add(series, slot=(REPORT.width - REPORT.left - REPORT.right) / max(1, len(categories)))
-    return chart.render()
+    return chart.draw(series, slot=(REPORT.width - REPORT.left - REPORT.right) / max(1, len(categories)))
 
 
 def trend_chart(labels: Sequence[str], series: Sequence[Series], bands: Sequence[Band], rules: Sequence[Rule],
@@ -105,10 +97,9 @@ def trend_chart(labels: Sequence[str], series: Sequence[Series], bands: Sequence
     chart = _Chart(TREND, "", "", "", (low - pad, high + pad), _slots(len(labels), TREND), y_format, legend=False)
     for index in range(0, len(labels), max(1, len(labels) // 8)):
         chart.x_tick(index, [labels[index]])
-    chart.bands = [chart.band(band) for band in bands]
-    chart.rules = [chart.rule(rule) for rule in rules]
-    chart.add(series)
-    return chart.render()
+    chart.bands = [b._replace(start=chart.x_of(b.start), end=chart.x_of(b.end)) for b in bands]
+    chart.rules = [r._replace(x=chart.x_of(r.x)) for r in rules]
+    return chart.draw(series)
 
 
 def _label(value: float) -> str:
@@ -118,22 +109,15 @@ def _label(value: float) -> str:
 def _ticks(low: float, high: float, count: int = 5) -> list[float]:
     """Round steps (1, 2, 2.5, 5 x 10^k), about ``count`` of them, from at or below ``low`` to at
     or above ``high``."""
-    if high <= low:
-        high = low + 1
+    high = high if high > low else low + 1
     step = 10 ** math.floor(math.log10((high - low) / count))
     step *= next(f for f in (1, 2, 2.5, 5, 10) if (high - low) / (step * f) <= count)
-    first, last = math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9)
-    return [i * step for i in range(first, last + 1)]
+    return [i * step for i in range(math.floor(low / step + 1e-9), math.ceil(high / step - 1e-9) + 1)]
 
 
 def _y_range(series: Sequence[Series], from_zero: bool) -> tuple[float, float]:
     values = [v for s in series for p in s.points for v in (p.y, p.low, p.high) if v is not None] or [0.0, 1.0]
-    return (min(0.0, *values) if from_zero else min(values)), max(values)
-
-
-def _linear(low: float, high: float, frame: Frame) -> Callable[[float], float]:
-    high = high if high > low else low + 1
-    return lambda v: frame.left + (v - low) / (high - low) * (frame.width - frame.left - frame.right)
+    return min([*values, 0.0] if from_zero else values), max(values)
 
 
 def _slots(count: int, frame: Frame) -> Callable[[float], float]:
@@ -159,41 +143,33 @@ class _Chart:
 
     def __init__(self, frame: Frame, title: str, x_label: str, y_label: str, y_range: tuple[float, float],
                  x_of: Callable[[float], float], y_format: Callable[[float], str] = _label, legend: bool = True):
-        self.frame, self.title, self.x_of, self.legend_shown = frame, title, x_of, legend
+        self.frame, self.title, self.x_label, self.y_label, self.x_of = frame, title, x_label, y_label, x_of
+        self.legend_shown, self.bottom = legend, frame.height - frame.bottom
         ticks = _ticks(*y_range)
-        low, high = ticks[0], ticks[-1]
-        self.bottom = frame.height - frame.bottom
-        self.y_of = lambda v: self.bottom - (v - low) / (high - low) * (frame.height - frame.top - frame.bottom)
+        scale = (frame.height - frame.top - frame.bottom) / (ticks[-1] - ticks[0])
+        self.y_of = lambda v: self.bottom - (v - ticks[0]) * scale
         self.grid = [{"y": self.y_of(tick), "label": y_format(tick)} for tick in ticks]
-        self.x_label, self.y_label = x_label, y_label
         self.x_ticks: list[dict] = []
-        self.bands: list[dict] = []
-        self.rules: list[dict] = []
+        self.bands: list[Band] = []
+        self.rules: list[Rule] = []
         self.series: list[dict] = []
 
     def x_tick(self, x: float, lines: list[str], size: int = 11) -> None:
         self.x_ticks.append({"x": self.x_of(x), "lines": lines, "size": size})
 
-    def band(self, band: Band) -> dict:
-        x0, x1 = self.x_of(band.start), self.x_of(band.end)
-        return {"x": x0, "width": x1 - x0, "label": band.label, "title": band.title}
-
-    def rule(self, rule: Rule) -> dict:
-        return {"x": self.x_of(rule.x), "label": rule.label, "title": rule.title, "color": rule.color}
-
-    def add(self, series: Sequence[Series], slot: float | None = None) -> None:
-        """The series drawn as lines and markers, or, given the width of a category's ``slot``, as
-        bars side by side in the middle 80% of it."""
+    def draw(self, series: Sequence[Series], slot: float | None = None) -> Markup:
+        """The series as lines and markers, or, given the width of a category's ``slot``, as bars
+        side by side in the middle 80% of it."""
         for number, s in enumerate(series):
-            color = s.color or COLORS[number % len(COLORS)]
             if slot is None:
                 marks = [self._point(p, s.radius if s.markers else 0.0) for p in s.points]
             else:
                 width = slot * 0.8 / len(series)
                 marks = [self._bar(p, self.x_of(p.x) - slot * 0.4 + width * number, width) for p in s.points]
-            line = " ".join(f"{m.x:.1f},{m.y:.1f}" for m in marks) if s.line and slot is None else ""
-            self.series.append({"name": s.name, "color": color, "dashed": s.dashed, "line": line, "marks": marks,
-                                "short": s.name[:46] + ("…" if len(s.name) > 46 else "")})
+            self.series.append({"name": s.name, "color": s.color or COLORS[number % len(COLORS)], "dashed": s.dashed,
+                                "line": " ".join(f"{m.x:.1f},{m.y:.1f}" for m in marks) if s.line and not slot else "",
+                                "marks": marks, "short": s.name[:46] + ("…" if len(s.name) > 46 else "")})
+        return Markup(render_template("chart.svg.j2", chart=self, frame=self.frame))
 
     def _point(self, point: Point, radius: float) -> _Mark:
         return _Mark(self.x_of(point.x), self.y_of(point.y), point.title, radius, whisker=self._whisker(point, 4.0))
@@ -208,6 +184,3 @@ class _Chart:
         if point.low is None or point.high is None or point.low == point.high:
             return None
         return {"top": self.y_of(point.high), "bottom": self.y_of(point.low), "cap": cap}
-
-    def render(self) -> Markup:
-        return Markup(render_template("chart.svg.j2", chart=self, frame=self.frame))
