@@ -18,10 +18,10 @@ def number(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        figure = float(value)
+        parsed = float(value)
     except (TypeError, ValueError):
         return None
-    return figure if math.isfinite(figure) else None
+    return parsed if math.isfinite(parsed) else None
 
 
 def is_number(value: Any) -> bool:
@@ -80,9 +80,6 @@ class Cell:
 
     def __str__(self) -> str:
         return self.text
-
-    def __format__(self, spec: str) -> str:
-        return format(self.text, spec)
 
     def __add__(self, other: str) -> str:  # joined with text, a cell becomes text
         return self.text + other
