@@ -5,12 +5,10 @@ statistic of `hwbench history changes`."""
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 import statistics
-from collections import defaultdict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -18,36 +16,19 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        raise ValueError("no values")
-    position = fraction * (len(sorted_values) - 1)
-    low = int(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
 def summarize(values: list[float]) -> dict[str, float | int]:
-    """n, mean, median, p10, p90, min, max, stdev and CV (stdev / mean)."""
-    ordered = sorted(values)
-    mean = statistics.fmean(ordered)
-    stdev = statistics.stdev(ordered) if len(ordered) > 1 else 0.0
-    return {
-        "n": len(ordered),
-        "mean": mean,
-        "median": statistics.median(ordered),
-        "p10": percentile(ordered, 0.10),
-        "p90": percentile(ordered, 0.90),
-        "min": ordered[0],
-        "max": ordered[-1],
-        "stdev": stdev,
-        "cv": stdev / mean if mean > 0 else 0.0,
-    }
+    """n, mean, median, p10, p90 (numpy's linear interpolation), min, max, stdev and CV (stdev / mean)."""
+    import numpy as np
+
+    mean = statistics.fmean(values)
+    stdev = statistics.stdev(values) if len(values) > 1 else 0.0
+    p10, p90 = np.percentile(values, [10, 90])
+    return {"n": len(values), "mean": mean, "median": statistics.median(values), "p10": float(p10), "p90": float(p90),
+            "min": min(values), "max": max(values), "stdev": stdev, "cv": stdev / mean if mean > 0 else 0.0}
 
 
 NOISY_CV = 0.05  # repeats whose throughput CV exceeds this are flagged noisy
-EXACT_LIMIT = 20000  # enumerate the exact U distribution when C(n1 + n2, n1) is at most this
+EXACT_LIMIT = 20000  # the exact U distribution when C(n1 + n2, n1) is at most this; else the normal approximation
 
 
 def throughput_statistics(values: list[float]) -> dict[str, Any]:
@@ -65,113 +46,56 @@ def throughput_statistics(values: list[float]) -> dict[str, Any]:
             "ci95_high": mean + half if half is not None else None, "noisy": cv > NOISY_CV}
 
 
-def _midranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties given the mean of the ranks they span."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
-    """(U of x, two-sided p, method). U counts the pairs where x beats y (a tie counts
-    1/2): 0 when every x is below every y, n1 x n2 when every x is above. Exact (all
-    C(n1 + n2, n1) assignments of the pooled midranks, so ties are handled) when that
-    number is at most EXACT_LIMIT; else the normal approximation with tie and
-    continuity correction."""
+    """(U of x, two-sided p, method) for two samples of 2 or more values each. U counts the pairs
+    where x beats y (a tie counts 1/2): 0 when every x is below every y, n1 x n2 when every x is
+    above. p = P(|U - n1 n2 / 2| >= the observed distance) under the null, "exact" when
+    C(n1 + n2, n1) is at most EXACT_LIMIT (without ties scipy's exact distribution; with ties every
+    assignment of the pooled midranks, a permutation test: scipy's method="exact" assumes no ties),
+    else the normal approximation with tie and continuity correction."""
+    import numpy as np
+    from scipy import stats
+
     n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("both samples need at least one value")
-    pooled = list(x) + list(y)
-    ranks = _midranks(pooled)
-    offset = n1 * (n1 + 1) / 2
-    u = sum(ranks[:n1]) - offset
-    mean = n1 * n2 / 2
-    distance = abs(u - mean)
-    if math.comb(n1 + n2, n1) <= EXACT_LIMIT:
-        total = extreme = 0
-        for chosen in itertools.combinations(ranks, n1):
-            total += 1
-            if abs(sum(chosen) - offset - mean) >= distance - 1e-9:
-                extreme += 1
-        return u, min(1.0, extreme / total), "exact"
-    n = n1 + n2
-    ties = defaultdict(int)
-    for value in pooled:
-        ties[value] += 1
-    tie_term = sum(t ** 3 - t for t in ties.values()) / (n * (n - 1))
-    variance = n1 * n2 / 12 * ((n + 1) - tie_term)
-    if variance <= 0:
-        return u, 1.0, "normal"
-    z = max(0.0, distance - 0.5) / math.sqrt(variance)
-    return u, min(1.0, math.erfc(z / math.sqrt(2))), "normal"
+    if n1 < 2 or n2 < 2:
+        raise ValueError("both samples need at least two values")
+    pooled = np.asarray([*x, *y], dtype=float)
+    if math.comb(n1 + n2, n1) > EXACT_LIMIT:
+        if np.all(pooled == pooled[0]):  # no variance: scipy would divide by zero
+            return n1 * n2 / 2, 1.0, "normal"
+        test = stats.mannwhitneyu(x, y, method="asymptotic", use_continuity=True)
+        return float(test.statistic), float(test.pvalue), "normal"
+    if len(np.unique(pooled)) == len(pooled):
+        test = stats.mannwhitneyu(x, y, method="exact")
+        return float(test.statistic), float(test.pvalue), "exact"
+    ranks = stats.rankdata(pooled)
+    offset, centre = n1 * (n1 + 1) / 2, n1 * n2 / 2
+
+    def distance(ranks_x, _ranks_y, axis):  # |U - n1 n2 / 2| of each assignment
+        return np.abs(np.sum(ranks_x, axis=axis) - offset - centre)
+
+    test = stats.permutation_test((ranks[:n1], ranks[n1:]), distance, permutation_type="independent",
+                                  n_resamples=np.inf, alternative="greater", vectorized=True)
+    return float(ranks[:n1].sum() - offset), float(test.pvalue), "exact"
 
 
 # --- Student t distribution and the two-sample t test (history's change points) ---
 
 
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz; Numerical
-    Recipes, 3rd ed., section 6.4)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for numerator in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                          -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 3e-15:
-            break
-    return h
-
-
-def regularized_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
 def student_t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom."""
-    if math.isinf(t):
-        return 0.0
-    return regularized_beta(df / (df + t * t), df / 2.0, 0.5)
+    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom: scipy.special's t distribution,
+    which scipy.stats.t calls, without scipy.stats' overhead per call (the change-point search
+    tests many splits)."""
+    from scipy.special import stdtr
+
+    return float(2.0 * stdtr(df, -abs(t)))
 
 
-@functools.lru_cache(maxsize=512)
 def student_t_quantile(two_sided_p: float, df: float) -> float:
-    """The t with P(|T| >= t) = ``two_sided_p`` (bisection on student_t_two_sided_p; cached,
-    as the change-point search asks for the same few degrees of freedom again and again)."""
-    low, high = 0.0, 1.0
-    while student_t_two_sided_p(high, df) > two_sided_p:
-        high *= 2.0
-    for _ in range(60):
-        middle = (low + high) / 2.0
-        if student_t_two_sided_p(middle, df) > two_sided_p:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2.0
+    """The t with P(|T| >= t) = ``two_sided_p``."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, 1.0 - two_sided_p / 2.0))
 
 
 def pooled_t_test(before: Sequence[float], after: Sequence[float]) -> dict[str, float]:

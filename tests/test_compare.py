@@ -93,6 +93,20 @@ def test_mann_whitney_exact_with_ties():
     assert u == 0.5 and p == pytest.approx(4 / 6)
 
 
+def test_mann_whitney_ties_with_a_lopsided_distribution():
+    # pooled 1 1 1 1 2 -> midranks 2.5 x4, 5; x = [1, 1, 1]: R = 7.5, U = 7.5 - 6 = 1.5, mean 3. Of the
+    # 10 assignments of 3 ranks to x, 4 give U = 1.5 and 6 give U = 4 (2.5 + 2.5 + 5 - 6): only the
+    # 4 are as far from the mean, p = 4/10. Doubling the smaller tail, as a two-sided test of a
+    # symmetric distribution may, would say 2 x 4/10 = 0.8.
+    u, p, method = compare.mann_whitney_u([1, 1, 1], [1, 2])
+    assert (u, method) == (1.5, "exact") and p == pytest.approx(0.4)
+
+
+def test_mann_whitney_needs_two_values_a_side():
+    with pytest.raises(ValueError, match="at least two values"):
+        compare.mann_whitney_u([1], [2, 3, 4])
+
+
 def test_mann_whitney_normal_approximation():
     # 10 vs 10 completely separated: U = 0, mean 50, variance 10*10*21/12 = 175,
     # z = (50 - 0.5) / sqrt(175), p = erfc(z / sqrt 2).

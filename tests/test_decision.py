@@ -133,6 +133,32 @@ def test_oversubscribed_run_is_marked_everywhere_and_left_out(pair):
     assert "oversubscribed" not in chart.replace("oversubscribed run(s) left out", "")
 
 
+def test_throughput_bars_carry_the_range_of_their_repeats(pair):
+    """Each bar is the median of its point's 3 repeats and its whisker spans the slowest to the
+    fastest: H100 1 device 990-1010 around 1000, 2 devices 940-960 per device around 950, A100
+    495-505 around 500 tokens/s per device."""
+    import re
+
+    from hwbench.report.plots import throughput
+
+    data = json.loads(report(str(pair), "--format", "json"))
+    chart = throughput("tiny", [r for r in data["runs"] if r["model"] == "tiny"])
+    bars = {title: (float(x) + float(width) / 2, float(y)) for x, y, width, title in
+            re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)"[^>]*><title>([^<]*)</title>', chart)}
+    whiskers = re.findall(r'<path class="whisker" d="M([\d.]+),([\d.]+)V([\d.]+)[^"]*"[^>]*><title>([^<]*)</title>',
+                          chart)
+    assert len(bars) == len(whiskers) == 3
+    spans = {}
+    for x, top, bottom, title in whiskers:
+        centre, bar_top = bars[title]
+        assert float(x) == pytest.approx(centre, abs=0.1)  # on its own bar
+        assert float(top) < bar_top < float(bottom)  # fastest above the median, slowest below (y grows down)
+        spans[title.split(":")[0]] = (float(bottom) - float(top)) / (float(bottom) - bar_top)  # range / (median - min)
+    # symmetric ranges: each whisker reaches as far above its bar as below
+    assert all(ratio == pytest.approx(2, abs=0.05) for ratio in spans.values()), spans
+    assert "median 1,000.0 tokens/s per device over 3 run(s): 1,000.0, 1,010.0, 990.0" in chart
+
+
 def test_one_run_a_side_is_not_distinguishable(tmp_path):
     folder = write(tmp_path / "single", result("20261121T000000Z-tiny-cuda-h1", H100, 1, 1000, 1),
                    result("20261121T000000Z-tiny-cuda-a1", A100, 1, 500, 1))
@@ -251,8 +277,21 @@ def test_json_carries_the_decision(pair):
     texts = [block["text"] for block in data["decision"] if "text" in block]
     assert any(text.startswith("Faster: NVIDIA H100 80GB HBM3, 2.00x") for text in texts)
     table = next(block["table"] for block in data["decision"] if "table" in block)
-    assert {row["device"]: row["ratio to fastest"] for row in table} == {
-        "NVIDIA A100-SXM4-40GB": "0.500", "NVIDIA H100 80GB HBM3": "1.000"}
+    rows = {row["device"]: row for row in table}
+    # the figures as numbers with their units, not as the Markdown writes them ("$6.88", "0.500")
+    assert {device: row["ratio to fastest"] for device, row in rows.items()} == {
+        "NVIDIA A100-SXM4-40GB": 0.5, "NVIDIA H100 80GB HBM3": 1.0}
+    h100 = rows["NVIDIA H100 80GB HBM3"]
+    assert h100["devices charged"] == 1 and h100["runs"] == 3
+    assert h100["tokens/s per device (median, min-max)"] == {"value": 1000, "min": 990, "max": 1010}
+    assert h100["price/device-h"] == {"value": 6.88, "unit": "USD"}  # the catalog's h100-sxm price
+    assert h100["$ per 1M tokens"]["value"] == pytest.approx(6.88 / 3600 / 1000 * 1e6)
+    assert h100["J/token"]["value"] is None and h100["J/token"]["reason"].startswith("not measured (")
+    days = 20 * TINY_PARAMETERS / (1000 * 1.9 ** 3) / 86400  # as test_projection_uses_the_fitted_scaling...
+    assert h100["days on 8"] == pytest.approx(days)
+    assert h100["cost on 8"] == {"value": pytest.approx(6.88 * 8 * days * 24), "unit": "USD"}
+    fitted = next(block["table"] for block in data["decision"] if "efficiency vs ideal" in block.get("table", [{}])[0])
+    assert fitted[1]["efficiency vs ideal"] == {"value": pytest.approx(0.95), "unit": "fraction"}
 
 
 def test_cpu_energy_of_one_socket_covers_its_ranks(tmp_path):

@@ -231,6 +231,29 @@ def test_report_is_one_offline_page_with_a_chart_per_series(tmp_path, capsys):
     assert text.count("<svg") == 3 and "src=" not in text and "http://" not in text.replace("http://www.w3.org", "")
     assert f"{night_date(12)}, commit c012000" in text  # a night's tooltip
     assert "stroke-dasharray" in text and "new torch_version" in text
+    # each night of tokens/s is a dot at its median with a whisker over its 3 runs
+    chart = text.split("<h2>tokens/s of ")[1].split("</svg>")[0]
+    dots = {title: float(cy) for cy, title in re.findall(r'<circle cx="[\d.]+" cy="([\d.]+)" r="3.6"[^>]*>'
+                                                          r"<title>([^<]*)</title>", chart)}
+    whiskers = re.findall(r'<path class="whisker" d="M[\d.]+,([\d.]+)V([\d.]+)[^"]*"[^>]*><title>([^<]*)</title>', chart)
+    assert len(dots) == len(whiskers) == 21
+    assert all(float(top) < dots[title] < float(bottom) for top, bottom, title in whiskers)
+
+
+def test_the_trend_page_and_the_report_share_one_stylesheet_and_script(tmp_path, capsys):
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 4), "--db", db)
+    assert history(capsys, "report", "--db", db, "--out", tmp_path / "trends.html")[0] == 0
+    assert run_command("report", [str(tmp_path / "runs"), "--format", "html", "--out", str(tmp_path / "r.html")]) == 0
+    trends, report = (tmp_path / "trends.html").read_text(), (tmp_path / "r.html").read_text()
+
+    def inline(page: str, tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.DOTALL)
+        assert len(found) == 1
+        return found[0]
+
+    assert inline(trends, "style") == inline(report, "style") and "svg.chart" in inline(report, "style")
+    assert inline(trends, "script") == inline(report, "script") and "g.legend" in inline(report, "script")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -31,7 +31,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parent.parent
 TORCH_PIN = "2.13.0"
 # hwbench's own dependencies (pyproject.toml), installed beside the pinned torch.
-HWBENCH_DEPENDENCIES = ["numpy", "PyYAML", "tabulate", "nvidia-ml-py", "tokenizers", "pandas", "matplotlib"]
+HWBENCH_DEPENDENCIES = ["numpy", "PyYAML", "tabulate", "nvidia-ml-py", "tokenizers", "pandas", "scipy", "Jinja2"]
 SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 INSTALL_S = 1800
 RUN_S = 180

@@ -245,6 +245,54 @@ def test_html_is_self_contained_with_plots(tmp_path):
     assert "<table>" in text
 
 
+def test_cells_write_text_and_carry_the_number():
+    from hwbench.report.cells import fmt, fmt_g, gib_cell, percent, tokens_cell, usd
+
+    cases = [  # (cell, its text in Markdown and HTML, what JSON carries)
+        (fmt(1234.567), "1,234.57", 1234.567), (fmt(0.012345), "0.0123", 0.012345), (fmt(7, 0), "7", 7),
+        (fmt(None), "-", None), (fmt(float("nan")), "-", None), (fmt("n/a"), "n/a", "n/a"),
+        (fmt(950, 1, low=940, high=960), "950.0 (940.0-960.0)", {"value": 950, "min": 940, "max": 960}),
+        (fmt(800.4, 0, " W"), "800 W", {"value": 800.4, "unit": "W"}), (fmt_g(26.375), "26.375", 26.375),
+        (usd(1234.5, ",.0f"), "$1,234", {"value": 1234.5, "unit": "USD"}),
+        (usd(None, missing="no price"), "no price", {"value": None, "reason": "no price"}),
+        (gib_cell(1.5 * 2 ** 30), "1.50 GiB", {"value": 1.5 * 2 ** 30, "unit": "bytes"}),
+        (percent(0.4123), "41.2%", {"value": 0.4123, "unit": "fraction"}),
+        (tokens_cell(7.09743e9), "7.09743e9", {"value": 7.09743e9, "unit": "tokens"})]
+    for cell, text, data in cases:
+        assert (cell.text, str(cell), f"{cell}", cell.data()) == (text, text, text, data)
+        assert cell.is_number == (cell.value is not None and not isinstance(cell.value, str))
+    assert fmt(0.25, 3) + " J" == "0.25 J" and "TP" + fmt(2, 0) == "TP2"  # joined with text: text
+
+
+def _cells(page: str, section: str) -> list[tuple[str, str]]:
+    """(class attribute, text) of every table cell of a section of the HTML report."""
+    part = page.split(f'<section id="{section}">')[1].split("</section>")[0]
+    return re.findall(r'<td( class="num")?>([^<]*)</td>', part)
+
+
+def test_html_aligns_numbers_by_type_and_escapes_text(tmp_path):
+    """Number cells (a count, a percentage, bytes, dollars) are right-aligned and text is not, by
+    the cell's type; a device model with markup in it is shown as text in tables and charts."""
+    data = json.loads((GOOD / "a-345m-h100x2.json").read_text())
+    data["device"]["device_model"] = 'H100 <b>"x"</b> & co'
+    data["environment"]["device_models"] = [data["device"]["device_model"]]
+    (tmp_path / "a.json").write_text(json.dumps(data))
+    out = tmp_path / "r.html"
+    assert main([str(tmp_path / "a.json"), "--format", "html", "--out", str(out), "--price", "h100-sxm=2.5"]) == 0
+    page = out.read_text()
+    assert "<b>" not in page and "H100 &lt;b&gt;&#34;x&#34;&lt;/b&gt; &amp; co x2" in page
+    assert 'data-series="H100 &lt;b&gt;&#34;x&#34;&lt;/b&gt; &amp; co"' in page  # the throughput chart's series
+    number = ' class="num"'
+    per_model = {text: css for css, text in _cells(page, "per-model")}
+    assert per_model[A] == per_model["TP1 PP2 DP1"] == per_model["4/16"] == per_model["- [1]"] == ""  # text
+    assert per_model["1024"] == number  # the sequence length: a whole number
+    assert per_model["25.0%"] == number and per_model["20.00 GiB"] == per_model["80.00 GiB"] == number
+    procurement = {text: css for css, text in _cells(page, "procurement")}
+    assert procurement["$0.0909"] == procurement["$645"] == procurement["0.030518 J"] == number
+    assert procurement["7.09743e9"] == procurement["800 W"] == number  # the token budget, the power
+    assert procurement["2 [1]"] == procurement["$2.5 (--price h100-sxm)"] == ""  # a figure with its note
+
+
 def test_csv_is_the_runs_table():
     frame = pd.read_csv(io.StringIO(run_report(str(GOOD), "--format", "csv")))
     assert len(frame) == 5

@@ -1,8 +1,13 @@
-"""Figures as the report's table cells write them: a missing or non-finite figure is "-"."""
+"""The report's table cells, typed: a cell holds its value (a number, text or None) and how to
+write it (format, unit, a range beside it, the text of a null). Markdown and HTML write
+`Cell.text` (HTML right-aligns number cells), JSON carries `Cell.data()`: the number and its
+unit, never the formatted string. A missing or non-finite figure is written "-"."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 from typing import Any
 
 from hwbench.units import gib
@@ -13,25 +18,14 @@ def number(value: Any) -> float | None:
     if value is None or isinstance(value, bool):
         return None
     try:
-        figure = float(value)
+        parsed = float(value)
     except (TypeError, ValueError):
         return None
-    return figure if math.isfinite(figure) else None
+    return parsed if math.isfinite(parsed) else None
 
 
 def is_number(value: Any) -> bool:
     return number(value) is not None
-
-
-def fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
-    figure = number(value)
-    if figure is None:
-        return "-" if value is None or isinstance(value, float) else str(value)
-    if digits == 0:
-        return f"{figure:,.0f}{suffix}"
-    if abs(figure) >= 1 or figure == 0:
-        return f"{figure:,.{digits}f}{suffix}"
-    return f"{figure:.{digits + 1}g}{suffix}"
 
 
 def tokens_text(tokens: float) -> str:
@@ -42,20 +36,120 @@ def tokens_text(tokens: float) -> str:
     return f"{tokens:g}"  # beyond 1e15 as Python writes it: 1e+18
 
 
-def fmt_ratio(value: Any) -> str:
-    figure = number(value)
-    return "-" if figure is None else f"{figure:.3f}"
+# How a number of a unit is written; any other unit follows the number after a space ("12 W").
+_WRITERS = {"USD": lambda value, spec: "$" + format(value, spec),
+            "bytes": lambda value, spec: gib(value, unit=True, thousands=True),
+            "fraction": format,  # with a "%" spec: 0.412 -> 41.2%
+            "tokens": lambda value, spec: tokens_text(value)}
 
 
-def fmt_g(value: Any) -> str:
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    value: float | int | str | None  # a number is a finite int or float (the constructors see to it)
+    spec: str = ""  # format() spec of a number: ",.2f", ",.4g", ".1%"
+    unit: str = ""  # what the number counts: "USD", "bytes", "fraction", "tokens", "J", "W" or none
+    low: float | None = None  # a range written beside the value: "1,000.0 (990.0-1,010.0)"
+    high: float | None = None
+    missing: str | None = None  # the text of a null, saying why ("no price"); else "-"
+
+    @property
+    def is_number(self) -> bool:
+        return isinstance(self.value, (int, float))
+
+    @property
+    def text(self) -> str:
+        if not isinstance(self.value, (int, float)):
+            return self.missing or "-" if self.value is None else self.value
+        ranged = f" ({self._write(self.low)}-{self._write(self.high)})" if self.low is not None else ""
+        return self._write(self.value) + ranged
+
+    def _write(self, value: float | None) -> str:
+        if self.unit in _WRITERS:
+            return _WRITERS[self.unit](value, self.spec)
+        return f"{format(value, self.spec)} {self.unit}".rstrip()
+
+    def data(self) -> Any:
+        """The cell as JSON holds it: text as text, a number bare or, with a unit or range, as
+        {"value", "unit", "min", "max"}; a null with its reason as {"value": null, "reason"}."""
+        if self.value is None:
+            return {"value": None, "reason": self.missing} if self.missing else None
+        if not self.is_number or not (self.unit or self.low is not None):
+            return self.value
+        return {"value": self.value, **({"unit": self.unit} if self.unit else {}),
+                **({"min": self.low, "max": self.high} if self.low is not None else {})}
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __add__(self, other: str) -> str:  # joined with text, a cell becomes text
+        return self.text + other
+
+    def __radd__(self, other: str) -> str:
+        return other + self.text
+
+
+def as_cell(value: Any) -> Cell:
+    """Whatever a table row holds, as a cell: a Cell as it is, a whole number as written
+    ("1024"), another number as fmt writes it, None as "-", anything else as text."""
+    if isinstance(value, Cell):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return Cell(int(value), "d")
+    return fmt(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else Cell(
+        None if value is None else str(value))
+
+
+def figure(value: Any, spec: str, unit: str = "", missing: str | None = None, low: Any = None,
+           high: Any = None) -> Cell:
+    """A number cell written with the format() ``spec`` and its ``unit``, and a range ``low``-``high``
+    beside it; a value that is not a finite figure gives a null cell, written ``missing`` or "-"
+    (text stays text)."""
+    parsed = number(value)
+    if parsed is None:
+        return Cell(value if isinstance(value, str) else None, missing=missing)
+    low, high = number(low), number(high)
+    if low is None or high is None:
+        low = high = None
+    whole = isinstance(value, numbers.Integral)  # a count stays a whole number in JSON
+    return Cell(int(value) if whole else parsed, spec, unit, low, high, missing)
+
+
+def fmt(value: Any, digits: int = 2, suffix: str = "", *, low: Any = None, high: Any = None,
+        missing: str | None = None) -> Cell:
+    """A figure with ``digits`` decimals and thousands (digits + 1 significant ones below 1),
+    its unit ``suffix`` (" W")."""
+    parsed = number(value)
+    small = parsed is not None and 0 < abs(parsed) < 1 and digits
+    return figure(value, f".{digits + 1}g" if small else f",.{digits}f", suffix.strip(), missing, low, high)
+
+
+def fmt_ratio(value: Any) -> Cell:
+    return figure(value, ".3f")
+
+
+def fmt_g(value: Any) -> Cell:
     """A published figure as the table gave it (no added digits)."""
-    figure = number(value)
-    return "-" if figure is None else f"{figure:,.10g}" if figure < 1e6 else f"{figure:,.0f}"
+    return figure(value, ",.10g" if (number(value) or 0) < 1e6 else ",.0f")
 
 
-def gib_cell(value: Any) -> str:
-    """Bytes as "1,234.56 GiB"; "-" when not a figure."""
-    return gib(number(value), unit=True, thousands=True)
+def gib_cell(value: Any, missing: str | None = None) -> Cell:
+    """Bytes, written "1,234.56 GiB"."""
+    return figure(value, "", "bytes", missing)
+
+
+def percent(value: Any, digits: int = 1, missing: str | None = None) -> Cell:
+    """A fraction written as a percentage: 0.412 -> "41.2%"."""
+    return figure(value, f".{digits}%", "fraction", missing)
+
+
+def usd(value: Any, spec: str = ",.2f", missing: str | None = None) -> Cell:
+    """US dollars: "$1,234.50" (``spec``: ",.4g" for a price, ",.0f" for a projected cost)."""
+    return figure(value, spec, "USD", missing)
+
+
+def tokens_cell(value: Any) -> Cell:
+    """A token count as --tokens is written: "300e9"."""
+    return figure(value, "", "tokens")
 
 
 def device_text(run: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.report.cells import fmt, is_number, tokens_text
+from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
 from hwbench.report.document import Section, Table
@@ -173,14 +173,14 @@ def _candidates_table(candidates: list[Candidate], fastest: Candidate, projectio
                    f"days on {projection.devices}", f"cost on {projection.devices}", "scaling"], [])
     for c in candidates:
         days, cost = _train(c, projection)
-        spread = f" ({fmt(min(c.per_device), 1)}-{fmt(max(c.per_device), 1)})" if len(c.per_device) > 1 else ""
+        spread = (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
         table.rows.append([
-            c.device, c.point, str(c.devices), "published" if c.published else str(len(c.per_device)),
-            fmt(c.median, 1) + spread, f"{c.median / fastest.median:.3f}",
-            f"${c.price.usd_per_hour:,.4g}" if c.price else "no price",
-            f"${statistics.median(c.costs):,.4g}" if c.costs else "no price",
-            f"{statistics.median(c.energy):.4g} J" if c.energy else f"not measured ({c.energy_why})",
-            fmt(days, 2), f"${cost:,.0f}" if cost is not None else "no price", _scaling_cell(c)])
+            c.device, c.point, c.devices, "published" if c.published else len(c.per_device),
+            fmt(c.median, 1, low=spread[0], high=spread[1]), fmt_ratio(c.median / fastest.median),
+            usd(c.price.usd_per_hour if c.price else None, ",.4g", "no price"),
+            usd(statistics.median(c.costs) if c.costs else None, ",.4g", "no price"),
+            figure(statistics.median(c.energy) if c.energy else None, ".4g", "J", f"not measured ({c.energy_why})"),
+            fmt(days, 2), usd(cost, ",.0f", "no price"), _scaling_cell(c)])
     return table
 
 
@@ -288,9 +288,9 @@ def _fit_tables(measured: list[Candidate]) -> list[tuple]:
         first = c.fit.points[0]
         for p in c.fit.points:
             ideal = first.tokens_per_s * p.devices / first.devices
-            table.rows.append([str(p.devices), p.layout.split(" (")[0], str(p.runs), fmt(p.tokens_per_s, 1),
+            table.rows.append([p.devices, p.layout.split(" (")[0], p.runs, fmt(p.tokens_per_s, 1),
                                fmt(c.fit.fitted_tokens_per_s(p.devices), 1), fmt(ideal, 1),
-                               f"{p.tokens_per_s / ideal:.0%}"])
+                               percent(p.tokens_per_s / ideal, 0)])
         blocks += [("p", f"Scaling of {c.device}: fitted points (least squares of log2 tokens/s on log2 devices; "
                          f"{c.fit.efficiency_per_doubling:.0%} efficiency per doubling)."), ("table", table)]
     return blocks

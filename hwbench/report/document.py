@@ -5,14 +5,20 @@ lists, plots) and the data behind them. Built by build.py, written out by render
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pandas as pd
+
+from hwbench.report.cells import Cell, as_cell
 
 
 @dataclasses.dataclass
 class Table:
     headers: list[str]
-    rows: list[list[str]]
+    rows: list[list[Any]]  # Cells (hwbench.report.cells); text, a number or None are made cells
+
+    def cells(self) -> list[list[Cell]]:
+        return [[as_cell(value) for value in row] for row in self.rows]
 
 
 @dataclasses.dataclass
@@ -31,4 +37,4 @@ class Report:
     skipped: list[tuple[str, str]]
     warnings: list[str]
     notes: list[str]
-    images: dict[str, str]  # inline SVG by "kind:model"
+    images: dict[str, str]  # inline SVG (markupsafe.Markup) by "kind:model"

@@ -1,6 +1,6 @@
 """The report's plots as inline SVG (hwbench.report.svg), one per model and kind: a chart never
 mixes two models. Each function takes run rows (dicts as built by hwbench.report.runs.run_row,
-with the projection fields) and returns SVG text, or None when there is nothing to plot.
+with the projection fields) and returns the SVG, or None when there is nothing to plot.
 Oversubscribed runs are marked in every label and left out of the throughput and scaling plots."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 from typing import Any, Sequence
 
 from hwbench.report.scaling import ScalingFit
-from hwbench.report.svg import Series, bar_chart, line_chart
+from hwbench.report.svg import Point, Series, bar_chart, line_chart
 from hwbench.units import GIB
 
 
@@ -40,9 +40,10 @@ def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dic
 
 
 def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
-    """tokens/s per device charged of each point (the median of its repeats; hover: every run),
-    one series per device model. Oversubscribed runs are left out: their throughput measures the
-    contention, not the device (their memory still counts, in the memory plot)."""
+    """tokens/s per device charged of each point (the median of its repeats, a whisker from the
+    slowest to the fastest; hover: every run), one series per device model. Oversubscribed runs
+    are left out: their throughput measures the contention, not the device (their memory still
+    counts, in the memory plot)."""
     measured = [r for r in rows if r.get("tokens_per_s_per_device_charged")]
     rows = [r for r in measured if r["oversubscribed"] is not True]
     if not rows:
@@ -51,17 +52,18 @@ def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     categories, by_device = _by_device(rows)
     series = []
     for device, runs_by_category in sorted(by_device.items()):
-        values, texts = [], []
-        for category in categories:
+        bars = []
+        for index, category in enumerate(categories):
             figures = [r["tokens_per_s_per_device_charged"] for r in runs_by_category.get(category, [])]
-            values.append(statistics.median(figures) if figures else None)
-            texts.append(f"{device}, {category.replace(chr(10), ', ')}: median {statistics.median(figures):,.1f} "
-                         f"tokens/s per device over {len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures)
-                         if figures else "")
-        series.append((device, values, texts))
+            if figures:
+                text = (f"{device}, {category.replace(chr(10), ', ')}: median {statistics.median(figures):,.1f} "
+                        f"tokens/s per device over {len(figures)} run(s): " + ", ".join(f"{f:,.1f}" for f in figures))
+                spread = (min(figures), max(figures)) if len(figures) > 1 else (None, None)
+                bars.append(Point(index, statistics.median(figures), text, *spread))
+        series.append(Series(device, bars))
     title = f"{model}: throughput per device charged" + (
         f" ({left_out} oversubscribed run(s) left out)" if left_out else "")
-    return bar_chart(title, "tokens/s per device (median of repeats)", categories, series)
+    return bar_chart(title, "tokens/s per device (median and range of repeats)", categories, series)
 
 
 def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
@@ -74,14 +76,14 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
         first = fit.points[0]
         name = f"{device}, {precision}"
         series.append(Series(f"{name}: measured", [
-            (p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
-                                        f"{p.layout.split(' (')[0]})") for p in fit.points]))
+            Point(p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
+                                             f"{p.layout.split(' (')[0]})") for p in fit.points]))
         series.append(Series(f"{name}: fit, {fit.efficiency_per_doubling:.0%}/doubling", [
-            (p.devices, fit.fitted_tokens_per_s(p.devices), f"fitted {fit.fitted_tokens_per_s(p.devices):,.1f}")
+            Point(p.devices, fit.fitted_tokens_per_s(p.devices), f"fitted {fit.fitted_tokens_per_s(p.devices):,.1f}")
             for p in fit.points], dashed=True, markers=False))
         series.append(Series(f"{name}: ideal (linear)", [
-            (p.devices, first.tokens_per_s * p.devices / first.devices,
-             f"ideal {first.tokens_per_s * p.devices / first.devices:,.1f}") for p in fit.points],
+            Point(p.devices, first.tokens_per_s * p.devices / first.devices,
+                  f"ideal {first.tokens_per_s * p.devices / first.devices:,.1f}") for p in fit.points],
             dashed=True, markers=False, color="#a1a1aa"))
     if not series:
         return None
@@ -103,17 +105,17 @@ def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     for key, name in (("peak_bytes", "measured peak"), ("predicted_peak_bytes", "predicted (planner)"),
                       ("capacity_bytes", "capacity")):
         values = [max((r[key] for r in runs if r.get(key) is not None), default=None) for _, _, runs in groups]
-        values = [None if v is None else v / GIB for v in values]
-        series.append((name, values, [f"{device}, {category.replace(chr(10), ', ')}: {name} "
-                                      + ("-" if v is None else f"{v:,.3f} GiB")
-                                      for (device, category, _), v in zip(groups, values)]))
+        series.append(Series(name, [Point(index, v / GIB, f"{device}, {category.replace(chr(10), ', ')}: {name} "
+                                                          f"{v / GIB:,.3f} GiB")
+                                    for index, ((device, category, _), v) in enumerate(zip(groups, values))
+                                    if v is not None]))
     return bar_chart(f"{model}: peak memory per device", "GiB per device", labels, series)
 
 
 def loss_curves(model: str, curves: Sequence[tuple[dict[str, Any], list[tuple[int, float]]]]) -> str | None:
     """Training loss per step of each run, labelled by device, layout and precision."""
     series = [Series(f"{run_label(row)} ({row['run_id'][-6:]})",
-                     [(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
+                     [Point(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
                      markers=len(points) < 40) for row, points in curves if points]
     if not series:
         return None

@@ -25,7 +25,7 @@ def render_markdown(report: Report) -> str:
             elif kind == "h":
                 lines += [f"### {block[1]}", ""]
             elif kind == "table":
-                rows = [[str(c).replace("|", "\\|") for c in row] for row in block[1].rows]
+                rows = [[cell.text.replace("|", "\\|") for cell in row] for row in block[1].cells()]
                 lines += [tabulate(rows, headers=block[1].headers, tablefmt="github", disable_numparse=True), ""]
             elif kind == "list":
                 lines += [f"- {item}" for item in block[1]] + [""]
@@ -47,12 +47,14 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _decision(report: Report) -> list[dict[str, Any]]:
-    """The decision section as data: its headings, sentences and tables in order."""
+    """The decision section as data: its headings, sentences and tables in order (a table's
+    cells as numbers with their units: hwbench.report.cells.Cell.data)."""
     section = next((s for s in report.sections if s.title == "Decision"), None)
     blocks = []
     for block in section.blocks if section else []:
         if block[0] == "table":
-            blocks.append({"table": [dict(zip(block[1].headers, row)) for row in block[1].rows]})
+            blocks.append({"table": [dict(zip(block[1].headers, [cell.data() for cell in row]))
+                                     for row in block[1].cells()]})
         elif block[0] in ("p", "h", "list"):
             blocks.append({{"p": "text", "h": "heading", "list": "items"}[block[0]]: block[1]})
     return blocks

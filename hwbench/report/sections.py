@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from hwbench.report.against_published import NORMALISATION, published_layout
-from hwbench.report.cells import device_text, fmt, fmt_g, fmt_ratio, gib_cell, is_number, tokens_text
+from hwbench.report.cells import (device_text, fmt, fmt_g, fmt_ratio, gib_cell, is_number, percent, tokens_cell,
+                                  usd)
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 
@@ -110,7 +111,7 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
                 else f"- ({run['predicted_reason']})"
             table.rows.append([run["run_id"] + marked, device_text(run), run["layout"], engine,
                                run["precision"] + (", recompute" if run["recompute"] else ""),
-                               f"{run['micro_batch_size']}/{run['global_batch_size']}", str(run["seq_length"]),
+                               f"{run['micro_batch_size']}/{run['global_batch_size']}", run["seq_length"],
                                fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
                                fmt(run["tflops_per_device"], 3), mfu, ceiling_mfu, gib_cell(run["peak_bytes"]),
                                predicted, gib_cell(run["capacity_bytes"])])
@@ -126,7 +127,7 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
 def _fraction_cell(value, note: str, notes: list[str]) -> str:
     """A fraction as a percentage; a missing one as "- [n]", n the number of its note under the table."""
     if is_number(value):
-        return f"{value:.1%}"
+        return percent(value)
     if note not in notes:
         notes.append(note)
     return f"- [{notes.index(note) + 1}]"
@@ -172,16 +173,16 @@ def _footnote(text: str, footnotes: list[str]) -> str:
 
 
 def _procurement_row(run: pd.Series, footnotes: list[str]) -> list[str]:
-    energy = fmt(run["energy_per_token_j"], 4) + " J" if is_number(run["energy_per_token_j"]) \
+    energy = fmt(run["energy_per_token_j"], 4, " J") if is_number(run["energy_per_token_j"]) \
         else f"not measured: {run['energy_reason']}"
     power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
     price = f"${run['price_usd_per_hour']:,.4g} ({run['price_source']}" + (
         f", {run['price_date']})" if run["price_date"] else ")") if is_number(run["price_usd_per_hour"]) \
         else run["price_source"]
-    cost = f"${run['cost_per_million_tokens_usd']:,.4f}" if is_number(run["cost_per_million_tokens_usd"]) else "no price"
-    projected = f"${run['projected_cost_usd']:,.0f}" if is_number(run["projected_cost_usd"]) else "no price"
+    cost = usd(run["cost_per_million_tokens_usd"], ",.4f", "no price")
+    projected = usd(run["projected_cost_usd"], ",.0f", "no price")
     marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
-    budget = tokens_text(run["token_budget"]) if is_number(run["token_budget"]) else "-"
+    budget = tokens_cell(run["token_budget"])
     return [run["run_id"] + marked, device_text(run),
             f"{run['devices_charged']} {_footnote(run['devices_charged_basis'], footnotes)}",
             fmt(run["tokens_per_s_per_device_charged"], 1), energy, power, price, cost, budget,
@@ -196,7 +197,7 @@ def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section
     for _, run in runs[runs["status"] == "ok"].iterrows():
         ppl = fmt(run["valid_ppl"], 3) if is_number(run["valid_ppl"]) else f"- ({run['valid_ppl_reason'] or 'not measured'})"
         table.rows.append([run["run_id"], run["model"], fmt(run["loss_start"], 3), fmt(run["loss_end"], 3), ppl,
-                           "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else str(run["valid_ppl_step"]),
+                           "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else run["valid_ppl_step"],
                            fmt(run["ppl_floor"], 3)])
     section.blocks.append(("table", table))
     for key in sorted(k for k in images if k.startswith("loss:")):
