@@ -1,105 +1,271 @@
-"""The one table of `hwbench run` options.
+"""Every `hwbench run` option, defined once: a field of RunOptions.
 
-Everything that takes run options reads this table: the `hwbench run` parser (and
-`hwbench k8s`, which passes them on), suite files (which options a point may set,
-which are switches), `hwbench tune` and `hwbench plan` (which build RunOptions
-directly), the Python API. An option is named once here, with its type, its help,
-and the names Megatron-LM gives it, so that a Megatron launch line's model and
-parallel flags can be pasted.
-
-RunOptions is the typed value: every field None unless given ("the workload's
-default"); hwbench.spec.build_run_spec turns it into a validated RunSpec.
+The field gives the name (attribute, parser dest, `--name-with-dashes`), the type (its
+annotation) and the order; its `Option` metadata the help, group, Megatron-LM's names,
+default and what is accepted. Fields rather than a separate table: adding an option is
+adding one field. Generated from them: the parser of `hwbench run` (commands/run.py, also
+for the run options plan and tune take), suite coercion (harness/suite.py), the API's
+checks (`RunOptions.from_mapping`), `to_argv()` and docs/options.md (`python -m
+hwbench.options > docs/options.md`). A field is None until given; each given value is
+checked by its definition when a RunOptions is made, however it is made.
+hwbench.spec.build_run_spec resolves the defaults and checks what spans several options.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from typing import Any, Callable, Mapping
 
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.workload.flops import FLOPS_FORMULAS
+from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
+from hwbench.workload.split import parse_split
 
 ENGINES = ("native", "deepspeed")
 PP_SCHEDULES = ("1f1b", "gpipe")
-FLAG = "flag"  # --x sets True
-NEGATABLE = "negatable"  # --x / --no-x
+DATA_KEYWORDS = ("builtin", "synthetic")
+MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
+WORKLOAD, LAYOUT, PROCESSES = "workload", "parallel layout", "processes and nodes (torchrun)"
+
+MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
+MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
+MAX_SEED = 2**32 - 1  # Megatron seeds numpy's legacy generator, which takes 0 to 2**32 - 1
+MAX_POSITIONS = 1_048_576  # a position table of 2^20 rows is already 8 GiB at hidden 2048 in fp32
 
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One `hwbench run` option: ``name`` is its RunOptions field and the parser's dest."""
+    """One `hwbench run` option. ``default`` is its value when not given; where that depends
+    on the workload or other options, ``default`` is None and ``default_rule`` says it in
+    words. What is accepted: ``choices``, or a range (``minimum``, exclusive when
+    ``above_minimum``, ``maximum``), and ``valid`` for a format; ``accepts`` names such a
+    value after "give" in messages and docs. ``name`` and ``type`` come from the field."""
 
-    name: str
     help: str
-    type: Callable[[str], Any] | None = str
-    choices: tuple[Any, ...] | None = None
-    switch: str | None = None  # FLAG or NEGATABLE; type is then None
-    group: str = "workload"
+    default: Any = None
+    default_rule: str | None = None
+    choices: tuple[Any, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    above_minimum: bool = False
+    valid: Callable[[Any], bool] | None = None
+    accepts: str | None = None
+    group: str = WORKLOAD
     megatron: tuple[str, ...] = ()  # Megatron-LM's flags for the same option
-    metavar: str | None = None
+    name: str = ""
+    type: type = str
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def default_text(self) -> str | None:
+        if self.default_rule is not None or self.default is None:
+            return self.default_rule
+        return ("on" if self.default else "off") if self.type is bool else _number(self.default)
 
-W, P, L = "workload", "parallel layout", "processes and nodes (torchrun)"
-RUN_OPTIONS: tuple[Option, ...] = (
-    Option("device", "auto picks npu, then cuda, then cpu (default: auto)", choices=DEVICE_CHOICES),
-    Option("model", "workload from the catalog, see `hwbench models`; any case (default: small)"),
-    Option("micro_batch_size", "samples per forward pass (default: the workload's)", int),
-    Option("global_batch_size", "samples per optimizer step (default: the workload's, scaled with data "
-           "parallelism when no batch size is given)", int),
-    Option("seq_length", "tokens per sample (default: the workload's)", int),
-    Option("max_positions", "length of the learned position embedding, at least --seq-length (default: the "
-           "workload's; e.g. 2048 to run a GPT-2 size at seq 2048)", int, megatron=("--max-position-embeddings",)),
-    Option("precision", "fp32, or bf16/fp16 autocast (default: the workload's)", choices=PRECISIONS),
-    Option("recompute", "activation checkpointing of every block (default: the workload's)", None, switch=NEGATABLE),
-    Option("compile", "torch.compile the model", None, switch=FLAG),
-    Option("data", "builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf tokens) or the "
-           "prefix of a Megatron dataset PREFIX.bin/.idx (default: builtin)", megatron=("--data-path",)),
-    Option("split", "train,valid,test weights for --data PREFIX (default: 949,50,1)"),
-    Option("eval_interval", "validate every N steps; 0: only after the last (default: 0)", int),
-    Option("eval_iters", "global batches per validation; 0: none (default: 10)", int),
-    Option("steps", "timed optimizer steps (default: 20)", int, megatron=("--train-iters",)),
-    Option("warmup", "untimed steps before them (default: 5)", int),
-    Option("seed", "seed for weights and data, 0 to 2^32-1 (default: the workload's)", int),
-    Option("lr", "peak learning rate (default: the workload's)", float),
-    Option("min_lr", "learning rate at the end of the decay (default: the workload's)", float),
-    Option("out", "folder for the result file (default: results/runs)"),
-    Option("telemetry", "sample power, clocks and temperature during the timed steps (default: on)", None,
-           switch=NEGATABLE),
-    Option("telemetry_interval", "seconds between telemetry samples (default: 0.5)", float),
-    Option("flops_formula", "model FLOPs formula for TFLOP/s and MFU (default: megatron-lm)",
-           choices=tuple(FLOPS_FORMULAS)),
-    Option("tp", "tensor-parallel degree (default: the workload's published layout when the world size allows, "
-           "else 1)", int, group=P, megatron=("--tensor-model-parallel-size",)),
-    Option("pp", "pipeline-parallel stages (default: as --tp)", int, group=P,
-           megatron=("--pipeline-model-parallel-size",)),
-    Option("dp", "data-parallel degree (default: world size / (tp x pp))", int, group=P),
-    Option("fsdp", "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)", None,
-           switch=FLAG, group=P),
-    Option("zero", "DeepSpeed ZeRO stage 0-3 (--engine deepspeed; default: 0)", int, group=P,
-           megatron=("--zero-stage",)),
-    Option("engine", "native (torch.distributed) or deepspeed (default: native)", choices=ENGINES, group=P),
-    Option("pp_schedule", "pipeline schedule (default: 1f1b, or gpipe when there are fewer microbatches than "
-           "stages)", choices=PP_SCHEDULES, group=P),
-    Option("nproc_per_node", "ranks on this node (default: 1, in this process)", int, group=L),
-    Option("threads_per_rank", "torch intra-op threads in each rank (default: the usable cores of the node "
-           "shared among its ranks); more threads than cores marks the run oversubscribed", int, group=L),
-    Option("nnodes", "nodes in the job (default: 1)", int, group=L),
-    Option("node_rank", "this node's rank, 0 to nnodes-1 (default: 0)", int, group=L),
-    Option("master_addr", "address of node 0 (default: 127.0.0.1)", group=L),
-    Option("master_port", "port on node 0 (default: a free one on one node; 29500 across nodes)", int, group=L),
-    Option("rdzv_endpoint", "HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port", group=L),
-    Option("timeout", "seconds before a run that has not finished is ended, every process with it (default: 1800)",
-           float, group=L),
-)
-BY_NAME = {option.name: option for option in RUN_OPTIONS}
-OPTION_NAMES = frozenset(BY_NAME)
-SWITCHES = frozenset(o.name for o in RUN_OPTIONS if o.switch)
+    @property
+    def accepted(self) -> str:
+        """What a value must be, as the end of "give ...": "an integer from 1 to 1000000"."""
+        if self.type is bool or self.choices:
+            return "true or false" if self.type is bool else "one of " + ", ".join(map(str, self.choices))
+        text = self.accepts or {int: "an integer", float: "a number"}.get(self.type, "text")
+        low, high = self.minimum, self.maximum
+        if low is not None and high is not None and not self.above_minimum:
+            return f"{text} from {_number(low)} to {_number(high)}"
+        if low is not None:
+            text += f" {'>' if self.above_minimum else '>='} {_number(low)}" + ("," if high is not None else "")
+        return text + (f" at most {_number(high)}" if high is not None else "")
+
+    def check(self, value: Any, shown: str | None = None) -> Any:
+        """``value`` (from the API, a suite or the command line) as this option takes it;
+        else UsageError, one line naming the option, the value (``shown``, or its repr) and
+        what is accepted."""
+        if not self._accepts(value):
+            shown = shown or repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise UsageError(f"{self.flag} {shown} is not accepted; give {self.accepted}")
+        return float(value) if self.type is float else value
+
+    def parse(self, text: str) -> Any:
+        """A command-line (or suite) string as this option's value, checked; a number is
+        named in a refusal as it was typed, anything else in quotes."""
+        if self.type not in (int, float):
+            return self.check(text)  # for a switch: refused, true or false
+        try:
+            number = self.type(text)
+        except (ValueError, OverflowError):
+            return self.check(text)
+        return self.check(number, shown=text)
+
+    def _accepts(self, value: Any) -> bool:
+        return (isinstance(value, bool) == (self.type is bool)
+                and isinstance(value, (int, float) if self.type is float else self.type) and self._in_range(value)
+                and (not self.choices or value in self.choices) and (self.valid is None or self.valid(value)))
+
+    def _in_range(self, value: Any) -> bool:
+        low, high = self.minimum, self.maximum
+        try:
+            return ((self.type is not float or math.isfinite(value))
+                    and (low is None or value > low or (value == low and not self.above_minimum))
+                    and (high is None or value <= high))
+        except OverflowError:  # an int past a float's range
+            return False
+
+
+def _number(value: Any) -> str:
+    """1800.0 as 1800; text as it is."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+
+
+def _split(text: str) -> bool:
+    try:
+        return bool(parse_split(text))
+    except UsageError:
+        return False
+
+
+def option(help: str, **definition: Any) -> Any:
+    """A RunOptions field: None until given; ``definition`` holds Option's other fields."""
+    return dataclasses.field(default=None, metadata={"option": Option(help=help, **definition)})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """What a user gave for one run, in `hwbench run --help`'s order; None = not given."""
+
+    device: str | None = option("auto picks npu, then cuda, then cpu", default="auto", choices=DEVICE_CHOICES)
+    model: str | None = option("workload from the catalog, see `hwbench models`; any case", default="small",
+                               accepts="a workload name")
+    micro_batch_size: int | None = option("samples per forward pass", default_rule="the workload's", minimum=1,
+                                          maximum=MAX_BATCH)
+    global_batch_size: int | None = option(
+        "samples per optimizer step", minimum=1, maximum=MAX_BATCH,
+        default_rule="the workload's, scaled with data parallelism when no batch size is given")
+    seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1)
+    max_positions: int | None = option(
+        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at "
+        "seq 2048", default_rule="the workload's", accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
+        megatron=("--max-position-embeddings",))  # its range spans --seq-length: hwbench.spec checks it
+    precision: str | None = option("fp32, or bf16/fp16 autocast", default_rule="the workload's", choices=PRECISIONS)
+    recompute: bool | None = option("activation checkpointing of every block", default_rule="the workload's")
+    compile: bool | None = option("torch.compile the model", default=False)
+    data: str | None = option(
+        "builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf tokens) or the prefix of a "
+        "Megatron dataset PREFIX.bin/.idx", default=DATA_KEYWORDS[0], accepts="builtin, synthetic or a path prefix",
+        megatron=("--data-path",))
+    split: str | None = option("train,valid,test weights for --data PREFIX", default="949,50,1", valid=_split,
+                               accepts="up to three non-negative weights")
+    eval_interval: int | None = option("validate every N steps; 0: only after the last", default=0, minimum=0,
+                                       maximum=MAX_STEPS)
+    eval_iters: int | None = option("global batches per validation; 0: none", default=10, minimum=0,
+                                    maximum=MAX_STEPS)
+    steps: int | None = option("timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS,
+                               megatron=("--train-iters",))
+    warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS)
+    seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0,
+                              maximum=MAX_SEED)
+    lr: float | None = option("peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True)
+    min_lr: float | None = option("learning rate at the end of the decay", default_rule="the workload's",
+                                  minimum=0)
+    out: str | None = option("folder for the result file", default="results/runs", accepts="a folder")
+    telemetry: bool | None = option("sample power, clocks and temperature during the timed steps", default=True)
+    telemetry_interval: float | None = option("seconds between telemetry samples", default=0.5, minimum=0.01,
+                                              maximum=60, accepts="seconds")
+    flops_formula: str | None = option("model FLOPs formula for TFLOP/s and MFU", default=DEFAULT_FLOPS_FORMULA,
+                                       choices=tuple(FLOPS_FORMULAS))
+    tp: int | None = option("tensor-parallel degree", minimum=1, group=LAYOUT,
+                            default_rule="the workload's published layout when the world size allows, else 1",
+                            megatron=("--tensor-model-parallel-size",))
+    pp: int | None = option("pipeline-parallel stages", default_rule="as --tp", minimum=1, group=LAYOUT,
+                            megatron=("--pipeline-model-parallel-size",))
+    dp: int | None = option("data-parallel degree", default_rule="world size / (tp x pp)", minimum=1, group=LAYOUT)
+    fsdp: bool | None = option("shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
+                               default=False, group=LAYOUT)
+    zero: int | None = option("DeepSpeed ZeRO stage (--engine deepspeed)", default=0, choices=(0, 1, 2, 3),
+                              group=LAYOUT, megatron=("--zero-stage",))
+    engine: str | None = option("native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES,
+                                group=LAYOUT)
+    pp_schedule: str | None = option("pipeline schedule", choices=PP_SCHEDULES, group=LAYOUT,
+                                     default_rule="1f1b, or gpipe when there are fewer microbatches than stages")
+    nproc_per_node: int | None = option("ranks on this node; 1 runs in this process", default=1, minimum=1,
+                                        maximum=1024, group=PROCESSES)
+    threads_per_rank: int | None = option(
+        "torch intra-op threads in each rank; more threads than cores marks the run oversubscribed", minimum=1,
+        maximum=4096, default_rule="the usable cores of the node shared among its ranks", group=PROCESSES)
+    nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES)
+    node_rank: int | None = option("this node's rank, below --nnodes", default=0, minimum=0, group=PROCESSES)
+    master_addr: str | None = option("address of node 0", default="127.0.0.1", accepts="a host name or address",
+                                     group=PROCESSES)
+    master_port: int | None = option("port on node 0", minimum=1, maximum=65535, accepts="a TCP port",
+                                     default_rule=f"a free one on one node; {MULTI_NODE_PORT} across nodes",
+                                     group=PROCESSES)
+    rdzv_endpoint: str | None = option("HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port",
+                                       valid=_host_port, accepts="HOST:PORT", group=PROCESSES)
+    timeout: float | None = option("seconds before a run that has not finished is ended, every process with it",
+                                   default=1800.0, minimum=0, above_minimum=True, maximum=30 * 86400.0,
+                                   accepts="seconds", group=PROCESSES)
+
+    def __post_init__(self) -> None:
+        for name, value in self.given().items():
+            object.__setattr__(self, name, RUN_OPTIONS[name].check(value))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> "RunOptions":
+        """From a suite point, the API or a namespace's dict: names with - or _, each value
+        checked as its option's type and range (None: not given); an unknown name is refused
+        with the accepted ones."""
+        given: dict[str, Any] = {}
+        for key, value in values.items():
+            name = str(key).replace("-", "_")
+            if name not in RUN_OPTIONS:
+                raise UsageError(f"`{name}` is not a `hwbench run` option; accepted: {', '.join(sorted(RUN_OPTIONS))}")
+            given[name] = value
+        return cls(**given)
+
+    def given(self) -> dict[str, Any]:
+        """The options that were given, in definition order."""
+        return {name: getattr(self, name) for name in RUN_OPTIONS if getattr(self, name) is not None}
+
+    def value(self, name: str) -> Any:
+        """The option as given, else its default (None where a rule decides it: build_run_spec)."""
+        given = getattr(self, name)
+        return RUN_OPTIONS[name].default if given is None else given
+
+    def merged(self, **changes: Any) -> "RunOptions":
+        """These options with ``changes`` (None removes one), checked."""
+        return RunOptions.from_mapping({**self.given(), **changes})
+
+    def to_argv(self) -> list[str]:
+        """`hwbench run` arguments for a child process (a sweep point, a tune trial, a pod)."""
+        argv: list[str] = []
+        for name, value in self.given().items():
+            option = RUN_OPTIONS[name]
+            if option.type is bool:
+                argv.append(option.flag if value else "--no-" + option.flag[2:])
+            else:
+                argv += [option.flag, repr(value) if isinstance(value, float) else str(value)]
+        return argv
+
+
+def _definitions() -> dict[str, Option]:
+    hints = typing.get_type_hints(RunOptions)
+    return {field.name: dataclasses.replace(field.metadata["option"], name=field.name,
+                                            type=next(t for t in typing.get_args(hints[field.name]) if t is not None
+                                                      and t is not type(None)))
+            for field in dataclasses.fields(RunOptions)}
+
+
+RUN_OPTIONS: dict[str, Option] = _definitions()  # name -> definition, in --help's order
 
 # Megatron flags that set an hwbench option to a fixed value.
 MEGATRON_CONSTANTS = {"--fp16": ("precision", "fp16"), "--bf16": ("precision", "bf16"),
@@ -107,13 +273,12 @@ MEGATRON_CONSTANTS = {"--fp16": ("precision", "fp16"), "--bf16": ("precision", "
 # Megatron flags that take a value hwbench has no use for in `run`: accepted, and ignored with a reason.
 MEGATRON_IGNORED = {"--vocab-file": "the dataset is already tokenized (hwbench data prepare takes the vocabulary)",
                     "--merge-file": "the dataset is already tokenized (hwbench data prepare takes the merges)"}
-# Megatron flags hwbench does not take, with what to use instead.
+# Megatron flags hwbench does not take, with what to use instead. (Megatron's flags that hwbench
+# spells the same, --micro-batch-size, --seq-length, --lr, ..., are simply its options.)
 MEGATRON_INSTEAD = {
     "--num-layers": "the model's shape comes from --model (see `hwbench models`; add a workload YAML for another)",
     "--hidden-size": "the model's shape comes from --model (see `hwbench models`)",
     "--num-attention-heads": "the model's shape comes from --model (see `hwbench models`)",
-    "--micro-batch-size": None, "--global-batch-size": None, "--seq-length": None, "--seed": None,
-    "--lr": None, "--min-lr": None, "--eval-interval": None, "--eval-iters": None, "--split": None,
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
     "--tokenizer-type": "tokenization happens in `hwbench data prepare --tokenizer-type`",
@@ -133,112 +298,31 @@ MEGATRON_INSTEAD = {
 }
 
 
-def _bool(value: Any, option: Option) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise UsageError(f"{option.flag} {value!r} is not accepted; give true or false")
+def markdown() -> str:
+    """docs/options.md: every run option and Megatron-LM's names, from the definitions above."""
+    def row(*cells: str) -> str:
+        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+    lines = ["# `hwbench run` options", "",
+             "Written by `python -m hwbench.options > docs/options.md` from the definitions in `hwbench/options.py`",
+             "(`tests/test_options.py` fails when it differs); `hwbench run --help` shows the same. Suite points",
+             "(docs/sweeps.md) and the Python API (docs/api.md) take the names with underscores, switches as true or",
+             "false. A value outside \"accepted\" is refused with one line naming the option, exit status 2."]
+    for group in dict.fromkeys(o.group for o in RUN_OPTIONS.values()):
+        lines += ["", f"## {group}", "", row("option", "what it does", "default", "accepted", "Megatron-LM"),
+                  row(*["---"] * 5)]
+        for o in (o for o in RUN_OPTIONS.values() if o.group == group):
+            flag = f"`{o.flag}`, `--no-{o.flag[2:]}`" if o.type is bool else f"`{o.flag}`"
+            lines.append(row(flag, o.help, o.default_text or "-", o.accepted, ", ".join(f"`{m}`" for m in o.megatron)))
+    lines += ["", "## Megatron-LM's other flags", "",
+              "Megatron-LM's flags that hwbench spells the same (`--micro-batch-size`, `--seq-length`, `--lr`, ...)",
+              "are the options above.", "", row("flag", "in hwbench"), row("---", "---")]
+    lines += [row(f"`{flag}`", f"as `{RUN_OPTIONS[name].flag}{'' if value is True else ' ' + str(value)}`")
+              for flag, (name, value) in MEGATRON_CONSTANTS.items()]
+    lines += [row(f"`{flag}`", f"accepted and not used: {why}") for flag, why in MEGATRON_IGNORED.items()]
+    lines += [row(f"`{flag}`", f"refused: {instead}") for flag, instead in MEGATRON_INSTEAD.items()]
+    return "\n".join(lines) + "\n"
 
 
-def coerce(option: Option, value: Any) -> Any:
-    """A value from a suite file or the API as the option's type (YAML may give 2 or "2")."""
-    if value is None:
-        return None
-    if option.switch:
-        return _bool(value, option)
-    if isinstance(value, (list, dict)):
-        raise UsageError(f"{option.flag} must be one value, not {value!r}"[:200])
-    if option.type in (int, float) and isinstance(value, bool):
-        raise UsageError(f"{option.flag} {value!r} is not accepted; give a number")
-    try:
-        converted = option.type(value) if option.type is not str else str(value)
-    except (TypeError, ValueError):
-        kind = "an integer" if option.type is int else "a number"
-        raise UsageError(f"{option.flag} {value!r} is not accepted; give {kind}") from None
-    if option.type is int and isinstance(value, float) and value != converted:
-        raise UsageError(f"{option.flag} {value!r} is not accepted; give an integer")
-    if option.choices and converted not in option.choices:
-        raise UsageError(f"{option.flag} {converted!r} is not known; accepted: {', '.join(map(str, option.choices))}")
-    return converted
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """What a user gave for one run; None = not given (the workload's default applies)."""
-
-    device: str | None = None
-    model: str | None = None
-    micro_batch_size: int | None = None
-    global_batch_size: int | None = None
-    seq_length: int | None = None
-    max_positions: int | None = None
-    precision: str | None = None
-    recompute: bool | None = None
-    compile: bool | None = None
-    data: str | None = None
-    split: str | None = None
-    eval_interval: int | None = None
-    eval_iters: int | None = None
-    steps: int | None = None
-    warmup: int | None = None
-    seed: int | None = None
-    lr: float | None = None
-    min_lr: float | None = None
-    out: str | None = None
-    telemetry: bool | None = None
-    telemetry_interval: float | None = None
-    flops_formula: str | None = None
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    fsdp: bool | None = None
-    zero: int | None = None
-    engine: str | None = None
-    pp_schedule: str | None = None
-    nproc_per_node: int | None = None
-    threads_per_rank: int | None = None
-    nnodes: int | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_endpoint: str | None = None
-    timeout: float | None = None
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> "RunOptions":
-        """From a suite point, the API or a namespace's dict: names with - or _, values
-        coerced to each option's type; an unknown name is refused with the accepted ones."""
-        given: dict[str, Any] = {}
-        for key, value in values.items():
-            name = str(key).replace("-", "_")
-            if name not in BY_NAME:
-                prefix = f"{where}: " if where else ""
-                raise UsageError(f"{prefix}`{name}` is not a `hwbench run` option; accepted: "
-                                 f"{', '.join(sorted(OPTION_NAMES))}")
-            given[name] = coerce(BY_NAME[name], value)
-        return cls(**given)
-
-    def given(self) -> dict[str, Any]:
-        """The options that were given, in table order."""
-        return {o.name: getattr(self, o.name) for o in RUN_OPTIONS if getattr(self, o.name) is not None}
-
-    def merged(self, **changes: Any) -> "RunOptions":
-        """These options with ``changes`` (None removes one), coerced and checked."""
-        return RunOptions.from_mapping({**self.given(), **changes})
-
-    def to_argv(self) -> list[str]:
-        """`hwbench run` arguments for a child process (a sweep point, a tune trial, a pod)."""
-        argv: list[str] = []
-        for name, value in self.given().items():
-            option = BY_NAME[name]
-            if option.switch == FLAG:
-                argv += [option.flag] if value else []
-            elif option.switch == NEGATABLE:
-                argv.append(option.flag if value else "--no-" + option.flag[2:])
-            else:
-                argv += [option.flag, repr(value) if isinstance(value, float) else str(value)]
-        return argv
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -55,7 +55,7 @@ def test_a_max_positions_outside_seq_to_the_maximum_is_refused(value):
 def test_megatrons_name_suites_and_child_argv_carry_it():
     spec = spec_of("--model", "1.3b", "--seq-length", "2048", "--max-position-embeddings", "4096")
     assert spec.max_positions == 4096
-    options = RunOptions.from_mapping({"model": "1.3b", "seq-length": 2048, "max-positions": "2048"})
+    options = RunOptions.from_mapping({"model": "1.3b", "seq-length": 2048, "max-positions": 2048})
     assert options.max_positions == 2048
     assert "--max-positions" in options.to_argv() and options.to_argv()[options.to_argv().index("--max-positions") + 1] == "2048"
     with pytest.raises(UsageError, match="--max-positions 'many'"):

@@ -72,13 +72,92 @@ def test_options_survive_the_trip_to_a_child_process_argv():
                                                                                    check_paths=False)
 
 
-def test_a_suite_value_is_coerced_or_refused_by_the_table():
-    assert RunOptions.from_mapping({"seq-length": "32", "recompute": "false"}) == RunOptions(seq_length=32,
-                                                                                          recompute=False)
-    with pytest.raises(UsageError, match="`tpp` is not a `hwbench run` option"):
-        RunOptions.from_mapping({"tpp": 2})
-    with pytest.raises(UsageError, match="--steps 'ten' is not accepted; give an integer"):
-        RunOptions.from_mapping({"steps": "ten"})
+def _sample(option):
+    """A value of ``option`` other than its default, from its definition."""
+    if option.type is bool:
+        return not option.default
+    if option.choices:
+        return next(c for c in reversed(option.choices) if c != option.default)
+    if option.type in (int, float):
+        return option.type(option.maximum if option.maximum is not None else (option.minimum or 0) + 3)
+    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400"}.get(option.name, f"x-{option.name}")
+
+
+def test_every_option_survives_the_command_line_with_a_value_of_its_own():
+    """Generated from the definitions: a new option is parsed, printed back by to_argv() and
+    parsed again without anything else to write."""
+    from hwbench.commands.run import options_from_namespace
+
+    _, parser = command_parser("run")
+    options = RunOptions(**{name: _sample(o) for name, o in RUN_OPTIONS.items()})
+    assert options_from_namespace(parser.parse_args(options.to_argv())) == options
+    assert all(value is not None for value in options.given().values()) and len(options.given()) == len(RUN_OPTIONS)
+
+
+def test_the_help_shows_each_default_from_the_definition(capsys):
+    _, parser = command_parser("run")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "timed optimizer steps (default: 20; an integer from 1 to 1000000)" in text
+    assert "(default: 1800; seconds > 0, at most 2592000)" in text
+    for option in RUN_OPTIONS.values():
+        if option.default_text:
+            assert f"(default: {option.default_text}" in text, option.name
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"tp": [1]}, "--tp [1] is not accepted; give an integer >= 1"),
+    ({"steps": "3"}, "--steps '3' is not accepted; give an integer from 1 to 1000000"),
+    ({"seq_length": True}, "--seq-length True is not accepted; give an integer >= 1"),
+    ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
+    ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
+    ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
+    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: compile, data, device"),
+])
+def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, message):
+    import hwbench
+
+    with pytest.raises(UsageError) as refused:
+        hwbench.run(**values)
+    assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("argv,values", [(["--steps", "0"], {"steps": 0}), (["--tp", "0"], {"tp": 0}),
+                                         (["--telemetry-interval", "90"], {"telemetry_interval": 90}),
+                                         (["--master-port", "0"], {"master_port": 0}),
+                                         (["--engine", "megatron"], {"engine": "megatron"})])
+def test_the_api_and_the_command_line_refuse_with_the_same_line(argv, values, capsys):
+    assert main(["run", "--quiet", *argv]) == 2
+    line = capsys.readouterr().err.strip()
+    with pytest.raises(UsageError) as refused:
+        RunOptions.from_mapping(values)
+    assert line == f"hwbench: error: {refused.value}"
+
+
+def test_a_number_written_as_text_in_a_suite_is_read_as_the_command_line_reads_it(tmp_path):
+    from hwbench.harness.suite import load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text("defaults: {model: tiny, seq-length: '32', lr: 1e-4}\npoints: [{name: a, recompute: false}]\n")
+    point = load_suite(path).points[0]
+    assert point.run_options() == RunOptions(model="tiny", seq_length=32, lr=1e-4, recompute=False)
+    path.write_text("points: [{name: a, steps: 0}]\n")
+    with pytest.raises(UsageError, match=r"points\[0\]: --steps 0 is not accepted; give an integer from 1 to"):
+        load_suite(path)
+    path.write_text("points: [{name: a, fsdp: 'yes'}]\n")
+    with pytest.raises(UsageError, match="--fsdp 'yes' is not accepted; give true or false"):
+        load_suite(path)
+
+
+def test_the_options_page_is_what_the_definitions_generate():
+    """docs/options.md is written by `python -m hwbench.options > docs/options.md`."""
+    from pathlib import Path
+
+    from hwbench.options import markdown
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    assert page.read_text() == markdown(), "run: python -m hwbench.options > docs/options.md"
 
 
 def test_every_command_names_the_same_thing_the_same_way():
@@ -93,7 +172,7 @@ def test_every_command_names_the_same_thing_the_same_way():
     assert {"--devices"} <= flags["plan"] & flags["tune"]
     assert all("--nproc-per-node" in flags[c] for c in ("run", "sweep", "k8s"))
     assert "--projection-devices" in flags["report"]
-    assert {o.flag for o in RUN_OPTIONS} <= flags["run"]
+    assert {o.flag for o in RUN_OPTIONS.values()} <= flags["run"]
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["models"], ["plan", "--model", "1.3b", "--devices", "8",

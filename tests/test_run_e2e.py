@@ -13,8 +13,9 @@ from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.device.cpu import CpuBackend
 from hwbench.engine.native import NativeEngine
+from hwbench.options import RUN_OPTIONS
 from hwbench.results import load_result
-from hwbench.spec import DEFAULT_MODEL, build_run_spec
+from hwbench.spec import build_run_spec
 from hwbench.workload.data import SyntheticTokens
 
 
@@ -32,7 +33,7 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
                            "--eval-iters", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     path, result = _only_result(tmp_path)
-    assert result.status == "ok" and result.spec["model"] == DEFAULT_MODEL
+    assert result.status == "ok" and result.spec["model"] == RUN_OPTIONS["model"].default
     metrics = result.metrics
     assert metrics["tokens_per_s"] > 0 and metrics["samples_per_s"] > 0
     assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"] * result.spec["seq_length"])

@@ -8,10 +8,10 @@ import re
 import sys
 from typing import Sequence
 
-from hwbench.catalog import PRECISIONS
+from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
-from hwbench.options import ENGINES, PP_SCHEDULES, RunOptions
+from hwbench.options import ENGINES, RunOptions
 from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES, layouts, variants
 from hwbench.units import gib, parse_size
 
@@ -20,8 +20,14 @@ HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "g
            "logits", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
 
 
+# `hwbench run` options that shape the memory a layout needs; --fsdp and --zero (with
+# --layout) and --engine (a filter) are plan's own.
+RUN_OPTIONS_TAKEN = ("model", "precision", "recompute", "micro_batch_size", "global_batch_size", "seq_length",
+                     "max_positions", "pp_schedule")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="workload from the catalog, any case (default: the run default)")
+    add_run_options(parser, RUN_OPTIONS_TAKEN, megatron=False)
     parser.add_argument("--devices", type=int, default=1, help="devices (ranks) in the job, all nodes together "
                         "(default: 1)")
     parser.add_argument("--device-memory", help="memory of one device: 32GiB, 80GB, 24G (G = GiB)")
@@ -33,14 +39,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, help="only this engine's variants")
     parser.add_argument("--fsdp", action="store_true", default=None, help="with --layout: FSDP2 (native engine)")
     parser.add_argument("--zero", type=int, help="with --layout: ZeRO stage 0-3 (deepspeed engine)")
-    parser.add_argument("--precision", choices=PRECISIONS)
-    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--micro-batch-size", type=int)
-    parser.add_argument("--global-batch-size", type=int)
-    parser.add_argument("--seq-length", type=int)
-    parser.add_argument("--max-positions", type=int, help="length of the position embedding, at least "
-                        "--seq-length (default: the workload's)")
-    parser.add_argument("--pp-schedule", choices=PP_SCHEDULES)
     parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
                         help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
 
@@ -63,9 +61,7 @@ def _capacity_and_kind(args: argparse.Namespace, catalog) -> tuple[int, str]:
 
 
 def _base_options(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(data="synthetic", model=args.model, precision=args.precision, recompute=args.recompute,
-                      micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                      seq_length=args.seq_length, max_positions=args.max_positions, pp_schedule=args.pp_schedule)
+    return RunOptions(data="synthetic", **{name: getattr(args, name) for name in RUN_OPTIONS_TAKEN})
 
 
 def _row(layout: str, variant: str, spec, plan, capacity: int, headroom: float) -> list:

@@ -11,46 +11,49 @@ import sys
 from typing import Any, Iterable, Sequence
 
 from hwbench.errors import UsageError
-from hwbench.options import (
-    BY_NAME,
-    FLAG,
-    MEGATRON_CONSTANTS,
-    MEGATRON_IGNORED,
-    MEGATRON_INSTEAD,
-    NEGATABLE,
-    OPTION_NAMES,
-    RUN_OPTIONS,
-    RunOptions,
-)
+from hwbench.options import (MEGATRON_CONSTANTS, MEGATRON_IGNORED, MEGATRON_INSTEAD, RUN_OPTIONS, WORKLOAD, Option,
+                             RunOptions)
 
 DESCRIPTION = ("Train one workload and measure it. Megatron-LM's names for the same options are accepted "
                "(--tensor-model-parallel-size, --train-iters, --fp16, ...), so a Megatron launch line's model "
-               "and parallel flags can be pasted.")
+               "and parallel flags can be pasted. docs/options.md lists every option.")
 
 
-def add_run_options(parser: argparse.ArgumentParser, megatron: bool = True) -> None:
-    """Every run option, grouped as `hwbench run --help` shows them; with ``megatron``,
-    Megatron-LM's names as aliases."""
-    groups: dict[str, Any] = {"workload": parser}
-    for option in RUN_OPTIONS:
+def add_run_options(parser: argparse.ArgumentParser, names: Iterable[str] | None = None,
+                    megatron: bool = True) -> None:
+    """Run options as arguments (all, or ``names``), grouped as `hwbench run --help` shows
+    them; with ``megatron``, Megatron-LM's names as aliases. Each value is checked as it is
+    parsed, by its definition."""
+    chosen = list(RUN_OPTIONS if names is None else names)
+    groups: dict[str, Any] = {WORKLOAD: parser}
+    for option in (RUN_OPTIONS[name] for name in chosen):
         group = groups.get(option.group) or groups.setdefault(option.group, parser.add_argument_group(option.group))
         flags = [option.flag, *(option.megatron if megatron else ())]
-        if option.switch == NEGATABLE:
+        text = (option.help + _in_brackets(option)).replace("%", "%%")
+        if option.type is bool:
             group.add_argument(*flags, dest=option.name, action=argparse.BooleanOptionalAction, default=None,
-                               help=option.help)
-        elif option.switch == FLAG:
-            group.add_argument(*flags, dest=option.name, action="store_true", default=None, help=option.help)
+                               help=text)
         else:
-            group.add_argument(*flags, dest=option.name, type=option.type, choices=option.choices, default=None,
-                               help=option.help, metavar=option.metavar)
+            group.add_argument(*flags, dest=option.name, type=option.parse, default=None, help=text,
+                               metavar="{" + ",".join(map(str, option.choices)) + "}" if option.choices else None)
     if megatron:
         aliases = parser.add_argument_group("Megatron-LM's names (accepted as they are)")
         for flag, (name, value) in MEGATRON_CONSTANTS.items():
-            aliases.add_argument(flag, dest=name, action="store_const", const=value,
-                                 help=f"as {BY_NAME[name].flag} {value if not isinstance(value, bool) else ''}".strip())
+            if name in chosen:
+                aliases.add_argument(flag, dest=name, action="store_const", const=value,
+                                     help=f"as {RUN_OPTIONS[name].flag} {'' if value is True else value}".strip())
         for flag, reason in MEGATRON_IGNORED.items():
             aliases.add_argument(flag, dest="ignored_" + flag[2:].replace("-", "_"), metavar="PATH",
                                  help=f"accepted and not used: {reason}")
+
+
+def _in_brackets(option: Option) -> str:
+    """The help's ending: the default, and the range of a number or a format (choices show
+    in the metavar), e.g. ` (default: 20; an integer from 1 to 1000000)`."""
+    notes = [f"default: {option.default_text}"] if option.default_text else []
+    if option.type in (int, float) or option.valid is not None:
+        notes.append(option.accepted)
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def refuse_unsupported_megatron_flags(argv: Iterable[str]) -> None:
@@ -58,12 +61,13 @@ def refuse_unsupported_megatron_flags(argv: Iterable[str]) -> None:
     would only say "unrecognized arguments")."""
     for item in argv:
         flag = item.split("=", 1)[0]
-        if flag in MEGATRON_INSTEAD and MEGATRON_INSTEAD[flag]:
+        if flag in MEGATRON_INSTEAD:
             raise UsageError(f"{flag} is Megatron-LM's, and hwbench does not take it: {MEGATRON_INSTEAD[flag]}")
 
 
 def options_from_namespace(args: argparse.Namespace) -> RunOptions:
-    return RunOptions(**{name: getattr(args, name, None) for name in OPTION_NAMES})
+    """The run options a parser made by add_run_options parsed (those it has)."""
+    return RunOptions(**{name: getattr(args, name, None) for name in RUN_OPTIONS})
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import sys
 from typing import Sequence
 
 from hwbench.errors import UsageError
+from hwbench.options import MULTI_NODE_PORT
 
 DESCRIPTION = ("Print the sbatch script that runs `hwbench run` on --nnodes nodes of a Slurm cluster. Options not "
                "listed here are `hwbench run` options, passed to every task.")
@@ -41,7 +42,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
             raise UsageError(f"{token.split('=', 1)[0]} is not accepted by `hwbench slurm`; under srun the node rank "
                              "and the rendezvous come from Slurm (the job's first host, a port from the job id)")
     nnodes_given = any(token.split("=", 1)[0] == "--nnodes" for token in run_args)
-    launch = ["--master-port", "29500"] if nnodes_given else []  # a stand-in: the nodes take theirs from Slurm
+    launch = ["--master-port", str(MULTI_NODE_PORT)] if nnodes_given else []  # a stand-in: nodes take Slurm's
     spec = parse_run_spec([*run_args, *launch], check_paths=False)
     settings = SlurmSettings(partition=args.partition, account=args.account, time=args.time,
                              sbatch_args=tuple(args.sbatch_arg), launch=args.launch)

@@ -8,7 +8,7 @@ import sys
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.harness.suite import shipped_suite_names
-from hwbench.spec import DEFAULT_OUT
+from hwbench.options import RUN_OPTIONS
 
 DESCRIPTION = "Run every point of a suite, each in its own process tree; resumable (docs/sweeps.md)."
 
@@ -20,7 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc-per-node", type=int, help="for every point that does not set its own")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each point, with seeds seed, seed+1, ... "
                         "(default: 1)")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"results go to OUT/<suite>/<point>/ (default: {DEFAULT_OUT})")
+    out = RUN_OPTIONS["out"].default  # as `hwbench run`'s
+    parser.add_argument("--out", default=out, help=f"results go to OUT/<suite>/<point>/ (default: {out})")
     parser.add_argument("--force", action="store_true", help="run points again whose results already exist")
     parser.add_argument("--no-plan", dest="plan", action="store_false",
                         help="run points the memory planner predicts will not fit")

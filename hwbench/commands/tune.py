@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hwbench.catalog import PRECISIONS
+from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.options import ENGINES, RunOptions
@@ -24,9 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many trials in a row without a 2%% gain (default: 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per trial (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps per trial (default: 3)")
-    parser.add_argument("--precision", choices=PRECISIONS, help="as for `hwbench run`")
-    parser.add_argument("--seq-length", type=int, help="as for `hwbench run`")
-    parser.add_argument("--global-batch-size", type=int, help="as for `hwbench run`")
+    add_run_options(parser, ("precision", "seq_length", "global_batch_size"), megatron=False)
     parser.add_argument("--data", help="as for `hwbench run` (default: synthetic)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per trial (default: 600)")
     parser.add_argument("--out", default="results/tune", help="trials go to OUT/<candidate>/ (default: results/tune)")

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from hwbench.errors import UsageError
-from hwbench.options import BY_NAME, SWITCHES, RunOptions, coerce
+from hwbench.options import RUN_OPTIONS, RunOptions
 
 SUITE_KEYS = {"name", "description", "defaults", "points", "grid"}
 # Options a sweep sets for every point itself; a suite must not.
@@ -77,9 +77,10 @@ def check_name(name: str, where: str) -> str:
 
 
 def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
-    """A point's options with `hwbench run`'s names and types (hwbench.options): an
-    unknown option or a value of the wrong type refuses the suite here, not every
-    point later."""
+    """A point's options with `hwbench run`'s names, each value checked by its definition
+    (hwbench.options; a string for a number is read as the command line reads it: YAML
+    gives `1e-4` as text): an unknown option or a bad value refuses the suite here, not
+    every point later."""
     if options is not None and not isinstance(options, dict):
         raise UsageError(f"{where}: must map `hwbench run` options to values, not {options!r}"[:300])
     normalised = {}
@@ -87,13 +88,13 @@ def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
         key = str(key).replace("-", "_")
         if key in RESERVED:
             raise UsageError(f"{where}: `{key}` is set by `hwbench sweep` (--out), not by the suite")
-        if key not in BY_NAME:
+        if key not in RUN_OPTIONS:
             raise UsageError(f"{where}: `{key}` is not a `hwbench run` option; accepted: "
-                             f"{', '.join(sorted(set(BY_NAME) - RESERVED))}")
-        if key in SWITCHES and not isinstance(value, bool):
-            raise UsageError(f"{where}: `{key}` must be true or false, not {value!r}")
+                             f"{', '.join(sorted(set(RUN_OPTIONS) - RESERVED))}")
+        option = RUN_OPTIONS[key]
         try:
-            normalised[key] = coerce(BY_NAME[key], value)
+            normalised[key] = (value if value is None else option.parse(value) if isinstance(value, str)
+                               else option.check(value))
         except UsageError as error:
             raise UsageError(f"{where}: {error}") from None
     return normalised
@@ -105,7 +106,7 @@ def _point_name(options: dict[str, Any], defaults: dict[str, Any]) -> str:
     for key, value in options.items():
         if key in ("model", "name") or defaults.get(key) == value:
             continue
-        if key in SWITCHES:
+        if RUN_OPTIONS[key].type is bool:
             parts.append(key if value else f"no-{key}")
         elif key in ("tp", "pp", "dp", "zero"):
             parts.append(f"{key}{value}")
