@@ -143,7 +143,7 @@ def option(help: str, **definition: Any) -> Any:
 class RunOptions:
     """What a user gave for one run, in `hwbench run --help`'s order; None = not given."""
 
-    device: str | None = option("auto picks npu, then cuda, then cpu", default="auto", choices=DEVICE_CHOICES)
+    device: str | None = option("auto picks npu, then cuda, rocm, hpu, then cpu", default="auto", choices=DEVICE_CHOICES)
     model: str | None = option("workload from the catalog, see `hwbench models`; any case", default="small",
                                accepts="a workload name")
     micro_batch_size: int | None = option("samples per forward pass", default_rule="the workload's", minimum=1,
