@@ -14,10 +14,14 @@ already gone (the race between fork and that request) exits at once.
 
 The kernel sends the signal when the parent *thread* that forked the child ends,
 so a parent starts its children from its main thread (all of hwbench's do).
+
+A process asked to stop (SIGTERM from a scheduler, SIGHUP from a closed terminal)
+stops as Ctrl-C stops it (stop_signals), so the same cleanup ends its children.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -47,3 +51,21 @@ def hold() -> None:
     if os.getppid() != int(text):  # the parent died before the request: nothing will ever signal us
         os._exit(128 + signal.SIGKILL)
     os.environ[PARENT_ENV] = str(os.getpid())
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (with their ``signal_number``),
+    as Ctrl-C does: the one place hwbench handles them. Main thread only."""
+
+    def stop(signal_number, _frame):
+        stopped = KeyboardInterrupt(signal.Signals(signal_number).name)
+        stopped.signal_number = signal_number  # type: ignore[attr-defined]
+        raise stopped
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
