@@ -117,6 +117,14 @@ def check_sbatch_arg(arg: str, gres_written: bool = False) -> str:
     return arg
 
 
+def check_device_kind(device: str | None, where: str = "a Slurm job") -> None:
+    """A script asks Slurm for the devices by kind: with auto, a node given none would quietly
+    benchmark its CPU (as `hwbench k8s` refuses it too)."""
+    if (device or "auto") not in KINDS:
+        raise UsageError(f"--device {device or 'auto'} is not accepted for {where}: the script asks Slurm for the "
+                         f"devices by kind; give --device {' or '.join(KINDS)}")
+
+
 def check_slurm_tools(collect: bool) -> None:
     """Slurm's client tools on PATH (sbatch unless only collecting), before anything is written."""
     for tool in ("scontrol",) + (() if collect else ("sbatch",)):
@@ -170,10 +178,7 @@ def batch_script(spec: RunSpec, options: RunOptions, point_dir: Path | str, log:
     """The sbatch script that runs `hwbench run` with ``options`` (``spec`` is what they
     resolve to) on the point's nodes, its result into ``point_dir``: one task per device
     (each one rank), or one task per node that launches torchrun."""
-    if spec.device not in KINDS:  # auto: the script could not ask Slurm for the devices, and a node
-        # given none would quietly benchmark its CPU (as `hwbench k8s` refuses it too)
-        raise UsageError(f"--device {spec.device} is not accepted for a Slurm job: the script asks Slurm for the "
-                         f"devices by kind; give --device {' or '.join(KINDS)}")
+    check_device_kind(spec.device)
     nodes, per_node = spec.launch.nnodes, spec.launch.nproc_per_node
     tasks_per_node = 1 if settings.launch == "torchrun" else per_node
     gres = KINDS[spec.device].slurm_gres
@@ -292,11 +297,8 @@ class SlurmExecutor(Executor):
     def check(self, runs: list[PointRun], out_dir: Path) -> None:
         """Everything that can refuse the sweep, before its folder and lock exist."""
         check_script_value("--out", str(out_dir.resolve()))  # in every script's --output and srun line
-        for run in runs:
-            device = run.options.device or "auto"
-            if device not in KINDS:  # as batch_script refuses it, but for the whole sweep at once
-                raise UsageError(f"--device {device} is not accepted for --executor slurm (point {run.point.name}): "
-                                 f"each job asks Slurm for its devices by kind; give --device {' or '.join(KINDS)}")
+        for run in runs:  # the whole sweep refused at once, not one `invalid` point after another
+            check_device_kind(run.options.device, f"--executor slurm (point {run.point.name})")
             check_script_value(f"suite {run.folder.parent.name!r} point", _job_name(run))
         check_slurm_tools(self.settings.collect)
 
