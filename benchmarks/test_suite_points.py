@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from hwbench.harness.suite import find_suite, load_suite
-from hwbench.harness.sweep import SweepOptions, point_args
+from hwbench.harness.executor import point_options
 from hwbench.results import load_results
 
 SUITE = os.environ.get("HWBENCH_BENCH_SUITE", "smoke")
@@ -44,8 +44,8 @@ def _points():
 
 
 def _run_point(point, out_dir: Path, seed: int) -> None:
-    args = point_args(point, SweepOptions(out_dir=out_dir, device=DEVICE or None))
-    args += ["--seed", str(seed)]  # distinct seeds per round, as `hwbench sweep --repeats`
+    # the sweep's --device for points that set none, distinct seeds per round, as `hwbench sweep --repeats`
+    args = point_options(point, {"device": DEVICE or None}).merged(seed=seed).to_argv()
     done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", *args, "--out", str(out_dir)],
                           env={**os.environ, **dict(point.env)}, capture_output=True, text=True)
     if done.returncode != 0:
@@ -63,7 +63,7 @@ def test_suite_point(benchmark, point, tmp_path):
     step_medians = [r.metrics["step_time_s"]["median"] for r in results]
     first = results[0]
     benchmark.extra_info.update(
-        suite=SUITE, point=point.name, run_args=point.run_args(), device=first.device.get("device_model"),
+        suite=SUITE, point=point.name, run_args=point.run_options().to_argv(), device=first.device.get("device_model"),
         backend=first.device.get("backend"), step_time_median_s=step_medians,
         tokens_per_s=[r.metrics["tokens_per_s"] for r in results],
         samples_per_s=[r.metrics["samples_per_s"] for r in results],

@@ -24,7 +24,7 @@ RESULT_SCHEMA_VERSION = 1
 
 # The Python API (hwbench.api, docs/api.md), imported on first use so that `import hwbench`
 # and the command line stay quick.
-_API = ("run", "sweep", "plan", "load_results", "report", "RunOptions", "RunResult")
+_API = ("run", "sweep", "plan", "load_results", "write_report", "RunOptions", "RunResult")
 
 
 def __getattr__(name: str):

@@ -5,20 +5,21 @@
     result = hwbench.run(model="tiny", steps=3, data="synthetic")   # a RunResult
     table = hwbench.load_results(["results/runs"])                  # a pandas DataFrame
     plans = hwbench.plan(model="1.3b", devices=8, device_memory="32GiB")
-    text = hwbench.report(["results/runs"], format="md")
+    text = hwbench.write_report(["results/runs"], format="md")
 
-Each takes the same options as its command (docs/api.md) and raises UsageError or
-SetupError where the command would exit 2. Nothing here prints, except the progress
-display of a run or sweep when ``progress=True``.
+Each calls the library function its command calls (docs/api.md), so it takes the same
+options and raises UsageError or SetupError with the line the command prints where the
+command would exit 2. Nothing here prints, except the progress display of a run or
+sweep when ``progress=True``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
+import os
 from typing import Any, Iterable, Mapping
 
-from hwbench.options import RunOptions  # noqa: F401  (hwbench.RunOptions)
+from hwbench.errors import UsageError
+from hwbench.options import RunOptions
 from hwbench.results import RunResult  # noqa: F401  (hwbench.RunResult)
 
 
@@ -27,139 +28,81 @@ def _options(options: RunOptions | Mapping[str, Any] | None, extra: Mapping[str,
     return RunOptions.from_mapping({**given, **extra})
 
 
+def _paths(paths: Any, what: str) -> list[str]:
+    """Files or folders: one path (text or a PathLike) is one path, not its characters."""
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    items = list(paths) if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Mapping)) else None
+    if items is None or not all(isinstance(item, (str, os.PathLike)) for item in items):
+        raise UsageError(f"{what} {paths!r} is not accepted; give a path or a list of paths"[:300])
+    return [os.fspath(item) for item in items]
+
+
 def run(options: RunOptions | Mapping[str, Any] | None = None, /, *, progress: bool = False, write: bool = True,
         **option_values: Any) -> RunResult:
-    """Train one point and measure it, as `hwbench run` does (in this process for one
-    rank, as a torchrun job for several). Options as RunOptions, a mapping, or keyword
-    arguments with `hwbench run`'s names (model="1.3b", nproc_per_node=8, ...). The result
-    is written to its --out folder unless ``write`` is False; it is returned either way."""
-    from hwbench.catalog import load_catalog
-    from hwbench.harness.launcher import launch
-    from hwbench.harness.worker import run_point
-    from hwbench.results import write_result
-    from hwbench.spec import build_run_spec
+    """One point, as `hwbench run`: options as RunOptions, a mapping or keyword arguments
+    with its names (model="1.3b", nproc_per_node=8). The result, stored as the command
+    stores it (--out, else the temp folder) unless ``write`` is False."""
+    from hwbench.harness.run import run_and_store
 
-    chosen = _options(options, option_values)
-    catalog = load_catalog()
-    spec = build_run_spec(chosen, catalog)
-    if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
-        result = launch(spec, chosen.to_argv() + ([] if progress else ["--quiet"]), catalog)
-        if result is None:
-            raise RuntimeError(f"node {spec.launch.node_rank} of a multi-node run holds no result; node 0 has it")
-    else:
-        result = run_point(spec, catalog, show_progress=progress)
-    if write:
-        write_result(result, spec.out_dir)
-    return result
+    outcome = run_and_store(_options(options, option_values), show_progress=progress, write=write)
+    if outcome.result is None:
+        raise RuntimeError("; ".join(outcome.notes) or "this process holds no result: rank 0 has it")
+    return outcome.result
 
 
-def sweep(suite: str | Path, *, out: str | Path = "results/runs", device: str | None = None,
+def sweep(suite: str | os.PathLike, *, out: str | os.PathLike = "results/runs", device: str | None = None,
           nproc_per_node: int | None = None, repeats: int = 1, force: bool = False, plan: bool = True,
           progress: bool = False, slurm=None) -> list:
-    """Every point of a suite (a file or a shipped suite's name), each in its own process
-    tree, resumable, as `hwbench sweep`; returns a PointRecord per point (its results,
-    how many were kept from an earlier sweep, the repeat statistics). ``slurm``, a
-    hwbench.harness.slurm.SlurmSettings, makes every point a Slurm job
-    (`hwbench sweep --executor slurm`, docs/slurm.md)."""
-    from hwbench.harness.suite import find_suite, load_suite
-    from hwbench.harness.sweep import SweepOptions, run_sweep
-    from hwbench.results import check_output_folder
+    """Every point of a suite (a file or a shipped suite's name), as `hwbench sweep`: a
+    PointRecord per point (results, how many were kept, repeat statistics). ``slurm``, a
+    hwbench.harness.slurm.SlurmSettings: every point a Slurm job (docs/slurm.md)."""
+    from hwbench.harness.executor import SweepOptions
+    from hwbench.harness.sweep import run_sweep
 
-    check_output_folder(out)
-    options = SweepOptions(out_dir=Path(out), device=device, nproc_per_node=nproc_per_node, repeats=repeats,
-                           force=force, plan=plan)
-    loaded = load_suite(find_suite(str(suite)))
-    if slurm is not None:
-        from hwbench.harness.slurm import run_slurm_sweep
-
-        return run_slurm_sweep(loaded, options, slurm, say=_stderr_line if progress else None)
-    return run_sweep(loaded, options, show_progress=progress)
+    options = SweepOptions(out_dir=out, device=device, nproc_per_node=nproc_per_node, repeats=repeats, force=force,
+                           plan=plan)
+    return run_sweep(suite, options, slurm=slurm, progress=progress)
 
 
-def _stderr_line(text: str) -> None:
-    import sys
+def plan(*, devices: int, device_memory: str | int | None = None, device_model: str | None = None,
+         model: str | None = None, device: str | None = None, headroom: float | None = None,
+         **option_values: Any) -> list:
+    """Every layout and variant of ``devices`` with its predicted per-rank peak memory, as
+    `hwbench plan`, smallest peak first (PlannedLayouts); hwbench.layouts.plan_layouts
+    says what ``device_memory``, ``device_model`` and ``device`` take."""
+    from hwbench.layouts import plan_layouts
 
-    print(text, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedLayout:
-    """One layout and variant of `hwbench plan`, with its prediction for every stage."""
-
-    tp: int
-    pp: int
-    dp: int
-    variant: str
-    stages: list  # MemoryPlan per pipeline stage
-    fits: bool  # every stage fits the device at the headroom
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(stage.total_bytes for stage in self.stages)
-
-
-def plan(*, devices: int, device_memory: str | int, model: str | None = None, device: str = "cuda",
-         headroom: float | None = None, **option_values: Any) -> list[PlannedLayout]:
-    """The predicted per-rank peak memory of every layout of ``devices`` (all variants
-    that can run it), as `hwbench plan`, smallest peak first. ``device_memory``: bytes or
-    a size such as "32GiB"; ``device``: the kind whose framework overhead to add."""
-    from hwbench.catalog import load_catalog
-    from hwbench.errors import UsageError
-    from hwbench.planner import DEFAULT_HEADROOM, layouts, plan_for_all_stages, variants
-    from hwbench.spec import build_run_spec
-    from hwbench.units import parse_size
-
-    capacity = device_memory if isinstance(device_memory, int) else parse_size(str(device_memory))
-    headroom = DEFAULT_HEADROOM if headroom is None else headroom
-    catalog = load_catalog()
     base = _options(None, {"data": "synthetic", "model": model, **option_values})
-    found = []
-    for tp, pp, dp in layouts(devices):
-        for variant in variants(tp, pp, dp):
-            try:
-                spec = build_run_spec(base.merged(**variant.options(), nproc_per_node=devices, tp=tp, pp=pp),
-                                      catalog, check_paths=False)
-            except UsageError:
-                continue  # a layout this model or batch cannot take
-            stages = plan_for_all_stages(spec, catalog.workloads[spec.model].model, device)
-            found.append(PlannedLayout(tp, pp, dp, variant.name, stages,
-                                       all(stage.fits(capacity, headroom) for stage in stages)))
-    return sorted(found, key=lambda layout: layout.peak_bytes)
+    return plan_layouts(base, devices, device_memory=device_memory, device_model=device_model, device=device,
+                        headroom=headroom).layouts
 
 
-def load_results(paths: Iterable[str | Path]):
-    """Every readable result under ``paths`` (files or folders, searched recursively) as
-    one pandas DataFrame, a row per run: the result's fields flattened with dots
-    (spec.model, metrics.tokens_per_s, device.device_model, ...) and `path`. Unreadable
-    files are left out; their (path, reason) pairs are in ``frame.attrs["skipped"]``."""
+def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
+    """Every result under ``paths`` (files or folders), each run once, as a pandas
+    DataFrame: a row per run, fields flattened with dots (spec.model, metrics.tokens_per_s).
+    Files left out (unreadable, a copy of a run) in ``frame.attrs["skipped"]``: (path, reason)."""
     import warnings
 
     import pandas as pd
 
-    from hwbench.results import load_result, result_files
-    from hwbench.results import ResultFormatError
+    from hwbench.results import load_results as load
 
-    rows, skipped = [], []
-    for path in result_files(paths):
-        try:
-            result = load_result(path)
-        except ResultFormatError as error:
-            skipped.append((str(path), str(error)))
-            continue
-        rows.append({"path": str(path), **result.to_dict()})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        frame = pd.json_normalize(rows, max_level=3) if rows else pd.DataFrame()
-    frame.attrs["skipped"] = skipped
+    with warnings.catch_warnings():  # every file left out is in attrs["skipped"]
+        warnings.simplefilter("ignore")
+        results, skipped = load(_paths(paths, "paths"))
+        frame = pd.json_normalize([r.to_dict() for r in results], max_level=3) if results else pd.DataFrame()
+    frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
     return frame
 
 
-def report(paths: Iterable[str | Path], *, format: str = "md", against: str | Path | None = None,
-           prices: Mapping[str, float] | None = None, tokens: float | None = None, projection_devices: int = 8) -> str:
-    """The `hwbench report` document as text (md, csv, json or html). The files that
-    could not be read are listed in it. ``tokens`` None: 20 tokens per parameter of each model."""
-    from hwbench.report.build import make_report
+def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *, format: str = "md",
+                 out: str | os.PathLike | None = None, against: str | os.PathLike | None = None,
+                 prices: Mapping[str, float] | None = None, tokens: float | None = None,
+                 projection_devices: int = 8) -> str:
+    """The `hwbench report` document as text (md, csv, json, html), written to ``out`` when
+    given. ``tokens`` None: 20 per parameter; ``prices``: USD per device-hour by device."""
+    from hwbench.report import write_report as write
 
-    text, _skipped = make_report([str(p) for p in paths], format, against,
-                                 prices or {}, tokens, projection_devices)
+    text, _skipped = write(_paths(paths, "RESULTS"), format, against, prices or {}, tokens, projection_devices, out)
     return text

@@ -84,12 +84,12 @@ def run_command(name: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hwbench.harness.lifeline import hold
+    from hwbench.harness.lifeline import hold, raise_terminated
 
     hold()  # started by another hwbench process (a sweep, torchrun's agent): die with it
     if not _is_rank_of_a_job():
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, _terminate_as_interrupt)
+            signal.signal(sig, raise_terminated)
     raw = list(sys.argv[1:] if argv is None else argv)
     try:
         if not raw or raw[0] not in COMMANDS:
@@ -112,10 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `hwbench models | head`: the reader is gone, so is the rest of the output
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 128 + 13  # as a process killed by SIGPIPE
-
-
-def _terminate_as_interrupt(signal_number: int, _frame) -> None:
-    raise Terminated(signal.Signals(signal_number).name)
 
 
 def _is_rank_of_a_job() -> bool:

@@ -24,4 +24,10 @@ class RankFailure(RuntimeError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP, handled as Ctrl-C: a CI job cancelled, a terminal closed, a pod
-    deleted. ``args[0]`` names the signal."""
+    deleted. ``args[0]`` names the signal; ``signal_number`` is its number."""
+
+    def __init__(self, signal_number: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signal_number).name)
+        self.signal_number = signal_number

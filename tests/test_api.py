@@ -42,13 +42,83 @@ def test_api_errors_are_the_commands_errors():
         hwbench.run(speed=3)
 
 
-def test_hwbench_report_can_be_called_again(tmp_path):
-    """Importing hwbench.report's modules binds the package over the API function's name: the
-    package must answer the call too."""
+def test_hwbench_report_is_the_package_and_write_report_the_call(tmp_path):
+    import hwbench
+    import hwbench.report
+
+    assert not callable(hwbench.report) and hasattr(hwbench.report, "write_report")
+    folder = Path(__file__).resolve().parent / "data" / "history" / "noise"
+    out = tmp_path / "r.md"
+    text = hwbench.write_report(folder, tokens=1e9, out=out)  # one folder given as a path, not a list
+    assert text.startswith("#") and out.read_text() == text
+
+
+def _cli_error(argv, capsys) -> str:
+    from hwbench.cli import main
+
+    assert main(argv) == 2
+    return capsys.readouterr().err.strip().removeprefix("hwbench: error: ")
+
+
+@pytest.mark.parametrize("call, argv", [
+    (dict(devices=8, device_memory="32GiB", headroom=-5.0), ["--devices", "8", "--device-memory", "32GiB",
+                                                             "--headroom", "-5"]),
+    (dict(devices=0, device_memory="32GiB"), ["--devices", "0", "--device-memory", "32GiB"]),
+    (dict(devices=8, device_memory="32XB"), ["--devices", "8", "--device-memory", "32XB"]),
+    (dict(devices=8, device_model="nope"), ["--devices", "8", "--device-model", "nope"]),
+])
+def test_plan_refuses_what_the_command_refuses_with_the_same_line(call, argv, capsys):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    with pytest.raises(UsageError) as error:
+        hwbench.plan(**call)
+    assert str(error.value) == _cli_error(["plan", *argv], capsys)
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (dict(devices=8, device_memory="32GiB", headroom="0.1"), "--headroom '0.1' is not accepted"),
+    (dict(devices=8, device_memory=-1), "--device-memory -1 is not accepted"),
+    (dict(devices=8, device_memory="32GiB", headroom=-5), "--headroom -5 is not accepted"),
+    (dict(devices="8", device_memory="32GiB"), "--devices '8' is not accepted"),
+    (dict(devices=8, device_memory="32GiB", device="tpu"), "--device 'tpu' is not known"),
+])
+def test_plan_refuses_values_of_the_wrong_type_in_one_line(call, fragment):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    with pytest.raises(UsageError, match=re.escape(fragment)) as error:
+        hwbench.plan(**call)
+    assert "\n" not in str(error.value)
+
+
+def test_the_other_calls_refuse_bad_input_as_their_commands_do(tmp_path, capsys):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    folder = str(Path(__file__).resolve().parent / "data" / "history" / "noise")
+    with pytest.raises(UsageError) as error:
+        hwbench.write_report([folder], format="pdf")
+    assert str(error.value) == _cli_error(["report", folder, "--format", "pdf"], capsys)
+    with pytest.raises(UsageError, match="RESULTS no_such_folder: no such file or folder"):
+        hwbench.write_report("no_such_folder")  # one path, not the letters n, o, ...
+    with pytest.raises(UsageError, match="--out None is not accepted"):
+        hwbench.sweep("smoke", out=None)
+    with pytest.raises(UsageError) as error:
+        hwbench.sweep("smoke", out=tmp_path, repeats=0)
+    assert str(error.value) == _cli_error(["sweep", "smoke", "--out", str(tmp_path), "--repeats", "0"], capsys)
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_load_results_reads_one_folder_and_drops_copies_with_the_reason(tmp_path):
+    import shutil
+
     import hwbench
 
-    folder = Path(__file__).resolve().parent / "data" / "history" / "noise"
-    first = hwbench.report([str(folder)], tokens=1e9)
-    import hwbench.report.build  # noqa: F401  (what the first call did already)
-
-    assert hwbench.report([str(folder)], tokens=1e9) == first
+    source = Path(__file__).resolve().parent / "data" / "compare" / "tiny-cpu.json"
+    shutil.copy(source, tmp_path / "a.json")
+    shutil.copy(source, tmp_path / "b.json")  # the same run twice: counted once, as hwbench report counts it
+    frame = hwbench.load_results(str(tmp_path))
+    assert len(frame) == 1 and frame["status"].tolist() == ["ok"]
+    [(path, reason)] = frame.attrs["skipped"]
+    assert path.endswith("b.json") and "already read from" in reason

@@ -341,7 +341,7 @@ def test_the_python_api_checks_what_the_command_line_checks(pair, options, messa
     import hwbench.api
 
     with pytest.raises(UsageError, match=message):
-        hwbench.api.report([str(pair)], **options)
+        hwbench.api.write_report([str(pair)], **options)
 
 
 def test_a_zero_throughput_is_reported_not_fitted(tmp_path):

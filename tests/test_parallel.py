@@ -160,9 +160,12 @@ def test_two_node_agents_on_loopback_run_one_job(tmp_path):
 
 def test_run_under_torchrun_is_that_ranks_worker(tmp_path):
     """In a pod or under a hand-started torchrun, `hwbench run` does not launch
-    again: each process is one rank, and rank 0 writes the result to --out."""
+    again: each process is one rank, and rank 0 writes the result to --out, with the
+    sweep's record of the point when a sweep started it (the path srun's ranks take
+    in a Slurm sweep's job)."""
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "HWBENCH_RUN_DIR"}
+    sweep = {"suite": "s", "suite_path": None, "point": "dp2", "repeat": 0, "repeats": 1, "key": "0123456789abcdef"}
+    env = {**{k: v for k, v in os.environ.items() if k != "HWBENCH_RUN_DIR"}, "HWBENCH_SWEEP": json.dumps(sweep)}
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
          "-m", "hwbench", "run", *BASE, "--out", str(out)],
@@ -170,7 +173,7 @@ def test_run_under_torchrun_is_that_ranks_worker(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     (path,) = list(out.glob("*.json"))
     result = json.loads(path.read_text())
-    assert result["launch"]["launcher"] == "external torchrun"
+    assert result["launch"]["launcher"] == "external torchrun" and result["sweep"] == sweep
     assert result["metrics"]["world_size"] == 2 and result["spec"]["launch"]["under_torchrun"] is True
     assert "status" in completed.stdout and "ok" in completed.stdout  # rank 0 printed the table once
     assert completed.stdout.count("result file") == 1

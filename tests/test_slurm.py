@@ -8,6 +8,7 @@ import pytest
 
 from hwbench.cli import main
 from hwbench.errors import UsageError
+from hwbench.options import RunOptions
 from hwbench.harness.slurm import SlurmSettings, slurm_time
 from hwbench.harness.slurm_env import SlurmTask, first_host, rendezvous_port, slurm_mode
 
@@ -85,7 +86,7 @@ def test_hwbench_slurm_prints_the_script_run_would_use(capsys):
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj1", "#SBATCH --time=01:00:00",
                  "#SBATCH --exclusive"):
         assert line + "\n" in script
-    assert "srun --kill-on-bad-exit=1 " in script and "run --model tiny" in script
+    assert "srun --kill-on-bad-exit=1 " in script and "run --device cuda --model tiny --nproc-per-node 8" in script
     assert "--master-port" not in script.split("srun", 1)[1]  # the nodes take the port from the job id
 
 
@@ -164,7 +165,7 @@ def test_every_script_value_is_checked_or_quoted(capsys):
         from hwbench.harness.slurm import batch_script
         from hwbench.commands.run import parse_run_spec
 
-        batch_script(parse_run_spec(["--model", "tiny", "--device", "cpu"], check_paths=False), [], "o", "l",
+        batch_script(parse_run_spec(["--model", "tiny", "--device", "cpu"], check_paths=False), RunOptions(), "o", "l",
                      SlurmSettings(), env={"A;B": "1"})
 
 
@@ -279,3 +280,12 @@ def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
     with pytest.raises(SetupError, match="scancel 9 failed"):
         slurm.cancel_jobs(["9"], tmp_path)
     assert record.exists()
+
+
+@pytest.mark.parametrize("device", [[], ["--device", "auto"]])
+def test_a_slurm_sweep_needs_a_device_kind_before_anything_is_written(device, tmp_path, capsys):
+    """Not one `invalid` record per point: the whole sweep is refused at once, before Slurm is asked."""
+    out = tmp_path / "X"
+    _one_line_refusal(["sweep", "smoke", "--executor", "slurm", "--out", str(out), *device],
+                      "--device auto is not accepted for --executor slurm (point one-rank)", capsys)
+    assert not out.exists()

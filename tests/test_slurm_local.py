@@ -136,6 +136,27 @@ def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
         assert (out / "trio" / name / "repeat0.log").exists()
 
 
+def test_multi_rank_points_keep_the_result_their_ranks_wrote(slurm_env, tmp_path):
+    """DP2, TP2 and PP2 on 2 CPU ranks, each point a job of 2 srun tasks: rank 0's result
+    carries the sweep's key, so the sweep takes it as the point's result."""
+    suite = _suite(tmp_path / "ranks.yaml", [{"name": "dp2", "nproc-per-node": 2},
+                                             {"name": "tp2", "nproc-per-node": 2, "tp": 2},
+                                             {"name": "pp2", "nproc-per-node": 2, "pp": 2}])
+    out = tmp_path / "out"
+    done = subprocess.run(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out),
+                                   "--poll", "0.5"), env=slurm_env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    for name, layout in (("dp2", [1, 1, 2]), ("tp2", [2, 1, 1]), ("pp2", [1, 2, 1])):
+        job = json.loads((out / "ranks" / name / "repeat0.slurm").read_text())
+        [path] = result_files([out / "ranks" / name])
+        result = load_result(path)
+        assert result.status == "ok" and result.metrics["world_size"] == 2, (name, result.error)
+        assert [result.spec["parallel"][d] for d in ("tp", "pp", "dp")] == layout
+        assert result.launch["launcher"] == "srun" and result.environment["slurm"]["job_id"] == job["job_id"]
+        assert result.sweep["point"] == name and result.sweep["key"] == job["key"]
+
+
 def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
     suite = _suite(tmp_path / "solo.yaml", [{"name": "one"}])
     base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),

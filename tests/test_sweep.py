@@ -16,8 +16,8 @@ import yaml
 from hwbench.cli import main
 from hwbench.errors import UsageError
 from hwbench.harness.suite import load_suite
-from hwbench.harness.sweep import throughput_statistics
 from hwbench.results import load_results
+from hwbench.stats import throughput_statistics
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
@@ -127,8 +127,9 @@ def test_a_grid_expands_to_every_combination(tmp_path):
     suite = load_suite(path)
     assert [p.name for p in suite.points] == ["tiny-tp1-precision-fp32", "tiny-tp1-precision-bf16",
                                               "tiny-tp2-precision-fp32", "tiny-tp2-precision-bf16"]
-    assert suite.points[3].run_args()[-4:] == ["--tp", "2", "--precision", "bf16"]
-    assert "--no-telemetry" in suite.points[0].run_args()
+    argv = suite.points[3].run_options().to_argv()
+    assert argv[argv.index("--tp") + 1] == "2" and argv[argv.index("--precision") + 1] == "bf16"
+    assert "--no-telemetry" in suite.points[0].run_options().to_argv()
 
 
 @pytest.mark.parametrize("content,fragment", [
@@ -155,6 +156,6 @@ def test_shipped_suites_load_and_their_points_validate():
     for name in shipped:
         suite = load_suite(find_suite(name))
         for point in suite.points:
-            parse_run_spec(point.run_args(), check_paths=False)  # raises on a bad point
+            parse_run_spec(point.run_options().to_argv(), check_paths=False)  # raises on a bad point
     table2 = load_suite(find_suite("table2"))
     assert [p.option("model") for p in table2.points] == ["345m", "1.3b", "2.7b", "3.7b"]

@@ -133,45 +133,31 @@ def _choice(option: str, choices: Sequence[str]):
     return convert
 
 
-def _refuse_launcher_options(run_args: Sequence[str]) -> None:
-    for token in run_args:
-        option = token.split("=", 1)[0]
-        if not option.startswith("--") or len(option) < 4:
-            continue
-        for launcher in LAUNCHER_OPTIONS:
-            if launcher.startswith(option):  # argparse would take an abbreviation for the option itself
-                raise UsageError(f"{token} is not accepted among the run options of `hwbench k8s`; the manifest sets "
-                                 f"{', '.join(LAUNCHER_OPTIONS[2:])} for each pod (use --nnodes, --nproc-per-node "
-                                 "and --master-port of `hwbench k8s`)")
-
-
-
 def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> K8sJob:
     """Parse `hwbench k8s` arguments into a validated K8sJob (UsageError, one line, on bad input).
 
     ``environ`` (default os.environ) supplies the NCCL_*/HCCL_* (and for npu
     ASCEND_*) variables copied into every pod."""
-    from hwbench.commands.run import parse_run_spec
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import parse_run_options
+    from hwbench.spec import build_run_spec
 
     environ = os.environ if environ is None else environ
     args, run_args = _parser().parse_known_args(list(argv))
-    _refuse_launcher_options(run_args)
-    launch = ["--nnodes", str(args.nnodes), "--nproc-per-node", str(args.nproc_per_node)]
-    # Validate exactly as `hwbench run` on the pod will. The pod defaults go first so that
-    # the user's own --device/--out win (argparse keeps the last); comparing with a parse
-    # without them tells whether the user gave those options.
-    pod_defaults = ["--device", DEFAULT_DEVICE, "--out", POD_OUT]
-    spec = parse_run_spec([*pod_defaults, *run_args, *launch], check_paths=False)
-    plain = parse_run_spec([*run_args, *launch], check_paths=False)
+    options = parse_run_options(run_args)
+    for flag in LAUNCHER_OPTIONS[2:]:  # --nnodes and --nproc-per-node are this command's own
+        if getattr(options, flag[2:].replace("-", "_")) is not None:
+            raise UsageError(f"{flag} is not accepted among the run options of `hwbench k8s`; the manifest sets "
+                             f"{', '.join(LAUNCHER_OPTIONS[2:])} for each pod (use --nnodes, --nproc-per-node "
+                             "and --master-port of `hwbench k8s`)")
+    # Validated exactly as `hwbench run` on the pod will, with the pod's defaults where the user gave none.
+    options = options.merged(device=options.device or DEFAULT_DEVICE, out=options.out or POD_OUT)
+    spec = build_run_spec(options.merged(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node), load_catalog(),
+                          check_paths=False)
     if spec.device not in POD_DEVICES:
         raise UsageError(f"--device {spec.device!r} is not accepted for `hwbench k8s`; a pod requests its accelerators "
                          f"by name, so give an explicit --device {'|'.join(POD_DEVICES)} (default: {DEFAULT_DEVICE})")
-    added: list[str] = []
-    if plain.device != spec.device:
-        added += ["--device", spec.device]
-    if plain.out_dir != spec.out_dir:
-        added += ["--out", POD_OUT]
-    elif not under(spec.out_dir, RESULTS_MOUNT):
+    if not under(spec.out_dir, RESULTS_MOUNT):
         print(f"hwbench: warning: --out {spec.out_dir} is outside the results volume {RESULTS_MOUNT}; the result "
               "files will be lost with the pod's filesystem", file=sys.stderr)
 
@@ -191,7 +177,7 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
 
     return K8sJob(
         name=name, image=args.image, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, device=spec.device,
-        model=spec.model, run_args=tuple([*run_args, *added]), out_dir=spec.out_dir, namespace=args.namespace,
+        model=spec.model, run_args=tuple(options.to_argv()), out_dir=spec.out_dir, namespace=args.namespace,
         results_claim=args.results_claim, shm_size=args.shm_size, restart_policy=args.restart_policy,
         backoff_limit=args.backoff_limit, active_deadline_s=args.active_deadline, master_port=args.master_port,
         cpu=args.cpu, memory=args.memory, env=tuple(env.items()), env_from_shell=from_shell, hold_s=args.hold,

@@ -12,8 +12,8 @@ from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
 from hwbench.options import ENGINES, RunOptions
-from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES, layouts, variants
-from hwbench.units import gib, parse_size
+from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES
+from hwbench.units import gib
 
 DESCRIPTION = "Predict the per-rank peak memory of training layouts and which fit a device (docs/planner.md)."
 HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
@@ -43,31 +43,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"fraction of the device memory a plan may use (default: {DEFAULT_HEADROOM})")
 
 
-def _capacity_and_kind(args: argparse.Namespace, catalog) -> tuple[int, str]:
-    kind = args.device
-    if args.device_memory is not None:
-        return parse_size(args.device_memory), kind or "cuda"
-    if args.device_model is None:
-        raise UsageError("hwbench plan needs --device-memory SIZE (e.g. 32GiB) or --device-model NAME "
-                         f"(accepted: {', '.join(sorted(catalog.devices))})")
-    device = catalog.devices.get(args.device_model)
-    if device is None:
-        raise UsageError(f"--device-model {args.device_model!r} is not in the catalog; accepted: "
-                         f"{', '.join(sorted(catalog.devices))}")
-    if device.memory_bytes is None:
-        raise UsageError(f"--device-model {args.device_model} has no fixed memory in the catalog; "
-                         "give --device-memory SIZE")
-    return device.memory_bytes, kind or (device.backend if device.backend in OVERHEAD_BYTES else "cuda")
-
-
 def _base_options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(data="synthetic", **{name: getattr(args, name) for name in RUN_OPTIONS_TAKEN})
 
 
-def _row(layout: str, variant: str, spec, plan, capacity: int, headroom: float) -> list:
+def _row(layout, plan, capacity: int, headroom: float) -> list:
     other = plan.buffers_bytes + plan.gathered_bytes
-    precision = spec.precision + ("+recompute" if spec.recompute else "")
-    return [layout, variant, precision, plan.stage, gib(plan.weights_bytes), gib(plan.gradients_bytes),
+    precision = layout.spec.precision + ("+recompute" if layout.spec.recompute else "")
+    return [layout.name, layout.variant, precision, plan.stage, gib(plan.weights_bytes), gib(plan.gradients_bytes),
             gib(plan.optimizer_bytes), gib(plan.activations_bytes), gib(plan.logits_bytes), gib(other),
             gib(plan.step_transient_bytes), gib(plan.overhead_bytes), gib(plan.total_bytes),
             "yes" if plan.fits(capacity, headroom) else "no"]
@@ -76,55 +59,27 @@ def _row(layout: str, variant: str, spec, plan, capacity: int, headroom: float) 
 def main(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from hwbench.catalog import load_catalog
-    from hwbench.planner import Variant, plan_for_all_stages, plan_memory
-    from hwbench.spec import build_run_spec
+    from hwbench.layouts import plan_layouts
 
-    catalog = load_catalog()
-    if args.devices < 1:
-        raise UsageError(f"--devices {args.devices} is not accepted; give an integer >= 1")
-    if not 0 < args.headroom <= 1:
-        raise UsageError(f"--headroom {args.headroom} is not accepted; give a fraction in (0, 1]")
-    capacity, kind = _capacity_and_kind(args, catalog)
-    base = _base_options(args)
+    base, layout = _base_options(args), None
     if args.layout is not None:
         match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", args.layout.strip().lower())
         if not match or min(int(g) for g in match.groups()) < 1:
             raise UsageError(f"--layout {args.layout!r} is not a layout; accepted: TPxPPxDP with positive "
                              "integers, e.g. 2x2x2")
-        tp, pp, dp = (int(g) for g in match.groups())
+        layout = tuple(int(g) for g in match.groups())
         engine = args.engine or ("deepspeed" if args.zero is not None else "native")
-        variant = Variant(engine, fsdp=bool(args.fsdp), zero=args.zero or 0)
-        chosen = {**variant.options(), "zero": args.zero}  # a --zero the native engine refuses stays given
-        spec = build_run_spec(base.merged(**chosen, nproc_per_node=tp * pp * dp, tp=tp, pp=pp, dp=dp), catalog,
-                              check_paths=False)
-        config = catalog.workloads[spec.model].model
-        rows = [_row(args.layout, variant.name, spec, plan, capacity, args.headroom)
-                for plan in plan_for_all_stages(spec, config, kind)]
-        print(tabulate(rows, headers=HEADERS))
-        _print_footer(spec, capacity, args.headroom, kind, plan_memory(spec, config, kind).notes, [])
-        return 0
-
-    rows: list[tuple[int, list]] = []
-    skipped: list[str] = []
-    spec = None
-    for tp, pp, dp in layouts(args.devices):
-        name = f"{tp}x{pp}x{dp}"
-        for variant in variants(tp, pp, dp, (args.engine,) if args.engine else ENGINES):
-            try:
-                point = build_run_spec(base.merged(**variant.options(), nproc_per_node=args.devices, tp=tp, pp=pp),
-                                       catalog, check_paths=False)
-            except UsageError as error:
-                line = f"{name}: {error}"
-                if line not in skipped:  # the same reason for every variant: once
-                    skipped.append(line)
-                continue
-            spec = point
-            plan = plan_memory(point, catalog.workloads[point.model].model, kind)
-            rows.append((plan.total_bytes, _row(name, variant.name, point, plan, capacity, args.headroom)))
-    rows.sort(key=lambda item: item[0])
-    print(tabulate([row for _, row in rows], headers=HEADERS))
-    _print_footer(spec, capacity, args.headroom, kind, (), skipped)
+        base = base.merged(engine=engine, fsdp=args.fsdp, zero=args.zero)  # a --zero the native engine refuses
+    found = plan_layouts(base, args.devices, device_memory=args.device_memory, device_model=args.device_model,
+                         device=args.device, headroom=args.headroom, engines=(args.engine,) if args.engine else ENGINES,
+                         layout=layout)
+    if layout is not None and found.refused:
+        raise UsageError(found.refused[0].refused)
+    print(tabulate([_row(planned, plan, found.capacity_bytes, found.headroom) for planned in found.layouts
+                    for plan in (planned.stages if layout else [planned.peak])], headers=HEADERS))  # --layout: every stage
+    skipped = list(dict.fromkeys(f"{refused.name}: {refused.refused}" for refused in found.refused))
+    _print_footer(found.layouts[-1].spec if found.layouts else None, found.capacity_bytes, found.headroom,
+                  found.device_kind, found.layouts[0].peak.notes if layout else (), skipped)
     return 0
 
 

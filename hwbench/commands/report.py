@@ -6,13 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwbench.errors import UsageError
-
 DESCRIPTION = ("Report result files (files or folders) against the published tables: first a decision (the faster "
                "and the cheaper device per workload, with the confidence the repeats give, time and cost to train), "
                "then throughput, per-device normalisation, memory, cost and energy per token, convergence and "
                "environment. No RESULTS: the published tables alone.")
-FORMATS = ("md", "html", "csv", "json")
 DEFAULT_PROJECTION_DEVICES = 8
 
 
@@ -21,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="result files or folders (searched recursively); none: the published tables alone")
     parser.add_argument("--against", metavar="PATH", default=None,
                         help="published table (.csv) or folder of them (default: results/published of this checkout)")
-    parser.add_argument("--format", choices=FORMATS, default="md", help="md (default), html, csv or json")
+    parser.add_argument("--format", default="md", help="md (default), html, csv or json")
     parser.add_argument("--out", metavar="FILE", help="write the report here (default: standard output)")
     parser.add_argument("--price", action="append", default=[], metavar="DEVICE=USD/h",
                         help="price of one device per hour, by catalog entry name or device model; repeatable "
@@ -39,23 +36,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.report.build import make_report
+    from hwbench.report import write_report
     from hwbench.report.cost import parse_tokens
     from hwbench.report.prices import load_price_file, parse_price_options
-    from hwbench.results import check_output_file, write_text_atomic
 
-    if args.out:
-        check_output_file(args.out, "--out", args.results)
     prices = {**(load_price_file(args.prices) if args.prices else {}), **parse_price_options(args.price)}
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
-    text, skipped = make_report(args.results, args.format, args.against, prices, tokens, args.projection_devices)
+    text, skipped = write_report(args.results, args.format, args.against, prices, tokens, args.projection_devices,
+                                 args.out)
     for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
         print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
     if args.out:
-        try:
-            write_text_atomic(args.out, text)  # never a half-written report
-        except OSError as error:
-            raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
         print(f"report written to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

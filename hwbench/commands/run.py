@@ -5,8 +5,6 @@ started this command)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -80,85 +78,31 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     return parser.parse_args(list(argv))
 
 
+def parse_run_options(run_argv: Sequence[str]) -> RunOptions:
+    """The options of `hwbench run RUN_ARGV...` (UsageError, as the command, for an unknown one)."""
+    from hwbench.cli import command_parser
+
+    _, parser = command_parser("run")
+    return options_from_namespace(parse(parser, run_argv))
+
+
 def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
     """The RunSpec that `hwbench run RUN_ARGV...` would run (UsageError when it would
     refuse them). ``check_paths=False`` for a run on another machine (a pod)."""
     from hwbench.catalog import load_catalog
-    from hwbench.cli import command_parser
     from hwbench.spec import build_run_spec
 
-    _, parser = command_parser("run")
-    return build_run_spec(options_from_namespace(parse(parser, run_argv)), load_catalog(), check_paths=check_paths)
+    return build_run_spec(parse_run_options(run_argv), load_catalog(), check_paths=check_paths)
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.catalog import load_catalog
-    from hwbench.engine.distributed import RankEnvironment
-    from hwbench.harness.faults import Fault
-    from hwbench.spec import build_run_spec
+    from hwbench.harness.run import run_and_store
 
-    options = options_from_namespace(args)
-    catalog = load_catalog()
-    rank_env = RankEnvironment.from_environ()
-    if rank_env is None:  # under srun: Slurm's ranks (hwbench.harness.slurm_env, docs/slurm.md)
-        options, rank_env = _under_slurm(options)
-    spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
-    Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
-    if rank_env is not None:
-        from hwbench.harness.worker import run_as_rank
-
-        return _stored(*run_as_rank(spec, catalog, rank_env, show_progress=not args.quiet))
-    from hwbench.harness.launcher import recover_stranded_runs
-
-    for note in recover_stranded_runs():  # folders of launchers that were killed (docs/reliability.md)
+    outcome = run_and_store(options_from_namespace(args), show_progress=not args.quiet)
+    result, stored = outcome.result, outcome.stored
+    for note in outcome.notes:
         print(f"hwbench: note: {note}", file=sys.stderr)
-    if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
-        from hwbench.harness.launcher import launch
-
-        result = launch(spec, _rank_argv(options, args.quiet), catalog)
-        if result is None:
-            print(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
-            return 0
-    else:
-        from hwbench.harness.worker import run_point
-
-        result = run_point(spec, catalog, show_progress=not args.quiet)
-    for reason in (result.device or {}).get("auto_passed_over") or ():
-        print(f"hwbench: note: --device auto passed over {reason}; this run used the "
-              f"{(result.device or {}).get('backend')}", file=sys.stderr)
-    from hwbench.harness.sweep import SWEEP_ENV
-    from hwbench.results import store_result
-
-    if os.environ.get(SWEEP_ENV):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
-        result.sweep = json.loads(os.environ[SWEEP_ENV])
-    return _stored(result, store_result(result, spec.out_dir))
-
-
-def _under_slurm(options: RunOptions):
-    """(options, rank environment) for a run started by srun: each task one rank (it
-    gets torchrun's variables), or each task one node of the torchrun job hwbench
-    launches (--nproc-per-node G with one task per node); unchanged elsewhere."""
-    from hwbench.engine.distributed import RankEnvironment
-    from hwbench.harness.slurm_env import SlurmTask, slurm_mode
-
-    task = SlurmTask.from_environ()
-    mode = slurm_mode(task, options.given())
-    if mode == "task":
-        os.environ.update(task.torchrun_environment(os.environ))
-        return options, RankEnvironment.from_environ()
-    if mode == "node":
-        return options.merged(**task.node_launch_options(os.environ)), None
-    return options, None
-
-
-def _rank_argv(options: RunOptions, quiet: bool) -> list[str]:
-    """What every rank runs: the same options, as `hwbench run` arguments."""
-    return options.to_argv() + (["--quiet"] if quiet else [])
-
-
-def _stored(result, stored) -> int:
-    """Print the summary (or the JSON when no file took it); the exit status."""
-    if result is None:  # a rank other than 0, or rank 0 writing into the launcher's run folder
+    if result is None or stored is None:  # another rank or node stores the result
         return 0
     from hwbench.report.summary import run_summary_table
 

@@ -32,42 +32,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
-    """(script settings, the RunSpec, the run arguments), validated."""
-    from hwbench.commands.run import parse_run_spec
+    """(script settings, the RunSpec, the run options, the job name, the log), validated."""
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import parse_run_options
     from hwbench.harness.slurm import SlurmSettings
+    from hwbench.spec import build_run_spec
 
     args, run_args = parser.parse_known_args(list(argv))
-    for token in run_args:
-        if token.split("=", 1)[0] in SET_BY_SLURM:
-            raise UsageError(f"{token.split('=', 1)[0]} is not accepted by `hwbench slurm`; under srun the node rank "
-                             "and the rendezvous come from Slurm (the job's first host, a port from the job id)")
-    nnodes_given = any(token.split("=", 1)[0] == "--nnodes" for token in run_args)
-    launch = ["--master-port", str(MULTI_NODE_PORT)] if nnodes_given else []  # a stand-in: nodes take Slurm's
-    spec = parse_run_spec([*run_args, *launch], check_paths=False)
+    options = parse_run_options(run_args)
+    for flag in SET_BY_SLURM:
+        if getattr(options, flag[2:].replace("-", "_")) is not None:
+            raise UsageError(f"{flag} is not accepted by `hwbench slurm`; under srun the node rank and the rendezvous "
+                             "come from Slurm (the job's first host, a port from the job id)")
+    launch = {"master_port": MULTI_NODE_PORT} if options.nnodes is not None else {}  # a stand-in: Slurm's port is used
+    spec = build_run_spec(options.merged(**launch), load_catalog(), check_paths=False)
     settings = SlurmSettings(partition=args.partition, account=args.account, time=args.time,
                              sbatch_args=tuple(args.sbatch_arg), launch=args.launch)
     name = args.job_name or f"hwbench-{spec.model}-{spec.launch.nnodes}x{spec.launch.nproc_per_node}"
-    return settings, spec, run_args, name, args.log
+    return settings, spec, options, name, args.log
 
 
 def main(parsed) -> int:
     from hwbench.harness.slurm import batch_script
 
-    settings, spec, run_args, name, log = parsed
-    sys.stdout.write(batch_script(spec, _without_out(run_args), spec.out_dir, log, settings, job_name=name))
+    settings, spec, options, name, log = parsed
+    sys.stdout.write(batch_script(spec, options, spec.out_dir, log, settings, job_name=name))
     return 0
-
-
-def _without_out(run_args: list[str]) -> list[str]:
-    """The run arguments less --out (the script names it once, as the sweep's scripts do)."""
-    kept, skip = [], False
-    for token in run_args:
-        if skip:
-            skip = False
-            continue
-        if token == "--out":
-            skip = True
-            continue
-        if not token.startswith("--out="):
-            kept.append(token)
-    return kept

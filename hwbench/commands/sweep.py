@@ -49,35 +49,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hwbench.harness.launcher import recover_stranded_runs
+    from hwbench.harness.executor import SweepInterrupted, SweepOptions
     from hwbench.harness.suite import find_suite, load_suite
-    from hwbench.harness.sweep import SweepInterrupted, SweepOptions, run_sweep
+    from hwbench.harness.sweep import run_sweep
     from hwbench.report.summary import sweep_summary_table
-    from hwbench.results import check_output_folder
 
-    if args.repeats < 1:
-        raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")
-    if args.nproc_per_node is not None and args.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node {args.nproc_per_node} is not accepted; give an integer >= 1")
     suite = load_suite(find_suite(args.suite))
-    check_output_folder(args.out)
-    for note in recover_stranded_runs():
-        print(f"hwbench: note: {note}", file=sys.stderr)
-    settings = _slurm_settings(args)
-    options = SweepOptions(out_dir=Path(args.out), device=args.device, nproc_per_node=args.nproc_per_node,
+    options = SweepOptions(out_dir=args.out, device=args.device, nproc_per_node=args.nproc_per_node,
                            repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait)
+    settings = _slurm_settings(args)
     try:
-        if settings is None:
-            records = run_sweep(suite, options, show_progress=not args.quiet)
-        else:
-            from hwbench.harness.slurm import run_slurm_sweep
-
-            records = run_slurm_sweep(suite, options, settings, say=None if args.quiet else _say)
+        records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:
         if stop.jobs:
-            return _interrupted_slurm(stop, Path(args.out) / suite.name)
+            return _interrupted_slurm(stop, options.out_dir / suite.name)
         print(f"hwbench: sweep stopped by {stop}; finished points are kept, the same command resumes",
               file=sys.stderr)
         return 128 + stop.signal_number
@@ -94,10 +79,6 @@ def main(args: argparse.Namespace) -> int:
     print(sweep_summary_table(suite, records))
     bad = [r for r in records if any(x.status not in ("ok", "skipped") for x in r.results)]
     return 1 if bad else 0
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _slurm_settings(args: argparse.Namespace):
@@ -118,8 +99,6 @@ def _slurm_settings(args: argparse.Namespace):
     nodes = args.nodes_per_point
     if nodes != "auto" and not (nodes.isascii() and nodes.isdigit() and int(nodes) >= 1):
         raise UsageError(f"--nodes-per-point {nodes!r} is not accepted; give auto or an integer >= 1")
-    if args.detach and args.collect:
-        raise UsageError("--detach and --collect are not accepted together; submit with --detach, later --collect")
     return SlurmSettings(partition=args.partition, account=args.account, time=args.time,
                          nodes_per_point=None if nodes == "auto" else int(nodes), sbatch_args=tuple(args.sbatch_arg),
                          launch=args.launch or "tasks", poll_s=10.0 if args.poll is None else args.poll,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_CHOICES
@@ -32,17 +33,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from collections import Counter
 
     from tabulate import tabulate
 
-    from hwbench.catalog import load_catalog
-    from hwbench.device import select_backend
-    from hwbench.devices import device_capacity_bytes
-    from hwbench.harness.tune import ranking, tune, write_ranking
-    from hwbench.results import RANKING_FILE, check_output_folder
-    from hwbench.spec import build_run_spec, check_data
-    from hwbench.units import gib, parse_size
+    from hwbench.harness.executor import SweepInterrupted
+    from hwbench.harness.tune import ranking, tune
+    from hwbench.layouts import check_count
+    from hwbench.results import RANKING_FILE
+    from hwbench.units import gib
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
@@ -50,31 +49,22 @@ def main(args: argparse.Namespace) -> int:
     for option, value, minimum in (("--devices", args.devices, 1), ("--max-trials", args.max_trials, 1),
                                    ("--patience", args.patience, 1), ("--steps", args.steps, 1),
                                    ("--warmup", args.warmup, 0)):
-        if value < minimum:
-            raise UsageError(f"{option} {value} is not accepted; give an integer >= {minimum}")
+        check_count(option, value, minimum)
     base = RunOptions(model=args.model, device=args.device, steps=args.steps, warmup=args.warmup, eval_iters=0,
                       telemetry=False, timeout=args.timeout, data=args.data or "synthetic", precision=args.precision,
                       seq_length=args.seq_length, global_batch_size=args.global_batch_size)
-    catalog = load_catalog()
-    model = build_run_spec(base, catalog, check_paths=False).model  # the fixed options must be valid on their own
-    if args.data:
-        check_data(args.data)  # before the first trial, not once per trial
-    check_output_folder(args.out)
-    capacity = (parse_size(args.device_memory, "--device-memory") if args.device_memory
-                else device_capacity_bytes(select_backend(args.device), catalog))
-    folder = Path(args.out) / f"{model}-{args.devices}"
-    trials = tune(base, args.devices, folder, capacity, engines, args.max_trials, args.patience,
-                  show_progress=not args.quiet)
-    write_ranking(trials, folder / RANKING_FILE)
+    try:
+        trials, folder = tune(base, args.devices, args.out, args.device_memory, engines, args.max_trials,
+                              args.patience, progress=not args.quiet)
+    except SweepInterrupted as stop:
+        print(f"hwbench: tune stopped by {stop}; measured trials are kept, the same command resumes", file=sys.stderr)
+        return 128 + stop.signal_number
     ranked = ranking(trials)
     rows = [[i, t.candidate.name, f"{t.samples_per_s:,.2f}", f"{t.samples_per_s / ranked[0].samples_per_s:.0%}",
              gib(t.predicted_peak_bytes or None)] for i, t in enumerate(ranked, start=1)]
     print(tabulate(rows, headers=["rank", "layout", "samples/s", "of best", "predicted GiB/rank"],
                    disable_numparse=True))
-    counts: dict[str, int] = {}
-    for t in trials:
-        if not t.samples_per_s:
-            counts[t.status] = counts.get(t.status, 0) + 1
+    counts = Counter(t.status for t in trials if not t.samples_per_s)
     print("not ranked: " + (", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none"))
     print(f"ranking and every trial: {folder / RANKING_FILE}")
     return 0 if ranked else 1

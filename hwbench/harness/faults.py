@@ -26,6 +26,8 @@ from hwbench.results import write_json_atomic
 
 FAULT_ENV = "HWBENCH_FAULT"
 RUN_DIR_ENV = "HWBENCH_RUN_DIR"
+# the sweep's record of the point (JSON), set for every process of a point; the result carries it
+SWEEP_ENV = "HWBENCH_SWEEP"
 # files in that run folder: rank 0's merged result, the torchrun agent's outcome
 RESULT_FILE = "result.json"
 AGENT_FILE = "agent.json"

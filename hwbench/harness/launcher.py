@@ -37,9 +37,9 @@ from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device.host import share_of_cores
-from hwbench.errors import SetupError, Terminated, UsageError
+from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
-from hwbench.harness.lifeline import child_environment
+from hwbench.harness.lifeline import child_environment, stop_signals
 from hwbench.devices import checked_backend, describe_device, describe_workload
 from hwbench.results import ResultFormatError, RunResult, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.spec import RunSpec
@@ -181,37 +181,29 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     environment.setdefault("OMP_NUM_THREADS", str(share_of_cores(spec.launch.nproc_per_node)))
     _become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
-    # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C
-    previous = {sig: signal.signal(sig, _terminate_as_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        try:
-            agent.wait(timeout=spec.launch.timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            killed = end_tree(agent, run_dir)
-        _reap()
-        result = _collect(spec, run_dir, agent.returncode, timed_out, killed if timed_out else [])
-        if result is None:
-            return None
-        if not result.device:  # no rank got as far as describing itself: the launcher does
-            result.device = describe_device(backend, catalog, spec.precision)
-            result.workload = describe_workload(catalog.workloads[spec.model], spec)
-            result.environment = environment_fingerprint(backend)
-        result.launch = _describe_launch(spec, command, started)
-        return result
+        with stop_signals():  # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C
+            try:
+                agent.wait(timeout=spec.launch.timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                killed = end_tree(agent, run_dir)
+            _reap()
+            result = _collect(spec, run_dir, agent.returncode, timed_out, killed if timed_out else [])
+            if result is None:
+                return None
+            if not result.device:  # no rank got as far as describing itself: the launcher does
+                result.device = describe_device(backend, catalog, spec.precision)
+                result.workload = describe_workload(catalog.workloads[spec.model], spec)
+                result.environment = environment_fingerprint(backend)
+            result.launch = _describe_launch(spec, command, started)
+            return result
     except BaseException:  # Ctrl-C or anything else: nothing may outlive us
         end_tree(agent, run_dir)
         raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _terminate_as_interrupt(signal_number, _frame) -> None:
-    """SIGTERM and SIGHUP end the run as Ctrl-C does: the whole tree, nothing written."""
-    raise Terminated(signal.Signals(signal_number).name)
 
 
 def _start_time(pid: int) -> int | None:

@@ -14,13 +14,19 @@ already gone (the race between fork and that request) exits at once.
 
 The kernel sends the signal when the parent *thread* that forked the child ends,
 so a parent starts its children from its main thread (all of hwbench's do).
+
+A process asked to stop (SIGTERM from a scheduler, SIGHUP from a closed terminal)
+stops as Ctrl-C stops it (stop_signals), so the same cleanup ends its children.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+
+from hwbench.errors import Terminated
 
 PARENT_ENV = "HWBENCH_PARENT_PID"
 PR_SET_PDEATHSIG = 1
@@ -54,3 +60,21 @@ def die_with_parent(parent_pid: int) -> bool:
     if os.getppid() != parent_pid:  # the parent died before the request: nothing will ever signal us
         os._exit(128 + signal.SIGKILL)
     return True
+
+
+def raise_terminated(signal_number: int, _frame) -> None:
+    """A signal handler: SIGTERM and SIGHUP end what is running as Ctrl-C does."""
+    raise Terminated(signal_number)
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """While inside, SIGTERM and SIGHUP raise Terminated (a KeyboardInterrupt naming the
+    signal), as Ctrl-C does. Main thread only. `hwbench` commands have them for their whole
+    run (cli.main); this is for the same library calls made from the Python API."""
+    previous = {sig: signal.signal(sig, raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,18 +1,13 @@
-"""`hwbench sweep SUITE --executor slurm`: every point one Slurm job (docs/slurm.md).
+"""`hwbench sweep SUITE --executor slurm`: every point one Slurm job (docs/slurm.md), and
+the sbatch scripts `hwbench slurm` prints.
 
-Each point (and repeat) becomes a batch script ``OUT/<suite>/<point>/repeat<N>.sbatch``
-that runs `srun hwbench run ...` on the point's nodes; it is submitted with
-``sbatch --parsable`` and its job id kept in ``repeat<N>.slurm`` (JSON) beside it,
-its output in ``repeat<N>.log``. The sweep then waits, asking ``scontrol show job``
-(``sacct`` once the controller has forgotten the job) for each job's state. A point
-whose job wrote a result has that result; a job that ended without one is recorded
-with its final Slurm state (FAILED, TIMEOUT, OUT_OF_MEMORY, CANCELLED, NODE_FAIL,
-...) as ``error.slurm_state`` and the nearest hwbench status.
-
-Resuming: a point whose result exists is kept, a point whose job is pending or
-running is re-attached (never submitted twice), a job that ended while nobody
-watched is collected. Only the command-line tools are used (sbatch, squeue's
-siblings scontrol and sacct, scancel), so nothing beyond Slurm's client is needed.
+SlurmExecutor, the point loop's executor for Slurm, writes each point and repeat as
+``OUT/<suite>/<point>/repeat<N>.sbatch`` (`srun hwbench run ...` on the point's nodes),
+submits it with ``sbatch --parsable`` (job id in ``repeat<N>.slurm``, output in
+``repeat<N>.log``), re-attaches to an earlier sweep's job instead of submitting twice,
+and polls ``scontrol show job`` (``sacct`` once the controller forgot the job). A job's
+result is what its run wrote, else its final Slurm state (``error.slurm_state``) as the
+nearest hwbench status. Only Slurm's client tools are used (sbatch, scontrol, sacct, scancel).
 """
 
 from __future__ import annotations
@@ -23,32 +18,18 @@ import math
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
-from hwbench.harness.suite import Point, Suite
-from hwbench.harness.sweep import (
-    SWEEP_ENV,
-    TIMEOUT_MARGIN_S,
-    PointRecord,
-    SweepInterrupted,
-    SweepOptions,
-    _duration,
-    _point_dir,
-    _recorded,
-    aggregate,
-    folder_lock,
-    point_args,
-    point_options,
-    result_key,
-)
-from hwbench.results import AGGREGATE_FILE, RunResult, load_result, result_files, utc_now, write_json_atomic, write_text_atomic
+from hwbench.harness.executor import TIMEOUT_MARGIN_S, Executor, Job, PointRun, Say, duration, keyed_results, recorded
+from hwbench.harness.faults import SWEEP_ENV
+from hwbench.results import RunResult, utc_now, write_json_atomic, write_text_atomic
+from hwbench.options import MULTI_NODE_PORT, RunOptions
 from hwbench.spec import RunSpec
 
 LAUNCHES = ("tasks", "torchrun")  # one task per device (Megatron's way), or one torchrun per node
@@ -136,6 +117,14 @@ def check_sbatch_arg(arg: str, gres_written: bool = False) -> str:
     return arg
 
 
+def check_device_kind(device: str | None, where: str = "a Slurm job") -> None:
+    """A script asks Slurm for the devices by kind: with auto, a node given none would quietly
+    benchmark its CPU (as `hwbench k8s` refuses it too)."""
+    if (device or "auto") not in KINDS:
+        raise UsageError(f"--device {device or 'auto'} is not accepted for {where}: the script asks Slurm for the "
+                         f"devices by kind; give --device {' or '.join(KINDS)}")
+
+
 def check_slurm_tools(collect: bool) -> None:
     """Slurm's client tools on PATH (sbatch unless only collecting), before anything is written."""
     for tool in ("scontrol",) + (() if collect else ("sbatch",)):
@@ -171,6 +160,8 @@ class SlurmSettings:
         if self.launch not in LAUNCHES:
             raise UsageError(f"--launch {self.launch!r} is not accepted; give one of {', '.join(LAUNCHES)}")
         check_poll(self.poll_s)
+        if self.detach and self.collect:
+            raise UsageError("--detach and --collect are not accepted together; submit with --detach, later --collect")
         for arg in self.sbatch_args:
             check_sbatch_arg(arg)
 
@@ -181,15 +172,13 @@ def slurm_time(seconds: float) -> str:
     return f"{minutes // 1440}-{minutes // 60 % 24:02d}:{minutes % 60:02d}:00"
 
 
-def batch_script(spec: RunSpec, run_args: list[str], point_dir: Path | str, log: Path | str, settings: SlurmSettings,
+def batch_script(spec: RunSpec, options: RunOptions, point_dir: Path | str, log: Path | str, settings: SlurmSettings,
                  env: dict[str, str] | None = None, sweep: dict[str, Any] | None = None,
                  job_name: str = "hwbench") -> str:
-    """The sbatch script that runs `hwbench run RUN_ARGS` on the point's nodes: one
-    task per device (each one rank), or one task per node that launches torchrun."""
-    if spec.device not in KINDS:  # auto: the script could not ask Slurm for the devices, and a node
-        # given none would quietly benchmark its CPU (as `hwbench k8s` refuses it too)
-        raise UsageError(f"--device {spec.device} is not accepted for a Slurm job: the script asks Slurm for the "
-                         f"devices by kind; give --device {' or '.join(KINDS)}")
+    """The sbatch script that runs `hwbench run` with ``options`` (``spec`` is what they
+    resolve to) on the point's nodes, its result into ``point_dir``: one task per device
+    (each one rank), or one task per node that launches torchrun."""
+    check_device_kind(spec.device)
     nodes, per_node = spec.launch.nnodes, spec.launch.nproc_per_node
     tasks_per_node = 1 if settings.launch == "torchrun" else per_node
     gres = KINDS[spec.device].slurm_gres
@@ -218,7 +207,8 @@ def batch_script(spec: RunSpec, run_args: list[str], point_dir: Path | str, log:
             raise UsageError(f"env {key!r} is not accepted; give a variable name (letters, digits, _)")
         lines.append(f"export {key}={shlex.quote(value)}")
     quiet = ["--quiet"] if sweep is not None else []  # a sweep's log needs no progress lines
-    command = [settings.python, "-m", "hwbench", "run", *quiet, *run_args, "--out", str(point_dir)]
+    command = [settings.python, "-m", "hwbench", "run", *quiet, *options.merged(out=None).to_argv(), "--out",
+               str(point_dir)]
     lines += ["", "srun --kill-on-bad-exit=1 " + shlex.join(command), ""]
     return "\n".join(lines)
 
@@ -290,248 +280,140 @@ def _read_job(path: Path) -> dict[str, Any]:
         return {}
 
 
-@dataclasses.dataclass
-class Job:
-    """One submitted point (and repeat) the sweep is waiting for."""
+class SlurmExecutor(Executor):
+    """Every point (and repeat) one Slurm job: the point loop's executor for
+    `hwbench sweep --executor slurm`. Submits (or re-attaches to an earlier sweep's
+    job), then polls the jobs' states and collects each ended job's result, or a
+    record of its final state."""
 
-    record: PointRecord
-    index: int  # in record.results: where its result goes
-    job_id: str
-    point_dir: Path
-    args: list[str]
-    sweep: dict[str, Any]
-    label: str
-    state: str = "SUBMITTED"
-    submitted_at: str = ""  # results that started before are an earlier job's (with --force)
-    reattached: bool = False  # re-attached to a job an earlier sweep submitted
+    def __init__(self, settings: SlurmSettings, force: bool, say: Say) -> None:
+        from hwbench.catalog import load_catalog
 
+        self.settings, self.force, self.say, self.detach = settings, force, say, settings.detach
+        self.defaults: dict[str, Any] = {"nnodes": settings.nodes_per_point}
+        self.catalog = load_catalog()
+        self.started = self.last_summary = time.monotonic()
 
-def _keyed_results(point_dir: Path) -> dict[str, tuple[Path, RunResult]]:
-    found: dict[str, tuple[Path, RunResult]] = {}
-    for path in result_files([point_dir]) if point_dir.is_dir() else []:
+    def check(self, runs: list[PointRun], out_dir: Path) -> None:
+        """Everything that can refuse the sweep, before its folder and lock exist."""
+        check_script_value("--out", str(out_dir.resolve()))  # in every script's --output and srun line
+        for run in runs:  # the whole sweep refused at once, not one `invalid` point after another
+            check_device_kind(run.options.device, f"--executor slurm (point {run.point.name})")
+            check_script_value(f"suite {run.folder.parent.name!r} point", _job_name(run))
+        check_slurm_tools(self.settings.collect)
+
+    def machine(self) -> dict[str, Any]:
+        import torch
+
+        return {"slurm_cluster": cluster_name(), "torch": torch.__version__}
+
+    def again(self, kept: RunResult) -> bool:
+        """A job ended by something other than the point (cancelled, a node failure) or
+        refused by sbatch is submitted again, unless only collecting."""
+        return not self.settings.collect and (kept.error or {}).get("slurm_state") in RESUBMIT_STATES
+
+    def submit(self, run: PointRun, kept: Path | None) -> RunResult | Job | None:
+        job = self._earlier_job(run, has_result=kept is not None)
+        if job is not None:
+            self.say(f"{run.label}: job {job.job_id} {job.state} (re-attached)")
+            return job
+        if kept:  # a cancelled or refused job's record: this submission replaces it
+            kept.unlink(missing_ok=True)
+        if self.settings.collect:
+            self.say(f"{run.label}: not submitted (no job to collect)")
+            return None
+        return self._submit(run)
+
+    def _earlier_job(self, run: PointRun, has_result: bool) -> Job | None:
+        """The job an earlier sweep submitted for this run, when it is still out or ended
+        without anyone collecting it (re-attached, never submitted twice)."""
+        earlier = {} if self.force else _read_job(_job_file(run))
+        if earlier.get("key") != run.key or not earlier.get("job_id"):
+            return None
+        state = job_state(earlier["job_id"])
+        if not (state in ACTIVE_STATES or (state and not has_result)):
+            return None
+        return Job(run, earlier["job_id"], state, earlier.get("submitted_at", ""))
+
+    def _submit(self, run: PointRun) -> RunResult | Job:
+        """The submitted job, or the result recorded for a point that could not be submitted."""
+        from hwbench.spec import build_run_spec
+
+        # Checked as `hwbench run` will check it on the nodes (not the planner: this is not
+        # a node): a bad layout is recorded without a job. Slurm gives the launch, not a port.
+        launch = {"master_port": MULTI_NODE_PORT} if run.options.given().get("nnodes", 1) > 1 else {}
         try:
-            result = load_result(path)
-        except Exception:  # unreadable files are reported by `hwbench report`; here they only do not count
-            continue
-        key = (result.sweep or {}).get("key")
-        if key:
-            found[key] = (path, result)
-    return found
+            spec = build_run_spec(run.options.merged(out=str(run.folder), **launch), self.catalog)
+            # the point's device may bring a --gres an --sbatch-arg also sets: that point is invalid
+            folder = run.folder.resolve()
+            text = batch_script(spec, run.options, folder, folder / f"repeat{run.repeat}.log", self.settings, run.env,
+                                run.sweep, _job_name(run))
+        except UsageError as error:
+            return recorded(run, "invalid", str(error))
+        run.folder.mkdir(parents=True, exist_ok=True)
+        script = write_text_atomic(run.folder / f"repeat{run.repeat}.sbatch", text)
+        submitted_at = utc_now()
+        job_id, problem = submit(script)
+        if job_id is None:
+            return recorded(run, "invalid", f"sbatch refused the job: {problem}", extra={"slurm_state": SUBMIT_FAILED})
+        write_json_atomic(_job_file(run), {"job_id": job_id, "key": run.key, "submitted_at": submitted_at,
+                                           "script": script.name})
+        self.say(f"{run.label}: submitted as job {job_id}")
+        return Job(run, job_id, "PENDING", submitted_at)
 
-
-def _machine() -> dict[str, Any]:
-    import torch
-
-    return {"slurm_cluster": cluster_name(), "torch": torch.__version__}
-
-
-def run_slurm_sweep(suite: Suite, options: SweepOptions, settings: SlurmSettings,
-                    say: Callable[[str], None] | None = None) -> list[PointRecord]:
-    """Submit every point not yet done (or, collecting, none), then wait for the jobs
-    (unless detached). Raises SweepInterrupted (with the jobs still out) on
-    SIGINT/SIGTERM/SIGHUP: the jobs keep running, and the caller may cancel_jobs()."""
-    say = say or (lambda _text: None)
-    # Everything that can refuse the sweep is asked before the suite's folder and lock exist.
-    check_script_value("--out", str(options.out_dir.resolve()))  # in every script's --output and srun line
-    for point in suite.points:
-        _point_dir(options, suite, point)
-        check_script_value(f"suite {suite.name!r} point", _job_name(suite, point))
-    check_slurm_tools(settings.collect)
-    machine = _machine()  # asks the controller: refused here when none answers
-    with folder_lock(options.out_dir / suite.name, options.wait):
-        records: list[PointRecord] = []
-        jobs: list[Job] = []
-        try:
-            _submit_points(suite, options, settings, machine, say, records, jobs)
-        except KeyboardInterrupt:  # while submitting: the jobs already out keep running, or are cancelled
-            raise SweepInterrupted(signal.SIGINT, [job.job_id for job in jobs]) from None
-        if not settings.detach:
-            _wait(jobs, settings, say)
-        for record in records:
-            record.results = [r for r in record.results if r is not None]
-            record.aggregate = aggregate(record.point, record.results) if options.repeats > 1 else None
-            if record.aggregate:
-                write_json_atomic(_point_dir(options, suite, record.point) / AGGREGATE_FILE, record.aggregate)
-        return records
-
-
-def _submit_points(suite, options, settings, machine, say, records: list[PointRecord], jobs: list[Job]) -> None:
-    """Fill ``records`` (one per point: kept results, or None where a job will bring one)
-    and ``jobs`` (submitted or re-attached)."""
-    from hwbench.catalog import load_catalog
-
-    catalog = load_catalog()
-    total = len(suite.points) * options.repeats
-    done = 0
-    for point in suite.points:
-        point_dir = _point_dir(options, suite, point)
-        record = PointRecord(point, [])
-        records.append(record)
-        existing = {} if options.force else _keyed_results(point_dir)
-        for repeat in range(options.repeats):
-            done += 1
-            args, run_options = _point_run(point, options, settings, repeat)
-            key = result_key(args, repeat, dict(point.env), machine)
-            sweep = {"suite": suite.name, "suite_path": suite.path, "point": point.name, "repeat": repeat,
-                     "repeats": options.repeats, "key": key}
-            label = f"[{done}/{total}] {point.name}" + (f" repeat {repeat + 1}" if options.repeats > 1 else "")
-            kept = existing.get(key)
-            if kept and (settings.collect or (kept[1].error or {}).get("slurm_state") not in RESUBMIT_STATES):
-                record.results.append(kept[1])
-                record.reused += 1
-                say(f"{label}: {kept[1].status} (kept from an earlier sweep; --force runs it again)")
-                continue
-            fresh = Job(record, len(record.results), "", point_dir, args, sweep, label, "PENDING")
-            job = _earlier_job(fresh, has_result=kept is not None, force=options.force)
-            if job is None:
-                if kept:  # a cancelled or refused job's record: this submission replaces it
-                    kept[0].unlink(missing_ok=True)
-                if settings.collect:
-                    say(f"{label}: not submitted (no job to collect)")
-                    continue
-                job = _submit_point(point, run_options, catalog, suite, settings, fresh)
-            if isinstance(job, RunResult):
-                record.results.append(job)
-                say(f"{label}: {job.status} ({job.error['message']})")
-                continue
-            jobs.append(job)
-            record.results.append(None)
-            record.jobs.append(job.job_id)
-            say(f"{label}: job {job.job_id} {job.state} (re-attached)" if job.reattached
-                else f"{label}: submitted as job {job.job_id}")
-
-
-def _earlier_job(job: Job, has_result: bool, force: bool) -> Job | None:
-    """``job`` filled with the job an earlier sweep submitted for this point and repeat, when
-    it is still out or ended without anyone collecting it (re-attached, never submitted
-    twice); None otherwise, ``job`` untouched."""
-    earlier = {} if force else _read_job(_job_file(job))
-    if earlier.get("key") != job.sweep["key"] or not earlier.get("job_id"):
-        return None
-    state = job_state(earlier["job_id"])
-    if not (state in ACTIVE_STATES or (state and not has_result)):
-        return None
-    job.job_id, job.state, job.submitted_at = earlier["job_id"], state, earlier.get("submitted_at", "")
-    job.reattached = True
-    return job
-
-
-def _job_file(job: Job) -> Path:
-    return job.point_dir / f"repeat{job.sweep['repeat']}.slurm"
-
-
-def _point_run(point: Point, options: SweepOptions, settings: SlurmSettings, repeat: int) -> tuple[list[str], Any]:
-    """The point's `hwbench run` arguments and options for this repeat (with
-    --nodes-per-point for points that do not set --nnodes)."""
-    args, run_options = point_args(point, options), point_options(point, options)
-    if settings.nodes_per_point and point.option("nnodes") is None:
-        args += ["--nnodes", str(settings.nodes_per_point)]
-        run_options = run_options.merged(nnodes=settings.nodes_per_point)
-    if options.repeats > 1:  # distinct seeds, as a local sweep
-        seed = int(point.option("seed", 1234)) + repeat
-        args += ["--seed", str(seed)]
-        run_options = run_options.merged(seed=seed)
-    return args, run_options
-
-
-def _job_name(suite: Suite, point: Point) -> str:
-    return f"hwbench-{suite.name}-{point.name}"
-
-
-def _submit_point(point, run_options, catalog, suite, settings, job: Job) -> RunResult | Job:
-    """The submitted job, or the result recorded for a point that could not be submitted."""
-    from hwbench.spec import build_run_spec
-
-    # Checked here as `hwbench run` will check it on the nodes: a bad layout is
-    # recorded without a job. (The memory planner is not asked: this machine is
-    # not the nodes'.) Under srun the launch comes from Slurm, so no master port.
-    args, point_dir, sweep = job.args, job.point_dir, job.sweep
-    launch = {"master_port": 29500} if run_options.given().get("nnodes", 1) > 1 else {}
-    try:
-        spec = build_run_spec(run_options.merged(out=str(point_dir), **launch), catalog)
-    except UsageError as error:
-        return _recorded("invalid", args, str(error), point_dir, sweep)
-    point_dir.mkdir(parents=True, exist_ok=True)
-    repeat = sweep["repeat"]
-    script = point_dir / f"repeat{repeat}.sbatch"
-    try:  # the point's device may bring a --gres an --sbatch-arg also sets: that point is invalid
-        text = batch_script(spec, args, point_dir.resolve(), point_dir.resolve() / f"repeat{repeat}.log", settings,
-                            dict(point.env), sweep, _job_name(suite, point))
-    except UsageError as error:
-        return _recorded("invalid", args, str(error), point_dir, sweep)
-    write_text_atomic(script, text)
-    job.submitted_at = utc_now()
-    job_id, problem = submit(script)
-    if job_id is None:
-        return _recorded("invalid", args, f"sbatch refused the job: {problem}", point_dir, sweep,
-                         extra={"slurm_state": SUBMIT_FAILED})
-    job.job_id = job_id
-    write_json_atomic(_job_file(job), {"job_id": job_id, "key": sweep["key"], "submitted_at": job.submitted_at,
-                                       "script": script.name})
-    return job
-
-
-def _wait(jobs: list[Job], settings: SlurmSettings, say: Callable[[str], None]) -> None:
-    """Poll until every job has ended, collecting each as it ends."""
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
-
-    def on_term(signal_number, _frame):
-        raise SweepInterrupted(signal_number)
-
-    for sig in previous:
-        signal.signal(sig, on_term)
-    waiting = list(jobs)
-    started = last_summary = time.monotonic()
-    try:
-        while waiting:
-            for job in list(waiting):
+    def wait(self, jobs: list[Job]) -> list[tuple[Job, RunResult]]:
+        """Poll every --poll seconds until one or more jobs ended; each change of state,
+        and every minute a count of what is still out, said."""
+        while True:
+            ended = []
+            for job in jobs:
                 state = job_state(job.job_id) or "UNKNOWN"
                 if state == NO_ANSWER:
                     continue
                 if state != job.state:
                     job.state = state
                     if state in ACTIVE_STATES:
-                        say(f"{job.label}: job {job.job_id} {state}")
+                        self.say(f"{job.run.label}: job {job.job_id} {state}")
                 if state not in ACTIVE_STATES:
-                    result = collect(job, state)
-                    job.record.results[job.index] = result
-                    job.record.jobs.remove(job.job_id)
-                    waiting.remove(job)
-                    say(f"{job.label}: {result.status}" + (f" ({result.error['message']})" if result.error else ""))
-            if waiting and time.monotonic() - last_summary >= SUMMARY_EVERY_S:
-                last_summary = time.monotonic()
-                states = [job.state for job in waiting]
+                    ended.append((job, collect(job, state)))
+            if ended:
+                return ended
+            if time.monotonic() - self.last_summary >= SUMMARY_EVERY_S:
+                self.last_summary = time.monotonic()
+                states = [job.state for job in jobs]
                 counts = ", ".join(f"{states.count(s)} {s.lower()}" for s in dict.fromkeys(states))
-                say(f"waiting for {len(waiting)} job(s): {counts} ({_duration(last_summary - started)} so far)")
-            if waiting:
-                time.sleep(settings.poll_s)
-    except KeyboardInterrupt:
-        raise SweepInterrupted(signal.SIGINT, [job.job_id for job in waiting]) from None
-    except SweepInterrupted as stop:
-        raise SweepInterrupted(stop.signal_number, [job.job_id for job in waiting]) from None
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+                self.say(f"waiting for {len(jobs)} job(s): {counts} ({duration(self.last_summary - self.started)} "
+                         "so far)")
+            time.sleep(self.settings.poll_s)
+
+
+def _job_file(run: PointRun) -> Path:
+    return run.folder / f"repeat{run.repeat}.slurm"
+
+
+def _job_name(run: PointRun) -> str:
+    return f"hwbench-{run.folder.parent.name}-{run.point.name}"
 
 
 def _written_by(result: RunResult, job: Job) -> bool:
     """The result is this job's: it names the job (environment.slurm), or, from a run that recorded no
     job, it started after the submission (both utc_now(); ISO text compares as time)."""
-    recorded = ((result.environment or {}).get("slurm") or {}).get("job_id")
-    return recorded == job.job_id if recorded else result.started_at >= job.submitted_at
+    recorded_job = ((result.environment or {}).get("slurm") or {}).get("job_id")
+    return recorded_job == job.job_id if recorded_job else result.started_at >= job.submitted_at
 
 
 def collect(job: Job, state: str) -> RunResult:
     """The ended job's result: what `hwbench run` wrote, else a record of its final state."""
-    found = _keyed_results(job.point_dir).get(job.sweep["key"])
+    run = job.run
+    found = keyed_results(run.folder).get(run.key)
     if found and _written_by(found[1], job):
         return found[1]
-    log = job.point_dir / f"repeat{job.sweep['repeat']}.log"
+    log = run.folder / f"repeat{run.repeat}.log"
     tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
     last_line = next((line for line in reversed(tail) if line.strip()), "")
     status = STATUS_OF_STATE.get(state, "failed")
     message = f"Slurm job {job.job_id} ended {state} without a result" + (f": {last_line}" if last_line else "")
     if state == "UNKNOWN":
         message = f"Slurm no longer knows job {job.job_id} and it left no result"
-    return _recorded(status, job.args, message, job.point_dir, job.sweep,
-                     extra={"slurm_state": state, "slurm_job_id": job.job_id, "log_tail": "\n".join(tail) or None})
+    return recorded(run, status, message, extra={"slurm_state": state, "slurm_job_id": job.job_id,
+                                                 "log_tail": "\n".join(tail) or None})

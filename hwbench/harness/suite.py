@@ -12,7 +12,7 @@
       tp: [1, 2]
       precision: [fp32, bf16]
 
-A point is the list of `hwbench run` arguments it stands for; it is validated
+A point is the `hwbench run` options it stands for; it is validated
 by the same code as `hwbench run` when the sweep reaches it (an impossible
 layout is recorded as `invalid`, not fatal to the sweep).
 """
@@ -46,13 +46,6 @@ class Point:
     def run_options(self) -> RunOptions:
         return RunOptions(**dict(self.options))
 
-    def run_args(self) -> list[str]:
-        """The `hwbench run` arguments of this point, in the suite's order."""
-        args: list[str] = []
-        for key, value in self.options:
-            args += RunOptions(**{key: value}).to_argv()
-        return args
-
     def option(self, key: str, default: Any = None) -> Any:
         return dict(self.options).get(key, default)
 
@@ -61,7 +54,7 @@ class Point:
 class Suite:
     name: str
     description: str
-    path: str
+    path: str | None  # None: built in code (hwbench tune's trials)
     points: tuple[Point, ...]
 
 

@@ -1,27 +1,26 @@
 """`hwbench tune`: the fastest layout of a model on N devices that fits.
 
-Candidates are every tensor x pipeline x data split of N devices, with plain
-data parallelism or FSDP (native engine) or ZeRO 1-3 (DeepSpeed), every micro
-batch that divides the per-rank batch, recompute off and on. Layouts
-`hwbench run` refuses and those the memory planner predicts will not fit are
-pruned without running. The rest are measured one by one, each a short
-`hwbench run` in its own process tree (hwbench.harness.sweep.run_one), in an
-order that tries the usually-fast ones first (no recompute, little model
-parallelism, large micro batches). The search stops after --max-trials
-measurements, or after --patience measurements in a row that did not beat the
-best by more than 2%. The result is a ranking of what was measured.
+Candidates are the layouts `hwbench plan` enumerates (hwbench.layouts) with every micro
+batch that divides the per-rank batch, recompute off and on; those `hwbench run` refuses
+or the planner predicts will not fit are pruned without running. The rest are points of
+the point loop (hwbench.harness.executor), measured in an order that tries the usually
+fast first, kept when an earlier tune measured them, until --max-trials or --patience
+trials in a row without a 2% gain. The result is a ranking of what was measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
-from hwbench.errors import UsageError
+from hwbench.harness.executor import PointRecord, Say, SweepOptions, progress_lines, run_points
+from hwbench.harness.suite import Point, Suite
+from hwbench.harness.sweep import LocalExecutor
+from hwbench.layouts import PlannedLayout
 from hwbench.options import RunOptions
-from hwbench.results import RunResult, write_json_atomic
-from hwbench.units import gib
+from hwbench.planner import Variant
+from hwbench.results import RANKING_FILE, write_json_atomic
+from hwbench.units import gib, parse_size
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
 
@@ -41,17 +40,6 @@ class Candidate:
         return (f"tp{self.tp}-pp{self.pp}-dp{self.dp}-{self.variant}-mb{self.micro_batch}"
                 + ("-recompute" if self.recompute else ""))
 
-    def options(self) -> dict:
-        """The run options that make this candidate."""
-        if self.variant == "plain":
-            variant = {}
-        elif self.variant == "fsdp":
-            variant = {"fsdp": True}
-        else:  # zeroN
-            variant = {"engine": "deepspeed", "zero": int(self.variant[4:])}
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch_size": self.micro_batch,
-                "recompute": self.recompute, **variant}
-
     def prior(self) -> tuple:
         """Usually fastest first, and every layout early: no recompute; the
         largest micro batches (as a share of the rank's batch) of every plain
@@ -59,27 +47,6 @@ class Candidate:
         model parallelism."""
         return (self.recompute, -self.micro_batch / self.per_rank_batch, self.variant != "plain",
                 self.tp * self.pp, self.pp)
-
-
-def candidates(devices: int, global_batch: int, engines: list[str]) -> list[Candidate]:
-    """Every layout of ``devices`` (hwbench.planner.layouts) with each variant that can
-    run it (hwbench.planner.variants, but ZeRO 0 only without data parallelism: with
-    it, it is plain data parallelism on DeepSpeed), micro batch and recompute setting."""
-    from hwbench.planner import layouts, variants
-
-    found = []
-    for tp, pp, dp in layouts(devices):
-        if global_batch % dp:
-            continue
-        names = [v.short for v in variants(tp, pp, dp, engines) if not (v.engine == "deepspeed" and dp > 1
-                                                                        and v.zero == 0)]
-        per_rank = global_batch // dp
-        micros = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
-        for variant in names:
-            for micro in micros:
-                for recompute in (False, True):
-                    found.append(Candidate(tp, pp, dp, variant, micro, recompute, per_rank))
-    return sorted(found, key=Candidate.prior)
 
 
 @dataclasses.dataclass
@@ -92,63 +59,92 @@ class Trial:
     run_id: str | None = None
 
 
-def tune(base: RunOptions, devices: int, out_dir: Path, capacity_bytes: int | None, engines: list[str],
-         max_trials: int, patience: int, show_progress: bool = True) -> list[Trial]:
-    """Prune, then measure in prior order until the stopping rule; every trial returned."""
+def candidates(base: RunOptions, devices: int, capacity_bytes: int | None,
+               engines: list[str]) -> tuple[list[tuple[Candidate, PlannedLayout]], list[Trial]]:
+    """The candidates that may run, in prior order, and the pruned ones as trials
+    (`invalid`: `hwbench run` refuses them; `does-not-fit`: the planner's prediction)."""
     from hwbench.catalog import load_catalog
-    from hwbench.harness.sweep import TIMEOUT_MARGIN_S, _say, result_key, run_one
-    from hwbench.planner import fits, plan_memory
+    from hwbench.device import detect_device
+    from hwbench.layouts import each_layout
+    from hwbench.planner import DEFAULT_HEADROOM
     from hwbench.spec import build_run_spec
 
     catalog = load_catalog()
     base = base.merged(nproc_per_node=devices)
-    base_spec = build_run_spec(base, catalog, check_paths=False)
-    config = catalog.workloads[base_spec.model].model
-    trials: list[Trial] = []
-    runnable: list[tuple[Candidate, list[str], Any, Any]] = []
-    for candidate in candidates(devices, base_spec.global_batch_size, engines):
-        options = base.merged(**candidate.options())
-        try:
-            spec = build_run_spec(options, catalog, check_paths=False)
-        except UsageError as error:
-            trials.append(Trial(candidate, "invalid", note=str(error)))
-            continue
-        plan = plan_memory(spec, config, _backend_name(spec.device))
-        if capacity_bytes and not fits(plan, capacity_bytes):
-            trials.append(Trial(candidate, "does-not-fit", predicted_peak_bytes=plan.total_bytes,
-                                note=f"predicted {gib(plan.total_bytes)} GiB per rank"))
-            continue
-        runnable.append((candidate, options.to_argv(), spec, plan))
-    _say(show_progress, f"tune {base_spec.model} on {devices} devices: {len(runnable)} candidates fit, "
-                        f"{len(trials)} pruned; measuring at most {max_trials}")
-    best, since_best, measured = 0.0, 0, 0
-    for index, (candidate, args, spec, plan) in enumerate(runnable[:max_trials], start=1):
-        measured = index
-        sweep = {"suite": f"tune-{base_spec.model}-{devices}", "suite_path": None, "point": candidate.name,
-                 "repeat": 0, "repeats": 1, "key": result_key(args, 0)}
-        _say(show_progress, f"[{index}/{min(max_trials, len(runnable))}] {candidate.name}")
-        result: RunResult = run_one(args, out_dir / candidate.name, sweep, spec.launch.timeout_s + TIMEOUT_MARGIN_S)
+    global_batch = build_run_spec(base, catalog, check_paths=False).global_batch_size
+
+    def settings(tp: int, pp: int, dp: int, variant: Variant) -> list[dict]:
+        if global_batch % dp or (variant.engine == "deepspeed" and dp > 1 and variant.zero == 0):
+            return []  # ZeRO 0 with data parallelism is plain data parallelism on DeepSpeed
+        per_rank = global_batch // dp
+        return [{"micro_batch_size": micro, "recompute": recompute}
+                for micro in range(1, per_rank + 1) if per_rank % micro == 0 for recompute in (False, True)]
+
+    kind = detect_device() if base.device in (None, "auto") else base.device
+    runnable, pruned = [], []
+    for layout in each_layout(base, devices, kind, capacity_bytes, DEFAULT_HEADROOM, engines, catalog,
+                              settings=settings):
+        options = layout.options
+        candidate = Candidate(options.tp, options.pp, options.dp, Variant(options.engine or "native",
+                              bool(options.fsdp), options.zero or 0).short, options.micro_batch_size,
+                              bool(options.recompute), global_batch // options.dp)
+        if layout.refused:
+            pruned.append(Trial(candidate, "invalid", note=layout.refused))
+        elif layout.fits is False:
+            pruned.append(Trial(candidate, "does-not-fit", predicted_peak_bytes=layout.peak_bytes,
+                                note=f"predicted {gib(layout.peak_bytes)} GiB per rank"))
+        else:
+            runnable.append((candidate, layout))
+    return sorted(runnable, key=lambda found: found[0].prior()), pruned
+
+
+def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, engines: list[str], max_trials: int,
+         patience: int, progress: bool = True) -> tuple[list[Trial], Path]:
+    """Prune, then measure in prior order until the stopping rule, keeping the trials an
+    earlier tune measured in OUT/<model>-<N>/; every candidate as a trial, and that folder
+    (with ranking.json). ``device_memory``: the planner's capacity (else the device's)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.device import select_backend
+    from hwbench.devices import device_capacity_bytes
+    from hwbench.spec import build_run_spec, check_data
+
+    catalog = load_catalog()
+    model = build_run_spec(base, catalog, check_paths=False).model  # the fixed options must be valid on their own
+    check_data(base.data or "builtin")  # before the first trial, not once per trial
+    capacity = (parse_size(device_memory, "--device-memory") if device_memory
+                else device_capacity_bytes(select_backend(base.device or "auto"), catalog))
+    runnable, trials = candidates(base, devices, capacity, engines)
+    chosen, say, folder = runnable[:max_trials], progress_lines(progress), Path(out) / f"{model}-{devices}"
+    say(f"tune on {devices} devices: {len(runnable)} candidates fit, {len(trials)} pruned; measuring at most "
+        f"{max_trials}")
+    points = tuple(Point(candidate.name, tuple(layout.options.given().items())) for candidate, layout in chosen)
+    # the trials are a suite's points: OUT/<model>-<N>/<candidate>/, resumed as a sweep resumes
+    records = run_points(Suite(folder.name, "hwbench tune", None, points), SweepOptions(out),
+                         LocalExecutor(plan=False, say=say), say, lambda done: _keep_going(done, patience, say))
+    for (candidate, layout), record in zip(chosen, records):
+        [result] = record.results
         samples = result.metrics.get("samples_per_s") if result.status == "ok" else None
-        trials.append(Trial(candidate, result.status, samples, plan.total_bytes,
+        trials.append(Trial(candidate, result.status, samples, layout.peak_bytes,
                             (result.error or {}).get("message", ""), result.run_id))
-        _say(show_progress, f"    {result.status}" + (f", {samples:,.2f} samples/s" if samples else ""))
+    trials += [Trial(candidate, "not-measured", predicted_peak_bytes=layout.peak_bytes,
+                     note="the search stopped first") for candidate, layout in runnable[len(records):]]
+    write_ranking(trials, folder / RANKING_FILE)
+    return trials, folder
+
+
+def _keep_going(records: list[PointRecord], patience: int, say: Say) -> bool:
+    """False once ``patience`` trials in a row did not beat the best by IMPROVEMENT."""
+    best, since_best = 0.0, 0
+    for record in records:
+        samples = next((r.metrics.get("samples_per_s") for r in record.results if r and r.status == "ok"), None)
         if samples and samples > best * (1 + IMPROVEMENT):
             best, since_best = samples, 0
         else:
             since_best += 1
-        if since_best >= patience:
-            _say(show_progress, f"stopping: {patience} trials in a row without a {IMPROVEMENT:.0%} gain")
-            break
-    for candidate, _, _, plan in runnable[measured:]:
-        trials.append(Trial(candidate, "not-measured", predicted_peak_bytes=plan.total_bytes,
-                            note="the search stopped first"))
-    return trials
-
-
-def _backend_name(device: str) -> str:
-    from hwbench.device import detect_device
-
-    return detect_device() if device == "auto" else device
+    if since_best >= patience:
+        say(f"stopping: {patience} trials in a row without a {IMPROVEMENT:.0%} gain")
+        return False
+    return True
 
 
 def ranking(trials: list[Trial]) -> list[Trial]:

@@ -11,6 +11,7 @@ a RankFailure that the launcher turns into one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -27,13 +28,13 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
-from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, Fault, Heartbeat
+from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.stats import finite_or_none
 from hwbench.devices import checked_backend, describe_device, describe_workload
-from hwbench.results import RunResult, StoredResult, new_run_id, store_result, utc_now, write_json_atomic
+from hwbench.results import RunResult, new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 
@@ -118,34 +119,40 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
 
 
 def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
-                show_progress: bool) -> tuple[RunResult | None, StoredResult | None]:
-    """This process is one rank of a torchrun job. Rank 0 stores the merged result:
-    in the launcher's run folder when hwbench launched the job (returned as (None,
-    None): the launcher reports it), else (torchrun started by hand, or in a Kubernetes
-    pod) in --out, returned with where it went. A failure is raised out of the
-    ``@record``-ed function, so torchrun's error file carries it to the launcher."""
+                show_progress: bool) -> RunResult | None:
+    """This process is one rank of a torchrun job. Rank 0 returns the merged result, or,
+    when hwbench launched the job, leaves it (with the sweep's record) in the launcher's
+    run folder; other ranks return None. A failure is raised out of the ``@record``-ed
+    function, so torchrun's error file carries it to the launcher."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from hwbench.engine.distributed import shutdown
 
     @record
-    def rank_main() -> tuple[RunResult | None, StoredResult | None]:
+    def rank_main() -> RunResult | None:
         try:
             result = run_point(spec, catalog, show_progress=show_progress, rank_env=rank_env)
         finally:
             shutdown()
         if result is None:
-            return None, None
+            return None
         run_dir = os.environ.get(RUN_DIR_ENV)
         if run_dir:
-            write_json_atomic(os.path.join(run_dir, RESULT_FILE), result.to_dict())
-            return None, None
+            write_json_atomic(os.path.join(run_dir, RESULT_FILE), with_sweep_record(result).to_dict())
+            return None
         launcher = "srun" if (rank_env.run_id or "").startswith(SLURM_RUN_PREFIX) else "external torchrun"
         result.launch = {"launcher": launcher, "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
-        return result, store_result(result, spec.out_dir)
+        return result
 
     return rank_main()
+
+
+def with_sweep_record(result: RunResult | None) -> RunResult | None:
+    """``result`` with the sweep's record of the point when a sweep started it (SWEEP_ENV)."""
+    if result is not None and os.environ.get(SWEEP_ENV):
+        result.sweep = json.loads(os.environ[SWEEP_ENV])
+    return result
 
 
 def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:

@@ -1,18 +1,33 @@
-"""Turning results into tables people read.
+"""Turning results into tables people read (docs/reports.md). `write_report` is what
+`hwbench report` and hwbench.write_report both call."""
 
-``hwbench.report(...)`` is also the Python API's report function (hwbench.api.report). Once this
-package is imported, Python binds the name ``hwbench.report`` to it, over that function; so the
-package answers a call the same way, and ``hwbench.report(...)`` works every time, not only the
-first."""
+from __future__ import annotations
 
-import sys
-import types
+import os
+from typing import Any, Mapping, Sequence
 
-
-class _ReportPackage(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        api_report = sys.modules["hwbench"].__getattr__("report")  # hwbench's lazy entry to hwbench.api
-        return api_report(*args, **kwargs)
+FORMATS = ("md", "html", "csv", "json")
 
 
-sys.modules[__name__].__class__ = _ReportPackage
+def write_report(paths: Sequence[str], format: str = "md", against: str | os.PathLike | None = None,
+                 prices: Mapping[str, Any] | None = None, tokens: float | None = None, projection_devices: int = 8,
+                 out: str | os.PathLike | None = None) -> tuple[str, list[tuple[str, str]]]:
+    """The report over the result files under ``paths`` as text in ``format``, written
+    atomically to ``out`` when given (never half-written, never over one of its inputs),
+    and the (file, reason) of each file left out. UsageError, one line, for bad input."""
+    from hwbench.errors import UsageError
+    from hwbench.report.build import make_report
+    from hwbench.results import check_output_file, write_text_atomic
+
+    if format not in FORMATS:
+        raise UsageError(f"--format {format!r} is not accepted; give {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    if out is not None:
+        check_output_file(out, "--out", paths)
+    text, skipped = make_report(list(paths), format, None if against is None else os.fspath(against), prices or {},
+                                tokens, projection_devices)
+    if out is not None:
+        try:
+            write_text_atomic(out, text)
+        except OSError as error:
+            raise UsageError(f"--out {os.fspath(out)}: cannot be written: {error.strerror}") from None
+    return text, skipped

@@ -1,0 +1,72 @@
+"""One benchmark point from RunOptions to a stored result: run_and_store, what `hwbench
+run` and hwbench.run call. In this process, as the launcher of a torchrun job, or as one
+rank of a job torchrun or srun started; on every path the result carries the sweep's
+record when a sweep started the point, and is stored so that no measurement is lost
+(hwbench.results.store_result).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from hwbench.engine.distributed import RankEnvironment
+from hwbench.options import RunOptions
+from hwbench.results import RunResult, StoredResult, store_result
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    result: RunResult | None  # None: another rank or node holds the result
+    stored: StoredResult | None  # None: nothing written here (no result, or write=False)
+    notes: tuple[str, ...] = ()  # for the user: run folders recovered, devices auto passed over, why no result
+
+
+def run_and_store(options: RunOptions, *, show_progress: bool = True, write: bool = True) -> RunOutcome:
+    """Check ``options`` (UsageError/SetupError before anything starts), run the point and
+    store its result in its --out folder (unless ``write`` is False)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.harness.faults import Fault
+    from hwbench.harness.launcher import launch, recover_stranded_runs
+    from hwbench.harness.worker import run_as_rank, run_point, with_sweep_record
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    rank_env = RankEnvironment.from_environ()
+    if rank_env is None:  # under srun: Slurm's ranks (hwbench.harness.slurm_env, docs/slurm.md)
+        options, rank_env = _under_slurm(options)
+    spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
+    Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
+    notes: list[str] = []
+    if rank_env is not None:
+        result = run_as_rank(spec, catalog, rank_env, show_progress=show_progress)
+    else:
+        notes += recover_stranded_runs()  # folders of launchers that were killed (docs/reliability.md)
+        if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
+            result = launch(spec, options.to_argv() + ([] if show_progress else ["--quiet"]), catalog)
+            if result is None:
+                notes.append(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
+        else:
+            result = run_point(spec, catalog, show_progress=show_progress)
+    result = with_sweep_record(result)
+    device = (result.device if result is not None else None) or {}
+    notes += [f"--device auto passed over {reason}; this run used the {device.get('backend')}"
+              for reason in device.get("auto_passed_over") or ()]
+    stored = store_result(result, spec.out_dir) if result is not None and write else None
+    return RunOutcome(result, stored, tuple(notes))
+
+
+def _under_slurm(options: RunOptions) -> tuple[RunOptions, RankEnvironment | None]:
+    """(options, rank environment) for a run started by srun: each task one rank (it
+    gets torchrun's variables), or each task one node of the torchrun job hwbench
+    launches (--nproc-per-node G with one task per node); unchanged elsewhere."""
+    from hwbench.harness.slurm_env import SlurmTask, slurm_mode
+
+    task = SlurmTask.from_environ()
+    mode = slurm_mode(task, options.given())
+    if mode == "task":
+        os.environ.update(task.torchrun_environment(os.environ))
+        return options, RankEnvironment.from_environ()
+    if mode == "node":
+        return options.merged(**task.node_launch_options(os.environ)), None
+    return options, None
