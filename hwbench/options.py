@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.workload.flops import FLOPS_FORMULAS
+from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 
 ENGINES = ("native", "deepspeed")
 PP_SCHEDULES = ("1f1b", "gpipe")
@@ -72,8 +72,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("telemetry", "sample power, clocks and temperature during the timed steps (default: on)", None,
            switch=NEGATABLE),
     Option("telemetry_interval", "seconds between telemetry samples (default: 0.5)", float),
-    Option("flops_formula", "model FLOPs formula for TFLOP/s and MFU (default: megatron-lm)",
-           choices=tuple(FLOPS_FORMULAS)),
+    Option("flops_formula", f"model FLOPs formula for TFLOP/s and MFU (default: {DEFAULT_FLOPS_FORMULA}); "
+           + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
+           + "; every formula's figures are in the result's metrics.by_formula", choices=FLOPS_FORMULA_NAMES),
     Option("tp", "tensor-parallel degree (default: the workload's published layout when the world size allows, "
            "else 1)", int, group=P, megatron=("--tensor-model-parallel-size",)),
     Option("pp", "pipeline-parallel stages (default: as --tp)", int, group=P,

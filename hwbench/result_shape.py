@@ -119,6 +119,7 @@ METRICS = {
     "samples_per_s": RATE, "tokens_per_s": RATE, "tokens_per_s_per_device": RATE, "tflops_per_device": RATE,
     "mfu": RATE, "mfu_measured_ceiling": RATE, "flops_per_iteration": RATE, "flops_formula": TEXT,
     "flops_formula_expression": TEXT,
+    "by_formula": Nullable(MapOf({"flops_per_iteration": RATE, "tflops_per_device": RATE, "mfu": RATE})),
     "world_size": Nullable(Integer(minimum=1)), "timed_steps": Nullable(COUNT), "step_time_s": Nullable(STEP_TIME),
     "timed_wall_time_s": RATE, "memory": Nullable(MEMORY), "loss_start": FIGURE, "loss_end": FIGURE,
     "loss_floor": FIGURE, "validation": Nullable(ListOf(VALIDATION_POINT)), "valid_loss": FIGURE,

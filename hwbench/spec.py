@@ -18,7 +18,7 @@ from hwbench.errors import UsageError
 from hwbench.options import ENGINES, PP_SCHEDULES, RunOptions
 from hwbench.results import check_output_folder
 from hwbench.workload.config import GPTConfig
-from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
+from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_NAMES, canonical_formula
 
 DEFAULT_STEPS = 20
 DEFAULT_WARMUP = 5
@@ -393,9 +393,12 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
                 "a smaller micro batch, a larger global batch, or --pp-schedule gpipe")
         pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
     positions = _max_positions(options, workload, seq)
-    formula = given("flops_formula", DEFAULT_FLOPS_FORMULA)
-    if formula not in FLOPS_FORMULAS:
-        raise UsageError(f"--flops-formula {formula!r} is not known; accepted: {', '.join(FLOPS_FORMULAS)}")
+    given_formula = given("flops_formula", DEFAULT_FLOPS_FORMULA)
+    try:
+        formula = canonical_formula(given_formula)  # an old name (megatron-lm) recorded as the formula it means
+    except ValueError:
+        raise UsageError(f"--flops-formula {given_formula!r} is not known; accepted: "
+                         f"{', '.join(FLOPS_FORMULA_NAMES)}") from None
     interval = given("telemetry_interval", DEFAULT_TELEMETRY_INTERVAL_S)
     if not isinstance(interval, (int, float)) or not 0.01 <= interval <= 60:
         raise UsageError(f"--telemetry-interval {interval!r} is not accepted; give seconds from 0.01 to 60")
