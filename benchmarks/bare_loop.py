@@ -1,5 +1,5 @@
 """The same training step as `hwbench run`, in the plainest PyTorch loop: the yardstick
-for hwbench's own cost (issue 13).
+for hwbench's own cost.
 
     python benchmarks/bare_loop.py --device cuda --model 345m --precision bf16 --json bare.json
     python benchmarks/bare_loop.py --device cpu --model tiny --steps 3 --warmup 1   # the mechanics
