@@ -105,7 +105,8 @@ MEMORY = {"peak_allocated_bytes": BYTES, "peak_reserved_bytes": BYTES, "capacity
 TELEMETRY_DEVICE = {"index": Nullable(COUNT), "host": TEXT, "uuid": TEXT, "energy_j": RATE, "energy_method": TEXT,
                     "power_w_mean": RATE, "power_w_max": RATE, "temperature_c_mean": FIGURE,
                     "temperature_c_max": FIGURE, "utilization_percent_mean": FIGURE,
-                    "memory_used_mib_mean": FIGURE, "memory_used_mib_max": FIGURE, "throttle_reasons": Nullable(ListOf(str)),
+                    "memory_used_mib_mean": FIGURE, "memory_used_mib_max": FIGURE,
+                    "throttle_reasons": Nullable(ListOf(str)),
                     "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT, "pci_bus_id": TEXT,
                     "chip": Nullable(COUNT), "identified_by": TEXT, "power_method": TEXT, "energy_warning": TEXT}
 TELEMETRY = {"source": TEXT, "available": Nullable(bool), "reason": TEXT, "devices": Nullable(ListOf(TELEMETRY_DEVICE)),

@@ -31,7 +31,8 @@ def pytest_without_plugins(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_test_files_collect_without_hypothesis_or_pytest_benchmark():
-    done = pytest_without_plugins("--collect-only", "-q", "tests/test_result_files_property.py", "tests/test_planner.py")
+    done = pytest_without_plugins("--collect-only", "-q", "tests/test_result_files_property.py",
+                                  "tests/test_planner.py")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]  # 2 or 4 on a collection or usage error
     assert "tests collected" in done.stdout
     done = pytest_without_plugins("-q", "-rs", "tests/test_result_files_property.py")

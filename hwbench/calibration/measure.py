@@ -163,7 +163,8 @@ def warm_up_device(backend: Backend, settings: CalibrationSettings) -> tuple[dic
                 torch.matmul(a, b, out=product)
                 backend.synchronize()  # the host clock then measures the device's work
                 calls += 1
-            return {"precision": precision, "size": size, "seconds": time.perf_counter() - started, "calls": calls}, None
+            seconds = time.perf_counter() - started
+            return {"precision": precision, "size": size, "seconds": seconds, "calls": calls}, None
         except Exception as error:
             if not backend.is_out_of_memory(error):
                 raise

@@ -68,9 +68,10 @@ class DeviceKind:
 _COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
 # torch reads PYTORCH_CUDA_ALLOC_CONF (and, since 2.9, PYTORCH_ALLOC_CONF) once, when CUDA is
 # initialised; the older name is the one set, since torch 2.9.1 ignored expandable_segments given
-# under the new one for CUDA (newer torch warns that the old name is deprecated, and honours it). Expandable segments let a segment grow in place rather than leave freed blocks of
-# the wrong size behind, so a run near the card's capacity neither fails on fragmentation nor
-# thrashes (free the cache, retry) (PyTorch's CUDA semantics notes, "Optimizing memory usage with
+# under the new one for CUDA (newer torch warns that the old name is deprecated, and honours it).
+# Expandable segments let a segment grow in place rather than leave freed blocks of the wrong
+# size behind, so a run near the card's capacity neither fails on fragmentation nor thrashes
+# (free the cache, retry) (PyTorch's CUDA semantics notes, "Optimizing memory usage with
 # PYTORCH_CUDA_ALLOC_CONF").
 _CUDA_EXPANDABLE_SEGMENTS = AllocatorSetting("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                                              ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
