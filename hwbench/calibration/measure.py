@@ -270,8 +270,8 @@ def timed_rates(backend: Backend, call: Callable[[int], Any], work_per_call: flo
     for _ in range(MAX_TIMING_ATTEMPTS):
         intervals, clock, unmeasured = _timed_repetitions(backend, call, calls, settings.repeats)
         timed = sum(intervals)
-        if timed >= settings.min_time_s or calls >= MAX_CALLS_PER_REPETITION:
-            break
+        if timed >= settings.min_time_s or timed <= 0 or calls >= MAX_CALLS_PER_REPETITION:
+            break  # (no time at all: the check below names the timer's fault)
         calls = _calls_for(target, timed / (calls * settings.repeats) / 1.1)  # 10 % beyond, not just short again
     rates = [work_per_call * calls / interval for interval in intervals if interval > 0]
     if len(rates) != settings.repeats or not all(math.isfinite(rate) for rate in rates):
