@@ -20,6 +20,7 @@ from hwbench.errors import SetupError
 SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda warn_or_error_on_sync
 SYNC_SITES_KEPT = 5
 
+
 def expandable_segments_in_effect(memory_module: Any) -> bool | None:
     """Whether the initialised allocator runs with expandable segments, as its snapshot reports
     them (``torch.cuda.memory``, a parameter for tests); None where this torch does not say."""
