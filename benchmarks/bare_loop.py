@@ -1,5 +1,5 @@
 """The same training step as `hwbench run`, in the plainest PyTorch loop: the yardstick
-for hwbench's own cost (issue 13).
+for hwbench's own cost.
 
     python benchmarks/bare_loop.py --device cuda --model 345m --precision bf16 --json bare.json
     python benchmarks/bare_loop.py --device cpu --model tiny --steps 3 --warmup 1   # the mechanics
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -44,7 +45,7 @@ if str(REPO) not in sys.path:  # run as a script from a checkout: hwbench from t
 
 from hwbench.catalog import PRECISIONS, load_catalog  # noqa: E402
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors, exit 2)
-from hwbench.device.kinds import KINDS  # noqa: E402  (torch-free: what hwbench knows of each device kind)
+from hwbench.device.kinds import KINDS, choose_allocator_setting  # noqa: E402  (torch-free: each device kind)
 from hwbench.errors import UsageError  # noqa: E402
 from hwbench.spec import RunSpec, build_run_spec, find_workload  # noqa: E402
 from hwbench.workload.flops import model_flops_per_iteration  # noqa: E402
@@ -155,6 +156,14 @@ def train(spec: RunSpec, device) -> dict:
 
     catalog = load_catalog()
     config = spec.model_config(find_workload(catalog, spec.model).model)
+    kind = KINDS.get(device.type)
+    # the caching allocator's settings hwbench's backend makes (expandable segments on CUDA), made
+    # the same way here before the device is initialised, so both sides allocate alike
+    allocator = None
+    if kind is not None and kind.allocator is not None:
+        module = getattr(torch, device.type, None)
+        initialised = bool(module is not None and hasattr(module, "is_initialized") and module.is_initialized())
+        allocator = choose_allocator_setting(kind.allocator, os.environ, initialised)
     torch.manual_seed(spec.seed)
     model = build_model(config, device=device, seed=spec.seed, recompute=spec.recompute)
     model.train()
@@ -223,7 +232,8 @@ def train(spec: RunSpec, device) -> dict:
         "micro_batch_size": spec.micro_batch_size, "global_batch_size": spec.global_batch_size,
         "gradient_accumulation_steps": accumulation, "seq_length": spec.seq_length,
         "max_positions": config.max_position_embeddings, "parameters": count_parameters(config).total,
-        "optimizer": "AdamW " + ("fused" if fused else "foreach"), "warmup": spec.warmup, "steps": spec.steps,
+        "optimizer": "AdamW " + ("fused" if fused else "foreach"), "allocator": allocator,
+        "warmup": spec.warmup, "steps": spec.steps,
         "step_time_s": {"median": median, "mean": statistics.fmean(times), "min": min(times), "max": max(times),
                         "all": times},
         "tokens_per_s": spec.tokens_per_iteration / median,

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# The measurements a GPU (or NPU) session owes the open checks (issue 13), in stages that each
-# fit one 10-minute call of the device tool and resume (docs/performance.md, "A GPU session,
-# call by call"):
+# The measurements a GPU (or NPU) session owes the open checks, in stages that each fit one
+# 10-minute call of the device tool and resume (docs/performance.md, "A GPU session, call by call"):
 #   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
 #           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
 #           device and `hwbench system` of it (system.json)
@@ -32,8 +31,11 @@
 #   HWBENCH_DEVICE=cpu HWBENCH_MODEL=tiny HWBENCH_PRECISION=fp32 HWBENCH_SUITE=smoke \
 #     HWBENCH_SPEED_SUITE=my-tiny-suite.yaml HWBENCH_RUN_ARGS="--steps 2 --warmup 1" \
 #     benchmarks/gpu_session.sh --dest /tmp/back all                            # the mechanics, on a CPU
-# Nothing here needs the network or an install: `python3 -m hwbench` runs from this checkout
-# (HWBENCH_PYTHON names another Python).
+# Nothing here needs the network: `python3 -m hwbench` runs from this checkout (HWBENCH_PYTHON
+# names another Python). The dependencies the device image lacks come as wheels in gpu-wheels/
+# (benchmarks/gpu_wheels.sh makes it here; the device tool carries it): at the start of every
+# call, unless their modules import already, pip installs them offline (--no-index) into
+# gpu-site/ (HWBENCH_WHEELS, HWBENCH_SITE name others), which goes on PYTHONPATH.
 set -uo pipefail
 
 usage() { echo "usage: gpu_session.sh [--dest DIR] STAGE... (stages: probe run sweep speed report all)" >&2; exit 2; }
@@ -68,8 +70,12 @@ suite="${HWBENCH_SUITE:-published-1dev}"
 speed_suite="${HWBENCH_SPEED_SUITE:-speed-1.3b}"
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-[ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
+wheels="${HWBENCH_WHEELS:-$here/gpu-wheels}"
+site="${HWBENCH_SITE:-$here/gpu-site}"
+export PYTHONPATH="$here:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# every run of the session reads the session's store, and so does the calibration below: its
+# last line then names the store the runs really read
+export HWBENCH_CALIBRATION="$session/calibration.json"
 log="$session/session.log"
 status=0
 cd "$here"
@@ -124,17 +130,49 @@ EOF
 
 hw=("$py" -m hwbench)  # an array, not a function: `timeout` runs programs only
 
+install_wheels() {  # gpu-wheels/ installed offline into gpu-site/, unless every module in it imports already
+  if ! compgen -G "$wheels/*.whl" > /dev/null; then
+    say "== wheels: none in $wheels (benchmarks/gpu_wheels.sh makes them on a machine with a registry; carry gpu-wheels)"
+    return
+  fi
+  local missing
+  missing="$("$py" - "$wheels" <<'EOF'
+import importlib, pathlib, sys, zipfile
+modules = set()
+for wheel in pathlib.Path(sys.argv[1]).glob("*.whl"):
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            top = name.split("/")[0]
+            top = top[:-3] if top.endswith(".py") else top
+            if top.isidentifier():
+                modules.add(top)
+failed = []
+for module in sorted(modules):
+    try:
+        importlib.import_module(module)
+    except Exception as error:
+        failed.append(f"{module} ({type(error).__name__}: {error})")
+print("; ".join(failed))
+EOF
+)"
+  if [ -z "$missing" ]; then
+    say "== wheels: every module of $wheels imports already (from $site or the image)"
+    return
+  fi
+  say "== wheels: not importable: $missing"
+  step wheels "$py" -m pip install --no-index --find-links "$wheels" --no-deps --upgrade --target "$site" "$wheels"/*.whl
+}
+
 stage_probe() {
   step devices "${hw[@]}" devices
   if [ -s "$session/calibration.json" ]; then  # measured once per session: a second call keeps it
     say "== calibrate: kept $session/calibration.json"
   elif [ "$device" = cpu ]; then  # the mechanics on a CPU: small sizes, a few seconds
     step calibrate "${hw[@]}" calibrate --device cpu --sizes 256,512 --copy-size 64MiB --repeats 5 \
-      --store "$session/calibration.json"
+      --min-time 0.2 --device-warmup 0.2 --store "$session/calibration.json"
   else
     step calibrate "${hw[@]}" calibrate --device "$device" --store "$session/calibration.json"
   fi
-  [ -f "$session/calibration.json" ] && export HWBENCH_CALIBRATION="$session/calibration.json"
   local kept
   kept="$(ok_results "$session/probe" | head -n 1)"
   if [ -n "$kept" ]; then  # a failed probe is tried again, not kept
@@ -182,6 +220,7 @@ stage_report() {
     --out "$session/report.html"
 }
 
+install_wheels
 for stage in "${stages[@]}"; do
   say "==== stage $stage ($(date -u +%H:%M:%S) UTC, ${SECONDS} s into the call, device $device)"
   "stage_$stage"

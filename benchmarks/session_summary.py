@@ -19,8 +19,10 @@ if str(REPO) not in sys.path:
 from hwbench.report.runs import predicted_peak  # noqa: E402
 from hwbench.results import ResultFormatError, load_result, result_files  # noqa: E402
 
-HEADERS = ("result", "status", "micro/global x seq", "rc", "step ms", "tokens/s", "TFLOP/s", "MFU",
-           "MFU ceil", "host waits", "W", "peak GiB", "planned GiB")
+# the result's own figures: the step time's median; tokens/s, TFLOP/s and MFU over the timed
+# window (the mean step), as the result file and hwbench report give them
+HEADERS = ("result", "status", "micro/global x seq", "rc", "median step ms", "tokens/s (mean step)",
+           "TFLOP/s (mean step)", "MFU", "MFU ceil", "host waits", "W", "peak GiB", "planned GiB")
 
 
 def _figure(value, scale: float = 1.0, digits: int = 1) -> str:

@@ -1,5 +1,5 @@
 """hwbench against the bare loop on the same point, and hwbench with telemetry against
-without, in one call (issue 13): what hwbench's harness and its telemetry cost.
+without, in one call: what hwbench's harness and its telemetry cost.
 
     python benchmarks/side_by_side.py --device cuda --model 345m --precision bf16 --out OUT
     python benchmarks/side_by_side.py --device cpu --model tiny --steps 2 --warmup 1 --out OUT  # mechanics
@@ -16,7 +16,10 @@ range of:
   harness_ratio               hwbench's median step (telemetry on, as a user runs it) / the bare loop's
   harness_ratio_no_telemetry  the same with --no-telemetry
   telemetry_ratio             hwbench's median step with telemetry / without
-and prints them last. Exit 0 when all three ran, 1 when one failed (the file says which), 2 on bad input.
+and prints them last. Every figure of every side comes from one statistic, the median step
+time (tokens/s and TFLOP/s included: a result's own `tokens_per_s` is over the mean step, the
+bare loop's over the median), so the columns compare like with like. Exit 0 when all three ran,
+1 when one failed (the file says which), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from hwbench.errors import UsageError  # noqa: E402
 from hwbench.results import ResultFormatError, load_result  # noqa: E402
 
 # The options both sides take, with the same spelling (bare_loop.py mirrors hwbench run's names).
+STATISTIC = "median step time"  # what every column of both sides is computed from
 SHARED = (("--model", str), ("--micro-batch-size", int), ("--global-batch-size", int), ("--seq-length", int),
           ("--max-positions", int), ("--precision", str), ("--steps", int), ("--warmup", int), ("--seed", int))
 
@@ -87,6 +91,15 @@ def run_child(name: str, command: list[str], timeout: float) -> dict:
     return {"exit": code, "wall_s": round(seconds, 1)}
 
 
+def at_median(child: dict, median: float | None, tokens_per_step: float, flops_per_step: float | None,
+              world: int) -> dict:
+    """A side's figures from its median step time: tokens/s and TFLOP/s per device included."""
+    known = bool(median) and median > 0
+    return {**child, "step_time_median_s": median,
+            "tokens_per_s": tokens_per_step / median if known else None,
+            "tflops_per_device": flops_per_step / median / world / 1e12 if known and flops_per_step else None}
+
+
 def hwbench_side(folder: Path, child: dict) -> dict:
     """The figures of the one result `hwbench run` wrote into ``folder``."""
     files = sorted(folder.glob("*.json"))
@@ -96,13 +109,13 @@ def hwbench_side(folder: Path, child: dict) -> dict:
         result = load_result(files[0])
     except ResultFormatError as error:
         return {**child, "error": str(error)}
-    metrics = result.metrics or {}
+    metrics, spec = result.metrics or {}, result.spec or {}
     step = metrics.get("step_time_s") or {}
     memory = metrics.get("memory") or {}
-    figures = {**child, "result": str(files[0]), "status": result.status,
-               "step_time_median_s": step.get("median"), "tokens_per_s": metrics.get("tokens_per_s"),
-               "tflops_per_device": metrics.get("tflops_per_device"),
-               "peak_memory_bytes": memory.get("peak_reserved_bytes")}
+    tokens = (spec.get("global_batch_size") or 0) * (spec.get("seq_length") or 0)
+    figures = {**at_median(child, step.get("median"), tokens, metrics.get("flops_per_iteration"),
+                           metrics.get("world_size") or 1),
+               "result": str(files[0]), "status": result.status, "peak_memory_bytes": memory.get("peak_reserved_bytes")}
     if result.status != "ok":
         figures["error"] = (result.error or {}).get("message") or f"status {result.status}"
     return figures
@@ -112,9 +125,9 @@ def bare_side(path: Path, child: dict) -> dict:
     if not path.is_file():
         return {**child, "error": f"no {path.name}"}
     figures = json.loads(path.read_text())
-    return {**child, "result": str(path), "status": "ok", "step_time_median_s": figures["step_time_s"]["median"],
-            "tokens_per_s": figures["tokens_per_s"], "tflops_per_device": figures["tflops_per_device"],
-            "peak_memory_bytes": figures["peak_memory_bytes"]}
+    tokens = figures["global_batch_size"] * figures["seq_length"]
+    return {**at_median(child, figures["step_time_s"]["median"], tokens, figures["flops_per_iteration"], 1),
+            "result": str(path), "status": "ok", "peak_memory_bytes": figures["peak_memory_bytes"]}
 
 
 def ratio(numerator: dict, denominator: dict) -> float | None:
@@ -128,7 +141,8 @@ def table(sides: dict[str, dict], ratios: dict[str, float | None]) -> str:
     def cell(value, scale=1.0, digits=1):
         return "-" if value is None else f"{value * scale:,.{digits}f}"
 
-    lines = [f"{'side':<22}{'median step ms':>16}{'tokens/s':>14}{'TFLOP/s':>10}{'peak GiB':>10}  status"]
+    lines = [f"every column from each side's {STATISTIC}",
+             f"{'side':<22}{'median step ms':>16}{'tokens/s':>14}{'TFLOP/s':>10}{'peak GiB':>10}  status"]
     for name, side in sides.items():
         lines.append(f"{name:<22}{cell(side.get('step_time_median_s'), 1000):>16}"
                      f"{cell(side.get('tokens_per_s'), 1, 0):>14}{cell(side.get('tflops_per_device')):>10}"
@@ -150,7 +164,8 @@ def combine(repeats: list[dict[str, dict]]) -> dict:
     """Each repeat's ratios, and over the repeats their median and range (None where a
     repeat lacks a side). One repeat's sides ran back to back, so its ratios are the least
     disturbed by a card's clocks or temperature drifting between repeats."""
-    document: dict = {"repeats": [], "definitions": {name: text for name, (_, _, text) in RATIOS.items()}}
+    document: dict = {"statistic": STATISTIC, "repeats": [],
+                      "definitions": {name: text for name, (_, _, text) in RATIOS.items()}}
     for sides in repeats:
         document["repeats"].append({"sides": sides, **{name: ratio(sides[a], sides[b])
                                                         for name, (a, b, _) in RATIOS.items()}})

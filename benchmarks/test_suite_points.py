@@ -1,6 +1,7 @@
 """pytest-benchmark: suite points run through `hwbench run`, reported as pytest-benchmark results.
 
-Not part of the default test run (only tests/ is collected, with --benchmark-disable).
+Not part of the default test run (only tests/ is collected; benchmarks/conftest.py keeps
+the benchmarks off unless --benchmark-enable).
 Each round is one isolated `hwbench run` of the point (a child process, as `hwbench
 sweep` runs it). The benchmark's statistics are hwbench's own device-timed figure,
 the median step time of each run (`metrics.step_time_s.median`, seconds), not the

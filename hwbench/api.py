@@ -99,10 +99,12 @@ def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
 def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *, format: str = "md",
                  out: str | os.PathLike | None = None, against: str | os.PathLike | None = None,
                  prices: Mapping[str, float] | None = None, tokens: float | None = None,
-                 projection_devices: int = 8) -> str:
+                 projection_devices: int = 8, also_formula: str | None = None) -> str:
     """The `hwbench report` document as text (md, csv, json, html), written to ``out`` when
-    given. ``tokens`` None: 20 per parameter; ``prices``: USD per device-hour by device."""
+    given. ``tokens`` None: 20 per parameter; ``prices``: USD per device-hour by device;
+    ``also_formula``: a FLOPs formula whose MFU is shown beside the default's."""
     from hwbench.report import write_report as write
 
-    text, _skipped = write(_paths(paths, "RESULTS"), format, against, prices or {}, tokens, projection_devices, out)
+    text, _skipped = write(_paths(paths, "RESULTS"), format, against, prices or {}, tokens, projection_devices, out,
+                           also_formula)
     return text

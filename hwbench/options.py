@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS
+from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 from hwbench.workload.split import parse_split
 
 ENGINES = ("native", "deepspeed")
@@ -181,8 +181,11 @@ class RunOptions:
     telemetry: bool | None = option("sample power, clocks and temperature during the timed steps", default=True)
     telemetry_interval: float | None = option("seconds between telemetry samples", default=0.5, minimum=0.01,
                                               maximum=60, accepts="seconds")
-    flops_formula: str | None = option("model FLOPs formula for TFLOP/s and MFU", default=DEFAULT_FLOPS_FORMULA,
-                                       choices=tuple(FLOPS_FORMULAS))
+    flops_formula: str | None = option(
+        "model FLOPs formula for TFLOP/s and MFU; "
+        + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
+        + "; every formula's figures are in the result's metrics.by_formula",
+        default=DEFAULT_FLOPS_FORMULA, choices=FLOPS_FORMULA_NAMES)
     tp: int | None = option("tensor-parallel degree", minimum=1, group=LAYOUT,
                             default_rule="the workload's published layout when the world size allows, else 1",
                             megatron=("--tensor-model-parallel-size",))

@@ -7,6 +7,7 @@ after tensor and pipeline parallelism, before data-parallel sharding):
 
     static  = weights + gradients + optimizer state + persistent buffers
     working = activations + logits + gathered (FSDP2 / ZeRO-3 unsharded units)
+              + autocast's 16-bit weight copies (native engine, bf16/fp16)
     total   = static + overhead + max(working, step_transient)
 
 ``step_transient`` is what exists only after the backward (the flat gradient
@@ -53,6 +54,9 @@ class StageParams:
     embedding: int  # word (V*h/t) + position (P*h) embeddings: the first stage
     head: int  # final LayerNorm, plus the output layer's own weight copy when pp > 1: the last stage
     layers: int  # blocks on this stage
+    # what this stage's linear layers read (their weights and biases, and the output layer's
+    # weight on the last stage): the parameters autocast casts to 16 bits
+    linear: int = 0
 
     @property
     def total(self) -> int:
@@ -63,7 +67,7 @@ class StageParams:
 class MemoryPlan:
     """Predicted peak memory of one rank (bytes), for pipeline stage ``stage``.
     total = weights + gradients + optimizer + buffers + overhead
-            + max(activations + logits + gathered, step_transient)."""
+            + max(activations + logits + gathered + cast_weights, step_transient)."""
 
     stage: int
     weights_bytes: int
@@ -73,6 +77,7 @@ class MemoryPlan:
     activations_bytes: int  # everything kept for the backward, all micro-batches in flight on this stage
     logits_bytes: int  # last stage only
     gathered_bytes: int  # FSDP2 / ZeRO-3 unsharded parameters (and one unit's gradients) while computing
+    cast_weights_bytes: int  # autocast's 16-bit copies of the linear layers' parameters, alive to the forward's end
     step_transient_bytes: int  # after the backward, when activations are freed
     overhead_bytes: int
     total_bytes: int
@@ -96,7 +101,9 @@ def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StagePa
     out_proj and fc2 row-parallel (weights / t, biases replicated), both LayerNorms
     replicated: (3h^2 + 3h + h^2 + 4h^2 + 4h + 4h^2) / t + (h + h + 4h)
     = (12h^2 + 7h) / t + 6h   (t = 1: 12h^2 + 13h, as params.count_parameters).
-    The word embedding and the output layer are vocab-parallel (V/t rows)."""
+    The word embedding and the output layer are vocab-parallel (V/t rows).
+    Linear layers' parameters: the block less its two LayerNorms (4h), and the output
+    layer's weight (V/t rows; at pp = 1 it is the word embedding's)."""
 
     h = config.hidden_size
     vocab = config.padded_vocab_size(tp)
@@ -104,9 +111,13 @@ def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StagePa
     layers = len(stage_layers(config.num_layers, pp, stage))
     embedding = vocab * h // tp + config.max_position_embeddings * h if stage == 0 else 0
     head = 0
+    output = 0
     if stage == pp - 1:
-        head = 2 * h + (vocab * h // tp if pp > 1 else 0)  # pp = 1: the output weight is wte itself
-    return StageParams(blocks=layers * block, block=block, embedding=embedding, head=head, layers=layers)
+        output = vocab * h // tp
+        head = 2 * h + (output if pp > 1 else 0)  # pp = 1: the output weight is wte itself
+    linear = layers * (block - 4 * h) + output
+    return StageParams(blocks=layers * block, block=block, embedding=embedding, head=head, layers=layers,
+                       linear=linear)
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, tp: int, act: int, residual: int) -> int:
@@ -215,6 +226,15 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
         per_micro += s * b * h * (res_b + act_b)  # final LayerNorm input and the output layer's input
     activations = in_flight * per_micro + recompute_peak
 
+    # Autocast casts each fp32 parameter a linear layer reads to 16 bits once and keeps the copy in
+    # its cache until the autocast region ends, after the loss; without recompute the backward keeps
+    # the weights' copies until each layer's own backward too. So at the end of the forward every
+    # copy is alive, even under FSDP2, whose unsharded parameters are what autocast casts: the copies
+    # of every block stay after the block is resharded. DeepSpeed holds 16-bit weights: no casts.
+    cast_weights = params.linear * HALF if half and not deepspeed else 0
+    if cast_weights:
+        notes.append("autocast: 16-bit copies of the linear layers' parameters, 2 bytes/param, to the forward's end")
+
     logits = 0
     if last:
         loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
@@ -243,10 +263,11 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
 
     overhead = OVERHEAD_BYTES[backend_name]
     static = weights + gradients + optimizer + buffers
-    total = static + overhead + max(activations + logits + gathered, step_transient)
+    total = static + overhead + max(activations + logits + gathered + cast_weights, step_transient)
     return MemoryPlan(stage=stage, weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=optimizer,
                       buffers_bytes=buffers, activations_bytes=activations, logits_bytes=logits,
-                      gathered_bytes=gathered, step_transient_bytes=step_transient, overhead_bytes=overhead,
+                      gathered_bytes=gathered, cast_weights_bytes=cast_weights, step_transient_bytes=step_transient,
+                      overhead_bytes=overhead,
                       total_bytes=total, parameters=n, microbatches_in_flight=in_flight, notes=tuple(notes))
 
 

@@ -105,7 +105,8 @@ MEMORY = {"peak_allocated_bytes": BYTES, "peak_reserved_bytes": BYTES, "capacity
 TELEMETRY_DEVICE = {"index": Nullable(COUNT), "host": TEXT, "uuid": TEXT, "energy_j": RATE, "energy_method": TEXT,
                     "power_w_mean": RATE, "power_w_max": RATE, "temperature_c_mean": FIGURE,
                     "temperature_c_max": FIGURE, "utilization_percent_mean": FIGURE,
-                    "memory_used_mb_mean": FIGURE, "throttle_reasons": Nullable(ListOf(str)),
+                    "memory_used_mib_mean": FIGURE, "memory_used_mib_max": FIGURE,
+                    "throttle_reasons": Nullable(ListOf(str)),
                     "name": TEXT, "package": Nullable(COUNT), "energy_scope": TEXT, "pci_bus_id": TEXT,
                     "chip": Nullable(COUNT), "identified_by": TEXT, "power_method": TEXT, "energy_warning": TEXT,
                     "energy_resolution_uj": RATE}
@@ -120,6 +121,7 @@ METRICS = {
     "samples_per_s": RATE, "tokens_per_s": RATE, "tokens_per_s_per_device": RATE, "tflops_per_device": RATE,
     "mfu": RATE, "mfu_measured_ceiling": RATE, "flops_per_iteration": RATE, "flops_formula": TEXT,
     "flops_formula_expression": TEXT,
+    "by_formula": Nullable(MapOf({"flops_per_iteration": RATE, "tflops_per_device": RATE, "mfu": RATE})),
     "world_size": Nullable(Integer(minimum=1)), "timed_steps": Nullable(COUNT), "step_time_s": Nullable(STEP_TIME),
     "timed_wall_time_s": RATE, "memory": Nullable(MEMORY), "loss_start": FIGURE, "loss_end": FIGURE,
     "loss_floor": FIGURE, "validation": Nullable(ListOf(VALIDATION_POINT)), "valid_loss": FIGURE,

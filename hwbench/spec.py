@@ -18,6 +18,7 @@ from hwbench.options import DATA_KEYWORDS, MAX_POSITIONS, MULTI_NODE_PORT, RUN_O
 from hwbench.options import ENGINES  # noqa: F401  (hwbench.planner reads it here)
 from hwbench.results import check_output_folder
 from hwbench.workload.config import GPTConfig
+from hwbench.workload.flops import canonical_formula
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,7 +339,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         eval_iters=value("eval_iters"),
         telemetry=value("telemetry"),
         telemetry_interval_s=value("telemetry_interval"),
-        flops_formula=value("flops_formula"),
+        flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
         out_dir=value("out"),
         threads_per_rank=options.threads_per_rank,
         max_positions=positions,

@@ -105,3 +105,27 @@ def test_repeats_combine_into_the_median_and_range_of_each_repeats_ratio():
     document = module.combine([sides(1.0, 1.1, 1.2), failed])
     assert document["harness_ratio"] is None and document["harness_ratio_range"] is None  # not from half the repeats
     assert document["harness_ratio_no_telemetry"] == pytest.approx(1.1)
+
+
+def test_both_sides_figures_come_from_their_median_step(tmp_path):
+    """A result's own tokens/s is over its mean step; the side-by-side columns are from the
+    median of both sides, as the bare loop's are."""
+    module = _side_by_side()
+    result = json.loads((REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json").read_text())
+    steps = [1.0, 1.0, 4.0]  # mean 2 s, median 1 s
+    result["metrics"]["step_time_s"].update(n=3, mean=2.0, median=1.0, min=1.0, max=4.0)
+    result["metrics"]["tokens_per_s"] = 8 * 128 * 3 / sum(steps)  # what hwbench writes: over the mean step
+    folder = tmp_path / "hwbench"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps(result))
+    side = module.hwbench_side(folder, {"exit": 0})
+    assert side["step_time_median_s"] == 1.0
+    assert side["tokens_per_s"] == pytest.approx(8 * 128 / 1.0) != pytest.approx(result["metrics"]["tokens_per_s"])
+    assert side["tflops_per_device"] == pytest.approx(result["metrics"]["flops_per_iteration"] / 1.0 / 1e12)
+    bare = {"global_batch_size": 8, "seq_length": 128, "flops_per_iteration": 4e10, "peak_memory_bytes": 1,
+            "step_time_s": {"median": 0.5, "mean": 0.9}}
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    side = module.bare_side(tmp_path / "bare.json", {"exit": 0})
+    assert (side["tokens_per_s"], side["tflops_per_device"]) == (pytest.approx(8 * 128 / 0.5), pytest.approx(0.08))
+    assert module.combine([])["statistic"] == "median step time"
+    assert "median step time" in module.table({"bare loop": side}, {})

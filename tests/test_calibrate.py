@@ -14,7 +14,8 @@ from hwbench.calibration.store import (CalibrationStoreError, load_store, lookup
 from hwbench.cli import main
 from tests.test_docs import undocumented
 
-TINY = ["--device", "cpu", "--sizes", "32,64", "--copy-size", "1MiB", "--repeats", "3", "--warmup", "1"]
+TINY = ["--device", "cpu", "--sizes", "32,64", "--copy-size", "1MiB", "--repeats", "3", "--warmup", "1",
+        "--min-time", "0.01", "--device-warmup", "0"]
 # a small run: two timed steps of the tiny model on short sequences
 SMALL_RUN = ["run", "--quiet", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1",
              "--eval-iters", "0", "--data", "synthetic", "--seq-length", "64", "--micro-batch-size", "1",
@@ -125,6 +126,10 @@ def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(
     (["--threads", "x"], "--threads 'x'"),
     (["--copy-size", "lots"], "--copy-size 'lots'"),
     (["--device", "tpu"], "--device 'tpu'"),
+    (["--min-time", "0"], "--min-time '0'"),
+    (["--min-time", "nan"], "--min-time 'nan'"),
+    (["--device-warmup", "-1"], "--device-warmup '-1'"),
+    (["--device-warmup", "soon"], "--device-warmup 'soon'"),
 ])
 def test_bad_option_is_one_line_exit_2_and_writes_nothing(args, named, tmp_path, capsys):
     store = tmp_path / "calibration.json"
@@ -349,3 +354,61 @@ def test_more_threads_than_usable_cores_is_refused_naming_them(tmp_path, capsys)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and f"--threads '{cores + 1}'" in lines[0] and f"from 1 to {cores}" in lines[0]
     assert not store.exists()
+
+
+# --- sustained figures: a device warm-up, each size timed for --min-time, the SM clock during it ---
+
+def test_each_size_is_timed_for_at_least_min_time_after_a_device_warmup(tmp_path, capsys):
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *TINY, "--precisions", "fp32", "--min-time", "0.05", "--device-warmup", "0.05",
+                 "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    gemm = json.loads(store.read_text())["entries"][0]["gemm"]["fp32"]
+    assert gemm["min_time_s"] == 0.05
+    for size in gemm["sizes"]:
+        assert size["timed_s"] >= 0.05  # the repetitions together, not one burst of 10 ms
+        # the CPU reports no SM clock: null, with the reason
+        assert size["sm_clock_mhz"] is None and size["sm_clock_unmeasured"]
+    warmed = gemm["device_warmup"]
+    assert (warmed["precision"], warmed["size"]) == ("fp32", 64) and warmed["seconds"] >= 0.05  # the largest GEMM
+    assert "device warm-up: " in out and "at least 0.05 s" in out and "SM clock not read: " in out
+
+
+class ClockedSampler(__import__("hwbench.device.telemetry", fromlist=["TelemetrySampler"]).TelemetrySampler):
+    """A device whose SM clock alternates between two readings."""
+
+    source = "test"
+    clocks = (1980.0, 1410.0)
+
+    def __init__(self, interval_s):
+        super().__init__(interval_s)
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        return [{"sm_clock_mhz": self.clocks[self.reads % 2], "power_w": 300.0}]
+
+
+def test_the_sm_clock_during_each_size_comes_from_the_backends_telemetry():
+    from hwbench.calibration.measure import CalibrationSettings, measure_gemm
+    from hwbench.device.cpu import CpuBackend
+
+    class ClockedBackend(CpuBackend):
+        def telemetry_sampler(self, interval_s):
+            return ClockedSampler(interval_s)
+
+    settings = CalibrationSettings(precisions=("fp32",), sizes=(32,), copy_bytes=1, repeats=2, warmup=1,
+                                   min_time_s=0.25, device_warmup_s=0)
+    measured = measure_gemm(ClockedBackend(), "fp32", 32, settings)
+    clock = measured.sm_clock_mhz
+    assert measured.sm_clock_unmeasured is None and clock["samples"] >= 3  # start, in the window, stop
+    assert (clock["min"], clock["max"]) == (1410.0, 1980.0) and 1410.0 < clock["mean"] < 1980.0
+
+
+def test_a_relative_store_named_by_the_environment_is_named_in_full(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HWBENCH_CALIBRATION", "cal.json")
+    assert main(["calibrate", *TINY, "--sizes", "32", "--precisions", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert f"stored in {tmp_path / 'cal.json'} under cpu" in out
+    assert "runs on this device and driver report mfu_measured_ceiling" in out and "a relative path" in out

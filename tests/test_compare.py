@@ -385,3 +385,29 @@ def test_report_and_system_out_unwritable_is_one_line_and_leaves_nothing(tmp_pat
     with pytest.raises(UsageError, match="--out .* cannot be written"):
         run_command("report", [str(TEMPLATE), "--out", str(blocked / "report.md")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_tflops_and_mfu_are_compared_under_the_baselines_formula(tmp_path, capsys):
+    """A baseline written with the full-score count (megatron-lm, no by_formula) against runs of
+    the same speed under the new default: TFLOP/s read from the current runs' by_formula entry of
+    the baseline's formula, so the new default is no 6 % regression."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    for path in base.glob("*.json"):
+        data = json.loads(path.read_text())
+        data["metrics"].update(flops_formula="megatron-lm", tflops_per_device=1.0, mfu=0.5)
+        path.write_text(json.dumps(data))
+    cur = write(tmp_path / "cur", [1000.0, 1010.0, 995.0], start_seed=2000)
+    for path in cur.glob("*.json"):
+        data = json.loads(path.read_text())
+        data["metrics"].update(flops_formula="megatron-core-v0.12", tflops_per_device=0.94, mfu=0.47, by_formula={
+            "megatron-core-v0.12": {"flops_per_iteration": 94.0, "tflops_per_device": 0.94, "mfu": 0.47},
+            "megatron-core-v0.7": {"flops_per_iteration": 100.0, "tflops_per_device": 1.0, "mfu": 0.5}})
+        path.write_text(json.dumps(data))
+    for metric in ("tflops_per_device", "mfu"):
+        code, out, _ = run(capsys, base, cur, "--metric", metric)
+        assert code == 0 and "regression" not in verdicts(out), out
+    # read under one formula only: a current run without that formula's figures has none
+    stripped = load_result(next(cur.glob("*.json")))
+    stripped.metrics.pop("by_formula")
+    assert compare.metric_value(stripped, "tflops_per_device", "megatron-core-v0.7") is None
+    assert compare.metric_value(stripped, "tflops_per_device", "megatron-core-v0.12") == 0.94

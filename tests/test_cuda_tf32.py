@@ -64,3 +64,59 @@ def test_the_installed_torch_takes_the_new_api_without_a_warning(restored_precis
     assert (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision, b.cudnn.rnn.fp32_precision) == \
         ("ieee", "ieee", "ieee")
     assert b.cuda.matmul.allow_tf32 is False  # what the legacy reader sees agrees
+
+
+# --- the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF), checked without a GPU ---
+
+from hwbench.device.kinds import KINDS, choose_allocator_setting  # noqa: E402
+
+CUDA_ALLOCATOR = KINDS["cuda"].allocator
+
+
+def test_expandable_segments_are_set_unless_the_user_set_the_allocator():
+    environ: dict[str, str] = {}
+    text = choose_allocator_setting(CUDA_ALLOCATOR, environ, device_initialised=False)
+    assert environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert text.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set by hwbench")
+    # a rank started by hwbench's launcher inherits it: still hwbench's, not the user's
+    inherited = dict(environ)
+    assert choose_allocator_setting(CUDA_ALLOCATOR, inherited, device_initialised=False) == text
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # the user's, under either name
+        users = {name: "max_split_size_mb:512"}
+        text = choose_allocator_setting(CUDA_ALLOCATOR, users, device_initialised=False)
+        assert users == {name: "max_split_size_mb:512"}
+        assert text == f"{name}=max_split_size_mb:512 (the user's, left as it is)"
+    # too late: CUDA already read its settings; say so rather than claim a setting that is not in effect
+    late: dict[str, str] = {}
+    assert choose_allocator_setting(CUDA_ALLOCATOR, late, device_initialised=True).startswith("unchanged: the "
+                                                                                                "device was")
+    assert late == {}
+
+
+def test_the_cuda_backend_sets_the_allocator_before_its_first_cuda_call(monkeypatch):
+    import os
+
+    from hwbench.device.cuda import CudaBackend
+    from hwbench.errors import SetupError
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("HWBENCH_SET_PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    seen = []
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+                        or False)
+    with pytest.raises(SetupError, match="torch sees no CUDA device"):
+        CudaBackend()
+    assert seen == ["expandable_segments:True"]
+
+
+def test_the_tuning_records_whether_the_allocator_runs_with_expandable_segments():
+    from hwbench.device.cuda import expandable_segments_in_effect
+
+    def memory(snapshot):
+        return types.SimpleNamespace(_snapshot=lambda: snapshot)
+
+    assert expandable_segments_in_effect(memory({"allocator_settings": {"expandable_segments": True}})) is True
+    assert expandable_segments_in_effect(memory({"allocator_settings": {"expandable_segments": False}})) is False
+    assert expandable_segments_in_effect(memory({"segments": []})) is None  # a torch that does not say

@@ -21,7 +21,8 @@ QUICK = ("defaults: {model: tiny, data: synthetic, seq-length: 32, micro-batch-s
 
 def session(tmp_path, *stages, budget=None, **env):
     environment = {**os.environ, "HWBENCH_PYTHON": sys.executable, "HWBENCH_SESSION_DIR": str(tmp_path / "session"),
-                   "HWBENCH_DEVICE": "cpu", **env}
+                   "HWBENCH_DEVICE": "cpu", "HWBENCH_WHEELS": str(tmp_path / "no-wheels"),  # not the checkout's
+                   "HWBENCH_SITE": str(tmp_path / "site"), **env}
     environment.pop("OUT", None)
     if budget is not None:
         environment["HWBENCH_CALL_BUDGET"] = str(budget)
@@ -73,3 +74,72 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
     with tarfile.open(back / "results.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.startswith("./speed/long/quick/") and n.endswith(".json") for n in names)
+
+
+def make_wheel(folder, module: str, version: str = "1.0") -> None:
+    """A pure-Python wheel of one module, as pip builds them (METADATA, WHEEL, RECORD with hashes)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{module}-{version}.dist-info"
+    files = {f"{module}.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hwbench-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{module}-{version}-py3-none-any.whl", "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+
+
+def test_the_wheels_are_installed_offline_once_and_put_on_the_path(tmp_path):
+    wheels, site = tmp_path / "gpu-wheels", tmp_path / "gpu-site"
+    make_wheel(wheels, "hwbench_offline_probe")
+    env = {"HWBENCH_WHEELS": str(wheels), "HWBENCH_SITE": str(site), "PIP_INDEX_URL": "http://127.0.0.1:9/none"}
+    first = session(tmp_path, "report", **env)  # report alone: nothing to report yet, but the wheels come first
+    log = (tmp_path / "back" / "session.log").read_text()
+    assert "== wheels: not importable: hwbench_offline_probe (ModuleNotFoundError" in log, first.stdout[-2000:]
+    assert "== wheels: exit 0" in log and (site / "hwbench_offline_probe.py").is_file()
+    again = session(tmp_path, "report", **env)  # the next call: on PYTHONPATH, it imports; nothing installed
+    assert f"== wheels: every module of {wheels} imports already" in again.stdout
+    assert again.stdout.count("== wheels:") == 1
+    none = session(tmp_path, "report", HWBENCH_WHEELS=str(tmp_path / "absent"))
+    assert "== wheels: none in" in none.stdout and "benchmarks/gpu_wheels.sh" in none.stdout
+
+
+def test_gpu_wheels_lists_the_dependencies_the_image_lacks():
+    import re
+    import tomllib
+
+    done = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_wheels.sh"), "--list"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HWBENCH_PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    listed = done.stdout.split()
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    image = {"torch", "numpy", "pandas", "tabulate", "pyyaml", "tokenizers", "nvidia-ml-py", "pytest", "matplotlib"}
+    expected = [d for d in dependencies if re.split(r"[\s\[<>=!~;]", d)[0].lower() not in image]
+    assert listed == expected
+    refused = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_wheels.sh"), "--fast"], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "option '--fast' is not known" in refused.stderr
+
+
+@pytest.mark.slow
+def test_probe_calibrates_into_the_store_its_runs_read(tmp_path):
+    import shutil
+
+    probe = tmp_path / "session" / "probe"  # a probe run from an earlier call: kept, not run again
+    probe.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json", probe)
+    done = session(tmp_path, "probe")
+    log = (tmp_path / "back" / "session.log").read_text()
+    assert done.returncode == 0, log[-3000:]
+    store = tmp_path / "session" / "calibration.json"
+    assert f"stored in {store} under cpu" in log
+    assert "runs on this device and driver report mfu_measured_ceiling" in log and "runs read" not in log
+    assert "== probe run: kept" in log and (tmp_path / "back" / "system.json").is_file()

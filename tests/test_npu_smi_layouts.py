@@ -97,8 +97,8 @@ def test_a3_sampler_reads_the_visible_die(monkeypatch):
         backend.local_index = rank
         ids.append(backend.smi_device_id())
     first, second = NpuSmiSampler(ids).read()
-    assert (first["power_w"], first["temperature_c"], first["memory_used_mb"]) == (None, 37.0, 2876.0)
-    assert (second["power_w"], second["temperature_c"], second["memory_used_mb"]) == (167.1, 38.0, 3116.0)
+    assert (first["power_w"], first["temperature_c"], first["memory_used_mib"]) == (None, 37.0, 2876.0)
+    assert (second["power_w"], second["temperature_c"], second["memory_used_mib"]) == (167.1, 38.0, 3116.0)
 
 
 def test_run_on_a_simulated_a3_die_reports_that_die(standin_npu_env, tmp_path):
@@ -116,7 +116,7 @@ def test_run_on_a_simulated_a3_die_reports_that_die(standin_npu_env, tmp_path):
     die = telemetry["devices"][0]
     assert die["power_w_mean"] == pytest.approx(167.1)
     assert die["temperature_c_mean"] == pytest.approx(38.0)
-    assert die["memory_used_mb_mean"] == pytest.approx(3116.0)
+    assert die["memory_used_mib_mean"] == pytest.approx(3116.0)
 
 
 # --- 310P Duo and 310B --------------------------------------------------------
@@ -140,8 +140,8 @@ def test_310p_duo_sampler_reads_chip_1(monkeypatch):
     monkeypatch.setenv("PATH", os.pathsep.join([str(FAKES / "bin"), os.environ.get("PATH", "")]))
     monkeypatch.setenv("HWBENCH_STANDIN_NPU_SMI", "info-310p-duo.txt")
     (reading,) = NpuSmiSampler([1]).read()
-    assert (reading["temperature_c"], reading["memory_used_mb"], reading["utilization_percent"]) == (43.0, 1412.0,
-                                                                                                      0.0)
+    assert (reading["temperature_c"], reading["memory_used_mib"], reading["utilization_percent"]) == (43.0, 1412.0,
+                                                                                                       0.0)
 
 
 def test_310b_second_row_with_bus_id_na_is_not_a_device():

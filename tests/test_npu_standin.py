@@ -139,8 +139,8 @@ def test_npu_smi_sampler_reads_the_physical_npus(monkeypatch):
     assert sampler.unavailable_reason() is None
     first, second = sampler.read()
     assert (first["power_w"], first["utilization_percent"]) == (296.2, 84.0)
-    assert first["memory_used_mb"] == 58890.0  # on HBM cards, memory is the HBM figure
-    assert (second["power_w"], second["memory_used_mb"]) == (310.5, 59356.0)
+    assert first["memory_used_mib"] == 58890.0  # on HBM cards, memory is the HBM figure
+    assert (second["power_w"], second["memory_used_mib"]) == (310.5, 59356.0)
 
 
 def test_npu_smi_sampler_without_npu_smi(monkeypatch, tmp_path):
@@ -200,9 +200,11 @@ def test_standin_torch_npu_api(standin_npu_env, tmp_path, standin):
     assert out["bf16"] is True and out["available"] is True
     assert out["stats"]["allocated_bytes.all.peak"] == standin.PEAK_ALLOCATED_BYTES
     assert out["stats"]["reserved_bytes.all.peak"] == standin.PEAK_RESERVED_BYTES
-    assert out["stats"]["num_alloc_retries"] == standin.NUM_ALLOC_RETRIES
+    assert out["stats"]["num_alloc_retries"] == standin.RETRIES_BEFORE_RESET  # counted since the process started
     assert out["stats"]["num_ooms"] == standin.NUM_OOMS
-    assert out["stats_after_reset"] == out["stats"]  # recorded values, not measurements
+    # recorded values, not measurements; the retry counter goes on counting after a peak reset
+    assert out["stats_after_reset"] == {**out["stats"], "num_alloc_retries": standin.RETRIES_BEFORE_RESET
+                                        + standin.NUM_ALLOC_RETRIES}
     assert out["max_allocated"] == standin.PEAK_ALLOCATED_BYTES
     assert out["max_reserved"] == standin.PEAK_RESERVED_BYTES
     assert out["mem_get_info"] == [65536 * 2**20 - standin.CURRENT_RESERVED_BYTES, 65536 * 2**20]
@@ -254,7 +256,7 @@ def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
     memory = metrics["memory"]
     assert memory["peak_allocated_bytes"] == standin.PEAK_ALLOCATED_BYTES
     assert memory["peak_reserved_bytes"] == standin.PEAK_RESERVED_BYTES
-    assert memory["alloc_retries"] == standin.NUM_ALLOC_RETRIES
+    assert memory["alloc_retries"] == standin.NUM_ALLOC_RETRIES  # the timed window's, not the process's
     assert memory["ooms"] == standin.NUM_OOMS
     assert memory["capacity_bytes"] == standin.TOTAL_MEMORY_BYTES
 
@@ -275,7 +277,7 @@ def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
     assert npu0["power_w_max"] == pytest.approx(101.8)
     assert npu0["temperature_c_mean"] == pytest.approx(43.0)
     assert npu0["utilization_percent_mean"] == pytest.approx(0.0)
-    assert npu0["memory_used_mb_mean"] == pytest.approx(3318.0)
+    assert npu0["memory_used_mib_mean"] == pytest.approx(3318.0)
     assert npu0["energy_method"] == "integrated power samples"
 
     assert "SIMULATED" in done.stdout

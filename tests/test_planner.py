@@ -70,6 +70,81 @@ def test_autocast_activations_keep_an_fp32_residual_stream():
     assert activation_bytes_per_layer(S, B, H, 2, 2, 2) == SBH * (8 + 12)
 
 
+# what the linear layers read at TP1: a block less its two LayerNorms, and the output weight (wte)
+LINEAR = 2 * (BLOCK - 4 * 64) + 128 * 64
+
+
+def test_autocast_16bit_copies_of_the_linear_parameters_are_counted_once_per_rank():
+    bf16 = plan_memory(spec_for(precision="bf16"), CONFIG, "cpu")
+    assert bf16.cast_weights_bytes == 2 * LINEAR
+    assert bf16.total_bytes == (bf16.weights_bytes + bf16.gradients_bytes + bf16.optimizer_bytes + CPU
+                                + bf16.activations_bytes + bf16.logits_bytes + 2 * LINEAR)
+    assert plan_memory(spec_for(), CONFIG, "cpu").cast_weights_bytes == 0  # fp32: nothing is cast
+    # DeepSpeed holds the weights in 16 bits itself: no copies
+    assert plan_memory(spec_for(precision="bf16", engine="deepspeed"), CONFIG, "cuda").cast_weights_bytes == 0
+    # FSDP2: autocast casts the unsharded parameters, and the copies outlive the reshard: not / dp
+    fsdp = plan_memory(spec_for(precision="bf16", dp=4, fsdp=True), CONFIG, "cuda")
+    assert fsdp.cast_weights_bytes == 2 * LINEAR and fsdp.weights_bytes == 4 * N // 4
+    # TP2: this rank's shares (block biases of the row-parallel layers whole), vocab 256 / 2
+    tp2 = plan_memory(spec_for(precision="bf16", tp=2), CONFIG, "cpu")
+    assert tp2.cast_weights_bytes == 2 * (2 * (25_184 - 4 * 64) + 256 * 64 // 2)
+    # PP2: the first stage's block; the last stage's block and its own output weight
+    first, last = plan_for_all_stages(spec_for(precision="bf16", pp=2, global_batch=4 * B), CONFIG, "cpu")
+    assert (first.cast_weights_bytes, last.cast_weights_bytes) == (2 * (BLOCK - 256), 2 * (BLOCK - 256 + 128 * 64))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_planned_copies_are_what_autocast_keeps_alive_at_the_end_of_the_forward(recompute):
+    """The real model under bf16 autocast on the CPU: every 16-bit copy the planner counts is
+    alive when the forward ends (autocast's cache holds it, with or without recompute). Without
+    recompute the weights' copies then stay for the backward (saved for the input gradients),
+    with recompute only the output layer's (its block copies are made again, one block at a time)."""
+    torch = pytest.importorskip("torch")
+    from hwbench.engine.parallelize import cut_pipeline_stage
+    from hwbench.workload.model import GPT, build_model, init_parameters, lm_loss
+    from tests.autocast_copies import forward_backward
+
+    tokens = torch.randint(0, CONFIG.vocab_size, (B, S), generator=torch.Generator().manual_seed(0))
+    model = build_model(CONFIG, device=torch.device("cpu"), seed=1, recompute=recompute)
+    alive = forward_backward(model, tokens, lambda logits: lm_loss(logits, torch.roll(tokens, -1, 1)))
+    plan = plan_memory(spec_for(precision="bf16", recompute=recompute), CONFIG, "cpu")
+    assert alive["end_of_forward"] == plan.cast_weights_bytes > 0
+    biases = 2 * 2 * (3 * 64 + 64 + 256 + 64)  # 2 blocks' linear biases, 2 bytes each: not saved
+    output = 2 * 128 * 64
+    assert alive["after_autocast"] == (output if recompute else plan.cast_weights_bytes - biases)
+    assert alive["after_backward"] == 0
+
+    # a pipeline's first stage: its blocks only, no output layer
+    with torch.device("meta"):
+        first = cut_pipeline_stage(GPT(CONFIG, recompute=recompute), 0, 2)
+    first.to_empty(device=torch.device("cpu"))
+    init_parameters(first, 1)
+    alive = forward_backward(first, tokens, lambda hidden: hidden.float().square().mean())
+    planned = plan_stage(spec_for(precision="bf16", recompute=recompute, pp=2, global_batch=4 * B), CONFIG, "cpu", 0)
+    assert alive["end_of_forward"] == planned.cast_weights_bytes == 2 * (BLOCK - 256)
+
+
+def test_under_fsdp2_each_rank_keeps_the_copies_of_every_unsharded_block(tmp_path):
+    """Two real ranks with hwbench's FSDP2 units: at the end of the forward each rank holds
+    16-bit copies of the whole model's linear parameters, not of one gathered block."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    completed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+         str(root / "tests" / "autocast_copies.py"), str(tmp_path), "--recompute"],
+        capture_output=True, text=True, timeout=300, cwd=root)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    plan = plan_memory(spec_for(precision="bf16", recompute=True, dp=2, fsdp=True), CONFIG, "cuda")
+    for rank in (0, 1):
+        alive = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert alive["end_of_forward"] == plan.cast_weights_bytes == 2 * LINEAR
+        assert alive["end_of_forward"] > plan.weights_bytes // 2  # more than this rank's fp32 shard in 16 bits
+
+
 def test_tensor_parallel_halves_block_weights_but_not_layernorms():
     p1, p2 = stage_parameters(CONFIG, 1, 1, 0), stage_parameters(CONFIG, 2, 1, 0)
     # TP2: (q,k,v,fc1 weights+biases, out_proj/fc2 weights) / 2; 2 LNs (4h) and 2 row biases (2h) whole

@@ -356,3 +356,28 @@ def test_per_model_table_shows_mfu_against_the_measured_ceiling_or_why_not(tmp_p
     assert "50.0%" in row
     # the other runs were written before hwbench calibrate: a numbered note says so
     assert "MFU against a measured ceiling not measured: the result predates hwbench calibrate." in text
+
+
+def test_also_formula_shows_another_formulas_mfu_beside_each_runs_own(tmp_path):
+    shutil.copytree(GOOD, tmp_path / "runs")
+    path = tmp_path / "runs" / "a-345m-h100x2.json"  # run A: a result with every formula's figures
+    result = json.loads(path.read_text())
+    result["metrics"]["by_formula"] = {
+        "megatron-core-v0.12": {"flops_per_iteration": 1.0, "tflops_per_device": 1.0, "mfu": 0.25},
+        "megatron-core-v0.7": {"flops_per_iteration": 1.1, "tflops_per_device": 1.1, "mfu": 0.275}}
+    path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"), "--also-formula", "megatron-lm")  # the old name is taken
+    per_model = text[text.index("## Per model"):]
+    assert "MFU (megatron-core-v0.7)" in per_model
+    row = next(line for line in per_model.splitlines() if line.startswith(f"| {A}"))
+    assert "27.5%" in row
+    # D was written with megatron-lm (= megatron-core-v0.7) and before by_formula: its own MFU is that one
+    row_d = next(line for line in per_model.splitlines() if line.startswith(f"| {D}"))
+    cells = [cell.strip() for cell in row_d.split("|")]
+    header = [cell.strip() for cell in next(line for line in per_model.splitlines()
+                                            if line.startswith("| run ")).split("|")]
+    assert cells[header.index("MFU (megatron-core-v0.7)")] == cells[header.index("MFU")] != "-"
+    plain = run_report(str(tmp_path / "runs"))
+    assert "MFU (megatron" not in plain  # only when asked for
+    with pytest.raises(UsageError, match="--also-formula 'flops' is not known; accepted: megatron-core-v0.12"):
+        main([str(GOOD), "--also-formula", "flops"])

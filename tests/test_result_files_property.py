@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="hypothesis is not installed (pip install -e '.[test]')")
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from hwbench.cli import main
 from hwbench.results import ResultFormatError, load_result

@@ -77,11 +77,23 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path / "catalog"))
     out = tmp_path / "out"
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "3", "--warmup", "1",
-                 "--eval-iters", "1", "--out", str(out)]) == 0
+                 "--eval-iters", "1", "--flops-formula", "megatron-lm", "--out", str(out)]) == 0
     _, result = _only_result(out)
     assert result.device["catalog_entry"] == "this-cpu"
     assert result.metrics["mfu"] == pytest.approx(result.metrics["tflops_per_device"] / 1.0)
     assert "MFU" in capsys.readouterr().out
+    # the old name is taken, and the canonical one recorded; every formula's figures beside it
+    assert result.spec["flops_formula"] == result.metrics["flops_formula"] == "megatron-core-v0.7"
+    by_formula = result.metrics["by_formula"]
+    assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"}
+    chosen = by_formula["megatron-core-v0.7"]
+    assert (chosen["flops_per_iteration"], chosen["tflops_per_device"], chosen["mfu"]) == (
+        result.metrics["flops_per_iteration"], result.metrics["tflops_per_device"], result.metrics["mfu"])
+    causal = by_formula["megatron-core-v0.12"]
+    assert causal["mfu"] == pytest.approx(causal["tflops_per_device"] / 1.0)
+    # tiny (h 128, 2 layers, seq 32): the causal count is below the full one by s/(12h) of its factor
+    assert causal["flops_per_iteration"] < chosen["flops_per_iteration"]
+    assert chosen["mfu"] / causal["mfu"] == pytest.approx(chosen["flops_per_iteration"] / causal["flops_per_iteration"])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -182,7 +182,7 @@ def test_nvml_readings_are_none_where_not_supported(monkeypatch):
     assert reading["temperature_c"] == 67
     assert reading["sm_clock_mhz"] == 1410
     assert reading["utilization_percent"] == 97
-    assert reading["memory_used_mb"] == 5 * 1024
+    assert reading["memory_used_mib"] == 5 * 1024  # bytes / 2^20
     assert reading["ecc_uncorrected"] is None
     assert "throttle_reasons" not in reading  # clock events not supported: no key at all
     assert sampler.energy_counter_j() == [None]

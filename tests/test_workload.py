@@ -1,5 +1,6 @@
 """The GPT workloads: sizes, parameter counts, FLOPs, the model and its data."""
 
+import dataclasses
 import math
 
 import pytest
@@ -70,14 +71,43 @@ def test_model_built_on_meta_device_has_the_counted_parameters(name):
     assert sum(p.numel() for p in model.parameters()) == count_parameters(config).total
 
 
-def test_megatron_flops_formula_by_hand():
+def test_megatron_flops_formulas_by_hand():
     config = GPTConfig(24, 1024, 16, 1024)
     B, s, L, h, V = 16, 1024, 24, 1024, 50304
-    by_hand = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
-    assert model_flops_per_iteration(config, B, s) == pytest.approx(by_hand, rel=1e-12)
+    # Megatron-LM core_v0.12.0 and later: the scores of causal attention counted once, s/(12h)
+    causal = 72 * B * s * L * h * h * (1 + s / (12 * h) + V / (12 * L * h))
+    assert model_flops_per_iteration(config, B, s) == pytest.approx(causal, rel=1e-12)  # the default
+    assert model_flops_per_iteration(config, B, s, formula="megatron-core-v0.12") == pytest.approx(causal, rel=1e-12)
+    # core_v0.5 to v0.11: the full score matrix, s/(6h); megatron-lm is its old name
+    full = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert model_flops_per_iteration(config, B, s, formula="megatron-core-v0.7") == pytest.approx(full, rel=1e-12)
+    assert model_flops_per_iteration(config, B, s, formula="megatron-lm") == pytest.approx(full, rel=1e-12)
     # 345m, global batch 16, seq 1024, by hand: 72*16*1024*24*1024^2 = 29,686,813,949,952
     # times (1 + 1024/6144 + 50304/294912) = 1.3372396 -> 3.96984e13 FLOPs per iteration
-    assert model_flops_per_iteration(config, B, s) == pytest.approx(29_686_813_949_952 * 1.3372396, rel=1e-6)
+    assert full == pytest.approx(29_686_813_949_952 * 1.3372396, rel=1e-6)
+
+
+@pytest.mark.parametrize("model, seq, higher", [("345m", 1024, 0.0665), ("1.3b", 2048, 0.0713)])
+def test_the_full_score_count_reads_higher_than_the_causal_one(model, seq, higher):
+    """The old count's MFU over the current Megatron-LM's, at the published sequence lengths."""
+    config = load_catalog().workloads[model].model
+    config = dataclasses.replace(config, max_position_embeddings=max(seq, config.max_position_embeddings))
+    full = model_flops_per_iteration(config, 8, seq, formula="megatron-core-v0.7")
+    assert full / model_flops_per_iteration(config, 8, seq) - 1 == pytest.approx(higher, abs=5e-4)
+
+
+def test_every_formula_is_computed_by_its_canonical_name():
+    from hwbench.workload.flops import FLOPS_FORMULAS, canonical_formula, flops_by_formula
+
+    config = GPTConfig(24, 1024, 16, 1024)
+    every = flops_by_formula(config, 16, 1024, recompute=True)
+    assert set(every) == set(FLOPS_FORMULAS) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed",
+                                                  "palm"}
+    for name, flops in every.items():
+        assert flops == model_flops_per_iteration(config, 16, 1024, recompute=True, formula=name)
+    assert canonical_formula("megatron-lm") == "megatron-core-v0.7"
+    assert "v0.12" in FLOPS_FORMULAS["megatron-core-v0.12"].source and "v0.11" in FLOPS_FORMULAS[
+        "megatron-core-v0.7"].source
 
 
 def test_model_flops_ignore_recompute_but_hardware_flops_count_it():

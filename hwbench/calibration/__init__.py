@@ -12,3 +12,9 @@ DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "bf16", "fp16"),
 DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30, "npu": 2**30}
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 3
+# Each size is timed for at least this long, its repetitions together: a training step runs for
+# seconds at the clocks sustained work settles at, and a burst of a few milliseconds is not that.
+DEFAULT_MIN_TIME_S = 1.0
+# Seconds of the largest GEMM before the first measurement, so the device starts at the clocks
+# and temperature of sustained work rather than idle ones.
+DEFAULT_DEVICE_WARMUP_S = 2.0

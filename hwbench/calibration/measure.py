@@ -11,8 +11,12 @@ the timed repetitions; the ceiling of a precision is the best median over the si
 Copy: one device-to-device copy of a buffer of random bytes; the bandwidth counts the
 bytes read plus the bytes written (2 x the buffer), as STREAM's copy does.
 
-Each repetition lasts at least TARGET_REPETITION_S (several calls when one call is
-shorter), so the timer's resolution and the launch overhead stay small beside it.
+Before the first measurement the device runs the largest GEMM for a while (the device
+warm-up), so it is measured at the clocks and temperature of sustained work. Each size's
+repetitions together last at least ``min_time_s`` (each one at least TARGET_REPETITION_S,
+several calls when one call is shorter), as a training step does, not a burst of a few
+milliseconds. The device's SM clock during each size's timed repetitions comes from the
+Backend's telemetry (NVML on CUDA), or null with the reason where it reports none (the CPU).
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ from typing import Any, Callable
 import torch
 
 import hwbench
-from hwbench.calibration import DEFAULT_REPEATS, DEFAULT_WARMUP
+from hwbench.calibration import DEFAULT_DEVICE_WARMUP_S, DEFAULT_MIN_TIME_S, DEFAULT_REPEATS, DEFAULT_WARMUP
 from hwbench.device.base import PRECISION_DTYPES, Backend
+from hwbench.errors import SetupError, UsageError
 from hwbench.results import utc_now
 from hwbench.stats import summarize
 from hwbench.units import human_bytes
 from hwbench.workload.flops import matmul_flops
 
 TARGET_REPETITION_S = 0.01
-MAX_CALLS_PER_REPETITION = 1000
+MAX_CALLS_PER_REPETITION = 1_000_000  # a bound against a mis-sized repetition, far above any real need
+MAX_TIMING_ATTEMPTS = 3  # repetitions measured again, longer, when they fell short of min_time_s
+CLOCK_SAMPLE_INTERVAL_S = 0.1  # telemetry during a size's timed repetitions: about 10 samples a second
+SIXTEEN_BIT_FIRST = ("bf16", "fp16", "fp32")  # the device warm-up's precision: training's, the most power
 ROTATION_BYTES = 256 * 2**20  # beyond the L2 of any GPU today (H100: 50 MiB)
 MAX_INPUT_SETS = 16
 MEMORY_SHARE = 0.8  # of the device's memory a measurement may take (fewer input sets first, then skipped)
@@ -46,7 +54,9 @@ class CalibrationSettings:
     sizes: tuple[int, ...]  # square GEMM sizes (n for n x n x n)
     copy_bytes: int  # the copied buffer; the bandwidth counts twice this per copy
     repeats: int = DEFAULT_REPEATS  # timed repetitions of each measurement
-    warmup: int = DEFAULT_WARMUP  # untimed calls first (at least 1: they also size a repetition)
+    warmup: int = DEFAULT_WARMUP  # untimed calls first (at least 1)
+    min_time_s: float = DEFAULT_MIN_TIME_S  # each measurement's repetitions together last at least this
+    device_warmup_s: float = DEFAULT_DEVICE_WARMUP_S  # the largest GEMM before the first measurement; 0: none
     seed: int = 1234
 
 
@@ -61,6 +71,10 @@ class Measurement:
     calls_per_repetition: int = 0
     input_sets: int = 1
     skipped: str | None = None  # why it was not measured (out of memory)
+    timed_s: float | None = None  # the timed repetitions together (at least settings.min_time_s)
+    # the device's SM clock during the timed repetitions: mean, min, max (MHz) and samples
+    sm_clock_mhz: dict[str, Any] | None = None
+    sm_clock_unmeasured: str | None = None  # why sm_clock_mhz is null
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,6 +88,9 @@ class Calibration:
     settings: CalibrationSettings
     measurements: list[Measurement]
     measured_at: str
+    # the device warm-up: precision, size, seconds (None with the reason when none ran)
+    device_warmup: dict[str, Any] | None = None
+    device_warmup_skipped: str | None = None
 
     def ceiling(self, precision: str) -> Measurement | None:
         """The size with the best median rate of ``precision``; None when none was measured."""
@@ -87,7 +104,8 @@ class Calibration:
         """This calibration as the calibration store keeps it (hwbench/calibration/store.py)."""
         software = {"measured_at": self.measured_at, "torch_version": torch.__version__,
                     "hwbench_version": hwbench.__version__, "repeats": self.settings.repeats,
-                    "warmup": self.settings.warmup}
+                    "warmup": self.settings.warmup, "min_time_s": self.settings.min_time_s,
+                    "device_warmup": self.device_warmup}
         gemm = {}
         for precision in self.settings.precisions:
             best = self.ceiling(precision)
@@ -109,10 +127,12 @@ class Calibration:
 
 def calibrate(backend: Backend, device_model: str, driver: str, settings: CalibrationSettings,
               on_measured: Callable[[Measurement], None] = lambda measurement: None) -> Calibration:
-    """Every GEMM (each precision x size) and the copy on ``backend`` (already prepared).
-    ``on_measured`` is told of each measurement as it finishes (the command prints it)."""
+    """The device warm-up, then every GEMM (each precision x size) and the copy on ``backend``
+    (already prepared). ``on_measured`` is told of each measurement as it finishes (the command
+    prints it)."""
     backend.seed(settings.seed)
     measured_at = utc_now()
+    warmed, not_warmed = warm_up_device(backend, settings)
     measurements = []
     for precision in settings.precisions:
         for size in settings.sizes:
@@ -120,7 +140,36 @@ def calibrate(backend: Backend, device_model: str, driver: str, settings: Calibr
             on_measured(measurements[-1])
     measurements.append(measure_copy(backend, settings.copy_bytes, settings))
     on_measured(measurements[-1])
-    return Calibration(backend.name, device_model, driver, settings, measurements, measured_at)
+    return Calibration(backend.name, device_model, driver, settings, measurements, measured_at, warmed, not_warmed)
+
+
+def warm_up_device(backend: Backend, settings: CalibrationSettings) -> tuple[dict[str, Any] | None, str | None]:
+    """Run the largest GEMM that fits, in the 16-bit precision measured if any (training's, which
+    draws the most power), for settings.device_warmup_s: (what ran, None) or (None, why not)."""
+    if settings.device_warmup_s <= 0:
+        return None, "--device-warmup 0"
+    precision = next(p for p in (*SIXTEEN_BIT_FIRST, *settings.precisions) if p in settings.precisions)
+    budget = memory_budget_bytes(backend)
+    dtype = PRECISION_DTYPES[precision]
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    for size in sorted(settings.sizes, reverse=True):
+        if budget is not None and 3 * size * size * element_bytes > budget:
+            continue
+        try:
+            a, b = (torch.randn(size, size, dtype=dtype, device=backend.torch_device) for _ in range(2))
+            product = torch.empty(size, size, dtype=dtype, device=backend.torch_device)
+            calls, started = 0, time.perf_counter()
+            while time.perf_counter() - started < settings.device_warmup_s:
+                torch.matmul(a, b, out=product)
+                backend.synchronize()  # the host clock then measures the device's work
+                calls += 1
+            seconds = time.perf_counter() - started
+            return {"precision": precision, "size": size, "seconds": seconds, "calls": calls}, None
+        except Exception as error:
+            if not backend.is_out_of_memory(error):
+                raise
+            continue  # a smaller size
+    return None, f"no size of {precision} fits the device's memory"
 
 
 def input_sets(set_bytes: int) -> int:
@@ -159,7 +208,7 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
             a, b = operands[index % sets]
             torch.matmul(a, b, out=product)
 
-        rate, calls = timed_rates(backend, call, matmul_flops(size, size, size), settings)
+        timing = timed_rates(backend, call, matmul_flops(size, size, size), settings)
         if not bool(torch.isfinite(product).all()):
             raise RuntimeError(f"the {precision} {size}x{size} product is not finite: the GEMM went wrong")
     except Exception as error:
@@ -169,7 +218,8 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
                            skipped=f"out of memory ({sets} input sets of 2 x {size}x{size} {precision})")
     finally:
         operands.clear()
-    return Measurement("gemm", precision, size, rate, calls, sets)
+    return Measurement("gemm", precision, size, timing.rate, timing.calls, sets, timed_s=timing.timed_s,
+                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
 
 
 def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSettings) -> Measurement:
@@ -183,40 +233,151 @@ def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSetti
     try:
         source = torch.randint(0, 256, (buffer_bytes,), dtype=torch.uint8, device=device)
         target = torch.empty_like(source)
-        rate, calls = timed_rates(backend, lambda index: target.copy_(source), 2 * buffer_bytes, settings)
+        timing = timed_rates(backend, lambda index: target.copy_(source), 2 * buffer_bytes, settings)
         if not torch.equal(source, target):
             raise RuntimeError("the copied buffer differs from its source: the copy went wrong")
     except Exception as error:
         if not backend.is_out_of_memory(error):
             raise
         return Measurement("copy", None, buffer_bytes, None, skipped="out of memory (2 buffers)")
-    return Measurement("copy", None, buffer_bytes, rate, calls)
+    return Measurement("copy", None, buffer_bytes, timing.rate, timing.calls, timed_s=timing.timed_s,
+                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
+
+
+@dataclasses.dataclass
+class Timing:
+    rate: dict[str, Any]  # stats.summarize() of work per second over the timed repetitions
+    calls: int  # calls per repetition
+    timed_s: float  # the timed repetitions together
+    sm_clock_mhz: dict[str, Any] | None
+    sm_clock_unmeasured: str | None
 
 
 def timed_rates(backend: Backend, call: Callable[[int], Any], work_per_call: float,
-                settings: CalibrationSettings) -> tuple[dict[str, Any], int]:
-    """(stats.summarize() of work per second over ``settings.repeats`` timed repetitions,
-    calls per repetition). The warm-up calls, each synchronised and timed on the host, size
-    a repetition; the timed ones are marked by the backend's step timer with no host
-    synchronisation between them, inside backend.measuring()."""
-    fastest = math.inf
+                settings: CalibrationSettings) -> Timing:
+    """``settings.repeats`` timed repetitions of ``call``, together at least ``settings.min_time_s``.
+    The warm-up calls and a sizing run (calls doubled until they last TARGET_REPETITION_S,
+    synchronised and timed on the host) size a repetition; the timed ones are marked by the
+    backend's step timer with no host synchronisation between them, inside backend.measuring(),
+    with the backend's telemetry sampling the clock. Repetitions that fell short of min_time_s
+    (the device sped up after the sizing) are measured again, longer."""
     for index in range(max(1, settings.warmup)):
-        backend.synchronize()
-        started = time.perf_counter()
         call(index)
-        backend.synchronize()
-        fastest = min(fastest, time.perf_counter() - started)
-    calls = MAX_CALLS_PER_REPETITION if fastest <= 0 else \
-        min(MAX_CALLS_PER_REPETITION, max(1, math.ceil(TARGET_REPETITION_S / fastest)))
-    timer = backend.step_timer()
-    with backend.measuring():
-        timer.mark()
-        for repetition in range(settings.repeats):
-            for index in range(calls):
-                call(repetition * calls + index)
-            timer.mark()
-    intervals = timer.intervals_s()
+    backend.synchronize()
+    per_call = _seconds_per_call(backend, call)
+    target = max(TARGET_REPETITION_S, settings.min_time_s / settings.repeats)
+    calls = _calls_for(target, per_call)
+    for _ in range(MAX_TIMING_ATTEMPTS):
+        intervals, clock, unmeasured = _timed_repetitions(backend, call, calls, settings.repeats)
+        timed = sum(intervals)
+        if timed >= settings.min_time_s or timed <= 0 or calls >= MAX_CALLS_PER_REPETITION:
+            break  # (no time at all: the check below names the timer's fault)
+        calls = _calls_for(target, timed / (calls * settings.repeats) / 1.1)  # 10 % beyond, not just short again
     rates = [work_per_call * calls / interval for interval in intervals if interval > 0]
     if len(rates) != settings.repeats or not all(math.isfinite(rate) for rate in rates):
         raise RuntimeError(f"the timer gave {intervals[:5]}...: not {settings.repeats} positive intervals")
-    return summarize(rates), calls
+    return Timing(summarize(rates), calls, timed, clock, unmeasured)
+
+
+def _calls_for(seconds: float, per_call: float) -> int:
+    if per_call <= 0:
+        return MAX_CALLS_PER_REPETITION
+    return min(MAX_CALLS_PER_REPETITION, max(1, math.ceil(seconds / per_call)))
+
+
+def _seconds_per_call(backend: Backend, call: Callable[[int], Any]) -> float:
+    """A call's time on the host clock, from back-to-back calls (doubled until they last
+    TARGET_REPETITION_S), so one call's launch and synchronisation do not dominate it."""
+    count = 1
+    while True:
+        backend.synchronize()
+        started = time.perf_counter()
+        for index in range(count):
+            call(index)
+        backend.synchronize()
+        elapsed = time.perf_counter() - started
+        if elapsed >= TARGET_REPETITION_S or count >= MAX_CALLS_PER_REPETITION:
+            return elapsed / count
+        count *= 2
+
+
+def _timed_repetitions(backend: Backend, call: Callable[[int], Any], calls: int,
+                       repeats: int) -> tuple[list[float], dict[str, Any] | None, str | None]:
+    """(each repetition's seconds, the SM clock over them or None, and why None)."""
+    sampler = backend.telemetry_sampler(CLOCK_SAMPLE_INTERVAL_S)
+    timer = backend.step_timer()
+    sampler.start()
+    try:
+        with backend.measuring():
+            timer.mark()
+            for repetition in range(repeats):
+                for index in range(calls):
+                    call(repetition * calls + index)
+                timer.mark()
+    finally:
+        summary = sampler.stop()
+    clock, unmeasured = sm_clock(sampler, summary)
+    return timer.intervals_s(), clock, unmeasured
+
+
+def sm_clock(sampler, summary: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The first device's SM clock over the sampler's window (mean, min, max in MHz, samples),
+    or None and the reason: telemetry unavailable, or no clock among its readings."""
+    if not summary.get("available"):
+        return None, f"{summary.get('source')} telemetry unavailable: {summary.get('reason')}"
+    values = [readings[0]["sm_clock_mhz"] for _, readings in sampler.samples
+              if readings and readings[0].get("sm_clock_mhz") is not None]
+    if not values:
+        return None, f"{summary.get('source')} telemetry reports no SM clock for this device"
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "samples": len(values)}, None
+
+
+# What `hwbench calibrate` decides before measuring -------------------------------------
+
+def open_backend(device: str, threads: int | None) -> Backend:
+    """The device to calibrate, prepared for measuring (``threads``: the CPU's intra-op threads,
+    None: its usable cores). UsageError or SetupError, with the reason, before anything is measured."""
+    from hwbench.device import select_backend
+
+    backend = select_backend(device)
+    if threads is not None and backend.name != "cpu":
+        raise UsageError(f"--threads {threads} is for --device cpu; this is {backend.name}: leave it out")
+    if threads is not None:
+        from hwbench.device.host import usable_cores
+
+        # more threads than cores measures contention, not the CPU: the ceiling of an oversubscribed
+        # configuration, which no run should be compared with (docs/methodology.md, 'Measured ceiling')
+        cores = usable_cores()
+        if threads > cores:
+            raise UsageError(f"--threads {str(threads)!r} is not accepted; accepted: an integer from 1 to {cores} "
+                             "(the cores this process may use)")
+    if backend.simulated:
+        raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
+                         "there is nothing to calibrate")
+    backend.prepare_process(threads=threads)
+    return backend
+
+
+def device_key(backend: Backend) -> tuple[str, str]:
+    """(device model, driver): what a calibration is stored under; SetupError without a driver."""
+    from hwbench.devices import device_model_name
+
+    driver, problem = backend.driver()
+    if driver is None:
+        raise SetupError(f"--device {backend.name}: the driver could not be read ({problem}); a ceiling is kept per "
+                         "device model and driver, so it could not be matched to a run")
+    return device_model_name(backend), driver
+
+
+def device_precisions(backend: Backend, requested: tuple[str, ...] | None) -> tuple[tuple[str, ...], list[str]]:
+    """(the precisions to measure, each default one the device lacks with why). ``requested``
+    None: the device kind's defaults; a requested precision the device lacks is bad input."""
+    from hwbench.calibration import DEFAULT_PRECISIONS
+
+    wanted = requested or DEFAULT_PRECISIONS[backend.name]
+    problems = {p: backend.precision_problem(p) for p in wanted}
+    if requested is not None:
+        for precision, problem in problems.items():
+            if problem:
+                raise UsageError(f"--precisions {precision}: {problem}")
+    return tuple(p for p in wanted if not problems[p]), [f"{p}: {problems[p]}" for p in wanted if problems[p]]

@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from hwbench.errors import UsageError
 from hwbench.result_shape import MEASURED_CEILING, shape_problem
-from hwbench.results import write_json_atomic
+from hwbench.results import check_output_file, check_output_folder, write_json_atomic
 
 STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
@@ -52,6 +53,43 @@ def default_store_path() -> Path:
         return Path(named).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME", "").strip()
     return (Path(cache) if cache else Path.home() / ".cache") / "hwbench" / "calibration.json"
+
+
+def resolve_store(given: str | None) -> tuple[Path, str]:
+    """(the store `hwbench calibrate` writes, as an absolute path; the name an error gives it):
+    ``given`` (--store), else the store runs read. Checked before anything is measured: a
+    folder that cannot be written or a file that is not a store is UsageError (one line)."""
+    if given is not None:
+        if not given.strip():
+            raise UsageError("--store '' is not accepted; give a file path")
+        path, option = Path(given).expanduser(), "--store"
+    else:
+        path = default_store_path()
+        option = f"${STORE_ENV}" if os.environ.get(STORE_ENV, "").strip() else "the calibration store"
+    check_output_file(path, option)
+    # named by the value given, not by its folder, which is what cannot be written
+    check_output_folder(path.parent, f"{option} {given if given is not None else str(path)!r}: its folder")
+    try:
+        load_store(path)
+    except CalibrationStoreError as error:
+        raise UsageError(f"{option} {error}; give another file, or move this one away") from None
+    return path.absolute(), option
+
+
+def store_runs_read() -> Path | None:
+    """The store a run started now, here, would read ($HWBENCH_CALIBRATION, else the default),
+    as an absolute path; None when there is none (no home folder)."""
+    try:
+        return default_store_path().absolute()
+    except (RuntimeError, KeyError):
+        return None
+
+
+def same_file(one: Path, other: Path) -> bool:
+    try:
+        return one.resolve() == other.resolve()
+    except (OSError, RuntimeError):
+        return one.absolute() == other.absolute()
 
 
 def empty_store() -> dict[str, Any]:

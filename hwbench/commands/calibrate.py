@@ -4,16 +4,16 @@ and keep them per device model and driver, so that runs report MFU against them 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
-from pathlib import Path
 
-from hwbench.calibration import (DEFAULT_COPY_BYTES, DEFAULT_PRECISIONS, DEFAULT_REPEATS, DEFAULT_SIZES,
-                                 DEFAULT_WARMUP)
+from hwbench.calibration import (DEFAULT_COPY_BYTES, DEFAULT_DEVICE_WARMUP_S, DEFAULT_MIN_TIME_S,
+                                 DEFAULT_PRECISIONS, DEFAULT_REPEATS, DEFAULT_SIZES, DEFAULT_WARMUP)
 from hwbench.calibration.store import PRECISIONS, STORE_ENV
 from hwbench.device.kinds import DEVICE_CHOICES
-from hwbench.errors import SetupError, UsageError
+from hwbench.errors import UsageError
 from hwbench.units import human_bytes
 
 DESCRIPTION = (
@@ -41,6 +41,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, >= 2)")
     parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
                         help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, >= 1)")
+    parser.add_argument("--min-time", default=str(DEFAULT_MIN_TIME_S), metavar="SECONDS",
+                        help=f"each measurement's timed repetitions together last at least this (default "
+                             f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst")
+    parser.add_argument("--device-warmup", default=str(DEFAULT_DEVICE_WARMUP_S), metavar="SECONDS",
+                        help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
+                             f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)")
     parser.add_argument("--threads", help="CPU: intra-op threads, at most the usable cores (default: the usable "
                                           "cores); part of the CPU's key")
     parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
@@ -69,26 +75,15 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(part) for part in parts))
 
 
-def _store_path(args: argparse.Namespace) -> tuple[Path, str]:
-    """(the store file, the name an error gives it), checked before anything is measured."""
-    from hwbench.calibration.store import CalibrationStoreError, default_store_path, load_store
-    from hwbench.results import check_output_file, check_output_folder
-
-    if args.store is not None:
-        path, option = Path(args.store).expanduser(), "--store"
-        if not args.store.strip():
-            raise UsageError("--store '' is not accepted; give a file path")
-    else:
-        path = default_store_path()
-        option = f"${STORE_ENV}" if os.environ.get(STORE_ENV, "").strip() else "the calibration store"
-    check_output_file(path, option)
-    # named by the value given, not by its folder, which is what cannot be written
-    check_output_folder(path.parent, f"{option} {args.store if args.store is not None else str(path)!r}: its folder")
+def _seconds(option: str, text: str, allow_zero: bool) -> float:
     try:
-        load_store(path)
-    except CalibrationStoreError as error:
-        raise UsageError(f"{option} {error}; give another file, or move this one away") from None
-    return path, option
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > 3600:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise UsageError(f"{option} {text!r} is not accepted; accepted: seconds {bound}, at most 3600")
+    return value
 
 
 def main(args: argparse.Namespace) -> int:
@@ -98,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
     sizes = _sizes(args.sizes) if args.sizes is not None else None
     repeats = _integer("--repeats", args.repeats, 2)
     warmup = _integer("--warmup", args.warmup, 1)
+    min_time = _seconds("--min-time", args.min_time, allow_zero=False)
+    device_warmup = _seconds("--device-warmup", args.device_warmup, allow_zero=True)
     threads = _integer("--threads", args.threads, 1) if args.threads is not None else None
     from hwbench.units import parse_size
 
@@ -105,40 +102,21 @@ def main(args: argparse.Namespace) -> int:
     if copy_bytes is not None and copy_bytes < 1:  # '0.5' parses to 0 bytes: there would be nothing to copy
         raise UsageError(f"--copy-size {args.copy_size!r} is not accepted; accepted: a size of at least 1 byte, "
                          "e.g. 256MiB")
-    store, option = _store_path(args)
+    from hwbench.calibration.store import (CalibrationStoreError, record_calibration, resolve_store, same_file,
+                                           store_runs_read)
 
-    from hwbench.calibration.measure import CalibrationSettings, calibrate
-    from hwbench.calibration.store import CalibrationStoreError, record_calibration
-    from hwbench.device import select_backend
-    from hwbench.devices import device_model_name
+    store, option = resolve_store(args.store)
 
-    backend = select_backend(args.device)
-    if threads is not None and backend.name != "cpu":
-        raise UsageError(f"--threads {threads} is for --device cpu; this is {backend.name}: leave it out")
-    if threads is not None:
-        from hwbench.device.host import usable_cores
+    from hwbench.calibration.measure import (CalibrationSettings, calibrate, device_key, device_precisions,
+                                             open_backend)
 
-        # more threads than cores measures contention, not the CPU: the ceiling of an oversubscribed
-        # configuration, which no run should be compared with (docs/methodology.md, 'Measured ceiling')
-        cores = usable_cores()
-        if threads > cores:
-            raise UsageError(f"--threads {args.threads!r} is not accepted; accepted: an integer from 1 to {cores} "
-                             f"(the cores this process may use)")
-    if backend.simulated:
-        raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
-                         "there is nothing to calibrate")
-    backend.prepare_process(threads=threads)
-    precisions, left_out = _device_precisions(backend, requested or DEFAULT_PRECISIONS[backend.name],
-                                              explicit=requested is not None)
-    driver, problem = backend.driver()
-    if driver is None:
-        raise SetupError(f"--device {backend.name}: the driver could not be read ({problem}); a ceiling is kept per "
-                         "device model and driver, so it could not be matched to a run")
-    model = device_model_name(backend)
+    backend = open_backend(args.device, threads)
+    precisions, left_out = device_precisions(backend, requested)
+    model, driver = device_key(backend)
     settings = CalibrationSettings(precisions=precisions, sizes=sizes or DEFAULT_SIZES[backend.name],
                                    copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None
                                                else copy_bytes),
-                                   repeats=repeats, warmup=warmup)
+                                   repeats=repeats, warmup=warmup, min_time_s=min_time, device_warmup_s=device_warmup)
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
     calibration = calibrate(backend, model, driver, settings,
                             on_measured=lambda m: print(f"  {_label(m)} {_size_text(m)}: "
@@ -169,41 +147,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
               file=sys.stderr)
     where = f"stored in {store} under {backend.name} / {model} / driver {driver}: "
-    read_by_runs = _runs_store()
-    if read_by_runs is not None and _same_path(read_by_runs, store):
-        print(where + "runs on this device and driver report mfu_measured_ceiling against these ceilings")
+    read_by_runs = store_runs_read()
+    if read_by_runs is not None and same_file(read_by_runs, store):
+        named = os.path.expanduser(os.environ.get(STORE_ENV, "").strip())
+        print(where + "runs on this device and driver report mfu_measured_ceiling against these ceilings"
+              + (f" (runs started in this folder: ${STORE_ENV} is a relative path)"
+                 if named and not os.path.isabs(named) else ""))
     else:
         print(where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
               f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings")
     return 0
-
-
-def _runs_store() -> Path | None:
-    """The store a run reads ($HWBENCH_CALIBRATION, else the default); None when it cannot be found."""
-    from hwbench.calibration.store import default_store_path
-
-    try:
-        return default_store_path()
-    except (RuntimeError, KeyError):
-        return None
-
-
-def _same_path(one: Path, other: Path) -> bool:
-    try:
-        return one.resolve() == other.resolve()
-    except (OSError, RuntimeError):
-        return one.absolute() == other.absolute()
-
-
-def _device_precisions(backend, wanted: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...], list[str]]:
-    """(the precisions to measure, each default one the device lacks with why); a precision asked
-    for with --precisions that the device lacks is bad input."""
-    problems = {p: backend.precision_problem(p) for p in wanted}
-    if explicit:
-        for precision, problem in problems.items():
-            if problem:
-                raise UsageError(f"--precisions {precision}: {problem}")
-    return tuple(p for p in wanted if not problems[p]), [f"{p}: {problems[p]}" for p in wanted if problems[p]]
 
 
 def _label(measurement) -> str:
@@ -225,20 +178,37 @@ def _rate_text(measurement, statistic: str) -> str:
     return flops_rate_text(value) if measurement.kind == "gemm" else bandwidth_text(value)
 
 
+def _clock_text(measurement) -> str:
+    clock = measurement.sm_clock_mhz
+    if clock is None:
+        return "-"
+    return f"{clock['mean']:.0f} ({clock['min']:.0f}-{clock['max']:.0f})"
+
+
 def calibration_table(calibration) -> str:
-    """The measurements, the best size of each precision marked as its ceiling."""
+    """The measurements, the best size of each precision marked as its ceiling; under the table
+    the device warm-up and why no SM clock was read, each said once."""
     from tabulate import tabulate
 
-    best = {p: calibration.ceiling(p) for p in calibration.settings.precisions}
+    settings = calibration.settings
+    best = {p: calibration.ceiling(p) for p in settings.precisions}
     rows = []
     for m in calibration.measurements:
         ceiling = m.rate is not None and (m.kind == "copy" or best.get(m.precision) is m)
         rows.append([_label(m), _size_text(m), _rate_text(m, "median"),
                      _rate_text(m, "p10") if m.rate else "-", _rate_text(m, "p90") if m.rate else "-",
                      f"{m.rate['cv']:.1%}" if m.rate else "-", m.calls_per_repetition if m.rate else "-",
-                     m.input_sets if m.kind == "gemm" else "-", "yes" if ceiling else ""])
+                     m.input_sets if m.kind == "gemm" else "-", f"{m.timed_s:.2f}" if m.timed_s is not None else "-",
+                     _clock_text(m), "yes" if ceiling else ""])
     title = (f"{calibration.device_kind}: {calibration.device_model}, driver {calibration.driver}; "
-             f"{calibration.settings.repeats} timed repetitions of each after {calibration.settings.warmup} "
-             "warm-up calls; copy counts bytes read + written")
-    return title + "\n" + tabulate(rows, headers=["measurement", "size", "median", "p10", "p90", "CV",
-                                                  "calls/rep", "input sets", "ceiling"], disable_numparse=True)
+             f"{settings.repeats} timed repetitions of each, together at least {settings.min_time_s:g} s, after "
+             f"{settings.warmup} warm-up calls; copy counts bytes read + written")
+    notes = []
+    warmed = calibration.device_warmup
+    notes.append(f"device warm-up: {warmed['seconds']:.1f} s of GEMM {warmed['precision']} {warmed['size']}"
+                 if warmed else f"device warm-up: none ({calibration.device_warmup_skipped})")
+    for reason in dict.fromkeys(m.sm_clock_unmeasured for m in calibration.measurements if m.sm_clock_unmeasured):
+        notes.append(f"SM clock not read: {reason}")
+    table = tabulate(rows, headers=["measurement", "size", "median", "p10", "p90", "CV", "calls/rep", "input sets",
+                                    "timed s", "SM clock MHz mean (min-max)", "ceiling"], disable_numparse=True)
+    return "\n".join([title, table, *notes])

@@ -17,7 +17,7 @@ from hwbench.units import gib
 
 DESCRIPTION = "Predict the per-rank peak memory of training layouts and which fit a device (docs/planner.md)."
 HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
-           "logits", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
+           "logits", "16-bit casts", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
 
 
 # `hwbench run` options that shape the memory a layout needs; --fsdp and --zero (with
@@ -51,7 +51,8 @@ def _row(layout, plan, capacity: int, headroom: float) -> list:
     other = plan.buffers_bytes + plan.gathered_bytes
     precision = layout.spec.precision + ("+recompute" if layout.spec.recompute else "")
     return [layout.name, layout.variant, precision, plan.stage, gib(plan.weights_bytes), gib(plan.gradients_bytes),
-            gib(plan.optimizer_bytes), gib(plan.activations_bytes), gib(plan.logits_bytes), gib(other),
+            gib(plan.optimizer_bytes), gib(plan.activations_bytes), gib(plan.logits_bytes),
+            gib(plan.cast_weights_bytes), gib(other),
             gib(plan.step_transient_bytes), gib(plan.overhead_bytes), gib(plan.total_bytes),
             "yes" if plan.fits(capacity, headroom) else "no"]
 

@@ -29,6 +29,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", default=None, metavar="N",
                         help="tokens of the training projection (default: 20 per parameter of each model, the "
                              "compute-optimal budget of Hoffmann et al. 2022)")
+    parser.add_argument("--also-formula", metavar="NAME",
+                        help="a FLOPs formula whose MFU the per-model tables show beside each run's own, e.g. "
+                             "megatron-core-v0.7 to compare with a Megatron-LM log before core_v0.12 (names: "
+                             "hwbench run --flops-formula)")
     parser.add_argument("--projection-devices", "--devices", dest="projection_devices", type=int,
                         default=DEFAULT_PROJECTION_DEVICES, metavar="N",
                         help=f"devices of the projected training job (default: {DEFAULT_PROJECTION_DEVICES}; "
@@ -43,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     prices = {**(load_price_file(args.prices) if args.prices else {}), **parse_price_options(args.price)}
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
     text, skipped = write_report(args.results, args.format, args.against, prices, tokens, args.projection_devices,
-                                 args.out)
+                                 args.out, args.also_formula)
     for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
         print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
     if args.out:

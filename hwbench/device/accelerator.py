@@ -15,10 +15,15 @@ from hwbench.device.base import Backend, EventTimer, MemoryStats, StepTimer
 class AcceleratorBackend(Backend):
     """A backend over a torch.cuda-like module (``torch.cuda`` or ``torch.npu``)."""
 
+    # counters the caching allocator keeps since the process started, never reset: the timed
+    # window's are their difference across it (memory_stats after reset_peak_memory)
+    WINDOW_COUNTERS = ("num_alloc_retries", "num_ooms")
+
     def __init__(self, api: ModuleType) -> None:
         super().__init__()
         self.api = api
         self.local_index = 0
+        self._counters_at_reset: dict[str, int] = {}
 
     def device_count(self) -> int:
         return int(self.api.device_count())
@@ -41,6 +46,11 @@ class AcceleratorBackend(Backend):
         return EventTimer(self.api.Event)
 
     def reset_peak_memory(self) -> None:
+        try:
+            stats = self.api.memory_stats()
+        except Exception:  # an old runtime without memory_stats: memory_stats() says so
+            stats = {}
+        self._counters_at_reset = {key: int(stats[key]) for key in self.WINDOW_COUNTERS if key in stats}
         self.api.reset_peak_memory_stats()
 
     def memory_stats(self) -> MemoryStats:
@@ -53,7 +63,7 @@ class AcceleratorBackend(Backend):
 
         def stat(key: str, field: str) -> int | None:
             if key in stats:
-                return int(stats[key])
+                return int(stats[key]) - self._counters_at_reset.get(key, 0)
             unmeasured.setdefault(field, f"memory_stats() has no '{key}'")
             return None
 

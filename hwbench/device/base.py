@@ -23,7 +23,8 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 
 @dataclasses.dataclass
 class MemoryStats:
-    """Peak memory of this process's device since the last reset, in bytes.
+    """Peak memory of this process's device since the last reset, in bytes, and the
+    allocator's retries and out-of-memory errors since then (the timed window's).
     A None field comes with its reason in ``unmeasured``."""
 
     peak_allocated_bytes: int | None

@@ -11,7 +11,7 @@ import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.base import HostSyncCount
-from hwbench.device.kinds import KINDS
+from hwbench.device.kinds import KINDS, choose_allocator_setting
 from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, nvml_power_limit_w, pci_bus_id
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
@@ -19,6 +19,17 @@ from hwbench.errors import SetupError
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda warn_or_error_on_sync
 SYNC_SITES_KEPT = 5
+
+
+def expandable_segments_in_effect(memory_module: Any) -> bool | None:
+    """Whether the initialised allocator runs with expandable segments, as its snapshot reports
+    them (``torch.cuda.memory``, a parameter for tests); None where this torch does not say."""
+    try:
+        settings = memory_module._snapshot().get("allocator_settings") or {}
+    except Exception:
+        return None
+    value = settings.get("expandable_segments")
+    return value if isinstance(value, bool) else None
 
 
 def count_sync_warnings(caught: list[warnings.WarningMessage], record: HostSyncCount) -> None:
@@ -63,6 +74,9 @@ class CudaBackend(AcceleratorBackend):
     deepspeed_accelerator = KINDS["cuda"].deepspeed_accelerator
 
     def __init__(self) -> None:
+        # first, before any call that could initialise CUDA (this process's and every rank's)
+        self.allocator_settings = choose_allocator_setting(KINDS["cuda"].allocator, os.environ,
+                                                           torch.cuda.is_initialized())
         if torch.version.cuda is None:
             raise SetupError(
                 f"--device cuda: this torch build ({torch.__version__}) has no CUDA support; "
@@ -98,7 +112,8 @@ class CudaBackend(AcceleratorBackend):
         # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off. The API used
         # follows from the torch version the fingerprint records, so tuning does not repeat it.
         turn_tf32_off(torch.backends)
-        self.tuning = {"tf32": False}
+        self.tuning = {"tf32": False, "allocator": self.allocator_settings,
+                       "expandable_segments": expandable_segments_in_effect(torch.cuda.memory)}
         return device
 
     @contextlib.contextmanager

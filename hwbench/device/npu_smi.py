@@ -152,7 +152,8 @@ class NpuSmiSampler(TelemetrySampler):
             row = dict(table.get(device_id, {}))
             if "chip" in row:
                 self._places[device_id] = {"bus_id": row.get("bus_id"), "chip": row["chip"]}
-            if row.get("hbm_used_mb") is not None:  # on HBM cards that is the device memory
-                row["memory_used_mb"] = row["hbm_used_mb"]
-            readings.append(row)
+            # npu-smi's "MB" columns count MiB (a 64 GB card's HBM total reads 65536); on HBM cards
+            # the HBM figure is the device memory
+            used = row.get("hbm_used_mb") if row.get("hbm_used_mb") is not None else row.get("memory_used_mb")
+            readings.append({**row, "memory_used_mib": used})
         return readings

@@ -220,7 +220,7 @@ class NvmlSampler(TelemetrySampler):
             "temperature_c": self._query(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
             "sm_clock_mhz": self._query(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             "utilization_percent": utilization.gpu if utilization is not None else None,
-            "memory_used_mb": memory.used / 2**20 if memory is not None else None,
+            "memory_used_mib": memory.used / 2**20 if memory is not None else None,
             "ecc_uncorrected": self._query(
                 lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
             ),

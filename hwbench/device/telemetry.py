@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 # How each reading is summarised over the timed window.
-MEAN_AND_MAX = ("power_w", "temperature_c", "sm_clock_mhz", "utilization_percent", "memory_used_mb")
+MEAN_AND_MAX = ("power_w", "temperature_c", "sm_clock_mhz", "utilization_percent", "memory_used_mib")
 INTEGRATED_POWER = "integrated power samples"
 # Energy and mean power x window disagreeing by more than this factor means a wrong
 # reading (another device's counter, a unit), not sampling noise; checked only with this

@@ -19,7 +19,7 @@ from hwbench.stats import finite_or_none, summarize
 from hwbench.results import RunResult
 from hwbench.spec import RunSpec
 from hwbench.plausibility import implausible_throughput
-from hwbench.workload.flops import FLOPS_FORMULAS, model_flops_per_iteration
+from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -191,12 +191,21 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     world = spec.parallel.world_size
     total_time = sum(times)
     samples_per_s = spec.global_batch_size * len(times) / total_time
-    flops = model_flops_per_iteration(spec.model_config(workload.model), spec.global_batch_size, spec.seq_length,
-                                      tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
-                                      formula=spec.flops_formula)
+    peak = result.device.get("peak_flops")
+    by_formula = {}
+    for name, formula_flops in flops_by_formula(spec.model_config(workload.model), spec.global_batch_size,
+                                                spec.seq_length, tensor_parallel=spec.parallel.tp,
+                                                recompute=spec.recompute).items():
+        rate = formula_flops * len(times) / total_time / world  # FLOP/s per device
+        by_formula[name] = {"flops_per_iteration": formula_flops, "tflops_per_device": rate / 1e12,
+                            "mfu": rate / peak if peak else None}
+    flops = by_formula[spec.flops_formula]["flops_per_iteration"]
     achieved = flops * len(times) / total_time / world
     implausible = implausible_throughput(achieved, result.device)
-    peak = None if implausible else result.device.get("peak_flops")
+    if implausible:
+        peak = None
+        for figures in by_formula.values():
+            figures["mfu"] = None
     unmeasured: dict[str, str] = {"mfu": implausible, "mfu_measured_ceiling": implausible} if implausible else {}
     if peak is None and not implausible:
         unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
@@ -216,6 +225,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         "flops_per_iteration": flops,
         "flops_formula": spec.flops_formula,
         "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
+        "by_formula": by_formula,  # every known formula's figures, for comparing with other tools' logs
         "world_size": world,
         "timed_steps": len(times),
         "step_time_s": summarize(times),

@@ -11,20 +11,30 @@ FORMATS = ("md", "html", "csv", "json")
 
 def write_report(paths: Sequence[str], format: str = "md", against: str | os.PathLike | None = None,
                  prices: Mapping[str, Any] | None = None, tokens: float | None = None, projection_devices: int = 8,
-                 out: str | os.PathLike | None = None) -> tuple[str, list[tuple[str, str]]]:
+                 out: str | os.PathLike | None = None,
+                 also_formula: str | None = None) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` as text in ``format``, written
     atomically to ``out`` when given (never half-written, never over one of its inputs),
-    and the (file, reason) of each file left out. UsageError, one line, for bad input."""
+    and the (file, reason) of each file left out. ``also_formula``: a FLOPs formula whose MFU
+    the per-model tables show beside the default's. UsageError, one line, for bad input."""
     from hwbench.errors import UsageError
     from hwbench.report.build import make_report
     from hwbench.results import check_output_file, write_text_atomic
 
     if format not in FORMATS:
         raise UsageError(f"--format {format!r} is not accepted; give {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    if also_formula is not None:
+        from hwbench.workload.flops import FLOPS_FORMULA_NAMES, canonical_formula
+
+        try:
+            also_formula = canonical_formula(also_formula)
+        except ValueError:
+            raise UsageError(f"--also-formula {also_formula!r} is not known; accepted: "
+                             f"{', '.join(FLOPS_FORMULA_NAMES)}") from None
     if out is not None:
         check_output_file(out, "--out", paths)
     text, skipped = make_report(list(paths), format, None if against is None else os.fspath(against), prices or {},
-                                tokens, projection_devices)
+                                tokens, projection_devices, also_formula)
     if out is not None:
         try:
             write_text_atomic(out, text)

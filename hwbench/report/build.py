@@ -21,10 +21,12 @@ from hwbench.results import RunResult
 
 def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
                  published: pd.DataFrame | None, published_note: str | None,
-                 prices: dict[str, Price], tokens: float | None, devices: int, with_plots: bool = True) -> Report:
+                 prices: dict[str, Price], tokens: float | None, devices: int, with_plots: bool = True,
+                 also_formula: str | None = None) -> Report:
     """The report of the ``loaded`` (result, file) pairs; ``skipped`` (file, reason) pairs are listed
     in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
-    None: each workload's budget is 20 tokens per parameter."""
+    None: each workload's budget is 20 tokens per parameter. ``also_formula``: a FLOPs formula whose
+    MFU the per-model tables show beside each run's own."""
     rows = [run_row(result, file, prices, tokens) for result, file in loaded]
     fits = scaling_fits(rows)
     apply_projections(rows, fits, devices)
@@ -41,7 +43,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         decision,
         runs_section(runs),
         published_section(runs, comparison, published, published_note),
-        model_section(runs, images),
+        model_section(runs, images, also_formula),
         procurement_section(runs, devices, notes),
         convergence_section(runs, images),
         environment_section(runs, warnings_found),
@@ -94,7 +96,8 @@ def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | No
 
 
 def make_report(paths: Sequence[str], format: str, against: str | None, prices: Mapping[str, Any],
-                tokens: float | None, projection_devices: int) -> tuple[str, list[tuple[str, str]]]:
+                tokens: float | None, projection_devices: int,
+                also_formula: str | None = None) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` (none: the published tables alone) as
     text in ``format`` (md, csv, json, html), and the (file, reason) of each file left out.
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
@@ -115,7 +118,7 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     if not loaded and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
     report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
-                          with_plots=format == "html")
+                          with_plots=format == "html", also_formula=also_formula)
     if format == "html":
         from hwbench.report.html import render_html
 

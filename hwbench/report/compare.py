@@ -178,8 +178,24 @@ def _place_keyless(keyless: list[RunResult], names: dict[tuple, set], by_key: di
     return unplaced
 
 
-def metric_value(result: RunResult, metric: str) -> float | None:
+# figures that depend on the FLOPs formula: compared under one formula (metrics.by_formula)
+FORMULA_METRICS = ("tflops_per_device", "mfu")
+
+
+def result_formula(result: RunResult) -> str | None:
+    """The canonical name of the FLOPs formula a result's own figures use."""
+    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
+
+    own = (result.metrics or {}).get("flops_formula")
+    return FLOPS_FORMULA_ALIASES.get(own, own) if isinstance(own, str) else None
+
+
+def metric_value(result: RunResult, metric: str, formula: str | None = None) -> float | None:
+    """The result's figure; for TFLOP/s and MFU under ``formula`` (None: the result's own), from
+    metrics.by_formula when the result's own formula is another (None when it has no such entry)."""
     value: Any = result.metrics or {}
+    if metric in FORMULA_METRICS and formula is not None and result_formula(result) != formula:
+        value = (value.get("by_formula") or {}).get(formula)
     for part in METRICS[metric][0]:
         value = value.get(part) if isinstance(value, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -310,10 +326,12 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
     points = []
     for key in sorted(common, key=lambda k: point_label(k, names[k])):
         b, c = base_by[key], cur_by[key]
+        # TFLOP/s and MFU under the baseline's formula: a new default formula is no regression
+        formula = next((f for r in b if r.status == "ok" and (f := result_formula(r))), None)
         comparison = PointComparison(
             key=key, label=point_label(key, names[key]),
-            baseline=[v for r in b if r.status == "ok" and (v := metric_value(r, metric)) is not None],
-            current=[v for r in c if r.status == "ok" and (v := metric_value(r, metric)) is not None],
+            baseline=[v for r in b if r.status == "ok" and (v := metric_value(r, metric, formula)) is not None],
+            current=[v for r in c if r.status == "ok" and (v := metric_value(r, metric, formula)) is not None],
             baseline_statuses=[r.status for r in b], current_statuses=[r.status for r in c])
         points.append(compare_point(comparison, threshold, higher))
     matched_base = [r for k in common for r in base_by[k]]

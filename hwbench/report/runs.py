@@ -104,6 +104,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "tokens_per_s_per_device": number(metrics.get("tokens_per_s_per_device")),
         "tflops_per_device": number(metrics.get("tflops_per_device")), "mfu": number(metrics.get("mfu")),
         "mfu_reason": (metrics.get("unmeasured") or {}).get("mfu"),
+        "mfu_by_formula": mfu_by_formula(metrics),
         "mfu_measured_ceiling": number(metrics.get("mfu_measured_ceiling")),
         "mfu_measured_ceiling_reason": (metrics.get("unmeasured") or {}).get("mfu_measured_ceiling")
         or ("the result predates hwbench calibrate" if "mfu_measured_ceiling" not in metrics else None),
@@ -133,6 +134,18 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
     row["point"] = point_text(result)
     row.update(procurement_figures(result, row, prices, tokens))
     return row
+
+
+def mfu_by_formula(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """The run's MFU by canonical FLOPs-formula name: `metrics.by_formula`, and the run's own
+    formula (a result written before `by_formula` has only that one)."""
+    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
+
+    found = {name: number((entry or {}).get("mfu")) for name, entry in (metrics.get("by_formula") or {}).items()}
+    own = metrics.get("flops_formula")
+    if isinstance(own, str):
+        found.setdefault(FLOPS_FORMULA_ALIASES.get(own, own), number(metrics.get("mfu")))
+    return found
 
 
 def point_text(result: RunResult) -> str | None:

@@ -88,7 +88,8 @@ def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: p
     return section
 
 
-def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
+def model_section(runs: pd.DataFrame, images: dict[str, bytes], also_formula: str | None = None) -> Section:
+    """``also_formula``: a FLOPs formula whose MFU gets a column beside each run's own."""
     section = Section("Per model")
     section.blocks.append(("p", "Every layout measured, by model. Peak memory is the allocator's peak allocated "
                                 "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
@@ -97,14 +98,20 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
     for model, group in ok.groupby("model", sort=True):
         section.blocks.append(("h", f"{model}"))
         table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
-                       "tokens/s", "TFLOP/s per device", "MFU", "MFU (measured ceiling)", "peak memory",
-                       "predicted", "capacity"], [])
+                       "tokens/s", "TFLOP/s per device", "MFU", *([f"MFU ({also_formula})"] if also_formula else []),
+                       "MFU (measured ceiling)", "peak memory", "predicted", "capacity"], [])
         notes: list[str] = []  # why an MFU is missing, each said once under the table
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
             marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
             engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
                 + (" FSDP" if run["fsdp"] else "")
             mfu = _fraction_cell(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}", notes)
+            also = []
+            if also_formula:
+                by_formula = run["mfu_by_formula"] or {}
+                why = (f"MFU not measured: {run['mfu_reason'] or 'not measured'}" if also_formula in by_formula
+                       else f"no {also_formula} figures in the result (written before metrics.by_formula)")
+                also = [_fraction_cell(by_formula.get(also_formula), why, notes)]
             ceiling_mfu = _fraction_cell(run["mfu_measured_ceiling"], "MFU against a measured ceiling not measured: "
                                          f"{run['mfu_measured_ceiling_reason'] or 'not measured'}", notes)
             predicted = gib_cell(run["predicted_peak_bytes"]) if is_number(run["predicted_peak_bytes"]) \
@@ -113,7 +120,7 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
                                run["precision"] + (", recompute" if run["recompute"] else ""),
                                f"{run['micro_batch_size']}/{run['global_batch_size']}", run["seq_length"],
                                fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
-                               fmt(run["tflops_per_device"], 3), mfu, ceiling_mfu, gib_cell(run["peak_bytes"]),
+                               fmt(run["tflops_per_device"], 3), mfu, *also, ceiling_mfu, gib_cell(run["peak_bytes"]),
                                predicted, gib_cell(run["capacity_bytes"])])
         section.blocks.append(("table", table))
         for index, note in enumerate(notes, start=1):

@@ -1,7 +1,9 @@
 """Model FLOPs per training iteration: the one place hwbench computes them.
 
 TFLOP/s and MFU everywhere in hwbench come from ``model_flops_per_iteration``;
-the result records which formula was used (FACTS.md §4).
+the result records which formula was used, and every known formula's figures
+beside it (``metrics.by_formula``), so a run compares with a Megatron-LM log of
+either generation or with Megatron-DeepSpeed (docs/methodology.md, "FLOPs").
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ class FlopsFormula:
     compute: Callable[[GPTConfig, int, int, int, bool], float]
 
 
-def _megatron_lm(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+def _megatron_core_v0_12(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+    # causal attention: only half the score matrix is computed and multiplied with V
+    L, h = config.num_layers, config.hidden_size
+    return 72.0 * batch * seq * L * h * h * (1 + seq / (12 * h) + vocab / (12 * L * h))
+
+
+def _megatron_core_v0_7(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
     L, h = config.num_layers, config.hidden_size
     return 72.0 * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (12 * L * h))
 
@@ -43,10 +51,19 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
     f.name: f
     for f in (
         FlopsFormula(
-            name="megatron-lm",
-            source="Megatron-LM core_v0.7-v0.11 num_floating_point_operations (plain GPT)",
+            name="megatron-core-v0.12",
+            source="Megatron-LM core_v0.12.0 and later (main included), num_floating_point_operations in "
+                   "megatron/training/training.py, plain GPT: the attention scores counted once for the causal "
+                   "mask (s/(2h) in its general form)",
+            expression="72*B*s*L*h^2*(1 + s/(12h) + V/(12*L*h))",
+            compute=_megatron_core_v0_12,
+        ),
+        FlopsFormula(
+            name="megatron-core-v0.7",
+            source="Megatron-LM core_v0.5.0 to core_v0.11.x, num_floating_point_operations in megatron/training.py "
+                   "(from core_v0.6.0 megatron/training/training.py), plain GPT: the full attention-score matrix",
             expression="72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
-            compute=_megatron_lm,
+            compute=_megatron_core_v0_7,
         ),
         FlopsFormula(
             name="megatron-deepspeed",
@@ -63,7 +80,19 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
     )
 }
 
-DEFAULT_FLOPS_FORMULA = "megatron-lm"
+DEFAULT_FLOPS_FORMULA = "megatron-core-v0.12"
+# Names accepted on input for a formula: the old name of megatron-core-v0.7 (suites written
+# before it was split by Megatron version). Results record the canonical name.
+FLOPS_FORMULA_ALIASES = {"megatron-lm": "megatron-core-v0.7"}
+FLOPS_FORMULA_NAMES = (*FLOPS_FORMULAS, *FLOPS_FORMULA_ALIASES)  # what --flops-formula accepts
+
+
+def canonical_formula(name: str) -> str:
+    """The formula's canonical name (an alias resolved); ValueError for an unknown one."""
+    name = FLOPS_FORMULA_ALIASES.get(name, name)
+    if name not in FLOPS_FORMULAS:
+        raise ValueError(f"unknown FLOPs formula {name!r}; known: {', '.join(FLOPS_FORMULA_NAMES)}")
+    return name
 
 
 def model_flops_per_iteration(
@@ -77,13 +106,18 @@ def model_flops_per_iteration(
 ) -> float:
     """FLOPs of one training iteration (forward and backward over the global batch).
 
-    The default, ``megatron-lm``, counts model FLOPs: recomputation does not add
-    to it, so MFU stays comparable with and without activation checkpointing.
+    The Megatron-LM formulas (the default among them) count model FLOPs: recomputation
+    does not add to them, so MFU stays comparable with and without activation checkpointing.
     """
-    if formula not in FLOPS_FORMULAS:
-        raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FLOPS_FORMULAS)}")
     vocab = config.padded_vocab_size(tensor_parallel)
-    return FLOPS_FORMULAS[formula].compute(config, global_batch_size, seq_length, vocab, recompute)
+    return FLOPS_FORMULAS[canonical_formula(formula)].compute(config, global_batch_size, seq_length, vocab, recompute)
+
+
+def flops_by_formula(config: GPTConfig, global_batch_size: int, seq_length: int, *, tensor_parallel: int = 1,
+                     recompute: bool = False) -> dict[str, float]:
+    """Every known formula's FLOPs of one iteration, by canonical name."""
+    return {name: model_flops_per_iteration(config, global_batch_size, seq_length, tensor_parallel=tensor_parallel,
+                                            recompute=recompute, formula=name) for name in FLOPS_FORMULAS}
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:

@@ -99,7 +99,10 @@ PEAK_ACTIVE_BYTES = 1_234_567_936  # 'active_bytes.all.peak'
 PEAK_RESERVED_BYTES = 2_147_483_648  # 'reserved_bytes.all.peak' (2 GiB)
 CURRENT_ALLOCATED_BYTES = 1_048_576_000  # 'allocated_bytes.all.current'
 CURRENT_RESERVED_BYTES = 1_610_612_736  # 'reserved_bytes.all.current' (1.5 GiB)
-NUM_ALLOC_RETRIES = 3  # 'num_alloc_retries'
+# 'num_alloc_retries' counts since the process started, as torch's does: RETRIES_BEFORE_RESET until
+# the first peak reset (the warm-up's), NUM_ALLOC_RETRIES more after it (the timed window's)
+NUM_ALLOC_RETRIES = 3
+RETRIES_BEFORE_RESET = 2
 NUM_OOMS = 0  # 'num_ooms'
 
 RECORDED_MEMORY_STATS = {
@@ -191,7 +194,8 @@ class Event:
 
 def memory_stats(device=None) -> dict:
     _check(_index(device))
-    return dict(RECORDED_MEMORY_STATS)
+    retries = RETRIES_BEFORE_RESET + (NUM_ALLOC_RETRIES if _state["peak_resets"] else 0)
+    return {**RECORDED_MEMORY_STATS, "num_alloc_retries": retries}
 
 
 def reset_peak_memory_stats(device=None) -> None:
