@@ -17,7 +17,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from hwbench.report.runs import predicted_peak  # noqa: E402
-from hwbench.results import ResultFormatError, load_result, result_files  # noqa: E402
+from hwbench.result.files import result_files  # noqa: E402
+from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
 
 HEADERS = ("result", "status", "micro/global x seq", "rc", "step ms", "tokens/s", "TFLOP/s", "MFU",
            "MFU ceil", "host waits", "W", "peak GiB", "planned GiB")

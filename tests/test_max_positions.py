@@ -13,7 +13,7 @@ import pytest
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.commands.run import parse_run_spec
-from hwbench.devices import describe_workload
+from hwbench.result.describe import describe_workload
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
 from hwbench.planner import plan_memory

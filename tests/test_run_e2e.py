@@ -12,7 +12,7 @@ from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.device.cpu import CpuBackend
 from hwbench.engine.native import NativeEngine
-from hwbench.results import load_result
+from hwbench.result.store import load_result
 from hwbench.spec import DEFAULT_MODEL, build_run_spec
 from hwbench.workload.data import SyntheticTokens
 

@@ -17,7 +17,7 @@ from hwbench.cli import main
 from hwbench.errors import UsageError
 from hwbench.harness.suite import load_suite
 from hwbench.harness.sweep import throughput_statistics
-from hwbench.results import load_results
+from hwbench.result.store import load_results
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,

@@ -644,7 +644,7 @@ def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
     telemetry: two ranks of one node sample the same package, counted once."""
     from hwbench.harness.merge import RankReport, merge_telemetry
     from hwbench.report.cost import measured_energy
-    from hwbench.results import RunResult
+    from hwbench.result.model import RunResult
 
     root = powercap_tree(tmp_path / "powercap", energy_uj=0)
     sampler = RaplSampler(interval_s=60.0, root=root)

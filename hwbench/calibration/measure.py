@@ -28,7 +28,7 @@ import torch
 import hwbench
 from hwbench.calibration import DEFAULT_REPEATS, DEFAULT_WARMUP
 from hwbench.device.base import PRECISION_DTYPES, Backend
-from hwbench.results import utc_now
+from hwbench.result.store import utc_now
 from hwbench.stats import summarize
 from hwbench.units import human_bytes
 from hwbench.workload.flops import matmul_flops

@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from hwbench.result_shape import MEASURED_CEILING, shape_problem
-from hwbench.results import write_json_atomic
+from hwbench.result.model import MeasuredCeiling, validation_problem
+from hwbench.result.store import write_json_atomic
 
 STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
@@ -188,7 +188,7 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
     }
     # what the run copies into device.measured_ceiling must fit the result's shape, or every
     # reader would refuse the finished result: checked here, against the one definition of it
-    problem = shape_problem(ceiling, MEASURED_CEILING, "measured_ceiling")
+    problem = validation_problem(MeasuredCeiling, ceiling, "measured_ceiling")
     if problem is None and ceiling["flops"] > MAX_PLAUSIBLE_FLOPS:
         problem = (f"measured_ceiling.flops: {ceiling['flops']:g} FLOP/s is not plausible for one device "
                    f"(more than {MAX_PLAUSIBLE_FLOPS:g})")

@@ -72,7 +72,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 def _store_path(args: argparse.Namespace) -> tuple[Path, str]:
     """(the store file, the name an error gives it), checked before anything is measured."""
     from hwbench.calibration.store import CalibrationStoreError, default_store_path, load_store
-    from hwbench.results import check_output_file, check_output_folder
+    from hwbench.result.files import check_output_file, check_output_folder
 
     if args.store is not None:
         path, option = Path(args.store).expanduser(), "--store"
@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.calibration.measure import CalibrationSettings, calibrate
     from hwbench.calibration.store import CalibrationStoreError, record_calibration
     from hwbench.device import select_backend
-    from hwbench.devices import device_model_name
+    from hwbench.harness.device_check import device_model_name
 
     backend = select_backend(args.device)
     if threads is not None and backend.name != "cpu":

@@ -119,11 +119,11 @@ def main(args: argparse.Namespace) -> int:
         from hwbench.harness.worker import run_point
 
         result = run_point(spec, catalog, show_progress=not args.quiet)
-    for reason in (result.device or {}).get("auto_passed_over") or ():
-        print(f"hwbench: note: --device auto passed over {reason}; this run used the "
-              f"{(result.device or {}).get('backend')}", file=sys.stderr)
+    for reason in result.device.auto_passed_over or ():
+        print(f"hwbench: note: --device auto passed over {reason}; this run used the {result.device.backend}",
+              file=sys.stderr)
     from hwbench.harness.sweep import SWEEP_ENV
-    from hwbench.results import store_result
+    from hwbench.result.store import store_result
 
     if os.environ.get(SWEEP_ENV):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
         result.sweep = json.loads(os.environ[SWEEP_ENV])

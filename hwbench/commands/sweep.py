@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import SweepInterrupted, SweepOptions, run_sweep
     from hwbench.report.summary import sweep_summary_table
-    from hwbench.results import check_output_folder
+    from hwbench.result.files import check_output_folder
 
     if args.repeats < 1:
         raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")

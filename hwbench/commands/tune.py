@@ -40,9 +40,9 @@ def main(args: argparse.Namespace) -> int:
 
     from hwbench.catalog import load_catalog
     from hwbench.device import select_backend
-    from hwbench.devices import device_capacity_bytes
+    from hwbench.harness.device_check import device_capacity_bytes
     from hwbench.harness.tune import ranking, tune, write_ranking
-    from hwbench.results import RANKING_FILE, check_output_folder
+    from hwbench.result.files import RANKING_FILE, check_output_folder
     from hwbench.spec import build_run_spec, check_data
     from hwbench.units import gib, parse_size
 

@@ -37,7 +37,7 @@ def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
     from hwbench.harness.faults import AGENT_FILE
-    from hwbench.results import write_json_atomic
+    from hwbench.result.store import write_json_atomic
 
     write_json_atomic(run_dir / AGENT_FILE, record)
 

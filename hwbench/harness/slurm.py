@@ -46,9 +46,11 @@ from hwbench.harness.sweep import (
     folder_lock,
     point_args,
     point_options,
-    result_key,
 )
-from hwbench.results import AGGREGATE_FILE, RunResult, load_result, result_files, utc_now, write_json_atomic, write_text_atomic
+from hwbench.point import resume_key as result_key
+from hwbench.result.files import AGGREGATE_FILE, result_files
+from hwbench.result.model import RunResult
+from hwbench.result.store import load_result, utc_now, write_json_atomic, write_text_atomic
 from hwbench.spec import RunSpec
 
 LAUNCHES = ("tasks", "torchrun")  # one task per device (Megatron's way), or one torchrun per node

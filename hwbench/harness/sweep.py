@@ -16,24 +16,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from hwbench import __version__
 from hwbench.errors import UsageError
 from hwbench.harness.lifeline import child_environment
 from hwbench.harness.suite import Point, Suite
 from hwbench.stats import throughput_statistics
 from hwbench.options import RunOptions
-from hwbench.results import AGGREGATE_FILE, RunResult, load_results, new_run_id, result_files, utc_now, write_json_atomic, write_result
+from hwbench.point import resume_key as result_key
+from hwbench.result.files import AGGREGATE_FILE, result_files
+from hwbench.result.model import RunResult
+from hwbench.result.store import load_results, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.units import gib
 
 SWEEP_ENV = "HWBENCH_SWEEP"  # the child `hwbench run` copies it into result.sweep
@@ -93,22 +93,6 @@ def point_args(point: Point, options: SweepOptions) -> list[str]:
     return args
 
 
-def machine_key() -> dict[str, Any]:
-    """What must be the same for an earlier result to stand for this machine."""
-    import torch
-
-    return {"host": socket.gethostname(), "torch": torch.__version__}
-
-
-def result_key(args: list[str], repeat: int, env: dict[str, str] | None = None,
-               machine: dict[str, Any] | None = None) -> str:
-    """Same options, repeat, environment variables, hwbench version and machine (this
-    one, or ``machine``: a Slurm sweep's cluster): same key."""
-    payload = json.dumps({"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__,
-                          "machine": machine or machine_key()}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def _existing(point_dir: Path) -> dict[str, RunResult]:
     if not point_dir.is_dir():
         return {}
@@ -139,7 +123,7 @@ def _plan_problem(spec, catalog, devices: dict) -> tuple[str, dict] | None:
     ``devices`` caches (backend name, capacity) per --device for the sweep, so
     the device is asked once, not once per point."""
     from hwbench.device import select_backend
-    from hwbench.devices import device_capacity_bytes
+    from hwbench.harness.device_check import device_capacity_bytes
     from hwbench.planner import fits, plan_memory
 
     if spec.device not in devices:

@@ -20,7 +20,8 @@ from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
-from hwbench.results import RunResult, write_json_atomic
+from hwbench.result.model import RunResult
+from hwbench.result.store import write_json_atomic
 from hwbench.units import gib
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
@@ -96,7 +97,8 @@ def tune(base: RunOptions, devices: int, out_dir: Path, capacity_bytes: int | No
          max_trials: int, patience: int, show_progress: bool = True) -> list[Trial]:
     """Prune, then measure in prior order until the stopping rule; every trial returned."""
     from hwbench.catalog import load_catalog
-    from hwbench.harness.sweep import TIMEOUT_MARGIN_S, _say, result_key, run_one
+    from hwbench.harness.sweep import TIMEOUT_MARGIN_S, _say, run_one
+    from hwbench.point import resume_key as result_key
     from hwbench.planner import fits, plan_memory
     from hwbench.spec import build_run_spec
 
