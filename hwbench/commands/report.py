@@ -42,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.report.build import make_report
     from hwbench.report.cost import parse_tokens
     from hwbench.report.prices import load_price_file, parse_price_options
-    from hwbench.results import check_output_file, write_text_atomic
+    from hwbench.result.files import check_output_file
+    from hwbench.result.store import write_text_atomic
 
     if args.out:
         check_output_file(args.out, "--out", args.results)

@@ -16,7 +16,7 @@ from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
 from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
-from hwbench.results import RunResult
+from hwbench.result.model import RunResult
 
 
 def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
@@ -69,8 +69,7 @@ def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dic
     images: dict[str, str] = {}
     for model in sorted({str(r["model"]) for r in ok}):
         mine = [r for r in ok if str(r["model"]) == model]
-        curves = [(r, [(s["step"], s["loss"]) for s in results[r["run_id"]].steps if s.get("loss") is not None])
-                  for r in mine]
+        curves = [(r, [(s.step, s.loss) for s in results[r["run_id"]].steps if s.loss is not None]) for r in mine]
         for kind, image in (("throughput", plots.throughput(model, mine)), ("scaling", plots.scaling(model, fits)),
                             ("memory", plots.memory(model, mine)), ("loss", plots.loss_curves(model, curves))):
             if image is not None:
@@ -103,11 +102,12 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     from hwbench.report.cost import check_projection
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
-    from hwbench.report.runs import load_inputs
-
+    from hwbench.result.store import read_inputs
     tokens, projection_devices = check_projection(tokens, projection_devices)
     checked_prices = as_prices(prices)
-    loaded, skipped = load_inputs(paths)
+    found, skipped = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
+    loaded = [(result, str(path)) for result, path in found]
+    skipped = [(str(path), reason) for path, reason in skipped]
     if paths and not loaded:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
