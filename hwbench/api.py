@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hwbench.options import RunOptions  # noqa: F401  (hwbench.RunOptions)
-from hwbench.results import RunResult  # noqa: F401  (hwbench.RunResult)
+from hwbench.result.model import RunResult  # noqa: F401  (hwbench.RunResult)
 
 
 def _options(options: RunOptions | Mapping[str, Any] | None, extra: Mapping[str, Any]) -> RunOptions:
@@ -36,7 +36,7 @@ def run(options: RunOptions | Mapping[str, Any] | None = None, /, *, progress: b
     from hwbench.catalog import load_catalog
     from hwbench.harness.launcher import launch
     from hwbench.harness.worker import run_point
-    from hwbench.results import write_result
+    from hwbench.result.store import write_result
     from hwbench.spec import build_run_spec
 
     chosen = _options(options, option_values)
@@ -63,7 +63,7 @@ def sweep(suite: str | Path, *, out: str | Path = "results/runs", device: str | 
     (`hwbench sweep --executor slurm`, docs/slurm.md)."""
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import SweepOptions, run_sweep
-    from hwbench.results import check_output_folder
+    from hwbench.result.files import check_output_folder
 
     check_output_folder(out)
     options = SweepOptions(out_dir=Path(out), device=device, nproc_per_node=nproc_per_node, repeats=repeats,
@@ -127,30 +127,24 @@ def plan(*, devices: int, device_memory: str | int, model: str | None = None, de
     return sorted(found, key=lambda layout: layout.peak_bytes)
 
 
-def load_results(paths: Iterable[str | Path]):
+def load_results(paths: str | Path | Iterable[str | Path]):
     """Every readable result under ``paths`` (files or folders, searched recursively) as
     one pandas DataFrame, a row per run: the result's fields flattened with dots
-    (spec.model, metrics.tokens_per_s, device.device_model, ...) and `path`. Unreadable
-    files are left out; their (path, reason) pairs are in ``frame.attrs["skipped"]``."""
+    (spec.model, metrics.tokens_per_s, device.device_model, ...) and `path`. Files left out
+    (unreadable, or a second copy of a run already read) are in ``frame.attrs["skipped"]``
+    as (path, reason) pairs."""
     import warnings
 
     import pandas as pd
 
-    from hwbench.results import load_result, result_files
-    from hwbench.results import ResultFormatError
+    from hwbench.result.store import read_results
 
-    rows, skipped = [], []
-    for path in result_files(paths):
-        try:
-            result = load_result(path)
-        except ResultFormatError as error:
-            skipped.append((str(path), str(error)))
-            continue
-        rows.append({"path": str(path), **result.to_dict()})
+    found, skipped = read_results(paths)
+    rows = [{"path": str(path), **result.to_dict()} for result, path in found]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         frame = pd.json_normalize(rows, max_level=3) if rows else pd.DataFrame()
-    frame.attrs["skipped"] = skipped
+    frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
     return frame
 
 
