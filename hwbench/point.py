@@ -68,18 +68,24 @@ class PointKey:
         return " ".join(f"{name}={value}" for name, value in zip(self.fields(), self.values()))
 
     def label(self, among: Iterable[PointKey] = ()) -> str:
-        """'1.3b on NVIDIA H100 TP2 PP2 bf16', then this key's value of every other field in
-        which the keys ``among`` differ ('..., seq 64'), so that no two of them read the same."""
-        layout = " ".join(f"{name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp")
-                          if getattr(self, name) > 1)
-        text = f"{self.model} on {self.device_model or self.backend}" + (f" {layout}" if layout else "")
-        text += f" {self.precision}"
-        if self.engine not in (None, "native"):
-            text += f" {self.engine} ZeRO-{self.zero_stage}"
-        text += "".join(f" {flag}" for flag in ("fsdp", "recompute", "compile") if getattr(self, flag))
-        others = list(among)
-        differing = [name for name in _DETAILS if len({getattr(key, name) for key in others + [self]}) > 1]
-        return ", ".join([text] + [_detail(name, getattr(self, name)) for name in differing])
+        """'1.3b on NVIDIA H100 TP2 PP2 bf16 recompute', then this key's value of every other field
+        in which the keys ``among`` differ (', seq 64'), so that no two of them read the same."""
+        layout = "".join(f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp") if getattr(self, name) > 1)
+        flags, details = self._flags(), self._details(among)
+        return (f"{self.model} on {self.device_model or self.backend}{layout} {self.precision}"
+                + (f" {flags}" if flags else "") + "".join(f", {detail}" for detail in details))
+
+    def variant(self, among: Iterable[PointKey] = ()) -> str:
+        """What sets the point apart beyond workload, device, layout and precision ('recompute, seq 64')."""
+        return ", ".join(filter(None, [self._flags(), *self._details(among)]))
+
+    def _flags(self) -> str:
+        flags = [f"{self.engine} ZeRO-{self.zero_stage}"] if self.engine not in (None, "native") else []
+        return " ".join(flags + [flag for flag in ("fsdp", "recompute", "compile") if getattr(self, flag)])
+
+    def _details(self, among: Iterable[PointKey]) -> list[str]:
+        keys = [*among, self]
+        return [_detail(name, getattr(self, name)) for name in _DETAILS if len({getattr(k, name) for k in keys}) > 1]
 
 
 # The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off).

@@ -15,6 +15,7 @@ import pytest
 from hwbench.cli import run_command
 from hwbench.history import store
 from hwbench.point import METRICS, PointKey
+from hwbench.report import plots
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result
 
@@ -59,9 +60,13 @@ def test_runs_that_differ_in_a_key_field_are_two_points_everywhere(tmp_path, cap
     finally:
         connection.close()
     assert len({run.point for run in runs}) == 2
-    # the report: two points in its runs table
+    # the report: two points in its runs table, and two bars on its throughput chart
     report = json.loads(_report(capsys, base))
     assert len({row["point"] for row in report["runs"]}) == 2
+    variants = sorted(row["point_variant"] for row in report["runs"])
+    assert shown in variants and len(set(variants)) == 2
+    chart = plots.throughput("tiny", report["runs"])
+    assert all(variant in chart for variant in variants) and "median 500.0 " in chart and "median 1,000.0 " in chart
 
 
 def _report(capsys, folder: Path) -> str:

@@ -4,6 +4,7 @@ Formulas and sections are described in docs/reports.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -26,6 +27,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
     None: each workload's budget is 20 tokens per parameter."""
     rows = [run_row(result, file, prices, tokens) for result, file in loaded]
+    _point_variants(rows, [result for result, _ in loaded])
     fits = scaling_fits(rows)
     apply_projections(rows, fits, devices)
     runs = pd.DataFrame(rows, dtype=object)  # object: None stays None, integers stay integers
@@ -48,6 +50,15 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         skipped_section(skipped),
     ]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
+
+
+def _point_variants(rows: list[dict[str, Any]], results: list[RunResult]) -> None:
+    """Each row's `point_variant`: what sets its point apart among the report's points of its model,
+    the device aside (recompute, seq 64, ...), so that a chart never puts two points in one bar."""
+    keys = [None if r.point_key is None else dataclasses.replace(r.point_key, backend=None, device_model=None)
+            for r in results]
+    for row, key in zip(rows, keys):
+        row["point_variant"] = key.variant([k for k in keys if k is not None and k.model == key.model]) if key else ""
 
 
 def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[str]:
