@@ -1,5 +1,5 @@
 """hwbench against the bare loop on the same point, and hwbench with telemetry against
-without, in one call (issue 13): what hwbench's harness and its telemetry cost.
+without, in one call: what hwbench's harness and its telemetry cost.
 
     python benchmarks/side_by_side.py --device cuda --model 345m --precision bf16 --out OUT
     python benchmarks/side_by_side.py --device cpu --model tiny --steps 2 --warmup 1 --out OUT  # mechanics

@@ -1,5 +1,5 @@
 """--max-positions: the length of the learned position embedding, so that a GPT-2 size
-(1,024 positions in the catalog) runs at seq 2048, as issue 13's 1.3b point needs. The
+(1,024 positions in the catalog) runs at seq 2048, as the speed-1.3b suite's points need. The
 override must reach every place that builds, counts or plans the model."""
 
 from __future__ import annotations

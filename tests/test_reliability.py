@@ -1,4 +1,4 @@
-"""The holes a reliability attack found (issue 14), each held shut: nothing written
+"""The holes a reliability attack found, each held shut: nothing written
 outside --out, no measurement lost to a failed write, bad input refused in one line,
 and damaged files named rather than hidden. Process faults are in test_faults.py."""
 

@@ -1,4 +1,4 @@
-"""Telemetry samplers: NVML through a fake pynvml (FACTS.md §8), and the base
+"""Telemetry samplers: NVML through a fake pynvml (the calls of NVIDIA's NVML API reference), and the base
 sampler's summary, energy and error handling."""
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ runs torch.distributed.run (the torchrun agent) with TORCHRUN_ARGS and writes
 ``RUN_DIR/agent.json``: ``{"status": "ok"}`` or ``{"status": "failed",
 "failures": [...]}`` with, for every failed rank, its exit code, the signal
 that killed it, and the error file its ``@record``-ed entry point wrote
-(FACTS.md §9). torchrun itself only prints these; the launcher needs them as data.
+(torch.distributed.elastic's ``record`` decorator and TORCHELASTIC_ERROR_FILE, in PyTorch's
+elastic error-handling documentation). torchrun itself only prints these; the launcher needs them as data.
 """
 
 from __future__ import annotations
