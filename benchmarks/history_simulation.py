@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from hwbench.history import simulation  # noqa: E402
 from hwbench.history.changes import ALPHA, MIN_NIGHTS  # noqa: E402
-from hwbench.results import load_results  # noqa: E402
+from hwbench.result.store import load_results  # noqa: E402
 
 
 def row(name: str, noise: simulation.NoiseModel, series: int, threshold: float = 0.05) -> str:

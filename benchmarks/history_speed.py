@@ -25,7 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hwbench.results import RunResult, write_result  # noqa: E402
+from hwbench.result.model import RunResult  # noqa: E402
+
+from hwbench.result.store import write_result  # noqa: E402
 
 POINTS, NIGHTS = 200, 50
 

@@ -17,7 +17,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from hwbench.report.runs import predicted_peak  # noqa: E402
-from hwbench.results import ResultFormatError, load_result, result_files  # noqa: E402
+from hwbench.result.files import result_files  # noqa: E402
+from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
 
 # the result's own figures: the step time's median; tokens/s, TFLOP/s and MFU over the timed
 # window (the mean step), as the result file and hwbench report give them

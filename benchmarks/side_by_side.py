@@ -41,7 +41,7 @@ for folder in (REPO, REPO / "benchmarks"):  # hwbench, and bare_loop.py beside t
 from bare_loop import resolve_spec, torch_device  # noqa: E402  (beside this file)
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors)
 from hwbench.errors import UsageError  # noqa: E402
-from hwbench.results import ResultFormatError, load_result  # noqa: E402
+from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
 
 # The options both sides take, with the same spelling (bare_loop.py mirrors hwbench run's names).
 STATISTIC = "median step time"  # what every column of both sides is computed from

@@ -30,7 +30,7 @@ import pytest
 
 from hwbench.harness.suite import find_suite, load_suite
 from hwbench.harness.executor import point_options
-from hwbench.results import load_results
+from hwbench.result.store import load_results
 
 SUITE = os.environ.get("HWBENCH_BENCH_SUITE", "smoke")
 ROUNDS = int(os.environ.get("HWBENCH_BENCH_ROUNDS", "3"))

@@ -3,7 +3,7 @@
 The way one benchmark point travels (docs/architecture.md):
 CLI -> RunSpec (hwbench.spec) -> worker (hwbench.harness.worker) using a device
 backend (hwbench.device), a workload (hwbench.workload) and an engine
-(hwbench.engine) -> RunResult written by hwbench.results.
+(hwbench.engine) -> RunResult (hwbench.result) written to a file.
 """
 
 import os
@@ -19,8 +19,9 @@ os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 __version__ = "0.1.0"
 
-# Version of the result-file layout (docs/results.md). Bump on any incompatible change.
-RESULT_SCHEMA_VERSION = 1
+# Version of the result-file layout (docs/results.md). Bump on any incompatible change, with
+# the step that brings older files to it (hwbench.result.upgrade.UPGRADES).
+RESULT_SCHEMA_VERSION = 2
 
 # The Python API (hwbench.api, docs/api.md), imported on first use so that `import hwbench`
 # and the command line stay quick.

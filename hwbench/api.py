@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
-from hwbench.results import RunResult  # noqa: F401  (hwbench.RunResult)
+from hwbench.result.model import RunResult  # noqa: F401  (hwbench.RunResult)
 
 
 def _options(options: RunOptions | Mapping[str, Any] | None, extra: Mapping[str, Any]) -> RunOptions:
@@ -79,19 +79,21 @@ def plan(*, devices: int, device_memory: str | int | None = None, device_model: 
 
 
 def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
-    """Every result under ``paths`` (files or folders), each run once, as a pandas
-    DataFrame: a row per run, fields flattened with dots (spec.model, metrics.tokens_per_s).
-    Files left out (unreadable, a copy of a run) in ``frame.attrs["skipped"]``: (path, reason)."""
+    """Every result under ``paths`` (files or folders, searched recursively), each run once,
+    as a pandas DataFrame: a row per run, fields flattened with dots (spec.model,
+    metrics.tokens_per_s) and `path`. Files left out (unreadable, a copy of a run already
+    read) in ``frame.attrs["skipped"]``: (path, reason)."""
     import warnings
 
     import pandas as pd
 
-    from hwbench.results import load_results as load
+    from hwbench.result.store import read_results
 
-    with warnings.catch_warnings():  # every file left out is in attrs["skipped"]
-        warnings.simplefilter("ignore")
-        results, skipped = load(_paths(paths, "paths"))
-        frame = pd.json_normalize([r.to_dict() for r in results], max_level=3) if results else pd.DataFrame()
+    found, skipped = read_results(_paths(paths, "paths"))
+    rows = [{"path": str(path), **result.to_dict()} for result, path in found]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        frame = pd.json_normalize(rows, max_level=3) if rows else pd.DataFrame()
     frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
     return frame
 

@@ -10,21 +10,24 @@ is not given."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hwbench.result.model import Device
 
 
-def implausible_throughput(achieved_flops: float, device: dict[str, Any]) -> str | None:
+def implausible_throughput(achieved_flops: float, device: Device) -> str | None:
     """Why ``achieved_flops`` (model FLOP/s per device) cannot be right on ``device`` (the
     result's device section), or None when it can."""
-    peak = device.get("peak_flops")
+    peak = device.peak_flops
     if peak and achieved_flops > peak:
         return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is {achieved_flops / peak:.0%} of the data sheet's "
-                f"dense {device.get('peak_flops_precision')} peak ({peak / 1e12:.4g} TFLOP/s, "
-                f"{device.get('catalog_entry')}): more than the device can do, so the peak or the FLOP count is wrong")
-    ceiling = device.get("measured_ceiling") or {}
-    flops, spread = ceiling.get("flops"), ceiling.get("cv") or 0.0
+                f"dense {device.peak_flops_precision} peak ({peak / 1e12:.4g} TFLOP/s, "
+                f"{device.catalog_entry}): more than the device can do, so the peak or the FLOP count is wrong")
+    ceiling = device.measured_ceiling
+    flops, spread = (ceiling.flops, ceiling.cv or 0.0) if ceiling else (None, 0.0)
     if flops and achieved_flops > flops * (1 + spread):
         return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is above the measured GEMM ceiling "
-                f"({flops / 1e12:.4g} TFLOP/s, hwbench calibrate, {ceiling.get('measured_at')}) by more than its "
+                f"({flops / 1e12:.4g} TFLOP/s, hwbench calibrate, {ceiling.measured_at}) by more than its "
                 f"spread (CV {spread:.1%}): the ceiling is stale or the FLOP count is wrong; calibrate again")
     return None

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.errors import UsageError
 from hwbench.options import DATA_KEYWORDS, MAX_POSITIONS, MULTI_NODE_PORT, RUN_OPTIONS, RunOptions
 from hwbench.options import ENGINES  # noqa: F401  (hwbench.planner reads it here)
-from hwbench.results import check_output_folder
+from hwbench.result.files import check_output_folder
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.flops import canonical_formula
 
@@ -118,12 +118,30 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSpec:
+        """The inverse of to_dict (a result's `spec`): keys it does not know are left out (a
+        newer writer's); KeyError or TypeError when a field without a default is missing."""
+        fields = _known_fields(cls, data)
+        optimizer = _known_fields(OptimizerSpec, data["optimizer"])
+        if "betas" in optimizer:
+            optimizer["betas"] = tuple(optimizer["betas"])
+        fields.update(parallel=ParallelDims(**_known_fields(ParallelDims, data["parallel"])),
+                      launch=LaunchSpec(**_known_fields(LaunchSpec, data["launch"])),
+                      optimizer=OptimizerSpec(**optimizer))
+        return cls(**fields)
+
     def model_config(self, workload_model: GPTConfig) -> GPTConfig:
         """The shape this run trains: the workload's, with --max-positions applied. Everything
         that builds, counts or plans the model of a run goes through here."""
         if self.max_positions is None or self.max_positions == workload_model.max_position_embeddings:
             return workload_model
         return dataclasses.replace(workload_model, max_position_embeddings=self.max_positions)
+
+
+def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    names = {field.name for field in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
 
 
 def check_data(data: str) -> str:

@@ -261,7 +261,7 @@ def test_an_implausible_ceiling_is_refused_and_a_plausible_one_kept(tmp_path):
 
 
 def test_a_corrupted_store_never_fails_a_run_and_its_result_stays_readable(tmp_path, monkeypatch, capsys):
-    from hwbench.results import load_result
+    from hwbench.result.store import load_result
 
     store = tmp_path / "calibration.json"
     monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))

@@ -17,7 +17,8 @@ import pytest
 from hwbench.cli import main as cli_main, run_command
 from hwbench.errors import UsageError
 from hwbench.report import compare, system
-from hwbench.results import RunResult, load_result, write_result
+from hwbench.result.model import RunResult
+from hwbench.result.store import load_result, write_result
 
 TEMPLATE = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
 
@@ -258,7 +259,8 @@ def _unreadable_variants():
         "empty": ("", "not a complete JSON document"),
         "binary": (b"\x89PNG\r\n\x1a\n\xff\xfe", "not UTF-8"),
         "a list": ("[1, 2, 3]", "not an hwbench result"),
-        "unknown schema": (json.dumps({**data, "schema_version": 99}), "schema_version 99 is not known"),
+        "unknown schema": (json.dumps({**data, "schema_version": 99}),
+                           "schema_version 99 is newer than this hwbench reads (2); upgrade hwbench"),
         "null spec": (json.dumps({**data, "spec": None}), "field spec: must be a mapping, not null"),
         "deep nesting": (nested, "nested too deeply"),
         "negative throughput": (json.dumps(negative), "metrics.tokens_per_s: must be >= 0"),

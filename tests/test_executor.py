@@ -11,7 +11,8 @@ import pytest
 from hwbench.errors import UsageError
 from hwbench.harness.executor import Job, PointRun, SweepInterrupted, SweepOptions, recorded, run_points
 from hwbench.harness.suite import Point, Suite
-from hwbench.results import RunResult, utc_now, write_result
+from hwbench.result.model import RunResult
+from hwbench.result.store import utc_now, write_result
 
 
 class Jobs:

@@ -28,7 +28,7 @@ import pytest
 import yaml
 from conftest import kill_tree, sigint_as_usual
 
-from hwbench.results import load_results
+from hwbench.result.store import load_results
 
 RUN = [sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length",
        "32", "--warmup", "1", "--eval-iters", "0", "--no-telemetry", "--nproc-per-node", "2", "--timeout", "300"]

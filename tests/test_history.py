@@ -22,7 +22,9 @@ from hwbench.cli import main as cli_main, run_command
 from hwbench.errors import UsageError
 from hwbench.history import changes, simulation, store
 from hwbench.report.compare import REGRESSION_EXIT
-from hwbench.results import RunResult, load_result, result_files, write_result
+from hwbench.result.files import result_files
+from hwbench.result.model import RunResult
+from hwbench.result.store import load_result, write_result
 from hwbench.stats import energy_divisive_split, pooled_t_test, student_t_quantile
 
 DATA = Path(__file__).parent / "data"
@@ -475,7 +477,7 @@ def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):
     import subprocess
     import sys
 
-    from hwbench.results import load_results
+    from hwbench.result.store import load_results
 
     results = write_nights(tmp_path / "runs", [1000.0])
     os.mkfifo(results / "z.json")

@@ -93,7 +93,7 @@ def test_merge_keeps_the_rank_that_waited_most():
 def test_a_waiting_host_is_a_warning_that_names_the_first_site(eval_interval, validating):
     from hwbench.catalog import load_catalog
     from hwbench.harness.merge import merge_ranks
-    from hwbench.results import RunResult
+    from hwbench.result.model import RunResult
     from hwbench.spec import build_run_spec, find_workload
 
     catalog = load_catalog()

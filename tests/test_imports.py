@@ -4,7 +4,7 @@ Layers, from the top (docs/architecture.md):
 
     commands   hwbench.cli, hwbench.commands.*, hwbench.__main__  (parse argv, print)
     api        hwbench.api                                       (the Python API over the library)
-    library    everything else: spec, options, planner, harness, engine, workload, report, results, ...
+    library    everything else: spec, options, point, planner, harness, engine, workload, result, report, ...
     device     hwbench.device.*                                  (the only code that names a vendor)
     base       hwbench (its constants), hwbench.errors, hwbench.units
 

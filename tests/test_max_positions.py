@@ -1,5 +1,5 @@
 """--max-positions: the length of the learned position embedding, so that a GPT-2 size
-(1,024 positions in the catalog) runs at seq 2048, as issue 13's 1.3b point needs. The
+(1,024 positions in the catalog) runs at seq 2048, as the speed-1.3b suite's points need. The
 override must reach every place that builds, counts or plans the model."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.commands.run import parse_run_spec
-from hwbench.devices import describe_workload
+from hwbench.result.describe import describe_workload
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
 from hwbench.planner import plan_memory

@@ -191,12 +191,12 @@ def test_the_run_table_says_why_a_figure_is_missing_and_names_the_formula():
     from pathlib import Path
 
     from hwbench.report.summary import run_summary_rows
-    from hwbench.results import RunResult
+    from hwbench.result.model import RunResult
 
     data = json.loads((Path(__file__).parent / "data" / "compare" / "tiny-cpu.json").read_text())
     rows = dict(run_summary_rows(RunResult.from_dict(data)))
     assert rows["peak memory"].startswith("allocated n/a on CPU: resident set below, resident set ")
-    assert rows["TFLOP/s per device"].endswith("(FLOPs formula: megatron-lm)")
+    assert rows["TFLOP/s per device"].endswith("(FLOPs formula: megatron-core-v0.7)")  # its name since schema 2
 
 
 @pytest.mark.parametrize("name", sorted(__import__("hwbench.cli", fromlist=["COMMANDS"]).COMMANDS))

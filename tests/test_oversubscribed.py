@@ -15,7 +15,7 @@ from hwbench.cli import main
 from hwbench.device.host import cpu_packages
 from hwbench.harness.merge import RankReport
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
-from hwbench.results import load_result
+from hwbench.result.store import load_result
 
 # --- the judgement, from rank placements ------------------------------------------
 

@@ -14,8 +14,9 @@ import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
-from hwbench.devices import device_peak
+from hwbench.harness.device_check import device_peak
 from hwbench.plausibility import implausible_throughput
+from hwbench.result.model import Device
 
 NULLS = "  fp16: {dense: null, unavailable: not in the test}\n  fp32: {dense: null, unavailable: not in the test}\n"
 
@@ -72,8 +73,9 @@ def test_no_entry_and_no_figure_give_no_peak_with_the_reason():
     assert peak is None and "AMD's own data sheet" in reason
 
 
-DEVICE = {"peak_flops": 989.5e12, "peak_flops_precision": "bf16", "catalog_entry": "h200",
-          "measured_ceiling": {"flops": 700e12, "cv": 0.05, "measured_at": "2026-11-25T00:00:00+00:00"}}
+DEVICE = Device.model_validate({"peak_flops": 989.5e12, "peak_flops_precision": "bf16", "catalog_entry": "h200",
+                                "measured_ceiling": {"flops": 700e12, "cv": 0.05,
+                                                     "measured_at": "2026-11-25T00:00:00+00:00"}})
 
 
 @pytest.mark.parametrize("achieved, expected", [

@@ -1,4 +1,4 @@
-"""The holes a reliability attack found (issue 14), each held shut: nothing written
+"""The holes a reliability attack found, each held shut: nothing written
 outside --out, no measurement lost to a failed write, bad input refused in one line,
 and damaged files named rather than hidden. Process faults are in test_faults.py."""
 
@@ -142,7 +142,9 @@ def test_when_no_folder_takes_the_result_its_json_is_returned_for_stdout(tmp_pat
     StoredResult.text), and the line on stderr says so."""
     import tempfile
 
-    from hwbench.results import RunResult, store_result
+    from hwbench.result.model import RunResult
+
+    from hwbench.result.store import store_result
 
     result = RunResult.from_dict(json.loads(RESULT.read_text()))
     with _tmpfs(tmp_path / "full", "256k") as disk:
@@ -151,7 +153,7 @@ def test_when_no_folder_takes_the_result_its_json_is_returned_for_stdout(tmp_pat
         stored = store_result(result, disk / "runs")
     assert stored.path is None and "the result follows on stdout" in stored.problem
     assert "No space left on device" in stored.problem
-    assert json.loads(stored.text) == json.loads(RESULT.read_text())
+    assert json.loads(stored.text) == result.to_dict()  # the whole result (at schema 2: tests/test_result_upgrade.py)
 
 
 # --- 4. non-UTF-8 YAML ------------------------------------------------------------------

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from hwbench.cli import main
-from hwbench.results import ResultFormatError, load_result
+from hwbench.result.store import ResultFormatError, load_result
 
 TEMPLATE_PATH = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
 TEMPLATE = json.loads(TEMPLATE_PATH.read_text())

@@ -7,7 +7,10 @@ import warnings
 import pytest
 
 from hwbench import RESULT_SCHEMA_VERSION
-from hwbench.results import ResultFormatError, RunResult, load_result, load_results, write_result
+from pydantic import ValidationError
+
+from hwbench.result.model import RunResult
+from hwbench.result.store import ResultFormatError, finite, load_result, load_results, write_result
 
 
 def _result(run_id="r1", **metrics):
@@ -27,20 +30,25 @@ def test_write_then_load_round_trip(tmp_path):
 
 
 def test_a_non_finite_figure_is_written_as_null_not_lost(tmp_path):
-    """JSON has no NaN: a figure that is not a number was not measured, so it is written
-    as null and the rest of the measurement is kept (it used to raise and lose it all)."""
-    path = write_result(_result(tokens_per_s=math.nan, mfu=math.inf), tmp_path)
+    """JSON has no NaN: a figure that is not a number was not measured. The figures a run
+    assembles pass through finite() (hwbench.harness.merge), so it is null and the rest of the
+    measurement is kept; set directly, the model refuses it at once, naming the field."""
+    figures = finite({"tokens_per_s": math.nan, "mfu": math.inf, "samples_per_s": 2.5})
+    path = write_result(_result(**figures), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["r1.json"]  # no temporary left
     loaded = load_result(path)
-    assert loaded.metrics["tokens_per_s"] is None and loaded.metrics["mfu"] is None
-    assert loaded.steps == [{"step": 1, "loss": 10.8}]
+    assert loaded.metrics.tokens_per_s is None and loaded.metrics.mfu is None and loaded.metrics.samples_per_s == 2.5
+    assert [(step.step, step.loss) for step in loaded.steps] == [(1, 10.8)]
+    with pytest.raises(ValidationError, match="mfu"):
+        loaded.metrics.mfu = math.nan
 
 
 def test_unknown_status_is_refused(tmp_path):
     bad = _result()
-    bad.status = "great"
-    with pytest.raises(ValueError, match="unknown status"):
-        write_result(bad, tmp_path)
+    with pytest.raises(ValidationError, match="status"):
+        bad.status = "great"
+    with pytest.raises(ValidationError, match="status"):
+        RunResult(run_id="r1", status="great", spec={})
 
 
 def test_truncated_file_is_refused_and_skipped_with_a_warning(tmp_path):
@@ -100,3 +108,29 @@ def test_sweep_and_tune_summaries_beside_results_are_not_read_as_results(tmp_pat
         warnings.simplefilter("error")
         results, skipped = load_results([tmp_path])
     assert [r.run_id for r in results] == ["r1"] and skipped == []
+
+
+def test_an_integer_of_400_digits_where_a_float_belongs_is_named_and_skipped(tmp_path, capsys):
+    """It used to pass the loader and end `hwbench report`, `compare` and `history add` in an
+    OverflowError (a float cannot hold it): now each names the file and leaves it out."""
+    from pathlib import Path
+
+    from hwbench.cli import main
+
+    template = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
+    good, mixed = tmp_path / "good", tmp_path / "mixed"
+    for folder in (good, mixed):
+        folder.mkdir()
+        (folder / "good.json").write_text(template.read_text())
+    path = mixed / "digits.json"
+    big = json.loads(template.read_text())["metrics"]["samples_per_s"]
+    path.write_text(template.read_text().replace(f'"samples_per_s": {big}', '"samples_per_s": 1' + "0" * 400))
+    reason = f"{path}: field metrics.samples_per_s: must be a number a float holds, not an integer of 401 digits"
+    with pytest.raises(ResultFormatError) as error:
+        load_result(path)
+    assert str(error.value) == reason
+    for argv in (["report", str(mixed)], ["compare", str(good), str(mixed)],
+                 ["history", "add", str(mixed), "--db", str(tmp_path / "h.sqlite")]):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 0 and "Traceback" not in err and reason in err, argv

@@ -14,7 +14,7 @@ from hwbench.cli import main
 from hwbench.device.cpu import CpuBackend
 from hwbench.engine.native import NativeEngine
 from hwbench.options import RUN_OPTIONS
-from hwbench.results import load_result
+from hwbench.result.store import load_result
 from hwbench.spec import build_run_spec
 from hwbench.workload.data import SyntheticTokens
 

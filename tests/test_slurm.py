@@ -254,7 +254,7 @@ def test_a_controller_that_does_not_answer_is_asked_again_not_taken_for_an_end(m
 
 def test_a_result_is_the_jobs_when_it_names_the_job(tmp_path):
     from hwbench.harness.slurm import _written_by
-    from hwbench.results import RunResult
+    from hwbench.result.model import RunResult
 
     job = type("J", (), {"job_id": "7", "submitted_at": "2026-11-23T10:00:00+00:00"})()
     early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00", environment={"slurm": {"job_id": "7"}})

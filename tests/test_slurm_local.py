@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.results import load_result, result_files
+from hwbench.result.files import result_files
+
+from hwbench.result.store import load_result
 
 REPO = Path(__file__).resolve().parent.parent
 START = REPO / "tests" / "slurm" / "start_local_slurm.sh"

@@ -16,7 +16,7 @@ import yaml
 from hwbench.cli import main
 from hwbench.errors import UsageError
 from hwbench.harness.suite import load_suite
-from hwbench.results import load_results
+from hwbench.result.store import load_results
 from hwbench.stats import throughput_statistics
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Telemetry samplers: NVML through a fake pynvml (FACTS.md §8), and the base
+"""Telemetry samplers: NVML through a fake pynvml (the calls of NVIDIA's NVML API reference), and the base
 sampler's summary, energy and error handling."""
 
 from __future__ import annotations
@@ -644,7 +644,7 @@ def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
     telemetry: two ranks of one node sample the same package, counted once."""
     from hwbench.harness.merge import RankReport, merge_telemetry
     from hwbench.report.cost import measured_energy
-    from hwbench.results import RunResult
+    from hwbench.result.model import RunResult
 
     root = powercap_tree(tmp_path / "powercap", energy_uj=0)
     sampler = RaplSampler(interval_s=60.0, root=root)

@@ -33,7 +33,7 @@ import hwbench
 from hwbench.calibration import DEFAULT_DEVICE_WARMUP_S, DEFAULT_MIN_TIME_S, DEFAULT_REPEATS, DEFAULT_WARMUP
 from hwbench.device.base import PRECISION_DTYPES, Backend
 from hwbench.errors import SetupError, UsageError
-from hwbench.results import utc_now
+from hwbench.result.store import utc_now
 from hwbench.stats import summarize
 from hwbench.units import human_bytes
 from hwbench.workload.flops import matmul_flops
@@ -360,7 +360,7 @@ def open_backend(device: str, threads: int | None) -> Backend:
 
 def device_key(backend: Backend) -> tuple[str, str]:
     """(device model, driver): what a calibration is stored under; SetupError without a driver."""
-    from hwbench.devices import device_model_name
+    from hwbench.harness.device_check import device_model_name
 
     driver, problem = backend.driver()
     if driver is None:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from hwbench.errors import UsageError
-from hwbench.result_shape import MEASURED_CEILING, shape_problem
-from hwbench.results import check_output_file, check_output_folder, write_json_atomic
+from hwbench.result.files import check_output_file, check_output_folder
+from hwbench.result.model import MeasuredCeiling, validation_problem
+from hwbench.result.store import write_json_atomic
 
 STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
@@ -226,7 +227,7 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
     }
     # what the run copies into device.measured_ceiling must fit the result's shape, or every
     # reader would refuse the finished result: checked here, against the one definition of it
-    problem = shape_problem(ceiling, MEASURED_CEILING, "measured_ceiling")
+    problem = validation_problem(MeasuredCeiling, ceiling, "measured_ceiling")
     if problem is None and ceiling["flops"] > MAX_PLAUSIBLE_FLOPS:
         problem = (f"measured_ceiling.flops: {ceiling['flops']:g} FLOP/s is not plausible for one device "
                    f"(more than {MAX_PLAUSIBLE_FLOPS:g})")

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from hwbench.errors import UsageError
-from hwbench.report.compare import METRICS
+from hwbench.point import METRICS
 
 DESCRIPTION = ("Compare two sets of results point by point; exit 3 when a point regressed by more than the "
                "threshold and significantly, 4 when a baseline point has no result in CURRENT (docs/compare.md).")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
-from hwbench.report.compare import DEFAULT_THRESHOLD, METRICS
+from hwbench.point import METRICS
+from hwbench.report.compare import DEFAULT_THRESHOLD
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
                "result files, `changes` reports change points (exit 3 on an open regression beyond the "
@@ -53,22 +53,19 @@ def main(args: argparse.Namespace) -> int:
 
 def add(args: argparse.Namespace) -> int:
     from hwbench.history.store import add_to_history, printable, start_problem
-    from hwbench.results import ResultFormatError, load_result, result_files
+    from hwbench.result.store import read_inputs
 
-    for path in args.results:
-        if not Path(path).exists():
-            raise UsageError(f"RESULTS {path!r}: no such file or folder; give result files or folders of them")
-    loaded, unreadable = [], 0
-    for path in result_files(args.results):
-        try:
-            result = load_result(path)
-            problem = start_problem(result.started_at)
-            if problem:
-                raise ResultFormatError(f"{path}: field 'started_at' {problem}")
+    found, skipped = read_inputs(args.results, "RESULTS")
+    reasons, loaded = [reason for _path, reason in skipped], []
+    for result, path in found:
+        problem = start_problem(result.started_at)
+        if problem:
+            reasons.append(f"{path}: field 'started_at' {problem}")
+        else:
             loaded.append((result, path))
-        except ResultFormatError as error:
-            unreadable += 1
-            print(f"hwbench history: warning: left out {error}", file=sys.stderr)
+    for reason in reasons:
+        print(f"hwbench history: warning: left out {reason}", file=sys.stderr)
+    unreadable = len(reasons)
     if not loaded:
         raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
                          "unreadable); give result files or folders of them")
@@ -82,14 +79,14 @@ def add(args: argparse.Namespace) -> int:
 
 def _analyses(args: argparse.Namespace, threshold: float):
     from hwbench.history.changes import series_changes
-    from hwbench.history.series import series_of, stored_name
+    from hwbench.history.series import series_of
     from hwbench.history.store import open_history, runs_with_metric
 
     connection = open_history(args.db)
     try:
         return [series_changes(series, threshold)
                 for metric in ((args.metric,) if args.metric else DEFAULT_METRICS)
-                for series in series_of(runs_with_metric(connection, stored_name(metric)), metric)]
+                for series in series_of(runs_with_metric(connection, METRICS[metric].stored_name), metric)]
     finally:
         connection.close()
 
@@ -154,7 +151,8 @@ def show(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from hwbench.history.page import trend_page
     from hwbench.report.compare import parse_threshold
-    from hwbench.results import check_output_file, write_text_atomic
+    from hwbench.result.files import check_output_file
+    from hwbench.result.store import write_text_atomic
 
     check_output_file(args.out, "--out", [args.db])
     threshold = parse_threshold(args.threshold)

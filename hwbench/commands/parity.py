@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.report.parity import DEFAULT_TOLERANCE, compare_runs, format_report
-    from hwbench.results import ResultFormatError, load_result
+    from hwbench.result.store import ResultFormatError, load_result
 
     try:
         a, b = load_result(args.run_a), load_result(args.run_b)

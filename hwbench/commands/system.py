@@ -21,7 +21,8 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     from hwbench.report.system import system_description
-    from hwbench.results import ResultFormatError, check_output_file, load_result, write_text_atomic
+    from hwbench.result.files import check_output_file
+    from hwbench.result.store import ResultFormatError, load_result, write_text_atomic
 
     path = Path(args.result)
     if args.out:

@@ -7,7 +7,8 @@ runs torch.distributed.run (the torchrun agent) with TORCHRUN_ARGS and writes
 "SIGTERM"}`` (the agent itself was signalled) or ``{"status": "failed",
 "failures": [...]}`` with, for every failed rank, its exit code, the signal
 that killed it, and the error file its ``@record``-ed entry point wrote
-(FACTS.md §9). torchrun itself only prints these; the launcher needs them as data.
+(torch.distributed.elastic's ``record`` decorator and TORCHELASTIC_ERROR_FILE, in PyTorch's
+elastic error-handling documentation). torchrun itself only prints these; the launcher needs them as data.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
     from hwbench.harness.faults import AGENT_FILE
-    from hwbench.results import write_json_atomic
+    from hwbench.result.store import write_json_atomic
 
     write_json_atomic(run_dir / AGENT_FILE, record)
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
-import json
 import os
 import signal
 import socket
@@ -28,8 +26,11 @@ from hwbench.errors import UsageError
 from hwbench.harness.lifeline import stop_signals
 from hwbench.harness.suite import Point, Suite
 from hwbench.options import RunOptions
-from hwbench.results import (AGGREGATE_FILE, ResultFormatError, RunResult, check_output_folder, load_result,
-                             new_run_id, result_files, utc_now, write_json_atomic, write_result)
+from hwbench.point import resume_key
+from hwbench.result.files import AGGREGATE_FILE, check_output_folder, result_files
+from hwbench.result.model import RunResult
+from hwbench.result.store import (ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic,
+                                  write_result)
 from hwbench.stats import throughput_statistics
 
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
@@ -138,14 +139,6 @@ class Executor:
         raise NotImplementedError
 
 
-def result_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:
-    """Same options, repeat, environment variables, hwbench version and machine (this
-    host, or a Slurm sweep's cluster): same key."""
-    payload = json.dumps({"args": args, "repeat": repeat, "env": env, "hwbench": __version__, "machine": machine},
-                         sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def point_options(point: Point, defaults: dict[str, Any]) -> RunOptions:
     """The point's options, with each of ``defaults`` the point does not set itself."""
     return point.run_options().merged(**{name: value for name, value in defaults.items()
@@ -184,7 +177,7 @@ def run_points(suite: Suite, options: SweepOptions, executor: Executor, say: Say
     machine = executor.machine()
     runs = [dataclasses.replace(run, sweep={"suite": suite.name, "suite_path": suite.path, "point": run.point.name,
                                             "repeat": run.repeat, "repeats": options.repeats,
-                                            "key": result_key(run.argv, run.repeat, run.env, machine)})
+                                            "key": resume_key(run.argv, run.repeat, run.env, machine)})
             for run in runs]
     for note in recover_stranded_runs():  # a killed run's result goes to its point folder, where resume finds it
         say(f"note: {note}")

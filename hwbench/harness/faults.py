@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from hwbench.errors import UsageError
-from hwbench.results import write_json_atomic
+from hwbench.result.store import write_json_atomic
 
 FAULT_ENV = "HWBENCH_FAULT"
 RUN_DIR_ENV = "HWBENCH_RUN_DIR"

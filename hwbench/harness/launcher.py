@@ -38,10 +38,12 @@ from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device.host import share_of_cores
 from hwbench.errors import SetupError, UsageError
+from hwbench.harness.device_check import checked_backend
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.harness.lifeline import child_environment, stop_signals
-from hwbench.devices import checked_backend, describe_device, describe_workload
-from hwbench.results import ResultFormatError, RunResult, load_result, new_run_id, utc_now, write_json_atomic, write_result
+from hwbench.result.describe import describe_device, describe_workload
+from hwbench.result.model import Environment, Launch, RankSummary, RunError, RunResult
+from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.spec import RunSpec
 
 RUN_DIR_PREFIX = "hwbench-run-"
@@ -196,7 +198,7 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
             if not result.device:  # no rank got as far as describing itself: the launcher does
                 result.device = describe_device(backend, catalog, spec.precision)
                 result.workload = describe_workload(catalog.workloads[spec.model], spec)
-                result.environment = environment_fingerprint(backend)
+                result.environment = Environment.model_validate(environment_fingerprint(backend))
             result.launch = _describe_launch(spec, command, started)
             return result
     except BaseException:  # Ctrl-C or anything else: nothing may outlive us
@@ -256,10 +258,10 @@ def _check_device(spec: RunSpec) -> Backend:
     return backend
 
 
-def _describe_launch(spec: RunSpec, command: list[str], started: str) -> dict[str, Any]:
-    return {"launcher": "torchrun", "node_rank": spec.launch.node_rank, "nnodes": spec.launch.nnodes,
-            "nproc_per_node": spec.launch.nproc_per_node, "command": command, "started_at": started,
-            "timeout_s": spec.launch.timeout_s}
+def _describe_launch(spec: RunSpec, command: list[str], started: str) -> Launch:
+    return Launch.model_validate({"launcher": "torchrun", "node_rank": spec.launch.node_rank,
+                                  "nnodes": spec.launch.nnodes, "nproc_per_node": spec.launch.nproc_per_node,
+                                  "command": command, "started_at": started, "timeout_s": spec.launch.timeout_s})
 
 
 def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bool,
@@ -275,18 +277,18 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
     beats = read_heartbeats(run_dir)
     result = RunResult(run_id=new_run_id(spec.model, spec.device if spec.device != "auto" else "device"), status="timeout" if timed_out else "failed",
                        spec=spec.to_dict(), started_at=utc_now())
-    result.ranks = [{"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"],
-                     "phase": beat["phase"]} for rank, beat in sorted(beats.items())]
+    ranks = [{"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"],
+              "phase": beat["phase"]} for rank, beat in sorted(beats.items())]
     if timed_out:
         where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
-        result.error = {"type": "Timeout", "rank": None, "traceback": None, "signal": None,
-                        "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: "
-                                   f"{where}", "killed_pids": killed}
+        error = {"type": "Timeout", "rank": None, "traceback": None, "signal": None,
+                 "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}",
+                 "killed_pids": killed}
     elif failures:
-        result.status, result.error = _describe_rank_failure(failures, beats)
-        result.error["log_tail"] = log_tail(run_dir, result.error.get("local_rank"))
+        result.status, error = _describe_rank_failure(failures, beats)
+        error["log_tail"] = log_tail(run_dir, error.get("local_rank"))
         by_rank = {f["rank"]: f for f in failures}
-        for entry in result.ranks:
+        for entry in ranks:
             failure = by_rank.get(entry["rank"])
             entry["exitcode"] = failure["exitcode"] if failure else None
             entry["signal"] = failure["signal"] if failure else None
@@ -296,9 +298,11 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
                         "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and "
                                    "stopped every rank"}
     else:
-        result.error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
-                        "message": f"torchrun exited with status {returncode} and no rank reported a failure "
-                                   "(the rendezvous may have failed: see the messages above)"}
+        error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
+                 "message": f"torchrun exited with status {returncode} and no rank reported a failure "
+                            "(the rendezvous may have failed: see the messages above)"}
+    result.ranks = [RankSummary.model_validate(entry) for entry in ranks]
+    result.error = RunError.model_validate(error)
     result.finished_at = utc_now()
     if spec.launch.nnodes > 1:
         result.warnings.append(f"ranks of other nodes are not listed: node {spec.launch.node_rank}'s launcher "

@@ -15,8 +15,10 @@ from typing import Any
 
 from hwbench.catalog import Workload
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.result.model import (Environment, Memory, Metrics, NodePlacement, NodeSummary, RankPlacement, RankSummary,
+                                  RunError, RunResult, Step, StepTime, Telemetry, ValidationPoint)
+from hwbench.result.store import finite
 from hwbench.stats import finite_or_none, summarize
-from hwbench.results import RunResult
 from hwbench.spec import RunSpec
 from hwbench.plausibility import implausible_throughput
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
@@ -48,7 +50,7 @@ class RankReport:
     telemetry: dict[str, Any] | None = None
     host_syncs: dict[str, Any] | None = None  # hwbench.device.base.HostSyncCount as a dict
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    validation: list[RankReport] = dataclasses.field(default_factory=list)
+    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # worker.validate()'s points
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
 
@@ -146,52 +148,59 @@ def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
             "ratio": medians[slowest] / typical if typical > 0 else None}
 
 
-def merge_nodes(reports: list[RankReport]) -> list[RankReport]:
+def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
     """The environment of every node (one entry per node rank), with its ranks and
     where they ran (threads, usable cores, devices, oversubscription)."""
-    nodes: dict[int, dict[str, Any]] = {}
+    nodes: dict[int, NodeSummary] = {}
     for r in reports:
-        node = nodes.setdefault(r.node_rank, {"node_rank": r.node_rank, "host": r.host, "ranks": [],
-                                                 "environment": r.environment})
-        node["ranks"].append(r.rank)
+        node = nodes.setdefault(r.node_rank, NodeSummary(node_rank=r.node_rank, host=r.host, ranks=[],
+                                                         environment=Environment.model_validate(r.environment)))
+        node.ranks.append(r.rank)
     for placement in host_placements(reports) or []:
         for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
-            nodes[node_rank]["placement"] = placement.describe()
+            nodes[node_rank].placement = NodePlacement.model_validate(placement.describe())
     return [nodes[k] for k in sorted(nodes)]
 
 
-def _rank_placement(placement: dict[str, Any]) -> dict[str, Any] | None:
+def _rank_placement(placement: dict[str, Any]) -> RankPlacement | None:
     if not placement:
         return None
-    return {"threads": placement["threads"], "usable_cores": placement["usable_cores"],
-            "cpus": cpu_list_text(placement["cpus"]), "devices": placement["devices"]}
+    return RankPlacement(threads=placement["threads"], usable_cores=placement["usable_cores"],
+                         cpus=cpu_list_text(placement["cpus"]), devices=placement["devices"])
 
 
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
     losses, norms = source.losses, source.grad_norms
-    steps = len(losses)
     # Step t takes as long as its slowest rank.
     times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
-    result.steps = []
-    for index in range(steps):
-        timed = index >= spec.warmup
-        result.steps.append({
-            "step": index + 1,
-            "phase": "timed" if timed else "warmup",
-            "time_s": times[index - spec.warmup] if timed else None,
-            "loss": finite_or_none(losses[index]),
-            "grad_norm": finite_or_none(norms[index]),
-            "lr": source.lrs[index],
-            "loss_scale": source.loss_scales[index],
-            "skipped": source.skipped[index],
-        })
+    result.steps = [Step(step=index + 1, phase="timed" if index >= spec.warmup else "warmup",
+                         time_s=times[index - spec.warmup] if index >= spec.warmup else None,
+                         loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
+                         lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index])
+                    for index in range(len(losses))]
+    implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
+    result.ranks = [RankSummary(
+        rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
+        step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),
+        memory=Memory.model_validate(finite(r.memory)),
+        telemetry=_telemetry(r.telemetry) if len(reports) > 1 else None, placement=_rank_placement(r.placement),
+    ) for r in reports]
+    result.nodes = merge_nodes(reports)
+    # the nodes' entries keep each node's own environment as it was reported
+    result.environment = Environment.model_validate(
+        {**result.environment.dump(), **placement_environment(host_placements(reports))})
+    _judge(result, spec, times, implausible)
 
+
+def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport], source: RankReport,
+             times: list[float]) -> tuple[str | None, Metrics]:
+    """(why the throughput is impossible for the device, or None; the metrics)."""
     world = spec.parallel.world_size
     total_time = sum(times)
     samples_per_s = spec.global_batch_size * len(times) / total_time
-    peak = result.device.get("peak_flops")
+    peak = result.device.peak_flops
     by_formula = {}
     for name, formula_flops in flops_by_formula(spec.model_config(workload.model), spec.global_batch_size,
                                                 spec.seq_length, tensor_parallel=spec.parallel.tp,
@@ -202,110 +211,94 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     flops = by_formula[spec.flops_formula]["flops_per_iteration"]
     achieved = flops * len(times) / total_time / world
     implausible = implausible_throughput(achieved, result.device)
-    if implausible:
-        peak = None
+    ceiling = result.device.measured_ceiling.flops if result.device.measured_ceiling else None
+    unmeasured: dict[str, str] = {}
+    if implausible:  # a figure the device cannot reach: no MFU against anything (the status says why)
+        peak = ceiling = None
+        unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)
         for figures in by_formula.values():
             figures["mfu"] = None
-    unmeasured: dict[str, str] = {"mfu": implausible, "mfu_measured_ceiling": implausible} if implausible else {}
     if peak is None and not implausible:
-        unmeasured["mfu"] = result.device.get("peak_flops_unmeasured") or "no peak FLOP/s"
-    ceiling = None if implausible else (result.device.get("measured_ceiling") or {}).get("flops")
+        unmeasured["mfu"] = result.device.peak_flops_unmeasured or "no peak FLOP/s"
     if not ceiling and not implausible:
-        unmeasured["mfu_measured_ceiling"] = (result.device.get("measured_ceiling_unmeasured")
+        unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
-    validation = reports[0].validation
-    telemetry = merge_telemetry(reports)
-    result.metrics = {
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": samples_per_s * spec.seq_length,
-        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world,
-        "tflops_per_device": achieved / 1e12,
-        "mfu": achieved / peak if peak else None,  # against the data sheet (the catalog's peak)
-        "mfu_measured_ceiling": achieved / ceiling if ceiling else None,  # against hwbench calibrate's GEMM rate
-        "flops_per_iteration": flops,
-        "flops_formula": spec.flops_formula,
-        "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
-        "by_formula": by_formula,  # every known formula's figures, for comparing with other tools' logs
-        "world_size": world,
-        "timed_steps": len(times),
-        "step_time_s": summarize(times),
-        "timed_wall_time_s": max(r.wall_time_s for r in reports),
-        "memory": merge_memory(reports),
-        "loss_start": finite_or_none(losses[0]),
-        "loss_end": finite_or_none(losses[-1]),
-        "loss_floor": source.data.get("entropy_nats"),
-        "validation": validation,
-        "valid_loss": validation[-1]["loss"] if validation else None,
-        "valid_ppl": validation[-1]["ppl"] if validation else None,
-        "valid_ppl_step": validation[-1]["step"] if validation else None,
-        "ppl_floor": source.data.get("perplexity_floor"),
-        "skipped_steps": sum(1 for s in result.steps if s["skipped"]),
-        "straggler": straggler(reports),
-        "host_syncs": merge_host_syncs(reports),
-        "telemetry": telemetry,
-        "data": source.data,
-        "unmeasured": unmeasured,
-    }
+    validation = [ValidationPoint.model_validate(finite(point)) for point in reports[0].validation]
+    telemetry = _telemetry(merge_telemetry(reports))
+    host_syncs = merge_host_syncs(reports)
     if not validation:
         unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
                                    else f"--split {spec.split} leaves no validation documents")
     if telemetry is None:
         unmeasured["telemetry"] = "turned off with --no-telemetry"
-    elif not telemetry.get("available"):
-        unmeasured["telemetry"] = telemetry.get("reason", "unavailable")
+    elif not telemetry.available:
+        unmeasured["telemetry"] = telemetry.reason or "unavailable"
     if world == 1:
         unmeasured["straggler"] = "one rank"
-    if result.metrics["host_syncs"] is None:
+    if host_syncs is None:
         unmeasured["host_syncs"] = next((r.host_syncs["reason"] for r in reports if r.host_syncs), None) or \
             "not counted"
-    result.ranks = [{
-        "rank": r.rank, "node_rank": r.node_rank, "local_rank": r.local_rank, "host": r.host,
-        "coordinates": r.coordinates, "step_time_s": summarize(r.step_times_s), "memory": r.memory,
-        "telemetry": r.telemetry if world > 1 else None, "placement": _rank_placement(r.placement),
-    } for r in reports]
-    result.nodes = merge_nodes(reports)
-    # a new mapping: the nodes' entries keep each node's own environment as it was reported
-    result.environment = {**result.environment, **placement_environment(host_placements(reports))}
-    _judge(result, spec, times, implausible)
+    last = validation[-1] if validation else None
+    return implausible, Metrics.model_validate(finite({
+        "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * spec.seq_length,
+        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world, "tflops_per_device": achieved / 1e12,
+        "mfu": achieved / peak if peak else None,  # against the data sheet (the catalog's peak)
+        "mfu_measured_ceiling": achieved / ceiling if ceiling else None,  # against hwbench calibrate's GEMM rate
+        "flops_per_iteration": flops, "flops_formula": spec.flops_formula,
+        "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
+        "by_formula": by_formula,  # every known formula's figures, for comparing with other tools' logs
+        "world_size": world, "timed_steps": len(times), "step_time_s": summarize(times),
+        "timed_wall_time_s": max(r.wall_time_s for r in reports), "memory": merge_memory(reports),
+        "loss_start": finite_or_none(source.losses[0]), "loss_end": finite_or_none(source.losses[-1]),
+        "loss_floor": source.data.get("entropy_nats"), "validation": validation,
+        "valid_loss": last.loss if last else None, "valid_ppl": last.ppl if last else None,
+        "valid_ppl_step": last.step if last else None, "ppl_floor": source.data.get("perplexity_floor"),
+        "skipped_steps": sum(source.skipped), "straggler": straggler(reports), "host_syncs": host_syncs,
+        "telemetry": telemetry, "data": source.data, "unmeasured": unmeasured}))
+
+
+def _telemetry(summary: dict[str, Any] | None) -> Telemetry | None:
+    """A telemetry summary as the result holds it (a sensor's non-finite reading as null)."""
+    return None if summary is None else Telemetry.model_validate(finite(summary))
 
 
 def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:
     """Status and warnings from the merged figures."""
-    scaled = spec.precision == "fp16"
-    bad = [s["step"] for s in result.steps if s["loss"] is None or (s["grad_norm"] is None and not s["skipped"])]
-    all_skipped = scaled and result.metrics["skipped_steps"] == len(result.steps)
+    metrics, scaled = result.metrics, spec.precision == "fp16"
+    bad = [s.step for s in result.steps if s.loss is None or (s.grad_norm is None and not s.skipped)]
+    all_skipped = scaled and metrics.skipped_steps == len(result.steps)
     result.status = "numerics" if bad or all_skipped else "invalid" if implausible else "ok"
     if implausible and result.status == "invalid":
-        result.error = {"type": "ImplausibleThroughput", "message": implausible, "traceback": None, "rank": 0}
+        result.error = RunError(type="ImplausibleThroughput", message=implausible, traceback=None, rank=0)
     if bad:
-        result.error = {"type": "NonFiniteLoss", "message": f"loss or gradient not finite at steps {bad[:10]}",
-                        "traceback": None, "rank": 0}
+        result.error = RunError(type="NonFiniteLoss", message=f"loss or gradient not finite at steps {bad[:10]}",
+                                traceback=None, rank=0)
     elif all_skipped:
-        result.error = {"type": "LossScaleCollapse", "rank": 0, "traceback": None,
-                        "message": "every fp16 step overflowed and was skipped"}
-    cv = result.metrics["step_time_s"]["cv"]
-    if cv > NOISY_CV:
+        result.error = RunError(type="LossScaleCollapse", rank=0, traceback=None,
+                                message="every fp16 step overflowed and was skipped")
+    cv = metrics.step_time_s.cv if metrics.step_time_s else None
+    if cv is not None and cv > NOISY_CV:
         result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")
     if len(times) < FEW_TIMED_STEPS:
         result.warnings.append(f"only {len(times)} timed steps: use --steps {FEW_TIMED_STEPS} or more for stable figures")
-    if result.metrics["skipped_steps"]:
-        result.warnings.append(f"{result.metrics['skipped_steps']} fp16 steps overflowed and were skipped")
-    lagging = result.metrics["straggler"]
-    if lagging and lagging["ratio"] and lagging["ratio"] > STRAGGLER_RATIO:
-        result.warnings.append(f"straggler: rank {lagging['rank']} took {lagging['ratio']:.2f}x the median rank's "
+    if metrics.skipped_steps:
+        result.warnings.append(f"{metrics.skipped_steps} fp16 steps overflowed and were skipped")
+    lagging = metrics.straggler
+    if lagging and lagging.ratio and lagging.ratio > STRAGGLER_RATIO:
+        result.warnings.append(f"straggler: rank {lagging.rank} took {lagging.ratio:.2f}x the median rank's "
                                "median step time")
-    waits = result.metrics.get("host_syncs")
-    if waits and waits["count"]:
-        first = f" (first at {waits['where'][0]})" if waits["where"] else ""
+    waits = metrics.host_syncs
+    if waits and waits.count:
+        first = f" (first at {waits.where[0]})" if waits.where else ""
         validating = " (the validations inside it read their losses: --eval-interval)" if spec.eval_interval else ""
-        result.warnings.append(f"the host waited for the device {waits['count']} times in the timed window{first}"
+        result.warnings.append(f"the host waited for the device {waits.count} times in the timed window{first}"
                                f"{validating}: the device idles meanwhile, so launch gaps count as step time")
-    beyond = result.metrics.get("mfu_measured_ceiling")
+    beyond = metrics.mfu_measured_ceiling
     if beyond is not None and beyond > 1:
         result.warnings.append(f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "
                                "understates the device (too small --sizes, or a busy machine); calibrate again")
-    if result.environment.get("oversubscribed"):
-        result.warnings.append(f"[oversubscribed] {result.environment['oversubscribed_reason']}: the figures include "
+    if result.environment.oversubscribed:
+        result.warnings.append(f"[oversubscribed] {result.environment.oversubscribed_reason}: the figures include "
                                "time spent waiting for a core or a device")
     if spec.parallel.source == "published":
         result.warnings.append(f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "

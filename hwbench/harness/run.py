@@ -2,7 +2,7 @@
 run` and hwbench.run call. In this process, as the launcher of a torchrun job, or as one
 rank of a job torchrun or srun started; on every path the result carries the sweep's
 record when a sweep started the point, and is stored so that no measurement is lost
-(hwbench.results.store_result).
+(hwbench.result.store.store_result).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import os
 
 from hwbench.engine.distributed import RankEnvironment
 from hwbench.options import RunOptions
-from hwbench.results import RunResult, StoredResult, store_result
+from hwbench.result.model import RunResult
+from hwbench.result.store import StoredResult, store_result
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,8 @@ from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.executor import TIMEOUT_MARGIN_S, Executor, Job, PointRun, Say, duration, keyed_results, recorded
 from hwbench.harness.faults import SWEEP_ENV
-from hwbench.results import RunResult, utc_now, write_json_atomic, write_text_atomic
+from hwbench.result.model import RunResult
+from hwbench.result.store import utc_now, write_json_atomic, write_text_atomic
 from hwbench.options import MULTI_NODE_PORT, RunOptions
 from hwbench.spec import RunSpec
 

@@ -19,7 +19,8 @@ from hwbench.harness.sweep import LocalExecutor
 from hwbench.layouts import PlannedLayout
 from hwbench.options import RunOptions
 from hwbench.planner import Variant
-from hwbench.results import RANKING_FILE, write_json_atomic
+from hwbench.result.files import RANKING_FILE
+from hwbench.result.store import write_json_atomic
 from hwbench.units import gib, parse_size
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
@@ -105,7 +106,7 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     (with ranking.json). ``device_memory``: the planner's capacity (else the device's)."""
     from hwbench.catalog import load_catalog
     from hwbench.device import select_backend
-    from hwbench.devices import device_capacity_bytes
+    from hwbench.harness.device_check import device_capacity_bytes
     from hwbench.spec import build_run_spec, check_data
 
     catalog = load_catalog()

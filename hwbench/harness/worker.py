@@ -33,9 +33,12 @@ from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.stats import finite_or_none
-from hwbench.devices import checked_backend, describe_device, describe_workload
-from hwbench.results import RunResult, new_run_id, utc_now, write_json_atomic
+from hwbench.harness.device_check import checked_backend
+from hwbench.result.describe import describe_device, describe_workload
+from hwbench.result.model import Environment, Launch, RunError, RunResult
+from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
+from hwbench.stats import finite_or_none
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 
 
@@ -86,15 +89,15 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
                         spec.warmup + spec.steps, spec.warmup, enabled=show_progress and ctx.rank == 0)
     report = None
     try:
-        result.environment = environment_fingerprint(backend)
-        result.environment["slurm"] = slurm_record()  # None outside a Slurm job
+        fingerprint = {**environment_fingerprint(backend), "slurm": slurm_record()}  # slurm: None outside Slurm
+        result.environment = Environment.model_validate(fingerprint)
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
         engine = build_engine(spec.model_config(workload.model), spec, backend, ctx)
         try:
             result.engine = engine.describe()
             measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
-            report = rank_report(ctx, measurement, result.environment, heartbeat, placement)
+            report = rank_report(ctx, measurement, fingerprint, heartbeat, placement)
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
@@ -102,7 +105,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         heartbeat.fail(failure["status"], failure["message"])
         if ctx.distributed:
             raise RankFailure(f"{failure['status']}: {failure['type']}: {failure['message']}") from error
-        result.status, result.error = failure.pop("status"), failure
+        result.status, result.error = failure.pop("status"), RunError.model_validate(failure)
     finally:
         progress.close()
     if report is not None:
@@ -141,8 +144,9 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
             write_json_atomic(os.path.join(run_dir, RESULT_FILE), with_sweep_record(result).to_dict())
             return None
         launcher = "srun" if (rank_env.run_id or "").startswith(SLURM_RUN_PREFIX) else "external torchrun"
-        result.launch = {"launcher": launcher, "run_id": rank_env.run_id,
-                         "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
+        result.launch = Launch.model_validate({"launcher": launcher, "run_id": rank_env.run_id,
+                                               "master_addr": rank_env.master_addr,
+                                               "master_port": rank_env.master_port})
         return result
 
     return rank_main()

@@ -25,7 +25,7 @@ import dataclasses
 from typing import Sequence
 
 from hwbench.history.series import Night, Segment, Series, format_value, short_commit
-from hwbench.report.compare import METRICS
+from hwbench.point import METRICS
 from hwbench.stats import energy_divisive_split, pooled_t_test
 
 # Significance of a change point. Otava's default is 0.001; the nightly job tests every
@@ -139,7 +139,7 @@ def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
                    min_nights: int = MIN_NIGHTS) -> SeriesChanges:
     """The change points of every segment of ``series`` and the open regression of its
     last segment, if any (an earlier segment ran in another environment)."""
-    higher_is_better = METRICS[series.metric][1]
+    higher_is_better = METRICS[series.metric].higher_is_better
     changes: list[Change] = []
     offset = 0
     open_index = open_change = None

@@ -10,7 +10,8 @@ one call of add_results is one transaction: a failure leaves the database as it 
 The schema version is SQLite's ``user_version`` (a one-row table in PostgreSQL);
 MIGRATIONS[v] takes a database from version v - 1 to v, so an older database is brought
 up to date when it is opened and a newer one is refused (this hwbench would not know its
-tables). The statements are plain SQL that both databases take.
+tables). A step is plain SQL that both databases take, or a function of the connection
+for what SQL alone cannot do.
 """
 
 from __future__ import annotations
@@ -28,15 +29,44 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from hwbench.errors import UsageError
-from hwbench.report.compare import KEY_FIELDS, performance_fingerprint, point_key
-from hwbench.results import RunResult, _umask
+from hwbench.point import PointKey
+from hwbench.result.environment import performance_fingerprint
+from hwbench.result.model import RunResult
+from hwbench.result.store import umask
 
 DEFAULT_DB = "results/history.sqlite"
 OPTION = "--db"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-# MIGRATIONS[v]: the statements that take a database from version v - 1 to version v.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+# The point key of version 1 databases, before the key had max_positions, fused_qkv and cross_entropy.
+V1_POINT_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size", "global_batch_size",
+                   "seq_length", "recompute", "compile", "tp", "pp", "dp", "nnodes", "engine", "zero_stage", "fsdp",
+                   "pp_schedule", "data", "steps")
+
+
+def _point_keys_with_positions(connection) -> None:
+    """Version 2: every stored point key in PointKey's fields. The runs of a version 1 database
+    predate the fused QKV and cross-entropy options (False, "standard"); max_positions is the
+    workload's positions in the catalog, which every run without --max-positions had, when the
+    sequence fits them, and null (unknown: the old key did not keep it) when it does not."""
+    from hwbench.catalog import load_catalog
+
+    positions = {name: workload.model.max_position_embeddings for name, workload in load_catalog().workloads.items()}
+    defaults = {field.name: field.default for field in dataclasses.fields(PointKey)}
+    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text in rows:
+        old = _json_column(text)
+        if not (isinstance(old, list) and len(old) == len(V1_POINT_FIELDS)):
+            continue  # damaged: runs_with_metric names it
+        values = dict(zip(V1_POINT_FIELDS, old))
+        own, seq = positions.get(values["model"]), values["seq_length"]
+        values["max_positions"] = own if isinstance(seq, int) and own is not None and seq <= own else None
+        key = [values.get(name, defaults[name]) for name in PointKey.fields()]
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+
+
+# MIGRATIONS[v]: the steps that take a database from version v - 1 to version v.
+MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the connection
     1: (
         """CREATE TABLE IF NOT EXISTS runs (
                run_id TEXT PRIMARY KEY,
@@ -45,7 +75,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
                git_commit TEXT,
                git_dirty INTEGER,
                status TEXT NOT NULL,
-               point_key TEXT,               -- JSON list of hwbench.report.compare.KEY_FIELDS; NULL without a spec
+               point_key TEXT,               -- JSON list of hwbench.point.PointKey's fields; NULL without a spec
                fingerprint TEXT NOT NULL,    -- JSON: device model and the performance environment fields
                environment TEXT NOT NULL,    -- JSON: the result's whole environment
                source TEXT NOT NULL,         -- the file it was read from
@@ -58,9 +88,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS runs_by_point ON runs(point_key, started_at)",
         "CREATE INDEX IF NOT EXISTS metrics_by_name ON metrics(name)",
     ),
+    2: (_point_keys_with_positions,),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
-
 
 # How long an SQLite command waits for another writer (a concurrent `history add`) to finish.
 BUSY_TIMEOUT_S = 60.0
@@ -168,7 +198,7 @@ def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, P
             raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
         try:
             os.close(handle)
-            os.chmod(temporary, 0o666 & ~_umask())
+            os.chmod(temporary, 0o666 & ~umask())
             connection = open_history(temporary, create=True)
             connection.name = text
             try:
@@ -312,8 +342,11 @@ def migrate(connection, name: str) -> None:
                 connection.execute("BEGIN IMMEDIATE")
                 if _schema_version(connection) >= target:  # another writer got there first
                     continue
-            for statement in MIGRATIONS[target]:
-                connection.execute(statement)
+            for step in MIGRATIONS[target]:
+                if callable(step):
+                    step(connection)
+                else:
+                    connection.execute(step)
             _set_schema_version(connection, target)
 
 
@@ -392,7 +425,7 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
                 continue
             known.add(result.run_id)
             runs.append(_run_row(result, source, now))
-            metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics or {})]
+            metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics.dump())]
         _insert_new(connection, "runs", runs)
         _insert_new(connection, "metrics", metrics)
     outcome.added = len(runs)
@@ -400,15 +433,13 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
 
 
 def _run_row(result: RunResult, source: Path, now: str) -> tuple:
-    environment = result.environment or {}
-    git = environment.get("hwbench_git") or {}
-    key = point_key(result)
-    dirty = git.get("dirty")
-    return (result.run_id, result.started_at, night_of(result.started_at), git.get("commit"),
-            None if dirty is None else int(bool(dirty)), result.status,
-            None if key is None else json.dumps(list(key)),
+    git, key = result.environment.hwbench_git, result.point_key
+    dirty = git.dirty if git else None
+    return (result.run_id, result.started_at, night_of(result.started_at), git.commit if git else None,
+            None if dirty is None else int(dirty), result.status,
+            None if key is None else json.dumps(list(key.values())),
             json.dumps(performance_fingerprint(result), sort_keys=True),
-            json.dumps(environment, sort_keys=True, default=str), os.fspath(source), now)
+            json.dumps(result.environment.dump(), sort_keys=True, default=str), os.fspath(source), now)
 
 
 def _insert_new(connection, table: str, rows: list[tuple]) -> None:
@@ -432,7 +463,7 @@ class StoredRun:
     night: str
     commit: str | None
     status: str
-    point: dict[str, Any]  # KEY_FIELDS -> value
+    point: PointKey
     fingerprint: dict[str, str | None]
     value: float | None  # the metric; None when the run has no such figure
 
@@ -453,9 +484,9 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
             problem = "run id, started_at, night or status is not text"
         elif commit is not None and not isinstance(commit, str):
             problem = "git_commit is not text"
-        elif not (isinstance(point, list) and len(point) == len(KEY_FIELDS)
+        elif not (isinstance(point, list) and len(point) == len(PointKey.fields())
                   and all(item is None or isinstance(item, (str, int, float, bool)) for item in point)):
-            problem = f"point_key is not a JSON list of {len(KEY_FIELDS)} values"
+            problem = f"point_key is not a JSON list of {len(PointKey.fields())} values"
         elif not (isinstance(prints, dict) and all(item is None or isinstance(item, str) for item in prints.values())):
             problem = "fingerprint is not a JSON mapping of text"
         elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -465,7 +496,7 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
             raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
                              f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
                              "again into a new file")
-        found.append(StoredRun(run_id, started, night, commit, status, dict(zip(KEY_FIELDS, point)), prints,
+        found.append(StoredRun(run_id, started, night, commit, status, PointKey(*point), prints,
                                None if value is None else float(value)))
     return found
 

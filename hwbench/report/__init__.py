@@ -19,7 +19,8 @@ def write_report(paths: Sequence[str], format: str = "md", against: str | os.Pat
     the per-model tables show beside the default's. UsageError, one line, for bad input."""
     from hwbench.errors import UsageError
     from hwbench.report.build import make_report
-    from hwbench.results import check_output_file, write_text_atomic
+    from hwbench.result.files import check_output_file
+    from hwbench.result.store import write_text_atomic
 
     if format not in FORMATS:
         raise UsageError(f"--format {format!r} is not accepted; give {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")

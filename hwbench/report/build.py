@@ -4,6 +4,7 @@ Formulas and sections are described in docs/reports.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -16,7 +17,7 @@ from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
 from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
-from hwbench.results import RunResult
+from hwbench.result.model import RunResult
 
 
 def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
@@ -28,6 +29,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     None: each workload's budget is 20 tokens per parameter. ``also_formula``: a FLOPs formula whose
     MFU the per-model tables show beside each run's own."""
     rows = [run_row(result, file, prices, tokens) for result, file in loaded]
+    _point_variants(rows, [result for result, _ in loaded])
     fits = scaling_fits(rows)
     apply_projections(rows, fits, devices)
     runs = pd.DataFrame(rows, dtype=object)  # object: None stays None, integers stay integers
@@ -52,6 +54,15 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
 
+def _point_variants(rows: list[dict[str, Any]], results: list[RunResult]) -> None:
+    """Each row's `point_variant`: what sets its point apart among the report's points of its model,
+    the device aside (recompute, seq 64, ...), so that a chart never puts two points in one bar."""
+    keys = [None if r.point_key is None else dataclasses.replace(r.point_key, backend=None, device_model=None)
+            for r in results]
+    for row, key in zip(rows, keys):
+        row["point_variant"] = key.variant([k for k in keys if k is not None and k.model == key.model]) if key else ""
+
+
 def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[str]:
     """A note for each --price or --prices entry that names no run's device: most likely a typo."""
     if runs.empty:
@@ -71,8 +82,7 @@ def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dic
     images: dict[str, str] = {}
     for model in sorted({str(r["model"]) for r in ok}):
         mine = [r for r in ok if str(r["model"]) == model]
-        curves = [(r, [(s["step"], s["loss"]) for s in results[r["run_id"]].steps if s.get("loss") is not None])
-                  for r in mine]
+        curves = [(r, [(s.step, s.loss) for s in results[r["run_id"]].steps if s.loss is not None]) for r in mine]
         for kind, image in (("throughput", plots.throughput(model, mine)), ("scaling", plots.scaling(model, fits)),
                             ("memory", plots.memory(model, mine)), ("loss", plots.loss_curves(model, curves))):
             if image is not None:
@@ -106,11 +116,12 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     from hwbench.report.cost import check_projection
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
-    from hwbench.report.runs import load_inputs
-
+    from hwbench.result.store import read_inputs
     tokens, projection_devices = check_projection(tokens, projection_devices)
     checked_prices = as_prices(prices)
-    loaded, skipped = load_inputs(paths)
+    found, skipped = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
+    loaded = [(result, str(path)) for result, path in found]
+    skipped = [(str(path), reason) for path, reason in skipped]
     if paths and not loaded:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")

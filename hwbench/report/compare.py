@@ -1,7 +1,7 @@
 """`hwbench compare BASELINE CURRENT`: did performance change between two sets of results?
 
 BASELINE and CURRENT are result files or folders (searched recursively). Results are
-grouped into points by the spec fields that define what was measured (``point_key``);
+grouped into points by the spec fields that define what was measured (hwbench.point.PointKey);
 the results of one point on one side (the repeats of a sweep, or several nights in a
 folder) form a sample. For every point on both sides the change of the median figure
 is tested:
@@ -37,31 +37,17 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
+from hwbench.point import METRICS, PointKey, result_formula
+from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, environment_differences, performance_fingerprint
+from hwbench.result.model import RunResult
+from hwbench.result.store import read_inputs
 from hwbench.stats import mann_whitney_u
-from hwbench.results import (PERFORMANCE_ENVIRONMENT_FIELDS, RunResult, environment_differences, environment_value,
-                             load_results)
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
 DEFAULT_THRESHOLD = 0.05
 REGRESSION_EXIT = 3
 MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gate cannot vouch for it
-
-# metric name -> (how to read it from result.metrics, higher is better)
-METRICS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "tokens_per_s": (("tokens_per_s",), True),
-    "samples_per_s": (("samples_per_s",), True),
-    "tflops_per_device": (("tflops_per_device",), True),
-    "mfu": (("mfu",), True),
-    "step_time_median": (("step_time_s", "median"), False),
-    "peak_memory": (("memory", "peak_reserved_bytes"), False),
-}
-
-# The point key, in order: (name, how to read it). Seed, out_dir, launch ports and
-# timeouts, telemetry and evaluation settings are deliberately not part of it.
-KEY_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size", "global_batch_size",
-              "seq_length", "recompute", "compile", "tp", "pp", "dp", "nnodes", "engine", "zero_stage", "fsdp",
-              "pp_schedule", "data", "steps")
 
 
 def parse_threshold(text: str) -> float:
@@ -82,79 +68,26 @@ def parse_threshold(text: str) -> float:
 # --- points ------------------------------------------------------------------
 
 
-def _data_kind(data: Any) -> Any:
-    if data in (None, "builtin", "synthetic"):
-        return data
-    return f"megatron:{Path(str(data)).name}"  # the dataset, not where this machine keeps it
-
-
-def point_key(result: RunResult) -> tuple | None:
-    """The fields that define a benchmark point (KEY_FIELDS), or None when the result
-    has no resolved spec (a sweep's record of a point `hwbench run` refused)."""
-    spec = result.spec or {}
-    if "model" not in spec:
-        return None
-    parallel = spec.get("parallel") or {}
-    launch = spec.get("launch") or {}
-    device = result.device or {}
-    models = (result.environment or {}).get("device_models") or [None]
-    pp = parallel.get("pp", 1)
-    values = {
-        "model": spec.get("model"),
-        "backend": device.get("backend") or (result.environment or {}).get("backend") or spec.get("device"),
-        "device_model": device.get("device_model") or models[0],
-        "precision": spec.get("precision"),
-        "micro_batch_size": spec.get("micro_batch_size"),
-        "global_batch_size": spec.get("global_batch_size"),
-        "seq_length": spec.get("seq_length"),
-        "recompute": spec.get("recompute"),
-        "compile": spec.get("compile"),
-        "tp": parallel.get("tp", 1),
-        "pp": pp,
-        "dp": parallel.get("dp", 1),
-        "nnodes": launch.get("nnodes", 1),
-        "engine": spec.get("engine", "native"),
-        "zero_stage": spec.get("zero_stage", 0),
-        "fsdp": spec.get("fsdp", False),
-        "pp_schedule": spec.get("pp_schedule") if (pp or 1) > 1 else None,  # unused without pipelining
-        "data": _data_kind(spec.get("data")),
-        "steps": spec.get("steps"),
-    }
-    return tuple(values[name] for name in KEY_FIELDS)
-
-
 def _sweep_point(result: RunResult) -> tuple | None:
-    sweep = result.sweep or {}
-    return (sweep.get("suite"), sweep.get("point")) if sweep.get("point") else None
+    sweep = result.sweep
+    return (sweep.suite, sweep.point) if sweep and sweep.point else None
 
 
-def point_label(key: tuple, names: set) -> str:
-    values = dict(zip(KEY_FIELDS, key))
-    text = (f"{values['model']} {values['backend']} {values['precision']} mb{values['micro_batch_size']} "
-            f"gb{values['global_batch_size']} s{values['seq_length']}")
-    layout = f" tp{values['tp']}pp{values['pp']}dp{values['dp']}"
-    if (values["tp"], values["pp"], values["dp"]) != (1, 1, 1):
-        text += layout
-    if values["recompute"]:
-        text += " recompute"
-    if values["compile"]:
-        text += " compile"
-    if values["engine"] != "native":
-        text += f" {values['engine']} zero{values['zero_stage']}"
-    if values["fsdp"]:
-        text += " fsdp"
+def point_label(key: PointKey, names: set, keys: list[PointKey]) -> str:
+    """The sweep points that measured ``key`` and its label among ``keys``."""
+    text = key.label(keys)
     named = sorted(f"{suite}/{point}" if suite else str(point) for suite, point in names)
     return (", ".join(named) + f" ({text})") if named else text
 
 
-def group(results: list[RunResult]) -> tuple[dict[tuple, list[RunResult]], dict[tuple, set], list[RunResult]]:
+def group(results: list[RunResult]) -> tuple[dict[PointKey, list[RunResult]], dict[PointKey, set], list[RunResult]]:
     """Results by point key; the sweep point names seen for each key; results without a
     key that no sweep point name could place."""
-    by_key: dict[tuple, list[RunResult]] = defaultdict(list)
-    names: dict[tuple, set] = defaultdict(set)
+    by_key: dict[PointKey, list[RunResult]] = defaultdict(list)
+    names: dict[PointKey, set] = defaultdict(set)
     keyless = []
     for result in results:
-        key = point_key(result)
+        key = result.point_key
         if key is None:
             keyless.append(result)
             continue
@@ -164,7 +97,7 @@ def group(results: list[RunResult]) -> tuple[dict[tuple, list[RunResult]], dict[
     return by_key, names, keyless
 
 
-def _place_keyless(keyless: list[RunResult], names: dict[tuple, set], by_key: dict[tuple, list[RunResult]]):
+def _place_keyless(keyless: list[RunResult], names: dict[PointKey, set], by_key: dict[PointKey, list[RunResult]]):
     """A sweep's own record of a point without a resolved spec (timeout, invalid) joins
     the key that results of the same sweep point have (on either side)."""
     unplaced = []
@@ -178,37 +111,12 @@ def _place_keyless(keyless: list[RunResult], names: dict[tuple, set], by_key: di
     return unplaced
 
 
-# figures that depend on the FLOPs formula: compared under one formula (metrics.by_formula)
-FORMULA_METRICS = ("tflops_per_device", "mfu")
-
-
-def result_formula(result: RunResult) -> str | None:
-    """The canonical name of the FLOPs formula a result's own figures use."""
-    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
-
-    own = (result.metrics or {}).get("flops_formula")
-    return FLOPS_FORMULA_ALIASES.get(own, own) if isinstance(own, str) else None
-
-
-def metric_value(result: RunResult, metric: str, formula: str | None = None) -> float | None:
-    """The result's figure; for TFLOP/s and MFU under ``formula`` (None: the result's own), from
-    metrics.by_formula when the result's own formula is another (None when it has no such entry)."""
-    value: Any = result.metrics or {}
-    if metric in FORMULA_METRICS and formula is not None and result_formula(result) != formula:
-        value = (value.get("by_formula") or {}).get(formula)
-    for part in METRICS[metric][0]:
-        value = value.get(part) if isinstance(value, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 # --- comparison --------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class PointComparison:
-    key: tuple
+    key: PointKey | None
     label: str
     baseline: list[float]
     current: list[float]
@@ -281,28 +189,10 @@ def _listed(values: list) -> str:
     return ", ".join(sorted(map(str, values)))
 
 
-def performance_fingerprint(result: RunResult) -> dict[str, str | None]:
-    """The device model and performance fields of a result; a missing one is the value None
-    (it differs from a known one), and a result with no environment or device knows none."""
-    env = result.environment or {}
-    if not (env or result.device):
-        return {}
-    fingerprint: dict[str, str | None] = {
-        "device_model": (result.device or {}).get("device_model") or ", ".join(env.get("device_models") or [])}
-    for field in PERFORMANCE_ENVIRONMENT_FIELDS:
-        fingerprint[field] = environment_value(env, field)
-    return {field: value if value is None else str(value) for field, value in fingerprint.items()}
-
-
 def load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:
     """The readable results under ``path`` and the (file, reason) of every unreadable one."""
-    if not Path(path).exists():
-        raise UsageError(f"{name} {path!r}: no such file or folder; give a result file or a folder of them")
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # unreadable files are returned and named by the caller
-        results, skipped = load_results([path])
+    found, skipped = read_inputs([path], name)  # unreadable files are returned and named by the caller
+    results = [result for result, _file in found]
     if not results:
         extra = f" ({len(skipped)} unreadable: {skipped[0][1]})" if skipped else ""
         raise UsageError(f"{name} {path!r}: no hwbench result files found{extra}; give a result file or a folder "
@@ -314,32 +204,34 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
             metric: str = "tokens_per_s", unreadable: list[tuple[str, Path, str]] = ()) -> dict[str, Any]:
     """The comparison as data: points compared, points on one side only, the unreadable
     files as (side, path, reason), warnings."""
-    higher = METRICS[metric][1]
+    figure = METRICS[metric]
     base_by, base_names, base_keyless = group(baseline)
     cur_by, cur_names, cur_keyless = group(current)
-    names: dict[tuple, set] = defaultdict(set)
+    names: dict[PointKey, set] = defaultdict(set)
     for mapping in (base_names, cur_names):
         for key, seen in mapping.items():
             names[key] |= seen
     unplaced = _place_keyless(base_keyless, names, base_by) + _place_keyless(cur_keyless, names, cur_by)
+    keys = list(dict.fromkeys([*base_by, *cur_by]))
+    labels = {key: point_label(key, names[key], keys) for key in keys}
     common = [key for key in base_by if key in cur_by]
     points = []
-    for key in sorted(common, key=lambda k: point_label(k, names[k])):
+    for key in sorted(common, key=labels.__getitem__):
         b, c = base_by[key], cur_by[key]
         # TFLOP/s and MFU under the baseline's formula: a new default formula is no regression
         formula = next((f for r in b if r.status == "ok" and (f := result_formula(r))), None)
         comparison = PointComparison(
-            key=key, label=point_label(key, names[key]),
-            baseline=[v for r in b if r.status == "ok" and (v := metric_value(r, metric, formula)) is not None],
-            current=[v for r in c if r.status == "ok" and (v := metric_value(r, metric, formula)) is not None],
+            key=key, label=labels[key],
+            baseline=[v for r in b if r.status == "ok" and (v := figure.read(r, formula)) is not None],
+            current=[v for r in c if r.status == "ok" and (v := figure.read(r, formula)) is not None],
             baseline_statuses=[r.status for r in b], current_statuses=[r.status for r in c])
-        points.append(compare_point(comparison, threshold, higher))
+        points.append(compare_point(comparison, threshold, figure.higher_is_better))
     matched_base = [r for k in common for r in base_by[k]]
     matched_cur = [r for k in common for r in cur_by[k]]
     return {
-        "metric": metric, "higher_is_better": higher, "threshold": threshold, "points": points,
-        "only_baseline": [point_label(k, names[k]) for k in base_by if k not in cur_by],
-        "only_current": [point_label(k, names[k]) for k in cur_by if k not in base_by],
+        "metric": metric, "higher_is_better": figure.higher_is_better, "threshold": threshold, "points": points,
+        "only_baseline": [labels[k] for k in base_by if k not in cur_by],
+        "only_current": [labels[k] for k in cur_by if k not in base_by],
         "unplaced": [r.run_id for r in unplaced],
         "unreadable": [{"side": side, "path": str(path), "reason": reason} for side, path, reason in unreadable],
         "warnings": environment_warnings(matched_base, matched_cur),

@@ -9,9 +9,8 @@ from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.report.cells import number
-from hwbench.report.placement import devices_charged, oversubscription
 from hwbench.report.prices import Price, device_price
-from hwbench.results import RunResult
+from hwbench.result.model import RunResult
 
 # Hoffmann et al. 2022 ("Chinchilla"): about 20 training tokens per parameter is compute-optimal.
 TOKENS_PER_PARAMETER = 20
@@ -77,25 +76,15 @@ def measured_energy(result: RunResult, world: int) -> tuple[float | None, float 
     """(energy J over the telemetry window, mean power W summed over devices, why energy is missing).
     ``world``: the devices the telemetry must cover (the devices charged: one CPU socket reads for
     all the ranks on it)."""
-    metrics = result.metrics or {}
-    telemetry = metrics.get("telemetry")
-    if not telemetry or not telemetry.get("available"):
-        reason = (telemetry or {}).get("reason") or (metrics.get("unmeasured") or {}).get("telemetry") \
+    telemetry = result.metrics.telemetry
+    if not telemetry or not telemetry.available:
+        reason = (telemetry.reason if telemetry else None) or result.metrics.why("telemetry") \
             or "no telemetry in the result"
         return None, None, reason
-    devices = telemetry.get("devices") or []
-    power = number(telemetry.get("power_w_mean_total"))
-    if power is None and devices and all(number(d.get("power_w_mean")) is not None for d in devices):
-        power = sum(float(d["power_w_mean"]) for d in devices)
-    if "energy_j" in telemetry:
-        energy = number(telemetry.get("energy_j"))
-    elif devices and all(number(d.get("energy_j")) is not None for d in devices):
-        energy = sum(float(d["energy_j"]) for d in devices)
-    else:
-        energy = None
+    devices = telemetry.devices or []
+    power, energy = telemetry.total_power_w, telemetry.total_energy_j
     if energy is None:
-        reasons = [str((d.get("unmeasured") or {}).get("energy_j")) for d in devices
-                   if (d.get("unmeasured") or {}).get("energy_j")]
+        reasons = [reason for device in devices if (reason := device.why("energy_j"))]
         return None, power, "a device reported no energy" + (f" ({reasons[0]})" if reasons else "")
     if len(devices) < world:
         return None, power, f"telemetry covered {len(devices)} of {world} devices"
@@ -109,13 +98,12 @@ def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str
     projection to a device count is added by the report, once the scaling is known (build.py).
     The key order is the column order of the report."""
     figures: dict[str, Any] = {}
-    charged, basis = devices_charged(result, row["world_size"])
-    figures["devices_charged"], figures["devices_charged_basis"] = charged, basis
-    figures["oversubscribed"], figures["oversubscribed_reason"] = oversubscription(result)
+    charged = result.devices_charged
+    figures["devices_charged"], figures["devices_charged_basis"] = charged, result.devices_charged_basis
+    figures["oversubscribed"], figures["oversubscribed_reason"] = result.oversubscribed, result.oversubscribed_reason
     tps = row["tokens_per_s"]
     figures["tokens_per_s_per_device_charged"] = tps / charged if tps else None
-    device = result.device or {}
-    price, why = device_price(device.get("catalog_entry"), device.get("device_model"), device, prices)
+    price, why = device_price(result.device.catalog_entry, result.device.device_model, result.device, prices)
     figures["price_usd_per_hour"] = price.usd_per_hour if price else None
     figures["price_source"] = price.source if price else why
     figures["price_date"] = price.date if price else None
@@ -123,7 +111,8 @@ def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str
     energy, power, energy_reason = measured_energy(result, charged) if result.status == "ok" \
         else (None, None, f"status {result.status}")
     steps = row["timed_steps"]
-    timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) if steps and row["seq_length"] else None
+    timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) \
+        if steps and row["seq_length"] and row["global_batch_size"] else None
     figures["timed_tokens"] = timed_tokens
     figures["energy_j"], figures["power_w_mean"], figures["energy_reason"] = energy, power, energy_reason
     figures["energy_per_token_j"] = energy / timed_tokens if energy is not None and timed_tokens else None

@@ -15,7 +15,8 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
-from hwbench.results import RunResult
+from hwbench.point import PointKey
+from hwbench.result.model import RunResult
 
 DEFAULT_TOLERANCE = 0.02  # docs/parity.md
 # Two layouts of one run (TP, PP, DP, FSDP, ZeRO) on the same device and precision
@@ -49,7 +50,11 @@ def relative_difference(a: float, b: float) -> float:
 
 
 def _losses(result: RunResult) -> dict[int, float]:
-    return {s["step"]: s["loss"] for s in result.steps if s.get("loss") is not None}
+    return {step.step: step.loss for step in result.steps if step.loss is not None}
+
+
+def _validation_losses(result: RunResult) -> dict[int, float]:
+    return {point.step: point.loss for point in result.metrics.validation or [] if point.loss is not None}
 
 
 def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANCE) -> ParityReport:
@@ -59,8 +64,8 @@ def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANC
     common = sorted(set(losses_a) & set(losses_b))
     if not common:
         raise UsageError(f"runs {a.run_id} and {b.run_id} share no step with a finite loss; nothing to compare")
-    warnings = [f"spec.{key} differs: {a.spec.get(key)!r} vs {b.spec.get(key)!r}; the curves need not agree"
-                for key in MUST_MATCH if a.spec.get(key) != b.spec.get(key)]
+    warnings = [f"spec.{key} differs: {getattr(a.spec, key)!r} vs {getattr(b.spec, key)!r}; the curves need not agree"
+                for key in MUST_MATCH if getattr(a.spec, key) != getattr(b.spec, key)]
     rows = []
     for step in common:
         diff = relative_difference(losses_a[step], losses_b[step])
@@ -71,8 +76,7 @@ def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANC
     window = common[-FINAL_WINDOW:]
     final_a = sum(losses_a[s] for s in window) / len(window)
     final_b = sum(losses_b[s] for s in window) / len(window)
-    valid_a = {v["step"]: v["loss"] for v in a.metrics.get("validation") or [] if v.get("loss") is not None}
-    valid_b = {v["step"]: v["loss"] for v in b.metrics.get("validation") or [] if v.get("loss") is not None}
+    valid_a, valid_b = _validation_losses(a), _validation_losses(b)
     validation_rows = [{"step": s, "loss_a": valid_a[s], "loss_b": valid_b[s],
                         "rel_diff": relative_difference(valid_a[s], valid_b[s])}
                        for s in sorted(set(valid_a) & set(valid_b))]
@@ -82,9 +86,17 @@ def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANC
                         relative_difference(final_a, final_b), tolerance, warnings)
 
 
+def _point_text(key: PointKey | None, keys: list[PointKey | None], run: RunResult) -> str:
+    """The run's point, with whatever sets it apart from the other's (its label among both)."""
+    if key is None:
+        return f"{run.device.device_model or '?'}, {run.spec.precision}"
+    return key.label([k for k in keys if k is not None])
+
+
 def format_report(report: ParityReport, a: RunResult, b: RunResult) -> str:
-    lines = [f"A: {a.run_id} ({a.device.get('device_model', '?')}, {a.spec.get('precision')})",
-             f"B: {b.run_id} ({b.device.get('device_model', '?')}, {b.spec.get('precision')})", ""]
+    keys = [run.point_key for run in (a, b)]
+    lines = [f"{name}: {run.run_id} ({_point_text(key, keys, run)})" for name, run, key in zip("AB", (a, b), keys)]
+    lines.append("")
     shown = report.rows if len(report.rows) <= 40 else (
         report.rows[:10] + [r for r in report.rows[10:-10] if r["over"]][:10] + report.rows[-10:])
     lines.append(tabulate([[r["step"], f"{r['loss_a']:.5f}", f"{r['loss_b']:.5f}", f"{r['rel_diff']:.3%}",

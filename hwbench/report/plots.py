@@ -31,6 +31,7 @@ def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dic
     ordered = sorted(rows, key=lambda r: (r["devices_charged"], r["world_size"], r["layout"], str(r["precision"])))
     for row in ordered:
         category = (f"{row['layout']}\n{row['devices_charged']} device(s), {row['precision']}"
+                    + (f"\n{row['point_variant']}" if row.get("point_variant") else "")
                     + ("\noversubscribed" if row["oversubscribed"] is True else ""))
         if category not in categories:
             categories.append(category)

@@ -14,6 +14,7 @@ import yaml
 
 from hwbench.catalog import calendar_date
 from hwbench.errors import UsageError
+from hwbench.result.model import Device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,18 +153,17 @@ def as_prices(given: Mapping[str, Any]) -> dict[str, Price]:
     return prices
 
 
-def device_price(entry: str | None, model: str | None, recorded: Mapping[str, Any] | None,
+def device_price(entry: str | None, model: str | None, recorded: Device | None,
                  overrides: Mapping[str, Price]) -> tuple[Price | None, str | None]:
     """(the price of one device-hour, None) or (None, why there is none). First found: --price or
     --prices by catalog entry or device model, the price the result recorded from the catalog
-    when it ran, the catalog entry now."""
+    when it ran (``recorded``: the result's device), the catalog entry now."""
     for key in (entry, model):
         if key and key.lower() in overrides:
             return overrides[key.lower()], None
-    recorded = recorded or {}
-    if _number(recorded.get("price_usd_per_hour")) is not None:
-        source = recorded.get("price_source") or "the catalog when the run was made (no source recorded)"
-        return Price(float(recorded["price_usd_per_hour"]), source, recorded.get("price_date")), None
+    if recorded is not None and recorded.price_usd_per_hour is not None:
+        source = recorded.price_source or "the catalog when the run was made (no source recorded)"
+        return Price(recorded.price_usd_per_hour, source, recorded.price_date), None
     catalog_entry = _catalog_entry(entry)
     if catalog_entry is not None and catalog_entry.price_usd_per_hour is not None:
         return Price(catalog_entry.price_usd_per_hour, catalog_entry.price_source or f"catalog {entry}",

@@ -4,154 +4,103 @@ environment), and the warnings where the compared runs' environments differ."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
 from hwbench.errors import UsageError
-from hwbench.report.cells import number
-from hwbench.report.compare import KEY_FIELDS, point_key
 from hwbench.report.cost import procurement_figures
 from hwbench.report.prices import Price
-from hwbench.results import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS, ResultFormatError,
-                             RunResult, environment_differences, environment_value, load_result, result_files)
+from hwbench.result.environment import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS,
+                                        environment_differences)
+from hwbench.result.model import Memory, Metrics, RunResult
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.
 ENVIRONMENT_WARNING_FIELDS = PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision")
-
-
-def load_inputs(paths: Sequence[str]) -> tuple[list[tuple[RunResult, str]], list[tuple[str, str]]]:
-    """(result, file) pairs and (file, reason) of the files skipped."""
-    files: list[Path] = []
-    for path in paths:
-        entry = Path(path)
-        if not entry.exists():
-            raise UsageError(f"RESULTS {path}: no such file or folder")
-        found = result_files([entry])
-        if entry.is_dir() and not found:
-            raise UsageError(f"RESULTS {path}: the folder holds no result files (*.json)")
-        files += found
-    loaded: list[tuple[RunResult, str]] = []
-    skipped: list[tuple[str, str]] = []  # the report lists them itself: no warnings
-    seen: dict[str, str] = {}
-    for file in files:
-        try:
-            result = load_result(file)
-        except ResultFormatError as error:
-            skipped.append((str(file), str(error)))
-            continue
-        first = seen.get(result.run_id)
-        if first is not None:  # the same run named twice (a copy, or a file and its folder)
-            skipped.append((str(file), f"{file}: run {result.run_id} is already read from {first}"))
-            continue
-        seen[result.run_id] = str(file)
-        loaded.append((result, str(file)))
-    return loaded, skipped
 
 
 def predicted_peak(result: RunResult) -> tuple[int | None, str | None]:
     """The planner's predicted peak bytes for the result's spec, or (None, why)."""
     from hwbench.catalog import load_catalog
     from hwbench.planner import plan_memory
-    from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec
 
-    spec = dict(result.spec)
     try:
-        optimizer = dict(spec["optimizer"])
-        if "betas" in optimizer:
-            optimizer["betas"] = tuple(optimizer["betas"])
-        names = {f.name for f in dataclasses.fields(RunSpec)}
-        fields = {k: v for k, v in spec.items() if k in names}
-        fields.update(parallel=ParallelDims(**spec["parallel"]), launch=LaunchSpec(**spec["launch"]),
-                      optimizer=OptimizerSpec(**optimizer))
-        run_spec = RunSpec(**fields)
+        run_spec = result.spec.run_spec()
     except (KeyError, TypeError, ValueError) as error:
         return None, f"the result's spec cannot be rebuilt ({type(error).__name__}: {error})"
-    catalog = load_catalog()
-    workload = catalog.workloads.get(run_spec.model)
+    workload = load_catalog().workloads.get(run_spec.model)
     if workload is None:
         return None, f"workload {run_spec.model!r} is not in this catalog"
-    backend = (result.device or {}).get("backend")
     try:
-        return plan_memory(run_spec, workload.model, backend).total_bytes, None
+        return plan_memory(run_spec, workload.model, result.backend).total_bytes, None
     except (UsageError, KeyError, ValueError, ZeroDivisionError) as error:
         return None, f"the planner cannot plan it: {error}"
 
 
 def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: float | None) -> dict[str, Any]:
     """One run's figures; ``tokens`` is the training budget of the projection (None: 20 per parameter)."""
-    spec, device, metrics = result.spec, result.device or {}, result.metrics or {}
-    parallel = spec.get("parallel") or {}
-    tp, pp, dp = (int(parallel.get(k, 1) or 1) for k in ("tp", "pp", "dp"))
-    world = int(metrics.get("world_size") or tp * pp * dp)
-    environment = result.environment or {}
-    memory = metrics.get("memory") or {}
+    spec, device, metrics, environment = result.spec, result.device, result.metrics, result.environment
+    tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
+    memory = metrics.memory or Memory()
+    git = environment.hwbench_git
     row: dict[str, Any] = {
         "run_id": result.run_id, "file": file, "status": result.status,
-        "error": (result.error or {}).get("message") if result.error else None,
-        "model": spec.get("model"), "parameters": (result.workload or {}).get("parameters"),
-        "device_model": device.get("device_model"), "backend": device.get("backend"),
-        "simulated": bool(device.get("simulated")), "catalog_entry": device.get("catalog_entry"),
-        "world_size": world, "tp": tp, "pp": pp, "dp": dp, "layout": f"TP{tp} PP{pp} DP{dp}",
-        "engine": spec.get("engine"), "zero_stage": spec.get("zero_stage"), "fsdp": spec.get("fsdp"),
-        "precision": spec.get("precision"), "recompute": spec.get("recompute"),
-        "micro_batch_size": spec.get("micro_batch_size"), "global_batch_size": spec.get("global_batch_size"),
-        "seq_length": spec.get("seq_length"),
-        "samples_per_s": number(metrics.get("samples_per_s")), "tokens_per_s": number(metrics.get("tokens_per_s")),
-        "tokens_per_s_per_device": number(metrics.get("tokens_per_s_per_device")),
-        "tflops_per_device": number(metrics.get("tflops_per_device")), "mfu": number(metrics.get("mfu")),
-        "mfu_reason": (metrics.get("unmeasured") or {}).get("mfu"),
+        "error": result.error.message if result.error else None,
+        "model": spec.model, "parameters": result.workload.parameters,
+        "device_model": device.device_model, "backend": device.backend,
+        "simulated": bool(device.simulated), "catalog_entry": device.catalog_entry,
+        "world_size": result.world_size, "tp": tp, "pp": pp, "dp": dp, "layout": f"TP{tp} PP{pp} DP{dp}",
+        "engine": spec.engine, "zero_stage": spec.zero_stage, "fsdp": spec.fsdp,
+        "precision": spec.precision, "recompute": spec.recompute,
+        "micro_batch_size": spec.micro_batch_size, "global_batch_size": spec.global_batch_size,
+        "seq_length": spec.seq_length,
+        "samples_per_s": metrics.samples_per_s, "tokens_per_s": metrics.tokens_per_s,
+        "tokens_per_s_per_device": metrics.tokens_per_s_per_device,
+        "tflops_per_device": metrics.tflops_per_device, "mfu": metrics.mfu,
+        "mfu_reason": metrics.why("mfu"),
         "mfu_by_formula": mfu_by_formula(metrics),
-        "mfu_measured_ceiling": number(metrics.get("mfu_measured_ceiling")),
-        "mfu_measured_ceiling_reason": (metrics.get("unmeasured") or {}).get("mfu_measured_ceiling")
-        or ("the result predates hwbench calibrate" if "mfu_measured_ceiling" not in metrics else None),
-        "peak_allocated_bytes": number(memory.get("peak_allocated_bytes")),
-        "peak_reserved_bytes": number(memory.get("peak_reserved_bytes")),
-        "capacity_bytes": number(memory.get("capacity_bytes")) or number(device.get("memory_capacity_bytes")),
-        "valid_ppl": number(metrics.get("valid_ppl")), "valid_ppl_step": metrics.get("valid_ppl_step"),
-        "valid_ppl_reason": (metrics.get("unmeasured") or {}).get("valid_ppl"),
-        "ppl_floor": number(metrics.get("ppl_floor")),
-        "loss_start": number(metrics.get("loss_start")), "loss_end": number(metrics.get("loss_end")),
-        "timed_steps": metrics.get("timed_steps"), "timed_wall_time_s": number(metrics.get("timed_wall_time_s")),
-        "warmup": spec.get("warmup"),
-        "device_count": environment.get("device_count"),
-        "hwbench_git": (environment.get("hwbench_git") or {}).get("commit"),
-        "hwbench_git_dirty": (environment.get("hwbench_git") or {}).get("dirty"),
+        "mfu_measured_ceiling": metrics.mfu_measured_ceiling,
+        "mfu_measured_ceiling_reason": metrics.why("mfu_measured_ceiling"),
+        "peak_allocated_bytes": memory.peak_allocated_bytes,
+        "peak_reserved_bytes": memory.peak_reserved_bytes,
+        "capacity_bytes": memory.capacity_bytes or device.memory_capacity_bytes,
+        "valid_ppl": metrics.valid_ppl, "valid_ppl_step": metrics.valid_ppl_step,
+        "valid_ppl_reason": metrics.why("valid_ppl"),
+        "ppl_floor": metrics.ppl_floor,
+        "loss_start": metrics.loss_start, "loss_end": metrics.loss_end,
+        "timed_steps": metrics.timed_steps, "timed_wall_time_s": metrics.timed_wall_time_s,
+        "warmup": spec.warmup,
+        "device_count": environment.device_count,
+        "hwbench_git": git.commit if git else None,
+        "hwbench_git_dirty": git.dirty if git else None,
     }
     for key in PERFORMANCE_ENVIRONMENT_FIELDS:
-        row[key] = environment_value(environment, key)
+        row[key] = environment.value_text(key)
     row["hwbench_version"] = row["hwbench_version"] or result.hwbench_version
-    row["samples_per_s_per_device"] = None if row["samples_per_s"] is None else row["samples_per_s"] / world
+    row["samples_per_s_per_device"] = None if row["samples_per_s"] is None else row["samples_per_s"] / row["world_size"]
     measured = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None else row["peak_reserved_bytes"]
     row["peak_bytes"] = measured
     if result.status == "ok":
         row["predicted_peak_bytes"], row["predicted_reason"] = predicted_peak(result)
     else:
         row["predicted_peak_bytes"], row["predicted_reason"] = None, f"status {result.status}"
-    row["point"] = point_text(result)
+    key = result.point_key
+    row["point"] = None if key is None else key.text()  # as `hwbench compare` keys it: its repeats share it
     row.update(procurement_figures(result, row, prices, tokens))
     return row
 
 
-def mfu_by_formula(metrics: dict[str, Any]) -> dict[str, float | None]:
+def mfu_by_formula(metrics: Metrics) -> dict[str, float | None]:
     """The run's MFU by canonical FLOPs-formula name: `metrics.by_formula`, and the run's own
     formula (a result written before `by_formula` has only that one)."""
     from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
 
-    found = {name: number((entry or {}).get("mfu")) for name, entry in (metrics.get("by_formula") or {}).items()}
-    own = metrics.get("flops_formula")
-    if isinstance(own, str):
-        found.setdefault(FLOPS_FORMULA_ALIASES.get(own, own), number(metrics.get("mfu")))
+    found = {name: entry.mfu for name, entry in (metrics.by_formula or {}).items()}
+    own = metrics.flops_formula
+    if own is not None:
+        found.setdefault(FLOPS_FORMULA_ALIASES.get(own, own), metrics.mfu)
     return found
-
-
-def point_text(result: RunResult) -> str | None:
-    """The run's benchmark point as `hwbench compare` keys it (its repeats share it), as text."""
-    key = point_key(result)
-    return None if key is None else " ".join(f"{name}={value}" for name, value in zip(KEY_FIELDS, key))
 
 
 def environment_warnings(runs: pd.DataFrame) -> list[str]:

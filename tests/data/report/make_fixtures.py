@@ -100,7 +100,7 @@ def main() -> None:
     write("bad", "b-tiny-cpu.json", b)
     text = json.dumps(b, indent=2)
     (HERE / "bad" / "truncated.json").write_text(text[: len(text) // 2])
-    write("bad", "future.json", dict(b, schema_version=2, run_id="20261121T150000Z-tiny-cpu-ffffff"))
+    write("bad", "future.json", dict(b, schema_version=99, run_id="20261121T150000Z-tiny-cpu-ffffff"))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""The device a spec asks for, checked before anything runs, and what the catalog knows of
+it: shared by the run, sweep, tune and calibrate paths, so a sweep or a command can ask
+without importing the training loop."""
+
+from __future__ import annotations
+
+from hwbench.catalog import Catalog, DeviceMatch, DeviceModel
+from hwbench.device import Backend, select_backend
+from hwbench.errors import UsageError
+from hwbench.spec import RunSpec
+
+
+def checked_backend(spec: RunSpec) -> Backend:
+    """The run's device backend, once it is known to run the spec's precision."""
+    backend = select_backend(spec.device)
+    problem = backend.precision_problem(spec.precision)
+    if problem:
+        raise UsageError(f"--precision {spec.precision}: {problem}")
+    return backend
+
+
+def device_model_name(backend: Backend) -> str:
+    """The model of the backend's first device, as results and the calibration store name it."""
+    names = backend.device_names()
+    return names[0] if names else "unknown"
+
+
+def catalog_entry(backend: Backend, catalog: Catalog):
+    """(device model name, the catalog entry that matches it or None)."""
+    model_name, found = identify_device(backend, catalog)
+    return model_name, found.entry
+
+
+def identify_device(backend: Backend, catalog: Catalog) -> tuple[str, DeviceMatch]:
+    """(device model name, the catalog entry it resolves to and why): by name, and where
+    several models report one name, by the power limit the device reports."""
+    model_name = device_model_name(backend)
+    watts, basis = backend.power_limit_watts()
+    return model_name, catalog.identify(backend.name, model_name, watts, basis if watts is not None else
+                                        f"the power limit ({basis})")
+
+
+def device_peak(backend: Backend, entry: DeviceModel | None, precision: str,
+                why_no_entry: str) -> tuple[float | None, str | None, str | None]:
+    """(peak dense FLOP/s of this device, None, how it follows from the catalog) or (None, why
+    not, None). A device with fewer compute units than the data sheet's figure counts (one
+    die of a two-die module, a partitioned GPU) gets the figure scaled by its share of them."""
+    if backend.simulated:
+        return None, "the device is simulated: there is no peak to compare host-CPU work with", None
+    if entry is None:
+        return None, why_no_entry, None
+    peak, reason = entry.peak(precision)
+    if peak is None:
+        return None, reason, None
+    basis = f"{entry.name} {precision}: {entry.peak_flops[precision].describe()}"
+    units = backend.compute_units()
+    if entry.compute_units and units and units != entry.compute_units:
+        if units > entry.compute_units:
+            return None, (f"the device reports {units} compute units, more than the {entry.compute_units} of "
+                          f"{entry.name}'s figures: not that model"), None
+        peak = peak * units / entry.compute_units
+        basis += f"; scaled by the {units} of {entry.compute_units} compute units this device reports"
+    return peak, None, basis
+
+
+def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
+    """Memory per device: what the device reports, else its catalog entry's."""
+    return capacity_bytes(backend, catalog_entry(backend, catalog)[1])
+
+
+def capacity_bytes(backend: Backend, entry) -> int | None:
+    return backend.memory_stats().capacity_bytes or (entry.memory_bytes if entry else None)

@@ -1,0 +1,156 @@
+"""What one benchmark point is: ``PointKey``, the settings that define what was measured (results
+with the same key are repeats of one point; keys that differ in any field are never merged into
+one figure by compare, the history or the report; seed, output folder, ports, timeouts, telemetry
+and evaluation settings are not part of it); ``METRICS``, the figures compared; ``resume_key``, a
+sweep's key of one run of a point, by which an interrupted sweep finds what it already ran."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import PurePath
+from typing import Any, Iterable
+
+from hwbench import __version__
+
+
+def data_kind(data: Any) -> Any:
+    """`builtin`, `synthetic`, or `megatron:<name>`: the dataset, not where this machine keeps it."""
+    if data in (None, "builtin", "synthetic") or str(data).startswith("megatron:"):
+        return data
+    return f"megatron:{PurePath(str(data)).name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PointKey:
+    """The settings that define a benchmark point, in this order (stored in this order too)."""
+
+    model: str
+    backend: str | None
+    device_model: str | None
+    precision: str | None
+    micro_batch_size: int | None
+    global_batch_size: int | None
+    seq_length: int | None
+    max_positions: int | None
+    recompute: bool | None
+    compile: bool | None
+    tp: int
+    pp: int
+    dp: int
+    nnodes: int
+    engine: str | None
+    zero_stage: int | None
+    fsdp: bool | None
+    pp_schedule: str | None  # None without pipelining, where it is unused
+    data: str | None  # data_kind()
+    steps: int | None
+    fused_qkv: bool = False
+    cross_entropy: str = "standard"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.pp, int) and self.pp > 1):
+            object.__setattr__(self, "pp_schedule", None)
+        object.__setattr__(self, "data", data_kind(self.data))
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    def values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.fields())
+
+    def text(self) -> str:
+        """Every field as name=value: the point spelled out in full."""
+        return " ".join(f"{name}={value}" for name, value in zip(self.fields(), self.values()))
+
+    def label(self, among: Iterable[PointKey] = ()) -> str:
+        """'1.3b on NVIDIA H100 TP2 PP2 bf16 recompute', then this key's value of every other field
+        in which the keys ``among`` differ (', seq 64'), so that no two of them read the same."""
+        layout = "".join(f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp") if getattr(self, name) > 1)
+        flags, details = self._flags(), self._details(among)
+        return (f"{self.model} on {self.device_model or self.backend}{layout} {self.precision}"
+                + (f" {flags}" if flags else "") + "".join(f", {detail}" for detail in details))
+
+    def variant(self, among: Iterable[PointKey] = ()) -> str:
+        """What sets the point apart beyond workload, device, layout and precision ('recompute, seq 64')."""
+        return ", ".join(filter(None, [self._flags(), *self._details(among)]))
+
+    def _flags(self) -> str:
+        flags = [f"{self.engine} ZeRO-{self.zero_stage}"] if self.engine not in (None, "native") else []
+        return " ".join(flags + [flag for flag in ("fsdp", "recompute", "compile") if getattr(self, flag)])
+
+    def _details(self, among: Iterable[PointKey]) -> list[str]:
+        keys = [*among, self]
+        return [_detail(name, getattr(self, name)) for name in _DETAILS if len({getattr(k, name) for k in keys}) > 1]
+
+
+# The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off).
+_DETAILS = {"backend": "backend {}", "micro_batch_size": "micro batch {}", "global_batch_size": "global batch {}",
+            "seq_length": "seq {}", "max_positions": "{} positions", "data": "data {}", "steps": "{} steps",
+            "nnodes": "{} node(s)", "pp_schedule": "schedule {}", "cross_entropy": "{} cross entropy",
+            "fused_qkv": "fused qkv"}
+
+
+def _detail(name: str, value: Any) -> str:
+    return (_DETAILS[name] if value else f"no {_DETAILS[name]}") if isinstance(value, bool) else _DETAILS[name].format(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """A figure compared between runs: read from ``result.metrics`` along ``path`` (also the
+    dotted name the history stores it under)."""
+
+    name: str
+    path: tuple[str, ...]
+    higher_is_better: bool
+    unit: str
+    label: str
+    per_formula: bool = False  # TFLOP/s and MFU: counted by a FLOPs formula (metrics.by_formula holds each)
+
+    @property
+    def stored_name(self) -> str:
+        return ".".join(self.path)
+
+    def read(self, result: Any, formula: str | None = None) -> float | None:
+        """The figure of a RunResult, or None when it has none (not measured, not a finite number).
+        ``formula``: a figure that depends on the FLOPs formula as counted by that one (from
+        metrics.by_formula when the run's own formula is another), so that runs counted by
+        different formulas are compared alike."""
+        value = result.metrics
+        if self.per_formula and formula is not None and result_formula(result) != formula:
+            value = (value.by_formula or {}).get(formula) if value is not None else None
+        for part in self.path:
+            value = getattr(value, part, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None
+        return float(value)
+
+
+def result_formula(result: Any) -> str | None:
+    """The canonical name of the FLOPs formula a result's own figures use."""
+    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
+
+    own = result.metrics.flops_formula if result.metrics is not None else None
+    return FLOPS_FORMULA_ALIASES.get(own, own) if isinstance(own, str) else None
+
+
+METRICS: dict[str, Metric] = {metric.name: metric for metric in (
+    Metric("tokens_per_s", ("tokens_per_s",), True, "tokens/s", "tokens/s"),
+    Metric("samples_per_s", ("samples_per_s",), True, "samples/s", "samples/s"),
+    Metric("tflops_per_device", ("tflops_per_device",), True, "TFLOP/s", "TFLOP/s per device", per_formula=True),
+    Metric("mfu", ("mfu",), True, "fraction", "MFU", per_formula=True),
+    Metric("step_time_median", ("step_time_s", "median"), False, "s", "median step time"),
+    Metric("peak_memory", ("memory", "peak_reserved_bytes"), False, "bytes", "peak memory"),
+)}
+
+
+def resume_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:
+    """A sweep's key of one run of a point: same options, repeat, environment variables,
+    hwbench version and machine (a host and its torch, or a Slurm sweep's cluster), same key;
+    a resumed sweep keeps the result of a run whose key it finds."""
+    payload = json.dumps({"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__,
+                          "machine": machine}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,0 +1,234 @@
+"""Result files written and read: atomic writes, the store that never loses a measurement,
+and the loader that brings every file an earlier hwbench wrote to the current schema
+(hwbench.result.upgrade) and validates it (hwbench.result.model), or names it with one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import json
+import math
+import os
+import secrets
+import stat
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from hwbench.errors import UsageError
+from hwbench.result.files import result_files
+from hwbench.result.model import RunResult, problem_text
+from hwbench.result.upgrade import UpgradeError
+
+
+class ResultFormatError(ValueError):
+    """A result file that cannot be read: not a regular file, truncated, not JSON, not a
+    mapping, of a schema version this hwbench does not read, or a field that does not fit."""
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id(model: str, device: str) -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{model}-{device}-{secrets.token_hex(3)}"
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
+    """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic); the model has checked its status."""
+    if os.sep in result.run_id or result.run_id in ("", ".", ".."):
+        raise ValueError(f"run id {result.run_id!r} is not a file name")
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(folder / f"{result.run_id}.json", result.to_dict())
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredResult:
+    """Where a finished result went. ``path`` None: no file could take it, and ``text``
+    holds the JSON for the caller to print; ``problem`` says why it is not in --out."""
+
+    path: Path | None
+    problem: str | None = None
+    text: str | None = None
+
+
+def store_result(result: RunResult, out_dir: str | os.PathLike) -> StoredResult:
+    """write_result, never losing a measurement: when --out cannot take the file (full
+    disk, folder removed or made read-only during the run), it goes to the system temp
+    folder; when that fails too, its JSON is returned for stdout."""
+    try:
+        return StoredResult(write_result(result, out_dir))
+    except OSError as error:
+        problem = f"the result could not be written to {os.fspath(out_dir)!r}: {error.strerror or error}"
+    fallback = Path(tempfile.gettempdir())
+    try:
+        return StoredResult(write_result(result, fallback), f"{problem}; it was kept in {fallback}")
+    except OSError as error:
+        text = json_text(result.to_dict())
+        return StoredResult(None, f"{problem}, nor to {fallback} ({error.strerror or error}); the result follows "
+                                  "on stdout", text)
+
+
+def json_text(value: Any) -> str:
+    """JSON as hwbench writes it: indented, a non-finite float as null, what JSON cannot hold as text."""
+    return json.dumps(finite(value), indent=2, allow_nan=False, default=str)
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float as null: JSON has no NaN, and a figure that
+    is not a number was not measured."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def write_json_atomic(path: str | os.PathLike, value: Any, durable: bool = True) -> Path:
+    """Every JSON file hwbench writes, through write_text_atomic. ``durable``: flushed
+    to disk before the rename (results); False for files that are rewritten every step
+    (heartbeats)."""
+    return write_text_atomic(path, json_text(value) + "\n", durable)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) -> Path:
+    """A temporary file in the same folder, then renamed over the final name, so a
+    reader sees the old file or the whole new one, never half (results, reports)."""
+    final = Path(path)
+    if final.exists() and not final.is_file():  # a rename would replace a device or a folder with this file
+        raise OSError(errno.EEXIST, "it exists and is not a regular file", str(final))
+    handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
+    try:
+        os.fchmod(handle, 0o666 & ~umask())  # mkstemp makes 0600; results are shared files
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+            if durable:
+                stream.flush()
+                os.fsync(stream.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return final
+
+
+def umask() -> int:
+    """The process umask, read without changing it (os.umask would, for a moment,
+    for every thread)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+class _NotRegularFile(Exception):
+    """A result path that is a FIFO, a socket or a device: reading it could wait forever."""
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, refused without reading when it is not a regular file (opened
+    non-blocking, so a FIFO without a writer does not hang the open)."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(handle).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+            raise _NotRegularFile(kind)
+        os.set_blocking(handle, True)
+        with os.fdopen(handle, "rb", closefd=False) as stream:
+            return stream.read()
+    finally:
+        os.close(handle)
+
+
+def load_result(path: str | os.PathLike) -> RunResult:
+    """Read one result file of any schema version this hwbench reads; ResultFormatError names
+    the file and the problem: not readable, not UTF-8, not complete JSON, nested too deeply,
+    not a mapping, of a newer schema version, or a field that does not fit (with its path)."""
+    path = Path(path)
+    try:
+        data = json.loads(_read_regular_file(path).decode("utf-8"))
+    except json.JSONDecodeError as error:
+        raise ResultFormatError(f"{path}: not a complete JSON document (truncated?): {error}") from None
+    except UnicodeDecodeError as error:
+        raise ResultFormatError(f"{path}: not UTF-8 text (byte {error.start}: {error.reason})") from None
+    except RecursionError:
+        raise ResultFormatError(f"{path}: JSON nested too deeply to be a result") from None
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise ResultFormatError(f"{path}: not a result: {str(error)[:200]}") from None
+    except _NotRegularFile as error:
+        raise ResultFormatError(f"{path}: not a regular file ({error})") from None
+    except (OSError, MemoryError) as error:
+        raise ResultFormatError(f"{path}: cannot be read: {getattr(error, 'strerror', None) or error}") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
+    try:
+        return RunResult.from_dict(data)
+    except UpgradeError as error:
+        raise ResultFormatError(f"{path}: {error}") from None
+    except ValidationError as error:
+        raise ResultFormatError(f"{path}: field {problem_text(error)}") from None
+    except RecursionError:
+        raise ResultFormatError(f"{path}: JSON nested too deeply to be a result") from None
+
+
+Paths = str | os.PathLike | Iterable[str | os.PathLike]
+
+
+def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
+    """(result, file) of every run under ``paths``, each run once, and (file, reason) of every
+    file left out: unreadable, or a second copy of a run already read (a folder given twice, a
+    result copied beside its original), which would pass for a repeat in a comparison."""
+    found: list[tuple[RunResult, Path]] = []
+    skipped: list[tuple[Path, str]] = []
+    read_from: dict[str, Path] = {}
+    for path in result_files(paths):
+        try:
+            result = load_result(path)
+        except ResultFormatError as error:
+            skipped.append((path, str(error)))
+            continue
+        if result.run_id in read_from:
+            skipped.append((path, f"{path}: run {result.run_id} was already read from {read_from[result.run_id]}"))
+            continue
+        read_from[result.run_id] = path
+        found.append((result, path))
+    return found, skipped
+
+
+def read_inputs(paths: Iterable[str | os.PathLike], option: str
+                ) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
+    """read_results of a command's inputs, once each is known to exist (else a UsageError naming ``option``)."""
+    paths = list(paths)
+    missing = next((path for path in paths if not Path(path).exists()), None)
+    if missing is not None:
+        raise UsageError(f"{option} {os.fspath(missing)!r}: no such file or folder; give result files or folders of them")
+    return read_results(paths)
+
+
+def load_results(paths: Paths) -> tuple[list[RunResult], list[tuple[Path, str]]]:
+    """read_results without the files, each file left out also named in a Python warning
+    (``skipping <reason>``)."""
+    found, skipped = read_results(paths)
+    for _path, reason in skipped:
+        warnings.warn(f"skipping {reason}", stacklevel=2)
+    return [result for result, _path in found], skipped
