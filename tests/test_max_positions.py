@@ -17,7 +17,6 @@ from hwbench.result.describe import describe_workload
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
 from hwbench.planner import plan_memory
-from hwbench.spec import build_run_spec
 from hwbench.workload import count_parameters, model_flops_per_iteration
 
 CATALOG = load_catalog()

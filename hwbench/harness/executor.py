@@ -20,7 +20,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from hwbench import __version__
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.harness.lifeline import stop_signals

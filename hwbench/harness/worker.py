@@ -38,7 +38,6 @@ from hwbench.result.describe import describe_device, describe_workload
 from hwbench.result.model import Environment, Launch, RunError, RunResult
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
-from hwbench.stats import finite_or_none
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 
 
