@@ -5,7 +5,6 @@ started this command)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any, Iterable, Sequence
@@ -122,11 +121,10 @@ def main(args: argparse.Namespace) -> int:
     for reason in (result.device or {}).get("auto_passed_over") or ():
         print(f"hwbench: note: --device auto passed over {reason}; this run used the "
               f"{(result.device or {}).get('backend')}", file=sys.stderr)
-    from hwbench.harness.sweep import SWEEP_ENV
+    from hwbench.harness.worker import sweep_point
     from hwbench.results import store_result
 
-    if os.environ.get(SWEEP_ENV):  # hwbench sweep ran this point: say which (hwbench.harness.sweep)
-        result.sweep = json.loads(os.environ[SWEEP_ENV])
+    result.sweep = sweep_point() or result.sweep  # hwbench sweep ran this point: say which
     return _stored(result, store_result(result, spec.out_dir))
 
 
@@ -140,8 +138,9 @@ def _under_slurm(options: RunOptions):
     task = SlurmTask.from_environ()
     mode = slurm_mode(task, options.given())
     if mode == "task":
+        launch = task.rank_launch_options(os.environ)
         os.environ.update(task.torchrun_environment(os.environ))
-        return options, RankEnvironment.from_environ()
+        return options.merged(**launch), RankEnvironment.from_environ()
     if mode == "node":
         return options.merged(**task.node_launch_options(os.environ)), None
     return options, None
