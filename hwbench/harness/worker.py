@@ -11,6 +11,7 @@ a RankFailure that the launcher turns into one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -143,9 +144,19 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
         launcher = "srun" if (rank_env.run_id or "").startswith(SLURM_RUN_PREFIX) else "external torchrun"
         result.launch = {"launcher": launcher, "run_id": rank_env.run_id,
                          "master_addr": rank_env.master_addr, "master_port": rank_env.master_port}
+        result.sweep = sweep_point() or result.sweep  # a sweep's point of srun tasks: its key, or it is not found
         return result, store_result(result, spec.out_dir)
 
     return rank_main()
+
+
+def sweep_point() -> dict[str, Any] | None:
+    """The sweep point this run is (``result.sweep``), as the sweep that started it
+    passed it down (hwbench.harness.sweep.SWEEP_ENV); None outside a sweep."""
+    from hwbench.harness.sweep import SWEEP_ENV
+
+    text = os.environ.get(SWEEP_ENV)
+    return json.loads(text) if text else None
 
 
 def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
