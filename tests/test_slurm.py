@@ -39,6 +39,27 @@ def test_each_task_becomes_one_rank_with_torchruns_variables():
     assert task.record()["partition"] == "h100" and task.record()["nodelist"] == "gpu[07-08]"
 
 
+def test_a_rank_of_srun_describes_the_whole_job(monkeypatch):
+    """Each task one rank over 2 nodes: the run's spec has srun's nodes, tasks per node and
+    rendezvous, not one node holding the whole world."""
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import _under_slurm
+    from hwbench.options import RunOptions
+    from hwbench.spec import build_run_spec
+
+    for key, value in _step().items():
+        monkeypatch.setenv(key, value)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)  # set by _under_slurm; undone after the test
+    options, rank_env = _under_slurm(RunOptions(model="tiny", device="cpu"))
+    launch = build_run_spec(options, load_catalog(), torchrun_world_size=rank_env.world_size).launch
+    assert (launch.nnodes, launch.nproc_per_node, launch.node_rank) == (2, 4, 1)
+    assert (launch.master_addr, launch.master_port) == ("gpu07", 14242)
+    uneven = SlurmTask.from_environ(_step(SLURM_NTASKS="3", SLURM_TASKS_PER_NODE="2,1"))
+    assert uneven.rank_launch_options({}) == {"master_addr": "gpu07", "master_port": 14242}
+
+
 def test_rendezvous_port_stays_a_port():
     assert 10000 <= rendezvous_port("99999999") < 60000 and rendezvous_port("12_3") == rendezvous_port("123")
 

@@ -65,9 +65,10 @@ def _under_slurm(options: RunOptions) -> tuple[RunOptions, RankEnvironment | Non
 
     task = SlurmTask.from_environ()
     mode = slurm_mode(task, options.given())
-    if mode == "task":
+    if mode == "task":  # the job's nodes, tasks per node and rendezvous, not one node holding every rank
+        launch = task.rank_launch_options(os.environ)
         os.environ.update(task.torchrun_environment(os.environ))
-        return options, RankEnvironment.from_environ()
+        return options.merged(**launch), RankEnvironment.from_environ()
     if mode == "node":
         return options.merged(**task.node_launch_options(os.environ)), None
     return options, None

@@ -105,6 +105,17 @@ class SlurmTask:
                 "MASTER_ADDR": address, "MASTER_PORT": str(port),
                 "TORCHELASTIC_RUN_ID": f"{SLURM_RUN_PREFIX}{self.job_id}.{self.step_id}"}
 
+    def rank_launch_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """`hwbench run` launch options that describe the job this task is one rank of
+        (one task per device): its nodes, tasks per node and rendezvous, so the run's
+        spec says what ran (without them a rank takes srun's world for one node's).
+        Tasks spread unevenly over the nodes have no tasks-per-node: the rendezvous only."""
+        address, port = self.master(environ)
+        options: dict[str, Any] = {"master_addr": address, "master_port": port}
+        if self.local_tasks * self.nnodes == self.ntasks:
+            options.update(nnodes=self.nnodes, nproc_per_node=self.local_tasks, node_rank=self.nodeid)
+        return options
+
     def node_launch_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
         """`hwbench run` launch options for this task as one node of a torchrun job
         (one task per node)."""
