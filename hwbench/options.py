@@ -19,9 +19,11 @@ from typing import Any, Callable, Mapping
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
 from hwbench.workload.flops import FLOPS_FORMULAS
 
 ENGINES = ("native", "deepspeed")
+SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
 PP_SCHEDULES = ("1f1b", "gpipe")
 FLAG = "flag"  # --x sets True
 NEGATABLE = "negatable"  # --x / --no-x
@@ -57,7 +59,20 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "workload's; e.g. 2048 to run a GPT-2 size at seq 2048)", int, megatron=("--max-position-embeddings",)),
     Option("precision", "fp32, or bf16/fp16 autocast (default: the workload's)", choices=PRECISIONS),
     Option("recompute", "activation checkpointing of every block (default: the workload's)", None, switch=NEGATABLE),
-    Option("compile", "torch.compile the model", None, switch=FLAG),
+    Option("compile", "torch.compile every transformer block (default: off; --settings fast: on)", None,
+           switch=NEGATABLE),
+    Option("settings", "published: the workload's published micro batch and recompute (default); fast: what fits "
+           "and is fastest on this device, chosen with the memory planner against its memory: no recompute where "
+           "it fits, the largest micro batch that divides the global batch and fits, --compile, --cross-entropy "
+           "chunked, --fused-qkv; options given explicitly win", choices=SETTINGS),
+    Option("cross_entropy", f"standard, or chunked: the output projection and the loss {CROSS_ENTROPY_CHUNK_TOKENS} "
+           "tokens at a time, logits recomputed in the backward, so the [tokens, vocab] fp32 logits never exist "
+           "(native engine, --tp 1) (default: standard; --settings fast: chunked where it can run)",
+           choices=CROSS_ENTROPY_CHOICES),
+    Option("fused_qkv", "one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights as the "
+           "separate ones (default: off; --settings fast: on where it can run)", None, switch=NEGATABLE),
+    Option("device_memory", "memory per device that --settings fast plans for, e.g. 24GiB or 80GB (default: what "
+           "the device reports, else its catalog entry's)", metavar="SIZE"),
     Option("data", "builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf tokens) or the "
            "prefix of a Megatron dataset PREFIX.bin/.idx (default: builtin)", megatron=("--data-path",)),
     Option("split", "train,valid,test weights for --data PREFIX (default: 949,50,1)"),
@@ -179,6 +194,10 @@ class RunOptions:
     precision: str | None = None
     recompute: bool | None = None
     compile: bool | None = None
+    settings: str | None = None
+    cross_entropy: str | None = None
+    fused_qkv: bool | None = None
+    device_memory: str | None = None
     data: str | None = None
     split: str | None = None
     eval_interval: int | None = None

@@ -139,6 +139,8 @@ SPEC = {
     "eval_interval": Nullable(COUNT), "eval_iters": Nullable(COUNT), "telemetry": Nullable(bool),
     "telemetry_interval_s": RATE, "flops_formula": TEXT, "out_dir": TEXT, "run_args": ListOf(str),
     "threads_per_rank": Nullable(Integer(minimum=1)), "max_positions": Nullable(Integer(minimum=1)),
+    "settings": TEXT, "settings_choice": TEXT, "device_memory_bytes": BYTES, "cross_entropy": TEXT,
+    "fused_qkv": Nullable(bool),
 }
 MEASURED_CEILING = {"flops": RATE, "precision": TEXT, "size": Nullable(COUNT), "cv": RATE, "measured_at": TEXT,
                     "device_model": TEXT, "driver": TEXT, "torch_version": TEXT, "hwbench_version": TEXT,

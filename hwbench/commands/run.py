@@ -90,6 +90,7 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
 def main(args: argparse.Namespace) -> int:
     from hwbench.catalog import load_catalog
     from hwbench.engine.distributed import RankEnvironment
+    from hwbench.fast import resolve_settings
     from hwbench.harness.faults import Fault
     from hwbench.spec import build_run_spec
 
@@ -99,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
     if rank_env is None:  # under srun: Slurm's ranks (hwbench.harness.slurm_env, docs/slurm.md)
         options, rank_env = _under_slurm(options)
     spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
+    spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     if rank_env is not None:
         from hwbench.harness.worker import run_as_rank
@@ -111,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
     if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
         from hwbench.harness.launcher import launch
 
-        result = launch(spec, _rank_argv(options, args.quiet), catalog)
+        result = launch(spec, _rank_argv(options, spec, args.quiet), catalog)
         if result is None:
             print(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
             return 0
@@ -147,8 +149,12 @@ def _under_slurm(options: RunOptions):
     return options, None
 
 
-def _rank_argv(options: RunOptions, quiet: bool) -> list[str]:
-    """What every rank runs: the same options, as `hwbench run` arguments."""
+def _rank_argv(options: RunOptions, spec, quiet: bool) -> list[str]:
+    """What every rank runs: the same options, as `hwbench run` arguments. Under --settings
+    fast with the memory this process found, so every rank makes the same choice without
+    asking its device before it is bound to it."""
+    if spec.settings == "fast" and spec.device_memory_bytes is not None:
+        options = options.merged(device_memory=str(spec.device_memory_bytes))
     return options.to_argv() + (["--quiet"] if quiet else [])
 
 
