@@ -54,6 +54,15 @@ def resolve_settings(spec: RunSpec, options: RunOptions | Mapping[str, Any], cat
     return choose_fast(spec, given_options(options), catalog, memory_of_device(spec, catalog))
 
 
+def rank_options(options: RunOptions, spec: RunSpec) -> RunOptions:
+    """The options every rank of a launched job runs with: under fast, the memory this
+    process planned for as --device-memory, so each rank makes the same choice without
+    asking its device before it is bound to it."""
+    if spec.settings == "fast" and spec.device_memory_bytes is not None:
+        return options.merged(device_memory=str(spec.device_memory_bytes))
+    return options
+
+
 def memory_of_device(spec: RunSpec, catalog: Catalog) -> DeviceMemory:
     from hwbench.device import detect_device, select_backend
 

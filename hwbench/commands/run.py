@@ -101,6 +101,8 @@ def main(args: argparse.Namespace) -> int:
         options, rank_env = _under_slurm(options)
     spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
     spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
+    if spec.settings_choice and rank_env is None:
+        print(f"hwbench: note: --settings {spec.settings_choice}", file=sys.stderr)
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     if rank_env is not None:
         from hwbench.harness.worker import run_as_rank
@@ -150,12 +152,11 @@ def _under_slurm(options: RunOptions):
 
 
 def _rank_argv(options: RunOptions, spec, quiet: bool) -> list[str]:
-    """What every rank runs: the same options, as `hwbench run` arguments. Under --settings
-    fast with the memory this process found, so every rank makes the same choice without
-    asking its device before it is bound to it."""
-    if spec.settings == "fast" and spec.device_memory_bytes is not None:
-        options = options.merged(device_memory=str(spec.device_memory_bytes))
-    return options.to_argv() + (["--quiet"] if quiet else [])
+    """What every rank runs: the same options (under --settings fast, with the memory this
+    process planned for), as `hwbench run` arguments."""
+    from hwbench.fast import rank_options
+
+    return rank_options(options, spec).to_argv() + (["--quiet"] if quiet else [])
 
 
 def _stored(result, stored) -> int:
