@@ -7,10 +7,11 @@ for hwbench's own cost.
 What is the same as `hwbench run` with the same options: the model (built by
 hwbench.workload.model.build_model, so the architecture, the tied output layer, the
 initial weights, activation checkpointing, the fused q/k/v projection and the chunked
-cross-entropy are hwbench's own, not a second copy that could drift), the batch (micro and global batch, sequence, gradient accumulation: the
-options are resolved by hwbench.spec.build_run_spec and --settings fast by
-hwbench.fast, as `hwbench run` resolves them, defaults and validation included), the precision (autocast to bf16/fp16 over fp32
-weights; fp16 with torch's GradScaler), AdamW with the workload's betas, eps and weight
+cross-entropy are hwbench's own, not a second copy that could drift), the batch (micro
+and global batch, sequence, gradient accumulation: the options are resolved by
+hwbench.spec.build_run_spec and --settings fast by hwbench.fast, as `hwbench run`
+resolves them, defaults and validation included), the precision (autocast to bf16/fp16
+over fp32 weights; fp16 with torch's GradScaler), AdamW with the workload's betas, eps and weight
 decay (fused where torch has the kernel, as hwbench's CUDA and CPU backends ask for),
 gradient clipping at the workload's clip_grad, and the FLOPs (hwbench.workload.flops,
 the one place they are computed).

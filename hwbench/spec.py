@@ -363,13 +363,15 @@ def _check_model_options(cross_entropy: str, fused_qkv: bool, engine: str, paral
     beside pipelining); the fused
     q/k/v projection everywhere but DeepSpeed's pipeline engine, whose layers are its own."""
     if cross_entropy not in CROSS_ENTROPY_CHOICES:
-        raise UsageError(f"--cross-entropy {cross_entropy!r} is not known; accepted: {', '.join(CROSS_ENTROPY_CHOICES)}")
+        raise UsageError(f"--cross-entropy {cross_entropy!r} is not known; accepted: "
+                         f"{', '.join(CROSS_ENTROPY_CHOICES)}")
     if cross_entropy == "chunked" and engine != "native":
         raise UsageError(f"--cross-entropy chunked runs on the native engine, not --engine {engine}; accepted: "
                          "--cross-entropy standard, or --engine native")
     if cross_entropy == "chunked" and parallel.tp > 1:
-        raise UsageError(f"--cross-entropy chunked with --tp {parallel.tp}: the chunked loss needs the whole vocabulary "
-                         "on each rank and tensor parallelism splits it; accepted: --cross-entropy standard, or --tp 1")
+        raise UsageError(f"--cross-entropy chunked with --tp {parallel.tp}: the chunked loss needs the whole "
+                         "vocabulary on each rank and tensor parallelism splits it; accepted: --cross-entropy "
+                         "standard, or --tp 1")
     if cross_entropy == "chunked" and fsdp and parallel.pp > 1:
         raise UsageError(f"--cross-entropy chunked with --fsdp and --pp {parallel.pp}: a pipeline's last stage "
                          "computes its loss outside the model, where FSDP2 holds the output weight sharded; "

@@ -336,3 +336,26 @@ def test_hwbench_run_fast_trains_the_published_curve_and_records_its_choice(tmp_
     from test_docs import undocumented
 
     assert not undocumented(result)
+
+
+# The chunked loss in the layouts whose last stage or data parallelism it meets (heavy: python -m
+# pytest -m heavy). It computes its loss inside forward (where FSDP2 has gathered the output weight)
+# and, on a pipeline's last stage, outside it with that stage's own copy of the tied weight.
+CHUNKED_LAYOUTS = [
+    pytest.param(["--nproc-per-node", "2", "--pp", "2", "--fused-qkv"], id="pp2"),
+    pytest.param(["--nproc-per-node", "2"], id="dp2-ddp"),
+    pytest.param(["--nproc-per-node", "2", "--fsdp", "--fused-qkv"], id="dp2-fsdp"),
+]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("layout", CHUNKED_LAYOUTS)
+def test_chunked_cross_entropy_follows_the_single_process_curve_in_every_layout(tmp_path, single_process_run,
+                                                                                layout):
+    code, result = parity_run(tmp_path / "run", "--cross-entropy", "chunked", *layout)
+    assert code == 0, result.get("error")
+    assert result["spec"]["cross_entropy"] == "chunked"
+    for step, (got, want) in enumerate(zip(result["steps"], single_process_run["steps"], strict=True), start=1):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), f"step {step}"
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), f"step {step}"
+    assert result["metrics"]["valid_loss"] == pytest.approx(single_process_run["metrics"]["valid_loss"], rel=1e-5)
