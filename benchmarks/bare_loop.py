@@ -6,11 +6,12 @@ for hwbench's own cost.
 
 What is the same as `hwbench run` with the same options: the model (built by
 hwbench.workload.model.build_model, so the architecture, the tied output layer, the
-initial weights and activation checkpointing are hwbench's own, not a second copy that
-could drift), the batch (micro and global batch, sequence, gradient accumulation: the
-options are resolved by hwbench.spec.build_run_spec, as `hwbench run` resolves them,
-defaults and validation included), the precision (autocast to bf16/fp16 over fp32
-weights; fp16 with torch's GradScaler), AdamW with the workload's betas, eps and weight
+initial weights, activation checkpointing, the fused q/k/v projection and the chunked
+cross-entropy are hwbench's own, not a second copy that could drift), the batch (micro
+and global batch, sequence, gradient accumulation: the options are resolved by
+hwbench.spec.build_run_spec and --settings fast by hwbench.fast, as `hwbench run`
+resolves them, defaults and validation included), the precision (autocast to bf16/fp16
+over fp32 weights; fp16 with torch's GradScaler), AdamW with the workload's betas, eps and weight
 decay (fused where torch has the kernel, as hwbench's CUDA and CPU backends ask for),
 gradient clipping at the workload's clip_grad, and the FLOPs (hwbench.workload.flops,
 the one place they are computed).
@@ -47,7 +48,10 @@ from hwbench.catalog import PRECISIONS, load_catalog  # noqa: E402
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors, exit 2)
 from hwbench.device.kinds import KINDS, choose_allocator_setting  # noqa: E402  (torch-free: each device kind)
 from hwbench.errors import UsageError  # noqa: E402
+from hwbench.fast import resolve_settings  # noqa: E402
+from hwbench.options import SETTINGS  # noqa: E402
 from hwbench.spec import RunSpec, build_run_spec, find_workload  # noqa: E402
+from hwbench.workload.config import CROSS_ENTROPY_CHOICES  # noqa: E402
 from hwbench.workload.flops import model_flops_per_iteration  # noqa: E402
 from hwbench.workload.params import count_parameters  # noqa: E402
 
@@ -63,7 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-positions", type=int)
     parser.add_argument("--precision", choices=PRECISIONS)
     parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--compile", action="store_true", help="torch.compile every block, as hwbench --compile")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="torch.compile every block, as hwbench --compile")
+    parser.add_argument("--settings", choices=SETTINGS, help="as hwbench run --settings (default: published)")
+    parser.add_argument("--device-memory", help="as hwbench run --device-memory (with --settings fast)")
+    parser.add_argument("--cross-entropy", choices=CROSS_ENTROPY_CHOICES, help="as hwbench run --cross-entropy")
+    parser.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=None,
+                        help="as hwbench run --fused-qkv")
     parser.add_argument("--steps", type=int, help="timed steps (default: hwbench run's, 20)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default: hwbench run's, 5)")
     parser.add_argument("--seed", type=int)
@@ -72,13 +82,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def resolve_spec(args: argparse.Namespace) -> RunSpec:
-    """The RunSpec `hwbench run` would build from the same options (one process)."""
+    """The RunSpec `hwbench run` would build from the same options (one process), --settings
+    fast resolved for this machine's device as `hwbench run` resolves it."""
     options = {"model": args.model, "micro_batch_size": args.micro_batch_size,
                "global_batch_size": args.global_batch_size, "seq_length": args.seq_length,
                "max_positions": args.max_positions, "precision": args.precision, "recompute": args.recompute,
                "compile": args.compile, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
                "data": "synthetic", "eval_iters": 0, "telemetry": False}
-    return build_run_spec(options, load_catalog(), check_paths=False)
+    for name in ("settings", "device_memory", "cross_entropy", "fused_qkv"):  # side_by_side's args may lack them
+        options[name] = getattr(args, name, None)
+    if args.device in KINDS:
+        options["device"] = args.device  # the device whose memory --settings fast plans for
+    catalog = load_catalog()
+    return resolve_settings(build_run_spec(options, catalog, check_paths=False), options, catalog)
 
 
 def torch_device(name: str):
@@ -152,7 +168,7 @@ def peak_memory(device) -> tuple[int | None, str]:
 def train(spec: RunSpec, device) -> dict:
     import torch
 
-    from hwbench.workload.model import build_model, lm_loss
+    from hwbench.workload.model import build_model
 
     catalog = load_catalog()
     config = spec.model_config(find_workload(catalog, spec.model).model)
@@ -165,7 +181,8 @@ def train(spec: RunSpec, device) -> dict:
         initialised = bool(module is not None and hasattr(module, "is_initialized") and module.is_initialized())
         allocator = choose_allocator_setting(kind.allocator, os.environ, initialised)
     torch.manual_seed(spec.seed)
-    model = build_model(config, device=device, seed=spec.seed, recompute=spec.recompute)
+    model = build_model(config, device=device, seed=spec.seed, recompute=spec.recompute,
+                        cross_entropy=spec.cross_entropy, fused_qkv=spec.fused_qkv)
     model.train()
     if spec.compile:
         for block in model.blocks.values():  # as hwbench's native engine compiles
@@ -193,7 +210,7 @@ def train(spec: RunSpec, device) -> dict:
         for micro in range(accumulation):
             inputs, labels = batches[(index * accumulation + micro) % len(batches)]
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = lm_loss(model(inputs), labels) / accumulation
+                loss = model(inputs, labels) / accumulation
             (scaler.scale(loss) if scaler else loss).backward()
             total += loss.detach()
         if scaler:
@@ -229,6 +246,8 @@ def train(spec: RunSpec, device) -> dict:
         "model": spec.model, "device": device.type, "device_name": device_name(device),
         "torch_version": torch.__version__, "host": platform.node(),
         "precision": spec.precision, "recompute": spec.recompute, "compile": spec.compile,
+        "settings": spec.settings, "settings_choice": spec.settings_choice, "cross_entropy": spec.cross_entropy,
+        "fused_qkv": spec.fused_qkv,
         "micro_batch_size": spec.micro_batch_size, "global_batch_size": spec.global_batch_size,
         "gradient_accumulation_steps": accumulation, "seq_length": spec.seq_length,
         "max_positions": config.max_position_embeddings, "parameters": count_parameters(config).total,

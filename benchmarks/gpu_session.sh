@@ -9,8 +9,10 @@
 #           their ratios (side_by_side.json)
 #   sweep   `hwbench sweep SUITE` (published-1dev: the published workloads, published settings,
 #           one device; the planner skips what does not fit); resumes: finished points are kept
-#   speed   `hwbench sweep SPEED_SUITE` (speed-1.3b: 1.3B at seq 2048 with --max-positions 2048,
-#           bf16, micro batch candidates with and without recompute); resumes likewise
+#   speed   `hwbench sweep` of each suite in HWBENCH_SPEED_SUITE (default "fast speed-1.3b") in
+#           turn: fast (345M at seq 1024 and 1.3B at seq 2048, bf16, the published settings beside
+#           --settings fast), then speed-1.3b (1.3B at seq 2048, bf16, micro batch candidates with
+#           and without recompute); resumes likewise
 #   report  `hwbench report` of run, sweep and speed against results/published (report.md,
 #           report.html: per-device ratios to the published rows, the planner's prediction
 #           beside every measured peak)
@@ -67,7 +69,7 @@ device="${HWBENCH_DEVICE:-cuda}"
 model="${HWBENCH_MODEL:-345m}"
 precision="${HWBENCH_PRECISION:-bf16}"
 suite="${HWBENCH_SUITE:-published-1dev}"
-speed_suite="${HWBENCH_SPEED_SUITE:-speed-1.3b}"
+read -r -a speed_suites <<< "${HWBENCH_SPEED_SUITE:-fast speed-1.3b}"  # suites, swept in this order
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
 wheels="${HWBENCH_WHEELS:-$here/gpu-wheels}"
@@ -202,7 +204,12 @@ EOF
 
 stage_sweep() { step sweep "${hw[@]}" sweep "$suite" --device "$device" --out "$session/sweep"; }
 
-stage_speed() { step speed "${hw[@]}" sweep "$speed_suite" --device "$device" --out "$session/speed"; }
+stage_speed() {
+  local suite_name
+  for suite_name in "${speed_suites[@]}"; do
+    step speed "${hw[@]}" sweep "$suite_name" --device "$device" --out "$session/speed"
+  done
+}
 
 stage_report() {
   local inputs=()

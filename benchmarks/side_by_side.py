@@ -9,7 +9,8 @@ again for every --repeats (N = 1, 2, ...):
   1. benchmarks/bare_loop.py              -> OUT/rN/bare.json
   2. hwbench run ... --no-telemetry       -> OUT/rN/hwbench-no-telemetry/<run>.json
   3. hwbench run ... (telemetry on)       -> OUT/rN/hwbench/<run>.json
-with the same model, batch, sequence, precision, recompute, compile, steps and warm-up
+with the same model, batch, sequence, precision, recompute, compile, settings, cross-entropy,
+fused QKV, steps and warm-up
 (--data synthetic, --eval-iters 0: no validation inside or after the timed steps). It
 writes OUT/side_by_side.json, each repeat's figures and, over the repeats, the median and
 range of:
@@ -46,7 +47,9 @@ from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
 # The options both sides take, with the same spelling (bare_loop.py mirrors hwbench run's names).
 STATISTIC = "median step time"  # what every column of both sides is computed from
 SHARED = (("--model", str), ("--micro-batch-size", int), ("--global-batch-size", int), ("--seq-length", int),
-          ("--max-positions", int), ("--precision", str), ("--steps", int), ("--warmup", int), ("--seed", int))
+          ("--max-positions", int), ("--precision", str), ("--steps", int), ("--warmup", int), ("--seed", int),
+          ("--settings", str), ("--device-memory", str), ("--cross-entropy", str))
+SWITCHES = ("--recompute", "--compile", "--fused-qkv")  # given as --x or --no-x, or left out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,8 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="cpu, cuda, npu or auto (default: auto)")
     for flag, kind in SHARED:
         parser.add_argument(flag, type=kind)
-    parser.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--compile", action="store_true")
+    for flag in SWITCHES:
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="times the three run, one after another, in "
                         "the same order (default: 1); the ratios are each repeat's, and their median")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each side (default: 600)")
@@ -69,10 +72,10 @@ def shared_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             argv += [flag, str(value)]
-    if args.recompute is not None:
-        argv.append("--recompute" if args.recompute else "--no-recompute")
-    if args.compile:
-        argv.append("--compile")
+    for flag in SWITCHES:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            argv.append(flag if value else "--no-" + flag[2:])
     return argv
 
 

@@ -23,8 +23,10 @@ from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 from hwbench.workload.split import parse_split
+from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
 
 ENGINES = ("native", "deepspeed")
+SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
 PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
@@ -134,6 +136,15 @@ def _split(text: str) -> bool:
         return False
 
 
+def _size(text: str) -> bool:
+    from hwbench.units import parse_size
+
+    try:
+        return parse_size(text, "--device-memory") > 0
+    except UsageError:
+        return False
+
+
 def option(help: str, **definition: Any) -> Any:
     """A RunOptions field: None until given; ``definition`` holds Option's other fields."""
     return dataclasses.field(default=None, metadata={"option": Option(help=help, **definition)})
@@ -158,7 +169,24 @@ class RunOptions:
         megatron=("--max-position-embeddings",))  # its range spans --seq-length: hwbench.spec checks it
     precision: str | None = option("fp32, or bf16/fp16 autocast", default_rule="the workload's", choices=PRECISIONS)
     recompute: bool | None = option("activation checkpointing of every block", default_rule="the workload's")
-    compile: bool | None = option("torch.compile the model", default=False)
+    compile: bool | None = option("torch.compile every transformer block", default=False,
+                                  default_rule="off; --settings fast: on")
+    settings: str | None = option(
+        "published: the workload's published micro batch and recompute; fast: what fits and is fastest on this "
+        "device, chosen with the memory planner against its memory: no recompute where it fits, the largest micro "
+        "batch that divides the global batch and fits, --compile, --cross-entropy chunked, --fused-qkv; options "
+        "given explicitly win", default="published", choices=SETTINGS)
+    cross_entropy: str | None = option(
+        f"standard, or chunked: the output projection and the loss {CROSS_ENTROPY_CHUNK_TOKENS} tokens at a time, "
+        "logits recomputed in the backward, so the [tokens, vocab] fp32 logits never exist (native engine, --tp 1)",
+        default="standard", default_rule="standard; --settings fast: chunked where it can run",
+        choices=CROSS_ENTROPY_CHOICES)
+    fused_qkv: bool | None = option("one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights "
+                                    "as the separate ones", default=False,
+                                    default_rule="off; --settings fast: on where it can run")
+    device_memory: str | None = option("memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
+                                       default_rule="what the device reports, else its catalog entry's",
+                                       valid=_size, accepts="a size such as 24GiB or 80GB")
     data: str | None = option(
         "builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf tokens) or the prefix of a "
         "Megatron dataset PREFIX.bin/.idx", default=DATA_KEYWORDS[0], accepts="builtin, synthetic or a path prefix",

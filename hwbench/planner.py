@@ -24,7 +24,7 @@ from hwbench.device.kinds import DEVICE_KINDS, KINDS
 from hwbench.errors import UsageError
 from hwbench.spec import ENGINES, RunSpec
 from hwbench.units import GIB, parse_size  # noqa: F401  (parse_size: planner.parse_size, as before)
-from hwbench.workload.config import GPTConfig, stage_layers
+from hwbench.workload.config import CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig, stage_layers
 
 # Fixed per-device framework memory outside the tensors counted here: the device
 # kind's estimate (hwbench/device/kinds.py; docs/planner.md).
@@ -239,10 +239,18 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     if last:
         loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
         vocab = config.padded_vocab_size(tp) // (tp if loss_parallel else 1)
-        sv = s * b * vocab
-        # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during
-        # one backward: the logits in the activation dtype and the fp32 gradient
-        logits = in_flight * sv * FP32 + sv * (act_b + FP32)
+        if spec.cross_entropy == "chunked":
+            # per micro-batch in flight: each token's fp32 log-sum-exp; at a time, one chunk's logits
+            # in the activation dtype, its fp32 copy and one fp32 temporary (the exp in the forward,
+            # the gradient in the backward)
+            chunk = min(CROSS_ENTROPY_CHUNK_TOKENS, s * b)
+            logits = in_flight * s * b * FP32 + chunk * vocab * (act_b + 2 * FP32)
+            notes.append(f"chunked cross-entropy: {chunk} tokens' logits at a time")
+        else:
+            sv = s * b * vocab
+            # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during
+            # one backward: the logits in the activation dtype and the fp32 gradient
+            logits = in_flight * sv * FP32 + sv * (act_b + FP32)
         if tp > 1 and not loss_parallel:
             notes.append("tp with pp: logits gathered over the full vocabulary on the last stage")
 

@@ -17,6 +17,7 @@ from hwbench.errors import UsageError
 from hwbench.options import DATA_KEYWORDS, MAX_POSITIONS, MULTI_NODE_PORT, RUN_OPTIONS, RunOptions
 from hwbench.options import ENGINES  # noqa: F401  (hwbench.planner reads it here)
 from hwbench.result.files import check_output_folder
+from hwbench.units import parse_size
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.flops import canonical_formula
 
@@ -106,6 +107,12 @@ class RunSpec:
     # Rows of the learned position embedding (--max-positions). build_run_spec always sets it;
     # None only in a spec read back from a result written before the option existed: the workload's.
     max_positions: int | None = None
+    # The defaults below are what a result written before these options ran with.
+    settings: str = "published"  # --settings: published, or fast (hwbench.fast chose the values)
+    settings_choice: str | None = None  # under fast: what was chosen and why, in words
+    device_memory_bytes: int | None = None  # under fast: the memory per device it planned for
+    cross_entropy: str = "standard"  # --cross-entropy: standard or chunked
+    fused_qkv: bool = False  # --fused-qkv: one q/k/v projection in Megatron's per-head layout
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -273,6 +280,52 @@ def _max_positions(options: RunOptions, workload: Workload, seq: int) -> int:
     return given
 
 
+def fast_defaults(engine: str, parallel: ParallelDims, fsdp: bool) -> dict[str, Any]:
+    """What --settings fast gives the options that do not depend on the device's memory,
+    where the engine and layout can run them (hwbench.fast chooses the rest)."""
+    return {"compile": engine == "native",  # the DeepSpeed engines do not compile
+            "cross_entropy": "chunked" if engine == "native" and parallel.tp == 1 and not (
+                fsdp and parallel.pp > 1) else "standard",
+            "fused_qkv": not _deepspeed_pipeline(engine, parallel)}
+
+
+def _deepspeed_pipeline(engine: str, parallel: ParallelDims) -> bool:
+    return engine == "deepspeed" and (parallel.tp > 1 or parallel.pp > 1)
+
+
+def _check_model_options(cross_entropy: str, fused_qkv: bool, engine: str, parallel: ParallelDims,
+                         fsdp: bool) -> None:
+    """The chunked loss runs on the native engine without tensor parallelism (nor FSDP2
+    beside pipelining); the fused q/k/v projection everywhere but DeepSpeed's pipeline
+    engine, whose layers are its own."""
+    if cross_entropy == "chunked" and engine != "native":
+        raise UsageError(f"--cross-entropy chunked runs on the native engine, not --engine {engine}; accepted: "
+                         "--cross-entropy standard, or --engine native")
+    if cross_entropy == "chunked" and parallel.tp > 1:
+        raise UsageError(f"--cross-entropy chunked with --tp {parallel.tp}: the chunked loss needs the whole "
+                         "vocabulary on each rank and tensor parallelism splits it; accepted: --cross-entropy "
+                         "standard, or --tp 1")
+    if cross_entropy == "chunked" and fsdp and parallel.pp > 1:
+        raise UsageError(f"--cross-entropy chunked with --fsdp and --pp {parallel.pp}: a pipeline's last stage "
+                         "computes its loss outside the model, where FSDP2 holds the output weight sharded; "
+                         "accepted: --cross-entropy standard, or --fsdp without --pp")
+    if fused_qkv and _deepspeed_pipeline(engine, parallel):
+        raise UsageError(f"--fused-qkv with --engine deepspeed --tp {parallel.tp} --pp {parallel.pp}: DeepSpeed's "
+                         "pipeline engine builds separate q, k and v projections; accepted: --no-fused-qkv, "
+                         "--engine native, or --tp 1 --pp 1")
+
+
+def _settings(options: RunOptions) -> tuple[str, int | None]:
+    """(--settings, --device-memory in bytes or None)."""
+    settings, memory = options.value("settings"), options.device_memory
+    if memory is None:
+        return settings, None
+    if settings != "fast":
+        raise UsageError(f"--device-memory {memory} is what --settings fast plans for; give --settings fast with it, "
+                         "or leave it out")
+    return settings, parse_size(memory, "--device-memory")
+
+
 def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0, pp_schedule: str | None = None) -> None:
     """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
     takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
@@ -308,6 +361,11 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     if fsdp and parallel.world_size == 1:
         raise UsageError("--fsdp shards over the data-parallel ranks, and this run has one process; give "
                          "--nproc-per-node N (N >= 2), or leave --fsdp out")
+    settings, device_memory = _settings(options)
+    chosen = fast_defaults(engine, parallel, fsdp) if settings == "fast" else {}
+    cross_entropy = _or(options.cross_entropy, chosen.get("cross_entropy", "standard"))
+    fused_qkv = _or(options.fused_qkv, chosen.get("fused_qkv", False))
+    _check_model_options(cross_entropy, fused_qkv, engine, parallel, fsdp)
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = global_batch // (micro * parallel.dp)
     # DeepSpeed's pipeline engine runs 1F1B whatever the microbatch count; the native one falls back
@@ -330,7 +388,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         seq_length=seq,
         precision=_or(options.precision, defaults.precision),
         recompute=_or(options.recompute, defaults.recompute),
-        compile=value("compile"),
+        compile=_or(options.compile, chosen.get("compile", False)),
         steps=value("steps"),
         warmup=value("warmup"),
         seed=_or(options.seed, defaults.seed),
@@ -361,4 +419,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         out_dir=value("out"),
         threads_per_rank=options.threads_per_rank,
         max_positions=positions,
+        settings=settings,
+        device_memory_bytes=device_memory,
+        cross_entropy=cross_entropy,
+        fused_qkv=fused_qkv,
     )

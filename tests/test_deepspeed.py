@@ -171,17 +171,18 @@ def test_setup_error_without_deepspeed(monkeypatch, fresh_patches):
 @needs_deepspeed
 def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
     """Two optimizer steps with gradient accumulation 2; DeepSpeed makes its own
-    one-rank process group and close() destroys it."""
+    one-rank process group and close() destroys it. DeepSpeed's model is built as
+    build_engine builds it, with --fused-qkv: the fused projection starts from and
+    trains like the native engine's separate q, k and v."""
     import torch.distributed as dist
     ds_comm = importlib.import_module("deepspeed.comm.torch")  # `import a.b.torch as x` finds torch itself
 
     from hwbench.device import select_backend
-    from hwbench.engine.deepspeed import DeepSpeedEngine
+    from hwbench.engine import build_engine
     from hwbench.engine.distributed import single_process
     from hwbench.engine.native import NativeEngine
     from hwbench.spec import ParallelDims
     from hwbench.workload.data import SyntheticTokens
-    from hwbench.workload.model import build_model
 
     # DeepSpeed's CPU comm builds a shared-memory op with gcc (about a minute on a
     # cold cache); it serves inference all-reduce only, so leave it out here.
@@ -203,8 +204,8 @@ def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
                 engine.close()
 
     native = losses(NativeEngine(config, spec, backend))  # builds the same seed-determined model itself
-    model = build_model(config, device=backend.torch_device, seed=spec.seed)
-    engine = DeepSpeedEngine(model, spec, backend, single_process(ParallelDims()))
+    engine = build_engine(config, dataclasses_replace(spec, fused_qkv=True), backend, single_process(ParallelDims()))
+    assert hasattr(engine.engine.module.blocks["0"].attn, "qkv_proj")
     ds = losses(engine)
     assert not dist.is_initialized()
     assert ds == pytest.approx(native, rel=1e-4)

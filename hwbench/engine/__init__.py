@@ -20,7 +20,8 @@ def build_engine(config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistCo
         from hwbench.engine.deepspeed import DeepSpeedEngine
         from hwbench.workload.model import build_model
 
-        model = build_model(config, device=backend.torch_device, seed=spec.seed, recompute=spec.recompute)
+        model = build_model(config, device=backend.torch_device, seed=spec.seed, recompute=spec.recompute,
+                            fused_qkv=spec.fused_qkv)  # chunked cross-entropy: native only (spec.py)
         return DeepSpeedEngine(model, spec, backend, ctx)
     from hwbench.engine.native import NativeEngine
 

@@ -33,7 +33,7 @@ from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pi
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
-from hwbench.workload.model import GPT, init_parameters, lm_loss
+from hwbench.workload.model import GPT, init_parameters
 
 
 class NativeEngine:
@@ -61,7 +61,8 @@ class NativeEngine:
         -> DDP (pure data parallelism only)."""
         spec, ctx, dims = self.spec, self.ctx, self.ctx.dims
         with torch.device("meta"):
-            model = GPT(config, tensor_parallel=dims.tp, recompute=spec.recompute)
+            model = GPT(config, tensor_parallel=dims.tp, recompute=spec.recompute, cross_entropy=spec.cross_entropy,
+                        fused_qkv=spec.fused_qkv)
         if dims.pp > 1:
             cut_pipeline_stage(model, ctx.pp_rank, dims.pp)
         if dims.tp > 1:
@@ -108,8 +109,8 @@ class NativeEngine:
         return kind(stage, n_microbatches=self.spec.gradient_accumulation_steps, loss_fn=self._pipeline_loss,
                     scale_grads=True)
 
-    def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = lm_loss(logits, labels)
+    def _pipeline_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = self.gpt.loss(output, labels)
         return loss * self.scaler.scale if self.scaler and self.model.training else loss
 
     # training -----------------------------------------------------------------
@@ -138,7 +139,7 @@ class NativeEngine:
             tokens, labels = next_batch()
             with self._gradient_sync(micro_step == accumulation - 1), self._loss_context():
                 with self.backend.autocast(self.spec.precision):
-                    loss = lm_loss(self.model(tokens), labels) / accumulation
+                    loss = self.model(tokens, labels) / accumulation
                 (loss * self.scaler.scale if self.scaler else loss).backward()
             total_loss += _local(loss.detach())
         return total_loss
@@ -261,7 +262,7 @@ class NativeEngine:
             else:
                 for inputs, labels in batches:
                     with self._loss_context(), self.backend.autocast(self.spec.precision):
-                        loss = _local(lm_loss(self.model(inputs), labels))
+                        loss = _local(self.model(inputs, labels))
                     totals[0] += loss.double() * labels.numel()
                     totals[1] += labels.numel()
         finally:

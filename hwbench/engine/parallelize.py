@@ -53,7 +53,7 @@ def _replicate(module: nn.Module, mesh) -> None:
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
-    """Megatron's split with DTensor: q, k, v and fc1 column-parallel, out_proj and
+    """Megatron's split with DTensor: q, k, v (or the fused qkv) and fc1 column-parallel, out_proj and
     fc2 row-parallel (one all-reduce after attention and one after the MLP);
     the word embedding vocab-parallel. The output layer is column-parallel over
     the vocabulary: with ``loss_parallel`` its logits stay sharded and the loss
@@ -63,10 +63,10 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     for block in model.blocks.values():
+        # a fused qkv_proj is laid out per head, so its column split gives each rank whole heads
+        qkv = ("attn.qkv_proj",) if block.attn.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
         parallelize_module(block, tp_mesh, {
-            "attn.q_proj": ColwiseParallel(),
-            "attn.k_proj": ColwiseParallel(),
-            "attn.v_proj": ColwiseParallel(),
+            **{name: ColwiseParallel() for name in qkv},
             "attn.out_proj": RowwiseParallel(),
             "mlp.fc1": ColwiseParallel(),
             "mlp.fc2": RowwiseParallel(),

@@ -65,7 +65,20 @@ def device_peak(backend: Backend, entry: DeviceModel | None, precision: str,
 
 def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
     """Memory per device: what the device reports, else its catalog entry's."""
-    return capacity_bytes(backend, catalog_entry(backend, catalog)[1])
+    return device_memory(backend, catalog)[0]
+
+
+def device_memory(backend: Backend, catalog: Catalog) -> tuple[int | None, str]:
+    """(memory per device, where the figure comes from): what the device reports, else its
+    catalog entry's; (None, why) when neither knows."""
+    model_name, entry = catalog_entry(backend, catalog)
+    reported = backend.memory_stats().capacity_bytes
+    if reported:
+        return reported, f"what the {backend.name} device {model_name!r} reports"
+    if entry is not None and entry.memory_bytes:
+        return entry.memory_bytes, f"the catalog entry {entry.name!r} ({entry.path})"
+    return None, (f"the {backend.name} device {model_name!r} reports no memory size and no catalog entry with one "
+                  "matches it")
 
 
 def capacity_bytes(backend: Backend, entry) -> int | None:

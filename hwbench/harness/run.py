@@ -27,6 +27,7 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     """Check ``options`` (UsageError/SetupError before anything starts), run the point and
     store its result in its --out folder (unless ``write`` is False)."""
     from hwbench.catalog import load_catalog
+    from hwbench.fast import rank_options, resolve_settings
     from hwbench.harness.faults import Fault
     from hwbench.harness.launcher import launch, recover_stranded_runs
     from hwbench.harness.worker import run_as_rank, run_point, with_sweep_record
@@ -37,22 +38,24 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     if rank_env is None:  # under srun: Slurm's ranks (hwbench.harness.slurm_env, docs/slurm.md)
         options, rank_env = _under_slurm(options)
     spec = build_run_spec(options, catalog, torchrun_world_size=rank_env.world_size if rank_env else None)
+    spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
-    notes: list[str] = []
+    notes: list[str] = [f"--settings {spec.settings_choice}"] if spec.settings_choice and rank_env is None else []
     if rank_env is not None:
         result = run_as_rank(spec, catalog, rank_env, show_progress=show_progress)
     else:
         notes += recover_stranded_runs()  # folders of launchers that were killed (docs/reliability.md)
         if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
-            result = launch(spec, options.to_argv() + ([] if show_progress else ["--quiet"]), catalog)
+            argv = rank_options(options, spec).to_argv()  # under fast: the memory planned for, for every rank
+            result = launch(spec, argv + ([] if show_progress else ["--quiet"]), catalog)
             if result is None:
                 notes.append(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
         else:
             result = run_point(spec, catalog, show_progress=show_progress)
     result = with_sweep_record(result)
-    device = (result.device if result is not None else None) or {}
-    notes += [f"--device auto passed over {reason}; this run used the {device.get('backend')}"
-              for reason in device.get("auto_passed_over") or ()]
+    if result is not None:
+        notes += [f"--device auto passed over {reason}; this run used the {result.device.backend}"
+                  for reason in result.device.auto_passed_over or ()]
     stored = store_result(result, spec.out_dir) if result is not None and write else None
     return RunOutcome(result, stored, tuple(notes))
 

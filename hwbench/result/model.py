@@ -124,7 +124,8 @@ class _Requested(Section):
 # fields added since. Defaults are what a field's absence meant before it existed.
 Spec = section(
     "Spec", "The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec).", _Requested,
-    **fields(Text, "model device precision pp_schedule data split flops_formula out_dir"),
+    **fields(Text, "model device precision pp_schedule data split flops_formula out_dir settings settings_choice"),
+    device_memory_bytes=Count,
     **fields(Positive, "micro_batch_size global_batch_size seq_length steps threads_per_rank max_positions"),
     **fields(Count, "warmup seed initial_scale_power eval_interval eval_iters"),
     **fields(Flag, "recompute compile telemetry"), loss_scale=Figure, telemetry_interval_s=Rate,

@@ -1,8 +1,19 @@
-"""The shape of a Megatron GPT-2 model (FACTS.md §3)."""
+"""The shape of a Megatron GPT-2 model (Megatron-LM's GPT-2 defaults: 4h MLP, head size
+h / heads, the vocabulary padded to a multiple of 128 x TP), and the loss choices every
+layer agrees on without importing torch."""
 
 from __future__ import annotations
 
 import dataclasses
+
+# --cross-entropy: `standard` projects every token onto the vocabulary at once (the
+# [tokens, vocab] logits and their fp32 copy exist together); `chunked` does the output
+# projection, the fp32 upcast and the loss CROSS_ENTROPY_CHUNK_TOKENS tokens at a time and
+# recomputes each chunk's logits in the backward (hwbench.workload.model.chunked_lm_loss).
+CROSS_ENTROPY_CHOICES = ("standard", "chunked")
+# Tokens per chunk: 2048 x 50304 fp32 logits are 412 MB, and a [2048, h] x [h, 50304] product
+# is large enough to keep a GPU's matrix units busy. The planner counts the same figure.
+CROSS_ENTROPY_CHUNK_TOKENS = 2048
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Megatron's GPT-2 architecture (FACTS.md §3) in plain PyTorch.
+"""Megatron's GPT-2 architecture (Megatron-LM's `megatron/model/gpt_model.py` with its
+GPT-2 defaults) in plain PyTorch.
 
 Pre-LayerNorm blocks, GELU MLP of width 4h, learned absolute positions, biases
 on every linear layer, a final LayerNorm and an output layer tied to the word
-embedding over the padded vocabulary. q, k and v are separate projections and
-the blocks sit in one ModuleList, so tensor-parallel plans can split them and
-pipelining can cut the list without changing this file.
+embedding over the padded vocabulary. q, k and v are separate projections, or
+one fused projection in Megatron's per-head layout (``fused_qkv``); the blocks
+sit in one dict keyed by layer number, so tensor-parallel plans can split them
+and pipelining can cut them without changing this file.
 
 Shapes: B batch, S sequence, h hidden, H heads, D = h / H head size, V padded vocab.
 """
@@ -19,28 +21,42 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hwbench.workload.config import GPTConfig
+from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig
 
 INIT_STD = 0.02  # Megatron --init-method-std default
 LAYERNORM_EPS = 1e-5
+QKV_PARTS = ("q_proj", "k_proj", "v_proj")  # the separate projections a fused qkv_proj stands for
 
 
 class Attention(nn.Module):
-    def __init__(self, config: GPTConfig):
+    """Causal self-attention. With ``fused_qkv`` one [3h, h] linear ``qkv_proj`` replaces
+    q_proj, k_proj and v_proj; its output features are laid out per head, [q_h0, k_h0,
+    v_h0, q_h1, ...] (Megatron's query_key_value), so a column split over tensor-parallel
+    ranks gives each rank whole heads."""
+
+    def __init__(self, config: GPTConfig, fused_qkv: bool = False):
         super().__init__()
         h = config.hidden_size
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(h, h)
-        self.k_proj = nn.Linear(h, h)
-        self.v_proj = nn.Linear(h, h)
+        self.fused_qkv = fused_qkv
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(h, 3 * h)
+        else:
+            self.q_proj = nn.Linear(h, h)
+            self.k_proj = nn.Linear(h, h)
+            self.v_proj = nn.Linear(h, h)
         self.out_proj = nn.Linear(h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
         # (B, S, h) -> (B, H, S, D); -1 lets a tensor-parallel shard keep H / TP heads
-        q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        if self.fused_qkv:
+            q, k, v = (part.transpose(1, 2) for part in
+                       self.qkv_proj(x).view(B, S, -1, 3, self.head_dim).unbind(dim=3))
+        else:
+            q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+            k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
         # Fused attention on every device that has a kernel for it (flash / memory-efficient).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, D)
         y = y.transpose(1, 2).reshape(B, S, -1)  # (B, S, h)
@@ -59,10 +75,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, fused_qkv: bool = False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
-        self.attn = Attention(config)
+        self.attn = Attention(config, fused_qkv)
         self.ln_2 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
         self.mlp = MLP(config)
 
@@ -72,21 +88,31 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """forward(tokens (B, S) int64) -> logits (B, S, V); the loss is lm_loss(logits, labels).
+    """forward(tokens (B, S) int64) -> logits (B, S, V); forward(tokens, labels) -> the mean
+    loss, computed inside forward, where FSDP2 holds the output weight gathered. With
+    ``cross_entropy="chunked"`` forward without labels stops after the final LayerNorm and
+    returns its (B, S, h) output, and ``loss(output, labels)`` does the output projection
+    chunk by chunk, so the whole logits never exist (a pipeline's last stage computes its
+    loss so, outside forward).
 
     A pipeline stage is this same class with the parts it does not hold set to
     None (wte/wpe before the first stage, ln_f/output after the last) and the
     other stages' blocks removed from the ``blocks`` dict, whose keys keep the
     layer numbers, so parameter names are the same in every layout."""
 
-    def __init__(self, config: GPTConfig, *, tensor_parallel: int = 1, recompute: bool = False):
+    def __init__(self, config: GPTConfig, *, tensor_parallel: int = 1, recompute: bool = False,
+                 cross_entropy: str = "standard", fused_qkv: bool = False):
         super().__init__()
+        if cross_entropy not in CROSS_ENTROPY_CHOICES:
+            raise ValueError(f"cross_entropy {cross_entropy!r}; accepted: {', '.join(CROSS_ENTROPY_CHOICES)}")
         self.config = config
         self.recompute = recompute
+        self.cross_entropy = cross_entropy
+        self.chunk_tokens = CROSS_ENTROPY_CHUNK_TOKENS  # tokens per chunk of the chunked loss
         self.vocab_size = config.padded_vocab_size(tensor_parallel)
         self.wte: nn.Embedding | None = nn.Embedding(self.vocab_size, config.hidden_size)
         self.wpe: nn.Embedding | None = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.blocks = nn.ModuleDict({str(i): Block(config) for i in range(config.num_layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(config, fused_qkv) for i in range(config.num_layers)})
         self.ln_f: nn.LayerNorm | None = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
         self.output: nn.Linear | None = nn.Linear(config.hidden_size, self.vocab_size, bias=False)
         self.tie_output_to_embedding()
@@ -101,7 +127,7 @@ class GPT(nn.Module):
         if self.wte is not None and self.output is not None and self.output.weight is not self.wte.weight:
             self.output.weight = self.wte.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if self.wte is not None:  # first stage: token ids in
             S = tokens.shape[1]
             positions = torch.arange(S, device=tokens.device)
@@ -115,7 +141,17 @@ class GPT(nn.Module):
                 x = block(x)
         if self.output is None:  # not the last stage: hidden states out
             return x
-        return self.output(self.ln_f(x))  # (B, S, V)
+        if self.cross_entropy == "chunked":  # the loss projects onto the vocabulary, chunk by chunk
+            output = self.ln_f(x)  # (B, S, h)
+        else:
+            output = self.output(self.ln_f(x))  # (B, S, V)
+        return output if labels is None else self.loss(output, labels)
+
+    def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of what forward returned without labels."""
+        if self.cross_entropy == "chunked":
+            return chunked_lm_loss(output, self.output.weight, labels, self.chunk_tokens)
+        return lm_loss(output, labels)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -123,6 +159,62 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     cross_entropy in fp32 too). ``logits`` may be a vocab-sharded DTensor under
     tensor parallelism's loss_parallel."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def chunked_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                    chunk_tokens: int = CROSS_ENTROPY_CHUNK_TOKENS) -> torch.Tensor:
+    """lm_loss(F.linear(hidden, weight), labels) without the whole logits: the output
+    projection, the fp32 upcast and the loss run ``chunk_tokens`` tokens at a time, and
+    the backward recomputes each chunk's logits instead of keeping them. Under autocast
+    the products run in its dtype (the weight cast once per call, as autocast's F.linear
+    casts it), the softmax in fp32, as in lm_loss. ``hidden`` (B, S, h), ``weight`` (V, h)."""
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    return _ChunkedCrossEntropy.apply(hidden.flatten(0, 1), weight, labels.flatten(0, 1), chunk_tokens, dtype)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of (hidden @ weight.T) against labels, chunk by chunk over tokens.
+    Kept for the backward: the inputs in the compute dtype and each token's log-sum-exp
+    (4 bytes a token), never a [tokens, vocab] tensor."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, chunk_tokens: int, dtype: torch.dtype):
+        with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are explicit here
+            x, w = hidden.to(dtype), weight.to(dtype)
+            tokens = x.shape[0]
+            logsumexp = torch.empty(tokens, dtype=torch.float32, device=x.device)
+            total = torch.zeros((), dtype=torch.float32, device=x.device)
+            for start in range(0, tokens, chunk_tokens):
+                end = min(start + chunk_tokens, tokens)
+                logits = F.linear(x[start:end], w).float()
+                torch.logsumexp(logits, dim=-1, out=logsumexp[start:end])
+                target = logits.gather(1, labels[start:end, None]).squeeze(1)
+                total += (logsumexp[start:end] - target).sum()
+        ctx.save_for_backward(x, w, labels, logsumexp)
+        ctx.chunk_tokens, ctx.hidden_dtype, ctx.weight_dtype = chunk_tokens, hidden.dtype, weight.dtype
+        return total / tokens
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        x, w, labels, logsumexp = ctx.saved_tensors
+        tokens = x.shape[0]
+        with torch.autocast(x.device.type, enabled=False):
+            scale = grad_loss.float() / tokens
+            grad_x = torch.empty_like(x)
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)  # summed over chunks in fp32
+            for start in range(0, tokens, ctx.chunk_tokens):
+                end = min(start + ctx.chunk_tokens, tokens)
+                # d loss / d logits = (softmax - one_hot) / tokens, from the recomputed chunk
+                grad = F.linear(x[start:end], w).float().sub_(logsumexp[start:end, None]).exp_()
+                grad[torch.arange(end - start, device=grad.device), labels[start:end]] -= 1.0
+                grad = grad.mul_(scale).to(x.dtype)
+                torch.mm(grad, w, out=grad_x[start:end])
+                if grad.dtype == grad_w.dtype:
+                    grad_w.addmm_(grad.t(), x[start:end])
+                else:
+                    grad_w += torch.mm(grad.t(), x[start:end])
+        return grad_x.to(ctx.hidden_dtype), grad_w.to(ctx.weight_dtype), None, None, None
 
 
 def _init_seed(seed: int, name: str) -> int:
@@ -139,7 +231,10 @@ def _host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTCo
     two output projections of each block scaled by 1/sqrt(2L), zero biases, unit
     LayerNorm gains. Rows of the word embedding past the real vocabulary (the
     tensor-parallel padding) draw from a second stream, so the real rows do not
-    depend on the padding."""
+    depend on the padding. A fused qkv_proj gets exactly the values of the separate
+    q, k and v projections, interleaved per head."""
+    if ".qkv_proj." in name:
+        return _fused_qkv_values(name, shape, dtype, config, seed)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
     if name.startswith("ln_") or ".ln_" in name:
@@ -152,6 +247,18 @@ def _host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTCo
         padding = torch.empty((shape[0] - config.vocab_size, *shape[1:]), dtype=dtype).normal_(0.0, std, generator=generator)
         return torch.cat([real, padding])
     return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=generator)
+
+
+def _fused_qkv_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
+    """q_proj's, k_proj's and v_proj's values (each drawn as the separate parameter),
+    rearranged from [q; k; v] to Megatron's per-head [q_h0, k_h0, v_h0, q_h1, ...] on the
+    output dimension: a fused run starts from the same weights as an unfused one."""
+    part_shape = torch.Size((shape[0] // 3, *shape[1:]))
+    parts = [_host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed)
+             for part in QKV_PARTS]
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    stacked = torch.stack(parts).view(3, heads, head_dim, *shape[1:])  # (3, H, D[, h])
+    return stacked.transpose(0, 1).reshape(shape)  # (H, 3, D[, h]) -> (3h[, h])
 
 
 @torch.no_grad()
@@ -173,11 +280,12 @@ def init_parameters(model: GPT, seed: int) -> None:
 
 
 def build_model(config: GPTConfig, *, device: torch.device, seed: int, tensor_parallel: int = 1,
-                recompute: bool = False) -> GPT:
+                recompute: bool = False, cross_entropy: str = "standard", fused_qkv: bool = False) -> GPT:
     """The whole model on ``device`` with weights that depend on ``seed`` alone
     (not on the device): built without storage, then filled tensor by tensor."""
     with torch.device("meta"):
-        model = GPT(config, tensor_parallel=tensor_parallel, recompute=recompute)
+        model = GPT(config, tensor_parallel=tensor_parallel, recompute=recompute, cross_entropy=cross_entropy,
+                    fused_qkv=fused_qkv)
     model.to_empty(device=device)
     model.tie_output_to_embedding()
     init_parameters(model, seed)
