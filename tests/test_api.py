@@ -100,7 +100,7 @@ def test_the_other_calls_refuse_bad_input_as_their_commands_do(tmp_path, capsys)
     with pytest.raises(UsageError) as error:
         hwbench.write_report([folder], format="pdf")
     assert str(error.value) == _cli_error(["report", folder, "--format", "pdf"], capsys)
-    with pytest.raises(UsageError, match="RESULTS no_such_folder: no such file or folder"):
+    with pytest.raises(UsageError, match="RESULTS 'no_such_folder': no such file or folder"):
         hwbench.write_report("no_such_folder")  # one path, not the letters n, o, ...
     with pytest.raises(UsageError, match="--out None is not accepted"):
         hwbench.sweep("smoke", out=None)

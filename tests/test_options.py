@@ -80,7 +80,7 @@ def _sample(option):
         return next(c for c in reversed(option.choices) if c != option.default)
     if option.type in (int, float):
         return option.type(option.maximum if option.maximum is not None else (option.minimum or 0) + 3)
-    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400"}.get(option.name, f"x-{option.name}")
+    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB"}.get(option.name, f"x-{option.name}")
 
 
 def test_every_option_survives_the_command_line_with_a_value_of_its_own():
@@ -113,7 +113,7 @@ def test_the_help_shows_each_default_from_the_definition(capsys):
     ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
     ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
     ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
-    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: compile, data, device"),
+    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: compile, cross_entropy, data, device"),
 ])
 def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, message):
     import hwbench

@@ -43,7 +43,7 @@ def test_a_rank_of_srun_describes_the_whole_job(monkeypatch):
     """Each task one rank over 2 nodes: the run's spec has srun's nodes, tasks per node and
     rendezvous, not one node holding the whole world."""
     from hwbench.catalog import load_catalog
-    from hwbench.commands.run import _under_slurm
+    from hwbench.harness.run import _under_slurm
     from hwbench.options import RunOptions
     from hwbench.spec import build_run_spec
 
