@@ -11,6 +11,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FAKES = REPO_ROOT / "tests" / "fakes"
 
 
+_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                     "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def no_launch_environment_leaks():
+    """A test that leaves torchrun's or Slurm's variables in os.environ makes every later
+    `hwbench run` in the session a rank of a job that does not exist (it waits two minutes
+    for a rendezvous, then fails): name the test that leaked them, and undo the leak."""
+    def launch_environment() -> dict[str, str]:
+        return {key: value for key, value in os.environ.items()
+                if key in _LAUNCH_VARIABLES or key.startswith("SLURM_")}
+
+    before = launch_environment()
+    yield
+    leaked = launch_environment()
+    if leaked != before:
+        for key in leaked.keys() - before.keys():
+            del os.environ[key]
+        os.environ.update(before)
+        pytest.fail(f"the test left launch variables changed in os.environ: {sorted(set(leaked.items()) ^ set(before.items()))}")
+
+
 # --- Stand-in Ascend NPU (tests/fakes: torch_npu module and npu-smi) ---------
 
 

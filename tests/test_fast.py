@@ -295,7 +295,8 @@ def test_every_rank_makes_the_parents_choice_without_asking_its_device(monkeypat
     """The launcher passes the memory it found as --device-memory: a rank resolves the same
     spec before binding its device, and asks no device for it."""
     import hwbench.device
-    from hwbench.commands.run import _rank_argv, options_from_namespace, parse, parse_run_spec
+    from hwbench.commands.run import options_from_namespace, parse, parse_run_spec
+    from hwbench.fast import rank_options
     from hwbench.cli import command_parser
 
     argv = ["--model", "tiny", "--settings", "fast", "--nproc-per-node", "2", "--no-compile"]
@@ -304,7 +305,7 @@ def test_every_rank_makes_the_parents_choice_without_asking_its_device(monkeypat
     catalog = load_catalog()
     spec = build_run_spec(options, catalog, check_paths=False)
     parent = choose_fast(spec, given_options(options), catalog, DeviceMemory("cpu", 3 * GIB, "the parent's device"))
-    rank_argv = _rank_argv(options, parent, quiet=True)
+    rank_argv = rank_options(options, parent).to_argv()
     assert rank_argv[rank_argv.index("--device-memory") + 1] == str(3 * GIB)
 
     def no_device(*_args):

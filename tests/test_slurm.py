@@ -51,7 +51,8 @@ def test_a_rank_of_srun_describes_the_whole_job(monkeypatch):
         monkeypatch.setenv(key, value)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)  # set by _under_slurm; undone after the test
+        monkeypatch.setenv(key, "")  # recorded, so what _under_slurm sets is undone after the test
+        monkeypatch.delenv(key)
     options, rank_env = _under_slurm(RunOptions(model="tiny", device="cpu"))
     launch = build_run_spec(options, load_catalog(), torchrun_world_size=rank_env.world_size).launch
     assert (launch.nnodes, launch.nproc_per_node, launch.node_rank) == (2, 4, 1)
