@@ -1,4 +1,4 @@
-"""The report's decision section (issue 16): the faster and the cheaper device named only when the
+"""The report's decision section: the faster and the cheaper device named only when the
 repeats show it, prices with their sources, devices charged, oversubscribed runs marked and left
 out of fits, the fitted scaling and the 20-tokens-per-parameter budget.
 

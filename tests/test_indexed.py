@@ -1,4 +1,4 @@
-"""Megatron's mmap .bin/.idx format (FACTS.md §5): reading, writing, refusing bad files."""
+"""Megatron's mmap .bin/.idx format (Megatron-LM indexed_dataset.py): reading, writing, refusing bad files."""
 
 import os
 import struct
@@ -16,7 +16,7 @@ DOCUMENTS = [[5, 6, 7], [1], [], [9, 8, 7, 6, 5], [65535, 0]]
 
 
 def spec_files(prefix, documents, code, token_dtype=None, *, magic=b"MMIDIDX\x00\x00", version=1):
-    """A .idx/.bin pair written from FACTS.md §5 alone, byte by byte, one
+    """A .idx/.bin pair written from the documented format alone, byte by byte, one
     sequence per non-empty document (as Megatron's builder)."""
     token_dtype = np.dtype(token_dtype or DTYPE_CODES[code]).newbyteorder("<")
     lengths = [len(d) for d in documents if d]

@@ -1,4 +1,4 @@
-"""Issue 15, case 5: when hwbench loads Ascend's deepspeed_npu adaptor. DeepSpeed
+"""When hwbench loads Ascend's deepspeed_npu adaptor. DeepSpeed
 has its own NPU accelerator since 0.9.3; the adaptor patches only DeepSpeed
 0.6.0 and 0.9.2, and Ascend's README tells users of a newer DeepSpeed to
 uninstall it. So hwbench imports it only under such an old DeepSpeed, records

@@ -1,4 +1,4 @@
-"""Issue 15, cases 1 and 2: how torch_npu's import fails on a real host, and what
+"""How torch_npu's import fails on a real host, and what
 hwbench says then. The stand-in (tests/fakes) now loads the way the torch-npu
 2.13.0 wheel does, through a torch backend entry point at ``import torch``; its
 failures are the wheel's: without CANN an ImportError that torch turns into

@@ -1,4 +1,4 @@
-"""Issue 15, cases 3 and 4: the npu-smi layouts of Atlas A3 (two dies per NPU id),
+"""The npu-smi layouts of Atlas A3 (two dies per NPU id),
 310P Duo (one NPU id for two chips) and 310B (Bus-Id NA), from the published
 outputs recorded in tests/fakes/npu-smi (README.md there says where each came
 from). The table is keyed by device id, the id ASCEND_RT_VISIBLE_DEVICES and

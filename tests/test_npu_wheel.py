@@ -1,4 +1,4 @@
-"""Issue 15 against the real torch-npu 2.13.0 wheel, on this machine (no CANN).
+"""The NPU checks (docs/npu.md) against the real torch-npu 2.13.0 wheel, on this machine (no CANN).
 
 Opt-in: it builds a virtual environment with torch 2.13.0 and torch-npu 2.13.0
 from the package index (about 1 GB of downloads the first time), so it runs only
@@ -64,7 +64,7 @@ def in_venv(python: Path, args: list[str], cwd: Path, hwbench_path: bool = True)
 
 
 def test_the_venv_reproduces_a_host_without_cann(wheel_venv, tmp_path):
-    """Plain `import torch` fails there, as issue 15 says (so the checks below mean something)."""
+    """Plain `import torch` fails there, as on a host without CANN (so the checks below mean something)."""
     done = in_venv(wheel_venv, ["-c", "import torch"], tmp_path, hwbench_path=False)
     assert done.returncode == 1
     assert "RuntimeError: Failed to load the backend extension: torch_npu" in done.stderr

@@ -1,4 +1,4 @@
-"""actionlint on every GitHub Actions workflow (issue 17).
+"""actionlint on every GitHub Actions workflow.
 
 A workflow GitHub refuses (for example the ``runner`` context in a job-level ``env``)
 never starts, and nothing says so until the night it should have run. These tests run

@@ -12,7 +12,7 @@ from hwbench.workload import GPTConfig, count_parameters, model_flops_per_iterat
 from hwbench.workload.data import SyntheticTokens
 from hwbench.workload.model import GPT, lm_loss
 
-PUBLISHED_SIZES = {  # FACTS.md §2: layers, hidden, heads, seq
+PUBLISHED_SIZES = {  # ModelZoo test/train_full_8p.sh: layers, hidden, heads, seq
     "345m": (24, 1024, 16, 1024),
     "1.3b": (24, 2048, 16, 1024),
     "2.7b": (32, 2560, 32, 2048),

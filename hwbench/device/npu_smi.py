@@ -1,4 +1,4 @@
-"""Ascend telemetry from ``npu-smi info`` (FACTS.md §6).
+"""Ascend telemetry from ``npu-smi info`` (Ascend's npu-smi command reference).
 
 ``npu-smi info`` prints two table rows per chip:
 

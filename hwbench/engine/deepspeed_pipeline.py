@@ -1,5 +1,5 @@
 """--engine deepspeed with --tp / --pp: DeepSpeed's pipeline engine, as
-Megatron-DeepSpeed trained the published Table 2 (FACTS.md §1-2).
+Megatron-DeepSpeed trained the published Table 2 (the Ascend ModelZoo GPT-2 README).
 
 The GPT is a list of layer specs for deepspeed.pipe.PipelineModule, as
 Megatron-DeepSpeed's GPTModelPipe builds it: the embedding (a TiedLayerSpec),

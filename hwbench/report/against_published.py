@@ -74,7 +74,7 @@ def setting_differences(run: pd.Series, pub: pd.Series) -> list[str]:
     return differences
 
 
-# The shipped published tables (FACTS.md §1) were all measured with Megatron-DeepSpeed, hwbench's
+# The shipped published tables (the Ascend ModelZoo GPT-2 README) were all measured with Megatron-DeepSpeed, hwbench's
 # --engine deepspeed; a table of other runs may name its engine in an `engine` column.
 PUBLISHED_ENGINE = "deepspeed"
 

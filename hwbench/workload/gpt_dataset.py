@@ -1,5 +1,5 @@
-"""Megatron's GPT dataset over an indexed dataset (FACTS.md §5), sample for
-sample as megatron-core's GPTDataset builds it (tests/test_data_order.py checks
+"""Megatron's GPT dataset over an indexed dataset, sample for sample as
+megatron-core's GPTDataset (``megatron/core/datasets/gpt_dataset.py``) builds it (tests/test_data_order.py checks
 it against megatron-core itself).
 
 * Split: ``--split 949,50,1`` weights are normalised; split i covers sequences

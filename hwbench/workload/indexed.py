@@ -1,6 +1,6 @@
 """Megatron's mmap indexed dataset: ``PREFIX.bin`` (tokens) and ``PREFIX.idx`` (index).
 
-The format (FACTS.md §5, Megatron-LM ``megatron/core/datasets/indexed_dataset.py``):
+The format (Megatron-LM ``megatron/core/datasets/indexed_dataset.py``):
 
 ``.idx``, little-endian::
 

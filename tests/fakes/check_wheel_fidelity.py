@@ -6,7 +6,7 @@ never loaded) and, for every torch.npu / torch_npu name hwbench's device layer
 calls, says whether the wheel defines it and whether the call hwbench makes fits
 the wheel's signature. It also checks the memory_stats key names hwbench reads,
 the unit of Event.elapsed_time, the backend entry point and the device-conflict
-check that issue 15 is about. Not part of the default test run (it needs the
+check (docs/npu.md). Not part of the default test run (it needs the
 download). Usage:
 
     pip download --no-deps torch-npu==2.13.0 -d /tmp/torch_npu_wheel

@@ -9,7 +9,7 @@ finds this module instead of the real one.
 What it fakes:
 
 * ``torch.npu`` (also ``sys.modules["torch.npu"]``): the part of the torch.cuda
-  mirror that hwbench uses (FACTS.md §6), implemented over the host CPU.
+  mirror that hwbench uses (torch_npu's documented API), implemented over the host CPU.
   ``device_count`` honours ``ASCEND_RT_VISIBLE_DEVICES`` (a comma list; unset
   means one device); ``Event`` times with ``time.perf_counter``; the device is
   reported as an ``Ascend910B3`` with 64 GiB (65536 MiB) of HBM.
