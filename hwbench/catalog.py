@@ -16,7 +16,7 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import yaml
 
@@ -50,7 +50,7 @@ class PeakFigure:
         """The figure and its provenance in one line (hwbench devices, results)."""
         if self.dense is None:
             return f"null: {self.unavailable}"
-        halved = f"; listed {self.listed / 1e12:g} with sparsity, halved" if self.sparsity else ""
+        halved = f"; listed {self.listed / 1e12:g} with sparsity, halved" if self.sparsity and self.listed else ""
         return f"{self.dense / 1e12:g} TFLOP/s dense ({self.source}, read {self.read}{halved})"
 
 
@@ -161,7 +161,12 @@ class _Fields:
         self.known.add(key)
         return self.data.get(key)
 
-    def section(self, key: str, optional: bool = False) -> "_Fields | None":
+    @overload
+    def section(self, key: str, optional: Literal[False] = False) -> _Fields: ...
+    @overload
+    def section(self, key: str, optional: bool) -> _Fields | None: ...
+
+    def section(self, key: str, optional: bool = False) -> _Fields | None:
         if optional and self.get(key) is None:
             return None
         fields = _Fields(self.get(key), self.path, f"{self.prefix}{key}.")
@@ -179,6 +184,11 @@ class _Fields:
         for fields in self.sections:
             fields.no_unknown_fields()
 
+    @overload
+    def text(self, key: str, optional: Literal[False] = False) -> str: ...
+    @overload
+    def text(self, key: str, optional: bool) -> str | None: ...
+
     def text(self, key: str, optional: bool = False) -> str | None:
         value = self.get(key)
         if value is None and optional:
@@ -186,6 +196,11 @@ class _Fields:
         if not isinstance(value, str) or not value:
             raise self._fail(key, "a non-empty string")
         return value
+
+    @overload
+    def number(self, key: str, optional: Literal[False] = False, minimum: float = 0.0) -> float: ...
+    @overload
+    def number(self, key: str, optional: bool, minimum: float = 0.0) -> float | None: ...
 
     def number(self, key: str, optional: bool = False, minimum: float = 0.0) -> float | None:
         value = self.get(key)
@@ -198,6 +213,11 @@ class _Fields:
         if isinstance(value, bool) or not math.isfinite(number) or number < minimum:
             raise self._fail(key, f"a number >= {minimum:g}")
         return number
+
+    @overload
+    def integer(self, key: str, optional: Literal[False] = False, minimum: int = 1) -> int: ...
+    @overload
+    def integer(self, key: str, optional: bool, minimum: int = 1) -> int | None: ...
 
     def integer(self, key: str, optional: bool = False, minimum: int = 1) -> int | None:
         value = self.number(key, optional, minimum)
@@ -433,7 +453,7 @@ class Catalog:
                                      f"{power_limit_basis}, which the device did not report")
         for entry in shared:
             limits = entry.match_by_power_limit
-            if limits.admits(power_limit_w):
+            if limits is not None and limits.admits(power_limit_w):
                 return DeviceMatch(entry, f"name {device_name!r} is reported by several models ({names}); "
                                           f"{power_limit_basis} {power_limit_w:g} W is in {entry.name}'s range "
                                           f"({limits.over_watts:g}, {limits.up_to_watts:g}] W")

@@ -66,7 +66,7 @@ def test_a_gaudi_run_through_the_stand_in_names_its_mode_and_marks_each_lazy_ste
     assert device["simulated"] is True and device["hpu_mode"] == "lazy" and result["metrics"]["mfu"] is None
     assert len(marks.read_text().splitlines()) == len(result["steps"])  # one mark_step per training step
     gpu = result["metrics"]["telemetry"]["devices"][0]
-    assert (gpu["power_w_mean"], gpu["temperature_c_max"], gpu["memory_used_mb_max"]) == (75, 27, 768)
+    assert (gpu["power_w_mean"], gpu["temperature_c_max"], gpu["memory_used_mib_max"]) == (75, 27, 768)
     assert gpu["name"] == "hpu:0" and gpu["pci_bus_id"] == "0000:33:00.0"
     assert result["metrics"]["memory"]["capacity_bytes"] == 98304 * 2**20
 

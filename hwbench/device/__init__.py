@@ -10,7 +10,7 @@ them, so a CPU figure is never taken for an accelerator's by mistake.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -43,7 +43,16 @@ def select_backend(requested: str) -> "Backend":
     return backend
 
 
-def _accelerator_classes() -> dict[str, type]:
+class AcceleratorClass(Protocol):
+    """An accelerator backend's class: asked whether its software is installed and its device
+    usable before an instance (which binds the device) is made."""
+
+    def __call__(self) -> Backend: ...
+    def installed(self) -> bool: ...
+    def unavailable_reason(self) -> str | None: ...
+
+
+def _accelerator_classes() -> dict[str, AcceleratorClass]:
     """The accelerator backends in --device auto's order (imported here: each imports torch)."""
     from hwbench.device.cuda import CudaBackend
     from hwbench.device.hpu import HpuBackend

@@ -63,7 +63,8 @@ class AmdSmiSampler(TelemetrySampler):
         self._handles: list[Any] = []
         self._resolution_uj: list[float | None] = [None] * len(bus_ids)
         self._power_fields: list[str | None] = [None] * len(bus_ids)
-        self._amdsmi, self._reason = import_amdsmi()
+        library, self._reason = import_amdsmi()
+        self._amdsmi: Any = library  # None only when it could not be imported, and then no handle is read
         if self._amdsmi is None:
             return
         try:
@@ -98,12 +99,12 @@ class AmdSmiSampler(TelemetrySampler):
         activity = self._query(lambda: smi.amdsmi_get_gpu_activity(handle)) or {}
         vram = self._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
         clock = self._query(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
-        reading = {
+        reading: dict[str, Any] = {
             "power_w": self._power_w(index, handle),
             "temperature_c": self._temperature_c(handle),
             "sm_clock_mhz": _value(clock.get("clk")),
             "utilization_percent": _value(activity.get("gfx_activity")),
-            "memory_used_mb": _value(vram.get("vram_used")),
+            "memory_used_mib": _value(vram.get("vram_used")),
         }
         reasons = self._throttle_reasons(handle)
         if reasons is not None:

@@ -74,9 +74,7 @@ class CudaBackend(AcceleratorBackend):
     deepspeed_accelerator = KINDS["cuda"].deepspeed_accelerator
 
     def __init__(self) -> None:
-        # first, before any call that could initialise CUDA (this process's and every rank's)
-        self.allocator_settings = choose_allocator_setting(KINDS["cuda"].allocator, os.environ,
-                                                           torch.cuda.is_initialized())
+        self.allocator_settings = self._choose_allocator_setting()  # first: before CUDA can be initialised
         if torch.version.cuda is None:
             raise SetupError(
                 f"--device cuda: this torch build ({torch.__version__}) has no CUDA support; "
@@ -116,8 +114,19 @@ class CudaBackend(AcceleratorBackend):
                        "expandable_segments": expandable_segments_in_effect(torch.cuda.memory)}
         return device
 
+    def _choose_allocator_setting(self) -> str | None:
+        """The kind's allocator setting made (or the user's kept), before any call that could
+        initialise the device, in this process and in every rank; None where the kind has none."""
+        allocator = KINDS[self.name].allocator
+        if allocator is None:
+            return None
+        return choose_allocator_setting(allocator, os.environ, torch.cuda.is_initialized())
+
+    def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
+        return self._counting_host_syncs()
+
     @contextlib.contextmanager
-    def counting_host_syncs(self) -> Iterator[HostSyncCount]:
+    def _counting_host_syncs(self) -> Iterator[HostSyncCount]:
         """torch's sync debug mode, set to warn, flags every operation that makes the host wait
         for the stream (.item(), .cpu(), bool() of a tensor, nonzero, a copy to pageable host
         memory...; not torch.cuda.synchronize(), which the timed region's edges call)."""
@@ -149,7 +158,7 @@ class CudaBackend(AcceleratorBackend):
         uuid = getattr(props, "uuid", None)
         pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
         return CudaDeviceIds(cuda_index=self.local_index, uuid=str(uuid) if uuid is not None else None,
-                             pci_bus_id=pci_bus_id(*pci) if None not in pci else None)
+                             pci_bus_id=pci_bus_id(*pci))
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         return NvmlSampler([self._nvml_ids()], interval_s)

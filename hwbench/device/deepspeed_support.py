@@ -69,11 +69,8 @@ def torch_six_shim() -> types.ModuleType:
     """A stand-in for ``torch._six`` with the names DeepSpeed 0.6 and the Ascend
     adaptor import from it."""
     module = types.ModuleType("torch._six")
-    module.inf = math.inf
-    module.nan = math.nan
-    module.string_classes = (str, bytes)
-    module.int_classes = int
-    module.container_abcs = collections.abc
+    module.__dict__.update(inf=math.inf, nan=math.nan, string_classes=(str, bytes), int_classes=int,
+                           container_abcs=collections.abc)
     return module
 
 
@@ -88,7 +85,7 @@ def _install_torch_six_shim() -> dict[str, Any]:
 
     shim = torch_six_shim()
     sys.modules["torch._six"] = shim
-    torch._six = shim  # `import torch._six as x` reads the attribute of the parent package
+    setattr(torch, "_six", shim)  # `import torch._six as x` reads the attribute of the parent package
     return {"patch": patch, "applied": True,
             "why": "PyTorch 2 removed torch._six; DeepSpeed 0.6-era releases and deepspeed_npu import inf from it"}
 

@@ -62,7 +62,8 @@ class HlmlSampler(TelemetrySampler):
         self.module_ids = module_ids
         self._handles: list[Any] = []
         self._bus_ids: list[str | None] = []
-        self._hlml, self._reason = open_hlml()
+        library, self._reason = open_hlml()
+        self._hlml: Any = library  # None only when it could not be opened, and then no handle is read
         if self._hlml is None:
             return
         try:
@@ -112,7 +113,7 @@ class HlmlSampler(TelemetrySampler):
             "temperature_c": self._query(lambda: hl.hlmlDeviceGetTemperature(handle, TEMPERATURE_ON_AIP)),
             "sm_clock_mhz": self._query(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC)),
             "utilization_percent": getattr(utilization, "aip", None),
-            "memory_used_mb": memory.used / 2**20 if memory is not None else None,
+            "memory_used_mib": memory.used / 2**20 if memory is not None else None,
         }
         mask = self._query(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
         if mask is not None:

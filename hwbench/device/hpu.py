@@ -90,7 +90,7 @@ class HpuBackend(AcceleratorBackend):
     def unavailable_reason() -> str | None:
         try:
             import_habana()
-            if int(torch.hpu.device_count()) > 0:
+            if int(torch.hpu.device_count()) > 0:  # type: ignore[attr-defined]  # added by habana_frameworks
                 return None
             return "habana_frameworks sees no Gaudi (check hl-smi and HABANA_VISIBLE_MODULES)"
         except SetupError as error:

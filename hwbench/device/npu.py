@@ -124,7 +124,7 @@ class NpuBackend(AcceleratorBackend):
         """None when torch_npu imports and sees an NPU; otherwise why not."""
         try:
             import_torch_npu()
-            if int(torch.npu.device_count()) > 0:
+            if int(torch.npu.device_count()) > 0:  # type: ignore[attr-defined]  # added by torch_npu
                 return None
             return "torch_npu sees no NPU (check npu-smi info and ASCEND_RT_VISIBLE_DEVICES)"
         except SetupError as error:

@@ -143,6 +143,7 @@ class NpuSmiSampler(TelemetrySampler):
         return None
 
     def read(self) -> list[dict[str, Any]]:
+        assert self._command is not None, "read() of an unavailable npu-smi reader"
         output = subprocess.run(
             [self._command, "info"], capture_output=True, text=True, timeout=10, check=True
         ).stdout

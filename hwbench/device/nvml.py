@@ -46,9 +46,11 @@ def decode_throttle_reasons(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
 
 
-def pci_bus_id(domain: int, bus: int, device: int) -> str:
-    """The PCI address NVML's nvmlDeviceGetHandleByPciBusId accepts ("0000:3b:00.0");
-    a GPU is function 0 of its PCI device."""
+def pci_bus_id(domain: int | None, bus: int | None, device: int | None) -> str | None:
+    """The PCI address NVML's nvmlDeviceGetHandleByPciBusId accepts ("0000:3b:00.0"), or None
+    when the runtime did not report every part; a GPU is function 0 of its PCI device."""
+    if domain is None or bus is None or device is None:
+        return None
     return f"{domain:04x}:{bus:02x}:{device:02x}.0"
 
 
@@ -184,7 +186,7 @@ class NvmlSampler(TelemetrySampler):
         values = self._query(lambda: nv.nvmlDeviceGetFieldValues(handle, [field]))
         if not values or getattr(values[0], "nvmlReturn", 1) != 0:  # each field has its own NVML_SUCCESS
             return None
-        member = _VALUE_MEMBERS.get(getattr(values[0], "valueType", None))
+        member = _VALUE_MEMBERS.get(getattr(values[0], "valueType", -1))
         return getattr(values[0].value, member) if member else None
 
     def _power_w(self, index: int, handle: Any) -> float | None:

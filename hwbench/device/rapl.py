@@ -50,7 +50,7 @@ def package_domains(root: Path = POWERCAP, packages: list[int] | None = None
     """The package zones under ``root`` (only those of ``packages`` when given), each
     with a counter that can be read now; ([], why) when there is none to read."""
     zones = sorted((p for p in root.glob("intel-rapl:*") if _ZONE.match(p.name)),
-                   key=lambda p: int(_ZONE.match(p.name).group(1))) if root.is_dir() else []
+                   key=lambda p: int(p.name.rsplit(":", 1)[1])) if root.is_dir() else []
     domains = []
     for zone in zones:
         try:
@@ -120,7 +120,7 @@ class RaplSampler(TelemetrySampler):
                     increments.append(None)
                 else:
                     step = counter_increment_uj(previous, reading, domain.max_energy_range_uj)
-                    self._total_uj[i] += step
+                    self._total_uj[i] = (self._total_uj[i] or 0) + step  # not None: checked above
                     increments.append(step)
             return increments, elapsed
 
@@ -128,8 +128,9 @@ class RaplSampler(TelemetrySampler):
         increments, elapsed = self._advance()
         # The counter moves in steps of about 1 ms: over a much shorter gap (the reading
         # right after start) the power would be noise, so it is left out.
-        timely = elapsed is not None and elapsed >= self.interval_s / 2
-        return [{"power_w": step / 1e6 / elapsed if step is not None and timely else None}
+        if elapsed is None or elapsed < self.interval_s / 2:
+            return [{"power_w": None} for _ in increments]
+        return [{"power_w": step / 1e6 / elapsed if step is not None else None}
                 for step in increments]
 
     def energy_counter_j(self) -> list[float | None]:

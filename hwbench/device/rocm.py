@@ -54,6 +54,7 @@ class RocmBackend(CudaBackend):
         problem = self.unavailable_reason()
         if problem:
             raise SetupError(f"--device rocm: {problem}")
+        self.allocator_settings = self._choose_allocator_setting()  # none for ROCm: its allocator is not checked
         self.simulated = bool(getattr(torch.cuda, "__hwbench_stand_in__", False))
         if self.simulated:
             self.dist_backend = "gloo"  # the stand-in computes on the host: no RCCL there
@@ -107,7 +108,7 @@ class RocmBackend(CudaBackend):
     def bus_id(self) -> str | None:
         props = torch.cuda.get_device_properties(self.local_index)
         parts = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-        return pci_bus_id(*parts) if None not in parts else None
+        return pci_bus_id(*parts)
 
     def device_identity(self) -> dict[str, Any]:
         return {"gfx_arch": self.gfx_arch()}

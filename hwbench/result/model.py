@@ -242,10 +242,10 @@ Environment = section(
     "Environment", "The environment fingerprint.", _Fingerprint,
     **fields(Text, "host os machine python hwbench_version torch_version torch_npu_version deepspeed_version backend "
                    "driver_version cuda_version nccl_version cann_version hccl_version rocm_version hip_version "
-                   "rccl_version gfx_arch habana_frameworks_version hpu_mode oversubscribed_reason "
+                   "rccl_version habana_frameworks_version hpu_mode oversubscribed_reason "
                    "devices_used_basis"),
     hwbench_git=HwbenchGit, **fields(Flag, "simulated oversubscribed"), tuning=dict[str, Any],
-    device_models=list[Text], **fields(Count, "device_count cpu_cores_usable devices_used"), cudnn_version=Integer,
+    device_models=list[Text], gfx_arch=list[Text | None], compute_units=list[Count | None], **fields(Count, "device_count cpu_cores_usable devices_used"), cudnn_version=Integer,
     threads_per_rank=Positive, slurm=SlurmJob)
 RankPlacement = section("RankPlacement", "Where a rank ran.", threads=Positive, usable_cores=Count, cpus=Text,
                         devices=list[Text])
