@@ -290,7 +290,10 @@ def test_html_aligns_numbers_by_type_and_escapes_text(tmp_path):
     procurement = {text: css for css, text in _cells(page, "procurement")}
     assert procurement["$0.0909"] == procurement["$645"] == procurement["0.030518 J"] == number
     assert procurement["7.09743e9"] == procurement["800 W"] == number  # the token budget, the power
-    assert procurement["2 [1]"] == procurement["$2.5 (--price h100-sxm)"] == ""  # a figure with its note
+    # a figure with its footnote stays a number; the note is said once under the table
+    assert procurement["2 [1]"] == procurement["$2.5 [2]"] == number
+    notes = page.split('<section id="procurement">')[1].split("</section>")[0].split('<ol class="notes">')[1]
+    assert "<li>price: --price h100-sxm.</li>" in notes.split("</ol>")[0]
 
 
 def test_csv_is_the_runs_table():

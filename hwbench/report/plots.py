@@ -67,6 +67,27 @@ def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     return bar_chart(title, "tokens/s per device (median and range of repeats)", categories, series)
 
 
+def decision(title: str, candidates: Sequence[Any]) -> str | None:
+    """The decision's best point of each device model (median tokens/s per device charged, a whisker
+    from the slowest to the fastest repeat) beside the published rows (one figure each, no whisker)."""
+    if not candidates:
+        return None
+    categories = [c.device if len(c.device) <= 40 else c.device[:39] + "…" for c in candidates]
+    series = []
+    for name, published in (("measured: median and range of repeats", False), ("published: one figure", True)):
+        bars = []
+        for index, c in enumerate(candidates):
+            if c.published != published:
+                continue
+            spread = (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
+            text = (f"{c.device}, {c.point}: median {c.median:,.1f} tokens/s per device over {len(c.per_device)} "
+                    "run(s): " + ", ".join(f"{v:,.1f}" for v in c.per_device))
+            bars.append(Point(index, c.median, text, *spread))
+        if bars:
+            series.append(Series(name, bars, color="#a1a1aa" if published else None))
+    return bar_chart(f"{title}: best point per device model", "tokens/s per device charged", categories, series)
+
+
 def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     """Measured tokens/s against devices charged, the fitted line and the ideal (linear from the
     smallest count), for each device model of ``model`` measured at two or more counts."""
