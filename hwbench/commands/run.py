@@ -96,9 +96,13 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
 
 
 def main(args: argparse.Namespace) -> int:
+    from hwbench.harness.estimate import before_run
     from hwbench.harness.run import run_and_store
 
-    outcome = run_and_store(options_from_namespace(args), show_progress=not args.quiet)
+    options = options_from_namespace(args)
+    for line in before_run(options):  # a slow precision, and how long it will take: before it starts
+        print(f"hwbench: {line}", file=sys.stderr, flush=True)
+    outcome = run_and_store(options, show_progress=not args.quiet)
     result, stored = outcome.result, outcome.stored
     for note in outcome.notes:
         print(f"hwbench: note: {note}", file=sys.stderr)
