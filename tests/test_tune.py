@@ -44,7 +44,8 @@ def test_tune_on_cpu_ranks_measured_layouts(tmp_path, capsys):
     files = sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json"))
     assert main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--steps", "2", "--warmup", "1",
                  "--seq-length", "32", "--max-trials", "3", "--patience", "3", "--out", str(tmp_path)]) == 0
-    assert "kept from an earlier sweep" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "kept from an earlier sweep" in err and "3 trial(s) x 1 repeat(s): " in err
     again = json.loads((tmp_path / "tiny-2" / "ranking.json").read_text())
     assert again["ranking"] == ranking["ranking"] and sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json")) == files
     assert [t["run_ids"] for t in again["trials"]] == [t["run_ids"] for t in ranking["trials"]]

@@ -68,9 +68,17 @@ def options_from_namespace(args: argparse.Namespace) -> RunOptions:
     return RunOptions(**{name: getattr(args, name, None) for name in RUN_OPTIONS})
 
 
+EXAMPLES = ("Examples on a CPU: `hwbench run` (the small model, about a minute); `hwbench run --model tiny "
+            "--nproc-per-node 2 --tp 2`. Accelerator-sized (a GPU or NPU; hours to days on a CPU, which emulates the "
+            "published fp16 unless it has fp16 units: the run says so before it starts): `hwbench run --device cuda "
+            "--model 345m --precision bf16`; `hwbench run --model 1.3b --nproc-per-node 8`. `hwbench calibrate` "
+            "once, and every run prints its estimated duration before it starts.")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.epilog = EXAMPLES
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:

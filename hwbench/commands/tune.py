@@ -32,6 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per trial (default: 600)")
     parser.add_argument("--out", default="results/tune", help="trials go to OUT/<candidate>/ (default: results/tune)")
     parser.add_argument("--quiet", action="store_true", help="no line per trial")
+    parser.epilog = ("Examples: on a CPU, `hwbench tune --model tiny --devices 2 --repeats 3` (minutes); "
+                     "accelerator-sized (hours to days on a CPU), `hwbench tune --model 1.3b --devices 8 --device cuda "
+                     "--repeats 3`. Before the first trial it prints the estimated duration (from `hwbench calibrate`) "
+                     "and a precision the device emulates.")
 
 
 def main(args: argparse.Namespace) -> int:
