@@ -80,7 +80,8 @@ class CudaBackend(AcceleratorBackend):
         if torch.version.cuda is None:
             raise SetupError(
                 f"--device cuda: this torch build ({torch.__version__}) has no CUDA support; "
-                "install a CUDA build of torch (README, 'On a GPU machine')"
+                "install a CUDA build of torch: on Linux, `pip install torch==<version>` from PyPI is one "
+                "(README, 'Which torch you get')"
             )
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             raise SetupError(
