@@ -145,7 +145,7 @@ def _predicted_note(run: pd.Series) -> str | None:
 
 
 # The planner models the tensors of training; a CPU run's measured peak is the resident set of the
-# whole process (docs/planner.md, "On the CPU").
+# whole process (docs/planner.md, 'Checking it').
 CPU_PREDICTION_NOTE = ("on the CPU the measured peak is the process's peak resident set (VmHWM): besides the tensors "
                        "the planner predicts (weights, gradients, optimizer states, activations, logits) and its fixed "
                        "0.5 GiB for the runtime, it holds the Python interpreter, torch's libraries and the pages the "
