@@ -131,3 +131,33 @@ def test_a_sweep_estimates_every_point_and_repeat(tmp_path, monkeypatch):
     seconds = sum(run_work(spec, catalog, backend).flops for spec in specs) / 2e9
     [line] = before_sweep(suite, options)
     assert line.startswith(f"note: {len(specs)} run(s) of suite smoke: at least {duration_text(seconds)}: ")
+
+
+def test_quiet_keeps_the_warning_and_drops_the_estimate(tmp_path, monkeypatch, capsys, avx2_only):
+    """--quiet silences progress, not warnings: a slow precision is still said, the estimate is not."""
+    import hwbench.harness.run
+
+    _store(tmp_path, monkeypatch, {"fp16": 3.4e8})
+    said_before: list[str] = []
+
+    def no_run(options, show_progress=True):
+        said_before.append(capsys.readouterr().err)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(hwbench.harness.run, "run_and_store", no_run)
+    with pytest.raises(SystemExit):
+        run_command("run", ["--model", "tiny", "--precision", "fp16", "--quiet", "--out", str(tmp_path)])
+    [err] = said_before
+    [line] = err.splitlines()
+    assert line.startswith("hwbench: warning: --precision fp16: this CPU (")
+
+
+def test_an_unknown_duration_names_calibrate_only_when_calibrate_can_help(tmp_path, monkeypatch):
+    backend = _store(tmp_path, monkeypatch, {"fp32": 2e9})
+    spec = build_run_spec(RunOptions(model="tiny", precision="bf16"), load_catalog())
+    work = [run_work(spec, load_catalog(), backend)]
+    assert estimate_text(backend, work, "this run").endswith("; then the same command prints an estimate")
+    monkeypatch.setattr(backend, "simulated", True)  # a stand-in: calibrating it would not help
+    text = estimate_text(backend, work, "this run")
+    assert text == ("this run: duration unknown: the device is simulated: there is no ceiling to compare "
+                    "host-CPU work with")

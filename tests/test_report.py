@@ -230,9 +230,12 @@ def test_html_is_self_contained_with_plots(tmp_path):
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in text
     # one chart per model and kind, inline SVG: 345m (throughput, scaling over 1 and 2 H100s, memory, loss),
-    # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot)
+    # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot); and the
+    # decision's chart of each workload
     charts = re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', text)
     assert sorted(charts) == sorted([
+        "345m, fp16: best point per device model", "345m-nomp, fp16: best point per device model",
+        "tiny, fp32: best point per device model",
         "345m: throughput per device charged", "345m: scaling with devices charged (oversubscribed runs left out)",
         "345m: peak memory per device", "345m: training loss (warm-up steps included)",
         "345m-nomp: throughput per device charged", "345m-nomp: peak memory per device",

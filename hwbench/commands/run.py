@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.harness.run import run_and_store
 
     options = options_from_namespace(args)
-    for line in before_run(options):  # a slow precision, and how long it will take: before it starts
+    for line in before_run(options, estimate=not args.quiet):  # a slow precision, how long it will take: first
         print(f"hwbench: {line}", file=sys.stderr, flush=True)
     outcome = run_and_store(options, show_progress=not args.quiet)
     result, stored = outcome.result, outcome.stored

@@ -60,7 +60,8 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     for precision in sorted({w.precision for w in work}):
         ceiling, reason = measured_ceiling(backend, model, precision)
         if ceiling is None or not ceiling.flops:
-            return f"{what}: duration unknown: {reason}; then the same command prints an estimate"
+            then = "; then the same command prints an estimate" if "hwbench calibrate" in (reason or "") else ""
+            return f"{what}: duration unknown: {reason}{then}"
         rates[precision] = ceiling
     for w in work:
         seconds += w.flops / (rates[w.precision].flops * w.devices)
@@ -83,9 +84,9 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days"
 
 
-def before_run(options) -> list[str]:
+def before_run(options, estimate: bool = True) -> list[str]:
     """The lines `hwbench run` says before it starts, each "warning: ..." or "note: ..." (none in a
-    rank torchrun or srun started: the launcher said them)."""
+    rank torchrun or srun started: the launcher said them); the estimate only with ``estimate``."""
     import os
 
     from hwbench.catalog import load_catalog
@@ -99,11 +100,11 @@ def before_run(options) -> list[str]:
     spec = build_run_spec(options, catalog)
     backend = select_backend(spec.device)
     warning = slow_precision_warning(backend, spec.precision)
-    return ([f"warning: {warning}"] if warning else []) + [
-        "note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")]
+    return ([f"warning: {warning}"] if warning else []) + (
+        ["note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")] if estimate else [])
 
 
-def before_sweep(suite, options) -> list[str]:
+def before_sweep(suite, options, estimate: bool = True) -> list[str]:
     """The lines `hwbench sweep` says before a local sweep starts: each device's slow precisions and
     the estimate of every point and repeat (points `hwbench run` would refuse are left out: the
     sweep records them as invalid)."""
@@ -129,5 +130,6 @@ def before_sweep(suite, options) -> list[str]:
             if warning:
                 lines.append(f"warning: {warning}")
         what = f"{len(specs)} run(s) of suite {suite.name}" + (f" on --device {device}" if len(by_device) > 1 else "")
-        lines.append("note: " + estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what))
+        if estimate:
+            lines.append("note: " + estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what))
     return lines

@@ -134,8 +134,8 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     check_data(base.data or "builtin")  # before the first trial, not once per trial
     backend = select_backend(base.device or "auto")
     warning = slow_precision_warning(backend, fixed.precision)
-    if warning:
-        say(f"warning: {warning}")
+    if warning:  # said even when --quiet: it is a warning, not progress
+        progress_lines(True)(f"hwbench: warning: {warning}")
     capacity = (parse_size(device_memory, "--device-memory") if device_memory
                 else device_capacity_bytes(backend, catalog))
     runnable, trials = candidates(base, devices, capacity, engines)
