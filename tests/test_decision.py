@@ -405,3 +405,33 @@ def test_a_price_for_no_measured_device_is_noted_whatever_its_source(tmp_path, p
     data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices), "--price", "other-typo=1"))
     assert "the price of 'typo-gpu' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
     assert "the price of 'other-typo' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
+
+
+def test_best_points_of_different_settings_say_what_differs(tmp_path):
+    """The H100's runs at seq 64, the A100's at seq 128: one table, but each row names its setting,
+    and a sentence says the devices were not compared at the same settings."""
+    h100 = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+            for i, t in enumerate((1000, 1010, 990))]
+    for data in h100:
+        data["spec"]["seq_length"] = 64
+    a100 = [result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
+            for i, t in enumerate((500, 505, 495))]
+    seq = a100[0]["spec"]["seq_length"]
+    assert seq != 64
+    decision = report(str(write(tmp_path / "seqs", *h100, *a100))).split("## Decision")[1].split("## Runs")[0]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in decision.splitlines()
+            if line.startswith("| NVIDIA")}
+    assert rows == {"NVIDIA H100 80GB HBM3": "TP1 PP1 DP1 x1 ranks, seq 64",
+                    "NVIDIA A100-SXM4-40GB": f"TP1 PP1 DP1 x1 ranks, seq {seq}"}
+    assert (f"The best points differ in more than device and layout: NVIDIA A100-SXM4-40GB: seq {seq}; NVIDIA H100 "
+            "80GB HBM3: seq 64. Each device is compared at its own best settings, not at the same ones.") in decision
+    page = report(str(tmp_path / "seqs"), "--format", "html")
+    chart = page.split('<section id="decision">')[1].split("</section>")[0].split('<svg class="chart"')[1]
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", chart)
+    assert "seq 64" in labels and f"seq {seq}" in labels  # each bar's label names its setting
+
+
+def test_best_points_of_the_same_settings_name_no_setting(pair):
+    decision = report(str(pair)).split("## Decision")[1].split("## Runs")[0]
+    assert "differ in more than device and layout" not in decision
+    assert "| TP1 PP1 DP1 x1 ranks " in decision

@@ -41,6 +41,7 @@ class Candidate:
     fit: ScalingFit
     energy_why: str | None = None
     published: bool = False
+    variant: str = ""  # what sets the point apart beyond device, layout and precision (seq 64, recompute)
 
     @property
     def median(self) -> float:
@@ -126,12 +127,13 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
         candidates.append(Candidate(
             device=str(device) + (" [simulated]" if first["simulated"] else ""),
-            point=f"{first['layout']} x{first['world_size']} ranks", devices=first["devices_charged"],
+            point=f"{first['layout']} x{first['world_size']} ranks" + (
+                f", {first['point_variant']}" if first.get("point_variant") else ""), devices=first["devices_charged"],
             per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
             costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
-            energy_why=None if energy else first["energy_reason"]))
+            energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or ""))
     return candidates
 
 
@@ -171,6 +173,10 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
     fastest = max(everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
+    if len({c.variant for c in measured}) > 1:  # the devices' best points are not the same workload settings
+        blocks.append(("p", "The best points differ in more than device and layout: " + "; ".join(
+            f"{c.device}: {c.variant or 'the defaults (native engine, no fsdp, recompute or compile)'}" for c in measured)
+            + ". Each device is compared at its own best settings, not at the same ones."))
     blocks += [("p", sentence) for sentence in _verdicts(measured, published)]
     blocks += [("p", _projection_sentence(c, projection)) for c in measured]
     blocks += _fit_tables(measured)

@@ -72,7 +72,8 @@ def decision(title: str, candidates: Sequence[Any]) -> str | None:
     from the slowest to the fastest repeat) beside the published rows (one figure each, no whisker)."""
     if not candidates:
         return None
-    categories = [c.device if len(c.device) <= 40 else c.device[:39] + "…" for c in candidates]
+    categories = [(c.device if len(c.device) <= 40 else c.device[:39] + "…") + (f"\n{c.variant}" if c.variant else "")
+                  for c in candidates]  # a bar names the settings that set its point apart
     series = []
     for name, published in (("measured: median and range of repeats", False), ("published: one figure", True)):
         bars = []
