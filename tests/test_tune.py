@@ -94,3 +94,26 @@ def test_tune_refuses_bad_input_in_one_line(capsys):
     assert "--devices 0" in capsys.readouterr().err
     assert main(["tune", "--model", "tiny", "--devices", "2", "--engines", "megatron"]) == 2
     assert "--engines 'megatron'" in capsys.readouterr().err
+
+
+def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, capsys, monkeypatch):
+    """fp16 on a CPU without fp16 units: the warning is on stderr before any trial starts, also with
+    --quiet (the trials themselves are replaced: no training here)."""
+    import hwbench.harness.tune
+    from hwbench.device import cpu
+
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"fpu", "avx", "avx2", "fma", "f16c"})
+    said_before: list[str] = []
+
+    def no_trials(*_args, **_kwargs):
+        said_before.append(capsys.readouterr().err)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(hwbench.harness.tune, "run_points", no_trials)
+    with pytest.raises(SystemExit):
+        main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--precision", "fp16", "--quiet",
+              "--out", str(tmp_path)])
+    [err] = said_before
+    [line] = err.splitlines()
+    assert line.startswith("hwbench: warning: --precision fp16: this CPU (") and line.endswith(
+        "; --precision fp32 runs at speed here")
