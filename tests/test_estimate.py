@@ -161,3 +161,21 @@ def test_an_unknown_duration_names_calibrate_only_when_calibrate_can_help(tmp_pa
     text = estimate_text(backend, work, "this run")
     assert text == ("this run: duration unknown: the device is simulated: there is no ceiling to compare "
                     "host-CPU work with")
+
+
+def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monkeypatch, avx2_only):
+    import dataclasses
+
+    from hwbench.harness.estimate import before_sweep
+    from hwbench.harness.executor import SweepOptions
+    from hwbench.harness.suite import find_suite, load_suite
+
+    _store(tmp_path, monkeypatch, {"fp32": 2e9})
+    smoke = load_suite(find_suite("smoke"))
+    fp16 = dataclasses.replace(smoke, points=tuple(  # every point at a precision this CPU emulates
+        dataclasses.replace(p, options=tuple((k, v) for k, v in p.options if k != "precision") + (("precision", "fp16"),))
+        for p in smoke.points))
+    options = SweepOptions(tmp_path / "out", device="cpu")
+    loud, quiet = before_sweep(fp16, options), before_sweep(fp16, options, estimate=False)
+    assert quiet and all(line.startswith("warning: --precision fp16: ") for line in quiet)
+    assert loud[:-1] == quiet and loud[-1].startswith("note: ")
