@@ -1,4 +1,4 @@
-"""The device protocol every vendor backend implements (DESIGN.md, "The device layer").
+"""The device protocol every vendor backend implements (docs/architecture.md, the device layer).
 
 Everything outside hwbench/device talks to hardware only through ``Backend``.
 A query a device cannot answer gives None plus a reason, never an exception.
