@@ -435,3 +435,26 @@ def test_best_points_of_the_same_settings_name_no_setting(pair):
     decision = report(str(pair)).split("## Decision")[1].split("## Runs")[0]
     assert "differ in more than device and layout" not in decision
     assert "| TP1 PP1 DP1 x1 ranks " in decision
+
+
+def test_runs_at_two_sequence_lengths_are_not_one_scaling_curve(tmp_path):
+    """One H100 at seq 64 and two at seq 128: two workloads, each measured at one device count, so
+    no scaling is fitted across them (a fit would read the change of workload as scaling)."""
+    one = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+           for i, t in enumerate((1000, 1010, 990))]
+    for data in one:
+        data["spec"]["seq_length"] = 64
+    two = [result(f"2026112{i}T010000Z-tiny-cuda-h2{i}", H100, 2, t, i, devices_used=2)
+           for i, t in enumerate((1900, 1920, 1880))]
+    assert two[0]["spec"]["seq_length"] != 64
+    folder = write(tmp_path / "seqs", *one, *two)
+    decision = report(str(folder)).split("## Decision")[1].split("## Runs")[0]
+    row = next(line for line in decision.splitlines() if line.startswith("| NVIDIA H100"))
+    assert row.rstrip(" |").endswith("one device count: linear") and "fitted" not in decision
+    page = report(str(folder), "--format", "html")
+    assert "scaling with devices charged" not in page
+    # the same two counts at one sequence length are fitted
+    for data in two:
+        data["spec"]["seq_length"] = 64
+    same = report(str(write(tmp_path / "same", *one, *two))).split("## Decision")[1].split("## Runs")[0]
+    assert "fitted: " in next(line for line in same.splitlines() if line.startswith("| NVIDIA H100"))

@@ -93,11 +93,12 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     """Measured tokens/s against devices charged, the fitted line and the ideal (linear from the
     smallest count), for each device model of ``model`` measured at two or more counts."""
     series: list[Series] = []
-    for (fit_model, precision, device), fit in sorted(fits.items(), key=lambda item: str(item[0])):
+    lengths = {key[3] for key in fits if key[0] == model}
+    for (fit_model, precision, device, seq), fit in sorted(fits.items(), key=lambda item: str(item[0])):
         if fit_model != model or not fit.fitted:
             continue
         first = fit.points[0]
-        name = f"{device}, {precision}"
+        name = f"{device}, {precision}" + (f", seq {seq}" if len(lengths) > 1 else "")
         series.append(Series(f"{name}: measured", [
             Point(p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
                                              f"{p.layout.split(' (')[0]})") for p in fit.points]))
