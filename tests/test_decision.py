@@ -458,3 +458,23 @@ def test_runs_at_two_sequence_lengths_are_not_one_scaling_curve(tmp_path):
         data["spec"]["seq_length"] = 64
     same = report(str(write(tmp_path / "same", *one, *two))).split("## Decision")[1].split("## Runs")[0]
     assert "fitted: " in next(line for line in same.splitlines() if line.startswith("| NVIDIA H100"))
+
+
+def test_a_published_row_at_another_sequence_length_is_said_to_be_another_workload(tmp_path):
+    """tiny measured at its seq against a published row at seq 1024: the ratio is given, with the
+    two lengths and that it is not the same workload; the published row's point names its length."""
+    header = (REPO / "results" / "published" / "table3.csv").read_text().splitlines()[0]
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "table9.csv").write_text(header + "\n9,8p-GPU(A),tiny,7M,gpu-a100,8,1,1,1024,8,64,fp32,false,,100,10,"
+                                                "a made-up row for this test\n")
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+            for i, t in enumerate((1000, 1010, 990))]
+    seq = runs[0]["spec"]["seq_length"]
+    assert seq != 1024
+    decision = report(str(write(tmp_path / "runs", *runs)), "--against", str(tables))
+    decision = decision.split("## Decision")[1].split("## Runs")[0]
+    assert f"x 8p-GPU(A) (gpu-a100, fp32, Table 9; priced as catalog a100-sxm) (at seq {seq} against its 1024: " \
+           "not the same workload)" in decision
+    published = next(line for line in decision.splitlines() if line.startswith("| published 8p-GPU(A)"))
+    assert "| TP1 PP1 on 8, seq 1024 " in published

@@ -42,6 +42,7 @@ class Candidate:
     energy_why: str | None = None
     published: bool = False
     variant: str = ""  # what sets the point apart beyond device, layout and precision (seq 64, recompute)
+    seq_length: int | None = None
 
     @property
     def median(self) -> float:
@@ -133,7 +134,8 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
             costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
-            energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or ""))
+            energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
+            seq_length=first.get("seq_length")))
     return candidates
 
 
@@ -149,6 +151,7 @@ def _published_candidates(published: pd.DataFrame | None, model: str, prices: di
         return []
     candidates = []
     for pub in published[published["model"] == model].itertuples():
+        seq = None if pd.isna(pub.seq_length) else int(pub.seq_length)
         entry = PUBLISHED_DEVICE_ENTRIES.get(pub.device_class or "")
         price, why = device_price(entry, pub.device_class or None, None, prices)
         per_device = pub.samples_per_s * pub.seq_length / pub.devices
@@ -157,9 +160,10 @@ def _published_candidates(published: pd.DataFrame | None, model: str, prices: di
         candidates.append(Candidate(
             device=f"published {pub.name} ({pub.device_class or 'device not named'}, {pub.precision or '?'}, "
                    f"Table {pub.table}{source})",
-            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}", devices=int(pub.devices),
-            per_device=[per_device], costs=[cost] if cost is not None else [], energy=[], price=price,
-            price_why=why, fit=fit_scaling([]), energy_why="not published", published=True))
+            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}, seq {seq or '?'}",
+            devices=int(pub.devices), per_device=[per_device], costs=[cost] if cost is not None else [], energy=[],
+            price=price, price_why=why, fit=fit_scaling([]), energy_why="not published", published=True,
+            seq_length=seq))
     return candidates
 
 
@@ -312,7 +316,9 @@ def _significance(best: list[float], other: list[float], higher_is_better: bool)
 
 def _against_published(measured: list[Candidate], published: list[Candidate]) -> str:
     best = max(measured, key=lambda c: c.median)
-    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}" for p in published]
+    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}" + (
+        f" (at seq {best.seq_length} against its {p.seq_length}: not the same workload)"
+        if best.seq_length and p.seq_length and best.seq_length != p.seq_length else "") for p in published]
     return (f"Against the published tables (tokens/s per device): {best.device} reaches " + "; ".join(parts)
             + ". Each published row is one figure without repeats: no confidence can be stated.")
 
