@@ -70,11 +70,14 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
         pub = _published_candidates(published, model, prices)
         budget = _budget(rows, model, tokens)
         section.blocks += _workload_blocks(model, precision, candidates, pub, Projection(*budget, devices))
+        chart = None
         if images is not None and candidates:
             from hwbench.report.plots import decision as decision_chart
 
+            chart = decision_chart(f"{model}, {precision}", candidates + pub)
+        if images is not None and chart:
             key = f"decision:{model}:{precision}"
-            images[key] = decision_chart(f"{model}, {precision}", candidates + pub)
+            images[key] = chart
             section.blocks.append(("img", key, f"{model}, {precision}: the best point of each device model, median "
                                                "tokens/s per device with the range of its repeats"))
         for candidate in candidates + pub:
@@ -306,7 +309,7 @@ def _spread(candidates: list[Candidate], values: Callable[[Candidate], list[floa
 def _significance(best: list[float], other: list[float], higher_is_better: bool) -> PointComparison:
     """`hwbench compare`'s verdict of ``best`` (as current) against ``other`` (as baseline): a
     single run a side is "no repeats", never a winner."""
-    comparison = PointComparison(key=(), label="", baseline=list(other), current=list(best),
+    comparison = PointComparison(key=None, label="", baseline=list(other), current=list(best),
                                  baseline_statuses=["ok"] * len(other), current_statuses=["ok"] * len(best))
     if len(best) < 2 or len(other) < 2:
         comparison.verdict, comparison.rule = "no repeats", "no repeats"
