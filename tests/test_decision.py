@@ -429,6 +429,10 @@ def test_best_points_of_different_settings_say_what_differs(tmp_path):
     chart = page.split('<section id="decision">')[1].split("</section>")[0].split('<svg class="chart"')[1]
     labels = re.findall(r"<text[^>]*>([^<]*)</text>", chart)
     assert "seq 64" in labels and f"seq {seq}" in labels  # each bar's label names its setting
+    loss = next(svg for svg in page.split('<svg class="chart"')[1:] if "training loss" in svg.split(">")[0])
+    legends = set(re.findall(r'<g class="legend[^"]*" data-series="([^"]*)"', loss))
+    assert len(legends) == 6 and all(", seq 64 (" in name for name in legends if "H100" in name) \
+        and all(f", seq {seq} (" in name for name in legends if "A100" in name)
 
 
 def test_best_points_of_the_same_settings_name_no_setting(pair):

@@ -14,12 +14,14 @@ from hwbench.units import GIB
 
 
 def run_label(row: dict[str, Any]) -> str:
-    """"AMD EPYC, TP1 PP1 DP2, fp32" (+ " [oversubscribed]"): device, layout and precision."""
+    """"AMD EPYC, TP1 PP1 DP2, fp32" (+ ", seq 64" + " [oversubscribed]"): device, layout, precision
+    and what else sets the run's point apart."""
     device = str(row.get("device_model") or "?")
     device = device if len(device) <= 24 else device[:23] + "…"
+    variant = f", {row['point_variant']}" if row.get("point_variant") else ""
     flags = " [simulated]" if row.get("simulated") else ""
     flags += " [oversubscribed]" if row.get("oversubscribed") is True else ""
-    return f"{device}, {row['layout']}, {row['precision']}{flags}"
+    return f"{device}, {row['layout']}, {row['precision']}{variant}{flags}"
 
 
 def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, list[dict[str, Any]]]]]:
@@ -137,7 +139,8 @@ def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
 
 
 def loss_curves(model: str, curves: Sequence[tuple[dict[str, Any], list[tuple[int, float]]]]) -> str | None:
-    """Training loss per step of each run, labelled by device, layout and precision."""
+    """Training loss per step of each run, labelled by device, layout, precision and what else sets
+    its point apart (seq 64)."""
     series = [Series(f"{run_label(row)} ({row['run_id'][-6:]})",
                      [Point(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
                      markers=len(points) < 40) for row, points in curves if points]
