@@ -14,6 +14,7 @@ import copy
 import io
 import json
 import math
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -159,6 +160,52 @@ def test_throughput_bars_carry_the_range_of_their_repeats(pair):
     assert "median 1,000.0 tokens/s per device over 3 run(s): 1,000.0, 1,010.0, 990.0" in chart
 
 
+def noisy(tmp_path) -> Path:
+    """Three repeats a side, the H100's ranging 186-651 tokens/s (CV 55.5%), the A100's 200-260."""
+    return write(tmp_path / "noisy", *[result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+                                       for i, t in enumerate((186, 420, 651))],
+                 *[result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
+                   for i, t in enumerate((200, 230, 260))])
+
+
+def test_a_noisy_lead_is_inconclusive_and_its_spread_is_in_the_verdict(tmp_path):
+    """A 1.83x lead from repeats that spread 186-651 is not a winner: the verdict says inconclusive,
+    and the spread and the noisy flag of both sides stand in the sentence that names the leader."""
+    import statistics
+
+    decision = report(str(noisy(tmp_path))).split("## Decision")[1].split("## Runs")[0]
+    h100_cv = statistics.stdev([186, 420, 651]) / statistics.fmean([186, 420, 651])
+    a100_cv = statistics.stdev([200, 230, 260]) / statistics.fmean([200, 230, 260])
+    faster = next(line for line in decision.splitlines() if line.startswith("Faster:"))
+    assert faster.startswith("Faster: inconclusive: not significant with 3 and 3 runs (NVIDIA H100 80GB HBM3 leads: "
+                             "1.83x the tokens/s per device of NVIDIA A100-SXM4-40GB; p=0.7 (exact U=3)).")
+    assert (f"Spread of the repeats (tokens/s per device): NVIDIA H100 80GB HBM3 186.0-651.0, CV {h100_cv:.1%}, noisy "
+            f"(CV above 5%); NVIDIA A100-SXM4-40GB 200.0-260.0, CV {a100_cv:.1%}, noisy (CV above 5%).") in faster
+    assert "within noise" not in decision
+    row = next(line for line in decision.splitlines() if line.startswith("| NVIDIA H100"))
+    assert f"| {h100_cv:.1%} noisy " in row and "420.0 (186.0-651.0)" in row
+
+
+def test_a_long_reason_is_a_footnote_not_a_cell(pair):
+    """J/token without energy: a short cell and its reason once under the table, in both tables."""
+    text = report(str(pair))
+    for section in (text.split("## Decision")[1].split("## Runs")[0], text.split("## Procurement")[1]):
+        rows = [line for line in section.splitlines() if line.startswith("| 2026") or line.startswith("| NVIDIA")]
+        assert rows and all("no power or thermal sensors" not in line for line in rows)
+        marker = re.search(r"\| not measured \[(\d+)\] +\|", rows[0]).group(1)
+        assert f"[{marker}] energy not measured: no power or thermal sensors are read on the CPU backend." in section
+
+
+def test_the_cpu_prediction_says_what_it_does_not_model(tmp_path):
+    cpu = {"backend": "cpu", "device_model": "AMD EPYC", "catalog_entry": None, "price_usd_per_hour": None}
+    folder = write(tmp_path / "cpu", result("20261121T000000Z-tiny-cpu-one", cpu, 1, 900, 1, devices_used=1))
+    per_model = report(str(folder)).split("## Per model")[1].split("## Procurement")[0]
+    row = next(line for line in per_model.splitlines() if line.startswith("| 2026"))
+    marker = re.search(r"GiB \[(\d+)\] +\| [\d.,]+ GiB +\|$", row).group(1)
+    assert (f"[{marker}] on the CPU the measured peak is the process's peak resident set (VmHWM): besides the tensors "
+            "the planner predicts") in per_model
+
+
 def test_one_run_a_side_is_not_distinguishable(tmp_path):
     folder = write(tmp_path / "single", result("20261121T000000Z-tiny-cuda-h1", H100, 1, 1000, 1),
                    result("20261121T000000Z-tiny-cuda-a1", A100, 1, 500, 1))
@@ -266,7 +313,9 @@ def test_html_renders_offline_in_chromium_and_a_legend_click_hides_its_series(pa
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Uncaught" not in done.stderr
     dom = done.stdout
-    assert len(re.findall(r'<svg class="chart"', dom)) == 4  # tiny: throughput, scaling, memory, loss
+    assert len(re.findall(r'<svg class="chart"', dom)) == 5  # tiny: decision, throughput, scaling, memory, loss
+    decision = dom.split('<section id="decision">')[1].split("</section>")[0]
+    assert len(re.findall(r'<path class="whisker"', decision)) == 2  # H100 and A100: 3 repeats each
     first = re.search(r'<g class="legend([^"]*)" data-series="([^"]*)"', dom)
     assert first.group(1) == " off"
     assert re.search(rf'<g data-series="{re.escape(first.group(2))}" class="hidden">', dom)
@@ -286,7 +335,7 @@ def test_json_carries_the_decision(pair):
     assert h100["tokens/s per device (median, min-max)"] == {"value": 1000, "min": 990, "max": 1010}
     assert h100["price/device-h"] == {"value": 6.88, "unit": "USD"}  # the catalog's h100-sxm price
     assert h100["$ per 1M tokens"]["value"] == pytest.approx(6.88 / 3600 / 1000 * 1e6)
-    assert h100["J/token"]["value"] is None and h100["J/token"]["reason"].startswith("not measured (")
+    assert h100["J/token"]["value"] is None and h100["J/token"]["reason"].startswith("energy not measured: ")
     days = 20 * TINY_PARAMETERS / (1000 * 1.9 ** 3) / 86400  # as test_projection_uses_the_fitted_scaling...
     assert h100["days on 8"] == pytest.approx(days)
     assert h100["cost on 8"] == {"value": pytest.approx(6.88 * 8 * days * 24), "unit": "USD"}
@@ -356,3 +405,80 @@ def test_a_price_for_no_measured_device_is_noted_whatever_its_source(tmp_path, p
     data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices), "--price", "other-typo=1"))
     assert "the price of 'typo-gpu' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
     assert "the price of 'other-typo' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
+
+
+def test_best_points_of_different_settings_say_what_differs(tmp_path):
+    """The H100's runs at seq 64, the A100's at seq 128: one table, but each row names its setting,
+    and a sentence says the devices were not compared at the same settings."""
+    h100 = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+            for i, t in enumerate((1000, 1010, 990))]
+    for data in h100:
+        data["spec"]["seq_length"] = 64
+    a100 = [result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
+            for i, t in enumerate((500, 505, 495))]
+    seq = a100[0]["spec"]["seq_length"]
+    assert seq != 64
+    decision = report(str(write(tmp_path / "seqs", *h100, *a100))).split("## Decision")[1].split("## Runs")[0]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in decision.splitlines()
+            if line.startswith("| NVIDIA")}
+    assert rows == {"NVIDIA H100 80GB HBM3": "TP1 PP1 DP1 x1 ranks, seq 64",
+                    "NVIDIA A100-SXM4-40GB": f"TP1 PP1 DP1 x1 ranks, seq {seq}"}
+    assert (f"The best points differ in more than device and layout: NVIDIA A100-SXM4-40GB: seq {seq}; NVIDIA H100 "
+            "80GB HBM3: seq 64. Each device is compared at its own best settings, not at the same ones.") in decision
+    page = report(str(tmp_path / "seqs"), "--format", "html")
+    chart = page.split('<section id="decision">')[1].split("</section>")[0].split('<svg class="chart"')[1]
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", chart)
+    assert "seq 64" in labels and f"seq {seq}" in labels  # each bar's label names its setting
+    loss = next(svg for svg in page.split('<svg class="chart"')[1:] if "training loss" in svg.split(">")[0])
+    legends = set(re.findall(r'<g class="legend[^"]*" data-series="([^"]*)"', loss))
+    assert len(legends) == 6 and all(", seq 64 (" in name for name in legends if "H100" in name) \
+        and all(f", seq {seq} (" in name for name in legends if "A100" in name)
+
+
+def test_best_points_of_the_same_settings_name_no_setting(pair):
+    decision = report(str(pair)).split("## Decision")[1].split("## Runs")[0]
+    assert "differ in more than device and layout" not in decision
+    assert "| TP1 PP1 DP1 x1 ranks " in decision
+
+
+def test_runs_at_two_sequence_lengths_are_not_one_scaling_curve(tmp_path):
+    """One H100 at seq 64 and two at seq 128: two workloads, each measured at one device count, so
+    no scaling is fitted across them (a fit would read the change of workload as scaling)."""
+    one = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+           for i, t in enumerate((1000, 1010, 990))]
+    for data in one:
+        data["spec"]["seq_length"] = 64
+    two = [result(f"2026112{i}T010000Z-tiny-cuda-h2{i}", H100, 2, t, i, devices_used=2)
+           for i, t in enumerate((1900, 1920, 1880))]
+    assert two[0]["spec"]["seq_length"] != 64
+    folder = write(tmp_path / "seqs", *one, *two)
+    decision = report(str(folder)).split("## Decision")[1].split("## Runs")[0]
+    row = next(line for line in decision.splitlines() if line.startswith("| NVIDIA H100"))
+    assert row.rstrip(" |").endswith("one device count: linear") and "fitted" not in decision
+    page = report(str(folder), "--format", "html")
+    assert "scaling with devices charged" not in page
+    # the same two counts at one sequence length are fitted
+    for data in two:
+        data["spec"]["seq_length"] = 64
+    same = report(str(write(tmp_path / "same", *one, *two))).split("## Decision")[1].split("## Runs")[0]
+    assert "fitted: " in next(line for line in same.splitlines() if line.startswith("| NVIDIA H100"))
+
+
+def test_a_published_row_at_another_sequence_length_is_said_to_be_another_workload(tmp_path):
+    """tiny measured at its seq against a published row at seq 1024: the ratio is given, with the
+    two lengths and that it is not the same workload; the published row's point names its length."""
+    header = (REPO / "results" / "published" / "table3.csv").read_text().splitlines()[0]
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "table9.csv").write_text(header + "\n9,8p-GPU(A),tiny,7M,gpu-a100,8,1,1,1024,8,64,fp32,false,,100,10,"
+                                                "a made-up row for this test\n")
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+            for i, t in enumerate((1000, 1010, 990))]
+    seq = runs[0]["spec"]["seq_length"]
+    assert seq != 1024
+    decision = report(str(write(tmp_path / "runs", *runs)), "--against", str(tables))
+    decision = decision.split("## Decision")[1].split("## Runs")[0]
+    assert f"x 8p-GPU(A) (gpu-a100, fp32, Table 9; priced as catalog a100-sxm) (at seq {seq} against its 1024: " \
+           "not the same workload)" in decision
+    published = next(line for line in decision.splitlines() if line.startswith("| published 8p-GPU(A)"))
+    assert "| TP1 PP1 on 8, seq 1024 " in published

@@ -52,3 +52,20 @@ def test_every_module_is_in_the_architecture_page():
                      and p.name != "__main__.py")
     missing = [m for m in modules if m not in doc and Path(m).name not in doc]
     assert not missing, f"docs/architecture.md does not mention: {missing}"
+
+
+def test_every_section_a_message_names_exists():
+    """A message or comment that sends the reader to "README, 'X'" or "docs/Y.md, 'X'" names a
+    heading (or a bold paragraph lead) that the file has."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"(README|docs/[\w-]+\.md), '([^']+)'")
+    found = []
+    for source in sorted((root / "hwbench").rglob("*.py")):
+        for name, section in pattern.findall(source.read_text()):
+            text = (root / (name + ".md" if name == "README" else name)).read_text()
+            leads = re.findall(r"^#+ (.+)$", text, re.MULTILINE) + re.findall(r"\*\*([^*]+?)\.?\*\*", text)
+            found.append(section)
+            assert any(lead.startswith(section) for lead in leads), f"{source.name}: {name} has no section {section!r}"
+    assert "Which torch you get" in found

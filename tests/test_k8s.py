@@ -91,6 +91,14 @@ def test_single_node_has_no_worker_and_default_device_is_cuda(capsys):
     assert container(replicas["Master"])["resources"]["limits"] == {"nvidia.com/gpu": "4"}
 
 
+def test_the_default_device_is_said_not_silent(capsys):
+    assert run_command("k8s", [*BASE, "--nnodes", "1", "--nproc-per-node", "4", *TINY]) == 0
+    assert ("hwbench: note: no --device given: the pods run --device cuda and request nvidia.com/gpu; give --device "
+            "cuda|rocm|npu|hpu|cpu for another kind") in capsys.readouterr().err
+    assert run_command("k8s", [*BASE, "--nnodes", "1", "--nproc-per-node", "4", *TINY, "--device", "cuda"]) == 0
+    assert "no --device given" not in capsys.readouterr().err
+
+
 def test_four_nodes_three_workers_with_options(capsys):
     m = manifest(capsys, "--nnodes", "4", "--nproc-per-node", "2", *TINY, "--name", "my-bench",
                  "--namespace", "bench", "--restart-policy", "OnFailure", "--backoff-limit", "2",

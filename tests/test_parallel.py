@@ -244,6 +244,8 @@ def test_interrupting_the_launcher_leaves_no_rank_behind(tmp_path):
     finally:
         kill_tree(launcher.pid)
     assert launcher.returncode == 130, stderr[-2000:]
+    # one line for the user, not a traceback per rank and the agent's
+    assert stderr.splitlines() == ["hwbench: interrupted; nothing unfinished was written"], stderr[-2000:]
     assert not out.exists() or not list(out.glob("*.json"))
     assert all(_gone(pid) for pid in beats_seen)
 

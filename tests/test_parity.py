@@ -24,6 +24,8 @@ def test_identical_seeded_runs_have_parity(two_runs, capsys):
     assert main(["parity", str(two_runs[0]), str(two_runs[1])]) == 0
     out = capsys.readouterr().out
     assert "PARITY: the curves agree" in out and "largest step difference 0.000%" in out
+    header, rule = out.splitlines()[3:5]  # the step table: no empty column when no step is over
+    assert header.split() == ["step", "loss", "A", "loss", "B", "rel", "diff"] and len(rule.split()) == 4
 
 
 def _perturbed_copy(path, tmp_path, from_step, factor):
@@ -41,7 +43,7 @@ def test_a_perturbed_run_fails_where_it_diverges(two_runs, tmp_path, capsys):
     assert main(["parity", str(two_runs[0]), str(perturbed)]) == 1
     out = capsys.readouterr().out
     assert "NO PARITY: the curves first diverge at step 4" in out
-    assert "OVER" in out
+    assert "over tolerance" in out.splitlines()[3] and "OVER" in out
 
 
 def test_tolerance_option_decides(two_runs, tmp_path):

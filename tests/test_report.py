@@ -230,9 +230,12 @@ def test_html_is_self_contained_with_plots(tmp_path):
     for title in SECTIONS:
         assert f"<h2>{title}</h2>" in text
     # one chart per model and kind, inline SVG: 345m (throughput, scaling over 1 and 2 H100s, memory, loss),
-    # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot)
+    # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot); and the
+    # decision's chart of each workload
     charts = re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', text)
     assert sorted(charts) == sorted([
+        "345m, fp16: best point per device model", "345m-nomp, fp16: best point per device model",
+        "tiny, fp32: best point per device model",
         "345m: throughput per device charged", "345m: scaling with devices charged (oversubscribed runs left out)",
         "345m: peak memory per device", "345m: training loss (warm-up steps included)",
         "345m-nomp: throughput per device charged", "345m-nomp: peak memory per device",
@@ -290,7 +293,10 @@ def test_html_aligns_numbers_by_type_and_escapes_text(tmp_path):
     procurement = {text: css for css, text in _cells(page, "procurement")}
     assert procurement["$0.0909"] == procurement["$645"] == procurement["0.030518 J"] == number
     assert procurement["7.09743e9"] == procurement["800 W"] == number  # the token budget, the power
-    assert procurement["2 [1]"] == procurement["$2.5 (--price h100-sxm)"] == ""  # a figure with its note
+    # a figure with its footnote stays a number; the note is said once under the table
+    assert procurement["2 [1]"] == procurement["$2.5 [2]"] == number
+    notes = page.split('<section id="procurement">')[1].split("</section>")[0].split('<ol class="notes">')[1]
+    assert "<li>price: --price h100-sxm.</li>" in notes.split("</ol>")[0]
 
 
 def test_csv_is_the_runs_table():

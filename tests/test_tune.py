@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hwbench.cli import main
-from hwbench.harness.tune import candidates
+from hwbench.harness.tune import Candidate, Trial, candidates, ranking, write_ranking
 from hwbench.options import RunOptions
 
 
@@ -32,20 +32,61 @@ def test_tune_on_cpu_ranks_measured_layouts(tmp_path, capsys):
     measured = [t for t in ranking["trials"] if t["samples_per_s"]]
     assert len(measured) == 3 and len(ranking["ranking"]) == 3
     speeds = {t["name"]: t["samples_per_s"] for t in measured}
-    assert [speeds[name] for name in ranking["ranking"]] == sorted(speeds.values(), reverse=True)
+    assert [speeds[r["name"]] for r in ranking["ranking"]] == sorted(speeds.values(), reverse=True)
+    assert all(r["runs"] == 1 and r["samples_per_s_min"] == r["samples_per_s_max"] == r["samples_per_s"]
+               for r in ranking["ranking"])
     assert len({(t["tp"], t["pp"], t["dp"]) for t in measured}) == 3  # three different layouts were tried
-    assert all(t["status"] == "not-measured" for t in ranking["trials"] if not t["run_id"])
+    assert all(t["status"] == "not-measured" for t in ranking["trials"] if not t["run_ids"])
     out = capsys.readouterr().out
-    assert ranking["ranking"][0] in out and "not ranked" in out
+    assert ranking["ranking"][0]["name"] in out and "not ranked" in out
 
     # the same command again: every trial is kept from the first tune, none measured again
     files = sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json"))
     assert main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--steps", "2", "--warmup", "1",
                  "--seq-length", "32", "--max-trials", "3", "--patience", "3", "--out", str(tmp_path)]) == 0
-    assert "kept from an earlier sweep" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "kept from an earlier sweep" in err and "3 trial(s) x 1 repeat(s): " in err
     again = json.loads((tmp_path / "tiny-2" / "ranking.json").read_text())
     assert again["ranking"] == ranking["ranking"] and sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json")) == files
-    assert [t["run_id"] for t in again["trials"]] == [t["run_id"] for t in ranking["trials"]]
+    assert [t["run_ids"] for t in again["trials"]] == [t["run_ids"] for t in ranking["trials"]]
+
+
+def _trial(variant: str, samples: list[float]) -> Trial:
+    return Trial(Candidate(1, 1, 2, variant, 4, False, 4), "ok", samples)
+
+
+def test_layouts_one_run_cannot_tell_apart_share_a_rank_and_say_so(tmp_path):
+    """One short trial each: 6.40 vs 6.23 samples/s (2.7%) is not a ranking; 6.40 vs 5.0 (28%) is,
+    by the threshold alone, and the ranking says that too."""
+    trials = [_trial("plain", [6.40]), _trial("fsdp", [6.23]), _trial("zero1", [5.0])]
+    ranked = ranking(trials)
+    assert [(r.rank, r.trial.candidate.variant) for r in ranked] == [(1, "plain"), (1, "fsdp"), (3, "zero1")]
+    assert ranked[1].shares_with == "tp1-pp1-dp2-plain-mb4"
+    assert ranked[1].confidence.startswith("within 5% of tp1-pp1-dp2-plain-mb4 with one run a side: not distinguishable")
+    assert ranked[2].confidence == "tp1-pp1-dp2-plain-mb4 is 28.0% faster (threshold only: one run on a side)"
+    write_ranking(trials, tmp_path / "ranking.json")
+    saved = json.loads((tmp_path / "ranking.json").read_text())["ranking"]
+    assert [(r["rank"], r["name"], r["shares_rank_with"]) for r in saved] == [
+        (1, "tp1-pp1-dp2-plain-mb4", None), (1, "tp1-pp1-dp2-fsdp-mb4", "tp1-pp1-dp2-plain-mb4"),
+        (3, "tp1-pp1-dp2-zero1-mb4", None)]
+
+
+def test_repeats_rank_by_median_and_keep_their_spread(tmp_path):
+    """Three runs each: a separated 6.7% lead is a rank of its own; a 17% lower median whose runs
+    spread 3-7 samples/s is inconclusive and shares the rank; ranking.json has each median, range and n."""
+    trials = [_trial("plain", [6.40, 6.50, 6.30]), _trial("fsdp", [6.00, 6.10, 5.90]), _trial("zero1", [5.0, 7.0, 3.0])]
+    ranked = ranking(trials)
+    assert [(r.rank, r.trial.candidate.variant) for r in ranked] == [(1, "plain"), (2, "fsdp"), (2, "zero1")]
+    assert ranked[1].confidence == "tp1-pp1-dp2-plain-mb4 is 6.7% faster (p=0.1 (exact U=0), separated)"
+    assert ranked[2].confidence.startswith("not distinguishable from tp1-pp1-dp2-fsdp-mb4: inconclusive: not "
+                                           "significant with 3 and 3 runs")
+    write_ranking(trials, tmp_path / "ranking.json")
+    saved = json.loads((tmp_path / "ranking.json").read_text())
+    first = saved["ranking"][0]
+    assert (first["samples_per_s"], first["samples_per_s_min"], first["samples_per_s_max"], first["runs"]) == (
+        6.40, 6.30, 6.50, 3)
+    assert saved["ranking"][2]["of_best"] == pytest.approx(5.0 / 6.40)
+    assert saved["trials"][2]["samples_per_s_each"] == [5.0, 7.0, 3.0]
 
 
 def test_tune_refuses_bad_input_in_one_line(capsys):
@@ -53,3 +94,26 @@ def test_tune_refuses_bad_input_in_one_line(capsys):
     assert "--devices 0" in capsys.readouterr().err
     assert main(["tune", "--model", "tiny", "--devices", "2", "--engines", "megatron"]) == 2
     assert "--engines 'megatron'" in capsys.readouterr().err
+
+
+def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, capsys, monkeypatch):
+    """fp16 on a CPU without fp16 units: the warning is on stderr before any trial starts, also with
+    --quiet (the trials themselves are replaced: no training here)."""
+    import hwbench.harness.tune
+    from hwbench.device import cpu
+
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"fpu", "avx", "avx2", "fma", "f16c"})
+    said_before: list[str] = []
+
+    def no_trials(*_args, **_kwargs):
+        said_before.append(capsys.readouterr().err)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(hwbench.harness.tune, "run_points", no_trials)
+    with pytest.raises(SystemExit):
+        main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--precision", "fp16", "--quiet",
+              "--out", str(tmp_path)])
+    [err] = said_before
+    [line] = err.splitlines()
+    assert line.startswith("hwbench: warning: --precision fp16: this CPU (") and line.endswith(
+        "; --precision fp32 runs at speed here")

@@ -21,19 +21,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="figure to compare (default: tokens_per_s)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="a baseline point with no result in CURRENT does not fail the gate (exit 4)")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text: a table (default); json: every point's figures, test and verdict, for CI")
+    parser.add_argument("--junit", metavar="FILE", help="also write the verdicts as JUnit XML (a regression is a "
+                        "failed test case, an inconclusive change a skipped one) for CI test reports")
 
 
 def main(args: argparse.Namespace) -> int:
+    from hwbench.report.ci_output import as_json, compare_cases, junit_xml, write_output
     from hwbench.report.compare import (
         MISSING_EXIT,
         compare,
         exit_status,
         format_report,
         load_side,
+        nearest_mismatch,
         parse_threshold,
+        report_data,
     )
+    from hwbench.result.files import check_output_file
 
     threshold = parse_threshold(args.threshold)
+    if args.junit:
+        check_output_file(args.junit, "--junit", [args.baseline, args.current])
     baseline, base_unreadable = load_side("BASELINE", args.baseline)
     current, cur_unreadable = load_side("CURRENT", args.current)
     unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
@@ -41,12 +51,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
     report = compare(baseline, current, threshold, args.metric, unreadable)
     if not report["points"]:
+        nearest = nearest_mismatch(baseline, current)
+        differ = f"; the closest pair differs in {', '.join(nearest)}" if nearest else ""
         raise UsageError(f"no point in common between BASELINE {args.baseline!r} ({len(report['only_baseline'])} "
-                         f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points); points match "
-                         "on model, device, precision, batch, sequence, layout, engine, data and steps")
+                         f"points) and CURRENT {args.current!r} ({len(report['only_current'])} points){differ}; "
+                         "points match on model, device, precision, batch, sequence, layout, engine, data and steps")
     for line in report["warnings"]:
         print(f"hwbench compare: warning: {line}", file=sys.stderr)
-    print(format_report(report))
+    if args.junit:
+        write_output(args.junit, "--junit", junit_xml("hwbench compare", compare_cases(report, args.allow_missing)))
+    print(as_json(report_data(report, args.allow_missing)) if args.format == "json" else format_report(report),
+          end="\n" if args.format == "text" else "")
     status = exit_status(report, args.allow_missing)
     if status == MISSING_EXIT:
         print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "

@@ -33,6 +33,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                          "and can fail the gate")
     changes.add_argument("--threshold", default=THRESHOLD, help="an open regression fails the gate when worse than "
                                                                  f"this: 5%% or 0.05 (default: {THRESHOLD}%)")
+    changes.add_argument("--format", choices=("text", "json"), default="text",
+                         help="text: a line per change (default); json: every series, its changes and open "
+                              "regression, for CI")
+    changes.add_argument("--junit", metavar="FILE", help="also write a JUnit XML file: a test case per series, "
+                         "failed while it has an open regression")
     show = actions.add_parser("show", help="a table of the series: nights, latest figure, change points")
     report = actions.add_parser("report", help="the trend page: one offline HTML file, a chart per series")
     report.add_argument("--format", choices=("html",), default="html", help="html (the only format)")
@@ -107,6 +112,16 @@ def changes(args: argparse.Namespace) -> int:
 
     threshold, since = parse_threshold(args.threshold), _since(args.since)
     analyses = _analyses(args, threshold)
+    if args.junit:
+        from hwbench.report.ci_output import history_junit, write_output
+
+        write_output(args.junit, "--junit", history_junit(analyses, since, describe_change))
+    if args.format == "json":
+        from hwbench.report.ci_output import as_json, history_data
+
+        data = history_data(analyses, since, threshold, describe_change, describe_environment_change)
+        print(as_json(data), end="")
+        return data["exit_status"]
     listed = environment = 0
     for analysis in analyses:
         for segment in analysis.series.segments[1:]:

@@ -150,6 +150,12 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
             raise UsageError(f"{flag} is not accepted among the run options of `hwbench k8s`; the manifest sets "
                              f"{', '.join(LAUNCHER_OPTIONS[2:])} for each pod (use --nnodes, --nproc-per-node "
                              "and --master-port of `hwbench k8s`)")
+    if options.device is None:  # a default that picks the accelerator the pods request: said, never silent
+        from hwbench.device.kinds import KINDS
+
+        print(f"hwbench: note: no --device given: the pods run --device {DEFAULT_DEVICE} and request "
+              f"{KINDS[DEFAULT_DEVICE].k8s_resource}; give --device {'|'.join(POD_DEVICES)} for another kind",
+              file=sys.stderr)
     # Validated exactly as `hwbench run` on the pod will, with the pod's defaults where the user gave none.
     options = options.merged(device=options.device or DEFAULT_DEVICE, out=options.out or POD_OUT)
     spec = build_run_spec(options.merged(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node), load_catalog(),

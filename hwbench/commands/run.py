@@ -68,9 +68,17 @@ def options_from_namespace(args: argparse.Namespace) -> RunOptions:
     return RunOptions(**{name: getattr(args, name, None) for name in RUN_OPTIONS})
 
 
+EXAMPLES = ("Examples on a CPU: `hwbench run` (the small model, about a minute); `hwbench run --model tiny "
+            "--nproc-per-node 2 --tp 2`. Accelerator-sized (a GPU or NPU; hours to days on a CPU, which emulates the "
+            "published fp16 unless it has fp16 units: the run says so before it starts): `hwbench run --device cuda "
+            "--model 345m --precision bf16`; `hwbench run --model 1.3b --nproc-per-node 8`. `hwbench calibrate` "
+            "once, and every run prints its estimated duration before it starts.")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.epilog = EXAMPLES
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -96,9 +104,13 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
 
 
 def main(args: argparse.Namespace) -> int:
+    from hwbench.harness.estimate import before_run
     from hwbench.harness.run import run_and_store
 
-    outcome = run_and_store(options_from_namespace(args), show_progress=not args.quiet)
+    options = options_from_namespace(args)
+    for line in before_run(options, estimate=not args.quiet):  # a slow precision, how long it will take: first
+        print(f"hwbench: {line}", file=sys.stderr, flush=True)
+    outcome = run_and_store(options, show_progress=not args.quiet)
     result, stored = outcome.result, outcome.stored
     for note in outcome.notes:
         print(f"hwbench: note: {note}", file=sys.stderr)

@@ -58,6 +58,11 @@ def main(args: argparse.Namespace) -> int:
     options = SweepOptions(out_dir=args.out, device=args.device, nproc_per_node=args.nproc_per_node,
                            repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait)
     settings = _slurm_settings(args)
+    if settings is None:  # a local sweep: its slow precisions and (unless --quiet) duration, before it starts
+        from hwbench.harness.estimate import before_sweep
+
+        for line in before_sweep(suite, options, estimate=not args.quiet):
+            print(f"hwbench: {line}", file=sys.stderr, flush=True)
     try:
         records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:

@@ -78,7 +78,8 @@ class CudaBackend(AcceleratorBackend):
         if torch.version.cuda is None:
             raise SetupError(
                 f"--device cuda: this torch build ({torch.__version__}) has no CUDA support; "
-                "install a CUDA build of torch (README, 'On a GPU machine')"
+                "install a CUDA build of torch: on Linux, `pip install torch==<version>` from PyPI is one "
+                "(README, 'Which torch you get')"
             )
         if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
             raise SetupError(
@@ -151,6 +152,19 @@ class CudaBackend(AcceleratorBackend):
         if precision == "bf16" and not torch.cuda.is_bf16_supported():
             return "this GPU has no bf16 support (compute capability below 8.0); use --precision fp16"
         return None
+
+    def slow_precision(self, precision: str) -> str | None:
+        # fp16 runs at full rate (or more) from compute capability 7.0 (tensor cores), on the
+        # P100 (6.0) and on the Tegra 5.3/6.2 parts; the other Maxwell and Pascal GPUs (6.1: GTX 10x0,
+        # P40, P4) run fp16 arithmetic at 1/64 of fp32 (NVIDIA CUDA C++ Programming Guide,
+        # "Arithmetic Instructions", throughput table).
+        if precision != "fp16":
+            return None
+        capability = torch.cuda.get_device_capability(self.local_index)
+        if capability >= (7, 0) or capability in ((5, 3), (6, 0), (6, 2)):
+            return None
+        return (f"this GPU (compute capability {capability[0]}.{capability[1]}) runs fp16 arithmetic at a "
+                "fraction of its fp32 rate")
 
     def _nvml_ids(self) -> CudaDeviceIds:
         # The UUID and PCI address find this GPU in NVML, whose numbering ignores CUDA_VISIBLE_DEVICES.

@@ -99,6 +99,9 @@ class RocmBackend(CudaBackend):
             return f"this GPU ({self.gfx_arch()}) has no bf16 support; use --precision fp16"
         return None
 
+    def slow_precision(self, precision: str) -> str | None:
+        return None  # the CUDA backend's compute capabilities are NVIDIA's; AMD GPUs run fp16 in their matrix cores
+
     def power_limit_watts(self) -> tuple[float | None, str]:
         return Backend.power_limit_watts(self)  # not NVML's: no AMD name is shared between models
 

@@ -20,6 +20,7 @@ class Progress:
         self.log_interval_s = log_interval_s
         self.started = time.monotonic()
         self._last_draw = 0.0
+        self._first_step_done: float | None = None  # the first step carries the warm-up's one-off costs
 
     def note(self, message: str) -> None:
         if self.enabled:
@@ -31,20 +32,33 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
+        if done == 1 or self._first_step_done is None:
+            self._first_step_done = now
         due = 0.2 if self.interactive else self.log_interval_s
         if done < self.total and now - self._last_draw < due:
             return
         self._last_draw = now
         phase = "warm-up" if done <= self.warmup else "timed"
         elapsed = now - self.started
-        eta = elapsed / done * (self.total - done) if done else 0.0
-        text = f"{self.title}: step {done}/{self.total} ({phase})  elapsed {elapsed:5.1f}s  eta {eta:5.1f}s"
+        text = f"{self.title}: step {done}/{self.total} ({phase})  elapsed {elapsed:5.1f}s  eta {self._eta(done, now)}"
         if loss is not None:
             text += f"  loss {loss:.4f}"
         if self.interactive:
             print("\r" + text.ljust(100), end="", file=self.stream, flush=True)
         else:
             print(text, file=self.stream, flush=True)
+
+    def _eta(self, done: int, now: float) -> str:
+        """The time left at the pace of the steps after the first (whose allocations, kernel choices
+        and compilation make it far slower: counted in, it doubled the first estimates); unknown
+        until a second step is done."""
+        if done >= self.total:
+            return "  0.0s"
+        steps_since_first = done - 1
+        if steps_since_first < 1 or self._first_step_done is None:
+            return "    ?"
+        per_step = (now - self._first_step_done) / steps_since_first
+        return f"{per_step * (self.total - done):5.1f}s"
 
     def _finish_line(self) -> None:
         if self.interactive and self._last_draw:

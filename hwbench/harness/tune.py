@@ -11,8 +11,10 @@ trials in a row without a 2% gain. The result is a ranking of what was measured.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
+from hwbench.harness.estimate import estimate_text, run_work, slow_precision_warning
 from hwbench.harness.executor import PointRecord, Say, SweepOptions, progress_lines, run_points
 from hwbench.harness.suite import Point, Suite
 from hwbench.harness.sweep import LocalExecutor
@@ -54,10 +56,26 @@ class Candidate:
 class Trial:
     candidate: Candidate
     status: str  # ok, oom, failed, timeout, ... (measured) or invalid / does-not-fit (pruned)
-    samples_per_s: float | None = None
+    samples: list[float] = dataclasses.field(default_factory=list)  # samples/s of each ok repeat
     predicted_peak_bytes: int | None = None
     note: str = ""
-    run_id: str | None = None
+    run_ids: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The median of the repeats; None when none was measured."""
+        return statistics.median(self.samples) if self.samples else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranked:
+    """A measured trial's place: trials the repeats cannot tell apart share a rank, and say why."""
+
+    rank: int
+    trial: Trial
+    of_best: float  # its median / the best median
+    confidence: str  # how it was told from the trial ranked above it, or why it shares that one's rank
+    shares_with: str | None = None  # the first trial of its rank, when it is not that one
 
 
 def candidates(base: RunOptions, devices: int, capacity_bytes: int | None,
@@ -100,33 +118,45 @@ def candidates(base: RunOptions, devices: int, capacity_bytes: int | None,
 
 
 def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, engines: list[str], max_trials: int,
-         patience: int, progress: bool = True) -> tuple[list[Trial], Path]:
+         patience: int, progress: bool = True, repeats: int = 1) -> tuple[list[Trial], Path]:
     """Prune, then measure in prior order until the stopping rule, keeping the trials an
     earlier tune measured in OUT/<model>-<N>/; every candidate as a trial, and that folder
-    (with ranking.json). ``device_memory``: the planner's capacity (else the device's)."""
+    (with ranking.json). ``device_memory``: the planner's capacity (else the device's);
+    ``repeats``: runs of each trial (its median ranks it, its spread says which ranks are shared)."""
     from hwbench.catalog import load_catalog
     from hwbench.device import select_backend
     from hwbench.harness.device_check import device_capacity_bytes
     from hwbench.spec import build_run_spec, check_data
 
     catalog = load_catalog()
-    model = build_run_spec(base, catalog, check_paths=False).model  # the fixed options must be valid on their own
+    fixed = build_run_spec(base, catalog, check_paths=False)  # the fixed options must be valid on their own
+    model, say = fixed.model, progress_lines(progress)
     check_data(base.data or "builtin")  # before the first trial, not once per trial
+    backend = select_backend(base.device or "auto")
+    warning = slow_precision_warning(backend, fixed.precision)
+    if warning:  # said even when --quiet: it is a warning, not progress
+        progress_lines(True)(f"hwbench: warning: {warning}")
     capacity = (parse_size(device_memory, "--device-memory") if device_memory
-                else device_capacity_bytes(select_backend(base.device or "auto"), catalog))
+                else device_capacity_bytes(backend, catalog))
     runnable, trials = candidates(base, devices, capacity, engines)
-    chosen, say, folder = runnable[:max_trials], progress_lines(progress), Path(out) / f"{model}-{devices}"
+    chosen, folder = runnable[:max_trials], Path(out) / f"{model}-{devices}"
     say(f"tune on {devices} devices: {len(runnable)} candidates fit, {len(trials)} pruned; measuring at most "
         f"{max_trials}")
+    work = [run_work(build_run_spec(layout.options, catalog, check_paths=False), catalog, backend)
+            for _, layout in chosen] * repeats
+    say(estimate_text(backend, work, f"{len(chosen)} trial(s) x {repeats} repeat(s)"))
     points = tuple(Point(candidate.name, tuple(layout.options.given().items())) for candidate, layout in chosen)
     # the trials are a suite's points: OUT/<model>-<N>/<candidate>/, resumed as a sweep resumes
-    records = run_points(Suite(folder.name, "hwbench tune", None, points), SweepOptions(out),
+    records = run_points(Suite(folder.name, "hwbench tune", None, points), SweepOptions(out, repeats=repeats),
                          LocalExecutor(plan=False, say=say), say, lambda done: _keep_going(done, patience, say))
     for (candidate, layout), record in zip(chosen, records):
-        [result] = record.results
-        samples = result.metrics.get("samples_per_s") if result.status == "ok" else None
-        trials.append(Trial(candidate, result.status, samples, layout.peak_bytes,
-                            (result.error or {}).get("message", ""), result.run_id))
+        results = [r for r in record.results if r is not None]
+        ok = [r for r in results if r.status == "ok" and r.metrics.get("samples_per_s")]
+        statuses = sorted({r.status for r in results}) or ["not-measured"]
+        status = "ok" if ok and len(ok) == len(results) else "/".join(statuses)
+        trials.append(Trial(candidate, status, [r.metrics.get("samples_per_s") for r in ok], layout.peak_bytes,
+                            next(((r.error or {}).get("message", "") for r in results if r.error), ""),
+                            [r.run_id for r in results]))
     trials += [Trial(candidate, "not-measured", predicted_peak_bytes=layout.peak_bytes,
                      note="the search stopped first") for candidate, layout in runnable[len(records):]]
     write_ranking(trials, folder / RANKING_FILE)
@@ -137,7 +167,8 @@ def _keep_going(records: list[PointRecord], patience: int, say: Say) -> bool:
     """False once ``patience`` trials in a row did not beat the best by IMPROVEMENT."""
     best, since_best = 0.0, 0
     for record in records:
-        samples = next((r.metrics.get("samples_per_s") for r in record.results if r and r.status == "ok"), None)
+        figures = [r.metrics.get("samples_per_s") for r in record.results if r and r.status == "ok"]
+        samples = statistics.median([f for f in figures if f]) if any(figures) else None
         if samples and samples > best * (1 + IMPROVEMENT):
             best, since_best = samples, 0
         else:
@@ -148,14 +179,57 @@ def _keep_going(records: list[PointRecord], patience: int, say: Say) -> bool:
     return True
 
 
-def ranking(trials: list[Trial]) -> list[Trial]:
-    measured = [t for t in trials if t.samples_per_s]
-    return sorted(measured, key=lambda t: -t.samples_per_s)
+def ranking(trials: list[Trial]) -> list[Ranked]:
+    """The measured trials, fastest median first. A trial shares the rank of the first trial of
+    the rank above unless that one is faster by `hwbench compare`'s rule (the change of the median
+    past DEFAULT_THRESHOLD and significant; with one run a side, the threshold alone, and it says so)."""
+    from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
+
+    measured = sorted((t for t in trials if t.samples), key=lambda t: -t.samples_per_s)
+    ranked: list[Ranked] = []
+    leader: Trial | None = None
+    for position, trial in enumerate(measured, start=1):
+        best = measured[0].samples_per_s
+        if leader is None:
+            leader = trial
+            ranked.append(Ranked(1, trial, 1.0, "fastest median" + _runs(trial)))
+            continue
+        judged = compare_point(PointComparison(None, "", trial.samples, leader.samples, ["ok"] * len(trial.samples),
+                                               ["ok"] * len(leader.samples)), DEFAULT_THRESHOLD, True)
+        if judged.verdict == "improvement":  # the leader of the rank above is faster, and the repeats show it
+            how = "threshold only: one run on a side" if judged.rule.startswith("no repeats") else judged.rule
+            ranked.append(Ranked(position, trial, trial.samples_per_s / best,
+                                 f"{leader.candidate.name} is {judged.change:.1%} faster ({how})"))
+            leader = trial
+            continue
+        name = leader.candidate.name
+        if judged.verdict == "no repeats":
+            why = (f"within {DEFAULT_THRESHOLD:.0%} of {name} with one run a side: not distinguishable "
+                   "(--repeats 3 measures the spread)")
+        elif judged.verdict == "within noise":
+            why = f"within {DEFAULT_THRESHOLD:.0%} of {name} ({judged.rule}): not distinguishable"
+        else:
+            why = f"not distinguishable from {name}: {judged.verdict} ({judged.rule})"
+        rank = next(r.rank for r in ranked if r.trial is leader)
+        ranked.append(Ranked(rank, trial, trial.samples_per_s / best, why, leader.candidate.name))
+    return ranked
+
+
+def _runs(trial: Trial) -> str:
+    return f" ({len(trial.samples)} run{'s' if len(trial.samples) != 1 else ''})"
+
+
+def trial_figures(trial: Trial) -> dict:
+    """A trial's samples/s as ranking.json holds them: median, range and runs."""
+    return {"samples_per_s": trial.samples_per_s, "samples_per_s_min": min(trial.samples, default=None),
+            "samples_per_s_max": max(trial.samples, default=None), "runs": len(trial.samples),
+            "samples_per_s_each": trial.samples}
 
 
 def write_ranking(trials: list[Trial], path: Path) -> None:
-    rows = [{**dataclasses.asdict(t.candidate), "name": t.candidate.name, "status": t.status,
-             "samples_per_s": t.samples_per_s, "predicted_peak_bytes": t.predicted_peak_bytes, "note": t.note,
-             "run_id": t.run_id} for t in trials]
+    rows = [{**dataclasses.asdict(t.candidate), "name": t.candidate.name, "status": t.status, **trial_figures(t),
+             "predicted_peak_bytes": t.predicted_peak_bytes, "note": t.note, "run_ids": t.run_ids} for t in trials]
+    ranked = [{"rank": r.rank, "name": r.trial.candidate.name, **trial_figures(r.trial), "of_best": r.of_best,
+               "shares_rank_with": r.shares_with, "confidence": r.confidence} for r in ranking(trials)]
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"ranking": [t.candidate.name for t in ranking(trials)], "trials": rows})
+    write_json_atomic(path, {"ranking": ranked, "trials": rows})

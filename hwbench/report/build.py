@@ -37,7 +37,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     notes = unmatched_price_notes(runs, prices)
     warnings_found = environment_warnings(runs)
     images = plot_images(rows, loaded, fits) if with_plots else {}
-    decision = decision_section(runs, fits, published, prices, tokens, devices)
+    decision = decision_section(runs, fits, published, prices, tokens, devices, images if with_plots else None)
     if runs.empty:  # the published tables alone
         sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)

@@ -51,6 +51,8 @@ class Cell:
     low: float | None = None  # a range written beside the value: "1,000.0 (990.0-1,010.0)"
     high: float | None = None
     missing: str | None = None  # the text of a null, saying why ("no price"); else "-"
+    note: str | None = None  # a longer explanation, written as a numbered footnote under the table
+    marker: int | None = None  # that footnote's number (Table.footnoted sets it)
 
     @property
     def is_number(self) -> bool:
@@ -58,8 +60,13 @@ class Cell:
 
     @property
     def text(self) -> str:
+        if self.marker is None:
+            return self._text()
+        return " ".join(filter(None, [self._text(), f"[{self.marker}]"]))
+
+    def _text(self) -> str:
         if not isinstance(self.value, (int, float)):
-            return self.missing or "-" if self.value is None else self.value
+            return (self.missing if self.missing is not None else "-") if self.value is None else self.value
         ranged = f" ({self._write(self.low)}-{self._write(self.high)})" if self.low is not None else ""
         return self._write(self.value) + ranged
 
@@ -72,11 +79,13 @@ class Cell:
         """The cell as JSON holds it: text as text, a number bare or, with a unit or range, as
         {"value", "unit", "min", "max"}; a null with its reason as {"value": null, "reason"}."""
         if self.value is None:
-            return {"value": None, "reason": self.missing} if self.missing else None
-        if not self.is_number or not (self.unit or self.low is not None):
-            return self.value
+            reason = self.note or self.missing  # the note says it in full
+            return {"value": None, "reason": reason} if reason else None
+        if not self.is_number or not (self.unit or self.low is not None or self.note):
+            return self.value if not self.note else {"value": self.value, "note": self.note}
         return {"value": self.value, **({"unit": self.unit} if self.unit else {}),
-                **({"min": self.low, "max": self.high} if self.low is not None else {})}
+                **({"min": self.low, "max": self.high} if self.low is not None else {}),
+                **({"note": self.note} if self.note else {})}
 
     def __str__(self) -> str:
         return self.text
@@ -100,27 +109,32 @@ def as_cell(value: Any) -> Cell:
 
 
 def figure(value: Any, spec: str, unit: str = "", missing: str | None = None, low: Any = None,
-           high: Any = None) -> Cell:
+           high: Any = None, note: str | None = None) -> Cell:
     """A number cell written with the format() ``spec`` and its ``unit``, and a range ``low``-``high``
     beside it; a value that is not a finite figure gives a null cell, written ``missing`` or "-"
-    (text stays text)."""
+    (text stays text). ``note``: an explanation written as a footnote under the table."""
     parsed = number(value)
     if parsed is None:
-        return Cell(value if isinstance(value, str) else None, missing=missing)
+        return Cell(value if isinstance(value, str) else None, missing=missing, note=note)
     low, high = number(low), number(high)
     if low is None or high is None:
         low = high = None
     whole = isinstance(value, numbers.Integral)  # a count stays a whole number in JSON
-    return Cell(int(value) if whole else parsed, spec, unit, low, high, missing)
+    return Cell(int(value) if whole else parsed, spec, unit, low, high, missing, note)
+
+
+def noted(text: str | None, note: str | None) -> Cell:
+    """Short text (or none) with its explanation as a footnote: "not measured [1]"."""
+    return Cell(None, missing=text or "", note=note)
 
 
 def fmt(value: Any, digits: int = 2, suffix: str = "", *, low: Any = None, high: Any = None,
-        missing: str | None = None) -> Cell:
+        missing: str | None = None, note: str | None = None) -> Cell:
     """A figure with ``digits`` decimals and thousands (digits + 1 significant ones below 1),
     its unit ``suffix`` (" W")."""
     parsed = number(value)
     small = parsed is not None and 0 < abs(parsed) < 1 and digits
-    return figure(value, f".{digits + 1}g" if small else f",.{digits}f", suffix.strip(), missing, low, high)
+    return figure(value, f".{digits + 1}g" if small else f",.{digits}f", suffix.strip(), missing, low, high, note)
 
 
 def fmt_ratio(value: Any) -> Cell:
@@ -132,19 +146,19 @@ def fmt_g(value: Any) -> Cell:
     return figure(value, ",.10g" if (number(value) or 0) < 1e6 else ",.0f")
 
 
-def gib_cell(value: Any, missing: str | None = None) -> Cell:
+def gib_cell(value: Any, missing: str | None = None, note: str | None = None) -> Cell:
     """Bytes, written "1,234.56 GiB"."""
-    return figure(value, "", "bytes", missing)
+    return figure(value, "", "bytes", missing, note=note)
 
 
-def percent(value: Any, digits: int = 1, missing: str | None = None) -> Cell:
+def percent(value: Any, digits: int = 1, missing: str | None = None, note: str | None = None) -> Cell:
     """A fraction written as a percentage: 0.412 -> "41.2%"."""
-    return figure(value, f".{digits}%", "fraction", missing)
+    return figure(value, f".{digits}%", "fraction", missing, note=note)
 
 
-def usd(value: Any, spec: str = ",.2f", missing: str | None = None) -> Cell:
+def usd(value: Any, spec: str = ",.2f", missing: str | None = None, note: str | None = None) -> Cell:
     """US dollars: "$1,234.50" (``spec``: ",.4g" for a price, ",.0f" for a projected cost)."""
-    return figure(value, spec, "USD", missing)
+    return figure(value, spec, "USD", missing, note=note)
 
 
 def tokens_cell(value: Any) -> Cell:

@@ -42,12 +42,14 @@ from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, environme
 from hwbench.result.model import RunResult
 from hwbench.result.store import read_inputs
 from hwbench.stats import mann_whitney_u
+from hwbench.units import human_bytes
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
 DEFAULT_THRESHOLD = 0.05
 REGRESSION_EXIT = 3
 MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gate cannot vouch for it
+INCONCLUSIVE = "inconclusive"  # the verdict's first word when a change passes the threshold but is not significant
 
 
 def parse_threshold(text: str) -> float:
@@ -132,6 +134,12 @@ class PointComparison:
     def regression(self) -> bool:
         return self.verdict.startswith("regression")
 
+    @property
+    def outcome(self) -> str:
+        """The verdict's kind, for machines: regression, improvement, inconclusive, within noise, no repeats,
+        no baseline figure, ..."""
+        return self.verdict.split(":")[0]
+
 
 def compare_point(comparison: PointComparison, threshold: float, higher_is_better: bool) -> PointComparison:
     base, cur = comparison.baseline, comparison.current
@@ -169,6 +177,8 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
         comparison.verdict = "regression" if worse > 0 else "improvement"
     elif no_repeats:
         comparison.verdict = "no repeats"
+    elif beyond:  # a change past the threshold that the repeats cannot tell from noise: not "no change"
+        comparison.verdict = f"{INCONCLUSIVE}: not significant with {len(base)} and {len(cur)} runs"
     else:
         comparison.verdict = "within noise"
     return comparison
@@ -248,13 +258,23 @@ def exit_status(report: dict[str, Any], allow_missing: bool = False) -> int:
     return 0
 
 
-def _figure(values: list[float], statuses: list[str]) -> str:
+def figure_text(metric: str, value: float) -> str:
+    """A figure of ``metric`` with its unit: "1,000 tokens/s", "1.952 s", "41.2%", "1.3 GiB"."""
+    unit = METRICS[metric].unit
+    if unit == "fraction":
+        return f"{value:.1%}"
+    if unit == "bytes":
+        return human_bytes(value)
+    number = f"{value:,.4g}" if abs(value) < 1e6 else f"{value:.4e}"
+    return f"{number} {unit}"
+
+
+def _figure(metric: str, values: list[float], statuses: list[str]) -> str:
     if not values:
         return "- (" + "/".join(sorted(set(statuses))) + ")"
-    median = statistics.median(values)
-    text = f"{median:.4g}" if abs(median) < 1e6 else f"{median:.4e}"
     failed = len(statuses) - len(values)
-    return f"{text} (n={len(values)}" + (f", {failed} not ok" if failed else "") + ")"
+    return (f"{figure_text(metric, statistics.median(values))} (n={len(values)}"
+            + (f", {failed} not ok" if failed else "") + ")")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -262,7 +282,8 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"metric {report['metric']} ({direction}), threshold {report['threshold'] * 100:g}%, "
              f"significance: Mann-Whitney U p<{ALPHA:g} or complete separation with >={SEPARATION_MIN_N} "
              "values a side", ""]
-    rows = [[p.label, _figure(p.baseline, p.baseline_statuses), _figure(p.current, p.current_statuses),
+    metric = report["metric"]
+    rows = [[p.label, _figure(metric, p.baseline, p.baseline_statuses), _figure(metric, p.current, p.current_statuses),
              "-" if p.change is None else f"{p.change * 100:+.2f}%", p.rule, p.verdict] for p in report["points"]]
     lines.append(tabulate(rows, headers=["point", "baseline median (n)", "current median (n)", "change",
                                          "p or rule", "verdict"]))
@@ -273,12 +294,59 @@ def format_report(report: dict[str, Any]) -> str:
                            ("unreadable files (left out)", unreadable)):
         if entries:
             lines += ["", f"{title}:"] + [f"  {entry}" for entry in entries]
-    regressions = sum(p.regression for p in report["points"])
-    improvements = sum(p.verdict == "improvement" for p in report["points"])
-    lines += ["", f"{len(report['points'])} points compared: {regressions} regression(s), "
-                  f"{improvements} improvement(s)"]
+    counts = outcome_counts(report)
+    lines += ["", f"{len(report['points'])} points compared: {counts['regression']} regression(s), "
+                  f"{counts['improvement']} improvement(s), {counts[INCONCLUSIVE]} inconclusive"]
+    if counts[INCONCLUSIVE]:
+        lines.append(f"inconclusive: the median moved by more than {report['threshold'] * 100:g}%, but the repeats "
+                     "cannot tell that from run-to-run noise; more repeats a side (hwbench sweep --repeats) judge it")
     lines += _threshold_only_note(report)
     return "\n".join(lines)
+
+
+def outcome_counts(report: dict[str, Any]) -> dict[str, int]:
+    """Points by the kind of their verdict (regression, improvement, inconclusive, ...); every kind
+    the summary names is present."""
+    counts = dict.fromkeys(("regression", "improvement", INCONCLUSIVE), 0)
+    for point in report["points"]:
+        kind = "regression" if point.regression else point.outcome
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def report_data(report: dict[str, Any], allow_missing: bool = False) -> dict[str, Any]:
+    """The comparison as JSON holds it (`hwbench compare --format json`): every point with its
+    key, both sides' figures in the metric's unit, the test and the verdict; the exit status."""
+    def side(values: list[float], statuses: list[str]) -> dict[str, Any]:
+        return {"n": len(values), "median": statistics.median(values) if values else None,
+                "min": min(values, default=None), "max": max(values, default=None), "values": values,
+                "statuses": statuses}
+
+    metric = METRICS[report["metric"]]
+    points = [{"label": p.label, "key": dict(zip(PointKey.fields(), p.key.values())) if p.key else None,
+               "baseline": side(p.baseline, p.baseline_statuses), "current": side(p.current, p.current_statuses),
+               "change": p.change, "p": p.p, "u": p.u, "rule": p.rule, "verdict": p.verdict, "outcome": p.outcome}
+              for p in report["points"]]
+    return {"metric": report["metric"], "unit": metric.unit, "higher_is_better": report["higher_is_better"],
+            "threshold": report["threshold"], "alpha": ALPHA, "points": points,
+            "only_baseline": report["only_baseline"], "only_current": report["only_current"],
+            "unplaced": report["unplaced"], "unreadable": report["unreadable"], "warnings": report["warnings"],
+            "counts": outcome_counts(report), "exit_status": exit_status(report, allow_missing)}
+
+
+def key_differences(baseline: PointKey, current: PointKey) -> list[str]:
+    """The point-key fields in which two keys differ: "seq_length 128 (baseline) vs 64 (current)"."""
+    return [f"{name} {a} (baseline) vs {b} (current)" for name, a, b in
+            zip(PointKey.fields(), baseline.values(), current.values()) if a != b]
+
+
+def nearest_mismatch(baseline: list[RunResult], current: list[RunResult]) -> list[str]:
+    """Where the closest pair of points of two sides with nothing in common differ (the fewest
+    fields): what to fix for them to match. Empty when a side has no point key."""
+    base_keys = {r.point_key for r in baseline} - {None}
+    cur_keys = {r.point_key for r in current} - {None}
+    pairs = [key_differences(b, c) for b in base_keys for c in cur_keys]
+    return min(pairs, key=lambda found: (len(found), found), default=[])
 
 
 def _threshold_only_note(report: dict[str, Any]) -> list[str]:

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
-from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
+from hwbench.report.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
 from hwbench.report.document import Section, Table
 from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
 from hwbench.report.scaling import ScalingFit, fit_scaling
+from hwbench.stats import NOISY_CV, throughput_statistics
 
 # The device class of a published row -> the catalog entry its price is taken from. The tables
 # name a "V100-class" GPU without its form factor: it is priced as the SXM2 card (said in the report).
@@ -40,6 +41,8 @@ class Candidate:
     fit: ScalingFit
     energy_why: str | None = None
     published: bool = False
+    variant: str = ""  # what sets the point apart beyond device, layout and precision (seq 64, recompute)
+    seq_length: int | None = None
 
     @property
     def median(self) -> float:
@@ -54,7 +57,9 @@ class Projection:
 
 
 def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], published: pd.DataFrame | None,
-                     prices: dict[str, Price], tokens: float | None, devices: int) -> Section:
+                     prices: dict[str, Price], tokens: float | None, devices: int,
+                     images: dict[str, str] | None = None) -> Section:
+    """``images``: where the section's charts go (by key), for the HTML report; None: no charts."""
     section = Section("Decision")
     section.blocks.append(("p", _INTRO.format(threshold=DEFAULT_THRESHOLD, devices=devices)))
     used: dict[str, str] = {}
@@ -65,6 +70,16 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
         pub = _published_candidates(published, model, prices)
         budget = _budget(rows, model, tokens)
         section.blocks += _workload_blocks(model, precision, candidates, pub, Projection(*budget, devices))
+        chart = None
+        if images is not None and candidates:
+            from hwbench.report.plots import decision as decision_chart
+
+            chart = decision_chart(f"{model}, {precision}", candidates + pub)
+        if images is not None and chart:
+            key = f"decision:{model}:{precision}"
+            images[key] = chart
+            section.blocks.append(("img", key, f"{model}, {precision}: the best point of each device model, median "
+                                               "tokens/s per device with the range of its repeats"))
         for candidate in candidates + pub:
             used[candidate.device] = candidate.price.text() if candidate.price else candidate.price_why or ""
     if not workloads:
@@ -116,12 +131,14 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
         candidates.append(Candidate(
             device=str(device) + (" [simulated]" if first["simulated"] else ""),
-            point=f"{first['layout']} x{first['world_size']} ranks", devices=first["devices_charged"],
+            point=f"{first['layout']} x{first['world_size']} ranks" + (
+                f", {first['point_variant']}" if first.get("point_variant") else ""), devices=first["devices_charged"],
             per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
             costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
-            energy_why=None if energy else first["energy_reason"]))
+            energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
+            seq_length=first.get("seq_length")))
     return candidates
 
 
@@ -137,6 +154,7 @@ def _published_candidates(published: pd.DataFrame | None, model: str, prices: di
         return []
     candidates = []
     for pub in published[published["model"] == model].itertuples():
+        seq = None if pd.isna(pub.seq_length) else int(pub.seq_length)
         entry = PUBLISHED_DEVICE_ENTRIES.get(pub.device_class or "")
         price, why = device_price(entry, pub.device_class or None, None, prices)
         per_device = pub.samples_per_s * pub.seq_length / pub.devices
@@ -145,9 +163,10 @@ def _published_candidates(published: pd.DataFrame | None, model: str, prices: di
         candidates.append(Candidate(
             device=f"published {pub.name} ({pub.device_class or 'device not named'}, {pub.precision or '?'}, "
                    f"Table {pub.table}{source})",
-            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}", devices=int(pub.devices),
-            per_device=[per_device], costs=[cost] if cost is not None else [], energy=[], price=price,
-            price_why=why, fit=fit_scaling([]), energy_why="not published", published=True))
+            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}, seq {seq or '?'}",
+            devices=int(pub.devices), per_device=[per_device], costs=[cost] if cost is not None else [], energy=[],
+            price=price, price_why=why, fit=fit_scaling([]), energy_why="not published", published=True,
+            seq_length=seq))
     return candidates
 
 
@@ -161,6 +180,10 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
     fastest = max(everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
+    if len({c.variant for c in measured}) > 1:  # the devices' best points are not the same workload settings
+        blocks.append(("p", "The best points differ in more than device and layout: " + "; ".join(
+            f"{c.device}: {c.variant or 'the defaults (native engine, no fsdp, recompute or compile)'}" for c in measured)
+            + ". Each device is compared at its own best settings, not at the same ones."))
     blocks += [("p", sentence) for sentence in _verdicts(measured, published)]
     blocks += [("p", _projection_sentence(c, projection)) for c in measured]
     blocks += _fit_tables(measured)
@@ -169,19 +192,30 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
 
 def _candidates_table(candidates: list[Candidate], fastest: Candidate, projection: Projection) -> Table:
     table = Table(["device", "best point", "devices charged", "runs", "tokens/s per device (median, min-max)",
-                   "ratio to fastest", "price/device-h", "$ per 1M tokens", "J/token",
+                   "CV of repeats", "ratio to fastest", "price/device-h", "$ per 1M tokens", "J/token",
                    f"days on {projection.devices}", f"cost on {projection.devices}", "scaling"], [])
     for c in candidates:
         days, cost = _train(c, projection)
         spread = (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
         table.rows.append([
             c.device, c.point, c.devices, "published" if c.published else len(c.per_device),
-            fmt(c.median, 1, low=spread[0], high=spread[1]), fmt_ratio(c.median / fastest.median),
+            fmt(c.median, 1, low=spread[0], high=spread[1]), _cv_cell(c), fmt_ratio(c.median / fastest.median),
             usd(c.price.usd_per_hour if c.price else None, ",.4g", "no price"),
             usd(statistics.median(c.costs) if c.costs else None, ",.4g", "no price"),
-            figure(statistics.median(c.energy) if c.energy else None, ".4g", "J", f"not measured ({c.energy_why})"),
+            figure(statistics.median(c.energy) if c.energy else None, ".4g", "J", "not measured",
+                   note=None if c.energy else f"energy not measured: {c.energy_why}"),
             fmt(days, 2), usd(cost, ",.0f", "no price"), _scaling_cell(c)])
     return table
+
+
+def _cv_cell(candidate: Candidate) -> Any:
+    """The repeats' coefficient of variation (stdev / mean of tokens/s per device), 'noisy' past NOISY_CV."""
+    if candidate.published:
+        return "published: one figure"
+    if len(candidate.per_device) < 2:
+        return "one run"
+    cv = throughput_statistics(candidate.per_device)["cv"]
+    return percent(cv, missing=None) if cv <= NOISY_CV else f"{cv:.1%} noisy"
 
 
 def _scaling_cell(candidate: Candidate) -> str:
@@ -227,7 +261,8 @@ def _faster(candidates: list[Candidate]) -> str:
     verdict = _significance(ranked[0].per_device, ranked[1].per_device, higher_is_better=True)
     ratio = ranked[0].median / ranked[1].median
     what = f"{ratio:.2f}x the tokens/s per device of {ranked[1].device}"
-    return _named("Faster", ranked[0].device, what, verdict, ranked[0], ranked[1])
+    spread = _spread(ranked[:2], lambda c: c.per_device, "tokens/s per device", lambda v: f"{v:,.1f}")
+    return _named("Faster", ranked[0].device, what, verdict, ranked[0], ranked[1], spread)
 
 
 def _cheaper(candidates: list[Candidate]) -> str:
@@ -238,21 +273,43 @@ def _cheaper(candidates: list[Candidate]) -> str:
     verdict = _significance(ranked[0].costs, ranked[1].costs, higher_is_better=False)
     low, high = statistics.median(ranked[0].costs), statistics.median(ranked[1].costs)
     what = f"${low:,.4g} per million tokens against ${high:,.4g} on {ranked[1].device} ({low / high:.2f}x)"
-    return _named("Cheaper", ranked[0].device, what, verdict, ranked[0], ranked[1])
+    spread = _spread(ranked[:2], lambda c: c.costs, "$ per million tokens", lambda v: f"${v:,.4g}")
+    return _named("Cheaper", ranked[0].device, what, verdict, ranked[0], ranked[1], spread)
 
 
-def _named(kind: str, winner: str, what: str, verdict: PointComparison, first: Candidate, second: Candidate) -> str:
+def _named(kind: str, winner: str, what: str, verdict: PointComparison, first: Candidate, second: Candidate,
+           spread: str) -> str:
+    """The verdict sentence: the winner only when the repeats show it, and always how widely the
+    repeats of each side spread (``spread``), so that a noisy sample is seen where the verdict is read."""
     counts = f"{len(first.per_device)} and {len(second.per_device)} runs"
     if verdict.verdict == "improvement":
-        return f"{kind}: {winner}, {what}; shown by the repeats ({counts}; {verdict.rule})."
-    reason = "fewer than 2 runs a side" if verdict.verdict == "no repeats" else f"{verdict.rule}, {verdict.verdict}"
-    return f"{kind}: not distinguishable with {counts} ({winner} leads: {what}; {reason})."
+        return f"{kind}: {winner}, {what}; shown by the repeats ({counts}; {verdict.rule}). {spread}"
+    if verdict.outcome == INCONCLUSIVE:  # past the threshold, but the repeats cannot tell it from noise
+        return f"{kind}: {verdict.verdict} ({winner} leads: {what}; {verdict.rule}). {spread}"
+    reason = "fewer than 2 runs a side" if verdict.verdict == "no repeats" else \
+        f"{verdict.rule}, within {DEFAULT_THRESHOLD:.0%}"
+    return f"{kind}: not distinguishable with {counts} ({winner} leads: {what}; {reason}). {spread}"
+
+
+def _spread(candidates: list[Candidate], values: Callable[[Candidate], list[float]], what: str,
+            write: Callable[[float], str]) -> str:
+    """'Spread of the repeats (tokens/s per device): A 186.0-651.0, CV 55.5%, noisy (CV above 5%); B one run.'"""
+    parts = []
+    for candidate in candidates:
+        figures = values(candidate)
+        if len(figures) < 2:
+            parts.append(f"{candidate.device} one run, no spread measured")
+            continue
+        statistics_ = throughput_statistics(figures)
+        noisy = f", noisy (CV above {NOISY_CV:.0%})" if statistics_["noisy"] else ""
+        parts.append(f"{candidate.device} {write(min(figures))}-{write(max(figures))}, CV {statistics_['cv']:.1%}{noisy}")
+    return f"Spread of the repeats ({what}): " + "; ".join(parts) + "."
 
 
 def _significance(best: list[float], other: list[float], higher_is_better: bool) -> PointComparison:
     """`hwbench compare`'s verdict of ``best`` (as current) against ``other`` (as baseline): a
     single run a side is "no repeats", never a winner."""
-    comparison = PointComparison(key=(), label="", baseline=list(other), current=list(best),
+    comparison = PointComparison(key=None, label="", baseline=list(other), current=list(best),
                                  baseline_statuses=["ok"] * len(other), current_statuses=["ok"] * len(best))
     if len(best) < 2 or len(other) < 2:
         comparison.verdict, comparison.rule = "no repeats", "no repeats"
@@ -262,7 +319,9 @@ def _significance(best: list[float], other: list[float], higher_is_better: bool)
 
 def _against_published(measured: list[Candidate], published: list[Candidate]) -> str:
     best = max(measured, key=lambda c: c.median)
-    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}" for p in published]
+    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}" + (
+        f" (at seq {best.seq_length} against its {p.seq_length}: not the same workload)"
+        if best.seq_length and p.seq_length and best.seq_length != p.seq_length else "") for p in published]
     return (f"Against the published tables (tokens/s per device): {best.device} reaches " + "; ".join(parts)
             + ". Each published row is one figure without repeats: no confidence can be stated.")
 

@@ -20,6 +20,20 @@ class Table:
     def cells(self) -> list[list[Cell]]:
         return [[as_cell(value) for value in row] for row in self.rows]
 
+    def footnoted(self) -> tuple[list[list[Cell]], list[str]]:
+        """The cells as written, each cell with a note marked with its number ("not measured [1]"),
+        and the notes in that order (each said once), so that a long reason never widens a column."""
+        notes: list[str] = []
+        rows = []
+        for row in self.cells():
+            for index, cell in enumerate(row):
+                if cell.note:
+                    if cell.note not in notes:
+                        notes.append(cell.note)
+                    row[index] = dataclasses.replace(cell, marker=notes.index(cell.note) + 1)
+            rows.append(row)
+        return rows, notes
+
 
 @dataclasses.dataclass
 class Section:

@@ -99,9 +99,11 @@ def format_report(report: ParityReport, a: RunResult, b: RunResult) -> str:
     lines.append("")
     shown = report.rows if len(report.rows) <= 40 else (
         report.rows[:10] + [r for r in report.rows[10:-10] if r["over"]][:10] + report.rows[-10:])
-    lines.append(tabulate([[r["step"], f"{r['loss_a']:.5f}", f"{r['loss_b']:.5f}", f"{r['rel_diff']:.3%}",
-                            "OVER" if r["over"] else ""] for r in shown],
-                          headers=["step", "loss A", "loss B", "rel diff", ""], disable_numparse=True))
+    over = any(r["over"] for r in shown)  # the column only where a step is over: never an empty one
+    lines.append(tabulate([[r["step"], f"{r['loss_a']:.5f}", f"{r['loss_b']:.5f}", f"{r['rel_diff']:.3%}"]
+                           + (["OVER" if r["over"] else ""] if over else []) for r in shown],
+                          headers=["step", "loss A", "loss B", "rel diff"] + (["over tolerance"] if over else []),
+                          disable_numparse=True))
     if report.validation_rows:
         lines += ["", tabulate([[v["step"], f"{v['loss_a']:.5f}", f"{v['loss_b']:.5f}", f"{v['rel_diff']:.3%}"]
                                 for v in report.validation_rows],

@@ -14,12 +14,14 @@ from hwbench.units import GIB
 
 
 def run_label(row: dict[str, Any]) -> str:
-    """"AMD EPYC, TP1 PP1 DP2, fp32" (+ " [oversubscribed]"): device, layout and precision."""
+    """"AMD EPYC, TP1 PP1 DP2, fp32" (+ ", seq 64" + " [oversubscribed]"): device, layout, precision
+    and what else sets the run's point apart."""
     device = str(row.get("device_model") or "?")
     device = device if len(device) <= 24 else device[:23] + "…"
+    variant = f", {row['point_variant']}" if row.get("point_variant") else ""
     flags = " [simulated]" if row.get("simulated") else ""
     flags += " [oversubscribed]" if row.get("oversubscribed") is True else ""
-    return f"{device}, {row['layout']}, {row['precision']}{flags}"
+    return f"{device}, {row['layout']}, {row['precision']}{variant}{flags}"
 
 
 def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dict[str, list[dict[str, Any]]]]]:
@@ -67,15 +69,38 @@ def throughput(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     return bar_chart(title, "tokens/s per device (median and range of repeats)", categories, series)
 
 
+def decision(title: str, candidates: Sequence[Any]) -> str | None:
+    """The decision's best point of each device model (median tokens/s per device charged, a whisker
+    from the slowest to the fastest repeat) beside the published rows (one figure each, no whisker)."""
+    if not candidates:
+        return None
+    categories = [(c.device if len(c.device) <= 40 else c.device[:39] + "…") + (f"\n{c.variant}" if c.variant else "")
+                  for c in candidates]  # a bar names the settings that set its point apart
+    series = []
+    for name, published in (("measured: median and range of repeats", False), ("published: one figure", True)):
+        bars = []
+        for index, c in enumerate(candidates):
+            if c.published != published:
+                continue
+            spread = (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
+            text = (f"{c.device}, {c.point}: median {c.median:,.1f} tokens/s per device over {len(c.per_device)} "
+                    "run(s): " + ", ".join(f"{v:,.1f}" for v in c.per_device))
+            bars.append(Point(index, c.median, text, *spread))
+        if bars:
+            series.append(Series(name, bars, color="#a1a1aa" if published else None))
+    return bar_chart(f"{title}: best point per device model", "tokens/s per device charged", categories, series)
+
+
 def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     """Measured tokens/s against devices charged, the fitted line and the ideal (linear from the
     smallest count), for each device model of ``model`` measured at two or more counts."""
     series: list[Series] = []
-    for (fit_model, precision, device), fit in sorted(fits.items(), key=lambda item: str(item[0])):
+    lengths = {key[3] for key in fits if key[0] == model}
+    for (fit_model, precision, device, seq), fit in sorted(fits.items(), key=lambda item: str(item[0])):
         if fit_model != model or not fit.fitted:
             continue
         first = fit.points[0]
-        name = f"{device}, {precision}"
+        name = f"{device}, {precision}" + (f", seq {seq}" if len(lengths) > 1 else "")
         series.append(Series(f"{name}: measured", [
             Point(p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
                                              f"{p.layout.split(' (')[0]})") for p in fit.points]))
@@ -114,7 +139,8 @@ def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
 
 
 def loss_curves(model: str, curves: Sequence[tuple[dict[str, Any], list[tuple[int, float]]]]) -> str | None:
-    """Training loss per step of each run, labelled by device, layout and precision."""
+    """Training loss per step of each run, labelled by device, layout, precision and what else sets
+    its point apart (seq 64)."""
     series = [Series(f"{run_label(row)} ({row['run_id'][-6:]})",
                      [Point(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
                      markers=len(points) < 40) for row, points in curves if points]

@@ -11,8 +11,9 @@ from hwbench.report.cost import training_time_and_cost
 from hwbench.report.prices import Price
 from hwbench.report.scaling import ScalingFit, best_per_count, fit_scaling
 
-# A workload on a device model: what a scaling fit and a decision are about.
-GROUP_FIELDS = ("model", "precision", "device_model")
+# A workload on a device model: what a scaling fit is about. The sequence length is part of the
+# workload (its FLOPs per token differ): runs at seq 64 and at seq 128 are never fitted as one curve.
+GROUP_FIELDS = ("model", "precision", "device_model", "seq_length")
 
 
 def group_key(row: dict[str, Any]) -> tuple:
@@ -26,7 +27,7 @@ def usable(row: dict[str, Any]) -> bool:
 
 
 def scaling_fits(rows: Iterable[dict[str, Any]]) -> dict[tuple, ScalingFit]:
-    """The scaling of each (model, precision, device model) over the devices charged."""
+    """The scaling of each (model, precision, device model, sequence length) over the devices charged."""
     samples: dict[tuple, list[tuple[int, str, float]]] = {}
     for row in rows:
         if usable(row):

@@ -25,8 +25,11 @@ def render_markdown(report: Report) -> str:
             elif kind == "h":
                 lines += [f"### {block[1]}", ""]
             elif kind == "table":
-                rows = [[cell.text.replace("|", "\\|") for cell in row] for row in block[1].cells()]
+                cells, notes = block[1].footnoted()
+                rows = [[cell.text.replace("|", "\\|") for cell in row] for row in cells]
                 lines += [tabulate(rows, headers=block[1].headers, tablefmt="github", disable_numparse=True), ""]
+                for number, note in enumerate(notes, start=1):
+                    lines += [f"[{number}] {note.rstrip('.')}.", ""]
             elif kind == "list":
                 lines += [f"- {item}" for item in block[1]] + [""]
             elif kind == "img":

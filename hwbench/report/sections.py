@@ -6,8 +6,10 @@ from __future__ import annotations
 import pandas as pd
 
 from hwbench.report.against_published import NORMALISATION, published_layout
-from hwbench.report.cells import (device_text, fmt, fmt_g, fmt_ratio, gib_cell, is_number, percent, tokens_cell,
-                                  usd)
+from typing import Any
+
+from hwbench.report.cells import (device_text, figure, fmt, fmt_g, fmt_ratio, gib_cell, is_number, noted, percent,
+                                  tokens_cell, usd)
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 
@@ -100,22 +102,21 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes], also_formula: st
         table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
                        "tokens/s", "TFLOP/s per device", "MFU", *([f"MFU ({also_formula})"] if also_formula else []),
                        "MFU (measured ceiling)", "peak memory", "predicted", "capacity"], [])
-        notes: list[str] = []  # why an MFU is missing, each said once under the table
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
             marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
             engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
                 + (" FSDP" if run["fsdp"] else "")
-            mfu = _fraction_cell(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}", notes)
+            mfu = percent(run["mfu"], note=_unless(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}"))
             also = []
             if also_formula:
                 by_formula = run["mfu_by_formula"] or {}
                 why = (f"MFU not measured: {run['mfu_reason'] or 'not measured'}" if also_formula in by_formula
                        else f"no {also_formula} figures in the result (written before metrics.by_formula)")
-                also = [_fraction_cell(by_formula.get(also_formula), why, notes)]
-            ceiling_mfu = _fraction_cell(run["mfu_measured_ceiling"], "MFU against a measured ceiling not measured: "
-                                         f"{run['mfu_measured_ceiling_reason'] or 'not measured'}", notes)
-            predicted = gib_cell(run["predicted_peak_bytes"]) if is_number(run["predicted_peak_bytes"]) \
-                else f"- ({run['predicted_reason']})"
+                also = [percent(by_formula.get(also_formula), note=_unless(by_formula.get(also_formula), why))]
+            ceiling_mfu = percent(run["mfu_measured_ceiling"], note=_unless(
+                run["mfu_measured_ceiling"], "MFU against a measured ceiling not measured: "
+                f"{run['mfu_measured_ceiling_reason'] or 'not measured'}"))
+            predicted = gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))
             table.rows.append([run["run_id"] + marked, device_text(run), run["layout"], engine,
                                run["precision"] + (", recompute" if run["recompute"] else ""),
                                f"{run['micro_batch_size']}/{run['global_batch_size']}", run["seq_length"],
@@ -123,21 +124,32 @@ def model_section(runs: pd.DataFrame, images: dict[str, bytes], also_formula: st
                                fmt(run["tflops_per_device"], 3), mfu, *also, ceiling_mfu, gib_cell(run["peak_bytes"]),
                                predicted, gib_cell(run["capacity_bytes"])])
         section.blocks.append(("table", table))
-        for index, note in enumerate(notes, start=1):
-            section.blocks.append(("p", f"[{index}] {note}."))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
     return section
 
 
-def _fraction_cell(value, note: str, notes: list[str]) -> str:
-    """A fraction as a percentage; a missing one as "- [n]", n the number of its note under the table."""
-    if is_number(value):
-        return percent(value)
-    if note not in notes:
-        notes.append(note)
-    return f"- [{notes.index(note) + 1}]"
+def _unless(value: Any, why: str) -> str | None:
+    """The note of a figure that is missing: ``why``; none for a figure that is there."""
+    return None if is_number(value) else why
+
+
+def _predicted_note(run: pd.Series) -> str | None:
+    """Why there is no prediction; on the CPU, what the prediction covers and the measured peak does not."""
+    if not is_number(run["predicted_peak_bytes"]):
+        return f"no prediction: {run['predicted_reason']}"
+    if run["backend"] == "cpu":
+        return CPU_PREDICTION_NOTE
+    return None
+
+
+# The planner models the tensors of training; a CPU run's measured peak is the resident set of the
+# whole process (docs/planner.md, 'Checking it').
+CPU_PREDICTION_NOTE = ("on the CPU the measured peak is the process's peak resident set (VmHWM): besides the tensors "
+                       "the planner predicts (weights, gradients, optimizer states, activations, logits) and its fixed "
+                       "0.5 GiB for the runtime, it holds the Python interpreter, torch's libraries and the pages the "
+                       "allocator keeps, which the planner does not model; compare the two only as a bound")
 
 
 def _model_images(model: str, images: dict) -> list[tuple]:
@@ -163,37 +175,30 @@ def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> S
     table = Table(["run", "device", "devices charged", "tokens/s per device", "J/token", "avg power",
                    "price/device-h", "$ per 1M tokens", "token budget", f"days on {devices}", "projected cost",
                    "scaling"], [])
-    footnotes: list[str] = []  # the devices-charged and scaling bases, each said once under the table
     for _, run in runs[runs["status"] == "ok"].iterrows():
-        table.rows.append(_procurement_row(run, footnotes))
+        table.rows.append(_procurement_row(run))
     section.blocks.append(("table", table))
-    section.blocks += [("p", f"[{index}] {text}.") for index, text in enumerate(footnotes, start=1)]
     if notes:
         section.blocks.append(("list", notes))
     return section
 
 
-def _footnote(text: str, footnotes: list[str]) -> str:
-    if text not in footnotes:
-        footnotes.append(text)
-    return f"[{footnotes.index(text) + 1}]"
-
-
-def _procurement_row(run: pd.Series, footnotes: list[str]) -> list[str]:
-    energy = fmt(run["energy_per_token_j"], 4, " J") if is_number(run["energy_per_token_j"]) \
-        else f"not measured: {run['energy_reason']}"
-    power = fmt(run["power_w_mean"], 0, " W") if is_number(run["power_w_mean"]) else "not measured"
-    price = f"${run['price_usd_per_hour']:,.4g} ({run['price_source']}" + (
-        f", {run['price_date']})" if run["price_date"] else ")") if is_number(run["price_usd_per_hour"]) \
-        else run["price_source"]
+def _procurement_row(run: pd.Series) -> list[Any]:
+    energy = fmt(run["energy_per_token_j"], 4, " J", missing="not measured", note=None if is_number(
+        run["energy_per_token_j"]) else f"energy not measured: {run['energy_reason']}")
+    power = fmt(run["power_w_mean"], 0, " W", missing="not measured")
+    priced = is_number(run["price_usd_per_hour"])
+    price = usd(run["price_usd_per_hour"], ",.4g", "no price", note=(
+        f"price: {run['price_source']}" + (f", {run['price_date']}" if run["price_date"] else "")) if priced
+        else f"no price: {run['price_source']}")
     cost = usd(run["cost_per_million_tokens_usd"], ",.4f", "no price")
     projected = usd(run["projected_cost_usd"], ",.0f", "no price")
     marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
     budget = tokens_cell(run["token_budget"])
     return [run["run_id"] + marked, device_text(run),
-            f"{run['devices_charged']} {_footnote(run['devices_charged_basis'], footnotes)}",
+            figure(run["devices_charged"], "d", note=f"devices charged: {run['devices_charged_basis']}"),
             fmt(run["tokens_per_s_per_device_charged"], 1), energy, power, price, cost, budget,
-            fmt(run["projected_days"], 2), projected, _footnote(run["projection_basis"], footnotes)]
+            fmt(run["projected_days"], 2), projected, noted("", f"scaling: {run['projection_basis']}")]
 
 
 def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:

@@ -51,6 +51,9 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         rows.append(("validation", f"PPL {metrics.valid_ppl:,.3f} (loss {_number(metrics.valid_loss, 4)}) after "
                                    f"{metrics.valid_ppl_step} steps; lowest reachable PPL "
                                    f"{_number(metrics.ppl_floor, 3)}"))
+        curve = validation_curve_text(metrics.validation or [])
+        if curve:
+            rows.append(("validation curve", curve))
     elif metrics.why("valid_ppl"):
         rows.append(("validation", _why(result, "valid_ppl")))
     if spec.precision == "fp16":
@@ -61,6 +64,21 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if path:
         rows.append(("result file", path))
     return rows
+
+
+CURVE_POINTS = 6  # validations shown at most; the result holds them all
+
+
+def validation_curve_text(points: list) -> str | None:
+    """Every validation the run made, briefly: 'PPL after step 2: 48,104.2, 4: 33,885.8' (the first, the
+    last and evenly spaced ones between when there are more than CURVE_POINTS); None for fewer than two."""
+    measured = [p for p in points if p.ppl is not None]
+    if len(measured) < 2:
+        return None
+    shown = sorted({round(i * (len(measured) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
+    text = "PPL after step " + ", ".join(f"{measured[i].step}: {measured[i].ppl:,.1f}" for i in shown)
+    left = len(measured) - len(shown)
+    return text + (f" ({left} more in the result's metrics.validation)" if left else "")
 
 
 def _ms(seconds: float | None) -> str:

@@ -1,0 +1,135 @@
+"""What a user should know before a long command starts (`hwbench run`, `sweep`, `tune`): a precision
+the device runs emulated, with the precisions it runs at speed (the Backend's `slow_precision`), and
+how long the command will take at least: the model FLOPs of its training steps (warm-up included)
+over the rate `hwbench calibrate` measured on this device model and driver for that precision. A run
+loads, starts, validates and never reaches the GEMM ceiling, so the real time is longer: the figure
+is a lower bound and says so. Without a measured rate the estimate is unknown, with the command that
+measures one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from hwbench.catalog import Catalog
+    from hwbench.device.base import Backend
+    from hwbench.spec import RunSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """The training work of one run: its model FLOPs and what it runs on."""
+
+    flops: float
+    precision: str
+    devices: int  # devices sharing the work: ranks on GPUs and NPUs, nodes (one CPU each) on the CPU
+
+
+def run_work(spec: RunSpec, catalog: Catalog, backend: Backend) -> Work:
+    """The model FLOPs of ``spec``'s warm-up and timed steps (the formula the run reports)."""
+    from hwbench.workload.flops import model_flops_per_iteration
+
+    config = spec.model_config(catalog.workloads[spec.model].model)
+    per_step = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length,
+                                         tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
+                                         formula=spec.flops_formula)
+    devices = spec.launch.world_size if backend.exclusive_devices else spec.launch.nnodes
+    return Work(per_step * (spec.warmup + spec.steps), spec.precision, max(1, devices))
+
+
+def slow_precision_warning(backend: Backend, precision: str) -> str | None:
+    """'--precision fp16: this CPU (...) has no fp16 matrix units ...; --precision fp32 runs at speed here'."""
+    reason = backend.slow_precision(precision)
+    if reason is None:
+        return None
+    instead = [p for p in backend.fast_precisions() if p != precision]
+    return (f"--precision {precision}: {reason}; " + (f"--precision {' or '.join(instead)} runs at speed here"
+                                                      if instead else "no precision runs at speed here"))
+
+
+def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
+    """'hwbench run: at least 2 min 10 s (...)', or why the duration is unknown and how to learn it."""
+    from hwbench.harness.device_check import device_model_name
+    from hwbench.result.describe import measured_ceiling
+    from hwbench.units import flops_rate_text
+
+    work = list(work)
+    model = device_model_name(backend)
+    seconds, rates = 0.0, {}
+    for precision in sorted({w.precision for w in work}):
+        ceiling, reason = measured_ceiling(backend, model, precision)
+        if ceiling is None or not ceiling.flops:
+            then = "; then the same command prints an estimate" if "hwbench calibrate" in (reason or "") else ""
+            return f"{what}: duration unknown: {reason}{then}"
+        rates[precision] = ceiling
+    for w in work:
+        seconds += w.flops / (rates[w.precision].flops * w.devices)
+    total = sum(w.flops for w in work)
+    measured = ", ".join(f"{p} {flops_rate_text(c.flops)} per device (hwbench calibrate, "
+                         f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())
+    return (f"{what}: at least {duration_text(seconds)}: {total / 1e12:,.4g} TFLOP of training steps (warm-up "
+            f"included) at the GEMM rate measured on {model}, {measured}; start-up, validation and a step's "
+            "other work make it longer")
+
+
+def duration_text(seconds: float) -> str:
+    """45 s, 12 min, 3.4 h, 2.1 days."""
+    if seconds < 60:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.1f} days"
+
+
+def before_run(options, estimate: bool = True) -> list[str]:
+    """The lines `hwbench run` says before it starts, each "warning: ..." or "note: ..." (none in a
+    rank torchrun or srun started: the launcher said them); the estimate only with ``estimate``."""
+    import os
+
+    from hwbench.catalog import load_catalog
+    from hwbench.device import select_backend
+    from hwbench.engine.distributed import RankEnvironment
+    from hwbench.spec import build_run_spec
+
+    if RankEnvironment.from_environ() is not None or os.environ.get("SLURM_PROCID", "0") != "0":
+        return []
+    catalog = load_catalog()
+    spec = build_run_spec(options, catalog)
+    backend = select_backend(spec.device)
+    warning = slow_precision_warning(backend, spec.precision)
+    return ([f"warning: {warning}"] if warning else []) + (
+        ["note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")] if estimate else [])
+
+
+def before_sweep(suite, options, estimate: bool = True) -> list[str]:
+    """The lines `hwbench sweep` says before a local sweep starts: each device's slow precisions and
+    the estimate of every point and repeat (points `hwbench run` would refuse are left out: the
+    sweep records them as invalid)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.device import select_backend
+    from hwbench.errors import UsageError
+    from hwbench.harness.executor import point_runs
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    by_device: dict[str, list] = {}
+    for run in point_runs(suite, options, {}):
+        try:
+            spec = build_run_spec(run.options, catalog, check_paths=False)
+        except UsageError:
+            continue
+        by_device.setdefault(spec.device, []).append(spec)
+    lines = []
+    for device, specs in by_device.items():
+        backend = select_backend(device)
+        for precision in sorted({spec.precision for spec in specs}):
+            warning = slow_precision_warning(backend, precision)
+            if warning:
+                lines.append(f"warning: {warning}")
+        what = f"{len(specs)} run(s) of suite {suite.name}" + (f" on --device {device}" if len(by_device) > 1 else "")
+        if estimate:
+            lines.append("note: " + estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what))
+    return lines

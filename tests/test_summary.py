@@ -1,0 +1,40 @@
+"""The table `hwbench run` prints after a run (hwbench/report/summary.py), from a real result
+(tests/data/compare/tiny-cpu.json) with the validations set."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from hwbench.report.summary import run_summary_rows
+from hwbench.result.model import RunResult
+
+TEMPLATE = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
+
+
+def with_validations(steps: list[int]) -> RunResult:
+    data = json.loads(TEMPLATE.read_text())
+    losses = [10.5 - 0.1 * i for i in range(len(steps))]
+    data["metrics"]["validation"] = [{"step": s, "loss": loss, "ppl": math.exp(loss)} for s, loss in zip(steps, losses)]
+    data["metrics"].update(valid_ppl=math.exp(losses[-1]), valid_loss=losses[-1], valid_ppl_step=steps[-1])
+    return RunResult.from_dict(data)
+
+
+def test_every_validation_is_shown_not_only_the_last():
+    rows = dict(run_summary_rows(with_validations([2, 4, 6])))
+    assert rows["validation"].startswith(f"PPL {math.exp(10.3):,.3f} (loss 10.3000) after 6 steps")
+    assert rows["validation curve"] == (f"PPL after step 2: {math.exp(10.5):,.1f}, 4: {math.exp(10.4):,.1f}, "
+                                        f"6: {math.exp(10.3):,.1f}")
+
+
+def test_a_long_curve_is_shown_briefly():
+    steps = list(range(100, 2100, 100))  # 20 validations
+    curve = dict(run_summary_rows(with_validations(steps)))["validation curve"]
+    shown = [int(part.split(":")[0]) for part in curve.removeprefix("PPL after step ").split(" (")[0].split(", ")]
+    assert shown[0] == 100 and shown[-1] == 2000 and len(shown) == 6
+    assert curve.endswith("(14 more in the result's metrics.validation)")
+
+
+def test_one_validation_has_no_curve():
+    assert "validation curve" not in dict(run_summary_rows(with_validations([4])))
