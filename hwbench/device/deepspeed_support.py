@@ -85,7 +85,7 @@ def _install_torch_six_shim() -> dict[str, Any]:
 
     shim = torch_six_shim()
     sys.modules["torch._six"] = shim
-    setattr(torch, "_six", shim)  # `import torch._six as x` reads the attribute of the parent package
+    torch._six = shim  # type: ignore[attr-defined]  # `import torch._six as x` reads the attribute of the parent package
     return {"patch": patch, "applied": True,
             "why": "PyTorch 2 removed torch._six; DeepSpeed 0.6-era releases and deepspeed_npu import inf from it"}
 
