@@ -265,7 +265,8 @@ def test_an_unreachable_pushgateway_is_one_line_and_exit_1_with_the_file_kept(re
 
 
 def test_tensorboard_scalars_read_by_tensorboards_event_reader(results, tmp_path, capsys):
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     code, _, err = export(capsys, "tensorboard", results, "--out", tmp_path / "logs")

@@ -9,7 +9,8 @@ durations (`steps[].time_s`), and `run_stop` at run_start plus the timed window'
 hwbench measured, without the untimed warm-up. A block is the timed steps up to a validation
 (or to the end); `eval_accuracy` is the validation loss (log perplexity, as MLPerf's language
 model benchmarks count it); `samples_count` counts the samples trained so far, warm-up
-included; a validation after a warm-up step is logged before the first block. The system description is `hwbench system`'s (hwbench.report.system) with every
+included; a validation after a warm-up step is logged before the first block. The system
+description is `hwbench system`'s (hwbench.report.system) with every
 field MLPerf's checker requires, written as MLPerf's files write them: every value text, an
 unknown one empty, and `sw_notes` naming the fields the result does not record.
 """
