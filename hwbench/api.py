@@ -114,3 +114,29 @@ def export(format: str, paths: str | os.PathLike | Iterable[str | os.PathLike], 
     request = ExportRequest(submitter=submitter, division=division, status=status, platform=platform, push=push,
                             job=job)
     return export_results(format, _paths(paths, "RESULTS"), out, request)
+
+
+def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike):
+    """Every result under ``paths`` with its logs, the report, the machines' descriptions and a
+    SHA-256 manifest in one .tar.gz, as `hwbench archive`: an ArchiveOutcome (``path``,
+    ``results``, ``files``, ``skipped``)."""
+    from hwbench.report.archive import make_archive
+
+    return make_archive(_paths(paths, "RESULTS"), out)
+
+
+def verify_archive(path: str | os.PathLike) -> int:
+    """`hwbench archive --verify`: how many files match the manifest, else
+    hwbench.report.archive.ArchiveProblem naming each file that does not."""
+    from hwbench.report.archive import verify_archive as verify
+
+    return verify(path)
+
+
+def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", nproc_per_node: int = 1,
+              threads_per_rank: int | None = None):
+    """The machine checked before it is measured, as `hwbench preflight`: a PreflightReport
+    (``checks``, each with ``status``, ``reading``, ``value``, ``reason``; ``worst``; ``to_dict()``)."""
+    from hwbench.harness.preflight import preflight as check
+
+    return check(device, out, nproc_per_node, threads_per_rank)

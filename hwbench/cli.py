@@ -37,6 +37,7 @@ COMMANDS = {
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",
     "system": "an MLPerf-style system description of the machine a result ran on",
     "preflight": "check the machine before measuring: other processes, clocks, governor, swap, quota, ...; exit 1 on a failure",
+    "archive": "pack results, logs, the report and a SHA-256 manifest into one .tar.gz; --verify checks one",
     "export": "results as MLPerf logs, CI benchmark JSON, Prometheus text, TensorBoard scalars, Parquet or CSV",
     "data": "prepare datasets: `hwbench data prepare --help`",
     "k8s": "print a Kubeflow PyTorchJob (or TrainJob) manifest that runs `hwbench run` on every pod",
