@@ -276,3 +276,39 @@ def test_compare_and_the_report_name_a_preflight_difference(single_process_run, 
         path.unlink()
     main(["compare", str(base), str(current)])
     assert "preflight." not in "".join(capsys.readouterr())
+
+
+def fake_amdsmi(processes: list, uncorrectable: int, perf_level: str, violations: dict) -> types.ModuleType:
+    """An amdsmi with one MI300X answering the calls AMD SMI's Python reference documents
+    (amdsmi_get_processor_handles, _gpu_process_list, _gpu_total_ecc_count, _gpu_perf_level, ...)."""
+    smi = types.ModuleType("amdsmi")
+    smi.AmdSmiClkType = types.SimpleNamespace(GFX=0)
+    smi.amdsmi_init = lambda *flags: None
+    smi.amdsmi_get_processor_handles = lambda: ["h0"]
+    smi.amdsmi_get_gpu_device_bdf = lambda handle: "0000:0c:00.0"
+    smi.amdsmi_get_gpu_process_list = lambda handle: processes
+    smi.amdsmi_get_gpu_vram_usage = lambda handle: {"vram_total": 196592, "vram_used": 283}
+    smi.amdsmi_get_gpu_total_ecc_count = lambda handle: {"correctable_count": 0, "uncorrectable_count": uncorrectable}
+    smi.amdsmi_get_clock_info = lambda handle, kind: {"clk": 132, "max_clk": 2100}
+    smi.amdsmi_get_gpu_perf_level = lambda handle: perf_level
+    smi.amdsmi_get_violation_status = lambda handle: violations
+    return smi
+
+
+def test_an_amd_gpu_through_amd_smi(monkeypatch):
+    monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([], 0, "AMDSMI_DEV_PERF_LEVEL_AUTO",
+                                                           {"active_ppt_pwr": False, "active_hbm_thrm": False}))
+    checks = {check.name: check for check in preflight("rocm", ".", environ={}).checks}
+    for name in ("other_processes", "device_memory", "ecc_errors", "clocks"):
+        assert checks[name].status == "ok", checks[name]
+    assert checks["clocks"].value == "not locked" and "performance level AUTO" in checks["clocks"].reading
+    assert checks["persistence_mode"].status is None and "no persistence mode" in checks["persistence_mode"].reason
+
+    monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([{"pid": 77, "name": "python"}], 1,
+                                                           "AMDSMI_DEV_PERF_LEVEL_STABLE_PEAK",
+                                                           {"active_ppt_pwr": True, "active_hbm_thrm": True}))
+    checks = {check.name: check for check in preflight("rocm", ".", environ={}).checks}
+    assert checks["other_processes"].status == "failure" and "pid 77 python" in checks["other_processes"].reading
+    assert checks["ecc_errors"].status == "failure"
+    assert checks["clocks"].status == "failure" and "hbm_thermal" in checks["clocks"].reason
+    assert checks["clocks"].value == "locked"
