@@ -126,6 +126,47 @@ def test_threads_within_the_quota_are_ok(tmp_path, monkeypatch):
     assert (check.status, check.value) == ("ok", "4 CPUs")
 
 
+def test_a_bare_container_fails_no_check_and_an_unforeseen_error_is_a_warning(tmp_path, monkeypatch):
+    """A CI container: no accelerator, no cpufreq, no NUMA, no THP, a cgroup quota file in a form
+    not foreseen, and a device tool that raises. Every check is read or says why; none fails."""
+    import hwbench.device.preflight as devices
+    import hwbench.harness.preflight as module
+
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/ci\n")
+    (tmp_path / "proc/meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 900 kB\n")
+    (tmp_path / "sys/fs/cgroup/ci").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/ci/cpu.max").write_text("150000 one-hundred-thousand\n")
+    monkeypatch.setattr(module, "allowed_cpus", lambda: [0, 1])
+    host = Host(proc=tmp_path / "proc", sys=tmp_path / "sys")
+    checks = {check.name: check for check in preflight("cpu", tmp_path, 2, 1, {}, host).checks}
+    assert list(checks) == list(CHECKS) and not [check for check in checks.values() if check.status == "failure"]
+    for name in ("cpu_governor", "numa_balancing", "transparent_hugepages", "swap", "cpu_quota"):
+        assert checks[name].status is None and checks[name].reason, checks[name]
+    assert "unreadable" in checks["cpu_quota"].reason
+
+    def broken_tool(environ):
+        raise RuntimeError("driver/library version mismatch")
+
+    monkeypatch.setitem(devices.READERS, "cuda", ("nvml", broken_tool))
+    report = preflight("cuda", tmp_path, environ={}, host=host)
+    device_part = [check for check in report.checks if check.name in CHECKS[:5]]
+    assert [check.status for check in device_part] == ["warning"] * 5
+    assert all("RuntimeError: driver/library version mismatch" in check.reason for check in device_part)
+    assert report.worst == "warning"
+
+
+def test_a_device_this_machine_cannot_use_is_refused_by_the_run_alone(tmp_path):
+    """The run's own one-line error, with no preflight table of a machine it will not measure."""
+    from hwbench.device import unavailable_reason
+    from hwbench.harness.run import machine_checked
+
+    for kind in ("cuda", "rocm", "npu"):
+        if unavailable_reason(kind) is not None:
+            assert machine_checked(kind, tmp_path, 1) is None
+    assert machine_checked("cpu", tmp_path, 1).device == "cpu"
+
+
 # --- the devices, through their tools' stand-ins ----------------------------------------------------
 
 
@@ -312,3 +353,16 @@ def test_an_amd_gpu_through_amd_smi(monkeypatch):
     assert checks["ecc_errors"].status == "failure"
     assert checks["clocks"].status == "failure" and "hbm_thermal" in checks["clocks"].reason
     assert checks["clocks"].value == "locked"
+
+
+def test_the_history_starts_a_new_segment_where_a_preflight_reading_changes(single_process_run):
+    from hwbench.history.series import Night, segments_of
+    from hwbench.result.environment import performance_fingerprint
+    from hwbench.result.model import RunResult
+
+    nights = [Night(f"2026-11-0{day}", "abc", f"2026-11-0{day}T01:00:00+00:00", [100.0], [f"run-{day}"],
+                    performance_fingerprint(RunResult.from_dict(with_governor(single_process_run, governor, f"r{day}"))))
+              for day, governor in ((1, "performance"), (2, "performance"), (3, "powersave"))]
+    first, second = segments_of(nights)
+    assert len(first.nights) == 2 and second.environment_change == [("preflight.cpu_governor", ["performance"],
+                                                                      ["powersave"])]

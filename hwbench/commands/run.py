@@ -96,9 +96,8 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.harness.run import run_and_store
-
     from hwbench.commands.preflight import print_findings
+    from hwbench.harness.run import run_and_store
 
     outcome = run_and_store(options_from_namespace(args), show_progress=not args.quiet, on_preflight=print_findings)
     result, stored = outcome.result, outcome.stored

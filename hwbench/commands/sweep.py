@@ -64,9 +64,11 @@ def main(args: argparse.Namespace) -> int:
     settings = _slurm_settings(args)
     if args.preflight and settings is None:  # Slurm points run elsewhere: each checks its own node
         from hwbench.commands.preflight import print_findings
-        from hwbench.harness.preflight import preflight
+        from hwbench.harness.run import machine_checked
 
-        print_findings(preflight(args.device or "auto", args.out, args.nproc_per_node or 1))
+        checked = machine_checked(args.device or "auto", args.out, args.nproc_per_node or 1)
+        if checked is not None:
+            print_findings(checked)
     try:
         records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:

@@ -86,14 +86,32 @@ def preflight(device: str = "auto", out_dir: str | os.PathLike = ".", ranks: int
     from hwbench.device.preflight import read_devices
 
     started = time.perf_counter()
-    readings = read_devices(device, environ)
+    try:
+        readings = read_devices(device, environ)
+        kind, source = readings.kind, readings.source
+        checks = device_checks(readings.devices, readings.reason, readings.kind)
+    except Exception as error:  # a tool that answers in a way not foreseen: the run goes on
+        kind, source = device, "none"
+        checks = [unreadable(name, error) for name in CHECKS[:5]]
     threads = threads_per_rank or share_of_cores(ranks)
-    checks = [*device_checks(readings.devices, readings.reason, readings.kind),
-              cpu_governor(host), numa_balancing(host), transparent_hugepages(host), swap(host),
-              cpu_quota(ranks, threads, host), collective(environ), disk_space(out_dir)]
-    return PreflightReport(readings.kind, readings.source, checks,
+    host_checks = {"cpu_governor": lambda: cpu_governor(host), "numa_balancing": lambda: numa_balancing(host),
+                   "transparent_hugepages": lambda: transparent_hugepages(host), "swap": lambda: swap(host),
+                   "cpu_quota": lambda: cpu_quota(ranks, threads, host), "collective_settings": lambda: collective(environ),
+                   "disk_space": lambda: disk_space(out_dir)}
+    for name, check in host_checks.items():
+        try:
+            checks.append(check())
+        except Exception as error:
+            checks.append(unreadable(name, error))
+    return PreflightReport(kind, source, checks,
                            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                            round(time.perf_counter() - started, 3))
+
+
+def unreadable(name: str, error: Exception) -> Check:
+    """A check whose reading failed in a way not foreseen (a file of another format, a tool's
+    error): a warning with the reason, never a failure, so that no run stops on the check itself."""
+    return Check(name, WARNING, None, reason=f"could not be read: {type(error).__name__}: {error}")
 
 
 # --- the device -----------------------------------------------------------------------------------

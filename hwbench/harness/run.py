@@ -46,7 +46,8 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     notes: list[str] = [f"--settings {spec.settings_choice}"] if spec.settings_choice and rank_env is None else []
-    checked = machine_checked(spec) if rank_env is None and options.value("preflight") else None
+    checked = (machine_checked(spec.device, spec.out_dir, spec.launch.nproc_per_node, spec.threads_per_rank)
+               if rank_env is None and options.value("preflight") else None)
     if checked is not None and on_preflight is not None:
         on_preflight(checked)
     if rank_env is not None:
@@ -70,15 +71,20 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     return RunOutcome(result, stored, tuple(notes), checked)
 
 
-def machine_checked(spec) -> PreflightReport:
-    """hwbench preflight for the run this process launches: its device, this node's ranks and
-    their threads, its --out. Before any rank starts, so that none of them counts as another
-    process on the device. (Tasks srun starts as ranks are not checked: they start together.)"""
-    from hwbench.device import detect_device
+def machine_checked(device: str, out_dir, ranks: int, threads_per_rank: int | None = None) -> PreflightReport | None:
+    """hwbench preflight for a run this process launches: its device, this node's ranks and their
+    threads, its --out. Before any rank starts, so that none of them counts as another process on
+    the device. None when the device cannot be used here: the run then refuses it with its own
+    one-line error, and a table of a machine that will not be measured says nothing. (Tasks srun
+    starts as ranks are not checked: they start together.)"""
+    from hwbench.device import detect_device, unavailable_reason
     from hwbench.harness.preflight import preflight
 
-    device = detect_device() if spec.device == "auto" else spec.device  # the kind the run will use
-    return preflight(device, spec.out_dir, spec.launch.nproc_per_node, spec.threads_per_rank)
+    if device == "auto":
+        device = detect_device()  # the kind the run will use
+    elif unavailable_reason(device) is not None:
+        return None
+    return preflight(device, out_dir, ranks, threads_per_rank)
 
 
 def with_preflight(result: RunResult, checked: PreflightReport) -> None:
