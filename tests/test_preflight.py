@@ -222,6 +222,16 @@ def test_a_healthy_gpu_is_ok(monkeypatch):
     assert checks["other_processes"].value == "none" and checks["persistence_mode"].value == "on"
 
 
+def test_this_process_on_the_gpu_is_not_another_process(monkeypatch):
+    """hwbench.run twice in one Python session: the first run's context is this process's own."""
+    import os
+
+    mine = {**healthy_gpu("GPU-aaaa"), "processes": [types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=2**30)]}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([mine]))
+    other = {check.name: check for check in preflight("cuda", ".", environ={}).checks}["other_processes"]
+    assert (other.status, other.reading) == ("ok", "none")
+
+
 def test_what_makes_a_gpu_figure_wrong_is_a_failure_naming_it(monkeypatch):
     busy = {**healthy_gpu("GPU-bbbb"), "processes": [types.SimpleNamespace(pid=4242, usedGpuMemory=3 * 2**30)],
             "memory": types.SimpleNamespace(free=40 * 2**30, total=80 * 2**30),

@@ -182,7 +182,7 @@ AUTO_PERF_LEVEL = "AUTO"  # amdsmi_get_gpu_perf_level's default; MANUAL, STABLE_
 
 def amdsmi_health(environ) -> tuple[list, str | None]:
     """Every GPU AMD SMI lists, as it describes it before a run; ([], why) when it cannot be read."""
-    from hwbench.device.health import DeviceHealth
+    from hwbench.device.health import DeviceHealth, not_this_process
 
     smi, reason = import_amdsmi()
     if smi is None:
@@ -202,7 +202,8 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
         if processes is None:
             device.unread["processes"] = "AMD SMI: no process list (it needs root on some releases)"
         else:
-            device.processes = sorted({_process_text(process) for process in processes})
+            device.processes = sorted({_process_text(process) for process in processes
+                                       if not_this_process(process.get("pid") if isinstance(process, dict) else process)})
         vram = sampler._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
         total, used = _value(vram.get("vram_total")), _value(vram.get("vram_used"))
         if total is not None and used is not None:  # MB

@@ -14,6 +14,7 @@ preflight.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Mapping
 
@@ -129,6 +130,12 @@ def collective_settings(environ: Mapping[str, str]) -> tuple[dict[str, str], lis
     slowing = [f"{name}={value}" for name, value in found.items()
                if SLOWING_SETTINGS.get(name, "").lower() == value.strip().lower()]
     return found, slowing
+
+
+def not_this_process(pid: object) -> bool:
+    """False for this process itself: a Python session that ran on the device before (hwbench.run
+    twice) holds a context there, which is not another process competing with the run."""
+    return pid != os.getpid()
 
 
 def process_name(pid: int, proc: Path = PROC) -> str:

@@ -177,7 +177,7 @@ def npu_smi_health(environ, command: str = "npu-smi") -> tuple[list, str | None]
     """Each chip ``npu-smi info`` lists (those ASCEND_RT_VISIBLE_DEVICES names, where set), as it
     describes them before a run: processes, HBM (else memory) free, its Health verdict; ([], why)
     when npu-smi is missing or fails. npu-smi info shows no ECC counts, clocks or persistence."""
-    from hwbench.device.health import DeviceHealth
+    from hwbench.device.health import DeviceHealth, not_this_process
 
     path = shutil.which(command)
     if path is None:
@@ -195,7 +195,7 @@ def npu_smi_health(environ, command: str = "npu-smi") -> tuple[list, str | None]
             continue
         device = DeviceHealth(f"npu {device_id}", health=row.get("health") or None)
         device.processes = [f"pid {p['pid']} {p['name']}, {p['memory_mib'] / 1024:.1f} GiB" for p in processes
-                            if (p["npu"], p["chip"]) == (row["npu"], row.get("chip"))]
+                            if (p["npu"], p["chip"]) == (row["npu"], row.get("chip")) and not_this_process(p["pid"])]
         used, total = ((row.get("hbm_used_mb"), row.get("hbm_total_mb")) if row.get("hbm_total_mb")
                        else (row.get("memory_used_mb"), row.get("memory_total_mb")))
         if used is not None and total:  # npu-smi's MB are MiB

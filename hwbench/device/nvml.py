@@ -302,13 +302,16 @@ def _call(call: Callable[[], Any]) -> Any:
 
 
 def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
+    from hwbench.device.health import not_this_process
+
     not_supported = "NVML: not supported on this GPU or driver"
     processes = _call(lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
                       + list(nv.nvmlDeviceGetGraphicsRunningProcesses(handle)))
     if processes is None:
         device.unread["processes"] = not_supported
     else:
-        device.processes = sorted({_process_text(nv, process) for process in processes})
+        device.processes = sorted({_process_text(nv, process) for process in processes
+                                   if not_this_process(getattr(process, "pid", None))})
     memory = _call(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
     if memory is None:
         device.unread["memory_free_bytes"] = not_supported
