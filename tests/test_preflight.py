@@ -376,3 +376,35 @@ def test_the_history_starts_a_new_segment_where_a_preflight_reading_changes(sing
     first, second = segments_of(nights)
     assert len(first.nights) == 2 and second.environment_change == [("preflight.cpu_governor", ["performance"],
                                                                       ["powersave"])]
+
+
+def test_sweep_no_preflight_reaches_every_point_and_keeps_the_resume_key(tmp_path):
+    """Each point's run gets --no-preflight; the key a sweep resumes by is the same either way, so
+    a sweep resumed with or without the check keeps the results it has."""
+    import yaml
+
+    from hwbench.harness.executor import Executor, SweepOptions, run_points
+    from hwbench.harness.suite import load_suite
+
+    class Recording(Executor):  # submits nothing: records what each point's run would be
+        def __init__(self):
+            self.submitted = []
+
+        def machine(self):
+            return {"host": "node"}
+
+        def submit(self, run, kept):
+            self.submitted.append((run.argv, run.sweep["key"]))
+
+    path = tmp_path / "pair.yaml"
+    path.write_text(yaml.safe_dump({"name": "pair", "defaults": {"model": "tiny", "steps": 2},
+                                    "points": [{"name": "a"}, {"name": "b", "seq-length": 32}]}))
+    suite, submitted = load_suite(path), {}
+    for preflight in (True, False):
+        executor = Recording()
+        run_points(suite, SweepOptions(out_dir=tmp_path / "out", preflight=preflight), executor, say=lambda line: None)
+        submitted[preflight] = executor.submitted
+    assert all("--no-preflight" not in argv for argv, _key in submitted[True])
+    assert all("--no-preflight" in argv for argv, _key in submitted[False])
+    keys = [[key for _argv, key in submitted[preflight]] for preflight in (True, False)]
+    assert keys[0] == keys[1] and len(set(keys[0])) == 2
