@@ -83,19 +83,9 @@ def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
     as a pandas DataFrame: a row per run, fields flattened with dots (spec.model,
     metrics.tokens_per_s) and `path`. Files left out (unreadable, a copy of a run already
     read) in ``frame.attrs["skipped"]``: (path, reason)."""
-    import warnings
+    from hwbench.result.table import results_frame
 
-    import pandas as pd
-
-    from hwbench.result.store import read_results
-
-    found, skipped = read_results(_paths(paths, "paths"))
-    rows = [{"path": str(path), **result.to_dict()} for result, path in found]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        frame = pd.json_normalize(rows, max_level=3) if rows else pd.DataFrame()
-    frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
-    return frame
+    return results_frame(_paths(paths, "paths"))
 
 
 def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *, format: str = "md",
@@ -110,3 +100,43 @@ def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *,
     text, _skipped = write(_paths(paths, "RESULTS"), format, against, prices or {}, tokens, projection_devices, out,
                            also_formula)
     return text
+
+
+def export(format: str, paths: str | os.PathLike | Iterable[str | os.PathLike], *,
+           out: str | os.PathLike | None = None, push: str | None = None, job: str = "hwbench",
+           submitter: str | None = None, division: str | None = None, status: str | None = None,
+           platform: str | None = None):
+    """Results in another tool's format, as `hwbench export` (docs/exports.md): an
+    ExportOutcome (``text`` of a text format, the files ``written``, the files ``skipped`` and
+    runs ``left_out`` with their reasons). hwbench.exports.PushError when ``push`` fails."""
+    from hwbench.exports import ExportRequest, export as export_results
+
+    request = ExportRequest(submitter=submitter, division=division, status=status, platform=platform, push=push,
+                            job=job)
+    return export_results(format, _paths(paths, "RESULTS"), out, request)
+
+
+def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike):
+    """Every result under ``paths`` with its logs, the report, the machines' descriptions and a
+    SHA-256 manifest in one .tar.gz, as `hwbench archive`: an ArchiveOutcome (``path``,
+    ``results``, ``files``, ``skipped``)."""
+    from hwbench.report.archive import make_archive
+
+    return make_archive(_paths(paths, "RESULTS"), out)
+
+
+def verify_archive(path: str | os.PathLike) -> int:
+    """`hwbench archive --verify`: how many files match the manifest, else
+    hwbench.report.archive.ArchiveProblem naming each file that does not."""
+    from hwbench.report.archive import verify_archive as verify
+
+    return verify(path)
+
+
+def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", nproc_per_node: int = 1,
+              threads_per_rank: int | None = None):
+    """The machine checked before it is measured, as `hwbench preflight`: a PreflightReport
+    (``checks``, each with ``status``, ``reading``, ``value``, ``reason``; ``worst``; ``to_dict()``)."""
+    from hwbench.harness.preflight import preflight as check
+
+    return check(device, out, nproc_per_node, threads_per_rank)

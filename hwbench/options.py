@@ -245,6 +245,9 @@ class RunOptions:
     timeout: float | None = option("seconds before a run that has not finished is ended, every process with it",
                                    default=1800.0, minimum=0, above_minimum=True, maximum=30 * 86400.0,
                                    accepts="seconds", group=PROCESSES)
+    preflight: bool | None = option(
+        "check the machine first (hwbench preflight): other processes on the device, clocks, governor, swap, ...; "
+        "the readings go into the result's environment.preflight", default=True, group=PROCESSES)
 
     def __post_init__(self) -> None:
         for name, value in self.given().items():

@@ -28,6 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true",
                         help="when another sweep is writing the same suite folder, wait for it instead of refusing")
     parser.add_argument("--quiet", action="store_true", help="no line per point")
+    parser.add_argument("--no-preflight", dest="preflight", action="store_false",
+                        help="check nothing first: neither the machine before the sweep nor before each point "
+                             "(hwbench preflight; each point's result holds its readings otherwise)")
     slurm = parser.add_argument_group("Slurm (--executor slurm: every point one Slurm job; docs/slurm.md)")
     slurm.add_argument("--executor", choices=("local", "slurm"), default="local",
                        help="local: one point after another on this machine (default); slurm: each point an sbatch job")
@@ -56,13 +59,21 @@ def main(args: argparse.Namespace) -> int:
 
     suite = load_suite(find_suite(args.suite))
     options = SweepOptions(out_dir=args.out, device=args.device, nproc_per_node=args.nproc_per_node,
-                           repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait)
+                           repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait,
+                           preflight=args.preflight)
     settings = _slurm_settings(args)
     if settings is None:  # a local sweep: its slow precisions and (unless --quiet) duration, before it starts
         from hwbench.harness.estimate import before_sweep
 
         for line in before_sweep(suite, options, estimate=not args.quiet):
             print(f"hwbench: {line}", file=sys.stderr, flush=True)
+    if args.preflight and settings is None:  # Slurm points run elsewhere: each checks its own node
+        from hwbench.commands.preflight import print_findings
+        from hwbench.harness.run import machine_checked
+
+        checked = machine_checked(args.device or "auto", args.out, args.nproc_per_node or 1)
+        if checked is not None:
+            print_findings(checked)
     try:
         records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:

@@ -70,6 +70,14 @@ def _construct(requested: str) -> "Backend":
     return CpuBackend()
 
 
+def unavailable_reason(kind: str) -> str | None:
+    """None when this machine can run on ``kind`` (a kind of DEVICE_CHOICES, not auto); otherwise
+    why not, as select_backend would refuse it."""
+    if kind == "cpu":
+        return None
+    return _accelerator_classes()[kind].unavailable_reason()
+
+
 def detect_device() -> str:
     """The device kind --device auto uses on this machine."""
     return detect_device_explained()[0]
@@ -87,4 +95,5 @@ def detect_device_explained() -> tuple[str, tuple[str, ...]]:
     return "cpu", tuple(passed_over)
 
 
-__all__ = ["Backend", "DEVICE_CHOICES", "MemoryStats", "PRECISION_DTYPES", "detect_device", "detect_device_explained", "select_backend"]
+__all__ = ["DEVICE_CHOICES", "PRECISION_DTYPES", "Backend", "MemoryStats", "detect_device", "detect_device_explained",
+           "select_backend", "unavailable_reason"]

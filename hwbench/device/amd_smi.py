@@ -172,3 +172,74 @@ def amdgpu_driver_version(bus_id: str | None) -> str | None:
         return open("/sys/module/amdgpu/version").read().strip() or None
     except OSError:
         return None
+
+
+# --- before a run (hwbench preflight) ----------------------------------------------------------------
+
+# The violations that are the hardware protecting itself (thermal, voltage), against the power budget
+HARDWARE_VIOLATIONS = ("prochot_thermal", "socket_thermal", "voltage_regulator_thermal", "hbm_thermal")
+AUTO_PERF_LEVEL = "AUTO"  # amdsmi_get_gpu_perf_level's default; MANUAL, STABLE_* and DETERMINISM fix the clocks
+
+
+def amdsmi_health(environ) -> tuple[list, str | None]:
+    """Every GPU AMD SMI lists, as it describes it before a run; ([], why) when it cannot be read."""
+    from hwbench.device.health import DeviceHealth, not_this_process
+
+    smi, reason = import_amdsmi()
+    if smi is None:
+        return [], reason
+    try:
+        smi.amdsmi_init()
+        handles = list(smi.amdsmi_get_processor_handles())
+    except Exception as error:
+        return [], f"AMD SMI unavailable: {type(error).__name__}: {error}"
+    sampler = AmdSmiSampler.__new__(AmdSmiSampler)  # its wrapped queries, without starting a sampler
+    sampler._amdsmi = smi
+    devices = []
+    for index, handle in enumerate(handles):
+        bdf = sampler._query(lambda: smi.amdsmi_get_gpu_device_bdf(handle))
+        device = DeviceHealth(f"gpu {index}" + (f" ({bdf})" if bdf else ""))
+        processes = sampler._query(lambda: smi.amdsmi_get_gpu_process_list(handle))
+        if processes is None:
+            device.unread["processes"] = "AMD SMI: no process list (it needs root on some releases)"
+        else:
+            device.processes = sorted({_process_text(process) for process in processes
+                                       if not_this_process(process.get("pid") if isinstance(process, dict) else process)})
+        vram = sampler._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
+        total, used = _value(vram.get("vram_total")), _value(vram.get("vram_used"))
+        if total is not None and used is not None:  # MB
+            device.memory_total_bytes, device.memory_free_bytes = int(total * 2**20), int((total - used) * 2**20)
+        else:
+            device.unread["memory_free_bytes"] = "AMD SMI: no VRAM usage"
+        ecc = sampler._query(lambda: smi.amdsmi_get_gpu_total_ecc_count(handle)) or {}
+        device.ecc_uncorrected = _count(ecc.get("uncorrectable_count"))
+        device.ecc_corrected = _count(ecc.get("correctable_count"))
+        if device.ecc_uncorrected is None:
+            device.unread["ecc_uncorrected"] = "AMD SMI: no ECC counts"
+        clock = sampler._query(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
+        device.clock_mhz, device.max_clock_mhz = _value(clock.get("clk")), _value(clock.get("max_clk"))
+        level = sampler._query(lambda: smi.amdsmi_get_gpu_perf_level(handle))
+        if level is None:
+            device.unread["clocks_locked"] = "AMD SMI: no performance level"
+        else:
+            text = str(getattr(level, "name", level)).removeprefix("AMDSMI_DEV_PERF_LEVEL_")
+            device.clocks_locked, device.clocks_how = text != AUTO_PERF_LEVEL, f"performance level {text}"
+        device.throttle_reasons = sampler._throttle_reasons(handle)
+        device.hardware_throttles = [reason for reason in device.throttle_reasons or []
+                                     if reason in HARDWARE_VIOLATIONS]
+        if device.throttle_reasons is None:
+            device.unread["throttle_reasons"] = "AMD SMI: no violation status or throttle flag"
+        device.unread["persistence_mode"] = "AMD GPUs have no persistence mode (the amdgpu driver stays loaded)"
+        devices.append(device)
+    return devices, None if devices else "AMD SMI lists no GPU"
+
+
+def _count(value: Any) -> int | None:
+    number = _value(value)
+    return None if number is None else int(number)
+
+
+def _process_text(process: Any) -> str:
+    info = process if isinstance(process, dict) else {}
+    pid, name = info.get("pid", process), info.get("name") or "?"
+    return f"pid {pid} {name}"

@@ -158,3 +158,50 @@ class NpuSmiSampler(TelemetrySampler):
             used = row.get("hbm_used_mb") if row.get("hbm_used_mb") is not None else row.get("memory_used_mb")
             readings.append({**row, "memory_used_mib": used})
         return readings
+
+
+# --- before a run (hwbench preflight) ----------------------------------------------------------------
+
+# A row of the process table under the chips: | NPU Chip | Process id | Process name | Process memory(MB) |
+_PROCESS_ROW = re.compile(r"^\|\s*(?P<npu>\d+)\s+(?P<chip>\d+)\s*\|\s*(?P<pid>\d+)\s*\|\s*(?P<name>[^|]*?)\s*\|"
+                          r"\s*(?P<memory>\d+)\s*\|\s*$")
+
+
+def parse_npu_smi_processes(text: str) -> list[dict[str, Any]]:
+    """The process table of ``npu-smi info``: npu, chip, pid, name and memory (MiB) of each process."""
+    return [{"npu": int(m["npu"]), "chip": int(m["chip"]), "pid": int(m["pid"]), "name": m["name"],
+             "memory_mib": int(m["memory"])}
+            for m in map(_PROCESS_ROW.match, text.splitlines()) if m]
+
+
+def npu_smi_health(environ, command: str = "npu-smi") -> tuple[list, str | None]:
+    """Each chip ``npu-smi info`` lists (those ASCEND_RT_VISIBLE_DEVICES names, where set), as it
+    describes them before a run: processes, HBM (else memory) free, its Health verdict; ([], why)
+    when npu-smi is missing or fails. npu-smi info shows no ECC counts, clocks or persistence."""
+    from hwbench.device.health import DeviceHealth, not_this_process
+
+    path = shutil.which(command)
+    if path is None:
+        return [], "npu-smi is not on PATH (it comes with the Ascend driver)"
+    try:
+        output = subprocess.run([path, "info"], capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        return [], f"npu-smi info failed: {type(error).__name__}: {error}"
+    visible = {int(item) for item in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if item.strip().isdigit()}
+    processes = parse_npu_smi_processes(output)
+    devices = []
+    for row in parse_npu_smi_rows(output):
+        device_id = row.get("device_id", row["npu"])
+        if visible and device_id not in visible:
+            continue
+        device = DeviceHealth(f"npu {device_id}", health=row.get("health") or None)
+        device.processes = [f"pid {p['pid']} {p['name']}, {p['memory_mib'] / 1024:.1f} GiB" for p in processes
+                            if (p["npu"], p["chip"]) == (row["npu"], row.get("chip")) and not_this_process(p["pid"])]
+        used, total = ((row.get("hbm_used_mb"), row.get("hbm_total_mb")) if row.get("hbm_total_mb")
+                       else (row.get("memory_used_mb"), row.get("memory_total_mb")))
+        if used is not None and total:  # npu-smi's MB are MiB
+            device.memory_total_bytes, device.memory_free_bytes = int(total * 2**20), int((total - used) * 2**20)
+        for field in ("ecc_uncorrected", "clocks_locked", "throttle_reasons", "persistence_mode"):
+            device.unread[field] = "npu-smi info does not show it"
+        devices.append(device)
+    return devices, None if devices else "npu-smi info lists no chip that ASCEND_RT_VISIBLE_DEVICES names"

@@ -260,3 +260,100 @@ def nvml_power_limit_w(ids: CudaDeviceIds) -> tuple[float | None, str]:
     if default:
         return default / 1000.0, "the default power limit (nvmlDeviceGetPowerManagementDefaultLimit)"
     return None, "NVML reports no power limit for this GPU"
+
+
+# --- before a run (hwbench preflight) ----------------------------------------------------------------
+
+# The clock event reasons that are the hardware slowing itself down (nvml.h's HW_SLOWDOWN family),
+# against software caps of power and temperature and settings
+HARDWARE_SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def nvml_health(environ) -> tuple[list, str | None]:
+    """Each GPU a run on this node may use, as NVML describes it before the run: the ones
+    CUDA_VISIBLE_DEVICES names by UUID, else every GPU (its indices follow CUDA's order, which
+    NVML's does not share); ([], why) when NVML cannot be read."""
+    from hwbench.device.health import DeviceHealth
+
+    nv = _import_pynvml()
+    if nv is None:
+        return [], "nvidia-ml-py (module pynvml) is not installed"
+    try:
+        nv.nvmlInit()
+        handles = [nv.nvmlDeviceGetHandleByIndex(index) for index in range(nv.nvmlDeviceGetCount())]
+    except Exception as error:
+        return [], f"NVML unavailable: {type(error).__name__}: {error}"
+    visible = [item.strip() for item in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if item.strip()]
+    by_uuid = all(item.startswith(("GPU-", "MIG-")) for item in visible) if visible else False
+    devices = []
+    for index, handle in enumerate(handles):
+        uuid = _text(_call(lambda: nv.nvmlDeviceGetUUID(handle)))
+        if by_uuid and not any(uuid and uuid.startswith(item) for item in visible):
+            continue
+        device = DeviceHealth(f"gpu {index}" + (f" ({uuid})" if uuid else ""))
+        _read_gpu(nv, handle, device)
+        devices.append(device)
+    return devices, None if devices else "NVML lists no GPU that CUDA_VISIBLE_DEVICES names"
+
+
+def _call(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
+    from hwbench.device.health import not_this_process
+
+    not_supported = "NVML: not supported on this GPU or driver"
+    processes = _call(lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+                      + list(nv.nvmlDeviceGetGraphicsRunningProcesses(handle)))
+    if processes is None:
+        device.unread["processes"] = not_supported
+    else:
+        device.processes = sorted({_process_text(nv, process) for process in processes
+                                   if not_this_process(getattr(process, "pid", None))})
+    memory = _call(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+    if memory is None:
+        device.unread["memory_free_bytes"] = not_supported
+    else:
+        device.memory_free_bytes, device.memory_total_bytes = int(memory.free), int(memory.total)
+    volatile = getattr(nv, "NVML_VOLATILE_ECC", 0)
+    device.ecc_uncorrected = _call(lambda: nv.nvmlDeviceGetTotalEccErrors(
+        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile))
+    device.ecc_corrected = _call(lambda: nv.nvmlDeviceGetTotalEccErrors(
+        handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile))
+    if device.ecc_uncorrected is None:
+        device.unread["ecc_uncorrected"] = "NVML: no ECC counts (ECC off, or a GPU without ECC memory)"
+    device.clock_mhz = _call(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
+    device.max_clock_mhz = _call(lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
+    target = _call(lambda: nv.nvmlDeviceGetApplicationsClock(handle, nv.NVML_CLOCK_SM))
+    default = _call(lambda: nv.nvmlDeviceGetDefaultApplicationsClock(handle, nv.NVML_CLOCK_SM))
+    if target is not None and default is not None:
+        device.clocks_locked = target != default
+        device.clocks_how = (f"application clocks {target} MHz (default {default}; nvidia-smi -ac sets them; NVML "
+                             "has no query for clocks locked with nvidia-smi -lgc)")
+    else:
+        device.unread["clocks_locked"] = "NVML: no application clocks on this GPU"
+    mask = _call(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    if mask is None:
+        mask = _call(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    if mask is None:
+        device.unread["throttle_reasons"] = not_supported
+    else:
+        device.throttle_reasons = decode_throttle_reasons(int(mask) & ~GPU_IDLE_BIT)
+        device.hardware_throttles = [reason for reason in device.throttle_reasons if reason in HARDWARE_SLOWDOWNS]
+    persistence = _call(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+    if persistence is None:
+        device.unread["persistence_mode"] = "NVML: not supported (persistence mode is Linux-only)"
+    else:
+        device.persistence_mode = bool(persistence)
+    device.fixes["persistence_mode"] = "nvidia-smi -pm 1"
+
+
+def _process_text(nv: Any, process: Any) -> str:
+    name = _text(_call(lambda: nv.nvmlSystemGetProcessName(process.pid))) or "?"
+    used = getattr(process, "usedGpuMemory", None)
+    memory = f", {used / 2**30:.1f} GiB" if isinstance(used, int) and used < 2**63 else ""
+    return f"pid {process.pid} {name.rsplit('/', 1)[-1]}{memory}"

@@ -59,6 +59,7 @@ class SweepOptions:  # `hwbench sweep`'s options, checked as the command checks 
     force: bool = False
     plan: bool = True  # skip points the memory planner predicts will not fit (local sweeps)
     wait: bool = False  # for another sweep's lock on the folder, instead of refusing
+    preflight: bool = True  # each point's run checks the machine first (--no-preflight: none does)
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, (str, os.PathLike)) or not os.fspath(self.out_dir).strip():
@@ -156,6 +157,8 @@ def point_runs(suite: Suite, options: SweepOptions, defaults: dict[str, Any]) ->
                              f"--out {str(options.out_dir)!r}; give plain folder names")
         for repeat in range(options.repeats):
             run_options, label = point_options(point, defaults), f"[{len(runs) + 1}/{total}] {point.name}"
+            if not options.preflight:
+                run_options = run_options.merged(preflight=False)
             if options.repeats > 1:  # distinct seeds, logged in each result's spec.seed
                 run_options = run_options.merged(seed=int(point.option("seed", SEED_BASE)) + repeat)
                 label += f" repeat {repeat + 1}/{options.repeats}"
@@ -176,7 +179,8 @@ def run_points(suite: Suite, options: SweepOptions, executor: Executor, say: Say
     machine = executor.machine()
     runs = [dataclasses.replace(run, sweep={"suite": suite.name, "suite_path": suite.path, "point": run.point.name,
                                             "repeat": run.repeat, "repeats": options.repeats,
-                                            "key": resume_key(run.argv, run.repeat, run.env, machine)})
+                                            "key": resume_key(run.options.merged(preflight=None).to_argv(),
+                                                              run.repeat, run.env, machine)})
             for run in runs]
     for note in recover_stranded_runs():  # a killed run's result goes to its point folder, where resume finds it
         say(f"note: {note}")

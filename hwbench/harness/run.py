@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Callable
 
 from hwbench.engine.distributed import RankEnvironment
+from hwbench.harness.preflight import PreflightReport
 from hwbench.options import RunOptions
 from hwbench.result.model import RunResult
 from hwbench.result.store import StoredResult, store_result
@@ -21,11 +23,14 @@ class RunOutcome:
     result: RunResult | None  # None: another rank or node holds the result
     stored: StoredResult | None  # None: nothing written here (no result, or write=False)
     notes: tuple[str, ...] = ()  # for the user: run folders recovered, devices auto passed over, why no result
+    preflight: PreflightReport | None = None  # the machine checked before the run (None: --no-preflight, a rank)
 
 
-def run_and_store(options: RunOptions, *, show_progress: bool = True, write: bool = True) -> RunOutcome:
-    """Check ``options`` (UsageError/SetupError before anything starts), run the point and
-    store its result in its --out folder (unless ``write`` is False)."""
+def run_and_store(options: RunOptions, *, show_progress: bool = True, write: bool = True,
+                  on_preflight: Callable[[PreflightReport], None] | None = None) -> RunOutcome:
+    """Check ``options`` (UsageError/SetupError before anything starts), check the machine
+    (unless --no-preflight; ``on_preflight`` is given the report before the run starts), run the
+    point and store its result in its --out folder (unless ``write`` is False)."""
     from hwbench.catalog import load_catalog
     from hwbench.fast import rank_options, resolve_settings
     from hwbench.harness.faults import Fault
@@ -41,6 +46,10 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     notes: list[str] = [f"--settings {spec.settings_choice}"] if spec.settings_choice and rank_env is None else []
+    checked = (machine_checked(spec.device, spec.out_dir, spec.launch.nproc_per_node, spec.threads_per_rank)
+               if rank_env is None and options.value("preflight") else None)
+    if checked is not None and on_preflight is not None:
+        on_preflight(checked)
     if rank_env is not None:
         result = run_as_rank(spec, catalog, rank_env, show_progress=show_progress)
     else:
@@ -53,11 +62,36 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
         else:
             result = run_point(spec, catalog, show_progress=show_progress)
     result = with_sweep_record(result)
+    if result is not None and checked is not None:
+        with_preflight(result, checked)
     if result is not None:
         notes += [f"--device auto passed over {reason}; this run used the {result.device.backend}"
                   for reason in result.device.auto_passed_over or ()]
     stored = store_result(result, spec.out_dir) if result is not None and write else None
-    return RunOutcome(result, stored, tuple(notes))
+    return RunOutcome(result, stored, tuple(notes), checked)
+
+
+def machine_checked(device: str, out_dir, ranks: int, threads_per_rank: int | None = None) -> PreflightReport | None:
+    """hwbench preflight for a run this process launches: its device, this node's ranks and their
+    threads, its --out. Before any rank starts, so that none of them counts as another process on
+    the device. None when the device cannot be used here: the run then refuses it with its own
+    one-line error, and a table of a machine that will not be measured says nothing. (Tasks srun
+    starts as ranks are not checked: they start together.)"""
+    from hwbench.device import detect_device, unavailable_reason
+    from hwbench.harness.preflight import preflight
+
+    if device == "auto":
+        device = detect_device()  # the kind the run will use
+    elif unavailable_reason(device) is not None:
+        return None
+    return preflight(device, out_dir, ranks, threads_per_rank)
+
+
+def with_preflight(result: RunResult, checked: PreflightReport) -> None:
+    """The readings into the result's environment; each failed check also a warning of the result."""
+    result.environment.preflight = checked.to_dict()
+    result.warnings = [*result.warnings, *(f"preflight {check.name} failed: {check.reading} ({check.reason})"
+                                           for check in checked.of("failure"))]
 
 
 def _under_slurm(options: RunOptions) -> tuple[RunOptions, RankEnvironment | None]:

@@ -13,7 +13,7 @@ from hwbench.errors import UsageError
 from hwbench.report.cost import procurement_figures
 from hwbench.report.prices import Price
 from hwbench.result.environment import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS,
-                                        environment_differences)
+                                        environment_differences, performance_fingerprint)
 from hwbench.result.model import Memory, Metrics, RunResult
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.
@@ -75,8 +75,9 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "hwbench_git": git.commit if git else None,
         "hwbench_git_dirty": git.dirty if git else None,
     }
+    fingerprint = performance_fingerprint(result)
     for key in PERFORMANCE_ENVIRONMENT_FIELDS:
-        row[key] = environment.value_text(key)
+        row[key] = fingerprint.get(key)
     row["hwbench_version"] = row["hwbench_version"] or result.hwbench_version
     row["samples_per_s_per_device"] = None if row["samples_per_s"] is None else row["samples_per_s"] / row["world_size"]
     measured = row["peak_allocated_bytes"] if row["peak_allocated_bytes"] is not None else row["peak_reserved_bytes"]

@@ -238,6 +238,11 @@ class _Fingerprint(Section):
         return None if value is None else str(value)
 
 
+PreflightCheck = section("PreflightCheck", "One check of `hwbench preflight`: its status and reading.",
+                        name=(Text, ...), status=Literal["ok", "warning", "failure"],
+                        **fields(Text, "reading value reason"))
+Preflight = section("Preflight", "The machine checked before the run (hwbench/harness/preflight.py).",
+                    **fields(Text, "checked_at device source worst"), duration_s=Rate, checks=list[PreflightCheck])
 Environment = section(
     "Environment", "The environment fingerprint.", _Fingerprint,
     **fields(Text, "host os machine python hwbench_version torch_version torch_npu_version deepspeed_version backend "
@@ -246,7 +251,7 @@ Environment = section(
                    "devices_used_basis"),
     hwbench_git=HwbenchGit, **fields(Flag, "simulated oversubscribed"), tuning=dict[str, Any],
     device_models=list[Text], gfx_arch=list[Text | None], compute_units=list[Count | None], **fields(Count, "device_count cpu_cores_usable devices_used"), cudnn_version=Integer,
-    threads_per_rank=Positive, slurm=SlurmJob)
+    threads_per_rank=Positive, slurm=SlurmJob, preflight=Preflight)
 RankPlacement = section("RankPlacement", "Where a rank ran.", threads=Positive, usable_cores=Count, cpus=Text,
                         devices=list[Text])
 NodePlacement = section("NodePlacement", "Where a host's ranks ran, judged together.",

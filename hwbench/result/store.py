@@ -5,6 +5,7 @@ and the loader that brings every file an earlier hwbench wrote to the current sc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -16,7 +17,7 @@ import stat
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from pydantic import ValidationError
 
@@ -106,14 +107,24 @@ def write_json_atomic(path: str | os.PathLike, value: Any, durable: bool = True)
 def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) -> Path:
     """A temporary file in the same folder, then renamed over the final name, so a
     reader sees the old file or the whole new one, never half (results, reports)."""
+    with atomic_file(path, durable) as stream:
+        stream.write(text.encode("utf-8"))
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, durable: bool = True) -> Iterator[BinaryIO]:
+    """A binary stream onto a temporary file in the same folder as ``path``, renamed over it
+    when the block ends without an error and removed when it raises: every file hwbench
+    writes (results, reports, exports, archives) appears whole or not at all."""
     final = Path(path)
     if final.exists() and not final.is_file():  # a rename would replace a device or a folder with this file
         raise OSError(errno.EEXIST, "it exists and is not a regular file", str(final))
     handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}.", suffix=".tmp", dir=final.parent)
     try:
         os.fchmod(handle, 0o666 & ~umask())  # mkstemp makes 0600; results are shared files
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            yield stream
             if durable:
                 stream.flush()
                 os.fsync(stream.fileno())
@@ -121,7 +132,6 @@ def write_text_atomic(path: str | os.PathLike, text: str, durable: bool = True) 
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return final
 
 
 def umask() -> int:

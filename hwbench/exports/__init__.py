@@ -1,0 +1,178 @@
+"""Results in the formats the tools teams already use read: `hwbench export FORMAT RESULTS...`
+and hwbench.export() (docs/exports.md). One format per module: MLPerf's logs and system
+description (mlperf.py), github-action-benchmark's and Bencher's JSON (ci.py), Prometheus and
+OpenMetrics text and the Pushgateway (prometheus.py), TensorBoard scalars (tensorboard.py),
+the results table as Parquet or CSV (table.py). This module checks the request, reads the
+results (a file that cannot be read is named and left out, as the report does), picks the
+runs a format takes and writes the file whole or not at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from hwbench.errors import UsageError
+
+# MLPerf's submission status values: mllog's constants (mlperf_logging.mllog.constants) and the
+# system description checker's availability options (mlperf_logging.system_desc_checker).
+SUBMISSION_STATUSES = {"onprem": "Available on-premise", "cloud": "Available cloud",
+                       "research": "Research, Development, or Internal (RDI)", "preview": "Preview"}
+DIVISIONS = ("closed", "open")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportFormat:
+    name: str
+    summary: str
+    module: str  # hwbench.exports.<module> writes it
+    runs: str = "ok"  # which runs it takes: "ok" (their figures, by point), "one" (a log of one run), "all"
+    folder: bool = False  # --out is a folder (TensorBoard's log folder)
+    binary: bool = False  # nothing for standard output: --out is needed
+    needs: tuple[str, str] | None = None  # (module it imports, the extra that installs it)
+
+
+FORMATS = {fmt.name: fmt for fmt in (
+    ExportFormat("mllog", "MLPerf logging: one run as :::MLLOG lines", "mlperf", runs="one"),
+    ExportFormat("mlperf-system", "MLPerf's system description JSON of the machine one run ran on", "mlperf",
+                 runs="one"),
+    ExportFormat("customBiggerIsBetter", "github-action-benchmark's JSON of the higher-is-better figures", "ci"),
+    ExportFormat("customSmallerIsBetter", "github-action-benchmark's JSON of the lower-is-better figures", "ci"),
+    ExportFormat("bencher", "Bencher Metric Format JSON: each figure with the repeats' lower and upper values", "ci"),
+    ExportFormat("prometheus", "Prometheus text format (node_exporter's textfile collector, a Pushgateway)",
+                 "prometheus"),
+    ExportFormat("openmetrics", "OpenMetrics text format", "prometheus"),
+    ExportFormat("tensorboard", "TensorBoard scalars per step, a folder per run", "tensorboard", runs="all",
+                 folder=True, binary=True, needs=("tensorboard", "tensorboard")),
+    ExportFormat("parquet", "the results table (hwbench.load_results) as Parquet", "table", runs="all", binary=True,
+                 needs=("pyarrow", "parquet")),
+    ExportFormat("csv", "the results table (hwbench.load_results) as CSV", "table", runs="all"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportRequest:
+    """What the exporters are given beyond the runs: MLPerf's submission fields, the
+    Pushgateway's URL and job."""
+
+    submitter: str | None = None
+    division: str | None = None
+    status: str | None = None  # a key of SUBMISSION_STATUSES
+    platform: str | None = None
+    push: str | None = None
+    job: str = "hwbench"
+
+
+@dataclasses.dataclass
+class ExportOutcome:
+    text: str | None  # a text format's content (what the command prints when there is no --out)
+    written: list[Path]  # files or folders written
+    skipped: list[tuple[Path, str]]  # files that could not be read, with the reason
+    left_out: list[str]  # runs the format does not take, and why
+    pushed: str | None = None  # the Pushgateway URL the metrics went to
+
+
+class PushError(RuntimeError):
+    """The Pushgateway could not take the metrics (unreachable, refused): one line; any
+    --out file was written before the push."""
+
+
+def check_request(fmt: str, out: str | os.PathLike | None, request: ExportRequest) -> ExportFormat:
+    """The format, the output and the options checked before anything is read (UsageError)."""
+    chosen = FORMATS.get(fmt)
+    if chosen is None:
+        raise UsageError(f"FORMAT {fmt!r} is not known; accepted: {', '.join(FORMATS)}")
+    if chosen.binary and out is None:
+        raise UsageError(f"{fmt} needs --out {'FOLDER' if chosen.folder else 'FILE'}: it is not text for the terminal")
+    if request.push is not None:
+        if chosen.module != "prometheus":
+            raise UsageError(f"--push is for the prometheus and openmetrics formats, not {fmt}")
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", request.push):
+            raise UsageError(f"--push {request.push!r} is not accepted; give the Pushgateway's URL, e.g. "
+                             "http://pushgateway.example.com:9091")
+        if not re.fullmatch(r"[^/\s]+", request.job or ""):
+            raise UsageError(f"--job {request.job!r} is not accepted; give a name without '/' or spaces")
+    if request.division is not None and request.division not in DIVISIONS:
+        raise UsageError(f"--division {request.division!r} is not accepted; give {' or '.join(DIVISIONS)}")
+    if request.status is not None and request.status not in SUBMISSION_STATUSES:
+        raise UsageError(f"--status {request.status!r} is not accepted; give one of {', '.join(SUBMISSION_STATUSES)}")
+    if chosen.needs is not None:
+        module, extra = chosen.needs
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"{fmt} needs {module}, which is not installed: pip install 'hwbench[{extra}]'")
+    return chosen
+
+
+def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike | None = None,
+           request: ExportRequest = ExportRequest()) -> ExportOutcome:
+    """``paths``' results in ``fmt``, written to ``out`` (a file, or TensorBoard's log folder)
+    whole or not at all; without ``out``, a text format's content is returned. A Pushgateway
+    in ``request.push`` gets the metrics after the file is written (PushError when it cannot).
+    UsageError, before anything is written, for bad input: an unknown format, a missing path,
+    no run the format can take, an output that would overwrite an input."""
+    from hwbench.result.files import check_output_file
+    from hwbench.result.store import read_inputs
+
+    chosen = check_request(fmt, out, request)
+    paths = [os.fspath(path) for path in paths]
+    if not paths:
+        raise UsageError("RESULTS: give result files or folders of them")
+    if out is not None and not chosen.folder:
+        check_output_file(out, "--out", paths)
+    if out is not None and chosen.folder and Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {os.fspath(out)!r} is a file; {fmt} writes a folder (TensorBoard's log folder)")
+    found, skipped = read_inputs(paths, "RESULTS")
+    taken, left_out = _runs_taken(chosen, found)
+    runs, files = [result for result, _path in taken], [path for _result, path in taken]
+    writer = importlib.import_module(f"hwbench.exports.{chosen.module}")
+    outcome = ExportOutcome(None, [], skipped, left_out)
+    try:
+        if chosen.folder:
+            outcome.written = writer.write_folder(runs, Path(out))
+        else:
+            content = writer.render(chosen.name, runs, files, request)
+            outcome.text = content if isinstance(content, str) else None
+            if out is not None:
+                outcome.written = [_write_file(Path(out), content)]
+    except OSError as error:
+        raise UsageError(f"--out {os.fspath(out)}: cannot be written: {error.strerror or error}") from None
+    if request.push is not None:
+        writer.push(chosen.name, runs, request)
+        outcome.pushed = request.push
+    return outcome
+
+
+def _runs_taken(chosen: ExportFormat, found: list) -> tuple[list, list[str]]:
+    """The (run, file) pairs ``chosen`` takes, and a line for each run it leaves out; UsageError
+    when none is left."""
+    results = [result for result, _path in found]
+    if not results:
+        raise UsageError("RESULTS hold no readable hwbench result; nothing to export")
+    if chosen.runs == "one":
+        if len(results) > 1:
+            raise UsageError(f"{chosen.name} writes one run (an MLPerf log or system description is of one run); "
+                             f"RESULTS hold {len(results)}: give one result file")
+        return found, []
+    if chosen.runs == "all":
+        return found, []
+    ok = [(result, path) for result, path in found if result.status == "ok"]
+    left_out = [f"run {result.run_id}: status {result.status}, no figures" for result in results
+                if result.status != "ok"]
+    if not ok:
+        raise UsageError(f"RESULTS hold no run with status ok ({len(results)} with another status); {chosen.name} "
+                         "exports measured figures")
+    return ok, left_out
+
+
+def _write_file(path: Path, content: str | bytes) -> Path:
+    from hwbench.result.store import atomic_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as stream:
+        stream.write(content.encode("utf-8") if isinstance(content, str) else content)
+    return path

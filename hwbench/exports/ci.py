@@ -1,0 +1,65 @@
+"""The JSON that CI benchmark actions chart and gate on.
+
+github-action-benchmark (`tool: customBiggerIsBetter` / `customSmallerIsBetter`): a list of
+``{"name", "unit", "value", "range", "extra"}``, all higher-is-better or all lower-is-better
+figures (the action's src/extract.ts `BenchmarkResult`); Bencher Metric Format: ``{benchmark:
+{measure: {"value", "lower_value", "upper_value"}}}`` (bencher.dev/docs/reference/
+bencher-metric-format). One benchmark per point, its value the median of the repeats, the range
+or bounds their lowest and highest (hwbench.exports.figures).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hwbench.errors import UsageError
+from hwbench.exports.figures import METRICS, flops_formula, point_figures
+
+
+def render(fmt: str, runs: list, files: list, request: Any) -> str:
+    if fmt == "bencher":
+        document: Any = bencher_metrics(runs)
+    else:
+        document = action_benchmarks(runs, higher_is_better=fmt == "customBiggerIsBetter")
+    if not document:
+        raise UsageError(f"the ok runs have no figure {fmt} takes (each is null: see the results' "
+                         "metrics.unmeasured); nothing to export")
+    return json.dumps(document, indent=2) + "\n"
+
+
+def action_benchmarks(runs: list, higher_is_better: bool) -> list[dict[str, Any]]:
+    """github-action-benchmark's entries of the figures that are better higher (or lower)."""
+    entries = []
+    for point in point_figures(runs):
+        for metric in METRICS.values():
+            figure = point.figure(metric) if metric.higher_is_better == higher_is_better else None
+            if figure is None:
+                continue
+            extra = [f"runs: {', '.join(point.run_ids)}", f"point: {point.key.text()}"]
+            if metric.per_formula:
+                extra.append(f"FLOPs formula: {flops_formula()}")
+            entry = {"name": f"{point.name}: {metric.label}", "unit": metric.unit, "value": figure.value}
+            if figure.runs > 1:
+                entry["range"] = f"{figure.lower:.6g} to {figure.upper:.6g} over {figure.runs} runs"
+            entries.append({**entry, "extra": "\n".join(extra)})
+    return entries
+
+
+def bencher_metrics(runs: list) -> dict[str, dict[str, dict[str, float]]]:
+    """Bencher's benchmarks (a point each) and measures (a figure each, slug as the metric's
+    name in kebab case), with lower and upper values where there are repeats."""
+    document: dict[str, dict[str, dict[str, float]]] = {}
+    for point in point_figures(runs):
+        measures = {}
+        for metric in METRICS.values():
+            figure = point.figure(metric)
+            if figure is None:
+                continue
+            measure = {"value": figure.value}
+            if figure.runs > 1:
+                measure.update(lower_value=figure.lower, upper_value=figure.upper)
+            measures[metric.name.replace("_", "-")] = measure
+        if measures:
+            document[point.name] = measures
+    return document

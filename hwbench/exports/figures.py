@@ -1,0 +1,60 @@
+"""The figures the CI and monitoring formats carry: the ok runs grouped by benchmark point
+(hwbench.point.PointKey: repeats of one point are one series), each figure of
+hwbench.point.METRICS as the median of the repeats with their lowest and highest value.
+TFLOP/s and MFU are read under the default FLOPs formula, so that a series stays under one
+formula whichever formula a run was asked for."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from hwbench.point import METRICS, Metric, PointKey
+from hwbench.result.model import RunResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    value: float  # the median of the repeats
+    lower: float  # their lowest
+    upper: float  # their highest
+    runs: int
+
+
+@dataclasses.dataclass
+class PointFigures:
+    key: PointKey
+    name: str  # the report's label of the point, distinct among the points exported together
+    runs: list[RunResult]
+
+    def figure(self, metric: Metric) -> Figure | None:
+        """``metric`` over the repeats, or None when no run has it."""
+        from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA
+
+        values = [value for run in self.runs if (value := metric.read(run, DEFAULT_FLOPS_FORMULA)) is not None]
+        if not values:
+            return None
+        return Figure(statistics.median(values), min(values), max(values), len(values))
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [run.run_id for run in self.runs]
+
+
+def point_figures(runs: list[RunResult]) -> list[PointFigures]:
+    """The runs by point, in the order first seen (a run without a resolved spec has no point)."""
+    grouped: dict[PointKey, list[RunResult]] = {}
+    for run in runs:
+        if run.point_key is not None:
+            grouped.setdefault(run.point_key, []).append(run)
+    keys = list(grouped)
+    return [PointFigures(key, key.label(keys), grouped[key]) for key in keys]
+
+
+def flops_formula() -> str:
+    from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA
+
+    return DEFAULT_FLOPS_FORMULA
+
+
+__all__ = ["METRICS", "Figure", "PointFigures", "flops_formula", "point_figures"]

@@ -1,0 +1,115 @@
+"""Prometheus and OpenMetrics text of the figures, through prometheus_client: a gauge per
+figure of hwbench.point.METRICS in base units, named and labelled by Prometheus' conventions
+(prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
+fraction); one sample per benchmark point, labelled with the point's settings (its PointKey),
+the median of its repeats. Written for node_exporter's textfile collector (Prometheus text
+format, no timestamps, which that collector refuses) or pushed to a Pushgateway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+from hwbench.exports import PushError
+from hwbench.exports.figures import METRICS, PointFigures, flops_formula, point_figures
+
+
+@dataclasses.dataclass(frozen=True)
+class Gauge:
+    name: str
+    help: str
+    unit: str = ""  # OpenMetrics' UNIT; the name ends with it
+    factor: float = 1.0  # to the base unit
+
+
+GAUGES = {  # hwbench.point.METRICS name -> its gauge
+    "tokens_per_s": Gauge("hwbench_throughput_tokens_per_second", "Tokens trained per second, all devices"),
+    "samples_per_s": Gauge("hwbench_throughput_samples_per_second", "Samples trained per second, all devices"),
+    "tflops_per_device": Gauge("hwbench_model_flops_per_device_per_second",
+                               "Model FLOPs per second per device (the flops_formula label's count)", factor=1e12),
+    "mfu": Gauge("hwbench_mfu_ratio", "Model FLOPs utilization against the device's peak (0 to 1)", "ratio"),
+    "step_time_median": Gauge("hwbench_step_time_median_seconds", "Median time of a timed optimizer step", "seconds"),
+    "peak_memory": Gauge("hwbench_memory_peak_bytes", "Peak memory reserved on a device in the timed steps", "bytes"),
+}
+RUNS = Gauge("hwbench_point_runs", "Ok runs of the point the figures are the median of")
+LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the point's latest run finished (Unix time)",
+                 "seconds")
+
+
+def label_values(point: PointFigures) -> dict[str, str]:
+    """The point's settings as label values (an unknown one empty, which Prometheus treats as absent)."""
+    def text(value: Any) -> str:
+        return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+    return {name: text(value) for name, value in zip(point.key.fields(), point.key.values())}
+
+
+class PointCollector:
+    """The prometheus_client collector of the points' gauges."""
+
+    def __init__(self, runs: list) -> None:
+        self.points = point_figures(runs)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = list(self.points[0].key.fields()) if self.points else []
+        for name, gauge in GAUGES.items():
+            metric = METRICS[name]
+            extra = ["flops_formula"] if metric.per_formula else []
+            family = GaugeMetricFamily(gauge.name, gauge.help, labels=labels + extra, unit=gauge.unit)
+            for point in self.points:
+                figure = point.figure(metric)
+                if figure is not None:
+                    values = list(label_values(point).values()) + ([flops_formula()] if extra else [])
+                    family.add_metric(values, figure.value * gauge.factor)
+            if family.samples:  # a figure no point has (MFU without a known peak) is left out
+                yield family
+        runs = GaugeMetricFamily(RUNS.name, RUNS.help, labels=labels)
+        last = GaugeMetricFamily(LAST_RUN.name, LAST_RUN.help, labels=labels, unit=LAST_RUN.unit)
+        for point in self.points:
+            runs.add_metric(list(label_values(point).values()), len(point.runs))
+            finished = [_unix_time(run.finished_at) for run in point.runs]
+            if any(time is not None for time in finished):
+                last.add_metric(list(label_values(point).values()), max(t for t in finished if t is not None))
+        yield runs
+        yield last
+
+
+def _unix_time(text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None
+
+
+def registry_of(runs: list):
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PointCollector(runs))
+    return registry
+
+
+def render(fmt: str, runs: list, files: list, request: Any) -> str:
+    if fmt == "openmetrics":
+        from prometheus_client.openmetrics.exposition import generate_latest
+    else:
+        from prometheus_client import generate_latest
+    return generate_latest(registry_of(runs)).decode("utf-8")
+
+
+def push(fmt: str, runs: list, request: Any) -> None:
+    """The gauges to the Pushgateway at ``request.push`` under job ``request.job`` (replacing
+    what that job pushed before); PushError when it cannot take them."""
+    from prometheus_client import push_to_gateway
+
+    try:
+        push_to_gateway(request.push, job=request.job, registry=registry_of(runs), timeout=10)
+    except OSError as error:  # URLError and HTTPError are OSErrors; so are refused and timed-out connections
+        reason = getattr(error, "reason", None) or error.strerror or error
+        raise PushError(f"--push {request.push}: the Pushgateway did not take the metrics ({reason}); the result "
+                        "files are unchanged") from None

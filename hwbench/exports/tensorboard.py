@@ -1,0 +1,85 @@
+"""TensorBoard scalars of each run, a folder per run under the log folder (OUT/<run id>/), so
+`tensorboard --logdir OUT` shows runs side by side. Written with torch's SummaryWriter (the
+`tensorboard` extra: pip install 'hwbench[tensorboard]').
+
+Per step (x: the step number, warm-up included): `loss`, `grad_norm`, `lr`, `loss_scale` where
+recorded; per timed step: `step_time_s` and the throughput it gives, `throughput/tokens_per_s`
+and `throughput/samples_per_s` (one global batch over the step's time); per validation:
+`validation/loss` and `validation/ppl`. Power is sampled over the timed window, not per step, so
+`power/window_mean_w` (all devices) is one point, at the last timed step, where it was measured.
+Wall times are the run's `started_at` plus the steps' times.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hwbench.result.model import RunResult
+
+
+def write_folder(runs: list[RunResult], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [_write_run(run, out) for run in runs]
+
+
+def _write_run(run: RunResult, out: Path) -> Path:
+    """The run's event file in a temporary folder, then moved into OUT/<run id> (replacing an
+    earlier export of the same run, whose events would otherwise be shown twice)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    final = out / run.run_id
+    staging = Path(tempfile.mkdtemp(prefix=f".{run.run_id}.", dir=out))
+    try:
+        writer = SummaryWriter(log_dir=os.fspath(staging))
+        try:
+            for tag, value, step, walltime in scalars(run):
+                writer.add_scalar(tag, value, global_step=step, walltime=walltime)
+        finally:
+            writer.close()
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def scalars(run: RunResult):
+    """(tag, value, step, wall time) of every scalar the run recorded."""
+    spec = run.spec
+    clock = _epoch_s(run.started_at) or 0.0
+    tokens = (spec.global_batch_size or 0) * (spec.seq_length or 0)
+    last_timed = None
+    for step in run.steps or []:
+        clock += step.time_s or 0.0
+        for tag in ("loss", "grad_norm", "lr", "loss_scale"):
+            value = getattr(step, tag)
+            if value is not None:
+                yield tag, value, step.step, clock
+        if step.phase == "timed" and step.time_s:
+            last_timed = step.step
+            yield "step_time_s", step.time_s, step.step, clock
+            if tokens:
+                yield "throughput/tokens_per_s", tokens / step.time_s, step.step, clock
+                yield "throughput/samples_per_s", spec.global_batch_size / step.time_s, step.step, clock
+    for validation in run.metrics.validation or []:
+        for tag in ("loss", "ppl"):
+            value = getattr(validation, tag)
+            if value is not None:
+                yield f"validation/{tag}", value, validation.step, clock
+    telemetry = run.metrics.telemetry
+    power = telemetry.total_power_w if telemetry else None
+    if power is not None and last_timed is not None:
+        yield "power/window_mean_w", power, last_timed, clock
+
+
+def _epoch_s(text: str) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,350 @@
+"""`hwbench export`: each format made from real results and read back by its consumer's own
+parser where the consumer installs here (MLPerf's mlp_parser and system description checker,
+prometheus_client's parsers, a Pushgateway stand-in that records the request, TensorBoard's
+EventAccumulator, pandas/pyarrow); github-action-benchmark's and Bencher's JSON against their
+published shapes (the action's zod schema, as pydantic; Bencher's JSON schema)."""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import json
+import socket
+import statistics
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import parity_run
+
+import hwbench
+from hwbench.cli import main
+from hwbench.point import METRICS
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, single_process_run) -> Path:
+    """Two real runs of one point (two seeds: repeats) in one folder."""
+    folder = tmp_path_factory.mktemp("export") / "results"
+    folder.mkdir()
+    (folder / f"{single_process_run['run_id']}.json").write_text(json.dumps(single_process_run))
+    code, second = parity_run(tmp_path_factory.mktemp("export-repeat"), "--seed", "7", "--eval-interval", "1")
+    assert code == 0 and second["status"] == "ok"
+    (folder / f"{second['run_id']}.json").write_text(json.dumps(second))
+    return folder
+
+
+def runs_of(folder: Path) -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+
+
+def one_result(results: Path) -> Path:
+    """The run with validations between its steps (--eval-interval 1)."""
+    return next(path for path in sorted(results.glob("*.json")) if json.loads(path.read_text())["spec"]["seed"] == 7)
+
+
+def export(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["export", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- MLPerf ---------------------------------------------------------------------------------
+
+
+def test_mllog_is_read_by_mlperfs_own_parser(results, tmp_path, capsys):
+    mlp_parser = pytest.importorskip("mlperf_logging.compliance_checker.mlp_parser",
+                                     reason="mlperf-logging is not installed (the test extra has it)")
+    from mlperf_logging.mllog import constants
+
+    source = one_result(results)
+    result = json.loads(source.read_text())
+    out = tmp_path / "result_0.txt"
+    code, _, err = export(capsys, "mllog", source, "--out", out, "--submitter", "ACME", "--division", "open",
+                          "--status", "onprem")
+    assert code == 0, err
+    lines, errors = mlp_parser.parse_file(str(out), ruleset="6.0.0")
+    assert not errors
+    by_key = {}
+    for line in lines:
+        by_key.setdefault(line.key, []).append(line)
+    known = {value for name, value in vars(constants).items() if name.isupper() and isinstance(value, str)}
+    assert set(by_key) <= known, f"keys MLPerf does not define: {set(by_key) - known}"
+    for key in ("run_start", "run_stop", "block_start", "block_stop", "eval_accuracy", "global_batch_size",
+                "submission_benchmark", "submission_org", "submission_division", "submission_status", "seed"):
+        assert key in by_key, key
+    assert by_key["submission_org"][0].value["value"] == "ACME"
+    assert by_key["global_batch_size"][0].value["value"] == result["spec"]["global_batch_size"]
+    # the run_start..run_stop span MLPerf scores is the timed window hwbench measured
+    span_ms = by_key["run_stop"][0].timestamp - by_key["run_start"][0].timestamp
+    assert span_ms == round(1000 * result["metrics"]["timed_wall_time_s"])
+    assert by_key["run_stop"][0].value["metadata"]["status"] == "success"
+    # a block of timed steps up to each validation, each eval_accuracy the validation loss at its step
+    validations = result["metrics"]["validation"]
+    timed = [step["step"] for step in result["steps"] if step["phase"] == "timed"]
+    assert len(by_key["eval_accuracy"]) == len(validations) >= 3
+    assert [line.value["metadata"]["step_num"] for line in by_key["block_stop"]] == timed
+    for line, validation in zip(by_key["eval_accuracy"], validations):
+        assert line.value["value"] == validation["loss"]
+        assert line.value["metadata"]["step_num"] == validation["step"]
+    times = [line.timestamp for line in lines]
+    assert times == sorted(times)
+
+
+def test_mlperf_system_description_passes_mlperfs_checker(results, tmp_path, capsys):
+    checker = pytest.importorskip("mlperf_logging.system_desc_checker.system_desc_checker",
+                                  reason="mlperf-logging is not installed (the test extra has it)")
+    source = one_result(results)
+    out = tmp_path / "system.json"
+    code, _, err = export(capsys, "mlperf-system", source, "--out", out, "--submitter", "ACME", "--division",
+                          "open", "--status", "onprem")
+    assert code == 0, err
+    valid, name, _, _ = checker.check_system_desc(str(out), "training", "5.0.0")
+    assert valid and name == json.loads(out.read_text())["system_name"]
+    description = json.loads(out.read_text())
+    assert description["status"] == "Available on-premise" and description["submitter"] == "ACME"
+    # hwbench system's fields, as MLPerf's text; what the result does not record is empty and named
+    system_code = main(["system", str(source)])
+    system = json.loads(capsys.readouterr().out)
+    assert system_code == 0
+    for key, value in system.items():
+        assert description[key] == ("" if value is None else str(value).lower() if isinstance(value, bool)
+                                    else str(value))
+    assert "host_processor_frequency" in description["sw_notes"] and description["host_processor_frequency"] == ""
+
+
+# --- CI benchmark actions -------------------------------------------------------------------
+
+
+def action_entries(text: str) -> list:
+    """github-action-benchmark's own check of a custom file (src/extract.ts: a zod array of
+    {name, value, range?, unit, extra?}), as pydantic, strict about the types hwbench writes."""
+    from pydantic import BaseModel, ConfigDict, StrictFloat, StrictStr, TypeAdapter
+
+    class BenchmarkResult(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: StrictStr
+        value: StrictFloat
+        range: StrictStr | None = None
+        unit: StrictStr
+        extra: StrictStr | None = None
+
+    return TypeAdapter(list[BenchmarkResult]).validate_json(text)
+
+
+def test_github_action_benchmark_files_split_by_direction(results, capsys):
+    runs = runs_of(results)
+    code, bigger, _ = export(capsys, "customBiggerIsBetter", results)
+    assert code == 0
+    code, smaller, _ = export(capsys, "customSmallerIsBetter", results)
+    assert code == 0
+    bigger_entries, smaller_entries = action_entries(bigger), action_entries(smaller)
+    names = {entry.name for entry in bigger_entries}
+    assert {entry.name for entry in smaller_entries}.isdisjoint(names)
+    tokens = next(entry for entry in bigger_entries if entry.unit == "tokens/s")
+    values = [run["metrics"]["tokens_per_s"] for run in runs]
+    assert tokens.value == pytest.approx(statistics.median(values))
+    assert tokens.range == f"{min(values):.6g} to {max(values):.6g} over 2 runs"
+    assert all(run["run_id"] in tokens.extra for run in runs)
+    step = next(entry for entry in smaller_entries if entry.unit == "s")
+    assert step.value == pytest.approx(statistics.median(run["metrics"]["step_time_s"]["median"] for run in runs))
+    expected = {metric.label for metric in METRICS.values() if not metric.higher_is_better}
+    assert {entry.name.rsplit(": ", 1)[1] for entry in smaller_entries} == expected
+
+
+# Bencher Metric Format's JSON schema (bencher.dev/docs/reference/bencher-metric-format)
+BMF_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema", "type": "object",
+    "patternProperties": {".+": {"type": "object", "patternProperties": {".+": {
+        "type": "object", "properties": {"value": {"type": "number"}, "lower_value": {"type": "number"},
+                                         "upper_value": {"type": "number"}},
+        "required": ["value"]}}}}}
+
+
+def test_bencher_metric_format_bounds_are_the_repeats(results, capsys):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (the test extra has it)")
+    code, text, _ = export(capsys, "bencher", results)
+    assert code == 0
+    document = json.loads(text)
+    jsonschema.validate(document, BMF_SCHEMA)
+    (benchmark,) = document.values()
+    values = [run["metrics"]["tokens_per_s"] for run in runs_of(results)]
+    assert benchmark["tokens-per-s"] == {"value": pytest.approx(statistics.median(values)),
+                                         "lower_value": min(values), "upper_value": max(values)}
+
+
+# --- Prometheus -----------------------------------------------------------------------------
+
+
+def samples(families, name: str) -> list:
+    return [sample for family in families for sample in family.samples if sample.name == name]
+
+
+def test_prometheus_textfile_read_by_prometheus_clients_parser(results, tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = tmp_path / "hwbench.prom"
+    code, _, err = export(capsys, "prometheus", results, "--out", out)
+    assert code == 0, err
+    families = list(text_string_to_metric_families(out.read_text()))
+    assert all(family.type == "gauge" and family.name.startswith("hwbench_") for family in families)
+    (tokens,) = samples(families, "hwbench_throughput_tokens_per_second")
+    runs = runs_of(results)
+    assert tokens.value == pytest.approx(statistics.median(run["metrics"]["tokens_per_s"] for run in runs))
+    assert tokens.labels["model"] == "tiny" and tokens.labels["backend"] == "cpu"
+    assert tokens.labels["seq_length"] == "32" and tokens.timestamp is None  # textfile collector: no timestamps
+    (flops,) = samples(families, "hwbench_model_flops_per_device_per_second")
+    assert flops.value == pytest.approx(1e12 * statistics.median(r["metrics"]["tflops_per_device"] for r in runs))
+    assert samples(families, "hwbench_point_runs")[0].value == 2
+
+
+def test_openmetrics_read_by_the_openmetrics_parser(results, capsys):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    code, text, _ = export(capsys, "openmetrics", results)
+    assert code == 0 and text.endswith("# EOF\n")
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert families["hwbench_step_time_median_seconds"].unit == "seconds"
+    assert families["hwbench_throughput_tokens_per_second"].samples[0].labels["precision"] == "fp32"
+
+
+class Pushgateway(http.server.BaseHTTPRequestHandler):
+    """Records each request as the Pushgateway would receive it, and answers 200."""
+
+    received: list = []  # noqa: RUF012 (one list the test reads)
+
+    def do_PUT(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Pushgateway.received.append((self.command, self.path, self.headers["Content-Type"], body.decode()))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_push_to_a_pushgateway(results, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Pushgateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Pushgateway.received = []
+    try:
+        code, out, err = export(capsys, "prometheus", results, "--push", f"http://127.0.0.1:{server.server_port}",
+                                "--job", "nightly")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, err
+    (request,) = Pushgateway.received
+    method, path, _content_type, body = request
+    assert (method, path) == ("PUT", "/metrics/job/nightly")
+    families = list(text_string_to_metric_families(body))
+    assert samples(families, "hwbench_throughput_tokens_per_second")
+    assert "pushed" in err and out == text_of_export(results, capsys)
+
+
+def text_of_export(results, capsys) -> str:
+    assert main(["export", "prometheus", str(results)]) == 0
+    return capsys.readouterr().out
+
+
+def test_an_unreachable_pushgateway_is_one_line_and_exit_1_with_the_file_kept(results, tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "hwbench.prom"
+    code, _, err = export(capsys, "prometheus", results, "--out", out, "--push", f"http://127.0.0.1:{port}")
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and f"--push http://127.0.0.1:{port}" in err
+    assert "hwbench_throughput_tokens_per_second" in out.read_text()  # nothing lost
+
+
+# --- TensorBoard, Parquet, CSV --------------------------------------------------------------
+
+
+def test_tensorboard_scalars_read_by_tensorboards_event_reader(results, tmp_path, capsys):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    code, _, err = export(capsys, "tensorboard", results, "--out", tmp_path / "logs")
+    assert code == 0, err
+    for run in runs_of(results):
+        events = EventAccumulator(str(tmp_path / "logs" / run["run_id"]))
+        events.Reload()
+        loss = events.Scalars("loss")
+        assert [event.step for event in loss] == [step["step"] for step in run["steps"]]
+        assert [event.value for event in loss] == pytest.approx([step["loss"] for step in run["steps"]])
+        timed = [step for step in run["steps"] if step["phase"] == "timed"]
+        assert [e.value for e in events.Scalars("step_time_s")] == pytest.approx([s["time_s"] for s in timed])
+        tokens = run["spec"]["global_batch_size"] * run["spec"]["seq_length"]
+        assert [e.value for e in events.Scalars("throughput/tokens_per_s")] == pytest.approx(
+            [tokens / s["time_s"] for s in timed])
+        assert "power/window_mean_w" not in events.Tags()["scalars"]  # --no-telemetry: no power, none invented
+    # a second export of the same runs replaces their folders: no step is shown twice
+    assert main(["export", "tensorboard", str(results), "--out", str(tmp_path / "logs")]) == 0
+    assert all(len(list((tmp_path / "logs" / run["run_id"]).iterdir())) == 1 for run in runs_of(results))
+
+
+def test_parquet_and_csv_hold_the_load_results_table(results, tmp_path, capsys):
+    pytest.importorskip("pyarrow", reason="the parquet extra is not installed (pip install -e '.[parquet]')")
+    import pandas as pd
+
+    table = hwbench.load_results(results)
+    code, _, err = export(capsys, "parquet", results, "--out", tmp_path / "runs.parquet")
+    assert code == 0, err
+    parquet = pd.read_parquet(tmp_path / "runs.parquet")
+    assert list(parquet.columns) == list(table.columns)
+    assert sorted(parquet["metrics.tokens_per_s"]) == sorted(table["metrics.tokens_per_s"])
+    assert json.loads(parquet["steps"][0]) == table["steps"][0]  # lists as JSON text
+    code, _, _ = export(capsys, "csv", results, "--out", tmp_path / "runs.csv")
+    csv = pd.read_csv(tmp_path / "runs.csv")
+    assert code == 0 and sorted(csv["run_id"]) == sorted(table["run_id"])
+
+
+def test_the_api_exports_as_the_command(results):
+    outcome = hwbench.export("bencher", results)
+    assert json.loads(outcome.text) and outcome.written == [] and outcome.skipped == []
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_an_unreadable_file_is_named_and_left_out(results, tmp_path, capsys):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for path in results.glob("*.json"):
+        (folder / path.name).write_text(path.read_text())
+    (folder / "truncated.json").write_text('{"schema_version": 2, "run_id"')
+    failed = copy.deepcopy(runs_of(results)[0])
+    failed.update(run_id="failed-run", status="failed")
+    (folder / "failed.json").write_text(json.dumps(failed))
+    code, text, err = export(capsys, "bencher", folder)
+    assert code == 0 and json.loads(text)
+    assert "truncated.json" in err and "not a complete JSON document" in err
+    assert "run failed-run: status failed" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["yaml", "{results}"], "FORMAT 'yaml' is not known; accepted: mllog"),
+    (["mllog", "{results}"], "mllog writes one run"),
+    (["parquet", "{results}"], "parquet needs --out FILE"),
+    (["bencher", "{results}", "--push", "http://127.0.0.1:9091"], "--push is for the prometheus"),
+    (["prometheus", "{results}", "--push", "pushgateway:9091"], "--push 'pushgateway:9091' is not accepted"),
+    (["mllog", "{one}", "--status", "sold"], "--status 'sold' is not accepted"),
+    (["bencher", "{tmp}/missing"], "RESULTS '{tmp}/missing': no such file or folder"),
+    (["bencher", "{failed}"], "RESULTS hold no run with status ok"),
+    (["bencher", "{results}", "--out", "{one}"], "is one of the input files"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, capsys, argv, message):
+    failed = copy.deepcopy(runs_of(results)[0])
+    failed.update(status="failed")
+    (tmp_path / "failed.json").write_text(json.dumps(failed))
+    names = {"results": results, "one": one_result(results), "tmp": tmp_path, "failed": tmp_path / "failed.json"}
+    before = {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]}
+    code, out, err = export(capsys, *(arg.format(**names) for arg in argv))
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message.format(**names) in err
+    assert {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]} == before
