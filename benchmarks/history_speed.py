@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hwbench.result.model import RunResult  # noqa: E402
-
 from hwbench.result.store import write_result  # noqa: E402
 
 POINTS, NIGHTS = 200, 50

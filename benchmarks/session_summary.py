@@ -52,13 +52,23 @@ def result_rows(folder: Path) -> list[tuple[str, ...]]:
         memory = metrics.get("memory") or {}
         planned, _ = predicted_peak(result)
         waits = metrics.get("host_syncs")
-        rows.append((f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}", result.status,
-                     f"{spec.get('micro_batch_size')}/{spec.get('global_batch_size')} x {spec.get('seq_length')}",
-                     "y" if spec.get("recompute") else "n", _figure(step.get("median"), 1000),
-                     _figure(metrics.get("tokens_per_s"), 1, 0), _figure(metrics.get("tflops_per_device")),
-                     _percent(metrics.get("mfu")), _percent(metrics.get("mfu_measured_ceiling")),
-                     "-" if waits is None else str(waits["count"]), _figure(_mean_power_w(metrics.get("telemetry")), 1, 0),
-                     _figure(memory.get("peak_reserved_bytes"), 2**-30, 2), _figure(planned, 2**-30, 2)))
+        rows.append(
+            (
+                f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}",
+                result.status,
+                f"{spec.get('micro_batch_size')}/{spec.get('global_batch_size')} x {spec.get('seq_length')}",
+                "y" if spec.get("recompute") else "n",
+                _figure(step.get("median"), 1000),
+                _figure(metrics.get("tokens_per_s"), 1, 0),
+                _figure(metrics.get("tflops_per_device")),
+                _percent(metrics.get("mfu")),
+                _percent(metrics.get("mfu_measured_ceiling")),
+                "-" if waits is None else str(waits["count"]),
+                _figure(_mean_power_w(metrics.get("telemetry")), 1, 0),
+                _figure(memory.get("peak_reserved_bytes"), 2**-30, 2),
+                _figure(planned, 2**-30, 2),
+            )
+        )
     return rows
 
 
@@ -80,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {}
     for path in sorted(folder.rglob("side_by_side.json")):
         document = json.loads(path.read_text())
-        ratios = {name: document.get(name) for name in ("harness_ratio", "harness_ratio_no_telemetry",
-                                                         "telemetry_ratio")}
+        ratios = {
+            name: document.get(name) for name in ("harness_ratio", "harness_ratio_no_telemetry", "telemetry_ratio")
+        }
     text = markdown(result_rows(folder), ratios)
     if args.out:
         Path(args.out).write_text(text)

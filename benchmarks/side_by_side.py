@@ -40,6 +40,7 @@ for folder in (REPO, REPO / "benchmarks"):  # hwbench, and bare_loop.py beside t
         sys.path.insert(0, str(folder))
 
 from bare_loop import resolve_spec, torch_device  # noqa: E402  (beside this file)
+
 from hwbench.cli import Parser  # noqa: E402  (argparse with one-line errors)
 from hwbench.errors import UsageError  # noqa: E402
 from hwbench.result.store import ResultFormatError, load_result  # noqa: E402

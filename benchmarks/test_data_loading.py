@@ -13,10 +13,10 @@ import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.device import select_backend
+from hwbench.engine.distributed import single_process
 from hwbench.engine.native import NativeEngine
 from hwbench.harness.worker import make_data_source
 from hwbench.spec import build_run_spec
-from hwbench.engine.distributed import single_process
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 

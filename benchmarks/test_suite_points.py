@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.harness.suite import find_suite, load_suite
 from hwbench.harness.executor import point_options
+from hwbench.harness.suite import find_suite, load_suite
 from hwbench.result.store import load_results
 
 SUITE = os.environ.get("HWBENCH_BENCH_SUITE", "smoke")

@@ -11,10 +11,10 @@ import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.device import select_backend
-from hwbench.engine.native import NativeEngine
-from hwbench.spec import build_run_spec
-from hwbench.harness.worker import make_data_source
 from hwbench.engine.distributed import single_process
+from hwbench.engine.native import NativeEngine
+from hwbench.harness.worker import make_data_source
+from hwbench.spec import build_run_spec
 
 
 @pytest.mark.parametrize("model,precision", [("tiny", "fp32"), ("small", "fp32"), ("small", "bf16"), ("small", "fp16")])

@@ -72,7 +72,7 @@ class PowerLimitMatch:
 class DeviceMatch:
     """The catalog entry a device resolved to (or None), and why, in words."""
 
-    entry: "DeviceModel | None"
+    entry: DeviceModel | None
     why: str
 
 
@@ -489,7 +489,7 @@ def _load(kind: str, reader) -> dict:
     return entries
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cached(key: str) -> Catalog:
     return Catalog(devices=_load("devices", _device_from), workloads=_load("workloads", _workload_from))
 

@@ -19,7 +19,7 @@ import importlib
 import os
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from hwbench import __version__
 from hwbench.errors import RankFailure, SetupError, Terminated, UsageError
@@ -36,7 +36,8 @@ COMMANDS = {
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",
     "system": "an MLPerf-style system description of the machine a result ran on",
-    "preflight": "check the machine before measuring: other processes, clocks, governor, swap, quota, ...; exit 1 on a failure",
+    "preflight": "check the machine before measuring: other processes, clocks, governor, swap, quota, ...; "
+                 "exit 1 on a failure",
     "archive": "pack results, logs, the report and a SHA-256 manifest into one .tar.gz; --verify checks one",
     "export": "results as MLPerf logs, CI benchmark JSON, Prometheus text, TensorBoard scalars, Parquet or CSV",
     "data": "prepare datasets: `hwbench data prepare --help`",
@@ -61,8 +62,11 @@ def one_line(text: str) -> str:
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="hwbench", description="Benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.",
-                    epilog="`hwbench COMMAND --help` for each command's options.")
+    parser = Parser(
+        prog="hwbench",
+        description="Benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.",
+        epilog="`hwbench COMMAND --help` for each command's options.",
+    )
     parser.add_argument("--version", action="version", version=f"hwbench {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name, summary in COMMANDS.items():
@@ -73,8 +77,9 @@ def _top_parser() -> argparse.ArgumentParser:
 def command_parser(name: str):
     """(the command's module, its configured parser)."""
     module = importlib.import_module(f"hwbench.commands.{name}")
-    parser = Parser(prog=f"hwbench {name}", description=getattr(module, "DESCRIPTION", COMMANDS[name]),
-                    allow_abbrev=False)
+    parser = Parser(
+        prog=f"hwbench {name}", description=getattr(module, "DESCRIPTION", COMMANDS[name]), allow_abbrev=False
+    )
     module.configure(parser)
     return module, parser
 

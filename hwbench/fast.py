@@ -20,7 +20,8 @@ planned for (spec.device_memory_bytes) and why (spec.settings_choice) are in the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from hwbench.catalog import Catalog
 from hwbench.options import RunOptions

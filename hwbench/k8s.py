@@ -30,7 +30,8 @@ import dataclasses
 import posixpath
 import re
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 

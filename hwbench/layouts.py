@@ -8,14 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from hwbench.catalog import Catalog
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
 from hwbench.options import ENGINES, RunOptions
-from hwbench.planner import (DEFAULT_HEADROOM, OVERHEAD_BYTES, MemoryPlan, Variant, layouts, plan_for_all_stages,
-                             variants)
+from hwbench.planner import (
+    DEFAULT_HEADROOM,
+    OVERHEAD_BYTES,
+    MemoryPlan,
+    Variant,
+    layouts,
+    plan_for_all_stages,
+    variants,
+)
 from hwbench.spec import RunSpec, build_run_spec
 from hwbench.units import parse_size
 

@@ -10,8 +10,9 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from pathlib import PurePath
-from typing import Any, Iterable
+from typing import Any
 
 from hwbench import __version__
 
@@ -69,10 +70,15 @@ class PointKey:
     def label(self, among: Iterable[PointKey] = ()) -> str:
         """'1.3b on NVIDIA H100 TP2 PP2 bf16 recompute', then this key's value of every other field
         in which the keys ``among`` differ (', seq 64'), so that no two of them read the same."""
-        layout = "".join(f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp") if getattr(self, name) > 1)
+        layout = "".join(
+            f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp") if getattr(self, name) > 1
+        )
         flags, details = self._flags(), self._details(among)
-        return (f"{self.model} on {self.device_model or self.backend}{layout} {self.precision}"
-                + (f" {flags}" if flags else "") + "".join(f", {detail}" for detail in details))
+        return (
+            f"{self.model} on {self.device_model or self.backend}{layout} {self.precision}"
+            + (f" {flags}" if flags else "")
+            + "".join(f", {detail}" for detail in details)
+        )
 
     def variant(self, among: Iterable[PointKey] = ()) -> str:
         """What sets the point apart beyond workload, device, layout and precision ('recompute, seq 64')."""
@@ -88,14 +94,27 @@ class PointKey:
 
 
 # The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off).
-_DETAILS = {"backend": "backend {}", "micro_batch_size": "micro batch {}", "global_batch_size": "global batch {}",
-            "seq_length": "seq {}", "max_positions": "{} positions", "data": "data {}", "steps": "{} steps",
-            "nnodes": "{} node(s)", "pp_schedule": "schedule {}", "cross_entropy": "{} cross entropy",
-            "fused_qkv": "fused qkv"}
+_DETAILS = {
+    "backend": "backend {}",
+    "micro_batch_size": "micro batch {}",
+    "global_batch_size": "global batch {}",
+    "seq_length": "seq {}",
+    "max_positions": "{} positions",
+    "data": "data {}",
+    "steps": "{} steps",
+    "nnodes": "{} node(s)",
+    "pp_schedule": "schedule {}",
+    "cross_entropy": "{} cross entropy",
+    "fused_qkv": "fused qkv",
+}
 
 
 def _detail(name: str, value: Any) -> str:
-    return (_DETAILS[name] if value else f"no {_DETAILS[name]}") if isinstance(value, bool) else _DETAILS[name].format(value)
+    return (
+        (_DETAILS[name] if value else f"no {_DETAILS[name]}")
+        if isinstance(value, bool)
+        else _DETAILS[name].format(value)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,20 +156,24 @@ def result_formula(result: Any) -> str | None:
     return FLOPS_FORMULA_ALIASES.get(own, own) if isinstance(own, str) else None
 
 
-METRICS: dict[str, Metric] = {metric.name: metric for metric in (
-    Metric("tokens_per_s", ("tokens_per_s",), True, "tokens/s", "tokens/s"),
-    Metric("samples_per_s", ("samples_per_s",), True, "samples/s", "samples/s"),
-    Metric("tflops_per_device", ("tflops_per_device",), True, "TFLOP/s", "TFLOP/s per device", per_formula=True),
-    Metric("mfu", ("mfu",), True, "fraction", "MFU", per_formula=True),
-    Metric("step_time_median", ("step_time_s", "median"), False, "s", "median step time"),
-    Metric("peak_memory", ("memory", "peak_reserved_bytes"), False, "bytes", "peak memory"),
-)}
+METRICS: dict[str, Metric] = {
+    metric.name: metric
+    for metric in (
+        Metric("tokens_per_s", ("tokens_per_s",), True, "tokens/s", "tokens/s"),
+        Metric("samples_per_s", ("samples_per_s",), True, "samples/s", "samples/s"),
+        Metric("tflops_per_device", ("tflops_per_device",), True, "TFLOP/s", "TFLOP/s per device", per_formula=True),
+        Metric("mfu", ("mfu",), True, "fraction", "MFU", per_formula=True),
+        Metric("step_time_median", ("step_time_s", "median"), False, "s", "median step time"),
+        Metric("peak_memory", ("memory", "peak_reserved_bytes"), False, "bytes", "peak memory"),
+    )
+}
 
 
 def resume_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:
     """A sweep's key of one run of a point: same options, repeat, environment variables,
     hwbench version and machine (a host and its torch, or a Slurm sweep's cluster), same key;
     a resumed sweep keeps the result of a run whose key it finds."""
-    payload = json.dumps({"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__,
-                          "machine": machine}, sort_keys=True)
+    payload = json.dumps(
+        {"args": args, "repeat": repeat, "env": env or {}, "hwbench": __version__, "machine": machine}, sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

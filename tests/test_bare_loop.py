@@ -10,11 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO_ROOT
 
 from hwbench.catalog import load_catalog
 from hwbench.workload import count_parameters, model_flops_per_iteration
-
-from conftest import REPO_ROOT
 
 TINY = load_catalog().workloads["tiny"].model
 
@@ -63,13 +62,20 @@ def test_side_by_side_runs_both_sides_on_the_same_point_and_divides_their_median
     median = {name: side["step_time_median_s"] for name, side in sides.items()}
     assert all(value > 0 for value in median.values())
     assert document["harness_ratio"] == pytest.approx(median["hwbench"] / median["bare loop"])
-    assert document["harness_ratio_no_telemetry"] == pytest.approx(median["hwbench --no-telemetry"] / median["bare loop"])
+    assert document["harness_ratio_no_telemetry"] == pytest.approx(
+        median["hwbench --no-telemetry"] / median["bare loop"]
+    )
     assert document["telemetry_ratio"] == pytest.approx(median["hwbench"] / median["hwbench --no-telemetry"])
     assert document["harness_ratio_range"] == [document["harness_ratio"]] * 2
 
     bare = json.loads((out / "r1" / "bare.json").read_text())
-    assert (bare["micro_batch_size"], bare["global_batch_size"], bare["gradient_accumulation_steps"],
-            bare["seq_length"], bare["precision"]) == (1, 2, 2, 32, "fp32")
+    assert (
+        bare["micro_batch_size"],
+        bare["global_batch_size"],
+        bare["gradient_accumulation_steps"],
+        bare["seq_length"],
+        bare["precision"],
+    ) == (1, 2, 2, 32, "fp32")
     assert bare["optimizer"] == "AdamW fused"  # as hwbench's CPU backend asks for (device/kinds.py)
     assert len(bare["step_time_s"]["all"]) == 2 and bare["step_time_s"]["median"] == median["bare loop"]
     assert bare["flops_per_iteration"] == model_flops_per_iteration(TINY, 2, 32)
@@ -80,8 +86,13 @@ def test_side_by_side_runs_both_sides_on_the_same_point_and_divides_their_median
         (path,) = (out / "r1" / folder).glob("*.json")
         result = json.loads(path.read_text())
         assert result["status"] == "ok" and result["spec"]["telemetry"] is telemetry
-        assert (result["spec"]["micro_batch_size"], result["spec"]["global_batch_size"], result["spec"]["seq_length"],
-                result["spec"]["precision"], result["spec"]["steps"]) == (1, 2, 32, "fp32", 2)
+        assert (
+            result["spec"]["micro_batch_size"],
+            result["spec"]["global_batch_size"],
+            result["spec"]["seq_length"],
+            result["spec"]["precision"],
+            result["spec"]["steps"],
+        ) == (1, 2, 32, "fp32", 2)
         assert result["workload"]["parameters"] == bare["parameters"] == count_parameters(TINY).total
         assert result["metrics"]["flops_per_iteration"] == bare["flops_per_iteration"]
     assert done.stdout.rstrip().splitlines()[-1].startswith("telemetry_ratio = ")  # the ratios come last
@@ -92,8 +103,9 @@ def _side(median):
 
 
 def test_repeats_combine_into_the_median_and_range_of_each_repeats_ratio():
-    sides = lambda bare, quiet, full: {"bare loop": _side(bare), "hwbench --no-telemetry": _side(quiet),  # noqa: E731
-                                       "hwbench": _side(full)}
+    def sides(bare, quiet, full):
+        return {"bare loop": _side(bare), "hwbench --no-telemetry": _side(quiet), "hwbench": _side(full)}
+
     module = _side_by_side()
     document = module.combine([sides(1.0, 1.1, 1.2), sides(2.0, 2.0, 2.1), sides(1.0, 1.3, 1.5)])
     assert [r["harness_ratio"] for r in document["repeats"]] == pytest.approx([1.2, 1.05, 1.5])
@@ -122,8 +134,13 @@ def test_both_sides_figures_come_from_their_median_step(tmp_path):
     assert side["step_time_median_s"] == 1.0
     assert side["tokens_per_s"] == pytest.approx(8 * 128 / 1.0) != pytest.approx(result["metrics"]["tokens_per_s"])
     assert side["tflops_per_device"] == pytest.approx(result["metrics"]["flops_per_iteration"] / 1.0 / 1e12)
-    bare = {"global_batch_size": 8, "seq_length": 128, "flops_per_iteration": 4e10, "peak_memory_bytes": 1,
-            "step_time_s": {"median": 0.5, "mean": 0.9}}
+    bare = {
+        "global_batch_size": 8,
+        "seq_length": 128,
+        "flops_per_iteration": 4e10,
+        "peak_memory_bytes": 1,
+        "step_time_s": {"median": 0.5, "mean": 0.9},
+    }
     (tmp_path / "bare.json").write_text(json.dumps(bare))
     side = module.bare_side(tmp_path / "bare.json", {"exit": 0})
     assert (side["tokens_per_s"], side["tflops_per_device"]) == (pytest.approx(8 * 128 / 0.5), pytest.approx(0.08))

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_history import night_date, write_nights
 
 from hwbench.cli import run_command
 from hwbench.errors import UsageError
 from hwbench.report.compare import REGRESSION_EXIT
-from test_history import night_date, write_nights
 
 
 def history(capsys, *argv) -> tuple[int, str]:

@@ -2,8 +2,8 @@
 exit status 2; nothing written."""
 
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,10 +221,14 @@ def test_a_workload_may_give_both_warmup_fields_and_needs_one(tmp_path, monkeypa
     assert "lr_warmup_iters" in shipped
     workloads = tmp_path / "workloads"
     workloads.mkdir()
-    both = shipped.replace("name: tiny", "name: mine").replace("  lr_warmup_iters:", "  lr_warmup_fraction: 0.01\n  lr_warmup_iters:")
+    both = shipped.replace("name: tiny", "name: mine").replace(
+        "  lr_warmup_iters:", "  lr_warmup_fraction: 0.01\n  lr_warmup_iters:")
     (workloads / "mine.yaml").write_text(both)
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
-    assert load_catalog().workloads["mine"].training.lr_warmup_iters == load_catalog().workloads["tiny"].training.lr_warmup_iters
+    assert (
+        load_catalog().workloads["mine"].training.lr_warmup_iters
+        == load_catalog().workloads["tiny"].training.lr_warmup_iters
+    )
     neither = "\n".join(line for line in both.splitlines() if "lr_warmup" not in line) + "\n"
     (workloads / "mine.yaml").write_text(neither)
     from hwbench.catalog import _cached

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.point import METRICS
-
-from hwbench.cli import main as cli_main, run_command
+from hwbench.cli import main as cli_main
+from hwbench.cli import run_command
 from hwbench.errors import UsageError
+from hwbench.point import METRICS
 from hwbench.report import compare, system
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result
@@ -323,7 +323,8 @@ def test_points_only_on_one_side_are_listed(tmp_path, capsys):
     write(tmp_path / "cur", [400.0], spec={"seq_length": 64}, point="short")
     code, out, err = run(capsys, base, cur)
     assert code == compare.MISSING_EXIT == 4  # the gate cannot vouch for a point it did not see
-    assert "only in baseline (missing from current):\n  nightly/bf16" in out and "only in current:\n  nightly/short" in out
+    assert "only in baseline (missing from current):\n  nightly/bf16" in out
+    assert "only in current:\n  nightly/short" in out
     assert "1 baseline point(s) have no result in CURRENT" in err and "--allow-missing" in err
     code, _, _ = run(capsys, base, cur, "--allow-missing")
     assert code == 0
@@ -334,15 +335,18 @@ def _unreadable_variants():
     data = template()
     negative = copy.deepcopy(data)
     negative["metrics"]["tokens_per_s"] = -5.0
-    infinite = json.dumps(data).replace('"tokens_per_s": ' + json.dumps(data["metrics"]["tokens_per_s"]),
-                                        '"tokens_per_s": Infinity', 1)
+    infinite = json.dumps(data).replace(
+        '"tokens_per_s": ' + json.dumps(data["metrics"]["tokens_per_s"]), '"tokens_per_s": Infinity', 1
+    )
     return {
         "truncated": (json.dumps(data)[:700], "not a complete JSON document"),
         "empty": ("", "not a complete JSON document"),
         "binary": (b"\x89PNG\r\n\x1a\n\xff\xfe", "not UTF-8"),
         "a list": ("[1, 2, 3]", "not an hwbench result"),
-        "unknown schema": (json.dumps({**data, "schema_version": 99}),
-                           "schema_version 99 is newer than this hwbench reads (2); upgrade hwbench"),
+        "unknown schema": (
+            json.dumps({**data, "schema_version": 99}),
+            "schema_version 99 is newer than this hwbench reads (2); upgrade hwbench",
+        ),
         "null spec": (json.dumps({**data, "spec": None}), "field spec: must be a mapping, not null"),
         "deep nesting": (nested, "nested too deeply"),
         "negative throughput": (json.dumps(negative), "metrics.tokens_per_s: must be >= 0"),
@@ -401,8 +405,11 @@ def test_empty_folder_is_a_usage_error(tmp_path):
 def test_no_common_point_is_a_usage_error_naming_the_field_that_differs(tmp_path):
     base = write(tmp_path / "base", [1000.0])
     cur = write(tmp_path / "cur", [1000.0], spec={"seq_length": 64})
-    with pytest.raises(UsageError, match="no point in common.*the closest pair differs in seq_length 128 "
-                                         r"\(baseline\) vs 64 \(current\);"):
+    with pytest.raises(
+        UsageError,
+        match="no point in common.*the closest pair differs in seq_length 128 "
+        r"\(baseline\) vs 64 \(current\);",
+    ):
         run_command("compare", [str(base), str(cur)])
 
 
@@ -439,8 +446,9 @@ def test_system_description_from_a_real_result():
 
 def test_system_description_of_a_gpu_result():
     data = copy.deepcopy(template())
-    data["device"].update(backend="cuda", device_model="NVIDIA H100 80GB HBM3", catalog_entry="h100-sxm",
-                          memory_capacity_bytes=85 * 2**30)
+    data["device"].update(
+        backend="cuda", device_model="NVIDIA H100 80GB HBM3", catalog_entry="h100-sxm", memory_capacity_bytes=85 * 2**30
+    )
     data["spec"]["launch"].update(nnodes=2, nproc_per_node=8)
     data["environment"].update(backend="cuda", driver_version="550.54", cuda_version="12.4")
     described = system.system_description(data)
@@ -484,9 +492,15 @@ def test_tflops_and_mfu_are_compared_under_the_baselines_formula(tmp_path, capsy
     cur = write(tmp_path / "cur", [1000.0, 1010.0, 995.0], start_seed=2000)
     for path in cur.glob("*.json"):
         data = json.loads(path.read_text())
-        data["metrics"].update(flops_formula="megatron-core-v0.12", tflops_per_device=0.94, mfu=0.47, by_formula={
-            "megatron-core-v0.12": {"flops_per_iteration": 94.0, "tflops_per_device": 0.94, "mfu": 0.47},
-            "megatron-core-v0.7": {"flops_per_iteration": 100.0, "tflops_per_device": 1.0, "mfu": 0.5}})
+        data["metrics"].update(
+            flops_formula="megatron-core-v0.12",
+            tflops_per_device=0.94,
+            mfu=0.47,
+            by_formula={
+                "megatron-core-v0.12": {"flops_per_iteration": 94.0, "tflops_per_device": 0.94, "mfu": 0.47},
+                "megatron-core-v0.7": {"flops_per_iteration": 100.0, "tflops_per_device": 1.0, "mfu": 0.5},
+            },
+        )
         path.write_text(json.dumps(data))
     for metric in ("tflops_per_device", "mfu"):
         code, out, _ = run(capsys, base, cur, "--metric", metric)

@@ -64,7 +64,7 @@ def _valid_passes(data: MegatronData, evaluations: int, iters: int) -> list[list
     for _ in range(evaluations):
         for index in range(iters * data.accumulation):
             tokens, labels = data.valid_batch(index)
-            rows += [t.tolist() + l[-1:].tolist() for t, l in zip(tokens, labels)]
+            rows += [t.tolist() + label[-1:].tolist() for t, label in zip(tokens, labels)]
     return rows
 
 
@@ -87,7 +87,7 @@ def test_training_samples_equal_megatron_cores(tmp_path, documents, train_steps,
     for index in range(len(train)):
         assert samples[index].tolist() == _megatron_sample(train, index), index
     train_rows = [r for i in range(train_steps) for r in
-                  (lambda b: [t.tolist() + l[-1:].tolist() for t, l in zip(*b)])(ours.train_batch())]
+                  (lambda b: [t.tolist() + label[-1:].tolist() for t, label in zip(*b)])(ours.train_batch())]
     assert train_rows == [_megatron_sample(train, i) for i in range(train_steps * GLOBAL)]
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import run_command
-from hwbench.report.cells import fmt
 from hwbench.errors import UsageError
+from hwbench.report.cells import fmt
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCE = REPO / "tests" / "data" / "report" / "source-tiny-cpu.json"
@@ -403,36 +403,54 @@ def test_a_price_for_no_measured_device_is_noted_whatever_its_source(tmp_path, p
     prices = tmp_path / "prices.yaml"
     prices.write_text("typo-gpu: {usd_per_hour: 2.0, source: AWS list price}\n")
     data = json.loads(report(str(pair), "--format", "json", "--prices", str(prices), "--price", "other-typo=1"))
-    assert "the price of 'typo-gpu' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
-    assert "the price of 'other-typo' (--price or --prices) matched no run's catalog entry or device model" in data["notes"]
+    unmatched = "the price of 'typo-gpu' (--price or --prices) matched no run's catalog entry or device model"
+    assert unmatched in data["notes"]
+    assert (
+        "the price of 'other-typo' (--price or --prices) matched no run's catalog entry or device model"
+        in data["notes"]
+    )
 
 
 def test_best_points_of_different_settings_say_what_differs(tmp_path):
     """The H100's runs at seq 64, the A100's at seq 128: one table, but each row names its setting,
     and a sentence says the devices were not compared at the same settings."""
-    h100 = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
-            for i, t in enumerate((1000, 1010, 990))]
+    h100 = [
+        result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+        for i, t in enumerate((1000, 1010, 990))
+    ]
     for data in h100:
         data["spec"]["seq_length"] = 64
-    a100 = [result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
-            for i, t in enumerate((500, 505, 495))]
+    a100 = [
+        result(f"2026112{i}T030000Z-tiny-cuda-a1{i}", A100, 1, t, i, devices_used=1)
+        for i, t in enumerate((500, 505, 495))
+    ]
     seq = a100[0]["spec"]["seq_length"]
     assert seq != 64
     decision = report(str(write(tmp_path / "seqs", *h100, *a100))).split("## Decision")[1].split("## Runs")[0]
-    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in decision.splitlines()
-            if line.startswith("| NVIDIA")}
-    assert rows == {"NVIDIA H100 80GB HBM3": "TP1 PP1 DP1 x1 ranks, seq 64",
-                    "NVIDIA A100-SXM4-40GB": f"TP1 PP1 DP1 x1 ranks, seq {seq}"}
-    assert (f"The best points differ in more than device and layout: NVIDIA A100-SXM4-40GB: seq {seq}; NVIDIA H100 "
-            "80GB HBM3: seq 64. Each device is compared at its own best settings, not at the same ones.") in decision
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2].strip()
+        for line in decision.splitlines()
+        if line.startswith("| NVIDIA")
+    }
+    assert rows == {
+        "NVIDIA H100 80GB HBM3": "TP1 PP1 DP1 x1 ranks, seq 64",
+        "NVIDIA A100-SXM4-40GB": f"TP1 PP1 DP1 x1 ranks, seq {seq}",
+    }
+    assert (
+        f"The best points differ in more than device and layout: NVIDIA A100-SXM4-40GB: seq {seq}; NVIDIA H100 "
+        "80GB HBM3: seq 64. Each device is compared at its own best settings, not at the same ones."
+    ) in decision
     page = report(str(tmp_path / "seqs"), "--format", "html")
     chart = page.split('<section id="decision">')[1].split("</section>")[0].split('<svg class="chart"')[1]
     labels = re.findall(r"<text[^>]*>([^<]*)</text>", chart)
     assert "seq 64" in labels and f"seq {seq}" in labels  # each bar's label names its setting
     loss = next(svg for svg in page.split('<svg class="chart"')[1:] if "training loss" in svg.split(">")[0])
     legends = set(re.findall(r'<g class="legend[^"]*" data-series="([^"]*)"', loss))
-    assert len(legends) == 6 and all(", seq 64 (" in name for name in legends if "H100" in name) \
+    assert (
+        len(legends) == 6
+        and all(", seq 64 (" in name for name in legends if "H100" in name)
         and all(f", seq {seq} (" in name for name in legends if "A100" in name)
+    )
 
 
 def test_best_points_of_the_same_settings_name_no_setting(pair):
@@ -444,12 +462,16 @@ def test_best_points_of_the_same_settings_name_no_setting(pair):
 def test_runs_at_two_sequence_lengths_are_not_one_scaling_curve(tmp_path):
     """One H100 at seq 64 and two at seq 128: two workloads, each measured at one device count, so
     no scaling is fitted across them (a fit would read the change of workload as scaling)."""
-    one = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
-           for i, t in enumerate((1000, 1010, 990))]
+    one = [
+        result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+        for i, t in enumerate((1000, 1010, 990))
+    ]
     for data in one:
         data["spec"]["seq_length"] = 64
-    two = [result(f"2026112{i}T010000Z-tiny-cuda-h2{i}", H100, 2, t, i, devices_used=2)
-           for i, t in enumerate((1900, 1920, 1880))]
+    two = [
+        result(f"2026112{i}T010000Z-tiny-cuda-h2{i}", H100, 2, t, i, devices_used=2)
+        for i, t in enumerate((1900, 1920, 1880))
+    ]
     assert two[0]["spec"]["seq_length"] != 64
     folder = write(tmp_path / "seqs", *one, *two)
     decision = report(str(folder)).split("## Decision")[1].split("## Runs")[0]
@@ -470,15 +492,20 @@ def test_a_published_row_at_another_sequence_length_is_said_to_be_another_worklo
     header = (REPO / "results" / "published" / "table3.csv").read_text().splitlines()[0]
     tables = tmp_path / "tables"
     tables.mkdir()
-    (tables / "table9.csv").write_text(header + "\n9,8p-GPU(A),tiny,7M,gpu-a100,8,1,1,1024,8,64,fp32,false,,100,10,"
-                                                "a made-up row for this test\n")
-    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
-            for i, t in enumerate((1000, 1010, 990))]
+    (tables / "table9.csv").write_text(
+        header + "\n9,8p-GPU(A),tiny,7M,gpu-a100,8,1,1,1024,8,64,fp32,false,,100,10,a made-up row for this test\n"
+    )
+    runs = [
+        result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i, devices_used=1)
+        for i, t in enumerate((1000, 1010, 990))
+    ]
     seq = runs[0]["spec"]["seq_length"]
     assert seq != 1024
     decision = report(str(write(tmp_path / "runs", *runs)), "--against", str(tables))
     decision = decision.split("## Decision")[1].split("## Runs")[0]
-    assert f"x 8p-GPU(A) (gpu-a100, fp32, Table 9; priced as catalog a100-sxm) (at seq {seq} against its 1024: " \
-           "not the same workload)" in decision
+    assert (
+        f"x 8p-GPU(A) (gpu-a100, fp32, Table 9; priced as catalog a100-sxm) (at seq {seq} against its 1024: "
+        "not the same workload)" in decision
+    )
     published = next(line for line in decision.splitlines() if line.startswith("| published 8p-GPU(A)"))
     assert "| TP1 PP1 on 8, seq 1024 " in published

@@ -18,9 +18,8 @@ import torch
 from hwbench.commands.run import parse_run_spec
 from hwbench.device import deepspeed_support
 from hwbench.device.deepspeed_support import ACCELERATOR_ENV, prepare_deepspeed
-from hwbench.errors import SetupError
-
 from hwbench.engine.deepspeed import deepspeed_config
+from hwbench.errors import SetupError
 
 # Tests that import deepspeed; the rest run without it.
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")

@@ -46,7 +46,9 @@ def native_tp2(native_tp2_run) -> dict:
 
 
 def _assert_same_curve(result: dict, reference: dict) -> None:
-    pairs = [(s["loss"], r["loss"], s["grad_norm"], r["grad_norm"]) for s, r in zip(result["steps"], reference["steps"])]
+    pairs = [
+        (s["loss"], r["loss"], s["grad_norm"], r["grad_norm"]) for s, r in zip(result["steps"], reference["steps"])
+    ]
     assert len(pairs) == len(reference["steps"]) == 3
     for step, (loss, want_loss, norm, want_norm) in enumerate(pairs, start=1):
         assert abs(loss - want_loss) / want_loss < TOLERANCE, f"step {step}: loss {loss} vs {want_loss}"
@@ -86,8 +88,20 @@ def test_tp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
 def test_tp2_pp2_with_recompute_and_zero1_follows_the_native_tp2_curve(tmp_path, native_tp2):
     """The issue's command on 4 ranks, with the published activation checkpointing
     and ZeRO 1 beside the pipeline (neither changes fp32 arithmetic)."""
-    result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "4", "--tp", "2", "--pp", "2",
-                  "--recompute", "--zero", "1")
+    result = _run(
+        tmp_path,
+        "--engine",
+        "deepspeed",
+        "--nproc-per-node",
+        "4",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--recompute",
+        "--zero",
+        "1",
+    )
     _assert_pipeline_engine(result, tp=2, pp=2, dp=1, zero=1)
     assert result["engine"]["recompute"] is True
     _assert_same_curve(result, native_tp2)
@@ -100,11 +114,14 @@ def test_tp2_pp2_dp2_on_eight_ranks_follows_the_native_tp2_curve(tmp_path, nativ
     _assert_same_curve(result, native_tp2)
 
 
-@pytest.mark.parametrize("options, expected", [
-    (["--zero", "2", "--pp", "2"], "--zero 2"),
-    (["--zero", "3", "--tp", "2"], "--zero 3"),
-    (["--pp", "2", "--pp-schedule", "gpipe"], "--pp-schedule gpipe"),
-])
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--zero", "2", "--pp", "2"], "--zero 2"),
+        (["--zero", "3", "--tp", "2"], "--zero 3"),
+        (["--pp", "2", "--pp-schedule", "gpipe"], "--pp-schedule gpipe"),
+    ],
+)
 def test_what_the_pipeline_engine_cannot_run_is_one_line(tmp_path, capsys, options, expected):
     out = tmp_path / "runs"
     assert main(["run", *BASE, "--engine", "deepspeed", "--nproc-per-node", "2", *options, "--out", str(out)]) == 2

@@ -51,9 +51,24 @@ def _store(tmp_path, monkeypatch, rates: dict[str, float]):
     backend = select_backend("cpu")
     driver, _ = backend.driver()
     store = tmp_path / "calibration.json"
-    store.write_text(json.dumps({"schema_version": 1, "entries": [{
-        "device_kind": "cpu", "device_model": backend.device_names()[0], "driver": driver,
-        "gemm": {p: {"ceiling_flops": rate, "measured_at": "2026-11-25T06:34:31+00:00"} for p, rate in rates.items()}}]}))
+    store.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "entries": [
+                    {
+                        "device_kind": "cpu",
+                        "device_model": backend.device_names()[0],
+                        "driver": driver,
+                        "gemm": {
+                            p: {"ceiling_flops": rate, "measured_at": "2026-11-25T06:34:31+00:00"}
+                            for p, rate in rates.items()
+                        },
+                    }
+                ],
+            }
+        )
+    )
     monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
     return backend
 
@@ -67,8 +82,10 @@ def test_the_estimate_is_the_model_flops_over_the_measured_rate(tmp_path, monkey
     work = run_work(spec, catalog, backend)
     assert work.flops == pytest.approx(flops) and work.devices == 1
     text = estimate_text(backend, [work], "this run")
-    assert text.startswith(f"this run: at least {duration_text(flops / 2e9)}: {flops / 1e12:,.4g} TFLOP of training "
-                           "steps (warm-up included) at the GEMM rate measured on ")
+    assert text.startswith(
+        f"this run: at least {duration_text(flops / 2e9)}: {flops / 1e12:,.4g} TFLOP of training "
+        "steps (warm-up included) at the GEMM rate measured on "
+    )
     assert "fp32 2.0 GFLOP/s per device (hwbench calibrate, 2026-11-25)" in text
     # two ranks on one CPU share its rate: the same work takes as long; on GPUs, each rank has its own
     two = build_run_spec(RunOptions(model="tiny", steps=20, warmup=4, nproc_per_node=2), catalog)
@@ -101,12 +118,14 @@ def test_run_says_it_before_it_starts(tmp_path, monkeypatch, capsys, avx2_only):
     [err] = said_before
     lines = err.splitlines()
     assert lines[0].startswith("hwbench: warning: --precision fp16: this CPU (") and lines[0].endswith(
-        "; --precision fp32 runs at speed here")
+        "; --precision fp32 runs at speed here"
+    )
     assert lines[1].startswith("hwbench: note: this run: at least ") and "fp16 340.00 MFLOP/s per device" in lines[1]
 
 
-@pytest.mark.parametrize("seconds, text", [(0.2, "1 s"), (45, "45 s"), (600, "10 min"), (5400, "1.5 h"),
-                                           (86400 * 3, "3.0 days")])
+@pytest.mark.parametrize(
+    "seconds, text", [(0.2, "1 s"), (45, "45 s"), (600, "10 min"), (5400, "1.5 h"), (86400 * 3, "3.0 days")]
+)
 def test_durations_read_as_people_write_them(seconds, text):
     assert duration_text(seconds) == text
 
@@ -159,8 +178,9 @@ def test_an_unknown_duration_names_calibrate_only_when_calibrate_can_help(tmp_pa
     assert estimate_text(backend, work, "this run").endswith("; then the same command prints an estimate")
     monkeypatch.setattr(backend, "simulated", True)  # a stand-in: calibrating it would not help
     text = estimate_text(backend, work, "this run")
-    assert text == ("this run: duration unknown: the device is simulated: there is no ceiling to compare "
-                    "host-CPU work with")
+    assert text == (
+        "this run: duration unknown: the device is simulated: there is no ceiling to compare host-CPU work with"
+    )
 
 
 def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monkeypatch, avx2_only):
@@ -172,9 +192,15 @@ def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monke
 
     _store(tmp_path, monkeypatch, {"fp32": 2e9})
     smoke = load_suite(find_suite("smoke"))
-    fp16 = dataclasses.replace(smoke, points=tuple(  # every point at a precision this CPU emulates
-        dataclasses.replace(p, options=tuple((k, v) for k, v in p.options if k != "precision") + (("precision", "fp16"),))
-        for p in smoke.points))
+    fp16 = dataclasses.replace(
+        smoke,
+        points=tuple(  # every point at a precision this CPU emulates
+            dataclasses.replace(
+                p, options=tuple((k, v) for k, v in p.options if k != "precision") + (("precision", "fp16"),)
+            )
+            for p in smoke.points
+        ),
+    )
     options = SweepOptions(tmp_path / "out", device="cpu")
     loud, quiet = before_sweep(fp16, options), before_sweep(fp16, options, estimate=False)
     assert quiet and all(line.startswith("warning: --precision fp16: ") for line in quiet)

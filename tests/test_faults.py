@@ -169,8 +169,15 @@ def test_a_signal_to_the_launcher_ends_the_whole_tree(case, tmp_path, sig):
 # --- a signal to torchrun's agent ------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [_matrix_only(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT),
-                                 _matrix_only(signal.SIGHUP)])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        _matrix_only(signal.SIGKILL),
+        _matrix_only(signal.SIGTERM),
+        _matrix_only(signal.SIGINT),
+        _matrix_only(signal.SIGHUP),
+    ],
+)
 def test_a_signal_to_the_agent_is_a_failed_result_and_no_orphan(case, tmp_path, sig):
     out = tmp_path / "out"
     case.start(RUN + ["--steps", "100000", "--out", str(out)])
@@ -191,8 +198,15 @@ def test_a_signal_to_the_agent_is_a_failed_result_and_no_orphan(case, tmp_path, 
 # --- a signal to a rank -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sig", [_matrix_only(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT),
-                                 _matrix_only(signal.SIGHUP)])
+@pytest.mark.parametrize(
+    "sig",
+    [
+        _matrix_only(signal.SIGKILL),
+        _matrix_only(signal.SIGTERM),
+        _matrix_only(signal.SIGINT),
+        _matrix_only(signal.SIGHUP),
+    ],
+)
 def test_a_signal_to_a_rank_is_a_failed_result_naming_it(case, tmp_path, sig):
     out = tmp_path / "out"
     case.start(RUN + ["--steps", "100000", "--out", str(out)])
@@ -213,14 +227,27 @@ def test_a_signal_to_a_rank_is_a_failed_result_naming_it(case, tmp_path, sig):
 
 def _sweep(case: Case, tmp_path: Path) -> tuple[list[str], Path]:
     suite = tmp_path / "s.yaml"
-    suite.write_text(yaml.safe_dump({"name": "s", "defaults": FAST, "points": [
-        {"name": "first"}, {"name": "second", "nproc-per-node": 2, "steps": 100000}, {"name": "third"}]}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "defaults": FAST,
+                "points": [
+                    {"name": "first"},
+                    {"name": "second", "nproc-per-node": 2, "steps": 100000},
+                    {"name": "third"},
+                ],
+            }
+        )
+    )
     out = tmp_path / "out"
     return [sys.executable, "-m", "hwbench", "sweep", str(suite), "--out", str(out)], out
 
 
-@pytest.mark.parametrize("sig", [_default(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT),
-                                 _default(signal.SIGHUP)])
+@pytest.mark.parametrize(
+    "sig",
+    [_default(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT), _default(signal.SIGHUP)],
+)
 def test_a_signal_to_the_sweep_keeps_finished_points_and_leaves_nothing(case, tmp_path, sig):
     command, out = _sweep(case, tmp_path)
     case.start(command)

@@ -11,7 +11,6 @@ import sys
 import tarfile
 
 import pytest
-
 from conftest import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "benchmarks" / "gpu_session.sh"
@@ -114,6 +113,7 @@ def test_the_wheels_are_installed_offline_once_and_put_on_the_path(tmp_path):
 
 def test_gpu_wheels_lists_the_dependencies_the_image_lacks():
     import re
+
     import tomllib
 
     done = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_wheels.sh"), "--list"], capture_output=True,

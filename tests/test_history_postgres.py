@@ -15,11 +15,11 @@ import subprocess
 import tempfile
 
 import pytest
+from test_history import history, night_date, write_nights
 
 from hwbench.errors import UsageError
 from hwbench.history import store
 from hwbench.report.compare import REGRESSION_EXIT
-from test_history import history, night_date, write_nights
 
 
 def _server_binaries() -> str | None:

@@ -63,7 +63,7 @@ def test_cuda_window_without_waits_counts_zero_and_other_warnings_pass_on(cuda_b
     backend, _ = cuda_backend
     with pytest.warns(DeprecationWarning, match="an unrelated warning"):
         with backend.counting_host_syncs() as record:
-            warnings.warn("an unrelated warning", DeprecationWarning)
+            warnings.warn("an unrelated warning", DeprecationWarning, stacklevel=1)
     assert record.count == 0 and record.where == []
 
 

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 
 from hwbench.errors import UsageError
-from hwbench.workload.indexed import (DTYPE_CODES, IndexedDataset, IndexedDatasetError, IndexedDatasetWriter,
-                                      dtype_for_vocab, write_indexed_dataset)
+from hwbench.workload.indexed import (
+    DTYPE_CODES,
+    IndexedDataset,
+    IndexedDatasetError,
+    IndexedDatasetWriter,
+    dtype_for_vocab,
+    write_indexed_dataset,
+)
 
 DOCUMENTS = [[5, 6, 7], [1], [], [9, 8, 7, 6, 5], [65535, 0]]
 

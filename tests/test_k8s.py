@@ -234,11 +234,18 @@ class Yaml12Loader(yaml.SafeLoader):
     1e3 is a float, 0o17 and 0x1F are integers (PyYAML, YAML 1.1, reads them as text)."""
 
 
-Yaml12Loader.yaml_implicit_resolvers = {key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Yaml12Loader.yaml_implicit_resolvers = {
+    key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 for _first in "-+0123456789.":
     Yaml12Loader.yaml_implicit_resolvers.setdefault(_first, []).insert(
-        0, ("tag:yaml.org,2002:yaml12number", re.compile(
-            r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?)$")))
+        0,
+        (
+            "tag:yaml.org,2002:yaml12number",
+            re.compile(
+                r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?)$"
+            ),
+        ),
+    )
 
 
 def _yaml12_number(loader, node):
@@ -260,8 +267,11 @@ def strict(schema):
     if not isinstance(schema, dict):
         return schema
     schema = {key: strict(value) for key, value in schema.items()}
-    if "properties" in schema and "additionalProperties" not in schema \
-            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in schema
+        and "additionalProperties" not in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         schema["additionalProperties"] = False
     return schema
 
@@ -278,8 +288,9 @@ def crd_problems(manifest: dict) -> list[str]:
     validator = jsonschema.Draft7Validator(strict(schema))
     problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(manifest)]
     meta = manifest["metadata"]
-    problems += [f"metadata.{key}: unknown" for key in meta
-                 if key not in ("name", "namespace", "labels", "annotations")]
+    problems += [
+        f"metadata.{key}: unknown" for key in meta if key not in ("name", "namespace", "labels", "annotations")
+    ]
     if not DNS_1123_SUBDOMAIN.match(meta["name"]) or len(meta["name"]) > 253:
         problems.append(f"metadata.name {meta['name']!r}: not a DNS-1123 subdomain")
     for key, value in {**meta.get("labels", {}), **meta.get("annotations", {})}.items():
@@ -338,8 +349,23 @@ def printed(capsys, *argv: str) -> dict:
 LAYOUTS = [
     ["--nnodes", "2", "--nproc-per-node", "8", "--device", "cuda", "--model", "1.3b", "--tp", "2", "--pp", "2"],
     ["--nnodes", "1", "--nproc-per-node", "8", "--device", "npu", "--model", "345m", "--results-claim", "results"],
-    ["--nnodes", "3", "--nproc-per-node", "2", "--device", "cpu", *TINY, "--cpu", "500m", "--memory", "8Gi",
-     "--namespace", "bench", "--hold", "600"],
+    [
+        "--nnodes",
+        "3",
+        "--nproc-per-node",
+        "2",
+        "--device",
+        "cpu",
+        *TINY,
+        "--cpu",
+        "500m",
+        "--memory",
+        "8Gi",
+        "--namespace",
+        "bench",
+        "--hold",
+        "600",
+    ],
 ]
 
 
@@ -354,10 +380,25 @@ def test_manifests_fit_the_real_crd(capsys, api, layout):
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
 def test_env_values_stay_strings_for_a_yaml_12_reader(capsys, api):
     values = {"HCCL_BUFFSIZE": "1e3", "OCTAL": "0o17", "HEX": "0x1F", "PLAIN": "120", "FLAG": "true", "EMPTY": ""}
-    m = printed(capsys, "--api", api, "--nnodes", "1", "--nproc-per-node", "1", "--namespace", "1e3",
-                "--results-claim", "0x10", *[f"--env={k}={v}" for k, v in values.items()])
-    env = (m["spec"]["trainer"]["env"] if api == "trainjob"
-           else container(m["spec"]["pytorchReplicaSpecs"]["Master"])["env"])
+    m = printed(
+        capsys,
+        "--api",
+        api,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--namespace",
+        "1e3",
+        "--results-claim",
+        "0x10",
+        *[f"--env={k}={v}" for k, v in values.items()],
+    )
+    env = (
+        m["spec"]["trainer"]["env"]
+        if api == "trainjob"
+        else container(m["spec"]["pytorchReplicaSpecs"]["Master"])["env"]
+    )
     assert {e["name"]: e["value"] for e in env} == values
     assert m["metadata"]["namespace"] == "1e3"
     assert crd_problems(m) == []
@@ -389,8 +430,23 @@ def test_counts_are_strings_the_kubernetes_client_accepts(capsys):
 
 
 def test_trainjob_runs_the_same_hwbench_run_on_every_node(capsys):
-    m = printed(capsys, "--api", "trainjob", "--nnodes", "4", "--nproc-per-node", "8", "--device", "cuda",
-                "--model", "1.3b", "--tp", "2", "--runtime", "torch-cuda-12")
+    m = printed(
+        capsys,
+        "--api",
+        "trainjob",
+        "--nnodes",
+        "4",
+        "--nproc-per-node",
+        "8",
+        "--device",
+        "cuda",
+        "--model",
+        "1.3b",
+        "--tp",
+        "2",
+        "--runtime",
+        "torch-cuda-12",
+    )
     assert m["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and m["kind"] == "TrainJob"
     assert m["spec"]["runtimeRef"] == {"name": "torch-cuda-12"}
     trainer = m["spec"]["trainer"]
@@ -398,8 +454,13 @@ def test_trainjob_runs_the_same_hwbench_run_on_every_node(capsys):
     assert trainer["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8"}
     words = shlex.split(trainer["command"][2])
     assert words[:3] == ["exec", "hwbench", "run"] and words[words.index("--model") + 1] == "1.3b"
-    for flag, value in (("--nnodes", "4"), ("--nproc-per-node", "8"), ("--node-rank", "$PET_NODE_RANK"),
-                        ("--master-addr", "$PET_MASTER_ADDR"), ("--master-port", "$PET_MASTER_PORT")):
+    for flag, value in (
+        ("--nnodes", "4"),
+        ("--nproc-per-node", "8"),
+        ("--node-rank", "$PET_NODE_RANK"),
+        ("--master-addr", "$PET_MASTER_ADDR"),
+        ("--master-port", "$PET_MASTER_PORT"),
+    ):
         assert words[words.index(flag) + 1] == value
     [override] = m["spec"]["podTemplateOverrides"]
     assert override["targetJobs"] == [{"name": "node"}]

@@ -13,10 +13,10 @@ import pytest
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.commands.run import parse_run_spec
-from hwbench.result.describe import describe_workload
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
 from hwbench.planner import plan_memory
+from hwbench.result.describe import describe_workload
 from hwbench.workload import count_parameters, model_flops_per_iteration
 
 CATALOG = load_catalog()
@@ -56,7 +56,10 @@ def test_megatrons_name_suites_and_child_argv_carry_it():
     assert spec.max_positions == 4096
     options = RunOptions.from_mapping({"model": "1.3b", "seq-length": 2048, "max-positions": 2048})
     assert options.max_positions == 2048
-    assert "--max-positions" in options.to_argv() and options.to_argv()[options.to_argv().index("--max-positions") + 1] == "2048"
+    assert (
+        "--max-positions" in options.to_argv()
+        and options.to_argv()[options.to_argv().index("--max-positions") + 1] == "2048"
+    )
     with pytest.raises(UsageError, match="--max-positions 'many'"):
         RunOptions.from_mapping({"max_positions": "many"})
 
@@ -75,13 +78,25 @@ def test_parameters_planner_and_flops_see_the_longer_position_table():
     assert plan_long.total_bytes > plan_short.total_bytes
     # FLOPs: the position lookup is not a matmul, so the Megatron formula does not move; the
     # sequence does (the attention term).
-    assert (model_flops_per_iteration(long_table.model_config(workload.model), 8, 1024)
-            == model_flops_per_iteration(workload.model, 8, 1024))
+    assert model_flops_per_iteration(long_table.model_config(workload.model), 8, 1024) == model_flops_per_iteration(
+        workload.model, 8, 1024
+    )
 
 
 def test_hwbench_plan_takes_it_and_refuses_a_seq_past_the_table(capsys):
-    argv = ["plan", "--model", "1.3b", "--seq-length", "2048", "--devices", "1", "--device-memory", "80GiB",
-            "--layout", "1x1x1"]
+    argv = [
+        "plan",
+        "--model",
+        "1.3b",
+        "--seq-length",
+        "2048",
+        "--devices",
+        "1",
+        "--device-memory",
+        "80GiB",
+        "--layout",
+        "1x1x1",
+    ]
     assert main(argv) == 2
     assert "--max-positions 2048" in capsys.readouterr().err
     assert main(argv + ["--max-positions", "2048"]) == 0
@@ -91,11 +106,41 @@ def test_hwbench_plan_takes_it_and_refuses_a_seq_past_the_table(capsys):
 @pytest.mark.slow
 def test_a_run_trains_and_records_the_longer_table(tmp_path):
     """tiny (128 positions) at seq 256: one real step on the CPU; the result says what was trained."""
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--device", "cpu", "--model", "tiny",
-                           "--seq-length", "256", "--max-positions", "256", "--micro-batch-size", "2",
-                           "--global-batch-size", "2", "--steps", "1", "--warmup", "0", "--eval-iters", "0",
-                           "--data", "synthetic", "--no-telemetry", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hwbench",
+            "run",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--model",
+            "tiny",
+            "--seq-length",
+            "256",
+            "--max-positions",
+            "256",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--eval-iters",
+            "0",
+            "--data",
+            "synthetic",
+            "--no-telemetry",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     (path,) = tmp_path.glob("*.json")
     result = json.loads(path.read_text())

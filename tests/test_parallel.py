@@ -86,7 +86,11 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, request, referen
     assert code == 0, result.get("error")
     tp, pp, dp = layout
     assert result["status"] == "ok"
-    assert (result["spec"]["parallel"]["tp"], result["spec"]["parallel"]["pp"], result["spec"]["parallel"]["dp"]) == layout
+    assert (
+        result["spec"]["parallel"]["tp"],
+        result["spec"]["parallel"]["pp"],
+        result["spec"]["parallel"]["dp"],
+    ) == layout
     assert result["engine"]["name"] == "native" and result["engine"]["data_parallel"] == data_parallel
     assert len(result["ranks"]) == tp * pp * dp == result["metrics"]["world_size"]
     assert sorted(r["rank"] for r in result["ranks"]) == list(range(tp * pp * dp))
@@ -116,7 +120,11 @@ def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
     pads the vocabulary the same way, to 1e-5 per step (loss, norm, validation)."""
     code, result = _run(tmp_path, "--nproc-per-node", "4", "--tp", "2", "--pp", "2")
     assert code == 0, result.get("error")
-    assert (result["spec"]["parallel"]["tp"], result["spec"]["parallel"]["pp"], result["spec"]["parallel"]["dp"]) == (2, 2, 1)
+    assert (result["spec"]["parallel"]["tp"], result["spec"]["parallel"]["pp"], result["spec"]["parallel"]["dp"]) == (
+        2,
+        2,
+        1,
+    )
     engine = result["engine"]
     assert engine["name"] == "native" and engine["vocab_parallel"] and engine["pipeline_schedule"] == "1f1b"
     assert len(result["ranks"]) == 4
@@ -138,10 +146,30 @@ def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, referenc
 
 def test_two_node_agents_on_loopback_run_one_job(tmp_path):
     port = str(free_port())
-    common = [sys.executable, "-m", "hwbench", "run", *BASE, "--nnodes", "2", "--nproc-per-node", "1",
-              "--master-addr", "127.0.0.1", "--master-port", port]
-    nodes = [subprocess.Popen([*common, "--node-rank", str(rank), "--out", str(tmp_path / f"node{rank}")],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (1, 0)]
+    common = [
+        sys.executable,
+        "-m",
+        "hwbench",
+        "run",
+        *BASE,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+    ]
+    nodes = [
+        subprocess.Popen(
+            [*common, "--node-rank", str(rank), "--out", str(tmp_path / f"node{rank}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (1, 0)
+    ]
     outputs = [node.communicate(timeout=300)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert "node 0 writes the result" in outputs[0]
@@ -167,9 +195,25 @@ def test_run_under_torchrun_is_that_ranks_worker(tmp_path):
     sweep = {"suite": "s", "suite_path": None, "point": "dp2", "repeat": 0, "repeats": 1, "key": "0123456789abcdef"}
     env = {**{k: v for k, v in os.environ.items() if k != "HWBENCH_RUN_DIR"}, "HWBENCH_SWEEP": json.dumps(sweep)}
     completed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-         "-m", "hwbench", "run", *BASE, "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=env)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            "-m",
+            "hwbench",
+            "run",
+            *BASE,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     (path,) = list(out.glob("*.json"))
     result = json.loads(path.read_text())
@@ -234,9 +278,14 @@ def test_a_hung_rank_ends_in_timeout_with_every_ranks_last_step(tmp_path, monkey
 def test_interrupting_the_launcher_leaves_no_rank_behind(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "HWBENCH_FAULT": "0:2:hang"}
-    launcher = subprocess.Popen([sys.executable, "-m", "hwbench", "run", *BASE, "--nproc-per-node", "2",
-                                 "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, preexec_fn=sigint_as_usual)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "hwbench", "run", *BASE, "--nproc-per-node", "2", "--out", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_usual,
+    )
     try:
         beats_seen = _wait_for_ranks(launcher.pid)
         launcher.send_signal(signal.SIGINT)
@@ -264,8 +313,12 @@ def _wait_for_ranks(launcher_pid: int, timeout_s: float = 120) -> list[int]:
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"hwbench" in command and b"--module" not in command and b"hwbench.harness.agent" not in command \
-                    and pid != launcher_pid:
+            if (
+                b"hwbench" in command
+                and b"--module" not in command
+                and b"hwbench.harness.agent" not in command
+                and pid != launcher_pid
+            ):
                 ranks.append(pid)
         if len(ranks) >= 2:
             time.sleep(3)  # let them reach the hang
@@ -291,8 +344,10 @@ def overflowing_fp16(tmp_path_factory):
     tiny = Path(load_catalog().workloads["tiny"].path).read_text()
     assert "initial_scale_power: 12" in tiny
     (folder / "workloads" / "tiny-overflow.yaml").write_text(
-        tiny.replace("name: tiny\n", "name: tiny-overflow\n")
-            .replace("initial_scale_power: 12", f"initial_scale_power: {OVERFLOWING_SCALE_POWER}"))
+        tiny.replace("name: tiny\n", "name: tiny-overflow\n").replace(
+            "initial_scale_power: 12", f"initial_scale_power: {OVERFLOWING_SCALE_POWER}"
+        )
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HWBENCH_CATALOG_PATH", str(folder))
         code, reference = _run(tmp_path_factory.mktemp("single-fp16"), *FP16)
@@ -307,11 +362,14 @@ FP16 = ["--precision", "fp16", "--model", "tiny-overflow", "--steps", "4"]
 
 # PP2 and FSDP2 are heavy (python -m pytest -m heavy): TP2 takes the same path (the overflow
 # decided on the device from the global norm of DTensor shards, the skip by fused AdamW)
-@pytest.mark.parametrize("options", [
-    pytest.param(["--nproc-per-node", "2", "--tp", "2"], id="tp2"),
-    pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
-    pytest.param(["--nproc-per-node", "2", "--fsdp"], id="dp2-fsdp", marks=pytest.mark.heavy),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param(["--nproc-per-node", "2", "--tp", "2"], id="tp2"),
+        pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
+        pytest.param(["--nproc-per-node", "2", "--fsdp"], id="dp2-fsdp", marks=pytest.mark.heavy),
+    ],
+)
 def test_fp16_layout_skips_the_single_process_steps_with_its_scales(tmp_path, overflowing_fp16, options):
     """fp16's overflow flag and loss-scale state live on the device and fused AdamW reads the
     flag there: with DTensor parameters (TP, FSDP2) and pipeline stages every rank skips the

@@ -107,6 +107,9 @@ def test_a_run_above_its_data_sheet_peak_is_invalid_and_gives_no_mfu(tmp_path, m
     assert done.returncode == 1, done.stderr[-2000:]
     result = json.loads(next(out.glob("*.json")).read_text())
     assert result["status"] == "invalid" and result["error"]["type"] == "ImplausibleThroughput"
-    assert result["metrics"]["mfu"] is None and "of the data sheet's dense fp32 peak" in result["metrics"]["unmeasured"]["mfu"]
+    assert (
+        result["metrics"]["mfu"] is None
+        and "of the data sheet's dense fp32 peak" in result["metrics"]["unmeasured"]["mfu"]
+    )
     assert result["device"]["catalog_entry"] == "slow-cpu" and "slow-cpu's pattern" in result["device"]["catalog_match"]
     assert "MFU" in done.stdout and "of the data sheet's dense fp32 peak" in done.stdout

@@ -7,8 +7,18 @@ import pytest
 from hwbench.cli import run_command
 from hwbench.commands.run import parse_run_spec
 from hwbench.errors import UsageError
-from hwbench.planner import (GIB, OVERHEAD_BYTES, activation_bytes_per_layer, fits, microbatches_in_flight,
-                             parse_size, plan_for_all_stages, plan_memory, plan_stage, stage_parameters)
+from hwbench.planner import (
+    GIB,
+    OVERHEAD_BYTES,
+    activation_bytes_per_layer,
+    fits,
+    microbatches_in_flight,
+    parse_size,
+    plan_for_all_stages,
+    plan_memory,
+    plan_stage,
+    stage_parameters,
+)
 from hwbench.spec import ParallelDims
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.params import count_parameters

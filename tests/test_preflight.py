@@ -101,7 +101,9 @@ def test_each_host_setting_that_moves_figures_is_a_warning_with_its_reading(tmp_
     assert (governor.status, governor.reading, governor.value) == ("warning", "powersave on 2 CPUs", "powersave")
     assert "cpupower frequency-set -g performance" in governor.reason
     assert (checks["numa_balancing"].status, checks["numa_balancing"].reading) == ("warning", "on (2 NUMA nodes)")
-    assert checks["transparent_hugepages"].status == "warning" and "defrag always" in checks["transparent_hugepages"].value
+    assert (
+        checks["transparent_hugepages"].status == "warning" and "defrag always" in checks["transparent_hugepages"].value
+    )
     assert (checks["swap"].status, checks["swap"].reading) == ("warning", "1.0 MiB used of 2.0 MiB")
     quota = checks["cpu_quota"]
     assert quota.status == "warning" and quota.value == "1 CPUs" and "2 ranks x 2 threads = 4" in quota.reading
@@ -187,6 +189,7 @@ def fake_pynvml(gpus: list[dict]) -> types.ModuleType:
                 raise NVMLError("Not Supported")
             value = gpus[handle][key]
             return value(*args) if callable(value) else value
+
         return call
 
     nv.nvmlInit = lambda: None
@@ -208,9 +211,18 @@ def fake_pynvml(gpus: list[dict]) -> types.ModuleType:
 
 
 def healthy_gpu(uuid: str) -> dict:
-    return {"uuid": uuid, "processes": [], "memory": types.SimpleNamespace(free=79 * 2**30, total=80 * 2**30),
-            "ecc": lambda kind, counter: 0, "clock": lambda kind: 1980, "max_clock": lambda kind: 1980,
-            "app_clock": lambda kind: 1980, "default_app_clock": lambda kind: 1980, "events": 0x1, "persistence": 1}
+    return {
+        "uuid": uuid,
+        "processes": [],
+        "memory": types.SimpleNamespace(free=79 * 2**30, total=80 * 2**30),
+        "ecc": lambda kind, counter: 0,
+        "clock": lambda kind: 1980,
+        "max_clock": lambda kind: 1980,
+        "app_clock": lambda kind: 1980,
+        "default_app_clock": lambda kind: 1980,
+        "events": 0x1,
+        "persistence": 1,
+    }
 
 
 def test_a_healthy_gpu_is_ok(monkeypatch):
@@ -218,7 +230,9 @@ def test_a_healthy_gpu_is_ok(monkeypatch):
     checks = {check.name: check for check in preflight("cuda", ".", environ={}).checks}
     for name in ("other_processes", "device_memory", "ecc_errors", "clocks", "persistence_mode"):
         assert checks[name].status == "ok", checks[name]
-    assert checks["clocks"].value == "not locked" and "no throttle reason" in checks["clocks"].reading  # idle bit left out
+    assert (
+        checks["clocks"].value == "not locked" and "no throttle reason" in checks["clocks"].reading
+    )  # idle bit left out
     assert checks["other_processes"].value == "none" and checks["persistence_mode"].value == "on"
 
 
@@ -233,17 +247,24 @@ def test_this_process_on_the_gpu_is_not_another_process(monkeypatch):
 
 
 def test_what_makes_a_gpu_figure_wrong_is_a_failure_naming_it(monkeypatch):
-    busy = {**healthy_gpu("GPU-bbbb"), "processes": [types.SimpleNamespace(pid=4242, usedGpuMemory=3 * 2**30)],
-            "memory": types.SimpleNamespace(free=40 * 2**30, total=80 * 2**30),
-            "ecc": lambda kind, counter: 2 if kind == 1 else 7, "events": 0x8 | 0x4,
-            "app_clock": lambda kind: 1410, "persistence": 0}
+    busy = {
+        **healthy_gpu("GPU-bbbb"),
+        "processes": [types.SimpleNamespace(pid=4242, usedGpuMemory=3 * 2**30)],
+        "memory": types.SimpleNamespace(free=40 * 2**30, total=80 * 2**30),
+        "ecc": lambda kind, counter: 2 if kind == 1 else 7,
+        "events": 0x8 | 0x4,
+        "app_clock": lambda kind: 1410,
+        "persistence": 0,
+    }
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([healthy_gpu("GPU-aaaa"), busy]))
     report = preflight("cuda", ".", environ={})
     checks = {check.name: check for check in report.checks}
     other = checks["other_processes"]
     assert other.status == "failure" and "gpu 1 (GPU-bbbb): pid 4242 python3, 3.0 GiB" in other.reading
     assert other.value == "none; present"
-    assert checks["device_memory"].status == "warning" and "40.0 GiB free of 80.0 GiB" in checks["device_memory"].reading
+    assert (
+        checks["device_memory"].status == "warning" and "40.0 GiB free of 80.0 GiB" in checks["device_memory"].reading
+    )
     assert checks["ecc_errors"].status == "failure" and "2 uncorrected, 7 corrected" in checks["ecc_errors"].reading
     clocks = checks["clocks"]
     assert clocks.status == "failure" and "hw_slowdown" in clocks.reason and "sw_power_cap" in clocks.reading
@@ -255,7 +276,9 @@ def test_what_makes_a_gpu_figure_wrong_is_a_failure_naming_it(monkeypatch):
 def test_cuda_visible_devices_by_uuid_checks_only_those_gpus(monkeypatch):
     busy = {**healthy_gpu("GPU-bbbb"), "processes": [types.SimpleNamespace(pid=1, usedGpuMemory=None)]}
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([healthy_gpu("GPU-aaaa"), busy]))
-    checks = {check.name: check for check in preflight("cuda", ".", environ={"CUDA_VISIBLE_DEVICES": "GPU-aaaa"}).checks}
+    checks = {
+        check.name: check for check in preflight("cuda", ".", environ={"CUDA_VISIBLE_DEVICES": "GPU-aaaa"}).checks
+    }
     assert checks["other_processes"].status == "ok"
 
 
@@ -274,9 +297,15 @@ def test_npu_processes_and_health_from_npu_smi(monkeypatch):
     report = preflight("auto", ".", environ=os.environ)
     checks = {check.name: check for check in report.checks}
     assert (report.device, report.source) == ("npu", "npu-smi")
-    assert checks["other_processes"].status == "failure" and "npu 0: pid 124528 python3" in checks["other_processes"].reading
+    assert (
+        checks["other_processes"].status == "failure"
+        and "npu 0: pid 124528 python3" in checks["other_processes"].reading
+    )
     assert checks["ecc_errors"].status == "ok" and "health OK" in checks["ecc_errors"].reading
-    assert checks["persistence_mode"].status is None and "npu-smi info does not show it" in checks["persistence_mode"].reason
+    assert (
+        checks["persistence_mode"].status is None
+        and "npu-smi info does not show it" in checks["persistence_mode"].reason
+    )
     only = preflight("npu", ".", environ={**os.environ, "ASCEND_RT_VISIBLE_DEVICES": "1"})
     assert only.checks[0].reading == "pid 124529 python3, 54.3 GiB"  # npu 1 alone: npu 0's process is not its
 
@@ -299,8 +328,9 @@ def with_governor(result: dict, governor: str, run_id: str) -> dict:
     data["run_id"] = run_id
     for check in data["environment"]["preflight"]["checks"]:
         if check["name"] == "cpu_governor":
-            check.update(status="ok" if governor == "performance" else "warning", reading=f"{governor} on 2 CPUs",
-                         value=governor)
+            check.update(
+                status="ok" if governor == "performance" else "warning", reading=f"{governor} on 2 CPUs", value=governor
+            )
     return data
 
 
@@ -347,17 +377,27 @@ def fake_amdsmi(processes: list, uncorrectable: int, perf_level: str, violations
 
 
 def test_an_amd_gpu_through_amd_smi(monkeypatch):
-    monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([], 0, "AMDSMI_DEV_PERF_LEVEL_AUTO",
-                                                           {"active_ppt_pwr": False, "active_hbm_thrm": False}))
+    monkeypatch.setitem(
+        sys.modules,
+        "amdsmi",
+        fake_amdsmi([], 0, "AMDSMI_DEV_PERF_LEVEL_AUTO", {"active_ppt_pwr": False, "active_hbm_thrm": False}),
+    )
     checks = {check.name: check for check in preflight("rocm", ".", environ={}).checks}
     for name in ("other_processes", "device_memory", "ecc_errors", "clocks"):
         assert checks[name].status == "ok", checks[name]
     assert checks["clocks"].value == "not locked" and "performance level AUTO" in checks["clocks"].reading
     assert checks["persistence_mode"].status is None and "no persistence mode" in checks["persistence_mode"].reason
 
-    monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi([{"pid": 77, "name": "python"}], 1,
-                                                           "AMDSMI_DEV_PERF_LEVEL_STABLE_PEAK",
-                                                           {"active_ppt_pwr": True, "active_hbm_thrm": True}))
+    monkeypatch.setitem(
+        sys.modules,
+        "amdsmi",
+        fake_amdsmi(
+            [{"pid": 77, "name": "python"}],
+            1,
+            "AMDSMI_DEV_PERF_LEVEL_STABLE_PEAK",
+            {"active_ppt_pwr": True, "active_hbm_thrm": True},
+        ),
+    )
     checks = {check.name: check for check in preflight("rocm", ".", environ={}).checks}
     assert checks["other_processes"].status == "failure" and "pid 77 python" in checks["other_processes"].reading
     assert checks["ecc_errors"].status == "failure"
@@ -370,12 +410,21 @@ def test_the_history_starts_a_new_segment_where_a_preflight_reading_changes(sing
     from hwbench.result.environment import performance_fingerprint
     from hwbench.result.model import RunResult
 
-    nights = [Night(f"2026-11-0{day}", "abc", f"2026-11-0{day}T01:00:00+00:00", [100.0], [f"run-{day}"],
-                    performance_fingerprint(RunResult.from_dict(with_governor(single_process_run, governor, f"r{day}"))))
-              for day, governor in ((1, "performance"), (2, "performance"), (3, "powersave"))]
+    nights = [
+        Night(
+            f"2026-11-0{day}",
+            "abc",
+            f"2026-11-0{day}T01:00:00+00:00",
+            [100.0],
+            [f"run-{day}"],
+            performance_fingerprint(RunResult.from_dict(with_governor(single_process_run, governor, f"r{day}"))),
+        )
+        for day, governor in ((1, "performance"), (2, "performance"), (3, "powersave"))
+    ]
     first, second = segments_of(nights)
-    assert len(first.nights) == 2 and second.environment_change == [("preflight.cpu_governor", ["performance"],
-                                                                      ["powersave"])]
+    assert len(first.nights) == 2 and second.environment_change == [
+        ("preflight.cpu_governor", ["performance"], ["powersave"])
+    ]
 
 
 def test_sweep_no_preflight_reaches_every_point_and_keeps_the_resume_key(tmp_path):
@@ -397,14 +446,21 @@ def test_sweep_no_preflight_reaches_every_point_and_keeps_the_resume_key(tmp_pat
             self.submitted.append((run.argv, run.sweep["key"]))
 
     path = tmp_path / "pair.yaml"
-    path.write_text(yaml.safe_dump({"name": "pair", "defaults": {"model": "tiny", "steps": 2},
-                                    "points": [{"name": "a"}, {"name": "b", "seq-length": 32}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "pair",
+                "defaults": {"model": "tiny", "steps": 2},
+                "points": [{"name": "a"}, {"name": "b", "seq-length": 32}],
+            }
+        )
+    )
     suite, submitted = load_suite(path), {}
-    for preflight in (True, False):
+    for checked in (True, False):
         executor = Recording()
-        run_points(suite, SweepOptions(out_dir=tmp_path / "out", preflight=preflight), executor, say=lambda line: None)
-        submitted[preflight] = executor.submitted
+        run_points(suite, SweepOptions(out_dir=tmp_path / "out", preflight=checked), executor, say=lambda line: None)
+        submitted[checked] = executor.submitted
     assert all("--no-preflight" not in argv for argv, _key in submitted[True])
     assert all("--no-preflight" in argv for argv, _key in submitted[False])
-    keys = [[key for _argv, key in submitted[preflight]] for preflight in (True, False)]
+    keys = [[key for _argv, key in submitted[checked]] for checked in (True, False)]
     assert keys[0] == keys[1] and len(set(keys[0])) == 2

@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hwbench.cli import run_command
 from hwbench.errors import UsageError
 from hwbench.workload import prepare as prepare_module
 from hwbench.workload.indexed import IndexedDataset, IndexedDatasetWriter
-from hwbench.cli import run_command
-from hwbench.workload.prepare import ChunkEncoder, Chunk, PrepareOptions, encode_chunks, prepare
+from hwbench.workload.prepare import Chunk, ChunkEncoder, PrepareOptions, encode_chunks, prepare
+from hwbench.workload.tokenizer import TokenizerError, byte_level, gpt2_bpe
 
 
 def main(argv):
     return run_command("data", ["prepare", *argv])
-from hwbench.workload.tokenizer import TokenizerError, byte_level, gpt2_bpe
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GPT2 = SHARED_DATA / "gpt2"
@@ -339,16 +339,20 @@ def test_stale_temporaries_of_a_killed_writer_are_removed(tmp_path):
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    stale = [tmp_path / f"out_text_document.bin.{dead.pid}-abc.tmp", tmp_path / f"out_text_document.idx.{dead.pid}-abc.tmp",
-             tmp_path / "out_text_document.bin.q1w2e3r4.tmp"]
+    stale = [
+        tmp_path / f"out_text_document.bin.{dead.pid}-abc.tmp",
+        tmp_path / f"out_text_document.idx.{dead.pid}-abc.tmp",
+        tmp_path / "out_text_document.bin.q1w2e3r4.tmp",
+    ]
     living = tmp_path / f"out_text_document.bin.{os.getppid()}-xyz.tmp"
     other = tmp_path / f"other_text_document.bin.{dead.pid}-abc.tmp"
     for path in stale + [living, other]:
         path.write_bytes(b"partial")
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "abc"}])
     prepare(source, tmp_path / "out", tokenizer="byte")
-    assert names(tmp_path) == sorted(["in.jsonl", "out_text_document.bin", "out_text_document.idx", living.name,
-                                      other.name])
+    assert names(tmp_path) == sorted(
+        ["in.jsonl", "out_text_document.bin", "out_text_document.idx", living.name, other.name]
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])

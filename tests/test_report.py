@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from hwbench.cli import run_command
 from hwbench.errors import UsageError
 from hwbench.report.published import REQUIRED_COLUMNS, load_published
-from hwbench.cli import run_command
 from hwbench.report.sections import SECTIONS
 
 
@@ -29,7 +29,11 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "report"
 GOOD, BAD = DATA / "good", DATA / "bad"
 PUBLISHED = REPO / "results" / "published"
-A, B, C = "20261121T100000Z-345m-cuda-aaaaaa", "20261121T130000Z-tiny-cpu-bbbbbb", "20261121T120000Z-345m-nomp-npu-cccccc"
+A, B, C = (
+    "20261121T100000Z-345m-cuda-aaaaaa",
+    "20261121T130000Z-tiny-cpu-bbbbbb",
+    "20261121T120000Z-345m-nomp-npu-cccccc",
+)
 D = "20261121T110000Z-345m-cuda-dddddd"
 
 
@@ -51,11 +55,19 @@ def _run(data: dict, run_id: str) -> dict:
 
 # --- the published tables ------------------------------------------------------------
 
+
 def test_published_tables_hold_exactly_the_facts_figures():
     table = load_published(PUBLISHED)
-    got = {(int(r.table), r.name, r.model): (r.params, None if pd.isna(r.ppl) else r.ppl, r.samples_per_s,
-                                              int(r.seq_length), None if pd.isna(r.steps) else int(r.steps))
-           for r in table.itertuples()}
+    got = {
+        (int(r.table), r.name, r.model): (
+            r.params,
+            None if pd.isna(r.ppl) else r.ppl,
+            r.samples_per_s,
+            int(r.seq_length),
+            None if pd.isna(r.steps) else int(r.steps),
+        )
+        for r in table.itertuples()
+    }
     assert got == {
         (2, "8p-GPU(V)", "345m"): ("345M", 26.375, 37.8, 1024, 500000),
         (2, "8p-NPU", "345m"): ("345M", 26.485, 59.7, 1024, 500000),
@@ -69,13 +81,24 @@ def test_published_tables_hold_exactly_the_facts_figures():
         (3, "8p-NPU", "345m-nomp"): ("345M", 28.71, 227.0, 1024, 100000),
     }
     assert set(table["devices"]) == {8.0}
-    layouts = {(r.model, int(r.tp), int(r.pp), int(r.micro_batch_size), int(r.global_batch_size))
-               for r in table.itertuples()}
-    assert layouts == {("345m", 1, 2, 4, 16), ("1.3b", 2, 2, 8, 32), ("2.7b", 2, 2, 8, 32), ("3.7b", 2, 2, 4, 16),
-                       ("345m-nomp", 1, 1, 8, 64)}  # the ModelZoo GPT-2 scripts' settings
+    layouts = {
+        (r.model, int(r.tp), int(r.pp), int(r.micro_batch_size), int(r.global_batch_size)) for r in table.itertuples()
+    }
+    assert layouts == {
+        ("345m", 1, 2, 4, 16),
+        ("1.3b", 2, 2, 8, 32),
+        ("2.7b", 2, 2, 8, 32),
+        ("3.7b", 2, 2, 4, 16),
+        ("345m-nomp", 1, 1, 8, 64),
+    }  # the ModelZoo GPT-2 scripts' settings
     # activation checkpointing on, off for 345M_without_mp (the same scripts)
     assert {r.model: r.recompute for r in table.itertuples()} == {
-        "345m": True, "1.3b": True, "2.7b": True, "3.7b": True, "345m-nomp": False}
+        "345m": True,
+        "1.3b": True,
+        "2.7b": True,
+        "3.7b": True,
+        "345m-nomp": False,
+    }
     assert set(table["precision"]) == {"fp16"}
 
 
@@ -109,6 +132,7 @@ def test_published_csv_bad_recompute(tmp_path):
 
 # --- figures computed by hand -----------------------------------------------------------
 
+
 def test_ratios_and_per_device_normalisation(data):
     rows = {(c["run_id"], c["table"], c["name"]): c for c in data["comparison"]}
     # a: 345m TP1 PP2 on 2 devices, 14.925 samples/s; matches both Table 2 345m rows (TP1 PP2)
@@ -125,13 +149,20 @@ def test_ratios_and_per_device_normalisation(data):
     assert rows[(C, "3", "8p-NPU")]["ratio_per_device"] == pytest.approx(0.5)
     assert rows[(C, "3", "8p-GPU(A)")]["ratio_per_device"] == pytest.approx(14.1875 / (235 / 8))
     # a's layout is the published one; only its device count differs
-    assert npu["same_layout"] and npu["differences"] == ["devices 2 vs 8", "recompute off vs on",
-                                                         "engine native vs deepspeed"]
+    assert npu["same_layout"] and npu["differences"] == [
+        "devices 2 vs 8",
+        "recompute off vs on",
+        "engine native vs deepspeed",
+    ]
     # d: 345m TP1 PP1 on 1 GPU, 8 samples/s: a 1-device run read against the 8-device rows per device,
     # its different layout named
     d = rows[(D, "2", "8p-GPU(V)")]
-    assert not d["same_layout"] and d["differences"] == ["PP 1 vs 2", "devices 1 vs 8", "recompute off vs on",
-                                                         "engine native vs deepspeed"]
+    assert not d["same_layout"] and d["differences"] == [
+        "PP 1 vs 2",
+        "devices 1 vs 8",
+        "recompute off vs on",
+        "engine native vs deepspeed",
+    ]
     assert d["ratio"] == pytest.approx(8 / 37.8)
     assert d["ratio_per_device"] == pytest.approx(8 / (37.8 / 8))
     assert rows[(D, "2", "8p-NPU")]["ratio_per_device"] == pytest.approx(8 / (59.7 / 8))
@@ -142,28 +173,67 @@ def test_ratios_and_per_device_normalisation(data):
 
 def test_differences_name_every_setting_that_differs():
     from hwbench.report.against_published import setting_differences
-    pub = pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0, "global_batch_size": 32.0,
-                     "micro_batch_size": 8.0, "precision": "fp16", "recompute": True})
-    same = pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": 1024, "global_batch_size": 32,
-                      "micro_batch_size": 8, "precision": "fp16", "recompute": True})
+
+    pub = pd.Series(
+        {
+            "tp": 2.0,
+            "pp": 2.0,
+            "devices": 8.0,
+            "seq_length": 1024.0,
+            "global_batch_size": 32.0,
+            "micro_batch_size": 8.0,
+            "precision": "fp16",
+            "recompute": True,
+        }
+    )
+    same = pd.Series(
+        {
+            "tp": 2,
+            "pp": 2,
+            "world_size": 8,
+            "seq_length": 1024,
+            "global_batch_size": 32,
+            "micro_batch_size": 8,
+            "precision": "fp16",
+            "recompute": True,
+        }
+    )
     assert setting_differences(same, pub) == []
     # the engine: the shipped published rows were measured with Megatron-DeepSpeed
     assert setting_differences(pd.Series({**same, "engine": "native"}), pub) == ["engine native vs deepspeed"]
     assert setting_differences(pd.Series({**same, "engine": "deepspeed"}), pub) == []
-    assert setting_differences(pd.Series({**same, "engine": "deepspeed"}), pd.Series({**pub, "engine": "native"})) == \
-        ["engine deepspeed vs native"]
-    other = pd.Series({"tp": 1, "pp": 1, "world_size": 1, "seq_length": 2048, "global_batch_size": 8,
-                       "micro_batch_size": 2, "precision": "bf16", "recompute": False})
-    assert setting_differences(other, pub) == ["TP 1 vs 2", "PP 1 vs 2", "devices 1 vs 8", "seq 2048 vs 1024",
-                                               "global batch 8 vs 32", "micro batch 2 vs 8", "precision bf16 vs fp16",
-                                               "recompute off vs on"]
+    assert setting_differences(pd.Series({**same, "engine": "deepspeed"}), pd.Series({**pub, "engine": "native"})) == [
+        "engine deepspeed vs native"
+    ]
+    other = pd.Series(
+        {
+            "tp": 1,
+            "pp": 1,
+            "world_size": 1,
+            "seq_length": 2048,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "precision": "bf16",
+            "recompute": False,
+        }
+    )
+    assert setting_differences(other, pub) == [
+        "TP 1 vs 2",
+        "PP 1 vs 2",
+        "devices 1 vs 8",
+        "seq 2048 vs 1024",
+        "global batch 8 vs 32",
+        "micro batch 2 vs 8",
+        "precision bf16 vs fp16",
+        "recompute off vs on",
+    ]
     # a published row that leaves a setting empty matches any value of it
-    assert setting_differences(other, pd.Series({"tp": float("nan"), "pp": None, "devices": 8.0})) == \
-        ["devices 1 vs 8"]
+    assert setting_differences(other, pd.Series({"tp": float("nan"), "pp": None, "devices": 8.0})) == ["devices 1 vs 8"]
     # a setting the run did not record is named, not taken for the same
-    assert setting_differences(pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": None}),
-                               pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0})) == \
-        ["seq ? vs 1024"]
+    assert setting_differences(
+        pd.Series({"tp": 2, "pp": 2, "world_size": 8, "seq_length": None}),
+        pd.Series({"tp": 2.0, "pp": 2.0, "devices": 8.0, "seq_length": 1024.0}),
+    ) == ["seq ? vs 1024"]
 
 
 def test_cost_energy_and_projection_by_hand(data):
@@ -198,8 +268,19 @@ def test_cost_energy_and_projection_by_hand(data):
 
 
 def test_price_by_device_model_and_projection_options():
-    data = json.loads(run_report(str(GOOD / "a-345m-h100x2.json"), "--format", "json", "--price",
-                                 "NVIDIA H100 80GB HBM3=3", "--tokens", "1e9", "--devices", "4"))
+    data = json.loads(
+        run_report(
+            str(GOOD / "a-345m-h100x2.json"),
+            "--format",
+            "json",
+            "--price",
+            "NVIDIA H100 80GB HBM3=3",
+            "--tokens",
+            "1e9",
+            "--devices",
+            "4",
+        )
+    )
     a = data["runs"][0]
     assert a["price_usd_per_hour"] == 3
     days = 1e9 / (14.925 * 1024 / 2 * 4) / 86400
@@ -208,6 +289,7 @@ def test_price_by_device_model_and_projection_options():
 
 
 # --- outputs --------------------------------------------------------------------------
+
 
 def test_markdown_has_every_section_and_the_tables():
     text = run_report(str(GOOD), "--price", "h100-sxm=2.5")
@@ -233,14 +315,23 @@ def test_html_is_self_contained_with_plots(tmp_path):
     # 345m-nomp and tiny (throughput, memory, loss each: one device count, no scaling plot); and the
     # decision's chart of each workload
     charts = re.findall(r'<svg class="chart"[^>]*aria-label="([^"]*)"', text)
-    assert sorted(charts) == sorted([
-        "345m, fp16: best point per device model", "345m-nomp, fp16: best point per device model",
-        "tiny, fp32: best point per device model",
-        "345m: throughput per device charged", "345m: scaling with devices charged (oversubscribed runs left out)",
-        "345m: peak memory per device", "345m: training loss (warm-up steps included)",
-        "345m-nomp: throughput per device charged", "345m-nomp: peak memory per device",
-        "345m-nomp: training loss (warm-up steps included)", "tiny: throughput per device charged",
-        "tiny: peak memory per device", "tiny: training loss (warm-up steps included)"])
+    assert sorted(charts) == sorted(
+        [
+            "345m, fp16: best point per device model",
+            "345m-nomp, fp16: best point per device model",
+            "tiny, fp32: best point per device model",
+            "345m: throughput per device charged",
+            "345m: scaling with devices charged (oversubscribed runs left out)",
+            "345m: peak memory per device",
+            "345m: training loss (warm-up steps included)",
+            "345m-nomp: throughput per device charged",
+            "345m-nomp: peak memory per device",
+            "345m-nomp: training loss (warm-up steps included)",
+            "tiny: throughput per device charged",
+            "tiny: peak memory per device",
+            "tiny: training loss (warm-up steps included)",
+        ]
+    )
     assert "<style>" in text and "<img" not in text
     # offline: no resource is fetched (the SVG namespace is an identifier, not a request)
     assert not re.search(r'(src|href)="https?://', text) and "@import" not in text
@@ -252,15 +343,21 @@ def test_cells_write_text_and_carry_the_number():
     from hwbench.report.cells import fmt, fmt_g, gib_cell, percent, tokens_cell, usd
 
     cases = [  # (cell, its text in Markdown and HTML, what JSON carries)
-        (fmt(1234.567), "1,234.57", 1234.567), (fmt(0.012345), "0.0123", 0.012345), (fmt(7, 0), "7", 7),
-        (fmt(None), "-", None), (fmt(float("nan")), "-", None), (fmt("n/a"), "n/a", "n/a"),
+        (fmt(1234.567), "1,234.57", 1234.567),
+        (fmt(0.012345), "0.0123", 0.012345),
+        (fmt(7, 0), "7", 7),
+        (fmt(None), "-", None),
+        (fmt(float("nan")), "-", None),
+        (fmt("n/a"), "n/a", "n/a"),
         (fmt(950, 1, low=940, high=960), "950.0 (940.0-960.0)", {"value": 950, "min": 940, "max": 960}),
-        (fmt(800.4, 0, " W"), "800 W", {"value": 800.4, "unit": "W"}), (fmt_g(26.375), "26.375", 26.375),
+        (fmt(800.4, 0, " W"), "800 W", {"value": 800.4, "unit": "W"}),
+        (fmt_g(26.375), "26.375", 26.375),
         (usd(1234.5, ",.0f"), "$1,234", {"value": 1234.5, "unit": "USD"}),
         (usd(None, missing="no price"), "no price", {"value": None, "reason": "no price"}),
-        (gib_cell(1.5 * 2 ** 30), "1.50 GiB", {"value": 1.5 * 2 ** 30, "unit": "bytes"}),
+        (gib_cell(1.5 * 2**30), "1.50 GiB", {"value": 1.5 * 2**30, "unit": "bytes"}),
         (percent(0.4123), "41.2%", {"value": 0.4123, "unit": "fraction"}),
-        (tokens_cell(7.09743e9), "7.09743e9", {"value": 7.09743e9, "unit": "tokens"})]
+        (tokens_cell(7.09743e9), "7.09743e9", {"value": 7.09743e9, "unit": "tokens"}),
+    ]
     for cell, text, data in cases:
         assert (cell.text, str(cell), f"{cell}", cell.data()) == (text, text, text, data)
         assert cell.is_number == (cell.value is not None and not isinstance(cell.value, str))
@@ -302,17 +399,24 @@ def test_html_aligns_numbers_by_type_and_escapes_text(tmp_path):
 def test_csv_is_the_runs_table():
     frame = pd.read_csv(io.StringIO(run_report(str(GOOD), "--format", "csv")))
     assert len(frame) == 5
-    assert {"run_id", "samples_per_s", "tokens_per_s_per_device", "cost_per_million_tokens_usd",
-            "energy_per_token_j", "predicted_peak_bytes"} <= set(frame.columns)
+    assert {
+        "run_id",
+        "samples_per_s",
+        "tokens_per_s_per_device",
+        "cost_per_million_tokens_usd",
+        "energy_per_token_j",
+        "predicted_peak_bytes",
+    } <= set(frame.columns)
 
 
 def test_predicted_memory_from_the_planner(data):
     a = _run(data, A)
     assert a["predicted_peak_bytes"] > 0 and a["predicted_reason"] is None
-    assert a["peak_bytes"] == 20 * 2 ** 30 and a["capacity_bytes"] == 80 * 2 ** 30
+    assert a["peak_bytes"] == 20 * 2**30 and a["capacity_bytes"] == 80 * 2**30
 
 
 # --- bad input -------------------------------------------------------------------------
+
 
 def test_empty_folder_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError) as error:
@@ -321,11 +425,13 @@ def test_empty_folder_is_a_usage_error(tmp_path):
 
 
 def test_missing_path_and_bad_options(tmp_path):
-    for argv, pattern in (([str(tmp_path / "none")], "no such file"),
-                          ([str(GOOD), "--price", "h100"], "--price 'h100'"),
-                          ([str(GOOD), "--tokens", "lots"], "--tokens 'lots'"),
-                          ([str(GOOD), "--projection-devices", "0"], "--projection-devices 0"),
-                          ([str(GOOD), "--format", "pdf"], "pdf")):
+    for argv, pattern in (
+        ([str(tmp_path / "none")], "no such file"),
+        ([str(GOOD), "--price", "h100"], "--price 'h100'"),
+        ([str(GOOD), "--tokens", "lots"], "--tokens 'lots'"),
+        ([str(GOOD), "--projection-devices", "0"], "--projection-devices 0"),
+        ([str(GOOD), "--format", "pdf"], "pdf"),
+    ):
         with pytest.raises(UsageError, match=pattern):
             main(argv)
 
@@ -350,14 +456,19 @@ def test_per_model_table_shows_mfu_against_the_measured_ceiling_or_why_not(tmp_p
     path = tmp_path / "runs" / "a-345m-h100x2.json"  # run A
     result = json.loads(path.read_text())
     achieved = result["metrics"]["tflops_per_device"] * 1e12
-    result["device"]["measured_ceiling"] = {"flops": achieved * 2, "precision": result["spec"]["precision"],
-                                            "size": 8192, "measured_at": "2026-11-23T08:00:00+00:00",
-                                            "driver": "550.54.15", "store": "/x/calibration.json"}
+    result["device"]["measured_ceiling"] = {
+        "flops": achieved * 2,
+        "precision": result["spec"]["precision"],
+        "size": 8192,
+        "measured_at": "2026-11-23T08:00:00+00:00",
+        "driver": "550.54.15",
+        "store": "/x/calibration.json",
+    }
     result["metrics"]["mfu_measured_ceiling"] = 0.5
     path.write_text(json.dumps(result))
     text = run_report(str(tmp_path / "runs"))
     assert "MFU (measured ceiling)" in text
-    per_model = text[text.index("## Per model"):]
+    per_model = text[text.index("## Per model") :]
     row = next(line for line in per_model.splitlines() if line.startswith(f"| {A}"))
     assert "50.0%" in row
     # the other runs were written before hwbench calibrate: a numbered note says so
@@ -370,18 +481,20 @@ def test_also_formula_shows_another_formulas_mfu_beside_each_runs_own(tmp_path):
     result = json.loads(path.read_text())
     result["metrics"]["by_formula"] = {
         "megatron-core-v0.12": {"flops_per_iteration": 1.0, "tflops_per_device": 1.0, "mfu": 0.25},
-        "megatron-core-v0.7": {"flops_per_iteration": 1.1, "tflops_per_device": 1.1, "mfu": 0.275}}
+        "megatron-core-v0.7": {"flops_per_iteration": 1.1, "tflops_per_device": 1.1, "mfu": 0.275},
+    }
     path.write_text(json.dumps(result))
     text = run_report(str(tmp_path / "runs"), "--also-formula", "megatron-lm")  # the old name is taken
-    per_model = text[text.index("## Per model"):]
+    per_model = text[text.index("## Per model") :]
     assert "MFU (megatron-core-v0.7)" in per_model
     row = next(line for line in per_model.splitlines() if line.startswith(f"| {A}"))
     assert "27.5%" in row
     # D was written with megatron-lm (= megatron-core-v0.7) and before by_formula: its own MFU is that one
     row_d = next(line for line in per_model.splitlines() if line.startswith(f"| {D}"))
     cells = [cell.strip() for cell in row_d.split("|")]
-    header = [cell.strip() for cell in next(line for line in per_model.splitlines()
-                                            if line.startswith("| run ")).split("|")]
+    header = [
+        cell.strip() for cell in next(line for line in per_model.splitlines() if line.startswith("| run ")).split("|")
+    ]
     assert cells[header.index("MFU (megatron-core-v0.7)")] == cells[header.index("MFU")] != "-"
     plain = run_report(str(tmp_path / "runs"))
     assert "MFU (megatron" not in plain  # only when asked for

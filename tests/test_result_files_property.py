@@ -66,7 +66,7 @@ def _set(data: dict, path: tuple, value: Any, drop: bool = False) -> dict:
 
 
 def _dump(data: Any) -> bytes:
-    return json.dumps(data, indent=1).encode()  # NaN and Infinity as JSON's non-standard literals, as a bad writer would
+    return json.dumps(data, indent=1).encode()  # NaN and Infinity as JSON's non-standard literals: a bad writer
 
 
 @st.composite
@@ -74,7 +74,7 @@ def mutants(draw) -> bytes:
     kind = draw(st.sampled_from(["truncate", "drop", "retype", "nest", "encode"]))
     whole = _dump(TEMPLATE)
     if kind == "truncate":
-        return whole[:draw(st.integers(0, len(whole) - 1))]
+        return whole[: draw(st.integers(0, len(whole) - 1))]
     path = draw(st.sampled_from(SHALLOW if draw(st.booleans()) else PATHS))
     if kind == "drop":
         return _dump(_set(TEMPLATE, path, None, drop=True))
@@ -114,10 +114,17 @@ def test_the_loader_takes_a_file_or_names_it(tmp_path_factory, content):
 
 
 # The files the reliability attack broke readers with, always tried first.
-KNOWN = [_dump({**TEMPLATE, "spec": None}), b"[" * 100_000 + b"]" * 100_000, _dump(TEMPLATE)[:1000], b"",
-         b"[1, 2]", _dump({**TEMPLATE, "schema_version": 2}), _dump({**TEMPLATE, "metrics": None}),
-         _dump({**TEMPLATE, "steps": {"1": 2}}), _dump({**TEMPLATE, "metrics": {**TEMPLATE["metrics"],
-                                                                               "tokens_per_s": -1.0}})]
+KNOWN = [
+    _dump({**TEMPLATE, "spec": None}),
+    b"[" * 100_000 + b"]" * 100_000,
+    _dump(TEMPLATE)[:1000],
+    b"",
+    b"[1, 2]",
+    _dump({**TEMPLATE, "schema_version": 2}),
+    _dump({**TEMPLATE, "metrics": None}),
+    _dump({**TEMPLATE, "steps": {"1": 2}}),
+    _dump({**TEMPLATE, "metrics": {**TEMPLATE["metrics"], "tokens_per_s": -1.0}}),
+]
 
 
 def _with_known(test):
@@ -137,10 +144,12 @@ def test_every_reader_uses_the_file_or_names_it(tmp_path_factory, capsys, comman
     (good / "good.json").write_text(TEMPLATE_PATH.read_text())
     path = _write(root / "mutant", content)
     reason = _readable(path)
-    argv = {"report": ["report", str(good), str(root / "mutant"), "--format", "json"],
-            "compare": ["compare", str(good), str(root / "mutant")],
-            "parity": ["parity", str(good / "good.json"), str(path)],
-            "system": ["system", str(path)]}[command]
+    argv = {
+        "report": ["report", str(good), str(root / "mutant"), "--format", "json"],
+        "compare": ["compare", str(good), str(root / "mutant")],
+        "parity": ["parity", str(good / "good.json"), str(path)],
+        "system": ["system", str(path)],
+    }[command]
     code = main(argv)  # must return, not raise
     out, err = capsys.readouterr()
     assert "Traceback" not in err

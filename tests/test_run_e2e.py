@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import kill_tree, sigint_as_usual
 import torch
+from conftest import kill_tree, sigint_as_usual
 
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
@@ -71,13 +71,35 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     (catalog_dir / "this-cpu.yaml").write_text(
         "name: this-cpu\nvendor: test\nbackend: cpu\ntitle: this machine\n"
         f"match: ['^{_cpu_model().replace('(', '.').replace(')', '.')}$']\n"
-        "peak_flops:\n  fp32: {dense: 1.0e12, listed: 1.0e12, sparsity: false, source: a test figure, read: 2026-11-25}\n"
+        "peak_flops:\n  fp32: {dense: 1.0e12, listed: 1.0e12, sparsity: false, source: a test figure,"
+        " read: 2026-11-25}\n"
         "  bf16: {dense: null, unavailable: not in the test}\n  fp16: {dense: null, unavailable: not in the test}\n"
     )
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path / "catalog"))
     out = tmp_path / "out"
-    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "3", "--warmup", "1",
-                 "--eval-iters", "1", "--flops-formula", "megatron-lm", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--model",
+                "tiny",
+                "--seq-length",
+                "32",
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--eval-iters",
+                "1",
+                "--flops-formula",
+                "megatron-lm",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     _, result = _only_result(out)
     assert result.device["catalog_entry"] == "this-cpu"
     assert result.metrics["mfu"] == pytest.approx(result.metrics["tflops_per_device"] / 1.0)
@@ -88,7 +110,10 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"}
     chosen = by_formula["megatron-core-v0.7"]
     assert (chosen["flops_per_iteration"], chosen["tflops_per_device"], chosen["mfu"]) == (
-        result.metrics["flops_per_iteration"], result.metrics["tflops_per_device"], result.metrics["mfu"])
+        result.metrics["flops_per_iteration"],
+        result.metrics["tflops_per_device"],
+        result.metrics["mfu"],
+    )
     causal = by_formula["megatron-core-v0.12"]
     assert causal["mfu"] == pytest.approx(causal["tflops_per_device"] / 1.0)
     # tiny (h 128, 2 layers, seq 32): the causal count is below the full one by s/(12h) of its factor
@@ -99,14 +124,38 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
     # a small batch: fp16 on a CPU without fp16 units is emulated, about 10x slower than fp32
-    assert main(["run", "--quiet", "--model", "tiny", "--precision", precision, "--steps", "3", "--warmup", "1",
-                 "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0",
-                 "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--model",
+                "tiny",
+                "--precision",
+                precision,
+                "--steps",
+                "3",
+                "--warmup",
+                "1",
+                "--seq-length",
+                "32",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "2",
+                "--eval-iters",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     _, result = _only_result(tmp_path)
     assert result.status == "ok"
     scales = [s["loss_scale"] for s in result.steps]
     if precision == "fp16":
-        assert scales[0] == 2.0 ** 12  # initial_scale_power 12, as published
+        assert scales[0] == 2.0**12  # initial_scale_power 12, as published
         assert result.metrics["skipped_steps"] == sum(s["skipped"] for s in result.steps)
     else:
         assert scales == [None] * 4
@@ -114,8 +163,9 @@ def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
 
 def _engine(micro, global_batch):
     catalog = load_catalog()
-    spec = build_run_spec({"model": "tiny", "micro_batch_size": micro, "global_batch_size": global_batch,
-                           "device": "cpu"}, catalog)
+    spec = build_run_spec(
+        {"model": "tiny", "micro_batch_size": micro, "global_batch_size": global_batch, "device": "cpu"}, catalog
+    )
     # no warm-up, so that the first step (which a warm-up runs at lr 0, as Megatron-LM) moves the weights
     spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer, lr_warmup_iters=0))
     backend = CpuBackend()
@@ -145,7 +195,7 @@ def test_gradient_accumulation_matches_one_large_batch():
     grads_a, grads_b = _clipped_gradient(engine_a, weight_a), _clipped_gradient(engine_b, weight_b)
     data_a = SyntheticTokens(50257, 128, 8, 8, seed=3)
     tokens, labels = data_a.train_batch()
-    halves = iter([(tokens[i:i + 2], labels[i:i + 2]) for i in range(0, 8, 2)])
+    halves = iter([(tokens[i : i + 2], labels[i : i + 2]) for i in range(0, 8, 2)])
     out_a = engine_a.train_step(lambda: (tokens, labels))
     out_b = engine_b.train_step(lambda: next(halves))
     assert out_a.loss.item() == pytest.approx(out_b.loss.item(), rel=1e-5)
@@ -160,25 +210,65 @@ def test_gradient_accumulation_matches_one_large_batch():
     # their signs differ), plus float rounding of the update itself.
     eps = engine_a.optimizer.param_groups[0]["eps"]
     lr = out_a.lr
-    nearest_zero = torch.where(grad_a.sign() == grad_b.sign(), torch.minimum(grad_a.abs(), grad_b.abs()),
-                               torch.zeros_like(grad_a))
+    nearest_zero = torch.where(
+        grad_a.sign() == grad_b.sign(), torch.minimum(grad_a.abs(), grad_b.abs()), torch.zeros_like(grad_a)
+    )
     bound = lr * (grad_a - grad_b).abs() * eps / (nearest_zero + eps) ** 2
     rounding = 4 * torch.finfo(torch.float32).eps * (initial.abs() + lr)
     difference = (weight_a - weight_b).detach().abs()
     excess = difference - (bound + rounding)
-    assert excess.max().item() <= 0, (f"{int((excess > 0).sum())} weights differ beyond the bound; worst "
-                                      f"{difference.flatten()[excess.argmax()].item():.3g}")
+    assert excess.max().item() <= 0, (
+        f"{int((excess > 0).sum())} weights differ beyond the bound; worst "
+        f"{difference.flatten()[excess.argmax()].item():.3g}"
+    )
     assert (weight_a - initial).abs().median().item() > 0.5 * lr  # the step did move them: by about lr each
 
 
 def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
-    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "0",
-                 "--eval-iters", "1", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--quiet",
+                "--model",
+                "tiny",
+                "--seq-length",
+                "32",
+                "--steps",
+                "2",
+                "--warmup",
+                "0",
+                "--eval-iters",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     path, _ = _only_result(tmp_path)
     data = json.loads(path.read_text())
-    assert set(data) == {"schema_version", "run_id", "status", "spec", "workload", "device", "metrics", "steps",
-                         "ranks", "engine", "launch", "environment", "nodes", "sweep", "error", "warnings", "started_at",
-                         "finished_at", "hwbench_version"}
+    assert set(data) == {
+        "schema_version",
+        "run_id",
+        "status",
+        "spec",
+        "workload",
+        "device",
+        "metrics",
+        "steps",
+        "ranks",
+        "engine",
+        "launch",
+        "environment",
+        "nodes",
+        "sweep",
+        "error",
+        "warnings",
+        "started_at",
+        "finished_at",
+        "hwbench_version",
+    }
     assert data["error"] is None and data["ranks"][0]["rank"] == 0
     assert data["engine"]["name"] == "native" and data["launch"] == {}  # one process: nothing launched
     assert [n["node_rank"] for n in data["nodes"]] == [0]
@@ -189,9 +279,27 @@ def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):
     import time
 
     out = tmp_path / "runs"
-    process = subprocess.Popen([sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--steps", "10000",
-                                "--warmup", "0", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=sigint_as_usual)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hwbench",
+            "run",
+            "--quiet",
+            "--model",
+            "tiny",
+            "--steps",
+            "10000",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_usual,
+    )
     try:
         time.sleep(8)  # importing torch and a few training steps
         assert process.poll() is None, process.communicate()
@@ -210,8 +318,9 @@ def test_heap_bound_trims_only_past_its_bound(monkeypatch):
     from hwbench.device import cpu
 
     # after each step, and after each trim, the resident set the bound reads
-    resident = iter([1000, 1400, 1500, 1501, 900, 1200, 2000, 900,
-                     2100, 1200])  # memory in use grew: 1200 stays after a trim
+    resident = iter(
+        [1000, 1400, 1500, 1501, 900, 1200, 2000, 900, 2100, 1200]
+    )  # memory in use grew: 1200 stays after a trim
     monkeypatch.setattr(cpu, "_resident_bytes", lambda: next(resident))
     calls = []
     bound = cpu.HeapBound(calls.append)

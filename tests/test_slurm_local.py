@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from hwbench.result.files import result_files
-
 from hwbench.result.store import load_result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +28,9 @@ pytestmark = pytest.mark.slurm
 
 
 def _missing() -> str | None:
-    tools = [t for t in ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "scancel") if not shutil.which(t)]
+    tools = [
+        t for t in ("slurmctld", "slurmd", "munged", "srun", "sbatch", "scontrol", "scancel") if not shutil.which(t)
+    ]
     if tools:
         return f"{', '.join(tools)} not found: install the slurm-wlm and munge packages (docs/slurm.md)"
     if os.geteuid() != 0:
@@ -49,8 +50,11 @@ def slurm_env(tmp_path_factory):
         # socket folder, a port taken...): not hwbench's fault; the script's own words say why
         subprocess.run([str(START), "--stop", str(folder)], timeout=60)
         pytest.skip(f"the local Slurm did not start: {started.stderr.strip()[-500:]}")
-    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(folder / "slurm.conf"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     daemons = [int((folder / f"{name}.pid").read_text()) for name in ("slurmctld", "slurmd", "munged")]
     try:
         yield env
@@ -65,9 +69,14 @@ def _hwbench(*args: str) -> list[str]:
 
 
 def test_srun_two_tasks_are_two_ranks(slurm_env, tmp_path):
-    done = subprocess.run(["srun", "--ntasks=2", "--kill-on-bad-exit=1", *_hwbench("run", *TINY, "--quiet",
-                                                                                  "--out", str(tmp_path))],
-                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        ["srun", "--ntasks=2", "--kill-on-bad-exit=1", *_hwbench("run", *TINY, "--quiet", "--out", str(tmp_path))],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [path] = result_files([tmp_path])
     result = load_result(path)
@@ -81,10 +90,19 @@ def test_srun_two_tasks_are_two_ranks(slurm_env, tmp_path):
 
 def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
     """srun with one task and --nproc-per-node 2: the task is node 0 of a torchrun job."""
-    done = subprocess.run(["srun", "--ntasks=1", "--cpus-per-task=2", *_hwbench("run", *TINY, "--quiet",
-                                                                                "--nproc-per-node", "2",
-                                                                                "--out", str(tmp_path))],
-                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            "srun",
+            "--ntasks=1",
+            "--cpus-per-task=2",
+            *_hwbench("run", *TINY, "--quiet", "--nproc-per-node", "2", "--out", str(tmp_path)),
+        ],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [path] = result_files([tmp_path])
     result = load_result(path)
@@ -97,9 +115,15 @@ def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
 def _suite(path: Path, points: list[dict]) -> Path:
     import yaml
 
-    path.write_text(yaml.safe_dump({"name": path.stem, "defaults": {"model": "tiny", "steps": 2, "warmup": 1,
-                                                                     "seq-length": 32, "timeout": 600},
-                                    "points": points}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": path.stem,
+                "defaults": {"model": "tiny", "steps": 2, "warmup": 1, "seq-length": 32, "timeout": 600},
+                "points": points,
+            }
+        )
+    )
     return path
 
 
@@ -111,12 +135,23 @@ def _wait_for(path: Path, seconds: float) -> None:
 
 
 def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
-    suite = _suite(tmp_path / "trio.yaml", [{"name": "good"}, {"name": "crash", "env": {"HWBENCH_FAULT": "0:2:raise"}},
-                                            {"name": "cancelled", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
+    suite = _suite(
+        tmp_path / "trio.yaml",
+        [
+            {"name": "good"},
+            {"name": "crash", "env": {"HWBENCH_FAULT": "0:2:raise"}},
+            {"name": "cancelled", "env": {"HWBENCH_FAULT": "0:1:hang"}},
+        ],
+    )
     out = tmp_path / "out"
-    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out),
-                                      "--poll", "0.5"), env=slurm_env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    sweep = subprocess.Popen(
+        _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out), "--poll", "0.5"),
+        env=slurm_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     try:
         job_file = out / "trio" / "cancelled" / "repeat0.slurm"
         _wait_for(job_file, 120)
@@ -127,8 +162,10 @@ def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
     assert sweep.returncode == 1, stderr
     results = {name: load_result(p) for p in result_files([out]) for name in [p.parent.name]}
     assert results["good"].status == "ok"
-    assert results["good"].environment["slurm"]["job_id"] == json.loads(
-        (out / "trio" / "good" / "repeat0.slurm").read_text())["job_id"]
+    assert (
+        results["good"].environment["slurm"]["job_id"]
+        == json.loads((out / "trio" / "good" / "repeat0.slurm").read_text())["job_id"]
+    )
     assert results["crash"].status == "failed" and results["crash"].error["type"] == "InjectedFault"
     cancelled = results["cancelled"]
     assert cancelled.status == "failed" and cancelled.error["slurm_state"] == "CANCELLED"
@@ -141,13 +178,23 @@ def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
 def test_multi_rank_points_keep_the_result_their_ranks_wrote(slurm_env, tmp_path):
     """DP2, TP2 and PP2 on 2 CPU ranks, each point a job of 2 srun tasks: rank 0's result
     carries the sweep's key, so the sweep takes it as the point's result."""
-    suite = _suite(tmp_path / "ranks.yaml", [{"name": "dp2", "nproc-per-node": 2},
-                                             {"name": "tp2", "nproc-per-node": 2, "tp": 2},
-                                             {"name": "pp2", "nproc-per-node": 2, "pp": 2}])
+    suite = _suite(
+        tmp_path / "ranks.yaml",
+        [
+            {"name": "dp2", "nproc-per-node": 2},
+            {"name": "tp2", "nproc-per-node": 2, "tp": 2},
+            {"name": "pp2", "nproc-per-node": 2, "pp": 2},
+        ],
+    )
     out = tmp_path / "out"
-    done = subprocess.run(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out),
-                                   "--poll", "0.5"), env=slurm_env, capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out), "--poll", "0.5"),
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     for name, layout in (("dp2", [1, 1, 2]), ("tp2", [2, 1, 1]), ("pp2", [1, 2, 1])):
         job = json.loads((out / "ranks" / name / "repeat0.slurm").read_text())
@@ -161,8 +208,9 @@ def test_multi_rank_points_keep_the_result_their_ranks_wrote(slurm_env, tmp_path
 
 def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
     suite = _suite(tmp_path / "solo.yaml", [{"name": "one"}])
-    base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),
-                    "--poll", "0.5")
+    base = _hwbench(
+        "sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"), "--poll", "0.5"
+    )
     detached = subprocess.run([*base, "--detach"], env=slurm_env, capture_output=True, text=True, timeout=120)
     assert detached.returncode == 0, detached.stderr
     assert "1 job(s) out" in detached.stdout
@@ -178,10 +226,12 @@ def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
 
 def test_a_refused_submission_is_recorded_then_submitted_again(slurm_env, tmp_path):
     suite = _suite(tmp_path / "typo.yaml", [{"name": "one"}])
-    base = _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"),
-                    "--poll", "0.5")
-    refused = subprocess.run([*base, "--partition", "nosuch"], env=slurm_env, capture_output=True, text=True,
-                             timeout=120)
+    base = _hwbench(
+        "sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(tmp_path / "out"), "--poll", "0.5"
+    )
+    refused = subprocess.run(
+        [*base, "--partition", "nosuch"], env=slurm_env, capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 1
     [path] = result_files([tmp_path / "out"])
     record = load_result(path)
@@ -197,9 +247,15 @@ def test_ctrl_c_without_a_terminal_leaves_the_jobs_running(slurm_env, tmp_path):
 
     suite = _suite(tmp_path / "stuck.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
     out = tmp_path / "out"
-    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
-                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    sweep = subprocess.Popen(
+        _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out), "--poll", "0.5"),
+        env=slurm_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_usual,
+    )
     job_file = out / "stuck" / "hang" / "repeat0.slurm"
     try:
         _wait_for(job_file, 120)
@@ -228,9 +284,15 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
     suite = _suite(tmp_path / "asked.yaml", [{"name": "hang", "env": {"HWBENCH_FAULT": "0:1:hang"}}])
     out = tmp_path / "out"
     controller, terminal = pty.openpty()
-    sweep = subprocess.Popen(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out",
-                                      str(out), "--poll", "0.5"), env=slurm_env, stdin=terminal,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_usual)
+    sweep = subprocess.Popen(
+        _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out), "--poll", "0.5"),
+        env=slurm_env,
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_usual,
+    )
     os.close(terminal)
     job_file = out / "asked" / "hang" / "repeat0.slurm"
     try:
@@ -243,8 +305,9 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
     finally:
         sweep.kill()
         os.close(controller)
-        subprocess.run(["scancel", json.loads(job_file.read_text())["job_id"]] if job_file.exists() else ["true"],
-                       env=slurm_env)
+        subprocess.run(
+            ["scancel", json.loads(job_file.read_text())["job_id"]] if job_file.exists() else ["true"], env=slurm_env
+        )
     assert sweep.returncode == 130, stderr
     assert f"cancelled jobs {job}" in stderr
     assert not job_file.exists()  # forgotten: the same command submits the point again

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import kill_tree
 import yaml
+from conftest import kill_tree
 
 from hwbench.cli import main
 from hwbench.errors import UsageError
@@ -118,27 +118,35 @@ def test_throughput_statistics_by_hand():
     assert stats["median"] == 11.5 and stats["olympic_mean"] == 11.5  # 10 and 30 dropped
     mean, stdev = 15.75, (sum((x - 15.75) ** 2 for x in (10, 12, 11, 30)) / 3) ** 0.5
     assert stats["mean"] == mean and stats["stdev"] == pytest.approx(stdev)
-    assert stats["ci95_high"] - mean == pytest.approx(3.182446 * stdev / 2)  # t(0.975, df 3) = 3.182446 (tables: 3.182) x s / sqrt(4)
+    # t(0.975, df 3) = 3.182446 (tables: 3.182) x s / sqrt(4)
+    assert stats["ci95_high"] - mean == pytest.approx(3.182446 * stdev / 2)
     assert stats["noisy"] is True and stats["cv"] == pytest.approx(stdev / mean)
 
 
 def test_a_grid_expands_to_every_combination(tmp_path):
     path = _suite(tmp_path, [], grid={"tp": [1, 2], "precision": ["fp32", "bf16"]})
     suite = load_suite(path)
-    assert [p.name for p in suite.points] == ["tiny-tp1-precision-fp32", "tiny-tp1-precision-bf16",
-                                              "tiny-tp2-precision-fp32", "tiny-tp2-precision-bf16"]
+    assert [p.name for p in suite.points] == [
+        "tiny-tp1-precision-fp32",
+        "tiny-tp1-precision-bf16",
+        "tiny-tp2-precision-fp32",
+        "tiny-tp2-precision-bf16",
+    ]
     argv = suite.points[3].run_options().to_argv()
     assert argv[argv.index("--tp") + 1] == "2" and argv[argv.index("--precision") + 1] == "bf16"
     assert "--no-telemetry" in suite.points[0].run_options().to_argv()
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ({"name": "x", "points": [{"out": "elsewhere"}]}, "set by `hwbench sweep`"),
-    ({"name": "x", "pointz": []}, "unknown key(s) pointz"),
-    ({"name": "x"}, "no points"),
-    ({"name": "x", "points": [{"name": "a"}, {"name": "a"}]}, "point names repeat: a"),
-    ({"name": "x", "grid": {"tp": 2}}, "non-empty lists"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ({"name": "x", "points": [{"out": "elsewhere"}]}, "set by `hwbench sweep`"),
+        ({"name": "x", "pointz": []}, "unknown key(s) pointz"),
+        ({"name": "x"}, "no points"),
+        ({"name": "x", "points": [{"name": "a"}, {"name": "a"}]}, "point names repeat: a"),
+        ({"name": "x", "grid": {"tp": 2}}, "non-empty lists"),
+    ],
+)
 def test_a_bad_suite_is_one_line_naming_the_file(tmp_path, content, fragment):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(content))

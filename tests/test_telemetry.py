@@ -13,8 +13,14 @@ import types
 
 import pytest
 
-from hwbench.device.nvml import (INTEGRATED_AVERAGED, INTEGRATED_INSTANT, CudaDeviceIds, NvmlSampler,
-                                 decode_throttle_reasons, pci_bus_id)
+from hwbench.device.nvml import (
+    INTEGRATED_AVERAGED,
+    INTEGRATED_INSTANT,
+    CudaDeviceIds,
+    NvmlSampler,
+    decode_throttle_reasons,
+    pci_bus_id,
+)
 from hwbench.device.telemetry import MEAN_AND_MAX, TelemetrySampler
 
 

@@ -47,7 +47,10 @@ def test_tune_on_cpu_ranks_measured_layouts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "kept from an earlier sweep" in err and "3 trial(s) x 1 repeat(s): " in err
     again = json.loads((tmp_path / "tiny-2" / "ranking.json").read_text())
-    assert again["ranking"] == ranking["ranking"] and sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json")) == files
+    assert (
+        again["ranking"] == ranking["ranking"]
+        and sorted(p.name for p in (tmp_path / "tiny-2").rglob("*.json")) == files
+    )
     assert [t["run_ids"] for t in again["trials"]] == [t["run_ids"] for t in ranking["trials"]]
 
 
@@ -62,13 +65,17 @@ def test_layouts_one_run_cannot_tell_apart_share_a_rank_and_say_so(tmp_path):
     ranked = ranking(trials)
     assert [(r.rank, r.trial.candidate.variant) for r in ranked] == [(1, "plain"), (1, "fsdp"), (3, "zero1")]
     assert ranked[1].shares_with == "tp1-pp1-dp2-plain-mb4"
-    assert ranked[1].confidence.startswith("within 5% of tp1-pp1-dp2-plain-mb4 with one run a side: not distinguishable")
+    assert ranked[1].confidence.startswith(
+        "within 5% of tp1-pp1-dp2-plain-mb4 with one run a side: not distinguishable"
+    )
     assert ranked[2].confidence == "tp1-pp1-dp2-plain-mb4 is 28.0% faster (threshold only: one run on a side)"
     write_ranking(trials, tmp_path / "ranking.json")
     saved = json.loads((tmp_path / "ranking.json").read_text())["ranking"]
     assert [(r["rank"], r["name"], r["shares_rank_with"]) for r in saved] == [
-        (1, "tp1-pp1-dp2-plain-mb4", None), (1, "tp1-pp1-dp2-fsdp-mb4", "tp1-pp1-dp2-plain-mb4"),
-        (3, "tp1-pp1-dp2-zero1-mb4", None)]
+        (1, "tp1-pp1-dp2-plain-mb4", None),
+        (1, "tp1-pp1-dp2-fsdp-mb4", "tp1-pp1-dp2-plain-mb4"),
+        (3, "tp1-pp1-dp2-zero1-mb4", None),
+    ]
 
 
 def test_repeats_rank_by_median_and_keep_their_spread(tmp_path):
@@ -78,13 +85,18 @@ def test_repeats_rank_by_median_and_keep_their_spread(tmp_path):
     ranked = ranking(trials)
     assert [(r.rank, r.trial.candidate.variant) for r in ranked] == [(1, "plain"), (2, "fsdp"), (2, "zero1")]
     assert ranked[1].confidence == "tp1-pp1-dp2-plain-mb4 is 6.7% faster (p=0.1 (exact U=0), separated)"
-    assert ranked[2].confidence.startswith("not distinguishable from tp1-pp1-dp2-fsdp-mb4: inconclusive: not "
-                                           "significant with 3 and 3 runs")
+    assert ranked[2].confidence.startswith(
+        "not distinguishable from tp1-pp1-dp2-fsdp-mb4: inconclusive: not significant with 3 and 3 runs"
+    )
     write_ranking(trials, tmp_path / "ranking.json")
     saved = json.loads((tmp_path / "ranking.json").read_text())
     first = saved["ranking"][0]
     assert (first["samples_per_s"], first["samples_per_s_min"], first["samples_per_s_max"], first["runs"]) == (
-        6.40, 6.30, 6.50, 3)
+        6.40,
+        6.30,
+        6.50,
+        3,
+    )
     assert saved["ranking"][2]["of_best"] == pytest.approx(5.0 / 6.40)
     assert saved["trials"][2]["samples_per_s_each"] == [5.0, 7.0, 3.0]
 
@@ -111,9 +123,24 @@ def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, 
 
     monkeypatch.setattr(hwbench.harness.tune, "run_points", no_trials)
     with pytest.raises(SystemExit):
-        main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--precision", "fp16", "--quiet",
-              "--out", str(tmp_path)])
+        main(
+            [
+                "tune",
+                "--model",
+                "tiny",
+                "--devices",
+                "2",
+                "--device",
+                "cpu",
+                "--precision",
+                "fp16",
+                "--quiet",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     [err] = said_before
     [line] = err.splitlines()
     assert line.startswith("hwbench: warning: --precision fp16: this CPU (") and line.endswith(
-        "; --precision fp32 runs at speed here")
+        "; --precision fp32 runs at speed here"
+    )

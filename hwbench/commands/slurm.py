@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from hwbench.errors import UsageError
 from hwbench.options import MULTI_NODE_PORT

@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'hwbench.device' has no attribute {name!r}")
 
 
-def select_backend(requested: str) -> "Backend":
+def select_backend(requested: str) -> Backend:
     """The backend for ``--device``; SetupError when the machine lacks it."""
     if requested not in DEVICE_CHOICES:
         raise UsageError(f"--device {requested!r} is not known; accepted: {', '.join(DEVICE_CHOICES)}")
@@ -62,7 +62,7 @@ def _accelerator_classes() -> dict[str, AcceleratorClass]:
     return {"npu": NpuBackend, "cuda": CudaBackend, "rocm": RocmBackend, "hpu": HpuBackend}
 
 
-def _construct(requested: str) -> "Backend":
+def _construct(requested: str) -> Backend:
     if requested != "cpu":
         return _accelerator_classes()[requested]()
     from hwbench.device.cpu import CpuBackend

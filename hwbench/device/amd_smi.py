@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hwbench.device.telemetry import TelemetrySampler
 
@@ -203,8 +204,9 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
         if processes is None:
             device.unread["processes"] = "AMD SMI: no process list (it needs root on some releases)"
         else:
-            device.processes = sorted({_process_text(process) for process in processes
-                                       if not_this_process(process.get("pid") if isinstance(process, dict) else process)})
+            others = [process for process in processes
+                      if not_this_process(process.get("pid") if isinstance(process, dict) else process)]
+            device.processes = sorted({_process_text(process) for process in others})
         vram = sampler._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
         total, used = _value(vram.get("vram_total")), _value(vram.get("vram_used"))
         if total is not None and used is not None:  # MB
@@ -225,8 +227,9 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
             text = str(getattr(level, "name", level)).removeprefix("AMDSMI_DEV_PERF_LEVEL_")
             device.clocks_locked, device.clocks_how = text != AUTO_PERF_LEVEL, f"performance level {text}"
         device.throttle_reasons = sampler._throttle_reasons(handle)
-        device.hardware_throttles = [reason for reason in device.throttle_reasons or []
-                                     if reason in HARDWARE_VIOLATIONS]
+        device.hardware_throttles = [
+            reason for reason in device.throttle_reasons or [] if reason in HARDWARE_VIOLATIONS
+        ]
         if device.throttle_reasons is None:
             device.unread["throttle_reasons"] = "AMD SMI: no violation status or throttle flag"
         device.unread["persistence_mode"] = "AMD GPUs have no persistence mode (the amdgpu driver stays loaded)"

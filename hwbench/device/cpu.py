@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from hwbench.device.kinds import KINDS
 from hwbench.device.base import Backend, HostSyncCount, HostTimer, MemoryStats, StepTimer
 from hwbench.device.host import allowed_cpus, cpu_packages, share_of_cores, usable_cores
+from hwbench.device.kinds import KINDS
 from hwbench.device.rapl import RaplSampler
 from hwbench.device.telemetry import TelemetrySampler
 

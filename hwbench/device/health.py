@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from hwbench.device.host import usable_cores
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hwbench.device.telemetry import TelemetrySampler
 

@@ -40,11 +40,14 @@ def import_habana():
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] == "habana_frameworks":
             raise SetupError(f"--device hpu: habana_frameworks is not installed ({GAUDI_SOFTWARE})") from None
-        raise SetupError(f"--device hpu: habana_frameworks cannot import its dependency {error.name}: {error}") from None
+        raise SetupError(
+            f"--device hpu: habana_frameworks cannot import its dependency {error.name}: {error}"
+        ) from None
     except (ImportError, OSError) as error:
         missing = re.search(r"(lib[\w.+-]+\.so[\w.]*)", str(error))
-        raise SetupError(f"--device hpu: the Gaudi runtime failed to load: {missing.group(1) if missing else error}"
-                         ) from None
+        raise SetupError(
+            f"--device hpu: the Gaudi runtime failed to load: {missing.group(1) if missing else error}"
+        ) from None
     except RuntimeError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SetupError(f"--device hpu: habana_frameworks failed to import: {first}") from None
@@ -133,9 +136,15 @@ class HpuBackend(AcceleratorBackend):
                 unmeasured.setdefault(field, "torch.hpu.memory_stats() did not report it")
         for field in ("peak_reserved_bytes", "alloc_retries", "ooms"):
             unmeasured[field] = "the Gaudi allocator does not report it"
-        return MemoryStats(peak_allocated_bytes=int(peak) if peak is not None else None, peak_reserved_bytes=None,
-                           capacity_bytes=int(limit) if limit is not None else None, alloc_retries=None, ooms=None,
-                           source="torch.hpu.memory_stats() (MaxInUse, Limit)", unmeasured=unmeasured)
+        return MemoryStats(
+            peak_allocated_bytes=int(peak) if peak is not None else None,
+            peak_reserved_bytes=None,
+            capacity_bytes=int(limit) if limit is not None else None,
+            alloc_retries=None,
+            ooms=None,
+            source="torch.hpu.memory_stats() (MaxInUse, Limit)",
+            unmeasured=unmeasured,
+        )
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         return HlmlSampler([self.module_id()], interval_s)
@@ -153,7 +162,8 @@ class HpuBackend(AcceleratorBackend):
             "device_models": self.device_names(),
             "device_count": self.device_count(),
             "simulated": self.simulated,
-            "habana_frameworks_version": getattr(self.habana, "__version__", None) or package_version("habana-torch-plugin"),
+            "habana_frameworks_version": getattr(self.habana, "__version__", None)
+            or package_version("habana-torch-plugin"),
             "driver_version": self.driver()[0],
             "hpu_mode": self.mode,
         }

@@ -9,7 +9,7 @@ backend from here, so each fact is written once.
 from __future__ import annotations
 
 import dataclasses
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 GIB = 2 ** 30
 
@@ -78,17 +78,42 @@ _CUDA_EXPANDABLE_SEGMENTS = AllocatorSetting("PYTORCH_CUDA_ALLOC_CONF", "expanda
                                              "fewer out-of-memory failures and retries from fragmentation")
 KINDS = {
     "cpu": DeviceKind("cpu", "gloo", "cpu", GIB // 2, None, _COMMUNICATION, fused_adamw=True),
-    "cuda": DeviceKind("cuda", "nccl", "cuda", 1 * GIB, "nvidia.com/gpu", _COMMUNICATION, fused_adamw=True,
-                       slurm_gres="gpu", allocator=_CUDA_EXPANDABLE_SEGMENTS),
-    "npu": DeviceKind("npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_"),
-                      fused_adamw=False),
+    "cuda": DeviceKind(
+        "cuda",
+        "nccl",
+        "cuda",
+        1 * GIB,
+        "nvidia.com/gpu",
+        _COMMUNICATION,
+        fused_adamw=True,
+        slurm_gres="gpu",
+        allocator=_CUDA_EXPANDABLE_SEGMENTS,
+    ),
+    "npu": DeviceKind(
+        "npu", "hccl", "npu", 2 * GIB, "huawei.com/Ascend910", (*_COMMUNICATION, "ASCEND_"), fused_adamw=False
+    ),
     # AMD GPUs through PyTorch's ROCm build: torch.cuda, RCCL under the nccl name, DeepSpeed's CUDA
     # accelerator (it serves ROCm builds too); the overhead is CUDA's estimate until measured
-    "rocm": DeviceKind("rocm", "nccl", "cuda", 1 * GIB, "amd.com/gpu", (*_COMMUNICATION, "RCCL_", "HIP_", "ROCR_", "HSA_"),
-                       fused_adamw=True, slurm_gres="gpu"),
+    "rocm": DeviceKind(
+        "rocm",
+        "nccl",
+        "cuda",
+        1 * GIB,
+        "amd.com/gpu",
+        (*_COMMUNICATION, "RCCL_", "HIP_", "ROCR_", "HSA_"),
+        fused_adamw=True,
+        slurm_gres="gpu",
+    ),
     # Intel Gaudi through habana_frameworks.torch; the overhead is the NPU's estimate until measured
-    "hpu": DeviceKind("hpu", "hccl", "hpu", 2 * GIB, "habana.ai/gaudi", (*_COMMUNICATION, "HABANA_", "PT_HPU_", "HLS_"),
-                      fused_adamw=False),
+    "hpu": DeviceKind(
+        "hpu",
+        "hccl",
+        "hpu",
+        2 * GIB,
+        "habana.ai/gaudi",
+        (*_COMMUNICATION, "HABANA_", "PT_HPU_", "HLS_"),
+        fused_adamw=False,
+    ),
 }
 DEVICE_KINDS = tuple(KINDS)  # cpu, cuda, npu, rocm, hpu
 DEVICE_CHOICES = ("auto", *DEVICE_KINDS)

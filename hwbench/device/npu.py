@@ -35,7 +35,7 @@ def import_torch_npu():
         return importlib.import_module("torch_npu")
     except ModuleNotFoundError as error:
         if error.name != "torch_npu":
-            raise SetupError(f"--device npu: torch_npu cannot import its dependency {error.name}: {error}")
+            raise SetupError(f"--device npu: torch_npu cannot import its dependency {error.name}: {error}") from None
         torch_version = torch.__version__.split("+")[0]
         raise SetupError(
             f"--device npu: torch_npu is not installed (pip install torch-npu=={torch_version}, "

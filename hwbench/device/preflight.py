@@ -5,7 +5,7 @@ the kernel for the CPU; Gaudi's HLML is not read yet."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from hwbench.device.amd_smi import amdsmi_health
 from hwbench.device.health import DeviceReadings, cpu_health

@@ -142,7 +142,8 @@ class RaplSampler(TelemetrySampler):
         if summary["energy_j"] is not None and window_s > 0:  # exact, where the sampled mean is not
             summary["power_w_mean"] = summary["energy_j"] / window_s
             if summary["power_w_max"] is None:
-                summary["unmeasured"]["power_w"] = "max: no reading spanned half an interval; the mean is energy / window"
+                summary["unmeasured"]["power_w"] = ("max: no reading spanned half an interval; "
+                                                    "the mean is energy / window")
             else:
                 summary["unmeasured"].pop("power_w", None)
         return summary

@@ -37,8 +37,9 @@ def step_learning_rate(spec: OptimizerSpec, step: int) -> float:
 
 def build_optimizer(model: nn.Module, spec: OptimizerSpec, options: dict) -> torch.optim.AdamW:
     """AdamW; as in Megatron, biases and LayerNorm gains get no weight decay."""
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for parameter in model.parameters():
         if not parameter.requires_grad:
             continue
         (no_decay if parameter.ndim < 2 else decay).append(parameter)

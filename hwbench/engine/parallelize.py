@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hwbench.workload.model import GPT
 from hwbench.workload.config import stage_layers  # noqa: F401  (the engines and planner share it)
+from hwbench.workload.model import GPT
 
 
 def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:

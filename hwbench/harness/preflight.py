@@ -17,8 +17,9 @@ import datetime
 import os
 import shutil
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from hwbench.device.health import DeviceHealth, collective_settings, meminfo
 from hwbench.device.host import allowed_cpus, share_of_cores
@@ -94,18 +95,27 @@ def preflight(device: str = "auto", out_dir: str | os.PathLike = ".", ranks: int
         kind, source = device, "none"
         checks = [unreadable(name, error) for name in CHECKS[:5]]
     threads = threads_per_rank or share_of_cores(ranks)
-    host_checks = {"cpu_governor": lambda: cpu_governor(host), "numa_balancing": lambda: numa_balancing(host),
-                   "transparent_hugepages": lambda: transparent_hugepages(host), "swap": lambda: swap(host),
-                   "cpu_quota": lambda: cpu_quota(ranks, threads, host), "collective_settings": lambda: collective(environ),
-                   "disk_space": lambda: disk_space(out_dir)}
+    host_checks = {
+        "cpu_governor": lambda: cpu_governor(host),
+        "numa_balancing": lambda: numa_balancing(host),
+        "transparent_hugepages": lambda: transparent_hugepages(host),
+        "swap": lambda: swap(host),
+        "cpu_quota": lambda: cpu_quota(ranks, threads, host),
+        "collective_settings": lambda: collective(environ),
+        "disk_space": lambda: disk_space(out_dir),
+    }
     for name, check in host_checks.items():
         try:
             checks.append(check())
         except Exception as error:
             checks.append(unreadable(name, error))
-    return PreflightReport(kind, source, checks,
-                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                           round(time.perf_counter() - started, 3))
+    return PreflightReport(
+        kind,
+        source,
+        checks,
+        datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        round(time.perf_counter() - started, 3),
+    )
 
 
 def unreadable(name: str, error: Exception) -> Check:
@@ -121,8 +131,13 @@ def device_checks(devices: list[DeviceHealth], reason: str | None, kind: str) ->
     if not devices:
         why = reason or f"no {kind} device found"
         return [Check(name, None, None, reason=why) for name in CHECKS[:5]]
-    return [other_processes(devices), device_memory(devices), ecc_errors(devices), clocks(devices),
-            persistence_mode(devices)]
+    return [
+        other_processes(devices),
+        device_memory(devices),
+        ecc_errors(devices),
+        clocks(devices),
+        persistence_mode(devices),
+    ]
 
 
 def _combined(name: str, devices: list[DeviceHealth], judge) -> Check:
@@ -132,8 +147,11 @@ def _combined(name: str, devices: list[DeviceHealth], judge) -> Check:
     judged = [(device, *judge(device)) for device in devices]
     worst = max((status for _d, status, *_ in judged), key=SEVERITY.__getitem__)
     several = len(devices) > 1
-    readings = [f"{device.name}: {reading}" if several else reading for device, _s, reading, _v, _r in judged
-                if reading is not None]
+    readings = [
+        f"{device.name}: {reading}" if several else reading
+        for device, _s, reading, _v, _r in judged
+        if reading is not None
+    ]
     values = list(dict.fromkeys(value for *_, value, _r in judged if value is not None))
     reasons = list(dict.fromkeys(reason for _d, status, _rd, _v, reason in judged if status == worst and reason))
     return Check(name, worst, "; ".join(readings) or None, "; ".join(values) or None, "; ".join(reasons) or None)
@@ -171,8 +189,15 @@ def device_memory(devices: list[DeviceHealth]) -> Check:
         reading = f"{human_bytes(free)} {what} of {human_bytes(total)}"
         least = HOST_MEMORY_AVAILABLE_MIN if device.name == "cpu" else DEVICE_MEMORY_FREE_MIN
         if free < least * total:
-            return WARNING, reading, None, (f"less than {least:.0%} {what}: something else holds the memory, so a "
-                                            "run may fail or measure a smaller batch than this device could take")
+            return (
+                WARNING,
+                reading,
+                None,
+                (
+                    f"less than {least:.0%} {what}: something else holds the memory, so a "
+                    "run may fail or measure a smaller batch than this device could take"
+                ),
+            )
         return OK, reading, None, None
 
     return _combined("device_memory", devices, judge)
@@ -182,14 +207,21 @@ def ecc_errors(devices: list[DeviceHealth]) -> Check:
     def judge(device: DeviceHealth):
         if device.health is not None and device.ecc_uncorrected is None:
             reading = f"health {device.health}"
-            return ((OK, reading, None, None) if device.health.upper() == "OK" else
-                    (FAILURE, reading, None, "the device reports a fault: figures and results may be wrong"))
+            return (
+                (OK, reading, None, None)
+                if device.health.upper() == "OK"
+                else (FAILURE, reading, None, "the device reports a fault: figures and results may be wrong")
+            )
         if device.ecc_uncorrected is None:
             return None, None, None, device.why("ecc_uncorrected", "not read")
         reading = f"{device.ecc_uncorrected} uncorrected, {device.ecc_corrected or 0} corrected"
         if device.ecc_uncorrected > 0:
-            return FAILURE, reading, None, ("uncorrected memory errors: the memory is failing; figures and results "
-                                            "may be wrong")
+            return (
+                FAILURE,
+                reading,
+                None,
+                ("uncorrected memory errors: the memory is failing; figures and results may be wrong"),
+            )
         return OK, reading, None, None
 
     return _combined("ecc_errors", devices, judge)
@@ -204,8 +236,9 @@ def clocks(devices: list[DeviceHealth]) -> Check:
         if device.clocks_locked is not None:
             parts.append(("locked: " if device.clocks_locked else "not locked: ") + (device.clocks_how or ""))
         if device.throttle_reasons is not None:
-            parts.append("throttled: " + ", ".join(device.throttle_reasons) if device.throttle_reasons
-                         else "no throttle reason")
+            parts.append(
+                "throttled: " + ", ".join(device.throttle_reasons) if device.throttle_reasons else "no throttle reason"
+            )
         if not parts:
             return None, None, None, device.why("clocks_locked", device.why("clock_mhz", "not read"))
         value = None if device.clocks_locked is None else ("locked" if device.clocks_locked else "not locked")
@@ -226,8 +259,15 @@ def persistence_mode(devices: list[DeviceHealth]) -> Check:
         if device.persistence_mode:
             return OK, "on", "on", None
         fix = device.fixes.get("persistence_mode")
-        return WARNING, "off", "off", ("the driver lets go of the device between runs: each run's start pays its "
-                                       "initialisation and finds default clocks" + (f" ({fix})" if fix else ""))
+        return (
+            WARNING,
+            "off",
+            "off",
+            (
+                "the driver lets go of the device between runs: each run's start pays its "
+                "initialisation and finds default clocks" + (f" ({fix})" if fix else "")
+            ),
+        )
 
     return _combined("persistence_mode", devices, judge)
 
@@ -253,14 +293,24 @@ def cpu_governor(host: Host, cpus: Iterable[int] | None = None) -> Check:
     governors = {cpu: _read(base / f"cpu{cpu}/cpufreq/scaling_governor") for cpu in cpus}
     read = {cpu: governor for cpu, governor in governors.items() if governor}
     if not read:
-        return Check("cpu_governor", None, None, reason=f"no cpufreq in {base}/cpu{cpus[0] if cpus else 0}/cpufreq "
-                                                         "(a virtual machine, or no frequency driver)")
+        return Check(
+            "cpu_governor",
+            None,
+            None,
+            reason=f"no cpufreq in {base}/cpu{cpus[0] if cpus else 0}/cpufreq "
+            "(a virtual machine, or no frequency driver)",
+        )
     names = sorted(set(read.values()))
     reading = ", ".join(f"{name} on {sum(1 for g in read.values() if g == name)} CPUs" for name in names)
     if names != ["performance"]:
-        return Check("cpu_governor", WARNING, reading, ", ".join(names),
-                     "not performance: the CPUs change frequency with their load, so step times and CPU figures vary "
-                     "(cpupower frequency-set -g performance)")
+        return Check(
+            "cpu_governor",
+            WARNING,
+            reading,
+            ", ".join(names),
+            "not performance: the CPUs change frequency with their load, so step times and CPU figures vary "
+            "(cpupower frequency-set -g performance)",
+        )
     return Check("cpu_governor", OK, reading, "performance")
 
 
@@ -268,14 +318,23 @@ def numa_balancing(host: Host) -> Check:
     setting = _read(host.proc / "sys/kernel/numa_balancing")
     nodes = len(list((host.sys / "devices/system/node").glob("node[0-9]*")))
     if setting is None:
-        return Check("numa_balancing", None, None, reason="the kernel has no automatic NUMA balancing "
-                                                          "(/proc/sys/kernel/numa_balancing)")
+        return Check(
+            "numa_balancing",
+            None,
+            None,
+            reason="the kernel has no automatic NUMA balancing (/proc/sys/kernel/numa_balancing)",
+        )
     value = "off" if setting == "0" else "on"
     reading = f"{value} ({nodes} NUMA node{'s' if nodes != 1 else ''})"
     if value == "on" and nodes > 1:
-        return Check("numa_balancing", WARNING, reading, value,
-                     "the kernel moves pages between NUMA nodes during the run, which costs time at moments it "
-                     "chooses (sysctl kernel.numa_balancing=0)")
+        return Check(
+            "numa_balancing",
+            WARNING,
+            reading,
+            value,
+            "the kernel moves pages between NUMA nodes during the run, which costs time at moments it "
+            "chooses (sysctl kernel.numa_balancing=0)",
+        )
     return Check("numa_balancing", OK, reading, value)
 
 
@@ -286,8 +345,13 @@ def transparent_hugepages(host: Host) -> Check:
         return Check("transparent_hugepages", None, None, reason=f"{base} does not exist (no THP in this kernel)")
     value = f"enabled {_bracketed(enabled)}" + (f", defrag {_bracketed(defrag)}" if defrag else "")
     if defrag and _bracketed(defrag) == "always":
-        return Check("transparent_hugepages", WARNING, value, value,
-                     "defrag always: allocations stall while the kernel compacts memory into huge pages")
+        return Check(
+            "transparent_hugepages",
+            WARNING,
+            value,
+            value,
+            "defrag always: allocations stall while the kernel compacts memory into huge pages",
+        )
     return Check("transparent_hugepages", OK, value, value)
 
 
@@ -300,8 +364,13 @@ def swap(host: Host) -> Check:
         return Check("swap", OK, "no swap", "none")
     reading = f"{human_bytes(used)} used of {human_bytes(total)}"
     if used:
-        return Check("swap", WARNING, reading, "in use", "memory is swapped out: a run that touches those pages "
-                                                           "waits for the disk")
+        return Check(
+            "swap",
+            WARNING,
+            reading,
+            "in use",
+            "memory is swapped out: a run that touches those pages waits for the disk",
+        )
     return Check("swap", OK, reading, "unused")
 
 
@@ -331,15 +400,26 @@ def cpu_quota(ranks: int, threads_per_rank: int, host: Host) -> Check:
         return Check("cpu_quota", None, None, reason=f"the cgroup CPU quota is unreadable ({error})")
     threads = ranks * threads_per_rank
     allowed = len(allowed_cpus())
-    reading = (f"{ranks} rank{'s' if ranks != 1 else ''} x {threads_per_rank} threads = {threads} on "
-               + (f"a quota of {quota:g} CPUs ({where})" if quota is not None else f"{allowed} allowed CPUs, no quota"))
+    reading = f"{ranks} rank{'s' if ranks != 1 else ''} x {threads_per_rank} threads = {threads} on " + (
+        f"a quota of {quota:g} CPUs ({where})" if quota is not None else f"{allowed} allowed CPUs, no quota"
+    )
     value = f"{quota:g} CPUs" if quota is not None else "no quota"
     if quota is not None and threads > quota:
-        return Check("cpu_quota", WARNING, reading, value,
-                     "more threads than the quota: the kernel throttles the ranks each period, so steps stall")
+        return Check(
+            "cpu_quota",
+            WARNING,
+            reading,
+            value,
+            "more threads than the quota: the kernel throttles the ranks each period, so steps stall",
+        )
     if threads > allowed:
-        return Check("cpu_quota", WARNING, reading, value, "more threads than allowed CPUs: the ranks' threads "
-                                                           "share cores (--threads-per-rank)")
+        return Check(
+            "cpu_quota",
+            WARNING,
+            reading,
+            value,
+            "more threads than allowed CPUs: the ranks' threads share cores (--threads-per-rank)",
+        )
     return Check("cpu_quota", OK, reading, value)
 
 
@@ -347,8 +427,13 @@ def collective(environ: Mapping[str, str]) -> Check:
     found, slowing = collective_settings(environ)
     reading = ", ".join(f"{name}={value}" for name, value in found.items()) or "none set"
     if slowing:
-        return Check("collective_settings", WARNING, reading, reading,
-                     f"{', '.join(slowing)} turns a fast path off: collectives are slower than the machine allows")
+        return Check(
+            "collective_settings",
+            WARNING,
+            reading,
+            reading,
+            f"{', '.join(slowing)} turns a fast path off: collectives are slower than the machine allows",
+        )
     return Check("collective_settings", OK, reading, reading)
 
 
@@ -362,8 +447,13 @@ def disk_space(out_dir: str | os.PathLike) -> Check:
         return Check("disk_space", None, None, reason=f"{folder}: {error.strerror or error}")
     reading = f"{human_bytes(free)} free in {folder}"
     if free < DISK_FAILURE_BYTES:
-        return Check("disk_space", FAILURE, reading, None, "results and logs may not fit: the run's files would go "
-                                                           "to the temp folder")
+        return Check(
+            "disk_space",
+            FAILURE,
+            reading,
+            None,
+            "results and logs may not fit: the run's files would go to the temp folder",
+        )
     if free < DISK_WARNING_BYTES:
         return Check("disk_space", WARNING, reading, None, "under 1 GiB free for results and logs")
     return Check("disk_space", OK, reading)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from hwbench.errors import UsageError
 
@@ -68,7 +69,7 @@ class SlurmTask:
     account: str | None
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "SlurmTask | None":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> SlurmTask | None:
         """This process's task, or None outside a Slurm job."""
         env = os.environ if environ is None else environ
         if "SLURM_JOB_ID" not in env:
@@ -159,20 +160,27 @@ def slurm_mode(task: SlurmTask | None, launch: Mapping[str, Any]) -> str | None:
                  if launch.get(name) is not None]
         if given or launch.get("nnodes") not in (None, task.nnodes):
             flag = "--" + (given[0] if given else "nnodes").replace("_", "-")
-            raise UsageError(f"{flag} is set by Slurm under srun (node rank from SLURM_NODEID, {task.nnodes} nodes, the "
-                             "rendezvous on the job's first host); leave it out")
+            raise UsageError(
+                f"{flag} is set by Slurm under srun (node rank from SLURM_NODEID, {task.nnodes} nodes, the "
+                "rendezvous on the job's first host); leave it out"
+            )
         return "node"
     if task.ntasks == 1:
         return None
     if nproc_per_node not in (None, task.local_tasks):
-        raise UsageError(f"--nproc-per-node {nproc_per_node} does not match srun's {task.local_tasks} tasks on this "
-                         "node; under srun each task is one rank (leave --nproc-per-node out), or start one task per "
-                         "node (srun --ntasks-per-node=1) for hwbench to launch --nproc-per-node ranks on each")
-    launch_given = [name for name in ("node_rank", "master_addr", "master_port", "rdzv_endpoint")
-                    if launch.get(name) is not None]
+        raise UsageError(
+            f"--nproc-per-node {nproc_per_node} does not match srun's {task.local_tasks} tasks on this "
+            "node; under srun each task is one rank (leave --nproc-per-node out), or start one task per "
+            "node (srun --ntasks-per-node=1) for hwbench to launch --nproc-per-node ranks on each"
+        )
+    launch_given = [
+        name for name in ("node_rank", "master_addr", "master_port", "rdzv_endpoint") if launch.get(name) is not None
+    ]
     if launch.get("nnodes") not in (None, task.nnodes):
         launch_given.insert(0, "nnodes")
     if launch_given:
-        raise UsageError(f"--{launch_given[0].replace('_', '-')} is set by Slurm under srun (ranks from SLURM_PROCID, the rendezvous on "
-                         "the job's first host); leave it out")
+        raise UsageError(
+            f"--{launch_given[0].replace('_', '-')} is set by Slurm under srun (ranks from SLURM_PROCID, "
+            "the rendezvous on the job's first host); leave it out"
+        )
     return "task"

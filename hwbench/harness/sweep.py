@@ -18,8 +18,18 @@ import time
 from pathlib import Path
 
 from hwbench.errors import UsageError
-from hwbench.harness.executor import (TIMEOUT_MARGIN_S, Executor, PointRecord, PointRun, Say, SweepOptions,
-                                      duration, progress_lines, recorded, run_points)
+from hwbench.harness.executor import (
+    TIMEOUT_MARGIN_S,
+    Executor,
+    PointRecord,
+    PointRun,
+    Say,
+    SweepOptions,
+    duration,
+    progress_lines,
+    recorded,
+    run_points,
+)
 from hwbench.harness.faults import SWEEP_ENV
 from hwbench.harness.lifeline import child_environment
 from hwbench.harness.suite import Suite, find_suite, load_suite

@@ -6,7 +6,8 @@ psycopg is imported only here, and only for such a URL: `pip install 'hwbench[po
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # The version of the schema, which SQLite keeps in its user_version: a one-row table here.
 VERSION_TABLE = "hwbench_history_schema"
@@ -38,7 +39,7 @@ class PostgresConnection:
                     copy.write_row(row)
         self.execute(f"INSERT INTO {table} SELECT * FROM {staging} ON CONFLICT DO NOTHING")
 
-    def __enter__(self) -> "PostgresConnection":
+    def __enter__(self) -> PostgresConnection:
         return self
 
     def __exit__(self, kind, value, traceback) -> bool:

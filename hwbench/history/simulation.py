@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from hwbench.history.changes import ALPHA, MIN_NIGHTS, change_points, level_changes, open_regression
 
@@ -32,7 +32,7 @@ class NoiseModel:
     deviations: tuple[float, ...] = ()  # resampled when given, else normal with ``cv``
 
     @classmethod
-    def from_runs(cls, values: Sequence[float], resample: bool = False) -> "NoiseModel":
+    def from_runs(cls, values: Sequence[float], resample: bool = False) -> NoiseModel:
         median = statistics.median(values)
         cv = statistics.stdev(values) / statistics.fmean(values)
         return cls(cv, tuple(v / median - 1 for v in values) if resample else ())

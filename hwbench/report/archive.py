@@ -27,8 +27,8 @@ import shutil
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from hwbench.errors import UsageError
 

@@ -14,7 +14,8 @@ import dataclasses
 import datetime
 import json
 import xml.etree.ElementTree as ElementTree
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, figure_text
 

@@ -4,7 +4,8 @@ throughput, to the projection's device count and token budget (docs/reports.md, 
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hwbench.report.cells import number
 from hwbench.report.cost import training_time_and_cost

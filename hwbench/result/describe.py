@@ -22,16 +22,34 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Devic
     figure = entry.peak_flops.get(precision) if entry and peak else None
     ceiling, ceiling_reason = measured_ceiling(backend, model_name, precision)
     return Device(
-        backend=backend.name, dist_backend=backend.dist_backend, device_model=model_name,
-        device_count=backend.device_count(), torch_device=str(backend.torch_device), simulated=backend.simulated,
-        catalog_entry=entry.name if entry else None, catalog_path=entry.path if entry else None,
-        catalog_match=found.why, peak_flops=peak, peak_flops_precision=precision, peak_flops_unmeasured=reason,
-        peak_flops_source=figure.source if figure else None, peak_flops_read=figure.read if figure else None,
-        peak_flops_listed_with_sparsity=figure.sparsity if figure else None, peak_flops_basis=basis,
-        measured_ceiling=ceiling, measured_ceiling_unmeasured=ceiling_reason,
-        memory_capacity_bytes=capacity_bytes(backend, entry), tdp_watts=entry.tdp_watts if entry else None,
-        **{name: getattr(entry, name) if entry else None for name in ("price_usd_per_hour", "price_source", "price_date")},
-        tuning=backend.tuning, auto_passed_over=list(backend.passed_over) or None, **backend.device_identity())
+        backend=backend.name,
+        dist_backend=backend.dist_backend,
+        device_model=model_name,
+        device_count=backend.device_count(),
+        torch_device=str(backend.torch_device),
+        simulated=backend.simulated,
+        catalog_entry=entry.name if entry else None,
+        catalog_path=entry.path if entry else None,
+        catalog_match=found.why,
+        peak_flops=peak,
+        peak_flops_precision=precision,
+        peak_flops_unmeasured=reason,
+        peak_flops_source=figure.source if figure else None,
+        peak_flops_read=figure.read if figure else None,
+        peak_flops_listed_with_sparsity=figure.sparsity if figure else None,
+        peak_flops_basis=basis,
+        measured_ceiling=ceiling,
+        measured_ceiling_unmeasured=ceiling_reason,
+        memory_capacity_bytes=capacity_bytes(backend, entry),
+        tdp_watts=entry.tdp_watts if entry else None,
+        **{
+            name: getattr(entry, name) if entry else None
+            for name in ("price_usd_per_hour", "price_source", "price_date")
+        },
+        tuning=backend.tuning,
+        auto_passed_over=list(backend.passed_over) or None,
+        **backend.device_identity(),
+    )
 
 
 def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple[MeasuredCeiling | None, str | None]:
@@ -52,8 +70,16 @@ def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple
 def describe_workload(workload: Workload, spec: RunSpec) -> WorkloadDescription:
     config = spec.model_config(workload.model)  # --max-positions changes the position embedding
     counts = count_parameters(config, spec.parallel.tp)
-    return WorkloadDescription.model_validate({
-        "name": workload.name, "title": workload.title, "catalog_path": workload.path, **dataclasses.asdict(config),
-        "padded_vocab_size": config.padded_vocab_size(spec.parallel.tp), "parameters": counts.total,
-        "parameters_embedding": counts.embedding, "parameters_non_embedding": counts.non_embedding,
-        "published": dataclasses.asdict(workload.published) if workload.published else None})
+    return WorkloadDescription.model_validate(
+        {
+            "name": workload.name,
+            "title": workload.title,
+            "catalog_path": workload.path,
+            **dataclasses.asdict(config),
+            "padded_vocab_size": config.padded_vocab_size(spec.parallel.tp),
+            "parameters": counts.total,
+            "parameters_embedding": counts.embedding,
+            "parameters_non_embedding": counts.non_embedding,
+            "published": dataclasses.asdict(workload.published) if workload.published else None,
+        }
+    )

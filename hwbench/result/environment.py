@@ -3,7 +3,8 @@ one rule that finds them (`hwbench report`, `hwbench compare`, the history's seg
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hwbench.result.model import RunResult
 

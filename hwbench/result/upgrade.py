@@ -10,7 +10,8 @@ validation to name. A version newer than this hwbench's is refused (UpgradeError
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hwbench import RESULT_SCHEMA_VERSION
 

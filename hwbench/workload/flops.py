@@ -9,7 +9,7 @@ either generation or with Megatron-DeepSpeed (docs/methodology.md, "FLOPs").
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.params import count_parameters

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from hwbench.errors import UsageError
 from hwbench.workload.data import SampledData, ToDevice, check_token_range
 from hwbench.workload.split import parse_split

@@ -239,12 +239,15 @@ def _host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTCo
         return torch.zeros(shape, dtype=dtype)
     if name.startswith("ln_") or ".ln_" in name:
         return torch.ones(shape, dtype=dtype)
-    std = INIT_STD / math.sqrt(2.0 * config.num_layers) if name.endswith(("out_proj.weight", "fc2.weight")) else INIT_STD
+    output_projection = name.endswith(("out_proj.weight", "fc2.weight"))
+    std = INIT_STD / math.sqrt(2.0 * config.num_layers) if output_projection else INIT_STD
     generator = torch.Generator().manual_seed(_init_seed(seed, name))
     if name in ("wte.weight", "output.weight") and shape[0] > config.vocab_size:
         real = torch.empty((config.vocab_size, *shape[1:]), dtype=dtype).normal_(0.0, std, generator=generator)
         generator.manual_seed(_init_seed(seed, "wte.weight/padding"))
-        padding = torch.empty((shape[0] - config.vocab_size, *shape[1:]), dtype=dtype).normal_(0.0, std, generator=generator)
+        padding = torch.empty((shape[0] - config.vocab_size, *shape[1:]), dtype=dtype).normal_(
+            0.0, std, generator=generator
+        )
         return torch.cat([real, padding])
     return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=generator)
 
@@ -254,8 +257,9 @@ def _fused_qkv_values(name: str, shape: torch.Size, dtype: torch.dtype, config: 
     rearranged from [q; k; v] to Megatron's per-head [q_h0, k_h0, v_h0, q_h1, ...] on the
     output dimension: a fused run starts from the same weights as an unfused one."""
     part_shape = torch.Size((shape[0] // 3, *shape[1:]))
-    parts = [_host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed)
-             for part in QKV_PARTS]
+    parts = [
+        _host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed) for part in QKV_PARTS
+    ]
     heads, head_dim = config.num_attention_heads, config.head_dim
     stacked = torch.stack(parts).view(3, heads, head_dim, *shape[1:])  # (3, H, D[, h])
     return stacked.transpose(0, 1).reshape(shape)  # (H, 3, D[, h]) -> (3h[, h])
@@ -279,13 +283,26 @@ def init_parameters(model: GPT, seed: int) -> None:
             parameter.copy_(values)
 
 
-def build_model(config: GPTConfig, *, device: torch.device, seed: int, tensor_parallel: int = 1,
-                recompute: bool = False, cross_entropy: str = "standard", fused_qkv: bool = False) -> GPT:
+def build_model(
+    config: GPTConfig,
+    *,
+    device: torch.device,
+    seed: int,
+    tensor_parallel: int = 1,
+    recompute: bool = False,
+    cross_entropy: str = "standard",
+    fused_qkv: bool = False,
+) -> GPT:
     """The whole model on ``device`` with weights that depend on ``seed`` alone
     (not on the device): built without storage, then filled tensor by tensor."""
     with torch.device("meta"):
-        model = GPT(config, tensor_parallel=tensor_parallel, recompute=recompute, cross_entropy=cross_entropy,
-                    fused_qkv=fused_qkv)
+        model = GPT(
+            config,
+            tensor_parallel=tensor_parallel,
+            recompute=recompute,
+            cross_entropy=cross_entropy,
+            fused_qkv=fused_qkv,
+        )
     model.to_empty(device=device)
     model.tie_output_to_embedding()
     init_parameters(model, seed)

@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import json
 import os
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

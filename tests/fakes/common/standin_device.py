@@ -18,7 +18,7 @@ class HostEvent:
     def record(self, stream=None) -> None:
         self.time = time.perf_counter()
 
-    def elapsed_time(self, end: "HostEvent") -> float:
+    def elapsed_time(self, end: HostEvent) -> float:
         return (end.time - self.time) * 1e3
 
     def synchronize(self) -> None:

@@ -25,7 +25,6 @@ if os.environ.get("HWBENCH_STANDIN_ROCM") == "1":
     import types
 
     import torch
-
     from standin_device import device_api
 
     GIB = 2**30

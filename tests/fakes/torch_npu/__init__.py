@@ -184,7 +184,7 @@ class Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         if not (self.enable_timing and end_event.enable_timing):
             raise RuntimeError("stand-in torch.npu.Event: both events need enable_timing=True")
         if self._time is None or end_event._time is None:

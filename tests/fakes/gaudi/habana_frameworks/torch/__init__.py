@@ -19,7 +19,6 @@ and marks every result simulated. What it reports:
 import types
 
 import torch
-
 from standin_device import device_api
 
 __hwbench_stand_in__ = True
