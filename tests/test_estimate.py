@@ -108,7 +108,7 @@ def test_run_says_it_before_it_starts(tmp_path, monkeypatch, capsys, avx2_only):
     _store(tmp_path, monkeypatch, {"fp16": 3.4e8})
     said_before: list[str] = []
 
-    def no_run(options, show_progress=True):
+    def no_run(options, show_progress=True, on_preflight=None):
         said_before.append(capsys.readouterr().err)
         raise SystemExit(0)
 
@@ -159,7 +159,7 @@ def test_quiet_keeps_the_warning_and_drops_the_estimate(tmp_path, monkeypatch, c
     _store(tmp_path, monkeypatch, {"fp16": 3.4e8})
     said_before: list[str] = []
 
-    def no_run(options, show_progress=True):
+    def no_run(options, show_progress=True, on_preflight=None):
         said_before.append(capsys.readouterr().err)
         raise SystemExit(0)
 

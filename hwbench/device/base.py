@@ -181,6 +181,16 @@ class Backend(abc.ABC):
         """Why this device cannot train in ``precision``, or None when it can."""
         return None
 
+    def slow_precision(self, precision: str) -> str | None:
+        """Why this device runs ``precision`` far slower than its fast precisions (it has no units
+        for it, so torch emulates it), or None when it has fast ones. Accelerators run fp16 and bf16
+        in their matrix units unless their backend says otherwise."""
+        return None
+
+    def fast_precisions(self) -> list[str]:
+        """The precisions this device runs at speed: what to suggest in place of a slow one."""
+        return [p for p in PRECISION_DTYPES if self.precision_problem(p) is None and self.slow_precision(p) is None]
+
     def autocast(self, precision: str) -> contextlib.AbstractContextManager:
         if precision == "fp32":
             return contextlib.nullcontext()
