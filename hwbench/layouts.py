@@ -96,7 +96,7 @@ def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None,
     found: list[PlannedLayout] = []
     for tp, pp, dp in [only] if only else layouts(devices):
         for variant in [None] if only else variants(tp, pp, dp, tuple(engines)):
-            for extra in settings(tp, pp, dp, variant) if settings else [{}]:
+            for extra in settings(tp, pp, dp, variant) if settings and variant else [{}]:
                 options = base.merged(**(variant.options() if variant else {}), **extra, nproc_per_node=devices,
                                       tp=tp, pp=pp, dp=dp)
                 try:

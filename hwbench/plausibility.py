@@ -25,8 +25,10 @@ def implausible_throughput(achieved_flops: float, device: Device) -> str | None:
                 f"dense {device.peak_flops_precision} peak ({peak / 1e12:.4g} TFLOP/s, "
                 f"{device.catalog_entry}): more than the device can do, so the peak or the FLOP count is wrong")
     ceiling = device.measured_ceiling
-    flops, spread = (ceiling.flops, ceiling.cv or 0.0) if ceiling else (None, 0.0)
-    if flops and achieved_flops > flops * (1 + spread):
+    if ceiling is None or not ceiling.flops:
+        return None
+    flops, spread = ceiling.flops, ceiling.cv or 0.0
+    if achieved_flops > flops * (1 + spread):
         return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is above the measured GEMM ceiling "
                 f"({flops / 1e12:.4g} TFLOP/s, hwbench calibrate, {ceiling.measured_at}) by more than its "
                 f"spread (CV {spread:.1%}): the ceiling is stale or the FLOP count is wrong; calibrate again")

@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         if not match or min(int(g) for g in match.groups()) < 1:
             raise UsageError(f"--layout {args.layout!r} is not a layout; accepted: TPxPPxDP with positive "
                              "integers, e.g. 2x2x2")
-        layout = tuple(int(g) for g in match.groups())
+        layout = (int(match[1]), int(match[2]), int(match[3]))
         engine = args.engine or ("deepspeed" if args.zero is not None else "native")
         base = base.merged(engine=engine, fsdp=args.fsdp, zero=args.zero)  # a --zero the native engine refuses
     found = plan_layouts(base, args.devices, device_memory=args.device_memory, device_model=args.device_model,

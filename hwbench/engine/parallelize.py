@@ -8,6 +8,8 @@ own part.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -31,6 +33,7 @@ def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:
         model.ln_f = None
         model.output = None
     elif stage > 0:
+        assert model.output is not None
         model.output.weight = nn.Parameter(model.output.weight.detach().clone())
     return model
 
@@ -64,19 +67,20 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
 
     for block in model.blocks.values():
         # a fused qkv_proj is laid out per head, so its column split gives each rank whole heads
-        qkv = ("attn.qkv_proj",) if block.attn.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
+        attention: Any = block.attn  # nn.Module's attributes are typed Tensor | Module
+        qkv = ("attn.qkv_proj",) if attention.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
         parallelize_module(block, tp_mesh, {
             **{name: ColwiseParallel() for name in qkv},
             "attn.out_proj": RowwiseParallel(),
             "mlp.fc1": ColwiseParallel(),
             "mlp.fc2": RowwiseParallel(),
         })
-        _replicate(block.ln_1, tp_mesh)
-        _replicate(block.ln_2, tp_mesh)
-    if model.wte is not None:
+        _replicate(block.get_submodule("ln_1"), tp_mesh)
+        _replicate(block.get_submodule("ln_2"), tp_mesh)
+    if model.wte is not None and model.wpe is not None:
         parallelize_module(model.wte, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
         _replicate(model.wpe, tp_mesh)
-    if model.output is not None:
+    if model.output is not None and model.ln_f is not None:
         _replicate(model.ln_f, tp_mesh)
         parallelize_module(model.output, tp_mesh, ColwiseParallel(
             input_layouts=Replicate(), output_layouts=Shard(-1) if loss_parallel else Replicate(),

@@ -96,8 +96,9 @@ def gather_last_dim(x: torch.Tensor, tp: TensorGroup) -> torch.Tensor:
 
 
 def _mark_sliced(parameter: nn.Parameter, dim: int) -> None:
-    parameter.tensor_model_parallel = True  # DeepSpeed's (and Megatron's) marker for a sliced parameter
-    parameter.partition_dim = dim
+    # DeepSpeed's (and Megatron's) marker for a sliced parameter: attributes set on the tensor
+    parameter.tensor_model_parallel = True  # type: ignore[attr-defined]
+    parameter.partition_dim = dim  # type: ignore[attr-defined]
 
 
 @torch.no_grad()
@@ -125,7 +126,7 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features // tp.size, in_features))
         _mark_sliced(self.weight, 0)
         self.bias = nn.Parameter(torch.empty(out_features // tp.size)) if bias else None
-        if bias:
+        if self.bias is not None:
             _mark_sliced(self.bias, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

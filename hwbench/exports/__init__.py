@@ -133,6 +133,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     outcome = ExportOutcome(None, [], skipped, left_out)
     try:
         if chosen.folder:
+            assert out is not None, "check_request refuses a folder format without --out"
             outcome.written = writer.write_folder(runs, Path(out))
         else:
             content = writer.render(chosen.name, runs, files, request)
@@ -140,7 +141,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
             if out is not None:
                 outcome.written = [_write_file(Path(out), content)]
     except OSError as error:
-        raise UsageError(f"--out {os.fspath(out)}: cannot be written: {error.strerror or error}") from None
+        raise UsageError(f"--out {out}: cannot be written: {error.strerror or error}") from None
     if request.push is not None:
         writer.push(chosen.name, runs, request)
         outcome.pushed = request.push

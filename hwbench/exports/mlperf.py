@@ -130,8 +130,7 @@ def _hyperparameters(run: RunResult) -> dict[str, Any]:
              "opt_adamw_epsilon": optimizer.get("eps"), "opt_gradient_clip_norm": optimizer.get("clip_grad"),
              "opt_learning_rate_warmup_steps": optimizer.get("lr_warmup_iters"),
              "tensor_parallelism": parallel.tp, "pipeline_parallelism": parallel.pp,
-             "train_samples": (spec.warmup + spec.steps) * spec.global_batch_size
-             if None not in (spec.warmup, spec.steps, spec.global_batch_size) else None}
+             "train_samples": _train_samples(spec)}
     return {key: value for key, value in found.items() if value is not None}
 
 
@@ -144,3 +143,10 @@ def _epoch_ms(text: str) -> int | None:
         return round(datetime.datetime.fromisoformat(text).timestamp() * 1000) if text else None
     except ValueError:
         return None
+
+
+def _train_samples(spec: Any) -> int | None:
+    """The samples the run trained on, warm-up included, or None where the spec does not say."""
+    if spec.warmup is None or spec.steps is None or spec.global_batch_size is None:
+        return None
+    return (spec.warmup + spec.steps) * spec.global_batch_size

@@ -95,11 +95,11 @@ def registry_of(runs: list):
 
 
 def render(fmt: str, runs: list, files: list, request: Any) -> str:
-    if fmt == "openmetrics":
-        from prometheus_client.openmetrics.exposition import generate_latest
-    else:
-        from prometheus_client import generate_latest
-    return generate_latest(registry_of(runs)).decode("utf-8")
+    from prometheus_client import exposition
+    from prometheus_client.openmetrics import exposition as openmetrics
+
+    writer = openmetrics.generate_latest if fmt == "openmetrics" else exposition.generate_latest
+    return writer(registry_of(runs)).decode("utf-8")
 
 
 def push(fmt: str, runs: list, request: Any) -> None:

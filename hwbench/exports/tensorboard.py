@@ -64,7 +64,7 @@ def scalars(run: RunResult):
         if step.phase == "timed" and step.time_s:
             last_timed = step.step
             yield "step_time_s", step.time_s, step.step, clock
-            if tokens:
+            if tokens and spec.global_batch_size:
                 yield "throughput/tokens_per_s", tokens / step.time_s, step.step, clock
                 yield "throughput/samples_per_s", spec.global_batch_size / step.time_s, step.step, clock
     for validation in run.metrics.validation or []:

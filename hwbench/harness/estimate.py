@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hwbench.catalog import Catalog
     from hwbench.device.base import Backend
+    from hwbench.result.model import MeasuredCeiling
     from hwbench.spec import RunSpec
 
 
@@ -57,15 +58,18 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
 
     work = list(work)
     model = device_model_name(backend)
-    seconds, rates = 0.0, {}
+    seconds = 0.0
+    rates: dict[str, MeasuredCeiling] = {}
+    flops: dict[str, float] = {}
     for precision in sorted({w.precision for w in work}):
         ceiling, reason = measured_ceiling(backend, model, precision)
         if ceiling is None or not ceiling.flops:
             then = "; then the same command prints an estimate" if "hwbench calibrate" in (reason or "") else ""
             return f"{what}: duration unknown: {reason}{then}"
         rates[precision] = ceiling
+        flops[precision] = ceiling.flops
     for w in work:
-        seconds += w.flops / (rates[w.precision].flops * w.devices)
+        seconds += w.flops / (flops[w.precision] * w.devices)
     total = sum(w.flops for w in work)
     measured = ", ".join(f"{p} {flops_rate_text(c.flops)} per device (hwbench calibrate, "
                          f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())

@@ -386,10 +386,10 @@ def cgroup_cpu_quota(host: Host) -> tuple[float | None, str]:
         if text:
             quota, _, period = text.partition(" ")
             return (None if quota == "max" else int(quota) / int(period or 100000)), str(path)
-    quota = _read(root / "cpu/cpu.cfs_quota_us") or _read(root / "cpu,cpuacct/cpu.cfs_quota_us")
-    period = _read(root / "cpu/cpu.cfs_period_us") or _read(root / "cpu,cpuacct/cpu.cfs_period_us")
-    if quota and period and quota != "-1":
-        return int(quota) / int(period), "cgroup v1 cpu.cfs_quota_us"
+    quota_v1 = _read(root / "cpu/cpu.cfs_quota_us") or _read(root / "cpu,cpuacct/cpu.cfs_quota_us")
+    period_v1 = _read(root / "cpu/cpu.cfs_period_us") or _read(root / "cpu,cpuacct/cpu.cfs_period_us")
+    if quota_v1 and period_v1 and quota_v1 != "-1":
+        return int(quota_v1) / int(period_v1), "cgroup v1 cpu.cfs_quota_us"
     return None, "no cgroup CPU quota"
 
 

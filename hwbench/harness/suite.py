@@ -69,7 +69,7 @@ def check_name(name: str, where: str) -> str:
     return name
 
 
-def _normalise(options: dict[str, Any], where: str) -> dict[str, Any]:
+def _normalise(options: Any, where: str) -> dict[str, Any]:
     """A point's options with `hwbench run`'s names, each value checked by its definition
     (hwbench.options; a string for a number is read as the command line reads it: YAML
     gives `1e-4` as text): an unknown option or a bad value refuses the suite here, not

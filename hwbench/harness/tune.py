@@ -104,9 +104,11 @@ def candidates(base: RunOptions, devices: int, capacity_bytes: int | None,
     for layout in each_layout(base, devices, kind, capacity_bytes, DEFAULT_HEADROOM, engines, catalog,
                               settings=settings):
         options = layout.options
-        candidate = Candidate(options.tp, options.pp, options.dp, Variant(options.engine or "native",
-                              bool(options.fsdp), options.zero or 0).short, options.micro_batch_size,
-                              bool(options.recompute), global_batch // options.dp)
+        micro = options.micro_batch_size
+        assert micro is not None, "each_layout gives every layout its micro batch"
+        candidate = Candidate(layout.tp, layout.pp, layout.dp, Variant(options.engine or "native",
+                              bool(options.fsdp), options.zero or 0).short, micro,
+                              bool(options.recompute), global_batch // layout.dp)
         if layout.refused:
             pruned.append(Trial(candidate, "invalid", note=layout.refused))
         elif layout.fits is False:
@@ -147,7 +149,7 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     say(estimate_text(backend, work, f"{len(chosen)} trial(s) x {repeats} repeat(s)"))
     points = tuple(Point(candidate.name, tuple(layout.options.given().items())) for candidate, layout in chosen)
     # the trials are a suite's points: OUT/<model>-<N>/<candidate>/, resumed as a sweep resumes
-    records = run_points(Suite(folder.name, "hwbench tune", None, points), SweepOptions(out, repeats=repeats),
+    records = run_points(Suite(folder.name, "hwbench tune", None, points), SweepOptions(Path(out), repeats=repeats),
                          LocalExecutor(plan=False, say=say), say, lambda done: _keep_going(done, patience, say))
     for (candidate, layout), record in zip(chosen, records):
         results = [r for r in record.results if r is not None]
@@ -185,11 +187,11 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
     past DEFAULT_THRESHOLD and significant; with one run a side, the threshold alone, and it says so)."""
     from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 
-    measured = sorted((t for t in trials if t.samples), key=lambda t: -t.samples_per_s)
+    measured = sorted((t for t in trials if t.samples), key=lambda t: -statistics.median(t.samples))
     ranked: list[Ranked] = []
     leader: Trial | None = None
     for position, trial in enumerate(measured, start=1):
-        best = measured[0].samples_per_s
+        best = statistics.median(measured[0].samples)
         if leader is None:
             leader = trial
             ranked.append(Ranked(1, trial, 1.0, "fastest median" + _runs(trial)))
@@ -198,7 +200,7 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
                                                ["ok"] * len(leader.samples)), DEFAULT_THRESHOLD, True)
         if judged.verdict == "improvement":  # the leader of the rank above is faster, and the repeats show it
             how = "threshold only: one run on a side" if judged.rule.startswith("no repeats") else judged.rule
-            ranked.append(Ranked(position, trial, trial.samples_per_s / best,
+            ranked.append(Ranked(position, trial, statistics.median(trial.samples) / best,
                                  f"{leader.candidate.name} is {judged.change:.1%} faster ({how})"))
             leader = trial
             continue
@@ -211,7 +213,7 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
         else:
             why = f"not distinguishable from {name}: {judged.verdict} ({judged.rule})"
         rank = next(r.rank for r in ranked if r.trial is leader)
-        ranked.append(Ranked(rank, trial, trial.samples_per_s / best, why, leader.candidate.name))
+        ranked.append(Ranked(rank, trial, statistics.median(trial.samples) / best, why, leader.candidate.name))
     return ranked
 
 

@@ -7,7 +7,7 @@ psycopg is imported only here, and only for such a URL: `pip install 'hwbench[po
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 # The version of the schema, which SQLite keeps in its user_version: a one-row table here.
 VERSION_TABLE = "hwbench_history_schema"
@@ -42,7 +42,7 @@ class PostgresConnection:
     def __enter__(self) -> PostgresConnection:
         return self
 
-    def __exit__(self, kind, value, traceback) -> bool:
+    def __exit__(self, kind, value, traceback) -> Literal[False]:
         if kind is None:
             self._connection.commit()
         else:

@@ -20,7 +20,7 @@ def match_published(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.Da
     is read against an 8-device figure through the per-device ratio. ``same_layout`` says whether
     the run's TP and PP equal the published ones (a published row that leaves them empty matches
     any), and ``differences`` names every setting that differs from the published point."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     if published is None or runs.empty:
         return pd.DataFrame(rows, dtype=object)
     for _, run in runs[runs["status"] == "ok"].iterrows():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import tempfile
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 from hwbench.errors import UsageError
 
@@ -70,18 +70,18 @@ def make_archive(paths: Iterable[str | os.PathLike], out: str | os.PathLike) -> 
     from hwbench.result.files import check_output_file
     from hwbench.result.store import atomic_file, read_inputs
 
-    paths = [Path(path) for path in paths]
+    inputs = [Path(path) for path in paths]
     name = archive_name(out)
-    if not paths:
+    if not inputs:
         raise UsageError("RESULTS: give result files or folders of them")
-    check_output_file(out, "--out", paths)
-    found, skipped = read_inputs(paths, "RESULTS")
+    check_output_file(out, "--out", inputs)
+    found, skipped = read_inputs(inputs, "RESULTS")
     if not found:
         extra = f" ({len(skipped)} unreadable: {skipped[0][1]})" if skipped else ""
         raise UsageError(f"RESULTS hold no readable hwbench result{extra}; nothing to archive")
     with tempfile.TemporaryDirectory(prefix=".hwbench-archive-") as staging:
         root = Path(staging) / name
-        placed = _copy_results(found, paths, root / "results")
+        placed = _copy_results(found, inputs, root / "results")
         _write_systems_and_index(found, placed, skipped, root)
         _write_report(root)
         files = _write_manifest(root)
@@ -175,7 +175,7 @@ def _write_manifest(root: Path) -> int:
     return len(lines)
 
 
-def _sha256(stream: io.BufferedIOBase) -> str:
+def _sha256(stream: IO[bytes]) -> str:
     digest = hashlib.sha256()
     with stream:
         for block in iter(lambda: stream.read(1 << 20), b""):
@@ -230,6 +230,7 @@ def _member_hashes(archive: Path) -> tuple[dict[str, str], str | None, str]:
                 hashes[rest or member.name] = "not a regular file"
                 continue
             stream = tar.extractfile(member)
+            assert stream is not None, "a regular file's member has a stream"
             if rest == MANIFEST:
                 manifest = stream.read().decode("utf-8", errors="replace")
                 continue

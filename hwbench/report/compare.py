@@ -31,6 +31,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,7 @@ def load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, s
 
 
 def compare(baseline: list[RunResult], current: list[RunResult], threshold: float = DEFAULT_THRESHOLD,
-            metric: str = "tokens_per_s", unreadable: list[tuple[str, Path, str]] = ()) -> dict[str, Any]:
+            metric: str = "tokens_per_s", unreadable: Sequence[tuple[str, Path, str]] = ()) -> dict[str, Any]:
     """The comparison as data: points compared, points on one side only, the unreadable
     files as (side, path, reason), warnings."""
     figure = METRICS[metric]
@@ -343,8 +344,8 @@ def key_differences(baseline: PointKey, current: PointKey) -> list[str]:
 def nearest_mismatch(baseline: list[RunResult], current: list[RunResult]) -> list[str]:
     """Where the closest pair of points of two sides with nothing in common differ (the fewest
     fields): what to fix for them to match. Empty when a side has no point key."""
-    base_keys = {r.point_key for r in baseline} - {None}
-    cur_keys = {r.point_key for r in current} - {None}
+    base_keys = {r.point_key for r in baseline if r.point_key is not None}
+    cur_keys = {r.point_key for r in current if r.point_key is not None}
     pairs = [key_differences(b, c) for b in base_keys for c in cur_keys]
     return min(pairs, key=lambda found: (len(found), found), default=[])
 

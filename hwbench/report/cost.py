@@ -29,7 +29,9 @@ def parse_tokens(text: str) -> float:
         tokens = float(text)
     except ValueError:
         tokens = float("nan")
-    return check_projection(tokens, 1, shown=repr(text))[0]
+    checked, _devices = check_projection(tokens, 1, shown=repr(text))
+    assert checked is not None  # None is returned only for None
+    return checked
 
 
 def check_projection(tokens: float | None, devices: Any, shown: str | None = None) -> tuple[float | None, int]:

@@ -120,12 +120,9 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
             Series(
                 f"{name}: fit, {fit.efficiency_per_doubling:.0%}/doubling",
                 [
-                    Point(
-                        p.devices,
-                        fit.fitted_tokens_per_s(p.devices),
-                        f"fitted {fit.fitted_tokens_per_s(p.devices):,.1f}",
-                    )
+                    Point(p.devices, fitted, f"fitted {fitted:,.1f}")
                     for p in fit.points
+                    if (fitted := fit.fitted_tokens_per_s(p.devices)) is not None
                 ],
                 dashed=True,
                 markers=False,

@@ -127,7 +127,7 @@ def _file_entry(path: str, key: str, value: Any) -> Price:
         if date is not None and date_text is None
         else None
     )
-    if problem:
+    if problem or price is None:
         raise UsageError(f"--prices {path}: entry {_short(key)} has {problem}; accepted: {_ACCEPTED}")
     return Price(price, source.strip() if source else f"--prices {path}", date_text)
 

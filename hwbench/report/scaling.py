@@ -38,7 +38,7 @@ class ScalingFit:
         return None if self.slope is None else 2 ** (self.slope - 1)
 
     def fitted_tokens_per_s(self, devices: int) -> float | None:
-        if self.slope is None:
+        if self.slope is None or self.intercept is None:
             return None
         return 2 ** (self.intercept + self.slope * math.log2(devices))
 

@@ -83,7 +83,9 @@ class SampledData(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> dict: ...
 
-    has_validation = True
+    @property
+    def has_validation(self) -> bool:
+        return True
 
     def _batch(self, split: str, call: int) -> Batch:
         step, micro_step = divmod(call, self.accumulation)

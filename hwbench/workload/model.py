@@ -128,7 +128,8 @@ class GPT(nn.Module):
             self.output.weight = self.wte.weight
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self.wte is not None:  # first stage: token ids in
+        if self.wte is not None:  # first stage: token ids in (a stage has both embeddings or neither)
+            assert self.wpe is not None
             S = tokens.shape[1]
             positions = torch.arange(S, device=tokens.device)
             x = self.wte(tokens) + self.wpe(positions)  # (B, S, h)
@@ -141,6 +142,7 @@ class GPT(nn.Module):
                 x = block(x)
         if self.output is None:  # not the last stage: hidden states out
             return x
+        assert self.ln_f is not None  # the last stage has both
         if self.cross_entropy == "chunked":  # the loss projects onto the vocabulary, chunk by chunk
             output = self.ln_f(x)  # (B, S, h)
         else:
@@ -150,6 +152,7 @@ class GPT(nn.Module):
     def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of what forward returned without labels."""
         if self.cross_entropy == "chunked":
+            assert self.output is not None, "the loss is the last stage's"
             return chunked_lm_loss(output, self.output.weight, labels, self.chunk_tokens)
         return lm_loss(output, labels)
 
