@@ -87,9 +87,9 @@ def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
 
     import pandas as pd
 
-    from hwbench.result.store import read_results
+    from hwbench.result.store import read_inputs
 
-    found, skipped = read_results(_paths(paths, "paths"))
+    found, skipped = read_inputs(_paths(paths, "paths"), "paths")  # a path that does not exist is a typo: refused
     rows = [{"path": str(path), **result.to_dict()} for result, path in found]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)

@@ -131,6 +131,8 @@ def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(
 
 
 @pytest.mark.parametrize("args, named", [
+    (["--repeats", "100000000000000000000"], "an integer from 2 to 10000"),  # used to run until killed
+    (["--warmup", "10001"], "--warmup '10001' is not accepted; accepted: an integer from 1 to 10000"),
     (["--sizes", "abc"], "--sizes 'abc'"),
     (["--sizes", "64,0"], "--sizes '64,0'"),
     (["--precisions", "fp8"], "--precisions 'fp8'"),

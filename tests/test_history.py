@@ -653,3 +653,41 @@ def test_figures_at_the_float_limit_give_a_verdict_without_a_warning(tmp_path, c
         code, _, _ = history(capsys, "report", "--db", db, "--metric", "tokens_per_s", "--out", tmp_path / "t.html")
     page = (tmp_path / "t.html").read_text()
     assert code == 0 and ">inf<" not in page and ">nan<" not in page and "1.7e+308" in page
+
+
+def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_committed(tmp_path, capsys):
+    """SIGKILL inside an add's transaction leaves SQLite's journal beside the file. A read-only
+    connection cannot roll it back ("attempt to write a readonly database": `changes`, `show` and
+    `report` all failed, exit 2, until the next add); they roll it back first and read the runs
+    committed before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    db = tmp_path / "h.sqlite"
+    assert history(capsys, "add", NOISE_RUNS, "--db", db)[0] == 0
+    results = _copies(tmp_path / "runs", 600)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    journal = Path(f"{db}-journal")
+
+    def hot() -> bool:  # the journal's header is written (SQLite's magic): the file must be rolled back
+        try:
+            return journal.read_bytes()[:8] == bytes.fromhex("d9d505f920a163d7")
+        except OSError:
+            return False
+
+    for _attempt in range(5):  # killed while its journal is hot (the add may finish first)
+        add = subprocess.Popen([sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
+                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while add.poll() is None and not hot():
+            __import__("time").sleep(0.0005)
+        add.kill()
+        add.communicate()
+        if hot():
+            break
+    else:
+        pytest.fail("the add was never caught with its journal written")
+    code, out, err = history(capsys, "show", "--db", db, "--metric", "tokens_per_s")
+    assert code == 0 and err == "" and not hot()
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 20  # the committed add only

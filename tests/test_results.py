@@ -134,3 +134,20 @@ def test_an_integer_of_400_digits_where_a_float_belongs_is_named_and_skipped(tmp
         code = main(argv)
         err = capsys.readouterr().err
         assert code == 0 and "Traceback" not in err and reason in err, argv
+
+
+def test_the_umask_is_read_without_leaving_its_file_open(monkeypatch):
+    import builtins
+
+    from hwbench.result import store
+
+    opened = []
+    real_open = builtins.open
+
+    def recording(*args, **kwargs):
+        opened.append(real_open(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(builtins, "open", recording)
+    assert 0 <= store.umask() <= 0o777
+    assert opened and all(stream.closed for stream in opened)  # it used to wait for the garbage collector

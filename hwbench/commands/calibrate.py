@@ -38,9 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
     parser.add_argument("--repeats", default=str(DEFAULT_REPEATS),
-                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, >= 2)")
+                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})")
     parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
-                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, >= 1)")
+                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})")
     parser.add_argument("--min-time", default=str(DEFAULT_MIN_TIME_S), metavar="SECONDS",
                         help=f"each measurement's timed repetitions together last at least this (default "
                              f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst")
@@ -57,9 +57,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "unreliable: runs then report mfu_measured_ceiling null with the reason")
 
 
-def _integer(option: str, text: str, minimum: int) -> int:
-    if not text.isascii() or not text.strip().isdigit() or int(text) < minimum:
-        raise UsageError(f"{option} {text!r} is not accepted; accepted: an integer >= {minimum}")
+# Far above any real need (the defaults are 20 and 3), and finite: 10**20 repetitions would run until killed.
+MAX_REPETITIONS = 10_000
+
+
+def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -> int:
+    text = text.strip()
+    if (not text.isascii() or not text.isdigit() or len(text) > 30 or int(text) < minimum
+            or (maximum is not None and int(text) > maximum)):
+        accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
+        raise UsageError(f"{option} {text[:40]!r} is not accepted; accepted: {accepted}")
     return int(text)
 
 
@@ -95,8 +102,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--device {args.device!r} is not accepted; accepted: {', '.join(DEVICE_CHOICES)}")
     requested = _precisions(args.precisions) if args.precisions is not None else None
     sizes = _sizes(args.sizes) if args.sizes is not None else None
-    repeats = _integer("--repeats", args.repeats, 2)
-    warmup = _integer("--warmup", args.warmup, 1)
+    repeats = _integer("--repeats", args.repeats, 2, MAX_REPETITIONS)
+    warmup = _integer("--warmup", args.warmup, 1, MAX_REPETITIONS)
     min_time = _seconds("--min-time", args.min_time, allow_zero=False)
     device_warmup = _seconds("--device-warmup", args.device_warmup, allow_zero=True)
     threads = _integer("--threads", args.threads, 1) if args.threads is not None else None

@@ -267,7 +267,11 @@ def _refuse_foreign(connection, name: str) -> None:
 
 def _open_sqlite_read(where: Path, name: str):
     """Read-only (changes, show, report): nothing is written unless the file is an older
-    hwbench history, which is migrated."""
+    hwbench history, which is migrated, or an add into it was killed half way, which SQLite
+    rolls back to the last committed state first (a read-only connection cannot)."""
+    journal = Path(f"{where}-journal")
+    if journal.exists() and journal.stat().st_size > 0:
+        _roll_back_interrupted_add(where, name)
     connection = None
     try:
         connection = _connect(where, name, read_only=True)
@@ -292,6 +296,21 @@ def _open_sqlite_read(where: Path, name: str):
             connection.close()
         raise
     return connection
+
+
+def _roll_back_interrupted_add(where: Path, name: str) -> None:
+    """An add killed inside its transaction leaves SQLite's journal beside the file (a "hot"
+    journal): the next connection that may write rolls the file back with it, as SQLite does
+    on any open; a read-only one refuses the file ("attempt to write a readonly database")."""
+    try:
+        connection = _connect(where, name)
+        try:
+            connection.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as error:
+        raise UsageError(f"{OPTION} {name!r}: an add into it was stopped half way and SQLite cannot roll it back "
+                         f"here ({error}); run `hwbench history add` where the file can be written") from None
 
 
 def _open_postgres(url: str, create: bool):

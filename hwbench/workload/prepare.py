@@ -55,6 +55,7 @@ from typing import IO, Iterator, Sequence, TextIO
 import numpy as np
 from tabulate import tabulate
 
+from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
 from hwbench.harness.lifeline import die_with_parent
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
@@ -114,10 +115,19 @@ class PrepareOptions:
             raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UsageError(f"--workers {self.workers}: give 1 or more")
+        cores = usable_cores()
+        if self.workers > cores:  # each worker tokenizes flat out: more than the cores only contend (100,000 forked)
+            raise UsageError(f"--workers {self.workers}: give 1 to {cores} (the cores this process may use)")
         folder = _nearest_existing(os.path.dirname(os.path.abspath(self.output_prefix)))
         if not os.path.isdir(folder):
             raise UsageError(f"--output-prefix {self.output_prefix}: {folder} is a file, not a folder")
-        return dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
+        validated = dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
+        for prefix in validated.output_prefixes().values():
+            for output in (f"{prefix}.bin", f"{prefix}.idx"):  # replaced at the end: a folder there would fail it
+                if os.path.exists(output) and not os.path.isfile(output):
+                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} exists and is not a file; "
+                                     "give another prefix")
+        return validated
 
     def output_prefixes(self) -> dict[str, str]:
         """Output path prefix per key, as preprocess_data.py names them."""
