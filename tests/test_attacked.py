@@ -24,16 +24,21 @@ def _one_line_exit_2(capsys, argv, *expected) -> str:
     return err
 
 
-def test_prepare_refuses_more_workers_than_cores_before_starting_one(tmp_path, capsys):
-    """--workers 100000 used to fork 100,000 tokenizer processes on a 2-core machine."""
+@pytest.mark.parametrize("excess", [1, 100_000])
+def test_prepare_refuses_more_workers_than_twice_the_cores_before_starting_one(tmp_path, capsys, excess):
+    """--workers 100000 used to fork 100,000 tokenizer processes and took down a 24 GiB machine."""
     from hwbench.device.host import usable_cores
+    from hwbench.workload.prepare import prepare
 
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"text": "abc"}) + "\n")
     cores = usable_cores()
+    workers = 2 * cores + excess
     _one_line_exit_2(capsys, ["data", "prepare", "--input", source, "--output-prefix", tmp_path / "out",
-                              "--tokenizer", "byte", "--workers", cores + 1],
-                     f"--workers {cores + 1}: give 1 to {cores} (the cores this process may use)")
+                              "--tokenizer", "byte", "--workers", workers],
+                     f"--workers {workers}: give 1 to {2 * cores} (twice the {cores} cores this process may use)")
+    with pytest.raises(UsageError, match=f"--workers {workers}: give 1 to {2 * cores}"):  # the library path
+        prepare(str(source), str(tmp_path / "out"), tokenizer="byte", workers=workers)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
@@ -54,3 +59,21 @@ def test_load_results_refuses_a_path_that_does_not_exist_as_the_commands_do():
     with pytest.raises(UsageError, match="paths 'no_such_folder': no such file or folder"):
         hwbench.load_results("no_such_folder")
     assert len(hwbench.load_results(DATA / "history" / "noise")) == 20
+
+
+@pytest.mark.parametrize("excess", [1, 1024])
+def test_more_cpu_ranks_than_eight_per_core_are_refused_before_any_starts(tmp_path, capsys, excess):
+    """--nproc-per-node 1024 on the cpu used to start 1,024 torch processes (220 MiB each)."""
+    import hwbench
+    from hwbench.device.host import usable_cores
+
+    most = 8 * usable_cores()
+    if most >= 1024:
+        pytest.skip("--nproc-per-node stops at 1024 on every device: this machine's cpu bound is above it")
+    ranks = min(most + excess, 1024)
+    expected = f"--nproc-per-node {ranks} is not accepted on the cpu; accepted: 1 to {most}"
+    _one_line_exit_2(capsys, ["run", "--device", "cpu", "--model", "tiny", "--quiet", "--nproc-per-node", ranks,
+                              "--out", tmp_path / "o"], expected)
+    with pytest.raises(UsageError, match=expected):  # the Python API takes the same path
+        hwbench.run(device="cpu", model="tiny", nproc_per_node=ranks, out=str(tmp_path / "o"))
+    assert list(tmp_path.iterdir()) == []

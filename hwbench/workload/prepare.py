@@ -77,6 +77,16 @@ class InputError(UsageError):
     """Input text that cannot be prepared; names the file and line."""
 
 
+# Each worker tokenizes flat out, so workers beyond the cores only contend for them; twice the cores
+# still takes a hand-set count such as README's 4 on a 2-core laptop, and bounds the processes forked.
+WORKERS_PER_CORE = 2
+
+
+def max_workers() -> int:
+    """The most --workers accepted: WORKERS_PER_CORE x the cores this process may use."""
+    return WORKERS_PER_CORE * usable_cores()
+
+
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
     """One ``hwbench data prepare`` invocation, validated by ``validate``."""
@@ -115,9 +125,10 @@ class PrepareOptions:
             raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UsageError(f"--workers {self.workers}: give 1 or more")
-        cores = usable_cores()
-        if self.workers > cores:  # each worker tokenizes flat out: more than the cores only contend (100,000 forked)
-            raise UsageError(f"--workers {self.workers}: give 1 to {cores} (the cores this process may use)")
+        most = max_workers()
+        if self.workers > most:  # --workers 100000 forked that many tokenizers and exhausted a 24 GiB machine
+            raise UsageError(f"--workers {self.workers}: give 1 to {most} (twice the {usable_cores()} cores this "
+                             "process may use)")
         folder = _nearest_existing(os.path.dirname(os.path.abspath(self.output_prefix)))
         if not os.path.isdir(folder):
             raise UsageError(f"--output-prefix {self.output_prefix}: {folder} is a file, not a folder")
