@@ -77,3 +77,21 @@ def test_more_cpu_ranks_than_eight_per_core_are_refused_before_any_starts(tmp_pa
     with pytest.raises(UsageError, match=expected):  # the Python API takes the same path
         hwbench.run(device="cpu", model="tiny", nproc_per_node=ranks, out=str(tmp_path / "o"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_prepare_refuses_an_output_that_is_its_input(tmp_path, capsys):
+    """An input named like the output (PREFIX_text_document.bin) was overwritten by it, exit 0."""
+    source = tmp_path / "out_text_document.bin"
+    source.write_text(json.dumps({"text": "abc"}) + "\n")
+    _one_line_exit_2(capsys, ["data", "prepare", "--input", source, "--input-format", "json",
+                              "--output-prefix", tmp_path / "out", "--tokenizer", "byte"],
+                     "out_text_document.bin is the --input file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out_text_document.bin"]
+    assert json.loads(source.read_text()) == {"text": "abc"}
+
+
+def test_prepare_names_a_folder_given_as_input_as_such(tmp_path, capsys):
+    """A folder used to be called "no such file"."""
+    _one_line_exit_2(capsys, ["data", "prepare", "--input", tmp_path, "--output-prefix", tmp_path / "out",
+                              "--tokenizer", "byte"], f"--input {tmp_path}: not a regular file")
+    assert list(tmp_path.iterdir()) == []

@@ -105,7 +105,9 @@ class PrepareOptions:
     def validate(self) -> "PrepareOptions":
         """The options with defaults filled in; UsageError on a bad value."""
         if not os.path.isfile(self.input_path):
-            raise UsageError(f"--input {self.input_path}: no such file")
+            what = "not a regular file; give a JSON lines or text file" if os.path.exists(self.input_path) else \
+                "no such file"
+            raise UsageError(f"--input {self.input_path}: {what}")
         input_format = self.input_format or _format_from_name(self.input_path)
         if input_format not in INPUT_FORMATS:
             raise UsageError(f"--input-format {input_format!r}: choose json or text")
@@ -138,6 +140,9 @@ class PrepareOptions:
                 if os.path.exists(output) and not os.path.isfile(output):
                     raise UsageError(f"--output-prefix {self.output_prefix}: {output} exists and is not a file; "
                                      "give another prefix")
+                if os.path.exists(output) and os.path.samefile(output, self.input_path):  # replaced at the end
+                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} is the --input file; give "
+                                     "another prefix, or the input would be overwritten")
         return validated
 
     def output_prefixes(self) -> dict[str, str]:
