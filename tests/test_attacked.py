@@ -95,3 +95,16 @@ def test_prepare_names_a_folder_given_as_input_as_such(tmp_path, capsys):
     _one_line_exit_2(capsys, ["data", "prepare", "--input", tmp_path, "--output-prefix", tmp_path / "out",
                               "--tokenizer", "byte"], f"--input {tmp_path}: not a regular file")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_with_more_repeats_than_any_spread_needs_is_refused_at_once(tmp_path, capsys):
+    """--repeats 10**9 listed every run before the first: hours of CPU and gigabytes of memory."""
+    import hwbench
+
+    suite = tmp_path / "t.yaml"
+    suite.write_text(json.dumps({"name": "t", "points": [{"name": "p", "model": "tiny"}]}))
+    _one_line_exit_2(capsys, ["sweep", suite, "--repeats", "1001", "--out", tmp_path / "o"],
+                     "--repeats 1001 is not accepted; give an integer from 1 to 1000")
+    with pytest.raises(UsageError, match="--repeats 1000000000 is not accepted"):
+        hwbench.sweep(suite, out=tmp_path / "o", repeats=10**9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]

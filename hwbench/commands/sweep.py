@@ -18,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         f"{', '.join(shipped_suite_names())}")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own")
     parser.add_argument("--nproc-per-node", type=int, help="for every point that does not set its own")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each point, with seeds seed, seed+1, ... "
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each point (1 to 1000), with seeds seed, seed+1, ... "
                         "(default: 1)")
     out = RUN_OPTIONS["out"].default  # as `hwbench run`'s
     parser.add_argument("--out", default=out, help=f"results go to OUT/<suite>/<point>/ (default: {out})")
