@@ -108,3 +108,43 @@ def test_a_sweep_with_more_repeats_than_any_spread_needs_is_refused_at_once(tmp_
     with pytest.raises(UsageError, match="--repeats 1000000000 is not accepted"):
         hwbench.sweep(suite, out=tmp_path / "o", repeats=10**9)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
+
+
+@pytest.mark.slow
+def test_tune_under_sigterm_ends_in_one_line_and_the_same_command_resumes(tmp_path):
+    """A real tune and a real SIGTERM while its first trial runs: one line, exit 128 + 15 as a sweep
+    (its trials are a sweep's points), no process left; the same command then finishes, keeping the
+    trials measured before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "hwbench", "tune", "--model", "tiny", "--devices", "1", "--device", "cpu",
+               "--steps", "2", "--warmup", "1", "--seq-length", "32", "--max-trials", "2", "--patience", "2",
+               "--quiet", "--out", str(tmp_path)]
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    tune = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+    def children() -> list[str]:
+        return subprocess.run(["pgrep", "-P", str(tune.pid)], capture_output=True, text=True).stdout.split()
+
+    deadline = time.monotonic() + 120
+    while not children() and tune.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tune.send_signal(signal.SIGTERM)
+    _out, err = tune.communicate(timeout=120)
+    assert tune.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == ("hwbench: tune stopped by SIGTERM; measured trials are kept, the same "
+                                            "command resumes")
+    assert subprocess.run(["pgrep", "-s", str(tune.pid)], capture_output=True).stdout == b""  # nothing left
+    kept = {path.name for path in (tmp_path / "tiny-1").glob("*/*.json")}  # a trial's result, when it finished
+
+    again = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ranking = json.loads((tmp_path / "tiny-1" / "ranking.json").read_text())
+    assert len([trial for trial in ranking["trials"] if trial["samples_per_s"]]) == 2
+    results = {path.name for path in (tmp_path / "tiny-1").glob("*/*.json")}
+    assert kept <= results and len(results) == 2  # one result per trial: none measured again
