@@ -148,3 +148,19 @@ def test_tune_under_sigterm_ends_in_one_line_and_the_same_command_resumes(tmp_pa
     assert len([trial for trial in ranking["trials"] if trial["samples_per_s"]]) == 2
     results = {path.name for path in (tmp_path / "tiny-1").glob("*/*.json")}
     assert kept <= results and len(results) == 2  # one result per trial: none measured again
+
+
+def test_a_damaged_earlier_result_is_named_in_one_line_when_a_sweep_resumes(tmp_path, capsys):
+    """Python's warning used to show its file:line and a line of hwbench's source per damaged file."""
+    suite = tmp_path / "t.yaml"
+    suite.write_text(json.dumps({"name": "t", "points": [{"name": "p", "model": "tiny", "nproc_per_node": 1024,
+                                                          "device": "cpu"}]}))  # refused at once by its run
+    damaged = tmp_path / "o" / "t" / "p" / "earlier.json"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_text('{"schema_version": 2, "run_id": "x", "sta')
+    main(["sweep", str(suite), "--out", str(tmp_path / "o"), "--quiet"])
+    lines = capsys.readouterr().err.splitlines()
+    named = [line for line in lines if str(damaged) in line]
+    assert named == [f"hwbench sweep: warning: skipping {damaged}: not a complete JSON document (truncated?): "
+                     "Unterminated string starting at: line 1 column 38 (char 37)"], lines
+    assert not any("UserWarning" in line or "keyed_results" in line for line in lines), lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -59,7 +60,9 @@ def main(args: argparse.Namespace) -> int:
                            repeats=args.repeats, force=args.force, plan=args.plan, wait=args.wait)
     settings = _slurm_settings(args)
     try:
-        records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
+        with warnings.catch_warnings():  # a damaged earlier result: one line, not Python's file:line and source
+            warnings.showwarning = _one_line_warning
+            records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:
         if stop.jobs:
             return _interrupted_slurm(stop, options.out_dir / suite.name)
@@ -79,6 +82,10 @@ def main(args: argparse.Namespace) -> int:
     print(sweep_summary_table(suite, records))
     bad = [r for r in records if any(x.status not in ("ok", "skipped") for x in r.results)]
     return 1 if bad else 0
+
+
+def _one_line_warning(message, *_details) -> None:
+    print(f"hwbench sweep: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 def _slurm_settings(args: argparse.Namespace):
