@@ -164,3 +164,19 @@ def test_a_damaged_earlier_result_is_named_in_one_line_when_a_sweep_resumes(tmp_
     assert named == [f"hwbench sweep: warning: skipping {damaged}: not a complete JSON document (truncated?): "
                      "Unterminated string starting at: line 1 column 38 (char 37)"], lines
     assert not any("UserWarning" in line or "keyed_results" in line for line in lines), lines
+
+
+def test_a_cpu_run_predicted_to_need_more_than_the_hosts_memory_is_refused_before_it_starts(tmp_path, capsys):
+    """--micro-batch-size 100000 of the tiny model (a 1.8 TiB prediction) was killed by the kernel's
+    OOM killer on a 24 GiB machine: no result, no line, and other processes at risk."""
+    import hwbench
+
+    argv = ["run", "--device", "cpu", "--model", "tiny", "--quiet", "--micro-batch-size", "100000",
+            "--global-batch-size", "100000", "--seq-length", "32", "--out", tmp_path / "o"]
+    expected = "--micro-batch-size 100000 and --seq-length 32 is not accepted on this cpu: predicted peak "
+    err = _one_line_exit_2(capsys, argv, expected, "more than the host's", "`hwbench plan` shows the prediction")
+    assert "x 1 rank(s)" in err
+    with pytest.raises(UsageError, match="--micro-batch-size 100000 and --seq-length 32 is not accepted"):
+        hwbench.run(device="cpu", model="tiny", micro_batch_size=100000, global_batch_size=100000, seq_length=32,
+                    out=str(tmp_path / "o"))
+    assert list(tmp_path.iterdir()) == []

@@ -36,7 +36,7 @@ from hwbench.catalog import Catalog
 from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
-from hwbench.device.host import share_of_cores, usable_cores
+from hwbench.device.host import share_of_cores
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.device_check import checked_backend
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
@@ -248,23 +248,13 @@ def _recover(run_dir: Path, owner: dict[str, Any]) -> str:
     return f"recovered a finished result from {where}: {path}"
 
 
-# CPU ranks share the cores: beyond them they only time-slice (the run is marked oversubscribed).
-# Eight per core still takes an 8-rank layout on a 1-core machine; --nproc-per-node 1024 would start
-# 1,024 Python processes with torch (220 MiB each after `import torch`, torch 2.x on Linux x86-64).
-CPU_RANKS_PER_CORE = 8
-
-
 def _check_device(spec: RunSpec) -> Backend:
     """Device problems fail here, once, as one line, before any rank starts."""
     backend = checked_backend(spec)
     count = backend.device_count()
-    ranks = spec.launch.nproc_per_node
-    if backend.name != "cpu" and count < ranks:
-        raise UsageError(f"--nproc-per-node {ranks} needs that many {backend.name} devices; this node has {count}")
-    cores = usable_cores()
-    if backend.name == "cpu" and ranks > CPU_RANKS_PER_CORE * cores:
-        raise UsageError(f"--nproc-per-node {ranks} is not accepted on the cpu; accepted: 1 to "
-                         f"{CPU_RANKS_PER_CORE * cores} ({CPU_RANKS_PER_CORE} ranks per usable core, {cores} here)")
+    if backend.name != "cpu" and count < spec.launch.nproc_per_node:
+        raise UsageError(f"--nproc-per-node {spec.launch.nproc_per_node} needs that many {backend.name} devices; "
+                         f"this node has {count}")
     return backend
 
 
