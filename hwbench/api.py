@@ -83,9 +83,13 @@ def load_results(paths: str | os.PathLike | Iterable[str | os.PathLike]):
     as a pandas DataFrame: a row per run, fields flattened with dots (spec.model,
     metrics.tokens_per_s) and `path`. Files left out (unreadable, a copy of a run already
     read) in ``frame.attrs["skipped"]``: (path, reason)."""
-    from hwbench.result.table import results_frame
+    from hwbench.result.store import read_inputs
+    from hwbench.result.table import frame_of
 
-    return results_frame(_paths(paths, "paths"))
+    found, skipped = read_inputs(_paths(paths, "paths"), "paths")  # a path that does not exist is a typo: refused
+    frame = frame_of(found)
+    frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
+    return frame
 
 
 def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *, format: str = "md",

@@ -14,8 +14,10 @@ from hwbench.calibration.store import (CalibrationStoreError, load_store, lookup
 from hwbench.cli import main
 from tests.test_docs import undocumented
 
+# --force: these tests are about what is stored, on a machine other test runs share; whether a rate is
+# a ceiling is judged in the tests of busy machines and implausible rates below
 TINY = ["--device", "cpu", "--sizes", "32,64", "--copy-size", "1MiB", "--repeats", "3", "--warmup", "1",
-        "--min-time", "0.01", "--device-warmup", "0"]
+        "--min-time", "0.01", "--device-warmup", "0", "--force"]
 # a small run: two timed steps of the tiny model on short sequences
 SMALL_RUN = ["run", "--quiet", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1",
              "--eval-iters", "0", "--data", "synthetic", "--seq-length", "64", "--micro-batch-size", "1",
@@ -81,6 +83,13 @@ def test_a_second_calibration_replaces_what_it_measured_and_keeps_the_rest(tmp_p
     capsys.readouterr()
 
 
+def _cpu_key() -> tuple[str, str]:
+    """(device model, driver) of this CPU with the threads a run uses (the usable cores)."""
+    from hwbench.calibration.measure import device_key, open_backend
+
+    return device_key(open_backend("cpu", None))
+
+
 def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(tmp_path, monkeypatch, capsys):
     store = tmp_path / "calibration.json"
     monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
@@ -92,8 +101,13 @@ def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(
     assert reason.endswith("run hwbench calibrate --device cpu")
     assert before["device"]["measured_ceiling"] is None
 
-    # calibrated with the threads the run will use (the usable cores: the default of both)
-    assert main(["calibrate", *TINY, "--precisions", "fp32"]) == 0
+    # a ceiling of this CPU with the threads the run uses, as calibrate stores it; 1 TFLOP/s is above
+    # what this run reaches, so the run stays valid whatever else the machine runs (a measured one
+    # on a shared machine need not be: the busy-machine tests below)
+    model, driver = _cpu_key()
+    record_calibration(store, {"device_kind": "cpu", "device_model": model, "driver": driver, "copy": None,
+                               "gemm": {"fp32": {"ceiling_flops": 1e12, "best_size": 2048, "best_cv": 0.02,
+                                                 "unreliable": None, "measured_at": "2026-11-23T08:00:00.000+00:00"}}})
     assert main([*SMALL_RUN, "--out", str(tmp_path / "after")]) == 0
     out = capsys.readouterr().out
     after = json.loads(next((tmp_path / "after").glob("*.json")).read_text())
@@ -117,6 +131,8 @@ def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(
 
 
 @pytest.mark.parametrize("args, named", [
+    (["--repeats", "100000000000000000000"], "an integer from 2 to 10000"),  # used to run until killed
+    (["--warmup", "10001"], "--warmup '10001' is not accepted; accepted: an integer from 1 to 10000"),
     (["--sizes", "abc"], "--sizes 'abc'"),
     (["--sizes", "64,0"], "--sizes '64,0'"),
     (["--precisions", "fp8"], "--precisions 'fp8'"),
@@ -412,3 +428,100 @@ def test_a_relative_store_named_by_the_environment_is_named_in_full(tmp_path, mo
     out = capsys.readouterr().out
     assert f"stored in {tmp_path / 'cal.json'} under cpu" in out
     assert "runs on this device and driver report mfu_measured_ceiling" in out and "a relative path" in out
+
+
+# --- a rate that is no ceiling: implausible for the device kind, spread, or measured beside other work ---
+
+JUDGED = [arg for arg in TINY if arg != "--force"]
+
+
+def test_a_rate_below_what_any_cpu_reaches_is_not_stored_on_this_cpu(tmp_path, capsys):
+    """A 1 x 1 x 1 product is 2 FLOPs behind microseconds of dispatch: a 'ceiling' far below any CPU's."""
+    store = tmp_path / "calibration.json"
+    assert main(["calibrate", *JUDGED, "--sizes", "1", "--precisions", "fp32", "--store", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert "GEMM fp32: not stored, this is no ceiling: " in err and "not plausible for one cpu device (less than 1e+07" in err
+    assert "nothing stored in" in err and not store.exists()
+
+
+def test_calibrate_beside_other_work_stores_nothing_and_force_stores_it_marked(tmp_path, monkeypatch, capsys):
+    """Real busy processes on this process's CPUs: the other work's share of them says the rate is
+    the machine's leftovers, not its ceiling. Refused (exit 1, nothing written); --force stores it
+    marked, and a run then reports mfu_measured_ceiling null with the reason."""
+    import subprocess
+    import sys
+
+    from hwbench.device.host import usable_cores
+
+    store = tmp_path / "calibration.json"
+    monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
+    judged = [*JUDGED, "--precisions", "fp32", "--sizes", "128", "--min-time", "0.3"]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * usable_cores())]
+    try:
+        assert main(["calibrate", *judged]) == 1
+        err = capsys.readouterr().err
+        assert "GEMM fp32: not stored, this is no ceiling: " in err and "other work took" in err, err
+        assert "nothing stored in" in err and not store.exists()
+        assert main(["calibrate", *judged, "--force"]) == 0
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    captured = capsys.readouterr()
+    assert "warning: GEMM fp32: stored marked unreliable (--force): " in captured.err
+    assert "machine while measuring: other work took" in captured.out
+    gemm = json.loads(store.read_text())["entries"][0]["gemm"]["fp32"]
+    host = gemm["conditions"]["host"]
+    assert host["others_cpu_share"] > 0.10 and host["usable_cores"] == usable_cores()
+    assert isinstance(host["load_average_1m_end"], float) and "other work took" in gemm["unreliable"]
+
+    assert main([*SMALL_RUN, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    result = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
+    reason = result["metrics"]["unmeasured"]["mfu_measured_ceiling"]
+    assert result["metrics"]["mfu_measured_ceiling"] is None and result["device"]["measured_ceiling"] is None
+    assert "the fp32 rate of " in reason and "is no ceiling (" in reason and "other work took" in reason
+
+
+@pytest.mark.parametrize("ceiling", ["1e-300", "1", "9e9"])
+def test_a_ceiling_below_what_the_device_kind_reaches_is_not_usable(ceiling, tmp_path):
+    store = tmp_path / "calibration.json"
+    store.write_text(store_text(ceiling, best_cv=0.01))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None and "is not usable" in reason and "not plausible for one cuda device (less than 1e+10" in reason
+    store.write_text(store_text("1e10", best_cv=0.01))  # the lowest an accelerator may claim
+    assert lookup_ceiling(store, *H100, None, "bf16")[1] is None
+
+
+def test_a_stored_rate_whose_repetitions_spread_is_no_ceiling(tmp_path):
+    """A store written before rates were judged: its spread still says it is no ceiling."""
+    store = tmp_path / "calibration.json"
+    store.write_text(store_text("7e14", best_cv=0.156))
+    found, reason = lookup_ceiling(store, *H100, None, "bf16")
+    assert found is None and "is no ceiling (its repetitions spread by CV 15.6% (more than 10%)" in reason
+    assert reason.endswith("run hwbench calibrate --device cuda --precisions bf16 when the machine is quiet")
+
+
+def test_other_processes_on_a_gpu_come_from_nvml_and_make_its_rate_no_ceiling(monkeypatch):
+    import os
+    import sys
+    import types
+
+    from hwbench.calibration.store import not_a_ceiling
+    from hwbench.device.nvml import CudaDeviceIds, nvml_other_processes
+    from tests.test_telemetry import fake_pynvml
+
+    nv = fake_pynvml()
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda handle: [
+        types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30),  # this calibration itself
+        types.SimpleNamespace(pid=4242, usedGpuMemory=None)]  # NVML without the memory figure
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    ids = CudaDeviceIds(cuda_index=0, uuid="0a1b", pci_bus_id="0000:3b:00.0")
+    others, reason = nvml_other_processes(ids, os.getpid())
+    assert reason is None and others == [{"pid": 4242, "memory_bytes": None}]
+    problems = not_a_ceiling("cuda", 7e14, 0.004, {"device_processes": others})
+    assert problems == ["1 other process(es) computed on the device (pid 4242)"]
+    assert not_a_ceiling("cuda", 7e14, 0.004, {"device_processes": []}) == []
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    others, reason = nvml_other_processes(ids, os.getpid())
+    assert others is None and "not installed" in reason

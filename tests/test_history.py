@@ -364,6 +364,19 @@ def test_a_damaged_database_file_is_one_line_and_exit_2(tmp_path, capsys, monkey
     ("UPDATE runs SET point_key = '[1,2]'", "point_key is not a JSON list"),
     ("UPDATE metrics SET value = 'abc' WHERE name = 'tokens_per_s'", "tokens_per_s is not a finite number"),
     ("DROP TABLE metrics", "no metrics table"),
+    # every column a reader parses: the start time orders the nights, the night groups them, the point
+    # key's fields label the series and compare layouts (each of these used to be a traceback)
+    ("UPDATE runs SET started_at = 'garbage' WHERE run_id LIKE 'night3-%'", "started_at 'garbage' is not an ISO 8601"),
+    ("UPDATE runs SET started_at = '2026-10-04T99:00' WHERE run_id LIKE 'night3-%'", "is not an ISO 8601 date-time"),
+    ("UPDATE runs SET started_at = '0001-01-01T00:00:00+05:00' WHERE run_id = 'night3-0'",
+     "is out of the range of dates in UTC"),
+    ("UPDATE runs SET night = 'garbage' WHERE run_id = 'night3-1'", "night 'garbage' is not a date (YYYY-MM-DD)"),
+    ("UPDATE runs SET point_key = json_set(point_key, '$[10]', 'a') WHERE run_id = 'night3-1'",
+     "point_key's tp is not int"),
+    ("UPDATE runs SET point_key = json_set(point_key, '$[0]', json('null')) WHERE run_id = 'night3-1'",
+     "point_key's model is not str"),
+    ("UPDATE runs SET point_key = json_set(point_key, '$[4]', json('true')) WHERE run_id = 'night3-1'",
+     "point_key's micro_batch_size is not int or None"),
 ])
 def test_damaged_rows_are_refused_with_their_run_id(tmp_path, capsys, monkeypatch, damage, words):
     monkeypatch.chdir(tmp_path)
@@ -503,3 +516,178 @@ def test_nights_are_ordered_by_the_instant_not_the_text():
 
     nights = nights_of([run("1", "2026-10-01T21:00:00+00:00", 2.0), run("2", "2026-10-02T01:00:00+05:00", 1.0)])
     assert [night.values for night in nights] == [[1.0], [2.0]]
+
+
+# --- an add stopped or killed half way, runs added twice, figures at the float limit ----------------
+
+
+def _copies(folder: Path, count: int) -> Path:
+    """``count`` results, one a night: enough that adding them takes a moment to catch."""
+    folder.mkdir()
+    for number in range(count):
+        data = copy.deepcopy(TEMPLATE)
+        data["run_id"], data["started_at"] = f"copy{number:05d}", f"{night_date(number % 28)}T02:00:00+00:00"
+        (folder / f"copy{number:05d}.json").write_text(json.dumps(data))
+    return folder
+
+
+def _stopped_inside_a_new_database(results: Path, db: Path):
+    """`hwbench history add` into a new database, stopped (SIGSTOP) while its temporary exists;
+    (the process, the temporary's names), or None when the add finished before it was caught."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    add = subprocess.Popen([sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
+                           env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while add.poll() is None and not list(db.parent.glob(f".{db.name}.*.tmp")):
+        __import__("time").sleep(0.001)
+    if add.poll() is None:
+        os.kill(add.pid, signal.SIGSTOP)
+        temporaries = sorted(path.name for path in db.parent.glob(f".{db.name}.*"))
+        if not db.exists() and temporaries:
+            return add, temporaries
+        os.kill(add.pid, signal.SIGCONT)
+    add.communicate()
+    return None
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_an_add_into_a_new_database_stopped_by_a_signal_leaves_nothing_behind(tmp_path, sig):
+    """SIGTERM and SIGHUP end the add as Ctrl-C does (exit 130, one line, no file). SIGKILL leaves
+    the temporary named by the writer's process; the next add into that folder removes it (and
+    SQLite's journal of it), says so, and leaves a living writer's and another host's alone."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    results = _copies(tmp_path / "runs", 600)
+    for attempt in range(5):  # caught while the temporary exists (the add may finish first)
+        db = tmp_path / f"try{attempt}" / "h.sqlite"
+        db.parent.mkdir()
+        caught = _stopped_inside_a_new_database(results, db)
+        if caught:
+            break
+    else:
+        pytest.fail("the add never held its temporary long enough to be stopped")
+    add, temporaries = caught
+    assert f".h.sqlite.{socket.gethostname()}-{add.pid}-" in temporaries[0]
+    os.kill(add.pid, getattr(signal, sig))
+    os.kill(add.pid, signal.SIGCONT)
+    _, err = add.communicate(timeout=120)
+    if sig != "SIGKILL":
+        assert add.returncode == 130 and err == f"hwbench: interrupted by {sig}; nothing unfinished was written\n"
+        assert list(db.parent.iterdir()) == []
+        return
+    assert add.returncode == -signal.SIGKILL and sorted(p.name for p in db.parent.iterdir()) == temporaries
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    journal = db.parent / f".h.sqlite.{host}-{dead.pid}-k1ll3d00.tmp-journal"  # killed inside a transaction
+    living = db.parent / f".h.sqlite.{host}-{os.getpid()}-l1v1ng00.tmp"  # a writer at work: not touched
+    elsewhere = db.parent / f".h.sqlite.another-host-{dead.pid}-0th3rh0s.tmp"  # its pids mean nothing here
+    for path in (journal, living, elsewhere):
+        path.write_bytes(b"partial")
+    code = cli_main(["history", "add", str(NOISE_RUNS), "--db", str(db)])
+    assert code == 0
+    left = sorted(p.name for p in db.parent.iterdir())
+    assert left == sorted(["h.sqlite", living.name, elsewhere.name])
+
+
+def test_the_next_add_says_which_temporaries_of_a_killed_add_it_removed(tmp_path, capsys):
+    import socket
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    db = tmp_path / "h.sqlite"
+    stale = tmp_path / f".h.sqlite.{socket.gethostname()}-{dead.pid}-abcd1234.tmp"
+    stale.write_bytes(b"partial")
+    code, out, err = history(capsys, "add", NOISE_RUNS, "--db", db)
+    assert code == 0 and "added 20 run(s)" in out
+    assert f"removed {stale.name} from {tmp_path}: the temporaries of an earlier `hwbench history add` that was " \
+           "killed" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite"]
+
+
+def test_a_run_added_again_with_other_figures_is_named_and_the_first_kept(tmp_path, capsys):
+    results = write_nights(tmp_path / "runs", [1000.0])
+    db = tmp_path / "h.sqlite"
+    assert history(capsys, "add", results, "--db", db)[0] == 0
+    first = results / "night000" / "night0-1.json"
+    changed = json.loads(first.read_text())
+    changed["metrics"]["tokens_per_s"] = 12.5
+    other = tmp_path / "again" / "night0-1.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps(changed))
+    code, out, err = history(capsys, "add", other, results / "night000" / "night0-0.json", "--db", db)
+    assert code == 0 and "added 0 run(s), 2 already there (1 with other figures, left out)" in out
+    assert f"left out {other}: run night0-1 is in the database already (added from {first})" in err
+    assert "tokens_per_s: " in err and "12.5 here" in err and "the database keeps the run it has" in err
+    stored = sqlite3.connect(db).execute(
+        "SELECT value FROM metrics WHERE run_id = 'night0-1' AND name = 'tokens_per_s'").fetchone()[0]
+    assert stored == json.loads(first.read_text())["metrics"]["tokens_per_s"]
+    # the same two files in one call: the second is named as a different result under the same run id
+    code, out, err = history(capsys, "add", results, other.parent, "--db", tmp_path / "new.sqlite")
+    assert code == 0 and "added 3 run(s)" in out
+    assert f"{other}: run night0-1 was already read from {first}, with other figures" in err
+
+
+def test_figures_at_the_float_limit_give_a_verdict_without_a_warning(tmp_path, capsys):
+    """Figures near 1.7e308 (a damaged or hand-made result: finite, so the model takes them) used
+    to overflow the statistics (numpy warnings, then a traceback in the trend page's axis)."""
+    import warnings
+
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", write_nights(tmp_path / "runs", [1.0e308] * 10 + [1.7e308] * 10), "--db", db)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy overflow warning fails the test
+        code, out, err = history(capsys, "changes", "--db", db, "--metric", "tokens_per_s")
+        assert code == 0 and err == ""
+        rise = re.search(r"rose (\d+\.\d)% .* at 2026-10-11, .*: 1e\+308 -> 1\.7e\+308 \(improvement\)", out)
+        assert rise and 65 < float(rise.group(1)) < 75, out  # 1.7e308 / 1e308 - 1, with 1% noise
+        code, _, _ = history(capsys, "report", "--db", db, "--metric", "tokens_per_s", "--out", tmp_path / "t.html")
+    page = (tmp_path / "t.html").read_text()
+    assert code == 0 and ">inf<" not in page and ">nan<" not in page and "1.7e+308" in page
+
+
+def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_committed(tmp_path, capsys):
+    """SIGKILL inside an add's transaction leaves SQLite's journal beside the file. A read-only
+    connection cannot roll it back ("attempt to write a readonly database": `changes`, `show` and
+    `report` all failed, exit 2, until the next add); they roll it back first and read the runs
+    committed before."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    db = tmp_path / "h.sqlite"
+    assert history(capsys, "add", NOISE_RUNS, "--db", db)[0] == 0
+    results = _copies(tmp_path / "runs", 600)
+    environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    journal = Path(f"{db}-journal")
+
+    def hot() -> bool:  # the journal's header is written (SQLite's magic): the file must be rolled back
+        try:
+            return journal.read_bytes()[:8] == bytes.fromhex("d9d505f920a163d7")
+        except OSError:
+            return False
+
+    for _attempt in range(5):  # killed while its journal is hot (the add may finish first)
+        add = subprocess.Popen([sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
+                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while add.poll() is None and not hot():
+            __import__("time").sleep(0.0005)
+        add.kill()
+        add.communicate()
+        if hot():
+            break
+    else:
+        pytest.fail("the add was never caught with its journal written")
+    code, out, err = history(capsys, "show", "--db", db, "--metric", "tokens_per_s")
+    assert code == 0 and err == "" and not hot()
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 20  # the committed add only

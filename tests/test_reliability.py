@@ -131,9 +131,10 @@ def test_a_disk_that_fills_during_the_run_keeps_the_result_elsewhere(tmp_path):
         done = _run_into(disk, spare)
     assert done.returncode == 1, done.stderr[-2000:]
     line = done.stderr.strip().splitlines()[-1]
-    assert "could not be written to" in line and "No space left on device" in line and str(spare) in line
     kept = list(spare.glob("*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["status"] == "ok"
+    assert "could not be written to" in line and "No space left on device" in line
+    assert f"it was kept as {kept[0]}" in line  # the file, not only the folder it is in
     assert str(kept[0]) in done.stdout  # the summary table names where it is
 
 

@@ -134,3 +134,35 @@ def test_an_integer_of_400_digits_where_a_float_belongs_is_named_and_skipped(tmp
         code = main(argv)
         err = capsys.readouterr().err
         assert code == 0 and "Traceback" not in err and reason in err, argv
+
+
+def test_the_umask_is_read_without_leaving_its_file_open(monkeypatch):
+    import builtins
+
+    from hwbench.result import store
+
+    opened = []
+    real_open = builtins.open
+
+    def recording(*args, **kwargs):
+        opened.append(real_open(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(builtins, "open", recording)
+    assert 0 <= store.umask() <= 0o777
+    assert opened and all(stream.closed for stream in opened)  # it used to wait for the garbage collector
+
+
+def test_a_result_out_could_not_take_is_named_by_its_file_where_it_was_kept(tmp_path, monkeypatch):
+    """The line used to name only the temp folder, where other results lie too."""
+    import tempfile
+
+    from hwbench.result.store import store_result
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    stored = store_result(_result(), blocker / "runs")  # --out under a file: it cannot be made
+    assert stored.path == tmp_path / "temp" / "r1.json" and load_result(stored.path) == _result()
+    assert stored.problem.endswith(f"it was kept as {stored.path}")

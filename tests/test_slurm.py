@@ -172,9 +172,20 @@ def test_sweep_refuses_a_newline_in_partition_before_writing(tmp_path, capsys):
 @pytest.mark.parametrize("flag, bad, message", [
     ("--partition", "a b", "without whitespace"), ("--partition", "a,,b", "comma-separated"),
     ("--account", "a,b", "without whitespace or commas"), ("--account", "", "is not accepted"),
+    # slurmctld refuses a job name or partition of more than 1,024 bytes; sacctmgr keeps no quote in an account
+    ("--partition", "p" * 1025, "Slurm refuses more than 1024 bytes (1025 given)"),
+    ("--job-name", "j" * 1025, "Slurm refuses more than 1024 bytes (1025 given)"),
+    ("--account", "o'neil", "Slurm's accounts hold no quote characters"),
 ])
 def test_slurm_names_are_shaped_as_slurm_accepts(flag, bad, message, capsys):
     _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"{flag}={bad}"], message, capsys)
+
+
+def test_a_partition_slurm_could_hold_is_written_quoted_not_refused(capsys):
+    """slurm.conf takes any text but whitespace as a partition name (';' included): the script
+    quotes it, and a partition the site lacks is sbatch's refusal, recorded per point."""
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--partition=a;b"]) == 0
+    assert "#SBATCH --partition='a;b'\n" in capsys.readouterr().out
 
 
 def test_every_script_value_is_checked_or_quoted(capsys):

@@ -31,6 +31,8 @@ import torch
 
 import hwbench
 from hwbench.calibration import DEFAULT_DEVICE_WARMUP_S, DEFAULT_MIN_TIME_S, DEFAULT_REPEATS, DEFAULT_WARMUP
+from hwbench.calibration.load import HostLoad
+from hwbench.calibration.store import not_a_ceiling
 from hwbench.device.base import PRECISION_DTYPES, Backend
 from hwbench.errors import SetupError, UsageError
 from hwbench.result.store import utc_now
@@ -91,6 +93,8 @@ class Calibration:
     # the device warm-up: precision, size, seconds (None with the reason when none ran)
     device_warmup: dict[str, Any] | None = None
     device_warmup_skipped: str | None = None
+    # how busy the machine was while measuring (hwbench.calibration.load, measured_conditions)
+    conditions: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def ceiling(self, precision: str) -> Measurement | None:
         """The size with the best median rate of ``precision``; None when none was measured."""
@@ -100,19 +104,29 @@ class Calibration:
     def copy(self) -> Measurement | None:
         return next((m for m in self.measurements if m.kind == "copy" and m.rate), None)
 
+    def not_a_ceiling(self, precision: str) -> list[str]:
+        """Why the best rate of ``precision`` is not the device's ceiling (hwbench.calibration.store.
+        not_a_ceiling: implausible, spread, the machine busy); empty when it is one or none was measured."""
+        best = self.ceiling(precision)
+        if best is None:
+            return []
+        return not_a_ceiling(self.device_kind, best.rate["median"], best.rate["cv"], self.conditions)
+
     def store_update(self) -> dict[str, Any]:
-        """This calibration as the calibration store keeps it (hwbench/calibration/store.py)."""
+        """This calibration as the calibration store keeps it (hwbench/calibration/store.py); a
+        precision whose rate is not a ceiling is marked ``unreliable`` with why."""
         software = {"measured_at": self.measured_at, "torch_version": torch.__version__,
                     "hwbench_version": hwbench.__version__, "repeats": self.settings.repeats,
                     "warmup": self.settings.warmup, "min_time_s": self.settings.min_time_s,
-                    "device_warmup": self.device_warmup}
+                    "device_warmup": self.device_warmup, "conditions": self.conditions}
         gemm = {}
         for precision in self.settings.precisions:
             best = self.ceiling(precision)
             if best is None:
                 continue  # nothing measured: an older measurement stays
             gemm[precision] = {"ceiling_flops": best.rate["median"], "best_size": best.size,
-                               "best_cv": best.rate["cv"], **software,
+                               "best_cv": best.rate["cv"], "unreliable": "; ".join(self.not_a_ceiling(precision))
+                               or None, **software,
                                "sizes": [m.to_dict() for m in self.measurements
                                          if m.kind == "gemm" and m.precision == precision]}
         copy = self.copy()
@@ -134,13 +148,32 @@ def calibrate(backend: Backend, device_model: str, driver: str, settings: Calibr
     measured_at = utc_now()
     warmed, not_warmed = warm_up_device(backend, settings)
     measurements = []
+    host = HostLoad()
+    host.start()
+    before, _ = backend.other_processes()
     for precision in settings.precisions:
         for size in settings.sizes:
             measurements.append(measure_gemm(backend, precision, size, settings))
             on_measured(measurements[-1])
     measurements.append(measure_copy(backend, settings.copy_bytes, settings))
     on_measured(measurements[-1])
-    return Calibration(backend.name, device_model, driver, settings, measurements, measured_at, warmed, not_warmed)
+    conditions = measured_conditions(host.stop(), before, *backend.other_processes())
+    return Calibration(backend.name, device_model, driver, settings, measurements, measured_at, warmed, not_warmed,
+                       conditions)
+
+
+def measured_conditions(host: dict[str, Any], before: list[dict[str, Any]] | None,
+                        after: list[dict[str, Any]] | None, unlisted: str | None) -> dict[str, Any]:
+    """What the calibration stores of the machine's load: the host's figures over the measurements
+    and the other processes on the device at their start or end (each once; null with the reason
+    where the backend cannot list them)."""
+    processes = None
+    if after is not None:
+        seen: dict[Any, dict[str, Any]] = {}
+        for process in (before or []) + after:
+            seen.setdefault(process.get("pid"), process)
+        processes = list(seen.values())
+    return {"host": host, "device_processes": processes, "device_processes_unmeasured": unlisted}
 
 
 def warm_up_device(backend: Backend, settings: CalibrationSettings) -> tuple[dict[str, Any] | None, str | None]:

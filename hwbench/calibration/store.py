@@ -34,12 +34,70 @@ STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEY_FIELDS = ("device_kind", "device_model", "driver")  # one entry per these
-# The most FLOP/s a stored GEMM ceiling may claim for one device. The fastest accelerator
-# announced today reaches about 2.5e15 dense bf16/fp16 FLOP/s (B200/MI355X class; fp32 far less),
-# and the store keeps only fp32, bf16 and fp16: 1e17 leaves a 40x margin for devices to come,
-# while a figure above it can only be a corrupted or hand-edited store, and an MFU against it
-# would be ~0 instead of null.
-MAX_PLAUSIBLE_FLOPS = 1e17
+# The dense GEMM rates one device of a kind can plausibly reach, in the precisions the store
+# keeps (fp32, bf16, fp16): (lowest, highest) FLOP/s. A stored ceiling outside them is no
+# measurement of one device: a corrupted or hand-edited store, or a measurement that went wrong,
+# and an MFU against it would be enormous (too low) or ~0 (too high) instead of null.
+# - highest, accelerators: the fastest accelerator announced today reaches about 2.5e15 dense
+#   bf16/fp16 FLOP/s (B200/MI355X class; fp32 far less); 1e17 leaves a 40x margin for devices to come.
+# - highest, CPU: a two-socket server of today's largest AMX CPUs (2 x 128 cores, 2,048 bf16
+#   FLOP per core and cycle at about 2 GHz) reaches about 1e15; 1e16 leaves a 10x margin.
+# - lowest, accelerators: the slowest CUDA device torch still builds for (a Jetson Nano, 0.24
+#   TFLOP/s fp32) and every Ascend, Instinct and Gaudi device reach more than 1e11; 1e10 is 20x below.
+# - lowest, CPU: bf16 without native support, emulated on this project's busy 2-vCPU machine,
+#   still reached 4e8 FLOP/s at n=512, and fp32 there 1.4e10; 1e7 is 40x below the slowest.
+PLAUSIBLE_FLOPS = {"cpu": (1e7, 1e16), "cuda": (1e10, 1e17), "rocm": (1e10, 1e17), "npu": (1e10, 1e17),
+                   "hpu": (1e10, 1e17)}
+# A ceiling is the rate a device holds when nothing else runs. Its repetitions spread by more
+# than MAX_CEILING_CV, or measured while other work took more than MAX_OTHERS_CPU_SHARE of the
+# CPUs it ran on (CPU calibrations), or beside other processes on the device (accelerators),
+# it is the rate of a shared device: a 2-vCPU machine shared with other test runs gave fp32
+# 16.8 GFLOP/s at CV 15.6% against 163.6 quiet, and 27.2 GFLOP/s at CV 6.1% while others took
+# most of its CPU time (the CV alone does not show it; the other work's share does).
+MAX_CEILING_CV = 0.10
+MAX_OTHERS_CPU_SHARE = 0.10
+
+
+def flops_bounds(device_kind: str) -> tuple[float, float]:
+    """(lowest, highest) plausible FLOP/s of one device of ``device_kind`` (PLAUSIBLE_FLOPS; the
+    widest of them for a kind it does not name)."""
+    return PLAUSIBLE_FLOPS.get(device_kind, (min(low for low, _ in PLAUSIBLE_FLOPS.values()),
+                                             max(high for _, high in PLAUSIBLE_FLOPS.values())))
+
+
+def implausible_flops(device_kind: str, flops: float) -> str | None:
+    """Why ``flops`` cannot be the GEMM ceiling of one ``device_kind`` device, or None."""
+    low, high = flops_bounds(device_kind)
+    if flops < low:
+        return (f"{flops:.4g} FLOP/s is not plausible for one {device_kind} device (less than {low:g}: the slowest "
+                "reaches more)")
+    if flops > high:
+        return f"{flops:.4g} FLOP/s is not plausible for one device (more than {high:g})"
+    return None
+
+
+def not_a_ceiling(device_kind: str, flops: float, cv: Any, conditions: Any) -> list[str]:
+    """Why a measured GEMM rate is not the device's ceiling: implausible for the kind, its
+    repetitions spread too far, or the machine busy while it was measured (``conditions``, as
+    hwbench.calibration.measure records them; a store written before they were recorded has none,
+    and is judged by the rest). Empty when it is a ceiling."""
+    problems = [problem for problem in [implausible_flops(device_kind, flops)] if problem]
+    if isinstance(cv, (int, float)) and not isinstance(cv, bool) and cv > MAX_CEILING_CV:
+        problems.append(f"its repetitions spread by CV {cv:.1%} (more than {MAX_CEILING_CV:.0%}): the device did not "
+                        "run at one rate")
+    conditions = conditions if isinstance(conditions, dict) else {}
+    host = conditions.get("host") if isinstance(conditions.get("host"), dict) else {}
+    share = host.get("others_cpu_share")
+    if device_kind == "cpu" and isinstance(share, (int, float)) and share > MAX_OTHERS_CPU_SHARE:
+        load = host.get("load_average_1m_end")
+        problems.append(f"other work took {share:.0%} of the time of the CPUs it ran on (more than "
+                        f"{MAX_OTHERS_CPU_SHARE:.0%}; load average {load if load is None else f'{load:.1f}'} on "
+                        f"{host.get('usable_cores')} usable cores)")
+    processes = conditions.get("device_processes")
+    if isinstance(processes, list) and processes:
+        pids = ", ".join(str(process.get("pid")) for process in processes[:5] if isinstance(process, dict))
+        problems.append(f"{len(processes)} other process(es) computed on the device (pid {pids})")
+    return problems
 
 
 class CalibrationStoreError(ValueError):
@@ -228,13 +286,22 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
     # what the run copies into device.measured_ceiling must fit the result's shape, or every
     # reader would refuse the finished result: checked here, against the one definition of it
     problem = validation_problem(MeasuredCeiling, ceiling, "measured_ceiling")
-    if problem is None and ceiling["flops"] > MAX_PLAUSIBLE_FLOPS:
-        problem = (f"measured_ceiling.flops: {ceiling['flops']:g} FLOP/s is not plausible for one device "
-                   f"(more than {MAX_PLAUSIBLE_FLOPS:g})")
-    if problem:
-        return None, (f"the calibration of {device_model} driver {driver} in {path} is not usable ({problem}): "
-                      f"{fix} --precisions {precision}")
+    implausible = implausible_flops(device_kind, ceiling["flops"]) if problem is None else None
+    if problem or implausible:
+        return None, (f"the calibration of {device_model} driver {driver} in {path} is not usable "
+                      f"({problem or f'measured_ceiling.flops: {implausible}'}): {fix} --precisions {precision}")
+    # stored with --force though it was judged no ceiling, or stored before that judgement was made
+    busy = gemm.get("unreliable") or "; ".join(not_a_ceiling(device_kind, ceiling["flops"], gemm.get("best_cv"),
+                                                            gemm.get("conditions")))
+    if busy:
+        return None, (f"the {precision} rate of {device_model} driver {driver} in {path} is no ceiling "
+                      f"({_short_text(busy)}): {fix} --precisions {precision} when the machine is quiet")
     return ceiling, None
+
+
+def _short_text(value: Any) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _positive_number(value: Any) -> bool:

@@ -38,9 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
     parser.add_argument("--repeats", default=str(DEFAULT_REPEATS),
-                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, >= 2)")
+                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})")
     parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
-                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, >= 1)")
+                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})")
     parser.add_argument("--min-time", default=str(DEFAULT_MIN_TIME_S), metavar="SECONDS",
                         help=f"each measurement's timed repetitions together last at least this (default "
                              f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst")
@@ -51,11 +51,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                           "cores); part of the CPU's key")
     parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
                                         "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)")
+    parser.add_argument("--force", action="store_true",
+                        help="store a rate even when it is no ceiling (implausible for the device, repetitions spread "
+                             "by more than 10%%, other work on the machine or device while measuring), marked "
+                             "unreliable: runs then report mfu_measured_ceiling null with the reason")
 
 
-def _integer(option: str, text: str, minimum: int) -> int:
-    if not text.isascii() or not text.strip().isdigit() or int(text) < minimum:
-        raise UsageError(f"{option} {text!r} is not accepted; accepted: an integer >= {minimum}")
+# Far above any real need (the defaults are 20 and 3), and finite: 10**20 repetitions would run until killed.
+MAX_REPETITIONS = 10_000
+
+
+def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -> int:
+    text = text.strip()
+    if (not text.isascii() or not text.isdigit() or len(text) > 30 or int(text) < minimum
+            or (maximum is not None and int(text) > maximum)):
+        accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
+        raise UsageError(f"{option} {text[:40]!r} is not accepted; accepted: {accepted}")
     return int(text)
 
 
@@ -91,8 +102,8 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--device {args.device!r} is not accepted; accepted: {', '.join(DEVICE_CHOICES)}")
     requested = _precisions(args.precisions) if args.precisions is not None else None
     sizes = _sizes(args.sizes) if args.sizes is not None else None
-    repeats = _integer("--repeats", args.repeats, 2)
-    warmup = _integer("--warmup", args.warmup, 1)
+    repeats = _integer("--repeats", args.repeats, 2, MAX_REPETITIONS)
+    warmup = _integer("--warmup", args.warmup, 1, MAX_REPETITIONS)
     min_time = _seconds("--min-time", args.min_time, allow_zero=False)
     device_warmup = _seconds("--device-warmup", args.device_warmup, allow_zero=True)
     threads = _integer("--threads", args.threads, 1) if args.threads is not None else None
@@ -126,8 +137,18 @@ def main(args: argparse.Namespace) -> int:
         print(calibration_table(calibration))
         print(f"no GEMM rate was measured (every size skipped): nothing stored in {store}", file=sys.stderr)
         return 1
+    update = calibration.store_update()
+    refused = {precision: gemm["unreliable"] for precision, gemm in update["gemm"].items() if gemm["unreliable"]}
+    if not args.force:
+        for precision in refused:
+            del update["gemm"][precision]
+    if not update["gemm"]:  # every rate refused: the copy alone would be kept for no run to use
+        print(calibration_table(calibration))
+        _say_refused(refused, args.force)
+        print(f"nothing stored in {store}", file=sys.stderr)
+        return 1
     try:
-        record_calibration(store, calibration.store_update())
+        record_calibration(store, update)
     except OSError as error:
         raise UsageError(f"{option} {store}: cannot be written: {error.strerror or error}") from None
     except CalibrationStoreError as error:  # replaced by something else while measuring
@@ -146,6 +167,7 @@ def main(args: argparse.Namespace) -> int:
                  else f"the {human_bytes(copy.size)} copy")
         print(f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
               file=sys.stderr)
+    _say_refused(refused, args.force)
     where = f"stored in {store} under {backend.name} / {model} / driver {driver}: "
     read_by_runs = store_runs_read()
     if read_by_runs is not None and same_file(read_by_runs, store):
@@ -156,7 +178,18 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
               f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings")
-    return 0
+    return 1 if refused and not args.force else 0
+
+
+def _say_refused(refused: dict[str, str], forced: bool) -> None:
+    """One line on stderr for each rate that is no ceiling: not stored, or (--force) stored marked."""
+    for precision, reason in refused.items():
+        if forced:
+            print(f"warning: GEMM {precision}: stored marked unreliable (--force): {reason}; runs report "
+                  "mfu_measured_ceiling null with this reason", file=sys.stderr)
+        else:
+            print(f"GEMM {precision}: not stored, this is no ceiling: {reason}; measure again when the machine is "
+                  "quiet, or give --force to store it marked unreliable", file=sys.stderr)
 
 
 def _label(measurement) -> str:
@@ -209,6 +242,25 @@ def calibration_table(calibration) -> str:
                  if warmed else f"device warm-up: none ({calibration.device_warmup_skipped})")
     for reason in dict.fromkeys(m.sm_clock_unmeasured for m in calibration.measurements if m.sm_clock_unmeasured):
         notes.append(f"SM clock not read: {reason}")
+    notes.append(_conditions_text(calibration.conditions, calibration.device_kind))
     table = tabulate(rows, headers=["measurement", "size", "median", "p10", "p90", "CV", "calls/rep", "input sets",
                                     "timed s", "SM clock MHz mean (min-max)", "ceiling"], disable_numparse=True)
     return "\n".join([title, table, *notes])
+
+
+def _conditions_text(conditions: dict, device_kind: str) -> str:
+    """'machine while measuring: other work took 47% of the CPUs' time; load average 4.1 -> 5.0 on 2
+    usable cores; other processes on the device: none'."""
+    host, processes = conditions.get("host") or {}, conditions.get("device_processes")
+    share = host.get("others_cpu_share")
+    loads = [host.get("load_average_1m_start"), host.get("load_average_1m_end")]
+    parts = [f"other work took {share:.0%} of its CPUs' time" if share is not None
+             else f"other work unmeasured ({host.get('others_cpu_share_unmeasured')})",
+             "load average " + (" -> ".join(f"{load:.1f}" for load in loads) if None not in loads else "unknown")
+             + f" on {host.get('usable_cores')} usable cores",
+             "other processes on the device: " + (conditions.get("device_processes_unmeasured") or "unlisted"
+                                                  if processes is None else
+                                                  ", ".join(f"pid {p.get('pid')}" for p in processes) or "none")]
+    if device_kind == "cpu":
+        parts.pop()  # the CPU's other processes are the other work above
+    return "machine while measuring: " + "; ".join(parts)

@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prepare.add_argument("--merge-file", metavar="PATH", help="GPT-2 gpt2-merges.txt")
     prepare.add_argument("--append-eod", action="store_true", help="end every document with the end-of-text id")
     prepare.add_argument("--workers", type=int, default=1, metavar="N",
-                         help="worker processes, one core each (default: 1)")
+                         help="worker processes, one core each: 1 to twice the usable cores (default: 1)")
     prepare.add_argument("--output-prefix", required=True, metavar="PREFIX",
                          help="writes PREFIX_KEY_document.bin and .idx")
     prepare.add_argument("--quiet", action="store_true", help="no progress line")

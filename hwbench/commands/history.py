@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
@@ -75,10 +76,19 @@ def add(args: argparse.Namespace) -> int:
         raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
                          "unreadable); give result files or folders of them")
     outcome, total = add_to_history(args.db, loaded)
+    if outcome.stale_removed:
+        print(f"hwbench history: removed {', '.join(outcome.stale_removed)} from {Path(args.db).parent}: the "
+              "temporaries of an earlier `hwbench history add` that was killed before it could remove them",
+              file=sys.stderr)
     for run_id in outcome.without_start:
         print(f"hwbench history: warning: left out run {run_id}: it has no start time", file=sys.stderr)
-    print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there, {unreadable} "
-          f"unreadable file(s) left out; {total} run(s) in all")
+    for conflict in outcome.conflicting:
+        # a run id names one measurement: the nights already judged keep the figures they were judged on
+        print(f"hwbench history: warning: left out {conflict}; the database keeps the run it has: give this "
+              "result its own run id to add it", file=sys.stderr)
+    conflicting = f" ({len(outcome.conflicting)} with other figures, left out)" if outcome.conflicting else ""
+    print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there{conflicting}, "
+          f"{unreadable} unreadable file(s) left out; {total} run(s) in all")
     return 0
 
 

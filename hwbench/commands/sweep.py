@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -18,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         f"{', '.join(shipped_suite_names())}")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own")
     parser.add_argument("--nproc-per-node", type=int, help="for every point that does not set its own")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each point, with seeds seed, seed+1, ... "
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each point (1 to 1000), with seeds seed, seed+1, ... "
                         "(default: 1)")
     out = RUN_OPTIONS["out"].default  # as `hwbench run`'s
     parser.add_argument("--out", default=out, help=f"results go to OUT/<suite>/<point>/ (default: {out})")
@@ -75,7 +76,9 @@ def main(args: argparse.Namespace) -> int:
         if checked is not None:
             print_findings(checked)
     try:
-        records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
+        with warnings.catch_warnings():  # a damaged earlier result: one line, not Python's file:line and source
+            warnings.showwarning = _one_line_warning
+            records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
     except SweepInterrupted as stop:
         if stop.jobs:
             return _interrupted_slurm(stop, options.out_dir / suite.name)
@@ -95,6 +98,10 @@ def main(args: argparse.Namespace) -> int:
     print(sweep_summary_table(suite, records))
     bad = [r for r in records if any(x.status not in ("ok", "skipped") for x in r.results)]
     return 1 if bad else 0
+
+
+def _one_line_warning(message, *_details) -> None:
+    print(f"hwbench sweep: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 def _slurm_settings(args: argparse.Namespace):

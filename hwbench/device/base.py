@@ -249,6 +249,12 @@ class Backend(abc.ABC):
         model and this, so a driver update asks for a new calibration."""
         return None, f"the {self.name} backend does not name its driver"
 
+    def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """(the other processes computing on this process's device now, each {"pid", "memory_bytes"};
+        None and why when the backend cannot list them). A calibration measured beside them
+        measures a shared device, not its ceiling."""
+        return None, f"the {self.name} backend does not list the processes on its device"
+
     def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
         """A context that counts the times the host waits for the device inside it (nothing
         in the timed steps should: every wait leaves the device idle while Python catches

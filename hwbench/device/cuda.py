@@ -12,7 +12,8 @@ import torch
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS, choose_allocator_setting
-from hwbench.device.nvml import CudaDeviceIds, NvmlSampler, nvml_driver_version, nvml_power_limit_w, pci_bus_id
+from hwbench.device.nvml import (CudaDeviceIds, NvmlSampler, nvml_driver_version, nvml_other_processes,
+                                 nvml_power_limit_w, pci_bus_id)
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
 
@@ -179,6 +180,9 @@ class CudaBackend(AcceleratorBackend):
 
     def power_limit_watts(self) -> tuple[float | None, str]:
         return nvml_power_limit_w(self._nvml_ids())
+
+    def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        return nvml_other_processes(self._nvml_ids(), os.getpid())
 
     def driver(self) -> tuple[str | None, str | None]:
         version = nvml_driver_version()

@@ -357,3 +357,25 @@ def _process_text(nv: Any, process: Any) -> str:
     used = getattr(process, "usedGpuMemory", None)
     memory = f", {used / 2**30:.1f} GiB" if isinstance(used, int) and used < 2**63 else ""
     return f"pid {process.pid} {name.rsplit('/', 1)[-1]}{memory}"
+
+
+def nvml_other_processes(ids: CudaDeviceIds, own_pid: int) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(the compute processes on the GPU other than ``own_pid``, each {"pid", "memory_bytes"}
+    (null where NVML does not say), from nvmlDeviceGetComputeRunningProcesses; None and why when
+    NVML cannot say). A process in another container may be listed under a pid this one
+    cannot see; it is listed all the same."""
+    sampler = NvmlSampler([ids])
+    reason = sampler.unavailable_reason()
+    if reason:
+        return None, reason
+    nv, handle = sampler._pynvml, sampler._devices[0].handle
+    try:
+        running = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception as error:
+        return None, f"nvmlDeviceGetComputeRunningProcesses failed: {type(error).__name__}: {error}"
+    others = []
+    for process in running or []:
+        pid, used = getattr(process, "pid", None), getattr(process, "usedGpuMemory", None)
+        if pid != own_pid:
+            others.append({"pid": pid, "memory_bytes": used if isinstance(used, int) and used >= 0 else None})
+    return others, None

@@ -105,6 +105,9 @@ class RocmBackend(CudaBackend):
     def power_limit_watts(self) -> tuple[float | None, str]:
         return Backend.power_limit_watts(self)  # not NVML's: no AMD name is shared between models
 
+    def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        return Backend.other_processes(self)  # not NVML's, which sees no AMD GPU
+
     def gfx_arch(self) -> str | None:
         return _gfx_arch(torch.cuda.get_device_properties(self.local_index))
 

@@ -34,6 +34,9 @@ from hwbench.stats import throughput_statistics
 
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one sweep writes a suite's folder at a time
+# Every repeat is a whole run of the point and all are listed before the first starts: --repeats
+# 10**9 spent hours and gigabytes listing them. A thousand is far more than any spread needs.
+MAX_REPEATS = 1000
 SEED_BASE = 1234  # repeats of a point that sets no seed run with seeds 1234, 1235, ...
 
 Say = Callable[[str], None]
@@ -70,6 +73,8 @@ class SweepOptions:  # `hwbench sweep`'s options, checked as the command checks 
         for option, value in (("--nproc-per-node", self.nproc_per_node), ("--repeats", self.repeats)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise UsageError(f"{option} {value!r} is not accepted; give an integer >= 1")
+        if self.repeats > MAX_REPEATS:
+            raise UsageError(f"--repeats {self.repeats} is not accepted; give an integer from 1 to {MAX_REPEATS}")
 
 
 @dataclasses.dataclass

@@ -13,6 +13,7 @@ from typing import Callable
 
 from hwbench.engine.distributed import RankEnvironment
 from hwbench.harness.preflight import PreflightReport
+from hwbench.errors import UsageError
 from hwbench.options import RunOptions
 from hwbench.result.model import RunResult
 from hwbench.result.store import StoredResult, store_result
@@ -53,6 +54,7 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     if rank_env is not None:
         result = run_as_rank(spec, catalog, rank_env, show_progress=show_progress)
     else:
+        refuse_what_cannot_fit_the_host(spec, catalog)
         notes += recover_stranded_runs()  # folders of launchers that were killed (docs/reliability.md)
         if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
             argv = rank_options(options, spec).to_argv()  # under fast: the memory planned for, for every rank
@@ -92,6 +94,45 @@ def with_preflight(result: RunResult, checked: PreflightReport) -> None:
     result.environment.preflight = checked.to_dict()
     result.warnings = [*result.warnings, *(f"preflight {check.name} failed: {check.reading} ({check.reason})"
                                            for check in checked.of("failure"))]
+
+
+# CPU ranks share the cores: beyond them they only time-slice (the run is marked oversubscribed).
+# Eight per core still takes an 8-rank layout on a 1-core machine; --nproc-per-node 1024 would start
+# 1,024 Python processes with torch (220 MiB each after `import torch`, torch 2.x on Linux x86-64).
+CPU_RANKS_PER_CORE = 8
+
+
+def refuse_what_cannot_fit_the_host(spec, catalog) -> None:
+    """UsageError, before anything starts, for a CPU run this host cannot hold: more ranks than
+    CPU_RANKS_PER_CORE per usable core, or ranks predicted (hwbench.planner, as `hwbench plan`)
+    to need more than all of its memory together. The kernel's OOM killer would end such a run, or
+    other processes of the machine, before it could record anything (--micro-batch-size 100000 of
+    the tiny model was killed on a 24 GiB machine). Accelerators fail with their own out-of-memory
+    error, which the run records."""
+    from hwbench.device import select_backend
+    from hwbench.device.host import usable_cores
+    from hwbench.planner import plan_memory
+    from hwbench.units import gib
+
+    if spec.device not in ("cpu", "auto"):
+        return
+    backend = select_backend(spec.device)
+    if backend.name != "cpu":
+        return
+    ranks, cores = spec.launch.nproc_per_node, usable_cores()
+    if ranks > CPU_RANKS_PER_CORE * cores:
+        raise UsageError(f"--nproc-per-node {ranks} is not accepted on the cpu; accepted: 1 to "
+                         f"{CPU_RANKS_PER_CORE * cores} ({CPU_RANKS_PER_CORE} ranks per usable core, {cores} here)")
+    capacity = backend.memory_stats().capacity_bytes
+    if not capacity or spec.model not in catalog.workloads:
+        return
+    per_rank = plan_memory(spec, catalog.workloads[spec.model].model, backend.name).total_bytes
+    if per_rank * ranks > capacity:
+        ranks_option = f"--nproc-per-node {ranks} with " if ranks > 1 else ""
+        raise UsageError(f"{ranks_option}--micro-batch-size {spec.micro_batch_size} and --seq-length "
+                         f"{spec.seq_length} is not accepted on this cpu: predicted peak {gib(per_rank, 1, unit=True)} "
+                         f"per rank x {ranks} rank(s), more than the host's {gib(capacity, 1, unit=True)} of memory; "
+                         "give a smaller --micro-batch-size (`hwbench plan` shows the prediction)")
 
 
 def _under_slurm(options: RunOptions) -> tuple[RunOptions, RankEnvironment | None]:

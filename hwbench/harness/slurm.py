@@ -68,6 +68,14 @@ def check_script_value(option: str, value: str) -> str:
     return value
 
 
+# What Slurm refuses in a name (its source: slurmctld's job_create refuses a job name or
+# partition of more than 1,024 bytes; sacctmgr turns quote characters into '`', so no account
+# holds one). slurm.conf takes any other text as a partition name (';' and '$' included, quoted or
+# escaped), so those are left to the site: a partition that does not exist is sbatch's refusal,
+# recorded per point.
+MAX_SLURM_NAME_BYTES = 1024
+
+
 def check_slurm_name(option: str, value: str, lists: bool = False) -> str:
     """A partition (``lists``: a comma-separated list of them) or an account name."""
     check_script_value(option, value)
@@ -75,6 +83,15 @@ def check_slurm_name(option: str, value: str, lists: bool = False) -> str:
     if not value or any(not item or re.search(r"[\s,]", item) for item in items):
         raise UsageError(f"{option} {value!r} is not accepted; give a Slurm name without whitespace"
                          + (" (several: comma-separated, as gpu,debug)" if lists else " or commas"))
+    if not lists and re.search("[\"']", value):
+        raise UsageError(f"{option} {value!r} is not accepted; Slurm's accounts hold no quote characters")
+    return check_name_length(option, value)
+
+
+def check_name_length(option: str, value: str) -> str:
+    if len(value.encode()) > MAX_SLURM_NAME_BYTES:
+        raise UsageError(f"{option} {value[:40]!r}... is not accepted; Slurm refuses more than "
+                         f"{MAX_SLURM_NAME_BYTES} bytes ({len(value.encode())} given)")
     return value
 
 
@@ -185,7 +202,8 @@ def batch_script(spec: RunSpec, options: RunOptions, point_dir: Path | str, log:
     gres = KINDS[spec.device].slurm_gres
     # Every #SBATCH value is checked (no control character can start a line of its own)
     # and shell-quoted (sbatch reads #SBATCH lines with quotes, as a shell would).
-    sbatch = {"job-name": check_script_value("--job-name", job_name), "nodes": int(nodes),
+    sbatch = {"job-name": check_name_length("--job-name", check_script_value("--job-name", job_name)),
+              "nodes": int(nodes),
               "ntasks-per-node": int(tasks_per_node), "output": check_script_value("--log", str(log)),
               "time": check_time(settings.time) if settings.time
               else slurm_time(spec.launch.timeout_s + TIMEOUT_MARGIN_S)}

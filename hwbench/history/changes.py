@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from hwbench.history.series import Night, Segment, Series, format_value, short_commit
+from hwbench.history.series import Night, Segment, Series, format_value, power_of_two_scale, short_commit
 from hwbench.point import METRICS
 from hwbench.stats import energy_divisive_split, pooled_t_test
 
@@ -144,21 +144,24 @@ def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
     offset = 0
     open_index = open_change = None
     for segment in series.segments:
-        values = [night.value for night in segment.nights]
+        # judged in units of a power of two near the largest night, so figures near the float
+        # limit (1.7e308) neither overflow nor lose a bit: t, p and every ratio are unchanged
+        scale = power_of_two_scale(night.value for night in segment.nights)
+        values = [night.value / scale for night in segment.nights]
         points = change_points(values, alpha, min_nights)
         tests = level_changes(values, points)
         latest, open_change = open_regression(tests, threshold, higher_is_better)
         open_index = None if latest is None else len(changes) + latest
-        changes += _segment_changes(series, segment.nights, offset, points, tests, higher_is_better)
+        changes += _segment_changes(series, segment.nights, offset, points, tests, higher_is_better, scale)
         offset += len(values)
     return SeriesChanges(series, changes, None if open_index is None else changes[open_index], open_change)
 
 
 def _segment_changes(series: Series, nights: list[Night], offset: int, points: list[int],
-                     tests: list[dict[str, float]], higher_is_better: bool) -> list[Change]:
+                     tests: list[dict[str, float]], higher_is_better: bool, scale: float) -> list[Change]:
     ends = points[1:] + [len(nights)]
     return [Change(series=series, index=offset + split, night=nights[split], previous=nights[split - 1],
-                   before=test["mean_before"], after=test["mean_after"],
+                   before=test["mean_before"] * scale, after=test["mean_after"] * scale,
                    change=_relative(test["difference"], test["mean_before"]),
                    ci95_low=_relative(test["ci95_low"], test["mean_before"]),
                    ci95_high=_relative(test["ci95_high"], test["mean_before"]), p=test["p"],

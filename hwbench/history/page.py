@@ -13,9 +13,11 @@ import dataclasses
 import datetime
 import functools
 import itertools
+import math
+import statistics
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
-from hwbench.history.series import format_value, short_commit
+from hwbench.history.series import format_value, power_of_two_scale, short_commit
 from hwbench.report.html import render_template
 from hwbench.report.svg import Band, Point, Rule, Series, trend_chart
 
@@ -58,17 +60,26 @@ def _section(analysis: SeriesChanges) -> _Section:
 
 
 def _chart(analysis: SeriesChanges) -> str:
+    """The chart is drawn in units of a power of two near the largest figure (exact, and the axis
+    of figures near the float limit does not overflow); its labels and tooltips give the figures."""
     series = analysis.series
     write = functools.partial(format_value, series.metric)
-    nights = [Point(i, night.value, f"{night.night}, commit {short_commit(night.commit)}: {write(night.value)} "
-                                    f"(median of {len(night.values)} run(s): {', '.join(map(write, night.values))})",
-                    *((min(night.values), max(night.values)) if len(night.values) > 1 else (None, None)))
+    scale = power_of_two_scale(value for night in series.nights for value in night.values)
+    nights = [Point(i, night.value / scale, f"{night.night}, commit {short_commit(night.commit)}: "
+                                            f"{write(night.value)} (median of {len(night.values)} run(s): "
+                                            f"{', '.join(map(write, night.values))})",
+                    *((min(night.values) / scale, max(night.values) / scale) if len(night.values) > 1
+                      else (None, None)))
               for i, night in enumerate(series.nights)]
     rules = [Rule(change.index - 0.5, f"{change.change * 100:+.1f}%", describe_change(change),
                   REGRESSION if change.worse else IMPROVEMENT) for change in analysis.changes]
     return trend_chart([night.night for night in series.nights],
-                       _levels(analysis) + [Series("nights", nights, line=False, color=DOT, radius=3.6)],
-                       _segment_bands(analysis), rules, write)
+                       _levels(analysis, scale) + [Series("nights", nights, line=False, color=DOT, radius=3.6)],
+                       _segment_bands(analysis), rules, lambda value: _figure_label(write, value * scale))
+
+
+def _figure_label(write, figure: float) -> str:
+    return write(figure) if math.isfinite(figure) else ""  # an axis tick beyond the largest float has no figure
 
 
 def _segment_bands(analysis: SeriesChanges) -> list[Band]:
@@ -83,8 +94,8 @@ def _segment_bands(analysis: SeriesChanges) -> list[Band]:
     return bands
 
 
-def _levels(analysis: SeriesChanges) -> list[Series]:
-    """The mean of each stretch between change points and environment changes."""
+def _levels(analysis: SeriesChanges, scale: float) -> list[Series]:
+    """The mean of each stretch between change points and environment changes, in units of ``scale``."""
     bounds, start = set(), 0
     for segment in analysis.series.segments:
         bounds.add(start)
@@ -94,7 +105,7 @@ def _levels(analysis: SeriesChanges) -> list[Series]:
     nights = analysis.series.nights
     levels = []
     for begin, end in itertools.pairwise(edges):
-        level = sum(night.value for night in nights[begin:end]) / (end - begin)
+        level = statistics.fmean(night.value / scale for night in nights[begin:end])
         levels.append(Series("level", [Point(begin - 0.4, level, ""), Point(end - 0.6, level, "")], markers=False,
                              color=LEVEL))
     return levels

@@ -13,9 +13,10 @@ is named, and change points are looked for inside segments only.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from hwbench.history.store import StoredRun, utc_instant
 from hwbench.point import METRICS, PointKey
@@ -39,7 +40,7 @@ class Night:
 
     @property
     def value(self) -> float:
-        return statistics.median(self.values)
+        return scaled_statistic(statistics.median, self.values)
 
 
 @dataclasses.dataclass
@@ -104,6 +105,21 @@ def segments_of(nights: list[Night]) -> list[Segment]:
     return segments
 
 
+def power_of_two_scale(values: Iterable[float]) -> float:
+    """The power of two at or below the largest magnitude of ``values`` (1.0 for none or zeros):
+    dividing by it is exact, and brings figures near the float limit (1.7e308) down to [1, 2),
+    where sums and squares do not overflow."""
+    largest = max((abs(value) for value in values), default=0.0)
+    return math.ldexp(1.0, math.frexp(largest)[1] - 1) if largest and math.isfinite(largest) else 1.0
+
+
+def scaled_statistic(statistic: Callable[[list[float]], float], values: list[float]) -> float:
+    """``statistic`` (a median, a mean) of ``values`` computed in power_of_two_scale units, so two
+    figures near the float limit do not sum to infinity on the way."""
+    scale = power_of_two_scale(values)
+    return statistic([value / scale for value in values]) * scale
+
+
 def format_value(metric: str, value: float | None) -> str:
     """A figure of ``metric`` as people read it: 1,633 tokens/s, 462.7 ms, 1.3 GiB, 41.2%."""
     if value is None:
@@ -114,6 +130,8 @@ def format_value(metric: str, value: float | None) -> str:
         return human_bytes(value)
     if metric == "mfu":
         return f"{value * 100:.1f}%"
+    if abs(value) >= 1e15:  # no real throughput; a damaged or hand-made figure in three digits, not 300
+        return f"{value:.3g}"
     return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -33,6 +32,7 @@ from hwbench.point import PointKey
 from hwbench.result.environment import performance_fingerprint
 from hwbench.result.model import RunResult
 from hwbench.result.store import umask
+from hwbench.temporaries import remove_stale_temporaries, signals_held, writer_temporary
 
 DEFAULT_DB = "results/history.sqlite"
 OPTION = "--db"
@@ -184,44 +184,54 @@ def open_history(path: str | os.PathLike, create: bool = False):
 
 def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, Path]]) -> tuple[AddOutcome, int]:
     """open_history(create=True), add_results and run_count. A new SQLite file is built under a
-    temporary name in its folder and linked into place only once committed, so an add that
-    fails or is interrupted leaves no file behind; when another add made the file meanwhile,
-    the runs go into that one."""
+    temporary name in its folder (``.NAME.HOST-PID-XXXX.tmp``) and linked into place only once
+    committed, so an add that fails or is interrupted (Ctrl-C, SIGTERM, SIGHUP) leaves no file
+    behind; the temporaries of an add that was killed outright are removed by the next add into
+    that folder (``outcome.stale_removed``). When another add made the file meanwhile, the runs go
+    into that one."""
     results = list(results)
     text = os.fspath(path)
     where = Path(path)
-    if "://" not in text and not where.exists():
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
-        except OSError as error:
-            raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
-        try:
-            os.close(handle)
-            os.chmod(temporary, 0o666 & ~umask())
-            connection = open_history(temporary, create=True)
-            connection.name = text
-            try:
-                outcome = add_results(connection, results)
-                count = run_count(connection)
-            finally:
-                connection.close()
-            try:
-                os.link(temporary, where)
-                return outcome, count
-            except FileExistsError:
-                pass  # another add made it first: add into that one
-            except OSError as error:
-                if error.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) and not where.exists():
-                    os.replace(temporary, where)  # a file system without hard links
-                    return outcome, count
-                raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
-        finally:
-            Path(temporary).unlink(missing_ok=True)
-            Path(temporary + "-journal").unlink(missing_ok=True)
-    connection = open_history(path, create=True)
+    if "://" in text:
+        return _add_and_count(open_history(path, create=True), results, [])
+    removed = remove_stale_temporaries(where.parent, f".{where.name}.") if where.parent.is_dir() else []
+    if where.exists():
+        return _add_and_count(open_history(path, create=True), results, removed)
+    temporary = None
     try:
-        return add_results(connection, results), run_count(connection)
+        with signals_held():  # the temporary is made, and named, before a stop can leave it
+            try:
+                where.parent.mkdir(parents=True, exist_ok=True)
+                temporary = writer_temporary(where.parent, f".{where.name}.")
+            except OSError as error:
+                raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
+        os.chmod(temporary, 0o666 & ~umask())
+        connection = open_history(temporary, create=True)
+        connection.name = text
+        outcome, count = _add_and_count(connection, results, removed)
+        try:
+            os.link(temporary, where)
+            return outcome, count
+        except FileExistsError:
+            pass  # another add made it first: add into that one
+        except OSError as error:
+            if error.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP) and not where.exists():
+                os.replace(temporary, where)  # a file system without hard links
+                return outcome, count
+            raise UsageError(f"{OPTION} {text!r}: cannot be made there ({error.strerror})") from None
+    finally:
+        if temporary is not None:
+            with signals_held():  # a second Ctrl-C or SIGTERM cannot stop the clean-up half way
+                for companion in ("", "-journal"):
+                    Path(temporary + companion).unlink(missing_ok=True)
+    return _add_and_count(open_history(path, create=True), results, removed)
+
+
+def _add_and_count(connection, results: list[tuple[RunResult, Path]], removed: list[str]) -> tuple[AddOutcome, int]:
+    try:
+        outcome = add_results(connection, results)
+        outcome.stale_removed = removed
+        return outcome, run_count(connection)
     finally:
         connection.close()
 
@@ -257,7 +267,11 @@ def _refuse_foreign(connection, name: str) -> None:
 
 def _open_sqlite_read(where: Path, name: str):
     """Read-only (changes, show, report): nothing is written unless the file is an older
-    hwbench history, which is migrated."""
+    hwbench history, which is migrated, or an add into it was killed half way, which SQLite
+    rolls back to the last committed state first (a read-only connection cannot)."""
+    journal = Path(f"{where}-journal")
+    if journal.exists() and journal.stat().st_size > 0:
+        _roll_back_interrupted_add(where, name)
     connection = None
     try:
         connection = _connect(where, name, read_only=True)
@@ -282,6 +296,21 @@ def _open_sqlite_read(where: Path, name: str):
             connection.close()
         raise
     return connection
+
+
+def _roll_back_interrupted_add(where: Path, name: str) -> None:
+    """An add killed inside its transaction leaves SQLite's journal beside the file (a "hot"
+    journal): the next connection that may write rolls the file back with it, as SQLite does
+    on any open; a read-only one refuses the file ("attempt to write a readonly database")."""
+    try:
+        connection = _connect(where, name)
+        try:
+            connection.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as error:
+        raise UsageError(f"{OPTION} {name!r}: an add into it was stopped half way and SQLite cannot roll it back "
+                         f"here ({error}); run `hwbench history add` where the file can be written") from None
 
 
 def _open_postgres(url: str, create: bool):
@@ -401,6 +430,26 @@ class AddOutcome:
     added: int = 0
     already_present: int = 0
     without_start: list[str] = dataclasses.field(default_factory=list)  # run ids left out: no usable start time
+    # temporaries of an add that was killed outright, removed before this one (their names)
+    stale_removed: list[str] = dataclasses.field(default_factory=list)
+    # runs already there whose new file holds other figures: kept as they were, each said why
+    conflicting: list[str] = dataclasses.field(default_factory=list)
+
+
+def _conflict(connection, result: RunResult, source: Path) -> str | None:
+    """Why ``result`` (from ``source``) is not the run of the same id in the database, or None when
+    its figures are those stored: the first figure that differs, or is only on one side."""
+    stored = dict(connection.execute("SELECT name, value FROM metrics WHERE run_id = ?", (result.run_id,)))
+    new = dict(flat_metrics(result.metrics.dump()))
+    differing = sorted(name for name in stored.keys() | new.keys() if stored.get(name) != new.get(name))
+    if not differing:
+        return None
+    name = "tokens_per_s" if "tokens_per_s" in differing else differing[0]
+    where = connection.execute("SELECT source FROM runs WHERE run_id = ?", (result.run_id,)).fetchone()
+    figures = ", ".join(f"{'none' if value is None else f'{value:.6g}'} {side}"
+                        for side, value in (("there", stored.get(name)), ("here", new.get(name))))
+    return (f"{source}: run {result.run_id} is in the database already (added from {where[0] if where else '?'}) "
+            f"with other figures ({name}: {figures}{f'; {len(differing) - 1} more' if len(differing) > 1 else ''})")
 
 
 @_guarded
@@ -419,6 +468,9 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
         for result, source in results:
             if result.run_id in known:
                 outcome.already_present += 1
+                conflict = _conflict(connection, result, source)
+                if conflict:
+                    outcome.conflicting.append(conflict)
                 continue
             if start_problem(result.started_at):
                 outcome.without_start.append(result.run_id)
@@ -479,19 +531,7 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
     found = []
     for run_id, started, night, commit, status, key, fingerprint, value in rows:
         point, prints = _json_column(key), _json_column(fingerprint)
-        problem = None
-        if not all(isinstance(text, str) for text in (run_id, started, night, status)):
-            problem = "run id, started_at, night or status is not text"
-        elif commit is not None and not isinstance(commit, str):
-            problem = "git_commit is not text"
-        elif not (isinstance(point, list) and len(point) == len(PointKey.fields())
-                  and all(item is None or isinstance(item, (str, int, float, bool)) for item in point)):
-            problem = f"point_key is not a JSON list of {len(PointKey.fields())} values"
-        elif not (isinstance(prints, dict) and all(item is None or isinstance(item, str) for item in prints.values())):
-            problem = "fingerprint is not a JSON mapping of text"
-        elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                    or not math.isfinite(value)):
-            problem = f"its {metric_name} is not a finite number ({str(value)[:40]!r})"
+        problem = _row_problem(run_id, started, night, commit, status, point, prints, value, metric_name)
         if problem:
             raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
                              f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
@@ -499,6 +539,52 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
         found.append(StoredRun(run_id, started, night, commit, status, PointKey(*point), prints,
                                None if value is None else float(value)))
     return found
+
+
+def _row_problem(run_id: Any, started: Any, night: Any, commit: Any, status: Any, point: Any, prints: Any,
+                 value: Any, metric_name: str) -> str | None:
+    """What is wrong with a row as the readers would use it, or None: every column they parse is
+    checked here, so a damaged row is named rather than met as a traceback further on."""
+    if not all(isinstance(text, str) for text in (run_id, started, night, status)):
+        return "run id, started_at, night or status is not text"
+    try:
+        utc_instant(started)
+    except ValueError:
+        return f"started_at {started[:60]!r} is not an ISO 8601 date-time"
+    except OverflowError:
+        return f"started_at {started[:60]!r} is out of the range of dates in UTC"
+    try:
+        if len(night) != 10:
+            raise ValueError
+        datetime.date.fromisoformat(night)
+    except ValueError:
+        return f"night {night[:60]!r} is not a date (YYYY-MM-DD)"
+    if commit is not None and not isinstance(commit, str):
+        return "git_commit is not text"
+    if not (isinstance(point, list) and len(point) == len(POINT_TYPES)):
+        return f"point_key is not a JSON list of {len(POINT_TYPES)} values"
+    wrong = next((name for (name, kinds), item in zip(POINT_TYPES.items(), point) if not _is_one_of(item, kinds)),
+                 None)
+    if wrong:
+        return f"point_key's {wrong} is not {' or '.join(POINT_TYPES[wrong])}"
+    if not (isinstance(prints, dict) and all(item is None or isinstance(item, str) for item in prints.values())):
+        return "fingerprint is not a JSON mapping of text"
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value)):
+        return f"its {metric_name} is not a finite number ({str(value)[:40]!r})"
+    return None
+
+
+# PointKey's fields and the JSON types each may hold, from its annotations ("int | None")
+POINT_TYPES = {field.name: tuple(part.strip() for part in str(field.type).split("|"))
+               for field in dataclasses.fields(PointKey)}
+_JSON_TYPES = {"str": (str,), "int": (int,), "bool": (bool,), "None": (type(None),)}
+
+
+def _is_one_of(item: Any, kinds: tuple[str, ...]) -> bool:
+    if isinstance(item, bool) and "bool" not in kinds:
+        return False  # JSON true is no count
+    return any(isinstance(item, _JSON_TYPES[kind]) for kind in kinds)
 
 
 def _json_column(text: Any) -> Any:

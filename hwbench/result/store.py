@@ -73,7 +73,8 @@ def store_result(result: RunResult, out_dir: str | os.PathLike) -> StoredResult:
         problem = f"the result could not be written to {os.fspath(out_dir)!r}: {error.strerror or error}"
     fallback = Path(tempfile.gettempdir())
     try:
-        return StoredResult(write_result(result, fallback), f"{problem}; it was kept in {fallback}")
+        kept = write_result(result, fallback)
+        return StoredResult(kept, f"{problem}; it was kept as {kept}")
     except OSError as error:
         text = json_text(result.to_dict())
         return StoredResult(None, f"{problem}, nor to {fallback} ({error.strerror or error}); the result follows "
@@ -138,9 +139,10 @@ def umask() -> int:
     """The process umask, read without changing it (os.umask would, for a moment,
     for every thread)."""
     try:
-        for line in open("/proc/self/status"):
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
     return 0o022
@@ -210,7 +212,7 @@ def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple
     result copied beside its original), which would pass for a repeat in a comparison."""
     found: list[tuple[RunResult, Path]] = []
     skipped: list[tuple[Path, str]] = []
-    read_from: dict[str, Path] = {}
+    read_from: dict[str, tuple[RunResult, Path]] = {}
     for path in result_files(paths):
         try:
             result = load_result(path)
@@ -218,9 +220,11 @@ def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple
             skipped.append((path, str(error)))
             continue
         if result.run_id in read_from:
-            skipped.append((path, f"{path}: run {result.run_id} was already read from {read_from[result.run_id]}"))
+            first, first_path = read_from[result.run_id]
+            other = "" if first.metrics == result.metrics else ", with other figures (the first file read is kept)"
+            skipped.append((path, f"{path}: run {result.run_id} was already read from {first_path}{other}"))
             continue
-        read_from[result.run_id] = path
+        read_from[result.run_id] = (result, path)
         found.append((result, path))
     return found, skipped
 

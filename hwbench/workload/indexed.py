@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from array import array
 from pathlib import Path
 from typing import Iterable
@@ -40,6 +39,7 @@ from typing import Iterable
 import numpy as np
 
 from hwbench.errors import UsageError
+from hwbench.temporaries import remove_stale_temporaries as stale_temporaries, writer_temporary
 
 MAGIC = b"MMIDIDX\x00\x00"
 LEGACY_MAGIC = b"TNTIDX\x00\x00"  # Megatron's older, non-mmap "lazy"/"cached" format
@@ -241,36 +241,11 @@ class IndexedDataset:
 
 def remove_stale_temporaries(folder: str, name: str) -> list[str]:
     """Remove the temporaries of an earlier writer of the same prefix that was killed
-    outright (SIGKILL, a power cut: no cleanup ran): ``NAME.bin.PID-XXXX.tmp`` and
-    ``NAME.idx.PID-XXXX.tmp`` whose process is gone, and those of writers that did not
-    name their process. A living writer's files are left alone. Returns what was removed."""
-    removed = []
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return removed
-    for entry in entries:
-        for kind in (".bin.", ".idx."):
-            if entry.startswith(name + kind) and entry.endswith(".tmp"):
-                owner = entry[len(name + kind):-len(".tmp")].split("-", 1)[0]
-                if owner.isdigit() and _process_alive(int(owner)):
-                    continue
-                try:
-                    os.remove(os.path.join(folder, entry))
-                    removed.append(entry)
-                except OSError:
-                    pass
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+    outright (SIGKILL, a power cut: no cleanup ran): ``NAME.bin.HOST-PID-XXXX.tmp`` and
+    ``NAME.idx.HOST-PID-XXXX.tmp`` whose process is gone, and those of writers that did not
+    name their process (hwbench.temporaries). A living writer's files are left alone.
+    Returns what was removed."""
+    return [entry for kind in (".bin.", ".idx.") for entry in stale_temporaries(folder, name + kind)]
 
 
 class IndexedDatasetWriter:
@@ -305,9 +280,9 @@ class IndexedDatasetWriter:
         self._state = "open"
         folder, name = os.path.split(os.path.abspath(self.path_prefix))
         remove_stale_temporaries(folder, name)
-        self._bin_temporary = self._temporary(folder, f"{name}.bin.{os.getpid()}-")
+        self._bin_temporary = self._temporary(folder, f"{name}.bin.")
         try:
-            self._idx_temporary = self._temporary(folder, f"{name}.idx.{os.getpid()}-")
+            self._idx_temporary = self._temporary(folder, f"{name}.idx.")
         except BaseException:
             os.remove(self._bin_temporary)
             raise
@@ -318,15 +293,12 @@ class IndexedDatasetWriter:
         """An empty file beside the output, readable as the user's umask allows
         (mkstemp makes 0600; datasets are shared files)."""
         try:
-            handle, path = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
+            path = writer_temporary(folder, prefix)
         except FileNotFoundError:
             raise IndexedDatasetError(f"{folder}: no such folder for the output") from None
         except OSError as error:
             raise IndexedDatasetError(f"{folder}: cannot write there ({error.strerror})") from None
-        try:
-            os.fchmod(handle, 0o666 & ~_umask())
-        finally:
-            os.close(handle)
+        os.chmod(path, 0o666 & ~_umask())
         return path
 
     @property

@@ -55,6 +55,7 @@ from typing import IO, Iterator, Sequence, TextIO
 import numpy as np
 from tabulate import tabulate
 
+from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
 from hwbench.harness.lifeline import die_with_parent
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
@@ -76,6 +77,16 @@ class InputError(UsageError):
     """Input text that cannot be prepared; names the file and line."""
 
 
+# Each worker tokenizes flat out, so workers beyond the cores only contend for them; twice the cores
+# still takes a hand-set count such as README's 4 on a 2-core laptop, and bounds the processes forked.
+WORKERS_PER_CORE = 2
+
+
+def max_workers() -> int:
+    """The most --workers accepted: WORKERS_PER_CORE x the cores this process may use."""
+    return WORKERS_PER_CORE * usable_cores()
+
+
 @dataclasses.dataclass(frozen=True)
 class PrepareOptions:
     """One ``hwbench data prepare`` invocation, validated by ``validate``."""
@@ -94,7 +105,9 @@ class PrepareOptions:
     def validate(self) -> "PrepareOptions":
         """The options with defaults filled in; UsageError on a bad value."""
         if not os.path.isfile(self.input_path):
-            raise UsageError(f"--input {self.input_path}: no such file")
+            what = "not a regular file; give a JSON lines or text file" if os.path.exists(self.input_path) else \
+                "no such file"
+            raise UsageError(f"--input {self.input_path}: {what}")
         input_format = self.input_format or _format_from_name(self.input_path)
         if input_format not in INPUT_FORMATS:
             raise UsageError(f"--input-format {input_format!r}: choose json or text")
@@ -114,10 +127,23 @@ class PrepareOptions:
             raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise UsageError(f"--workers {self.workers}: give 1 or more")
+        most = max_workers()
+        if self.workers > most:  # --workers 100000 forked that many tokenizers and exhausted a 24 GiB machine
+            raise UsageError(f"--workers {self.workers}: give 1 to {most} (twice the {usable_cores()} cores this "
+                             "process may use)")
         folder = _nearest_existing(os.path.dirname(os.path.abspath(self.output_prefix)))
         if not os.path.isdir(folder):
             raise UsageError(f"--output-prefix {self.output_prefix}: {folder} is a file, not a folder")
-        return dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
+        validated = dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
+        for prefix in validated.output_prefixes().values():
+            for output in (f"{prefix}.bin", f"{prefix}.idx"):  # replaced at the end: a folder there would fail it
+                if os.path.exists(output) and not os.path.isfile(output):
+                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} exists and is not a file; "
+                                     "give another prefix")
+                if os.path.exists(output) and os.path.samefile(output, self.input_path):  # replaced at the end
+                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} is the --input file; give "
+                                     "another prefix, or the input would be overwritten")
+        return validated
 
     def output_prefixes(self) -> dict[str, str]:
         """Output path prefix per key, as preprocess_data.py names them."""
