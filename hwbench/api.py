@@ -16,7 +16,8 @@ sweep when ``progress=True``.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.options import RunOptions
@@ -113,7 +114,8 @@ def export(format: str, paths: str | os.PathLike | Iterable[str | os.PathLike], 
     """Results in another tool's format, as `hwbench export` (docs/exports.md): an
     ExportOutcome (``text`` of a text format, the files ``written``, the files ``skipped`` and
     runs ``left_out`` with their reasons). hwbench.exports.PushError when ``push`` fails."""
-    from hwbench.exports import ExportRequest, export as export_results
+    from hwbench.exports import ExportRequest
+    from hwbench.exports import export as export_results
 
     request = ExportRequest(submitter=submitter, division=division, status=status, platform=platform, push=push,
                             job=job)

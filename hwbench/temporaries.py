@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 # what SQLite keeps beside a database file while it writes (its rollback journal), so a
 # database built under a temporary name leaves NAME.tmp-journal too when killed mid-write

@@ -9,8 +9,7 @@ import math
 
 import pytest
 
-from hwbench.calibration.store import (CalibrationStoreError, load_store, lookup_ceiling, merge_entry,
-                                       record_calibration)
+from hwbench.calibration.store import CalibrationStoreError, load_store, lookup_ceiling, merge_entry, record_calibration
 from hwbench.cli import main
 from tests.test_docs import undocumented
 
@@ -44,7 +43,7 @@ def test_calibrate_on_cpu_stores_positive_rates_keyed_by_model_and_driver(tmp_pa
     assert (entry["device_kind"], entry["device_model"]) == ("cpu", cpu_model())
     assert entry["driver"].startswith("torch ") and entry["driver"].endswith(", 1 thread")
     assert set(entry["gemm"]) == {"fp32", "bf16"}  # the CPU's default precisions
-    for precision, gemm in entry["gemm"].items():
+    for gemm in entry["gemm"].values():
         sizes = {s["size"]: s for s in gemm["sizes"]}
         assert set(sizes) == {32, 64}
         assert all(positive_finite(s["rate"]["median"]) and s["rate"]["n"] == 3 for s in sizes.values())
@@ -440,7 +439,8 @@ def test_a_rate_below_what_any_cpu_reaches_is_not_stored_on_this_cpu(tmp_path, c
     store = tmp_path / "calibration.json"
     assert main(["calibrate", *JUDGED, "--sizes", "1", "--precisions", "fp32", "--store", str(store)]) == 1
     err = capsys.readouterr().err
-    assert "GEMM fp32: not stored, this is no ceiling: " in err and "not plausible for one cpu device (less than 1e+07" in err
+    assert "GEMM fp32: not stored, this is no ceiling: " in err
+    assert "not plausible for one cpu device (less than 1e+07" in err
     assert "nothing stored in" in err and not store.exists()
 
 
@@ -488,7 +488,9 @@ def test_a_ceiling_below_what_the_device_kind_reaches_is_not_usable(ceiling, tmp
     store = tmp_path / "calibration.json"
     store.write_text(store_text(ceiling, best_cv=0.01))
     found, reason = lookup_ceiling(store, *H100, None, "bf16")
-    assert found is None and "is not usable" in reason and "not plausible for one cuda device (less than 1e+10" in reason
+    assert (
+        found is None and "is not usable" in reason and "not plausible for one cuda device (less than 1e+10" in reason
+    )
     store.write_text(store_text("1e10", best_cv=0.01))  # the lowest an accelerator may claim
     assert lookup_ceiling(store, *H100, None, "bf16")[1] is None
 
@@ -514,7 +516,8 @@ def test_other_processes_on_a_gpu_come_from_nvml_and_make_its_rate_no_ceiling(mo
     nv = fake_pynvml()
     nv.nvmlDeviceGetComputeRunningProcesses = lambda handle: [
         types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30),  # this calibration itself
-        types.SimpleNamespace(pid=4242, usedGpuMemory=None)]  # NVML without the memory figure
+        types.SimpleNamespace(pid=4242, usedGpuMemory=None),
+    ]  # NVML without the memory figure
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     ids = CudaDeviceIds(cuda_index=0, uuid="0a1b", pci_bus_id="0000:3b:00.0")
     others, reason = nvml_other_processes(ids, os.getpid())

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.cli import main as cli_main, run_command
+from hwbench.cli import main as cli_main
+from hwbench.cli import run_command
 from hwbench.errors import UsageError
 from hwbench.history import changes, simulation, store
 from hwbench.report.compare import REGRESSION_EXIT
@@ -237,7 +238,8 @@ def test_report_is_one_offline_page_with_a_chart_per_series(tmp_path, capsys):
     chart = text.split("<h2>tokens/s of ")[1].split("</svg>")[0]
     dots = {title: float(cy) for cy, title in re.findall(r'<circle cx="[\d.]+" cy="([\d.]+)" r="3.6"[^>]*>'
                                                           r"<title>([^<]*)</title>", chart)}
-    whiskers = re.findall(r'<path class="whisker" d="M[\d.]+,([\d.]+)V([\d.]+)[^"]*"[^>]*><title>([^<]*)</title>', chart)
+    whiskers = re.findall(r'<path class="whisker" d="M[\d.]+,([\d.]+)V([\d.]+)[^"]*"[^>]*>'
+                          r"<title>([^<]*)</title>", chart)
     assert len(dots) == len(whiskers) == 21
     assert all(float(top) < dots[title] < float(bottom) for top, bottom, title in whiskers)
 
@@ -258,12 +260,15 @@ def test_the_trend_page_and_the_report_share_one_stylesheet_and_script(tmp_path,
     assert inline(trends, "script") == inline(report, "script") and "g.legend" in inline(report, "script")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["changes", "--since", "yesterday"], "--since 'yesterday': not a date"),
-    (["changes", "--threshold", "abc"], "--threshold 'abc'"),
-    (["show", "--metric", "speed"], "invalid choice: 'speed'"),
-    (["report", "--out", "{db}"], "--out .* is one of the input files"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["changes", "--since", "yesterday"], "--since 'yesterday': not a date"),
+        (["changes", "--threshold", "abc"], "--threshold 'abc'"),
+        (["show", "--metric", "speed"], "invalid choice: 'speed'"),
+        (["report", "--out", "{db}"], "--out .* is one of the input files"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
     db = tmp_path / "h.sqlite"
     history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 3), "--db", db)
@@ -318,8 +323,10 @@ def test_history_needs_no_torch(tmp_path, capsys):
 
     db = tmp_path / "h.sqlite"
     history(capsys, "add", write_nights(tmp_path / "runs", [1000.0] * 6), "--db", db)
-    code = ("import sys\nfrom hwbench.cli import main\nmain(['history', 'changes', '--db', %r])\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)" % str(db))
+    code = (
+        f"import sys\nfrom hwbench.cli import main\nmain(['history', 'changes', '--db', {str(db)!r}])\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH", done.stderr[-2000:]
 
@@ -358,26 +365,43 @@ def test_a_damaged_database_file_is_one_line_and_exit_2(tmp_path, capsys, monkey
     assert not (tmp_path / "trends.html").exists()
 
 
-@pytest.mark.parametrize("damage, words", [
-    ("UPDATE runs SET fingerprint = 'not json'", "fingerprint is not a JSON mapping"),
-    ("UPDATE runs SET point_key = '{bad'", "point_key is not a JSON list"),
-    ("UPDATE runs SET point_key = '[1,2]'", "point_key is not a JSON list"),
-    ("UPDATE metrics SET value = 'abc' WHERE name = 'tokens_per_s'", "tokens_per_s is not a finite number"),
-    ("DROP TABLE metrics", "no metrics table"),
-    # every column a reader parses: the start time orders the nights, the night groups them, the point
-    # key's fields label the series and compare layouts (each of these used to be a traceback)
-    ("UPDATE runs SET started_at = 'garbage' WHERE run_id LIKE 'night3-%'", "started_at 'garbage' is not an ISO 8601"),
-    ("UPDATE runs SET started_at = '2026-10-04T99:00' WHERE run_id LIKE 'night3-%'", "is not an ISO 8601 date-time"),
-    ("UPDATE runs SET started_at = '0001-01-01T00:00:00+05:00' WHERE run_id = 'night3-0'",
-     "is out of the range of dates in UTC"),
-    ("UPDATE runs SET night = 'garbage' WHERE run_id = 'night3-1'", "night 'garbage' is not a date (YYYY-MM-DD)"),
-    ("UPDATE runs SET point_key = json_set(point_key, '$[10]', 'a') WHERE run_id = 'night3-1'",
-     "point_key's tp is not int"),
-    ("UPDATE runs SET point_key = json_set(point_key, '$[0]', json('null')) WHERE run_id = 'night3-1'",
-     "point_key's model is not str"),
-    ("UPDATE runs SET point_key = json_set(point_key, '$[4]', json('true')) WHERE run_id = 'night3-1'",
-     "point_key's micro_batch_size is not int or None"),
-])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        ("UPDATE runs SET fingerprint = 'not json'", "fingerprint is not a JSON mapping"),
+        ("UPDATE runs SET point_key = '{bad'", "point_key is not a JSON list"),
+        ("UPDATE runs SET point_key = '[1,2]'", "point_key is not a JSON list"),
+        ("UPDATE metrics SET value = 'abc' WHERE name = 'tokens_per_s'", "tokens_per_s is not a finite number"),
+        ("DROP TABLE metrics", "no metrics table"),
+        # every column a reader parses: the start time orders the nights, the night groups them, the point
+        # key's fields label the series and compare layouts (each of these used to be a traceback)
+        (
+            "UPDATE runs SET started_at = 'garbage' WHERE run_id LIKE 'night3-%'",
+            "started_at 'garbage' is not an ISO 8601",
+        ),
+        (
+            "UPDATE runs SET started_at = '2026-10-04T99:00' WHERE run_id LIKE 'night3-%'",
+            "is not an ISO 8601 date-time",
+        ),
+        (
+            "UPDATE runs SET started_at = '0001-01-01T00:00:00+05:00' WHERE run_id = 'night3-0'",
+            "is out of the range of dates in UTC",
+        ),
+        ("UPDATE runs SET night = 'garbage' WHERE run_id = 'night3-1'", "night 'garbage' is not a date (YYYY-MM-DD)"),
+        (
+            "UPDATE runs SET point_key = json_set(point_key, '$[10]', 'a') WHERE run_id = 'night3-1'",
+            "point_key's tp is not int",
+        ),
+        (
+            "UPDATE runs SET point_key = json_set(point_key, '$[0]', json('null')) WHERE run_id = 'night3-1'",
+            "point_key's model is not str",
+        ),
+        (
+            "UPDATE runs SET point_key = json_set(point_key, '$[4]', json('true')) WHERE run_id = 'night3-1'",
+            "point_key's micro_batch_size is not int or None",
+        ),
+    ],
+)
 def test_damaged_rows_are_refused_with_their_run_id(tmp_path, capsys, monkeypatch, damage, words):
     monkeypatch.chdir(tmp_path)
     db = _small_history(tmp_path, capsys)
@@ -458,8 +482,13 @@ def test_a_busy_database_is_named_busy_not_unusable(tmp_path, capsys, monkeypatc
     assert store.BUSY_TIMEOUT_S == 0.2 and history(capsys, "add", NOISE_RUNS, "--db", db)[0] == 0
 
 
-@pytest.mark.parametrize("step, failure", [("run_count", KeyboardInterrupt),  # SIGINT after the runs went in
-                                            ("_insert_new", sqlite3.OperationalError("disk I/O error"))])
+@pytest.mark.parametrize(
+    "step, failure",
+    [
+        ("run_count", KeyboardInterrupt),  # SIGINT after the runs went in
+        ("_insert_new", sqlite3.OperationalError("disk I/O error")),
+    ],
+)
 def test_an_add_into_a_new_file_that_fails_late_leaves_no_file(tmp_path, capsys, monkeypatch, step, failure):
     def late(*args):
         raise failure
@@ -494,8 +523,10 @@ def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):
 
     results = write_nights(tmp_path / "runs", [1000.0])
     os.mkfifo(results / "z.json")
-    code = (f"from hwbench.cli import main\nraise SystemExit(main(['history', 'add', {str(results)!r}, '--db', "
-            f"{str(tmp_path / 'h.sqlite')!r}]))")
+    code = (
+        f"from hwbench.cli import main\nraise SystemExit(main(['history', 'add', {str(results)!r}, '--db', "
+        f"{str(tmp_path / 'h.sqlite')!r}]))"
+    )
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environment)
     assert done.returncode == 0 and "added 3 run(s)" in done.stdout and "1 unreadable" in done.stdout, done
@@ -503,7 +534,6 @@ def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):
     with pytest.warns(UserWarning, match="z.json: not a regular file"):
         loaded, skipped = load_results([results])
     assert len(loaded) == 3 and [path.name for path, _ in skipped] == ["z.json"]
-
 
 
 def test_nights_are_ordered_by_the_instant_not_the_text():
@@ -540,8 +570,13 @@ def _stopped_inside_a_new_database(results: Path, db: Path):
     import sys
 
     environment = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    add = subprocess.Popen([sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
-                           env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    add = subprocess.Popen(
+        [sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while add.poll() is None and not list(db.parent.glob(f".{db.name}.*.tmp")):
         __import__("time").sleep(0.001)
     if add.poll() is None:
@@ -563,7 +598,6 @@ def test_an_add_into_a_new_database_stopped_by_a_signal_leaves_nothing_behind(tm
     import signal
     import socket
     import subprocess
-    import sys
 
     results = _copies(tmp_path / "runs", 600)
     for attempt in range(5):  # caught while the temporary exists (the add may finish first)
@@ -609,8 +643,10 @@ def test_the_next_add_says_which_temporaries_of_a_killed_add_it_removed(tmp_path
     stale.write_bytes(b"partial")
     code, out, err = history(capsys, "add", NOISE_RUNS, "--db", db)
     assert code == 0 and "added 20 run(s)" in out
-    assert f"removed {stale.name} from {tmp_path}: the temporaries of an earlier `hwbench history add` that was " \
-           "killed" in err
+    assert (
+        f"removed {stale.name} from {tmp_path}: the temporaries of an earlier `hwbench history add` that was "
+        "killed" in err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.sqlite"]
 
 
@@ -628,8 +664,11 @@ def test_a_run_added_again_with_other_figures_is_named_and_the_first_kept(tmp_pa
     assert code == 0 and "added 0 run(s), 2 already there (1 with other figures, left out)" in out
     assert f"left out {other}: run night0-1 is in the database already (added from {first})" in err
     assert "tokens_per_s: " in err and "12.5 here" in err and "the database keeps the run it has" in err
-    stored = sqlite3.connect(db).execute(
-        "SELECT value FROM metrics WHERE run_id = 'night0-1' AND name = 'tokens_per_s'").fetchone()[0]
+    stored = (
+        sqlite3.connect(db)
+        .execute("SELECT value FROM metrics WHERE run_id = 'night0-1' AND name = 'tokens_per_s'")
+        .fetchone()[0]
+    )
     assert stored == json.loads(first.read_text())["metrics"]["tokens_per_s"]
     # the same two files in one call: the second is named as a different result under the same run id
     code, out, err = history(capsys, "add", results, other.parent, "--db", tmp_path / "new.sqlite")
@@ -661,7 +700,6 @@ def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_commi
     `report` all failed, exit 2, until the next add); they roll it back first and read the runs
     committed before."""
     import os
-    import signal
     import subprocess
     import sys
 
@@ -678,8 +716,12 @@ def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_commi
             return False
 
     for _attempt in range(5):  # killed while its journal is hot (the add may finish first)
-        add = subprocess.Popen([sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
-                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        add = subprocess.Popen(
+            [sys.executable, "-m", "hwbench", "history", "add", str(results), "--db", str(db)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         while add.poll() is None and not hot():
             __import__("time").sleep(0.0005)
         add.kill()

@@ -60,8 +60,8 @@ def test_names_that_would_leave_out_are_refused_at_load(tmp_path, capsys, suite_
 
 def test_a_suite_built_in_code_cannot_leave_out_either(tmp_path):
     from hwbench.errors import UsageError
-    from hwbench.harness.suite import Point, Suite
     from hwbench.harness.executor import SweepOptions
+    from hwbench.harness.suite import Point, Suite
     from hwbench.harness.sweep import run_sweep
 
     suite = Suite("s", "", "code", (Point("../../x", (("model", "tiny"),)),))
@@ -144,7 +144,6 @@ def test_when_no_folder_takes_the_result_its_json_is_returned_for_stdout(tmp_pat
     import tempfile
 
     from hwbench.result.model import RunResult
-
     from hwbench.result.store import store_result
 
     result = RunResult.from_dict(json.loads(RESULT.read_text()))

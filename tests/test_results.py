@@ -5,10 +5,9 @@ import math
 import warnings
 
 import pytest
-
-from hwbench import RESULT_SCHEMA_VERSION
 from pydantic import ValidationError
 
+from hwbench import RESULT_SCHEMA_VERSION
 from hwbench.result.model import RunResult
 from hwbench.result.store import ResultFormatError, finite, load_result, load_results, write_result
 

@@ -25,7 +25,8 @@ import dataclasses
 import math
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

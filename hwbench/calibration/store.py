@@ -22,8 +22,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.result.files import check_output_file, check_output_folder

@@ -9,8 +9,15 @@ import os
 import shlex
 import sys
 
-from hwbench.calibration import (DEFAULT_COPY_BYTES, DEFAULT_DEVICE_WARMUP_S, DEFAULT_MIN_TIME_S,
-                                 DEFAULT_PRECISIONS, DEFAULT_REPEATS, DEFAULT_SIZES, DEFAULT_WARMUP)
+from hwbench.calibration import (
+    DEFAULT_COPY_BYTES,
+    DEFAULT_DEVICE_WARMUP_S,
+    DEFAULT_MIN_TIME_S,
+    DEFAULT_PRECISIONS,
+    DEFAULT_REPEATS,
+    DEFAULT_SIZES,
+    DEFAULT_WARMUP,
+)
 from hwbench.calibration.store import PRECISIONS, STORE_ENV
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -37,24 +44,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--copy-size", help=f"the copied buffer, e.g. 1GiB (default: "
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
-    parser.add_argument("--repeats", default=str(DEFAULT_REPEATS),
-                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})")
-    parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
-                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})")
-    parser.add_argument("--min-time", default=str(DEFAULT_MIN_TIME_S), metavar="SECONDS",
-                        help=f"each measurement's timed repetitions together last at least this (default "
-                             f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst")
-    parser.add_argument("--device-warmup", default=str(DEFAULT_DEVICE_WARMUP_S), metavar="SECONDS",
-                        help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
-                             f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)")
-    parser.add_argument("--threads", help="CPU: intra-op threads, at most the usable cores (default: the usable "
-                                          "cores); part of the CPU's key")
-    parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
-                                        "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)")
-    parser.add_argument("--force", action="store_true",
-                        help="store a rate even when it is no ceiling (implausible for the device, repetitions spread "
-                             "by more than 10%%, other work on the machine or device while measuring), marked "
-                             "unreliable: runs then report mfu_measured_ceiling null with the reason")
+    parser.add_argument(
+        "--repeats",
+        default=str(DEFAULT_REPEATS),
+        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})",
+    )
+    parser.add_argument(
+        "--warmup",
+        default=str(DEFAULT_WARMUP),
+        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})",
+    )
+    parser.add_argument(
+        "--min-time",
+        default=str(DEFAULT_MIN_TIME_S),
+        metavar="SECONDS",
+        help=f"each measurement's timed repetitions together last at least this (default "
+        f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst",
+    )
+    parser.add_argument(
+        "--device-warmup",
+        default=str(DEFAULT_DEVICE_WARMUP_S),
+        metavar="SECONDS",
+        help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
+        f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)",
+    )
+    parser.add_argument(
+        "--threads",
+        help="CPU: intra-op threads, at most the usable cores (default: the usable cores); part of the CPU's key",
+    )
+    parser.add_argument(
+        "--store",
+        help=f"the calibration store file (default: ${STORE_ENV}, else "
+        "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="store a rate even when it is no ceiling (implausible for the device, repetitions spread "
+        "by more than 10%%, other work on the machine or device while measuring), marked "
+        "unreliable: runs then report mfu_measured_ceiling null with the reason",
+    )
 
 
 # Far above any real need (the defaults are 20 and 3), and finite: 10**20 repetitions would run until killed.
@@ -63,8 +92,13 @@ MAX_REPETITIONS = 10_000
 
 def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -> int:
     text = text.strip()
-    if (not text.isascii() or not text.isdigit() or len(text) > 30 or int(text) < minimum
-            or (maximum is not None and int(text) > maximum)):
+    if (
+        not text.isascii()
+        or not text.isdigit()
+        or len(text) > 30
+        or int(text) < minimum
+        or (maximum is not None and int(text) > maximum)
+    ):
         accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
         raise UsageError(f"{option} {text[:40]!r} is not accepted; accepted: {accepted}")
     return int(text)
@@ -73,16 +107,20 @@ def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -
 def _precisions(text: str) -> tuple[str, ...]:
     chosen = tuple(part.strip() for part in text.split(","))
     if not chosen or any(part not in PRECISIONS for part in chosen) or len(set(chosen)) != len(chosen):
-        raise UsageError(f"--precisions {text!r} is not accepted; accepted: distinct values of "
-                         f"{', '.join(PRECISIONS)}, comma-separated")
+        raise UsageError(
+            f"--precisions {text!r} is not accepted; accepted: distinct values of "
+            f"{', '.join(PRECISIONS)}, comma-separated"
+        )
     return chosen
 
 
 def _sizes(text: str) -> tuple[int, ...]:
     parts = [part.strip() for part in text.split(",")]
     if not all(part.isascii() and part.isdigit() and int(part) >= 1 for part in parts):
-        raise UsageError(f"--sizes {text!r} is not accepted; accepted: positive integers (matrix sizes n), "
-                         "comma-separated, e.g. 4096,8192,16384")
+        raise UsageError(
+            f"--sizes {text!r} is not accepted; accepted: positive integers (matrix sizes n), "
+            "comma-separated, e.g. 4096,8192,16384"
+        )
     return tuple(dict.fromkeys(int(part) for part in parts))
 
 
@@ -111,27 +149,43 @@ def main(args: argparse.Namespace) -> int:
 
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
     if copy_bytes is not None and copy_bytes < 1:  # '0.5' parses to 0 bytes: there would be nothing to copy
-        raise UsageError(f"--copy-size {args.copy_size!r} is not accepted; accepted: a size of at least 1 byte, "
-                         "e.g. 256MiB")
-    from hwbench.calibration.store import (CalibrationStoreError, record_calibration, resolve_store, same_file,
-                                           store_runs_read)
+        raise UsageError(
+            f"--copy-size {args.copy_size!r} is not accepted; accepted: a size of at least 1 byte, e.g. 256MiB"
+        )
+    from hwbench.calibration.store import (
+        CalibrationStoreError,
+        record_calibration,
+        resolve_store,
+        same_file,
+        store_runs_read,
+    )
 
     store, option = resolve_store(args.store)
 
-    from hwbench.calibration.measure import (CalibrationSettings, calibrate, device_key, device_precisions,
-                                             open_backend)
+    from hwbench.calibration.measure import CalibrationSettings, calibrate, device_key, device_precisions, open_backend
 
     backend = open_backend(args.device, threads)
     precisions, left_out = device_precisions(backend, requested)
     model, driver = device_key(backend)
-    settings = CalibrationSettings(precisions=precisions, sizes=sizes or DEFAULT_SIZES[backend.name],
-                                   copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None
-                                               else copy_bytes),
-                                   repeats=repeats, warmup=warmup, min_time_s=min_time, device_warmup_s=device_warmup)
+    settings = CalibrationSettings(
+        precisions=precisions,
+        sizes=sizes or DEFAULT_SIZES[backend.name],
+        copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None else copy_bytes),
+        repeats=repeats,
+        warmup=warmup,
+        min_time_s=min_time,
+        device_warmup_s=device_warmup,
+    )
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
-    calibration = calibrate(backend, model, driver, settings,
-                            on_measured=lambda m: print(f"  {_label(m)} {_size_text(m)}: "
-                                                        f"{_rate_text(m, 'median')}", file=sys.stderr, flush=True))
+    calibration = calibrate(
+        backend,
+        model,
+        driver,
+        settings,
+        on_measured=lambda m: print(
+            f"  {_label(m)} {_size_text(m)}: {_rate_text(m, 'median')}", file=sys.stderr, flush=True
+        ),
+    )
     if not any(m.rate for m in calibration.measurements if m.kind == "gemm"):
         # a run reads only GEMM ceilings: a copy figure alone would be stored for no run to use
         print(calibration_table(calibration))
@@ -159,25 +213,36 @@ def main(args: argparse.Namespace) -> int:
         print(f"left out {line}")
     for precision in precisions:
         if calibration.ceiling(precision) is None:
-            print(f"warning: GEMM {precision}: every size skipped; no {precision} rate stored (an earlier one stays)",
-                  file=sys.stderr)
+            print(
+                f"warning: GEMM {precision}: every size skipped; no {precision} rate stored (an earlier one stays)",
+                file=sys.stderr,
+            )
     copy = next(m for m in calibration.measurements if m.kind == "copy")
     if copy.rate is None:
-        given = (f"--copy-size {args.copy_size}" if args.copy_size is not None
-                 else f"the {human_bytes(copy.size)} copy")
-        print(f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
-              file=sys.stderr)
+        given = f"--copy-size {args.copy_size}" if args.copy_size is not None else f"the {human_bytes(copy.size)} copy"
+        print(
+            f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
+            file=sys.stderr,
+        )
     _say_refused(refused, args.force)
     where = f"stored in {store} under {backend.name} / {model} / driver {driver}: "
     read_by_runs = store_runs_read()
     if read_by_runs is not None and same_file(read_by_runs, store):
         named = os.path.expanduser(os.environ.get(STORE_ENV, "").strip())
-        print(where + "runs on this device and driver report mfu_measured_ceiling against these ceilings"
-              + (f" (runs started in this folder: ${STORE_ENV} is a relative path)"
-                 if named and not os.path.isabs(named) else ""))
+        print(
+            where
+            + "runs on this device and driver report mfu_measured_ceiling against these ceilings"
+            + (
+                f" (runs started in this folder: ${STORE_ENV} is a relative path)"
+                if named and not os.path.isabs(named)
+                else ""
+            )
+        )
     else:
-        print(where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
-              f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings")
+        print(
+            where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
+            f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings"
+        )
     return 1 if refused and not args.force else 0
 
 
@@ -185,11 +250,17 @@ def _say_refused(refused: dict[str, str], forced: bool) -> None:
     """One line on stderr for each rate that is no ceiling: not stored, or (--force) stored marked."""
     for precision, reason in refused.items():
         if forced:
-            print(f"warning: GEMM {precision}: stored marked unreliable (--force): {reason}; runs report "
-                  "mfu_measured_ceiling null with this reason", file=sys.stderr)
+            print(
+                f"warning: GEMM {precision}: stored marked unreliable (--force): {reason}; runs report "
+                "mfu_measured_ceiling null with this reason",
+                file=sys.stderr,
+            )
         else:
-            print(f"GEMM {precision}: not stored, this is no ceiling: {reason}; measure again when the machine is "
-                  "quiet, or give --force to store it marked unreliable", file=sys.stderr)
+            print(
+                f"GEMM {precision}: not stored, this is no ceiling: {reason}; measure again when the machine is "
+                "quiet, or give --force to store it marked unreliable",
+                file=sys.stderr,
+            )
 
 
 def _label(measurement) -> str:
@@ -228,23 +299,53 @@ def calibration_table(calibration) -> str:
     rows = []
     for m in calibration.measurements:
         ceiling = m.rate is not None and (m.kind == "copy" or best.get(m.precision) is m)
-        rows.append([_label(m), _size_text(m), _rate_text(m, "median"),
-                     _rate_text(m, "p10") if m.rate else "-", _rate_text(m, "p90") if m.rate else "-",
-                     f"{m.rate['cv']:.1%}" if m.rate else "-", m.calls_per_repetition if m.rate else "-",
-                     m.input_sets if m.kind == "gemm" else "-", f"{m.timed_s:.2f}" if m.timed_s is not None else "-",
-                     _clock_text(m), "yes" if ceiling else ""])
-    title = (f"{calibration.device_kind}: {calibration.device_model}, driver {calibration.driver}; "
-             f"{settings.repeats} timed repetitions of each, together at least {settings.min_time_s:g} s, after "
-             f"{settings.warmup} warm-up calls; copy counts bytes read + written")
+        rows.append(
+            [
+                _label(m),
+                _size_text(m),
+                _rate_text(m, "median"),
+                _rate_text(m, "p10") if m.rate else "-",
+                _rate_text(m, "p90") if m.rate else "-",
+                f"{m.rate['cv']:.1%}" if m.rate else "-",
+                m.calls_per_repetition if m.rate else "-",
+                m.input_sets if m.kind == "gemm" else "-",
+                f"{m.timed_s:.2f}" if m.timed_s is not None else "-",
+                _clock_text(m),
+                "yes" if ceiling else "",
+            ]
+        )
+    title = (
+        f"{calibration.device_kind}: {calibration.device_model}, driver {calibration.driver}; "
+        f"{settings.repeats} timed repetitions of each, together at least {settings.min_time_s:g} s, after "
+        f"{settings.warmup} warm-up calls; copy counts bytes read + written"
+    )
     notes = []
     warmed = calibration.device_warmup
-    notes.append(f"device warm-up: {warmed['seconds']:.1f} s of GEMM {warmed['precision']} {warmed['size']}"
-                 if warmed else f"device warm-up: none ({calibration.device_warmup_skipped})")
+    notes.append(
+        f"device warm-up: {warmed['seconds']:.1f} s of GEMM {warmed['precision']} {warmed['size']}"
+        if warmed
+        else f"device warm-up: none ({calibration.device_warmup_skipped})"
+    )
     for reason in dict.fromkeys(m.sm_clock_unmeasured for m in calibration.measurements if m.sm_clock_unmeasured):
         notes.append(f"SM clock not read: {reason}")
     notes.append(_conditions_text(calibration.conditions, calibration.device_kind))
-    table = tabulate(rows, headers=["measurement", "size", "median", "p10", "p90", "CV", "calls/rep", "input sets",
-                                    "timed s", "SM clock MHz mean (min-max)", "ceiling"], disable_numparse=True)
+    table = tabulate(
+        rows,
+        headers=[
+            "measurement",
+            "size",
+            "median",
+            "p10",
+            "p90",
+            "CV",
+            "calls/rep",
+            "input sets",
+            "timed s",
+            "SM clock MHz mean (min-max)",
+            "ceiling",
+        ],
+        disable_numparse=True,
+    )
     return "\n".join([title, table, *notes])
 
 
@@ -254,13 +355,20 @@ def _conditions_text(conditions: dict, device_kind: str) -> str:
     host, processes = conditions.get("host") or {}, conditions.get("device_processes")
     share = host.get("others_cpu_share")
     loads = [host.get("load_average_1m_start"), host.get("load_average_1m_end")]
-    parts = [f"other work took {share:.0%} of its CPUs' time" if share is not None
-             else f"other work unmeasured ({host.get('others_cpu_share_unmeasured')})",
-             "load average " + (" -> ".join(f"{load:.1f}" for load in loads) if None not in loads else "unknown")
-             + f" on {host.get('usable_cores')} usable cores",
-             "other processes on the device: " + (conditions.get("device_processes_unmeasured") or "unlisted"
-                                                  if processes is None else
-                                                  ", ".join(f"pid {p.get('pid')}" for p in processes) or "none")]
+    parts = [
+        f"other work took {share:.0%} of its CPUs' time"
+        if share is not None
+        else f"other work unmeasured ({host.get('others_cpu_share_unmeasured')})",
+        "load average "
+        + (" -> ".join(f"{load:.1f}" for load in loads) if None not in loads else "unknown")
+        + f" on {host.get('usable_cores')} usable cores",
+        "other processes on the device: "
+        + (
+            conditions.get("device_processes_unmeasured") or "unlisted"
+            if processes is None
+            else ", ".join(f"pid {p.get('pid')}" for p in processes) or "none"
+        ),
+    ]
     if device_kind == "cpu":
         parts.pop()  # the CPU's other processes are the other work above
     return "machine while measuring: " + "; ".join(parts)

@@ -5,18 +5,24 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS, choose_allocator_setting
-from hwbench.device.nvml import (CudaDeviceIds, NvmlSampler, nvml_driver_version, nvml_other_processes,
-                                 nvml_power_limit_w, pci_bus_id)
+from hwbench.device.nvml import (
+    CudaDeviceIds,
+    NvmlSampler,
+    nvml_driver_version,
+    nvml_other_processes,
+    nvml_power_limit_w,
+    pci_bus_id,
+)
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
-
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # c10/cuda warn_or_error_on_sync
 SYNC_SITES_KEPT = 5

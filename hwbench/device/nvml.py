@@ -10,7 +10,8 @@ the reason), and never by guessing."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hwbench.device.telemetry import TelemetrySampler
 

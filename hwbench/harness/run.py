@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from hwbench.engine.distributed import RankEnvironment
-from hwbench.harness.preflight import PreflightReport
 from hwbench.errors import UsageError
+from hwbench.harness.preflight import PreflightReport
 from hwbench.options import RunOptions
 from hwbench.result.model import RunResult
 from hwbench.result.store import StoredResult, store_result

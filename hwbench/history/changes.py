@@ -22,7 +22,7 @@ regression: that is what fails the gate (exit 3, compare's REGRESSION_EXIT).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from hwbench.history.series import Night, Segment, Series, format_value, power_of_two_scale, short_commit
 from hwbench.point import METRICS

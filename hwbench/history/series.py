@@ -16,7 +16,8 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from hwbench.history.store import StoredRun, utc_instant
 from hwbench.point import METRICS, PointKey

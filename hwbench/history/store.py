@@ -24,8 +24,9 @@ import json
 import math
 import os
 import sqlite3
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.point import PointKey

@@ -16,8 +16,9 @@ import secrets
 import stat
 import tempfile
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
@@ -235,7 +236,8 @@ def read_inputs(paths: Iterable[str | os.PathLike], option: str
     paths = list(paths)
     missing = next((path for path in paths if not Path(path).exists()), None)
     if missing is not None:
-        raise UsageError(f"{option} {os.fspath(missing)!r}: no such file or folder; give result files or folders of them")
+        raise UsageError(f"{option} {os.fspath(missing)!r}: no such file or folder; "
+                         "give result files or folders of them")
     return read_results(paths)
 
 

@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 import struct
 from array import array
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
 from hwbench.errors import UsageError
-from hwbench.temporaries import remove_stale_temporaries as stale_temporaries, writer_temporary
+from hwbench.temporaries import remove_stale_temporaries as stale_temporaries
+from hwbench.temporaries import writer_temporary
 
 MAGIC = b"MMIDIDX\x00\x00"
 LEGACY_MAGIC = b"TNTIDX\x00\x00"  # Megatron's older, non-mmap "lazy"/"cached" format
@@ -363,7 +364,7 @@ class IndexedDatasetWriter:
                 pass
         self._state = "aborted"
 
-    def __enter__(self) -> "IndexedDatasetWriter":
+    def __enter__(self) -> IndexedDatasetWriter:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:

@@ -49,8 +49,9 @@ import signal
 import sys
 import time
 import zlib
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, closing
-from typing import IO, Iterator, Sequence, TextIO
+from typing import IO, TextIO
 
 import numpy as np
 from tabulate import tabulate
@@ -102,7 +103,7 @@ class PrepareOptions:
     append_eod: bool = False
     workers: int = 1
 
-    def validate(self) -> "PrepareOptions":
+    def validate(self) -> PrepareOptions:
         """The options with defaults filled in; UsageError on a bad value."""
         if not os.path.isfile(self.input_path):
             what = "not a regular file; give a JSON lines or text file" if os.path.exists(self.input_path) else \
