@@ -46,6 +46,30 @@ def throughput_statistics(values: list[float]) -> dict[str, Any]:
             "ci95_high": mean + half if half is not None else None, "noisy": cv > NOISY_CV}
 
 
+OLYMPIC_MIN_RUNS = 3  # one run left once the fastest and the slowest are dropped
+
+
+def olympic_score(times: Sequence[float], not_converged: int = 0) -> dict[str, Any]:
+    """MLPerf Training's benchmark result from the times of a point's runs ("Benchmark Results"):
+    the fastest and the slowest dropped, the mean of the rest. A single run that did not converge
+    counts as the slowest and is dropped; with more than one the result is invalid. ``score`` is
+    None, with ``why``, when it cannot be given (fewer than OLYMPIC_MIN_RUNS runs, or invalid)."""
+    runs = len(times) + not_converged
+    figures: dict[str, Any] = {"runs": runs, "converged": len(times), "not_converged": not_converged,
+                               "score": None, "kept": [], "dropped": [], "why": None}
+    if not_converged > 1:
+        figures["why"] = f"{not_converged} of {runs} runs did not converge: more than one makes the result invalid"
+        return figures
+    if runs < OLYMPIC_MIN_RUNS:
+        figures["why"] = f"{runs} run(s): the olympic score drops the fastest and the slowest, so it needs 3 or more"
+        return figures
+    ordered = sorted(times)
+    kept = ordered[1:] if not_converged else ordered[1:-1]  # a non-converging run is the slowest dropped
+    figures.update(score=statistics.fmean(kept), kept=kept,
+                   dropped=[ordered[0]] + ([] if not_converged else [ordered[-1]]))
+    return figures
+
+
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
     """(U of x, two-sided p, method) for two samples of 2 or more values each. U counts the pairs
     where x beats y (a tie counts 1/2): 0 when every x is below every y, n1 x n2 when every x is
