@@ -101,3 +101,27 @@ def test_olympic_score_drops_the_fastest_and_slowest_and_one_run_that_did_not_co
     assert one_missed["score"] == 13.0 and one_missed["dropped"] == [10.0]
     assert olympic_score([10.0, 12.0, 14.0], not_converged=2)["score"] is None  # invalid: MLPerf's rule
     assert "needs 3 or more" in olympic_score([10.0, 12.0])["why"]
+
+
+@pytest.mark.slow
+def test_three_repeats_of_a_suite_point_give_an_olympic_time_to_target_in_the_sweep_and_the_report(tmp_path,
+                                                                                                   capsys):
+    suite = tmp_path / "ttt.yaml"
+    suite.write_text(yaml.safe_dump({"name": "ttt", "points": [{
+        "name": "to-target", "model": "tiny", "seq-length": 32, "eval-iters": 2, "telemetry": False, "warmup": 0,
+        "steps": 40, "target-ppl": TARGET}]}))
+    out = tmp_path / "out"
+    assert main(["sweep", str(suite), "--repeats", "3", "--out", str(out)]) == 0
+    sweep_table = capsys.readouterr().out
+    assert "olympic mean of 3: fastest and slowest dropped" in sweep_table
+    results, _ = load_results([out])
+    times = sorted(r.metrics.time_to_target.scored_time_s for r in results)
+    assert len(times) == 3 and {r.spec.seed for r in results} == {1234, 1235, 1236}
+    aggregate = json.loads((out / "ttt" / "to-target" / "aggregate.json").read_text())
+    assert aggregate["time_to_target_s"]["score"] == pytest.approx(times[1])  # 3 runs: the middle one
+    page = tmp_path / "report.md"
+    assert main(["report", str(out), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "## Time to target" in text and "Time and cost to reach PPL" in text
+    assert f"{times[1]:,.1f} s: olympic mean of 3 runs (fastest and slowest dropped)" in text
+    assert not math.isnan(times[0])

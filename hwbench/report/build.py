@@ -15,6 +15,7 @@ from hwbench.report.document import Report
 from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
+from hwbench.report.scores import time_to_target_section
 from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
 from hwbench.result.model import RunResult
@@ -48,9 +49,11 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         model_section(runs, images, also_formula),
         procurement_section(runs, devices, notes),
         convergence_section(runs, images),
+        time_to_target_section(runs),
         environment_section(runs, warnings_found),
         skipped_section(skipped),
     ]
+    sections = [section for section in sections if section is not None]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
 

@@ -19,6 +19,7 @@ from hwbench.report.document import Section, Table
 from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
 from hwbench.report.scaling import ScalingFit, fit_scaling
+from hwbench.report.scores import decision_target_blocks
 
 # The device class of a published row -> the catalog entry its price is taken from. The tables
 # name a "V100-class" GPU without its form factor: it is priced as the SXM2 card (said in the report).
@@ -65,6 +66,7 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
         pub = _published_candidates(published, model, prices)
         budget = _budget(rows, model, tokens)
         section.blocks += _workload_blocks(model, precision, candidates, pub, Projection(*budget, devices))
+        section.blocks += decision_target_blocks(runs, model, precision)
         for candidate in candidates + pub:
             used[candidate.device] = candidate.price.text() if candidate.price else candidate.price_why or ""
     if not workloads:
