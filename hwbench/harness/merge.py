@@ -16,9 +16,10 @@ from typing import Any
 from hwbench.catalog import Workload
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.result.model import (Environment, Memory, Metrics, NodePlacement, NodeSummary, RankPlacement, RankSummary,
-                                  RunError, RunResult, Step, StepTime, Telemetry, TimeToTarget, ValidationPoint)
+                                  RunError, RunResult, SteadyState, Step, StepTime, Telemetry, TimeToTarget,
+                                  ValidationPoint)
 from hwbench.result.store import finite
-from hwbench.stats import finite_or_none, summarize
+from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.spec import RunSpec
 from hwbench.plausibility import implausible_throughput
 from hwbench.target import INIT_BOUND_S
@@ -194,6 +195,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
+    result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
 
 
@@ -304,6 +306,21 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
 
 
+def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> SteadyState:
+    """hwbench.stats.steady_state of the merged step times, with the throttle reasons the
+    devices reported over the window beside it (the likely cause of a drift)."""
+    figures = steady_state(times)
+    reported = [device.throttle_reasons for device in (telemetry.devices or [])] if telemetry else []
+    known = [reasons for reasons in reported if reasons is not None]
+    figures["throttle_reasons"] = sorted({name for reasons in known for name in reasons}) if known else None
+    if not known:
+        figures["unmeasured"]["throttle_reasons"] = (
+            "telemetry turned off (--no-telemetry)" if telemetry is None
+            else telemetry.reason if not telemetry.available and telemetry.reason
+            else "no device reported throttle reasons")
+    return SteadyState.model_validate(finite(figures))
+
+
 def _telemetry(summary: dict[str, Any] | None) -> Telemetry | None:
     """A telemetry summary as the result holds it (a sensor's non-finite reading as null)."""
     return None if summary is None else Telemetry.model_validate(finite(summary))
@@ -328,6 +345,17 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     elif all_skipped:
         result.error = RunError(type="LossScaleCollapse", rank=0, traceback=None,
                                 message="every fp16 step overflowed and was skipped")
+    steady = metrics.steady_state
+    if steady and steady.drifting:
+        if steady.drift > 0:
+            reasons = (f"throttle reasons reported: {', '.join(steady.throttle_reasons)}" if steady.throttle_reasons
+                       else f"throttle reasons: {steady.why('throttle_reasons') or 'none reported'}")
+            result.warnings.append(f"step time drifted: the last quarter of the timed window {steady.drift:+.1%} "
+                                   f"against the first (threshold {steady.drift_threshold:.0%}; {reasons})")
+        else:
+            result.warnings.append(f"step time drifted: the last quarter of the timed window {steady.drift:+.1%} "
+                                   f"against the first (threshold {steady.drift_threshold:.0%}): still settling "
+                                   f"after the warm-up; give more --warmup")
     cv = metrics.step_time_s.cv if metrics.step_time_s else None
     if cv is not None and cv > NOISY_CV:
         result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")

@@ -55,6 +55,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         rows.append(("validation", _why(result, "valid_ppl")))
     if metrics.time_to_target:
         rows.append(("time to target", time_to_target_text(metrics.time_to_target)))
+    if metrics.steady_state:
+        rows.append(("steady state", steady_state_text(metrics.steady_state)))
     if spec.precision == "fp16":
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
@@ -63,6 +65,19 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if path:
         rows.append(("result file", path))
     return rows
+
+
+def steady_state_text(steady) -> str:
+    """"settled after 3 timed steps; drift +1.2% last quarter vs first (threshold 5%), throttle: none"."""
+    if steady.drift is None:
+        return steady.why("drift") or "not measured"
+    settled = (f"settled after {steady.settled_after_steps} timed steps" if steady.settled_after_steps is not None
+               else steady.why("settled_after_steps"))
+    flag = " DRIFTING" if steady.drifting else ""
+    throttle = ", ".join(steady.throttle_reasons) if steady.throttle_reasons is not None else \
+        f"not known ({steady.why('throttle_reasons')})"
+    return (f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
+            f"{flag}; throttle reasons: {throttle or 'none'}")
 
 
 def time_to_target_text(figures) -> str:

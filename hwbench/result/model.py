@@ -208,6 +208,11 @@ TimeToTarget = section(
     "TimeToTarget", "Time to a target quality (--target-ppl / --target-loss).", WithReasons,
     **fields(Text, "metric given"), value=Figure, reached=Flag, **fields(Count, "step samples tokens"),
     **fields(Rate, "time_s init_s scored_time_s device_hours energy_j cost_usd"), unmeasured=REASONS)
+SteadyState = section(
+    "SteadyState", "How the step time settled and drifted over the timed window.", WithReasons,
+    **fields(Count, "settled_after_steps settle_window"), drift=Figure, drifting=Flag,
+    **fields(Rate, "settle_tolerance drift_threshold first_quarter_median_s last_quarter_median_s"),
+    throttle_reasons=list[Text], unmeasured=REASONS)
 Straggler = section("Straggler", "The rank with the slowest median step.", rank=Count,
                     **fields(Rate, "median_step_time_s median_of_ranks_s ratio"))
 FormulaFigures = section("FormulaFigures", "The figures of one FLOPs formula (metrics.by_formula).",
@@ -219,7 +224,8 @@ Metrics = section(
     **fields(Text, "flops_formula flops_formula_expression"), by_formula=dict[str, FormulaFigures],
     world_size=Positive, **fields(Count, "timed_steps valid_ppl_step skipped_steps"), step_time_s=StepTime,
     memory=Memory, **fields(Figure, "loss_start loss_end loss_floor valid_loss valid_ppl ppl_floor"),
-    validation=list[ValidationPoint], time_to_target=TimeToTarget, straggler=Straggler, host_syncs=HostSyncs, telemetry=Telemetry,
+    validation=list[ValidationPoint], time_to_target=TimeToTarget, steady_state=SteadyState, straggler=Straggler,
+    host_syncs=HostSyncs, telemetry=Telemetry,
     data=dict[str, Any], unmeasured=REASONS)
 Step = section("Step", "One optimizer step.", step=(Count, ...), phase=Text, time_s=Rate, skipped=Flag,
                **fields(Figure, "loss grad_norm lr loss_scale"))
