@@ -82,17 +82,19 @@ def steady_state(times: Sequence[float], tolerance: float = SETTLE_TOLERANCE,
 
     ``settled_after_steps``: the leading steps up to the middle of the last rolling window (of
     ``settle_window`` steps: a tenth of them, at least 3) whose median is more than ``tolerance``
-    off the median of the timed window's last half; None when the last rolling window is off. ``drift``: the last quarter's median step time over the first
-    quarter's, minus 1 (positive: slower at the end, as a throttled or down-clocked device is);
-    ``drifting`` when its size is above ``drift_threshold``. Fewer than MIN_STEADY_STEPS steps:
-    every figure None. A None figure has its reason in ``unmeasured``."""
+    off the median of the timed window's last half; None when the last rolling window is off.
+    ``drift``: the last quarter's median step time over the first quarter's, minus 1 (positive:
+    slower at the end, as a throttled or down-clocked device is); ``drifting`` when its size is
+    above ``drift_threshold``. Fewer than MIN_STEADY_STEPS steps: every figure None. A None
+    figure has its reason in ``unmeasured``."""
     n = len(times)
     names = ("settled_after_steps", "settle_window", "drift", "drifting", "first_quarter_median_s",
              "last_quarter_median_s")
     figures: dict[str, Any] = dict.fromkeys(names)
     figures.update(settle_tolerance=tolerance, drift_threshold=drift_threshold, unmeasured={})
     if n < MIN_STEADY_STEPS:
-        figures["unmeasured"] = dict.fromkeys(names, f"{n} timed steps: steady state needs {MIN_STEADY_STEPS} or more")
+        why = f"{n} timed steps: steady state needs {MIN_STEADY_STEPS} or more"
+        figures["unmeasured"] = dict.fromkeys(names, why)
         return figures
     window = max(3, n // 10)
     reference = statistics.median(times[n // 2:])
