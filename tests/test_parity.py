@@ -123,10 +123,36 @@ def test_a_final_perplexity_beyond_the_margin_is_numerically_different(two_runs,
     assert "is 10.0% off the reference's" in out and "(margin 5%)" in out
 
 
-def test_a_run_with_a_changed_recipe_fails_the_convergence_check(two_runs, tmp_path, capsys):
-    out = tmp_path / "lr"
+@pytest.fixture(scope="module")
+def changed_recipe(tmp_path_factory):
+    """The runs of two_runs with a 5x learning rate: a changed recipe, numerically different."""
+    out = tmp_path_factory.mktemp("lr")
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "6", "--warmup", "1",
                  "--eval-iters", "1", "--lr", "5e-3", "--out", str(out)]) == 0
-    assert main(["parity", str(next(out.glob("*.json"))), str(two_runs[0])]) == 1
+    return next(out.glob("*.json"))
+
+
+def test_a_run_with_a_changed_recipe_fails_the_convergence_check(two_runs, changed_recipe, capsys):
+    assert main(["parity", str(changed_recipe), str(two_runs[0])]) == 1
     text = capsys.readouterr().out
     assert "NUMERICALLY DIFFERENT from the reference" in text and "final validation PPL" in text
+
+
+def test_the_report_marks_a_numerically_different_run_and_leaves_it_out(two_runs, changed_recipe, tmp_path,
+                                                                          capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in (two_runs[1], changed_recipe):
+        (results / path.name).write_text(path.read_text())
+    page = tmp_path / "report.md"
+    assert main(["report", str(results), "--reference", str(two_runs[0]), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "2 result(s): 1 ok, 1 numerically different" in text
+    assert "numerically different from the reference" in text and "final validation PPL" in text
+    assert "left out of the decision and every comparison (--keep-different keeps it)" in text
+    assert main(["report", str(results), "--reference", str(two_runs[0]), "--keep-different", "--out",
+                 str(page)]) == 0
+    kept = page.read_text()
+    assert "2 result(s): 2 ok" in kept and "kept in the comparisons (--keep-different)" in kept
+    assert main(["report", str(results), "--reference", str(tmp_path / "missing.json")]) == 2
+    assert "--reference" in capsys.readouterr().err

@@ -125,3 +125,19 @@ def test_three_repeats_of_a_suite_point_give_an_olympic_time_to_target_in_the_sw
     assert "## Time to target" in text and "Time and cost to reach PPL" in text
     assert f"{times[1]:,.1f} s: olympic mean of 3 runs (fastest and slowest dropped)" in text
     assert not math.isnan(times[0])
+
+
+@pytest.mark.slow
+def test_a_run_reaching_the_target_in_far_fewer_samples_than_its_reference_is_flagged(tmp_path):
+    """MLPerf's reference convergence points: the reference reaches floor*1000 at step 20 (160
+    samples); a 5x learning rate (another seed, so the curves are not held to each other) at step 10."""
+    reference, fast = tmp_path / "reference", tmp_path / "fast"
+    common = [*TINY, "--steps", "20", "--warmup", "0", "--target-ppl", TARGET]
+    assert main(["run", *common, "--out", str(reference)]) == 0
+    assert main(["run", *common, "--lr", "5e-3", "--seed", "99", "--out", str(fast)]) == 0
+    assert _only(fast).metrics.time_to_target.samples == 80
+    page = tmp_path / "report.md"
+    assert main(["report", str(fast), "--reference", str(next(reference.glob("*.json"))), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert "FLAGGED: run" in text and "reached the target in 80 samples, 50% fewer than the reference" in text
+    assert "flagged beyond 20%, as MLPerf's reference convergence points" in text

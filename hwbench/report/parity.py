@@ -94,6 +94,33 @@ def convergence_check(run: RunResult, reference: RunResult) -> ConvergenceCheck:
     return ConvergenceCheck(tiers, correlation, final_ppl, reference_ppl, failures)
 
 
+REFERENCE_MATCH = ("model", "precision", "seed", "global_batch_size", "seq_length", "data")  # a reference's identity
+DIFFERENT = "numerically different"  # the report's status of a run that fails its reference's check
+
+
+def check_against_references(results: list[RunResult], references: list[RunResult]) -> dict[str, str]:
+    """run_id -> why, for each ok result that fails the convergence check against the first
+    reference of its workload, precision, seed, global batch, sequence length and data (the
+    report's --reference); a result without a reference, or the reference itself, is not checked."""
+    different: dict[str, str] = {}
+    for result in results:
+        if result.status != "ok":
+            continue
+        reference = next((ref for ref in references if ref.run_id != result.run_id and all(
+            getattr(ref.spec, key) == getattr(result.spec, key) for key in REFERENCE_MATCH)), None)
+        if reference is None:
+            continue
+        try:
+            check = convergence_check(result, reference)
+        except UsageError as error:
+            different[result.run_id] = f"{DIFFERENT} from the reference {reference.run_id}: {error}"
+            continue
+        if not check.passed:
+            different[result.run_id] = f"{DIFFERENT} from the reference {reference.run_id}: " + "; ".join(
+                check.failures)
+    return different
+
+
 def format_convergence_check(check: ConvergenceCheck) -> str:
     lines = ["convergence check of A against B as the reference:"]
     lines += [f"  steps {t['first_step']}-{t['last_step']}: largest difference {t['worst']:.3%} at step "

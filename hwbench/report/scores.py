@@ -38,6 +38,37 @@ def target_figures(result: RunResult, price_usd_per_hour: float | None) -> dict[
             else None}
 
 
+# A run reaching its target in this much fewer samples than the reference run of its workload,
+# global batch and target is flagged, as MLPerf Training's reference convergence points keep a
+# submission from converging suspiciously fast ("Reference Convergence Points", MLPerf Training
+# rules). The 20% is hwbench's own bound, said beside the flag.
+FAST_CONVERGENCE_MARGIN = 0.20
+REFERENCE_TARGET_MATCH = ("model", "global_batch_size", "seq_length", "data", "target_given")
+
+
+def fast_convergence_flags(results: list[RunResult], references: list[RunResult]) -> dict[str, str]:
+    """run_id -> the flag, for each run that reached its target in markedly fewer samples than
+    the first reference (hwbench report --reference) of its workload, global batch, sequence
+    length, data and target that reached it too."""
+    flags: dict[str, str] = {}
+    for result in results:
+        mine = result.metrics.time_to_target if result.metrics else None
+        if not mine or not mine.reached:
+            continue
+        reference = next((ref for ref in references if ref.run_id != result.run_id and ref.metrics
+                          and ref.metrics.time_to_target and ref.metrics.time_to_target.reached
+                          and all(getattr(ref.spec, key) == getattr(result.spec, key)
+                                  for key in REFERENCE_TARGET_MATCH)), None)
+        if reference is None:
+            continue
+        theirs = reference.metrics.time_to_target.samples
+        if mine.samples < theirs * (1 - FAST_CONVERGENCE_MARGIN):
+            flags[result.run_id] = (f"reached the target in {mine.samples:,} samples, {1 - mine.samples / theirs:.0%} "
+                                    f"fewer than the reference {reference.run_id} ({theirs:,}; flagged beyond "
+                                    f"{FAST_CONVERGENCE_MARGIN:.0%}, as MLPerf's reference convergence points)")
+    return flags
+
+
 @dataclasses.dataclass
 class TargetScore:
     """The runs of one point (PointKey) that had one target."""
@@ -70,6 +101,11 @@ class TargetScore:
             return f"median {statistics.median(times):,.1f} s of {len(times)} runs ({score['why']})"
         return f"no score: {score['why'] or 'no run reached the target'}"
 
+    def reference_text(self) -> str:
+        """The fast-convergence flags of its runs (report --reference), or what was checked."""
+        flagged = [f"FLAGGED: run {row['run_id']} {row['target_flag']}" for row in self.rows if row.get("target_flag")]
+        return "; ".join(flagged) if flagged else "-"
+
     def median(self, column: str) -> float | None:
         values = [row[column] for row in self.reached if is_number(row[column])]
         return statistics.median(values) if values else None
@@ -89,7 +125,7 @@ def target_scores(runs: pd.DataFrame) -> list[TargetScore]:
         return []
     groups: dict[tuple, TargetScore] = {}
     for row in runs.to_dict(orient="records"):
-        if not row.get("target") or row["status"] not in TARGET_STATUSES or row.get("excluded"):
+        if not row.get("target") or row["status"] not in TARGET_STATUSES:
             continue
         key = (row["point"], row["target_given"])
         if key not in groups:
@@ -101,7 +137,7 @@ def target_scores(runs: pd.DataFrame) -> list[TargetScore]:
 
 def target_table(scores: list[TargetScore]) -> Table:
     table = Table(["device", "point", "target", "runs (reached)", "time to target", "steps (median)",
-                   "samples (median)", "device-hours (median)", "J (median)", "cost"], [])
+                   "samples (median)", "device-hours (median)", "J (median)", "cost", "against the reference"], [])
     for score in scores:
         energy = score.median("energy_to_target_j")
         why = next((row["energy_to_target_reason"] for row in score.rows if row["energy_to_target_reason"]), None)
@@ -109,7 +145,7 @@ def target_table(scores: list[TargetScore]) -> Table:
                            score.time_text(), fmt(score.median("steps_to_target"), 0),
                            fmt(score.median("samples_to_target"), 0), fmt(score.median("device_hours_to_target"), 4),
                            fmt(energy, 0, " J", missing=f"not measured ({why})" if why else None),
-                           usd(score.cost(), ",.4g", "no price")])
+                           usd(score.cost(), ",.4g", "no price"), score.reference_text()])
     return table
 
 
