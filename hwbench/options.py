@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.target import number_as_text, valid_target_ppl
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 from hwbench.workload.split import parse_split
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
@@ -31,6 +32,8 @@ PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
 WORKLOAD, LAYOUT, PROCESSES = "workload", "parallel layout", "processes and nodes (torchrun)"
+TARGET = "time to a target quality (docs/scores.md)"
+TARGET_EVAL_INTERVAL = 10  # --eval-interval when a target is given and none is
 
 MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
 MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
@@ -57,6 +60,7 @@ class Option:
     accepts: str | None = None
     group: str = WORKLOAD
     megatron: tuple[str, ...] = ()  # Megatron-LM's flags for the same option
+    normalize: Callable[[Any], Any] | None = None  # a value of another type as this option's (a number for text)
     name: str = ""
     type: type = str
 
@@ -87,6 +91,8 @@ class Option:
         """``value`` (from the API, a suite or the command line) as this option takes it;
         else UsageError, one line naming the option, the value (``shown``, or its repr) and
         what is accepted."""
+        if self.normalize is not None:
+            value = self.normalize(value)
         if not self._accepts(value):
             shown = shown or repr(value)
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
@@ -194,12 +200,20 @@ class RunOptions:
     split: str | None = option("train,valid,test weights for --data PREFIX", default="949,50,1", valid=_split,
                                accepts="up to three non-negative weights")
     eval_interval: int | None = option("validate every N steps; 0: only after the last", default=0, minimum=0,
-                                       maximum=MAX_STEPS)
+                                       maximum=MAX_STEPS,
+                                       default_rule=f"0; with a target: {TARGET_EVAL_INTERVAL}")
     eval_iters: int | None = option("global batches per validation; 0: none", default=10, minimum=0,
                                     maximum=MAX_STEPS)
     steps: int | None = option("timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS,
                                megatron=("--train-iters",))
     warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS)
+    target_ppl: str | None = option(
+        "stop at the first validation whose perplexity is at or below this; floor*F: F times the lowest reachable "
+        "perplexity of --data builtin or synthetic; --steps is then the most steps (not reached: status "
+        "not_converged, exit 1)", valid=valid_target_ppl, normalize=number_as_text,
+        accepts="a perplexity > 1, or floor*F with F > 1", group=TARGET)
+    target_loss: float | None = option("as --target-ppl, for the validation loss in nats", minimum=0,
+                                       above_minimum=True, group=TARGET)
     seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0,
                               maximum=MAX_SEED)
     lr: float | None = option("peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True)

@@ -17,6 +17,7 @@ from hwbench.errors import UsageError
 from hwbench.options import DATA_KEYWORDS, MAX_POSITIONS, MULTI_NODE_PORT, RUN_OPTIONS, RunOptions
 from hwbench.options import ENGINES  # noqa: F401  (hwbench.planner reads it here)
 from hwbench.result.files import check_output_folder
+from hwbench.target import Target, resolve_target
 from hwbench.units import parse_size
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.flops import canonical_formula
@@ -113,10 +114,23 @@ class RunSpec:
     device_memory_bytes: int | None = None  # under fast: the memory per device it planned for
     cross_entropy: str = "standard"  # --cross-entropy: standard or chunked
     fused_qkv: bool = False  # --fused-qkv: one q/k/v projection in Megatron's per-head layout
+    # --target-ppl / --target-loss (hwbench.target): the run stops at the first validation that
+    # reaches it. The resolved figure (floor*1.2 on the built-in language: 5.06) and the text given.
+    target_ppl: float | None = None
+    target_loss: float | None = None
+    target_given: str | None = None
 
     @property
     def gradient_accumulation_steps(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.parallel.dp)
+
+    @property
+    def target(self) -> Target | None:
+        if self.target_ppl is not None:
+            return Target("ppl", self.target_ppl, self.target_given or repr(self.target_ppl))
+        if self.target_loss is not None:
+            return Target("loss", self.target_loss, self.target_given or repr(self.target_loss))
+        return None
 
     @property
     def tokens_per_iteration(self) -> int:
@@ -339,6 +353,32 @@ def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 
                          "accepted: 1f1b, or --engine native")
 
 
+def _target(options: RunOptions, workload: Workload, data: str, seed: int, split: str) -> tuple[Target | None, int]:
+    """(the run's target, --eval-interval): a target needs validations, TARGET_EVAL_INTERVAL
+    steps apart unless --eval-interval says otherwise."""
+    from hwbench.options import TARGET_EVAL_INTERVAL
+    from hwbench.workload.corpus import entropy_floor_nats
+    from hwbench.workload.split import parse_split
+
+    interval = options.value("eval_interval")
+    if options.target_ppl is None and options.target_loss is None:
+        return None, interval
+    floor = entropy_floor_nats(data, seed, workload.model.vocab_size)
+    where = {"builtin": f"the built-in language of --seed {seed}", "synthetic": "--data synthetic"}.get(data, "")
+    target = resolve_target(options.target_ppl, options.target_loss, data, floor, where)
+    flag = "--target-ppl" if options.target_ppl is not None else "--target-loss"
+    if options.value("eval_iters") == 0:
+        raise UsageError(f"{flag} is checked at validations, and --eval-iters 0 turns them off; give --eval-iters 1 "
+                         "or more")
+    if data not in ("builtin", "synthetic") and not parse_split(split)[1]:
+        raise UsageError(f"{flag} is checked at validations, and --split {split} leaves no validation documents; "
+                         "give the validation part a weight")
+    if options.eval_interval == 0:
+        raise UsageError(f"{flag} with --eval-interval 0 would validate only after the last step; give "
+                         f"--eval-interval N (validate every N steps), or leave it out ({TARGET_EVAL_INTERVAL})")
+    return target, options.eval_interval or TARGET_EVAL_INTERVAL
+
+
 def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
                    check_paths: bool = True) -> RunSpec:
     """RunSpec from run options (None = the default, which may be the workload's).
@@ -377,6 +417,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
                 "a smaller micro batch, a larger global batch, or --pp-schedule gpipe")
         pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
     positions = _max_positions(options, workload, seq)
+    seed = _or(options.seed, defaults.seed)
+    target, eval_interval = _target(options, workload, value("data"), seed, value("split"))
     if check_paths:
         check_data(value("data"))
         check_output_folder(value("out"))
@@ -391,7 +433,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         compile=_or(options.compile, chosen.get("compile", False)),
         steps=value("steps"),
         warmup=value("warmup"),
-        seed=_or(options.seed, defaults.seed),
+        seed=seed,
         parallel=parallel,
         engine=engine,
         zero_stage=zero_stage,
@@ -411,7 +453,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         loss_scale=defaults.loss_scale,
         data=value("data"),
         split=value("split"),
-        eval_interval=value("eval_interval"),
+        eval_interval=eval_interval,
         eval_iters=value("eval_iters"),
         telemetry=value("telemetry"),
         telemetry_interval_s=value("telemetry_interval"),
@@ -423,4 +465,7 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         device_memory_bytes=device_memory,
         cross_entropy=cross_entropy,
         fused_qkv=fused_qkv,
+        target_ppl=target.value if target and target.metric == "ppl" else None,
+        target_loss=target.value if target and target.metric == "loss" else None,
+        target_given=target.given if target else None,
     )

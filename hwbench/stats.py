@@ -46,6 +46,76 @@ def throughput_statistics(values: list[float]) -> dict[str, Any]:
             "ci95_high": mean + half if half is not None else None, "noisy": cv > NOISY_CV}
 
 
+OLYMPIC_MIN_RUNS = 3  # one run left once the fastest and the slowest are dropped
+
+
+def olympic_score(times: Sequence[float], not_converged: int = 0) -> dict[str, Any]:
+    """MLPerf Training's benchmark result from the times of a point's runs ("Benchmark Results"):
+    the fastest and the slowest dropped, the mean of the rest. A single run that did not converge
+    counts as the slowest and is dropped; with more than one the result is invalid. ``score`` is
+    None, with ``why``, when it cannot be given (fewer than OLYMPIC_MIN_RUNS runs, or invalid)."""
+    runs = len(times) + not_converged
+    figures: dict[str, Any] = {"runs": runs, "converged": len(times), "not_converged": not_converged,
+                               "score": None, "kept": [], "dropped": [], "why": None}
+    if not_converged > 1:
+        figures["why"] = f"{not_converged} of {runs} runs did not converge: more than one makes the result invalid"
+        return figures
+    if runs < OLYMPIC_MIN_RUNS:
+        figures["why"] = f"{runs} run(s): the olympic score drops the fastest and the slowest, so it needs 3 or more"
+        return figures
+    ordered = sorted(times)
+    kept = ordered[1:] if not_converged else ordered[1:-1]  # a non-converging run is the slowest dropped
+    figures.update(score=statistics.fmean(kept), kept=kept,
+                   dropped=[ordered[0]] + ([] if not_converged else [ordered[-1]]))
+    return figures
+
+
+# Steady state (docs/methodology.md, "Steady state"): hwbench's own thresholds, stated with the figures.
+SETTLE_TOLERANCE = 0.05  # a rolling median within 5% of the last half's median is settled
+DRIFT_THRESHOLD = 0.05  # the last quarter's median step time more than 5% off the first quarter's
+MIN_STEADY_STEPS = 8  # two quarters of two steps each
+
+
+def steady_state(times: Sequence[float], tolerance: float = SETTLE_TOLERANCE,
+                 drift_threshold: float = DRIFT_THRESHOLD) -> dict[str, Any]:
+    """How the step time of a timed window settled and whether it drifted.
+
+    ``settled_after_steps``: the leading steps up to the middle of the last rolling window (of
+    ``settle_window`` steps: a tenth of them, at least 3) whose median is more than ``tolerance``
+    off the median of the timed window's last half; None when the last rolling window is off.
+    ``drift``: the last quarter's median step time over the first quarter's, minus 1 (positive:
+    slower at the end, as a throttled or down-clocked device is); ``drifting`` when its size is
+    above ``drift_threshold``. Fewer than MIN_STEADY_STEPS steps: every figure None. A None
+    figure has its reason in ``unmeasured``."""
+    n = len(times)
+    names = ("settled_after_steps", "settle_window", "drift", "drifting", "first_quarter_median_s",
+             "last_quarter_median_s")
+    figures: dict[str, Any] = dict.fromkeys(names)
+    figures.update(settle_tolerance=tolerance, drift_threshold=drift_threshold, unmeasured={})
+    if n < MIN_STEADY_STEPS:
+        why = f"{n} timed steps: steady state needs {MIN_STEADY_STEPS} or more"
+        figures["unmeasured"] = dict.fromkeys(names, why)
+        return figures
+    window = max(3, n // 10)
+    reference = statistics.median(times[n // 2:])
+    rolling = [statistics.median(times[i:i + window]) for i in range(n - window + 1)]
+    off = [i for i, median in enumerate(rolling) if abs(median / reference - 1) > tolerance]
+    quarter = n // 4
+    first, last = statistics.median(times[:quarter]), statistics.median(times[-quarter:])
+    drift = last / first - 1 if first > 0 else None
+    settled = not off or off[-1] < len(rolling) - 1  # the last rolling median off: it never settled
+    if not settled:
+        figures["unmeasured"]["settled_after_steps"] = (f"the step time never stayed within {tolerance:.0%} of its "
+                                                        "last half's median")
+    # a window whose median is off has its middle step off: the settled part starts after it
+    figures.update(settled_after_steps=(off[-1] + window // 2 + 1 if off else 0) if settled else None,
+                   settle_window=window,
+                   drift=drift,
+                   drifting=drift is not None and abs(drift) > drift_threshold,
+                   first_quarter_median_s=first, last_quarter_median_s=last)
+    return figures
+
+
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:
     """(U of x, two-sided p, method) for two samples of 2 or more values each. U counts the pairs
     where x beats y (a tie counts 1/2): 0 when every x is below every y, n1 x n2 when every x is

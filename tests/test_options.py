@@ -80,7 +80,8 @@ def _sample(option):
         return next(c for c in reversed(option.choices) if c != option.default)
     if option.type in (int, float):
         return option.type(option.maximum if option.maximum is not None else (option.minimum or 0) + 3)
-    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB"}.get(option.name, f"x-{option.name}")
+    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB",
+            "target_ppl": "floor*1.2"}.get(option.name, f"x-{option.name}")
 
 
 def test_every_option_survives_the_command_line_with_a_value_of_its_own():

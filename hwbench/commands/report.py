@@ -33,6 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a FLOPs formula whose MFU the per-model tables show beside each run's own, e.g. "
                              "megatron-core-v0.7 to compare with a Megatron-LM log before core_v0.12 (names: "
                              "hwbench run --flops-formula)")
+    parser.add_argument("--reference", action="append", default=[], metavar="RESULT.json",
+                        help="a run you trust; every result of its workload, precision, seed, global batch, sequence "
+                             "length and data is checked against it (docs/parity.md) and, when numerically "
+                             "different, marked and left out of the comparisons; repeatable")
+    parser.add_argument("--keep-different", action="store_true",
+                        help="keep a numerically different result in the comparisons (still marked)")
     parser.add_argument("--projection-devices", "--devices", dest="projection_devices", type=int,
                         default=DEFAULT_PROJECTION_DEVICES, metavar="N",
                         help=f"devices of the projected training job (default: {DEFAULT_PROJECTION_DEVICES}; "
@@ -47,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
     prices = {**(load_price_file(args.prices) if args.prices else {}), **parse_price_options(args.price)}
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
     text, skipped = write_report(args.results, args.format, args.against, prices, tokens, args.projection_devices,
-                                 args.out, args.also_formula)
+                                 args.out, args.also_formula, args.reference, args.keep_different)
     for _file, reason in skipped:  # also listed in the report, but a CI log should show them too
         print(f"hwbench report: warning: left out {reason}", file=sys.stderr)
     if args.out:

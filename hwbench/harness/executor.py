@@ -30,7 +30,7 @@ from hwbench.result.files import AGGREGATE_FILE, check_output_folder, result_fil
 from hwbench.result.model import RunResult
 from hwbench.result.store import (ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic,
                                   write_result)
-from hwbench.stats import throughput_statistics
+from hwbench.stats import olympic_score, throughput_statistics
 
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one sweep writes a suite's folder at a time
@@ -274,6 +274,11 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
         return None
     figures = {key: throughput_statistics([r.metrics[key] for r in ok])
                for key in ("samples_per_s", "tokens_per_s", "tflops_per_device")}
+    targets = [r.metrics.time_to_target for r in results if r.status in ("ok", "not_converged")
+               and r.metrics.time_to_target]
+    if targets:  # MLPerf's score of the repeats: hwbench.stats.olympic_score
+        figures["time_to_target_s"] = olympic_score([t.scored_time_s for t in targets if t.reached],
+                                                    sum(not t.reached for t in targets))
     return {"point": point.name, "repeats": len(results), "ok": len(ok),
             "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}
 

@@ -2,8 +2,10 @@
 a rank fails, and for saying where each rank was when one did.
 
 HWBENCH_FAULT (hidden: for tests and for drills) names one fault:
-``RANK:STEP:KIND`` with KIND one of raise, oom, signal (SIGKILL itself), hang.
-The rank meets it at the start of that step (1-based, warm-up included).
+``RANK:STEP:KIND`` with KIND one of raise, oom, signal (SIGKILL itself), hang,
+or slow (the rank sleeps SLOW_STEP_S at the start of that step and of every later
+one: a device whose clock fell, for the steady-state drift check). The rank meets
+it at the start of that step (1-based, warm-up included).
 
 HWBENCH_RUN_DIR, set by the launcher, is where each rank writes its heartbeat:
 ``rank<R>.json`` with its pid, host and last completed step, replaced after
@@ -31,7 +33,8 @@ SWEEP_ENV = "HWBENCH_SWEEP"
 # files in that run folder: rank 0's merged result, the torchrun agent's outcome
 RESULT_FILE = "result.json"
 AGENT_FILE = "agent.json"
-FAULT_KINDS = ("raise", "oom", "signal", "hang")
+FAULT_KINDS = ("raise", "oom", "signal", "hang", "slow")
+SLOW_STEP_S = 2.0  # kind slow: far above the step-time noise of a tiny model on a shared CPU
 
 
 class InjectedFault(RuntimeError):
@@ -69,6 +72,10 @@ class Fault:
         return fault
 
     def maybe_trigger(self, rank: int, step: int) -> None:
+        if self.kind == "slow":
+            if rank == self.rank and step >= self.step:
+                time.sleep(SLOW_STEP_S)
+            return
         if rank != self.rank or step != self.step:
             return
         if self.kind == "raise":

@@ -16,11 +16,13 @@ from typing import Any
 from hwbench.catalog import Workload
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.result.model import (Environment, Memory, Metrics, NodePlacement, NodeSummary, RankPlacement, RankSummary,
-                                  RunError, RunResult, Step, StepTime, Telemetry, ValidationPoint)
+                                  RunError, RunResult, SteadyState, Step, StepTime, Telemetry, TimeToTarget,
+                                  ValidationPoint)
 from hwbench.result.store import finite
-from hwbench.stats import finite_or_none, summarize
+from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.spec import RunSpec
 from hwbench.plausibility import implausible_throughput
+from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
@@ -53,6 +55,7 @@ class RankReport:
     validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # worker.validate()'s points
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
+    init_s: float | None = None  # from run_point's start to the first training step
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -191,6 +194,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
+    result.metrics.time_to_target = time_to_target(result, spec, reports)
+    result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
 
 
@@ -257,6 +262,65 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         "telemetry": telemetry, "data": source.data, "unmeasured": unmeasured}))
 
 
+def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) -> TimeToTarget | None:
+    """Time, steps, samples, device-hours, energy and cost to the run's target, from the first
+    validation that reached it; None without a target. The clock starts at the first training
+    step (warm-up included: it trains too) and stops when that validation's loss was read;
+    initialisation is reported apart and counts only beyond INIT_BOUND_S (MLPerf's rule)."""
+    target = spec.target
+    if target is None:
+        return None
+    figures: dict[str, Any] = {"metric": target.metric, "given": target.given, "value": target.value}
+    unmeasured: dict[str, str] = {}
+    init = [r.init_s for r in reports if r.init_s is not None]
+    figures["init_s"] = max(init) if init else None  # the job starts training when its last rank is ready
+    hit = next((point for point in result.metrics.validation or [] if target.met(point)), None)
+    figures["reached"] = hit is not None
+    if hit is None:
+        last = (result.metrics.validation or [None])[-1]
+        seen = f"{target.metric} {last[target.metric]:.4g} at step {last.step}" if last and last[target.metric] \
+            is not None else "no finite validation figure"
+        why = f"not reached in {spec.warmup + spec.steps} steps ({seen})"
+        unmeasured.update(dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
+                                         "energy_j", "cost_usd"), why))
+        return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+    samples = hit.step * spec.global_batch_size
+    scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
+    device_hours = scored * result.devices_charged / 3600
+    price = result.device.price_usd_per_hour
+    figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
+                   scored_time_s=scored, device_hours=device_hours,
+                   cost_usd=device_hours * price if price is not None else None)
+    if price is None:
+        unmeasured["cost_usd"] = "no price per device-hour in the device's catalog entry (the report takes --price)"
+    telemetry = result.metrics.telemetry
+    energy = telemetry.total_energy_j if telemetry and telemetry.available else None
+    if spec.warmup:
+        unmeasured["energy_j"] = (f"the telemetry window starts after the {spec.warmup} warm-up steps; --warmup 0 "
+                                  "measures the energy to the target")
+    elif energy is None:
+        unmeasured["energy_j"] = (telemetry.reason if telemetry else None) or result.metrics.why("telemetry") \
+            or "no device reported its energy"
+    else:
+        figures["energy_j"] = energy  # with --warmup 0 the window runs from the first step to the target
+    return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+
+
+def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> SteadyState:
+    """hwbench.stats.steady_state of the merged step times, with the throttle reasons the
+    devices reported over the window beside it (the likely cause of a drift)."""
+    figures = steady_state(times)
+    reported = [device.throttle_reasons for device in (telemetry.devices or [])] if telemetry else []
+    known = [reasons for reasons in reported if reasons is not None]
+    figures["throttle_reasons"] = sorted({name for reasons in known for name in reasons}) if known else None
+    if not known:
+        figures["unmeasured"]["throttle_reasons"] = (
+            "telemetry turned off (--no-telemetry)" if telemetry is None
+            else telemetry.reason if not telemetry.available and telemetry.reason
+            else "no device reported throttle reasons")
+    return SteadyState.model_validate(finite(figures))
+
+
 def _telemetry(summary: dict[str, Any] | None) -> Telemetry | None:
     """A telemetry summary as the result holds it (a sensor's non-finite reading as null)."""
     return None if summary is None else Telemetry.model_validate(finite(summary))
@@ -267,7 +331,12 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     metrics, scaled = result.metrics, spec.precision == "fp16"
     bad = [s.step for s in result.steps if s.loss is None or (s.grad_norm is None and not s.skipped)]
     all_skipped = scaled and metrics.skipped_steps == len(result.steps)
-    result.status = "numerics" if bad or all_skipped else "invalid" if implausible else "ok"
+    missed = metrics.time_to_target is not None and not metrics.time_to_target.reached
+    result.status = "numerics" if bad or all_skipped else "invalid" if implausible else \
+        "not_converged" if missed else "ok"
+    if result.status == "not_converged":
+        result.error = RunError(type="TargetNotReached", rank=0, traceback=None,
+                                message=f"target {spec.target.text()} {metrics.time_to_target.why('step')}")
     if implausible and result.status == "invalid":
         result.error = RunError(type="ImplausibleThroughput", message=implausible, traceback=None, rank=0)
     if bad:
@@ -276,6 +345,17 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     elif all_skipped:
         result.error = RunError(type="LossScaleCollapse", rank=0, traceback=None,
                                 message="every fp16 step overflowed and was skipped")
+    steady = metrics.steady_state
+    if steady and steady.drifting:
+        if steady.drift > 0:
+            reasons = (f"throttle reasons reported: {', '.join(steady.throttle_reasons)}" if steady.throttle_reasons
+                       else f"throttle reasons: {steady.why('throttle_reasons') or 'none reported'}")
+            result.warnings.append(f"step time drifted: the last quarter of the timed window {steady.drift:+.1%} "
+                                   f"against the first (threshold {steady.drift_threshold:.0%}; {reasons})")
+        else:
+            result.warnings.append(f"step time drifted: the last quarter of the timed window {steady.drift:+.1%} "
+                                   f"against the first (threshold {steady.drift_threshold:.0%}): still settling "
+                                   f"after the warm-up; give more --warmup")
     cv = metrics.step_time_s.cv if metrics.step_time_s else None
     if cv is not None and cv > NOISY_CV:
         result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")

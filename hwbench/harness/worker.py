@@ -53,6 +53,7 @@ class Measurement:
     data: dict[str, Any]
     validation: list[dict[str, Any]]
     host_syncs: dict[str, Any]  # Backend.counting_host_syncs() of the timed window
+    training_started: float  # perf_counter() at the start of the first step (warm-up included)
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
@@ -65,6 +66,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     failed, invalid, numerics). As a rank, it is raised (RankFailure): torchrun
     then stops the other ranks, which would otherwise wait in a collective, and
     records the traceback for the launcher."""
+    setup_started = time.perf_counter()  # initialisation: from here to the first step (time to target)
     backend = checked_backend(spec)
     workload = catalog.workloads[spec.model]
     local_rank, local_world = (rank_env.local_rank, rank_env.local_world_size) if rank_env else (0, 1)
@@ -97,6 +99,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             result.engine = engine.describe()
             measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
             report = rank_report(ctx, measurement, fingerprint, heartbeat, placement)
+            report.init_s = measurement.training_started - setup_started
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
@@ -208,9 +211,14 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval runs between timed steps, marked apart and left
     out of the step times (it does fall inside the telemetry window); the final
-    validation runs after the measured window has closed."""
+    validation runs after the measured window has closed. With a target (--target-ppl,
+    --target-loss) every validation, the last one too, runs inside the window and the
+    run stops at the first that reaches it: reading a validation's loss is the one wait
+    for the device the check needs, and every validation makes it anyway."""
     validation: list[dict[str, Any]] = []
     outcomes: list[StepOutcome] = []
+    target = spec.target
+    training_started = time.perf_counter()  # the clock of time to target starts at the first step
 
     def train(step: int) -> None:
         if fault:
@@ -218,12 +226,19 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         outcomes.append(engine.train_step(data.train_batch))
         backend.step_done()
 
+    def validate_reached(step: int) -> bool:
+        """Validate; whether the target is reached (the same on every rank: the loss is reduced)."""
+        point = validate(engine, data, spec, step)
+        point["elapsed_s"] = time.perf_counter() - training_started  # the loss was read: the device is done
+        validation.append(point)
+        return target is not None and target.met(point)
+
     for step in range(1, spec.warmup + 1):
         train(step)
         heartbeat.step(step, "warmup")
         progress.step(step, loss=finite_or_none(outcomes[-1].loss.item()))  # warm-up may sync freely
         if _eval_due(spec, data, step):
-            validation.append(validate(engine, data, spec, step))
+            validate_reached(step)  # a target met here stops the run at the first validation after the warm-up
     backend.synchronize()
     ctx.barrier()  # every rank starts the timed window together
 
@@ -234,7 +249,7 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     if sampler:
         sampler.start()
     wall_start = time.perf_counter()
-    last = spec.warmup + spec.steps
+    last = done = spec.warmup + spec.steps
     with backend.measuring(), backend.counting_host_syncs() as host_syncs:
         timer.mark()
         for step in range(spec.warmup + 1, last + 1):
@@ -243,20 +258,24 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
             interval_is_step.append(True)
             heartbeat.step(step, "timed")  # the host's count: the device may still be working on it
             progress.step(step)  # no loss read here: it would sync the device
-            if step < last and _eval_due(spec, data, step):
-                validation.append(validate(engine, data, spec, step))
+            if (step < last or target is not None) and _eval_due(spec, data, step):
+                reached = validate_reached(step)
                 timer.mark()
                 interval_is_step.append(False)
+                if reached:
+                    done = step
+                    progress.note(f"target {target.text()} reached at step {step}")
+                    break
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
-    if _eval_due(spec, data, last):  # after the measured window
+    if target is None and _eval_due(spec, data, last):  # after the measured window
         progress.note(f"timed steps done; validating ({spec.eval_iters} batches)")
-        validation.append(validate(engine, data, spec, last))
-    heartbeat.step(last, "done")
+        validate_reached(last)
+    heartbeat.step(done, "done")
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation,
-                       host_syncs.to_dict())
+                       host_syncs.to_dict(), training_started)
 
 
 def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat,

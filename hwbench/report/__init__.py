@@ -12,11 +12,14 @@ FORMATS = ("md", "html", "csv", "json")
 def write_report(paths: Sequence[str], format: str = "md", against: str | os.PathLike | None = None,
                  prices: Mapping[str, Any] | None = None, tokens: float | None = None, projection_devices: int = 8,
                  out: str | os.PathLike | None = None,
-                 also_formula: str | None = None) -> tuple[str, list[tuple[str, str]]]:
+                 also_formula: str | None = None, references: Sequence[str] = (),
+                 keep_different: bool = False) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` as text in ``format``, written
     atomically to ``out`` when given (never half-written, never over one of its inputs),
     and the (file, reason) of each file left out. ``also_formula``: a FLOPs formula whose MFU
-    the per-model tables show beside the default's. UsageError, one line, for bad input."""
+    the per-model tables show beside the default's. ``references``: result files of runs to check
+    each result against (docs/parity.md); a result that fails is "numerically different" and left
+    out of the comparisons unless ``keep_different``. UsageError, one line, for bad input."""
     from hwbench.errors import UsageError
     from hwbench.report.build import make_report
     from hwbench.result.files import check_output_file
@@ -35,7 +38,7 @@ def write_report(paths: Sequence[str], format: str = "md", against: str | os.Pat
     if out is not None:
         check_output_file(out, "--out", paths)
     text, skipped = make_report(list(paths), format, None if against is None else os.fspath(against), prices or {},
-                                tokens, projection_devices, also_formula)
+                                tokens, projection_devices, also_formula, list(references), keep_different)
     if out is not None:
         try:
             write_text_atomic(out, text)

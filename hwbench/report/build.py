@@ -15,6 +15,7 @@ from hwbench.report.document import Report
 from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
+from hwbench.report.scores import time_to_target_section
 from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
 from hwbench.result.model import RunResult
@@ -23,19 +24,23 @@ from hwbench.result.model import RunResult
 def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, str]],
                  published: pd.DataFrame | None, published_note: str | None,
                  prices: dict[str, Price], tokens: float | None, devices: int, with_plots: bool = True,
-                 also_formula: str | None = None) -> Report:
+                 also_formula: str | None = None, references: list[RunResult] | None = None,
+                 keep_different: bool = False) -> Report:
     """The report of the ``loaded`` (result, file) pairs; ``skipped`` (file, reason) pairs are listed
     in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
     None: each workload's budget is 20 tokens per parameter. ``also_formula``: a FLOPs formula whose
-    MFU the per-model tables show beside each run's own."""
+    MFU the per-model tables show beside each run's own. ``references``: runs to check each result
+    against (hwbench.report.parity.check_against_references); a result that fails is marked
+    "numerically different" and, unless ``keep_different``, left out of every comparison."""
     rows = [run_row(result, file, prices, tokens) for result, file in loaded]
+    different = _mark_different(rows, [result for result, _ in loaded], references or [], keep_different)
     _point_variants(rows, [result for result, _ in loaded])
     fits = scaling_fits(rows)
     apply_projections(rows, fits, devices)
     runs = pd.DataFrame(rows, dtype=object)  # object: None stays None, integers stay integers
     comparison = match_published(runs, published)
     notes = unmatched_price_notes(runs, prices)
-    warnings_found = environment_warnings(runs)
+    warnings_found = environment_warnings(runs) + different
     images = plot_images(rows, loaded, fits) if with_plots else {}
     decision = decision_section(runs, fits, published, prices, tokens, devices, images if with_plots else None)
     if runs.empty:  # the published tables alone
@@ -48,10 +53,39 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         model_section(runs, images, also_formula),
         procurement_section(runs, devices, notes),
         convergence_section(runs, images),
+        time_to_target_section(runs),
         environment_section(runs, warnings_found),
         skipped_section(skipped),
     ]
+    sections = [section for section in sections if section is not None]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
+
+
+def _mark_different(rows: list[dict[str, Any]], results: list[RunResult], references: list[RunResult],
+                    keep_different: bool) -> list[str]:
+    """Mark each row whose run fails its reference's convergence check, and each that reached its
+    target markedly faster than its reference; the warnings to print."""
+    from hwbench.report.parity import DIFFERENT, check_against_references
+    from hwbench.report.scores import fast_convergence_flags
+
+    different = check_against_references(results, references)
+    flags = fast_convergence_flags(results, references)
+    warnings = []
+    for row in rows:
+        row["target_flag"] = flags.get(row["run_id"])
+        if row["target_flag"]:
+            warnings.append(f"run {row['run_id']}: {row['target_flag']}")
+    for row in rows:
+        why = different.get(row["run_id"])
+        if why is None:
+            continue
+        kept = "kept in the comparisons (--keep-different)" if keep_different else \
+            "left out of the decision and every comparison (--keep-different keeps it)"
+        row["error"] = f"{why}; {kept}"
+        if not keep_different:
+            row["status"] = DIFFERENT
+        warnings.append(f"run {row['run_id']}: {row['error']}")
+    return warnings
 
 
 def _point_variants(rows: list[dict[str, Any]], results: list[RunResult]) -> None:
@@ -107,7 +141,8 @@ def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | No
 
 def make_report(paths: Sequence[str], format: str, against: str | None, prices: Mapping[str, Any],
                 tokens: float | None, projection_devices: int,
-                also_formula: str | None = None) -> tuple[str, list[tuple[str, str]]]:
+                also_formula: str | None = None, references: Sequence[str] = (),
+                keep_different: bool = False) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` (none: the published tables alone) as
     text in ``format`` (md, csv, json, html), and the (file, reason) of each file left out.
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
@@ -125,13 +160,29 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     if paths and not loaded:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
+    reference_results = _load_references(references)
     published, note = published_tables(None if against is None else str(against))
     if not loaded and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
     report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
-                          with_plots=format == "html", also_formula=also_formula)
+                          with_plots=format == "html", also_formula=also_formula, references=reference_results,
+                          keep_different=keep_different)
     if format == "html":
         from hwbench.report.html import render_html
 
         return render_html(report), skipped
     return {"md": render_markdown, "csv": render_csv, "json": render_json}[format](report), skipped
+
+
+def _load_references(paths: Sequence[str]) -> list[RunResult]:
+    """The --reference result files; UsageError naming one that cannot be read."""
+    from hwbench.errors import UsageError
+    from hwbench.result.store import ResultFormatError, load_result
+
+    loaded = []
+    for path in paths:
+        try:
+            loaded.append(load_result(path))
+        except (ResultFormatError, OSError) as error:
+            raise UsageError(f"--reference {path}: {error}") from None
+    return loaded

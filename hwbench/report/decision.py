@@ -20,6 +20,7 @@ from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
 from hwbench.report.scaling import ScalingFit, fit_scaling
 from hwbench.stats import NOISY_CV, throughput_statistics
+from hwbench.report.scores import decision_target_blocks
 
 # The device class of a published row -> the catalog entry its price is taken from. The tables
 # name a "V100-class" GPU without its form factor: it is priced as the SXM2 card (said in the report).
@@ -80,6 +81,7 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
             images[key] = chart
             section.blocks.append(("img", key, f"{model}, {precision}: the best point of each device model, median "
                                                "tokens/s per device with the range of its repeats"))
+        section.blocks += decision_target_blocks(runs, model, precision)
         for candidate in candidates + pub:
             used[candidate.device] = candidate.price.text() if candidate.price else candidate.price_why or ""
     if not workloads:

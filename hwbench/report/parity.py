@@ -28,6 +28,118 @@ FINAL_WINDOW = 5  # steps averaged for the final comparison
 MUST_MATCH = ("model", "seed", "data", "split", "global_batch_size", "seq_length")
 
 
+# The convergence check of a run against a reference curve (docs/parity.md, "Convergence check"):
+# per-step tolerances in tiers over the fraction of the steps compared (tight early, where the
+# curves of one recipe start together, looser later, where noise accumulates), the Pearson
+# correlation of the two curves, and the final validation perplexity within a margin. The same
+# three kinds of check as Megatron-Bridge's golden-value tests; the figures are hwbench's, chosen
+# from docs/parity.md's measurements (a precision change stays far inside, a 1.5x learning rate
+# does not).
+TIERS = ((0.25, 0.005), (0.5, 0.01), (1.0, DEFAULT_TOLERANCE))  # (up to this fraction of the steps, tolerance)
+MIN_CORRELATION = 0.95
+FINAL_PPL_MARGIN = 0.05  # the final validation perplexity within 5% of the reference's
+
+
+@dataclasses.dataclass
+class ConvergenceCheck:
+    """A run against a reference run of the same workload, precision and seed."""
+
+    tiers: list[dict[str, Any]]  # first_step, last_step, tolerance, worst, worst_step, passed
+    correlation: float | None
+    final_ppl: float | None
+    reference_ppl: float | None
+    failures: list[str]  # why it is numerically different, one line each
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def convergence_check(run: RunResult, reference: RunResult) -> ConvergenceCheck:
+    """The tiered per-step check, the correlation and the final validation PPL of ``run``
+    against ``reference`` (UsageError when they share no step with a finite loss)."""
+    from scipy import stats
+
+    losses, ref = _losses(run), _losses(reference)
+    common = sorted(set(losses) & set(ref))
+    if not common:
+        raise UsageError(f"runs {run.run_id} and {reference.run_id} share no step with a finite loss; nothing to "
+                         "compare")
+    failures, tiers, start = [], [], 0
+    for fraction, tolerance in TIERS:
+        end = max(start, round(fraction * len(common)))
+        steps = common[start:end]
+        start = end
+        if not steps:
+            continue
+        diffs = [(relative_difference(losses[s], ref[s]), s) for s in steps]
+        worst, worst_step = max(diffs)
+        tiers.append({"first_step": steps[0], "last_step": steps[-1], "tolerance": tolerance, "worst": worst,
+                      "worst_step": worst_step, "passed": worst <= tolerance})
+        if worst > tolerance:
+            failures.append(f"loss {worst:.2%} off the reference at step {worst_step} (steps {steps[0]}-{steps[-1]} "
+                            f"allow {tolerance:.1%})")
+    correlation = None
+    a, b = [losses[s] for s in common], [ref[s] for s in common]
+    if len(common) >= 3 and len(set(a)) > 1 and len(set(b)) > 1:
+        correlation = float(stats.pearsonr(a, b).statistic)
+        if correlation < MIN_CORRELATION:
+            failures.append(f"loss curves correlate at r = {correlation:.3f}, below {MIN_CORRELATION}")
+    final_ppl, reference_ppl = run.metrics.valid_ppl, reference.metrics.valid_ppl
+    if final_ppl is not None and reference_ppl:
+        off = abs(final_ppl / reference_ppl - 1)
+        if off > FINAL_PPL_MARGIN:
+            failures.append(f"final validation PPL {final_ppl:,.2f} is {off:.1%} off the reference's "
+                            f"{reference_ppl:,.2f} (margin {FINAL_PPL_MARGIN:.0%})")
+    return ConvergenceCheck(tiers, correlation, final_ppl, reference_ppl, failures)
+
+
+REFERENCE_MATCH = ("model", "precision", "seed", "global_batch_size", "seq_length", "data")  # a reference's identity
+DIFFERENT = "numerically different"  # the report's status of a run that fails its reference's check
+
+
+def check_against_references(results: list[RunResult], references: list[RunResult]) -> dict[str, str]:
+    """run_id -> why, for each ok result that fails the convergence check against the first
+    reference of its workload, precision, seed, global batch, sequence length and data (the
+    report's --reference); a result without a reference, or the reference itself, is not checked."""
+    different: dict[str, str] = {}
+    for result in results:
+        if result.status != "ok":
+            continue
+        reference = next((ref for ref in references if ref.run_id != result.run_id and all(
+            getattr(ref.spec, key) == getattr(result.spec, key) for key in REFERENCE_MATCH)), None)
+        if reference is None:
+            continue
+        try:
+            check = convergence_check(result, reference)
+        except UsageError as error:
+            different[result.run_id] = f"{DIFFERENT} from the reference {reference.run_id}: {error}"
+            continue
+        if not check.passed:
+            different[result.run_id] = f"{DIFFERENT} from the reference {reference.run_id}: " + "; ".join(
+                check.failures)
+    return different
+
+
+def format_convergence_check(check: ConvergenceCheck) -> str:
+    lines = ["convergence check of A against B as the reference:"]
+    lines += [f"  steps {t['first_step']}-{t['last_step']}: largest difference {t['worst']:.3%} at step "
+              f"{t['worst_step']}, allowed {t['tolerance']:.1%}" + ("" if t["passed"] else "  OVER")
+              for t in check.tiers]
+    lines.append("  correlation of the loss curves: " + (f"r = {check.correlation:.4f} (at least {MIN_CORRELATION})"
+                                                       if check.correlation is not None
+                                                       else "not computed (fewer than 3 steps, or a flat curve)"))
+    lines.append("  final validation PPL: " + (f"{check.final_ppl:,.2f} vs {check.reference_ppl:,.2f} (within "
+                                               f"{FINAL_PPL_MARGIN:.0%})" if check.final_ppl is not None
+                                               and check.reference_ppl else "not compared (a run has no "
+                                                                                        "validation)"))
+    if check.passed:
+        lines.append("CONVERGENCE: A converges as the reference does")
+    else:
+        lines.append("NUMERICALLY DIFFERENT from the reference: " + "; ".join(check.failures))
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass
 class ParityReport:
     rows: list[dict[str, Any]]  # step, loss_a, loss_b, rel_diff, over

@@ -12,6 +12,7 @@ import pandas as pd
 from hwbench.errors import UsageError
 from hwbench.report.cost import procurement_figures
 from hwbench.report.prices import Price
+from hwbench.report.scores import target_figures
 from hwbench.result.environment import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS,
                                         environment_differences, performance_fingerprint)
 from hwbench.result.model import Memory, Metrics, RunResult
@@ -89,6 +90,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
     key = result.point_key
     row["point"] = None if key is None else key.text()  # as `hwbench compare` keys it: its repeats share it
     row.update(procurement_figures(result, row, prices, tokens))
+    row.update(target_figures(result, row["price_usd_per_hour"]))
     return row
 
 

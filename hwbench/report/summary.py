@@ -56,6 +56,10 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
             rows.append(("validation curve", curve))
     elif metrics.why("valid_ppl"):
         rows.append(("validation", _why(result, "valid_ppl")))
+    if metrics.time_to_target:
+        rows.append(("time to target", time_to_target_text(metrics.time_to_target)))
+    if metrics.steady_state:
+        rows.append(("steady state", steady_state_text(metrics.steady_state)))
     if spec.precision == "fp16":
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
@@ -79,6 +83,33 @@ def validation_curve_text(points: list) -> str | None:
     text = "PPL after step " + ", ".join(f"{measured[i].step}: {measured[i].ppl:,.1f}" for i in shown)
     left = len(measured) - len(shown)
     return text + (f" ({left} more in the result's metrics.validation)" if left else "")
+
+
+def steady_state_text(steady) -> str:
+    """"settled after 3 timed steps; drift +1.2% last quarter vs first (threshold 5%), throttle: none"."""
+    if steady.drift is None:
+        return steady.why("drift") or "not measured"
+    settled = (f"settled after {steady.settled_after_steps} timed steps" if steady.settled_after_steps is not None
+               else steady.why("settled_after_steps"))
+    flag = " DRIFTING" if steady.drifting else ""
+    throttle = ", ".join(steady.throttle_reasons) if steady.throttle_reasons is not None else \
+        f"not known ({steady.why('throttle_reasons')})"
+    return (f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
+            f"{flag}; throttle reasons: {throttle or 'none'}")
+
+
+def time_to_target_text(figures) -> str:
+    """"PPL 5.06 (floor*1.2): 41.2 s (init 3.1 s apart), step 80, 640 samples, 0.0114 device-hours"."""
+    from hwbench.target import Target
+
+    target = Target(figures.metric, figures.value, figures.given).text()
+    if not figures.reached:
+        return f"{target}: {figures.why('step')}"
+    init = f"init {figures.init_s:,.1f} s apart" if figures.init_s is not None else "init not measured"
+    energy = f", {figures.energy_j:,.0f} J" if figures.energy_j is not None else ""
+    cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
+    return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
+            f"{figures.device_hours:.3g} device-hours{energy}{cost}")
 
 
 def _ms(seconds: float | None) -> str:
@@ -173,6 +204,23 @@ def sweep_summary_table(suite, records) -> str:
             note = (f"{record.reused} kept; " + note).strip("; ")
         rows.append([record.point.name, counts, throughput, f"{mfu:.1%}" if mfu is not None else "-",
                      human_bytes(memory), note[:90]])
+        if any(r.metrics.time_to_target for r in record.results if r.metrics):
+            rows[-1].insert(3, _sweep_time_to_target(record))
+    headers = ["point", "status", "samples/s", "MFU", "peak memory", "note"]
+    if any(len(row) > len(headers) for row in rows):
+        headers.insert(3, "time to target")
+        rows = [row if len(row) == len(headers) else row[:3] + ["-"] + row[3:] for row in rows]
     title = f"sweep {suite.name}: {len(records)} points"
-    return title + "\n" + tabulate(rows, headers=["point", "status", "samples/s", "MFU", "peak memory", "note"],
-                                   disable_numparse=True)
+    return title + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def _sweep_time_to_target(record) -> str:
+    """The point's time to target: MLPerf's olympic score of its repeats, said as such, or one run's."""
+    score = (record.aggregate or {}).get("time_to_target_s")
+    if score and score["score"] is not None:
+        return f"{score['score']:,.1f} s (olympic mean of {score['runs']}: fastest and slowest dropped)"
+    reached = [r.metrics.time_to_target for r in record.results if r.metrics and r.metrics.time_to_target
+               and r.metrics.time_to_target.reached]
+    if len(reached) == 1 and len(record.results) == 1:
+        return f"{reached[0].scored_time_s:,.1f} s"
+    return score["why"] if score else "not reached"

@@ -131,7 +131,8 @@ Spec = section(
     **fields(Flag, "recompute compile telemetry"), loss_scale=Figure, telemetry_interval_s=Rate,
     parallel=(Parallel, Field(default_factory=Parallel)), launch=(SpecLaunch, Field(default_factory=SpecLaunch)),
     engine=(Text, "native"), zero_stage=(Count, 0), fsdp=(Flag, False), fused_qkv=(Flag, False),
-    cross_entropy=(Text, "standard"), optimizer=dict[str, Any],
+    cross_entropy=(Text, "standard"), optimizer=dict[str, Any], **fields(Figure, "target_ppl target_loss"),
+    target_given=Text,
     run_args=list[Text])  # a sweep's record of a point `hwbench run` refused: its arguments
 
 # --- what ran: workload, device, engine, launch --------------------------------------------------
@@ -202,7 +203,16 @@ Telemetry = section("Telemetry", "Device sensors during the timed region (severa
 HostSyncs = section("HostSyncs", "How often the host waited for the device in the timed window.", count=(Count, ...),
                     where=list[Text], **fields(Count, "rank ranks_counted"))
 ValidationPoint = section("ValidationPoint", "One validation.", step=(Count, ...), **fields(Figure, "loss ppl"),
-                          **fields(Count, "tokens iters"))
+                          **fields(Count, "tokens iters"), elapsed_s=Rate)
+TimeToTarget = section(
+    "TimeToTarget", "Time to a target quality (--target-ppl / --target-loss).", WithReasons,
+    **fields(Text, "metric given"), value=Figure, reached=Flag, **fields(Count, "step samples tokens"),
+    **fields(Rate, "time_s init_s scored_time_s device_hours energy_j cost_usd"), unmeasured=REASONS)
+SteadyState = section(
+    "SteadyState", "How the step time settled and drifted over the timed window.", WithReasons,
+    **fields(Count, "settled_after_steps settle_window"), drift=Figure, drifting=Flag,
+    **fields(Rate, "settle_tolerance drift_threshold first_quarter_median_s last_quarter_median_s"),
+    throttle_reasons=list[Text], unmeasured=REASONS)
 Straggler = section("Straggler", "The rank with the slowest median step.", rank=Count,
                     **fields(Rate, "median_step_time_s median_of_ranks_s ratio"))
 FormulaFigures = section("FormulaFigures", "The figures of one FLOPs formula (metrics.by_formula).",
@@ -214,7 +224,8 @@ Metrics = section(
     **fields(Text, "flops_formula flops_formula_expression"), by_formula=dict[str, FormulaFigures],
     world_size=Positive, **fields(Count, "timed_steps valid_ppl_step skipped_steps"), step_time_s=StepTime,
     memory=Memory, **fields(Figure, "loss_start loss_end loss_floor valid_loss valid_ppl ppl_floor"),
-    validation=list[ValidationPoint], straggler=Straggler, host_syncs=HostSyncs, telemetry=Telemetry,
+    validation=list[ValidationPoint], time_to_target=TimeToTarget, steady_state=SteadyState, straggler=Straggler,
+    host_syncs=HostSyncs, telemetry=Telemetry,
     data=dict[str, Any], unmeasured=REASONS)
 Step = section("Step", "One optimizer step.", step=(Count, ...), phase=Text, time_s=Rate, skipped=Flag,
                **fields(Figure, "loss grad_norm lr loss_scale"))

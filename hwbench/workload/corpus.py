@@ -19,6 +19,31 @@ import math
 
 import numpy as np
 
+ZIPF_EXPONENT = 1.0  # --data synthetic: tokens i.i.d. from Zipf(1) over the vocabulary
+
+
+def zipf_probabilities(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> np.ndarray:
+    weights = np.arange(1, vocab_size + 1, dtype=np.float64) ** -exponent
+    return weights / weights.sum()
+
+
+def zipf_entropy_nats(vocab_size: int, exponent: float = ZIPF_EXPONENT) -> float:
+    p = zipf_probabilities(vocab_size, exponent)
+    return float(-(p * np.log(p)).sum())
+
+
+def entropy_floor_nats(data: str, seed: int, vocab_size: int) -> float | None:
+    """The lowest mean cross-entropy any model can reach on ``--data`` (its entropy rate):
+    the built-in language of ``seed``, or the Zipf law of --data synthetic; None for a
+    dataset, whose entropy is unknown. Known before the run starts, so a target relative to
+    it (``--target-ppl floor*1.2``) is resolved and checked with the other options."""
+    if data == "builtin":
+        return MarkovCorpus(seed=seed).entropy_rate_nats
+    if data == "synthetic":
+        return zipf_entropy_nats(vocab_size)
+    return None
+
+
 class MarkovCorpus:
     kind = "builtin-markov"
 

@@ -33,9 +33,8 @@ import numpy as np
 import torch
 
 from hwbench.errors import UsageError
-from hwbench.workload.corpus import MarkovCorpus
+from hwbench.workload.corpus import ZIPF_EXPONENT, MarkovCorpus, zipf_entropy_nats, zipf_probabilities
 
-ZIPF_EXPONENT = 1.0
 BLOCK = 64  # samples generated together by the synthetic sources
 SPLIT_IDS = {"train": 0, "valid": 1}
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -141,15 +140,13 @@ class SyntheticTokens(BlockGenerated):
                  exponent: float = ZIPF_EXPONENT) -> None:
         super().__init__(seed, seq_length, micro_batch_size, global_batch_size, to_device, dp_rank, dp_size)
         self.vocab_size, self.exponent = vocab_size, exponent
-        weights = np.arange(1, vocab_size + 1, dtype=np.float64) ** -exponent
-        self.probabilities = weights / weights.sum()
+        self.probabilities = zipf_probabilities(vocab_size, exponent)
         self._cdf = np.cumsum(self.probabilities)
 
     @property
     def entropy_nats(self) -> float:
         """The lowest mean cross-entropy any model can reach on this data."""
-        p = self.probabilities
-        return float(-(p * np.log(p)).sum())
+        return zipf_entropy_nats(self.vocab_size, self.exponent)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "vocab_size": self.vocab_size, "zipf_exponent": self.exponent,
