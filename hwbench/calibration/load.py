@@ -89,7 +89,8 @@ class HostLoad:
             "seconds": end.wall_s - start.wall_s, "usable_cores": self._usable, "cpus": len(self._cpus),
             "load_average_1m_start": start.load_average, "load_average_1m_end": end.load_average,
             "others_cpu_share": None, "others_cpu_share_unmeasured": None}
-        if None in (start.busy_s, end.busy_s, start.total_s, end.total_s) or end.total_s <= start.total_s:
+        if (start.busy_s is None or end.busy_s is None or start.total_s is None or end.total_s is None
+                or end.total_s <= start.total_s):
             figures["others_cpu_share_unmeasured"] = f"{self._stat} gave no CPU times for this process's CPUs"
             return figures
         others = (end.busy_s - start.busy_s) - (end.own_cpu_s - start.own_cpu_s)

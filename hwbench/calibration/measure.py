@@ -79,6 +79,12 @@ class Measurement:
     sm_clock_mhz: dict[str, Any] | None = None
     sm_clock_unmeasured: str | None = None  # why sm_clock_mhz is null
 
+    @property
+    def measured(self) -> dict[str, Any]:
+        """``rate`` of a measurement that has one (callers keep only those)."""
+        assert self.rate is not None, f"{self.kind} {self.precision or ''} {self.size}: not measured"
+        return self.rate
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -100,7 +106,7 @@ class Calibration:
     def ceiling(self, precision: str) -> Measurement | None:
         """The size with the best median rate of ``precision``; None when none was measured."""
         measured = [m for m in self.measurements if m.kind == "gemm" and m.precision == precision and m.rate]
-        return max(measured, key=lambda m: m.rate["median"]) if measured else None
+        return max(measured, key=lambda m: m.measured["median"]) if measured else None
 
     def copy(self) -> Measurement | None:
         return next((m for m in self.measurements if m.kind == "copy" and m.rate), None)
@@ -111,7 +117,7 @@ class Calibration:
         best = self.ceiling(precision)
         if best is None:
             return []
-        return not_a_ceiling(self.device_kind, best.rate["median"], best.rate["cv"], self.conditions)
+        return not_a_ceiling(self.device_kind, best.measured["median"], best.measured["cv"], self.conditions)
 
     def store_update(self) -> dict[str, Any]:
         """This calibration as the calibration store keeps it (hwbench/calibration/store.py); a
@@ -125,8 +131,8 @@ class Calibration:
             best = self.ceiling(precision)
             if best is None:
                 continue  # nothing measured: an older measurement stays
-            gemm[precision] = {"ceiling_flops": best.rate["median"], "best_size": best.size,
-                               "best_cv": best.rate["cv"], "unreliable": "; ".join(self.not_a_ceiling(precision))
+            gemm[precision] = {"ceiling_flops": best.measured["median"], "best_size": best.size,
+                               "best_cv": best.measured["cv"], "unreliable": "; ".join(self.not_a_ceiling(precision))
                                or None, **software,
                                "sizes": [m.to_dict() for m in self.measurements
                                          if m.kind == "gemm" and m.precision == precision]}
@@ -134,8 +140,8 @@ class Calibration:
         return {
             "device_kind": self.device_kind, "device_model": self.device_model, "driver": self.driver,
             "host": socket.gethostname(), "updated_at": self.measured_at, "gemm": gemm,
-            "copy": {"bytes_per_s": copy.rate["median"], "cv": copy.rate["cv"], "buffer_bytes": copy.size,
-                     "bytes_per_copy": 2 * copy.size, "rate": copy.rate,
+            "copy": {"bytes_per_s": copy.measured["median"], "cv": copy.measured["cv"], "buffer_bytes": copy.size,
+                     "bytes_per_copy": 2 * copy.size, "rate": copy.measured,
                      "calls_per_repetition": copy.calls_per_repetition, **software} if copy else None,
         }
 

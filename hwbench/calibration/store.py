@@ -199,7 +199,8 @@ def _store_problem(store: Any) -> str | None:
 
 
 def entry_key(entry: dict[str, Any]) -> tuple[str, str, str]:
-    return tuple(entry[k] for k in KEY_FIELDS)  # type: ignore[return-value]
+    kind, model, driver = (entry[k] for k in KEY_FIELDS)
+    return kind, model, driver
 
 
 def find_entry(store: dict[str, Any], device_kind: str, device_model: str, driver: str) -> dict[str, Any] | None:
@@ -287,12 +288,13 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
     # what the run copies into device.measured_ceiling must fit the result's shape, or every
     # reader would refuse the finished result: checked here, against the one definition of it
     problem = validation_problem(MeasuredCeiling, ceiling, "measured_ceiling")
-    implausible = implausible_flops(device_kind, ceiling["flops"]) if problem is None else None
+    flops = float(gemm["ceiling_flops"])
+    implausible = implausible_flops(device_kind, flops) if problem is None else None
     if problem or implausible:
         return None, (f"the calibration of {device_model} driver {driver} in {path} is not usable "
                       f"({problem or f'measured_ceiling.flops: {implausible}'}): {fix} --precisions {precision}")
     # stored with --force though it was judged no ceiling, or stored before that judgement was made
-    busy = gemm.get("unreliable") or "; ".join(not_a_ceiling(device_kind, ceiling["flops"], gemm.get("best_cv"),
+    busy = gemm.get("unreliable") or "; ".join(not_a_ceiling(device_kind, flops, gemm.get("best_cv"),
                                                             gemm.get("conditions")))
     if busy:
         return None, (f"the {precision} rate of {device_model} driver {driver} in {path} is no ceiling "

@@ -143,7 +143,8 @@ def main(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def _one_line_warning(message, *_details) -> None:
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: object = None, line: str | None = None) -> None:
     print(f"hwbench sweep: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 

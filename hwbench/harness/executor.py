@@ -80,7 +80,7 @@ class SweepOptions:  # `hwbench sweep`'s options, checked as the command checks 
 @dataclasses.dataclass
 class PointRecord:  # what the sweep knows of one point after running (or not running) it
     point: Point
-    results: list[RunResult]
+    results: list[RunResult | None]  # None: a job still out, or a run that left no result
     reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
     jobs: list[str] = dataclasses.field(default_factory=list)  # jobs still out (a detached Slurm sweep)
@@ -154,7 +154,7 @@ def point_runs(suite: Suite, options: SweepOptions, defaults: dict[str, Any]) ->
     """Every point and repeat of ``suite``, in order; UsageError when a name would put
     results outside --out (a Suite built in code; suite files check names on load)."""
     defaults = {"device": options.device, "nproc_per_node": options.nproc_per_node, **defaults}
-    total, runs = len(suite.points) * options.repeats, []
+    total, runs = len(suite.points) * options.repeats, list[PointRun]()
     for point in suite.points:
         folder = options.out_dir / suite.name / point.name
         if folder.resolve().parent.parent != options.out_dir.resolve():
@@ -223,7 +223,7 @@ def _loop(runs: list[PointRun], force: bool, executor: Executor, say: Say,
                 outcome = executor.submit(run, kept[0] if kept else None)
                 if outcome is None:
                     continue
-                record.results.append(None)  # type: ignore[arg-type]  (filled below, or by a job's result)
+                record.results.append(None)  # filled below, or by a job's result
                 if isinstance(outcome, Job):
                     outcome.index = len(record.results) - 1
                     record.jobs.append(outcome.job_id)
