@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
 from hwbench.point import PointKey
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from hwbench.spec import RunSpec
 
 Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged"]
-MAX_COUNT = 2 ** 63 - 1  # what a 64-bit counter holds; SQLite's integers too
+MAX_COUNT = 2**63 - 1  # what a 64-bit counter holds; SQLite's integers too
 
 Figure = Annotated[float, Strict()]  # a measured figure: finite (the models refuse NaN and infinities)
 Rate = Annotated[float, Strict(), Field(ge=0)]  # samples/s, FLOP/s, watts, joules, seconds: never negative
@@ -80,37 +80,85 @@ class WithReasons(Section):
         return None if reason is None else str(reason)
 
 
-def fields(kind: Any, names: str) -> dict[str, Any]:
-    """Fields of one type, their names separated by spaces."""
-    return dict.fromkeys(names.split(), kind)
-
-
-def section(name: str, doc: str, base: type[Section] = Section, /, **types: Any) -> Any:
-    """A section of a result: each field null or absent (None) unless given as (type, default)."""
-    declared = {key: kind if isinstance(kind, tuple) else (kind | None, None) for key, kind in types.items()}
-    return create_model(name, __base__=base, __module__=__name__, __doc__=doc, **declared)
-
-
 REASONS = dict[str, Any]  # `unmeasured`: figure -> why it is null (text, or a nested mapping)
 
 
 # --- spec --------------------------------------------------------------------------------------
 
 
-class _Layout(Section):
+class Parallel(Section):
+    """Degrees of parallelism, and where tp and pp came from."""
+
+    tp: Positive = 1
+    pp: Positive = 1
+    dp: Positive = 1
+    source: Text | None = None
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
 
-Parallel = section("Parallel", "Degrees of parallelism, and where tp and pp came from.", _Layout,
-                   **fields((Positive, 1), "tp pp dp"), source=Text)
-SpecLaunch = section("SpecLaunch", "How the run's processes are started.", nnodes=(Positive, 1),
-                     nproc_per_node=(Positive, 1), node_rank=(Count, 0), master_port=Count, timeout_s=Rate,
-                     under_torchrun=Flag, **fields(Text, "master_addr rdzv_endpoint"))
+class SpecLaunch(Section):
+    """How the run's processes are started."""
+
+    nnodes: Positive = 1
+    nproc_per_node: Positive = 1
+    node_rank: Count = 0
+    master_port: Count | None = None
+    timeout_s: Rate | None = None
+    under_torchrun: Flag | None = None
+    master_addr: Text | None = None
+    rdzv_endpoint: Text | None = None
 
 
-class _Requested(Section):
+# The run as requested and resolved: hwbench.spec.RunSpec's fields, as a pydantic model of the same
+# fields rather than the RunSpec itself, because a result's spec may be partial: a sweep's record of
+# a point whose options were refused holds only `run_args`, and a file of an older writer lacks the
+# fields added since. Defaults are what a field's absence meant before it existed.
+class Spec(Section):
+    """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
+
+    model: Text | None = None
+    device: Text | None = None
+    precision: Text | None = None
+    pp_schedule: Text | None = None
+    data: Text | None = None
+    split: Text | None = None
+    flops_formula: Text | None = None
+    out_dir: Text | None = None
+    settings: Text | None = None
+    settings_choice: Text | None = None
+    device_memory_bytes: Count | None = None
+    micro_batch_size: Positive | None = None
+    global_batch_size: Positive | None = None
+    seq_length: Positive | None = None
+    steps: Positive | None = None
+    threads_per_rank: Positive | None = None
+    max_positions: Positive | None = None
+    warmup: Count | None = None
+    seed: Count | None = None
+    initial_scale_power: Count | None = None
+    eval_interval: Count | None = None
+    eval_iters: Count | None = None
+    recompute: Flag | None = None
+    compile: Flag | None = None
+    telemetry: Flag | None = None
+    loss_scale: Figure | None = None
+    telemetry_interval_s: Rate | None = None
+    parallel: Parallel = Field(default_factory=Parallel)
+    launch: SpecLaunch = Field(default_factory=SpecLaunch)
+    engine: Text = "native"
+    zero_stage: Count = 0
+    fsdp: Flag = False
+    fused_qkv: Flag = False
+    cross_entropy: Text = "standard"
+    optimizer: dict[str, Any] | None = None
+    target_ppl: Figure | None = None
+    target_loss: Figure | None = None
+    target_given: Text | None = None
+    run_args: list[Text] | None = None
+
     def run_spec(self) -> RunSpec:
         """The typed RunSpec (KeyError or TypeError when the spec is partial)."""
         from hwbench.spec import RunSpec
@@ -118,65 +166,175 @@ class _Requested(Section):
         return RunSpec.from_dict(self.model_dump())
 
 
-# The run as requested and resolved: hwbench.spec.RunSpec's fields, as a pydantic model of the same
-# fields rather than the RunSpec itself, because a result's spec may be partial: a sweep's record of
-# a point whose options were refused holds only `run_args`, and a file of an older writer lacks the
-# fields added since. Defaults are what a field's absence meant before it existed.
-Spec = section(
-    "Spec", "The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec).", _Requested,
-    **fields(Text, "model device precision pp_schedule data split flops_formula out_dir settings settings_choice"),
-    device_memory_bytes=Count,
-    **fields(Positive, "micro_batch_size global_batch_size seq_length steps threads_per_rank max_positions"),
-    **fields(Count, "warmup seed initial_scale_power eval_interval eval_iters"),
-    **fields(Flag, "recompute compile telemetry"), loss_scale=Figure, telemetry_interval_s=Rate,
-    parallel=(Parallel, Field(default_factory=Parallel)), launch=(SpecLaunch, Field(default_factory=SpecLaunch)),
-    engine=(Text, "native"), zero_stage=(Count, 0), fsdp=(Flag, False), fused_qkv=(Flag, False),
-    cross_entropy=(Text, "standard"), optimizer=dict[str, Any], **fields(Figure, "target_ppl target_loss"),
-    target_given=Text,
-    run_args=list[Text])  # a sweep's record of a point `hwbench run` refused: its arguments
-
 # --- what ran: workload, device, engine, launch --------------------------------------------------
 
-Workload = section("Workload", "The model trained: its shape, parameter counts and catalog entry.",
-                   **fields(Text, "name title catalog_path"), published=dict[str, Any],
-                   **fields(Positive, "num_layers hidden_size num_attention_heads max_position_embeddings vocab_size "
-                                      "padded_vocab_size"),
-                   **fields(Count, "parameters parameters_embedding parameters_non_embedding"))
-MeasuredCeiling = section("MeasuredCeiling", "The GEMM rate `hwbench calibrate` measured, and where it came from.",
-                          **fields(Rate, "flops cv copy_bytes_per_s"), size=Count,
-                          **fields(Text, "precision measured_at device_model driver torch_version hwbench_version "
-                                         "store"))
-Device = section("Device", "The device, its catalog entry, peak and measured ceiling.",
-                 **fields(Text, "backend dist_backend device_model torch_device catalog_entry catalog_path "
-                                "catalog_match peak_flops_precision peak_flops_source peak_flops_read "
-                                "peak_flops_basis peak_flops_unmeasured measured_ceiling_unmeasured price_source "
-                                "price_date gfx_arch hpu_mode hpu_mode_basis"),
-                 peak_flops_listed_with_sparsity=Flag, **fields(Rate, "peak_flops tdp_watts price_usd_per_hour"),
-                 **fields(Count, "device_count memory_capacity_bytes"), simulated=Flag,
-                 measured_ceiling=MeasuredCeiling, tuning=dict[str, Any], auto_passed_over=list[Text])
-Engine = section("Engine", "The engine that trained and how it was set up.",
-                 **fields(Text, "name data_parallel pipeline_schedule"), zero_stage=Count)
-Launch = section("Launch", "How the processes were started.", launcher=Text, node_rank=Count,
-                 **fields(Positive, "nnodes nproc_per_node"))
+
+class Workload(Section):
+    """The model trained: its shape, parameter counts and catalog entry."""
+
+    name: Text | None = None
+    title: Text | None = None
+    catalog_path: Text | None = None
+    published: dict[str, Any] | None = None
+    num_layers: Positive | None = None
+    hidden_size: Positive | None = None
+    num_attention_heads: Positive | None = None
+    max_position_embeddings: Positive | None = None
+    vocab_size: Positive | None = None
+    padded_vocab_size: Positive | None = None
+    parameters: Count | None = None
+    parameters_embedding: Count | None = None
+    parameters_non_embedding: Count | None = None
+
+
+class MeasuredCeiling(Section):
+    """The GEMM rate `hwbench calibrate` measured, and where it came from."""
+
+    flops: Rate | None = None
+    cv: Rate | None = None
+    copy_bytes_per_s: Rate | None = None
+    size: Count | None = None
+    precision: Text | None = None
+    measured_at: Text | None = None
+    device_model: Text | None = None
+    driver: Text | None = None
+    torch_version: Text | None = None
+    hwbench_version: Text | None = None
+    store: Text | None = None
+
+
+class Device(Section):
+    """The device, its catalog entry, peak and measured ceiling."""
+
+    backend: Text | None = None
+    dist_backend: Text | None = None
+    device_model: Text | None = None
+    torch_device: Text | None = None
+    catalog_entry: Text | None = None
+    catalog_path: Text | None = None
+    catalog_match: Text | None = None
+    peak_flops_precision: Text | None = None
+    peak_flops_source: Text | None = None
+    peak_flops_read: Text | None = None
+    peak_flops_basis: Text | None = None
+    peak_flops_unmeasured: Text | None = None
+    measured_ceiling_unmeasured: Text | None = None
+    price_source: Text | None = None
+    price_date: Text | None = None
+    gfx_arch: Text | None = None
+    hpu_mode: Text | None = None
+    hpu_mode_basis: Text | None = None
+    peak_flops_listed_with_sparsity: Flag | None = None
+    peak_flops: Rate | None = None
+    tdp_watts: Rate | None = None
+    price_usd_per_hour: Rate | None = None
+    device_count: Count | None = None
+    memory_capacity_bytes: Count | None = None
+    simulated: Flag | None = None
+    measured_ceiling: MeasuredCeiling | None = None
+    tuning: dict[str, Any] | None = None
+    auto_passed_over: list[Text] | None = None
+
+
+class Engine(Section):
+    """The engine that trained and how it was set up."""
+
+    name: Text | None = None
+    data_parallel: Text | None = None
+    pipeline_schedule: Text | None = None
+    zero_stage: Count | None = None
+
+
+class Launch(Section):
+    """How the processes were started."""
+
+    launcher: Text | None = None
+    node_rank: Count | None = None
+    nnodes: Positive | None = None
+    nproc_per_node: Positive | None = None
+
 
 # --- figures -----------------------------------------------------------------------------------
 
-StepTime = section("StepTime", "Statistics of step times, in seconds.", n=Count,
-                   **fields(Rate, "mean median p10 p90 min max stdev cv"))
-Memory = section("Memory", "Peak memory of the timed steps.", WithReasons,
-                 **fields(Count, "peak_allocated_bytes peak_reserved_bytes capacity_bytes alloc_retries ooms "
-                                 "heap_trims peak_allocated_rank"), source=Text, unmeasured=REASONS)
-TelemetryDevice = section(
-    "TelemetryDevice", "One sampled device over the window.", WithReasons,
-    **fields(Count, "index chip package"),
-    **fields(Text, "name host uuid pci_bus_id identified_by energy_method energy_scope energy_warning power_method"),
-    **fields(Rate, "energy_j power_w_mean power_w_max energy_resolution_uj"),
-    **fields(Figure, "temperature_c_mean temperature_c_max utilization_percent_mean utilization_percent_max "
-                     "memory_used_mib_mean memory_used_mib_max"),
-    throttle_reasons=list[Text], unmeasured=REASONS)
+
+class StepTime(Section):
+    """Statistics of step times, in seconds."""
+
+    n: Count | None = None
+    mean: Rate | None = None
+    median: Rate | None = None
+    p10: Rate | None = None
+    p90: Rate | None = None
+    min: Rate | None = None
+    max: Rate | None = None
+    stdev: Rate | None = None
+    cv: Rate | None = None
 
 
-class _Totals(Section):
+class Memory(WithReasons):
+    """Peak memory of the timed steps."""
+
+    peak_allocated_bytes: Count | None = None
+    peak_reserved_bytes: Count | None = None
+    capacity_bytes: Count | None = None
+    alloc_retries: Count | None = None
+    ooms: Count | None = None
+    heap_trims: Count | None = None
+    peak_allocated_rank: Count | None = None
+    source: Text | None = None
+    unmeasured: REASONS | None = None
+
+
+class TelemetryDevice(WithReasons):
+    """One sampled device over the window."""
+
+    index: Count | None = None
+    chip: Count | None = None
+    package: Count | None = None
+    name: Text | None = None
+    host: Text | None = None
+    uuid: Text | None = None
+    pci_bus_id: Text | None = None
+    identified_by: Text | None = None
+    energy_method: Text | None = None
+    energy_scope: Text | None = None
+    energy_warning: Text | None = None
+    power_method: Text | None = None
+    energy_j: Rate | None = None
+    power_w_mean: Rate | None = None
+    power_w_max: Rate | None = None
+    energy_resolution_uj: Rate | None = None
+    temperature_c_mean: Figure | None = None
+    temperature_c_max: Figure | None = None
+    utilization_percent_mean: Figure | None = None
+    utilization_percent_max: Figure | None = None
+    memory_used_mib_mean: Figure | None = None
+    memory_used_mib_max: Figure | None = None
+    throttle_reasons: list[Text] | None = None
+    unmeasured: REASONS | None = None
+
+
+def _sum_known(values) -> float | None:
+    known = list(values)
+    return sum(known) if known and None not in known else None
+
+
+class Telemetry(Section):
+    """Device sensors during the timed region (several ranks: each device once)."""
+
+    source: Text | None = None
+    reason: Text | None = None
+    available: Flag | None = None
+    devices: list[TelemetryDevice] | None = None
+    energy_j: Rate | None = None
+    power_w_mean_total: Rate | None = None
+    interval_s: Rate | None = None
+    window_s: Rate | None = None
+    samples: Count | None = None
+    ranks: Count | None = None
+    ranks_available: Count | None = None
+    errors: list[Any] | None = None
+
     @property
     def total_energy_j(self) -> float | None:
         """Energy of every device over the window: the merged total, else the sum of the
@@ -191,54 +349,210 @@ class _Totals(Section):
         return _sum_known(d.power_w_mean for d in self.devices or [])
 
 
-def _sum_known(values) -> float | None:
-    known = list(values)
-    return sum(known) if known and None not in known else None
+class HostSyncs(Section):
+    """How often the host waited for the device in the timed window."""
+
+    count: Count
+    where: list[Text] | None = None
+    rank: Count | None = None
+    ranks_counted: Count | None = None
 
 
-Telemetry = section("Telemetry", "Device sensors during the timed region (several ranks: each device once).",
-                    _Totals, **fields(Text, "source reason"), available=Flag, devices=list[TelemetryDevice],
-                    **fields(Rate, "energy_j power_w_mean_total interval_s window_s"),
-                    **fields(Count, "samples ranks ranks_available"), errors=list[Any])
-HostSyncs = section("HostSyncs", "How often the host waited for the device in the timed window.", count=(Count, ...),
-                    where=list[Text], **fields(Count, "rank ranks_counted"))
-ValidationPoint = section("ValidationPoint", "One validation.", step=(Count, ...), **fields(Figure, "loss ppl"),
-                          **fields(Count, "tokens iters"), elapsed_s=Rate)
-TimeToTarget = section(
-    "TimeToTarget", "Time to a target quality (--target-ppl / --target-loss).", WithReasons,
-    **fields(Text, "metric given"), value=Figure, reached=Flag, **fields(Count, "step samples tokens"),
-    **fields(Rate, "time_s init_s scored_time_s device_hours energy_j cost_usd"), unmeasured=REASONS)
-SteadyState = section(
-    "SteadyState", "How the step time settled and drifted over the timed window.", WithReasons,
-    **fields(Count, "settled_after_steps settle_window"), drift=Figure, drifting=Flag,
-    **fields(Rate, "settle_tolerance drift_threshold first_quarter_median_s last_quarter_median_s"),
-    throttle_reasons=list[Text], unmeasured=REASONS)
-Straggler = section("Straggler", "The rank with the slowest median step.", rank=Count,
-                    **fields(Rate, "median_step_time_s median_of_ranks_s ratio"))
-FormulaFigures = section("FormulaFigures", "The figures of one FLOPs formula (metrics.by_formula).",
-                         **fields(Rate, "flops_per_iteration tflops_per_device mfu"))
-Metrics = section(
-    "Metrics", "The figures of the timed steps.", WithReasons,
-    **fields(Rate, "samples_per_s tokens_per_s tokens_per_s_per_device tflops_per_device mfu mfu_measured_ceiling "
-                   "flops_per_iteration timed_wall_time_s"),
-    **fields(Text, "flops_formula flops_formula_expression"), by_formula=dict[str, FormulaFigures],
-    world_size=Positive, **fields(Count, "timed_steps valid_ppl_step skipped_steps"), step_time_s=StepTime,
-    memory=Memory, **fields(Figure, "loss_start loss_end loss_floor valid_loss valid_ppl ppl_floor"),
-    validation=list[ValidationPoint], time_to_target=TimeToTarget, steady_state=SteadyState, straggler=Straggler,
-    host_syncs=HostSyncs, telemetry=Telemetry,
-    data=dict[str, Any], unmeasured=REASONS)
-Step = section("Step", "One optimizer step.", step=(Count, ...), phase=Text, time_s=Rate, skipped=Flag,
-               **fields(Figure, "loss grad_norm lr loss_scale"))
+class ValidationPoint(Section):
+    """One validation."""
+
+    step: Count
+    loss: Figure | None = None
+    ppl: Figure | None = None
+    tokens: Count | None = None
+    iters: Count | None = None
+    elapsed_s: Rate | None = None
+
+
+class TimeToTarget(WithReasons):
+    """Time to a target quality (--target-ppl / --target-loss)."""
+
+    metric: Text | None = None
+    given: Text | None = None
+    value: Figure | None = None
+    reached: Flag | None = None
+    step: Count | None = None
+    samples: Count | None = None
+    tokens: Count | None = None
+    time_s: Rate | None = None
+    init_s: Rate | None = None
+    scored_time_s: Rate | None = None
+    device_hours: Rate | None = None
+    energy_j: Rate | None = None
+    cost_usd: Rate | None = None
+    unmeasured: REASONS | None = None
+
+
+class SteadyState(WithReasons):
+    """How the step time settled and drifted over the timed window."""
+
+    settled_after_steps: Count | None = None
+    settle_window: Count | None = None
+    drift: Figure | None = None
+    drifting: Flag | None = None
+    settle_tolerance: Rate | None = None
+    drift_threshold: Rate | None = None
+    first_quarter_median_s: Rate | None = None
+    last_quarter_median_s: Rate | None = None
+    throttle_reasons: list[Text] | None = None
+    unmeasured: REASONS | None = None
+
+
+class Straggler(Section):
+    """The rank with the slowest median step."""
+
+    rank: Count | None = None
+    median_step_time_s: Rate | None = None
+    median_of_ranks_s: Rate | None = None
+    ratio: Rate | None = None
+
+
+class FormulaFigures(Section):
+    """The figures of one FLOPs formula (metrics.by_formula)."""
+
+    flops_per_iteration: Rate | None = None
+    tflops_per_device: Rate | None = None
+    mfu: Rate | None = None
+
+
+class Metrics(WithReasons):
+    """The figures of the timed steps."""
+
+    samples_per_s: Rate | None = None
+    tokens_per_s: Rate | None = None
+    tokens_per_s_per_device: Rate | None = None
+    tflops_per_device: Rate | None = None
+    mfu: Rate | None = None
+    mfu_measured_ceiling: Rate | None = None
+    flops_per_iteration: Rate | None = None
+    timed_wall_time_s: Rate | None = None
+    flops_formula: Text | None = None
+    flops_formula_expression: Text | None = None
+    by_formula: dict[str, FormulaFigures] | None = None
+    world_size: Positive | None = None
+    timed_steps: Count | None = None
+    valid_ppl_step: Count | None = None
+    skipped_steps: Count | None = None
+    step_time_s: StepTime | None = None
+    memory: Memory | None = None
+    loss_start: Figure | None = None
+    loss_end: Figure | None = None
+    loss_floor: Figure | None = None
+    valid_loss: Figure | None = None
+    valid_ppl: Figure | None = None
+    ppl_floor: Figure | None = None
+    validation: list[ValidationPoint] | None = None
+    time_to_target: TimeToTarget | None = None
+    steady_state: SteadyState | None = None
+    straggler: Straggler | None = None
+    host_syncs: HostSyncs | None = None
+    telemetry: Telemetry | None = None
+    data: dict[str, Any] | None = None
+    unmeasured: REASONS | None = None
+
+
+class Step(Section):
+    """One optimizer step."""
+
+    step: Count
+    phase: Text | None = None
+    time_s: Rate | None = None
+    skipped: Flag | None = None
+    loss: Figure | None = None
+    grad_norm: Figure | None = None
+    lr: Figure | None = None
+    loss_scale: Figure | None = None
+
 
 # --- where it ran -------------------------------------------------------------------------------
 
-HwbenchGit = section("HwbenchGit", "The hwbench checkout the code ran from.", **fields(Text, "commit reason"),
-                     dirty=Flag)
-SlurmJob = section("SlurmJob", "The Slurm job the run ran in.", **fields(Count, "nnodes ntasks"),
-                   **fields(Text, "job_id step_id nodelist partition cluster account"))
+
+class HwbenchGit(Section):
+    """The hwbench checkout the code ran from."""
+
+    commit: Text | None = None
+    reason: Text | None = None
+    dirty: Flag | None = None
 
 
-class _Fingerprint(Section):
+class SlurmJob(Section):
+    """The Slurm job the run ran in."""
+
+    nnodes: Count | None = None
+    ntasks: Count | None = None
+    job_id: Text | None = None
+    step_id: Text | None = None
+    nodelist: Text | None = None
+    partition: Text | None = None
+    cluster: Text | None = None
+    account: Text | None = None
+
+
+class PreflightCheck(Section):
+    """One check of `hwbench preflight`: its status and reading."""
+
+    name: Text
+    status: Literal["ok", "warning", "failure"] | None = None
+    reading: Text | None = None
+    value: Text | None = None
+    reason: Text | None = None
+
+
+class Preflight(Section):
+    """The machine checked before the run (hwbench/harness/preflight.py)."""
+
+    checked_at: Text | None = None
+    device: Text | None = None
+    source: Text | None = None
+    worst: Text | None = None
+    duration_s: Rate | None = None
+    checks: list[PreflightCheck] | None = None
+
+
+class Environment(Section):
+    """The environment fingerprint."""
+
+    host: Text | None = None
+    os: Text | None = None
+    machine: Text | None = None
+    python: Text | None = None
+    hwbench_version: Text | None = None
+    torch_version: Text | None = None
+    torch_npu_version: Text | None = None
+    deepspeed_version: Text | None = None
+    backend: Text | None = None
+    driver_version: Text | None = None
+    cuda_version: Text | None = None
+    nccl_version: Text | None = None
+    cann_version: Text | None = None
+    hccl_version: Text | None = None
+    rocm_version: Text | None = None
+    hip_version: Text | None = None
+    rccl_version: Text | None = None
+    habana_frameworks_version: Text | None = None
+    hpu_mode: Text | None = None
+    oversubscribed_reason: Text | None = None
+    devices_used_basis: Text | None = None
+    hwbench_git: HwbenchGit | None = None
+    simulated: Flag | None = None
+    oversubscribed: Flag | None = None
+    tuning: dict[str, Any] | None = None
+    device_models: list[Text] | None = None
+    gfx_arch: list[Text | None] | None = None
+    compute_units: list[Count | None] | None = None
+    device_count: Count | None = None
+    cpu_cores_usable: Count | None = None
+    devices_used: Count | None = None
+    cudnn_version: Integer | None = None
+    threads_per_rank: Positive | None = None
+    slurm: SlurmJob | None = None
+    preflight: Preflight | None = None
+
     def value_text(self, field: str) -> str | None:
         """One field as comparable text (a mapping as sorted key=value pairs); None when unknown."""
         value = self[field] if field in type(self).model_fields or field in self else None
@@ -249,43 +563,109 @@ class _Fingerprint(Section):
         return None if value is None else str(value)
 
 
-PreflightCheck = section("PreflightCheck", "One check of `hwbench preflight`: its status and reading.",
-                        name=(Text, ...), status=Literal["ok", "warning", "failure"],
-                        **fields(Text, "reading value reason"))
-Preflight = section("Preflight", "The machine checked before the run (hwbench/harness/preflight.py).",
-                    **fields(Text, "checked_at device source worst"), duration_s=Rate, checks=list[PreflightCheck])
-Environment = section(
-    "Environment", "The environment fingerprint.", _Fingerprint,
-    **fields(Text, "host os machine python hwbench_version torch_version torch_npu_version deepspeed_version backend "
-                   "driver_version cuda_version nccl_version cann_version hccl_version rocm_version hip_version "
-                   "rccl_version habana_frameworks_version hpu_mode oversubscribed_reason "
-                   "devices_used_basis"),
-    hwbench_git=HwbenchGit, **fields(Flag, "simulated oversubscribed"), tuning=dict[str, Any],
-    device_models=list[Text], gfx_arch=list[Text | None], compute_units=list[Count | None], **fields(Count, "device_count cpu_cores_usable devices_used"), cudnn_version=Integer,
-    threads_per_rank=Positive, slurm=SlurmJob, preflight=Preflight)
-RankPlacement = section("RankPlacement", "Where a rank ran.", threads=Positive, usable_cores=Count, cpus=Text,
-                        devices=list[Text])
-NodePlacement = section("NodePlacement", "Where a host's ranks ran, judged together.",
-                        threads_per_rank=list[Positive], usable_cores=Count, devices=list[Text],
-                        oversubscribed=Flag, oversubscribed_reason=Text)
-RankSummary = section(
-    "RankSummary", "One rank's own figures; for a failed run, what the launcher knows of it (its heartbeat).",
-    rank=(Count, ...), **fields(Count, "local_rank node_rank pid last_step"), **fields(Text, "host phase signal error"),
-    coordinates=dict[str, Count | None], memory=Memory, step_time_s=StepTime, telemetry=Telemetry,
-    placement=RankPlacement, exitcode=Integer)
-NodeSummary = section("NodeSummary", "One node: its rank, host, ranks and environment.", node_rank=(Count, ...),
-                      host=Text, ranks=(list[Count], []), environment=Environment, placement=NodePlacement)
-RunError = section("RunError", "What went wrong.", **fields(Count, "rank local_rank"), exitcode=Integer,
-                   **fields(Text, "type message traceback signal log_tail slurm_state slurm_job_id"))
-SweepRecord = section("SweepRecord", "The sweep that ran the point: suite, point, repeat, resume key.",
-                      **fields(Text, "suite suite_path point key"), **fields(Count, "repeat repeats"))
+class RankPlacement(Section):
+    """Where a rank ran."""
+
+    threads: Positive | None = None
+    usable_cores: Count | None = None
+    cpus: Text | None = None
+    devices: list[Text] | None = None
+
+
+class NodePlacement(Section):
+    """Where a host's ranks ran, judged together."""
+
+    threads_per_rank: list[Positive] | None = None
+    usable_cores: Count | None = None
+    devices: list[Text] | None = None
+    oversubscribed: Flag | None = None
+    oversubscribed_reason: Text | None = None
+
+
+class RankSummary(Section):
+    """One rank's own figures; for a failed run, what the launcher knows of it (its heartbeat)."""
+
+    rank: Count
+    local_rank: Count | None = None
+    node_rank: Count | None = None
+    pid: Count | None = None
+    last_step: Count | None = None
+    host: Text | None = None
+    phase: Text | None = None
+    signal: Text | None = None
+    error: Text | None = None
+    coordinates: dict[str, Count | None] | None = None
+    memory: Memory | None = None
+    step_time_s: StepTime | None = None
+    telemetry: Telemetry | None = None
+    placement: RankPlacement | None = None
+    exitcode: Integer | None = None
+
+
+class NodeSummary(Section):
+    """One node: its rank, host, ranks and environment."""
+
+    node_rank: Count
+    host: Text | None = None
+    ranks: list[Count] = []
+    environment: Environment | None = None
+    placement: NodePlacement | None = None
+
+
+class RunError(Section):
+    """What went wrong."""
+
+    rank: Count | None = None
+    local_rank: Count | None = None
+    exitcode: Integer | None = None
+    type: Text | None = None
+    message: Text | None = None
+    traceback: Text | None = None
+    signal: Text | None = None
+    log_tail: Text | None = None
+    slurm_state: Text | None = None
+    slurm_job_id: Text | None = None
+
+
+class SweepRecord(Section):
+    """The sweep that ran the point: suite, point, repeat, resume key."""
+
+    suite: Text | None = None
+    suite_path: Text | None = None
+    point: Text | None = None
+    key: Text | None = None
+    repeat: Count | None = None
+    repeats: Count | None = None
+
 
 # --- the result ---------------------------------------------------------------------------------
 
 ONE_SOCKET_PER_NODE = "assumed: one CPU socket per node (the result does not record devices_used)"
 
 
-class _RunFacts(Section):
+class RunResult(Section):
+    """One run's result: the JSON file hwbench writes (docs/results.md)."""
+
+    schema_version: Integer = RESULT_SCHEMA_VERSION
+    run_id: Text
+    status: Status
+    spec: Spec
+    workload: Workload = Field(default_factory=Workload)
+    device: Device = Field(default_factory=Device)
+    metrics: Metrics = Field(default_factory=Metrics)
+    steps: list[Step] = Field(default_factory=list)
+    ranks: list[RankSummary] = Field(default_factory=list)
+    engine: Engine = Field(default_factory=Engine)
+    launch: Launch = Field(default_factory=Launch)
+    environment: Environment = Field(default_factory=Environment)
+    nodes: list[NodeSummary] = Field(default_factory=list)
+    sweep: SweepRecord | None = None
+    error: RunError | None = None
+    warnings: list[Text] = []
+    started_at: Text = ""
+    finished_at: Text = ""
+    hwbench_version: Text = __version__
+
     """The file's mapping in and out, and the facts derived from its fields."""
 
     def model_post_init(self, context: Any) -> None:
@@ -327,8 +707,13 @@ class _RunFacts(Section):
         if spec.model is None:
             return None
         layout = {name: getattr(spec.parallel, name) for name in ("tp", "pp", "dp")}
-        return PointKey(**{name: getattr(spec, name) for name in PointKey.fields() if name in Spec.model_fields},
-                        **layout, backend=self.backend, device_model=self.device_model, nnodes=spec.launch.nnodes)
+        return PointKey(
+            **{name: getattr(spec, name) for name in PointKey.fields() if name in Spec.model_fields},
+            **layout,
+            backend=self.backend,
+            device_model=self.device_model,
+            nnodes=spec.launch.nnodes,
+        )
 
     @property
     def devices_charged(self) -> int:
@@ -375,23 +760,14 @@ class _RunFacts(Section):
         return False, None
 
     def _threads_per_rank(self) -> int | None:
-        for value in (self.environment.threads_per_rank, (self.environment.tuning or {}).get("intra_op_threads"),
-                      (self.device.tuning or {}).get("intra_op_threads")):
+        for value in (
+            self.environment.threads_per_rank,
+            (self.environment.tuning or {}).get("intra_op_threads"),
+            (self.device.tuning or {}).get("intra_op_threads"),
+        ):
             if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
                 return value
         return None
-
-
-RunResult = section(
-    "RunResult", "One run's result: the JSON file hwbench writes (docs/results.md).", _RunFacts,
-    schema_version=(Integer, RESULT_SCHEMA_VERSION), run_id=(Text, ...), status=(Status, ...), spec=(Spec, ...),
-    **{name: (kind, Field(default_factory=kind)) for name, kind in (
-        ("workload", Workload), ("device", Device), ("metrics", Metrics), ("steps", list[Step]),
-        ("ranks", list[RankSummary]), ("engine", Engine), ("launch", Launch), ("environment", Environment),
-        ("nodes", list[NodeSummary]))},
-    sweep=SweepRecord,  # suite, point, repeat and resume key when a sweep ran it
-    error=RunError, warnings=(list[Text], []), **fields((Text, ""), "started_at finished_at"),
-    hwbench_version=(Text, __version__))
 
 
 # --- validation problems as one line ------------------------------------------------------------
@@ -416,12 +792,18 @@ def problem_text(error: ValidationError, where: str = "") -> str:
 
 
 _PROBLEMS = {  # pydantic's error type -> the line it makes, as hwbench has always said it
-    "missing": "is missing", "finite_number": "must be a finite number, not {value!r}",
-    "float_type": "must be a number, not {kind}", "int_type": "must be an integer, not {kind}",
-    "string_type": "must be text, not {kind}", "bool_type": "must be true/false, not {kind}",
-    "model_type": "must be a mapping, not {kind}", "dict_type": "must be a mapping, not {kind}",
-    "list_type": "must be a list, not {kind}", "greater_than_equal": "must be >= {ge}, not {short}",
-    "less_than_equal": "must be <= {le}, not {short}", "literal_error": "must be one of {expected}, not {short}",
+    "missing": "is missing",
+    "finite_number": "must be a finite number, not {value!r}",
+    "float_type": "must be a number, not {kind}",
+    "int_type": "must be an integer, not {kind}",
+    "string_type": "must be text, not {kind}",
+    "bool_type": "must be true/false, not {kind}",
+    "model_type": "must be a mapping, not {kind}",
+    "dict_type": "must be a mapping, not {kind}",
+    "list_type": "must be a list, not {kind}",
+    "greater_than_equal": "must be >= {ge}, not {short}",
+    "less_than_equal": "must be <= {le}, not {short}",
+    "literal_error": "must be one of {expected}, not {short}",
     "recursion_loop": "nested too deeply",
 }
 
@@ -437,8 +819,15 @@ def _problem(error: Any) -> str:
 
 
 def _kind(value: Any) -> str:
-    names = {dict: "a mapping", list: "a list", str: "text", bool: "true/false", type(None): "null",
-             int: "an integer", float: "a number"}
+    names = {
+        dict: "a mapping",
+        list: "a list",
+        str: "text",
+        bool: "true/false",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }
     return names.get(type(value), type(value).__name__)
 
 
