@@ -28,7 +28,7 @@ from hwbench.point import PointKey
 if TYPE_CHECKING:
     from hwbench.spec import RunSpec
 
-Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged"]
+Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged", "storage"]
 MAX_COUNT = 2 ** 63 - 1  # what a 64-bit counter holds; SQLite's integers too
 
 Figure = Annotated[float, Strict()]  # a measured figure: finite (the models refuse NaN and infinities)
@@ -107,6 +107,7 @@ Parallel = section("Parallel", "Degrees of parallelism, and where tp and pp came
                    **fields((Positive, 1), "tp pp dp"), source=Text)
 SpecLaunch = section("SpecLaunch", "How the run's processes are started.", nnodes=(Positive, 1),
                      nproc_per_node=(Positive, 1), node_rank=(Count, 0), master_port=Count, timeout_s=Rate,
+                     max_restarts=Count,
                      under_torchrun=Flag, **fields(Text, "master_addr rdzv_endpoint"))
 
 
@@ -124,7 +125,8 @@ class _Requested(Section):
 # fields added since. Defaults are what a field's absence meant before it existed.
 Spec = section(
     "Spec", "The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec).", _Requested,
-    **fields(Text, "model device precision pp_schedule data split flops_formula out_dir settings settings_choice"),
+    **fields(Text, "model device precision pp_schedule data split flops_formula out_dir settings settings_choice save "
+                   "load"), save_interval=Positive, async_save=Flag,
     device_memory_bytes=Count,
     **fields(Positive, "micro_batch_size global_batch_size seq_length steps threads_per_rank max_positions"),
     **fields(Count, "warmup seed initial_scale_power eval_interval eval_iters"),
@@ -218,6 +220,21 @@ Metrics = section(
     data=dict[str, Any], unmeasured=REASONS)
 Step = section("Step", "One optimizer step.", step=(Count, ...), phase=Text, time_s=Rate, skipped=Flag,
                **fields(Figure, "loss grad_norm lr loss_scale"))
+
+CheckpointRank = section("CheckpointRank", "One rank's part of a checkpoint save or load.", rank=(Count, ...),
+                         bytes=Count, **fields(Rate, "wall_time_s gb_per_s stall_s"))
+CheckpointOperation = section(
+    "CheckpointOperation", "One save or load over every rank: the bytes of all, the slowest rank's time.",
+    iteration=Count, path=Text, timed=Flag, bytes=Count, **fields(Rate, "wall_time_s gb_per_s stall_s"),
+    ranks=list[CheckpointRank])
+Restart = section("Restart", "A torchrun restart: where it resumed, what the failure cost.", attempt=Positive,
+                  **fields(Count, "resumed_from_iteration reached_iteration steps_lost"), time_lost_s=Rate)
+Checkpoints = section(
+    "Checkpoints", "The run's checkpoint saves and loads, measured, and its restarts.", WithReasons,
+    **fields(Text, "save_dir load latest"), save_interval=Positive, async_save=Flag,
+    saves=list[CheckpointOperation], loads=list[CheckpointOperation], save_bytes=Count,
+    **fields(Rate, "save_gb_per_s save_stall_s stall_s_total stall_fraction stall_s_per_hour"),
+    restarts=list[Restart], unmeasured=REASONS)
 
 # --- where it ran -------------------------------------------------------------------------------
 
@@ -374,6 +391,7 @@ RunResult = section(
         ("ranks", list[RankSummary]), ("engine", Engine), ("launch", Launch), ("environment", Environment),
         ("nodes", list[NodeSummary]))},
     sweep=SweepRecord,  # suite, point, repeat and resume key when a sweep ran it
+    checkpoint=Checkpoints,  # saves, loads and restarts (--save, --load, --max-restarts)
     error=RunError, warnings=(list[Text], []), **fields((Text, ""), "started_at finished_at"),
     hwbench_version=(Text, __version__))
 

@@ -1,0 +1,102 @@
+"""Checkpoints: saved in Megatron-LM's folder names, resumed exactly, measured.
+
+Exact resumption: the reference runs of conftest (PARITY_BASE: 1 warm-up step and 2 timed
+steps, so steps 1-3) against a run of steps 1-2 that saves and a run that loads it and
+trains step 3. In the same layout step 3 and the validation after it are equal bit for
+bit; in another layout within the parity tolerance. Multi-rank cases are real torchrun
+processes on gloo.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import parity_run
+
+from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
+from hwbench.report.parity import LAYOUT_TOLERANCE
+
+pytestmark = pytest.mark.slow
+
+FIRST_TWO = ["--steps", "1"]  # with PARITY_BASE's --warmup 1: steps 1 and 2
+THIRD = ["--warmup", "0", "--steps", "1"]  # resumed after step 2: step 3
+
+
+def _steps(result: dict) -> list[tuple[int, float, float, float]]:
+    return [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in result["steps"]]
+
+
+def save_then_resume(tmp_path: Path, *layout: str, resume_layout: tuple[str, ...] | None = None
+                     ) -> tuple[dict, dict, Path]:
+    """Steps 1-2 saved in ``layout``, then step 3 resumed from it (in ``resume_layout``,
+    by default the same): both results and the save folder."""
+    save = tmp_path / "checkpoints"
+    code, first = parity_run(tmp_path / "first", *layout, *FIRST_TWO, "--save", str(save))
+    assert code == 0 and first["status"] == "ok", first.get("error")
+    layout_after = layout if resume_layout is None else resume_layout
+    code, resumed = parity_run(tmp_path / "resumed", *layout_after, *THIRD, "--load", str(save))
+    assert code == 0 and resumed["status"] == "ok", resumed.get("error")
+    return first, resumed, save
+
+
+def assert_exact(first: dict, resumed: dict, reference: dict) -> None:
+    """Steps 1-2 and 3 are the reference's, bit for bit, and so is the final validation."""
+    assert _steps(first) + _steps(resumed) == _steps(reference)
+    assert resumed["metrics"]["valid_loss"] == reference["metrics"]["valid_loss"]
+
+
+def test_one_process_resumes_bit_for_bit_in_megatron_folders(tmp_path, single_process_run):
+    first, resumed, save = save_then_resume(tmp_path)
+    assert_exact(first, resumed, single_process_run)
+    assert (save / LATEST_FILE).read_text().strip() == "2"
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial left
+    manifest = json.loads((save / "iter_0000002" / MANIFEST_FILE).read_text())
+    assert manifest["iteration"] == 2 and manifest["model"] == "tiny"
+    assert manifest["data"]["consumed_train_samples"] == 2 * first["spec"]["global_batch_size"]
+    # storage, measured: the one save after the last step, and the load of it
+    saves, loads = first["checkpoint"]["saves"], resumed["checkpoint"]["loads"]
+    assert [s["iteration"] for s in saves] == [2] and not saves[0]["timed"]
+    on_disk = sum(p.stat().st_size for p in (save / "iter_0000002").iterdir() if p.name != MANIFEST_FILE)
+    assert saves[0]["bytes"] == on_disk
+    assert saves[0]["gb_per_s"] == pytest.approx(on_disk / saves[0]["wall_time_s"] / 1e9)
+    assert saves[0]["stall_s"] >= saves[0]["wall_time_s"] > 0  # synchronous: training waits for all of it
+    assert loads[0]["iteration"] == 2 and loads[0]["path"] == str(save / "iter_0000002")
+    assert 0 < loads[0]["bytes"] <= on_disk and loads[0]["gb_per_s"] > 0
+    from test_docs import undocumented
+
+    assert not undocumented(first) and not undocumented(resumed)
+
+
+def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path):
+    save = tmp_path / "every"
+    code, result = parity_run(tmp_path / "run", "--steps", "3", "--save", str(save), "--save-interval", "2")
+    assert code == 0, result.get("error")
+    checkpoint = result["checkpoint"]
+    assert [(s["iteration"], s["timed"]) for s in checkpoint["saves"]] == [(2, True), (4, False)]
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", "iter_0000004", LATEST_FILE]
+    # the save between timed steps is no step: 3 step times, and the stall priced per hour
+    assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
+    median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]
+    assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
+
+
+TP2 = ["--nproc-per-node", "2", "--tp", "2"]
+
+
+def test_tp2_resumes_bit_for_bit_and_its_checkpoint_loads_on_one_process(tmp_path, native_tp2_run,
+                                                                          single_process_run):
+    """Each rank writes its own shards; the vocabulary TP2 pads to 50432 rows loads into one
+    process's 50304 (within the tolerance the padding itself costs, tests/test_parallel.py)."""
+    first, resumed, save = save_then_resume(tmp_path, *TP2)
+    assert_exact(first, resumed, native_tp2_run)
+    shards = sorted(p.name for p in (save / "iter_0000002").glob("__*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    assert [r["rank"] for r in first["checkpoint"]["saves"][0]["ranks"]] == [0, 1]
+    code, single = parity_run(tmp_path / "tp1", *THIRD, "--load", str(save))
+    assert code == 0 and single["status"] == "ok", single.get("error")
+    (step, loss, _norm, lr), = _steps(single)
+    (_step, want, _want_norm, want_lr), = _steps(single_process_run)[2:]
+    assert step == 3 and lr == want_lr and abs(loss - want) / want < LAYOUT_TOLERANCE
+    assert any("generator states not restored" in w for w in single["warnings"])
