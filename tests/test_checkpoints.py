@@ -28,15 +28,13 @@ def _steps(result: dict) -> list[tuple[int, float, float, float]]:
     return [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in result["steps"]]
 
 
-def save_then_resume(tmp_path: Path, *layout: str, resume_layout: tuple[str, ...] | None = None
-                     ) -> tuple[dict, dict, Path]:
-    """Steps 1-2 saved in ``layout``, then step 3 resumed from it (in ``resume_layout``,
-    by default the same): both results and the save folder."""
+def save_then_resume(tmp_path: Path, *layout: str, saving: tuple[str, ...] = ()) -> tuple[dict, dict, Path]:
+    """Steps 1-2 saved in ``layout`` (with the options ``saving``), then step 3 resumed from it
+    in the same layout: both results and the save folder."""
     save = tmp_path / "checkpoints"
-    code, first = parity_run(tmp_path / "first", *layout, *FIRST_TWO, "--save", str(save))
+    code, first = parity_run(tmp_path / "first", *layout, *FIRST_TWO, "--save", str(save), *saving)
     assert code == 0 and first["status"] == "ok", first.get("error")
-    layout_after = layout if resume_layout is None else resume_layout
-    code, resumed = parity_run(tmp_path / "resumed", *layout_after, *THIRD, "--load", str(save))
+    code, resumed = parity_run(tmp_path / "resumed", *layout, *THIRD, "--load", str(save))
     assert code == 0 and resumed["status"] == "ok", resumed.get("error")
     return first, resumed, save
 
@@ -100,3 +98,34 @@ def test_tp2_resumes_bit_for_bit_and_its_checkpoint_loads_on_one_process(tmp_pat
     (_step, want, _want_norm, want_lr), = _steps(single_process_run)[2:]
     assert step == 3 and lr == want_lr and abs(loss - want) / want < LAYOUT_TOLERANCE
     assert any("generator states not restored" in w for w in single["warnings"])
+
+
+def test_async_save_resumes_bit_for_bit(tmp_path, single_process_run):
+    """torch.distributed.checkpoint's async_save: the write runs in the background, training
+    waits only for the copy to host memory; the checkpoint is the same."""
+    first, resumed, save = save_then_resume(tmp_path, saving=("--async-save", "--save-interval", "1"))
+    assert_exact(first, resumed, single_process_run)
+    saves = first["checkpoint"]["saves"]
+    assert [s["iteration"] for s in saves] == [1, 2] and first["checkpoint"]["async_save"]
+    assert all(s["wall_time_s"] > 0 and s["bytes"] > 0 for s in saves)
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000001", "iter_0000002", LATEST_FILE]
+
+
+# heavy (python -m pytest -m heavy): the default run keeps TP2 above; each of these is three
+# torchrun jobs (uninterrupted, saved, resumed) and a load into one process.
+LAYOUTS = [pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
+           pytest.param(["--nproc-per-node", "2", "--fsdp"], id="fsdp2", marks=pytest.mark.heavy)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, layout, single_process_run):
+    code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
+    assert code == 0, uninterrupted.get("error")
+    first, resumed, save = save_then_resume(tmp_path, *layout)
+    assert_exact(first, resumed, uninterrupted)
+    code, single = parity_run(tmp_path / "one", *THIRD, "--load", str(save))
+    assert code == 0 and single["status"] == "ok", single.get("error")
+    (step, loss, norm, lr), = _steps(single)
+    (_step, want, want_norm, want_lr), = _steps(single_process_run)[2:]
+    assert step == 3 and lr == want_lr
+    assert abs(loss - want) / want < LAYOUT_TOLERANCE and abs(norm - want_norm) / want_norm < LAYOUT_TOLERANCE

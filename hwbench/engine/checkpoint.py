@@ -1,8 +1,8 @@
 """The native engine's state in a checkpoint, through torch.distributed.checkpoint (DCP).
 
 The state is torch's distributed state dict of the model and the AdamW optimizer
-(``get_state_dict``: keyed by parameter name, DTensors for tensor-parallel and FSDP2
-shards, the DDP prefix removed) and the fp16 loss scaler's tensors. Each rank writes
+(``get_state_dict``: keyed by parameter name, the optimizer's hyperparameters too,
+DTensors for tensor-parallel and FSDP2 shards, the DDP prefix removed) and the fp16 loss scaler's tensors. Each rank writes
 its own shards (``__<rank>_<n>.distcp``) and rank 0 the metadata, so a save scales
 with the ranks; a load reads whatever parts of the saved shards this layout's shards
 cover, which is how a checkpoint of one layout loads into another (TP2 into one
@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from hwbench.engine.base import StateWrite
@@ -34,6 +34,12 @@ from hwbench.engine.base import StateWrite
 # One process saves and loads without a process group, as meant: DCP warns about it every time.
 ONE_PROCESS_WARNING = "torch.distributed is (disabled, )?unavailable or uninitialized"
 warnings.filterwarnings("ignore", message=ONE_PROCESS_WARNING, category=UserWarning)  # async saves' threads
+
+# The optimizer state keyed by parameter name throughout, its hyperparameters included
+# ("param_groups.<name>.lr"): what each rank holds is then named the same in every layout.
+BY_NAME = StateDictOptions(flatten_optimizer_state_dict=True)
+# How this process runs AdamW (fused on a GPU, foreach on the CPU), not a property of the training: kept on load.
+IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 
 # State-dict keys whose first dimension is the padded vocabulary (model and optimizer entries).
 VOCAB_ROWS = re.compile(r"(^|\.)(wte|output)\.weight(\.|$)")
@@ -43,7 +49,7 @@ def native_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     """What the native engine saves: model and optimizer by parameter name, and the fp16
     loss scaler's state when there is one. The tensors are the live ones (a load writes
     into them)."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=BY_NAME)
     state = {"model": model_state, "optimizer": optimizer_state}
     if loss_scaler is not None:
         state["loss_scaler"] = loss_scaler.state_dict()
@@ -104,7 +110,11 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_sc
     for parent, key, target in bridged:
         _copy_rows(target, parent[key])
         parent[key] = target
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    implementation = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=BY_NAME)
+    for group, kept in zip(optimizer.param_groups, implementation):
+        group.update(kept)
     if "loss_scaler" in state:
         loss_scaler.load_state_dict(state["loss_scaler"])
     return reader.bytes_read
