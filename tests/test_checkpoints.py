@@ -129,3 +129,26 @@ def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, layout, s
     (_step, want, want_norm, want_lr), = _steps(single_process_run)[2:]
     assert step == 3 and lr == want_lr
     assert abs(loss - want) / want < LAYOUT_TOLERANCE and abs(norm - want_norm) / want_norm < LAYOUT_TOLERANCE
+
+
+def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, monkeypatch, native_tp2_run):
+    """torchrun --max-restarts 1: rank 1 SIGKILLs itself at the start of step 3; torchrun starts
+    both ranks again, they resume from step 2's checkpoint and train step 3 as an uninterrupted
+    run does, bit for bit. The restart is recorded with what it cost, and left out of the step times."""
+    monkeypatch.setenv("HWBENCH_FAULT", "1:3:signal")
+    save = tmp_path / "checkpoints"
+    code, result = parity_run(tmp_path / "run", *TP2, "--save", str(save), "--save-interval", "1",
+                              "--max-restarts", "1")
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    assert "--max-restarts=1" in result["launch"]["command"]
+    (restart,) = result["checkpoint"]["restarts"]
+    assert restart["attempt"] == 1 and restart["resumed_from_iteration"] == 2
+    assert restart["reached_iteration"] == 2 and restart["steps_lost"] == 0  # killed before step 3 finished
+    assert restart["time_lost_s"] > 0
+    assert any(w.startswith("restart 1: a rank failed; resumed from step 2") for w in result["warnings"])
+    # the last attempt's steps only: step 3, the uninterrupted run's
+    assert _steps(result) == _steps(native_tp2_run)[2:]
+    assert result["metrics"]["valid_loss"] == native_tp2_run["metrics"]["valid_loss"]
+    assert result["metrics"]["timed_steps"] == 1
+    assert (save / LATEST_FILE).read_text().strip() == "3"
+    assert [load["iteration"] for load in result["checkpoint"]["loads"]] == [2]
