@@ -10,6 +10,7 @@ processes on gloo.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,131 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert result["metrics"]["timed_steps"] == 1
     assert (save / LATEST_FILE).read_text().strip() == "3"
     assert [load["iteration"] for load in result["checkpoint"]["loads"]] == [2]
+
+
+@pytest.mark.heavy
+def test_deepspeed_zero_resumes_bit_for_bit_through_its_own_checkpoint(tmp_path, capsys):
+    """DeepSpeed's save_checkpoint/load_checkpoint on 2 ranks (ZeRO 1: each rank its optimizer
+    shard) in an iter_NNNNNNN folder; another layout or engine is refused before anything runs."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
+    layout = ["--nproc-per-node", "2", "--engine", "deepspeed", "--zero", "1"]
+    code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
+    assert code == 0, uninterrupted.get("error")
+    first, resumed, save = save_then_resume(tmp_path, *layout)
+    assert_exact(first, resumed, uninterrupted)
+    files = {p.name for p in (save / "iter_0000002").iterdir()}
+    assert {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank_00001.pt", MANIFEST_FILE} <= files
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # no DeepSpeed 'latest'
+    (save_op,) = first["checkpoint"]["saves"]
+    assert save_op["bytes"] == sum(p.stat().st_size for p in (save / "iter_0000002").iterdir()
+                                   if p.name != MANIFEST_FILE)
+    assert resumed["checkpoint"]["loads"][0]["bytes"] > 0
+    from hwbench.cli import main
+
+    capsys.readouterr()
+    for other, says in ((["--engine", "deepspeed", "--zero", "1"], "DeepSpeed loads it only in that layout"),
+                        (["--nproc-per-node", "2"], "load it with --engine deepspeed")):
+        code = main(["run", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *other,
+                     "--load", str(save), "--out", str(tmp_path / "refused")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and says in err[0], err
+        assert not (tmp_path / "refused").exists()
+
+
+# --- bad input and faults ------------------------------------------------------------------
+
+
+def _refused(tmp_path: Path, capsys, *options: str) -> str:
+    """`hwbench run ... OPTIONS` refused before anything runs: exit 2, one line, no result."""
+    from hwbench.cli import main
+
+    capsys.readouterr()
+    out = tmp_path / "refused"
+    code = main(["run", "--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *options,
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert not out.exists()
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A one-process save of steps 1-2 (the whole --save folder)."""
+    tmp = tmp_path_factory.mktemp("tiny-save")
+    code, result = parity_run(tmp / "run", *FIRST_TWO, "--save", str(tmp / "save"))
+    assert code == 0, result.get("error")
+    return tmp / "save"
+
+
+def test_a_folder_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    line = _refused(tmp_path, capsys, "--load", str(tmp_path / "empty"))
+    assert f"--load {tmp_path / 'empty'} is not a checkpoint" in line and LATEST_FILE in line
+    line = _refused(tmp_path, capsys, "--load", str(tmp_path / "absent"))
+    assert "no such folder" in line
+
+
+def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, capsys, tiny_checkpoint):
+    line = _refused(tmp_path, capsys, "--load", str(tiny_checkpoint), "--model", "small")
+    assert "holds --model tiny" in line and "not this run's --model small" in line and "hidden_size" in line
+
+
+def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, capsys, tiny_checkpoint):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    shard = copy / "iter_0000002" / "__0_0.distcp"
+    with shard.open("r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)  # a copy cut short
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert "is truncated: __0_0.distcp holds" in line and "the manifest says" in line
+    shard.unlink()
+    assert "is truncated: __0_0.distcp is missing" in _refused(tmp_path, capsys, "--load", str(copy))
+
+
+FILL_DISK = """set -e
+mount -t tmpfs -o size={size} tmpfs {disk}
+{hwbench} --steps 1 --save {disk}/save --out {out}/first
+{hwbench} --warmup 0 --steps 1 --load {disk}/save --save {disk}/save --out {out}/second || echo "exit $?" > {out}/code
+cp -a {disk}/save {out}/after
+"""
+
+
+def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_checkpoint):
+    """A tmpfs (in a mount namespace of its own) with room for one checkpoint: the second save
+    fails with ENOSPC; the run ends with status storage naming it, step 2's checkpoint stays
+    the latest, whole, and no partial folder is left."""
+    import shlex
+    import subprocess
+    import sys
+
+    from hwbench.checkpoint import find_checkpoint
+
+    size = sum(p.stat().st_size for p in (tiny_checkpoint / "iter_0000002").iterdir())
+    hwbench = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny",
+                                                "--data", "synthetic", "--seq-length", "32", "--warmup", "1",
+                                                "--eval-iters", "1", "--no-telemetry"])
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = FILL_DISK.format(size=int(size * 1.5), disk=disk, hwbench=hwbench, out=tmp_path)
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    try:
+        done = subprocess.run([*unshare, "sh", "-c", script], check=False, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here to mount a small file system")
+    if "mount" in done.stderr and not (tmp_path / "first").exists():
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "code").read_text().strip() == "exit 1"
+    (result_file,) = (tmp_path / "second").glob("*.json")
+    result = json.loads(result_file.read_text())
+    assert result["status"] == "storage"
+    assert "the checkpoint of step 3 could not be written" in result["error"]["message"]
+    assert "No space left on device" in result["error"]["message"]
+    assert "iter_0000002 is still the latest, whole" in result["error"]["message"]
+    after = tmp_path / "after"
+    assert sorted(p.name for p in after.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial
+    assert find_checkpoint(after).iteration == 2  # every file there with its size

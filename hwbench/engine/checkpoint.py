@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -105,8 +106,11 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_sc
     if loss_scaler is not None and not any(key.startswith("loss_scaler.") for key in saved):
         del state["loss_scaler"]  # saved without fp16: the scaler starts afresh
     bridged = _vocab_buffers(state, saved)
-    with _quiet():
-        dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+    try:
+        with _quiet():
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+    except CheckpointException as error:  # a BaseException: the worker records Exceptions as the run's failure
+        raise RuntimeError(f"torch.distributed.checkpoint could not load {folder}: {_first_failure(error)}") from error
     for parent, key, target in bridged:
         _copy_rows(target, parent[key])
         parent[key] = target
@@ -118,6 +122,15 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_sc
     if "loss_scaler" in state:
         loss_scaler.load_state_dict(state["loss_scaler"])
     return reader.bytes_read
+
+
+def _first_failure(error: CheckpointException) -> str:
+    """The first rank's failure in a CheckpointException (rank: its exception's first line)."""
+    for rank, failure in sorted(error.failures.items()):
+        exception = failure[0] if isinstance(failure, tuple) else failure
+        text = str(exception).strip().splitlines()
+        return f"rank {rank}: {type(exception).__name__}: {text[0] if text else ''}"
+    return str(error)
 
 
 def _tensors(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict[str, Any], str]]:

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hwbench.checkpoint import (LATEST_FILE, MANIFEST_FILE, MANIFEST_FORMAT, MANIFEST_VERSION, PARTIAL_SUFFIX,
                                 RNG_FILE, SavedCheckpoint, find_checkpoint, iteration_folder_name, partial_folder)
@@ -45,6 +46,9 @@ from hwbench.workload.data import SampledData
 
 RESTART_FILE = "checkpoints.json"  # in the launcher's run folder: the plan restarts resume by
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 in the first attempt
+# What a failed write raises: DCP gathers every rank's failure into a CheckpointException, a BaseException.
+SAVE_ERRORS = (Exception, CheckpointException)
+FULL_BELOW_BYTES = 1 << 20  # free space under this after a failed write: the file system filled
 
 
 class CheckpointSaveError(RuntimeError):
@@ -250,7 +254,7 @@ class Checkpointer:
             rng_file = partial / RNG_FILE.format(rank=self.ctx.rank)
             torch.save(self.backend.rng_states(), rng_file)
             write = self.engine.save_checkpoint(partial, self.spec.async_save, self.group)
-        except Exception as error:
+        except SAVE_ERRORS as error:
             self._failed(iteration, partial, error)
         manifest = {**self.identity, "iteration": iteration, "saved_at": utc_now(),
                     "data": {"source": self.spec.data, "seed": self.spec.seed,
@@ -282,7 +286,7 @@ class Checkpointer:
                 self.last_committed = str(final)
                 _update_restart_file(self.run_dir, latest={"path": str(final), "iteration": pending.iteration,
                                                            "committed_at": time.time()})
-        except Exception as error:
+        except SAVE_ERRORS as error:
             self._failed(pending.iteration, pending.partial, error)
         finished = pending.write.finished_at or time.perf_counter()
         self.saves.append({"iteration": pending.iteration, "timed": pending.timed,
@@ -296,12 +300,12 @@ class Checkpointer:
         return sum(_size(path) or _size(final / path.relative_to(pending.partial)) for path in files)
 
     def _failed(self, iteration: int, partial: Path, error: BaseException) -> None:
+        reason = _reason(error, self.save_dir)  # before the partial save is removed: a full disk shows
         if self.ctx.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
         latest = self.save_dir / LATEST_FILE if self.save_dir else None
         before = (f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
                   if latest and latest.is_file() else "no earlier checkpoint in it")
-        reason = getattr(error, "strerror", None) or _reason(error)
         raise CheckpointSaveError(f"the checkpoint of step {iteration} could not be written to --save "
                                   f"{self.save_dir}: {reason}; {before}") from error
 
@@ -316,22 +320,37 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def _reason(error: BaseException) -> str:
-    """The first OS reason inside a wrapped error (DCP gathers each rank's failure), else its text."""
+def _reason(error: BaseException, save_dir: Path | None) -> str:
+    """Why a write failed: the first OS reason inside the error (DCP gathers each rank's failure,
+    as (exception, stack) pairs); else a full file system (torch's zip writer reports a disk that
+    filled as a position mismatch, no OSError); else the error's first line."""
     seen: set[int] = set()
     stack: list[Any] = [error]
     while stack:
         current = stack.pop()
+        if isinstance(current, tuple):
+            stack += [item for item in current if isinstance(item, BaseException)]
+            continue
         if id(current) in seen or current is None:
             continue
         seen.add(id(current))
         if isinstance(current, OSError) and current.strerror:
             return current.strerror
         stack += [getattr(current, "__cause__", None), getattr(current, "__context__", None)]
-        stack += list(getattr(current, "failures", {}).values()) if isinstance(getattr(current, "failures", None),
-                                                                                dict) else []
+        failures = getattr(current, "failures", None)
+        stack += list(failures.values()) if isinstance(failures, dict) else []
+    free = _free_bytes(save_dir)
+    if free is not None and free < FULL_BELOW_BYTES:
+        return f"No space left on device ({free:,} bytes free)"
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def _free_bytes(folder: Path | None) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free if folder is not None else None
+    except OSError:
+        return None
 
 
 # --- a save made whole, then named latest ----------------------------------------------
