@@ -68,9 +68,23 @@ def test_one_process_resumes_bit_for_bit_in_megatron_folders(tmp_path, single_pr
     assert not undocumented(first) and not undocumented(resumed)
 
 
-def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path):
+def _report_row(folder: Path, capsys, run_id: str) -> str:
+    """The row of run ``run_id`` in the Checkpoints section of `hwbench report FOLDER`."""
+    from hwbench.cli import run_command
+
+    capsys.readouterr()
+    assert run_command("report", [str(folder)]) == 0
+    text = capsys.readouterr().out
+    section = text[text.index("## Checkpoints"):]
+    section = section[:section.index("\n## ")]
+    return next(line for line in section.splitlines() if line.startswith(f"| {run_id}"))
+
+
+def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, capsys):
     save = tmp_path / "every"
+    capsys.readouterr()
     code, result = parity_run(tmp_path / "run", "--steps", "3", "--save", str(save), "--save-interval", "2")
+    summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints"))
     assert code == 0, result.get("error")
     checkpoint = result["checkpoint"]
     assert [(s["iteration"], s["timed"]) for s in checkpoint["saves"]] == [(2, True), (4, False)]
@@ -79,6 +93,10 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path):
     assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
     median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]
     assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
+    # the run summary and the report carry them
+    assert "2 saved" in summary and f"{checkpoint['stall_s_per_hour']:,.1f} s per hour at --save-interval 2" in summary
+    row = _report_row(tmp_path / "run", capsys, result["run_id"])
+    assert "2 steps" in row and f"{checkpoint['stall_s_per_hour']:,.1f}" in row and "TP1 PP1 DP1" in row
 
 
 TP2 = ["--nproc-per-node", "2", "--tp", "2"]
@@ -132,7 +150,8 @@ def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, layout, s
     assert abs(loss - want) / want < LAYOUT_TOLERANCE and abs(norm - want_norm) / want_norm < LAYOUT_TOLERANCE
 
 
-def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, monkeypatch, native_tp2_run):
+def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, monkeypatch, capsys,
+                                                                     native_tp2_run):
     """torchrun --max-restarts 1: rank 1 SIGKILLs itself at the start of step 3; torchrun starts
     both ranks again, they resume from step 2's checkpoint and train step 3 as an uninterrupted
     run does, bit for bit. The restart is recorded with what it cost, and left out of the step times."""
@@ -153,6 +172,11 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert result["metrics"]["timed_steps"] == 1
     assert (save / LATEST_FILE).read_text().strip() == "3"
     assert [load["iteration"] for load in result["checkpoint"]["loads"]] == [2]
+    from test_docs import undocumented
+
+    assert not undocumented(result)
+    assert _report_row(tmp_path / "run", capsys, result["run_id"]).rstrip(" |").endswith("1 (0 steps, "
+                                                                                       f"{restart['time_lost_s']:,.1f} s)")
 
 
 @pytest.mark.heavy
@@ -281,3 +305,25 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path,
     after = tmp_path / "after"
     assert sorted(p.name for p in after.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial
     assert find_checkpoint(after).iteration == 2  # every file there with its size
+
+
+def test_a_suite_point_measures_checkpoint_throughput(tmp_path):
+    """The shipped suite's form (a save every few steps into a given folder) on the CPU: the
+    sweep's result carries the storage figures; the shipped suite itself saves at an interval."""
+    from hwbench.cli import main
+    from hwbench.harness.suite import find_suite, load_suite
+
+    shipped = load_suite(find_suite("checkpoints"))
+    assert all(p.option("save") and p.option("save_interval") for p in shipped.points)
+    assert any(p.option("async_save") for p in shipped.points)
+    suite = tmp_path / "ckpt.yaml"
+    suite.write_text(f"""name: ckpt
+defaults: {{model: tiny, data: synthetic, seq-length: 32, steps: 2, warmup: 1, eval-iters: 0, telemetry: false}}
+points:
+  - {{name: local, save: {tmp_path / 'disk'}, save-interval: 1}}
+""")
+    assert main(["sweep", str(suite), "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (path,) = (tmp_path / "runs" / "ckpt" / "local").glob("*.json")
+    checkpoint = json.loads(path.read_text())["checkpoint"]
+    assert [s["iteration"] for s in checkpoint["saves"]] == [1, 2, 3]
+    assert checkpoint["save_gb_per_s"] > 0 and checkpoint["stall_s_per_hour"] > 0 and checkpoint["save_bytes"] > 0

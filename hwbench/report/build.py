@@ -15,7 +15,7 @@ from hwbench.report.document import Report
 from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
-from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
+from hwbench.report.sections import (checkpoint_section, convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
 from hwbench.result.model import RunResult
 
@@ -48,6 +48,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         model_section(runs, images, also_formula),
         procurement_section(runs, devices, notes),
         convergence_section(runs, images),
+        checkpoint_section(runs),
         environment_section(runs, warnings_found),
         skipped_section(skipped),
     ]
