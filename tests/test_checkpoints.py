@@ -179,19 +179,28 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
                                                                                        f"{restart['time_lost_s']:,.1f} s)")
 
 
+DEEPSPEED_LAYOUTS = [
+    pytest.param(["--zero", "1"], {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt"}, id="zero1"),
+    pytest.param(["--pp", "2"], {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                                 "layer_00-model_00-model_states.pt", "layer_03-model_00-model_states.pt"}, id="pp2"),
+]
+
+
 @pytest.mark.heavy
-def test_deepspeed_zero_resumes_bit_for_bit_through_its_own_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize(("options", "deepspeed_files"), DEEPSPEED_LAYOUTS)
+def test_deepspeed_resumes_bit_for_bit_through_its_own_checkpoint(tmp_path, capsys, options, deepspeed_files):
     """DeepSpeed's save_checkpoint/load_checkpoint on 2 ranks (ZeRO 1: each rank its optimizer
-    shard) in an iter_NNNNNNN folder; another layout or engine is refused before anything runs."""
+    shard; the pipeline engine: a file per layer) in an iter_NNNNNNN folder; another layout or
+    engine is refused before anything runs."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
-    layout = ["--nproc-per-node", "2", "--engine", "deepspeed", "--zero", "1"]
+    layout = ["--nproc-per-node", "2", "--engine", "deepspeed", *options]
     code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
     assert code == 0, uninterrupted.get("error")
     first, resumed, save = save_then_resume(tmp_path, *layout)
     assert_exact(first, resumed, uninterrupted)
     files = {p.name for p in (save / "iter_0000002").iterdir()}
-    assert {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-            "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_rank_00001.pt", MANIFEST_FILE} <= files
+    assert deepspeed_files | {"rng_rank_00001.pt", MANIFEST_FILE} <= files
     assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # no DeepSpeed 'latest'
     (save_op,) = first["checkpoint"]["saves"]
     assert save_op["bytes"] == sum(p.stat().st_size for p in (save / "iter_0000002").iterdir()
@@ -327,3 +336,14 @@ points:
     checkpoint = json.loads(path.read_text())["checkpoint"]
     assert [s["iteration"] for s in checkpoint["saves"]] == [1, 2, 3]
     assert checkpoint["save_gb_per_s"] > 0 and checkpoint["stall_s_per_hour"] > 0 and checkpoint["save_bytes"] > 0
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--save-interval", "2"], "--save-interval needs --save DIR"),
+    (["--async-save"], "--async-save needs --save DIR"),
+    (["--save", "x", "--async-save", "--engine", "deepspeed"], "DeepSpeed saves through its own save_checkpoint"),
+    (["--max-restarts", "1"], "--max-restarts 1 restarts torchrun's ranks, and this run has one process"),
+    (["--save-interval", "0", "--save", "x"], "--save-interval"),
+])
+def test_checkpoint_options_that_cannot_work_are_refused_in_one_line(tmp_path, capsys, options, says):
+    assert says in _refused(tmp_path, capsys, *options)
