@@ -68,16 +68,16 @@ def test_one_process_resumes_bit_for_bit_in_megatron_folders(tmp_path, single_pr
     assert not undocumented(first) and not undocumented(resumed)
 
 
-def _report_row(folder: Path, capsys, run_id: str) -> str:
-    """The row of run ``run_id`` in the Checkpoints section of `hwbench report FOLDER`."""
+def _report_line(folder: Path, capsys, run_id: str, section: str = "Checkpoints", *options: str) -> str:
+    """The line of run ``run_id`` in ``section`` of `hwbench report FOLDER OPTIONS`."""
     from hwbench.cli import run_command
 
     capsys.readouterr()
-    assert run_command("report", [str(folder)]) == 0
+    assert run_command("report", [str(folder), *options]) == 0
     text = capsys.readouterr().out
-    section = text[text.index("## Checkpoints"):]
-    section = section[:section.index("\n## ")]
-    return next(line for line in section.splitlines() if line.startswith(f"| {run_id}"))
+    text = text[text.index(f"## {section}"):]
+    text = text[:text.index("\n## ")]
+    return next(line for line in text.splitlines() if line.lstrip("|-* ").startswith(run_id))
 
 
 def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, capsys):
@@ -95,8 +95,14 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, 
     assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
     # the run summary and the report carry them
     assert "2 saved" in summary and f"{checkpoint['stall_s_per_hour']:,.1f} s per hour at --save-interval 2" in summary
-    row = _report_row(tmp_path / "run", capsys, result["run_id"])
-    assert "2 steps" in row and f"{checkpoint['stall_s_per_hour']:,.1f}" in row and "TP1 PP1 DP1" in row
+    per_hour = f"{checkpoint['stall_s_per_hour']:,.1f}"
+    row = _report_line(tmp_path / "run", capsys, result["run_id"])
+    assert "2 steps" in row and per_hour in row and "TP1 PP1 DP1" in row
+    # the decision section prices the policy, in dollars where the device is priced
+    price = f"{result['device']['device_model']}=3.6"
+    policy = _report_line(tmp_path / "run", capsys, result["run_id"], "Decision", "--price", price)
+    assert f"a save every 2 steps stalls {per_hour} s of every hour of training" in policy
+    assert f"${checkpoint['stall_s_per_hour'] / 3600 * 3.6:,.2f} per hour on 1 devices" in policy
 
 
 TP2 = ["--nproc-per-node", "2", "--tp", "2"]
@@ -175,7 +181,7 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     from test_docs import undocumented
 
     assert not undocumented(result)
-    assert _report_row(tmp_path / "run", capsys, result["run_id"]).rstrip(" |").endswith("1 (0 steps, "
+    assert _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |").endswith("1 (0 steps, "
                                                                                        f"{restart['time_lost_s']:,.1f} s)")
 
 

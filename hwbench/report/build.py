@@ -15,7 +15,7 @@ from hwbench.report.document import Report
 from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
-from hwbench.report.sections import (checkpoint_section, convergence_section, environment_section, model_section, procurement_section,
+from hwbench.report.sections import (checkpoint_policy_blocks, checkpoint_section, convergence_section, environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
 from hwbench.result.model import RunResult
 
@@ -38,6 +38,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     warnings_found = environment_warnings(runs)
     images = plot_images(rows, loaded, fits) if with_plots else {}
     decision = decision_section(runs, fits, published, prices, tokens, devices)
+    decision.blocks += checkpoint_policy_blocks(runs)
     if runs.empty:  # the published tables alone
         sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)

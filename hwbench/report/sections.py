@@ -244,6 +244,26 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
     return section
 
 
+def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:
+    """For the decision section: what each measured --save-interval policy costs, in seconds of
+    every training hour spent stalled and, where the device is priced, in dollars per hour."""
+    if "checkpoint_stall_s_per_hour" not in runs:
+        return []
+    lines = []
+    for _, run in runs[runs["status"] == "ok"].iterrows():
+        per_hour = run["checkpoint_stall_s_per_hour"]
+        if not is_number(per_hour):
+            continue
+        line = (f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
+                f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
+                f"({per_hour / 3600:.2%})")
+        if is_number(run["price_usd_per_hour"]) and is_number(run["devices_charged"]):
+            line += (f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
+                     f"{run['devices_charged']} devices")
+        lines.append(line)
+    return [("h", "Checkpoint policy"), ("list", lines)] if lines else []
+
+
 def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     section = Section("Environment")
     table = Table(["run", "device", "count", "driver", "CUDA", "CANN", "torch", "deepspeed", "hwbench"], [])
