@@ -353,3 +353,19 @@ points:
 ])
 def test_checkpoint_options_that_cannot_work_are_refused_in_one_line(tmp_path, capsys, options, says):
     assert says in _refused(tmp_path, capsys, *options)
+
+
+def test_a_save_killed_half_way_is_never_loaded_and_the_next_run_clears_it(tmp_path, tiny_checkpoint):
+    import shutil
+
+    from hwbench.checkpoint import find_checkpoint
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    half = copy / ".iter_0000005.partial"  # what a run killed mid-save leaves
+    half.mkdir()
+    (half / "__0_0.distcp").write_bytes(b"\0" * 100)
+    assert find_checkpoint(copy).iteration == 2  # latest names the whole one
+    code, result = parity_run(tmp_path / "run", *THIRD, "--load", str(copy), "--save", str(copy))
+    assert code == 0 and [s["iteration"] for s in result["checkpoint"]["saves"]] == [3], result.get("error")
+    assert sorted(p.name for p in copy.iterdir()) == ["iter_0000002", "iter_0000003", LATEST_FILE]
