@@ -34,6 +34,8 @@ MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on 
 WORKLOAD, LAYOUT, PROCESSES = "workload", "parallel layout", "processes and nodes (torchrun)"
 TARGET = "time to a target quality (docs/scores.md)"
 TARGET_EVAL_INTERVAL = 10  # --eval-interval when a target is given and none is
+CHECKPOINTS = "checkpoints"
+MAX_RESTARTS = 100  # torchrun restarts every rank each time: more than this is a crash loop, not a run
 
 MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
 MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
@@ -140,6 +142,10 @@ def _split(text: str) -> bool:
         return bool(parse_split(text))
     except UsageError:
         return False
+
+
+def _nonempty(text: str) -> bool:
+    return bool(text.strip())
 
 
 def _size(text: str) -> bool:
@@ -262,6 +268,23 @@ class RunOptions:
     preflight: bool | None = option(
         "check the machine first (hwbench preflight): other processes on the device, clocks, governor, swap, ...; "
         "the readings go into the result's environment.preflight", default=True, group=PROCESSES)
+    max_restarts: int | None = option(
+        "torchrun's restarts of every rank after one fails; with --save, each restart resumes from the last "
+        "checkpoint of this run", default=0, minimum=0, maximum=MAX_RESTARTS, group=PROCESSES)
+    save: str | None = option(
+        "folder to save checkpoints into, as Megatron-LM lays them out (iter_NNNNNNN/, "
+        "latest_checkpointed_iteration.txt): after the last step, and every --save-interval steps",
+        valid=_nonempty, accepts="a folder", group=CHECKPOINTS)
+    save_interval: int | None = option("save also after every step whose number is a multiple of N (--save)",
+                                       minimum=1, maximum=MAX_STEPS, default_rule="only after the last step",
+                                       group=CHECKPOINTS)
+    load: str | None = option(
+        "resume from a checkpoint: a --save folder (its latest) or one of its iter_NNNNNNN folders; the run trains "
+        "--warmup + --steps more steps from there, in the same sample order", valid=_nonempty,
+        accepts="a folder", group=CHECKPOINTS)
+    async_save: bool | None = option(
+        "write each checkpoint in the background (torch.distributed.checkpoint's async_save; native engine): "
+        "training stalls only while the state is copied to host memory", default=False, group=CHECKPOINTS)
 
     def __post_init__(self) -> None:
         for name, value in self.given().items():
@@ -338,8 +361,6 @@ MEGATRON_INSTEAD = {
     "--clip-grad": "it comes from the workload (its YAML's training.clip_grad)",
     "--data-impl": "Megatron's mmap format is the one hwbench reads; drop it",
     "--log-interval": "hwbench records every step; drop it",
-    "--save": "hwbench saves no checkpoints; drop it", "--load": "hwbench loads no checkpoints; drop it",
-    "--save-interval": "hwbench saves no checkpoints; drop it",
     "--DDP-impl": "data parallelism is DDP, or FSDP2 with --fsdp",
     "--deepspeed": "use --engine deepspeed", "--deepspeed_config": "hwbench writes the DeepSpeed config itself "
     "from --zero and --precision",

@@ -53,6 +53,7 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master addr/port
     timeout_s: float = RUN_OPTIONS["timeout"].default
     under_torchrun: bool = False
+    max_restarts: int = 0  # torchrun's restarts of every rank after a failure
 
     @property
     def world_size(self) -> int:
@@ -119,6 +120,10 @@ class RunSpec:
     target_ppl: float | None = None
     target_loss: float | None = None
     target_given: str | None = None
+    save: str | None = None  # --save: the folder checkpoints go to (hwbench.checkpoint)
+    save_interval: int | None = None  # --save-interval: also after every step that is a multiple of it
+    load: str | None = None  # --load: the checkpoint the run resumes from
+    async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -179,6 +184,30 @@ def check_data(data: str) -> str:
     return data
 
 
+def _check_checkpoint_options(options: RunOptions, engine: str, launch: LaunchSpec) -> None:
+    """What --save-interval, --async-save and --max-restarts need beside them."""
+    for name in ("save_interval", "async_save"):
+        if options.value(name) and options.save is None:
+            raise UsageError(f"{RUN_OPTIONS[name].flag} needs --save DIR, the folder the checkpoints go to")
+    if options.async_save and engine == "deepspeed":
+        raise UsageError("--async-save is torch.distributed.checkpoint's (the native engine); DeepSpeed saves through "
+                         "its own save_checkpoint: leave --async-save out, or give --engine native")
+    restarts = options.value("max_restarts")
+    if restarts and launch.world_size == 1 and not launch.under_torchrun:
+        raise UsageError(f"--max-restarts {restarts} restarts torchrun's ranks, and this run has one process; give "
+                         "--nproc-per-node N (N >= 2), or leave --max-restarts out")
+
+
+def check_load(load: str, workload: Workload, model_config: GPTConfig, engine: str, parallel: ParallelDims,
+               zero_stage: int, fsdp: bool, fused_qkv: bool) -> None:
+    """--load names a whole checkpoint this run can take (hwbench.checkpoint): UsageError otherwise."""
+    from hwbench.checkpoint import check_resumable, find_checkpoint
+
+    layout = {"tp": parallel.tp, "pp": parallel.pp, "dp": parallel.dp, "zero_stage": zero_stage, "fsdp": fsdp}
+    check_resumable(find_checkpoint(load), workload.name, dataclasses.asdict(model_config), engine, layout,
+                    fused_qkv)
+
+
 def _or(given: Any, default: Any) -> Any:
     """The option's value, or ``default`` when it was not given (None)."""
     return default if given is None else given
@@ -194,7 +223,7 @@ def _build_launch(options: RunOptions, torchrun_world_size: int | None) -> Launc
     launch = LaunchSpec(nnodes=nnodes, nproc_per_node=options.value("nproc_per_node"), node_rank=node_rank,
                         master_addr=options.value("master_addr"), master_port=port,
                         rdzv_endpoint=options.rdzv_endpoint, timeout_s=options.value("timeout"),
-                        under_torchrun=torchrun_world_size is not None)
+                        under_torchrun=torchrun_world_size is not None, max_restarts=options.value("max_restarts"))
     if torchrun_world_size is not None and torchrun_world_size != launch.world_size:
         # Already one rank of a torchrun job: the job's size is torchrun's.
         launch = dataclasses.replace(launch, nnodes=1, nproc_per_node=torchrun_world_size, node_rank=0)
@@ -419,9 +448,15 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     positions = _max_positions(options, workload, seq)
     seed = _or(options.seed, defaults.seed)
     target, eval_interval = _target(options, workload, value("data"), seed, value("split"))
+    _check_checkpoint_options(options, engine, launch)
     if check_paths:
         check_data(value("data"))
         check_output_folder(value("out"))
+        if options.save is not None:
+            check_output_folder(options.save, "--save")
+        if options.load is not None:
+            model_config = dataclasses.replace(workload.model, max_position_embeddings=positions)
+            check_load(options.load, workload, model_config, engine, parallel, zero_stage, fsdp, fused_qkv)
     return RunSpec(
         model=workload.name,
         device=value("device"),
@@ -468,4 +503,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
+        save=options.save,
+        save_interval=options.save_interval,
+        load=options.load,
+        async_save=value("async_save"),
     )

@@ -114,7 +114,7 @@ def test_the_help_shows_each_default_from_the_definition(capsys):
     ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
     ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
     ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
-    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: compile, cross_entropy, data, device"),
+    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: async_save, compile, cross_entropy, data"),
 ])
 def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, message):
     import hwbench

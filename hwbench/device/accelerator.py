@@ -39,6 +39,14 @@ class AcceleratorBackend(Backend):
     def synchronize(self) -> None:
         self.api.synchronize()
 
+    def rng_states(self) -> dict[str, torch.Tensor]:
+        return {**super().rng_states(), self.name: self.api.get_rng_state()}  # this rank's device
+
+    def set_rng_states(self, states: dict[str, torch.Tensor]) -> None:
+        super().set_rng_states(states)
+        if self.name in states:
+            self.api.set_rng_state(states[self.name])
+
     def devices_in_use(self) -> tuple[list[str], str]:
         return [f"{self.name}:{self.local_index}"], f"the {self.name} device each rank is bound to"
 

@@ -176,6 +176,14 @@ class Backend(abc.ABC):
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every device torch knows, CPU included
 
+    def rng_states(self) -> dict[str, torch.Tensor]:
+        """This process's random-number generator states, by generator (a checkpoint keeps them)."""
+        return {"cpu": torch.get_rng_state()}
+
+    def set_rng_states(self, states: dict[str, torch.Tensor]) -> None:
+        """Restore what ``rng_states`` returned."""
+        torch.set_rng_state(states["cpu"])
+
     # precision ------------------------------------------------------------
     def precision_problem(self, precision: str) -> str | None:
         """Why this device cannot train in ``precision``, or None when it can."""

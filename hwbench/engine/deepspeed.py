@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -22,7 +23,7 @@ from torch import nn
 
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
-from hwbench.engine.base import StepOutcome, total_grad_norm
+from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, MIN_LOSS_SCALE  # DeepSpeed's defaults too
 from hwbench.engine.optim import build_optimizer, step_learning_rate
@@ -207,6 +208,19 @@ class DeepSpeedEngine:
             "patches": self.patches,
             "accelerator": self.accelerator,
         }
+
+    # checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
+        """DeepSpeed's save_checkpoint (no async save: --async-save is refused for DeepSpeed)."""
+        from hwbench.engine.deepspeed_checkpoint import save_deepspeed
+
+        return save_deepspeed(self.engine, folder, self.ctx.rank)
+
+    def load_checkpoint(self, folder: Path, iteration: int) -> int:
+        """DeepSpeed's load_checkpoint: the scheduler it restores continues at ``iteration`` + 1."""
+        from hwbench.engine.deepspeed_checkpoint import load_deepspeed
+
+        return load_deepspeed(self.engine, folder)
 
     def close(self) -> None:
         """Free DeepSpeed's state and the one-rank process group this engine made

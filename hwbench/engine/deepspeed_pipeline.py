@@ -29,6 +29,7 @@ once), which is also the native engine's.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -37,7 +38,7 @@ from torch import nn
 
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
-from hwbench.engine.base import StepOutcome, total_grad_norm
+from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
 from hwbench.engine.deepspeed import (DeepSpeedEngine, _as_norm_tensor, current_loss_scale, deepspeed_config,
                                       megatron_scheduler)
 from hwbench.engine.distributed import DistContext
@@ -246,6 +247,19 @@ class DeepSpeedPipelineEngine:
             "config": self.config,
             "patches": self.patches,
         }
+
+    # checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
+        """DeepSpeed's save_checkpoint (no async save: --async-save is refused for DeepSpeed)."""
+        from hwbench.engine.deepspeed_checkpoint import save_deepspeed
+
+        return save_deepspeed(self.engine, folder, self.ctx.rank)
+
+    def load_checkpoint(self, folder: Path, iteration: int) -> int:
+        """DeepSpeed's load_checkpoint: the scheduler it restores continues at ``iteration`` + 1."""
+        from hwbench.engine.deepspeed_checkpoint import load_deepspeed
+
+        return load_deepspeed(self.engine, folder)
 
     def close(self) -> None:
         destroy = getattr(self.engine, "destroy", None)

@@ -32,6 +32,8 @@ class RankEnvironment:
     master_addr: str | None
     master_port: str | None
     run_id: str | None
+    restart_count: int = 0  # torchrun's restarts of this job so far (--max-restarts)
+    agent_store: bool = False  # the TCPStore at master_addr:master_port is torchrun's agent's
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> "RankEnvironment | None":
@@ -48,6 +50,8 @@ class RankEnvironment:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")), node_rank=int(env.get("GROUP_RANK", "0")),
             master_addr=env.get("MASTER_ADDR"), master_port=env.get("MASTER_PORT"),
             run_id=env.get("TORCHELASTIC_RUN_ID"),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True),
         )
 
 
@@ -132,6 +136,14 @@ def init_distributed(backend: Backend, dims: ParallelDims, env: RankEnvironment,
                                "timeout": datetime.timedelta(seconds=timeout_s)}
     if backend.torch_device.type != "cpu":
         options["device_id"] = backend.torch_device
+    if env.restart_count > 0 and env.agent_store and env.master_addr and env.master_port:
+        # torchrun's static rendezvous keeps its agent's store across restarts, and env:// adds no
+        # prefix per attempt: the failed attempt's keys (a dead rank's address) would be read by
+        # this one. The attempt's own prefix keeps them apart.
+        store = dist.TCPStore(env.master_addr, int(env.master_port), env.world_size, is_master=False,
+                              timeout=options["timeout"])
+        options.update(store=dist.PrefixStore(f"hwbench/attempt_{env.restart_count}", store), rank=env.rank,
+                       world_size=env.world_size)
     dist.init_process_group(**options)
     mesh = init_device_mesh(backend.torch_device.type, (dims.pp, dims.dp, dims.tp),
                             mesh_dim_names=("pp", "dp", "tp"))

@@ -58,3 +58,14 @@ class LossScaler:
         self.inverse_scale = 1.0 / self.scale
         self._hysteresis_left = torch.where(grow, HYSTERESIS, hysteresis_left)
         self._clean_steps = torch.where(grow, 0, clean_steps)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The scale and the counters, as a checkpoint holds them (the live tensors)."""
+        return {"scale": self.scale, "clean_steps": self._clean_steps, "hysteresis_left": self._hysteresis_left}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        device = self.scale.device
+        self.scale = state["scale"].to(device=device, dtype=torch.float32)
+        self.inverse_scale = 1.0 / self.scale
+        self._clean_steps = state["clean_steps"].to(device=device, dtype=torch.int32)
+        self._hysteresis_left = state["hysteresis_left"].to(device=device, dtype=torch.int32)

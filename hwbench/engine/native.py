@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hwbench.device import Backend
-from hwbench.engine.base import StepOutcome, total_grad_norm
+from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
@@ -305,6 +306,22 @@ class NativeEngine:
             "compile": self.spec.compile,
             "recompute": self.spec.recompute,
         }
+
+    # checkpoints ----------------------------------------------------------------
+    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
+        """Model, optimizer and loss scaler through torch.distributed.checkpoint, each rank its shards."""
+        from hwbench.engine.checkpoint import native_state, save_state
+
+        return save_state(native_state(self.model, self.optimizer, self.scaler), folder, self.ctx.rank,
+                          asynchronous, process_group)
+
+    def load_checkpoint(self, folder: Path, iteration: int) -> int:
+        """The saved state, resharded to this layout; the schedule continues at ``iteration`` + 1."""
+        from hwbench.engine.checkpoint import load_state
+
+        bytes_read = load_state(self.model, self.optimizer, self.scaler, folder)
+        self.iteration = iteration
+        return bytes_read
 
     def close(self) -> None:
         """Nothing to release: the worker owns the process group."""

@@ -5,7 +5,8 @@ HWBENCH_FAULT (hidden: for tests and for drills) names one fault:
 ``RANK:STEP:KIND`` with KIND one of raise, oom, signal (SIGKILL itself), hang,
 or slow (the rank sleeps SLOW_STEP_S at the start of that step and of every later
 one: a device whose clock fell, for the steady-state drift check). The rank meets
-it at the start of that step (1-based, warm-up included).
+it at the start of that step (1-based, warm-up included), in the first attempt of a
+torchrun job only (a restart, --max-restarts, runs clean).
 
 HWBENCH_RUN_DIR, set by the launcher, is where each rank writes its heartbeat:
 ``rank<R>.json`` with its pid, host and last completed step, replaced after
@@ -101,8 +102,10 @@ class Heartbeat:
                        "phase": "setup"}
         self._write()
 
-    def step(self, step: int, phase: str) -> None:
-        self.record.update(step=step, phase=phase)
+    def step(self, step: int, phase: str, iteration: int | None = None) -> None:
+        """``step`` of this run (1-based, warm-up included); ``iteration`` of the training
+        (past the checkpoint it resumed from)."""
+        self.record.update(step=step, phase=phase, iteration=step if iteration is None else iteration)
         self._write()
 
     def fail(self, status: str, message: str) -> None:

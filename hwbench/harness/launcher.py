@@ -63,8 +63,10 @@ def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
     """torchrun's options for this node of the job."""
     launch = spec.launch
     # Every rank's output goes to its log file; the console shows local rank 0's.
-    args = [f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}", "--max-restarts=0",
-            f"--log-dir={log_dir}", "--tee=3", "--local-ranks-filter=0"]
+    # --max-restarts: torchrun stops every rank when one fails and starts them all again; the
+    # ranks resume from the run's last checkpoint (hwbench.harness.checkpointing).
+    args = [f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}",
+            f"--max-restarts={launch.max_restarts}", f"--log-dir={log_dir}", "--tee=3", "--local-ranks-filter=0"]
     if launch.rdzv_endpoint:
         args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}", f"--rdzv-id={RDZV_ID}",
                  f"--node-rank={launch.node_rank}"]

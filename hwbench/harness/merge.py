@@ -14,10 +14,11 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
+from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
-from hwbench.result.model import (Environment, Memory, Metrics, NodePlacement, NodeSummary, RankPlacement, RankSummary,
-                                  RunError, RunResult, SteadyState, Step, StepTime, Telemetry, TimeToTarget,
-                                  ValidationPoint)
+from hwbench.result.model import (Checkpoints, Environment, Memory, Metrics, NodePlacement, NodeSummary,
+                                  RankPlacement, RankSummary, RunError, RunResult, SteadyState, Step, StepTime,
+                                  Telemetry, TimeToTarget, ValidationPoint)
 from hwbench.result.store import finite
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.spec import RunSpec
@@ -56,6 +57,8 @@ class RankReport:
     environment: dict[str, Any] = dataclasses.field(default_factory=dict)
     placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
     init_s: float | None = None  # from run_point's start to the first training step
+    checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
+    first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -178,7 +181,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     losses, norms = source.losses, source.grad_norms
     # Step t takes as long as its slowest rank.
     times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
-    result.steps = [Step(step=index + 1, phase="timed" if index >= spec.warmup else "warmup",
+    result.steps = [Step(step=source.first_iteration + index + 1, phase="timed" if index >= spec.warmup else "warmup",
                          time_s=times[index - spec.warmup] if index >= spec.warmup else None,
                          loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
                          lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index])
@@ -191,6 +194,10 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         telemetry=_telemetry(r.telemetry) if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)
+    checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
+                                   result.metrics.step_time_s.median if result.metrics.step_time_s else None)
+    result.checkpoint = Checkpoints.model_validate(finite(checkpoint)) if checkpoint else None
+    result.warnings += (reports[0].checkpoints or {}).get("warnings", [])
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
@@ -380,6 +387,12 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     if result.environment.oversubscribed:
         result.warnings.append(f"[oversubscribed] {result.environment.oversubscribed_reason}: the figures include "
                                "time spent waiting for a core or a device")
+    for restart in (result.checkpoint.restarts or []) if result.checkpoint else []:
+        lost = f"{restart.steps_lost} steps" if restart.steps_lost is not None else "steps unknown"
+        seconds = f"{restart.time_lost_s:.1f} s" if restart.time_lost_s is not None else "time unknown"
+        result.warnings.append(f"restart {restart.attempt}: a rank failed; resumed from step "
+                               f"{restart.resumed_from_iteration}, {lost} and {seconds} lost (left out of the "
+                               "throughput, which covers the last attempt's timed steps)")
     if spec.parallel.source == "published":
         result.warnings.append(f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "
                                "workload's published settings")

@@ -28,7 +28,9 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
-from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat
+from hwbench.harness.checkpointing import (CheckpointSaveError, Checkpointer, ResumePlan, restart_attempt,
+                                           resume_plan)
+from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
@@ -75,31 +77,43 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         placement = backend.placement()
     except Exception as error:
         raise SetupError(f"--device {backend.name}: the device could not be prepared: {error}") from error
-    fault = Fault.from_environ()
-    heartbeat = Heartbeat(rank_env.rank if rank_env else 0, os.environ.get(RUN_DIR_ENV) if rank_env else None)
+    fault = Fault.from_environ() if restart_attempt() == 0 else None  # a drill fails the first attempt only
+    run_dir = os.environ.get(RUN_DIR_ENV) if rank_env else None
+    rank = rank_env.rank if rank_env else 0
+    previous_beat = read_heartbeats(run_dir).get(rank) if run_dir and restart_attempt() > 0 else None
+    heartbeat = Heartbeat(rank, run_dir)
     if rank_env is None:
         ctx = single_process(spec.parallel)
     else:
         ctx = init_distributed(backend, spec.parallel, rank_env, spec.launch.timeout_s)
+    plan = resume_plan(spec, ctx, run_dir, previous_beat)
     # Opening the data checks it (a bad .idx, a split with no training documents):
     # bad input, so it fails here, before a result exists.
-    data = make_data_source(spec, workload, backend, ctx)
+    data = make_data_source(spec, workload, backend, ctx, plan)
     result = RunResult(run_id=new_run_id(spec.model, backend.name), status="failed", spec=spec.to_dict(),
                        started_at=utc_now())
     progress = Progress(f"{spec.model} on {backend.name}" + (f" x{ctx.world_size}" if ctx.distributed else ""),
-                        spec.warmup + spec.steps, spec.warmup, enabled=show_progress and ctx.rank == 0)
+                        plan.end_iteration - plan.start_iteration, spec.warmup,
+                        enabled=show_progress and ctx.rank == 0)
     report = None
     try:
+        attempt = plan.attempt_spec(spec)  # a restart trains the steps left
         fingerprint = {**environment_fingerprint(backend), "slurm": slurm_record()}  # slurm: None outside Slurm
         result.environment = Environment.model_validate(fingerprint)
         result.device = describe_device(backend, catalog, spec.precision)
         result.workload = describe_workload(workload, spec)
-        engine = build_engine(spec.model_config(workload.model), spec, backend, ctx)
+        model_config = spec.model_config(workload.model)
+        engine = build_engine(model_config, spec, backend, ctx)
         try:
             result.engine = engine.describe()
-            measurement = measure(spec, backend, data, progress, engine, ctx, heartbeat, fault)
-            report = rank_report(ctx, measurement, fingerprint, heartbeat, placement)
-            report.init_s = measurement.training_started - setup_started
+            checkpoints = Checkpointer(spec, model_config, engine, data, ctx, backend, plan, run_dir)
+            checkpoints.load()
+            checkpoints.started_training()
+            measurement = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
+                                  plan.start_iteration)
+            report = rank_report(ctx, measurement, fingerprint, heartbeat, placement, checkpoints.describe(),
+                                 plan.start_iteration)
+            report.init_s = measurement.training_started - setup_started  # the checkpoint's load included
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
@@ -115,7 +129,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             progress.note("gathering every rank's figures")
         reports = ctx.gather_objects(report)
         if ctx.rank == 0:
-            merge_ranks(result, spec, workload, reports)
+            merge_ranks(result, attempt, workload, reports)
     result.finished_at = utc_now()
     if backend.simulated:
         result.warnings.insert(0, f"device simulated: a stand-in ran the {backend.name} code path on the host "
@@ -164,6 +178,8 @@ def with_sweep_record(result: RunResult | None) -> RunResult | None:
 def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
     if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
         status = "invalid"
+    elif isinstance(error, CheckpointSaveError):  # the disk filled, the folder went away: not the training's fault
+        status = "storage"
     else:
         status = "oom" if backend.is_out_of_memory(error) else "failed"
     text = str(error).strip()
@@ -175,9 +191,11 @@ def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[
     return failure
 
 
-def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext) -> SampledData:
+def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext,
+                     plan: ResumePlan | None = None) -> SampledData:
     """The --data source: builtin corpus, synthetic tokens or a Megatron dataset,
-    serving this rank's data-parallel share of every global batch."""
+    serving this rank's data-parallel share of every global batch (a Megatron dataset
+    holds enough samples for the run's last step, resumed or not)."""
     batching = dict(seq_length=spec.seq_length, micro_batch_size=spec.micro_batch_size,
                     global_batch_size=spec.global_batch_size, seed=spec.seed, to_device=backend.to_device,
                     dp_rank=ctx.dp_rank, dp_size=spec.parallel.dp)
@@ -187,7 +205,8 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
         return SyntheticTokens(workload.model.vocab_size, **batching)
     from hwbench.workload.gpt_dataset import MegatronData
 
-    return MegatronData(spec.data, spec.split, train_steps=spec.warmup + spec.steps, eval_iters=spec.eval_iters,
+    train_steps = plan.end_iteration if plan else spec.warmup + spec.steps
+    return MegatronData(spec.data, spec.split, train_steps=train_steps, eval_iters=spec.eval_iters,
                         eval_interval=spec.eval_interval,
                         vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
 
@@ -200,21 +219,31 @@ def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dic
             "tokens": tokens, "iters": spec.eval_iters}
 
 
-def _eval_due(spec: RunSpec, data: SampledData, step: int) -> bool:
-    last = spec.warmup + spec.steps
+def _eval_due(spec: RunSpec, data: SampledData, step: int, iteration: int) -> bool:
+    """Validation after local ``step`` (global ``iteration``): every --eval-interval steps of the
+    training, and after the last step."""
     return (spec.eval_iters > 0 and data.has_validation
-            and (step == last or (spec.eval_interval > 0 and step % spec.eval_interval == 0)))
+            and (step == spec.warmup + spec.steps or _periodic_eval(spec, iteration)))
+
+
+def _periodic_eval(spec: RunSpec, iteration: int) -> bool:
+    return spec.eval_interval > 0 and iteration % spec.eval_interval == 0
 
 
 def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progress, engine: Engine,
-            ctx: DistContext, heartbeat: Heartbeat, fault: Fault | None) -> Measurement:
+            ctx: DistContext, heartbeat: Heartbeat, fault: Fault | None, checkpoints: Checkpointer | None = None,
+            first_iteration: int = 0) -> Measurement:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
-    Validation at --eval-interval runs between timed steps, marked apart and left
-    out of the step times (it does fall inside the telemetry window); the final
-    validation runs after the measured window has closed. With a target (--target-ppl,
-    --target-loss) every validation, the last one too, runs inside the window and the
-    run stops at the first that reaches it: reading a validation's loss is the one wait
-    for the device the check needs, and every validation makes it anyway."""
+    Validation at --eval-interval and checkpoint saves at --save-interval run
+    between timed steps, marked apart and left out of the step times (they do
+    fall inside the telemetry window). After the measured window has closed: the
+    last step's save and validation (a periodic validation before the save, as
+    after any other step; the end-of-run one after it, so that a run resumed from
+    that checkpoint reads the validation data an uninterrupted run would).
+    With a target (--target-ppl, --target-loss) every validation, the last one too,
+    runs inside the window and the run stops at the first that reaches it: reading a
+    validation's loss is the one wait for the device the check needs, and every
+    validation makes it anyway."""
     validation: list[dict[str, Any]] = []
     outcomes: list[StepOutcome] = []
     target = spec.target
@@ -226,19 +255,28 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         outcomes.append(engine.train_step(data.train_batch))
         backend.step_done()
 
-    def validate_reached(step: int) -> bool:
+    def validate_reached(iteration: int) -> bool:
         """Validate; whether the target is reached (the same on every rank: the loss is reduced)."""
-        point = validate(engine, data, spec, step)
+        point = validate(engine, data, spec, iteration)
         point["elapsed_s"] = time.perf_counter() - training_started  # the loss was read: the device is done
         validation.append(point)
         return target is not None and target.met(point)
 
+    def saving(iteration: int) -> bool:
+        if checkpoints is None:
+            return False
+        checkpoints.poll()  # an async save finished meanwhile: commit it (no wait)
+        return checkpoints.due(iteration)
+
     for step in range(1, spec.warmup + 1):
+        iteration = first_iteration + step
         train(step)
-        heartbeat.step(step, "warmup")
+        heartbeat.step(step, "warmup", iteration)
         progress.step(step, loss=finite_or_none(outcomes[-1].loss.item()))  # warm-up may sync freely
-        if _eval_due(spec, data, step):
-            validate_reached(step)  # a target met here stops the run at the first validation after the warm-up
+        if _eval_due(spec, data, step, iteration):
+            validate_reached(iteration)  # a target met here stops the run at the first validation after the warm-up
+        if checkpoints is not None and saving(iteration):
+            checkpoints.save(iteration, timed=False)
     backend.synchronize()
     ctx.barrier()  # every rank starts the timed window together
 
@@ -253,33 +291,51 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
     with backend.measuring(), backend.counting_host_syncs() as host_syncs:
         timer.mark()
         for step in range(spec.warmup + 1, last + 1):
+            iteration = first_iteration + step
             train(step)
             timer.mark()
             interval_is_step.append(True)
-            heartbeat.step(step, "timed")  # the host's count: the device may still be working on it
+            heartbeat.step(step, "timed", iteration)  # the host's count: the device may still be working on it
             progress.step(step)  # no loss read here: it would sync the device
-            if (step < last or target is not None) and _eval_due(spec, data, step):
-                reached = validate_reached(step)
+            if step == last and target is None:
+                break  # the last step's validation and save come after the window
+            between = reached = False  # validation or a save after this step: an interval that is no step
+            if _eval_due(spec, data, step, iteration):
+                reached = validate_reached(iteration)
+                between = True
+            if checkpoints is not None and step < last and not reached and saving(iteration):
+                checkpoints.save(iteration, timed=True)
+                between = True
+            if between:
                 timer.mark()
                 interval_is_step.append(False)
-                if reached:
-                    done = step
-                    progress.note(f"target {target.text()} reached at step {step}")
-                    break
+            if reached:
+                done = step
+                progress.note(f"target {target.text() if target else ''} reached at step {step}")
+                break
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
-    if target is None and _eval_due(spec, data, last):  # after the measured window
+    end = first_iteration + done
+    if target is None and _eval_due(spec, data, last, end) and _periodic_eval(spec, end):
+        validate_reached(end)
+    if checkpoints is not None and checkpoints.save_dir is not None:
+        progress.note(f"timed steps done; saving the checkpoint of step {end}")
+        checkpoints.save(end, timed=False)
+    if checkpoints is not None:
+        checkpoints.finish()  # an async save still writing
+    if target is None and _eval_due(spec, data, last, end) and not _periodic_eval(spec, end):  # after the window
         progress.note(f"timed steps done; validating ({spec.eval_iters} batches)")
-        validate_reached(last)
-    heartbeat.step(done, "done")
+        validate_reached(end)
+    heartbeat.step(done, "done", end)
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
     return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation,
                        host_syncs.to_dict(), training_started)
 
 
 def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat,
-                placement: dict[str, Any]) -> RankReport:
+                placement: dict[str, Any], checkpoints: dict[str, Any] | None = None,
+                first_iteration: int = 0) -> RankReport:
     """This rank's figures as plain values, for rank 0 to merge. The loss of each
     step is averaged over the data-parallel ranks here (one collective after the
     timed loop), so the merged curve is the global batch's."""
@@ -304,5 +360,7 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         validation=m.validation,
         environment=environment,
         placement=placement,
+        checkpoints=checkpoints,
+        first_iteration=first_iteration,
     )
 

@@ -16,7 +16,8 @@ from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
 from hwbench.report.scores import time_to_target_section
-from hwbench.report.sections import (convergence_section, environment_section, model_section, procurement_section,
+from hwbench.report.sections import (checkpoint_policy_blocks, checkpoint_section, convergence_section,
+                                     environment_section, model_section, procurement_section,
                                      published_section, runs_section, skipped_section)
 from hwbench.result.model import RunResult
 
@@ -43,6 +44,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     warnings_found = environment_warnings(runs) + different
     images = plot_images(rows, loaded, fits) if with_plots else {}
     decision = decision_section(runs, fits, published, prices, tokens, devices, images if with_plots else None)
+    decision.blocks += checkpoint_policy_blocks(runs)
     if runs.empty:  # the published tables alone
         sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
@@ -54,6 +56,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         procurement_section(runs, devices, notes),
         convergence_section(runs, images),
         time_to_target_section(runs),
+        checkpoint_section(runs),
         environment_section(runs, warnings_found),
         skipped_section(skipped),
     ]

@@ -91,7 +91,26 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
     row["point"] = None if key is None else key.text()  # as `hwbench compare` keys it: its repeats share it
     row.update(procurement_figures(result, row, prices, tokens))
     row.update(target_figures(result, row["price_usd_per_hour"]))
+    row.update(checkpoint_figures(result))
     return row
+
+
+def checkpoint_figures(result: RunResult) -> dict[str, Any]:
+    """The run's checkpoint figures (result.checkpoint) as report columns; None where it saved or loaded nothing."""
+    checkpoint = result.checkpoint
+    saves, loads, restarts = (checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []) \
+        if checkpoint else ([], [], [])
+    return {"checkpoint_save_bytes": checkpoint.save_bytes if checkpoint else None,
+            "checkpoint_save_gb_per_s": checkpoint.save_gb_per_s if checkpoint else None,
+            "checkpoint_save_stall_s": checkpoint.save_stall_s if checkpoint else None,
+            "checkpoint_save_interval": checkpoint.save_interval if checkpoint else None,
+            "checkpoint_stall_s_per_hour": checkpoint.stall_s_per_hour if checkpoint else None,
+            "checkpoint_stall_reason": checkpoint.why("stall_s_per_hour") if checkpoint else None,
+            "checkpoint_async": bool(checkpoint.async_save) if checkpoint else None,
+            "checkpoint_saves": len(saves), "checkpoint_load_gb_per_s": loads[-1].gb_per_s if loads else None,
+            "restarts": len(restarts),
+            "restart_time_lost_s": sum(r.time_lost_s or 0.0 for r in restarts) if restarts else None,
+            "restart_steps_lost": sum(r.steps_lost or 0 for r in restarts) if restarts else None}
 
 
 def mfu_by_formula(metrics: Metrics) -> dict[str, float | None]:

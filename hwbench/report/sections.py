@@ -13,8 +13,8 @@ from hwbench.report.cells import (device_text, figure, fmt, fmt_g, fmt_ratio, gi
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 
-SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Environment",
-            "Skipped input files")
+SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Checkpoints",
+            "Environment", "Skipped input files")
 
 
 def runs_section(runs: pd.DataFrame) -> Section:
@@ -216,6 +216,57 @@ def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section
         section.blocks.append(("img", key, f"{key.removeprefix('loss:')}: loss curves by device, layout and precision "
                                            "(click a legend entry to hide or show it)"))
     return section
+
+
+def checkpoint_section(runs: pd.DataFrame) -> Section:
+    """What each run's checkpoints cost: size, storage rate, the stall per save, and what a
+    --save-interval policy costs in stall time per hour of training; restarts and their cost."""
+    section = Section("Checkpoints")
+    saved = runs[runs["checkpoint_saves"].fillna(0).astype(int) > 0] if "checkpoint_saves" in runs else runs.iloc[:0]
+    if saved.empty:
+        section.blocks.append(("p", "No run saved a checkpoint (`hwbench run --save DIR --save-interval N` measures "
+                                    "them; docs/checkpoints.md)."))
+        return section
+    section.blocks.append(("p", "One checkpoint's size (every rank's files), the storage's rate for it (all ranks "
+                                "together: bytes / the slowest rank's time), how long training stalled per save, and "
+                                "the policy's price: seconds of every hour of training spent stalled at the run's "
+                                "--save-interval and step time. Restarts: torchrun restarts (--max-restarts) and the "
+                                "steps and seconds they lost, left out of the throughput."))
+    table = Table(["run", "model", "layout", "checkpoint", "save GB/s", "stall per save", "every", "stall s/hour",
+                   "load GB/s", "restarts (lost)"], [])
+    for _, run in saved.iterrows():
+        every = (f"{run['checkpoint_save_interval']} steps" if run["checkpoint_save_interval"] else "end only") + (
+            ", async" if run["checkpoint_async"] else "")
+        per_hour = (fmt(run["checkpoint_stall_s_per_hour"], 1) if is_number(run["checkpoint_stall_s_per_hour"])
+                    else f"- ({run['checkpoint_stall_reason'] or 'not measured'})")
+        restarts = "-" if not run["restarts"] else (f"{run['restarts']} ({run['restart_steps_lost']} steps, "
+                                                    f"{fmt(run['restart_time_lost_s'], 1)} s)")
+        table.rows.append([run["run_id"], run["model"], run["layout"], gib_cell(run["checkpoint_save_bytes"]),
+                           fmt(run["checkpoint_save_gb_per_s"], 3), fmt(run["checkpoint_save_stall_s"], 3, " s"), every, per_hour,
+                           fmt(run["checkpoint_load_gb_per_s"], 3) if is_number(run["checkpoint_load_gb_per_s"])
+                           else "-", restarts])
+    section.blocks.append(("table", table))
+    return section
+
+
+def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:
+    """For the decision section: what each measured --save-interval policy costs, in seconds of
+    every training hour spent stalled and, where the device is priced, in dollars per hour."""
+    if "checkpoint_stall_s_per_hour" not in runs:
+        return []
+    lines = []
+    for _, run in runs[runs["status"] == "ok"].iterrows():
+        per_hour = run["checkpoint_stall_s_per_hour"]
+        if not is_number(per_hour):
+            continue
+        line = (f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
+                f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
+                f"({per_hour / 3600:.2%})")
+        if is_number(run["price_usd_per_hour"]) and is_number(run["devices_charged"]):
+            line += (f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
+                     f"{run['devices_charged']} devices")
+        lines.append(line)
+    return [("h", "Checkpoint policy"), ("list", lines)] if lines else []
 
 
 def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:

@@ -63,6 +63,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if spec.precision == "fp16":
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
+    if result.checkpoint is not None:
+        rows.append(("checkpoints", checkpoint_text(result)))
     for warning in result.warnings:
         rows.append(("warning", warning))
     if path:
@@ -110,6 +112,27 @@ def time_to_target_text(figures) -> str:
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
     return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
             f"{figures.device_hours:.3g} device-hours{energy}{cost}")
+
+
+def checkpoint_text(result: RunResult) -> str:
+    """The saves (size, rate, stall, the --save-interval policy's stall per hour), the load and the restarts."""
+    checkpoint = result.checkpoint
+    parts = []
+    saves, loads, restarts = checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []
+    if saves:
+        rate = "-" if checkpoint.save_gb_per_s is None else f"{checkpoint.save_gb_per_s:,.3g} GB/s"
+        parts.append(f"{len(saves)} saved, {human_bytes(checkpoint.save_bytes)} each at {rate}, stall "
+                     f"{_ms(checkpoint.save_stall_s)} ms per save"
+                     + ("" if checkpoint.stall_s_per_hour is None else
+                        f" ({checkpoint.stall_s_per_hour:,.1f} s per hour at --save-interval {checkpoint.save_interval})"))
+    for load in loads[-1:]:
+        rate = "-" if load.gb_per_s is None else f"{load.gb_per_s:,.3g} GB/s"
+        parts.append(f"loaded step {load.iteration} ({human_bytes(load.bytes)} at {rate})")
+    if restarts:
+        lost = sum(r.time_lost_s or 0.0 for r in restarts)
+        parts.append(f"{len(restarts)} restart(s), {sum(r.steps_lost or 0 for r in restarts)} steps and {lost:,.1f} s "
+                     "lost")
+    return "; ".join(parts) or "none"
 
 
 def _ms(seconds: float | None) -> str:

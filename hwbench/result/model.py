@@ -28,7 +28,7 @@ from hwbench.point import PointKey
 if TYPE_CHECKING:
     from hwbench.spec import RunSpec
 
-Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged"]
+Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged", "storage"]
 MAX_COUNT = 2**63 - 1  # what a 64-bit counter holds; SQLite's integers too
 
 Figure = Annotated[float, Strict()]  # a measured figure: finite (the models refuse NaN and infinities)
@@ -107,6 +107,7 @@ class SpecLaunch(Section):
     node_rank: Count = 0
     master_port: Count | None = None
     timeout_s: Rate | None = None
+    max_restarts: Count | None = None
     under_torchrun: Flag | None = None
     master_addr: Text | None = None
     rdzv_endpoint: Text | None = None
@@ -129,6 +130,10 @@ class Spec(Section):
     out_dir: Text | None = None
     settings: Text | None = None
     settings_choice: Text | None = None
+    save: Text | None = None
+    load: Text | None = None
+    save_interval: Positive | None = None
+    async_save: Flag | None = None
     device_memory_bytes: Count | None = None
     micro_batch_size: Positive | None = None
     global_batch_size: Positive | None = None
@@ -469,6 +474,59 @@ class Step(Section):
     loss_scale: Figure | None = None
 
 
+class CheckpointRank(Section):
+    """One rank's part of a checkpoint save or load."""
+
+    rank: Count
+    bytes: Count | None = None
+    wall_time_s: Rate | None = None
+    gb_per_s: Rate | None = None
+    stall_s: Rate | None = None
+
+
+class CheckpointOperation(Section):
+    """One save or load over every rank: the bytes of all, the slowest rank's time."""
+
+    iteration: Count | None = None
+    path: Text | None = None
+    timed: Flag | None = None
+    bytes: Count | None = None
+    wall_time_s: Rate | None = None
+    gb_per_s: Rate | None = None
+    stall_s: Rate | None = None
+    ranks: list[CheckpointRank] | None = None
+
+
+class Restart(Section):
+    """A torchrun restart: where it resumed, what the failure cost."""
+
+    attempt: Positive | None = None
+    resumed_from_iteration: Count | None = None
+    reached_iteration: Count | None = None
+    steps_lost: Count | None = None
+    time_lost_s: Rate | None = None
+
+
+class Checkpoints(WithReasons):
+    """The run's checkpoint saves and loads, measured, and its restarts."""
+
+    save_dir: Text | None = None
+    load: Text | None = None
+    latest: Text | None = None
+    save_interval: Positive | None = None
+    async_save: Flag | None = None
+    saves: list[CheckpointOperation] | None = None
+    loads: list[CheckpointOperation] | None = None
+    save_bytes: Count | None = None
+    save_gb_per_s: Rate | None = None
+    save_stall_s: Rate | None = None
+    stall_s_total: Rate | None = None
+    stall_fraction: Rate | None = None
+    stall_s_per_hour: Rate | None = None
+    restarts: list[Restart] | None = None
+    unmeasured: REASONS | None = None
+
+
 # --- where it ran -------------------------------------------------------------------------------
 
 
@@ -660,6 +718,7 @@ class RunResult(Section):
     environment: Environment = Field(default_factory=Environment)
     nodes: list[NodeSummary] = Field(default_factory=list)
     sweep: SweepRecord | None = None
+    checkpoint: Checkpoints | None = None  # saves, loads and restarts (--save, --load, --max-restarts)
     error: RunError | None = None
     warnings: list[Text] = []
     started_at: Text = ""

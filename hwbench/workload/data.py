@@ -19,7 +19,9 @@ tokens a run trains on depend on the seed and the global batch alone, not on the
 micro batch or the parallel layout, and runs of different layouts can be
 compared step by step. Validation reads the validation split the same way and
 moves on from one evaluation to the next, as Megatron's validation iterator
-does. Batches are made on the host, so every device sees the
+does. A run resumed from a checkpoint continues at the sample index it saved
+(``seek``: Megatron-LM's consumed samples), so it trains on the samples an
+uninterrupted run would have. Batches are made on the host, so every device sees the
 same tokens for the same seed, and then moved with the backend's copy.
 """
 
@@ -74,6 +76,7 @@ class SampledData(abc.ABC):
         self.accumulation = global_batch_size // (micro_batch_size * dp_size)
         self._train_calls = 0
         self._valid_start = self._valid_next = 0  # where this evaluation began; the first micro-batch not yet read
+        self._first_sample = {"train": 0, "valid": 0}  # per split: the sample this run began at (seek)
 
     @abc.abstractmethod
     def samples(self, split: str, indices: range) -> np.ndarray:
@@ -89,9 +92,25 @@ class SampledData(abc.ABC):
     def _batch(self, split: str, call: int) -> Batch:
         step, micro_step = divmod(call, self.accumulation)
         indices = sample_range(step, micro_step, self.dp_rank, self.dp_size, self.micro, self.global_batch)
+        first = self._first_sample[split]
+        indices = range(indices.start + first, indices.stop + first)
         sample = torch.from_numpy(np.ascontiguousarray(self.samples(split, indices), dtype=np.int64))
         sample = self.to_device(sample)
         return sample[:, :-1], sample[:, 1:]  # inputs and next-token labels, (micro, seq) each
+
+    def seek(self, consumed_train_samples: int, consumed_valid_samples: int) -> None:
+        """Read on from a checkpoint's data position: the samples of each split consumed so far."""
+        self._first_sample = {"train": consumed_train_samples, "valid": consumed_valid_samples}
+        self._train_calls = 0
+        self._valid_start = self._valid_next = 0
+
+    def position(self) -> dict[str, int]:
+        """The samples of each split consumed so far (Megatron-LM's names), for a checkpoint."""
+        def consumed(split: str, micro_batches: int) -> int:
+            return self._first_sample[split] + micro_batches // self.accumulation * self.global_batch
+
+        return {"consumed_train_samples": consumed("train", self._train_calls),
+                "consumed_valid_samples": consumed("valid", self._valid_next)}
 
     def train_batch(self) -> Batch:
         self._train_calls += 1

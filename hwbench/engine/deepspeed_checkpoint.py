@@ -1,0 +1,65 @@
+"""The DeepSpeed engines' state in a checkpoint, through DeepSpeed's own
+``save_checkpoint``/``load_checkpoint``: its files as DeepSpeed names them
+(``mp_rank_00_model_states.pt``, one ``zero_pp_rank_N_mp_rank_00_optim_states.pt`` per
+data-parallel rank under ZeRO, ``layer_NN-model_states.pt`` per pipeline layer), holding
+the module, the optimizer with the fp16 loss scaler, and the learning-rate scheduler.
+
+DeepSpeed writes into ``SAVE_DIR/TAG/``; hwbench gives the checkpoint folder itself as
+SAVE_DIR and "." as the tag, so the files land in the iteration folder (Megatron-LM's
+name, hwbench.checkpoint) and nothing (no ``latest`` file, no recovery script) beside it.
+The bytes each rank wrote or read are those of the files DeepSpeed's checkpoint engine
+saved or loaded on that rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from hwbench.engine.base import StateWrite
+
+IN_FOLDER = "."  # DeepSpeed's tag: the folder DeepSpeed is given holds the files itself
+RECOVERY_SCRIPTS = "zero_to_*.py"  # DeepSpeed copies them next to a ZeRO checkpoint (rank 0)
+
+
+@contextlib.contextmanager
+def _recording(checkpoint_engine: Any, method: str) -> Iterator[list[Path]]:
+    """The paths ``checkpoint_engine.save(state_dict, path)`` or ``.load(path, ...)`` is
+    called with, while inside."""
+    paths: list[Path] = []
+    original = getattr(checkpoint_engine, method)
+    position = 1 if method == "save" else 0
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        paths.append(Path(kwargs["path"] if "path" in kwargs else args[position]))
+        return original(*args, **kwargs)
+
+    setattr(checkpoint_engine, method, recorded)  # on the instance: the class's method is untouched
+    try:
+        yield paths
+    finally:
+        delattr(checkpoint_engine, method)
+
+
+def save_deepspeed(engine: Any, folder: Path, rank: int) -> StateWrite:
+    """Every rank calls DeepSpeed's save_checkpoint into ``folder``; this rank's files."""
+    with _recording(engine.checkpoint_engine, "save") as paths:
+        engine.save_checkpoint(str(folder), tag=IN_FOLDER, save_latest=False)
+    written = sorted(set(paths))
+
+    def files() -> list[Path]:
+        return written + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
+
+    return StateWrite(files)
+
+
+def load_deepspeed(engine: Any, folder: Path) -> int:
+    """DeepSpeed's load_checkpoint of ``folder`` (module, optimizer, loss scaler, scheduler);
+    the bytes this rank read."""
+    with _recording(engine.checkpoint_engine, "load") as paths:
+        load_path, _client_state = engine.load_checkpoint(str(folder), tag=IN_FOLDER, load_optimizer_states=True,
+                                                          load_lr_scheduler_states=True)
+    if load_path is None:
+        raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}")
+    return sum(path.stat().st_size for path in paths if path.is_file())

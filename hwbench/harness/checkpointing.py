@@ -1,0 +1,462 @@
+"""Checkpoints in a run: where it resumes from, when it saves, each save made whole before
+it is named latest (hwbench.checkpoint), and what every save and load cost.
+
+What a checkpoint holds: the engine's state (model, optimizer, fp16 loss scaler; the
+learning-rate schedule follows from the iteration), each rank's random-number generator
+states, and, in the manifest, the iteration and the data position (samples consumed), so
+a resumed run continues the same sample order (hwbench.workload.data).
+
+Each save and load is measured on every rank: the bytes it wrote or read, its wall time
+and so its GB/s, and how long training stalled for it (a synchronous save stalls for all
+of it; an asynchronous one for the copy to host memory, and for any wait for it to finish
+later). Rank 0 merges them into the result's ``checkpoint`` section.
+
+A torchrun restart (``--max-restarts``) starts every rank again with the same options.
+Rank 0 keeps the run's plan in the launcher's run folder (RESTART_FILE): the iterations it
+started and ends at, and the last checkpoint this run committed. A restarted attempt
+resumes from that checkpoint, trains to the same last iteration, and records the restart:
+the steps computed since the checkpoint and lost, and the time from the checkpoint to
+being ready to train again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from hwbench.checkpoint import (LATEST_FILE, MANIFEST_FILE, MANIFEST_FORMAT, MANIFEST_VERSION, PARTIAL_SUFFIX,
+                                RNG_FILE, SavedCheckpoint, find_checkpoint, iteration_folder_name, partial_folder)
+from hwbench.device import Backend
+from hwbench.engine.base import Engine, StateWrite
+from hwbench.engine.distributed import DistContext
+from hwbench.result.store import utc_now, write_json_atomic, write_text_atomic
+from hwbench.spec import RunSpec
+from hwbench.workload.config import GPTConfig
+from hwbench.workload.data import SampledData
+
+RESTART_FILE = "checkpoints.json"  # in the launcher's run folder: the plan restarts resume by
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 in the first attempt
+# What a failed write raises: DCP gathers every rank's failure into a CheckpointException, a BaseException.
+SAVE_ERRORS = (Exception, CheckpointException)
+FULL_BELOW_BYTES = 1 << 20  # free space under this after a failed write: the file system filled
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a folder gone or read-only): the run
+    ends with status ``storage``; the checkpoint named latest is the one before."""
+
+
+def restart_attempt() -> int:
+    """Which attempt of a torchrun job this process is: 0, then 1 after the first restart."""
+    return int(os.environ.get(RESTART_COUNT_ENV, "0") or 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """Where this attempt starts and where the run ends."""
+
+    load: str | None  # the checkpoint folder this attempt loads, or None (from scratch)
+    start_iteration: int  # steps done before this attempt's first
+    end_iteration: int  # the step the run ends after
+    restart: dict[str, Any] | None = None  # this attempt's restart record (filled after the load)
+    restarts: tuple[dict[str, Any], ...] = ()  # earlier attempts' records
+
+    def attempt_spec(self, spec: RunSpec) -> RunSpec:
+        """``spec`` with the warm-up and timed steps this attempt trains: all of them in a
+        first attempt; after a restart the steps left, warm-up first (at most --warmup,
+        leaving at least one timed step)."""
+        left = self.end_iteration - self.start_iteration
+        if left < 1:
+            raise RuntimeError(f"nothing left to train: the checkpoint this attempt resumes from is already at the "
+                               f"run's last step {self.end_iteration}")
+        warmup = min(spec.warmup, left - 1)
+        return dataclasses.replace(spec, warmup=warmup, steps=left - warmup)
+
+
+def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_heartbeat: dict | None) -> ResumePlan:
+    """Rank 0 decides where this attempt starts (the others receive it): a first attempt from
+    --load (or from scratch), a restarted one from the last checkpoint this run committed."""
+    plan = None
+    if ctx.rank == 0:
+        state = _read_restart_file(run_dir) if restart_attempt() > 0 else None
+        if state:
+            plan = _restarted_plan(state, previous_heartbeat)
+        else:
+            plan = _first_plan(spec)
+            _write_restart_file(run_dir, {"start_iteration": plan.start_iteration, "end_iteration": plan.end_iteration,
+                                          "load": plan.load, "restarts": []})
+    if ctx.distributed:
+        box = [plan]
+        dist.broadcast_object_list(box, src=0)
+        plan = box[0]
+    return plan
+
+
+def _first_plan(spec: RunSpec) -> ResumePlan:
+    if spec.load is None:
+        return ResumePlan(None, 0, spec.warmup + spec.steps)
+    saved = find_checkpoint(spec.load)
+    return ResumePlan(str(saved.path), saved.iteration, saved.iteration + spec.warmup + spec.steps)
+
+
+def _restarted_plan(state: dict[str, Any], previous_heartbeat: dict | None) -> ResumePlan:
+    latest = state.get("latest")
+    if latest:
+        load, start, since = latest["path"], latest["iteration"], latest["committed_at"]
+    else:  # nothing saved by this run yet: where the failed attempt itself started
+        load, start, since = state["load"], state["start_iteration"], state.get("training_since")
+    reached = (previous_heartbeat or {}).get("iteration")
+    restart = {"attempt": restart_attempt(), "resumed_from_iteration": start, "reached_iteration": reached,
+               "steps_lost": max(0, reached - start) if isinstance(reached, int) else None,
+               "since": since}
+    return ResumePlan(load, start, state["end_iteration"], restart, tuple(state.get("restarts", [])))
+
+
+def _read_restart_file(run_dir: str | None) -> dict[str, Any] | None:
+    if not run_dir:
+        return None
+    try:
+        return json.loads((Path(run_dir) / RESTART_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_restart_file(run_dir: str | None, state: dict[str, Any]) -> None:
+    if run_dir:
+        write_json_atomic(Path(run_dir) / RESTART_FILE, state)
+
+
+def _update_restart_file(run_dir: str | None, **changes: Any) -> None:
+    state = _read_restart_file(run_dir)
+    if state is not None:
+        _write_restart_file(run_dir, {**state, **changes})
+
+
+@dataclasses.dataclass
+class _PendingSave:
+    """A save whose engine write may still run in the background."""
+
+    iteration: int
+    partial: Path
+    write: StateWrite
+    rng_file: Path
+    started: float  # time.perf_counter() when the save began
+    stall_s: float  # training blocked for it so far
+    timed: bool  # inside the timed window
+    manifest: dict[str, Any]
+
+
+class Checkpointer:
+    """The saves and the load of one run on this rank (no-ops without --save and --load)."""
+
+    def __init__(self, spec: RunSpec, model_config: GPTConfig, engine: Engine, data: SampledData,
+                 ctx: DistContext, backend: Backend, plan: ResumePlan, run_dir: str | None) -> None:
+        self.spec, self.engine, self.data, self.ctx, self.backend = spec, engine, data, ctx, backend
+        self.plan, self.run_dir = plan, run_dir
+        self.save_dir = Path(spec.save) if spec.save else None
+        self.saves: list[dict[str, Any]] = []
+        self.loads: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.pending: _PendingSave | None = None
+        self.last_committed: str | None = None
+        self.group = None
+        if spec.async_save:
+            from hwbench.engine.checkpoint import checkpoint_group
+
+            self.group = checkpoint_group(ctx.distributed)
+        self.identity = {"model": spec.model, "model_config": dataclasses.asdict(model_config),
+                         "engine": spec.engine, "fused_qkv": spec.fused_qkv, "precision": spec.precision,
+                         "padded_vocab_size": model_config.padded_vocab_size(spec.parallel.tp),
+                         "layout": {"tp": spec.parallel.tp, "pp": spec.parallel.pp, "dp": spec.parallel.dp,
+                                    "zero_stage": spec.zero_stage, "fsdp": spec.fsdp},
+                         "world_size": spec.parallel.world_size}
+        if self.save_dir is not None and ctx.rank == 0:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            remove_partial_saves(self.save_dir)  # of a run killed mid-save
+        ctx.barrier()
+
+    # loading -----------------------------------------------------------------------------
+    def load(self) -> None:
+        """This attempt's checkpoint into the engine, the RNG states and the data position."""
+        if self.plan.load is None:
+            self.data.seek(0, 0)
+            return
+        saved = find_checkpoint(self.plan.load)
+        started = time.perf_counter()
+        bytes_read = self.engine.load_checkpoint(saved.path, saved.iteration)
+        bytes_read += self._load_rng(saved)
+        self.data.seek(**saved.data_position())
+        self.backend.synchronize()
+        wall = time.perf_counter() - started
+        self.loads.append({"iteration": saved.iteration, "path": str(saved.path), "bytes": bytes_read,
+                           "wall_time_s": wall})
+        self._warn_if_data_differs(saved)
+
+    def _load_rng(self, saved: SavedCheckpoint) -> int:
+        """This rank's generator states, when the checkpoint was saved by the same number of
+        ranks in the same layout (another layout draws its numbers differently anyway)."""
+        path = saved.path / RNG_FILE.format(rank=self.ctx.rank)
+        if saved.manifest["layout"] != self.identity["layout"] or not path.is_file():
+            self.warnings.append(f"random-number generator states not restored: {saved.path.name} was saved in "
+                                 "another layout")
+            return 0
+        self.backend.set_rng_states(torch.load(path, weights_only=True))
+        return path.stat().st_size
+
+    def _warn_if_data_differs(self, saved: SavedCheckpoint) -> None:
+        data = saved.manifest["data"]
+        changed = [f"--{name} {data.get(key)} then, {value} now" for name, key, value in (
+            ("data", "source", self.spec.data), ("seed", "seed", self.spec.seed)) if data.get(key) != value]
+        if changed:
+            self.warnings.append(f"resumed with other data than {saved.path.name} was saved with ({'; '.join(changed)}):"
+                                 " the sample order is not the saved run's")
+
+    def started_training(self) -> None:
+        """Called once the state is loaded: the time a restart's lost time runs to."""
+        now = time.time()
+        if self.plan.restart is not None and self.plan.restart.get("since") is not None:
+            self.plan.restart["time_lost_s"] = max(0.0, now - self.plan.restart["since"])
+        if self.ctx.rank == 0:
+            restarts = list(self.plan.restarts) + ([self._restart_record()] if self.plan.restart else [])
+            _update_restart_file(self.run_dir, training_since=now, restarts=restarts)
+
+    def _restart_record(self) -> dict[str, Any]:
+        return {key: value for key, value in (self.plan.restart or {}).items() if key != "since"}
+
+    # saving ------------------------------------------------------------------------------
+    def due(self, iteration: int) -> bool:
+        """Whether --save-interval asks for a save after ``iteration``."""
+        interval = self.spec.save_interval
+        return self.save_dir is not None and interval is not None and iteration % interval == 0
+
+    def save(self, iteration: int, timed: bool) -> None:
+        """Save after ``iteration`` into a partial folder; a synchronous save is committed
+        (named latest) before this returns, an asynchronous one once its write finishes."""
+        assert self.save_dir is not None
+        self.finish()  # an earlier async save still writing: wait for it (its stall)
+        started = time.perf_counter()
+        partial = partial_folder(self.save_dir, iteration)
+        try:
+            if self.ctx.rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+            self.ctx.barrier()
+            rng_file = partial / RNG_FILE.format(rank=self.ctx.rank)
+            torch.save(self.backend.rng_states(), rng_file)
+            write = self.engine.save_checkpoint(partial, self.spec.async_save, self.group)
+        except SAVE_ERRORS as error:
+            self._failed(iteration, partial, error)
+        manifest = {**self.identity, "iteration": iteration, "saved_at": utc_now(),
+                    "data": {"source": self.spec.data, "seed": self.spec.seed,
+                             "global_batch_size": self.spec.global_batch_size, **self.data.position()}}
+        self.pending = _PendingSave(iteration, partial, write, rng_file, started, 0.0, timed, manifest)
+        if self.spec.async_save:
+            self.pending.stall_s = time.perf_counter() - started  # the copy to host memory
+            self.poll()
+        else:
+            self.finish(stalled_since=started)
+
+    def poll(self) -> None:
+        """Commit an async save whose write has finished (a look, no wait)."""
+        if self.pending is not None and self.pending.write.done():
+            self.finish()
+
+    def finish(self, stalled_since: float | None = None) -> None:
+        """Wait for the save in progress, record it and (rank 0) commit it: the manifest, the
+        rename, the latest file. Training stalls from ``stalled_since`` (default: now) to the end."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        waited = time.perf_counter() if stalled_since is None else stalled_since
+        try:
+            files = pending.write.wait()
+            if self.ctx.rank == 0:
+                write_manifest(pending.partial, pending.manifest)
+                final = commit(pending.partial, self.save_dir, pending.iteration)
+                self.last_committed = str(final)
+                _update_restart_file(self.run_dir, latest={"path": str(final), "iteration": pending.iteration,
+                                                           "committed_at": time.time()})
+        except SAVE_ERRORS as error:
+            self._failed(pending.iteration, pending.partial, error)
+        finished = pending.write.finished_at or time.perf_counter()
+        self.saves.append({"iteration": pending.iteration, "timed": pending.timed,
+                           "bytes": self._written(pending, {*files, pending.rng_file}),
+                           "wall_time_s": max(0.0, finished - pending.started),
+                           "stall_s": pending.stall_s + (time.perf_counter() - waited)})
+
+    def _written(self, pending: _PendingSave, files: set[Path]) -> int:
+        """Bytes of ``files`` (written in the partial folder, which rank 0 may have renamed since)."""
+        final = self.save_dir / iteration_folder_name(pending.iteration)
+        return sum(_size(path) or _size(final / path.relative_to(pending.partial)) for path in files)
+
+    def _failed(self, iteration: int, partial: Path, error: BaseException) -> None:
+        reason = _reason(error, self.save_dir)  # before the partial save is removed: a full disk shows
+        if self.ctx.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
+        latest = self.save_dir / LATEST_FILE if self.save_dir else None
+        before = (f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
+                  if latest and latest.is_file() else "no earlier checkpoint in it")
+        raise CheckpointSaveError(f"the checkpoint of step {iteration} could not be written to --save "
+                                  f"{self.save_dir}: {reason}; {before}") from error
+
+    def describe(self) -> dict[str, Any]:
+        """This rank's saves and loads, for rank 0 to merge (RankReport.checkpoints)."""
+        return {"saves": self.saves, "loads": self.loads, "warnings": self.warnings,
+                "restart": self._restart_record() if self.plan.restart else None,
+                "restarts": list(self.plan.restarts), "latest": self.last_committed}
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _reason(error: BaseException, save_dir: Path | None) -> str:
+    """Why a write failed: the first OS reason inside the error (DCP gathers each rank's failure,
+    as (exception, stack) pairs); else a full file system (torch's zip writer reports a disk that
+    filled as a position mismatch, no OSError); else the error's first line."""
+    seen: set[int] = set()
+    stack: list[Any] = [error]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, tuple):
+            stack += [item for item in current if isinstance(item, BaseException)]
+            continue
+        if id(current) in seen or current is None:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        stack += [getattr(current, "__cause__", None), getattr(current, "__context__", None)]
+        failures = getattr(current, "failures", None)
+        stack += list(failures.values()) if isinstance(failures, dict) else []
+    free = _free_bytes(save_dir)
+    if free is not None and free < FULL_BELOW_BYTES:
+        return f"No space left on device ({free:,} bytes free)"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _free_bytes(folder: Path | None) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free if folder is not None else None
+    except OSError:
+        return None
+
+
+# --- a save made whole, then named latest ----------------------------------------------
+
+
+def commit(partial: Path, save_dir: Path, iteration: int) -> Path:
+    """Make the whole save at ``partial`` the checkpoint of ``iteration`` and name it latest.
+    A folder of that iteration already there (an earlier run's) is replaced."""
+    final = save_dir / iteration_folder_name(iteration)
+    if final.exists():
+        stale = final.with_name(final.name + ".replaced")
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+        os.replace(partial, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(partial, final)
+    _fsync_folder(save_dir)
+    write_text_atomic(save_dir / LATEST_FILE, f"{iteration}\n")
+    return final
+
+
+def _fsync_folder(folder: Path) -> None:
+    """The rename reaches the disk (a crash after it does not bring the old name back)."""
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """The manifest of the save in ``folder``, listing every file there with its size; written last."""
+    files = {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*"))
+             if path.is_file() and path.name != MANIFEST_FILE}
+    write_json_atomic(folder / MANIFEST_FILE, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+                                               **manifest, "files": files})
+
+
+def remove_partial_saves(save_dir: Path) -> list[Path]:
+    """Remove what saves that never finished left in ``save_dir`` (a run killed mid-save)."""
+    removed = []
+    for leftover in sorted(save_dir.glob(f".iter_*{PARTIAL_SUFFIX}")) + sorted(save_dir.glob("iter_*.replaced")):
+        shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover)
+    return removed
+
+
+# --- merged figures (rank 0) ------------------------------------------------------------
+
+
+def merge_checkpoints(spec: RunSpec, per_rank: list[dict[str, Any] | None], median_step_s: float | None
+                      ) -> dict[str, Any] | None:
+    """The result's ``checkpoint`` section from every rank's saves and loads: per operation the
+    bytes of all ranks, the slowest rank's wall time, GB/s in total and per rank, the longest
+    stall; the totals; the stall per hour of training that --save-interval costs at this step time."""
+    ranks = [(rank, entry) for rank, entry in enumerate(per_rank) if entry]
+    if not ranks or (spec.save is None and spec.load is None and not ranks[0][1].get("restarts")
+                     and not ranks[0][1].get("restart")):
+        return None
+    first = ranks[0][1]
+    saves = [_merge_operation([(rank, entry["saves"][i]) for rank, entry in ranks])
+             for i in range(min(len(entry["saves"]) for _rank, entry in ranks))]
+    loads = [_merge_operation([(rank, entry["loads"][i]) for rank, entry in ranks])
+             for i in range(min(len(entry["loads"]) for _rank, entry in ranks))]
+    unmeasured: dict[str, str] = {}
+    section: dict[str, Any] = {"save_dir": spec.save, "save_interval": spec.save_interval,
+                               "async_save": spec.async_save, "load": spec.load, "saves": saves, "loads": loads,
+                               "latest": first.get("latest"),
+                               "restarts": list(first.get("restarts") or []) + ([first["restart"]]
+                                                                                 if first.get("restart") else [])}
+    if saves:
+        section["save_bytes"] = saves[-1]["bytes"]
+        section["save_gb_per_s"] = statistics.median(s["gb_per_s"] for s in saves if s["gb_per_s"] is not None) \
+            if any(s["gb_per_s"] is not None for s in saves) else None
+        section["save_stall_s"] = statistics.median(s["stall_s"] for s in saves)
+        section["stall_s_total"] = sum(s["stall_s"] for s in saves)
+    elif spec.save is not None:
+        unmeasured["saves"] = "no save finished"
+    if saves and spec.save_interval and median_step_s:
+        cycle = spec.save_interval * median_step_s + section["save_stall_s"]
+        section["stall_fraction"] = section["save_stall_s"] / cycle
+        section["stall_s_per_hour"] = 3600.0 * section["stall_fraction"]
+    else:
+        unmeasured["stall_s_per_hour"] = ("no --save-interval: one save, after the last step" if spec.save
+                                          else "no --save")
+    if unmeasured:
+        section["unmeasured"] = unmeasured
+    return section
+
+
+def _merge_operation(per_rank: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """One save (or load) over the ranks: every rank's own figures, the bytes of all, the
+    slowest rank's time, and the GB/s that makes."""
+    ranks = []
+    for rank, figures in per_rank:
+        wall = figures["wall_time_s"]
+        ranks.append({"rank": rank, "bytes": figures["bytes"], "wall_time_s": wall,
+                      "gb_per_s": figures["bytes"] / wall / 1e9 if wall > 0 else None,
+                      **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {})})
+    total = sum(r["bytes"] for r in ranks)
+    wall = max(r["wall_time_s"] for r in ranks)
+    merged = {key: per_rank[0][1][key] for key in ("iteration", "path", "timed") if key in per_rank[0][1]}
+    merged.update({"bytes": total, "wall_time_s": wall, "gb_per_s": total / wall / 1e9 if wall > 0 else None,
+                   "ranks": ranks})
+    stalls = [r["stall_s"] for r in ranks if "stall_s" in r]
+    if stalls:
+        merged["stall_s"] = max(stalls)  # the step waits for its slowest rank
+    return merged

@@ -1,0 +1,371 @@
+"""Checkpoints: saved in Megatron-LM's folder names, resumed exactly, measured.
+
+Exact resumption: the reference runs of conftest (PARITY_BASE: 1 warm-up step and 2 timed
+steps, so steps 1-3) against a run of steps 1-2 that saves and a run that loads it and
+trains step 3. In the same layout step 3 and the validation after it are equal bit for
+bit; in another layout within the parity tolerance. Multi-rank cases are real torchrun
+processes on gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import parity_run
+
+from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
+from hwbench.report.parity import LAYOUT_TOLERANCE
+
+pytestmark = pytest.mark.slow
+
+FIRST_TWO = ["--steps", "1"]  # with PARITY_BASE's --warmup 1: steps 1 and 2
+THIRD = ["--warmup", "0", "--steps", "1"]  # resumed after step 2: step 3
+
+
+def _steps(result: dict) -> list[tuple[int, float, float, float]]:
+    return [(s["step"], s["loss"], s["grad_norm"], s["lr"]) for s in result["steps"]]
+
+
+def save_then_resume(tmp_path: Path, *layout: str, saving: tuple[str, ...] = ()) -> tuple[dict, dict, Path]:
+    """Steps 1-2 saved in ``layout`` (with the options ``saving``), then step 3 resumed from it
+    in the same layout: both results and the save folder."""
+    save = tmp_path / "checkpoints"
+    code, first = parity_run(tmp_path / "first", *layout, *FIRST_TWO, "--save", str(save), *saving)
+    assert code == 0 and first["status"] == "ok", first.get("error")
+    code, resumed = parity_run(tmp_path / "resumed", *layout, *THIRD, "--load", str(save))
+    assert code == 0 and resumed["status"] == "ok", resumed.get("error")
+    return first, resumed, save
+
+
+def assert_exact(first: dict, resumed: dict, reference: dict) -> None:
+    """Steps 1-2 and 3 are the reference's, bit for bit, and so is the final validation."""
+    assert _steps(first) + _steps(resumed) == _steps(reference)
+    assert resumed["metrics"]["valid_loss"] == reference["metrics"]["valid_loss"]
+
+
+def test_one_process_resumes_bit_for_bit_in_megatron_folders(tmp_path, single_process_run):
+    first, resumed, save = save_then_resume(tmp_path)
+    assert_exact(first, resumed, single_process_run)
+    assert (save / LATEST_FILE).read_text().strip() == "2"
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial left
+    manifest = json.loads((save / "iter_0000002" / MANIFEST_FILE).read_text())
+    assert manifest["iteration"] == 2 and manifest["model"] == "tiny"
+    assert manifest["data"]["consumed_train_samples"] == 2 * first["spec"]["global_batch_size"]
+    # storage, measured: the one save after the last step, and the load of it
+    saves, loads = first["checkpoint"]["saves"], resumed["checkpoint"]["loads"]
+    assert [s["iteration"] for s in saves] == [2] and not saves[0]["timed"]
+    on_disk = sum(p.stat().st_size for p in (save / "iter_0000002").iterdir() if p.name != MANIFEST_FILE)
+    assert saves[0]["bytes"] == on_disk
+    assert saves[0]["gb_per_s"] == pytest.approx(on_disk / saves[0]["wall_time_s"] / 1e9)
+    assert saves[0]["stall_s"] >= saves[0]["wall_time_s"] > 0  # synchronous: training waits for all of it
+    assert loads[0]["iteration"] == 2 and loads[0]["path"] == str(save / "iter_0000002")
+    assert 0 < loads[0]["bytes"] <= on_disk and loads[0]["gb_per_s"] > 0
+    from test_docs import undocumented
+
+    assert not undocumented(first) and not undocumented(resumed)
+
+
+def _report_line(folder: Path, capsys, run_id: str, section: str = "Checkpoints", *options: str) -> str:
+    """The line of run ``run_id`` in ``section`` of `hwbench report FOLDER OPTIONS`."""
+    from hwbench.cli import run_command
+
+    capsys.readouterr()
+    assert run_command("report", [str(folder), *options]) == 0
+    text = capsys.readouterr().out
+    text = text[text.index(f"## {section}"):]
+    text = text[:text.index("\n## ")]
+    return next(line for line in text.splitlines() if line.lstrip("|-* ").startswith(run_id))
+
+
+def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, capsys):
+    save = tmp_path / "every"
+    capsys.readouterr()
+    code, result = parity_run(tmp_path / "run", "--steps", "3", "--save", str(save), "--save-interval", "2")
+    summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints"))
+    assert code == 0, result.get("error")
+    checkpoint = result["checkpoint"]
+    assert [(s["iteration"], s["timed"]) for s in checkpoint["saves"]] == [(2, True), (4, False)]
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", "iter_0000004", LATEST_FILE]
+    # the save between timed steps is no step: 3 step times, and the stall priced per hour
+    assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
+    median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]
+    assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
+    # the run summary and the report carry them
+    assert "2 saved" in summary and f"{checkpoint['stall_s_per_hour']:,.1f} s per hour at --save-interval 2" in summary
+    per_hour = f"{checkpoint['stall_s_per_hour']:,.1f}"
+    row = _report_line(tmp_path / "run", capsys, result["run_id"])
+    assert "2 steps" in row and per_hour in row and "TP1 PP1 DP1" in row
+    # the decision section prices the policy, in dollars where the device is priced
+    price = f"{result['device']['device_model']}=3.6"
+    policy = _report_line(tmp_path / "run", capsys, result["run_id"], "Decision", "--price", price)
+    assert f"a save every 2 steps stalls {per_hour} s of every hour of training" in policy
+    assert f"${checkpoint['stall_s_per_hour'] / 3600 * 3.6:,.2f} per hour on 1 devices" in policy
+
+
+TP2 = ["--nproc-per-node", "2", "--tp", "2"]
+
+
+def test_tp2_resumes_bit_for_bit_and_its_checkpoint_loads_on_one_process(tmp_path, native_tp2_run,
+                                                                          single_process_run):
+    """Each rank writes its own shards; the vocabulary TP2 pads to 50432 rows loads into one
+    process's 50304 (within the tolerance the padding itself costs, tests/test_parallel.py)."""
+    first, resumed, save = save_then_resume(tmp_path, *TP2)
+    assert_exact(first, resumed, native_tp2_run)
+    shards = sorted(p.name for p in (save / "iter_0000002").glob("__*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]
+    assert [r["rank"] for r in first["checkpoint"]["saves"][0]["ranks"]] == [0, 1]
+    code, single = parity_run(tmp_path / "tp1", *THIRD, "--load", str(save))
+    assert code == 0 and single["status"] == "ok", single.get("error")
+    (step, loss, _norm, lr), = _steps(single)
+    (_step, want, _want_norm, want_lr), = _steps(single_process_run)[2:]
+    assert step == 3 and lr == want_lr and abs(loss - want) / want < LAYOUT_TOLERANCE
+    assert any("generator states not restored" in w for w in single["warnings"])
+
+
+def test_async_save_resumes_bit_for_bit(tmp_path, single_process_run):
+    """torch.distributed.checkpoint's async_save: the write runs in the background, training
+    waits only for the copy to host memory; the checkpoint is the same."""
+    first, resumed, save = save_then_resume(tmp_path, saving=("--async-save", "--save-interval", "1"))
+    assert_exact(first, resumed, single_process_run)
+    saves = first["checkpoint"]["saves"]
+    assert [s["iteration"] for s in saves] == [1, 2] and first["checkpoint"]["async_save"]
+    assert all(s["wall_time_s"] > 0 and s["bytes"] > 0 for s in saves)
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000001", "iter_0000002", LATEST_FILE]
+
+
+# heavy (python -m pytest -m heavy): the default run keeps TP2 above; each of these is three
+# torchrun jobs (uninterrupted, saved, resumed) and a load into one process.
+LAYOUTS = [pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
+           pytest.param(["--nproc-per-node", "2", "--fsdp"], id="fsdp2", marks=pytest.mark.heavy)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, layout, single_process_run):
+    code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
+    assert code == 0, uninterrupted.get("error")
+    first, resumed, save = save_then_resume(tmp_path, *layout)
+    assert_exact(first, resumed, uninterrupted)
+    code, single = parity_run(tmp_path / "one", *THIRD, "--load", str(save))
+    assert code == 0 and single["status"] == "ok", single.get("error")
+    (step, loss, norm, lr), = _steps(single)
+    (_step, want, want_norm, want_lr), = _steps(single_process_run)[2:]
+    assert step == 3 and lr == want_lr
+    assert abs(loss - want) / want < LAYOUT_TOLERANCE and abs(norm - want_norm) / want_norm < LAYOUT_TOLERANCE
+
+
+def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, monkeypatch, capsys,
+                                                                     native_tp2_run):
+    """torchrun --max-restarts 1: rank 1 SIGKILLs itself at the start of step 3; torchrun starts
+    both ranks again, they resume from step 2's checkpoint and train step 3 as an uninterrupted
+    run does, bit for bit. The restart is recorded with what it cost, and left out of the step times."""
+    monkeypatch.setenv("HWBENCH_FAULT", "1:3:signal")
+    save = tmp_path / "checkpoints"
+    code, result = parity_run(tmp_path / "run", *TP2, "--save", str(save), "--save-interval", "1",
+                              "--max-restarts", "1")
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    assert "--max-restarts=1" in result["launch"]["command"]
+    (restart,) = result["checkpoint"]["restarts"]
+    assert restart["attempt"] == 1 and restart["resumed_from_iteration"] == 2
+    assert restart["reached_iteration"] == 2 and restart["steps_lost"] == 0  # killed before step 3 finished
+    assert restart["time_lost_s"] > 0
+    assert any(w.startswith("restart 1: a rank failed; resumed from step 2") for w in result["warnings"])
+    # the last attempt's steps only: step 3, the uninterrupted run's
+    assert _steps(result) == _steps(native_tp2_run)[2:]
+    assert result["metrics"]["valid_loss"] == native_tp2_run["metrics"]["valid_loss"]
+    assert result["metrics"]["timed_steps"] == 1
+    assert (save / LATEST_FILE).read_text().strip() == "3"
+    assert [load["iteration"] for load in result["checkpoint"]["loads"]] == [2]
+    from test_docs import undocumented
+
+    assert not undocumented(result)
+    assert _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |").endswith("1 (0 steps, "
+                                                                                       f"{restart['time_lost_s']:,.1f} s)")
+
+
+DEEPSPEED_LAYOUTS = [
+    pytest.param(["--zero", "1"], {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt"}, id="zero1"),
+    pytest.param(["--pp", "2"], {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
+                                 "layer_00-model_00-model_states.pt", "layer_03-model_00-model_states.pt"}, id="pp2"),
+]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("options", "deepspeed_files"), DEEPSPEED_LAYOUTS)
+def test_deepspeed_resumes_bit_for_bit_through_its_own_checkpoint(tmp_path, capsys, options, deepspeed_files):
+    """DeepSpeed's save_checkpoint/load_checkpoint on 2 ranks (ZeRO 1: each rank its optimizer
+    shard; the pipeline engine: a file per layer) in an iter_NNNNNNN folder; another layout or
+    engine is refused before anything runs."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
+    layout = ["--nproc-per-node", "2", "--engine", "deepspeed", *options]
+    code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
+    assert code == 0, uninterrupted.get("error")
+    first, resumed, save = save_then_resume(tmp_path, *layout)
+    assert_exact(first, resumed, uninterrupted)
+    files = {p.name for p in (save / "iter_0000002").iterdir()}
+    assert deepspeed_files | {"rng_rank_00001.pt", MANIFEST_FILE} <= files
+    assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # no DeepSpeed 'latest'
+    (save_op,) = first["checkpoint"]["saves"]
+    assert save_op["bytes"] == sum(p.stat().st_size for p in (save / "iter_0000002").iterdir()
+                                   if p.name != MANIFEST_FILE)
+    assert resumed["checkpoint"]["loads"][0]["bytes"] > 0
+    from hwbench.cli import main
+
+    capsys.readouterr()
+    for other, says in ((["--engine", "deepspeed", "--zero", "1"], "DeepSpeed loads it only in that layout"),
+                        (["--nproc-per-node", "2"], "load it with --engine deepspeed")):
+        code = main(["run", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *other,
+                     "--load", str(save), "--out", str(tmp_path / "refused")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and says in err[0], err
+        assert not (tmp_path / "refused").exists()
+
+
+# --- bad input and faults ------------------------------------------------------------------
+
+
+def _refused(tmp_path: Path, capsys, *options: str) -> str:
+    """`hwbench run ... OPTIONS` refused before anything runs: exit 2, one line, no result."""
+    from hwbench.cli import main
+
+    capsys.readouterr()
+    out = tmp_path / "refused"
+    code = main(["run", "--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *options,
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert not out.exists()
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A one-process save of steps 1-2 (the whole --save folder)."""
+    tmp = tmp_path_factory.mktemp("tiny-save")
+    code, result = parity_run(tmp / "run", *FIRST_TWO, "--save", str(tmp / "save"))
+    assert code == 0, result.get("error")
+    return tmp / "save"
+
+
+def test_a_folder_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    line = _refused(tmp_path, capsys, "--load", str(tmp_path / "empty"))
+    assert f"--load {tmp_path / 'empty'} is not a checkpoint" in line and LATEST_FILE in line
+    line = _refused(tmp_path, capsys, "--load", str(tmp_path / "absent"))
+    assert "no such folder" in line
+
+
+def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, capsys, tiny_checkpoint):
+    line = _refused(tmp_path, capsys, "--load", str(tiny_checkpoint), "--model", "small")
+    assert "holds --model tiny" in line and "not this run's --model small" in line and "hidden_size" in line
+
+
+def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, capsys, tiny_checkpoint):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    shard = copy / "iter_0000002" / "__0_0.distcp"
+    with shard.open("r+b") as handle:
+        handle.truncate(shard.stat().st_size // 2)  # a copy cut short
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert "is truncated: __0_0.distcp holds" in line and "the manifest says" in line
+    shard.unlink()
+    assert "is truncated: __0_0.distcp is missing" in _refused(tmp_path, capsys, "--load", str(copy))
+
+
+FILL_DISK = """set -e
+mount -t tmpfs -o size={size} tmpfs {disk}
+{hwbench} --steps 1 --save {disk}/save --out {out}/first
+{hwbench} --warmup 0 --steps 1 --load {disk}/save --save {disk}/save --out {out}/second || echo "exit $?" > {out}/code
+cp -a {disk}/save {out}/after
+"""
+
+
+def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_checkpoint):
+    """A tmpfs (in a mount namespace of its own) with room for one checkpoint: the second save
+    fails with ENOSPC; the run ends with status storage naming it, step 2's checkpoint stays
+    the latest, whole, and no partial folder is left."""
+    import shlex
+    import subprocess
+    import sys
+
+    from hwbench.checkpoint import find_checkpoint
+
+    size = sum(p.stat().st_size for p in (tiny_checkpoint / "iter_0000002").iterdir())
+    hwbench = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny",
+                                                "--data", "synthetic", "--seq-length", "32", "--warmup", "1",
+                                                "--eval-iters", "1", "--no-telemetry"])
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = FILL_DISK.format(size=int(size * 1.5), disk=disk, hwbench=hwbench, out=tmp_path)
+    unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
+    try:
+        done = subprocess.run([*unshare, "sh", "-c", script], check=False, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here to mount a small file system")
+    if "mount" in done.stderr and not (tmp_path / "first").exists():
+        pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "code").read_text().strip() == "exit 1"
+    (result_file,) = (tmp_path / "second").glob("*.json")
+    result = json.loads(result_file.read_text())
+    assert result["status"] == "storage"
+    assert "the checkpoint of step 3 could not be written" in result["error"]["message"]
+    assert "No space left on device" in result["error"]["message"]
+    assert "iter_0000002 is still the latest, whole" in result["error"]["message"]
+    after = tmp_path / "after"
+    assert sorted(p.name for p in after.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial
+    assert find_checkpoint(after).iteration == 2  # every file there with its size
+
+
+def test_a_suite_point_measures_checkpoint_throughput(tmp_path):
+    """The shipped suite's form (a save every few steps into a given folder) on the CPU: the
+    sweep's result carries the storage figures; the shipped suite itself saves at an interval."""
+    from hwbench.cli import main
+    from hwbench.harness.suite import find_suite, load_suite
+
+    shipped = load_suite(find_suite("checkpoints"))
+    assert all(p.option("save") and p.option("save_interval") for p in shipped.points)
+    assert any(p.option("async_save") for p in shipped.points)
+    suite = tmp_path / "ckpt.yaml"
+    suite.write_text(f"""name: ckpt
+defaults: {{model: tiny, data: synthetic, seq-length: 32, steps: 2, warmup: 1, eval-iters: 0, telemetry: false}}
+points:
+  - {{name: local, save: {tmp_path / 'disk'}, save-interval: 1}}
+""")
+    assert main(["sweep", str(suite), "--out", str(tmp_path / "runs"), "--quiet"]) == 0
+    (path,) = (tmp_path / "runs" / "ckpt" / "local").glob("*.json")
+    checkpoint = json.loads(path.read_text())["checkpoint"]
+    assert [s["iteration"] for s in checkpoint["saves"]] == [1, 2, 3]
+    assert checkpoint["save_gb_per_s"] > 0 and checkpoint["stall_s_per_hour"] > 0 and checkpoint["save_bytes"] > 0
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    (["--save-interval", "2"], "--save-interval needs --save DIR"),
+    (["--async-save"], "--async-save needs --save DIR"),
+    (["--save", "x", "--async-save", "--engine", "deepspeed"], "DeepSpeed saves through its own save_checkpoint"),
+    (["--max-restarts", "1"], "--max-restarts 1 restarts torchrun's ranks, and this run has one process"),
+    (["--save-interval", "0", "--save", "x"], "--save-interval"),
+])
+def test_checkpoint_options_that_cannot_work_are_refused_in_one_line(tmp_path, capsys, options, says):
+    assert says in _refused(tmp_path, capsys, *options)
+
+
+def test_a_save_killed_half_way_is_never_loaded_and_the_next_run_clears_it(tmp_path, tiny_checkpoint):
+    import shutil
+
+    from hwbench.checkpoint import find_checkpoint
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    half = copy / ".iter_0000005.partial"  # what a run killed mid-save leaves
+    half.mkdir()
+    (half / "__0_0.distcp").write_bytes(b"\0" * 100)
+    assert find_checkpoint(copy).iteration == 2  # latest names the whole one
+    code, result = parity_run(tmp_path / "run", *THIRD, "--load", str(copy), "--save", str(copy))
+    assert code == 0 and [s["iteration"] for s in result["checkpoint"]["saves"]] == [3], result.get("error")
+    assert sorted(p.name for p in copy.iterdir()) == ["iter_0000002", "iter_0000003", LATEST_FILE]
