@@ -16,15 +16,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.target import number_as_text, valid_target_ppl
+from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 from hwbench.workload.split import parse_split
-from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
 
 ENGINES = ("native", "deepspeed")
 SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
@@ -166,132 +167,232 @@ def option(help: str, **definition: Any) -> Any:
 class RunOptions:
     """What a user gave for one run, in `hwbench run --help`'s order; None = not given."""
 
-    device: str | None = option("auto picks npu, then cuda, rocm, hpu, then cpu", default="auto", choices=DEVICE_CHOICES)
-    model: str | None = option("workload from the catalog, see `hwbench models`; any case", default="small",
-                               accepts="a workload name")
-    micro_batch_size: int | None = option("samples per forward pass", default_rule="the workload's", minimum=1,
-                                          maximum=MAX_BATCH)
+    device: str | None = option("auto picks npu, then cuda, rocm, hpu, then cpu", default="auto",
+                                choices=DEVICE_CHOICES)
+    model: str | None = option(
+        "workload from the catalog, see `hwbench models`; any case", default="small", accepts="a workload name"
+    )
+    micro_batch_size: int | None = option(
+        "samples per forward pass", default_rule="the workload's", minimum=1, maximum=MAX_BATCH
+    )
     global_batch_size: int | None = option(
-        "samples per optimizer step", minimum=1, maximum=MAX_BATCH,
-        default_rule="the workload's, scaled with data parallelism when no batch size is given")
+        "samples per optimizer step",
+        minimum=1,
+        maximum=MAX_BATCH,
+        default_rule="the workload's, scaled with data parallelism when no batch size is given",
+    )
     seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1)
     max_positions: int | None = option(
-        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at "
-        "seq 2048", default_rule="the workload's", accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
-        megatron=("--max-position-embeddings",))  # its range spans --seq-length: hwbench.spec checks it
+        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq 2048",
+        default_rule="the workload's",
+        accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
+        megatron=("--max-position-embeddings",),
+    )  # its range spans --seq-length: hwbench.spec checks it
     precision: str | None = option("fp32, or bf16/fp16 autocast", default_rule="the workload's", choices=PRECISIONS)
     recompute: bool | None = option("activation checkpointing of every block", default_rule="the workload's")
-    compile: bool | None = option("torch.compile every transformer block", default=False,
-                                  default_rule="off; --settings fast: on")
+    compile: bool | None = option(
+        "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on"
+    )
     settings: str | None = option(
         "published: the workload's published micro batch and recompute; fast: what fits and is fastest on this "
         "device, chosen with the memory planner against its memory: no recompute where it fits, the largest micro "
         "batch that divides the global batch and fits, --compile, --cross-entropy chunked, --fused-qkv; options "
-        "given explicitly win", default="published", choices=SETTINGS)
+        "given explicitly win",
+        default="published",
+        choices=SETTINGS,
+    )
     cross_entropy: str | None = option(
         f"standard, or chunked: the output projection and the loss {CROSS_ENTROPY_CHUNK_TOKENS} tokens at a time, "
         "logits recomputed in the backward, so the [tokens, vocab] fp32 logits never exist (native engine, --tp 1)",
-        default="standard", default_rule="standard; --settings fast: chunked where it can run",
-        choices=CROSS_ENTROPY_CHOICES)
-    fused_qkv: bool | None = option("one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights "
-                                    "as the separate ones", default=False,
-                                    default_rule="off; --settings fast: on where it can run")
-    device_memory: str | None = option("memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
-                                       default_rule="what the device reports, else its catalog entry's",
-                                       valid=_size, accepts="a size such as 24GiB or 80GB")
+        default="standard",
+        default_rule="standard; --settings fast: chunked where it can run",
+        choices=CROSS_ENTROPY_CHOICES,
+    )
+    fused_qkv: bool | None = option(
+        "one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights as the separate ones",
+        default=False,
+        default_rule="off; --settings fast: on where it can run",
+    )
+    device_memory: str | None = option(
+        "memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
+        default_rule="what the device reports, else its catalog entry's",
+        valid=_size,
+        accepts="a size such as 24GiB or 80GB",
+    )
     data: str | None = option(
         "builtin (a synthetic language with a known entropy), synthetic (i.i.d. Zipf tokens) or the prefix of a "
-        "Megatron dataset PREFIX.bin/.idx", default=DATA_KEYWORDS[0], accepts="builtin, synthetic or a path prefix",
-        megatron=("--data-path",))
-    split: str | None = option("train,valid,test weights for --data PREFIX", default="949,50,1", valid=_split,
-                               accepts="up to three non-negative weights")
-    eval_interval: int | None = option("validate every N steps; 0: only after the last", default=0, minimum=0,
-                                       maximum=MAX_STEPS,
-                                       default_rule=f"0; with a target: {TARGET_EVAL_INTERVAL}")
-    eval_iters: int | None = option("global batches per validation; 0: none", default=10, minimum=0,
-                                    maximum=MAX_STEPS)
-    steps: int | None = option("timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS,
-                               megatron=("--train-iters",))
+        "Megatron dataset PREFIX.bin/.idx",
+        default=DATA_KEYWORDS[0],
+        accepts="builtin, synthetic or a path prefix",
+        megatron=("--data-path",),
+    )
+    split: str | None = option(
+        "train,valid,test weights for --data PREFIX",
+        default="949,50,1",
+        valid=_split,
+        accepts="up to three non-negative weights",
+    )
+    eval_interval: int | None = option(
+        "validate every N steps; 0: only after the last",
+        default=0,
+        minimum=0,
+        maximum=MAX_STEPS,
+        default_rule=f"0; with a target: {TARGET_EVAL_INTERVAL}",
+    )
+    eval_iters: int | None = option("global batches per validation; 0: none", default=10, minimum=0, maximum=MAX_STEPS)
+    steps: int | None = option(
+        "timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS, megatron=("--train-iters",)
+    )
     warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS)
     target_ppl: str | None = option(
         "stop at the first validation whose perplexity is at or below this; floor*F: F times the lowest reachable "
         "perplexity of --data builtin or synthetic; --steps is then the most steps (not reached: status "
-        "not_converged, exit 1)", valid=valid_target_ppl, normalize=number_as_text,
-        accepts="a perplexity > 1, or floor*F with F > 1", group=TARGET)
-    target_loss: float | None = option("as --target-ppl, for the validation loss in nats", minimum=0,
-                                       above_minimum=True, group=TARGET)
-    seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0,
-                              maximum=MAX_SEED)
+        "not_converged, exit 1)",
+        valid=valid_target_ppl,
+        normalize=number_as_text,
+        accepts="a perplexity > 1, or floor*F with F > 1",
+        group=TARGET,
+    )
+    target_loss: float | None = option(
+        "as --target-ppl, for the validation loss in nats", minimum=0, above_minimum=True, group=TARGET
+    )
+    seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED)
     lr: float | None = option("peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True)
-    min_lr: float | None = option("learning rate at the end of the decay", default_rule="the workload's",
-                                  minimum=0)
+    min_lr: float | None = option("learning rate at the end of the decay", default_rule="the workload's", minimum=0)
     out: str | None = option("folder for the result file", default="results/runs", accepts="a folder")
     telemetry: bool | None = option("sample power, clocks and temperature during the timed steps", default=True)
-    telemetry_interval: float | None = option("seconds between telemetry samples", default=0.5, minimum=0.01,
-                                              maximum=60, accepts="seconds")
+    telemetry_interval: float | None = option(
+        "seconds between telemetry samples", default=0.5, minimum=0.01, maximum=60, accepts="seconds"
+    )
     flops_formula: str | None = option(
         "model FLOPs formula for TFLOP/s and MFU; "
         + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
         + "; every formula's figures are in the result's metrics.by_formula",
-        default=DEFAULT_FLOPS_FORMULA, choices=FLOPS_FORMULA_NAMES)
-    tp: int | None = option("tensor-parallel degree", minimum=1, group=LAYOUT,
-                            default_rule="the workload's published layout when the world size allows, else 1",
-                            megatron=("--tensor-model-parallel-size",))
-    pp: int | None = option("pipeline-parallel stages", default_rule="as --tp", minimum=1, group=LAYOUT,
-                            megatron=("--pipeline-model-parallel-size",))
+        default=DEFAULT_FLOPS_FORMULA,
+        choices=FLOPS_FORMULA_NAMES,
+    )
+    tp: int | None = option(
+        "tensor-parallel degree",
+        minimum=1,
+        group=LAYOUT,
+        default_rule="the workload's published layout when the world size allows, else 1",
+        megatron=("--tensor-model-parallel-size",),
+    )
+    pp: int | None = option(
+        "pipeline-parallel stages",
+        default_rule="as --tp",
+        minimum=1,
+        group=LAYOUT,
+        megatron=("--pipeline-model-parallel-size",),
+    )
     dp: int | None = option("data-parallel degree", default_rule="world size / (tp x pp)", minimum=1, group=LAYOUT)
-    fsdp: bool | None = option("shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
-                               default=False, group=LAYOUT)
-    zero: int | None = option("DeepSpeed ZeRO stage (--engine deepspeed)", default=0, choices=(0, 1, 2, 3),
-                              group=LAYOUT, megatron=("--zero-stage",))
-    engine: str | None = option("native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES,
-                                group=LAYOUT)
-    pp_schedule: str | None = option("pipeline schedule", choices=PP_SCHEDULES, group=LAYOUT,
-                                     default_rule="1f1b, or gpipe when there are fewer microbatches than stages")
-    nproc_per_node: int | None = option("ranks on this node; 1 runs in this process", default=1, minimum=1,
-                                        maximum=1024, group=PROCESSES)
+    fsdp: bool | None = option(
+        "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
+        default=False,
+        group=LAYOUT,
+    )
+    zero: int | None = option(
+        "DeepSpeed ZeRO stage (--engine deepspeed)",
+        default=0,
+        choices=(0, 1, 2, 3),
+        group=LAYOUT,
+        megatron=("--zero-stage",),
+    )
+    engine: str | None = option(
+        "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT
+    )
+    pp_schedule: str | None = option(
+        "pipeline schedule",
+        choices=PP_SCHEDULES,
+        group=LAYOUT,
+        default_rule="1f1b, or gpipe when there are fewer microbatches than stages",
+    )
+    nproc_per_node: int | None = option(
+        "ranks on this node; 1 runs in this process", default=1, minimum=1, maximum=1024, group=PROCESSES
+    )
     threads_per_rank: int | None = option(
-        "torch intra-op threads in each rank; more threads than cores marks the run oversubscribed", minimum=1,
-        maximum=4096, default_rule="the usable cores of the node shared among its ranks", group=PROCESSES)
+        "torch intra-op threads in each rank; more threads than cores marks the run oversubscribed",
+        minimum=1,
+        maximum=4096,
+        default_rule="the usable cores of the node shared among its ranks",
+        group=PROCESSES,
+    )
     nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES)
     node_rank: int | None = option("this node's rank, below --nnodes", default=0, minimum=0, group=PROCESSES)
-    master_addr: str | None = option("address of node 0", default="127.0.0.1", accepts="a host name or address",
-                                     group=PROCESSES)
-    master_port: int | None = option("port on node 0", minimum=1, maximum=65535, accepts="a TCP port",
-                                     default_rule=f"a free one on one node; {MULTI_NODE_PORT} across nodes",
-                                     group=PROCESSES)
-    rdzv_endpoint: str | None = option("HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port",
-                                       valid=_host_port, accepts="HOST:PORT", group=PROCESSES)
-    timeout: float | None = option("seconds before a run that has not finished is ended, every process with it",
-                                   default=1800.0, minimum=0, above_minimum=True, maximum=30 * 86400.0,
-                                   accepts="seconds", group=PROCESSES)
+    master_addr: str | None = option(
+        "address of node 0", default="127.0.0.1", accepts="a host name or address", group=PROCESSES
+    )
+    master_port: int | None = option(
+        "port on node 0",
+        minimum=1,
+        maximum=65535,
+        accepts="a TCP port",
+        default_rule=f"a free one on one node; {MULTI_NODE_PORT} across nodes",
+        group=PROCESSES,
+    )
+    rdzv_endpoint: str | None = option(
+        "HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port",
+        valid=_host_port,
+        accepts="HOST:PORT",
+        group=PROCESSES,
+    )
+    timeout: float | None = option(
+        "seconds before a run that has not finished is ended, every process with it",
+        default=1800.0,
+        minimum=0,
+        above_minimum=True,
+        maximum=30 * 86400.0,
+        accepts="seconds",
+        group=PROCESSES,
+    )
     preflight: bool | None = option(
         "check the machine first (hwbench preflight): other processes on the device, clocks, governor, swap, ...; "
-        "the readings go into the result's environment.preflight", default=True, group=PROCESSES)
+        "the readings go into the result's environment.preflight",
+        default=True,
+        group=PROCESSES,
+    )
     max_restarts: int | None = option(
         "torchrun's restarts of every rank after one fails; with --save, each restart resumes from the last "
-        "checkpoint of this run", default=0, minimum=0, maximum=MAX_RESTARTS, group=PROCESSES)
+        "checkpoint of this run",
+        default=0,
+        minimum=0,
+        maximum=MAX_RESTARTS,
+        group=PROCESSES,
+    )
     save: str | None = option(
         "folder to save checkpoints into, as Megatron-LM lays them out (iter_NNNNNNN/, "
         "latest_checkpointed_iteration.txt): after the last step, and every --save-interval steps",
-        valid=_nonempty, accepts="a folder", group=CHECKPOINTS)
-    save_interval: int | None = option("save also after every step whose number is a multiple of N (--save)",
-                                       minimum=1, maximum=MAX_STEPS, default_rule="only after the last step",
-                                       group=CHECKPOINTS)
+        valid=_nonempty,
+        accepts="a folder",
+        group=CHECKPOINTS,
+    )
+    save_interval: int | None = option(
+        "save also after every step whose number is a multiple of N (--save)",
+        minimum=1,
+        maximum=MAX_STEPS,
+        default_rule="only after the last step",
+        group=CHECKPOINTS,
+    )
     load: str | None = option(
         "resume from a checkpoint: a --save folder (its latest) or one of its iter_NNNNNNN folders; the run trains "
-        "--warmup + --steps more steps from there, in the same sample order", valid=_nonempty,
-        accepts="a folder", group=CHECKPOINTS)
+        "--warmup + --steps more steps from there, in the same sample order",
+        valid=_nonempty,
+        accepts="a folder",
+        group=CHECKPOINTS,
+    )
     async_save: bool | None = option(
         "write each checkpoint in the background (torch.distributed.checkpoint's async_save; native engine): "
-        "training stalls only while the state is copied to host memory", default=False, group=CHECKPOINTS)
+        "training stalls only while the state is copied to host memory",
+        default=False,
+        group=CHECKPOINTS,
+    )
 
     def __post_init__(self) -> None:
         for name, value in self.given().items():
             object.__setattr__(self, name, RUN_OPTIONS[name].check(value))
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "RunOptions":
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunOptions:
         """From a suite point, the API or a namespace's dict: names with - or _, each value
         checked as its option's type and range (None: not given); an unknown name is refused
         with the accepted ones."""
@@ -312,7 +413,7 @@ class RunOptions:
         given = getattr(self, name)
         return RUN_OPTIONS[name].default if given is None else given
 
-    def merged(self, **changes: Any) -> "RunOptions":
+    def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None removes one), checked."""
         return RunOptions.from_mapping({**self.given(), **changes})
 
@@ -330,20 +431,30 @@ class RunOptions:
 
 def _definitions() -> dict[str, Option]:
     hints = typing.get_type_hints(RunOptions)
-    return {field.name: dataclasses.replace(field.metadata["option"], name=field.name,
-                                            type=next(t for t in typing.get_args(hints[field.name]) if t is not None
-                                                      and t is not type(None)))
-            for field in dataclasses.fields(RunOptions)}
+    return {
+        field.name: dataclasses.replace(
+            field.metadata["option"],
+            name=field.name,
+            type=next(t for t in typing.get_args(hints[field.name]) if t is not None and t is not type(None)),
+        )
+        for field in dataclasses.fields(RunOptions)
+    }
 
 
 RUN_OPTIONS: dict[str, Option] = _definitions()  # name -> definition, in --help's order
 
 # Megatron flags that set an hwbench option to a fixed value.
-MEGATRON_CONSTANTS = {"--fp16": ("precision", "fp16"), "--bf16": ("precision", "bf16"),
-                      "--recompute-activations": ("recompute", True), "--checkpoint-activations": ("recompute", True)}
+MEGATRON_CONSTANTS = {
+    "--fp16": ("precision", "fp16"),
+    "--bf16": ("precision", "bf16"),
+    "--recompute-activations": ("recompute", True),
+    "--checkpoint-activations": ("recompute", True),
+}
 # Megatron flags that take a value hwbench has no use for in `run`: accepted, and ignored with a reason.
-MEGATRON_IGNORED = {"--vocab-file": "the dataset is already tokenized (hwbench data prepare takes the vocabulary)",
-                    "--merge-file": "the dataset is already tokenized (hwbench data prepare takes the merges)"}
+MEGATRON_IGNORED = {
+    "--vocab-file": "the dataset is already tokenized (hwbench data prepare takes the vocabulary)",
+    "--merge-file": "the dataset is already tokenized (hwbench data prepare takes the merges)",
+}
 # Megatron flags hwbench does not take, with what to use instead. (Megatron's flags that hwbench
 # spells the same, --micro-batch-size, --seq-length, --lr, ..., are simply its options.)
 MEGATRON_INSTEAD = {
@@ -362,32 +473,50 @@ MEGATRON_INSTEAD = {
     "--data-impl": "Megatron's mmap format is the one hwbench reads; drop it",
     "--log-interval": "hwbench records every step; drop it",
     "--DDP-impl": "data parallelism is DDP, or FSDP2 with --fsdp",
-    "--deepspeed": "use --engine deepspeed", "--deepspeed_config": "hwbench writes the DeepSpeed config itself "
-    "from --zero and --precision",
+    "--deepspeed": "use --engine deepspeed",
+    "--deepspeed_config": "hwbench writes the DeepSpeed config itself from --zero and --precision",
 }
 
 
 def markdown() -> str:
     """docs/options.md: every run option and Megatron-LM's names, from the definitions above."""
+
     def row(*cells: str) -> str:
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
-    lines = ["# `hwbench run` options", "",
-             "Written by `python -m hwbench.options > docs/options.md` from the definitions in `hwbench/options.py`",
-             "(`tests/test_options.py` fails when it differs); `hwbench run --help` shows the same. Suite points",
-             "(docs/sweeps.md) and the Python API (docs/api.md) take the names with underscores, switches as true or",
-             "false. A value outside \"accepted\" is refused with one line naming the option, exit status 2."]
+    lines = [
+        "# `hwbench run` options",
+        "",
+        "Written by `python -m hwbench.options > docs/options.md` from the definitions in `hwbench/options.py`",
+        "(`tests/test_options.py` fails when it differs); `hwbench run --help` shows the same. Suite points",
+        "(docs/sweeps.md) and the Python API (docs/api.md) take the names with underscores, switches as true or",
+        'false. A value outside "accepted" is refused with one line naming the option, exit status 2.',
+    ]
     for group in dict.fromkeys(o.group for o in RUN_OPTIONS.values()):
-        lines += ["", f"## {group}", "", row("option", "what it does", "default", "accepted", "Megatron-LM"),
-                  row(*["---"] * 5)]
+        lines += [
+            "",
+            f"## {group}",
+            "",
+            row("option", "what it does", "default", "accepted", "Megatron-LM"),
+            row(*["---"] * 5),
+        ]
         for o in (o for o in RUN_OPTIONS.values() if o.group == group):
             flag = f"`{o.flag}`, `--no-{o.flag[2:]}`" if o.type is bool else f"`{o.flag}`"
             lines.append(row(flag, o.help, o.default_text or "-", o.accepted, ", ".join(f"`{m}`" for m in o.megatron)))
-    lines += ["", "## Megatron-LM's other flags", "",
-              "Megatron-LM's flags that hwbench spells the same (`--micro-batch-size`, `--seq-length`, `--lr`, ...)",
-              "are the options above.", "", row("flag", "in hwbench"), row("---", "---")]
-    lines += [row(f"`{flag}`", f"as `{RUN_OPTIONS[name].flag}{'' if value is True else ' ' + str(value)}`")
-              for flag, (name, value) in MEGATRON_CONSTANTS.items()]
+    lines += [
+        "",
+        "## Megatron-LM's other flags",
+        "",
+        "Megatron-LM's flags that hwbench spells the same (`--micro-batch-size`, `--seq-length`, `--lr`, ...)",
+        "are the options above.",
+        "",
+        row("flag", "in hwbench"),
+        row("---", "---"),
+    ]
+    lines += [
+        row(f"`{flag}`", f"as `{RUN_OPTIONS[name].flag}{'' if value is True else ' ' + str(value)}`")
+        for flag, (name, value) in MEGATRON_CONSTANTS.items()
+    ]
     lines += [row(f"`{flag}`", f"accepted and not used: {why}") for flag, why in MEGATRON_IGNORED.items()]
     lines += [row(f"`{flag}`", f"refused: {instead}") for flag, instead in MEGATRON_INSTEAD.items()]
     return "\n".join(lines) + "\n"

@@ -9,13 +9,20 @@ combination raises UsageError naming the options, the values and what would be a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.errors import UsageError
-from hwbench.options import DATA_KEYWORDS, MAX_POSITIONS, MULTI_NODE_PORT, RUN_OPTIONS, RunOptions
-from hwbench.options import ENGINES  # noqa: F401  (hwbench.planner reads it here)
+from hwbench.options import (
+    DATA_KEYWORDS,
+    ENGINES,  # noqa: F401  (hwbench.planner reads it here)
+    MAX_POSITIONS,
+    MULTI_NODE_PORT,
+    RUN_OPTIONS,
+    RunOptions,
+)
 from hwbench.result.files import check_output_folder
 from hwbench.target import Target, resolve_target
 from hwbench.units import parse_size
@@ -369,17 +376,22 @@ def _settings(options: RunOptions) -> tuple[str, int | None]:
     return settings, parse_size(memory, "--device-memory")
 
 
-def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0, pp_schedule: str | None = None) -> None:
+def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0,
+                         pp_schedule: str | None = None) -> None:
     """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
     takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
     if engine != "deepspeed" or (parallel.tp == 1 and parallel.pp == 1):
         return
     if zero_stage > 1:
-        raise UsageError(f"--zero {zero_stage} with --tp {parallel.tp} --pp {parallel.pp}: DeepSpeed's pipeline engine "
-                         "takes ZeRO 0 or 1; accepted: --zero 0, --zero 1, or --tp 1 --pp 1 for ZeRO 2 and 3")
+        raise UsageError(
+            f"--zero {zero_stage} with --tp {parallel.tp} --pp {parallel.pp}: DeepSpeed's pipeline engine "
+            "takes ZeRO 0 or 1; accepted: --zero 0, --zero 1, or --tp 1 --pp 1 for ZeRO 2 and 3"
+        )
     if pp_schedule not in (None, "1f1b"):
-        raise UsageError(f"--pp-schedule {pp_schedule} with --engine deepspeed: DeepSpeed's pipeline engine runs 1F1B; "
-                         "accepted: 1f1b, or --engine native")
+        raise UsageError(
+            f"--pp-schedule {pp_schedule} with --engine deepspeed: DeepSpeed's pipeline engine runs 1F1B; "
+            "accepted: 1f1b, or --engine native"
+        )
 
 
 def _target(options: RunOptions, workload: Workload, data: str, seed: int, split: str) -> tuple[Target | None, int]:
@@ -397,19 +409,28 @@ def _target(options: RunOptions, workload: Workload, data: str, seed: int, split
     target = resolve_target(options.target_ppl, options.target_loss, data, floor, where)
     flag = "--target-ppl" if options.target_ppl is not None else "--target-loss"
     if options.value("eval_iters") == 0:
-        raise UsageError(f"{flag} is checked at validations, and --eval-iters 0 turns them off; give --eval-iters 1 "
-                         "or more")
+        raise UsageError(
+            f"{flag} is checked at validations, and --eval-iters 0 turns them off; give --eval-iters 1 or more"
+        )
     if data not in ("builtin", "synthetic") and not parse_split(split)[1]:
-        raise UsageError(f"{flag} is checked at validations, and --split {split} leaves no validation documents; "
-                         "give the validation part a weight")
+        raise UsageError(
+            f"{flag} is checked at validations, and --split {split} leaves no validation documents; "
+            "give the validation part a weight"
+        )
     if options.eval_interval == 0:
-        raise UsageError(f"{flag} with --eval-interval 0 would validate only after the last step; give "
-                         f"--eval-interval N (validate every N steps), or leave it out ({TARGET_EVAL_INTERVAL})")
+        raise UsageError(
+            f"{flag} with --eval-interval 0 would validate only after the last step; give "
+            f"--eval-interval N (validate every N steps), or leave it out ({TARGET_EVAL_INTERVAL})"
+        )
     return target, options.eval_interval or TARGET_EVAL_INTERVAL
 
 
-def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torchrun_world_size: int | None = None,
-                   check_paths: bool = True) -> RunSpec:
+def build_run_spec(
+    options: RunOptions | dict[str, Any],
+    catalog: Catalog,
+    torchrun_world_size: int | None = None,
+    check_paths: bool = True,
+) -> RunSpec:
     """RunSpec from run options (None = the default, which may be the workload's).
     ``torchrun_world_size``: set when this process is already a torchrun rank.
     ``check_paths``: False when the run happens elsewhere (a Kubernetes pod), so
@@ -428,8 +449,10 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
     parallel = _build_parallel(options, workload, launch, engine)
     _check_engine_layout(engine, parallel, zero_stage, options.pp_schedule)
     if fsdp and parallel.world_size == 1:
-        raise UsageError("--fsdp shards over the data-parallel ranks, and this run has one process; give "
-                         "--nproc-per-node N (N >= 2), or leave --fsdp out")
+        raise UsageError(
+            "--fsdp shards over the data-parallel ranks, and this run has one process; give "
+            "--nproc-per-node N (N >= 2), or leave --fsdp out"
+        )
     settings, device_memory = _settings(options)
     chosen = fast_defaults(engine, parallel, fsdp) if settings == "fast" else {}
     cross_entropy = _or(options.cross_entropy, chosen.get("cross_entropy", "standard"))
@@ -443,7 +466,8 @@ def build_run_spec(options: RunOptions | dict[str, Any], catalog: Catalog, torch
             raise UsageError(
                 f"--pp-schedule 1f1b needs at least --pp {parallel.pp} microbatches per step; --global-batch-size "
                 f"{global_batch} / (--micro-batch-size {micro} x dp {parallel.dp}) gives {microbatches}; accepted: "
-                "a smaller micro batch, a larger global batch, or --pp-schedule gpipe")
+                "a smaller micro batch, a larger global batch, or --pp-schedule gpipe"
+            )
         pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
     positions = _max_positions(options, workload, seq)
     seed = _or(options.seed, defaults.seed)

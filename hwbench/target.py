@@ -92,11 +92,15 @@ def resolve_target(target_ppl: str | None, target_loss: float | None, data: str,
             return Target("ppl", factor * floor_ppl, target_ppl)
         value = float(target_ppl)
         if floor_ppl is not None and value <= floor_ppl:
-            raise UsageError(f"--target-ppl {target_ppl} is at or below the lowest reachable perplexity {floor_ppl:.4f} "
-                             f"of {what_floor}; give a number above it, or floor*F with F > 1")
+            raise UsageError(
+                f"--target-ppl {target_ppl} is at or below the lowest reachable perplexity {floor_ppl:.4f} "
+                f"of {what_floor}; give a number above it, or floor*F with F > 1"
+            )
         return Target("ppl", value, target_ppl)
     assert target_loss is not None
     if floor_nats is not None and target_loss <= floor_nats:
-        raise UsageError(f"--target-loss {target_loss:g} is at or below the lowest reachable loss {floor_nats:.4f} nats "
-                         f"of {what_floor}; give a number above it")
+        raise UsageError(
+            f"--target-loss {target_loss:g} is at or below the lowest reachable loss {floor_nats:.4f} nats "
+            f"of {what_floor}; give a number above it"
+        )
     return Target("loss", float(target_loss), _number_text(target_loss))

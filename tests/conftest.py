@@ -31,7 +31,9 @@ def no_launch_environment_leaks():
         for key in leaked.keys() - before.keys():
             del os.environ[key]
         os.environ.update(before)
-        pytest.fail(f"the test left launch variables changed in os.environ: {sorted(set(leaked.items()) ^ set(before.items()))}")
+        pytest.fail(
+            f"the test left launch variables changed in os.environ: {sorted(set(leaked.items()) ^ set(before.items()))}"
+        )
 
 
 # --- Stand-in Ascend NPU (tests/fakes: torch_npu module and npu-smi) ---------
@@ -77,8 +79,22 @@ def kill_tree(pid: int) -> None:
 # native engine's TP2 on 2 ranks (which pads the vocabulary as every TP2 layout
 # does). Each is run once per test session, not once per module.
 
-PARITY_BASE = ["--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", "--steps", "2",
-               "--warmup", "1", "--eval-iters", "1", "--no-telemetry"]
+PARITY_BASE = [
+    "--quiet",
+    "--model",
+    "tiny",
+    "--data",
+    "synthetic",
+    "--seq-length",
+    "32",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--eval-iters",
+    "1",
+    "--no-telemetry",
+]
 
 
 def parity_run(out: Path, *options: str) -> tuple[int, dict]:

@@ -181,15 +181,30 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     from test_docs import undocumented
 
     assert not undocumented(result)
-    assert _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |").endswith("1 (0 steps, "
-                                                                                       f"{restart['time_lost_s']:,.1f} s)")
+    line = _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |")
+    assert line.endswith(f"1 (0 steps, {restart['time_lost_s']:,.1f} s)")
 
 
 DEEPSPEED_LAYOUTS = [
-    pytest.param(["--zero", "1"], {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                   "zero_pp_rank_1_mp_rank_00_optim_states.pt"}, id="zero1"),
-    pytest.param(["--pp", "2"], {"mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt",
-                                 "layer_00-model_00-model_states.pt", "layer_03-model_00-model_states.pt"}, id="pp2"),
+    pytest.param(
+        ["--zero", "1"],
+        {
+            "mp_rank_00_model_states.pt",
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+            "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        },
+        id="zero1",
+    ),
+    pytest.param(
+        ["--pp", "2"],
+        {
+            "mp_rank_00_model_states.pt",
+            "mp_rank_01_model_states.pt",
+            "layer_00-model_00-model_states.pt",
+            "layer_03-model_00-model_states.pt",
+        },
+        id="pp2",
+    ),
 ]
 
 
@@ -209,16 +224,33 @@ def test_deepspeed_resumes_bit_for_bit_through_its_own_checkpoint(tmp_path, caps
     assert deepspeed_files | {"rng_rank_00001.pt", MANIFEST_FILE} <= files
     assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # no DeepSpeed 'latest'
     (save_op,) = first["checkpoint"]["saves"]
-    assert save_op["bytes"] == sum(p.stat().st_size for p in (save / "iter_0000002").iterdir()
-                                   if p.name != MANIFEST_FILE)
+    assert save_op["bytes"] == sum(
+        p.stat().st_size for p in (save / "iter_0000002").iterdir() if p.name != MANIFEST_FILE
+    )
     assert resumed["checkpoint"]["loads"][0]["bytes"] > 0
     from hwbench.cli import main
 
     capsys.readouterr()
-    for other, says in ((["--engine", "deepspeed", "--zero", "1"], "DeepSpeed loads it only in that layout"),
-                        (["--nproc-per-node", "2"], "load it with --engine deepspeed")):
-        code = main(["run", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *other,
-                     "--load", str(save), "--out", str(tmp_path / "refused")])
+    for other, says in (
+        (["--engine", "deepspeed", "--zero", "1"], "DeepSpeed loads it only in that layout"),
+        (["--nproc-per-node", "2"], "load it with --engine deepspeed"),
+    ):
+        code = main(
+            [
+                "run",
+                "--model",
+                "tiny",
+                "--data",
+                "synthetic",
+                "--seq-length",
+                "32",
+                *other,
+                "--load",
+                str(save),
+                "--out",
+                str(tmp_path / "refused"),
+            ]
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and says in err[0], err
         assert not (tmp_path / "refused").exists()
@@ -233,8 +265,9 @@ def _refused(tmp_path: Path, capsys, *options: str) -> str:
 
     capsys.readouterr()
     out = tmp_path / "refused"
-    code = main(["run", "--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *options,
-                 "--out", str(out)])
+    code = main(
+        ["run", "--quiet", "--model", "tiny", "--data", "synthetic", "--seq-length", "32", *options, "--out", str(out)]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert not out.exists()
@@ -296,9 +329,27 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path,
     from hwbench.checkpoint import find_checkpoint
 
     size = sum(p.stat().st_size for p in (tiny_checkpoint / "iter_0000002").iterdir())
-    hwbench = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny",
-                                                "--data", "synthetic", "--seq-length", "32", "--warmup", "1",
-                                                "--eval-iters", "1", "--no-telemetry"])
+    hwbench = " ".join(
+        shlex.quote(a)
+        for a in [
+            sys.executable,
+            "-m",
+            "hwbench",
+            "run",
+            "--quiet",
+            "--model",
+            "tiny",
+            "--data",
+            "synthetic",
+            "--seq-length",
+            "32",
+            "--warmup",
+            "1",
+            "--eval-iters",
+            "1",
+            "--no-telemetry",
+        ]
+    )
     disk = tmp_path / "disk"
     disk.mkdir()
     script = FILL_DISK.format(size=int(size * 1.5), disk=disk, hwbench=hwbench, out=tmp_path)
@@ -335,7 +386,7 @@ def test_a_suite_point_measures_checkpoint_throughput(tmp_path):
     suite.write_text(f"""name: ckpt
 defaults: {{model: tiny, data: synthetic, seq-length: 32, steps: 2, warmup: 1, eval-iters: 0, telemetry: false}}
 points:
-  - {{name: local, save: {tmp_path / 'disk'}, save-interval: 1}}
+  - {{name: local, save: {tmp_path / "disk"}, save-interval: 1}}
 """)
     assert main(["sweep", str(suite), "--out", str(tmp_path / "runs"), "--quiet"]) == 0
     (path,) = (tmp_path / "runs" / "ckpt" / "local").glob("*.json")
@@ -344,13 +395,16 @@ points:
     assert checkpoint["save_gb_per_s"] > 0 and checkpoint["stall_s_per_hour"] > 0 and checkpoint["save_bytes"] > 0
 
 
-@pytest.mark.parametrize(("options", "says"), [
-    (["--save-interval", "2"], "--save-interval needs --save DIR"),
-    (["--async-save"], "--async-save needs --save DIR"),
-    (["--save", "x", "--async-save", "--engine", "deepspeed"], "DeepSpeed saves through its own save_checkpoint"),
-    (["--max-restarts", "1"], "--max-restarts 1 restarts torchrun's ranks, and this run has one process"),
-    (["--save-interval", "0", "--save", "x"], "--save-interval"),
-])
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--save-interval", "2"], "--save-interval needs --save DIR"),
+        (["--async-save"], "--async-save needs --save DIR"),
+        (["--save", "x", "--async-save", "--engine", "deepspeed"], "DeepSpeed saves through its own save_checkpoint"),
+        (["--max-restarts", "1"], "--max-restarts 1 restarts torchrun's ranks, and this run has one process"),
+        (["--save-interval", "0", "--save", "x"], "--save-interval"),
+    ],
+)
 def test_checkpoint_options_that_cannot_work_are_refused_in_one_line(tmp_path, capsys, options, says):
     assert says in _refused(tmp_path, capsys, *options)
 

@@ -295,9 +295,9 @@ def test_every_rank_makes_the_parents_choice_without_asking_its_device(monkeypat
     """The launcher passes the memory it found as --device-memory: a rank resolves the same
     spec before binding its device, and asks no device for it."""
     import hwbench.device
+    from hwbench.cli import command_parser
     from hwbench.commands.run import options_from_namespace, parse, parse_run_spec
     from hwbench.fast import rank_options
-    from hwbench.cli import command_parser
 
     argv = ["--model", "tiny", "--settings", "fast", "--nproc-per-node", "2", "--no-compile"]
     _, parser = command_parser("run")

@@ -28,27 +28,39 @@ def test_a_megatron_launch_lines_flags_can_be_pasted():
     assert spec.steps == 3 and spec.precision == "fp16" and spec.recompute is True and spec.seed == 7
     assert spec.optimizer.lr == 2e-4 and spec.optimizer.min_lr == 1e-5
     assert (spec.eval_interval, spec.eval_iters, spec.split, spec.data) == (2, 1, "98,2,0", "synthetic")
-    assert parse_run_spec(["--model", "tiny", "--bf16", "--checkpoint-activations"], check_paths=False).precision == "bf16"
+    assert (
+        parse_run_spec(["--model", "tiny", "--bf16", "--checkpoint-activations"], check_paths=False).precision == "bf16"
+    )
 
 
-@pytest.mark.parametrize("flag,advice", [("--sequence-parallel", "not supported"), ("--num-layers", "--model"),
-                                         ("--use-flash-attn", "SDPA"), ("--deepspeed", "--engine deepspeed")])
+@pytest.mark.parametrize(
+    "flag,advice",
+    [
+        ("--sequence-parallel", "not supported"),
+        ("--num-layers", "--model"),
+        ("--use-flash-attn", "SDPA"),
+        ("--deepspeed", "--engine deepspeed"),
+    ],
+)
 def test_a_megatron_flag_hwbench_does_not_take_is_named_with_what_to_use(capsys, flag, advice):
     assert main(["run", "--model", "tiny", flag] + (["24"] if flag == "--num-layers" else [])) == 2
     line = capsys.readouterr().err.strip()
     assert line.count("\n") == 0 and flag in line and advice in line
 
 
-@pytest.mark.parametrize("options,expected", [
-    ({"model": "small", "nproc_per_node": 2}, (8, 16)),  # neither given: micro 8, global 8 x 2
-    ({"model": "small", "nproc_per_node": 2, "dp": 2, "fsdp": True}, (8, 16)),
-    ({"model": "small", "nproc_per_node": 2, "engine": "deepspeed", "zero": 2}, (8, 16)),
-    ({"model": "tiny", "nproc_per_node": 2}, (4, 8)),  # the workload's 8 already fits 4 x 2: unchanged
-    ({"model": "tiny", "nproc_per_node": 3}, (4, 12)),  # rounded up to a multiple of 4 x 3
-    ({"model": "small", "nproc_per_node": 2, "micro_batch_size": 2}, (2, 8)),  # micro given: global follows
-    ({"model": "small", "nproc_per_node": 2, "global_batch_size": 12}, (6, 12)),  # global given: micro follows
-    ({"model": "1.3b", "nproc_per_node": 8}, (8, 32)),  # the published setting is kept
-])
+@pytest.mark.parametrize(
+    "options,expected",
+    [
+        ({"model": "small", "nproc_per_node": 2}, (8, 16)),  # neither given: micro 8, global 8 x 2
+        ({"model": "small", "nproc_per_node": 2, "dp": 2, "fsdp": True}, (8, 16)),
+        ({"model": "small", "nproc_per_node": 2, "engine": "deepspeed", "zero": 2}, (8, 16)),
+        ({"model": "tiny", "nproc_per_node": 2}, (4, 8)),  # the workload's 8 already fits 4 x 2: unchanged
+        ({"model": "tiny", "nproc_per_node": 3}, (4, 12)),  # rounded up to a multiple of 4 x 3
+        ({"model": "small", "nproc_per_node": 2, "micro_batch_size": 2}, (2, 8)),  # micro given: global follows
+        ({"model": "small", "nproc_per_node": 2, "global_batch_size": 12}, (6, 12)),  # global given: micro follows
+        ({"model": "1.3b", "nproc_per_node": 8}, (8, 32)),  # the published setting is kept
+    ],
+)
 def test_batch_sizes_adapt_to_data_parallelism_when_not_given(options, expected):
     spec = build_run_spec(RunOptions(**options), load_catalog(), check_paths=False)
     assert (spec.micro_batch_size, spec.global_batch_size) == expected
@@ -56,8 +68,9 @@ def test_batch_sizes_adapt_to_data_parallelism_when_not_given(options, expected)
 
 def test_a_batch_combination_the_user_gave_is_still_refused():
     with pytest.raises(UsageError, match="--global-batch-size 10 is not a multiple of --micro-batch-size 4"):
-        build_run_spec(RunOptions(model="tiny", micro_batch_size=4, global_batch_size=10), load_catalog(),
-                       check_paths=False)
+        build_run_spec(
+            RunOptions(model="tiny", micro_batch_size=4, global_batch_size=10), load_catalog(), check_paths=False
+        )
 
 
 def test_model_names_match_in_any_case():
@@ -66,10 +79,21 @@ def test_model_names_match_in_any_case():
 
 
 def test_options_survive_the_trip_to_a_child_process_argv():
-    options = RunOptions(model="tiny", nproc_per_node=2, tp=2, recompute=False, telemetry=False, lr=3e-4,
-                         timeout=60.0, data="synthetic", precision="bf16", fsdp=None)
-    assert parse_run_spec(options.to_argv(), check_paths=False) == build_run_spec(options, load_catalog(),
-                                                                                   check_paths=False)
+    options = RunOptions(
+        model="tiny",
+        nproc_per_node=2,
+        tp=2,
+        recompute=False,
+        telemetry=False,
+        lr=3e-4,
+        timeout=60.0,
+        data="synthetic",
+        precision="bf16",
+        fsdp=None,
+    )
+    assert parse_run_spec(options.to_argv(), check_paths=False) == build_run_spec(
+        options, load_catalog(), check_paths=False
+    )
 
 
 def _sample(option):
@@ -80,8 +104,9 @@ def _sample(option):
         return next(c for c in reversed(option.choices) if c != option.default)
     if option.type in (int, float):
         return option.type(option.maximum if option.maximum is not None else (option.minimum or 0) + 3)
-    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB",
-            "target_ppl": "floor*1.2"}.get(option.name, f"x-{option.name}")
+    return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB", "target_ppl": "floor*1.2"}.get(
+        option.name, f"x-{option.name}"
+    )
 
 
 def test_every_option_survives_the_command_line_with_a_value_of_its_own():
@@ -107,15 +132,18 @@ def test_the_help_shows_each_default_from_the_definition(capsys):
             assert f"(default: {option.default_text}" in text, option.name
 
 
-@pytest.mark.parametrize("values,message", [
-    ({"tp": [1]}, "--tp [1] is not accepted; give an integer >= 1"),
-    ({"steps": "3"}, "--steps '3' is not accepted; give an integer from 1 to 1000000"),
-    ({"seq_length": True}, "--seq-length True is not accepted; give an integer >= 1"),
-    ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
-    ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
-    ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
-    ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: async_save, compile, cross_entropy, data"),
-])
+@pytest.mark.parametrize(
+    "values,message",
+    [
+        ({"tp": [1]}, "--tp [1] is not accepted; give an integer >= 1"),
+        ({"steps": "3"}, "--steps '3' is not accepted; give an integer from 1 to 1000000"),
+        ({"seq_length": True}, "--seq-length True is not accepted; give an integer >= 1"),
+        ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
+        ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
+        ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
+        ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: async_save, compile, cross_entropy, data"),
+    ],
+)
 def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, message):
     import hwbench
 
@@ -124,10 +152,16 @@ def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, messa
     assert str(refused.value).startswith(message)
 
 
-@pytest.mark.parametrize("argv,values", [(["--steps", "0"], {"steps": 0}), (["--tp", "0"], {"tp": 0}),
-                                         (["--telemetry-interval", "90"], {"telemetry_interval": 90}),
-                                         (["--master-port", "0"], {"master_port": 0}),
-                                         (["--engine", "megatron"], {"engine": "megatron"})])
+@pytest.mark.parametrize(
+    "argv,values",
+    [
+        (["--steps", "0"], {"steps": 0}),
+        (["--tp", "0"], {"tp": 0}),
+        (["--telemetry-interval", "90"], {"telemetry_interval": 90}),
+        (["--master-port", "0"], {"master_port": 0}),
+        (["--engine", "megatron"], {"engine": "megatron"}),
+    ],
+)
 def test_the_api_and_the_command_line_refuse_with_the_same_line(argv, values, capsys):
     assert main(["run", "--quiet", *argv]) == 2
     line = capsys.readouterr().err.strip()
@@ -176,13 +210,22 @@ def test_every_command_names_the_same_thing_the_same_way():
     assert {o.flag for o in RUN_OPTIONS.values()} <= flags["run"]
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["models"], ["plan", "--model", "1.3b", "--devices", "8",
-                                                             "--device-memory", "32GiB"], ["run", "--help"],
-                                  ["calibrate", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["models"],
+        ["plan", "--model", "1.3b", "--devices", "8", "--device-memory", "32GiB"],
+        ["run", "--help"],
+        ["calibrate", "--help"],
+    ],
+)
 def test_commands_that_need_no_device_do_not_import_torch(argv):
     """What keeps `hwbench --help` and `hwbench models` well under a second (docs/performance.md)."""
-    code = ("import sys\nfrom hwbench.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n    pass\n"
-            "sys.stdout.flush()\nprint('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)" % argv)
+    code = (
+        f"import sys\nfrom hwbench.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "sys.stdout.flush()\nprint('TORCH' if 'torch' in sys.modules else 'NO TORCH', file=sys.stderr)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "NO TORCH", done.stderr[-2000:]
 

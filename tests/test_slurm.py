@@ -8,9 +8,9 @@ import pytest
 
 from hwbench.cli import main
 from hwbench.errors import UsageError
-from hwbench.options import RunOptions
 from hwbench.harness.slurm import SlurmSettings, slurm_time
 from hwbench.harness.slurm_env import SlurmTask, first_host, rendezvous_port, slurm_mode
+from hwbench.options import RunOptions
 
 
 @pytest.mark.parametrize("nodelist, host", [
@@ -195,8 +195,8 @@ def test_every_script_value_is_checked_or_quoted(capsys):
     assert "#SBATCH --job-name='a b $(id)'\n" in script and "#SBATCH --output='/tmp/x y/%j.log'\n" in script
     assert "#SBATCH --partition=gpu,debug\n" in script and "#SBATCH '--comment=a #b'\n" in script
     with pytest.raises(UsageError, match="env 'A;B'"):
-        from hwbench.harness.slurm import batch_script
         from hwbench.commands.run import parse_run_spec
+        from hwbench.harness.slurm import batch_script
 
         batch_script(parse_run_spec(["--model", "tiny", "--device", "cpu"], check_paths=False), RunOptions(), "o", "l",
                      SlurmSettings(), env={"A;B": "1"})
@@ -290,14 +290,18 @@ def test_a_result_is_the_jobs_when_it_names_the_job(tmp_path):
     from hwbench.result.model import RunResult
 
     job = type("J", (), {"job_id": "7", "submitted_at": "2026-11-23T10:00:00+00:00"})()
-    early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00", environment={"slurm": {"job_id": "7"}})
-    other_job = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T10:05:00+00:00", environment={"slurm": {"job_id": "6"}})
+    early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00",
+                            environment={"slurm": {"job_id": "7"}})
+    other_job = RunResult(
+        run_id="r", status="ok", spec={}, started_at="2026-11-23T10:05:00+00:00", environment={"slurm": {"job_id": "6"}}
+    )
     assert _written_by(early_clock, job) and not _written_by(other_job, job)
 
 
 def test_a_slurm_script_needs_a_device_kind(capsys):
-    _one_line_refusal(["slurm", "--model", "tiny", "--device", "auto"],
-                      "--device auto is not accepted for a Slurm job", capsys)
+    _one_line_refusal(
+        ["slurm", "--model", "tiny", "--device", "auto"], "--device auto is not accepted for a Slurm job", capsys
+    )
 
 
 def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
@@ -319,6 +323,9 @@ def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
 def test_a_slurm_sweep_needs_a_device_kind_before_anything_is_written(device, tmp_path, capsys):
     """Not one `invalid` record per point: the whole sweep is refused at once, before Slurm is asked."""
     out = tmp_path / "X"
-    _one_line_refusal(["sweep", "smoke", "--executor", "slurm", "--out", str(out), *device],
-                      "--device auto is not accepted for --executor slurm (point one-rank)", capsys)
+    _one_line_refusal(
+        ["sweep", "smoke", "--executor", "slurm", "--out", str(out), *device],
+        "--device auto is not accepted for --executor slurm (point one-rank)",
+        capsys,
+    )
     assert not out.exists()

@@ -54,11 +54,19 @@ def _left_behind(network: dict[str, str], daemons: list[int]) -> list[str]:
     """What a stop left of the cluster: live daemons, namespaces, the bridge, veths."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return ([f"pid {pid}" for pid in daemons if Path(f"/proc/{pid}").exists()]
-            + [f"namespace {line.split()[0]}" for line in namespaces.splitlines()
-               if line.startswith(network["NETNS_PREFIX"] + "-")]
-            + [f"link {name}" for name in (network["BRIDGE"], network["VETH_PREFIX"] + "1", network["VETH_PREFIX"] + "2")
-               if f": {name}:" in links or f": {name}@" in links])
+    return (
+        [f"pid {pid}" for pid in daemons if Path(f"/proc/{pid}").exists()]
+        + [
+            f"namespace {line.split()[0]}"
+            for line in namespaces.splitlines()
+            if line.startswith(network["NETNS_PREFIX"] + "-")
+        ]
+        + [
+            f"link {name}"
+            for name in (network["BRIDGE"], network["VETH_PREFIX"] + "1", network["VETH_PREFIX"] + "2")
+            if f": {name}:" in links or f": {name}@" in links
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +81,15 @@ def slurm_env(tmp_path_factory):
         pytest.skip(started.stderr.strip()[-500:])
     assert started.returncode == 0, f"the two-node Slurm did not start: {started.stderr.strip()[-2000:]}"
     network = _network(folder)
-    daemons = [int((folder / f"{name}.pid").read_text())
-               for name in ("slurmctld", "munged", *(f"slurmd-{node}" for node in NODES))]
-    env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    daemons = [
+        int((folder / f"{name}.pid").read_text())
+        for name in ("slurmctld", "munged", *(f"slurmd-{node}" for node in NODES))
+    ]
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(folder / "slurm.conf"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     try:
         yield env
     finally:
@@ -95,9 +108,12 @@ def _assert_on_both_nodes(result, ranks_per_node: int) -> None:
     world = 2 * ranks_per_node
     assert result.metrics["world_size"] == world
     assert [(node["node_rank"], node["host"], node["ranks"]) for node in result.nodes] == [
-        (0, NODES[0], list(range(ranks_per_node))), (1, NODES[1], list(range(ranks_per_node, world)))]
+        (0, NODES[0], list(range(ranks_per_node))),
+        (1, NODES[1], list(range(ranks_per_node, world))),
+    ]
     assert [(rank["rank"], rank["host"]) for rank in result.ranks] == [
-        (rank, NODES[rank // ranks_per_node]) for rank in range(world)]
+        (rank, NODES[rank // ranks_per_node]) for rank in range(world)
+    ]
     slurm = result.environment["slurm"]
     assert slurm["nodelist"] == NODELIST and slurm["nnodes"] == 2 and slurm["cluster"] == "hwbench-two"
     launch = result.spec["launch"]
@@ -109,24 +125,54 @@ def _assert_on_both_nodes(result, ranks_per_node: int) -> None:
 def test_first_host_is_the_first_of_scontrol_show_hostnames(slurm_env):
     """hwbench's own reading of a host list agrees with Slurm's expansion."""
     for nodelist in (NODELIST, "gpu[003-010,017]", "node[7,9],login[1-2]", "rack[2-3]-n[01-04]", "x-[9-10]"):
-        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], env=slurm_env, capture_output=True,
-                               text=True, check=True).stdout.split()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], env=slurm_env, capture_output=True, text=True, check=True
+        ).stdout.split()
         assert first_host(nodelist) == hosts[0], nodelist
-    assert subprocess.run(["scontrol", "show", "hostnames", NODELIST], env=slurm_env, capture_output=True,
-                          text=True).stdout.split() == NODES
+    assert (
+        subprocess.run(
+            ["scontrol", "show", "hostnames", NODELIST], env=slurm_env, capture_output=True, text=True
+        ).stdout.split()
+        == NODES
+    )
 
 
 def test_sbatch_script_runs_one_torchrun_per_node(slurm_env, tmp_path):
     """`hwbench slurm --launch torchrun`'s script: one task per node, each launching
     torchrun with 2 ranks; node 0's launcher writes the one result."""
     log, out = tmp_path / "job.log", tmp_path / "out"
-    script = subprocess.run(_hwbench("slurm", "--launch", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", *TINY,
-                                     "--quiet", "--log", str(log), "--out", str(out)),
-                            env=slurm_env, capture_output=True, text=True, timeout=120, check=True).stdout
+    script = subprocess.run(
+        _hwbench(
+            "slurm",
+            "--launch",
+            "torchrun",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            *TINY,
+            "--quiet",
+            "--log",
+            str(log),
+            "--out",
+            str(out),
+        ),
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     (tmp_path / "job.sbatch").write_text(script)
-    done = subprocess.run(["sbatch", "--wait", str(tmp_path / "job.sbatch")], env=slurm_env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        ["sbatch", "--wait", str(tmp_path / "job.sbatch")],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr + (log.read_text() if log.exists() else "")
     [path] = result_files([out])
     result = load_result(path)
@@ -136,9 +182,20 @@ def test_sbatch_script_runs_one_torchrun_per_node(slurm_env, tmp_path):
 
 
 def test_srun_one_task_per_node_is_one_rank_on_each(slurm_env, tmp_path):
-    done = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                           *_hwbench("run", *TINY, "--quiet", "--out", str(tmp_path))],
-                          env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            "srun",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1",
+            *_hwbench("run", *TINY, "--quiet", "--out", str(tmp_path)),
+        ],
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     [path] = result_files([tmp_path])
     result = load_result(path)
@@ -151,13 +208,30 @@ def test_sweep_point_of_two_nodes_is_one_job_on_both(slurm_env, tmp_path):
     import yaml
 
     suite = tmp_path / "pair.yaml"
-    suite.write_text(yaml.safe_dump({"name": "pair", "defaults": {"model": "tiny", "steps": 2, "warmup": 1,
-                                                                  "seq-length": 32, "eval-iters": 0,
-                                                                  "timeout": 600},
-                                     "points": [{"name": "two-nodes", "nnodes": 2}]}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "pair",
+                "defaults": {
+                    "model": "tiny",
+                    "steps": 2,
+                    "warmup": 1,
+                    "seq-length": 32,
+                    "eval-iters": 0,
+                    "timeout": 600,
+                },
+                "points": [{"name": "two-nodes", "nnodes": 2}],
+            }
+        )
+    )
     out = tmp_path / "out"
-    done = subprocess.run(_hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out),
-                                   "--poll", "0.5"), env=slurm_env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        _hwbench("sweep", str(suite), "--executor", "slurm", "--device", "cpu", "--out", str(out), "--poll", "0.5"),
+        env=slurm_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     point = out / "pair" / "two-nodes"
     assert done.returncode == 0, done.stdout + done.stderr + (point / "repeat0.log").read_text()
     assert "#SBATCH --nodes=2" in (point / "repeat0.sbatch").read_text()

@@ -19,8 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.report.parity import (DEFAULT_TOLERANCE, compare_runs, convergence_check, format_convergence_check,
-                                       format_report)
+    from hwbench.report.parity import (
+        DEFAULT_TOLERANCE,
+        compare_runs,
+        convergence_check,
+        format_convergence_check,
+        format_report,
+    )
     from hwbench.result.store import ResultFormatError, load_result
 
     try:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import re
 import dataclasses
+import re
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -213,7 +214,8 @@ class Backend(abc.ABC):
     # memory ---------------------------------------------------------------
     def step_done(self) -> None:
         """Called after every training step, inside its timed interval (so what it
-        costs is in the step time). The CPU backend bounds its heap here."""
+        costs is in the step time). The CPU backend bounds its heap here; nothing to do elsewhere."""
+        return None
 
     @abc.abstractmethod
     def reset_peak_memory(self) -> None: ...

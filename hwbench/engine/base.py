@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor

@@ -2,8 +2,8 @@
 
 The state is torch's distributed state dict of the model and the AdamW optimizer
 (``get_state_dict``: keyed by parameter name, the optimizer's hyperparameters too,
-DTensors for tensor-parallel and FSDP2 shards, the DDP prefix removed) and the fp16 loss scaler's tensors. Each rank writes
-its own shards (``__<rank>_<n>.distcp``) and rank 0 the metadata, so a save scales
+DTensors for tensor-parallel and FSDP2 shards, the DDP prefix removed) and the fp16 loss
+scaler's tensors. Each rank writes its own shards (``__<rank>_<n>.distcp``) and rank 0 the metadata, so a save scales
 with the ranks; a load reads whatever parts of the saved shards this layout's shards
 cover, which is how a checkpoint of one layout loads into another (TP2 into one
 process, FSDP2 into DDP, PP2 into one process).
@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,8 +58,9 @@ def native_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_
     return state
 
 
-def save_state(state: dict[str, Any], folder: Path, rank: int, asynchronous: bool,
-               process_group: Any = None) -> StateWrite:
+def save_state(
+    state: dict[str, Any], folder: Path, rank: int, asynchronous: bool, process_group: Any = None
+) -> StateWrite:
     """Write ``state`` into ``folder``, each rank its own shards. Asynchronous: the state is
     copied to host memory now and written by a background thread (on ``process_group``,
     a group of its own, so its collectives never meet the training's)."""
@@ -72,8 +74,9 @@ def save_state(state: dict[str, Any], folder: Path, rank: int, asynchronous: boo
         with _quiet():
             dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
         return StateWrite(files)
-    response = dcp.async_save(state, storage_writer=writer, process_group=process_group,
-                              no_dist=not dist.is_initialized())
+    response = dcp.async_save(
+        state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized()
+    )
     return StateWrite(files, getattr(response, "upload_completion", response))  # newer torch: AsyncSaveResponse
 
 
@@ -115,8 +118,9 @@ def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_sc
         _copy_rows(target, parent[key])
         parent[key] = target
     implementation = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=BY_NAME)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=BY_NAME
+    )
     for group, kept in zip(optimizer.param_groups, implementation):
         group.update(kept)
     if "loss_scaler" in state:

@@ -14,8 +14,9 @@ saved or loaded on that rank.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from hwbench.engine.base import StateWrite
 

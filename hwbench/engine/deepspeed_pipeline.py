@@ -29,8 +29,9 @@ once), which is also the native engine's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,12 +40,23 @@ from torch import nn
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
 from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
-from hwbench.engine.deepspeed import (DeepSpeedEngine, _as_norm_tensor, current_loss_scale, deepspeed_config,
-                                      megatron_scheduler)
+from hwbench.engine.deepspeed import (
+    DeepSpeedEngine,
+    _as_norm_tensor,
+    current_loss_scale,
+    deepspeed_config,
+    megatron_scheduler,
+)
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.optim import build_optimizer
-from hwbench.engine.tensor_parallel import (ParallelBlock, TensorGroup, VocabParallelEmbedding, copy_to_group,
-                                            gather_last_dim, load_host_values)
+from hwbench.engine.tensor_parallel import (
+    ParallelBlock,
+    TensorGroup,
+    VocabParallelEmbedding,
+    copy_to_group,
+    gather_last_dim,
+    load_host_values,
+)
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch

@@ -36,7 +36,7 @@ class RankEnvironment:
     agent_store: bool = False  # the TCPStore at master_addr:master_port is torchrun's agent's
 
     @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> "RankEnvironment | None":
+    def from_environ(cls, environ: dict[str, str] | None = None) -> RankEnvironment | None:
         """The rank environment when this process was started by torchrun, else None.
         A pod that only has RANK and WORLD_SIZE (as the PyTorchJob operator sets
         them per pod) is not a torchrun worker: it has no LOCAL_RANK."""

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -156,7 +157,7 @@ class NativeEngine:
                                losses=losses if last else None, return_outputs=False)
         if not last:
             return torch.full((), math.nan, device=self.backend.torch_device)
-        loss = torch.stack([l.detach().float() for l in losses]).mean()
+        loss = torch.stack([micro.detach().float() for micro in losses]).mean()
         return loss / self.scaler.scale if self.scaler else loss
 
     def _reduce_gradients(self) -> None:
@@ -287,7 +288,7 @@ class NativeEngine:
                                    losses=losses if last else None)
             if last:
                 per_micro = labels.numel() // len(losses)
-                totals[0] += sum(l.double() for l in losses) * per_micro
+                totals[0] += sum(micro.double() for micro in losses) * per_micro
                 totals[1] += labels.numel()
 
     def describe(self) -> dict[str, Any]:

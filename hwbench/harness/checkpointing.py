@@ -34,8 +34,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hwbench.checkpoint import (LATEST_FILE, MANIFEST_FILE, MANIFEST_FORMAT, MANIFEST_VERSION, PARTIAL_SUFFIX,
-                                RNG_FILE, SavedCheckpoint, find_checkpoint, iteration_folder_name, partial_folder)
+from hwbench.checkpoint import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    PARTIAL_SUFFIX,
+    RNG_FILE,
+    SavedCheckpoint,
+    find_checkpoint,
+    iteration_folder_name,
+    partial_folder,
+)
 from hwbench.device import Backend
 from hwbench.engine.base import Engine, StateWrite
 from hwbench.engine.distributed import DistContext
@@ -218,8 +228,10 @@ class Checkpointer:
         changed = [f"--{name} {data.get(key)} then, {value} now" for name, key, value in (
             ("data", "source", self.spec.data), ("seed", "seed", self.spec.seed)) if data.get(key) != value]
         if changed:
-            self.warnings.append(f"resumed with other data than {saved.path.name} was saved with ({'; '.join(changed)}):"
-                                 " the sample order is not the saved run's")
+            self.warnings.append(
+                f"resumed with other data than {saved.path.name} was saved with ({'; '.join(changed)}):"
+                " the sample order is not the saved run's"
+            )
 
     def started_training(self) -> None:
         """Called once the state is loaded: the time a restart's lost time runs to."""
@@ -256,9 +268,17 @@ class Checkpointer:
             write = self.engine.save_checkpoint(partial, self.spec.async_save, self.group)
         except SAVE_ERRORS as error:
             self._failed(iteration, partial, error)
-        manifest = {**self.identity, "iteration": iteration, "saved_at": utc_now(),
-                    "data": {"source": self.spec.data, "seed": self.spec.seed,
-                             "global_batch_size": self.spec.global_batch_size, **self.data.position()}}
+        manifest = {
+            **self.identity,
+            "iteration": iteration,
+            "saved_at": utc_now(),
+            "data": {
+                "source": self.spec.data,
+                "seed": self.spec.seed,
+                "global_batch_size": self.spec.global_batch_size,
+                **self.data.position(),
+            },
+        }
         self.pending = _PendingSave(iteration, partial, write, rng_file, started, 0.0, timed, manifest)
         if self.spec.async_save:
             self.pending.stall_s = time.perf_counter() - started  # the copy to host memory
@@ -284,15 +304,22 @@ class Checkpointer:
                 write_manifest(pending.partial, pending.manifest)
                 final = commit(pending.partial, self.save_dir, pending.iteration)
                 self.last_committed = str(final)
-                _update_restart_file(self.run_dir, latest={"path": str(final), "iteration": pending.iteration,
-                                                           "committed_at": time.time()})
+                _update_restart_file(
+                    self.run_dir,
+                    latest={"path": str(final), "iteration": pending.iteration, "committed_at": time.time()},
+                )
         except SAVE_ERRORS as error:
             self._failed(pending.iteration, pending.partial, error)
         finished = pending.write.finished_at or time.perf_counter()
-        self.saves.append({"iteration": pending.iteration, "timed": pending.timed,
-                           "bytes": self._written(pending, {*files, pending.rng_file}),
-                           "wall_time_s": max(0.0, finished - pending.started),
-                           "stall_s": pending.stall_s + (time.perf_counter() - waited)})
+        self.saves.append(
+            {
+                "iteration": pending.iteration,
+                "timed": pending.timed,
+                "bytes": self._written(pending, {*files, pending.rng_file}),
+                "wall_time_s": max(0.0, finished - pending.started),
+                "stall_s": pending.stall_s + (time.perf_counter() - waited),
+            }
+        )
 
     def _written(self, pending: _PendingSave, files: set[Path]) -> int:
         """Bytes of ``files`` (written in the partial folder, which rank 0 may have renamed since)."""
@@ -304,16 +331,25 @@ class Checkpointer:
         if self.ctx.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
         latest = self.save_dir / LATEST_FILE if self.save_dir else None
-        before = (f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
-                  if latest and latest.is_file() else "no earlier checkpoint in it")
-        raise CheckpointSaveError(f"the checkpoint of step {iteration} could not be written to --save "
-                                  f"{self.save_dir}: {reason}; {before}") from error
+        before = (
+            f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
+            if latest and latest.is_file()
+            else "no earlier checkpoint in it"
+        )
+        raise CheckpointSaveError(
+            f"the checkpoint of step {iteration} could not be written to --save {self.save_dir}: {reason}; {before}"
+        ) from error
 
     def describe(self) -> dict[str, Any]:
         """This rank's saves and loads, for rank 0 to merge (RankReport.checkpoints)."""
-        return {"saves": self.saves, "loads": self.loads, "warnings": self.warnings,
-                "restart": self._restart_record() if self.plan.restart else None,
-                "restarts": list(self.plan.restarts), "latest": self.last_committed}
+        return {
+            "saves": self.saves,
+            "loads": self.loads,
+            "warnings": self.warnings,
+            "restart": self._restart_record() if self.plan.restart else None,
+            "restarts": list(self.plan.restarts),
+            "latest": self.last_committed,
+        }
 
 
 def _size(path: Path) -> int:
@@ -384,10 +420,14 @@ def _fsync_folder(folder: Path) -> None:
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     """The manifest of the save in ``folder``, listing every file there with its size; written last."""
-    files = {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*"))
-             if path.is_file() and path.name != MANIFEST_FILE}
-    write_json_atomic(folder / MANIFEST_FILE, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                                               **manifest, "files": files})
+    files = {
+        str(path.relative_to(folder)): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_FILE
+    }
+    write_json_atomic(
+        folder / MANIFEST_FILE, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "files": files}
+    )
 
 
 def remove_partial_saves(save_dir: Path) -> list[Path]:
@@ -402,30 +442,44 @@ def remove_partial_saves(save_dir: Path) -> list[Path]:
 # --- merged figures (rank 0) ------------------------------------------------------------
 
 
-def merge_checkpoints(spec: RunSpec, per_rank: list[dict[str, Any] | None], median_step_s: float | None
-                      ) -> dict[str, Any] | None:
+def merge_checkpoints(
+    spec: RunSpec, per_rank: list[dict[str, Any] | None], median_step_s: float | None
+) -> dict[str, Any] | None:
     """The result's ``checkpoint`` section from every rank's saves and loads: per operation the
     bytes of all ranks, the slowest rank's wall time, GB/s in total and per rank, the longest
     stall; the totals; the stall per hour of training that --save-interval costs at this step time."""
     ranks = [(rank, entry) for rank, entry in enumerate(per_rank) if entry]
-    if not ranks or (spec.save is None and spec.load is None and not ranks[0][1].get("restarts")
-                     and not ranks[0][1].get("restart")):
+    if not ranks or (
+        spec.save is None and spec.load is None and not ranks[0][1].get("restarts") and not ranks[0][1].get("restart")
+    ):
         return None
     first = ranks[0][1]
-    saves = [_merge_operation([(rank, entry["saves"][i]) for rank, entry in ranks])
-             for i in range(min(len(entry["saves"]) for _rank, entry in ranks))]
-    loads = [_merge_operation([(rank, entry["loads"][i]) for rank, entry in ranks])
-             for i in range(min(len(entry["loads"]) for _rank, entry in ranks))]
+    saves = [
+        _merge_operation([(rank, entry["saves"][i]) for rank, entry in ranks])
+        for i in range(min(len(entry["saves"]) for _rank, entry in ranks))
+    ]
+    loads = [
+        _merge_operation([(rank, entry["loads"][i]) for rank, entry in ranks])
+        for i in range(min(len(entry["loads"]) for _rank, entry in ranks))
+    ]
     unmeasured: dict[str, str] = {}
-    section: dict[str, Any] = {"save_dir": spec.save, "save_interval": spec.save_interval,
-                               "async_save": spec.async_save, "load": spec.load, "saves": saves, "loads": loads,
-                               "latest": first.get("latest"),
-                               "restarts": list(first.get("restarts") or []) + ([first["restart"]]
-                                                                                 if first.get("restart") else [])}
+    section: dict[str, Any] = {
+        "save_dir": spec.save,
+        "save_interval": spec.save_interval,
+        "async_save": spec.async_save,
+        "load": spec.load,
+        "saves": saves,
+        "loads": loads,
+        "latest": first.get("latest"),
+        "restarts": list(first.get("restarts") or []) + ([first["restart"]] if first.get("restart") else []),
+    }
     if saves:
         section["save_bytes"] = saves[-1]["bytes"]
-        section["save_gb_per_s"] = statistics.median(s["gb_per_s"] for s in saves if s["gb_per_s"] is not None) \
-            if any(s["gb_per_s"] is not None for s in saves) else None
+        section["save_gb_per_s"] = (
+            statistics.median(s["gb_per_s"] for s in saves if s["gb_per_s"] is not None)
+            if any(s["gb_per_s"] is not None for s in saves)
+            else None
+        )
         section["save_stall_s"] = statistics.median(s["stall_s"] for s in saves)
         section["stall_s_total"] = sum(s["stall_s"] for s in saves)
     elif spec.save is not None:
@@ -435,8 +489,9 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[dict[str, Any] | None], medi
         section["stall_fraction"] = section["save_stall_s"] / cycle
         section["stall_s_per_hour"] = 3600.0 * section["stall_fraction"]
     else:
-        unmeasured["stall_s_per_hour"] = ("no --save-interval: one save, after the last step" if spec.save
-                                          else "no --save")
+        unmeasured["stall_s_per_hour"] = (
+            "no --save-interval: one save, after the last step" if spec.save else "no --save"
+        )
     if unmeasured:
         section["unmeasured"] = unmeasured
     return section
@@ -448,14 +503,21 @@ def _merge_operation(per_rank: list[tuple[int, dict[str, Any]]]) -> dict[str, An
     ranks = []
     for rank, figures in per_rank:
         wall = figures["wall_time_s"]
-        ranks.append({"rank": rank, "bytes": figures["bytes"], "wall_time_s": wall,
-                      "gb_per_s": figures["bytes"] / wall / 1e9 if wall > 0 else None,
-                      **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {})})
+        ranks.append(
+            {
+                "rank": rank,
+                "bytes": figures["bytes"],
+                "wall_time_s": wall,
+                "gb_per_s": figures["bytes"] / wall / 1e9 if wall > 0 else None,
+                **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {}),
+            }
+        )
     total = sum(r["bytes"] for r in ranks)
     wall = max(r["wall_time_s"] for r in ranks)
     merged = {key: per_rank[0][1][key] for key in ("iteration", "path", "timed") if key in per_rank[0][1]}
-    merged.update({"bytes": total, "wall_time_s": wall, "gb_per_s": total / wall / 1e9 if wall > 0 else None,
-                   "ranks": ranks})
+    merged.update(
+        {"bytes": total, "wall_time_s": wall, "gb_per_s": total / wall / 1e9 if wall > 0 else None, "ranks": ranks}
+    )
     stalls = [r["stall_s"] for r in ranks if "stall_s" in r]
     if stalls:
         merged["stall_s"] = max(stalls)  # the step waits for its slowest rank

@@ -17,8 +17,9 @@ import signal
 import socket
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -28,8 +29,7 @@ from hwbench.options import RunOptions
 from hwbench.point import resume_key
 from hwbench.result.files import AGGREGATE_FILE, check_output_folder, result_files
 from hwbench.result.model import RunResult
-from hwbench.result.store import (ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic,
-                                  write_result)
+from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.stats import olympic_score, throughput_statistics
 
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself

@@ -49,7 +49,7 @@ class Fault:
     kind: str
 
     @classmethod
-    def from_environ(cls, world_size: int | None = None, total_steps: int | None = None) -> "Fault | None":
+    def from_environ(cls, world_size: int | None = None, total_steps: int | None = None) -> Fault | None:
         """The fault HWBENCH_FAULT names, checked against the run when its world size and
         step count are given: a fault the run can never meet is refused, not ignored."""
         text = os.environ.get(FAULT_ENV)

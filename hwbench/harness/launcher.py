@@ -277,15 +277,26 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
     failures = agent.get("failures", [])
     _raise_setup_problem(failures)
     beats = read_heartbeats(run_dir)
-    result = RunResult(run_id=new_run_id(spec.model, spec.device if spec.device != "auto" else "device"), status="timeout" if timed_out else "failed",
-                       spec=spec.to_dict(), started_at=utc_now())
-    ranks = [{"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"],
-              "phase": beat["phase"]} for rank, beat in sorted(beats.items())]
+    result = RunResult(
+        run_id=new_run_id(spec.model, spec.device if spec.device != "auto" else "device"),
+        status="timeout" if timed_out else "failed",
+        spec=spec.to_dict(),
+        started_at=utc_now(),
+    )
+    ranks = [
+        {"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"], "phase": beat["phase"]}
+        for rank, beat in sorted(beats.items())
+    ]
     if timed_out:
         where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
-        error = {"type": "Timeout", "rank": None, "traceback": None, "signal": None,
-                 "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}",
-                 "killed_pids": killed}
+        error = {
+            "type": "Timeout",
+            "rank": None,
+            "traceback": None,
+            "signal": None,
+            "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}",
+            "killed_pids": killed,
+        }
     elif failures:
         result.status, error = _describe_rank_failure(failures, beats)
         error["log_tail"] = log_tail(run_dir, error.get("local_rank"))
@@ -296,19 +307,30 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
             entry["signal"] = failure["signal"] if failure else None
             entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
     elif agent.get("status") == "stopped":
-        result.error = {"type": "AgentStopped", "rank": None, "traceback": None, "signal": agent.get("signal"),
-                        "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and "
-                                   "stopped every rank"}
+        result.error = {
+            "type": "AgentStopped",
+            "rank": None,
+            "traceback": None,
+            "signal": agent.get("signal"),
+            "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and stopped every rank",
+        }
     else:
-        error = {"type": "LaunchFailed", "rank": None, "traceback": None, "signal": None,
-                 "message": f"torchrun exited with status {returncode} and no rank reported a failure "
-                            "(the rendezvous may have failed: see the messages above)"}
+        error = {
+            "type": "LaunchFailed",
+            "rank": None,
+            "traceback": None,
+            "signal": None,
+            "message": f"torchrun exited with status {returncode} and no rank reported a failure "
+            "(the rendezvous may have failed: see the messages above)",
+        }
     result.ranks = [RankSummary.model_validate(entry) for entry in ranks]
     result.error = RunError.model_validate(error)
     result.finished_at = utc_now()
     if spec.launch.nnodes > 1:
-        result.warnings.append(f"ranks of other nodes are not listed: node {spec.launch.node_rank}'s launcher "
-                               "sees its own ranks' heartbeats only")
+        result.warnings.append(
+            f"ranks of other nodes are not listed: node {spec.launch.node_rank}'s launcher "
+            "sees its own ranks' heartbeats only"
+        )
     return result
 
 
@@ -344,7 +366,7 @@ def _raise_setup_problem(failures: list[dict[str, Any]]) -> None:
         message, _ = _error_message(failure)
         for kind, error in (("UsageError: ", UsageError), ("SetupError: ", SetupError)):
             if message.startswith(kind):
-                raise error(f"rank {failure['rank']}: {message[len(kind):].strip()}")
+                raise error(f"rank {failure['rank']}: {message[len(kind) :].strip()}")
 
 
 def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[str, Any]:
@@ -353,6 +375,7 @@ def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[s
     so: a rank that died by a signal other than torchrun's SIGTERM first, then
     the rank whose own exception came first (heartbeat time, sub-second), then
     torchrun's order."""
+
     def order(failure: dict[str, Any]) -> tuple:
         killed_by_agent = failure.get("signal") == "SIGTERM"
         own_signal = failure.get("signal") is not None and not killed_by_agent
@@ -369,15 +392,23 @@ def _describe_rank_failure(failures: list[dict[str, Any]], beats: dict[int, dict
     status = "failed"
     # The worker raises RankFailure("<status>: <type>: <message>"): oom, invalid or failed.
     if message.startswith("RankFailure: "):
-        status, _, message = message[len("RankFailure: "):].partition(": ")
+        status, _, message = message[len("RankFailure: ") :].partition(": ")
     if first.get("signal"):
         message = f"killed by {first['signal']} (exit code {first['exitcode']})"
     elif not message:
         message = f"exited with status {first['exitcode']}"
     message = f"rank {first['rank']}: {message}"
-    error = {"type": "RankFailed", "log_tail": None, "rank": first["rank"], "local_rank": first.get("local_rank"),
-             "exitcode": first.get("exitcode"), "signal": first.get("signal"), "message": message,
-             "traceback": trace, "failed_ranks": [f["rank"] for f in failures]}
+    error = {
+        "type": "RankFailed",
+        "log_tail": None,
+        "rank": first["rank"],
+        "local_rank": first.get("local_rank"),
+        "exitcode": first.get("exitcode"),
+        "signal": first.get("signal"),
+        "message": message,
+        "traceback": trace,
+        "failed_ranks": [f["rank"] for f in failures],
+    }
     if status == "oom":
         error.update(oom_figures(message))
     return status, error

@@ -16,13 +16,28 @@ from typing import Any
 from hwbench.catalog import Workload
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
-from hwbench.result.model import (Checkpoints, Environment, Memory, Metrics, NodePlacement, NodeSummary,
-                                  RankPlacement, RankSummary, RunError, RunResult, SteadyState, Step, StepTime,
-                                  Telemetry, TimeToTarget, ValidationPoint)
-from hwbench.result.store import finite
-from hwbench.stats import finite_or_none, steady_state, summarize
-from hwbench.spec import RunSpec
 from hwbench.plausibility import implausible_throughput
+from hwbench.result.model import (
+    Checkpoints,
+    Environment,
+    Memory,
+    Metrics,
+    NodePlacement,
+    NodeSummary,
+    RankPlacement,
+    RankSummary,
+    RunError,
+    RunResult,
+    SteadyState,
+    Step,
+    StepTime,
+    Telemetry,
+    TimeToTarget,
+    ValidationPoint,
+)
+from hwbench.result.store import finite
+from hwbench.spec import RunSpec
+from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
 
@@ -367,32 +382,44 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     if cv is not None and cv > NOISY_CV:
         result.warnings.append(f"step times vary: CV {cv:.1%} over {len(times)} timed steps")
     if len(times) < FEW_TIMED_STEPS:
-        result.warnings.append(f"only {len(times)} timed steps: use --steps {FEW_TIMED_STEPS} or more for stable figures")
+        result.warnings.append(f"only {len(times)} timed steps: use --steps {FEW_TIMED_STEPS} or more "
+                               "for stable figures")
     if metrics.skipped_steps:
         result.warnings.append(f"{metrics.skipped_steps} fp16 steps overflowed and were skipped")
     lagging = metrics.straggler
     if lagging and lagging.ratio and lagging.ratio > STRAGGLER_RATIO:
-        result.warnings.append(f"straggler: rank {lagging.rank} took {lagging.ratio:.2f}x the median rank's "
-                               "median step time")
+        result.warnings.append(
+            f"straggler: rank {lagging.rank} took {lagging.ratio:.2f}x the median rank's median step time"
+        )
     waits = metrics.host_syncs
     if waits and waits.count:
         first = f" (first at {waits.where[0]})" if waits.where else ""
         validating = " (the validations inside it read their losses: --eval-interval)" if spec.eval_interval else ""
-        result.warnings.append(f"the host waited for the device {waits.count} times in the timed window{first}"
-                               f"{validating}: the device idles meanwhile, so launch gaps count as step time")
+        result.warnings.append(
+            f"the host waited for the device {waits.count} times in the timed window{first}"
+            f"{validating}: the device idles meanwhile, so launch gaps count as step time"
+        )
     beyond = metrics.mfu_measured_ceiling
     if beyond is not None and beyond > 1:
-        result.warnings.append(f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "
-                               "understates the device (too small --sizes, or a busy machine); calibrate again")
+        result.warnings.append(
+            f"the run reached {beyond:.0%} of the measured GEMM ceiling: that calibration "
+            "understates the device (too small --sizes, or a busy machine); calibrate again"
+        )
     if result.environment.oversubscribed:
-        result.warnings.append(f"[oversubscribed] {result.environment.oversubscribed_reason}: the figures include "
-                               "time spent waiting for a core or a device")
+        result.warnings.append(
+            f"[oversubscribed] {result.environment.oversubscribed_reason}: the figures include "
+            "time spent waiting for a core or a device"
+        )
     for restart in (result.checkpoint.restarts or []) if result.checkpoint else []:
         lost = f"{restart.steps_lost} steps" if restart.steps_lost is not None else "steps unknown"
         seconds = f"{restart.time_lost_s:.1f} s" if restart.time_lost_s is not None else "time unknown"
-        result.warnings.append(f"restart {restart.attempt}: a rank failed; resumed from step "
-                               f"{restart.resumed_from_iteration}, {lost} and {seconds} lost (left out of the "
-                               "throughput, which covers the last attempt's timed steps)")
+        result.warnings.append(
+            f"restart {restart.attempt}: a rank failed; resumed from step "
+            f"{restart.resumed_from_iteration}, {lost} and {seconds} lost (left out of the "
+            "throughput, which covers the last attempt's timed steps)"
+        )
     if spec.parallel.source == "published":
-        result.warnings.append(f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "
-                               "workload's published settings")
+        result.warnings.append(
+            f"layout TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp} from the "
+            "workload's published settings"
+        )

@@ -28,18 +28,17 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
-from hwbench.harness.checkpointing import (CheckpointSaveError, Checkpointer, ResumePlan, restart_attempt,
-                                           resume_plan)
+from hwbench.harness.checkpointing import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
+from hwbench.harness.device_check import checked_backend
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
-from hwbench.stats import finite_or_none
-from hwbench.harness.device_check import checked_backend
 from hwbench.result.describe import describe_device, describe_workload
 from hwbench.result.model import Environment, Launch, RunError, RunResult
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
+from hwbench.stats import finite_or_none
 from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
 
 
@@ -215,24 +214,41 @@ def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dic
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
     loss, tokens = engine.evaluate(batches)
-    return {"step": step, "loss": finite_or_none(loss), "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
-            "tokens": tokens, "iters": spec.eval_iters}
+    return {
+        "step": step,
+        "loss": finite_or_none(loss),
+        "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
+        "tokens": tokens,
+        "iters": spec.eval_iters,
+    }
 
 
 def _eval_due(spec: RunSpec, data: SampledData, step: int, iteration: int) -> bool:
     """Validation after local ``step`` (global ``iteration``): every --eval-interval steps of the
     training, and after the last step."""
-    return (spec.eval_iters > 0 and data.has_validation
-            and (step == spec.warmup + spec.steps or _periodic_eval(spec, iteration)))
+    return (
+        spec.eval_iters > 0
+        and data.has_validation
+        and (step == spec.warmup + spec.steps or _periodic_eval(spec, iteration))
+    )
 
 
 def _periodic_eval(spec: RunSpec, iteration: int) -> bool:
     return spec.eval_interval > 0 and iteration % spec.eval_interval == 0
 
 
-def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progress, engine: Engine,
-            ctx: DistContext, heartbeat: Heartbeat, fault: Fault | None, checkpoints: Checkpointer | None = None,
-            first_iteration: int = 0) -> Measurement:
+def measure(
+    spec: RunSpec,
+    backend: Backend,
+    data: SampledData,
+    progress: Progress,
+    engine: Engine,
+    ctx: DistContext,
+    heartbeat: Heartbeat,
+    fault: Fault | None,
+    checkpoints: Checkpointer | None = None,
+    first_iteration: int = 0,
+) -> Measurement:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval and checkpoint saves at --save-interval run
     between timed steps, marked apart and left out of the step times (they do
@@ -329,13 +345,28 @@ def measure(spec: RunSpec, backend: Backend, data: SampledData, progress: Progre
         validate_reached(end)
     heartbeat.step(done, "done", end)
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
-    return Measurement(outcomes, step_times, wall_time, memory, telemetry, data.describe(), validation,
-                       host_syncs.to_dict(), training_started)
+    return Measurement(
+        outcomes,
+        step_times,
+        wall_time,
+        memory,
+        telemetry,
+        data.describe(),
+        validation,
+        host_syncs.to_dict(),
+        training_started,
+    )
 
 
-def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], heartbeat: Heartbeat,
-                placement: dict[str, Any], checkpoints: dict[str, Any] | None = None,
-                first_iteration: int = 0) -> RankReport:
+def rank_report(
+    ctx: DistContext,
+    m: Measurement,
+    environment: dict[str, Any],
+    heartbeat: Heartbeat,
+    placement: dict[str, Any],
+    checkpoints: dict[str, Any] | None = None,
+    first_iteration: int = 0,
+) -> RankReport:
     """This rank's figures as plain values, for rank 0 to merge. The loss of each
     step is averaged over the data-parallel ranks here (one collective after the
     timed loop), so the merged curve is the global batch's."""
@@ -343,8 +374,11 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
     return RankReport(
-        rank=ctx.rank, local_rank=ctx.local_rank, node_rank=ctx.node_rank,
-        host=heartbeat.record["host"], pid=heartbeat.record["pid"],
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        node_rank=ctx.node_rank,
+        host=heartbeat.record["host"],
+        pid=heartbeat.record["pid"],
         coordinates={"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
         losses=[float(x) for x in losses.cpu()],
         grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
@@ -363,4 +397,3 @@ def rank_report(ctx: DistContext, m: Measurement, environment: dict[str, Any], h
         checkpoints=checkpoints,
         first_iteration=first_iteration,
     )
-

@@ -5,7 +5,8 @@ Formulas and sections are described in docs/reports.md."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -16,9 +17,17 @@ from hwbench.report.prices import Price
 from hwbench.report.projection import apply_projections, scaling_fits
 from hwbench.report.runs import environment_warnings, run_row
 from hwbench.report.scores import time_to_target_section
-from hwbench.report.sections import (checkpoint_policy_blocks, checkpoint_section, convergence_section,
-                                     environment_section, model_section, procurement_section,
-                                     published_section, runs_section, skipped_section)
+from hwbench.report.sections import (
+    checkpoint_policy_blocks,
+    checkpoint_section,
+    convergence_section,
+    environment_section,
+    model_section,
+    procurement_section,
+    published_section,
+    runs_section,
+    skipped_section,
+)
 from hwbench.result.model import RunResult
 
 
@@ -104,9 +113,14 @@ def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[
     """A note for each --price or --prices entry that names no run's device: most likely a typo."""
     if runs.empty:
         return []
-    known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {str(x).lower() for x in runs["device_model"].dropna()}
-    return [f"the price of {key!r} (--price or --prices) matched no run's catalog entry or device model"
-            for key in prices if key not in known]
+    known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {
+        str(x).lower() for x in runs["device_model"].dropna()
+    }
+    return [
+        f"the price of {key!r} (--price or --prices) matched no run's catalog entry or device model"
+        for key in prices
+        if key not in known
+    ]
 
 
 def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dict) -> dict[str, str]:
@@ -120,8 +134,12 @@ def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dic
     for model in sorted({str(r["model"]) for r in ok}):
         mine = [r for r in ok if str(r["model"]) == model]
         curves = [(r, [(s.step, s.loss) for s in results[r["run_id"]].steps if s.loss is not None]) for r in mine]
-        for kind, image in (("throughput", plots.throughput(model, mine)), ("scaling", plots.scaling(model, fits)),
-                            ("memory", plots.memory(model, mine)), ("loss", plots.loss_curves(model, curves))):
+        for kind, image in (
+            ("throughput", plots.throughput(model, mine)),
+            ("scaling", plots.scaling(model, fits)),
+            ("memory", plots.memory(model, mine)),
+            ("loss", plots.loss_curves(model, curves)),
+        ):
             if image is not None:
                 images[f"{kind}:{model}"] = image
     return images
@@ -142,10 +160,17 @@ def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | No
     return None, "No published tables found (results/published); give --against PATH."
 
 
-def make_report(paths: Sequence[str], format: str, against: str | None, prices: Mapping[str, Any],
-                tokens: float | None, projection_devices: int,
-                also_formula: str | None = None, references: Sequence[str] = (),
-                keep_different: bool = False) -> tuple[str, list[tuple[str, str]]]:
+def make_report(
+    paths: Sequence[str],
+    format: str,
+    against: str | None,
+    prices: Mapping[str, Any],
+    tokens: float | None,
+    projection_devices: int,
+    also_formula: str | None = None,
+    references: Sequence[str] = (),
+    keep_different: bool = False,
+) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` (none: the published tables alone) as
     text in ``format`` (md, csv, json, html), and the (file, reason) of each file left out.
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
@@ -155,21 +180,34 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
     from hwbench.result.store import read_inputs
+
     tokens, projection_devices = check_projection(tokens, projection_devices)
     checked_prices = as_prices(prices)
     found, skipped = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
     loaded = [(result, str(path)) for result, path in found]
     skipped = [(str(path), reason) for path, reason in skipped]
     if paths and not loaded:
-        raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
-                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
+        raise UsageError(
+            f"RESULTS {' '.join(map(str, paths))}: no readable result file "
+            f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})"
+        )
     reference_results = _load_references(references)
     published, note = published_tables(None if against is None else str(against))
     if not loaded and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
-    report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
-                          with_plots=format == "html", also_formula=also_formula, references=reference_results,
-                          keep_different=keep_different)
+    report = build_report(
+        loaded,
+        skipped,
+        published,
+        note,
+        checked_prices,
+        tokens,
+        projection_devices,
+        with_plots=format == "html",
+        also_formula=also_formula,
+        references=reference_results,
+        keep_different=keep_different,
+    )
     if format == "html":
         from hwbench.report.html import render_html
 

@@ -13,8 +13,12 @@ from hwbench.errors import UsageError
 from hwbench.report.cost import procurement_figures
 from hwbench.report.prices import Price
 from hwbench.report.scores import target_figures
-from hwbench.result.environment import (PER_BACKEND_ENVIRONMENT_FIELDS, PERFORMANCE_ENVIRONMENT_FIELDS,
-                                        environment_differences, performance_fingerprint)
+from hwbench.result.environment import (
+    PER_BACKEND_ENVIRONMENT_FIELDS,
+    PERFORMANCE_ENVIRONMENT_FIELDS,
+    environment_differences,
+    performance_fingerprint,
+)
 from hwbench.result.model import Memory, Metrics, RunResult
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.

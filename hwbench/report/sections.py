@@ -3,29 +3,65 @@ returns a Section of the document: what each says is described in docs/reports.m
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from hwbench.report.against_published import NORMALISATION, published_layout
-from typing import Any
-
-from hwbench.report.cells import (device_text, figure, fmt, fmt_g, fmt_ratio, gib_cell, is_number, noted, percent,
-                                  tokens_cell, usd)
+from hwbench.report.cells import (
+    device_text,
+    figure,
+    fmt,
+    fmt_g,
+    fmt_ratio,
+    gib_cell,
+    is_number,
+    noted,
+    percent,
+    tokens_cell,
+    usd,
+)
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 
-SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence", "Checkpoints",
-            "Environment", "Skipped input files")
+SECTIONS = (
+    "Decision",
+    "Runs",
+    "Against the published tables",
+    "Per model",
+    "Procurement",
+    "Convergence",
+    "Checkpoints",
+    "Environment",
+    "Skipped input files",
+)
 
 
 def runs_section(runs: pd.DataFrame) -> Section:
     section = Section("Runs")
     statuses = runs["status"].value_counts().to_dict()
-    section.blocks.append(("p", f"{len(runs)} result(s): " + ", ".join(f"{n} {s}" for s, n in statuses.items())
-                           + ". Only runs with status ok enter the comparisons."))
+    section.blocks.append(
+        (
+            "p",
+            f"{len(runs)} result(s): "
+            + ", ".join(f"{n} {s}" for s, n in statuses.items())
+            + ". Only runs with status ok enter the comparisons.",
+        )
+    )
     table = Table(["run", "status", "model", "device", "layout", "precision", "samples/s", "note"], [])
     for _, run in runs.iterrows():
-        table.rows.append([run["run_id"], run["status"], run["model"], device_text(run), run["layout"],
-                           run["precision"], fmt(run["samples_per_s"]), _run_note(run)])
+        table.rows.append(
+            [
+                run["run_id"],
+                run["status"],
+                run["model"],
+                device_text(run),
+                run["layout"],
+                run["precision"],
+                fmt(run["samples_per_s"]),
+                _run_note(run),
+            ]
+        )
     section.blocks.append(("table", table))
     return section
 
@@ -38,34 +74,73 @@ def _run_note(run: pd.Series) -> str:
     return "; ".join(notes)
 
 
-def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: pd.DataFrame | None,
-                       note: str | None) -> Section:
+def published_section(
+    runs: pd.DataFrame, comparison: pd.DataFrame, published: pd.DataFrame | None, note: str | None
+) -> Section:
     section = Section("Against the published tables")
     if published is None:
         section.blocks.append(("p", note or "No published tables were given."))
         return section
-    section.blocks.append(("p", "Published figures: " + ", ".join(sorted(set(published["file"])))
-                           + ". Published samples/s is the global figure of all 8 devices (the mean of the last "
-                             "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
-                             "every published row of its model, whatever its layout; the note names every setting "
-                             "that differs from the published point (layout, device count, sequence length, batch, "
-                             "precision, recompute). Where the layout or device count differs, read the per-device ratio."))
+    section.blocks.append(
+        (
+            "p",
+            "Published figures: "
+            + ", ".join(sorted(set(published["file"])))
+            + ". Published samples/s is the global figure of all 8 devices (the mean of the last "
+            "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
+            "every published row of its model, whatever its layout; the note names every setting "
+            "that differs from the published point (layout, device count, sequence length, batch, "
+            "precision, recompute). Where the layout or device count differs, read the per-device ratio.",
+        )
+    )
     section.blocks.append(("p", NORMALISATION))
     for table_name, group in published.groupby("table", sort=True):
         section.blocks.append(("h", f"Table {table_name}"))
-        table = Table(["NAME", "params", "PPL", "samples/s", "seq_len", "Steps", "layout", "samples/s per device",
-                       "ratio", "ratio per device", "note"], [])
+        table = Table(
+            [
+                "NAME",
+                "params",
+                "PPL",
+                "samples/s",
+                "seq_len",
+                "Steps",
+                "layout",
+                "samples/s per device",
+                "ratio",
+                "ratio per device",
+                "note",
+            ],
+            [],
+        )
         for _, pub in group.iterrows():
-            table.rows.append([pub["name"], pub["params"], fmt_g(pub["ppl"]), fmt_g(pub["samples_per_s"]),
-                               fmt(pub["seq_length"], 0), fmt(pub["steps"], 0),
-                               f"{published_layout(pub)} on {int(pub['devices'])}",
-                               fmt(pub["samples_per_s"] / pub["devices"], 3), "", "", pub.get("device_class", "")])
+            table.rows.append(
+                [
+                    pub["name"],
+                    pub["params"],
+                    fmt_g(pub["ppl"]),
+                    fmt_g(pub["samples_per_s"]),
+                    fmt(pub["seq_length"], 0),
+                    fmt(pub["steps"], 0),
+                    f"{published_layout(pub)} on {int(pub['devices'])}",
+                    fmt(pub["samples_per_s"] / pub["devices"], 3),
+                    "",
+                    "",
+                    pub.get("device_class", ""),
+                ]
+            )
             if comparison.empty:
                 continue
-            matched = comparison[(comparison["table"] == pub["table"]) & (comparison["name"] == pub["name"])
-                                 & (comparison["model"] == pub["model"])]
+            matched = comparison[
+                (comparison["table"] == pub["table"])
+                & (comparison["name"] == pub["name"])
+                & (comparison["model"] == pub["model"])
+            ]
             for _, c in matched.iterrows():
-                ppl = "-" if not is_number(c["measured_ppl"]) else f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})"
+                ppl = (
+                    "-"
+                    if not is_number(c["measured_ppl"])
+                    else f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})"
+                )
                 notes = []
                 if c["simulated"]:
                     notes.append("simulated device: not a hardware figure")
@@ -73,17 +148,29 @@ def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: p
                     notes.append("CPU run")
                 if c["differences"]:
                     notes.append("differs: " + ", ".join(c["differences"]))
-                table.rows.append([f"↳ measured {c['run_id']}", pub["params"], ppl, fmt(c["measured_samples_per_s"], 3),
-                                   fmt(c["seq_length"], 0), f"{c['timed_steps']} timed", f"{c['layout']} on "
-                                   f"{c['world_size']} ({c['device_model']})",
-                                   fmt(c["measured_samples_per_s_per_device"], 3), fmt_ratio(c["ratio"]),
-                                   fmt_ratio(c["ratio_per_device"]), "; ".join(notes)])
+                table.rows.append(
+                    [
+                        f"↳ measured {c['run_id']}",
+                        pub["params"],
+                        ppl,
+                        fmt(c["measured_samples_per_s"], 3),
+                        fmt(c["seq_length"], 0),
+                        f"{c['timed_steps']} timed",
+                        f"{c['layout']} on {c['world_size']} ({c['device_model']})",
+                        fmt(c["measured_samples_per_s_per_device"], 3),
+                        fmt_ratio(c["ratio"]),
+                        fmt_ratio(c["ratio_per_device"]),
+                        "; ".join(notes),
+                    ]
+                )
         section.blocks.append(("table", table))
     unmatched = []
     for _, run in (runs[runs["status"] == "ok"] if not runs.empty else runs).iterrows():
         if comparison.empty or run["run_id"] not in set(comparison["run_id"]):
-            unmatched.append(f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
-                             f"no published row for model {run['model']}")
+            unmatched.append(
+                f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
+                f"no published row for model {run['model']}"
+            )
     if unmatched:
         section.blocks.append(("p", "Runs without a published counterpart:"))
         section.blocks.append(("list", unmatched))
@@ -93,36 +180,86 @@ def published_section(runs: pd.DataFrame, comparison: pd.DataFrame, published: p
 def model_section(runs: pd.DataFrame, images: dict[str, bytes], also_formula: str | None = None) -> Section:
     """``also_formula``: a FLOPs formula whose MFU gets a column beside each run's own."""
     section = Section("Per model")
-    section.blocks.append(("p", "Every layout measured, by model. Peak memory is the allocator's peak allocated "
-                                "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
-                                "(`hwbench plan`) for the run's own spec and backend; capacity is the device's."))
+    section.blocks.append(
+        (
+            "p",
+            "Every layout measured, by model. Peak memory is the allocator's peak allocated "
+            "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
+            "(`hwbench plan`) for the run's own spec and backend; capacity is the device's.",
+        )
+    )
     ok = runs[runs["status"] == "ok"]
     for model, group in ok.groupby("model", sort=True):
         section.blocks.append(("h", f"{model}"))
-        table = Table(["run", "device", "layout", "engine", "precision", "micro/global", "seq", "samples/s",
-                       "tokens/s", "TFLOP/s per device", "MFU", *([f"MFU ({also_formula})"] if also_formula else []),
-                       "MFU (measured ceiling)", "peak memory", "predicted", "capacity"], [])
+        table = Table(
+            [
+                "run",
+                "device",
+                "layout",
+                "engine",
+                "precision",
+                "micro/global",
+                "seq",
+                "samples/s",
+                "tokens/s",
+                "TFLOP/s per device",
+                "MFU",
+                *([f"MFU ({also_formula})"] if also_formula else []),
+                "MFU (measured ceiling)",
+                "peak memory",
+                "predicted",
+                "capacity",
+            ],
+            [],
+        )
         for _, run in group.sort_values(["world_size", "layout"]).iterrows():
             marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
-            engine = run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "") \
+            engine = (
+                run["engine"]
+                + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "")
                 + (" FSDP" if run["fsdp"] else "")
-            mfu = percent(run["mfu"], note=_unless(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}"))
+            )
+            mfu = percent(
+                run["mfu"], note=_unless(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}")
+            )
             also = []
             if also_formula:
                 by_formula = run["mfu_by_formula"] or {}
-                why = (f"MFU not measured: {run['mfu_reason'] or 'not measured'}" if also_formula in by_formula
-                       else f"no {also_formula} figures in the result (written before metrics.by_formula)")
+                why = (
+                    f"MFU not measured: {run['mfu_reason'] or 'not measured'}"
+                    if also_formula in by_formula
+                    else f"no {also_formula} figures in the result (written before metrics.by_formula)"
+                )
                 also = [percent(by_formula.get(also_formula), note=_unless(by_formula.get(also_formula), why))]
-            ceiling_mfu = percent(run["mfu_measured_ceiling"], note=_unless(
-                run["mfu_measured_ceiling"], "MFU against a measured ceiling not measured: "
-                f"{run['mfu_measured_ceiling_reason'] or 'not measured'}"))
+            ceiling_mfu = percent(
+                run["mfu_measured_ceiling"],
+                note=_unless(
+                    run["mfu_measured_ceiling"],
+                    "MFU against a measured ceiling not measured: "
+                    f"{run['mfu_measured_ceiling_reason'] or 'not measured'}",
+                ),
+            )
             predicted = gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))
-            table.rows.append([run["run_id"] + marked, device_text(run), run["layout"], engine,
-                               run["precision"] + (", recompute" if run["recompute"] else ""),
-                               f"{run['micro_batch_size']}/{run['global_batch_size']}", run["seq_length"],
-                               fmt(run["samples_per_s"]), fmt(run["tokens_per_s"], 0),
-                               fmt(run["tflops_per_device"], 3), mfu, *also, ceiling_mfu, gib_cell(run["peak_bytes"]),
-                               predicted, gib_cell(run["capacity_bytes"])])
+            table.rows.append(
+                [
+                    run["run_id"] + marked,
+                    device_text(run),
+                    run["layout"],
+                    engine,
+                    run["precision"] + (", recompute" if run["recompute"] else ""),
+                    f"{run['micro_batch_size']}/{run['global_batch_size']}",
+                    run["seq_length"],
+                    fmt(run["samples_per_s"]),
+                    fmt(run["tokens_per_s"], 0),
+                    fmt(run["tflops_per_device"], 3),
+                    mfu,
+                    *also,
+                    ceiling_mfu,
+                    gib_cell(run["peak_bytes"]),
+                    predicted,
+                    gib_cell(run["capacity_bytes"]),
+                ]
+            )
         section.blocks.append(("table", table))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
@@ -146,35 +283,72 @@ def _predicted_note(run: pd.Series) -> str | None:
 
 # The planner models the tensors of training; a CPU run's measured peak is the resident set of the
 # whole process (docs/planner.md, 'Checking it').
-CPU_PREDICTION_NOTE = ("on the CPU the measured peak is the process's peak resident set (VmHWM): besides the tensors "
-                       "the planner predicts (weights, gradients, optimizer states, activations, logits) and its fixed "
-                       "0.5 GiB for the runtime, it holds the Python interpreter, torch's libraries and the pages the "
-                       "allocator keeps, which the planner does not model; compare the two only as a bound")
+CPU_PREDICTION_NOTE = (
+    "on the CPU the measured peak is the process's peak resident set (VmHWM): besides the tensors "
+    "the planner predicts (weights, gradients, optimizer states, activations, logits) and its fixed "
+    "0.5 GiB for the runtime, it holds the Python interpreter, torch's libraries and the pages the "
+    "allocator keeps, which the planner does not model; compare the two only as a bound"
+)
 
 
 def _model_images(model: str, images: dict) -> list[tuple]:
-    blocks = [("img", f"{kind}:{model}", f"{model}: {alt}") for kind, alt in (
-        ("throughput", "throughput per device charged"), ("scaling", "scaling with devices charged"),
-        ("memory", "peak memory against predicted and capacity")) if f"{kind}:{model}" in images]
+    blocks = [
+        ("img", f"{kind}:{model}", f"{model}: {alt}")
+        for kind, alt in (
+            ("throughput", "throughput per device charged"),
+            ("scaling", "scaling with devices charged"),
+            ("memory", "peak memory against predicted and capacity"),
+        )
+        if f"{kind}:{model}" in images
+    ]
     if images and f"scaling:{model}" not in images:
-        blocks.append(("p", f"No scaling plot for {model}: no device model of it was measured at two or more "
-                            "device counts (oversubscribed runs left out)."))
+        blocks.append(
+            (
+                "p",
+                f"No scaling plot for {model}: no device model of it was measured at two or more "
+                "device counts (oversubscribed runs left out).",
+            )
+        )
     return blocks
 
 
 def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> Section:
     section = Section("Procurement")
-    section.blocks.append(("p", "Cost per million tokens = price per device-hour / 3600 x devices charged / "
-                                "tokens/s x 1e6; devices charged: ranks on one CPU socket are one CPU, a GPU or NPU "
-                                "run is charged its devices (the count and its basis are shown). Energy per token = "
-                                "energy the devices used over the telemetry window (which brackets the timed steps) "
-                                "/ tokens of the timed steps; average power is the devices' mean power summed."))
-    section.blocks.append(("p", f"Projection: time and cost to train each run's token budget on {devices} devices "
-                                f"of the same kind (--tokens, default 20 per parameter; --projection-devices). "
-                                f"{SCALING_ASSUMPTION}"))
-    table = Table(["run", "device", "devices charged", "tokens/s per device", "J/token", "avg power",
-                   "price/device-h", "$ per 1M tokens", "token budget", f"days on {devices}", "projected cost",
-                   "scaling"], [])
+    section.blocks.append(
+        (
+            "p",
+            "Cost per million tokens = price per device-hour / 3600 x devices charged / "
+            "tokens/s x 1e6; devices charged: ranks on one CPU socket are one CPU, a GPU or NPU "
+            "run is charged its devices (the count and its basis are shown). Energy per token = "
+            "energy the devices used over the telemetry window (which brackets the timed steps) "
+            "/ tokens of the timed steps; average power is the devices' mean power summed.",
+        )
+    )
+    section.blocks.append(
+        (
+            "p",
+            f"Projection: time and cost to train each run's token budget on {devices} devices "
+            f"of the same kind (--tokens, default 20 per parameter; --projection-devices). "
+            f"{SCALING_ASSUMPTION}",
+        )
+    )
+    table = Table(
+        [
+            "run",
+            "device",
+            "devices charged",
+            "tokens/s per device",
+            "J/token",
+            "avg power",
+            "price/device-h",
+            "$ per 1M tokens",
+            "token budget",
+            f"days on {devices}",
+            "projected cost",
+            "scaling",
+        ],
+        [],
+    )
     for _, run in runs[runs["status"] == "ok"].iterrows():
         table.rows.append(_procurement_row(run))
     section.blocks.append(("table", table))
@@ -184,37 +358,81 @@ def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> S
 
 
 def _procurement_row(run: pd.Series) -> list[Any]:
-    energy = fmt(run["energy_per_token_j"], 4, " J", missing="not measured", note=None if is_number(
-        run["energy_per_token_j"]) else f"energy not measured: {run['energy_reason']}")
+    energy = fmt(
+        run["energy_per_token_j"],
+        4,
+        " J",
+        missing="not measured",
+        note=None if is_number(run["energy_per_token_j"]) else f"energy not measured: {run['energy_reason']}",
+    )
     power = fmt(run["power_w_mean"], 0, " W", missing="not measured")
     priced = is_number(run["price_usd_per_hour"])
-    price = usd(run["price_usd_per_hour"], ",.4g", "no price", note=(
-        f"price: {run['price_source']}" + (f", {run['price_date']}" if run["price_date"] else "")) if priced
-        else f"no price: {run['price_source']}")
+    price = usd(
+        run["price_usd_per_hour"],
+        ",.4g",
+        "no price",
+        note=(f"price: {run['price_source']}" + (f", {run['price_date']}" if run["price_date"] else ""))
+        if priced
+        else f"no price: {run['price_source']}",
+    )
     cost = usd(run["cost_per_million_tokens_usd"], ",.4f", "no price")
     projected = usd(run["projected_cost_usd"], ",.0f", "no price")
     marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
     budget = tokens_cell(run["token_budget"])
-    return [run["run_id"] + marked, device_text(run),
-            figure(run["devices_charged"], "d", note=f"devices charged: {run['devices_charged_basis']}"),
-            fmt(run["tokens_per_s_per_device_charged"], 1), energy, power, price, cost, budget,
-            fmt(run["projected_days"], 2), projected, noted("", f"scaling: {run['projection_basis']}")]
+    return [
+        run["run_id"] + marked,
+        device_text(run),
+        figure(run["devices_charged"], "d", note=f"devices charged: {run['devices_charged_basis']}"),
+        fmt(run["tokens_per_s_per_device_charged"], 1),
+        energy,
+        power,
+        price,
+        cost,
+        budget,
+        fmt(run["projected_days"], 2),
+        projected,
+        noted("", f"scaling: {run['projection_basis']}"),
+    ]
 
 
 def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
     section = Section("Convergence")
-    section.blocks.append(("p", "Training loss (nats) at the first and last step and the validation PPL after "
-                                "the step shown; the floor is the lowest reachable PPL of the run's data (built-in or synthetic; none for a dataset)."))
+    section.blocks.append(
+        (
+            "p",
+            "Training loss (nats) at the first and last step and the validation PPL after "
+            "the step shown; the floor is the lowest reachable PPL of the run's data (built-in or synthetic; "
+            "none for a dataset).",
+        )
+    )
     table = Table(["run", "model", "loss first", "loss last", "validation PPL", "after step", "PPL floor"], [])
     for _, run in runs[runs["status"] == "ok"].iterrows():
-        ppl = fmt(run["valid_ppl"], 3) if is_number(run["valid_ppl"]) else f"- ({run['valid_ppl_reason'] or 'not measured'})"
-        table.rows.append([run["run_id"], run["model"], fmt(run["loss_start"], 3), fmt(run["loss_end"], 3), ppl,
-                           "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else run["valid_ppl_step"],
-                           fmt(run["ppl_floor"], 3)])
+        ppl = (
+            fmt(run["valid_ppl"], 3)
+            if is_number(run["valid_ppl"])
+            else f"- ({run['valid_ppl_reason'] or 'not measured'})"
+        )
+        table.rows.append(
+            [
+                run["run_id"],
+                run["model"],
+                fmt(run["loss_start"], 3),
+                fmt(run["loss_end"], 3),
+                ppl,
+                "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else run["valid_ppl_step"],
+                fmt(run["ppl_floor"], 3),
+            ]
+        )
     section.blocks.append(("table", table))
     for key in sorted(k for k in images if k.startswith("loss:")):
-        section.blocks.append(("img", key, f"{key.removeprefix('loss:')}: loss curves by device, layout and precision "
-                                           "(click a legend entry to hide or show it)"))
+        section.blocks.append(
+            (
+                "img",
+                key,
+                f"{key.removeprefix('loss:')}: loss curves by device, layout and precision "
+                "(click a legend entry to hide or show it)",
+            )
+        )
     return section
 
 
@@ -224,27 +442,67 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
     section = Section("Checkpoints")
     saved = runs[runs["checkpoint_saves"].fillna(0).astype(int) > 0] if "checkpoint_saves" in runs else runs.iloc[:0]
     if saved.empty:
-        section.blocks.append(("p", "No run saved a checkpoint (`hwbench run --save DIR --save-interval N` measures "
-                                    "them; docs/checkpoints.md)."))
+        section.blocks.append(
+            (
+                "p",
+                "No run saved a checkpoint (`hwbench run --save DIR --save-interval N` measures "
+                "them; docs/checkpoints.md).",
+            )
+        )
         return section
-    section.blocks.append(("p", "One checkpoint's size (every rank's files), the storage's rate for it (all ranks "
-                                "together: bytes / the slowest rank's time), how long training stalled per save, and "
-                                "the policy's price: seconds of every hour of training spent stalled at the run's "
-                                "--save-interval and step time. Restarts: torchrun restarts (--max-restarts) and the "
-                                "steps and seconds they lost, left out of the throughput."))
-    table = Table(["run", "model", "layout", "checkpoint", "save GB/s", "stall per save", "every", "stall s/hour",
-                   "load GB/s", "restarts (lost)"], [])
+    section.blocks.append(
+        (
+            "p",
+            "One checkpoint's size (every rank's files), the storage's rate for it (all ranks "
+            "together: bytes / the slowest rank's time), how long training stalled per save, and "
+            "the policy's price: seconds of every hour of training spent stalled at the run's "
+            "--save-interval and step time. Restarts: torchrun restarts (--max-restarts) and the "
+            "steps and seconds they lost, left out of the throughput.",
+        )
+    )
+    table = Table(
+        [
+            "run",
+            "model",
+            "layout",
+            "checkpoint",
+            "save GB/s",
+            "stall per save",
+            "every",
+            "stall s/hour",
+            "load GB/s",
+            "restarts (lost)",
+        ],
+        [],
+    )
     for _, run in saved.iterrows():
         every = (f"{run['checkpoint_save_interval']} steps" if run["checkpoint_save_interval"] else "end only") + (
-            ", async" if run["checkpoint_async"] else "")
-        per_hour = (fmt(run["checkpoint_stall_s_per_hour"], 1) if is_number(run["checkpoint_stall_s_per_hour"])
-                    else f"- ({run['checkpoint_stall_reason'] or 'not measured'})")
-        restarts = "-" if not run["restarts"] else (f"{run['restarts']} ({run['restart_steps_lost']} steps, "
-                                                    f"{fmt(run['restart_time_lost_s'], 1)} s)")
-        table.rows.append([run["run_id"], run["model"], run["layout"], gib_cell(run["checkpoint_save_bytes"]),
-                           fmt(run["checkpoint_save_gb_per_s"], 3), fmt(run["checkpoint_save_stall_s"], 3, " s"), every, per_hour,
-                           fmt(run["checkpoint_load_gb_per_s"], 3) if is_number(run["checkpoint_load_gb_per_s"])
-                           else "-", restarts])
+            ", async" if run["checkpoint_async"] else ""
+        )
+        per_hour = (
+            fmt(run["checkpoint_stall_s_per_hour"], 1)
+            if is_number(run["checkpoint_stall_s_per_hour"])
+            else f"- ({run['checkpoint_stall_reason'] or 'not measured'})"
+        )
+        restarts = (
+            "-"
+            if not run["restarts"]
+            else (f"{run['restarts']} ({run['restart_steps_lost']} steps, {fmt(run['restart_time_lost_s'], 1)} s)")
+        )
+        table.rows.append(
+            [
+                run["run_id"],
+                run["model"],
+                run["layout"],
+                gib_cell(run["checkpoint_save_bytes"]),
+                fmt(run["checkpoint_save_gb_per_s"], 3),
+                fmt(run["checkpoint_save_stall_s"], 3, " s"),
+                every,
+                per_hour,
+                fmt(run["checkpoint_load_gb_per_s"], 3) if is_number(run["checkpoint_load_gb_per_s"]) else "-",
+                restarts,
+            ]
+        )
     section.blocks.append(("table", table))
     return section
 
@@ -259,12 +517,16 @@ def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:
         per_hour = run["checkpoint_stall_s_per_hour"]
         if not is_number(per_hour):
             continue
-        line = (f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
-                f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
-                f"({per_hour / 3600:.2%})")
+        line = (
+            f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
+            f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
+            f"({per_hour / 3600:.2%})"
+        )
         if is_number(run["price_usd_per_hour"]) and is_number(run["devices_charged"]):
-            line += (f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
-                     f"{run['devices_charged']} devices")
+            line += (
+                f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
+                f"{run['devices_charged']} devices"
+            )
         lines.append(line)
     return [("h", "Checkpoint policy"), ("list", lines)] if lines else []
 
@@ -274,19 +536,33 @@ def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     table = Table(["run", "device", "count", "driver", "CUDA", "CANN", "torch", "deepspeed", "hwbench"], [])
     for _, run in runs.iterrows():
         git = run["hwbench_git"]
-        version = str(run["hwbench_version"]) + (f" ({str(git)[:10]}{', dirty' if run['hwbench_git_dirty'] else ''})"
-                                                if git else "")
-        table.rows.append([run["run_id"], f"{run['device_model']}" + (" [simulated]" if run["simulated"] else ""),
-                           fmt(run["device_count"], 0), *(str(run[k] or "-") for k in (
-                               "driver_version", "cuda_version", "cann_version", "torch_version",
-                               "deepspeed_version")), version])
+        version = str(run["hwbench_version"]) + (
+            f" ({str(git)[:10]}{', dirty' if run['hwbench_git_dirty'] else ''})" if git else ""
+        )
+        table.rows.append(
+            [
+                run["run_id"],
+                f"{run['device_model']}" + (" [simulated]" if run["simulated"] else ""),
+                fmt(run["device_count"], 0),
+                *(
+                    str(run[k] or "-")
+                    for k in ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
+                ),
+                version,
+            ]
+        )
     section.blocks.append(("table", table))
     if found:
         section.blocks.append(("p", "Warnings: the compared runs differ."))
         section.blocks.append(("list", found))
     else:
-        section.blocks.append(("p", "No differences in driver, CUDA/CANN, torch, DeepSpeed or hwbench versions, "
-                                    "or precision, among the ok runs."))
+        section.blocks.append(
+            (
+                "p",
+                "No differences in driver, CUDA/CANN, torch, DeepSpeed or hwbench versions, "
+                "or precision, among the ok runs.",
+            )
+        )
     return section
 
 

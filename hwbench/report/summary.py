@@ -22,15 +22,26 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     rows: list[tuple[str, str]] = [
         ("status", result.status + (f" ({result.error.message})" if result.error else "")),
         ("model", f"{workload.name or spec.model}: {(workload.parameters or 0) / 1e6:,.1f}M parameters"),
-        ("device", f"{device.backend or '?'}: {device.device_model or '?'}" + (" [SIMULATED]" if device.simulated else "")),
-        ("batch", f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
-                  f"{spec.precision}" + (", recompute" if spec.recompute else "")
-                  + (", compiled" if spec.compile else "")),
+        (
+            "device",
+            f"{device.backend or '?'}: {device.device_model or '?'}" + (" [SIMULATED]" if device.simulated else ""),
+        ),
+        (
+            "batch",
+            f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
+            f"{spec.precision}" + (", recompute" if spec.recompute else "") + (", compiled" if spec.compile else ""),
+        ),
         ("layout", layout_text(result)),
     ]
     if result.status in ("failed", "timeout", "oom") and result.ranks and result.ranks[0].last_step is not None:
-        rows.append(("ranks", "; ".join(f"{r.rank}: step {r.last_step}" + (f", {r.signal}" if r.signal else "")
-                                        for r in result.ranks)))
+        rows.append(
+            (
+                "ranks",
+                "; ".join(
+                    f"{r.rank}: step {r.last_step}" + (f", {r.signal}" if r.signal else "") for r in result.ranks
+                ),
+            )
+        )
     if not metrics:
         return rows + ([("result file", path)] if path else [])
     step, memory = metrics.step_time_s or StepTime(), metrics.memory or Memory()
@@ -41,16 +52,26 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("TFLOP/s per device", _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
         ("MFU", f"{metrics.mfu:.1%}" if metrics.mfu is not None else _why(result, "mfu")),
         ("MFU, measured ceiling", _measured_ceiling_text(result)),
-        ("step time", f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, "
-                      f"CV {_percent(step.cv)}"),
+        (
+            "step time",
+            f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, CV {_percent(step.cv)}",
+        ),
         ("peak memory", _memory_text(memory)),
-        ("loss", f"{_number(metrics.loss_start, 3)} -> {_number(metrics.loss_end, 3)} "
-                 f"(floor {_number(metrics.loss_floor, 3)})"),
+        (
+            "loss",
+            f"{_number(metrics.loss_start, 3)} -> {_number(metrics.loss_end, 3)} "
+            f"(floor {_number(metrics.loss_floor, 3)})",
+        ),
     ]
     if metrics.valid_ppl is not None:
-        rows.append(("validation", f"PPL {metrics.valid_ppl:,.3f} (loss {_number(metrics.valid_loss, 4)}) after "
-                                   f"{metrics.valid_ppl_step} steps; lowest reachable PPL "
-                                   f"{_number(metrics.ppl_floor, 3)}"))
+        rows.append(
+            (
+                "validation",
+                f"PPL {metrics.valid_ppl:,.3f} (loss {_number(metrics.valid_loss, 4)}) after "
+                f"{metrics.valid_ppl_step} steps; lowest reachable PPL "
+                f"{_number(metrics.ppl_floor, 3)}",
+            )
+        )
         curve = validation_curve_text(metrics.validation or [])
         if curve:
             rows.append(("validation curve", curve))
@@ -88,20 +109,28 @@ def validation_curve_text(points: list) -> str | None:
 
 
 def steady_state_text(steady) -> str:
-    """"settled after 3 timed steps; drift +1.2% last quarter vs first (threshold 5%), throttle: none"."""
+    """ "settled after 3 timed steps; drift +1.2% last quarter vs first (threshold 5%), throttle: none"."""
     if steady.drift is None:
         return steady.why("drift") or "not measured"
-    settled = (f"settled after {steady.settled_after_steps} timed steps" if steady.settled_after_steps is not None
-               else steady.why("settled_after_steps"))
+    settled = (
+        f"settled after {steady.settled_after_steps} timed steps"
+        if steady.settled_after_steps is not None
+        else steady.why("settled_after_steps")
+    )
     flag = " DRIFTING" if steady.drifting else ""
-    throttle = ", ".join(steady.throttle_reasons) if steady.throttle_reasons is not None else \
-        f"not known ({steady.why('throttle_reasons')})"
-    return (f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
-            f"{flag}; throttle reasons: {throttle or 'none'}")
+    throttle = (
+        ", ".join(steady.throttle_reasons)
+        if steady.throttle_reasons is not None
+        else f"not known ({steady.why('throttle_reasons')})"
+    )
+    return (
+        f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
+        f"{flag}; throttle reasons: {throttle or 'none'}"
+    )
 
 
 def time_to_target_text(figures) -> str:
-    """"PPL 5.06 (floor*1.2): 41.2 s (init 3.1 s apart), step 80, 640 samples, 0.0114 device-hours"."""
+    """ "PPL 5.06 (floor*1.2): 41.2 s (init 3.1 s apart), step 80, 640 samples, 0.0114 device-hours"."""
     from hwbench.target import Target
 
     target = Target(figures.metric, figures.value, figures.given).text()
@@ -110,8 +139,10 @@ def time_to_target_text(figures) -> str:
     init = f"init {figures.init_s:,.1f} s apart" if figures.init_s is not None else "init not measured"
     energy = f", {figures.energy_j:,.0f} J" if figures.energy_j is not None else ""
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
-    return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
-            f"{figures.device_hours:.3g} device-hours{energy}{cost}")
+    return (
+        f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
+        f"{figures.device_hours:.3g} device-hours{energy}{cost}"
+    )
 
 
 def checkpoint_text(result: RunResult) -> str:
@@ -121,17 +152,23 @@ def checkpoint_text(result: RunResult) -> str:
     saves, loads, restarts = checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []
     if saves:
         rate = "-" if checkpoint.save_gb_per_s is None else f"{checkpoint.save_gb_per_s:,.3g} GB/s"
-        parts.append(f"{len(saves)} saved, {human_bytes(checkpoint.save_bytes)} each at {rate}, stall "
-                     f"{_ms(checkpoint.save_stall_s)} ms per save"
-                     + ("" if checkpoint.stall_s_per_hour is None else
-                        f" ({checkpoint.stall_s_per_hour:,.1f} s per hour at --save-interval {checkpoint.save_interval})"))
+        parts.append(
+            f"{len(saves)} saved, {human_bytes(checkpoint.save_bytes)} each at {rate}, stall "
+            f"{_ms(checkpoint.save_stall_s)} ms per save"
+            + (
+                ""
+                if checkpoint.stall_s_per_hour is None
+                else f" ({checkpoint.stall_s_per_hour:,.1f} s per hour at --save-interval {checkpoint.save_interval})"
+            )
+        )
     for load in loads[-1:]:
         rate = "-" if load.gb_per_s is None else f"{load.gb_per_s:,.3g} GB/s"
         parts.append(f"loaded step {load.iteration} ({human_bytes(load.bytes)} at {rate})")
     if restarts:
         lost = sum(r.time_lost_s or 0.0 for r in restarts)
-        parts.append(f"{len(restarts)} restart(s), {sum(r.steps_lost or 0 for r in restarts)} steps and {lost:,.1f} s "
-                     "lost")
+        parts.append(
+            f"{len(restarts)} restart(s), {sum(r.steps_lost or 0 for r in restarts)} steps and {lost:,.1f} s lost"
+        )
     return "; ".join(parts) or "none"
 
 
@@ -148,8 +185,10 @@ def _measured_ceiling_text(result: RunResult) -> str:
     mfu, ceiling = result.metrics.mfu_measured_ceiling, result.device.measured_ceiling
     if mfu is None or not ceiling or ceiling.flops is None:
         return _why(result, "mfu_measured_ceiling")
-    return (f"{mfu:.1%} of {flops_rate_text(ceiling.flops)} ({ceiling.precision} GEMM, n={ceiling.size}, "
-            f"measured {(ceiling.measured_at or '?')[:10]}, driver {ceiling.driver})")
+    return (
+        f"{mfu:.1%} of {flops_rate_text(ceiling.flops)} ({ceiling.precision} GEMM, n={ceiling.size}, "
+        f"measured {(ceiling.measured_at or '?')[:10]}, driver {ceiling.driver})"
+    )
 
 
 def _memory_text(memory: Memory) -> str:
@@ -161,12 +200,14 @@ def _memory_text(memory: Memory) -> str:
     else:
         allocated_text = human_bytes(allocated) if allocated is not None or not reason else f"n/a ({reason})"
     reserved_name = "resident set" if "resident set" in reason else "reserved"
-    return (f"allocated {allocated_text}, {reserved_name} {human_bytes(memory.peak_reserved_bytes)} "
-            f"of {human_bytes(memory.capacity_bytes)}")
+    return (
+        f"allocated {allocated_text}, {reserved_name} {human_bytes(memory.peak_reserved_bytes)} "
+        f"of {human_bytes(memory.capacity_bytes)}"
+    )
 
 
 def layout_text(result: RunResult) -> str:
-    """"TP2 PP1 DP2, native (ddp), 4 ranks on 2 nodes"."""
+    """ "TP2 PP1 DP2, native (ddp), 4 ranks on 2 nodes"."""
     spec, engine = result.spec, result.engine
     text = f"TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp}"
     if (engine.name or spec.engine) == "deepspeed":
@@ -214,8 +255,9 @@ def sweep_summary_table(suite, records) -> str:
         aggregate = record.aggregate or {}
         if aggregate:
             samples = aggregate["samples_per_s"]
-            throughput = f"{samples['median']:,.2f}" + (f" (CV {samples['cv']:.1%}{', noisy' if samples['noisy'] else ''})"
-                                                        if samples["n"] > 1 else "")
+            throughput = f"{samples['median']:,.2f}" + (
+                f" (CV {samples['cv']:.1%}{', noisy' if samples['noisy'] else ''})" if samples["n"] > 1 else ""
+            )
         elif ok and ok[0].metrics.samples_per_s is not None:
             throughput = f"{ok[0].metrics.samples_per_s:,.2f}"
         else:
@@ -225,8 +267,16 @@ def sweep_summary_table(suite, records) -> str:
         note = next((r.error.message or "" for r in record.results if r.error), "")
         if record.reused:
             note = (f"{record.reused} kept; " + note).strip("; ")
-        rows.append([record.point.name, counts, throughput, f"{mfu:.1%}" if mfu is not None else "-",
-                     human_bytes(memory), note[:90]])
+        rows.append(
+            [
+                record.point.name,
+                counts,
+                throughput,
+                f"{mfu:.1%}" if mfu is not None else "-",
+                human_bytes(memory),
+                note[:90],
+            ]
+        )
         if any(r.metrics.time_to_target for r in record.results if r.metrics):
             rows[-1].insert(3, _sweep_time_to_target(record))
     headers = ["point", "status", "samples/s", "MFU", "peak memory", "note"]
@@ -242,8 +292,11 @@ def _sweep_time_to_target(record) -> str:
     score = (record.aggregate or {}).get("time_to_target_s")
     if score and score["score"] is not None:
         return f"{score['score']:,.1f} s (olympic mean of {score['runs']}: fastest and slowest dropped)"
-    reached = [r.metrics.time_to_target for r in record.results if r.metrics and r.metrics.time_to_target
-               and r.metrics.time_to_target.reached]
+    reached = [
+        r.metrics.time_to_target
+        for r in record.results
+        if r.metrics and r.metrics.time_to_target and r.metrics.time_to_target.reached
+    ]
     if len(reached) == 1 and len(record.results) == 1:
         return f"{reached[0].scored_time_s:,.1f} s"
     return score["why"] if score else "not reached"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
