@@ -263,6 +263,7 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
         "environment",
         "nodes",
         "sweep",
+        "checkpoint",
         "error",
         "warnings",
         "started_at",

@@ -725,7 +725,7 @@ class RunResult(Section):
     finished_at: Text = ""
     hwbench_version: Text = __version__
 
-    """The file's mapping in and out, and the facts derived from its fields."""
+    # the file's mapping in and out, and the facts derived from its fields
 
     def model_post_init(self, context: Any) -> None:
         # every top-level field is written, set or not (an empty section as {})
