@@ -43,6 +43,9 @@ class Candidate:
     published: bool = False
     variant: str = ""  # what sets the point apart beyond device, layout and precision (seq 64, recompute)
     seq_length: int | None = None
+    catalog: str = ""  # the catalog entry the device matched, with its title
+    peak: str = ""  # its peak for the workload's precision, with the source, or why there is none
+    mfu_note: str = ""  # whether the run's MFU is measured against that peak, and why not
 
     @property
     def median(self) -> float:
@@ -138,8 +141,25 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
-            seq_length=first.get("seq_length")))
+            seq_length=first.get("seq_length"), **_peak_texts(first)))
     return candidates
+
+
+def _peak_texts(row: dict[str, Any]) -> dict[str, str]:
+    """The catalog entry of a run's device and its peak for the run's precision with the source:
+    the figure the run was measured against (the result's), else the entry's as the catalog has
+    it (a simulated run, or one without a figure), and whether MFU was measured against it."""
+    from hwbench.catalog import load_catalog
+
+    precision = row["precision"]
+    entry = load_catalog().devices.get(row["catalog_entry"] or "")
+    mfu = "MFU measured against this peak" if is_number(row["mfu"]) else f"no MFU: {row['mfu_reason']}"
+    if entry is None:
+        return {"catalog": "none: no catalog entry matches this device", "peak": "no catalog entry", "mfu_note": mfu}
+    figure = entry.peak_flops.get(precision)
+    peak = row["peak_flops_basis"] or (f"{entry.name} {precision}: {figure.describe()}" if figure
+                                       else f"{entry.name} lists no {precision} peak")
+    return {"catalog": f"{entry.name} ({entry.title})", "peak": peak, "mfu_note": mfu}
 
 
 def _best_point(rows: list[dict[str, Any]]) -> str:
@@ -180,6 +200,8 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
     fastest = max(everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
+    if measured:
+        blocks.append(("table", _peaks_table(measured, precision)))
     if len({c.variant for c in measured}) > 1:  # the devices' best points are not the same workload settings
         blocks.append(("p", "The best points differ in more than device and layout: " + "; ".join(
             f"{c.device}: {c.variant or 'the defaults (native engine, no fsdp, recompute or compile)'}" for c in measured)
@@ -205,6 +227,14 @@ def _candidates_table(candidates: list[Candidate], fastest: Candidate, projectio
             figure(statistics.median(c.energy) if c.energy else None, ".4g", "J", "not measured",
                    note=None if c.energy else f"energy not measured: {c.energy_why}"),
             fmt(days, 2), usd(cost, ",.0f", "no price"), _scaling_cell(c)])
+    return table
+
+
+def _peaks_table(measured: list[Candidate], precision: str) -> Table:
+    """Each measured device's catalog entry and its peak with the source, side by side."""
+    table = Table(["device", "catalog entry", f"peak per device ({precision}) and its source", "MFU"], [])
+    for c in measured:
+        table.rows.append([c.device, c.catalog, c.peak, c.mfu_note])
     return table
 
 
