@@ -67,6 +67,7 @@ def test_each_stand_in_run_is_its_device_simulated_without_mfu(results):
         assert device["peak_flops"] is None and metrics["mfu"] is None
         assert "simulated" in metrics["unmeasured"]["mfu"]
         assert found[backend]["warnings"][0].startswith(f"device simulated: a stand-in ran the {backend} code path")
+    assert found["hpu"]["metrics"]["memory"]["capacity_bytes"] == 131072 * 2**20  # the Gaudi 3's, not the Gaudi 2's
 
 
 def catalog_peak(entry: str) -> str:

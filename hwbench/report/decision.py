@@ -129,6 +129,7 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         best = _best_point(mine)
         runs = [row for row in mine if row["point"] == best]
         first = runs[0]
+        catalog, peak, mfu_note = _peak_texts(first)
         price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
             if is_number(first["price_usd_per_hour"]) else None
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
@@ -141,25 +142,27 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
-            seq_length=first.get("seq_length"), **_peak_texts(first)))
+            seq_length=first.get("seq_length"), catalog=catalog, peak=peak, mfu_note=mfu_note))
     return candidates
 
 
-def _peak_texts(row: dict[str, Any]) -> dict[str, str]:
+def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
     """The catalog entry of a run's device and its peak for the run's precision with the source:
     the figure the run was measured against (the result's), else the entry's as the catalog has
-    it (a simulated run, or one without a figure), and whether MFU was measured against it."""
+    it (a simulated run, or one without a figure), and whether MFU was measured against it, or why not."""
     from hwbench.catalog import load_catalog
 
     precision = row["precision"]
     entry = load_catalog().devices.get(row["catalog_entry"] or "")
     mfu = "MFU measured against this peak" if is_number(row["mfu"]) else f"no MFU: {row['mfu_reason']}"
     if entry is None:
-        return {"catalog": "none: no catalog entry matches this device", "peak": "no catalog entry", "mfu_note": mfu}
+        named = row["catalog_entry"]
+        catalog = f"{named} (not in this catalog)" if named else "none: no catalog entry matches this device"
+        return catalog, row["peak_flops_basis"] or "no catalog entry", mfu
     figure = entry.peak_flops.get(precision)
     peak = row["peak_flops_basis"] or (f"{entry.name} {precision}: {figure.describe()}" if figure
                                        else f"{entry.name} lists no {precision} peak")
-    return {"catalog": f"{entry.name} ({entry.title})", "peak": peak, "mfu_note": mfu}
+    return f"{entry.name} ({entry.title})", peak, mfu
 
 
 def _best_point(rows: list[dict[str, Any]]) -> str:
