@@ -430,7 +430,7 @@ def test_best_points_of_different_settings_say_what_differs(tmp_path):
     rows = {
         line.split("|")[1].strip(): line.split("|")[2].strip()
         for line in decision.splitlines()
-        if line.startswith("| NVIDIA")
+        if line.startswith("| NVIDIA") and " ranks" in line  # the best points' table, not the peaks'
     }
     assert rows == {
         "NVIDIA H100 80GB HBM3": "TP1 PP1 DP1 x1 ranks, seq 64",
@@ -509,3 +509,26 @@ def test_a_published_row_at_another_sequence_length_is_said_to_be_another_worklo
     )
     published = next(line for line in decision.splitlines() if line.startswith("| published 8p-GPU(A)"))
     assert "| TP1 PP1 on 8, seq 1024 " in published
+
+
+def test_each_device_is_shown_with_its_catalog_entry_and_the_peak_its_mfu_used(tmp_path):
+    """The peak a run measured its MFU against is the result's own (what the catalog said when it
+    ran); without one, the catalog's figure or why it has none, and why there is no MFU."""
+    from hwbench.catalog import load_catalog
+
+    h100 = result("20261120T000000Z-tiny-cuda-h", H100, 1, 1000, 0)
+    h100["device"].update(peak_flops=67e12, peak_flops_basis="h100-sxm fp32: as the catalog read when it ran")
+    h100["metrics"]["mfu"] = 0.25
+    a100 = result("20261120T000000Z-tiny-cuda-a", A100, 1, 500, 0)
+    a100["metrics"]["unmeasured"]["mfu"] = "the power limit could not be read"
+    data = json.loads(report(str(write(tmp_path / "runs", h100, a100)), "--format", "json"))
+    peaks = next(block["table"] for block in data["decision"] if "catalog entry" in block.get("table", [{}])[0])
+    rows = {row["device"]: row for row in peaks}
+    assert rows["NVIDIA H100 80GB HBM3"] == {
+        "device": "NVIDIA H100 80GB HBM3", "catalog entry": "h100-sxm (NVIDIA H100 SXM5 80GB)",
+        "peak per device (fp32) and its source": "h100-sxm fp32: as the catalog read when it ran",
+        "MFU": "MFU measured against this peak"}
+    a100_fp32 = load_catalog().devices["a100-sxm"].peak_flops["fp32"]
+    assert rows["NVIDIA A100-SXM4-40GB"]["peak per device (fp32) and its source"] == \
+        f"a100-sxm fp32: {a100_fp32.describe()}" and a100_fp32.source in a100_fp32.describe()
+    assert rows["NVIDIA A100-SXM4-40GB"]["MFU"] == "no MFU: the power limit could not be read"

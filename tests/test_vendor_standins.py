@@ -1,6 +1,7 @@
-"""AMD Instinct (ROCm) and Intel Gaudi (HPU) paths through the stand-ins in tests/fakes/rocm and
-tests/fakes/gaudi: complete, simulated results with telemetry, the one-line errors on a machine
-without the vendor software, and the resources `hwbench k8s`/`hwbench slurm` request."""
+"""NVIDIA (CUDA), AMD Instinct (ROCm) and Intel Gaudi (HPU) paths through the stand-ins in
+tests/fakes/cuda, tests/fakes/rocm and tests/fakes/gaudi: complete, simulated results with
+telemetry, the one-line errors on a machine without the vendor software, and the resources
+`hwbench k8s`/`hwbench slurm` request."""
 
 from __future__ import annotations
 
@@ -53,6 +54,27 @@ def test_a_rocm_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert gpu["power_w_mean"] == 717 and gpu["temperature_c_max"] == 52 and gpu["pci_bus_id"] == "0000:0c:00.0"
     assert gpu["throttle_reasons"] == ["package_power"] and gpu["energy_resolution_uj"] == pytest.approx(15.259)
     assert gpu["energy_j"] / telemetry["window_s"] == pytest.approx(717, rel=0.05)  # the counter, in joules
+
+
+def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
+    done = hwbench([*RUN, "--device", "cuda", "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("cuda"), HWBENCH_STANDIN_CUDA="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    device, env = result["device"], result["environment"]
+    assert (device["backend"], device["device_model"], device["catalog_entry"]) == ("cuda", "NVIDIA H100 80GB HBM3",
+                                                                                    "h100-sxm")
+    assert device["simulated"] is True and device["torch_device"] == "cpu" and device["dist_backend"] == "gloo"
+    assert result["metrics"]["mfu"] is None and "simulated" in result["metrics"]["unmeasured"]["mfu"]
+    assert result["warnings"][0].startswith("device simulated: a stand-in ran the cuda code path")
+    assert (env["cuda_version"], env["driver_version"], env["compute_capability"]) == ("12.4", "550.54.15", ["9.0"])
+    assert result["metrics"]["memory"]["capacity_bytes"] == 81559 * 2**20
+    telemetry = result["metrics"]["telemetry"]
+    assert telemetry["source"] == "nvml" and telemetry["available"] is True
+    gpu = telemetry["devices"][0]
+    assert (gpu["power_w_mean"], gpu["temperature_c_max"]) == (88, 28)
+    assert gpu["identified_by"] == "uuid" and gpu["pci_bus_id"] == "0000:18:00.0"
+    assert gpu["energy_j"] / telemetry["window_s"] == pytest.approx(88, rel=0.05)  # the counter, in joules
 
 
 def test_a_gaudi_run_through_the_stand_in_names_its_mode_and_marks_each_lazy_step(tmp_path):

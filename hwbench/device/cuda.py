@@ -1,4 +1,8 @@
-"""The CUDA backend (NVIDIA GPUs), with NVML telemetry."""
+"""The CUDA backend (NVIDIA GPUs), with NVML telemetry.
+
+Without an NVIDIA GPU it is exercised through a stand-in (tests/fakes/cuda) that makes a CPU
+build of torch look like a CUDA build and marks ``torch.cuda.__hwbench_stand_in__``: results
+are then simulated and computed on the host CPU (as the ROCm backend's, which shares this code)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
-from hwbench.device.base import HostSyncCount
+from hwbench.device.base import Backend, HostSyncCount
 from hwbench.device.kinds import KINDS, choose_allocator_setting
 from hwbench.device.nvml import (
     CudaDeviceIds,
@@ -93,7 +97,19 @@ class CudaBackend(AcceleratorBackend):
                 "--device cuda: torch sees no CUDA device; check nvidia-smi, the driver "
                 "and CUDA_VISIBLE_DEVICES"
             )
+        self._mark_stand_in()
         super().__init__(torch.cuda)
+
+    def _mark_stand_in(self) -> None:
+        """A stand-in torch.cuda (tests/fakes) computes on the host: simulated, no NCCL or RCCL there."""
+        self.simulated = bool(getattr(torch.cuda, "__hwbench_stand_in__", False))
+        if self.simulated:
+            self.dist_backend = "gloo"
+
+    def _set_device(self, local_rank: int) -> torch.device:
+        self.local_index = local_rank
+        self.api.set_device(local_rank)
+        return torch.device("cpu") if self.simulated else torch.device("cuda", local_rank)
 
     @staticmethod
     def installed() -> bool:
@@ -131,6 +147,8 @@ class CudaBackend(AcceleratorBackend):
         return choose_allocator_setting(allocator, os.environ, torch.cuda.is_initialized())
 
     def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
+        if self.simulated:  # no sync debug mode without a device
+            return Backend.counting_host_syncs(self)
         return self._counting_host_syncs()
 
     @contextlib.contextmanager
@@ -153,6 +171,8 @@ class CudaBackend(AcceleratorBackend):
         # From pageable memory the copy would block the host until the stream drains,
         # serialising host and GPU once per micro-batch; pinned memory (cached by
         # torch's host allocator) lets it queue like a kernel.
+        if self.simulated:  # no pinned memory without a device
+            return host_tensor
         return host_tensor.pin_memory().to(self.torch_device, non_blocking=True)
 
     def precision_problem(self, precision: str) -> str | None:

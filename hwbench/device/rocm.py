@@ -12,7 +12,6 @@ are then simulated and computed on the host CPU."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.amd_smi import AmdSmiSampler, amdgpu_driver_version
-from hwbench.device.base import Backend, HostSyncCount
+from hwbench.device.base import Backend
 from hwbench.device.cuda import CudaBackend
 from hwbench.device.kinds import KINDS
 from hwbench.device.nvml import pci_bus_id
@@ -55,9 +54,7 @@ class RocmBackend(CudaBackend):
         if problem:
             raise SetupError(f"--device rocm: {problem}")
         self.allocator_settings = self._choose_allocator_setting()  # none for ROCm: its allocator is not checked
-        self.simulated = bool(getattr(torch.cuda, "__hwbench_stand_in__", False))
-        if self.simulated:
-            self.dist_backend = "gloo"  # the stand-in computes on the host: no RCCL there
+        self._mark_stand_in()
         AcceleratorBackend.__init__(self, torch.cuda)  # CudaBackend's checks are for CUDA builds
 
     @staticmethod
@@ -78,21 +75,6 @@ class RocmBackend(CudaBackend):
         except Exception as error:
             return f"HIP failed: {type(error).__name__}: {error}"
         return "torch sees no AMD GPU (check amd-smi, the amdgpu driver and HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES)"
-
-    def _set_device(self, local_rank: int) -> torch.device:
-        self.local_index = local_rank
-        self.api.set_device(local_rank)
-        return torch.device("cpu") if self.simulated else torch.device("cuda", local_rank)
-
-    def to_device(self, host_tensor: torch.Tensor) -> torch.Tensor:
-        if self.simulated:  # no pinned memory without a device
-            return host_tensor
-        return super().to_device(host_tensor)
-
-    def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
-        if self.simulated:
-            return Backend.counting_host_syncs(self)
-        return super().counting_host_syncs()
 
     def precision_problem(self, precision: str) -> str | None:
         if precision == "bf16" and not torch.cuda.is_bf16_supported():

@@ -45,6 +45,9 @@ class Candidate:
     published: bool = False
     variant: str = ""  # what sets the point apart beyond device, layout and precision (seq 64, recompute)
     seq_length: int | None = None
+    catalog: str = ""  # the catalog entry the device matched, with its title
+    peak: str = ""  # its peak for the workload's precision, with the source, or why there is none
+    mfu_note: str = ""  # whether the run's MFU is measured against that peak, and why not
 
     @property
     def median(self) -> float:
@@ -129,6 +132,7 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         best = _best_point(mine)
         runs = [row for row in mine if row["point"] == best]
         first = runs[0]
+        catalog, peak, mfu_note = _peak_texts(first)
         price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
             if is_number(first["price_usd_per_hour"]) else None
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
@@ -141,8 +145,27 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
             energy=energy, price=price, price_why=None if price else first["price_source"],
             fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
-            seq_length=first.get("seq_length")))
+            seq_length=first.get("seq_length"), catalog=catalog, peak=peak, mfu_note=mfu_note))
     return candidates
+
+
+def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
+    """The catalog entry of a run's device and its peak for the run's precision with the source:
+    the figure the run was measured against (the result's), else the entry's as the catalog has
+    it (a simulated run, or one without a figure), and whether MFU was measured against it, or why not."""
+    from hwbench.catalog import load_catalog
+
+    precision = row["precision"]
+    entry = load_catalog().devices.get(row["catalog_entry"] or "")
+    mfu = "MFU measured against this peak" if is_number(row["mfu"]) else f"no MFU: {row['mfu_reason']}"
+    if entry is None:
+        named = row["catalog_entry"]
+        catalog = f"{named} (not in this catalog)" if named else "none: no catalog entry matches this device"
+        return catalog, row["peak_flops_basis"] or "no catalog entry", mfu
+    figure = entry.peak_flops.get(precision)
+    peak = row["peak_flops_basis"] or (f"{entry.name} {precision}: {figure.describe()}" if figure
+                                       else f"{entry.name} lists no {precision} peak")
+    return f"{entry.name} ({entry.title})", peak, mfu
 
 
 def _best_point(rows: list[dict[str, Any]]) -> str:
@@ -183,6 +206,8 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
     fastest = max(everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
+    if measured:
+        blocks.append(("table", _peaks_table(measured, precision)))
     if len({c.variant for c in measured}) > 1:  # the devices' best points are not the same workload settings
         blocks.append(
             (
@@ -246,6 +271,14 @@ def _candidates_table(candidates: list[Candidate], fastest: Candidate, projectio
                 _scaling_cell(c),
             ]
         )
+    return table
+
+
+def _peaks_table(measured: list[Candidate], precision: str) -> Table:
+    """Each measured device's catalog entry and its peak with the source, side by side."""
+    table = Table(["device", "catalog entry", f"peak per device ({precision}) and its source", "MFU"], [])
+    for c in measured:
+        table.rows.append([c.device, c.catalog, c.peak, c.mfu_note])
     return table
 
 

@@ -55,6 +55,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "model": spec.model, "parameters": result.workload.parameters,
         "device_model": device.device_model, "backend": device.backend,
         "simulated": bool(device.simulated), "catalog_entry": device.catalog_entry,
+        "peak_flops": device.peak_flops, "peak_flops_basis": device.peak_flops_basis,
         "world_size": result.world_size, "tp": tp, "pp": pp, "dp": dp, "layout": f"TP{tp} PP{pp} DP{dp}",
         "engine": spec.engine, "zero_stage": spec.zero_stage, "fsdp": spec.fsdp,
         "precision": spec.precision, "recompute": spec.recompute,

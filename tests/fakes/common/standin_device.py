@@ -1,4 +1,4 @@
-"""What the ROCm and Gaudi stand-ins share: a torch.cuda-like device API over the host CPU
+"""What the CUDA, ROCm and Gaudi stand-ins share: a torch.cuda-like device API over the host CPU
 (for hwbench's tests only; it drives no hardware). Each stand-in fills in the names and
 figures of its device."""
 
@@ -57,3 +57,18 @@ def device_api(module_name: str, visible_env: str, name: str, properties, memory
     api.reset_peak_memory_stats = lambda device=None: None
     api.is_bf16_supported = lambda *args, **kwargs: True
     return api
+
+
+TORCH_CUDA_CALLS = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
+                    "get_device_properties", "synchronize", "Event", "memory_stats", "reset_peak_memory_stats",
+                    "is_bf16_supported")
+
+
+def replace_torch_cuda(torch, visible_env: str, properties, memory_stats: dict) -> None:
+    """Make the CPU build's ``torch.cuda`` answer as ``properties`` describe, over the host CPU,
+    and mark it ``__hwbench_stand_in__`` (hwbench then computes on the host and marks results
+    simulated). The CUDA and ROCm stand-ins differ only in the device and in torch.version."""
+    api = device_api("torch.cuda", visible_env, properties.name, properties, memory_stats)
+    for attribute in TORCH_CUDA_CALLS:
+        setattr(torch.cuda, attribute, getattr(api, attribute))
+    torch.cuda.__hwbench_stand_in__ = True

@@ -25,7 +25,7 @@ if os.environ.get("HWBENCH_STANDIN_ROCM") == "1":
     import types
 
     import torch
-    from standin_device import device_api
+    from standin_device import replace_torch_cuda
 
     GIB = 2**30
     PROPERTIES = types.SimpleNamespace(
@@ -37,11 +37,6 @@ if os.environ.get("HWBENCH_STANDIN_ROCM") == "1":
     HIP_VERSION = "6.4.43482-0f2d60242"
     RCCL_VERSION = (2, 22, 3)
 
-    api = device_api("torch.cuda", "HIP_VISIBLE_DEVICES", PROPERTIES.name, PROPERTIES, RECORDED_MEMORY_STATS)
     torch.version.hip = HIP_VERSION
-    for attribute in ("is_available", "device_count", "set_device", "current_device", "get_device_name",
-                      "get_device_properties", "synchronize", "Event", "memory_stats", "reset_peak_memory_stats",
-                      "is_bf16_supported"):
-        setattr(torch.cuda, attribute, getattr(api, attribute))
-    torch.cuda.__hwbench_stand_in__ = True
+    replace_torch_cuda(torch, "HIP_VISIBLE_DEVICES", PROPERTIES, RECORDED_MEMORY_STATS)
     torch.cuda.nccl.version = lambda: RCCL_VERSION
