@@ -61,7 +61,8 @@ def sweep(suite: str | os.PathLike, *, out: str | os.PathLike = "results/runs", 
     from hwbench.harness.executor import SweepOptions
     from hwbench.harness.sweep import run_sweep
 
-    options = SweepOptions(out_dir=out, device=device, nproc_per_node=nproc_per_node, repeats=repeats, force=force,
+    options = SweepOptions(out_dir=out,  # type: ignore[arg-type]  # SweepOptions checks it and makes it a Path
+                           device=device, nproc_per_node=nproc_per_node, repeats=repeats, force=force,
                            plan=plan)
     return run_sweep(suite, options, slurm=slurm, progress=progress)
 

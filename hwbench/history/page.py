@@ -46,6 +46,7 @@ def trend_page(analyses: list[SeriesChanges], threshold: float) -> str:
 def _section(analysis: SeriesChanges) -> _Section:
     series = analysis.series
     if analysis.open_regression:
+        assert analysis.open_change is not None, "series_changes gives an open regression its change"
         badge, kind = f"open regression {analysis.open_change * 100:+.1f}%", "open"
     elif analysis.changes:
         badge, kind = f"{len(analysis.changes)} change point(s)", "moved"

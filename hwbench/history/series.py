@@ -80,6 +80,8 @@ def nights_of(runs: list[StoredRun]) -> list[Night]:
     """Runs (oldest first) grouped into nights: same UTC date, commit and fingerprint."""
     grouped: dict[tuple, Night] = {}
     for run in runs:
+        if run.value is None:  # the run has no such figure: no observation
+            continue
         group = (run.night, run.commit, tuple(sorted(run.fingerprint.items())))
         if group not in grouped:
             grouped[group] = Night(run.night, run.commit, run.started_at, [], [], run.fingerprint)

@@ -57,7 +57,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     if runs.empty:  # the published tables alone
         sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
-    sections = [
+    candidates = [
         decision,
         runs_section(runs),
         published_section(runs, comparison, published, published_note),
@@ -69,7 +69,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
         environment_section(runs, warnings_found),
         skipped_section(skipped),
     ]
-    sections = [section for section in sections if section is not None]
+    sections = [section for section in candidates if section is not None]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
 
@@ -183,9 +183,9 @@ def make_report(
 
     tokens, projection_devices = check_projection(tokens, projection_devices)
     checked_prices = as_prices(prices)
-    found, skipped = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
+    found, unreadable = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
     loaded = [(result, str(path)) for result, path in found]
-    skipped = [(str(path), reason) for path, reason in skipped]
+    skipped = [(str(path), reason) for path, reason in unreadable]
     if paths and not loaded:
         raise UsageError(
             f"RESULTS {' '.join(map(str, paths))}: no readable result file "

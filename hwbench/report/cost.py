@@ -86,7 +86,7 @@ def measured_energy(result: RunResult, world: int) -> tuple[float | None, float 
     devices = telemetry.devices or []
     power, energy = telemetry.total_power_w, telemetry.total_energy_j
     if energy is None:
-        reasons = [reason for device in devices if (reason := device.why("energy_j"))]
+        reasons = [why for device in devices if (why := device.why("energy_j"))]
         return None, power, "a device reported no energy" + (f" ({reasons[0]})" if reasons else "")
     if len(devices) < world:
         return None, power, f"telemetry covered {len(devices)} of {world} devices"

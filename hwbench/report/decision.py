@@ -307,7 +307,7 @@ def _train(candidate: Candidate, projection: Projection) -> tuple[float | None, 
 
 def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
     days, cost = _train(candidate, projection)
-    if days is None:
+    if days is None or projection.tokens is None:  # no tokens: no days either
         return f"{candidate.device}: no projection ({projection.basis})."
     money = f" and costs ${cost:,.0f}" if cost is not None else f"; its cost is unknown ({candidate.price_why})"
     return (

@@ -178,7 +178,7 @@ def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANC
         raise UsageError(f"runs {a.run_id} and {b.run_id} share no step with a finite loss; nothing to compare")
     warnings = [f"spec.{key} differs: {getattr(a.spec, key)!r} vs {getattr(b.spec, key)!r}; the curves need not agree"
                 for key in MUST_MATCH if getattr(a.spec, key) != getattr(b.spec, key)]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for step in common:
         diff = relative_difference(losses_a[step], losses_b[step])
         rows.append({"step": step, "loss_a": losses_a[step], "loss_b": losses_b[step], "rel_diff": diff,

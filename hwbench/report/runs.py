@@ -37,8 +37,11 @@ def predicted_peak(result: RunResult) -> tuple[int | None, str | None]:
     workload = load_catalog().workloads.get(run_spec.model)
     if workload is None:
         return None, f"workload {run_spec.model!r} is not in this catalog"
+    backend = result.backend
+    if backend is None:
+        return None, "the result names no backend"
     try:
-        return plan_memory(run_spec, workload.model, result.backend).total_bytes, None
+        return plan_memory(run_spec, workload.model, backend).total_bytes, None
     except (UsageError, KeyError, ValueError, ZeroDivisionError) as error:
         return None, f"the planner cannot plan it: {error}"
 
@@ -92,8 +95,8 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         row["predicted_peak_bytes"], row["predicted_reason"] = predicted_peak(result)
     else:
         row["predicted_peak_bytes"], row["predicted_reason"] = None, f"status {result.status}"
-    key = result.point_key
-    row["point"] = None if key is None else key.text()  # as `hwbench compare` keys it: its repeats share it
+    point_key = result.point_key
+    row["point"] = None if point_key is None else point_key.text()  # as `hwbench compare` keys it: its repeats share it
     row.update(procurement_figures(result, row, prices, tokens))
     row.update(target_figures(result, row["price_usd_per_hour"]))
     row.update(checkpoint_figures(result))

@@ -11,8 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.report.cells import fmt, is_number, usd
+from hwbench.report.cells import fmt, is_number, number, usd
 from hwbench.report.document import Section, Table
+from hwbench.report.summary import target_text
 from hwbench.result.model import RunResult
 from hwbench.stats import olympic_score
 
@@ -27,15 +28,12 @@ def target_figures(result: RunResult, price_usd_per_hour: float | None) -> dict[
         return dict.fromkeys(("target", "target_given", "target_reached", "time_to_target_s", "steps_to_target",
                               "samples_to_target", "device_hours_to_target", "energy_to_target_j",
                               "energy_to_target_reason", "cost_to_target_usd"))
-    from hwbench.target import Target
-
-    hours = figures.device_hours
-    return {"target": Target(figures.metric, figures.value, figures.given).text(), "target_given": figures.given,
+    hours, price = figures.device_hours, number(price_usd_per_hour)
+    return {"target": target_text(figures), "target_given": figures.given,
             "target_reached": figures.reached, "time_to_target_s": figures.scored_time_s,
             "steps_to_target": figures.step, "samples_to_target": figures.samples, "device_hours_to_target": hours,
             "energy_to_target_j": figures.energy_j, "energy_to_target_reason": figures.why("energy_j"),
-            "cost_to_target_usd": hours * price_usd_per_hour if hours is not None and is_number(price_usd_per_hour)
-            else None}
+            "cost_to_target_usd": hours * price if hours is not None and price is not None else None}
 
 
 # A run reaching its target in this much fewer samples than the reference run of its workload,
@@ -52,21 +50,35 @@ def fast_convergence_flags(results: list[RunResult], references: list[RunResult]
     length, data and target that reached it too."""
     flags: dict[str, str] = {}
     for result in results:
-        mine = result.metrics.time_to_target if result.metrics else None
-        if not mine or not mine.reached:
+        mine = _samples_to_target(result)
+        if mine is None:
             continue
-        reference = next((ref for ref in references if ref.run_id != result.run_id and ref.metrics
-                          and ref.metrics.time_to_target and ref.metrics.time_to_target.reached
-                          and all(getattr(ref.spec, key) == getattr(result.spec, key)
-                                  for key in REFERENCE_TARGET_MATCH)), None)
+        reference = _reference_samples(result, references)
         if reference is None:
             continue
-        theirs = reference.metrics.time_to_target.samples
-        if mine.samples < theirs * (1 - FAST_CONVERGENCE_MARGIN):
-            flags[result.run_id] = (f"reached the target in {mine.samples:,} samples, {1 - mine.samples / theirs:.0%} "
-                                    f"fewer than the reference {reference.run_id} ({theirs:,}; flagged beyond "
+        reference_id, theirs = reference
+        if mine < theirs * (1 - FAST_CONVERGENCE_MARGIN):
+            flags[result.run_id] = (f"reached the target in {mine:,} samples, {1 - mine / theirs:.0%} "
+                                    f"fewer than the reference {reference_id} ({theirs:,}; flagged beyond "
                                     f"{FAST_CONVERGENCE_MARGIN:.0%}, as MLPerf's reference convergence points)")
     return flags
+
+
+def _samples_to_target(result: RunResult) -> int | None:
+    """The samples a run took to reach its target; None when it did not reach one."""
+    figures = result.metrics.time_to_target if result.metrics else None
+    return figures.samples if figures and figures.reached else None
+
+
+def _reference_samples(result: RunResult, references: list[RunResult]) -> tuple[str, int] | None:
+    """(run_id, samples to target) of the first reference of the run's workload, global batch,
+    sequence length, data and target that reached it, other than the run itself."""
+    for reference in references:
+        samples = _samples_to_target(reference)
+        if samples is not None and reference.run_id != result.run_id and all(
+                getattr(reference.spec, key) == getattr(result.spec, key) for key in REFERENCE_TARGET_MATCH):
+            return reference.run_id, samples
+    return None
 
 
 @dataclasses.dataclass

@@ -177,7 +177,7 @@ def published_section(
     return section
 
 
-def model_section(runs: pd.DataFrame, images: dict[str, bytes], also_formula: str | None = None) -> Section:
+def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str | None = None) -> Section:
     """``also_formula``: a FLOPs formula whose MFU gets a column beside each run's own."""
     section = Section("Per model")
     section.blocks.append(
@@ -291,8 +291,8 @@ CPU_PREDICTION_NOTE = (
 )
 
 
-def _model_images(model: str, images: dict) -> list[tuple]:
-    blocks = [
+def _model_images(model: str, images: dict[str, str]) -> list[tuple]:
+    blocks: list[tuple] = [
         ("img", f"{kind}:{model}", f"{model}: {alt}")
         for kind, alt in (
             ("throughput", "throughput per device charged"),
@@ -395,7 +395,7 @@ def _procurement_row(run: pd.Series) -> list[Any]:
     ]
 
 
-def convergence_section(runs: pd.DataFrame, images: dict[str, bytes]) -> Section:
+def convergence_section(runs: pd.DataFrame, images: dict[str, str]) -> Section:
     section = Section("Convergence")
     section.blocks.append(
         (

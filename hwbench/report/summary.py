@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from hwbench.result.model import Memory, RunResult, StepTime
+from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
 
 
@@ -85,7 +85,7 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
     if result.checkpoint is not None:
-        rows.append(("checkpoints", checkpoint_text(result)))
+        rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
     for warning in result.warnings:
         rows.append(("warning", warning))
     if path:
@@ -129,11 +129,18 @@ def steady_state_text(steady) -> str:
     )
 
 
-def time_to_target_text(figures) -> str:
-    """ "PPL 5.06 (floor*1.2): 41.2 s (init 3.1 s apart), step 80, 640 samples, 0.0114 device-hours"."""
+def target_text(figures: TimeToTarget) -> str:
+    """The target a time-to-target section was measured against: "PPL 5.06 (floor*1.2)"."""
     from hwbench.target import Target
 
-    target = Target(figures.metric, figures.value, figures.given).text()
+    assert figures.metric is not None and figures.value is not None and figures.given is not None, \
+        "harness.merge.time_to_target names the target in every section it writes"
+    return Target(figures.metric, figures.value, figures.given).text()
+
+
+def time_to_target_text(figures: TimeToTarget) -> str:
+    """ "PPL 5.06 (floor*1.2): 41.2 s (init 3.1 s apart), step 80, 640 samples, 0.0114 device-hours"."""
+    target = target_text(figures)
     if not figures.reached:
         return f"{target}: {figures.why('step')}"
     init = f"init {figures.init_s:,.1f} s apart" if figures.init_s is not None else "init not measured"
@@ -145,9 +152,8 @@ def time_to_target_text(figures) -> str:
     )
 
 
-def checkpoint_text(result: RunResult) -> str:
+def checkpoint_text(checkpoint: Checkpoints) -> str:
     """The saves (size, rate, stall, the --save-interval policy's stall per hour), the load and the restarts."""
-    checkpoint = result.checkpoint
     parts = []
     saves, loads, restarts = checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []
     if saves:

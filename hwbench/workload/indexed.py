@@ -324,7 +324,7 @@ class IndexedDatasetWriter:
             raise IndexedDatasetError(f"{self.path_prefix}: a document of {int(lengths.max())} tokens is longer "
                                       "than the format's int32 sequence length allows")
         self._check_range(tokens, lengths)
-        self._bin.write(memoryview(np.ascontiguousarray(tokens, dtype=self._disk_dtype)).cast("B"))
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self._disk_dtype).data.cast("B"))
         present = lengths[lengths > 0]
         ends = len(self._lengths) + np.cumsum(lengths > 0)
         self._lengths.frombytes(present.astype("=i4").tobytes())

@@ -41,6 +41,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import gzip
+import io
 import json
 import lzma
 import multiprocessing
@@ -49,9 +50,9 @@ import signal
 import sys
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import ExitStack, closing
-from typing import IO, TextIO
+from typing import Literal, TextIO
 
 import numpy as np
 from tabulate import tabulate
@@ -66,7 +67,8 @@ TOKENIZERS = ("gpt2-bpe", "byte")
 TOKENIZER_ALIASES = {"GPT2BPETokenizer": "gpt2-bpe"}  # Megatron's --tokenizer-type name
 INPUT_FORMATS = ("json", "text")
 TEXT_DOCUMENTS = ("paragraph", "line", "file")
-COMPRESSIONS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+Opener = Callable[[str, Literal["rb"]], io.BufferedIOBase]
+COMPRESSIONS: dict[str, Opener] = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 JSON_SUFFIXES = (".json", ".jsonl", ".ndjson", ".jsonlines")
 TEXT_SUFFIXES = (".txt", ".text")
 CHUNK_DOCUMENTS = 256
@@ -212,7 +214,7 @@ class Chunk:
     size: int = 0
 
 
-def open_input(path: str) -> IO[bytes]:
+def open_input(path: str) -> io.BufferedIOBase:
     """The input as a binary stream, decompressed by its suffix."""
     opener = COMPRESSIONS.get(os.path.splitext(path)[1].lower(), open)
     try:
@@ -221,7 +223,8 @@ def open_input(path: str) -> IO[bytes]:
         raise UsageError(f"--input {path}: cannot open ({error.strerror or error})") from None
 
 
-def read_documents(stream: IO[bytes], input_format: str, text_document: str) -> Iterator[tuple[int, int, bytes]]:
+def read_documents(stream: io.BufferedIOBase, input_format: str,
+                   text_document: str) -> Iterator[tuple[int, int, bytes]]:
     """(line, byte offset, raw text) of each document, read lazily."""
     if input_format == "text" and text_document == "file":
         data = stream.read()
@@ -237,7 +240,7 @@ def read_documents(stream: IO[bytes], input_format: str, text_document: str) -> 
             offset += len(line)
 
 
-def _paragraphs(stream: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
+def _paragraphs(stream: io.BufferedIOBase) -> Iterator[tuple[int, int, bytes]]:
     """Blocks of non-blank lines, without the final line break."""
     block: list[bytes] = []
     block_line = block_offset = offset = 0
@@ -295,6 +298,7 @@ class ChunkEncoder:
 
     def __init__(self, tokenizer: Tokenizer, options: PrepareOptions, dtype: np.dtype) -> None:
         self.tokenizer, self.dtype = tokenizer, dtype
+        assert options.input_format is not None and options.json_keys is not None, "validate() fills these in"
         self.input_path, self.input_format = options.input_path, options.input_format
         self.keys, self.append_eod = options.json_keys, options.append_eod
 
@@ -399,7 +403,8 @@ def _worker_encode(chunk: Chunk) -> EncodedChunk:
     return _worker_encoder(chunk)
 
 
-def encode_chunks(chunks: Iterator[Chunk], encoder: ChunkEncoder, workers: int) -> Iterator[EncodedChunk]:
+def encode_chunks(chunks: Iterator[Chunk], encoder: ChunkEncoder,
+                  workers: int) -> Generator[EncodedChunk, None, None]:
     """Encoded chunks in input order, at most 2 x workers in flight (so at
     most that many chunks are read ahead of the writer)."""
     # One tokenizers thread in this process too; set before the workers fork, so
@@ -519,6 +524,7 @@ def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, 
 def _write_datasets(options: PrepareOptions, tokenizer: Tokenizer, dtype: np.dtype, prefixes: dict[str, str],
                     meter: PrepareProgress) -> tuple[int, int]:
     """Read, encode and write every key's dataset: (documents, tokens)."""
+    assert options.json_keys and options.input_format and options.text_document, "validate() fills these in"
     documents = tokens = 0
     with ExitStack() as stack:
         stream = stack.enter_context(open_input(options.input_path))
