@@ -47,6 +47,8 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     spec = resolve_settings(spec, options, catalog)  # --settings fast: chosen for this device's memory
     Fault.from_environ(spec.launch.world_size, spec.warmup + spec.steps)  # a drill it can never meet: refused
     notes: list[str] = [f"--settings {spec.settings_choice}"] if spec.settings_choice and rank_env is None else []
+    if rank_env is None:
+        refuse_what_cannot_fit_the_host(spec, catalog)  # bad input: one line, before preflight prints anything
     checked = (machine_checked(spec.device, spec.out_dir, spec.launch.nproc_per_node, spec.threads_per_rank)
                if rank_env is None and options.value("preflight") else None)
     if checked is not None and on_preflight is not None:
@@ -54,7 +56,6 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
     if rank_env is not None:
         result = run_as_rank(spec, catalog, rank_env, show_progress=show_progress)
     else:
-        refuse_what_cannot_fit_the_host(spec, catalog)
         notes += recover_stranded_runs()  # folders of launchers that were killed (docs/reliability.md)
         if spec.launch.world_size > 1 or spec.launch.nnodes > 1:
             argv = rank_options(options, spec).to_argv()  # under fast: the memory planned for, for every rank
