@@ -21,6 +21,7 @@ import contextlib
 import re
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,9 @@ def save_state(
     response = dcp.async_save(
         state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized()
     )
-    return StateWrite(files, getattr(response, "upload_completion", response))  # newer torch: AsyncSaveResponse
+    # newer torch may answer an AsyncSaveResponse, whose upload_completion is the write
+    future = response if isinstance(response, Future) else response.upload_completion
+    return StateWrite(files, future)
 
 
 @contextlib.contextmanager

@@ -106,7 +106,7 @@ class DistContext:
             dist.all_reduce(tensor, op=op)
         return tensor
 
-    def gather_objects(self, value: Any) -> list[Any]:
+    def gather_objects(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` on rank 0 (a list in rank order); None on other ranks.
         With one process, [value]."""
         if self.mesh is None:

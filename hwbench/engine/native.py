@@ -20,11 +20,13 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from hwbench.device import Backend
 from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
@@ -37,6 +39,9 @@ from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
 from hwbench.workload.model import GPT, init_parameters
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
 
 class NativeEngine:
     def __init__(self, config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext | None = None) -> None:
@@ -48,11 +53,11 @@ class NativeEngine:
         self.model = self._build(config)
         self.model.train()
         self.optimizer = build_optimizer(self.model, spec.optimizer, backend.optimizer_options())
-        self.scaler = None
+        self.scaler: LossScaler | None = None
         if spec.precision == "fp16":
             dynamic = spec.loss_scale is None
-            self.scaler = LossScaler(2.0 ** spec.initial_scale_power if dynamic else spec.loss_scale, dynamic,
-                                     backend.torch_device)
+            initial = 2.0 ** spec.initial_scale_power if spec.loss_scale is None else spec.loss_scale
+            self.scaler = LossScaler(initial, dynamic, backend.torch_device)
         self._tied_group = self._tied_embedding_group() if dims.pp > 1 else None
         self.schedule = self._pipeline_schedule() if dims.pp > 1 else None
         self.iteration = 0
@@ -81,13 +86,11 @@ class NativeEngine:
             for block in model.blocks.values():
                 block.compile()
         if self.data_parallel == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
             device_ids = None if self.backend.torch_device.type == "cpu" else [self.backend.torch_device]
             return DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.group("dp"))
         return model
 
-    def _tied_embedding_group(self):
+    def _tied_embedding_group(self) -> dist.ProcessGroup | None:
         """The group of the first and last stage with the same dp and tp
         coordinates: they hold the two copies of the tied word embedding."""
         ctx, dims = self.ctx, self.ctx.dims
@@ -101,7 +104,7 @@ class NativeEngine:
                     mine = group
         return mine
 
-    def _pipeline_schedule(self):
+    def _pipeline_schedule(self) -> PipelineScheduleSingle:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         ctx, dims = self.ctx, self.ctx.dims
@@ -126,16 +129,18 @@ class NativeEngine:
     def _gradient_sync(self, last_micro_step: bool) -> contextlib.AbstractContextManager:
         """DDP and FSDP reduce gradients in the backward of the last micro-batch only."""
         if self.data_parallel == "ddp" and not last_micro_step:
+            assert isinstance(self.model, DistributedDataParallel)  # _build wrapped it
             return self.model.no_sync()
         if self.spec.fsdp:  # FSDP is applied even at dp 1
-            self.gpt.set_requires_gradient_sync(last_micro_step)
+            # fully_shard gives the model's class this method at run time
+            self.gpt.set_requires_gradient_sync(last_micro_step)  # type: ignore[operator]
         return contextlib.nullcontext()
 
     def _forward_backward(self, next_batch: Callable[[], Batch]) -> torch.Tensor:
         """Gradients of this rank's share of the global batch; returns its mean loss."""
         accumulation = self.spec.gradient_accumulation_steps
         if self.schedule is not None:
-            return self._pipeline_forward_backward(next_batch, accumulation)
+            return self._pipeline_forward_backward(self.schedule, next_batch, accumulation)
         total_loss = torch.zeros((), device=self.backend.torch_device)
         for micro_step in range(accumulation):
             tokens, labels = next_batch()
@@ -146,15 +151,16 @@ class NativeEngine:
             total_loss += _local(loss.detach())
         return total_loss
 
-    def _pipeline_forward_backward(self, next_batch: Callable[[], Batch], accumulation: int) -> torch.Tensor:
+    def _pipeline_forward_backward(self, schedule: PipelineScheduleSingle, next_batch: Callable[[], Batch],
+                                   accumulation: int) -> torch.Tensor:
         batches = [next_batch() for _ in range(accumulation)]  # the schedule splits them again
         tokens = torch.cat([b[0] for b in batches])
         labels = torch.cat([b[1] for b in batches])
         losses: list[torch.Tensor] = []
         first, last = self.ctx.pp_rank == 0, self.ctx.is_last_stage
         with self.backend.autocast(self.spec.precision):
-            self.schedule.step(*((tokens,) if first else ()), target=labels if last else None,
-                               losses=losses if last else None, return_outputs=False)
+            schedule.step(*((tokens,) if first else ()), target=labels if last else None,
+                          losses=losses if last else None, return_outputs=False)
         if not last:
             return torch.full((), math.nan, device=self.backend.torch_device)
         loss = torch.stack([micro.detach().float() for micro in losses]).mean()
@@ -184,18 +190,21 @@ class NativeEngine:
         while the last stage's output gradient is sharded on it, so the two local
         tensors differ in size (2x at TP2) and the all-reduce would mismatch.
         Replicate -> Shard is a local slice, no communication."""
-        weight = (self.gpt.wte if self.ctx.pp_rank == 0 else self.gpt.output).weight
-        if hasattr(weight.grad, "placements") and weight.grad.placements != weight.placements:
-            weight.grad = weight.grad.redistribute(weight.device_mesh, weight.placements)
-        return _local(weight.grad)
+        layer = self.gpt.wte if self.ctx.pp_rank == 0 else self.gpt.output
+        assert layer is not None  # the first stage holds the embedding, the last the output layer
+        weight, grad = layer.weight, layer.weight.grad
+        assert grad is not None  # called after the backward, which reaches both copies
+        if isinstance(grad, DTensor) and isinstance(weight, DTensor) and grad.placements != weight.placements:
+            weight.grad = grad = grad.redistribute(weight.device_mesh, weight.placements)
+        return _local(grad)
 
     def _global_grad_norm(self) -> torch.Tensor:
         """The L2 norm of all gradients of the model, the same on every rank:
         DTensor shards reduced over their mesh, pipeline stages summed, and the
         last stage's copy of the tied embedding left out (counted once, as on one device)."""
-        parameters = [p for name, p in self.gpt.named_parameters()
-                      if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
-        norm = total_grad_norm([p.grad for p in parameters], self.backend.grad_norm_dtype)
+        grads = [p.grad for name, p in self.gpt.named_parameters()
+                 if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
+        norm = total_grad_norm(grads, self.backend.grad_norm_dtype)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         if self.ctx.dims.pp > 1:
@@ -239,7 +248,7 @@ class NativeEngine:
             # overflow it leaves parameters and moments as they are and takes back its
             # step-count increment. Clipping by an inf/nan norm spoils only gradients that
             # zero_grad drops. So the host never waits for the device here.
-            self.optimizer.found_inf = found_inf
+            self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]  # fused AdamW reads it, undeclared
             self._clip_and_step(grad_norm)
             return found_inf
         # foreach/for-loop AdamW (a device kind without fused AdamW, device/kinds.py) has no
@@ -260,7 +269,7 @@ class NativeEngine:
         totals = torch.zeros(2, device=device, dtype=torch.float64)  # loss x tokens, tokens
         try:
             if self.schedule is not None:
-                self._pipeline_evaluate(list(batches), totals)
+                self._pipeline_evaluate(self.schedule, list(batches), totals)
             else:
                 for inputs, labels in batches:
                     with self._loss_context(), self.backend.autocast(self.spec.precision):
@@ -276,7 +285,7 @@ class NativeEngine:
             self.ctx.all_reduce(totals, "pp")
         return (totals[0] / totals[1].clamp(min=1)).item(), int(totals[1].item())
 
-    def _pipeline_evaluate(self, batches: list[Batch], totals: torch.Tensor) -> None:
+    def _pipeline_evaluate(self, schedule: PipelineScheduleSingle, batches: list[Batch], totals: torch.Tensor) -> None:
         group = self.spec.gradient_accumulation_steps  # the schedule's microbatch count
         first, last = self.ctx.pp_rank == 0, self.ctx.is_last_stage
         for start in range(0, len(batches), group):
@@ -284,8 +293,8 @@ class NativeEngine:
             tokens, labels = torch.cat([b[0] for b in chunk]), torch.cat([b[1] for b in chunk])
             losses: list[torch.Tensor] = []
             with self.backend.autocast(self.spec.precision):
-                self.schedule.eval(*((tokens,) if first else ()), target=labels if last else None,
-                                   losses=losses if last else None)
+                schedule.eval(*((tokens,) if first else ()), target=labels if last else None,
+                              losses=losses if last else None)
             if last:
                 per_micro = labels.numel() // len(losses)
                 totals[0] += sum(micro.double() for micro in losses) * per_micro

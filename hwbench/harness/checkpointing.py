@@ -28,7 +28,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -96,7 +96,7 @@ class ResumePlan:
 def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_heartbeat: dict | None) -> ResumePlan:
     """Rank 0 decides where this attempt starts (the others receive it): a first attempt from
     --load (or from scratch), a restarted one from the last checkpoint this run committed."""
-    plan = None
+    plan: ResumePlan | None = None
     if ctx.rank == 0:
         state = _read_restart_file(run_dir) if restart_attempt() > 0 else None
         if state:
@@ -109,6 +109,7 @@ def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_h
         box = [plan]
         dist.broadcast_object_list(box, src=0)
         plan = box[0]
+    assert plan is not None  # rank 0 made it; the others received it
     return plan
 
 
@@ -157,6 +158,7 @@ class _PendingSave:
     """A save whose engine write may still run in the background."""
 
     iteration: int
+    save_dir: Path  # --save
     partial: Path
     write: StateWrite
     rng_file: Path
@@ -279,7 +281,7 @@ class Checkpointer:
                 **self.data.position(),
             },
         }
-        self.pending = _PendingSave(iteration, partial, write, rng_file, started, 0.0, timed, manifest)
+        self.pending = _PendingSave(iteration, self.save_dir, partial, write, rng_file, started, 0.0, timed, manifest)
         if self.spec.async_save:
             self.pending.stall_s = time.perf_counter() - started  # the copy to host memory
             self.poll()
@@ -302,7 +304,7 @@ class Checkpointer:
             files = pending.write.wait()
             if self.ctx.rank == 0:
                 write_manifest(pending.partial, pending.manifest)
-                final = commit(pending.partial, self.save_dir, pending.iteration)
+                final = commit(pending.partial, pending.save_dir, pending.iteration)
                 self.last_committed = str(final)
                 _update_restart_file(
                     self.run_dir,
@@ -323,10 +325,10 @@ class Checkpointer:
 
     def _written(self, pending: _PendingSave, files: set[Path]) -> int:
         """Bytes of ``files`` (written in the partial folder, which rank 0 may have renamed since)."""
-        final = self.save_dir / iteration_folder_name(pending.iteration)
+        final = pending.save_dir / iteration_folder_name(pending.iteration)
         return sum(_size(path) or _size(final / path.relative_to(pending.partial)) for path in files)
 
-    def _failed(self, iteration: int, partial: Path, error: BaseException) -> None:
+    def _failed(self, iteration: int, partial: Path, error: BaseException) -> NoReturn:
         reason = _reason(error, self.save_dir)  # before the partial save is removed: a full disk shows
         if self.ctx.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
@@ -514,7 +516,8 @@ def _merge_operation(per_rank: list[tuple[int, dict[str, Any]]]) -> dict[str, An
         )
     total = sum(r["bytes"] for r in ranks)
     wall = max(r["wall_time_s"] for r in ranks)
-    merged = {key: per_rank[0][1][key] for key in ("iteration", "path", "timed") if key in per_rank[0][1]}
+    first = per_rank[0][1]
+    merged: dict[str, Any] = {key: first[key] for key in ("iteration", "path", "timed") if key in first}
     merged.update(
         {"bytes": total, "wall_time_s": wall, "gb_per_s": total / wall / 1e9 if wall > 0 else None, "ranks": ranks}
     )

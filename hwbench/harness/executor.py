@@ -28,7 +28,7 @@ from hwbench.harness.suite import Point, Suite
 from hwbench.options import RunOptions
 from hwbench.point import resume_key
 from hwbench.result.files import AGGREGATE_FILE, check_output_folder, result_files
-from hwbench.result.model import RunResult
+from hwbench.result.model import RunError, RunResult, SweepRecord
 from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.stats import olympic_score, throughput_statistics
 
@@ -192,8 +192,9 @@ def run_points(suite: Suite, options: SweepOptions, executor: Executor, say: Say
     with folder_lock(options.out_dir / suite.name, options.wait):
         records = _loop(runs, options.force, executor, say, keep_going)
     for record in records:
-        record.results = [result for result in record.results if result is not None]
-        record.aggregate = aggregate(record.point, record.results) if options.repeats > 1 else None
+        finished = [result for result in record.results if result is not None]
+        record.results[:] = finished
+        record.aggregate = aggregate(record.point, finished) if options.repeats > 1 else None
         if record.aggregate:
             write_json_atomic(options.out_dir / suite.name / record.point.name / AGGREGATE_FILE, record.aggregate)
     return records
@@ -249,7 +250,7 @@ def keyed_results(folder: Path) -> dict[str, tuple[Path, RunResult]]:
         except ResultFormatError as error:
             warnings.warn(f"skipping {error}", stacklevel=2)
             continue
-        key = (result.sweep or {}).get("key")
+        key = result.sweep.key if result.sweep is not None else None
         if key:
             found[key] = (path, result)
     return found
@@ -260,9 +261,9 @@ def recorded(run: PointRun, status: str, message: str, spec: dict | None = None,
     """A result the sweep writes itself for a point that did not (or could not) run."""
     result = RunResult(run_id=new_run_id(run.point.name, "sweep"), status=status,
                        spec=spec or {"run_args": run.argv}, started_at=utc_now())
-    result.error = {"type": status.capitalize(), "message": message, "traceback": None, "rank": None,
-                    **(extra or {})}
-    result.sweep = dict(run.sweep)
+    result.error = RunError.model_validate({"type": status.capitalize(), "message": message, "traceback": None,
+                                            "rank": None, **(extra or {})})
+    result.sweep = SweepRecord.model_validate(run.sweep)
     result.finished_at = utc_now()
     write_result(result, run.folder)
     return result
@@ -277,7 +278,8 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
     targets = [r.metrics.time_to_target for r in results if r.status in ("ok", "not_converged")
                and r.metrics.time_to_target]
     if targets:  # MLPerf's score of the repeats: hwbench.stats.olympic_score
-        figures["time_to_target_s"] = olympic_score([t.scored_time_s for t in targets if t.reached],
+        figures["time_to_target_s"] = olympic_score([t.scored_time_s for t in targets
+                                                     if t.reached and t.scored_time_s is not None],
                                                     sum(not t.reached for t in targets))
     return {"point": point.name, "repeats": len(results), "ok": len(ok),
             "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}

@@ -23,6 +23,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.result.store import write_json_atomic
@@ -98,8 +99,8 @@ class Heartbeat:
     def __init__(self, rank: int, run_dir: str | None) -> None:
         self.rank = rank
         self.path = Path(run_dir) / f"rank{rank}.json" if run_dir else None
-        self.record = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "step": 0,
-                       "phase": "setup"}
+        self.record: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
+                                       "step": 0, "phase": "setup"}  # JSON, read back by the launcher
         self._write()
 
     def step(self, step: int, phase: str, iteration: int | None = None) -> None:

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from hwbench.catalog import Catalog
 from hwbench.device import Backend
 from hwbench.device.base import oom_figures
@@ -42,7 +44,7 @@ from hwbench.harness.device_check import checked_backend
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.harness.lifeline import child_environment, stop_signals
 from hwbench.result.describe import describe_device, describe_workload
-from hwbench.result.model import Environment, Launch, RankSummary, RunError, RunResult
+from hwbench.result.model import Environment, Launch, RankSummary, RunError, RunResult, Status
 from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.spec import RunSpec
 
@@ -287,6 +289,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         {"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"], "phase": beat["phase"]}
         for rank, beat in sorted(beats.items())
     ]
+    error: dict[str, Any]
     if timed_out:
         where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
         error = {
@@ -307,7 +310,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
             entry["signal"] = failure["signal"] if failure else None
             entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
     elif agent.get("status") == "stopped":
-        result.error = {
+        error = {
             "type": "AgentStopped",
             "rank": None,
             "traceback": None,
@@ -385,14 +388,16 @@ def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[s
     return min(failures, key=order)
 
 
-def _describe_rank_failure(failures: list[dict[str, Any]], beats: dict[int, dict]) -> tuple[str, dict[str, Any]]:
+def _describe_rank_failure(failures: list[dict[str, Any]],
+                           beats: dict[int, dict]) -> tuple[Status, dict[str, Any]]:
     """Status and error of the root-cause failure."""
     first = root_cause(failures, beats)
     message, trace = _error_message(first)
-    status = "failed"
-    # The worker raises RankFailure("<status>: <type>: <message>"): oom, invalid or failed.
+    status: Status = "failed"
+    # The worker raises RankFailure("<status>: <type>: <message>"): oom, invalid, storage or failed.
     if message.startswith("RankFailure: "):
-        status, _, message = message[len("RankFailure: ") :].partition(": ")
+        reported, _, message = message[len("RankFailure: ") :].partition(": ")
+        status = TypeAdapter(Status).validate_python(reported)
     if first.get("signal"):
         message = f"killed by {first['signal']} (exit code {first['exitcode']})"
     elif not message:

@@ -150,12 +150,11 @@ def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
 def merge_host_syncs(reports: list[RankReport]) -> dict[str, Any] | None:
     """The rank whose host waited for its device most often in the timed window (each such
     wait leaves the device idle): its count and call sites; None when no rank could count."""
-    counted = [r for r in reports if r.host_syncs and r.host_syncs.get("count") is not None]
+    counted = [(r.rank, r.host_syncs) for r in reports if r.host_syncs and r.host_syncs.get("count") is not None]
     if not counted:
         return None
-    most = max(counted, key=lambda r: r.host_syncs["count"])
-    return {"count": most.host_syncs["count"], "where": most.host_syncs.get("where", []), "rank": most.rank,
-            "ranks_counted": len(counted)}
+    rank, most = max(counted, key=lambda counts: counts[1]["count"])
+    return {"count": most["count"], "where": most.get("where", []), "rank": rank, "ranks_counted": len(counted)}
 
 
 def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
@@ -163,7 +162,7 @@ def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
     if len(reports) < 2:
         return None
     medians = {r.rank: statistics.median(r.step_times_s) for r in reports}
-    slowest = max(medians, key=medians.get)
+    slowest = max(medians, key=medians.__getitem__)
     typical = statistics.median(medians.values())
     return {"rank": slowest, "median_step_time_s": medians[slowest], "median_of_ranks_s": typical,
             "ratio": medians[slowest] / typical if typical > 0 else None}
@@ -228,14 +227,14 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     total_time = sum(times)
     samples_per_s = spec.global_batch_size * len(times) / total_time
     peak = result.device.peak_flops
-    by_formula = {}
-    for name, formula_flops in flops_by_formula(spec.model_config(workload.model), spec.global_batch_size,
-                                                spec.seq_length, tensor_parallel=spec.parallel.tp,
-                                                recompute=spec.recompute).items():
+    formulas = flops_by_formula(spec.model_config(workload.model), spec.global_batch_size, spec.seq_length,
+                                tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
+    by_formula: dict[str, dict[str, float | None]] = {}
+    for name, formula_flops in formulas.items():
         rate = formula_flops * len(times) / total_time / world  # FLOP/s per device
         by_formula[name] = {"flops_per_iteration": formula_flops, "tflops_per_device": rate / 1e12,
                             "mfu": rate / peak if peak else None}
-    flops = by_formula[spec.flops_formula]["flops_per_iteration"]
+    flops = formulas[spec.flops_formula]
     achieved = flops * len(times) / total_time / world
     implausible = implausible_throughput(achieved, result.device)
     ceiling = result.device.measured_ceiling.flops if result.device.measured_ceiling else None
@@ -296,16 +295,18 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     unmeasured: dict[str, str] = {}
     init = [r.init_s for r in reports if r.init_s is not None]
     figures["init_s"] = max(init) if init else None  # the job starts training when its last rank is ready
-    hit = next((point for point in result.metrics.validation or [] if target.met(point)), None)
+    validation = result.metrics.validation or []
+    hit = next((point for point in validation if target.met(point.model_dump())), None)
     figures["reached"] = hit is not None
     if hit is None:
-        last = (result.metrics.validation or [None])[-1]
+        last = validation[-1] if validation else None
         seen = f"{target.metric} {last[target.metric]:.4g} at step {last.step}" if last and last[target.metric] \
             is not None else "no finite validation figure"
         why = f"not reached in {spec.warmup + spec.steps} steps ({seen})"
         unmeasured.update(dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
                                          "energy_j", "cost_usd"), why))
         return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+    assert hit.elapsed_s is not None  # the worker times every validation
     samples = hit.step * spec.global_batch_size
     scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
@@ -357,6 +358,7 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
     result.status = "numerics" if bad or all_skipped else "invalid" if implausible else \
         "not_converged" if missed else "ok"
     if result.status == "not_converged":
+        assert spec.target is not None and metrics.time_to_target is not None  # only a missed target is
         result.error = RunError(type="TargetNotReached", rank=0, traceback=None,
                                 message=f"target {spec.target.text()} {metrics.time_to_target.why('step')}")
     if implausible and result.status == "invalid":
@@ -368,7 +370,7 @@ def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: st
         result.error = RunError(type="LossScaleCollapse", rank=0, traceback=None,
                                 message="every fp16 step overflowed and was skipped")
     steady = metrics.steady_state
-    if steady and steady.drifting:
+    if steady and steady.drifting and steady.drift is not None:  # drifting: a drift was measured
         if steady.drift > 0:
             reasons = (f"throttle reasons reported: {', '.join(steady.throttle_reasons)}" if steady.throttle_reasons
                        else f"throttle reasons: {steady.why('throttle_reasons') or 'none reported'}")

@@ -15,7 +15,7 @@ from hwbench.engine.distributed import RankEnvironment
 from hwbench.errors import UsageError
 from hwbench.harness.preflight import PreflightReport
 from hwbench.options import RunOptions
-from hwbench.result.model import RunResult
+from hwbench.result.model import Preflight, RunResult
 from hwbench.result.store import StoredResult, store_result
 
 
@@ -64,10 +64,10 @@ def run_and_store(options: RunOptions, *, show_progress: bool = True, write: boo
                 notes.append(f"node {spec.launch.node_rank}: its ranks finished; node 0 writes the result")
         else:
             result = run_point(spec, catalog, show_progress=show_progress)
-    result = with_sweep_record(result)
-    if result is not None and checked is not None:
-        with_preflight(result, checked)
     if result is not None:
+        result = with_sweep_record(result)
+        if checked is not None:
+            with_preflight(result, checked)
         notes += [f"--device auto passed over {reason}; this run used the {result.device.backend}"
                   for reason in result.device.auto_passed_over or ()]
     stored = store_result(result, spec.out_dir) if result is not None and write else None
@@ -92,7 +92,7 @@ def machine_checked(device: str, out_dir, ranks: int, threads_per_rank: int | No
 
 def with_preflight(result: RunResult, checked: PreflightReport) -> None:
     """The readings into the result's environment; each failed check also a warning of the result."""
-    result.environment.preflight = checked.to_dict()
+    result.environment.preflight = Preflight.model_validate(checked.to_dict())
     result.warnings = [*result.warnings, *(f"preflight {check.name} failed: {check.reading} ({check.reason})"
                                            for check in checked.of("failure"))]
 
@@ -143,6 +143,8 @@ def _under_slurm(options: RunOptions) -> tuple[RunOptions, RankEnvironment | Non
     from hwbench.harness.slurm_env import SlurmTask, slurm_mode
 
     task = SlurmTask.from_environ()
+    if task is None:  # not in a Slurm job
+        return options, None
     mode = slurm_mode(task, options.given())
     if mode == "task":  # the job's nodes, tasks per node and rendezvous, not one node holding every rank
         launch = task.rank_launch_options(os.environ)

@@ -365,7 +365,7 @@ class SlurmExecutor(Executor):
     def again(self, kept: RunResult) -> bool:
         """A job ended by something other than the point (cancelled, a node failure) or
         refused by sbatch is submitted again, unless only collecting."""
-        return not self.settings.collect and (kept.error or {}).get("slurm_state") in RESUBMIT_STATES
+        return not self.settings.collect and kept.error is not None and kept.error.slurm_state in RESUBMIT_STATES
 
     def submit(self, run: PointRun, kept: Path | None) -> RunResult | Job | None:
         job = self._earlier_job(run, has_result=kept is not None)
@@ -463,7 +463,7 @@ def _job_name(run: PointRun) -> str:
 def _written_by(result: RunResult, job: Job) -> bool:
     """The result is this job's: it names the job (environment.slurm), or, from a run that recorded no
     job, it started after the submission (both utc_now(); ISO text compares as time)."""
-    recorded_job = ((result.environment or {}).get("slurm") or {}).get("job_id")
+    recorded_job = result.environment.slurm.job_id if result.environment.slurm is not None else None
     return recorded_job == job.job_id if recorded_job else result.started_at >= job.submitted_at
 
 

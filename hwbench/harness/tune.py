@@ -154,10 +154,10 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     for (candidate, layout), record in zip(chosen, records):
         results = [r for r in record.results if r is not None]
         ok = [r for r in results if r.status == "ok" and r.metrics.get("samples_per_s")]
-        statuses = sorted({r.status for r in results}) or ["not-measured"]
+        statuses: list[str] = sorted({r.status for r in results}) or ["not-measured"]
         status = "ok" if ok and len(ok) == len(results) else "/".join(statuses)
         trials.append(Trial(candidate, status, [r.metrics.get("samples_per_s") for r in ok], layout.peak_bytes,
-                            next(((r.error or {}).get("message", "") for r in results if r.error), ""),
+                            next((r.error.message or "" for r in results if r.error), ""),
                             [r.run_id for r in results]))
     trials += [Trial(candidate, "not-measured", predicted_peak_bytes=layout.peak_bytes,
                      note="the search stopped first") for candidate, layout in runnable[len(records):]]

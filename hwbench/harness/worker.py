@@ -35,7 +35,8 @@ from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.result.describe import describe_device, describe_workload
-from hwbench.result.model import Environment, Launch, RunError, RunResult
+from hwbench.result.model import Engine as EngineSection
+from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
@@ -104,7 +105,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         model_config = spec.model_config(workload.model)
         engine = build_engine(model_config, spec, backend, ctx)
         try:
-            result.engine = engine.describe()
+            result.engine = EngineSection.model_validate(engine.describe())
             checkpoints = Checkpointer(spec, model_config, engine, data, ctx, backend, plan, run_dir)
             checkpoints.load()
             checkpoints.started_training()
@@ -126,8 +127,8 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     if report is not None:
         if ctx.distributed:
             progress.note("gathering every rank's figures")
-        reports = ctx.gather_objects(report)
-        if ctx.rank == 0:
+        reports = ctx.gather_objects(report)  # None on every rank but 0
+        if reports is not None:
             merge_ranks(result, attempt, workload, reports)
     result.finished_at = utc_now()
     if backend.simulated:
@@ -167,10 +168,10 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
     return rank_main()
 
 
-def with_sweep_record(result: RunResult | None) -> RunResult | None:
+def with_sweep_record(result: RunResult) -> RunResult:
     """``result`` with the sweep's record of the point when a sweep started it (SWEEP_ENV)."""
-    if result is not None and os.environ.get(SWEEP_ENV):
-        result.sweep = json.loads(os.environ[SWEEP_ENV])
+    if os.environ.get(SWEEP_ENV):
+        result.sweep = SweepRecord.model_validate(json.loads(os.environ[SWEEP_ENV]))
     return result
 
 
@@ -195,9 +196,9 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
     """The --data source: builtin corpus, synthetic tokens or a Megatron dataset,
     serving this rank's data-parallel share of every global batch (a Megatron dataset
     holds enough samples for the run's last step, resumed or not)."""
-    batching = dict(seq_length=spec.seq_length, micro_batch_size=spec.micro_batch_size,
-                    global_batch_size=spec.global_batch_size, seed=spec.seed, to_device=backend.to_device,
-                    dp_rank=ctx.dp_rank, dp_size=spec.parallel.dp)
+    batching: dict[str, Any] = dict(seq_length=spec.seq_length, micro_batch_size=spec.micro_batch_size,
+                                    global_batch_size=spec.global_batch_size, seed=spec.seed,
+                                    to_device=backend.to_device, dp_rank=ctx.dp_rank, dp_size=spec.parallel.dp)
     if spec.data == "builtin":
         return BuiltinCorpus(**batching)
     if spec.data == "synthetic":
