@@ -56,6 +56,13 @@ def standin_npu_env() -> dict[str, str]:
     return env
 
 
+def without_preflight(stderr: str) -> str:
+    """``stderr`` of a `hwbench run`/`sweep` without the preflight lines it prints first: those
+    depend on the machine's state (a busy CI runner gets a load-average warning) and are
+    tested in tests/test_preflight.py, not by tests of what a run says when it stops."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not line.startswith("hwbench: preflight"))
+
+
 def sigint_as_usual() -> None:
     """preexec_fn for a child that a test interrupts with SIGINT: a test run
     started in the background (CI wrappers, `cmd &`) ignores SIGINT, and a child
