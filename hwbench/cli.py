@@ -32,6 +32,9 @@ COMMANDS = {
     "plan": "predict each rank's peak memory for the layouts of a model",
     "report": "tables, plots and one HTML page from result files, beside the published tables",
     "compare": "compare two sets of results; exit 3 on a significant regression",
+    "accept": "acceptance of a delivered system: each device against its peers, a suite against a baseline; "
+              "exit 3 on FAIL",
+    "baseline": "`hwbench baseline save RESULTS --out FILE`: a baseline file for `hwbench accept`",
     "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",
