@@ -157,3 +157,15 @@ def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
                  str(tmp_path / "out"), *PROBE]) == 2
     assert "lacks column(s) device_model" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measured, tmp_path):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    content = hwbench.baseline_save(measured["folder"] / "base", out=tmp_path / "b.json")
+    saved = json.loads(measured["baseline"].read_text())
+    assert content["points"] == saved["points"] and json.loads((tmp_path / "b.json").read_text()) == content
+    with pytest.raises(UsageError, match="--min-ratio 0 is not accepted"):
+        hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out", min_ratio=0)
+    assert not (tmp_path / "out").exists()
