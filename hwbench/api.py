@@ -153,12 +153,14 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
            devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
     """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
     ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
+    from pathlib import Path
+
     from hwbench.harness.accept import AcceptOptions
     from hwbench.harness.accept import accept as run_acceptance
 
-    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=out, min_ratio=min_ratio,
-                            outlier=outlier, repeats=repeats, device=device, devices_per_node=devices_per_node,
-                            page_format=format)
+    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=Path(out),
+                            min_ratio=min_ratio, outlier=outlier, repeats=repeats, device=device,
+                            devices_per_node=devices_per_node, page_format=format)
     return run_acceptance(options, slurm=slurm, progress=progress)
 
 

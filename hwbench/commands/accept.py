@@ -87,7 +87,7 @@ def _preflight(args: argparse.Namespace, settings):
         from hwbench.commands.preflight import print_findings
         from hwbench.harness.run import machine_checked
 
-        checked = machine_checked(args.device or "auto", args.out)
+        checked = machine_checked(args.device or "auto", args.out, 1)
         if checked is not None:
             print_findings(checked)
     return check

@@ -88,7 +88,7 @@ def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
     # on the CPU one thread: CpuClockTimer counts one thread's time
     backend.prepare_process(local_rank=index, local_world_size=1, threads=1 if backend.name == "cpu" else None)
     fault = Fault.from_environ()
-    measured = _ProbeBackend(backend, slow=bool(fault and fault.kind == "slow" and fault.rank == index))
+    measured: Any = _ProbeBackend(backend, slow=bool(fault and fault.kind == "slow" and fault.rank == index))
     settings = CalibrationSettings(precisions=(PROBE_PRECISION,), sizes=(PROBE_GEMM_SIZE[backend.name],),
                                    copy_bytes=PROBE_COPY_BYTES[backend.name], repeats=PROBE_REPEATS, warmup=2,
                                    min_time_s=min_time_s, device_warmup_s=min_time_s)

@@ -72,20 +72,20 @@ def device_outliers(probes: list[dict[str, Any]], threshold: float) -> list[str]
     """Each device, then each node, more than ``threshold`` below the median of its peers, named."""
     named = []
     for figure, title, text in PROBE_FIGURES:
-        measured = [p for p in probes if _best(p, figure) is not None]
-        for probe in measured:
-            peers = [_best(p, figure) for p in measured
-                     if p is not probe and p["device_model"] == probe["device_model"]]
+        best = {index: value for index, probe in enumerate(probes) if (value := _best(probe, figure)) is not None}
+        for index, value in best.items():
+            probe = probes[index]
+            peers = [v for i, v in best.items() if i != index and probes[i]["device_model"] == probe["device_model"]]
             if not peers:
                 continue
-            typical, best = statistics.median(peers), _best(probe, figure)
-            if best < (1 - threshold) * typical:
+            typical = statistics.median(peers)
+            if value < (1 - threshold) * typical:
                 rate = probe[figure]
-                named.append(f"{_device_name(probe)} ({probe['device_model']}): {title} {text(best)}, "
-                             f"{1 - best / typical:.1%} below its peers' median {text(typical)} (repeats: median "
+                named.append(f"{_device_name(probe)} ({probe['device_model']}): {title} {text(value)}, "
+                             f"{1 - value / typical:.1%} below its peers' median {text(typical)} (repeats: median "
                              f"{text(rate['median'])}, {text(rate['min'])} to {text(rate['max'])}, n={rate['n']})")
-        hosts = sorted({p["host"] for p in measured})
-        node_figure = {host: statistics.median(_best(p, figure) for p in measured if p["host"] == host)
+        hosts = sorted({probes[i]["host"] for i in best})
+        node_figure = {host: statistics.median(v for i, v in best.items() if probes[i]["host"] == host)
                        for host in hosts}
         for host in hosts if len(hosts) > 1 else ():
             typical = statistics.median(v for h, v in node_figure.items() if h != host)
@@ -117,7 +117,7 @@ def judge_points(records: list[tuple[str, list[Any]]], baseline: Baseline, min_r
     """Each suite point (its name and results) against the baseline; the labels the baseline lacks."""
     from hwbench.report.compare import point_label
 
-    keys = [key for _, results in records for r in results if (key := r.point_key) is not None]
+    keys = [r.point_key for _, results in records for r in results if r.point_key is not None]
     outcomes, missing = [], []
     for name, results in records:
         key: PointKey | None = next((r.point_key for r in results if r.point_key is not None), None)
@@ -150,7 +150,7 @@ def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: 
     for point in points:
         if point.cause:
             failures.append(f"point {point.name}: {point.cause}")
-        elif point.verdict == "FAIL":
+        elif point.verdict == "FAIL" and point.baseline is not None and point.ratio is not None:
             failures.append(f"point {point.name}: {point.ratio:.1%} of its baseline "
                             f"({figure_text(METRIC, statistics.median(point.values))} against "
                             f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
@@ -198,7 +198,7 @@ def acceptance_document(acceptance: Acceptance):
              _rate_cell(p, "copy_bytes_per_s", bandwidth_text)] for p in a.probes])))
     rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
-             figure_text(METRIC, p.baseline) if p.baseline else "-",
+             figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
              f"{p.ratio:.1%}" if p.ratio is not None else "-", p.straggler or "-", p.verdict + (f": {p.cause}" if
                                                                                                   p.cause else "")]
             for p in a.points]
