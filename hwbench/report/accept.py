@@ -209,7 +209,7 @@ def acceptance_document(acceptance: Acceptance):
         ("table", Table(["point", "what", "tokens/s", "repeats", "baseline", "ratio", "straggler", "verdict"], rows))])
     base = a.baseline
     source = Section("Baseline", [("list", [f"source: {base.source}", f"created: {base.created_at or '-'}",
-                                            *(f"{k}: {', '.join(map(str, v)) if isinstance(v, list) else v}"
+                                            *(f"{k}: {(', '.join(map(str, v)) or '-') if isinstance(v, list) else v}"
                                               for k, v in {**base.machine, **base.software}.items())])])
     return Report(f"hwbench accept: {word}", [verdict, devices, suite, source], pd.DataFrame(), pd.DataFrame(), [],
                   [], [], {})
