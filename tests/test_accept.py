@@ -90,7 +90,9 @@ def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, 
     assert "device 1 of" in capsys.readouterr().out
     dp2 = load_results([out / "acc" / "dp2"])[0]
     assert [r.status for r in dp2] == ["ok"] and len(dp2[0].ranks) == 2  # nothing measured is lost
-    assert len(list((out / "probes").glob("probe-*.json"))) == 2
+    probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert [(p["index"], p["error"]) for p in probes] == [(0, None), (1, None)]
+    assert not list(out.glob(".probe-*"))
 
 
 def test_a_baseline_without_the_run_s_points_names_them_and_exits_4(measured, tmp_path, capsys):
@@ -118,7 +120,7 @@ def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_ke
     verdict = page.split("## Devices")[0]
     assert "point broken: invalid: --tp 3 does not divide" in verdict
     assert [r.status for r in load_results([out / "acc" / "broken"])[0]] == ["invalid"]
-    assert "device 0 of" in page and (out / "probes").is_dir()  # the probe's figures are on the page and kept
+    assert "device 0 of" in page and (out / "probes.jsonl").is_file()  # the probe's figures: on the page, kept
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -169,3 +171,17 @@ def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measur
     with pytest.raises(UsageError, match="--min-ratio 0 is not accepted"):
         hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out", min_ratio=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monkeypatch):
+    from hwbench.harness.device_probe import probe_devices
+    from hwbench.report.accept import judge
+    from hwbench.report.baseline import Baseline
+
+    monkeypatch.setenv("HWBENCH_FAULT", "not-a-fault")
+    (record,) = probe_devices("cpu", 1, 0.1, tmp_path)
+    assert record["error"].startswith("HWBENCH_FAULT='not-a-fault' is not accepted")
+    assert json.loads((tmp_path / "probes.jsonl").read_text()) == record
+    acceptance = judge([record], None, [], Baseline("b.json", [], {}, {}, None))
+    assert acceptance.exit_status == 3 and acceptance.failures == [f"device 0 of {record['host']}: its probe failed: "
+                                                                   f"{record['error']}"]

@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-time", default="0.5", metavar="SECONDS",
                         help="each probe measurement's timed repetitions together (default 0.5)")
     parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "
-                        "OUT/<suite>/, the probes in OUT/probes/")
+                        "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line)")
     parser.add_argument("--format", choices=("md", "html"), default="md", help="the page (default md)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",

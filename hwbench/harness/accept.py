@@ -76,7 +76,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
                       "jobs; each node's ranks are in the suite's results")
     else:
         count = options.devices_per_node or backend.device_count()
-        probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir / "probes", say)
+        probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, unmeasured, [(r.point.name, r.results) for r in records], baseline,
                        options.min_ratio, options.outlier)

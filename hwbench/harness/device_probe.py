@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import FAULT_ENV, Fault
 from hwbench.result.store import utc_now, write_json_atomic
 
@@ -32,6 +33,7 @@ PROBE_GEMM_SIZE = {"cpu": 512, "cuda": 8192, "npu": 8192}
 PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
 PROBE_TIMEOUT_S = 600.0
+PROBES_FILE = "probes.jsonl"  # OUT/probes.jsonl: one probe a line
 SLOWDOWN = 0.10  # a `slow` fault's share of the rate lost
 
 
@@ -102,31 +104,33 @@ def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
             "copy_bytes_per_s": _rate(copy), "copy_buffer_bytes": settings.copy_bytes, "error": None}
 
 
-def probe_devices(device: str, count: int, min_time_s: float, folder: Path, say=lambda text: None
+def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None
                   ) -> list[dict[str, Any]]:
     """Each of this host's ``count`` devices probed in its own process, one after another; a probe
-    that fails is a record with its cause (``error``), never an exception. Each record is also
-    written to FOLDER/probe-<host>-<index>.json."""
-    folder.mkdir(parents=True, exist_ok=True)
+    that fails is a record with its cause (``error``), never an exception. Each record is kept as
+    one line of OUT/probes.jsonl as soon as it is known (JSON Lines: no result file, so `hwbench
+    report` and `baseline save` on OUT pass over it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     host, records = socket.gethostname(), []
     for index in range(count):
-        path = folder / f"probe-{host}-{index}.json"
+        part = out_dir / f".probe-{host}-{index}.json"  # the probe's own answer, hidden until read
         say(f"probing device {index} of {host}")
         command = [sys.executable, "-m", "hwbench.harness.device_probe", device, str(index), str(min_time_s),
-                   str(path)]
+                   str(part)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                                  env={**os.environ})
-            record = json.loads(path.read_text()) if done.returncode == 0 and path.is_file() else None
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+            record = json.loads(part.read_text()) if done.returncode == 0 and part.is_file() else None
             cause = None if record else (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         except subprocess.TimeoutExpired:
             record, cause = None, f"no answer within {PROBE_TIMEOUT_S:g} s"
         except (OSError, ValueError) as error:
             record, cause = None, str(error)
+        part.unlink(missing_ok=True)
         if record is None:
             record = {"host": host, "device_kind": device, "index": index, "device_model": None,
                       "gemm_flops": None, "copy_bytes_per_s": None, "error": cause}
-            write_json_atomic(path, record)
+        with open(out_dir / PROBES_FILE, "a", encoding="utf-8") as lines:
+            lines.write(json.dumps(record) + "\n")
         records.append(record)
     return records
 
@@ -138,9 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("min_time_s", type=float)
     parser.add_argument("out")
     args = parser.parse_args(argv)
-    if os.environ.get(FAULT_ENV):
-        Fault.from_environ()  # a fault that cannot be read fails the probe with its reason
-    write_json_atomic(args.out, probe(args.device, args.index, args.min_time_s))
+    try:
+        if os.environ.get(FAULT_ENV):
+            Fault.from_environ()  # a fault that cannot be read fails the probe with its reason
+        write_json_atomic(args.out, probe(args.device, args.index, args.min_time_s))
+    except (UsageError, SetupError) as error:  # the cause in one line, the last the parent reads
+        print(error, file=sys.stderr)
+        return 2
     return 0
 
 
