@@ -69,7 +69,16 @@ def main(args: argparse.Namespace) -> int:
                             probe_time_s=_number("--probe-time", args.probe_time, "seconds above 0 (0.5)"),
                             page_format=args.format, preflight=args.preflight)
     settings = slurm_settings(args)
-    acceptance, page = accept(options, slurm=settings, progress=not args.quiet, before=_preflight(args, settings))
+    from hwbench.harness.executor import SweepInterrupted
+
+    try:
+        acceptance, page = accept(options, slurm=settings, progress=not args.quiet,
+                                  before=_preflight(args, settings))
+    except SweepInterrupted as stop:  # no verdict: what was measured stays in OUT, the same command resumes
+        print(f"hwbench: accept stopped by {stop} before a verdict; finished points are kept in {args.out}, the same "
+              "command resumes" + (f" (Slurm jobs {', '.join(stop.jobs)} keep running)" if stop.jobs else ""),
+              file=sys.stderr)
+        return 128 + stop.signal_number
     print(f"{'PASS' if acceptance.passed else 'FAIL'}: {page}")
     for line in acceptance.failures:
         print(f"  {line}")
