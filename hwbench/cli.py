@@ -8,7 +8,7 @@ models` and `hwbench plan` start without them.
 
 Exit status: 0 success; 1 the run finished with a status other than ok (the
 result file says why); 2 bad input or a machine that lacks the device, with one
-line on stderr and nothing written; 3 and 4 `hwbench compare`'s regression and
+line on stderr and nothing written; 3 and 4 `hwbench compare`'s regression (`hwbench accept`'s FAIL) and
 missing points; 130 interrupted.
 """
 
