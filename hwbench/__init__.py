@@ -26,7 +26,7 @@ RESULT_SCHEMA_VERSION = 2
 # The Python API (hwbench.api, docs/api.md), imported on first use so that `import hwbench`
 # and the command line stay quick.
 _API = ("run", "sweep", "plan", "load_results", "write_report", "RunOptions", "RunResult",
-        "export", "archive", "verify_archive", "preflight")
+        "export", "archive", "verify_archive", "preflight", "accept", "baseline_save")
 
 
 def __getattr__(name: str):

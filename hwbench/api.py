@@ -147,3 +147,30 @@ def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", 
     from hwbench.harness.preflight import preflight as check
 
     return check(device, out, nproc_per_node, threads_per_rank)
+
+
+def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | os.PathLike,
+           min_ratio: float = 0.95, outlier: float = 0.05, repeats: int = 1, device: str | None = None,
+           devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
+    """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
+    ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
+    from pathlib import Path
+
+    from hwbench.harness.accept import AcceptOptions
+    from hwbench.harness.accept import accept as run_acceptance
+
+    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=Path(out),
+                            min_ratio=min_ratio, outlier=outlier, repeats=repeats, device=device,
+                            devices_per_node=devices_per_node, page_format=format)
+    return run_acceptance(options, slurm=slurm, progress=progress)
+
+
+def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike) -> dict:
+    """A baseline file from results, as `hwbench baseline save`: its content (points, machine, software, date)."""
+    from pathlib import Path
+
+    from hwbench.report.baseline import save_baseline
+    from hwbench.result.store import read_inputs
+
+    found, _skipped = read_inputs(_paths(paths, "RESULTS"), "RESULTS")
+    return save_baseline([result for result, _ in found], Path(out))

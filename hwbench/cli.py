@@ -8,7 +8,7 @@ models` and `hwbench plan` start without them.
 
 Exit status: 0 success; 1 the run finished with a status other than ok (the
 result file says why); 2 bad input or a machine that lacks the device, with one
-line on stderr and nothing written; 3 and 4 `hwbench compare`'s regression and
+line on stderr and nothing written; 3 and 4 `hwbench compare`'s regression (`hwbench accept`'s FAIL) and
 missing points; 130 interrupted.
 """
 
@@ -32,6 +32,9 @@ COMMANDS = {
     "plan": "predict each rank's peak memory for the layouts of a model",
     "report": "tables, plots and one HTML page from result files, beside the published tables",
     "compare": "compare two sets of results; exit 3 on a significant regression",
+    "accept": "acceptance of a delivered system: each device against its peers, a suite against a baseline; "
+              "exit 3 on FAIL",
+    "baseline": "`hwbench baseline save RESULTS --out FILE`: a baseline file for `hwbench accept`",
     "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",

@@ -44,6 +44,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="check nothing first: neither the machine before the sweep nor before each point "
         "(hwbench preflight; each point's result holds its readings otherwise)",
     )
+    add_slurm_options(parser)
+
+
+def add_slurm_options(parser: argparse.ArgumentParser) -> None:
+    """--executor and the Slurm executor's options (`hwbench sweep`, `hwbench accept`)."""
     slurm = parser.add_argument_group("Slurm (--executor slurm: every point one Slurm job; docs/slurm.md)")
     slurm.add_argument(
         "--executor",
@@ -101,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         wait=args.wait,
         preflight=args.preflight,
     )
-    settings = _slurm_settings(args)
+    settings = slurm_settings(args)
     if settings is None:  # a local sweep: its slow precisions and (unless --quiet) duration, before it starts
         from hwbench.harness.estimate import before_sweep
 
@@ -149,7 +154,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     print(f"hwbench sweep: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
-def _slurm_settings(args: argparse.Namespace):
+def slurm_settings(args: argparse.Namespace):
     """The Slurm executor's settings, or None for a local sweep (whose Slurm options
     are then refused)."""
     slurm_only = [

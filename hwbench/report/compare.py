@@ -53,17 +53,17 @@ MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gat
 INCONCLUSIVE = "inconclusive"  # the verdict's first word when a change passes the threshold but is not significant
 
 
-def parse_threshold(text: str) -> float:
-    """``5%`` or ``0.05`` -> 0.05; anything else is a UsageError."""
+def parse_threshold(text: str, option: str = "--threshold") -> float:
+    """``5%`` or ``0.05`` -> 0.05; anything else is a UsageError naming ``option``."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise UsageError(f"--threshold {text!r}: not a number; give a percentage (5%) or a fraction (0.05)") from None
+        raise UsageError(f"{option} {text!r}: not a number; give a percentage (5%) or a fraction (0.05)") from None
     if not math.isfinite(value) or value < 0:
-        raise UsageError(f"--threshold {text!r}: must be 0 or more; give a percentage (5%) or a fraction (0.05)")
+        raise UsageError(f"{option} {text!r}: must be 0 or more; give a percentage (5%) or a fraction (0.05)")
     if value >= 1:
-        raise UsageError(f"--threshold {text!r}: must be below 100%; give a percentage (5%) or a fraction "
+        raise UsageError(f"{option} {text!r}: must be below 100%; give a percentage (5%) or a fraction "
                          "below 1 (0.05)")
     return value
 

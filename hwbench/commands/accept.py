@@ -1,0 +1,102 @@
+"""`hwbench accept --suite S --baseline B --out DIR`: is a delivered system what it should be?
+Each device probed alone and named when it falls behind its peers, then every point of a suite
+against a baseline; one page, PASS or FAIL first (docs/accept.md). Exit 0 PASS, 3 FAIL, 4 when
+the baseline lacks points of the run, 2 on bad input."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from hwbench.commands.sweep import add_slurm_options, slurm_settings
+from hwbench.device.kinds import DEVICE_CHOICES
+from hwbench.errors import UsageError
+from hwbench.harness.suite import shipped_suite_names
+
+DESCRIPTION = ("Acceptance of a delivered system: each device of this host probed alone (GEMM rate, copy bandwidth), "
+               "a device more than --outlier below its peers named; then every point of a suite against a baseline "
+               "(hwbench baseline save), PASS when each is at or above --min-ratio of it. Writes OUT/accept.md (or "
+               ".html), PASS or FAIL first. Exit 0 PASS, 3 FAIL, 4 points missing from the baseline (docs/accept.md).")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", required=True, help=f"a suite file, or a shipped suite: "
+                        f"{', '.join(shipped_suite_names())}")
+    parser.add_argument("--baseline", required=True, metavar="FILE|FOLDER|CSV",
+                        help="a baseline file (hwbench baseline save), a folder of results, or a CSV with model, "
+                             "device_model, tokens_per_s and any point field")
+    parser.add_argument("--min-ratio", default="0.95", help="each point's tokens/s against its baseline: PASS at or "
+                        "above this (default 0.95)")
+    parser.add_argument("--outlier", default="5%", help="a device or node more than this below the median of its "
+                        "peers is named and fails: 5%% or 0.05 (default 5%%)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each suite point (default 1)")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own, and "
+                        "the devices probed")
+    parser.add_argument("--devices-per-node", type=int, help="devices of this host to probe (default: every one "
+                        "the backend sees; the CPU is one)")
+    parser.add_argument("--probe-time", default="0.5", metavar="SECONDS",
+                        help="each probe measurement's timed repetitions together (default 0.5)")
+    parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "
+                        "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line)")
+    parser.add_argument("--format", choices=("md", "html"), default="md", help="the page (default md)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--no-preflight", dest="preflight", action="store_false",
+                        help="check nothing first (hwbench preflight)")
+    add_slurm_options(parser)
+
+
+def _number(option: str, text: str, accepted: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
+    return value
+
+
+def main(args: argparse.Namespace) -> int:
+    from hwbench.harness.accept import AcceptOptions, accept
+    from hwbench.report.compare import parse_threshold
+
+    if args.repeats < 1:
+        raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")
+    options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
+                            min_ratio=_number("--min-ratio", args.min_ratio, "a number above 0 (0.95)"),
+                            outlier=parse_threshold(args.outlier, "--outlier"), repeats=args.repeats,
+                            device=args.device, devices_per_node=args.devices_per_node,
+                            probe_time_s=_number("--probe-time", args.probe_time, "seconds above 0 (0.5)"),
+                            page_format=args.format, preflight=args.preflight)
+    settings = slurm_settings(args)
+    from hwbench.harness.executor import SweepInterrupted
+
+    try:
+        acceptance, page = accept(options, slurm=settings, progress=not args.quiet,
+                                  before=_preflight(args, settings))
+    except SweepInterrupted as stop:  # no verdict: what was measured stays in OUT, the same command resumes
+        print(f"hwbench: accept stopped by {stop} before a verdict; finished points are kept in {args.out}, the same "
+              "command resumes" + (f" (Slurm jobs {', '.join(stop.jobs)} keep running)" if stop.jobs else ""),
+              file=sys.stderr)
+        return 128 + stop.signal_number
+    print(f"{'PASS' if acceptance.passed else 'FAIL'}: {page}")
+    for line in acceptance.failures:
+        print(f"  {line}")
+    if acceptance.missing:
+        print(f"hwbench accept: {len(acceptance.missing)} point(s) of the run have no baseline figure: "
+              f"{'; '.join(acceptance.missing)}", file=sys.stderr)
+    return acceptance.exit_status
+
+
+def _preflight(args: argparse.Namespace, settings):
+    """The machine checked before anything is measured (as `hwbench sweep` does); Slurm nodes check their own."""
+    def check() -> None:
+        if not args.preflight or settings is not None:
+            return
+        from hwbench.commands.preflight import print_findings
+        from hwbench.harness.run import machine_checked
+
+        checked = machine_checked(args.device or "auto", args.out, 1)
+        if checked is not None:
+            print_findings(checked)
+    return check

@@ -1,0 +1,84 @@
+"""`hwbench accept`'s flow: each device of this host probed alone (device_probe.py), then every
+point of a suite through the sweep's executors (local, or each point a Slurm job), then the
+judgement against the baseline (hwbench/report/accept.py) written as one page. Everything is
+checked before anything is measured; every result stays where a sweep puts it (OUT/<suite>/)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hwbench.errors import UsageError
+from hwbench.harness.executor import SweepOptions, progress_lines
+from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
+from hwbench.result.files import check_output_folder
+
+PAGE_FORMATS = ("md", "html")
+DEFAULT_PROBE_TIME_S = 0.5  # each probe measurement's repetitions together: short, the spread shows the noise
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptOptions:
+    suite: str
+    baseline: str
+    out_dir: Path
+    min_ratio: float = DEFAULT_MIN_RATIO
+    outlier: float = DEFAULT_OUTLIER
+    repeats: int = 1
+    device: str | None = None
+    devices_per_node: int | None = None  # devices to probe on this host; None: as many as the backend has
+    probe_time_s: float = DEFAULT_PROBE_TIME_S
+    page_format: str = "md"
+    preflight: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if not 0 < self.min_ratio <= 10:
+            raise UsageError(f"--min-ratio {self.min_ratio!r} is not accepted; give a number above 0 (0.95)")
+        if self.page_format not in PAGE_FORMATS:
+            raise UsageError(f"--format {self.page_format!r} is not accepted; accepted: {', '.join(PAGE_FORMATS)}")
+        if self.devices_per_node is not None and self.devices_per_node < 1:
+            raise UsageError(f"--devices-per-node {self.devices_per_node!r} is not accepted; give an integer >= 1")
+        if not self.probe_time_s > 0:
+            raise UsageError(f"--probe-time {self.probe_time_s!r} is not accepted; give seconds above 0")
+
+    @property
+    def page(self) -> Path:
+        return self.out_dir / f"accept.{self.page_format}"
+
+
+def accept(options: AcceptOptions, slurm=None, progress: bool = True,
+           before: Callable[[], None] = lambda: None) -> tuple[Acceptance, Path]:
+    """The acceptance, and the page written; UsageError or SetupError before anything is measured
+    or written. ``before``: called once the input is checked, before the first measurement (the
+    command's preflight)."""
+    from hwbench.device import select_backend
+    from hwbench.harness.device_probe import probe_devices
+    from hwbench.harness.suite import find_suite, load_suite
+    from hwbench.harness.sweep import run_sweep
+    from hwbench.report.baseline import load_baseline
+
+    suite = load_suite(find_suite(options.suite))
+    baseline = load_baseline(options.baseline)
+    sweep = SweepOptions(out_dir=options.out_dir, device=options.device, repeats=options.repeats,
+                         preflight=options.preflight)
+    check_output_folder(options.out_dir)
+    if slurm is None:
+        backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
+    before()
+    say = progress_lines(progress)
+    probes: list[dict[str, Any]] = []
+    unmeasured = None
+    if slurm is not None:
+        unmeasured = ("under --executor slurm the devices are probed on this host only, which is not a node of the "
+                      "jobs; each node's ranks are in the suite's results")
+    else:
+        count = options.devices_per_node or backend.device_count()
+        probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
+    records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
+    acceptance = judge(probes, unmeasured, [(r.point.name, r.results) for r in records], baseline,
+                       options.min_ratio, options.outlier)
+    options.page.write_text(render(acceptance, options.page_format))
+    return acceptance, options.page

@@ -1,0 +1,156 @@
+"""`hwbench accept`'s check of each device on its own: a short GEMM rate and copy bandwidth
+(hwbench calibrate's measurements, hwbench/calibration/measure.py, with short settings), one
+process per device, one device after another so that no probe competes with another.
+
+A rank of a training job waits for the slowest rank at every collective, so every rank's step
+time reads as the slowest one's: a slow device cannot be told from the job's per-rank figures.
+Measured alone, each device shows its own rate, which `hwbench accept` sets against its peers.
+
+On the CPU a probe runs one thread timed on the process's CPU clock (CpuClockTimer): on a host
+shared with other work the wall clock measures that work too. HWBENCH_FAULT ``INDEX:STEP:slow``
+(hwbench/harness/faults.py) makes the CPU probe of device INDEX 10% slower (a busy wait before
+each mark: every interval 10/9 as long), for testing that accept names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hwbench.errors import SetupError, UsageError
+from hwbench.harness.faults import FAULT_ENV, Fault
+from hwbench.result.store import utc_now, write_json_atomic
+
+PROBE_PRECISION = "fp32"  # every device kind has it
+PROBE_GEMM_SIZE = {"cpu": 512, "cuda": 8192, "npu": 8192}
+PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
+PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
+PROBE_TIMEOUT_S = 600.0
+PROBES_FILE = "probes.jsonl"  # OUT/probes.jsonl: one probe a line
+SLOWDOWN = 0.10  # a `slow` fault's share of the rate lost
+
+
+class CpuClockTimer:
+    """The probe's step timer on the CPU: the process's CPU time (one thread), not the wall clock.
+    A host shared with other work takes the core away at times; the wall clock counts those
+    pauses, the CPU clock counts only the work (measured here: 8 GEMMs of 512 on one core took
+    23-57 ms of wall time and 23-28 ms of CPU time). ``slow`` (HWBENCH_FAULT's slow kind): every
+    interval made 1/(1 - SLOWDOWN) as long by a busy wait before each mark."""
+
+    def __init__(self, slow: bool = False) -> None:
+        self.slow, self._marks = slow, list[float]()
+
+    def mark(self) -> None:
+        now = time.process_time()
+        if self.slow and self._marks:
+            until = now + (now - self._marks[-1]) * SLOWDOWN / (1 - SLOWDOWN)
+            while time.process_time() < until:
+                pass
+            now = time.process_time()
+        self._marks.append(now)
+
+    def intervals_s(self) -> list[float]:
+        return [b - a for a, b in zip(self._marks, self._marks[1:])]
+
+
+class _ProbeBackend:
+    """The backend as the probe measures with it: on the CPU, CpuClockTimer step timers."""
+
+    def __init__(self, backend: Any, slow: bool) -> None:
+        self._backend, self._slow = backend, slow
+
+    def step_timer(self) -> Any:
+        return CpuClockTimer(self._slow) if self._backend.name == "cpu" else self._backend.step_timer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+
+def _rate(measurement: Any) -> dict[str, Any] | None:
+    rate = measurement.rate
+    if rate is None:
+        return {"median": None, "reason": measurement.skipped}
+    return {"median": rate["median"], "min": rate["min"], "max": rate["max"], "n": rate["n"], "cv": rate["cv"]}
+
+
+def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
+    """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s) and copy bandwidth (bytes/s)."""
+    from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm, warm_up_device
+    from hwbench.device import select_backend
+    from hwbench.harness.device_check import device_model_name
+
+    backend = select_backend(device)
+    # on the CPU one thread: CpuClockTimer counts one thread's time
+    backend.prepare_process(local_rank=index, local_world_size=1, threads=1 if backend.name == "cpu" else None)
+    fault = Fault.from_environ()
+    measured: Any = _ProbeBackend(backend, slow=bool(fault and fault.kind == "slow" and fault.rank == index))
+    settings = CalibrationSettings(precisions=(PROBE_PRECISION,), sizes=(PROBE_GEMM_SIZE[backend.name],),
+                                   copy_bytes=PROBE_COPY_BYTES[backend.name], repeats=PROBE_REPEATS, warmup=2,
+                                   min_time_s=min_time_s, device_warmup_s=min_time_s)
+    warm_up_device(backend, settings)  # from idle clocks to those of sustained work, as calibrate does
+    gemm = measure_gemm(measured, PROBE_PRECISION, settings.sizes[0], settings)
+    copy = measure_copy(measured, settings.copy_bytes, settings)
+    driver, _ = backend.driver()
+    return {"host": socket.gethostname(), "device_kind": backend.name, "index": index,
+            "device_model": device_model_name(backend), "driver": driver, "measured_at": utc_now(),
+            "gemm_flops": _rate(gemm), "gemm_size": settings.sizes[0], "precision": PROBE_PRECISION,
+            "copy_bytes_per_s": _rate(copy), "copy_buffer_bytes": settings.copy_bytes, "error": None}
+
+
+def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None
+                  ) -> list[dict[str, Any]]:
+    """Each of this host's ``count`` devices probed in its own process, one after another; a probe
+    that fails is a record with its cause (``error``), never an exception. Each record is kept as
+    one line of OUT/probes.jsonl as soon as it is known (JSON Lines: no result file, so `hwbench
+    report` and `baseline save` on OUT pass over it)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    host, records = socket.gethostname(), []
+    for index in range(count):
+        part = out_dir / f".probe-{host}-{index}.json"  # the probe's own answer, hidden until read
+        say(f"probing device {index} of {host}")
+        command = [sys.executable, "-m", "hwbench.harness.device_probe", device, str(index), str(min_time_s),
+                   str(part)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+            record = json.loads(part.read_text()) if done.returncode == 0 and part.is_file() else None
+            cause = None if record else (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        except subprocess.TimeoutExpired:
+            record, cause = None, f"no answer within {PROBE_TIMEOUT_S:g} s"
+        except (OSError, ValueError) as error:
+            record, cause = None, str(error)
+        part.unlink(missing_ok=True)
+        if record is None:
+            record = {"host": host, "device_kind": device, "index": index, "device_model": None,
+                      "gemm_flops": None, "copy_bytes_per_s": None, "error": cause}
+        with open(out_dir / PROBES_FILE, "a", encoding="utf-8") as lines:
+            lines.write(json.dumps(record) + "\n")
+        records.append(record)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hwbench.harness.device_probe")
+    parser.add_argument("device")
+    parser.add_argument("index", type=int)
+    parser.add_argument("min_time_s", type=float)
+    parser.add_argument("out")
+    args = parser.parse_args(argv)
+    try:
+        if os.environ.get(FAULT_ENV):
+            Fault.from_environ()  # a fault that cannot be read fails the probe with its reason
+        write_json_atomic(args.out, probe(args.device, args.index, args.min_time_s))
+    except (UsageError, SetupError) as error:  # the cause in one line, the last the parent reads
+        print(error, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""`hwbench accept`'s judgement and its page: is a delivered system what it should be?
+
+Two rules, both must hold (docs/accept.md):
+
+- outliers: each device's figures (GEMM rate, copy bandwidth; hwbench/harness/device_probe.py)
+  against the median of its peers (the other devices of its model), and each node's median
+  against the other nodes'. One more than ``outlier`` below is named. A device's figure is the
+  best of its repetitions: other work on a machine only ever lowers a rate, so the best one is
+  the device's own; the repetitions' median and spread are shown beside it.
+- baseline: every point of the suite at or above ``min_ratio`` of its baseline figure
+  (tokens/s, the median of the point's ok repeats against the baseline's median). A point that
+  failed is a FAIL with its cause; a point the baseline lacks is named, exit 4.
+
+Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+from hwbench.point import PointKey
+from hwbench.report.baseline import METRIC, Baseline
+from hwbench.report.compare import MISSING_EXIT, REGRESSION_EXIT, figure_text
+from hwbench.units import bandwidth_text, flops_rate_text
+
+DEFAULT_MIN_RATIO = 0.95
+DEFAULT_OUTLIER = 0.05
+FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
+PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text))
+
+
+@dataclasses.dataclass
+class PointOutcome:
+    name: str  # the suite's point name
+    label: str
+    values: list[float]  # tokens/s of its ok repeats
+    statuses: list[str]
+    baseline: float | None = None
+    ratio: float | None = None
+    straggler: str = ""  # the slowest rank of its multi-rank results, against the median rank
+    cause: str | None = None  # why it failed
+    verdict: str = ""
+
+
+@dataclasses.dataclass
+class Acceptance:
+    passed: bool
+    exit_status: int
+    failures: list[str]  # one line each: what failed and by how much
+    missing: list[str]  # points of the run the baseline lacks
+    probes: list[dict[str, Any]]
+    probes_unmeasured: str | None  # why no device was probed
+    outliers: list[str]
+    points: list[PointOutcome]
+    baseline: Baseline
+    min_ratio: float
+    outlier: float
+
+
+def _device_name(probe: dict[str, Any]) -> str:
+    return f"device {probe['index']} of {probe['host']}"
+
+
+def _best(probe: dict[str, Any], figure: str) -> float | None:
+    rate = probe.get(figure) or {}
+    return rate.get("max") if rate.get("median") is not None else None
+
+
+def device_outliers(probes: list[dict[str, Any]], threshold: float) -> list[str]:
+    """Each device, then each node, more than ``threshold`` below the median of its peers, named."""
+    named = []
+    for figure, title, text in PROBE_FIGURES:
+        best = {index: value for index, probe in enumerate(probes) if (value := _best(probe, figure)) is not None}
+        for index, value in best.items():
+            probe = probes[index]
+            peers = [v for i, v in best.items() if i != index and probes[i]["device_model"] == probe["device_model"]]
+            if not peers:
+                continue
+            typical = statistics.median(peers)
+            if value < (1 - threshold) * typical:
+                rate = probe[figure]
+                named.append(f"{_device_name(probe)} ({probe['device_model']}): {title} {text(value)}, "
+                             f"{1 - value / typical:.1%} below its peers' median {text(typical)} (repeats: median "
+                             f"{text(rate['median'])}, {text(rate['min'])} to {text(rate['max'])}, n={rate['n']})")
+        hosts = sorted({probes[i]["host"] for i in best})
+        node_figure = {host: statistics.median(v for i, v in best.items() if probes[i]["host"] == host)
+                       for host in hosts}
+        for host in hosts if len(hosts) > 1 else ():
+            typical = statistics.median(v for h, v in node_figure.items() if h != host)
+            if node_figure[host] < (1 - threshold) * typical:
+                named.append(f"node {host}: {title} {text(node_figure[host])} (median of its devices), "
+                             f"{1 - node_figure[host] / typical:.1%} below the other nodes' median {text(typical)}")
+    return named
+
+
+def _straggler(results: list[Any]) -> str:
+    stragglers = [r.metrics.straggler for r in results if r.status == "ok" and r.metrics.straggler
+                  and r.metrics.straggler.ratio]
+    if not stragglers:
+        return ""
+    worst = max(stragglers, key=lambda s: s.ratio)
+    return f"rank {worst.rank}: x{worst.ratio:.3f} of the median rank's step"
+
+
+def _cause(results: list[Any]) -> str:
+    for result in results:
+        if result.status != "ok":
+            message = (result.error.message if result.error else None) or "no message"
+            return f"{result.status}: {message.strip().splitlines()[-1] if message.strip() else message}"
+    return "no tokens/s figure"
+
+
+def judge_points(records: list[tuple[str, list[Any]]], baseline: Baseline, min_ratio: float
+                 ) -> tuple[list[PointOutcome], list[str]]:
+    """Each suite point (its name and results) against the baseline; the labels the baseline lacks."""
+    from hwbench.report.compare import point_label
+
+    keys = [r.point_key for _, results in records for r in results if r.point_key is not None]
+    outcomes, missing = [], []
+    for name, results in records:
+        key: PointKey | None = next((r.point_key for r in results if r.point_key is not None), None)
+        label = point_label(key, set(), keys) if key else name
+        values = [v for r in results if r.status == "ok" and (v := r.metrics.tokens_per_s) is not None]
+        outcome = PointOutcome(name, label, values, [r.status for r in results], straggler=_straggler(results))
+        if not values:
+            outcome.cause = _cause(results) if results else "no result"
+            outcome.verdict = "FAIL"
+        entry = baseline.figure(key) if key else None
+        if entry is None:
+            if values:
+                outcome.verdict = "no baseline"
+                missing.append(f"{name}: {label}")
+        else:
+            outcome.baseline = entry.median
+            if values:
+                outcome.ratio = statistics.median(values) / entry.median
+                outcome.verdict = "PASS" if outcome.ratio >= min_ratio else "FAIL"
+        outcomes.append(outcome)
+    return outcomes, missing
+
+
+def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: list[tuple[str, list[Any]]],
+          baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER) -> Acceptance:
+    outliers = device_outliers(probes, outlier)
+    points, missing = judge_points(records, baseline, min_ratio)
+    failures = [f"{_device_name(p)}: its probe failed: {p['error']}" for p in probes if p.get("error")]
+    failures += outliers
+    for point in points:
+        if point.cause:
+            failures.append(f"point {point.name}: {point.cause}")
+        elif point.verdict == "FAIL" and point.baseline is not None and point.ratio is not None:
+            failures.append(f"point {point.name}: {point.ratio:.1%} of its baseline "
+                            f"({figure_text(METRIC, statistics.median(point.values))} against "
+                            f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
+    exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
+    return Acceptance(exit_status == 0, exit_status, failures, missing, probes, probes_unmeasured, outliers, points,
+                      baseline, min_ratio, outlier)
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+
+def _rate_cell(probe: dict[str, Any], figure: str, text) -> str:
+    rate = probe.get(figure) or {}
+    if rate.get("median") is None:
+        return f"- ({rate.get('reason') or probe.get('error') or 'not measured'})"
+    return f"{text(rate['max'])} (median {text(rate['median'])}, min {text(rate['min'])}, n={rate['n']})"
+
+
+def acceptance_document(acceptance: Acceptance):
+    """The page as a Report (hwbench/report/document.py): PASS or FAIL first, then the evidence."""
+    import pandas as pd
+
+    from hwbench.report.document import Report, Section, Table
+
+    a = acceptance
+    word = "PASS" if a.passed else "FAIL"
+    summary = (f"{word}: every device within {a.outlier:.0%} of its peers and every point at or above "
+               f"{a.min_ratio:.0%} of its baseline" if a.passed
+               else f"{word}: {len(a.failures) + len(a.missing)} finding(s) below")
+    verdict = Section("Verdict", [("p", summary)])
+    if a.failures:
+        verdict.blocks.append(("list", a.failures))
+    if a.missing:
+        verdict.blocks += [("p", f"Points the baseline ({a.baseline.source}) lacks, exit {MISSING_EXIT}:"),
+                           ("list", a.missing)]
+    devices = Section("Devices", [])
+    if a.probes_unmeasured:
+        devices.blocks.append(("p", f"Not probed: {a.probes_unmeasured}."))
+    if a.probes:
+        devices.blocks.append(("p", "Each device measured alone (fp32 GEMM rate, copy bandwidth read + written): the "
+                                    "best of its repetitions, then their median, minimum and count. A device more "
+                                    f"than {a.outlier:.0%} below the median of its peers is named above."))
+        devices.blocks.append(("table", Table(["device", "model", "GEMM rate", "copy bandwidth"], [
+            [_device_name(p), p.get("device_model") or "-", _rate_cell(p, "gemm_flops", flops_rate_text),
+             _rate_cell(p, "copy_bytes_per_s", bandwidth_text)] for p in a.probes])))
+    rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
+             f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
+             figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
+             f"{p.ratio:.1%}" if p.ratio is not None else "-", p.straggler or "-", p.verdict + (f": {p.cause}" if
+                                                                                                  p.cause else "")]
+            for p in a.points]
+    suite = Section("Suite against the baseline", [
+        ("p", f"tokens/s: the median of each point's ok repeats against the baseline's median; PASS at or above "
+              f"{a.min_ratio:.0%}. Straggler: the slowest rank's median step against the median rank's (every rank "
+              "waits for the slowest at each collective, so this is evidence, not a judgement)."),
+        ("table", Table(["point", "what", "tokens/s", "repeats", "baseline", "ratio", "straggler", "verdict"], rows))])
+    base = a.baseline
+    source = Section("Baseline", [("list", [f"source: {base.source}", f"created: {base.created_at or '-'}",
+                                            *(f"{k}: {(', '.join(map(str, v)) or '-') if isinstance(v, list) else v}"
+                                              for k, v in {**base.machine, **base.software}.items())])])
+    return Report(f"hwbench accept: {word}", [verdict, devices, suite, source], pd.DataFrame(), pd.DataFrame(), [],
+                  [], [], {})
+
+
+def render(acceptance: Acceptance, fmt: str) -> str:
+    document = acceptance_document(acceptance)
+    if fmt == "html":
+        from hwbench.report.html import render_html
+
+        return render_html(document)
+    from hwbench.report.render import render_markdown
+
+    return render_markdown(document)

@@ -1,0 +1,187 @@
+"""Baseline files (`hwbench baseline save`, `hwbench accept --baseline`): the figures a delivered
+system must reach, per benchmark point (hwbench.point.PointKey).
+
+A baseline file is JSON: ``schema`` "hwbench-baseline", ``schema_version``, ``created_at``, the
+``machine`` and ``software`` the results came from (hosts, device models, drivers, torch,
+hwbench, Python: every value seen), and ``points``: each point's key, label and tokens/s
+(median, min, max, n of its ok results, run ids). `--baseline` also takes a folder of result
+files (made into a baseline on the fly) or a CSV of per-device-model figures: a header with
+``model``, ``device_model`` and ``tokens_per_s``, and any other PointKey field (precision,
+seq_length, tp, pp, dp, nnodes, ...) a row's figure is for; an empty cell matches any value.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from hwbench.errors import UsageError
+from hwbench.point import METRICS, PointKey
+from hwbench.result.model import RunResult
+from hwbench.result.store import utc_now, write_json_atomic
+
+SCHEMA = "hwbench-baseline"
+SCHEMA_VERSION = 1
+METRIC = "tokens_per_s"
+CSV_REQUIRED = ("model", "device_model", METRIC)
+
+
+@dataclasses.dataclass
+class BaselinePoint:
+    """One point's baseline figure: its key (a CSV row: only the fields the row gives) and tokens/s."""
+
+    fields: dict[str, Any]  # PointKey fields; a CSV row's may be a subset
+    label: str
+    median: float
+    min: float | None = None
+    max: float | None = None
+    n: int | None = None
+
+    def matches(self, key: PointKey) -> bool:
+        return all(_same(getattr(key, name), value) for name, value in self.fields.items())
+
+
+def _same(value: Any, wanted: Any) -> bool:
+    if isinstance(wanted, str) and not isinstance(value, str):  # a CSV cell: compared as its text
+        return str(value).lower() == wanted.lower()
+    return value == wanted
+
+
+@dataclasses.dataclass
+class Baseline:
+    source: str  # what --baseline named
+    points: list[BaselinePoint]
+    machine: dict[str, Any]
+    software: dict[str, Any]
+    created_at: str | None
+
+    def figure(self, key: PointKey) -> BaselinePoint | None:
+        """The baseline figure of ``key``: the most specific matching entry (a result's key matches whole)."""
+        found = [point for point in self.points if point.matches(key)]
+        return max(found, key=lambda point: len(point.fields)) if found else None
+
+
+def _seen(values) -> list[str]:
+    return sorted({str(v) for v in values if v not in (None, "")})
+
+
+def build_baseline(results: list[RunResult]) -> dict[str, Any]:
+    """The baseline file's content from ``results``: every point with an ok tokens/s figure."""
+    from hwbench.report.compare import group, point_label
+
+    by_key, names, _ = group(results)
+    keys = list(by_key)
+    points = []
+    for key, runs in by_key.items():
+        ok = [(r, v) for r in runs if r.status == "ok" and (v := METRICS[METRIC].read(r)) is not None]
+        if not ok:
+            continue
+        values = [v for _, v in ok]
+        points.append({"key": dataclasses.asdict(key), "label": point_label(key, names[key], keys),
+                       METRIC: {"median": statistics.median(values), "min": min(values), "max": max(values),
+                                "n": len(values)}, "run_ids": [r.run_id for r, _ in ok]})
+    if not points:
+        raise UsageError("RESULTS: no ok result with a tokens/s figure; a baseline needs at least one")
+    environments = [r.environment for r in results if r.status == "ok"]
+    return {
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created_at": utc_now(), "metric": METRIC,
+        "machine": {"hosts": _seen(e.host for e in environments),
+                    "device_models": _seen(r.device_model for r in results if r.status == "ok"),
+                    "drivers": _seen(e.driver_version for e in environments)},
+        "software": {"torch": _seen(e.torch_version for e in environments),
+                     "hwbench": _seen(e.hwbench_version for e in environments),
+                     "python": _seen(e.python for e in environments)},
+        "points": sorted(points, key=lambda p: p["label"]),
+    }
+
+
+def save_baseline(results: list[RunResult], out: Path) -> dict[str, Any]:
+    content = build_baseline(results)
+    write_json_atomic(out, content)
+    return content
+
+
+def load_baseline(path: str) -> Baseline:
+    """A baseline file, a folder of results or a CSV; UsageError (one line) when it is none of them."""
+    where = Path(path)
+    if where.is_dir():
+        from hwbench.result.store import read_inputs
+
+        found, _skipped = read_inputs([path], "--baseline")
+        if not found:
+            raise UsageError(f"--baseline {path!r}: the folder holds no hwbench result files; give a baseline file, "
+                             "a folder of results or a CSV")
+        return _from_content(build_baseline([r for r, _ in found]), path)
+    if not where.is_file():
+        raise UsageError(f"--baseline {path!r}: no such file or folder; give a baseline file (JSON), a folder of "
+                         "results or a CSV")
+    try:
+        text = where.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--baseline {path!r} cannot be read ({error}); give a baseline file (JSON), a folder of "
+                         "results or a CSV") from None
+    if where.suffix.lower() == ".csv":
+        return _from_csv(text, path)
+    try:
+        content = json.loads(text)
+    except ValueError:
+        raise UsageError(f"--baseline {path!r}: not JSON; give a baseline file (hwbench baseline save), a folder of "
+                         "results or a CSV") from None
+    if not isinstance(content, dict) or content.get("schema") != SCHEMA:
+        raise UsageError(f"--baseline {path!r}: not a baseline file (no \"schema\": \"{SCHEMA}\"); make one with "
+                         "`hwbench baseline save`")
+    if content.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(f"--baseline {path!r}: schema_version {content.get('schema_version')!r} is not read by "
+                         f"this hwbench; accepted: {SCHEMA_VERSION}")
+    return _from_content(content, path)
+
+
+def _from_content(content: dict[str, Any], source: str) -> Baseline:
+    points = []
+    for index, entry in enumerate(content.get("points") or []):
+        try:
+            key = PointKey(**entry["key"])
+            figure = entry[METRIC]
+            median = float(figure["median"])
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"--baseline {source!r}: points[{index}] lacks a key or a {METRIC} median") from None
+        points.append(BaselinePoint(dataclasses.asdict(key), entry.get("label") or key.label(), median,
+                                    figure.get("min"), figure.get("max"), figure.get("n")))
+    return Baseline(source, points, content.get("machine") or {}, content.get("software") or {},
+                    content.get("created_at"))
+
+
+def _from_csv(text: str, source: str) -> Baseline:
+    rows = list(csv.DictReader(text.splitlines()))
+    header = set(rows[0]) if rows else set()
+    missing = [name for name in CSV_REQUIRED if name not in header]
+    if missing:
+        raise UsageError(f"--baseline {source!r}: the CSV lacks column(s) {', '.join(missing)}; accepted: a header "
+                         f"with {', '.join(CSV_REQUIRED)} and any of {', '.join(PointKey.fields())}")
+    known = set(PointKey.fields())
+    points = []
+    for number, row in enumerate(rows, start=2):
+        try:
+            median = float(row[METRIC])
+        except (TypeError, ValueError):
+            median = math.nan
+        if not math.isfinite(median) or median <= 0:
+            raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {row[METRIC]!r} is not accepted; give a "
+                             "positive number")
+        fields: dict[str, Any] = {name: _cell(name, value) for name, value in row.items()
+                                  if name in known and value not in (None, "")}
+        label = " ".join(f"{name}={value}" for name, value in fields.items())
+        points.append(BaselinePoint(fields, label, median))
+    return Baseline(source, points, {}, {}, None)
+
+
+def _cell(name: str, text: str) -> Any:
+    """A CSV cell as the PointKey field holds it: numbers as int, the rest as text (matched case-blind)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else text
+

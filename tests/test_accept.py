@@ -1,0 +1,187 @@
+"""`hwbench accept` and `hwbench baseline save`: a delivered system judged device by device and
+against a baseline; a slow device named, a failing point a FAIL with its cause."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hwbench.cli import main
+from hwbench.result.store import load_results
+
+FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
+        "telemetry": False, "timeout": 120}
+PROBE = ["--probe-time", "0.3", "--no-preflight", "--quiet"]
+
+
+def _suite(folder: Path, points: list[dict], name: str = "acc") -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "defaults": FAST, "points": points}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """A one-rank suite swept once, and the baseline saved from its results."""
+    folder = tmp_path_factory.mktemp("accept")
+    suite = _suite(folder, [{"name": "one"}])
+    assert main(["sweep", str(suite), "--out", str(folder / "base"), "--no-preflight", "--quiet"]) == 0
+    assert main(["baseline", "save", str(folder / "base"), "--out", str(folder / "baseline.json")]) == 0
+    results, _ = load_results([folder / "base"])
+    return {"folder": folder, "suite": suite, "baseline": folder / "baseline.json", "results": results}
+
+
+def test_baseline_save_keeps_each_point_s_figures_with_machine_software_and_date(measured):
+    content = json.loads(measured["baseline"].read_text())
+    (result,) = measured["results"]
+    assert content["schema"] == "hwbench-baseline" and content["schema_version"] == 1 and content["created_at"]
+    assert content["machine"]["device_models"] == [result.device_model]
+    assert content["machine"]["hosts"] == [result.environment.host]
+    assert content["software"]["torch"] == [result.environment.torch_version]
+    (point,) = content["points"]
+    assert point["key"]["model"] == "tiny" and point["key"]["seq_length"] == 32
+    assert point["tokens_per_s"] == {"median": result.metrics.tokens_per_s, "min": result.metrics.tokens_per_s,
+                                     "max": result.metrics.tokens_per_s, "n": 1}
+    assert point["run_ids"] == [result.run_id]
+    from hwbench.report.baseline import load_baseline
+
+    loaded = load_baseline(str(measured["baseline"]))
+    assert loaded.figure(result.point_key).median == pytest.approx(result.metrics.tokens_per_s)
+
+
+@pytest.mark.slow
+def test_accept_passes_against_a_baseline_of_the_same_machine(measured, tmp_path, capsys):
+    out = tmp_path / "out"
+    # loose limits: the same machine twice on a shared CPU (training's tokens/s here varies up to 4x with the
+    # other work); the rules themselves are tested below
+    status = main(["accept", "--suite", str(measured["suite"]), "--baseline", str(measured["baseline"]), "--out",
+                   str(out), "--devices-per-node", "2", "--min-ratio", "0.05", "--outlier", "40%", *PROBE])
+    page = (out / "accept.md").read_text()
+    assert status == 0, page
+    assert page.startswith("# hwbench accept: PASS")
+    assert "device 0 of" in page and "device 1 of" in page  # the evidence: each device's figures
+    assert "| one " in page and "PASS" in page.split("## Suite against the baseline")[1]
+    assert capsys.readouterr().out.startswith("PASS:")
+
+
+def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, monkeypatch, capsys):
+    """Rank 1's device 10% slower (HWBENCH_FAULT's slow kind; the suite's point a real 2-rank torchrun job)."""
+    (result,) = measured["results"]
+    csv = tmp_path / "published.csv"  # a CSV of per-device-model figures as the baseline
+    csv.write_text(f"model,device_model,tokens_per_s\ntiny,{result.device_model},1\n")
+    suite = _suite(tmp_path, [{"name": "dp2", "nproc-per-node": 2}])
+    monkeypatch.setenv("HWBENCH_FAULT", "1:3:slow")  # the training job: rank 1 sleeps at its last step only
+    out = tmp_path / "out"
+    status = main(["accept", "--suite", str(suite), "--baseline", str(csv), "--out", str(out),
+                   "--devices-per-node", "2", *PROBE])
+    page = (out / "accept.md").read_text()
+    assert status == 3, page
+    assert page.startswith("# hwbench accept: FAIL")
+    verdict = page.split("## Devices")[0]
+    assert "device 1 of" in verdict and "GEMM rate" in verdict and "below its peers' median" in verdict
+    assert not any(line.startswith("- device 0 of") and "GEMM" in line for line in verdict.splitlines())
+    assert "n=7" in verdict  # the repeats' spread beside the figure
+    suite_part = page.split("## Suite against the baseline")[1]
+    assert "| dp2 " in suite_part and "PASS" in suite_part  # the training point itself met its baseline
+    assert "device 1 of" in capsys.readouterr().out
+    dp2 = load_results([out / "acc" / "dp2"])[0]
+    assert [r.status for r in dp2] == ["ok"] and len(dp2[0].ranks) == 2  # nothing measured is lost
+    probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert [(p["index"], p["error"]) for p in probes] == [(0, None), (1, None)]
+    assert not list(out.glob(".probe-*"))
+
+
+def test_a_baseline_without_the_run_s_points_names_them_and_exits_4(measured, tmp_path, capsys):
+    content = json.loads(measured["baseline"].read_text())
+    content["points"][0]["key"]["seq_length"] = 64  # the baseline measured another point
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(content))
+    shutil.copytree(measured["folder"] / "base", tmp_path / "out")  # the suite's results kept, as a sweep keeps them
+    status = main(["accept", "--suite", str(measured["suite"]), "--baseline", str(other), "--out",
+                   str(tmp_path / "out"), "--devices-per-node", "1", *PROBE])
+    assert status == 4
+    err = capsys.readouterr().err
+    assert "have no baseline figure" in err and "one: tiny on" in err
+    page = (tmp_path / "out" / "accept.md").read_text()
+    assert page.startswith("# hwbench accept: FAIL") and "lacks, exit 4" in page and "one: tiny on" in page
+
+
+def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_kept(measured, tmp_path):
+    suite = _suite(tmp_path, [{"name": "broken", "tp": 3}])  # tp 3 on 1 rank: refused when the sweep reaches it
+    out = tmp_path / "out"
+    status = main(["accept", "--suite", str(suite), "--baseline", str(measured["baseline"]), "--out", str(out),
+                   "--devices-per-node", "1", *PROBE])
+    page = (out / "accept.md").read_text()
+    assert status == 3, page
+    verdict = page.split("## Devices")[0]
+    assert "point broken: invalid: --tp 3 does not divide" in verdict
+    assert [r.status for r in load_results([out / "acc" / "broken"])[0]] == ["invalid"]
+    assert "device 0 of" in page and (out / "probes.jsonl").is_file()  # the probe's figures: on the page, kept
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--min-ratio", "abc"], "--min-ratio 'abc' is not accepted; give a number above 0"),
+    (["--min-ratio", "0"], "--min-ratio '0' is not accepted"),
+    (["--outlier", "150%"], "--outlier '150%': must be below 100%"),
+    (["--baseline", "/nonexistent/b.json"], "--baseline '/nonexistent/b.json': no such file or folder"),
+    (["--suite", "nosuch"], "suite 'nosuch' is neither a file nor a shipped suite"),
+    (["--format", "pdf"], "invalid choice: 'pdf'"),
+    (["--partition", "p"], "--partition is accepted only with --executor slurm"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, capsys, extra, says):
+    out = tmp_path / "out"
+    argv = ["accept", "--suite", str(measured["suite"]), "--baseline", str(measured["baseline"]), "--out", str(out),
+            *PROBE]
+    for option, value in zip(extra[::2], extra[1::2]):
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
+    bogus = tmp_path / "b.json"
+    bogus.write_text('{"points": []}')
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(bogus), "--out",
+                 str(tmp_path / "out"), *PROBE]) == 2
+    assert "not a baseline file" in capsys.readouterr().err
+    csv = tmp_path / "b.csv"
+    csv.write_text("model,tokens_per_s\ntiny,1\n")
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(csv), "--out",
+                 str(tmp_path / "out"), *PROBE]) == 2
+    assert "lacks column(s) device_model" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measured, tmp_path):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    content = hwbench.baseline_save(measured["folder"] / "base", out=tmp_path / "b.json")
+    saved = json.loads(measured["baseline"].read_text())
+    assert content["points"] == saved["points"] and json.loads((tmp_path / "b.json").read_text()) == content
+    with pytest.raises(UsageError, match="--min-ratio 0 is not accepted"):
+        hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out", min_ratio=0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monkeypatch):
+    from hwbench.harness.device_probe import probe_devices
+    from hwbench.report.accept import judge
+    from hwbench.report.baseline import Baseline
+
+    monkeypatch.setenv("HWBENCH_FAULT", "not-a-fault")
+    (record,) = probe_devices("cpu", 1, 0.1, tmp_path)
+    assert record["error"].startswith("HWBENCH_FAULT='not-a-fault' is not accepted")
+    assert json.loads((tmp_path / "probes.jsonl").read_text()) == record
+    acceptance = judge([record], None, [], Baseline("b.json", [], {}, {}, None))
+    assert acceptance.exit_status == 3 and acceptance.failures == [f"device 0 of {record['host']}: its probe failed: "
+                                                                   f"{record['error']}"]
