@@ -64,6 +64,16 @@ def one_line(text: str) -> str:
     return "".join(repr(char)[1:-1] if not char.isprintable() and char != " " else char for char in text)
 
 
+def note(line: str) -> None:
+    """An informational line on stderr before or during a run (an estimate, the preflight's
+    findings). A stderr that cannot be written (a log on a full disk, a closed pipe) loses the
+    line, not the run: the measurement after it still reaches its result file."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 def _top_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hwbench",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
@@ -59,7 +58,9 @@ def summary(report) -> str:
 
 def print_findings(report) -> None:
     """What a run or sweep says of the check before it starts: each warning and failure, then one line."""
+    from hwbench.cli import note
+
     for check in report.checks:
         if check.status in ("warning", "failure"):
-            print(f"hwbench: preflight {check.status}: {check.name}: {check.reading} ({check.reason})", file=sys.stderr)
-    print(f"hwbench: preflight: {summary(report)}; `hwbench preflight` shows every check", file=sys.stderr)
+            note(f"hwbench: preflight {check.status}: {check.name}: {check.reading} ({check.reason})")
+    note(f"hwbench: preflight: {summary(report)}; `hwbench preflight` shows every check")

@@ -112,17 +112,18 @@ def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
 
 
 def main(args: argparse.Namespace) -> int:
+    from hwbench.cli import note
     from hwbench.commands.preflight import print_findings
     from hwbench.harness.estimate import before_run
     from hwbench.harness.run import run_and_store
 
     options = options_from_namespace(args)
     for line in before_run(options, estimate=not args.quiet):  # a slow precision, how long it will take: first
-        print(f"hwbench: {line}", file=sys.stderr, flush=True)
+        note(f"hwbench: {line}")
     outcome = run_and_store(options, show_progress=not args.quiet, on_preflight=print_findings)
     result, stored = outcome.result, outcome.stored
-    for note in outcome.notes:
-        print(f"hwbench: note: {note}", file=sys.stderr)
+    for remark in outcome.notes:
+        note(f"hwbench: note: {remark}")
     if result is None or stored is None:  # another rank or node stores the result
         return 0
     from hwbench.report.summary import run_summary_table

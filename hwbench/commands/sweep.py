@@ -107,22 +107,25 @@ def main(args: argparse.Namespace) -> int:
         preflight=args.preflight,
     )
     settings = slurm_settings(args)
-    if settings is None:  # a local sweep: its slow precisions and (unless --quiet) duration, before it starts
-        from hwbench.harness.estimate import before_sweep
 
-        for line in before_sweep(suite, options, estimate=not args.quiet):
-            print(f"hwbench: {line}", file=sys.stderr, flush=True)
-    if args.preflight and settings is None:  # Slurm points run elsewhere: each checks its own node
+    def before_start() -> None:  # once the sweep's input is checked: bad input stays one line
+        if settings is not None:  # Slurm points run elsewhere: each estimates and checks its own node
+            return
+        from hwbench.cli import note
         from hwbench.commands.preflight import print_findings
+        from hwbench.harness.estimate import before_sweep
         from hwbench.harness.run import machine_checked
 
-        checked = machine_checked(args.device or "auto", args.out, args.nproc_per_node or 1)
+        for line in before_sweep(suite, options, estimate=not args.quiet):  # slow precisions, duration
+            note(f"hwbench: {line}")
+        checked = machine_checked(args.device or "auto", args.out, args.nproc_per_node or 1) if args.preflight else None
         if checked is not None:
             print_findings(checked)
+
     try:
         with warnings.catch_warnings():  # a damaged earlier result: one line, not Python's file:line and source
             warnings.showwarning = _one_line_warning
-            records = run_sweep(suite, options, slurm=settings, progress=not args.quiet)
+            records = run_sweep(suite, options, slurm=settings, progress=not args.quiet, before_start=before_start)
     except SweepInterrupted as stop:
         if stop.jobs:
             return _interrupted_slurm(stop, options.out_dir / suite.name)

@@ -172,10 +172,13 @@ def point_runs(suite: Suite, options: SweepOptions, defaults: dict[str, Any]) ->
 
 
 def run_points(suite: Suite, options: SweepOptions, executor: Executor, say: Say,
-               keep_going: Callable[[list[PointRecord]], bool] | None = None) -> list[PointRecord]:
+               keep_going: Callable[[list[PointRecord]], bool] | None = None,
+               before_start: Callable[[], None] | None = None) -> list[PointRecord]:
     """Every point of ``suite`` and every repeat through ``executor``, holding the suite
     folder's lock; ``keep_going`` (tune's stopping rule) is asked before each run. A
-    refusal comes before the folder exists. SweepInterrupted on SIGINT/SIGTERM/SIGHUP."""
+    refusal comes before the folder exists. ``before_start`` runs once every input is
+    checked and the lock is held (what a command says before the first point: an
+    estimate, the preflight's findings). SweepInterrupted on SIGINT/SIGTERM/SIGHUP."""
     from hwbench.harness.launcher import recover_stranded_runs
 
     check_output_folder(options.out_dir)
@@ -190,6 +193,8 @@ def run_points(suite: Suite, options: SweepOptions, executor: Executor, say: Say
     for note in recover_stranded_runs():  # a killed run's result goes to its point folder, where resume finds it
         say(f"note: {note}")
     with folder_lock(options.out_dir / suite.name, options.wait):
+        if before_start is not None:
+            before_start()
         records = _loop(runs, options.force, executor, say, keep_going)
     for record in records:
         finished = [result for result in record.results if result is not None]

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hwbench.errors import UsageError
@@ -42,19 +43,19 @@ STOP_GRACE_S = 30.0
 
 
 def run_sweep(suite: Suite | str | os.PathLike, options: SweepOptions, slurm=None,
-              progress: bool = True) -> list[PointRecord]:
+              progress: bool = True, before_start: Callable[[], None] | None = None) -> list[PointRecord]:
     """Every point of ``suite`` (a Suite, a suite file or a shipped suite's name) and every
     repeat: here, one after another, or each a Slurm job when ``slurm`` (SlurmSettings)
     is given; a line on stderr per event with ``progress``. Raises SweepInterrupted on
-    SIGINT/SIGTERM/SIGHUP."""
+    SIGINT/SIGTERM/SIGHUP. ``before_start``: hwbench.harness.executor.run_points."""
     if not isinstance(suite, Suite):
         suite = load_suite(find_suite(os.fspath(suite)))
     say = progress_lines(progress)
     if slurm is None:
-        return run_points(suite, options, LocalExecutor(options.plan, say), say)
+        return run_points(suite, options, LocalExecutor(options.plan, say), say, before_start=before_start)
     from hwbench.harness.slurm import SlurmExecutor
 
-    return run_points(suite, options, SlurmExecutor(slurm, options.force, say), say)
+    return run_points(suite, options, SlurmExecutor(slurm, options.force, say), say, before_start=before_start)
 
 
 class LocalExecutor(Executor):
