@@ -108,6 +108,7 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, 
 TP2 = ["--nproc-per-node", "2", "--tp", "2"]
 
 
+@pytest.mark.heavy  # the one-process resumption and the killed-rank restart (TP2) stay in the default run
 def test_tp2_resumes_bit_for_bit_and_its_checkpoint_loads_on_one_process(tmp_path, native_tp2_run,
                                                                           single_process_run):
     """Each rank writes its own shards; the vocabulary TP2 pads to 50432 rows loads into one

@@ -15,7 +15,9 @@ import pytest
 
 from hwbench.catalog import load_catalog
 
-pytestmark = pytest.mark.slow  # four training runs, about a minute on 2 cores
+# four training runs, about a minute on 2 cores; each stand-in run alone is in the default run
+# (tests/test_vendor_standins.py, tests/test_npu_standin.py) and so is the peaks table (tests/test_decision.py)
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 FAKES = Path(__file__).resolve().parent / "fakes"
 RUN = ["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",

@@ -104,6 +104,7 @@ def test_olympic_score_drops_the_fastest_and_slowest_and_one_run_that_did_not_co
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # three target runs; the score's rule is a unit test of the default run, a target run too
 def test_three_repeats_of_a_suite_point_give_an_olympic_time_to_target_in_the_sweep_and_the_report(tmp_path,
                                                                                                    capsys):
     suite = tmp_path / "ttt.yaml"
