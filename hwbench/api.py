@@ -154,12 +154,11 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
            devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
     """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
     ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
-    from pathlib import Path
-
     from hwbench.harness.accept import AcceptOptions
     from hwbench.harness.accept import accept as run_acceptance
 
-    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=Path(out),
+    # out as given: AcceptOptions refuses "" (Path("") would be the current folder) and makes it a Path
+    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=out,  # type: ignore[arg-type]
                             min_ratio=min_ratio, outlier=outlier, repeats=repeats, device=device,
                             devices_per_node=devices_per_node, page_format=format)
     return run_acceptance(options, slurm=slurm, progress=progress)
