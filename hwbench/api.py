@@ -144,8 +144,10 @@ def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", 
               threads_per_rank: int | None = None):
     """The machine checked before it is measured, as `hwbench preflight`: a PreflightReport
     (``checks``, each with ``status``, ``reading``, ``value``, ``reason``; ``worst``; ``to_dict()``)."""
+    from hwbench.harness.preflight import check_request
     from hwbench.harness.preflight import preflight as check
 
+    check_request(device, nproc_per_node, threads_per_rank)
     return check(device, out, nproc_per_node, threads_per_rank)
 
 
@@ -169,7 +171,10 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     from pathlib import Path
 
     from hwbench.report.baseline import save_baseline
+    from hwbench.result.files import check_output_file
     from hwbench.result.store import read_inputs
 
-    found, _skipped = read_inputs(_paths(paths, "RESULTS"), "RESULTS")
+    inputs = _paths(paths, "RESULTS")
+    check_output_file(out, "--out", inputs)  # as the command: "" and a path under a file refused before reading
+    found, _skipped = read_inputs(inputs, "RESULTS")
     return save_baseline([result for result, _ in found], Path(out))

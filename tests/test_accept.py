@@ -192,6 +192,9 @@ def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measur
     content = hwbench.baseline_save(measured["folder"] / "base", out=tmp_path / "b.json")
     saved = json.loads(measured["baseline"].read_text())
     assert content["points"] == saved["points"] and json.loads((tmp_path / "b.json").read_text()) == content
+    for out, says in [("", "--out '' is not accepted"), (tmp_path / "b.json" / "x.json", "lies under the file")]:
+        with pytest.raises(UsageError, match=says):  # "" was the current folder; under a file: "File exists"
+            hwbench.baseline_save(measured["folder"] / "base", out=out)
     with pytest.raises(UsageError, match="--min-ratio 0 is not accepted"):
         hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out", min_ratio=0)
     for outlier in (-1, float("nan"), 5):  # the CLI's --outlier refuses these; the API ran with them
