@@ -132,6 +132,7 @@ def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_ke
     (["--format", "pdf"], "invalid choice: 'pdf'"),
     (["--partition", "p"], "--partition is accepted only with --executor slurm"),
     # it used to probe "devices" 0..99,999 of a host that has one, for hours
+    (["--probe-time", "1e9"], "--probe-time 1000000000.0 is not accepted; give seconds above 0, at most 30"),
     (["--devices-per-node", "100000"], "--devices-per-node 100000 is not accepted: this host has"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, capsys, extra, says):

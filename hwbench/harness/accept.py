@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.harness.device_probe import MAX_PROBE_TIME_S
 from hwbench.harness.executor import SweepOptions, progress_lines
 from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
 from hwbench.result.files import check_output_folder
@@ -47,8 +48,10 @@ class AcceptOptions:
             raise UsageError(f"--format {self.page_format!r} is not accepted; accepted: {', '.join(PAGE_FORMATS)}")
         if self.devices_per_node is not None and self.devices_per_node < 1:
             raise UsageError(f"--devices-per-node {self.devices_per_node!r} is not accepted; give an integer >= 1")
-        if not self.probe_time_s > 0:
-            raise UsageError(f"--probe-time {self.probe_time_s!r} is not accepted; give seconds above 0")
+        if not _number(self.probe_time_s) or not 0 < self.probe_time_s <= MAX_PROBE_TIME_S:
+            # above the bound every probe would end as "no answer within 600 s", after 600 s each
+            raise UsageError(f"--probe-time {self.probe_time_s!r} is not accepted; give seconds above 0, at most "
+                             f"{MAX_PROBE_TIME_S:g}")
 
     @property
     def page(self) -> Path:
