@@ -170,6 +170,13 @@ def test_baseline_save_into_a_path_under_a_file_or_empty_is_one_line(measured, t
     # a folder that does not exist yet is made, as for archive and export
     assert main(["baseline", "save", str(measured["folder"] / "base"), "--out", str(tmp_path / "new" / "b.json")]) == 0
     assert json.loads((tmp_path / "new" / "b.json").read_text())["schema"] == "hwbench-baseline"
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    capsys.readouterr()
+    base = str(measured["folder"] / "base")
+    assert main(["baseline", "save", str(broken), base, "--out", str(tmp_path / "c.json")]) == 0
+    [warning] = capsys.readouterr().err.splitlines()  # the file named once, not "F left out: F: ..."
+    assert warning.startswith(f"hwbench baseline: warning: left out {broken}: ") and warning.count(str(broken)) == 1
 
 
 def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
