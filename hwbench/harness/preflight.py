@@ -458,6 +458,8 @@ def disk_space(out_dir: str | os.PathLike) -> Check:
     except OSError as error:
         return Check("disk_space", None, None, reason=f"{folder}: {error.strerror or error}")
     reading = f"{human_bytes(free)} free in {folder}"
+    if not folder.is_dir():  # --out a file, or under one: `hwbench run` refuses it
+        return Check("disk_space", FAILURE, reading, None, f"{folder} is a file: results cannot go there")
     if free < DISK_FAILURE_BYTES:
         return Check(
             "disk_space",
