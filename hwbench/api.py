@@ -144,8 +144,10 @@ def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", 
               threads_per_rank: int | None = None):
     """The machine checked before it is measured, as `hwbench preflight`: a PreflightReport
     (``checks``, each with ``status``, ``reading``, ``value``, ``reason``; ``worst``; ``to_dict()``)."""
+    from hwbench.harness.preflight import check_request
     from hwbench.harness.preflight import preflight as check
 
+    check_request(device, nproc_per_node, threads_per_rank)
     return check(device, out, nproc_per_node, threads_per_rank)
 
 
@@ -154,12 +156,11 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
            devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
     """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
     ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
-    from pathlib import Path
-
     from hwbench.harness.accept import AcceptOptions
     from hwbench.harness.accept import accept as run_acceptance
 
-    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=Path(out),
+    # out as given: AcceptOptions refuses "" (Path("") would be the current folder) and makes it a Path
+    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=out,  # type: ignore[arg-type]
                             min_ratio=min_ratio, outlier=outlier, repeats=repeats, device=device,
                             devices_per_node=devices_per_node, page_format=format)
     return run_acceptance(options, slurm=slurm, progress=progress)
@@ -170,7 +171,10 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     from pathlib import Path
 
     from hwbench.report.baseline import save_baseline
+    from hwbench.result.files import check_output_file
     from hwbench.result.store import read_inputs
 
-    found, _skipped = read_inputs(_paths(paths, "RESULTS"), "RESULTS")
+    inputs = _paths(paths, "RESULTS")
+    check_output_file(out, "--out", inputs)  # as the command: "" and a path under a file refused before reading
+    found, _skipped = read_inputs(inputs, "RESULTS")
     return save_baseline([result for result, _ in found], Path(out))

@@ -70,7 +70,8 @@ def find_checkpoint(path: str | os.PathLike, option: str = "--load") -> SavedChe
     folder = Path(path)
     shown = f"{option} {os.fspath(path)}"
     if not folder.is_dir():
-        raise UsageError(f"{shown}: no such folder; give a folder that `hwbench run --save` wrote")
+        what = "a file, not a folder" if folder.exists() else "no such folder"
+        raise UsageError(f"{shown}: {what}; give a folder that `hwbench run --save` wrote")
     if not (folder / MANIFEST_FILE).is_file():
         folder = folder / iteration_folder_name(_latest_iteration(folder, shown))
         shown = f"{shown} ({folder.name})"

@@ -131,6 +131,9 @@ def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_ke
     (["--suite", "nosuch"], "suite 'nosuch' is neither a file nor a shipped suite"),
     (["--format", "pdf"], "invalid choice: 'pdf'"),
     (["--partition", "p"], "--partition is accepted only with --executor slurm"),
+    # it used to probe "devices" 0..99,999 of a host that has one, for hours
+    (["--probe-time", "1e9"], "--probe-time 1000000000.0 is not accepted; give seconds above 0, at most 30"),
+    (["--devices-per-node", "100000"], "--devices-per-node 100000 is not accepted: this host has"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, capsys, extra, says):
     out = tmp_path / "out"
@@ -145,6 +148,35 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, ca
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_an_empty_out_is_refused_not_read_as_the_current_folder(measured, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # --out "" used to run the suite and write accept.md here
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(measured["baseline"]), "--out", "",
+                 *PROBE]) == 2
+    err = capsys.readouterr().err
+    assert "--out '' is not accepted" in err and len(err.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_baseline_save_into_a_path_under_a_file_or_empty_is_one_line(measured, tmp_path, capsys):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for out, says in [(afile / "b.json", f"lies under the file {str(afile)!r}"), ("", "--out '' is not accepted")]:
+        assert main(["baseline", "save", str(measured["folder"] / "base"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1  # was a NotADirectoryError traceback
+    assert afile.read_text() == "x"
+    # a folder that does not exist yet is made, as for archive and export
+    assert main(["baseline", "save", str(measured["folder"] / "base"), "--out", str(tmp_path / "new" / "b.json")]) == 0
+    assert json.loads((tmp_path / "new" / "b.json").read_text())["schema"] == "hwbench-baseline"
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    capsys.readouterr()
+    base = str(measured["folder"] / "base")
+    assert main(["baseline", "save", str(broken), base, "--out", str(tmp_path / "c.json")]) == 0
+    [warning] = capsys.readouterr().err.splitlines()  # the file named once, not "F left out: F: ..."
+    assert warning.startswith(f"hwbench baseline: warning: left out {broken}: ") and warning.count(str(broken)) == 1
 
 
 def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
@@ -168,8 +200,17 @@ def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measur
     content = hwbench.baseline_save(measured["folder"] / "base", out=tmp_path / "b.json")
     saved = json.loads(measured["baseline"].read_text())
     assert content["points"] == saved["points"] and json.loads((tmp_path / "b.json").read_text()) == content
+    for out, says in [("", "--out '' is not accepted"), (tmp_path / "b.json" / "x.json", "lies under the file")]:
+        with pytest.raises(UsageError, match=says):  # "" was the current folder; under a file: "File exists"
+            hwbench.baseline_save(measured["folder"] / "base", out=out)
     with pytest.raises(UsageError, match="--min-ratio 0 is not accepted"):
         hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out", min_ratio=0)
+    for outlier in (-1, float("nan"), 5):  # the CLI's --outlier refuses these; the API ran with them
+        with pytest.raises(UsageError, match="--outlier .* is not accepted"):
+            hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out=tmp_path / "out",
+                           outlier=outlier)
+    with pytest.raises(UsageError, match="--out '' is not accepted"):
+        hwbench.accept(suite=measured["suite"], baseline=measured["baseline"], out="")
     assert not (tmp_path / "out").exists()
 
 

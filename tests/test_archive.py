@@ -134,9 +134,12 @@ def test_verify_catches_a_changed_byte_of_the_file_itself(results, tmp_path, cap
     (["{tmp}/missing", "--out", "{tmp}/a.tar.gz"], "RESULTS '{tmp}/missing': no such file or folder"),
     (["--verify", "{tmp}/missing.tar.gz"], "--verify '{tmp}/missing.tar.gz': not a file"),
     (["{results}", "--verify", "{tmp}/a.tar.gz"], "--verify FILE takes no RESULTS and no --out"),
+    # packed everything, then a FileExistsError traceback when it came to make the folder
+    (["{results}", "--out", "{tmp}/a-file/a.tar.gz"], "--out '{tmp}/a-file/a.tar.gz' lies under the file"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, capsys, argv, message):
     names = {"results": results, "tmp": tmp_path}
+    (tmp_path / "a-file").write_text("x")
     before = sorted(tmp_path.rglob("*"))
     code, out, err = archive(capsys, *(arg.format(**names) for arg in argv))
     assert code == 2 and out == ""

@@ -341,7 +341,7 @@ def test_a_store_whose_folder_cannot_be_written_is_named_as_given(tmp_path, caps
     given = str(blocker / "calibration.json")
     assert main(["calibrate", *TINY, "--store", given]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and f"--store {given!r}: its folder" in lines[0]
+    assert len(lines) == 1 and f"--store {given!r} lies under the file {str(blocker)!r}" in lines[0]
     if __import__("os").path.isdir("/proc"):
         assert main(["calibrate", *TINY, "--store", "/proc/x/y"]) == 2
         lines = capsys.readouterr().err.strip().splitlines()

@@ -290,6 +290,9 @@ def test_a_folder_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, capsys)
     assert f"--load {tmp_path / 'empty'} is not a checkpoint" in line and LATEST_FILE in line
     line = _refused(tmp_path, capsys, "--load", str(tmp_path / "absent"))
     assert "no such folder" in line
+    (tmp_path / "a-file").write_text("x")  # it said "no such folder" of a file that is there
+    line = _refused(tmp_path, capsys, "--load", str(tmp_path / "a-file"))
+    assert f"--load {tmp_path / 'a-file'}: a file, not a folder" in line
 
 
 def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, capsys, tiny_checkpoint):

@@ -61,3 +61,12 @@ def test_changes_as_junit_read_by_a_junit_consumer(db, capsys, tmp_path):
 def test_an_unwritable_junit_file_is_one_line(db, tmp_path):
     with pytest.raises(UsageError, match="--junit .*cannot be written"):
         run_command("history", ["changes", "--db", str(db), "--junit", str(tmp_path / "no" / "such" / "x.xml")])
+
+
+def test_a_junit_file_naming_the_database_or_empty_is_refused(db):
+    before = db.read_bytes()
+    with pytest.raises(UsageError, match="--junit .* is one of the input files"):  # it replaced the database
+        run_command("history", ["changes", "--db", str(db), "--junit", str(db)])
+    assert db.read_bytes() == before
+    with pytest.raises(UsageError, match="--junit '' is not accepted"):  # it was taken as no --junit
+        run_command("history", ["changes", "--db", str(db), "--junit", ""])

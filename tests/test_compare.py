@@ -241,6 +241,8 @@ def test_junit_path_that_would_destroy_an_input_is_refused(tmp_path):
     with pytest.raises(UsageError, match="--junit .* is one of the input files"):
         run_command("compare", [str(base), str(cur), "--junit", str(victim)])
     assert victim.read_bytes() == before
+    with pytest.raises(UsageError, match="--junit '' is not accepted"):  # it was taken as no --junit
+        run_command("compare", [str(base), str(cur), "--junit", ""])
 
 
 def test_improvement(tmp_path, capsys):
@@ -473,9 +475,9 @@ def test_report_and_system_out_unwritable_is_one_line_and_leaves_nothing(tmp_pat
 
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where a folder is expected
-    with pytest.raises(UsageError, match="--out .* cannot be written"):
+    with pytest.raises(UsageError, match="--out .* lies under the file"):  # said before anything is read
         run_command("system", [str(TEMPLATE), "--out", str(blocked / "system.json")])
-    with pytest.raises(UsageError, match="--out .* cannot be written"):
+    with pytest.raises(UsageError, match="--out .* lies under the file"):
         run_command("report", [str(TEMPLATE), "--out", str(blocked / "report.md")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 

@@ -333,7 +333,11 @@ def test_an_unreadable_file_is_named_and_left_out(results, tmp_path, capsys):
     (["parquet", "{results}"], "parquet needs --out FILE"),
     (["bencher", "{results}", "--push", "http://127.0.0.1:9091"], "--push is for the prometheus"),
     (["prometheus", "{results}", "--push", "pushgateway:9091"], "--push 'pushgateway:9091' is not accepted"),
+    # an unclosed IPv6 bracket or a port out of range passed the check, then raised ValueError in the push
+    (["prometheus", "{results}", "--push", "http://[::1"], "--push 'http://[::1' is not accepted"),
+    (["prometheus", "{results}", "--push", "http://127.0.0.1:99999"], "--push 'http://127.0.0.1:99999' is not"),
     (["mllog", "{one}", "--status", "sold"], "--status 'sold' is not accepted"),
+    (["bencher", "{results}", "--out", "{tmp}/failed.json/x.json"], "lies under the file"),
     (["bencher", "{tmp}/missing"], "RESULTS '{tmp}/missing': no such file or folder"),
     (["bencher", "{failed}"], "RESULTS hold no run with status ok"),
     (["bencher", "{results}", "--out", "{one}"], "is one of the input files"),

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,12 @@ def test_the_report_marks_a_numerically_different_run_and_leaves_it_out(two_runs
     assert "2 result(s): 2 ok" in kept and "kept in the comparisons (--keep-different)" in kept
     assert main(["report", str(results), "--reference", str(tmp_path / "missing.json")]) == 2
     assert "--reference" in capsys.readouterr().err
+
+
+def test_an_empty_reference_is_one_line_naming_it(tmp_path, capsys):
+    result = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
+    page = tmp_path / "report.md"  # "" was read as the current folder: "--reference : .: not a regular file"
+    assert main(["report", str(result), "--reference", "", "--out", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert "--reference '' is not accepted; give a result file" in err and len(err.strip().splitlines()) == 1
+    assert not page.exists()

@@ -48,6 +48,26 @@ def test_preflight_bad_input(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_an_out_that_is_a_file_fails_the_disk_check(tmp_path):
+    from hwbench.harness.preflight import disk_space
+
+    (tmp_path / "a-file").write_text("x")  # it read "ok: 39 GiB free in a-file"; a run refuses such --out
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "runs"):
+        check = disk_space(out)
+        assert check.status == "failure" and "is a file" in check.reason
+
+
+@pytest.mark.parametrize("kwargs, message", [({"device": "tpu"}, "--device 'tpu' is not known"),
+                                             ({"nproc_per_node": 0}, "--nproc-per-node 0 is not accepted"),
+                                             ({"threads_per_rank": -2}, "--threads-per-rank -2 is not accepted")])
+def test_the_python_api_refuses_what_the_command_refuses(kwargs, message):
+    import hwbench  # it returned a report of a device kind that does not exist, or of 0 ranks
+    from hwbench.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        hwbench.preflight(**kwargs)
+
+
 # --- the host, on kernel file trees of the test's own -----------------------------------------------
 
 

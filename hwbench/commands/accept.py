@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own, and "
                         "the devices probed")
     parser.add_argument("--devices-per-node", type=int, help="devices of this host to probe (default: every one "
-                        "the backend sees; the CPU is one)")
+                        "the backend sees; the CPU is one; at most those, on the CPU the usable cores)")
     parser.add_argument("--probe-time", default="0.5", metavar="SECONDS",
                         help="each probe measurement's timed repetitions together (default 0.5)")
     parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "

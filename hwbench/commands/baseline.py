@@ -27,8 +27,8 @@ def main(args: argparse.Namespace) -> int:
 
     check_output_file(args.out, "--out", args.results)
     found, skipped = read_inputs(args.results, "RESULTS")
-    for path, reason in skipped:
-        print(f"hwbench baseline: warning: {path} left out: {reason}", file=sys.stderr)
+    for _path, reason in skipped:  # the reason names the file
+        print(f"hwbench baseline: warning: left out {reason}", file=sys.stderr)
     content = save_baseline([result for result, _ in found], Path(args.out))
     print(f"{args.out}: {len(content['points'])} point(s) from {len(found)} result(s)")
     for point in content["points"]:

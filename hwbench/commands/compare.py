@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.result.files import check_output_file
 
     threshold = parse_threshold(args.threshold)
-    if args.junit:
+    if args.junit is not None:  # "" is refused, not taken as no --junit
         check_output_file(args.junit, "--junit", [args.baseline, args.current])
     baseline, base_unreadable = load_side("BASELINE", args.baseline)
     current, cur_unreadable = load_side("CURRENT", args.current)
@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
                          "points match on model, device, precision, batch, sequence, layout, engine, data and steps")
     for line in report["warnings"]:
         print(f"hwbench compare: warning: {line}", file=sys.stderr)
-    if args.junit:
+    if args.junit is not None:
         write_output(args.junit, "--junit", junit_xml("hwbench compare", compare_cases(report, args.allow_missing)))
     print(as_json(report_data(report, args.allow_missing)) if args.format == "json" else format_report(report),
           end="\n" if args.format == "text" else "")

@@ -121,8 +121,12 @@ def changes(args: argparse.Namespace) -> int:
     from hwbench.report.compare import REGRESSION_EXIT, parse_threshold
 
     threshold, since = parse_threshold(args.threshold), _since(args.since)
+    if args.junit is not None:  # before the database is read: --junit naming the database would replace it
+        from hwbench.result.files import check_output_file
+
+        check_output_file(args.junit, "--junit", [args.db])
     analyses = _analyses(args, threshold)
-    if args.junit:
+    if args.junit is not None:
         from hwbench.report.ci_output import history_junit, write_output
 
         write_output(args.junit, "--junit", history_junit(analyses, since, describe_change))

@@ -7,7 +7,6 @@ import argparse
 import json
 
 from hwbench.device.kinds import DEVICE_CHOICES
-from hwbench.errors import UsageError
 
 DESCRIPTION = ("Check what would make a figure wrong or not comparable, before measuring: other processes on "
                "the device, free device memory, ECC errors, clocks and throttle reasons, persistence mode, the CPU "
@@ -30,11 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.harness.preflight import preflight
+    from hwbench.harness.preflight import check_request, preflight
 
-    for option, value in (("--nproc-per-node", args.nproc_per_node), ("--threads-per-rank", args.threads_per_rank)):
-        if value is not None and value < 1:
-            raise UsageError(f"{option} {value} is not accepted; give an integer >= 1")
+    check_request(args.device, args.nproc_per_node, args.threads_per_rank)
     report = preflight(args.device, args.out, args.nproc_per_node, args.threads_per_rank)
     print(json.dumps(report.to_dict(), indent=2) if args.json else preflight_table(report))
     return 1 if report.of("failure") else 0

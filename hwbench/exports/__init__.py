@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -82,6 +83,16 @@ class PushError(RuntimeError):
     --out file was written before the push."""
 
 
+def _parses(url: str) -> bool:
+    """The URL's host and port as urllib reads them: an unclosed IPv6 bracket or a port
+    outside 0..65535 passes the pattern but raises ValueError when the push is made."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:
+        return False
+
+
 def check_request(fmt: str, out: str | os.PathLike | None, request: ExportRequest) -> ExportFormat:
     """The format, the output and the options checked before anything is read (UsageError)."""
     chosen = FORMATS.get(fmt)
@@ -92,7 +103,7 @@ def check_request(fmt: str, out: str | os.PathLike | None, request: ExportReques
     if request.push is not None:
         if chosen.module != "prometheus":
             raise UsageError(f"--push is for the prometheus and openmetrics formats, not {fmt}")
-        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", request.push):
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", request.push) or not _parses(request.push):
             raise UsageError(f"--push {request.push!r} is not accepted; give the Pushgateway's URL, e.g. "
                              "http://pushgateway.example.com:9091")
         if not re.fullmatch(r"[^/\s]+", request.job or ""):

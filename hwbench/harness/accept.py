@@ -6,11 +6,13 @@ checked before anything is measured; every result stays where a sweep puts it (O
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.harness.device_probe import MAX_PROBE_TIME_S
 from hwbench.harness.executor import SweepOptions, progress_lines
 from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
 from hwbench.result.files import check_output_folder
@@ -34,19 +36,45 @@ class AcceptOptions:
     preflight: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.out_dir, (str, os.PathLike)) or not os.fspath(self.out_dir).strip():
+            # checked before Path(), which reads "" as the current folder
+            raise UsageError(f"--out {self.out_dir!r} is not accepted; give a directory (it is created when missing)")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
-        if not 0 < self.min_ratio <= 10:
+        if not _number(self.min_ratio) or not 0 < self.min_ratio <= 10:
             raise UsageError(f"--min-ratio {self.min_ratio!r} is not accepted; give a number above 0 (0.95)")
+        if not _number(self.outlier) or not 0 <= self.outlier < 1:
+            raise UsageError(f"--outlier {self.outlier!r} is not accepted; give a fraction from 0 to below 1 (0.05)")
         if self.page_format not in PAGE_FORMATS:
             raise UsageError(f"--format {self.page_format!r} is not accepted; accepted: {', '.join(PAGE_FORMATS)}")
         if self.devices_per_node is not None and self.devices_per_node < 1:
             raise UsageError(f"--devices-per-node {self.devices_per_node!r} is not accepted; give an integer >= 1")
-        if not self.probe_time_s > 0:
-            raise UsageError(f"--probe-time {self.probe_time_s!r} is not accepted; give seconds above 0")
+        if not _number(self.probe_time_s) or not 0 < self.probe_time_s <= MAX_PROBE_TIME_S:
+            # above the bound every probe would end as "no answer within 600 s", after 600 s each
+            raise UsageError(f"--probe-time {self.probe_time_s!r} is not accepted; give seconds above 0, at most "
+                             f"{MAX_PROBE_TIME_S:g}")
 
     @property
     def page(self) -> Path:
         return self.out_dir / f"accept.{self.page_format}"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_devices_per_node(count: int | None, backend) -> None:
+    """At most the devices the backend sees (a probe of a device it lacks can only fail); on the
+    CPU, which is one device, at most the usable cores (each probe is one thread: more only
+    repeats the same cores, one after another: 100,000 of them ran for hours)."""
+    if count is None:
+        return
+    from hwbench.device.host import usable_cores
+
+    most, what = ((usable_cores(), "usable cores") if backend.name == "cpu"
+                  else (backend.device_count(), f"devices the {backend.name} backend sees"))
+    if count > most:
+        raise UsageError(f"--devices-per-node {count} is not accepted: this host has {most} {what}; "
+                         f"give 1 to {most}")
 
 
 def accept(options: AcceptOptions, slurm=None, progress: bool = True,
@@ -67,6 +95,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     check_output_folder(options.out_dir)
     if slurm is None:
         backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
+        check_devices_per_node(options.devices_per_node, backend)
     before()
     say = progress_lines(progress)
     probes: list[dict[str, Any]] = []

@@ -33,6 +33,9 @@ PROBE_GEMM_SIZE = {"cpu": 512, "cuda": 8192, "npu": 8192}
 PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
 PROBE_TIMEOUT_S = 600.0
+# --probe-time's bound: a probe is a warm-up and PROBE_REPEATS repetitions of each of its two
+# measurements (16 x --probe-time), which must end within PROBE_TIMEOUT_S with room to start
+MAX_PROBE_TIME_S = PROBE_TIMEOUT_S / 20
 PROBES_FILE = "probes.jsonl"  # OUT/probes.jsonl: one probe a line
 SLOWDOWN = 0.10  # a `slow` fault's share of the rate lost
 

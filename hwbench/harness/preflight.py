@@ -23,6 +23,7 @@ from typing import Any
 
 from hwbench.device.health import DeviceHealth, collective_settings, meminfo
 from hwbench.device.host import allowed_cpus, share_of_cores
+from hwbench.errors import UsageError
 from hwbench.units import human_bytes
 
 OK, WARNING, FAILURE = "ok", "warning", "failure"
@@ -76,6 +77,17 @@ class Host:
 
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")
+
+
+def check_request(device: str, ranks: int, threads_per_rank: int | None) -> None:
+    """`hwbench preflight`'s input and the Python API's alike: UsageError (one line)."""
+    from hwbench.device.kinds import DEVICE_CHOICES
+
+    if device not in DEVICE_CHOICES:
+        raise UsageError(f"--device {device!r} is not known; accepted: {', '.join(DEVICE_CHOICES)}")
+    for option, value in (("--nproc-per-node", ranks), ("--threads-per-rank", threads_per_rank)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"{option} {value!r} is not accepted; give an integer >= 1")
 
 
 def preflight(device: str = "auto", out_dir: str | os.PathLike = ".", ranks: int = 1,
@@ -446,6 +458,8 @@ def disk_space(out_dir: str | os.PathLike) -> Check:
     except OSError as error:
         return Check("disk_space", None, None, reason=f"{folder}: {error.strerror or error}")
     reading = f"{human_bytes(free)} free in {folder}"
+    if not folder.is_dir():  # --out a file, or under one: `hwbench run` refuses it
+        return Check("disk_space", FAILURE, reading, None, f"{folder} is a file: results cannot go there")
     if free < DISK_FAILURE_BYTES:
         return Check(
             "disk_space",

@@ -16,6 +16,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,11 @@ def build_baseline(results: list[RunResult]) -> dict[str, Any]:
 
 def save_baseline(results: list[RunResult], out: Path) -> dict[str, Any]:
     content = build_baseline(results)
-    write_json_atomic(out, content)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # as archive and export: its folder is made
+        write_json_atomic(out, content)
+    except OSError as error:
+        raise UsageError(f"--out {os.fspath(out)}: cannot be written: {error.strerror or error}") from None
     return content
 
 

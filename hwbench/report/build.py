@@ -222,6 +222,8 @@ def _load_references(paths: Sequence[str]) -> list[RunResult]:
 
     loaded = []
     for path in paths:
+        if not str(path).strip():  # load_result would read "" as the current folder
+            raise UsageError(f"--reference {str(path)!r} is not accepted; give a result file (RESULT.json)")
         try:
             loaded.append(load_result(path))
         except (ResultFormatError, OSError) as error:

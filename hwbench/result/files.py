@@ -62,8 +62,17 @@ def check_output_folder(folder: str | os.PathLike, option: str = "--out") -> Pat
 def check_output_file(path: str | os.PathLike, option: str, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Refuse, before anything is read, an output file that would destroy something: one
     of the command's own input files, or an existing path that is not a regular file
-    (a folder, a device such as /dev/full)."""
-    final = Path(path)
+    (a folder, a device such as /dev/full); an empty path; a path under a file (found here,
+    not after the work that fills it)."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise UsageError(f"{option} {text!r} is not accepted; give a file path")
+    final = Path(text)
+    existing = final.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise UsageError(f"{option} {text!r} lies under the file {str(existing)!r}; give a file path in a folder")
     if final.exists() and not final.is_file():
         raise UsageError(f"{option} {os.fspath(path)!r} exists and is not a regular file; give a file path")
     for source in result_files(inputs):
