@@ -398,8 +398,10 @@ def _describe_rank_failure(failures: list[dict[str, Any]],
     if message.startswith("RankFailure: "):
         reported, _, message = message[len("RankFailure: ") :].partition(": ")
         status = TypeAdapter(Status).validate_python(reported)
-    if first.get("signal"):
-        message = f"killed by {first['signal']} (exit code {first['exitcode']})"
+    figures = oom_figures(message) if status == "oom" else {}
+    if first.get("signal"):  # a rank that wrote its failure may still be stopped by torchrun while it cleans up
+        stopped = f"killed by {first['signal']} (exit code {first['exitcode']})"
+        message = f"{message}; then {stopped}" if message else stopped
     elif not message:
         message = f"exited with status {first['exitcode']}"
     message = f"rank {first['rank']}: {message}"
@@ -414,6 +416,5 @@ def _describe_rank_failure(failures: list[dict[str, Any]],
         "traceback": trace,
         "failed_ranks": [f["rank"] for f in failures],
     }
-    if status == "oom":
-        error.update(oom_figures(message))
+    error.update(figures)  # requested and free bytes of an out-of-memory failure
     return status, error
