@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,6 +126,19 @@ def _suite(path: Path, points: list[dict]) -> Path:
         )
     )
     return path
+
+
+def _job_state_after(job: str, env: dict, settled, seconds: float = 60) -> str:
+    """The job's state as the controller reports it, polled until ``settled(state)``
+    holds or ``seconds`` have passed (then the last state seen)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job], env=env, capture_output=True, text=True)
+        match = re.search(r"\bJobState=(\S+)", shown.stdout)
+        state = match.group(1) if match else f"unknown ({shown.stdout.strip() or shown.stderr.strip()})"
+        if settled(state) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
 
 
 def _wait_for(path: Path, seconds: float) -> None:
@@ -311,8 +325,9 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
     assert sweep.returncode == 130, stderr
     assert f"cancelled jobs {job}" in stderr
     assert not job_file.exists()  # forgotten: the same command submits the point again
-    state = subprocess.run(["scontrol", "show", "job", "-o", job], env=slurm_env, capture_output=True, text=True)
-    assert "JobState=CANCELLED" in state.stdout
+    # scancel returns once the controller has the request; the job shows COMPLETING until its
+    # node daemon has ended the job's processes, then CANCELLED.
+    assert _job_state_after(job, slurm_env, lambda state: state not in ("PENDING", "RUNNING", "COMPLETING")) == "CANCELLED"
 
 
 def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
