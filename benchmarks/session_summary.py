@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from hwbench.paths import result_files  # noqa: E402
 from hwbench.report.runs import predicted_peak  # noqa: E402
-from hwbench.result.files import result_files  # noqa: E402
 from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
 
 # the result's own figures: the step time's median; tokens/s, TFLOP/s and MFU over the timed

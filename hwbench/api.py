@@ -170,8 +170,8 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     """A baseline file from results, as `hwbench baseline save`: its content (points, machine, software, date)."""
     from pathlib import Path
 
+    from hwbench.paths import check_output_file
     from hwbench.report.baseline import save_baseline
-    from hwbench.result.files import check_output_file
     from hwbench.result.store import read_inputs
 
     inputs = _paths(paths, "RESULTS")

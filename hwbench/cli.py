@@ -105,7 +105,7 @@ def run_command(name: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hwbench.harness.lifeline import hold, raise_terminated
+    from hwbench.lifeline import hold, raise_terminated
 
     hold()  # started by another hwbench process (a sweep, torchrun's agent): die with it
     if not _is_rank_of_a_job():

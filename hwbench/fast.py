@@ -70,7 +70,7 @@ def memory_of_device(spec: RunSpec, catalog: Catalog) -> DeviceMemory:
     if spec.device_memory_bytes is not None:
         kind = detect_device() if spec.device == "auto" else spec.device
         return DeviceMemory(kind, spec.device_memory_bytes, "--device-memory")
-    from hwbench.harness.device_check import device_memory
+    from hwbench.device_check import device_memory
 
     backend = select_backend(spec.device)
     capacity, source = device_memory(backend, catalog)

@@ -23,7 +23,7 @@ from hwbench.options import (
     RUN_OPTIONS,
     RunOptions,
 )
-from hwbench.result.files import check_output_folder
+from hwbench.paths import check_output_folder
 from hwbench.target import Target, resolve_target
 from hwbench.units import parse_size
 from hwbench.workload.config import GPTConfig

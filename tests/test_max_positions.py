@@ -14,9 +14,9 @@ from hwbench.catalog import load_catalog
 from hwbench.cli import main
 from hwbench.commands.run import parse_run_spec
 from hwbench.errors import UsageError
+from hwbench.harness.describe import describe_workload
 from hwbench.options import RunOptions
 from hwbench.planner import plan_memory
-from hwbench.result.describe import describe_workload
 from hwbench.workload import count_parameters, model_flops_per_iteration
 
 CATALOG = load_catalog()

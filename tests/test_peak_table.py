@@ -14,7 +14,7 @@ import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
-from hwbench.harness.device_check import device_peak
+from hwbench.device_check import device_peak
 from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import Device
 

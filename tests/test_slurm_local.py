@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.result.files import result_files
+from hwbench.paths import result_files
 from hwbench.result.store import load_result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -327,7 +327,8 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
     assert not job_file.exists()  # forgotten: the same command submits the point again
     # scancel returns once the controller has the request; the job shows COMPLETING until its
     # node daemon has ended the job's processes, then CANCELLED.
-    assert _job_state_after(job, slurm_env, lambda state: state not in ("PENDING", "RUNNING", "COMPLETING")) == "CANCELLED"
+    final = _job_state_after(job, slurm_env, lambda state: state not in ("PENDING", "RUNNING", "COMPLETING"))
+    assert final == "CANCELLED"
 
 
 def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hwbench.harness.slurm_env import first_host, rendezvous_port
-from hwbench.result.files import result_files
+from hwbench.paths import result_files
 from hwbench.result.store import load_result
 
 REPO = Path(__file__).resolve().parent.parent

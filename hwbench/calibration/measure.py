@@ -400,7 +400,7 @@ def open_backend(device: str, threads: int | None) -> Backend:
 
 def device_key(backend: Backend) -> tuple[str, str]:
     """(device model, driver): what a calibration is stored under; SetupError without a driver."""
-    from hwbench.harness.device_check import device_model_name
+    from hwbench.device_check import device_model_name
 
     driver, problem = backend.driver()
     if driver is None:

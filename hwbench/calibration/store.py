@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.result.files import check_output_file, check_output_folder
+from hwbench.paths import check_output_file, check_output_folder
 from hwbench.result.model import MeasuredCeiling, validation_problem
 from hwbench.result.store import write_json_atomic
 

@@ -21,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hwbench.paths import check_output_file
     from hwbench.report.baseline import save_baseline
-    from hwbench.result.files import check_output_file
     from hwbench.result.store import read_inputs
 
     check_output_file(args.out, "--out", args.results)

@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
 
     from hwbench.catalog import PRECISIONS, load_catalog
     from hwbench.device import select_backend
-    from hwbench.harness.device_check import device_peak, identify_device
+    from hwbench.device_check import device_peak, identify_device
     from hwbench.units import GIB
 
     catalog = load_catalog()

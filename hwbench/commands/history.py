@@ -122,7 +122,7 @@ def changes(args: argparse.Namespace) -> int:
 
     threshold, since = parse_threshold(args.threshold), _since(args.since)
     if args.junit is not None:  # before the database is read: --junit naming the database would replace it
-        from hwbench.result.files import check_output_file
+        from hwbench.paths import check_output_file
 
         check_output_file(args.junit, "--junit", [args.db])
     analyses = _analyses(args, threshold)
@@ -179,8 +179,8 @@ def show(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from hwbench.history.page import trend_page
+    from hwbench.paths import check_output_file
     from hwbench.report.compare import parse_threshold
-    from hwbench.result.files import check_output_file
     from hwbench.result.store import write_text_atomic
 
     check_output_file(args.out, "--out", [args.db])

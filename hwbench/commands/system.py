@@ -20,8 +20,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import json
 
+    from hwbench.paths import check_output_file
     from hwbench.report.system import system_description
-    from hwbench.result.files import check_output_file
     from hwbench.result.store import ResultFormatError, load_result, write_text_atomic
 
     path = Path(args.result)

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.harness.executor import SweepInterrupted
     from hwbench.harness.tune import ranking, tune
     from hwbench.layouts import check_count
-    from hwbench.result.files import RANKING_FILE
+    from hwbench.paths import RANKING_FILE
     from hwbench.units import gib
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

@@ -126,7 +126,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     in ``request.push`` gets the metrics after the file is written (PushError when it cannot).
     UsageError, before anything is written, for bad input: an unknown format, a missing path,
     no run the format can take, an output that would overwrite an input."""
-    from hwbench.result.files import check_output_file
+    from hwbench.paths import check_output_file
     from hwbench.result.store import read_inputs
 
     chosen = check_request(fmt, out, request)

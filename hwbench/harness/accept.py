@@ -14,8 +14,8 @@ from typing import Any
 from hwbench.errors import UsageError
 from hwbench.harness.device_probe import MAX_PROBE_TIME_S
 from hwbench.harness.executor import SweepOptions, progress_lines
+from hwbench.paths import check_output_folder
 from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
-from hwbench.result.files import check_output_folder
 
 PAGE_FORMATS = ("md", "html")
 DEFAULT_PROBE_TIME_S = 0.5  # each probe measurement's repetitions together: short, the spread shows the noise

@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] != "--":
         print("usage: python -m hwbench.harness.agent RUN_DIR -- TORCHRUN_ARGS...", file=sys.stderr)
         return 2
-    from hwbench.harness.lifeline import hold
+    from hwbench.lifeline import hold
 
     hold()  # die with the launcher; the ranks, which inherit this environment, die with us
     run_dir = Path(argv[0])

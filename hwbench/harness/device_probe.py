@@ -87,7 +87,7 @@ def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
     """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s) and copy bandwidth (bytes/s)."""
     from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm, warm_up_device
     from hwbench.device import select_backend
-    from hwbench.harness.device_check import device_model_name
+    from hwbench.device_check import device_model_name
 
     backend = select_backend(device)
     # on the CPU one thread: CpuClockTimer counts one thread's time

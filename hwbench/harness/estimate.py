@@ -52,8 +52,8 @@ def slow_precision_warning(backend: Backend, precision: str) -> str | None:
 
 def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     """'hwbench run: at least 2 min 10 s (...)', or why the duration is unknown and how to learn it."""
-    from hwbench.harness.device_check import device_model_name
-    from hwbench.result.describe import measured_ceiling
+    from hwbench.device_check import device_model_name
+    from hwbench.harness.describe import measured_ceiling
     from hwbench.units import flops_rate_text
 
     work = list(work)

@@ -32,9 +32,9 @@ from hwbench.harness.executor import (
     run_points,
 )
 from hwbench.harness.faults import SWEEP_ENV
-from hwbench.harness.lifeline import child_environment
 from hwbench.harness.suite import Suite, find_suite, load_suite
-from hwbench.result.files import result_files
+from hwbench.lifeline import child_environment
+from hwbench.paths import result_files
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_results
 from hwbench.units import gib
@@ -93,7 +93,7 @@ class LocalExecutor(Executor):
     def _skipped(self, run: PointRun, spec) -> RunResult | None:
         """The point `skipped` when the planner predicts it will not fit, with the prediction."""
         from hwbench.device import select_backend
-        from hwbench.harness.device_check import device_capacity_bytes
+        from hwbench.device_check import device_capacity_bytes
         from hwbench.planner import fits, plan_memory
 
         if spec.device not in self.devices:

@@ -20,8 +20,8 @@ from hwbench.harness.suite import Point, Suite
 from hwbench.harness.sweep import LocalExecutor
 from hwbench.layouts import PlannedLayout
 from hwbench.options import RunOptions
+from hwbench.paths import RANKING_FILE
 from hwbench.planner import Variant
-from hwbench.result.files import RANKING_FILE
 from hwbench.result.store import write_json_atomic
 from hwbench.units import gib, parse_size
 
@@ -127,7 +127,7 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     ``repeats``: runs of each trial (its median ranks it, its spread says which ranks are shared)."""
     from hwbench.catalog import load_catalog
     from hwbench.device import select_backend
-    from hwbench.harness.device_check import device_capacity_bytes
+    from hwbench.device_check import device_capacity_bytes
     from hwbench.spec import build_run_spec, check_data
 
     catalog = load_catalog()

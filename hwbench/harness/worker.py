@@ -24,17 +24,17 @@ from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
+from hwbench.device_check import checked_backend
 from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
 from hwbench.harness.checkpointing import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
-from hwbench.harness.device_check import checked_backend
+from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
-from hwbench.result.describe import describe_device, describe_workload
 from hwbench.result.model import Engine as EngineSection
 from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic

@@ -1,9 +1,9 @@
 """One result per run: the typed, versioned model (model.py), the upgrade of older files
-(upgrade.py), where the files are (files.py), writing and reading them (store.py), and the
-environment fields that change figures (environment.py). docs/results.md has the schema.
+(upgrade.py), writing and reading them (store.py), and the environment fields that change
+figures (environment.py); where the files are is hwbench/paths.py. docs/results.md has the schema.
 
 ``hwbench.result.RunResult``, ``load_result``, ``load_results``, ... are imported on first use,
-so that the spec, which checks --out with files.py, does not build the model (pydantic) first."""
+so that a reader of one section does not build the model (pydantic) first."""
 
 _STORE = ("ResultFormatError", "load_result", "load_results", "read_results", "store_result", "write_result")
 

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
-from hwbench.result.files import result_files
+from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
 from hwbench.result.upgrade import UpgradeError
 

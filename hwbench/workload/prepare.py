@@ -59,7 +59,7 @@ from tabulate import tabulate
 
 from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
-from hwbench.harness.lifeline import die_with_parent
+from hwbench.lifeline import die_with_parent
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded
 

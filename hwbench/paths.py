@@ -1,6 +1,6 @@
 """Where result files are: found under the paths a command is given, and the output paths a
 command writes to, checked before anything runs. Knows nothing of a result's contents, so the
-spec can check --out without importing the result model."""
+spec, the calibration store and every command can check their paths without the result model."""
 
 from __future__ import annotations
 

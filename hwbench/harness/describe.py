@@ -8,7 +8,7 @@ import dataclasses
 from hwbench.calibration.store import default_store_path, lookup_ceiling
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend
-from hwbench.harness.device_check import capacity_bytes, device_peak, identify_device
+from hwbench.device_check import capacity_bytes, device_peak, identify_device
 from hwbench.result.model import Device, MeasuredCeiling
 from hwbench.result.model import Workload as WorkloadDescription
 from hwbench.spec import RunSpec
