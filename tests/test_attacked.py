@@ -110,7 +110,10 @@ def test_a_sweep_with_more_repeats_than_any_spread_needs_is_refused_at_once(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
 
 
+# heavy: the point loop tune runs through stops on SIGTERM and resumes in the default run
+# (tests/test_sweep.py, test_sigterm_stops_the_sweep_and_the_same_command_resumes)
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_tune_under_sigterm_ends_in_one_line_and_the_same_command_resumes(tmp_path):
     """A real tune and a real SIGTERM while its first trial runs: one line, exit 128 + 15 as a sweep
     (its trials are a sweep's points), no process left; the same command then finishes, keeping the

@@ -47,7 +47,10 @@ def test_the_bare_loop_refuses_bad_input_as_hwbench_run_does(argv, expected, cap
     assert not (tmp_path / "bare.json").exists()
 
 
+# heavy: two real runs of a point (hwbench run and the bare loop) and their division; the default
+# run keeps the bare loop's input checks and how its figures and repeats combine (below)
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_side_by_side_runs_both_sides_on_the_same_point_and_divides_their_medians(tmp_path):
     out = tmp_path / "sbs"
     done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "side_by_side.py"), "--device", "cpu",

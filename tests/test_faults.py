@@ -247,7 +247,7 @@ def _sweep(case: Case, tmp_path: Path) -> tuple[list[str], Path]:
 
 @pytest.mark.parametrize(
     "sig",
-    [_default(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT), _default(signal.SIGHUP)],
+    [_default(signal.SIGKILL), _matrix_only(signal.SIGTERM), _matrix_only(signal.SIGINT), _matrix_only(signal.SIGHUP)],
 )
 def test_a_signal_to_the_sweep_keeps_finished_points_and_leaves_nothing(case, tmp_path, sig):
     command, out = _sweep(case, tmp_path)
