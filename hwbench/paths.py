@@ -9,24 +9,27 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from hwbench.checkpoint import MANIFEST_FILE
 from hwbench.errors import UsageError
 
 # hwbench's own summaries that live beside results: a sweep point's repeat statistics,
-# `hwbench tune`'s ranking. Folders are searched for results without them.
+# `hwbench tune`'s ranking; and a checkpoint's manifest, for a --save folder under --out.
+# Folders are searched for results without them.
 AGGREGATE_FILE = "aggregate.json"
 RANKING_FILE = "ranking.json"
+NOT_RESULTS = (AGGREGATE_FILE, RANKING_FILE, MANIFEST_FILE)
 
 
 def result_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
-    """Result files named directly or found (recursively) in folders (hidden files and
-    hwbench's own summaries left out). One path given as a str or PathLike is one path."""
+    """Result files named directly or found (recursively) in folders (hidden files,
+    hwbench's own summaries and checkpoint manifests left out). One path given as a str or PathLike is one path."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     found: list[Path] = []
     for entry in map(Path, paths):
         if entry.is_dir():
             found += sorted(p for p in entry.rglob("*.json")
-                            if not p.name.startswith(".") and p.name not in (AGGREGATE_FILE, RANKING_FILE))
+                            if not p.name.startswith(".") and p.name not in NOT_RESULTS)
         else:
             found.append(entry)
     unique = {path.resolve(): path for path in reversed(found)}  # a file named twice is read once

@@ -17,6 +17,7 @@ import pytest
 from conftest import parity_run
 
 from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
+from hwbench.paths import result_files
 from hwbench.report.parity import LAYOUT_TOLERANCE
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,7 @@ def _report_line(folder: Path, capsys, run_id: str, section: str = "Checkpoints"
 
 
 def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, capsys):
-    save = tmp_path / "every"
+    save = tmp_path / "run" / "every"  # under --out: its manifests are no results to a reader of --out
     capsys.readouterr()
     code, result = parity_run(tmp_path / "run", "--steps", "3", "--save", str(save), "--save-interval", "2")
     summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoints"))
@@ -89,6 +90,7 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, 
     checkpoint = result["checkpoint"]
     assert [(s["iteration"], s["timed"]) for s in checkpoint["saves"]] == [(2, True), (4, False)]
     assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", "iter_0000004", LATEST_FILE]
+    assert [p.name for p in result_files(tmp_path / "run")] == [f"{result['run_id']}.json"]
     # the save between timed steps is no step: 3 step times, and the stall priced per hour
     assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
     median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]

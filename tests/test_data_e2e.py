@@ -22,8 +22,8 @@ def test_prepare_then_train_reports_a_falling_validation_ppl(tmp_path, capsys):
                  "--merge-file", str(MERGES), "--append-eod", "--quiet", "--output-prefix", str(prefix)]) == 0
     data = f"{prefix}_text_document"
     out = tmp_path / "runs"
-    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--data", data, "--steps", "12", "--warmup", "0",
-                 "--eval-interval", "4", "--eval-iters", "2", "--out", str(out)]) == 0
+    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--data", data, "--steps", "12",
+                 "--warmup", "0", "--eval-interval", "4", "--eval-iters", "2", "--out", str(out)]) == 0
     result = json.loads(next(out.glob("*.json")).read_text())
     assert result["metrics"]["data"]["kind"] == "megatron-indexed"
     assert result["metrics"]["data"]["split_documents"]["valid"] > 0
