@@ -532,3 +532,25 @@ def test_each_device_is_shown_with_its_catalog_entry_and_the_peak_its_mfu_used(t
     assert rows["NVIDIA A100-SXM4-40GB"]["peak per device (fp32) and its source"] == \
         f"a100-sxm fp32: {a100_fp32.describe()}" and a100_fp32.source in a100_fp32.describe()
     assert rows["NVIDIA A100-SXM4-40GB"]["MFU"] == "no MFU: the power limit could not be read"
+
+
+def test_a_simulated_device_is_shown_but_never_named_faster_cheaper_or_projected(tmp_path):
+    """A stand-in run (the vendor's code path on this host) twice as fast as a real H100 does not
+    win: it is shown, marked, unpriced and left out of the verdicts and projections."""
+    mi300x = {"backend": "rocm", "device_model": "AMD Instinct MI300X", "catalog_entry": "mi300x",
+              "price_usd_per_hour": None}
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i) for i, t in enumerate((1000, 1010, 990))]
+    simulated = [result(f"2026112{i}T030000Z-tiny-rocm-m1{i}", mi300x, 1, t, i)
+                 for i, t in enumerate((2000, 2020, 1980))]
+    for data in simulated:
+        data["device"]["simulated"] = True
+    decision = report(str(write(tmp_path / "mixed", *runs, *simulated))).split("## Decision")[1].split("## Runs")[0]
+    assert "Faster:" not in decision and "Cheaper:" not in decision
+    assert "Only one device model was measured for this workload (NVIDIA H100 80GB HBM3)" in decision
+    assert ("Left out of every verdict: AMD Instinct MI300X [simulated]: a stand-in ran the vendor's code path on "
+            "this host") in decision
+    assert "AMD Instinct MI300X [simulated]: no projection (a stand-in's figures measure this host" in decision
+    row = next(line for line in decision.splitlines() if line.startswith("| AMD Instinct MI300X [simulated]"))
+    assert "| no price " in row  # and the prices used say why
+    assert "- AMD Instinct MI300X [simulated]: not priced: a simulated device" in decision
+    assert "Time to train on" in decision  # the real device is still projected

@@ -48,6 +48,7 @@ class Candidate:
     catalog: str = ""  # the catalog entry the device matched, with its title
     peak: str = ""  # its peak for the workload's precision, with the source, or why there is none
     mfu_note: str = ""  # whether the run's MFU is measured against that peak, and why not
+    simulated: bool = False  # a stand-in ran the vendor's code path: shown, never named faster or cheaper
 
     @property
     def median(self) -> float:
@@ -133,16 +134,19 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         runs = [row for row in mine if row["point"] == best]
         first = runs[0]
         catalog, peak, mfu_note = _peak_texts(first)
+        simulated = bool(first["simulated"])
         price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
-            if is_number(first["price_usd_per_hour"]) else None
+            if is_number(first["price_usd_per_hour"]) and not simulated else None
+        price_why = SIMULATED_PRICE if simulated else None if price else first["price_source"]
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
         candidates.append(Candidate(
-            device=str(device) + (" [simulated]" if first["simulated"] else ""),
+            device=str(device) + (" [simulated]" if simulated else ""),
             point=f"{first['layout']} x{first['world_size']} ranks" + (
                 f", {first['point_variant']}" if first.get("point_variant") else ""), devices=first["devices_charged"],
             per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
-            costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
-            energy=energy, price=price, price_why=None if price else first["price_source"],
+            costs=[] if simulated else [row["cost_per_million_tokens_usd"] for row in runs
+                                        if is_number(row["cost_per_million_tokens_usd"])],
+            energy=energy, price=price, price_why=price_why, simulated=simulated,
             fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
             seq_length=first.get("seq_length"), catalog=catalog, peak=peak, mfu_note=mfu_note))
@@ -204,7 +208,7 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
     everyone = measured + published
     if not everyone:
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
-    fastest = max(everyone, key=lambda c: c.median)
+    fastest = max([c for c in everyone if not c.simulated] or everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
     if measured:
         blocks.append(("table", _peaks_table(measured, precision)))
@@ -301,11 +305,15 @@ def _scaling_cell(candidate: Candidate) -> str:
 
 
 def _train(candidate: Candidate, projection: Projection) -> tuple[float | None, float | None]:
+    if candidate.simulated:  # a stand-in's throughput is this host's
+        return None, None
     tokens_per_s = candidate.fit.project(candidate.median * candidate.devices, candidate.devices, projection.devices)
     return training_time_and_cost(projection.tokens, tokens_per_s, projection.devices, candidate.price)
 
 
 def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
+    if candidate.simulated:
+        return f"{candidate.device}: no projection (a stand-in's figures measure this host, not the device)."
     days, cost = _train(candidate, projection)
     if days is None or projection.tokens is None:  # no tokens: no days either
         return f"{candidate.device}: no projection ({projection.basis})."
@@ -316,9 +324,25 @@ def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
     )
 
 
+SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path on this host)"
+
+
 def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
+    """The faster, the cheaper and the published comparison; a simulated device is left out of
+    each: its figures are this host's, not the device's."""
+    simulated = [c.device for c in measured if c.simulated]
+    measured = [c for c in measured if not c.simulated]
+    lines = _measured_verdicts(measured, published)
+    if simulated:
+        lines.append(f"Left out of every verdict: {', '.join(simulated)}: a stand-in ran the vendor's code path on "
+                     "this host, so its figures measure this host, not the device.")
+    return lines
+
+
+def _measured_verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
     if not measured:
-        lines = ["No device was measured for this workload: the published rows are compared with each other."]
+        lines = ["No device was measured on its own hardware for this workload: the published rows are compared "
+                 "with each other."]
     elif len(measured) < 2:
         against = "compared with the published rows only" if published else "and no published row exists for it"
         lines = [
