@@ -83,7 +83,10 @@ def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, 
     assert page.startswith("# hwbench accept: FAIL")
     verdict = page.split("## Devices")[0]
     assert "device 1 of" in verdict and "GEMM rate" in verdict and "below its peers' median" in verdict
-    assert not any(line.startswith("- device 0 of") and "GEMM" in line for line in verdict.splitlines())
+    named = [line for line in verdict.splitlines() if line.startswith("- device")]
+    # each measurement judged on its own: device 1's short training point (tiny, seq 32) named as well
+    assert any(line.startswith("- device 1 of") and ": training " in line and "tokens/s" in line for line in named)
+    assert not any(line.startswith("- device 0 of") for line in named), named
     assert "n=7" in verdict  # the repeats' spread beside the figure
     suite_part = page.split("## Suite against the baseline")[1]
     assert "| dp2 " in suite_part and "PASS" in suite_part  # the training point itself met its baseline
@@ -92,6 +95,9 @@ def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, 
     assert [r.status for r in dp2] == ["ok"] and len(dp2[0].ranks) == 2  # nothing measured is lost
     probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
     assert [(p["index"], p["error"]) for p in probes] == [(0, None), (1, None)]
+    slow, fast = probes[1]["training_tokens_per_s"], probes[0]["training_tokens_per_s"]
+    assert slow["n"] == fast["n"] == probes[0]["training_point"]["steps"] and slow["max"] < 0.95 * fast["max"]
+    assert "| training " in page.split("## Devices")[1].split("## Suite")[0]  # the table's training column
     assert not list(out.glob(".probe-*"))
 
 

@@ -2,9 +2,10 @@
 
 Two rules, both must hold (docs/accept.md):
 
-- outliers: each device's figures (GEMM rate, copy bandwidth; hwbench/harness/device_probe.py)
-  against the median of its peers (the other devices of its model), and each node's median
-  against the other nodes'. One more than ``outlier`` below is named. A device's figure is the
+- outliers: each device's figures (GEMM rate, copy bandwidth, a short training point's tokens/s;
+  hwbench/harness/device_probe.py), each judged on its own, against the median of its peers (the
+  other devices of its model, of every node probed), and each node's median against the other
+  nodes'. One more than ``outlier`` below in any figure is named with that figure. A device's figure is the
   best of its repetitions: other work on a machine only ever lowers a rate, so the best one is
   the device's own; the repetitions' median and spread are shown beside it.
 - baseline: every point of the suite at or above ``min_ratio`` of its baseline figure
@@ -17,6 +18,7 @@ Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the ba
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from typing import Any
 
@@ -28,7 +30,8 @@ from hwbench.units import bandwidth_text, flops_rate_text
 DEFAULT_MIN_RATIO = 0.95
 DEFAULT_OUTLIER = 0.05
 FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
-PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text))
+PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text),
+                 ("training_tokens_per_s", "training", functools.partial(figure_text, METRIC)))
 
 
 @dataclasses.dataclass
@@ -60,7 +63,8 @@ class Acceptance:
 
 
 def _device_name(probe: dict[str, Any]) -> str:
-    return f"device {probe['index']} of {probe['host']}"
+    """A device, or a node when the record is a node's (its probe job failed: no device index)."""
+    return f"node {probe['host']}" if probe.get("index") is None else f"device {probe['index']} of {probe['host']}"
 
 
 def _best(probe: dict[str, Any], figure: str) -> float | None:
@@ -169,6 +173,14 @@ def _rate_cell(probe: dict[str, Any], figure: str, text) -> str:
     return f"{text(rate['max'])} (median {text(rate['median'])}, min {text(rate['min'])}, n={rate['n']})"
 
 
+def _training_text(probes: list[dict[str, Any]]) -> str:
+    point = next((p["training_point"] for p in probes if p.get("training_point")), None)
+    if point is None:
+        return "not run"
+    return (f"{point['model']}, seq {point['seq_length']}, {point['precision']}, {point['steps']} timed steps after "
+            f"{point['warmup']} of warm-up")
+
+
 def acceptance_document(acceptance: Acceptance):
     """The page as a Report (hwbench/report/document.py): PASS or FAIL first, then the evidence."""
     import pandas as pd
@@ -190,12 +202,14 @@ def acceptance_document(acceptance: Acceptance):
     if a.probes_unmeasured:
         devices.blocks.append(("p", f"Not probed: {a.probes_unmeasured}."))
     if a.probes:
-        devices.blocks.append(("p", "Each device measured alone (fp32 GEMM rate, copy bandwidth read + written): the "
-                                    "best of its repetitions, then their median, minimum and count. A device more "
-                                    f"than {a.outlier:.0%} below the median of its peers is named above."))
-        devices.blocks.append(("table", Table(["device", "model", "GEMM rate", "copy bandwidth"], [
-            [_device_name(p), p.get("device_model") or "-", _rate_cell(p, "gemm_flops", flops_rate_text),
-             _rate_cell(p, "copy_bytes_per_s", bandwidth_text)] for p in a.probes])))
+        devices.blocks.append(("p", "Each device measured alone, one after another: fp32 GEMM rate, copy bandwidth "
+                                    "(read + written) and a short training point's tokens/s (" + _training_text(a.probes)
+                                    + "): the best of its repetitions (or timed steps), then their median, minimum "
+                                    f"and count. A device more than {a.outlier:.0%} below the median of its peers "
+                                    "in any of them, or a node more than that below the other nodes, is named above."))
+        devices.blocks.append(("table", Table(["device", "model", *(title for _, title, _ in PROBE_FIGURES)], [
+            [_device_name(p), p.get("device_model") or "-",
+             *(_rate_cell(p, figure, text) for figure, _, text in PROBE_FIGURES)] for p in a.probes])))
     rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
              figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
