@@ -157,11 +157,11 @@ def training_settings() -> dict[str, Any]:
                                                  "precision")}
 
 
-def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None
-                  ) -> list[dict[str, Any]]:
+def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None,
+                  records_file: str = PROBES_FILE) -> list[dict[str, Any]]:
     """Each of this host's ``count`` devices probed in its own process, one after another; a probe
     that fails is a record with its cause (``error``), never an exception. Each record is kept as
-    one line of OUT/probes.jsonl as soon as it is known (JSON Lines: no result file, so `hwbench
+    one line of OUT/probes.jsonl (``records_file``) as soon as it is known (JSON Lines: no result file, so `hwbench
     report` and `baseline save` on OUT pass over it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     host, records = socket.gethostname(), []
@@ -182,7 +182,7 @@ def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say
         if record is None:
             record = {"host": host, "device_kind": device, "index": index, "device_model": None,
                       "gemm_flops": None, "copy_bytes_per_s": None, "training_tokens_per_s": None, "error": cause}
-        with open(out_dir / PROBES_FILE, "a", encoding="utf-8") as lines:
+        with open(out_dir / records_file, "a", encoding="utf-8") as lines:
             lines.write(json.dumps(record) + "\n")
         records.append(record)
     return records

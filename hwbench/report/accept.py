@@ -30,6 +30,7 @@ from hwbench.units import bandwidth_text, flops_rate_text
 DEFAULT_MIN_RATIO = 0.95
 DEFAULT_OUTLIER = 0.05
 FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
+PROBED = "fp32 GEMM rate, copy bandwidth (read + written) and a short training point's tokens/s"
 PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text),
                  ("training_tokens_per_s", "training", functools.partial(figure_text, METRIC)))
 
@@ -62,9 +63,14 @@ class Acceptance:
     outlier: float
 
 
+def _node(probe: dict[str, Any]) -> str:
+    """The device's node: its Slurm node name when probed by a Slurm job, else its host name."""
+    return probe.get("node") or probe["host"]
+
+
 def _device_name(probe: dict[str, Any]) -> str:
     """A device, or a node when the record is a node's (its probe job failed: no device index)."""
-    return f"node {probe['host']}" if probe.get("index") is None else f"device {probe['index']} of {probe['host']}"
+    return f"node {_node(probe)}" if probe.get("index") is None else f"device {probe['index']} of {_node(probe)}"
 
 
 def _best(probe: dict[str, Any], figure: str) -> float | None:
@@ -88,8 +94,8 @@ def device_outliers(probes: list[dict[str, Any]], threshold: float) -> list[str]
                 named.append(f"{_device_name(probe)} ({probe['device_model']}): {title} {text(value)}, "
                              f"{1 - value / typical:.1%} below its peers' median {text(typical)} (repeats: median "
                              f"{text(rate['median'])}, {text(rate['min'])} to {text(rate['max'])}, n={rate['n']})")
-        hosts = sorted({probes[i]["host"] for i in best})
-        node_figure = {host: statistics.median(v for i, v in best.items() if probes[i]["host"] == host)
+        hosts = sorted({_node(probes[i]) for i in best})
+        node_figure = {host: statistics.median(v for i, v in best.items() if _node(probes[i]) == host)
                        for host in hosts}
         for host in hosts if len(hosts) > 1 else ():
             typical = statistics.median(v for h, v in node_figure.items() if h != host)
@@ -202,11 +208,11 @@ def acceptance_document(acceptance: Acceptance):
     if a.probes_unmeasured:
         devices.blocks.append(("p", f"Not probed: {a.probes_unmeasured}."))
     if a.probes:
-        devices.blocks.append(("p", "Each device measured alone, one after another: fp32 GEMM rate, copy bandwidth "
-                                    "(read + written) and a short training point's tokens/s (" + _training_text(a.probes)
-                                    + "): the best of its repetitions (or timed steps), then their median, minimum "
-                                    f"and count. A device more than {a.outlier:.0%} below the median of its peers "
-                                    "in any of them, or a node more than that below the other nodes, is named above."))
+        devices.blocks.append(("p", f"Each device measured alone, one after another: {PROBED}, "
+                                    f"training: {_training_text(a.probes)}. Each figure is the best of its "
+                                    "repetitions (or timed steps), then their median, minimum and count. A device "
+                                    f"more than {a.outlier:.0%} below the median of its peers in any of them, or a "
+                                    "node more than that below the other nodes, is named above."))
         devices.blocks.append(("table", Table(["device", "model", *(title for _, title, _ in PROBE_FIGURES)], [
             [_device_name(p), p.get("device_model") or "-",
              *(_rate_cell(p, figure, text) for figure, _, text in PROBE_FIGURES)] for p in a.probes])))
