@@ -346,8 +346,9 @@ def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
 def _accept(suite: Path, out: Path, *extra: str) -> list[str]:
     csv = suite.parent / "baseline.csv"  # an empty device_model cell matches any device
     csv.write_text("model,device_model,tokens_per_s\ntiny,,1\n")
+    device = [] if "--device" in extra else ["--device", "cpu"]
     return _hwbench("accept", "--suite", str(suite), "--baseline", str(csv), "--out", str(out), "--executor", "slurm",
-                    "--poll", "0.5", "--probe-time", "0.2", *([] if "--device" in extra else ["--device", "cpu"]), *extra)
+                    "--poll", "0.5", "--probe-time", "0.2", *device, *extra)
 
 
 def test_accept_probes_each_node_by_a_job_and_names_its_slow_device(slurm_env, tmp_path):
