@@ -232,3 +232,30 @@ def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monk
     acceptance = judge([record], None, [], Baseline("b.json", [], {}, {}, None))
     assert acceptance.exit_status == 3 and acceptance.failures == [f"device 0 of {record['host']}: its probe failed: "
                                                                    f"{record['error']}"]
+
+
+def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
+    """Records as node probe jobs gather them (hwbench/harness/node_probes.py): node b's devices are 10%
+    below the median of their peers on all nodes, each named, and node b as a node; node d gave none."""
+    from hwbench.harness.node_probes import gres_count
+    from hwbench.report.accept import judge, render
+    from hwbench.report.baseline import Baseline
+
+    def record(node: str, index: int, tokens: float) -> dict:
+        rate = {"median": tokens, "min": tokens, "max": tokens, "n": 7, "cv": 0.0}
+        return {"host": node, "node": node, "index": index, "device_model": "M", "error": None,
+                "training_tokens_per_s": rate, "training_point": {"model": "tiny", "seq_length": 32,
+                                                                  "precision": "fp32", "steps": 7, "warmup": 2}}
+
+    probes = [record("a", 0, 1000.0), record("a", 1, 1000.0), record("b", 0, 900.0), record("b", 1, 900.0),
+              record("c", 0, 1000.0), record("c", 1, 1000.0)]
+    down = {"host": "d", "node": "d", "index": None, "device_model": None, "error": "probe job 7 ended NODE_FAIL"}
+    acceptance = judge([*probes, down], None, [], Baseline("b.json", [], {}, {}, None), outlier=0.05)
+    assert acceptance.exit_status == 3
+    assert acceptance.failures[0] == "node d: its probe failed: probe job 7 ended NODE_FAIL"
+    assert [line.split(":")[0] for line in acceptance.failures[1:]] == ["device 0 of b (M)", "device 1 of b (M)",
+                                                                        "node b"]
+    assert "10.0% below the other nodes' median 1,000 tokens/s" in acceptance.failures[-1]
+    page = render(acceptance, "md")
+    assert "training: tiny, seq 32, fp32, 7 timed steps after 2 of warm-up" in page and "| node d " in page
+    assert gres_count("gpu:h100:8(S:0-1),shard:2", "gpu") == 8 and gres_count("(null)", "gpu") is None
