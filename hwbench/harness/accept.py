@@ -96,6 +96,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     from hwbench.device import select_backend
     from hwbench.harness.device_probe import probe_devices
     from hwbench.harness.node_probes import partition_nodes, probe_nodes
+    from hwbench.harness.slurm import check_script_value
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import run_sweep
     from hwbench.report.baseline import load_baseline
@@ -109,6 +110,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
         check_devices_per_node(options.devices_per_node, backend)
     else:
+        check_script_value("--out", str(options.out_dir.resolve()))  # in every probe job's script
         device = probe_device(options.device, suite)
         nodes = partition_nodes(slurm.partition)  # SetupError here when Slurm does not answer
     before()

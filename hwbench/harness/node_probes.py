@@ -71,12 +71,19 @@ def gres_count(gres: str, name: str) -> int | None:
     return sum(counts) if counts else None
 
 
+def node_devices(node: dict[str, Any], device: str, count: int | None) -> int | None:
+    """The devices ``node``'s job probes: ``count``, else those of the kind sinfo reports (the
+    CPU: one), else None (not known here: the node's backend tells)."""
+    gres = KINDS[device].slurm_gres if device in KINDS else None
+    return count or (gres_count(node["gres"], gres) if gres else 1)
+
+
 def probe_script(node: dict[str, Any], device: str, count: int | None, min_time_s: float, folder: Path,
                  settings: SlurmSettings) -> str:
     """The sbatch script that probes every device of ``node`` (``count``: that many; None: as many
     as its backend sees), exclusive so that nothing else runs there meanwhile."""
     gres = KINDS[device].slurm_gres if device in KINDS else None
-    devices = count or (gres_count(node["gres"], gres) if gres else 1)
+    devices = node_devices(node, device, count)
     sbatch: dict[str, Any] = {"job-name": f"hwbench-probe-{node['node']}", "nodelist": node["node"], "nodes": 1,
                               "ntasks": 1, "exclusive": None, "output": folder / f"{node['node']}.log",
                               "time": slurm_time(_time_limit_s(devices))}
@@ -104,28 +111,38 @@ def probe_nodes(nodes: list[dict[str, Any]], device: str, count: int | None, min
     folder.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, str] = {}  # node -> job id
     failed: dict[str, str] = {}  # node -> why it gave no records
+    limit_s = max(_time_limit_s(node_devices(node, device, count)) for node in nodes)
     for node in nodes:
-        name = node["node"]
-        (folder / f"{name}.jsonl").unlink(missing_ok=True)  # an earlier accept's records are not this one's
-        if node["state"] in UNUSABLE_STATES:
-            failed[name] = f"Slurm reports the node {node['state']}; not probed"
-            continue
-        script = write_text_atomic(folder / f"{name}.sbatch",
-                                   probe_script(node, device, count, min_time_s, folder, settings))
-        job_id, problem = submit(script)
+        (folder / f"{node['node']}.jsonl").unlink(missing_ok=True)  # an earlier accept's records are not this one's
+        job_id, cause = _submit_probe(node, device, count, min_time_s, folder, settings)
         if job_id is None:
-            failed[name] = f"sbatch refused its probe job: {problem}"
+            failed[node["node"]] = cause
         else:
-            jobs[name] = job_id
-            say(f"probing the devices of node {name}: job {job_id}")
-    failed.update(_wait(jobs, _time_limit_s(count) + PENDING_MARGIN_S, settings.poll_s))
+            jobs[node["node"]] = job_id
+            say(f"probing the devices of node {node['node']}: job {job_id}")
+    try:
+        failed.update(_wait(jobs, limit_s + PENDING_MARGIN_S, settings.poll_s))
+    except BaseException:  # Ctrl-C while waiting: no exclusive probe job is left holding its node
+        _slurm_tool(["scancel", *jobs.values()])
+        raise
     return _gather(folder, out_dir, sorted(set(jobs) | set(failed)), failed, device)
 
 
-def _time_limit_s(count: int | None) -> float:
+def _submit_probe(node: dict[str, Any], device: str, count: int | None, min_time_s: float, folder: Path,
+                  settings: SlurmSettings) -> tuple[str | None, str]:
+    """(the probe job's id, '') or (None, why the node is not probed)."""
+    if node["state"] in UNUSABLE_STATES:
+        return None, f"Slurm reports the node {node['state']}; not probed"
+    script = write_text_atomic(folder / f"{node['node']}.sbatch",
+                               probe_script(node, device, count, min_time_s, folder, settings))
+    job_id, problem = submit(script)
+    return (job_id, "") if job_id else (None, f"sbatch refused its probe job: {problem}")
+
+
+def _time_limit_s(devices: int | None) -> float:
     """A probe job's time limit: each device's probe bound (PROBE_TIMEOUT_S), one after another
     (the sweep's --time is for its points, not for these jobs)."""
-    return (count or DEFAULT_NODE_DEVICES) * PROBE_TIMEOUT_S
+    return (devices or DEFAULT_NODE_DEVICES) * PROBE_TIMEOUT_S
 
 
 def _wait(jobs: dict[str, str], limit_s: float, poll_s: float) -> dict[str, str]:
@@ -140,7 +157,7 @@ def _wait(jobs: dict[str, str], limit_s: float, poll_s: float) -> dict[str, str]
             del out[name]
             if state != "COMPLETED":
                 failed[name] = f"probe job {job_id} ended {state}"
-        if out and time.monotonic() > deadline:
+        if out and time.monotonic() > deadline:  # still pending (the node busy or gone): named, not waited for
             _slurm_tool(["scancel", *out.values()])
             failed.update({name: f"probe job {job_id} did not end within {limit_s:g} s; cancelled"
                            for name, job_id in out.items()})
