@@ -229,7 +229,7 @@ def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monk
     (record,) = probe_devices("cpu", 1, 0.1, tmp_path)
     assert record["error"].startswith("HWBENCH_FAULT='not-a-fault' is not accepted")
     assert json.loads((tmp_path / "probes.jsonl").read_text()) == record
-    acceptance = judge([record], None, [], Baseline("b.json", [], {}, {}, None))
+    acceptance = judge([record], [], Baseline("b.json", [], {}, {}, None))
     assert acceptance.exit_status == 3 and acceptance.failures == [f"device 0 of {record['host']}: its probe failed: "
                                                                    f"{record['error']}"]
 
@@ -250,7 +250,7 @@ def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
     probes = [record("a", 0, 1000.0), record("a", 1, 1000.0), record("b", 0, 900.0), record("b", 1, 900.0),
               record("c", 0, 1000.0), record("c", 1, 1000.0)]
     down = {"host": "d", "node": "d", "index": None, "device_model": None, "error": "probe job 7 ended NODE_FAIL"}
-    acceptance = judge([*probes, down], None, [], Baseline("b.json", [], {}, {}, None), outlier=0.05)
+    acceptance = judge([*probes, down], [], Baseline("b.json", [], {}, {}, None), outlier=0.05)
     assert acceptance.exit_status == 3
     assert acceptance.failures[0] == "node d: its probe failed: probe job 7 ended NODE_FAIL"
     assert [line.split(":")[0] for line in acceptance.failures[1:]] == ["device 0 of b (M)", "device 1 of b (M)",

@@ -122,7 +122,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         count = options.devices_per_node or backend.device_count()
         probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
-    acceptance = judge(probes, None, [(r.point.name, r.results) for r in records], baseline,
+    acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
                        options.min_ratio, options.outlier)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page

@@ -55,7 +55,6 @@ class Acceptance:
     failures: list[str]  # one line each: what failed and by how much
     missing: list[str]  # points of the run the baseline lacks
     probes: list[dict[str, Any]]
-    probes_unmeasured: str | None  # why no device was probed
     outliers: list[str]
     points: list[PointOutcome]
     baseline: Baseline
@@ -151,7 +150,7 @@ def judge_points(records: list[tuple[str, list[Any]]], baseline: Baseline, min_r
     return outcomes, missing
 
 
-def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: list[tuple[str, list[Any]]],
+def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
           baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER) -> Acceptance:
     outliers = device_outliers(probes, outlier)
     points, missing = judge_points(records, baseline, min_ratio)
@@ -165,7 +164,7 @@ def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: 
                             f"({figure_text(METRIC, statistics.median(point.values))} against "
                             f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
-    return Acceptance(exit_status == 0, exit_status, failures, missing, probes, probes_unmeasured, outliers, points,
+    return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
                       baseline, min_ratio, outlier)
 
 
@@ -205,8 +204,6 @@ def acceptance_document(acceptance: Acceptance):
         verdict.blocks += [("p", f"Points the baseline ({a.baseline.source}) lacks, exit {MISSING_EXIT}:"),
                            ("list", a.missing)]
     devices = Section("Devices", [])
-    if a.probes_unmeasured:
-        devices.blocks.append(("p", f"Not probed: {a.probes_unmeasured}."))
     if a.probes:
         devices.blocks.append(("p", f"Each device measured alone, one after another: {PROBED}, "
                                     f"training: {_training_text(a.probes)}. Each figure is the best of its "
