@@ -37,7 +37,8 @@ PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
 PROBE_TIMEOUT_S = 600.0
 # --probe-time's bound: a probe is a warm-up and PROBE_REPEATS repetitions of each of its two
-# measurements (16 x --probe-time), which must end within PROBE_TIMEOUT_S with room to start
+# measurements (16 x --probe-time), which must end within PROBE_TIMEOUT_S with room to start and
+# for the training point (seconds)
 MAX_PROBE_TIME_S = PROBE_TIMEOUT_S / 20
 # the training point: tiny at seq 32, one sample a step, a few timed steps (about a second of one
 # CPU core; on an accelerator the same point, a check that training runs there at its rate)
@@ -126,7 +127,8 @@ def training_point(backend: Any, measured: Any) -> dict[str, Any]:
 
 
 def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
-    """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s) and copy bandwidth (bytes/s)."""
+    """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s), copy bandwidth (bytes/s)
+    and the training point's tokens/s."""
     from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm, warm_up_device
     from hwbench.device import select_backend
     from hwbench.device_check import device_model_name
@@ -161,8 +163,8 @@ def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say
                   records_file: str = PROBES_FILE) -> list[dict[str, Any]]:
     """Each of this host's ``count`` devices probed in its own process, one after another; a probe
     that fails is a record with its cause (``error``), never an exception. Each record is kept as
-    one line of OUT/probes.jsonl (``records_file``) as soon as it is known (JSON Lines: no result file, so `hwbench
-    report` and `baseline save` on OUT pass over it)."""
+    one line of OUT/probes.jsonl (``records_file``) as soon as it is known (JSON Lines: no result
+    file, so `hwbench report` and `baseline save` on OUT pass over it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     host, records = socket.gethostname(), []
     for index in range(count):
