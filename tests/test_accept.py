@@ -83,7 +83,10 @@ def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, 
     assert page.startswith("# hwbench accept: FAIL")
     verdict = page.split("## Devices")[0]
     assert "device 1 of" in verdict and "GEMM rate" in verdict and "below its peers' median" in verdict
-    assert not any(line.startswith("- device 0 of") and "GEMM" in line for line in verdict.splitlines())
+    named = [line for line in verdict.splitlines() if line.startswith("- device")]
+    # each measurement judged on its own: device 1's short training point (tiny, seq 32) named as well
+    assert any(line.startswith("- device 1 of") and ": training " in line and "tokens/s" in line for line in named)
+    assert not any(line.startswith("- device 0 of") for line in named), named
     assert "n=7" in verdict  # the repeats' spread beside the figure
     suite_part = page.split("## Suite against the baseline")[1]
     assert "| dp2 " in suite_part and "PASS" in suite_part  # the training point itself met its baseline
@@ -92,6 +95,9 @@ def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, 
     assert [r.status for r in dp2] == ["ok"] and len(dp2[0].ranks) == 2  # nothing measured is lost
     probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
     assert [(p["index"], p["error"]) for p in probes] == [(0, None), (1, None)]
+    slow, fast = probes[1]["training_tokens_per_s"], probes[0]["training_tokens_per_s"]
+    assert slow["n"] == fast["n"] == probes[0]["training_point"]["steps"] and slow["max"] < 0.95 * fast["max"]
+    assert "| training " in page.split("## Devices")[1].split("## Suite")[0]  # the table's training column
     assert not list(out.glob(".probe-*"))
 
 
@@ -223,6 +229,33 @@ def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monk
     (record,) = probe_devices("cpu", 1, 0.1, tmp_path)
     assert record["error"].startswith("HWBENCH_FAULT='not-a-fault' is not accepted")
     assert json.loads((tmp_path / "probes.jsonl").read_text()) == record
-    acceptance = judge([record], None, [], Baseline("b.json", [], {}, {}, None))
+    acceptance = judge([record], [], Baseline("b.json", [], {}, {}, None))
     assert acceptance.exit_status == 3 and acceptance.failures == [f"device 0 of {record['host']}: its probe failed: "
                                                                    f"{record['error']}"]
+
+
+def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
+    """Records as node probe jobs gather them (hwbench/harness/node_probes.py): node b's devices are 10%
+    below the median of their peers on all nodes, each named, and node b as a node; node d gave none."""
+    from hwbench.harness.node_probes import gres_count
+    from hwbench.report.accept import judge, render
+    from hwbench.report.baseline import Baseline
+
+    def record(node: str, index: int, tokens: float) -> dict:
+        rate = {"median": tokens, "min": tokens, "max": tokens, "n": 7, "cv": 0.0}
+        return {"host": node, "node": node, "index": index, "device_model": "M", "error": None,
+                "training_tokens_per_s": rate, "training_point": {"model": "tiny", "seq_length": 32,
+                                                                  "precision": "fp32", "steps": 7, "warmup": 2}}
+
+    probes = [record("a", 0, 1000.0), record("a", 1, 1000.0), record("b", 0, 900.0), record("b", 1, 900.0),
+              record("c", 0, 1000.0), record("c", 1, 1000.0)]
+    down = {"host": "d", "node": "d", "index": None, "device_model": None, "error": "probe job 7 ended NODE_FAIL"}
+    acceptance = judge([*probes, down], [], Baseline("b.json", [], {}, {}, None), outlier=0.05)
+    assert acceptance.exit_status == 3
+    assert acceptance.failures[0] == "node d: its probe failed: probe job 7 ended NODE_FAIL"
+    assert [line.split(":")[0] for line in acceptance.failures[1:]] == ["device 0 of b (M)", "device 1 of b (M)",
+                                                                        "node b"]
+    assert "10.0% below the other nodes' median 1,000 tokens/s" in acceptance.failures[-1]
+    page = render(acceptance, "md")
+    assert "training: tiny, seq 32, fp32, 7 timed steps after 2 of warm-up" in page and "| node d " in page
+    assert gres_count("gpu:h100:8(S:0-1),shard:2", "gpu") == 8 and gres_count("(null)", "gpu") is None

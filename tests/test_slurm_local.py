@@ -341,3 +341,53 @@ def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
     [record] = hwbench.sweep(suite, out=tmp_path / "out", device="cpu", slurm=SlurmSettings(poll_s=0.5))
     [result] = record.results
     assert result.status == "ok" and result.environment["slurm"]["partition"] == "debug"
+
+
+def _accept(suite: Path, out: Path, *extra: str) -> list[str]:
+    csv = suite.parent / "baseline.csv"  # an empty device_model cell matches any device
+    csv.write_text("model,device_model,tokens_per_s\ntiny,,1\n")
+    device = [] if "--device" in extra else ["--device", "cpu"]
+    return _hwbench("accept", "--suite", str(suite), "--baseline", str(csv), "--out", str(out), "--executor", "slurm",
+                    "--poll", "0.5", "--probe-time", "0.2", *device, *extra)
+
+
+def test_accept_probes_each_node_by_a_job_and_names_its_slow_device(slurm_env, tmp_path):
+    """The node's devices probed by a job on that node (sbatch --nodelist); device 1 10% slower in each
+    measurement, its training point included (HWBENCH_FAULT's slow kind), is named: FAIL, exit 3."""
+    suite = _suite(tmp_path / "acc.yaml", [{"name": "dp2", "nproc-per-node": 2}])
+    out = tmp_path / "out"
+    done = subprocess.run(_accept(suite, out, "--devices-per-node", "2"), capture_output=True, text=True, timeout=600,
+                          env={**slurm_env, "HWBENCH_FAULT": "1:3:slow"}, cwd=tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "probing the devices of node localhost: job" in done.stderr
+    probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert [(p["node"], p["index"], p["error"]) for p in probes] == [("localhost", 0, None), ("localhost", 1, None)]
+    assert all(p["training_tokens_per_s"]["n"] == p["training_point"]["steps"] for p in probes)
+    script = (out / "probes" / "localhost.sbatch").read_text()
+    assert "#SBATCH --nodelist=localhost" in script and "-m hwbench.harness.node_probes cpu" in script
+    verdict = (out / "accept.md").read_text().split("## Devices")[0]
+    named = [line for line in verdict.splitlines() if line.startswith("- device")]
+    assert any(line.startswith("- device 1 of localhost") and ": training " in line for line in named), verdict
+    assert not any(line.startswith("- device 0 of") for line in named), verdict
+    assert "device 1 of localhost" in done.stdout
+    [path] = result_files([out / "acc"])
+    assert load_result(path).status == "ok"  # the suite's point ran as its own job after the probes
+
+
+def test_accept_names_a_node_whose_probe_job_failed_with_its_cause(slurm_env, tmp_path):
+    """--device cuda on a node without one: its probe job fails on the node; a FAIL naming the node and the
+    cause from the job's log, not a crash; the suite's point is judged as well."""
+    suite = _suite(tmp_path / "acc.yaml", [{"name": "one"}])
+    out = tmp_path / "out"
+    done = subprocess.run(_accept(suite, out, "--device", "cuda"), capture_output=True, text=True,
+                          timeout=300, env=slurm_env, cwd=tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    [record] = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert record["node"] == "localhost" and record["index"] is None
+    assert re.match(r"probe job \d+ ended FAILED \(its log: .*cuda", record["error"]), record["error"]
+    assert "node localhost: its probe failed: probe job" in done.stdout
+    assert "point one:" in done.stdout  # the point's own failure beside it
+    refused = subprocess.run(_accept(suite, tmp_path / "out2", "--partition", "nosuch"), capture_output=True,
+                             text=True, timeout=120, env=slurm_env, cwd=tmp_path)
+    assert refused.returncode == 2 and "--partition 'nosuch' is not accepted: sinfo lists no node" in refused.stderr
+    assert not (tmp_path / "out2").exists()

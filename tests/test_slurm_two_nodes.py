@@ -240,3 +240,29 @@ def test_sweep_point_of_two_nodes_is_one_job_on_both(slurm_env, tmp_path):
     _assert_on_both_nodes(result, ranks_per_node=1)
     assert result.sweep["point"] == "two-nodes"  # the result is the point's, so a resumed sweep keeps it
     assert result.environment["slurm"]["job_id"] == json.loads((point / "repeat0.slurm").read_text())["job_id"]
+
+
+def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(slurm_env, tmp_path):
+    """Each node's two devices probed by a job on that node; device 1 of each 10% slower (HWBENCH_FAULT's
+    slow kind reaches every node's job) is named among the four devices of both nodes, no node is."""
+    import yaml
+
+    suite = tmp_path / "acc.yaml"
+    suite.write_text(yaml.safe_dump({"name": "acc", "defaults": {"model": "tiny", "steps": 2, "warmup": 1,
+                                                                  "seq-length": 32, "eval-iters": 0},
+                                     "points": [{"name": "one"}]}))
+    csv = tmp_path / "baseline.csv"  # an empty device_model cell matches any device
+    csv.write_text("model,device_model,tokens_per_s\ntiny,,1\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        _hwbench("accept", "--suite", str(suite), "--baseline", str(csv), "--out", str(out), "--executor", "slurm",
+                 "--device", "cpu", "--devices-per-node", "2", "--probe-time", "0.2", "--poll", "0.5"),
+        env={**slurm_env, "HWBENCH_FAULT": "1:3:slow"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
+    assert [(p["node"], p["host"], p["index"], p["error"]) for p in probes] == [
+        (node, node, index, None) for node in NODES for index in (0, 1)]  # each measured on its own node
+    named = [line for line in done.stdout.splitlines() if line.startswith("  ")]
+    for node in NODES:
+        assert any(line.startswith(f"  device 1 of {node}") and ": training " in line for line in named), named
+    assert not any(line.startswith("  device 0 of") or line.startswith("  node ") for line in named), named

@@ -14,10 +14,12 @@ from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
 from hwbench.harness.suite import shipped_suite_names
 
-DESCRIPTION = ("Acceptance of a delivered system: each device of this host probed alone (GEMM rate, copy bandwidth), "
-               "a device more than --outlier below its peers named; then every point of a suite against a baseline "
-               "(hwbench baseline save), PASS when each is at or above --min-ratio of it. Writes OUT/accept.md (or "
-               ".html), PASS or FAIL first. Exit 0 PASS, 3 FAIL, 4 points missing from the baseline (docs/accept.md).")
+DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "
+               "training point; under --executor slurm each device of every node of the partition, a job a node), "
+               "a device or node more than --outlier below its peers named; then every point of a suite against a "
+               "baseline (hwbench baseline save), PASS when each is at or above --min-ratio of it. Writes "
+               "OUT/accept.md (or .html), PASS or FAIL first. Exit 0 PASS, 3 FAIL, 4 points missing from the "
+               "baseline (docs/accept.md).")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +35,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs of each suite point (default 1)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own, and "
                         "the devices probed")
-    parser.add_argument("--devices-per-node", type=int, help="devices of this host to probe (default: every one "
-                        "the backend sees; the CPU is one; at most those, on the CPU the usable cores)")
+    parser.add_argument("--devices-per-node", type=int, help="devices of this host (under Slurm: of each node) to "
+                        "probe (default: every one the backend sees; the CPU is one; at most those, on the CPU the "
+                        "usable cores)")
     parser.add_argument("--probe-time", default="0.5", metavar="SECONDS",
                         help="each probe measurement's timed repetitions together (default 0.5)")
     parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "
-                        "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line)")
+                        "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line; under Slurm each node's job "
+                        "in OUT/probes/)")
     parser.add_argument("--format", choices=("md", "html"), default="md", help="the page (default md)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",

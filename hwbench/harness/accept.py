@@ -1,4 +1,5 @@
-"""`hwbench accept`'s flow: each device of this host probed alone (device_probe.py), then every
+"""`hwbench accept`'s flow: each device of this host probed alone (device_probe.py; under Slurm
+each device of every node of the partition, node_probes.py), then every
 point of a suite through the sweep's executors (local, or each point a Slurm job), then the
 judgement against the baseline (hwbench/report/accept.py) written as one page. Everything is
 checked before anything is measured; every result stays where a sweep puts it (OUT/<suite>/)."""
@@ -9,7 +10,6 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.harness.device_probe import MAX_PROBE_TIME_S
@@ -77,6 +77,17 @@ def check_devices_per_node(count: int | None, backend) -> None:
                          f"give 1 to {most}")
 
 
+def probe_device(device: str | None, suite) -> str:
+    """The device kind the Slurm nodes are probed on: --device, else the one its points name
+    (a probe job asks Slurm for the devices by kind, as each point's job does)."""
+    from hwbench.harness.slurm import check_device_kind
+
+    named = {point.option("device") for point in suite.points} - {None}
+    kind = device or (named.pop() if len(named) == 1 else None)
+    check_device_kind(kind, "the probes of --executor slurm (give --device, or one device kind in every point)")
+    return str(kind)
+
+
 def accept(options: AcceptOptions, slurm=None, progress: bool = True,
            before: Callable[[], None] = lambda: None) -> tuple[Acceptance, Path]:
     """The acceptance, and the page written; UsageError or SetupError before anything is measured
@@ -84,6 +95,8 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     command's preflight)."""
     from hwbench.device import select_backend
     from hwbench.harness.device_probe import probe_devices
+    from hwbench.harness.node_probes import partition_nodes, probe_nodes
+    from hwbench.harness.slurm import check_script_value
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import run_sweep
     from hwbench.report.baseline import load_baseline
@@ -96,18 +109,20 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     if slurm is None:
         backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
         check_devices_per_node(options.devices_per_node, backend)
+    else:
+        check_script_value("--out", str(options.out_dir.resolve()))  # in every probe job's script
+        device = probe_device(options.device, suite)
+        nodes = partition_nodes(slurm.partition)  # SetupError here when Slurm does not answer
     before()
     say = progress_lines(progress)
-    probes: list[dict[str, Any]] = []
-    unmeasured = None
-    if slurm is not None:
-        unmeasured = ("under --executor slurm the devices are probed on this host only, which is not a node of the "
-                      "jobs; each node's ranks are in the suite's results")
+    if slurm is not None:  # every node of the partition, each by a job of its own
+        probes = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s, options.out_dir, slurm,
+                             say)
     else:
         count = options.devices_per_node or backend.device_count()
         probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
-    acceptance = judge(probes, unmeasured, [(r.point.name, r.results) for r in records], baseline,
+    acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
                        options.min_ratio, options.outlier)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page

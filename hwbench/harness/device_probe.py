@@ -1,6 +1,8 @@
 """`hwbench accept`'s check of each device on its own: a short GEMM rate and copy bandwidth
-(hwbench calibrate's measurements, hwbench/calibration/measure.py, with short settings), one
-process per device, one device after another so that no probe competes with another.
+(hwbench calibrate's measurements, hwbench/calibration/measure.py, with short settings) and a
+short training point (the `tiny` workload through hwbench's own engine and timed loop,
+hwbench/harness/worker.py), one process per device, one device after another so that no probe
+competes with another.
 
 A rank of a training job waits for the slowest rank at every collective, so every rank's step
 time reads as the slowest one's: a slow device cannot be told from the job's per-rank figures.
@@ -8,8 +10,9 @@ Measured alone, each device shows its own rate, which `hwbench accept` sets agai
 
 On the CPU a probe runs one thread timed on the process's CPU clock (CpuClockTimer): on a host
 shared with other work the wall clock measures that work too. HWBENCH_FAULT ``INDEX:STEP:slow``
-(hwbench/harness/faults.py) makes the CPU probe of device INDEX 10% slower (a busy wait before
-each mark: every interval 10/9 as long), for testing that accept names it.
+(hwbench/harness/faults.py) makes every CPU measurement of device INDEX's probe (GEMM, copy and
+training step) 10% slower (a busy wait before each mark: every interval 10/9 as long), for
+testing that accept names it.
 """
 
 from __future__ import annotations
@@ -34,8 +37,14 @@ PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
 PROBE_TIMEOUT_S = 600.0
 # --probe-time's bound: a probe is a warm-up and PROBE_REPEATS repetitions of each of its two
-# measurements (16 x --probe-time), which must end within PROBE_TIMEOUT_S with room to start
+# measurements (16 x --probe-time), which must end within PROBE_TIMEOUT_S with room to start and
+# for the training point (seconds)
 MAX_PROBE_TIME_S = PROBE_TIMEOUT_S / 20
+# the training point: tiny at seq 32, one sample a step, a few timed steps (about a second of one
+# CPU core; on an accelerator the same point, a check that training runs there at its rate)
+PROBE_TRAINING = {"model": "tiny", "data": "synthetic", "seq_length": 32, "micro_batch_size": 1,
+                  "global_batch_size": 1, "warmup": 2, "steps": 7, "eval_iters": 0, "telemetry": False,
+                  "precision": PROBE_PRECISION}
 PROBES_FILE = "probes.jsonl"  # OUT/probes.jsonl: one probe a line
 SLOWDOWN = 0.10  # a `slow` fault's share of the rate lost
 
@@ -83,8 +92,43 @@ def _rate(measurement: Any) -> dict[str, Any] | None:
     return {"median": rate["median"], "min": rate["min"], "max": rate["max"], "n": rate["n"], "cv": rate["cv"]}
 
 
+def training_point(backend: Any, measured: Any) -> dict[str, Any]:
+    """PROBE_TRAINING trained on this process's device, as `hwbench run` trains it (the same
+    engine and timed loop), its steps timed by ``measured``'s step timer: tokens/s of each timed
+    step, as median, min, max, n and cv (a failure: median None and the reason)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.engine import build_engine
+    from hwbench.engine.distributed import single_process
+    from hwbench.harness.faults import Heartbeat
+    from hwbench.harness.progress import Progress
+    from hwbench.harness.worker import make_data_source, measure
+    from hwbench.spec import build_run_spec
+    from hwbench.stats import summarize
+
+    catalog = load_catalog()
+    spec = build_run_spec({**PROBE_TRAINING, "device": backend.name}, catalog, check_paths=False)
+    workload = catalog.workloads[spec.model]
+    ctx = single_process(spec.parallel)
+    try:
+        data = make_data_source(spec, workload, backend, ctx)
+        engine = build_engine(spec.model_config(workload.model), spec, backend, ctx)
+        try:
+            steps = measure(spec, measured, data, Progress("probe", spec.steps, spec.warmup, enabled=False), engine,
+                            ctx, Heartbeat(0, None), None).step_times_s
+        finally:
+            engine.close()
+    except Exception as error:  # recorded as data, as a run records it; GEMM and copy are kept
+        return {"median": None, "reason": f"{type(error).__name__}: {str(error).strip() or 'no message'}"}
+    rates = [spec.tokens_per_iteration / t for t in steps if t > 0]
+    if not rates:
+        return {"median": None, "reason": "no timed step took measurable time"}
+    summary = summarize(rates)
+    return {key: summary[key] for key in ("median", "min", "max", "n", "cv")}
+
+
 def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
-    """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s) and copy bandwidth (bytes/s)."""
+    """Device ``index`` of this host measured: its model, GEMM rate (FLOP/s), copy bandwidth (bytes/s)
+    and the training point's tokens/s."""
     from hwbench.calibration.measure import CalibrationSettings, measure_copy, measure_gemm, warm_up_device
     from hwbench.device import select_backend
     from hwbench.device_check import device_model_name
@@ -100,19 +144,27 @@ def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
     warm_up_device(backend, settings)  # from idle clocks to those of sustained work, as calibrate does
     gemm = measure_gemm(measured, PROBE_PRECISION, settings.sizes[0], settings)
     copy = measure_copy(measured, settings.copy_bytes, settings)
+    training = training_point(backend, measured)
     driver, _ = backend.driver()
     return {"host": socket.gethostname(), "device_kind": backend.name, "index": index,
             "device_model": device_model_name(backend), "driver": driver, "measured_at": utc_now(),
             "gemm_flops": _rate(gemm), "gemm_size": settings.sizes[0], "precision": PROBE_PRECISION,
-            "copy_bytes_per_s": _rate(copy), "copy_buffer_bytes": settings.copy_bytes, "error": None}
+            "copy_bytes_per_s": _rate(copy), "copy_buffer_bytes": settings.copy_bytes,
+            "training_tokens_per_s": training, "training_point": training_settings(), "error": None}
 
 
-def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None
-                  ) -> list[dict[str, Any]]:
+def training_settings() -> dict[str, Any]:
+    """The probe's training point as a record states it: what was trained."""
+    return {key: PROBE_TRAINING[key] for key in ("model", "seq_length", "micro_batch_size", "warmup", "steps",
+                                                 "precision")}
+
+
+def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say=lambda text: None,
+                  records_file: str = PROBES_FILE) -> list[dict[str, Any]]:
     """Each of this host's ``count`` devices probed in its own process, one after another; a probe
     that fails is a record with its cause (``error``), never an exception. Each record is kept as
-    one line of OUT/probes.jsonl as soon as it is known (JSON Lines: no result file, so `hwbench
-    report` and `baseline save` on OUT pass over it)."""
+    one line of OUT/probes.jsonl (``records_file``) as soon as it is known (JSON Lines: no result
+    file, so `hwbench report` and `baseline save` on OUT pass over it)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     host, records = socket.gethostname(), []
     for index in range(count):
@@ -131,8 +183,8 @@ def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say
         part.unlink(missing_ok=True)
         if record is None:
             record = {"host": host, "device_kind": device, "index": index, "device_model": None,
-                      "gemm_flops": None, "copy_bytes_per_s": None, "error": cause}
-        with open(out_dir / PROBES_FILE, "a", encoding="utf-8") as lines:
+                      "gemm_flops": None, "copy_bytes_per_s": None, "training_tokens_per_s": None, "error": cause}
+        with open(out_dir / records_file, "a", encoding="utf-8") as lines:
             lines.write(json.dumps(record) + "\n")
         records.append(record)
     return records

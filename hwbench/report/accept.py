@@ -2,10 +2,11 @@
 
 Two rules, both must hold (docs/accept.md):
 
-- outliers: each device's figures (GEMM rate, copy bandwidth; hwbench/harness/device_probe.py)
-  against the median of its peers (the other devices of its model), and each node's median
-  against the other nodes'. One more than ``outlier`` below is named. A device's figure is the
-  best of its repetitions: other work on a machine only ever lowers a rate, so the best one is
+- outliers: each device's figures (GEMM rate, copy bandwidth, a short training point's tokens/s;
+  hwbench/harness/device_probe.py), each judged on its own, against the median of its peers (the
+  other devices of its model, of every node probed), and each node's median against the other
+  nodes'. One more than ``outlier`` below in any figure is named with that figure. A device's
+  figure is the best of its repetitions: other work on a machine only ever lowers a rate, so the best one is
   the device's own; the repetitions' median and spread are shown beside it.
 - baseline: every point of the suite at or above ``min_ratio`` of its baseline figure
   (tokens/s, the median of the point's ok repeats against the baseline's median). A point that
@@ -17,6 +18,7 @@ Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the ba
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from typing import Any
 
@@ -28,7 +30,9 @@ from hwbench.units import bandwidth_text, flops_rate_text
 DEFAULT_MIN_RATIO = 0.95
 DEFAULT_OUTLIER = 0.05
 FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
-PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text))
+PROBED = "fp32 GEMM rate, copy bandwidth (read + written) and a short training point's tokens/s"
+PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text),
+                 ("training_tokens_per_s", "training", functools.partial(figure_text, METRIC)))
 
 
 @dataclasses.dataclass
@@ -51,7 +55,6 @@ class Acceptance:
     failures: list[str]  # one line each: what failed and by how much
     missing: list[str]  # points of the run the baseline lacks
     probes: list[dict[str, Any]]
-    probes_unmeasured: str | None  # why no device was probed
     outliers: list[str]
     points: list[PointOutcome]
     baseline: Baseline
@@ -59,8 +62,14 @@ class Acceptance:
     outlier: float
 
 
+def _node(probe: dict[str, Any]) -> str:
+    """The device's node: its Slurm node name when probed by a Slurm job, else its host name."""
+    return probe.get("node") or probe["host"]
+
+
 def _device_name(probe: dict[str, Any]) -> str:
-    return f"device {probe['index']} of {probe['host']}"
+    """A device, or a node when the record is a node's (its probe job failed: no device index)."""
+    return f"node {_node(probe)}" if probe.get("index") is None else f"device {probe['index']} of {_node(probe)}"
 
 
 def _best(probe: dict[str, Any], figure: str) -> float | None:
@@ -84,8 +93,8 @@ def device_outliers(probes: list[dict[str, Any]], threshold: float) -> list[str]
                 named.append(f"{_device_name(probe)} ({probe['device_model']}): {title} {text(value)}, "
                              f"{1 - value / typical:.1%} below its peers' median {text(typical)} (repeats: median "
                              f"{text(rate['median'])}, {text(rate['min'])} to {text(rate['max'])}, n={rate['n']})")
-        hosts = sorted({probes[i]["host"] for i in best})
-        node_figure = {host: statistics.median(v for i, v in best.items() if probes[i]["host"] == host)
+        hosts = sorted({_node(probes[i]) for i in best})
+        node_figure = {host: statistics.median(v for i, v in best.items() if _node(probes[i]) == host)
                        for host in hosts}
         for host in hosts if len(hosts) > 1 else ():
             typical = statistics.median(v for h, v in node_figure.items() if h != host)
@@ -141,7 +150,7 @@ def judge_points(records: list[tuple[str, list[Any]]], baseline: Baseline, min_r
     return outcomes, missing
 
 
-def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: list[tuple[str, list[Any]]],
+def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
           baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER) -> Acceptance:
     outliers = device_outliers(probes, outlier)
     points, missing = judge_points(records, baseline, min_ratio)
@@ -155,7 +164,7 @@ def judge(probes: list[dict[str, Any]], probes_unmeasured: str | None, records: 
                             f"({figure_text(METRIC, statistics.median(point.values))} against "
                             f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
-    return Acceptance(exit_status == 0, exit_status, failures, missing, probes, probes_unmeasured, outliers, points,
+    return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
                       baseline, min_ratio, outlier)
 
 
@@ -167,6 +176,14 @@ def _rate_cell(probe: dict[str, Any], figure: str, text) -> str:
     if rate.get("median") is None:
         return f"- ({rate.get('reason') or probe.get('error') or 'not measured'})"
     return f"{text(rate['max'])} (median {text(rate['median'])}, min {text(rate['min'])}, n={rate['n']})"
+
+
+def _training_text(probes: list[dict[str, Any]]) -> str:
+    point = next((p["training_point"] for p in probes if p.get("training_point")), None)
+    if point is None:
+        return "not run"
+    return (f"{point['model']}, seq {point['seq_length']}, {point['precision']}, {point['steps']} timed steps after "
+            f"{point['warmup']} of warm-up")
 
 
 def acceptance_document(acceptance: Acceptance):
@@ -187,15 +204,15 @@ def acceptance_document(acceptance: Acceptance):
         verdict.blocks += [("p", f"Points the baseline ({a.baseline.source}) lacks, exit {MISSING_EXIT}:"),
                            ("list", a.missing)]
     devices = Section("Devices", [])
-    if a.probes_unmeasured:
-        devices.blocks.append(("p", f"Not probed: {a.probes_unmeasured}."))
     if a.probes:
-        devices.blocks.append(("p", "Each device measured alone (fp32 GEMM rate, copy bandwidth read + written): the "
-                                    "best of its repetitions, then their median, minimum and count. A device more "
-                                    f"than {a.outlier:.0%} below the median of its peers is named above."))
-        devices.blocks.append(("table", Table(["device", "model", "GEMM rate", "copy bandwidth"], [
-            [_device_name(p), p.get("device_model") or "-", _rate_cell(p, "gemm_flops", flops_rate_text),
-             _rate_cell(p, "copy_bytes_per_s", bandwidth_text)] for p in a.probes])))
+        devices.blocks.append(("p", f"Each device measured alone, one after another: {PROBED}, "
+                                    f"training: {_training_text(a.probes)}. Each figure is the best of its "
+                                    "repetitions (or timed steps), then their median, minimum and count. A device "
+                                    f"more than {a.outlier:.0%} below the median of its peers in any of them, or a "
+                                    "node more than that below the other nodes, is named above."))
+        devices.blocks.append(("table", Table(["device", "model", *(title for _, title, _ in PROBE_FIGURES)], [
+            [_device_name(p), p.get("device_model") or "-",
+             *(_rate_cell(p, figure, text) for figure, _, text in PROBE_FIGURES)] for p in a.probes])))
     rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
              figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
