@@ -278,7 +278,7 @@ def test_a_controller_that_does_not_answer_is_asked_again_not_taken_for_an_end(m
     from hwbench.harness import slurm
 
     answers = {"scontrol": subprocess.CompletedProcess([], 1, "", "scontrol did not answer in 30s")}
-    monkeypatch.setattr(slurm, "_slurm_tool", lambda args: answers[args[0]])
+    monkeypatch.setattr(slurm, "slurm_tool", lambda args: answers[args[0]])
     assert slurm.job_state("42") == slurm.NO_ANSWER
     answers["scontrol"] = subprocess.CompletedProcess([], 1, "", "slurm_load_jobs error: Invalid job id specified")
     answers["sacct"] = subprocess.CompletedProcess([], 0, "TIMEOUT\n", "")
@@ -313,7 +313,7 @@ def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
     record = tmp_path / "p" / "repeat0.slurm"
     record.parent.mkdir()
     record.write_text('{"job_id": "9"}')
-    monkeypatch.setattr(slurm, "_slurm_tool", lambda args: subprocess.CompletedProcess(args, 1, "", "scancel: error"))
+    monkeypatch.setattr(slurm, "slurm_tool", lambda args: subprocess.CompletedProcess(args, 1, "", "scancel: error"))
     with pytest.raises(SetupError, match="scancel 9 failed"):
         slurm.cancel_jobs(["9"], tmp_path)
     assert record.exists()

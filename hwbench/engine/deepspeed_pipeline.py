@@ -99,7 +99,7 @@ class ParallelBlockPipe(ParallelBlock):
 
 class FinalNormPipe(nn.LayerNorm):
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__(config.hidden_size, eps=LAYERNORM_EPS)  # ones and zeros, as _host_values gives
+        super().__init__(config.hidden_size, eps=LAYERNORM_EPS)  # ones and zeros, as host_values gives
 
 
 def layer_specs(config: GPTConfig, tp: TensorGroup, seed: int) -> list:

@@ -13,7 +13,7 @@ DeepSpeed's gradient norms count them on every rank and the replicated ones
 (LayerNorms, row-parallel biases, positions) on tensor rank 0 only.
 
 Every parameter is filled with its slice of the values the whole model has on
-one device (hwbench.workload.model._host_values), so a layout starts from the
+one device (hwbench.workload.model.host_values), so a layout starts from the
 same weights as one process and as the native engine.
 """
 
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hwbench.workload.config import GPTConfig
-from hwbench.workload.model import LAYERNORM_EPS, _host_values
+from hwbench.workload.model import LAYERNORM_EPS, host_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +111,7 @@ def load_host_values(module: nn.Module, prefix: str, config: GPTConfig, seed: in
         shape = list(parameter.shape)
         if dim is not None:
             shape[dim] *= tp.size
-        values = _host_values(prefix + name, torch.Size(shape), parameter.dtype, config, seed)
+        values = host_values(prefix + name, torch.Size(shape), parameter.dtype, config, seed)
         if dim is not None:
             values = values.chunk(tp.size, dim=dim)[tp.rank]
         parameter.copy_(values)

@@ -30,10 +30,10 @@ from hwbench.harness.slurm import (
     ACTIVE_STATES,
     NO_ANSWER,
     SlurmSettings,
-    _slurm_tool,
     check_sbatch_arg,
     job_state,
     slurm_time,
+    slurm_tool,
     submit,
 )
 from hwbench.result.store import write_text_atomic
@@ -50,7 +50,7 @@ def partition_nodes(partition: str | None) -> list[dict[str, Any]]:
     """Every node of ``partition`` (the default partition when None): its name, sinfo's short
     state and its generic resources; SetupError when sinfo does not answer."""
     command = ["sinfo", "-h", "-N", "-o", "%N|%t|%G"] + (["-p", partition] if partition else [])
-    done = _slurm_tool(command)
+    done = slurm_tool(command)
     if done.returncode != 0:
         raise SetupError(f"sinfo failed, so the nodes to probe are not known: "
                          f"{(done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]}")
@@ -123,7 +123,7 @@ def probe_nodes(nodes: list[dict[str, Any]], device: str, count: int | None, min
     try:
         failed.update(_wait(jobs, limit_s + PENDING_MARGIN_S, settings.poll_s))
     except BaseException:  # Ctrl-C while waiting: no exclusive probe job is left holding its node
-        _slurm_tool(["scancel", *jobs.values()])
+        slurm_tool(["scancel", *jobs.values()])
         raise
     return _gather(folder, out_dir, sorted(set(jobs) | set(failed)), failed, device)
 
@@ -158,7 +158,7 @@ def _wait(jobs: dict[str, str], limit_s: float, poll_s: float) -> dict[str, str]
             if state != "COMPLETED":
                 failed[name] = f"probe job {job_id} ended {state}"
         if out and time.monotonic() > deadline:  # still pending (the node busy or gone): named, not waited for
-            _slurm_tool(["scancel", *out.values()])
+            slurm_tool(["scancel", *out.values()])
             failed.update({name: f"probe job {job_id} did not end within {limit_s:g} s; cancelled"
                            for name, job_id in out.items()})
             break

@@ -264,7 +264,7 @@ def batch_script(
     return "\n".join(lines)
 
 
-def _slurm_tool(args: list[str]) -> subprocess.CompletedProcess:
+def slurm_tool(args: list[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=SLURM_TOOL_TIMEOUT_S)
     except FileNotFoundError:
@@ -277,7 +277,7 @@ def _slurm_tool(args: list[str]) -> subprocess.CompletedProcess:
 
 def submit(script: Path) -> tuple[str | None, str]:
     """(job id, '') or (None, sbatch's complaint)."""
-    done = _slurm_tool(["sbatch", "--parsable", str(script)])
+    done = slurm_tool(["sbatch", "--parsable", str(script)])
     if done.returncode != 0:
         return None, (done.stderr.strip().splitlines() or [f"sbatch exited with status {done.returncode}"])[-1]
     return done.stdout.strip().split(";")[0], ""
@@ -289,13 +289,13 @@ NO_ANSWER = "NO_ANSWER"  # job_state when the controller did not answer: ask aga
 def job_state(job_id: str) -> str | None:
     """The job's state (PENDING, RUNNING, COMPLETED, ...) from the controller, or from
     accounting once the controller forgot it; None when neither knows the job."""
-    done = _slurm_tool(["scontrol", "show", "job", "-o", job_id])
+    done = slurm_tool(["scontrol", "show", "job", "-o", job_id])
     match = re.search(r"\bJobState=(\S+)", done.stdout) if done.returncode == 0 else None
     if match:
         return match.group(1)
     if done.returncode != 0 and "Invalid job id" not in done.stderr:
         return NO_ANSWER  # a controller that did not answer has not forgotten the job: it may still run
-    done = _slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    done = slurm_tool(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     words = done.stdout.split() if done.returncode == 0 else []
     return words[0].rstrip("+") if words else None
 
@@ -305,7 +305,7 @@ def cancel_jobs(jobs: list[str], out_dir: Path) -> None:
     command submits those points again."""
     if not jobs:
         return
-    done = _slurm_tool(["scancel", *jobs])
+    done = slurm_tool(["scancel", *jobs])
     if done.returncode != 0:  # the jobs may still run: keep their records, so the sweep re-attaches
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise SetupError(
@@ -318,7 +318,7 @@ def cancel_jobs(jobs: list[str], out_dir: Path) -> None:
 
 def cluster_name() -> str:
     """The cluster's name (the key of a Slurm sweep's results, instead of this host's)."""
-    done = _slurm_tool(["scontrol", "show", "config"])
+    done = slurm_tool(["scontrol", "show", "config"])
     match = re.search(r"^ClusterName\s*=\s*(\S+)", done.stdout, re.M) if done.returncode == 0 else None
     if done.returncode != 0:
         raise SetupError(

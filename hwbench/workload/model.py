@@ -229,7 +229,7 @@ def _init_seed(seed: int, name: str) -> int:
     return (seed * 0x9E3779B1 + zlib.crc32(key.encode())) % (2 ** 63)
 
 
-def _host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
+def host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
     """Megatron's init of one parameter, drawn on the host: N(0, 0.02) weights, the
     two output projections of each block scaled by 1/sqrt(2L), zero biases, unit
     LayerNorm gains. Rows of the word embedding past the real vocabulary (the
@@ -261,7 +261,7 @@ def _fused_qkv_values(name: str, shape: torch.Size, dtype: torch.dtype, config: 
     output dimension: a fused run starts from the same weights as an unfused one."""
     part_shape = torch.Size((shape[0] // 3, *shape[1:]))
     parts = [
-        _host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed) for part in QKV_PARTS
+        host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed) for part in QKV_PARTS
     ]
     heads, head_dim = config.num_attention_heads, config.head_dim
     stacked = torch.stack(parts).view(3, heads, head_dim, *shape[1:])  # (3, H, D[, h])
@@ -277,7 +277,7 @@ def init_parameters(model: GPT, seed: int) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     for name, parameter in model.named_parameters():
-        values = _host_values(name, parameter.shape, parameter.dtype, model.config, seed)
+        values = host_values(name, parameter.shape, parameter.dtype, model.config, seed)
         if isinstance(parameter, DTensor):
             full = values.to(parameter.device_mesh.device_type)
             shard = distribute_tensor(full, parameter.device_mesh, parameter.placements, src_data_rank=None)
