@@ -267,5 +267,5 @@ def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(
         assert any(line.startswith(f"  device 1 of {node}") and ": training " in line for line in named), named
     # Not asserted here: that no other device is named. The two nodes of this test share this machine's
     # cores and their probe jobs run at once, so a probe that overlaps the other node's is slowed by it
-    # (measured: a device 0 named 22% below the median). On one node, whose devices are probed one
+    # (seen once: a device or node named besides the slow ones). On one node, whose devices are probed one
     # after another, tests/test_slurm_local.py holds that only the slow device is named.
