@@ -262,10 +262,11 @@ def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(
     probes = [json.loads(line) for line in (out / "probes.jsonl").read_text().splitlines()]
     assert [(p["node"], p["host"], p["index"], p["error"]) for p in probes] == [
         (node, node, index, None) for node in NODES for index in (0, 1)]  # each measured on its own node
+    assert all(p["training_tokens_per_s"]["median"] for p in probes)  # each device trained on its node
     named = [line for line in done.stdout.splitlines() if line.startswith("  ")]
-    for node in NODES:
-        assert any(line.startswith(f"  device 1 of {node}") and ": training " in line for line in named), named
-    # Not asserted here: that no other device is named. The two nodes of this test share this machine's
-    # cores and their probe jobs run at once, so a probe that overlaps the other node's is slowed by it
-    # (seen once: a device or node named besides the slow ones). On one node, whose devices are probed one
-    # after another, tests/test_slurm_local.py holds that only the slow device is named.
+    assert any(line.startswith("  device 1 of ") for line in named), named
+    # Which figures of which devices are named is not asserted here: the two nodes of this test share
+    # this machine's cores and their probe jobs run at once, so a probe that overlaps the other node's
+    # is slowed by it (seen: a device other than the slow ones named; in 1 of 8 runs a check that each
+    # node's device 1 is named for training failed). On one node, whose devices are probed one after
+    # another, tests/test_slurm_local.py holds that the slow device is named for training and no other.
