@@ -181,13 +181,22 @@ def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say
         except (OSError, ValueError) as error:
             record, cause = None, str(error)
         part.unlink(missing_ok=True)
-        if record is None:
-            record = {"host": host, "device_kind": device, "index": index, "device_model": None,
-                      "gemm_flops": None, "copy_bytes_per_s": None, "training_tokens_per_s": None, "error": cause}
-        with open(out_dir / records_file, "a", encoding="utf-8") as lines:
-            lines.write(json.dumps(record) + "\n")
+        record = record or failed_record(host, device, index, cause or "no record")
+        append_records(out_dir / records_file, [record])
         records.append(record)
     return records
+
+
+def failed_record(host: str, device: str, index: int | None, cause: str, **extra: Any) -> dict[str, Any]:
+    """The record of a device (``index``) or a whole node (None) that gave no measurement: its cause."""
+    return {"host": host, **extra, "device_kind": device, "index": index, "device_model": None, "gemm_flops": None,
+            "copy_bytes_per_s": None, "training_tokens_per_s": None, "error": cause}
+
+
+def append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Records appended to a JSON Lines file, each as soon as it is known."""
+    with open(path, "a", encoding="utf-8") as lines:
+        lines.writelines(json.dumps(record) + "\n" for record in records)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,13 +25,13 @@ from typing import Any
 
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
-from hwbench.harness.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, probe_devices
+from hwbench.harness.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, append_records, failed_record, probe_devices
 from hwbench.harness.slurm import (
     ACTIVE_STATES,
     NO_ANSWER,
     SlurmSettings,
-    check_sbatch_arg,
     job_state,
+    sbatch_header,
     slurm_time,
     slurm_tool,
     submit,
@@ -89,13 +89,7 @@ def probe_script(node: dict[str, Any], device: str, count: int | None, min_time_
                               "time": slurm_time(_time_limit_s(devices))}
     if gres and devices:
         sbatch["gres"] = f"{gres}:{devices}"
-    if settings.partition:
-        sbatch["partition"] = settings.partition
-    if settings.account:
-        sbatch["account"] = settings.account
-    lines = ["#!/bin/bash"] + [f"#SBATCH --{key}" + ("" if value is None else f"={shlex.quote(str(value))}")
-                               for key, value in sbatch.items()]
-    lines += [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, bool(gres)))}" for arg in settings.sbatch_args]
+    lines = sbatch_header(sbatch, settings)
     command = [settings.python, "-m", "hwbench.harness.node_probes", device, str(min_time_s),
                str(folder / f"{node['node']}.jsonl")] + ([str(count)] if count else [])
     lines += ["", "# written by hwbench accept: each device of this node probed alone, one after another",
@@ -175,11 +169,9 @@ def _gather(folder: Path, out_dir: Path, nodes: list[str], failed: dict[str, str
         node_records = [{**record, "node": name} for record in found]
         cause = failed.get(name) or (None if found else "its probe job wrote no record")
         if cause:
-            node_records.append({"host": name, "node": name, "device_kind": device, "index": None,
-                                 "device_model": None, "gemm_flops": None, "copy_bytes_per_s": None,
-                                 "training_tokens_per_s": None, "error": cause + _log_tail(folder / f"{name}.log")})
-        with open(out_dir / PROBES_FILE, "a", encoding="utf-8") as lines:
-            lines.writelines(json.dumps(record) + "\n" for record in node_records)
+            node_records.append(failed_record(name, device, None, cause + _log_tail(folder / f"{name}.log"),
+                                              node=name))
+        append_records(out_dir / PROBES_FILE, node_records)
         records += node_records
     return records
 

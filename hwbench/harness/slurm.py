@@ -199,6 +199,19 @@ def slurm_time(seconds: float) -> str:
     return f"{minutes // 1440}-{minutes // 60 % 24:02d}:{minutes % 60:02d}:00"
 
 
+def sbatch_header(sbatch: dict[str, Any], settings: SlurmSettings) -> list[str]:
+    """A job script's first lines: ``sbatch``'s options (a value None: a flag such as
+    --exclusive), the settings' partition and account, then the user's own --sbatch-arg lines."""
+    sbatch = dict(sbatch)
+    if settings.partition:
+        sbatch["partition"] = check_slurm_name("--partition", settings.partition, lists=True)
+    if settings.account:
+        sbatch["account"] = check_slurm_name("--account", settings.account)
+    lines = ["#!/bin/bash"] + [f"#SBATCH --{name}" + ("" if value is None else f"={shlex.quote(str(value))}")
+                               for name, value in sbatch.items()]
+    return lines + [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, 'gres' in sbatch))}" for arg in settings.sbatch_args]
+
+
 def batch_script(
     spec: RunSpec,
     options: RunOptions,
@@ -227,12 +240,7 @@ def batch_script(
     }
     if gres:
         sbatch["gres"] = f"{gres}:{int(per_node)}"
-    if settings.partition:
-        sbatch["partition"] = check_slurm_name("--partition", settings.partition, lists=True)
-    if settings.account:
-        sbatch["account"] = check_slurm_name("--account", settings.account)
-    lines = ["#!/bin/bash"] + [f"#SBATCH --{name}={shlex.quote(str(value))}" for name, value in sbatch.items()]
-    lines += [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, bool(gres)))}" for arg in settings.sbatch_args]
+    lines = sbatch_header(sbatch, settings)
     lines += [
         "",
         f"# written by hwbench: {nodes} node(s) x {per_node} device(s), "
