@@ -391,3 +391,9 @@ def test_accept_names_a_node_whose_probe_job_failed_with_its_cause(slurm_env, tm
                              text=True, timeout=120, env=slurm_env, cwd=tmp_path)
     assert refused.returncode == 2 and "--partition 'nosuch' is not accepted: sinfo lists no node" in refused.stderr
     assert not (tmp_path / "out2").exists()
+    # more devices than the node has CPUs (each probe one thread): refused before any job is submitted
+    too_many = subprocess.run(_accept(suite, tmp_path / "out3", "--devices-per-node", "100000"), capture_output=True,
+                              text=True, timeout=120, env=slurm_env, cwd=tmp_path)
+    assert too_many.returncode == 2 and too_many.stderr.count("\n") == 1, too_many.stderr
+    assert "--devices-per-node 100000 is not accepted: Slurm reports" in too_many.stderr
+    assert "CPUs on node localhost; give 1 to" in too_many.stderr and not (tmp_path / "out3").exists()

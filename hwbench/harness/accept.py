@@ -95,7 +95,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     command's preflight)."""
     from hwbench.device import select_backend
     from hwbench.harness.device_probe import probe_devices
-    from hwbench.harness.node_probes import partition_nodes, probe_nodes
+    from hwbench.harness.node_probes import check_node_devices, partition_nodes, probe_nodes
     from hwbench.harness.slurm import check_script_value
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import run_sweep
@@ -113,6 +113,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         check_script_value("--out", str(options.out_dir.resolve()))  # in every probe job's script
         device = probe_device(options.device, suite)
         nodes = partition_nodes(slurm.partition)  # SetupError here when Slurm does not answer
+        check_node_devices(nodes, device, options.devices_per_node)
     before()
     say = progress_lines(progress)
     if slurm is not None:  # every node of the partition, each by a job of its own

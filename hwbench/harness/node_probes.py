@@ -48,17 +48,18 @@ PENDING_MARGIN_S = 300.0  # beyond the job's own time limit, how long a probe jo
 
 def partition_nodes(partition: str | None) -> list[dict[str, Any]]:
     """Every node of ``partition`` (the default partition when None): its name, sinfo's short
-    state and its generic resources; SetupError when sinfo does not answer."""
-    command = ["sinfo", "-h", "-N", "-o", "%N|%t|%G"] + (["-p", partition] if partition else [])
+    state, its generic resources and CPUs; SetupError when sinfo does not answer."""
+    command = ["sinfo", "-h", "-N", "-o", "%N|%t|%G|%c"] + (["-p", partition] if partition else [])
     done = slurm_tool(command)
     if done.returncode != 0:
         raise SetupError(f"sinfo failed, so the nodes to probe are not known: "
                          f"{(done.stderr.strip().splitlines() or [f'exit status {done.returncode}'])[-1]}")
     nodes: dict[str, dict[str, Any]] = {}
     for line in done.stdout.splitlines():
-        name, state, gres = (line.strip().split("|") + ["", ""])[:3]
+        name, state, gres, cpus = (line.strip().split("|") + ["", "", ""])[:4]
         if name and name not in nodes:  # a node of several partitions is listed once a partition
-            nodes[name] = {"node": name, "state": state.rstrip("*~#!%$@^-"), "gres": gres}
+            nodes[name] = {"node": name, "state": state.rstrip("*~#!%$@^-"), "gres": gres,
+                           "cpus": int(cpus) if cpus.isdigit() else None}
     if not nodes:
         raise UsageError(f"--partition {partition!r} is not accepted: sinfo lists no node in it; give a partition "
                          "of this cluster (sinfo lists them)" if partition else "sinfo lists no node to probe")
@@ -76,6 +77,21 @@ def node_devices(node: dict[str, Any], device: str, count: int | None) -> int | 
     CPU: one), else None (not known here: the node's backend tells)."""
     gres = KINDS[device].slurm_gres if device in KINDS else None
     return count or (gres_count(node["gres"], gres) if gres else 1)
+
+
+def check_node_devices(nodes: list[dict[str, Any]], device: str, count: int | None) -> None:
+    """--devices-per-node at most what each node has, as sinfo reports it: the devices of the kind,
+    or on the CPU its CPUs (each probe is one thread); a node whose count sinfo does not give is
+    left to its job."""
+    if count is None:
+        return
+    gres = KINDS[device].slurm_gres if device in KINDS else None
+    for node in nodes:
+        most = gres_count(node["gres"], gres) if gres else node.get("cpus")
+        if most is not None and count > most:
+            what = f"{gres} devices" if gres else "CPUs"
+            raise UsageError(f"--devices-per-node {count} is not accepted: Slurm reports {most} {what} on node "
+                             f"{node['node']}; give 1 to {most}")
 
 
 def probe_script(node: dict[str, Any], device: str, count: int | None, min_time_s: float, folder: Path,
