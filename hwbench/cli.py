@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,11 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a bad option as one line (no usage dump), exit 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
+        if missing:
+            # argparse takes a value that starts with '-' ("--outlier -5%") for the next option.
+            option = next(name for name in missing.group(1).split("/") + ["--OPTION"] if name.startswith("--"))
+            message += f" (a value that starts with '-' is written {option}=VALUE)"
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
 
 

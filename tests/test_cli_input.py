@@ -81,6 +81,20 @@ def test_bad_run_option_is_one_line_exit_2_and_writes_nothing(args, expected, tm
     assert not out.exists()
 
 
+def test_a_value_that_starts_with_a_dash_is_answered_with_how_to_give_it(tmp_path, capsys):
+    # argparse reads "--outlier -5%" as an option with no value; the line says how to give one.
+    assert main(["accept", "--outlier", "-5%", "--suite", "s.yaml", "--baseline", "b.json",
+                 "--out", str(tmp_path / "out")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--outlier" in line and "--outlier=VALUE" in line and "\n" not in line
+    assert main(["accept", "--outlier=-5%", "--suite", "s.yaml", "--baseline", "b.json",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "--outlier '-5%': must be 0 or more" in capsys.readouterr().err
+    assert main(["run", "--steps"]) == 2
+    assert "--steps=VALUE" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "results.json"
     target.write_text("keep me")
