@@ -302,6 +302,20 @@ def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, ca
     assert "holds --model tiny" in line and "not this run's --model small" in line and "hidden_size" in line
 
 
+def test_resuming_with_other_data_settings_runs_and_says_so_in_the_result(tmp_path, tiny_checkpoint):
+    # As Megatron-LM, a checkpoint resumes at another sequence length or seed (a longer context,
+    # say), but the position is counted in samples: the run is not the saved one's continuation.
+    code, resumed = parity_run(tmp_path / "other", *THIRD, "--load", str(tiny_checkpoint), "--seq-length", "64",
+                               "--seed", "7")
+    assert code == 0 and resumed["status"] == "ok", resumed.get("error")
+    said = [w for w in resumed["warnings"] if w.startswith("resumed with other data")]
+    assert len(said) == 1, resumed["warnings"]
+    assert "--seq-length 32 then, 64 now" in said[0] and "--seed 1234 then, 7 now" in said[0]
+    assert "--data" not in said[0] and "--global-batch-size" not in said[0]
+    code, same = parity_run(tmp_path / "same", *THIRD, "--load", str(tiny_checkpoint))
+    assert code == 0 and not [w for w in same["warnings"] if w.startswith("resumed with other data")]
+
+
 def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, capsys, tiny_checkpoint):
     import shutil
 

@@ -226,13 +226,18 @@ class Checkpointer:
         return path.stat().st_size
 
     def _warn_if_data_differs(self, saved: SavedCheckpoint) -> None:
+        """Resuming with other data settings is allowed (Megatron-LM allows it: a longer context,
+        another batch), but the position is counted in samples, so the run is no continuation of
+        the saved one: said in the result. A manifest written before a key was kept is not judged."""
         data = saved.manifest["data"]
-        changed = [f"--{name} {data.get(key)} then, {value} now" for name, key, value in (
-            ("data", "source", self.spec.data), ("seed", "seed", self.spec.seed)) if data.get(key) != value]
+        now = {"source": self.spec.data, "seed": self.spec.seed, "seq_length": self.spec.seq_length,
+               "global_batch_size": self.spec.global_batch_size}
+        changed = [f"--{key.replace('_', '-').replace('source', 'data')} {data[key]} then, {value} now"
+                   for key, value in now.items() if key in data and data[key] != value]
         if changed:
             self.warnings.append(
                 f"resumed with other data than {saved.path.name} was saved with ({'; '.join(changed)}):"
-                " the sample order is not the saved run's"
+                " the samples from here on are not the saved run's"
             )
 
     def started_training(self) -> None:
@@ -278,6 +283,7 @@ class Checkpointer:
                 "source": self.spec.data,
                 "seed": self.spec.seed,
                 "global_batch_size": self.spec.global_batch_size,
+                "seq_length": self.spec.seq_length,
                 **self.data.position(),
             },
         }
