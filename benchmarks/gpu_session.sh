@@ -24,8 +24,8 @@
 # report.html; 7 files, no folders, within the device tool's 8. So a call that runs out of time
 # still returns everything finished before it. A step that would not end before the call's
 # budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is stopped with SIGTERM
-# (a sweep then keeps every finished point) or not started; the same stage in the next call
-# goes on. The short table of every result comes last in the output.
+# (a sweep then keeps every finished point) or, with less than HWBENCH_STEP_MIN (default 30 s)
+# left, not started; the same stage in the next call goes on. The short table of every result comes last in the output.
 #
 #   benchmarks/gpu_session.sh probe run          # one call (device tool: timeout_s 600)
 #   benchmarks/gpu_session.sh sweep              # again if it ran out: it resumes
@@ -56,6 +56,10 @@ done
 budget="${HWBENCH_CALL_BUDGET:-560}"
 case "$budget" in
   ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_CALL_BUDGET '$budget' is not accepted; give whole seconds, 1 or more, no leading 0" >&2; exit 2 ;;
+esac
+step_min="${HWBENCH_STEP_MIN:-30}"  # a step with less of the budget left is not started
+case "$step_min" in
+  ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_STEP_MIN '$step_min' is not accepted; give whole seconds, 1 or more, no leading 0" >&2; exit 2 ;;
 esac
 # Everything checked before anything is made: a refused call leaves nothing behind.
 if [ -n "$dest" ]; then
@@ -100,7 +104,7 @@ publish() {  # copy what a caller needs into DEST: at most 7 files, no folders
 step() {  # step NAME COMMAND...: run within the call's budget, log, remember a failure, publish, go on
   local name="$1"; shift
   local left=$((budget - SECONDS))
-  if [ "$left" -lt 30 ]; then
+  if [ "$left" -lt "$step_min" ]; then
     say "== $name: not started, ${left} s left of the call's ${budget} s; run its stage again in the next call"
     status=1
     return

@@ -18,13 +18,15 @@ QUICK = ("defaults: {model: tiny, data: synthetic, seq-length: 32, micro-batch-s
          "steps: 2, warmup: 1, eval-iters: 0, telemetry: false, timeout: 120}\n")
 
 
-def session(tmp_path, *stages, budget=None, **env):
+def session(tmp_path, *stages, budget=None, step_min=None, **env):
     environment = {**os.environ, "HWBENCH_PYTHON": sys.executable, "HWBENCH_SESSION_DIR": str(tmp_path / "session"),
                    "HWBENCH_DEVICE": "cpu", "HWBENCH_WHEELS": str(tmp_path / "no-wheels"),  # not the checkout's
                    "HWBENCH_SITE": str(tmp_path / "site"), **env}
     environment.pop("OUT", None)
     if budget is not None:
         environment["HWBENCH_CALL_BUDGET"] = str(budget)
+    if step_min is not None:
+        environment["HWBENCH_STEP_MIN"] = str(step_min)
     return subprocess.run(["bash", str(SCRIPT), "--dest", str(tmp_path / "back"), *stages], env=environment,
                           capture_output=True, text=True, timeout=400)
 
@@ -36,6 +38,8 @@ def test_an_unknown_stage_is_one_line_and_exit_2(tmp_path):
                                    "speed, report, all")
     done = session(tmp_path, "sweep", budget="9m")
     assert done.returncode == 2 and "HWBENCH_CALL_BUDGET '9m'" in done.stderr
+    done = session(tmp_path, "sweep", step_min="0")
+    assert done.returncode == 2 and "HWBENCH_STEP_MIN '0'" in done.stderr
 
 
 @pytest.mark.slow
@@ -63,9 +67,9 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
     assert again.returncode == 0 and "kept from an earlier sweep" in again.stdout
     assert len(list((tmp_path / "session" / "sweep" / "one" / "p").glob("*.json"))) == 1
 
-    # 45 s: the quick point ends well inside it (a tiny point takes seconds), the slow one is
-    # stopped at it, and the report then has under the 30 s a step needs to be started
-    stopped = session(tmp_path, "speed", "report", budget=45, **env)
+    # 28 s: the quick point ends well inside it (a tiny point takes seconds), the slow one is
+    # stopped at it, and the report then has under the 15 s a step is given to be started
+    stopped = session(tmp_path, "speed", "report", budget=28, step_min=15, **env)
     assert stopped.returncode == 1
     log = (back / "session.log").read_text()  # published although the call ran out
     assert "== speed: stopped at the call's budget" in log
