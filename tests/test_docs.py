@@ -70,3 +70,23 @@ def test_every_section_a_message_names_exists():
             found.append(section)
             assert any(lead.startswith(section) for lead in leads), f"{source.name}: {name} has no section {section!r}"
     assert "Which torch you get" in found
+
+
+def test_the_repository_cites_only_public_sources():
+    """The project's own notes outside the repository are no source for its users: a
+    document, comment or test names the public source itself (a README, a script, a paper)."""
+    import subprocess
+
+    private = ["FAC" + "TS", "DESIGN" + ".md", "shared/" + "reference", "shared/" + "seeds"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    found = []
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if path.suffix not in {".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt", ".csv", ".html", ""}:
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        found += [f"{name}: {word}" for word in private if word in text]
+    assert not found, found
