@@ -1,38 +1,41 @@
 #!/usr/bin/env bash
-# The measurements a GPU (or NPU) session owes the open checks, in stages that each fit one
-# 10-minute call of the device tool and resume (docs/performance.md, "A GPU session, call by call"):
+# The measurements a GPU (or NPU) session owes the open checks, in stages that resume, so that a
+# session with a card runs what its device time holds and the next one goes on (docs/performance.md,
+# "A GPU session, call by call", has the plan for 15 minutes of device time):
 #   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
 #           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
 #           device and `hwbench system` of it (system.json)
+#   fast    `hwbench sweep fast` (HWBENCH_FAST_SUITE): 345M at seq 1024 and 1.3B at seq 2048, bf16,
+#           the published settings beside --settings fast: the MFU goals
 #   run     benchmarks/side_by_side.py on MODEL (345m) PRECISION (bf16): the bare PyTorch loop,
 #           `hwbench run --no-telemetry` and `hwbench run`, twice (HWBENCH_RUN_REPEATS), and
-#           their ratios (side_by_side.json)
+#           their ratios (side_by_side.json): the harness and telemetry goals
 #   sweep   `hwbench sweep SUITE` (published-1dev: the published workloads, published settings,
-#           one device; the planner skips what does not fit); resumes: finished points are kept
-#   speed   `hwbench sweep` of each suite in HWBENCH_SPEED_SUITE (default "fast speed-1.3b") in
-#           turn: fast (345M at seq 1024 and 1.3B at seq 2048, bf16, the published settings beside
-#           --settings fast), then speed-1.3b (1.3B at seq 2048, bf16, micro batch candidates with
-#           and without recompute); resumes likewise
-#   report  `hwbench report` of run, sweep and speed against results/published (report.md,
-#           report.html: per-device ratios to the published rows, the planner's prediction
-#           beside every measured peak)
-#   all     the five in order (a machine without a per-call limit)
-# Results stay in SESSION (default: gpu-session/ in this checkout, git-ignored), which a warm
-# device machine keeps between calls. After every step the files that matter are copied to
-# DEST (default: $OUT where it is set): session.log, results.tar.gz (all of SESSION's results
-# and logs, remade each time), summary.md, system.json, side_by_side.json, report.md,
-# report.html; 7 files, no folders, within the device tool's 8. So a call that runs out of time
-# still returns everything finished before it. A step that would not end before the call's
-# budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is stopped with SIGTERM
-# (a sweep then keeps every finished point) or, with less than HWBENCH_STEP_MIN (default 30 s)
-# left, not started; the same stage in the next call goes on. The short table of every result comes last in the output.
+#           one device; the planner skips what does not fit)
+#   batch   `hwbench sweep speed-1.3b` (HWBENCH_BATCH_SUITE): 1.3B at seq 2048, bf16, micro batch
+#           candidates with and without recompute
+#   report  `hwbench report` of this session's results and of HWBENCH_EARLIER (earlier sessions'
+#           result folders, space-separated) against results/published (report.md, report.html:
+#           per-device ratios to the published rows, the planner's prediction beside every peak)
+#   all     probe fast run sweep batch report (a machine without a per-call limit)
+# Every stage resumes: a sweep keeps its finished points, the side-by-side its finished repeats,
+# the probe its calibration and run. Results stay in SESSION (default: gpu-session/ in this
+# checkout, git-ignored), which a warm device machine keeps between calls. After every step the
+# files that matter are copied to DEST (default: $OUT where it is set): session.log,
+# results.tar.gz (all of SESSION's results and logs, remade each time), summary.md, system.json,
+# side_by_side.json, report.md, report.html; 7 files, no folders, within the device tool's 8. So a
+# call that runs out of time still returns everything finished before it. A step that would not
+# end before the call's budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is
+# stopped with SIGTERM (a sweep then keeps every finished point) or, with less than
+# HWBENCH_STEP_MIN (default 30 s) left, not started; the same stage in the next call goes on. The
+# short table of every result comes last in the output.
 #
-#   benchmarks/gpu_session.sh probe run          # one call (device tool: timeout_s 600)
-#   benchmarks/gpu_session.sh sweep              # again if it ran out: it resumes
+#   benchmarks/gpu_session.sh probe fast run report      # a first session's call (timeout_s 600)
+#   HWBENCH_CALL_BUDGET=150 benchmarks/gpu_session.sh probe fast run report   # the next call goes on
 #   HWBENCH_DEVICE=npu benchmarks/gpu_session.sh all
 #   HWBENCH_DEVICE=cpu HWBENCH_MODEL=tiny HWBENCH_PRECISION=fp32 HWBENCH_SUITE=smoke \
-#     HWBENCH_SPEED_SUITE=my-tiny-suite.yaml HWBENCH_RUN_ARGS="--steps 2 --warmup 1" \
-#     benchmarks/gpu_session.sh --dest /tmp/back all                            # the mechanics, on a CPU
+#     HWBENCH_FAST_SUITE=my-tiny-suite.yaml HWBENCH_BATCH_SUITE=my-tiny-suite.yaml \
+#     HWBENCH_RUN_ARGS="--steps 2 --warmup 1" benchmarks/gpu_session.sh --dest /tmp/back all   # the mechanics, on a CPU
 # Nothing here needs the network: `python3 -m hwbench` runs from this checkout (HWBENCH_PYTHON
 # names another Python). The dependencies the device image lacks come as wheels in gpu-wheels/
 # (benchmarks/gpu_wheels.sh makes it here; the device tool carries it): at the start of every
@@ -40,16 +43,17 @@
 # gpu-site/ (HWBENCH_WHEELS, HWBENCH_SITE name others), which goes on PYTHONPATH.
 set -uo pipefail
 
-usage() { echo "usage: gpu_session.sh [--dest DIR] STAGE... (stages: probe run sweep speed report all)" >&2; exit 2; }
+STAGES="probe, fast, run, sweep, batch, report, all"
+usage() { echo "usage: gpu_session.sh [--dest DIR] STAGE... (stages: $STAGES)" >&2; exit 2; }
 here="$(cd "$(dirname "$0")/.." && pwd)"
 dest="${OUT:-}"
 stages=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dest) [ $# -ge 2 ] || usage; dest="$2"; shift 2 ;;
-    probe|run|sweep|speed|report) stages+=("$1"); shift ;;
-    all) stages+=(probe run sweep speed report); shift ;;
-    *) echo "gpu_session.sh: stage '$1' is not known; accepted: probe, run, sweep, speed, report, all" >&2; exit 2 ;;
+    probe|fast|run|sweep|batch|report) stages+=("$1"); shift ;;
+    all) stages+=(probe fast run sweep batch report); shift ;;
+    *) echo "gpu_session.sh: stage '$1' is not known; accepted: $STAGES" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -gt 0 ] || usage
@@ -62,6 +66,11 @@ case "$step_min" in
   ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_STEP_MIN '$step_min' is not accepted; give whole seconds, 1 or more, no leading 0" >&2; exit 2 ;;
 esac
 # Everything checked before anything is made: a refused call leaves nothing behind.
+read -r -a earlier <<< "${HWBENCH_EARLIER:-}"  # earlier sessions' result folders, for the report
+for i in "${!earlier[@]}"; do
+  [ -d "${earlier[$i]}" ] || { echo "gpu_session.sh: HWBENCH_EARLIER names '${earlier[$i]}', which is not a folder; give earlier sessions' result folders" >&2; exit 2; }
+  earlier[$i]="$(cd "${earlier[$i]}" && pwd)"
+done
 if [ -n "$dest" ]; then
   mkdir -p "$dest" 2>/dev/null && [ -w "$dest" ] || { echo "gpu_session.sh: --dest '$dest' cannot be made or written; give a writable folder" >&2; exit 2; }
   dest="$(cd "$dest" && pwd)"
@@ -73,7 +82,8 @@ device="${HWBENCH_DEVICE:-cuda}"
 model="${HWBENCH_MODEL:-345m}"
 precision="${HWBENCH_PRECISION:-bf16}"
 suite="${HWBENCH_SUITE:-published-1dev}"
-read -r -a speed_suites <<< "${HWBENCH_SPEED_SUITE:-fast speed-1.3b}"  # suites, swept in this order
+fast_suite="${HWBENCH_FAST_SUITE:-fast}"
+batch_suite="${HWBENCH_BATCH_SUITE:-speed-1.3b}"
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
 wheels="${HWBENCH_WHEELS:-$here/gpu-wheels}"
@@ -194,36 +204,36 @@ stage_probe() {
 }
 
 stage_run() {
-  if [ -f "$session/side-by-side/side_by_side.json" ] && "$py" - "$session/side-by-side/side_by_side.json" <<'EOF'
+  local repeats="${HWBENCH_RUN_REPEATS:-2}"
+  if [ -f "$session/side-by-side/side_by_side.json" ] && "$py" - "$session/side-by-side/side_by_side.json" "$repeats" <<'EOF'
 import json, sys
-repeats = json.load(open(sys.argv[1]))["repeats"]
-sys.exit(0 if all("error" not in side for r in repeats for side in r["sides"].values()) else 1)
+document = json.load(open(sys.argv[1]))
+whole = document.get("repeats_done") == int(sys.argv[2]) == document["options"].get("repeats")
+sys.exit(0 if whole and all("error" not in side for r in document["repeats"] for side in r["sides"].values()) else 1)
 EOF
   then
-    say "== run: kept $session/side-by-side (every side of every repeat ran); remove it to measure again"
+    say "== run: kept $session/side-by-side (every side of its $repeats repeats ran); remove it to measure again"
     return
   fi
+  # --resume: the repeats an earlier call on this machine finished are kept; only the rest run
   step side-by-side "$py" benchmarks/side_by_side.py --device "$device" --model "$model" --precision "$precision" \
-    --repeats "${HWBENCH_RUN_REPEATS:-2}" "${run_args[@]}" --timeout 240 --out "$session/side-by-side"
+    --repeats "$repeats" "${run_args[@]}" --timeout 240 --resume --out "$session/side-by-side"
 }
 
 stage_sweep() { step sweep "${hw[@]}" sweep "$suite" --device "$device" --out "$session/sweep"; }
 
-stage_speed() {
-  local suite_name
-  for suite_name in "${speed_suites[@]}"; do
-    step speed "${hw[@]}" sweep "$suite_name" --device "$device" --out "$session/speed"
-  done
-}
+stage_fast() { step fast "${hw[@]}" sweep "$fast_suite" --device "$device" --out "$session/fast"; }
+
+stage_batch() { step batch "${hw[@]}" sweep "$batch_suite" --device "$device" --out "$session/batch"; }
 
 stage_report() {
   local inputs=()
   local folder
-  for folder in "$session"/side-by-side/r*/hwbench "$session/sweep" "$session/speed"; do
+  for folder in "$session"/side-by-side/r*/hwbench "$session/fast" "$session/sweep" "$session/batch" "${earlier[@]}"; do
     [ -d "$folder" ] && inputs+=("$folder")  # an unmatched glob stays as written: not a folder
   done
   if [ ${#inputs[@]} -eq 0 ]; then
-    say "== report: no results yet (run the run, sweep or speed stage first)"
+    say "== report: no results yet (run the fast, run, sweep or batch stage first)"
     status=1
     return
   fi
@@ -232,7 +242,35 @@ stage_report() {
     --out "$session/report.html"
 }
 
+check_requirements() {  # every requirement of pyproject.toml met? said first, before minutes are spent
+  local unmet
+  unmet="$("$py" - "$here/pyproject.toml" <<'EOF'
+import sys, tomllib
+from importlib.metadata import PackageNotFoundError, version
+from packaging.requirements import Requirement
+unmet = []
+for text in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]:
+    requirement = Requirement(text)
+    try:
+        installed = version(requirement.name)
+    except PackageNotFoundError:
+        unmet.append(f"{requirement} (not installed)")
+        continue
+    if not requirement.specifier.contains(installed, prereleases=True):
+        unmet.append(f"{requirement} (installed: {installed})")
+print("; ".join(unmet))
+EOF
+)" || unmet="the check itself failed (see above)"
+  if [ -n "$unmet" ]; then
+    say "== requirements: NOT MET: $unmet; the commands that import them will fail (benchmarks/gpu_wheels.sh --all carries every dependency)"
+    status=1
+  else
+    say "== requirements: every dependency in pyproject.toml is met"
+  fi
+}
+
 install_wheels
+check_requirements
 for stage in "${stages[@]}"; do
   say "==== stage $stage ($(date -u +%H:%M:%S) UTC, ${SECONDS} s into the call, device $device)"
   "stage_$stage"

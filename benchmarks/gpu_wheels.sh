@@ -6,12 +6,17 @@
 #
 #   benchmarks/gpu_wheels.sh                 # into gpu-wheels/ of this checkout (git-ignored)
 #   benchmarks/gpu_wheels.sh --list          # what it would download, one requirement a line
+#   benchmarks/gpu_wheels.sh --all           # every dependency but torch, numpy and matplotlib
 #   benchmarks/gpu_wheels.sh pydantic scipy  # these requirements instead of pyproject.toml's
 #
 # Which: the dependencies in pyproject.toml less what the image has (torch, numpy, pandas, tabulate,
-# PyYAML, tokenizers, nvidia-ml-py, pytest) and less matplotlib, which no hwbench module imports
-# (its wheels and theirs would take the folder past the device tool's 64 MiB of carried files),
-# with their own dependencies, again less what the image has. For the image's Python 3.12 on
+# PyYAML, tokenizers, nvidia-ml-py, pytest, scipy, Jinja2 with MarkupSafe, prometheus-client: the
+# image's package list as the device tool's documentation gave it, read 2026-11-17) and less
+# matplotlib, which no hwbench module imports, with their own dependencies, again less what the
+# image has: today pydantic and its own, about 2.5 MiB. Every byte carried is sent at the start of
+# every call, on the session's device time; `--all` downloads every dependency but torch, numpy and
+# matplotlib, for an image that turns out to lack more than that list says. gpu_session.sh checks on
+# the card, first thing, that every requirement of pyproject.toml is met and names any that is not. For the image's Python 3.12 on
 # x86_64 Linux: binary wheels only, manylinux. Dependencies are resolved by pip, so a package
 # pinned by another (pydantic-core by pydantic) comes at the pinned version: asking for it by
 # name alone would fetch its newest release, which pydantic refuses. The folder is replaced
@@ -22,7 +27,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 py="${HWBENCH_PYTHON:-python3}"
 dest="$here/gpu-wheels"
 limit=$((60 * 1024 * 1024))
-IMAGE_HAS="torch numpy pandas tabulate pyyaml tokenizers nvidia-ml-py pytest"
+IMAGE_HAS="torch numpy pandas tabulate pyyaml tokenizers nvidia-ml-py pytest scipy jinja2 markupsafe prometheus-client"
 NOT_IMPORTED="matplotlib"
 
 list_only=0
@@ -30,7 +35,8 @@ requested=()
 for arg in "$@"; do
   case "$arg" in
     --list) list_only=1 ;;
-    -*) echo "gpu_wheels.sh: option '$arg' is not known; accepted: --list, or requirements" >&2; exit 2 ;;
+    --all) IMAGE_HAS="torch numpy" ;;
+    -*) echo "gpu_wheels.sh: option '$arg' is not known; accepted: --list, --all, or requirements" >&2; exit 2 ;;
     *) requested+=("$arg") ;;
   esac
 done

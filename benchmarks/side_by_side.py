@@ -21,6 +21,11 @@ and prints them last. Every figure of every side comes from one statistic, the m
 time (tokens/s and TFLOP/s included: a result's own `tokens_per_s` is over the mean step, the
 bare loop's over the median), so the columns compare like with like. Exit 0 when all three ran,
 1 when one failed (the file says which), 2 on bad input.
+
+Each repeat's figures are kept in OUT/rN/sides.json as it ends, and side_by_side.json is written
+again after every repeat (`repeats_done`), so a run stopped part of the way (a device call's time
+limit) leaves what it finished. With --resume a repeat whose sides.json holds every side, for the
+same options on the same host, is kept and not run again: the next call only runs what is missing.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -64,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the same order (default: 1); the ratios are each repeat's, and their median")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for each side (default: 600)")
     parser.add_argument("--out", required=True, help="folder for the three results and side_by_side.json")
+    parser.add_argument("--resume", action="store_true", help="keep each repeat of an earlier call whose three "
+                        "sides all ran with the same options on this host (OUT/rN/sides.json); run only the others")
     return parser.parse_args(argv)
 
 
@@ -182,9 +190,27 @@ def combine(repeats: list[dict[str, dict]]) -> dict:
     return document
 
 
+def kept_repeat(out: Path, options: dict) -> dict[str, dict] | None:
+    """A repeat an earlier call finished: its sides, when every side ran with these options."""
+    try:
+        kept = json.loads((out / "sides.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("options") != options:
+        return None
+    sides = kept.get("sides")
+    if not isinstance(sides, dict) or set(sides) != {"bare loop", *HWBENCH_SIDES}:
+        return None
+    return sides if all(isinstance(side, dict) and "error" not in side for side in sides.values()) else None
+
+
+HWBENCH_SIDES = {"hwbench --no-telemetry": ("hwbench-no-telemetry", ["--no-telemetry"]), "hwbench": ("hwbench", [])}
+
+
 def run_repeat(args: argparse.Namespace, shared: list[str], out: Path) -> dict[str, dict] | None:
     """One bare loop and two hwbench runs into ``out``; None on bad input."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / "sides.json").unlink(missing_ok=True)  # written again once all three have run
     bare_json = out / "bare.json"
     bare_json.unlink(missing_ok=True)
     bare = run_child("bare loop", [sys.executable, str(REPO / "benchmarks" / "bare_loop.py"), "--device", args.device,
@@ -192,8 +218,7 @@ def run_repeat(args: argparse.Namespace, shared: list[str], out: Path) -> dict[s
     if bare["exit"] == 2:
         return None  # bad input: bare_loop.py said which, in one line, as hwbench run would have
     sides = {"bare loop": bare_side(bare_json, bare)}
-    for name, folder, extra in (("hwbench --no-telemetry", "hwbench-no-telemetry", ["--no-telemetry"]),
-                                ("hwbench", "hwbench", [])):
+    for name, (folder, extra) in HWBENCH_SIDES.items():
         target = out / folder
         target.mkdir(exist_ok=True)
         for old in target.glob("*.json"):  # one result per side: a rerun replaces it
@@ -203,6 +228,12 @@ def run_repeat(args: argparse.Namespace, shared: list[str], out: Path) -> dict[s
                                  *extra, "--out", str(target)], args.timeout + 60)
         sides[name] = hwbench_side(target, child)
     return sides
+
+
+def write_atomically(path: Path, document: dict) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(document, indent=2) + "\n")
+    part.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,15 +250,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out).resolve()
     shared = shared_argv(args)
+    # the host too: a repeat is kept only on the machine that ran it (a session folder carried to
+    # another machine runs its repeats again there)
+    options = {"device": args.device, "shared": shared, "host": platform.node()}
     repeats = []
     for number in range(1, args.repeats + 1):
-        sides = run_repeat(args, shared, out / f"r{number}")
-        if sides is None:
-            return 2
+        folder = out / f"r{number}"
+        sides = kept_repeat(folder, options) if args.resume else None
+        if sides is not None:
+            print(f"== repeat {number}: kept {folder / 'sides.json'} (every side ran, same options)", flush=True)
+        else:
+            sides = run_repeat(args, shared, folder)
+            if sides is None:
+                return 2
+            write_atomically(folder / "sides.json", {"options": options, "sides": sides})
         repeats.append(sides)
         print(table(sides, {name: ratio(sides[a], sides[b]) for name, (a, b, _) in RATIOS.items()}), flush=True)
-    document = {"options": {"device": args.device, "shared": shared, "repeats": args.repeats}, **combine(repeats)}
-    (out / "side_by_side.json").write_text(json.dumps(document, indent=2) + "\n")
+        document = {"options": {**options, "repeats": args.repeats}, "repeats_done": number, **combine(repeats)}
+        write_atomically(out / "side_by_side.json", document)  # after every repeat: a stopped call keeps them
     print(f"over {args.repeats} repeat(s), median [range]:")
     for name in RATIOS:
         value, spread = document[name], document[name + "_range"]

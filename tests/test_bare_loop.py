@@ -149,3 +149,38 @@ def test_both_sides_figures_come_from_their_median_step(tmp_path):
     assert (side["tokens_per_s"], side["tflops_per_device"]) == (pytest.approx(8 * 128 / 0.5), pytest.approx(0.08))
     assert module.combine([])["statistic"] == "median step time"
     assert "median step time" in module.table({"bare loop": side}, {})
+
+
+def test_resume_keeps_a_finished_repeat_of_this_host_and_reruns_one_of_another(tmp_path, monkeypatch, capsys):
+    """A device call that ran out after repeat 1 leaves r1/sides.json; with --resume the next
+    call keeps it (no process started) and writes side_by_side.json; a repeat written on another
+    host, with other options or with a failed side is run again."""
+    import platform
+
+    module = _side_by_side()
+    argv = ["--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)]
+    shared = module.shared_argv(module.parse_args(argv))
+    sides = {"bare loop": _side(1.0), "hwbench --no-telemetry": _side(1.02), "hwbench": _side(1.03)}
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / "sides.json").write_text(json.dumps(
+        {"options": {"device": "cpu", "shared": shared, "host": platform.node()}, "sides": sides}))
+    ran = []
+    monkeypatch.setattr(module, "run_repeat", lambda args, shared, out: ran.append(out.name) or sides)
+
+    assert module.main([*argv, "--resume"]) == 0
+    assert ran == []  # kept: nothing ran
+    assert "== repeat 1: kept" in capsys.readouterr().out
+    document = json.loads((tmp_path / "side_by_side.json").read_text())
+    assert document["repeats_done"] == 1 and document["harness_ratio"] == pytest.approx(1.03)
+
+    assert module.main(argv) == 0 and ran == ["r1"]  # without --resume every repeat runs
+    for changed in ({"host": "another-machine"}, {"shared": [*shared, "--compile"]}):
+        ran.clear()
+        options = {"device": "cpu", "shared": shared, "host": platform.node(), **changed}
+        (tmp_path / "r1" / "sides.json").write_text(json.dumps({"options": options, "sides": sides}))
+        assert module.main([*argv, "--resume"]) == 0 and ran == ["r1"], changed
+    failed = {**sides, "hwbench": {"error": "status oom"}}
+    (tmp_path / "r1" / "sides.json").write_text(json.dumps(
+        {"options": {"device": "cpu", "shared": shared, "host": platform.node()}, "sides": failed}))
+    ran.clear()
+    assert module.main([*argv, "--resume"]) == 0 and ran == ["r1"]

@@ -34,12 +34,16 @@ def session(tmp_path, *stages, budget=None, step_min=None, **env):
 def test_an_unknown_stage_is_one_line_and_exit_2(tmp_path):
     done = session(tmp_path, "probe", "measure")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("gpu_session.sh: stage 'measure' is not known; accepted: probe, run, sweep, "
-                                   "speed, report, all")
+    assert done.stderr.strip() == ("gpu_session.sh: stage 'measure' is not known; accepted: probe, fast, run, sweep, "
+                                   "batch, report, all")
     done = session(tmp_path, "sweep", budget="9m")
     assert done.returncode == 2 and "HWBENCH_CALL_BUDGET '9m'" in done.stderr
     done = session(tmp_path, "sweep", step_min="0")
     assert done.returncode == 2 and "HWBENCH_STEP_MIN '0'" in done.stderr
+    done = session(tmp_path, "report", HWBENCH_EARLIER=str(tmp_path / "no-such-session"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "HWBENCH_EARLIER names" in done.stderr and "no-such-session" in done.stderr
+    assert not (tmp_path / "back").exists() and not (tmp_path / "session").exists()  # nothing made
 
 
 @pytest.mark.slow
@@ -48,7 +52,7 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
     # a quick point, then one far longer than the budget leaves it
     (tmp_path / "long.yaml").write_text("name: long\n" + QUICK + "points:\n  - {name: quick}\n"
                                         "  - {name: slow, steps: 5000}\n")
-    env = {"HWBENCH_SUITE": str(tmp_path / "one.yaml"), "HWBENCH_SPEED_SUITE": str(tmp_path / "long.yaml")}
+    env = {"HWBENCH_SUITE": str(tmp_path / "one.yaml"), "HWBENCH_FAST_SUITE": str(tmp_path / "long.yaml")}
 
     done = session(tmp_path, "sweep", "report", **env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -69,14 +73,22 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
 
     # 28 s: the quick point ends well inside it (a tiny point takes seconds), the slow one is
     # stopped at it, and the report then has under the 15 s a step is given to be started
-    stopped = session(tmp_path, "speed", "report", budget=28, step_min=15, **env)
+    stopped = session(tmp_path, "fast", "report", budget=28, step_min=15, **env)
     assert stopped.returncode == 1
     log = (back / "session.log").read_text()  # published although the call ran out
-    assert "== speed: stopped at the call's budget" in log
+    assert "== fast: stopped at the call's budget" in log
     assert "== report-md: not started" in log and "run its stage again in the next call" in log
     with tarfile.open(back / "results.tar.gz") as tar:
         names = tar.getnames()
-    assert any(n.startswith("./speed/long/quick/") and n.endswith(".json") for n in names)
+    assert any(n.startswith("./fast/long/quick/") and n.endswith(".json") for n in names)
+
+    # a later session on another machine: its report takes the earlier session's results beside its own
+    earlier = tmp_path / "earlier"
+    (tmp_path / "session").rename(earlier)
+    later = session(tmp_path, "report", HWBENCH_EARLIER=str(earlier / "sweep"))
+    assert later.returncode == 0, later.stdout[-3000:]
+    assert f"{earlier / 'sweep'}" in (back / "session.log").read_text()
+    assert "tiny" in (back / "report.md").read_text()
 
 
 def make_wheel(folder, module: str, version: str = "1.0") -> None:
@@ -125,12 +137,28 @@ def test_gpu_wheels_lists_the_dependencies_the_image_lacks():
     assert done.returncode == 0, done.stderr
     listed = done.stdout.split()
     dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    image = {"torch", "numpy", "pandas", "tabulate", "pyyaml", "tokenizers", "nvidia-ml-py", "pytest", "matplotlib"}
+    image = {"torch", "numpy", "pandas", "tabulate", "pyyaml", "tokenizers", "nvidia-ml-py", "pytest", "matplotlib",
+             "scipy", "jinja2", "prometheus-client"}
     expected = [d for d in dependencies if re.split(r"[\s\[<>=!~;]", d)[0].lower() not in image]
-    assert listed == expected
+    assert listed == expected == ["pydantic>=2.6"]  # what the image lacks today: a small carry
     refused = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_wheels.sh"), "--fast"], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode == 2 and "option '--fast' is not known" in refused.stderr
+    every = subprocess.run(["bash", str(REPO_ROOT / "benchmarks" / "gpu_wheels.sh"), "--all", "--list"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "HWBENCH_PYTHON": sys.executable})
+    assert every.returncode == 0 and {"scipy>=1.10", "pydantic>=2.6", "pandas>=2.0"} <= set(every.stdout.split())
+    assert not any(line.startswith(("torch", "numpy", "matplotlib")) for line in every.stdout.split())
+
+
+def test_the_requirements_are_checked_first_and_an_unmet_one_is_named(tmp_path):
+    met = session(tmp_path, "report")
+    assert "== requirements: every dependency in pyproject.toml is met" in met.stdout, met.stdout[-2000:]
+    site = tmp_path / "old-site"  # gpu-site comes first on the path: an old pydantic there is the one found
+    (site / "pydantic-1.0.dist-info").mkdir(parents=True)
+    (site / "pydantic-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: pydantic\nVersion: 1.0\n")
+    unmet = session(tmp_path, "report", HWBENCH_SITE=str(site))
+    assert "== requirements: NOT MET: pydantic>=2.6 (installed: 1.0)" in unmet.stdout, unmet.stdout[-2000:]
 
 
 @pytest.mark.slow
