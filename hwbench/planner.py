@@ -120,20 +120,33 @@ def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StagePa
                        linear=linear)
 
 
-def activation_bytes_per_layer(s: int, b: int, h: int, tp: int, act: int, residual: int) -> int:
+def activation_bytes_per_layer(s: int, b: int, h: int, tp: int, act: int, residual: int,
+                               qkv_input_copies: int = 1) -> int:
     """Bytes one block keeps for its backward (Korthikanti et al. 2022, Table 2 /
     eq. 2 without sequence parallelism), for hwbench's block: SDPA fused attention
     keeps no (a, s, s) scores, so the 5as/h term is gone; no dropout, so the two
     s*b*h dropout masks are gone. ``act``: bytes of the autocast dtype, ``residual``:
     bytes of the residual stream (fp32 under hwbench's autocast, fp32 weights).
+    ``qkv_input_copies``: how many copies of the first LayerNorm's output the attention's
+    input projections keep (``qkv_input_copies``, below).
 
-    replicated: two LayerNorm inputs 2*residual*sbh, the q/k/v input and fc1 input
-    (the autocast copies of the LayerNorm outputs) 2*act*sbh;
+    replicated: two LayerNorm inputs 2*residual*sbh, the q/k/v input (qkv_input_copies
+    copies) and fc1 input (the autocast copies of the LayerNorm outputs) act*sbh each;
     per TP rank: q, k 2*act, v act, out_proj input act, GELU input 4*act,
     fc2 input 4*act = 12*act*sbh / t.
-    act = residual = 2: s*b*h*(8 + 24/t), the paper's 10 + 24/t less the masks."""
+    act = residual = 2, one copy: s*b*h*(8 + 24/t), the paper's 10 + 24/t less the masks."""
     sbh = s * b * h
-    return sbh * (2 * residual + 2 * act) + sbh * 12 * act // tp
+    return sbh * (2 * residual + (qkv_input_copies + 1) * act) + sbh * 12 * act // tp
+
+
+def qkv_input_copies(spec: RunSpec) -> int:
+    """Copies of the first LayerNorm's output that a block keeps for its q/k/v projections'
+    backward. Autocast caches the 16-bit casts of leaf tensors (parameters) only, so with
+    separate q_proj, k_proj and v_proj each casts the fp32 LayerNorm output again and keeps
+    its own copy: 3 (measured on the model, tests/test_planner.py). One fused projection, or a
+    run without autocast (fp32; DeepSpeed's 16-bit module), reads one tensor: 1."""
+    autocast = spec.precision != "fp32" and spec.engine != "deepspeed"
+    return 3 if autocast and not spec.fused_qkv else 1
 
 
 def _dtype_bytes(spec: RunSpec) -> tuple[int, int, int, int]:
@@ -213,7 +226,7 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     # activations ---------------------------------------------------------------
     s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size
     in_flight = microbatches_in_flight(spec, stage)
-    full_layer = activation_bytes_per_layer(s, b, h, tp, act_b, res_b)
+    full_layer = activation_bytes_per_layer(s, b, h, tp, act_b, res_b, qkv_input_copies(spec))
     if spec.recompute:
         per_micro = params.layers * s * b * h * res_b  # each block's input only
         recompute_peak = full_layer if params.layers else 0  # one block's activations while it is recomputed

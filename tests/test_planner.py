@@ -17,6 +17,7 @@ from hwbench.planner import (
     plan_for_all_stages,
     plan_memory,
     plan_stage,
+    qkv_input_copies,
     stage_parameters,
 )
 from hwbench.spec import ParallelDims
@@ -73,11 +74,55 @@ def test_single_device_fp32_breakdown_by_hand():
 def test_autocast_activations_keep_an_fp32_residual_stream():
     plan = plan_memory(spec_for(precision="bf16"), CONFIG, "cpu")
     assert plan.weights_bytes == 4 * N and plan.optimizer_bytes == 8 * N  # fp32 weights and states
-    # act 2, residual 4: 2*4 + 2*2 + 12*2 = 36 per s*b*h (Korthikanti's 34 - 2 masks + 4 for fp32 LN inputs)
-    assert plan.activations_bytes == 2 * SBH * 36 + SBH * (4 + 2)
+    # act 2, residual 4, separate q/k/v: 2*4 + (3 + 1)*2 + 12*2 = 40 per s*b*h (Korthikanti's 34 - 2 masks
+    # + 4 for fp32 LN inputs + 4 for the two more 16-bit copies of the first LN's output q, k and v keep)
+    assert plan.activations_bytes == 2 * SBH * 40 + SBH * (4 + 2)
+    # one fused q/k/v projection reads one copy: 2*4 + 2*2 + 12*2 = 36
+    fused = plan_memory(dataclasses.replace(spec_for(precision="bf16"), fused_qkv=True), CONFIG, "cpu")
+    assert fused.activations_bytes == 2 * SBH * 36 + SBH * (4 + 2)
     # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks)
     assert activation_bytes_per_layer(S, B, H, 1, 2, 2) == SBH * 32
     assert activation_bytes_per_layer(S, B, H, 2, 2, 2) == SBH * (8 + 12)
+
+
+@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
+def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precision, fused_qkv):
+    """Every tensor one real block saves for its backward (autograd's saved-tensor hooks, each
+    storage once; parameters and autocast's copies of them are counted apart, as cast_weights),
+    on the CPU under bf16 autocast or in fp32, against activation_bytes_per_layer. Separate q, k
+    and v projections under autocast each cast the LayerNorm output again (autocast caches the
+    casts of parameters only): three 16-bit copies of it are kept, one with the fused projection.
+    The block's input counts (the first LayerNorm keeps it); what the planner leaves out is the
+    LayerNorms' per-token statistics and attention's log-sum-exp, under 1 s*b*h byte."""
+    torch = pytest.importorskip("torch")
+    from hwbench.workload.model import Block
+    from tests.autocast_copies import ParameterCasts
+
+    batch, seq = 2, 48  # batch x seq apart from h and 4h, so no activation has a weight's shape
+    torch.manual_seed(0)
+    block = Block(CONFIG, fused_qkv=fused_qkv)
+    x = torch.randn(batch, seq, H, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    casts = ParameterCasts()
+    with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = block(x)
+        weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
+        weights |= {copy().untyped_storage().data_ptr() for copy, _ in casts.copies if copy() is not None}
+        kept = sum(size for pointer, size in saved.items() if pointer not in weights)
+    out.float().sum().backward()  # the graph was whole
+    sbh = batch * seq * H
+    spec = dataclasses.replace(spec_for(precision=precision), fused_qkv=fused_qkv)
+    act, residual = (2, 4) if precision == "bf16" else (4, 4)
+    planned = activation_bytes_per_layer(seq, batch, H, 1, act, residual, qkv_input_copies(spec))
+    assert qkv_input_copies(spec) == (3 if precision == "bf16" and not fused_qkv else 1)
+    assert planned <= kept <= planned + sbh
 
 
 # what the linear layers read at TP1: a block less its two LayerNorms, and the output weight (wte)

@@ -361,11 +361,17 @@ def _timed_repetitions(backend: Backend, call: Callable[[int], Any], calls: int,
 
 
 def sm_clock(sampler, summary: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
-    """The first device's SM clock over the sampler's window (mean, min, max in MHz, samples),
-    or None and the reason: telemetry unavailable, or no clock among its readings."""
+    """The first device's SM clock while the repetitions ran (mean, min, max in MHz, samples):
+    the samples inside the window only, since the first and last are taken at the
+    synchronisations around it, with the device idle and its clock on the way down. None and
+    the reason: telemetry unavailable, no sample inside the window, or no clock among them."""
     if not summary.get("available"):
         return None, f"{summary.get('source')} telemetry unavailable: {summary.get('reason')}"
-    values = [readings[0]["sm_clock_mhz"] for _, readings in sampler.samples
+    inside = sampler.inside_samples()
+    if not inside:
+        return None, (f"no {summary.get('source')} sample inside the timed repetitions (one every "
+                      f"{sampler.interval_s:g} s; --min-time is shorter)")
+    values = [readings[0]["sm_clock_mhz"] for _, readings in inside
               if readings and readings[0].get("sm_clock_mhz") is not None]
     if not values:
         return None, f"{summary.get('source')} telemetry reports no SM clock for this device"

@@ -86,6 +86,11 @@ class TelemetrySampler:
             if len(self.errors) < 5:
                 self.errors.append(f"{type(error).__name__}: {error}")
 
+    def inside_samples(self) -> list[tuple[float, list[dict[str, Any]]]]:
+        """The samples the thread took inside the window, without the two taken at ``start``
+        and ``stop``: those are taken where the caller synchronises, with the device idle."""
+        return [sample for sample in self.samples if sample[0] not in self._edge_times]
+
     def stop(self) -> dict[str, Any]:
         """Stop sampling and summarise the window since ``start``."""
         reason = self.unavailable_reason()
