@@ -19,9 +19,11 @@ if str(REPO) not in sys.path:
 from hwbench.paths import result_files  # noqa: E402
 from hwbench.report.runs import predicted_peak  # noqa: E402
 from hwbench.result.store import ResultFormatError, load_result  # noqa: E402
+from hwbench.workload.flops import counts_hardware_flops  # noqa: E402
 
 # the result's own figures: the step time's median; tokens/s, TFLOP/s and MFU over the timed
-# window (the mean step), as the result file and hwbench report give them
+# window (the mean step), as the result file and hwbench report give them; an MFU figure marked
+# HFU counts the recompute's extra forward (hwbench.workload.flops.FlopsFormula.counts_recompute)
 HEADERS = ("result", "status", "micro/global x seq", "rc", "median step ms", "tokens/s (mean step)",
            "TFLOP/s (mean step)", "MFU", "MFU ceil", "host waits", "W", "peak GiB", "planned GiB")
 
@@ -30,8 +32,8 @@ def _figure(value, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value * scale:,.{digits}f}"
 
 
-def _percent(value) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
+def _percent(value, label: str = "") -> str:
+    return "-" if value is None else f"{value * 100:.1f}%{label}"
 
 
 def _mean_power_w(telemetry) -> float | None:
@@ -52,6 +54,8 @@ def result_rows(folder: Path) -> list[tuple[str, ...]]:
         memory = metrics.get("memory") or {}
         planned, _ = predicted_peak(result)
         waits = metrics.get("host_syncs")
+        # a formula that counts the recompute (megatron-deepspeed) of a run that recomputes: HFU, not MFU
+        hfu = " HFU" if counts_hardware_flops(metrics.get("flops_formula"), spec.get("recompute")) else ""
         rows.append(
             (
                 f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}",
@@ -61,8 +65,8 @@ def result_rows(folder: Path) -> list[tuple[str, ...]]:
                 _figure(step.get("median"), 1000),
                 _figure(metrics.get("tokens_per_s"), 1, 0),
                 _figure(metrics.get("tflops_per_device")),
-                _percent(metrics.get("mfu")),
-                _percent(metrics.get("mfu_measured_ceiling")),
+                _percent(metrics.get("mfu"), hfu),
+                _percent(metrics.get("mfu_measured_ceiling"), hfu),
                 "-" if waits is None else str(waits["count"]),
                 _figure(_mean_power_w(metrics.get("telemetry")), 1, 0),
                 _figure(memory.get("peak_reserved_bytes"), 2**-30, 2),

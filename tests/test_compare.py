@@ -513,3 +513,26 @@ def test_tflops_and_mfu_are_compared_under_the_baselines_formula(tmp_path, capsy
     tflops = METRICS["tflops_per_device"]
     assert tflops.read(stripped, "megatron-core-v0.7") is None
     assert tflops.read(stripped, "megatron-core-v0.12") == 0.94
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_mfu_counted_by_a_formula_that_counts_recompute_is_named_hfu(tmp_path, capsys, recompute):
+    """Runs measured with megatron-deepspeed: for a point that recomputes its mfu is HFU (the formula
+    adds the recomputed forward), and compare says so, in text and JSON; without recompute, MFU."""
+    sides = []
+    spec = {"recompute": recompute, "flops_formula": "megatron-deepspeed"}
+    for name, seed in (("base", 1234), ("cur", 2000)):
+        folder = write(tmp_path / name, [1000.0, 1010.0, 995.0], start_seed=seed, spec=spec)
+        for path in folder.glob("*.json"):
+            data = json.loads(path.read_text())
+            data["metrics"].update(flops_formula="megatron-deepspeed", mfu=0.5)
+            path.write_text(json.dumps(data))
+        sides.append(folder)
+    code, out, _ = run(capsys, *sides, "--metric", "mfu")
+    assert code == 0
+    assert ("HFU, not MFU: the megatron-deepspeed formula counts" in out) == recompute, out
+    code, out, _ = run(capsys, *sides, "--metric", "mfu", "--format", "json")
+    hfu = json.loads(out)["hfu_points"]
+    assert (list(hfu.values()) == ["megatron-deepspeed"]) if recompute else hfu == {}
+    code, out, _ = run(capsys, *sides, "--metric", "tokens_per_s")
+    assert "HFU" not in out

@@ -500,3 +500,61 @@ def test_also_formula_shows_another_formulas_mfu_beside_each_runs_own(tmp_path):
     assert "MFU (megatron" not in plain  # only when asked for
     with pytest.raises(UsageError, match="--also-formula 'flops' is not known; accepted: megatron-core-v0.12"):
         main([str(GOOD), "--also-formula", "flops"])
+
+
+def _per_model_cells(text: str, run_id: str) -> dict[str, str]:
+    """The cells of ``run_id``'s row in the first per-model table, by column header (Markdown)."""
+    lines = text[text.index("## Per model") :].splitlines()
+    header = [cell.strip() for cell in next(line for line in lines if line.startswith("| run ")).split("|")]
+    row = [cell.strip() for cell in next(line for line in lines if line.startswith(f"| {run_id}")).split("|")]
+    return dict(zip(header, row))
+
+
+def test_a_formula_that_counts_recompute_reads_hfu_for_a_run_that_recomputes(tmp_path):
+    """megatron-deepspeed (Megatron-DeepSpeed's throughput_calculator) counts the recompute's extra
+    forward (x4/3): for run A, which recomputes, its figure is hardware FLOPs utilisation and stands
+    under HFU with a note saying why; for run D, which does not, it is MFU. The runs' own
+    (model FLOPs) figure stays MFU for both."""
+    shutil.copytree(GOOD, tmp_path / "runs")
+    for name, recompute, mfu in (("a-345m-h100x2.json", True, 0.4), ("d-345m-h100x1.json", False, 0.3)):
+        path = tmp_path / "runs" / name
+        result = json.loads(path.read_text())
+        result["spec"]["recompute"] = recompute
+        result["metrics"]["by_formula"] = {
+            "megatron-deepspeed": {"flops_per_iteration": 1.0, "tflops_per_device": 1.0, "mfu": mfu},
+        }
+        path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"), "--also-formula", "megatron-deepspeed")
+    a, d = _per_model_cells(text, A), _per_model_cells(text, D)
+    assert re.fullmatch(r"40\.0% \[\d+\]", a["HFU (megatron-deepspeed)"]) and a["MFU (megatron-deepspeed)"] == "-"
+    assert d["MFU (megatron-deepspeed)"] == "30.0%" and d["HFU (megatron-deepspeed)"] == "-"
+    assert a["MFU"] == d["MFU"] == "25.0%" and "HFU" not in a  # megatron-lm, the runs' own: model FLOPs
+    assert "HFU, not MFU: the megatron-deepspeed formula counts activation recomputation's extra forward" in text
+    data = json.loads(run_report(str(tmp_path / "runs"), "--format", "json"))
+    assert {r["run_id"]: r["mfu_kind"] for r in data["runs"] if r["run_id"] in (A, D)} == {A: "MFU", D: "MFU"}
+    # no run recomputes: one column, MFU
+    path = tmp_path / "runs" / "a-345m-h100x2.json"
+    result = json.loads(path.read_text())
+    result["spec"]["recompute"] = False
+    path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"), "--also-formula", "megatron-deepspeed")
+    assert "HFU" not in text and _per_model_cells(text, A)["MFU (megatron-deepspeed)"] == "40.0%"
+
+
+def test_a_runs_own_formula_that_counts_recompute_reads_hfu(tmp_path):
+    """A run measured with --flops-formula megatron-deepspeed and recompute: its own figures (against
+    the data sheet and the measured ceiling) are HFU, in the per-model table and the CSV's mfu_kind."""
+    shutil.copytree(GOOD, tmp_path / "runs")
+    path = tmp_path / "runs" / "a-345m-h100x2.json"
+    result = json.loads(path.read_text())
+    result["spec"].update(recompute=True, flops_formula="megatron-deepspeed")
+    result["metrics"]["flops_formula"] = "megatron-deepspeed"
+    path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"))
+    a, d = _per_model_cells(text, A), _per_model_cells(text, D)
+    assert a["MFU"] == "-" and re.fullmatch(r"25\.0% \[\d+\]", a["HFU"])
+    assert d["MFU"] == "25.0%" and d["HFU"] == "-"
+    assert a["MFU (measured ceiling)"] == "-" and a["HFU (measured ceiling)"] != "-"
+    runs = pd.read_csv(io.StringIO(run_report(str(tmp_path / "runs"), "--format", "csv")))
+    assert dict(zip(runs["run_id"], runs["mfu_kind"])) == {A: "HFU", B: "MFU", C: "MFU", D: "MFU",
+                                                           "20261121T140000Z-1.3b-cuda-eeeeee": "MFU"}

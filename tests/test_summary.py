@@ -38,3 +38,38 @@ def test_a_long_curve_is_shown_briefly():
 
 def test_one_validation_has_no_curve():
     assert "validation curve" not in dict(run_summary_rows(with_validations([4])))
+
+
+def _with(recompute: bool, formula: str, mfu: float = 0.4) -> RunResult:
+    data = json.loads(TEMPLATE.read_text())
+    data["spec"].update(recompute=recompute, flops_formula=formula)
+    data["metrics"].update(flops_formula=formula, mfu=mfu)
+    return RunResult.from_dict(data)
+
+
+def test_a_formula_that_counts_recompute_is_hfu_for_a_run_that_recomputes():
+    """megatron-deepspeed adds the recompute's forward: its figure of a recompute run is HFU, said why."""
+    rows = dict(run_summary_rows(_with(True, "megatron-deepspeed")))
+    assert rows["HFU"] == "40.0%" and "MFU" not in rows and "HFU, measured ceiling" in rows
+    assert rows[""].startswith("HFU, not MFU: the megatron-deepspeed formula counts activation recomputation")
+    for recompute, formula in ((False, "megatron-deepspeed"), (True, "megatron-core-v0.12"), (True, "palm")):
+        rows = dict(run_summary_rows(_with(recompute, formula)))
+        assert rows["MFU"] == "40.0%" and "HFU" not in rows and "" not in rows
+
+
+def test_the_sweep_table_marks_an_hfu_figure_and_says_why():
+    from types import SimpleNamespace
+
+    from hwbench.report.summary import sweep_summary_table
+
+    def record(name, result):
+        return SimpleNamespace(point=SimpleNamespace(name=name), results=[result], aggregate=None, reused=0)
+
+    text = sweep_summary_table(SimpleNamespace(name="s"), [record("a", _with(True, "megatron-deepspeed")),
+                                                           record("b", _with(False, "megatron-deepspeed", 0.3))])
+    line_a = next(line for line in text.splitlines() if line.startswith("a "))
+    line_b = next(line for line in text.splitlines() if line.startswith("b "))
+    assert "40.0% HFU" in line_a and "30.0%" in line_b and "HFU" not in line_b
+    assert text.splitlines()[-1].startswith("HFU, not MFU: the megatron-deepspeed formula")
+    plain = sweep_summary_table(SimpleNamespace(name="s"), [record("b", _with(False, "megatron-deepspeed", 0.3))])
+    assert "HFU" not in plain

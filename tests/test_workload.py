@@ -119,6 +119,23 @@ def test_model_flops_ignore_recompute_but_hardware_flops_count_it():
     assert hw4 / hw3 == pytest.approx(4 / 3)
 
 
+@pytest.mark.parametrize("name", ["megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"])
+def test_each_formula_says_whether_it_counts_recompute_as_its_count_does(name):
+    """FlopsFormula.counts_recompute (what labels a figure HFU) agrees with the formula's own count:
+    only megatron-deepspeed rises with recompute (x4/3, Megatron-DeepSpeed's
+    checkpoint_activations_factor), so only its figure of a recompute run is HFU."""
+    from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULAS, counts_hardware_flops, utilisation_label
+
+    config = GPTConfig(24, 2048, 16, 1024)
+    plain = model_flops_per_iteration(config, 32, 1024, formula=name)
+    again = model_flops_per_iteration(config, 32, 1024, formula=name, recompute=True)
+    assert FLOPS_FORMULAS[name].counts_recompute == (again != plain) == (name == "megatron-deepspeed")
+    assert utilisation_label(name, True) == ("HFU" if name == "megatron-deepspeed" else "MFU")
+    assert utilisation_label(name, False) == "MFU" and not counts_hardware_flops(name, None)
+    # the exports (hwbench.exports.figures) read the default formula's figures as MFU: it counts model FLOPs
+    assert not FLOPS_FORMULAS[DEFAULT_FLOPS_FORMULA].counts_recompute
+
+
 def test_palm_formula_is_six_n_plus_attention():
     config = GPTConfig(12, 768, 12, 1024)
     n = count_parameters(config).non_embedding

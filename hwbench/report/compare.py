@@ -44,6 +44,7 @@ from hwbench.result.model import RunResult
 from hwbench.result.store import read_inputs
 from hwbench.stats import mann_whitney_u
 from hwbench.units import human_bytes
+from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 ALPHA = 0.05
 SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values a side
@@ -227,10 +228,13 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
     labels = {key: point_label(key, names[key], keys) for key in keys}
     common = [key for key in base_by if key in cur_by]
     points = []
+    hfu: dict[str, str] = {}  # point label -> the formula whose figure of it is HFU (it counts the recompute)
     for key in sorted(common, key=labels.__getitem__):
         b, c = base_by[key], cur_by[key]
         # TFLOP/s and MFU under the baseline's formula: a new default formula is no regression
         formula = next((f for r in b if r.status == "ok" and (f := result_formula(r))), None)
+        if metric == "mfu" and formula is not None and counts_hardware_flops(formula, key.recompute):
+            hfu[labels[key]] = formula
         comparison = PointComparison(
             key=key, label=labels[key],
             baseline=[v for r in b if r.status == "ok" and (v := figure.read(r, formula)) is not None],
@@ -246,6 +250,7 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
         "unplaced": [r.run_id for r in unplaced],
         "unreadable": [{"side": side, "path": str(path), "reason": reason} for side, path, reason in unreadable],
         "warnings": environment_warnings(matched_base, matched_cur),
+        "hfu_points": hfu,
     }
 
 
@@ -302,7 +307,16 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"inconclusive: the median moved by more than {report['threshold'] * 100:g}%, but the repeats "
                      "cannot tell that from run-to-run noise; more repeats a side (hwbench sweep --repeats) judge it")
     lines += _threshold_only_note(report)
+    lines += _hfu_note(report)
     return "\n".join(lines)
+
+
+def _hfu_note(report: dict[str, Any]) -> list[str]:
+    """Name the points whose mfu is HFU: counted by a formula that adds the recompute, for a point that recomputes."""
+    hfu = report.get("hfu_points") or {}
+    return [line for formula in dict.fromkeys(hfu.values())
+            for line in ("", f"{hfu_reason(formula)}. Its figures here are HFU for: "
+                             + ", ".join(label for label, f in hfu.items() if f == formula))]
 
 
 def outcome_counts(report: dict[str, Any]) -> dict[str, int]:
@@ -332,6 +346,7 @@ def report_data(report: dict[str, Any], allow_missing: bool = False) -> dict[str
             "threshold": report["threshold"], "alpha": ALPHA, "points": points,
             "only_baseline": report["only_baseline"], "only_current": report["only_current"],
             "unplaced": report["unplaced"], "unreadable": report["unreadable"], "warnings": report["warnings"],
+            "hfu_points": report.get("hfu_points") or {},
             "counts": outcome_counts(report), "exit_status": exit_status(report, allow_missing)}
 
 

@@ -20,6 +20,7 @@ from hwbench.result.environment import (
     performance_fingerprint,
 )
 from hwbench.result.model import Memory, Metrics, RunResult
+from hwbench.workload.flops import FLOPS_FORMULA_ALIASES, utilisation_label
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.
 ENVIRONMENT_WARNING_FIELDS = PERFORMANCE_ENVIRONMENT_FIELDS + ("hwbench_git", "precision")
@@ -68,6 +69,10 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "tokens_per_s_per_device": metrics.tokens_per_s_per_device,
         "tflops_per_device": metrics.tflops_per_device, "mfu": metrics.mfu,
         "mfu_reason": metrics.why("mfu"),
+        "flops_formula": own_formula(metrics),
+        # what `mfu` and `mfu_measured_ceiling` are: HFU where the run's formula counts the recompute
+        # (megatron-deepspeed) and the run recomputes, else MFU
+        "mfu_kind": utilisation_label(own_formula(metrics), spec.recompute),
         "mfu_by_formula": mfu_by_formula(metrics),
         "mfu_measured_ceiling": metrics.mfu_measured_ceiling,
         "mfu_measured_ceiling_reason": metrics.why("mfu_measured_ceiling"),
@@ -121,11 +126,15 @@ def checkpoint_figures(result: RunResult) -> dict[str, Any]:
             "restart_steps_lost": sum(r.steps_lost or 0 for r in restarts) if restarts else None}
 
 
+def own_formula(metrics: Metrics) -> str | None:
+    """The canonical name of the FLOPs formula of the run's own figures (an alias resolved)."""
+    own = metrics.flops_formula
+    return None if own is None else FLOPS_FORMULA_ALIASES.get(own, own)
+
+
 def mfu_by_formula(metrics: Metrics) -> dict[str, float | None]:
     """The run's MFU by canonical FLOPs-formula name: `metrics.by_formula`, and the run's own
     formula (a result written before `by_formula` has only that one)."""
-    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
-
     found = {name: entry.mfu for name, entry in (metrics.by_formula or {}).items()}
     own = metrics.flops_formula
     if own is not None:

@@ -23,6 +23,7 @@ from hwbench.report.cells import (
 )
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
+from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = (
     "Decision",
@@ -178,7 +179,9 @@ def published_section(
 
 
 def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str | None = None) -> Section:
-    """``also_formula``: a FLOPs formula whose MFU gets a column beside each run's own."""
+    """``also_formula``: a FLOPs formula whose MFU gets a column beside each run's own. A figure of
+    a formula that counts the recompute (megatron-deepspeed) for a run that recomputes is hardware
+    FLOPs utilisation: it goes in a column headed HFU, with a note saying why, never under MFU."""
     section = Section("Per model")
     section.blocks.append(
         (
@@ -191,6 +194,22 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
     ok = runs[runs["status"] == "ok"]
     for model, group in ok.groupby("model", sort=True):
         section.blocks.append(("h", f"{model}"))
+        ordered = [run for _, run in group.sort_values(["world_size", "layout"]).iterrows()]
+        own = [_utilisation(run, run["flops_formula"], run["mfu"], run["mfu_reason"]) for run in ordered]
+        ceiling = [
+            _utilisation(
+                run,
+                run["flops_formula"],
+                run["mfu_measured_ceiling"],
+                run["mfu_measured_ceiling_reason"],
+                "against a measured ceiling ",
+            )
+            for run in ordered
+        ]
+        also = [_also_utilisation(run, also_formula) for run in ordered] if also_formula else []
+        own_headers, own_cells = _utilisation_columns("", own)
+        also_headers, also_cells = _utilisation_columns(f" ({also_formula})", also) if also_formula else ([], [])
+        ceiling_headers, ceiling_cells = _utilisation_columns(" (measured ceiling)", ceiling)
         table = Table(
             [
                 "run",
@@ -203,41 +222,21 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
                 "samples/s",
                 "tokens/s",
                 "TFLOP/s per device",
-                "MFU",
-                *([f"MFU ({also_formula})"] if also_formula else []),
-                "MFU (measured ceiling)",
+                *own_headers,
+                *also_headers,
+                *ceiling_headers,
                 "peak memory",
                 "predicted",
                 "capacity",
             ],
             [],
         )
-        for _, run in group.sort_values(["world_size", "layout"]).iterrows():
+        for index, run in enumerate(ordered):
             marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
             engine = (
                 run["engine"]
                 + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "")
                 + (" FSDP" if run["fsdp"] else "")
-            )
-            mfu = percent(
-                run["mfu"], note=_unless(run["mfu"], f"MFU not measured: {run['mfu_reason'] or 'not measured'}")
-            )
-            also = []
-            if also_formula:
-                by_formula = run["mfu_by_formula"] or {}
-                why = (
-                    f"MFU not measured: {run['mfu_reason'] or 'not measured'}"
-                    if also_formula in by_formula
-                    else f"no {also_formula} figures in the result (written before metrics.by_formula)"
-                )
-                also = [percent(by_formula.get(also_formula), note=_unless(by_formula.get(also_formula), why))]
-            ceiling_mfu = percent(
-                run["mfu_measured_ceiling"],
-                note=_unless(
-                    run["mfu_measured_ceiling"],
-                    "MFU against a measured ceiling not measured: "
-                    f"{run['mfu_measured_ceiling_reason'] or 'not measured'}",
-                ),
             )
             predicted = gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))
             table.rows.append(
@@ -252,9 +251,9 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
                     fmt(run["samples_per_s"]),
                     fmt(run["tokens_per_s"], 0),
                     fmt(run["tflops_per_device"], 3),
-                    mfu,
-                    *also,
-                    ceiling_mfu,
+                    *own_cells[index],
+                    *(also_cells[index] if also_formula else []),
+                    *ceiling_cells[index],
                     gib_cell(run["peak_bytes"]),
                     predicted,
                     gib_cell(run["capacity_bytes"]),
@@ -265,6 +264,36 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
     return section
+
+
+def _utilisation(run: pd.Series, formula: Any, value: Any, reason: Any, against: str = "") -> tuple[Any, bool]:
+    """A run's utilisation figure counted by ``formula`` as a cell, and whether it is HFU: the
+    formula counts the recompute and the run recomputes (the note then says so)."""
+    hardware = counts_hardware_flops(formula if isinstance(formula, str) else None, bool(run["recompute"]))
+    label = "HFU" if hardware else "MFU"
+    if is_number(value):
+        return percent(value, note=hfu_reason(formula) if hardware else None), hardware
+    return percent(value, note=f"{label} {against}not measured: {reason or 'not measured'}"), hardware
+
+
+def _also_utilisation(run: pd.Series, formula: str) -> tuple[Any, bool]:
+    by_formula = run["mfu_by_formula"] or {}
+    if formula not in by_formula:
+        hardware = counts_hardware_flops(formula, bool(run["recompute"]))
+        why = f"no {formula} figures in the result (written before metrics.by_formula)"
+        return percent(None, note=why), hardware
+    return _utilisation(run, formula, by_formula[formula], run["mfu_reason"])
+
+
+def _utilisation_columns(suffix: str, figures: list[tuple[Any, bool]]) -> tuple[list[str], list[list[Any]]]:
+    """The headers and each row's cells of one utilisation figure: "MFU<suffix>" for the model
+    FLOPs ones and "HFU<suffix>" for the hardware FLOPs ones, each column only where a run has
+    one, so that no HFU figure stands under an MFU heading; a row's cell of the other is "-"."""
+    kinds = [hardware for _, hardware in figures]
+    columns = [hardware for hardware in (False, True) if hardware in kinds] or [False]
+    headers = [("HFU" if hardware else "MFU") + suffix for hardware in columns]
+    cells = [[cell if hardware == column else "-" for column in columns] for cell, hardware in figures]
+    return headers, cells
 
 
 def _unless(value: Any, why: str) -> str | None:

@@ -6,6 +6,7 @@ from tabulate import tabulate
 
 from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
+from hwbench.workload.flops import counts_hardware_flops, hfu_reason, utilisation_label
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -45,13 +46,15 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if not metrics:
         return rows + ([("result file", path)] if path else [])
     step, memory = metrics.step_time_s or StepTime(), metrics.memory or Memory()
+    kind = utilisation_label(metrics.flops_formula, spec.recompute)  # HFU: the formula counts the recompute
     rows += [
         ("steps", f"{metrics.timed_steps} timed after {spec.warmup} warm-up"),
         ("samples/s", _number(metrics.samples_per_s)),
         ("tokens/s", _number(metrics.tokens_per_s, 0)),
         ("TFLOP/s per device", _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
-        ("MFU", f"{metrics.mfu:.1%}" if metrics.mfu is not None else _why(result, "mfu")),
-        ("MFU, measured ceiling", _measured_ceiling_text(result)),
+        (kind, f"{metrics.mfu:.1%}" if metrics.mfu is not None else _why(result, "mfu")),
+        (f"{kind}, measured ceiling", _measured_ceiling_text(result)),
+        *([("", hfu_reason(metrics.flops_formula or ""))] if kind == "HFU" else []),
         (
             "step time",
             f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, CV {_percent(step.cv)}",
@@ -252,8 +255,10 @@ def run_summary_table(result: RunResult, path: str | None = None) -> str:
 
 def sweep_summary_table(suite, records) -> str:
     """One row per point: its statuses, throughput (median over repeats) and why
-    a point has no figures."""
+    a point has no figures. A figure of a formula that counts the recompute, of a point that
+    recomputes, is marked HFU, and a line under the table says why."""
     rows = []
+    hfu_formula: str | None = None
     for record in records:
         statuses = [r.status for r in record.results]
         ok = [r for r in record.results if r.status == "ok"]
@@ -269,6 +274,9 @@ def sweep_summary_table(suite, records) -> str:
         else:
             throughput = "-"
         mfu = ok[0].metrics.mfu if ok else None
+        hardware = bool(ok) and counts_hardware_flops(ok[0].metrics.flops_formula, ok[0].spec.recompute)
+        if hardware and mfu is not None:
+            hfu_formula = ok[0].metrics.flops_formula
         memory = max((r.metrics.memory.peak_reserved_bytes or 0 for r in ok if r.metrics.memory), default=0) or None
         note = next((r.error.message or "" for r in record.results if r.error), "")
         if record.reused:
@@ -278,7 +286,7 @@ def sweep_summary_table(suite, records) -> str:
                 record.point.name,
                 counts,
                 throughput,
-                f"{mfu:.1%}" if mfu is not None else "-",
+                (f"{mfu:.1%}" + (" HFU" if hardware else "")) if mfu is not None else "-",
                 human_bytes(memory),
                 note[:90],
             ]
@@ -290,7 +298,8 @@ def sweep_summary_table(suite, records) -> str:
         headers.insert(3, "time to target")
         rows = [row if len(row) == len(headers) else row[:3] + ["-"] + row[3:] for row in rows]
     title = f"sweep {suite.name}: {len(records)} points"
-    return title + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
+    table = tabulate(rows, headers=headers, disable_numparse=True)
+    return title + "\n" + table + (f"\n{hfu_reason(hfu_formula)}" if hfu_formula else "")
 
 
 def _sweep_time_to_target(record) -> str:

@@ -1,9 +1,11 @@
-"""Model FLOPs per training iteration: the one place hwbench computes them.
+"""FLOPs per training iteration: the one place hwbench computes them.
 
 TFLOP/s and MFU everywhere in hwbench come from ``model_flops_per_iteration``;
 the result records which formula was used, and every known formula's figures
 beside it (``metrics.by_formula``), so a run compares with a Megatron-LM log of
-either generation or with Megatron-DeepSpeed (docs/methodology.md, "FLOPs").
+either generation or with Megatron-DeepSpeed (docs/methodology.md, "FLOPs"). A formula that
+counts the recompute's extra forward (``counts_recompute``) counts hardware FLOPs for a run that
+recomputes: its utilisation is shown as HFU there (``utilisation_label``), MFU elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ class FlopsFormula:
     expression: str
     # (config, global batch, seq length, padded vocab, recompute) -> FLOPs per iteration
     compute: Callable[[GPTConfig, int, int, int, bool], float]
+    # Whether the count includes activation recomputation's extra forward pass: then, for a run
+    # that recomputes, it counts hardware FLOPs and its utilisation is HFU, not MFU (model FLOPs
+    # utilisation, which recomputation does not raise). Every formula says so here, the one place.
+    counts_recompute: bool
 
 
 def _megatron_core_v0_12(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
@@ -36,6 +42,9 @@ def _megatron_core_v0_7(config: GPTConfig, batch: int, seq: int, vocab: int, rec
 
 
 def _megatron_deepspeed(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+    # Megatron-DeepSpeed (github.com/microsoft/Megatron-DeepSpeed), megatron/utils.py
+    # throughput_calculator: checkpoint_activations_factor = 4 if args.checkpoint_activations else 3,
+    # i.e. forward + backward (3) plus the recomputed forward (1): hardware FLOPs when recomputing.
     L, h = config.num_layers, config.hidden_size
     factor = 4 if recompute else 3
     return 24.0 * factor * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (16 * L * h))
@@ -57,6 +66,7 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
                    "mask (s/(2h) in its general form)",
             expression="72*B*s*L*h^2*(1 + s/(12h) + V/(12*L*h))",
             compute=_megatron_core_v0_12,
+            counts_recompute=False,  # expansion factor 3 (forward, wgrad, dgrad): no recompute term
         ),
         FlopsFormula(
             name="megatron-core-v0.7",
@@ -64,18 +74,21 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
                    "(from core_v0.6.0 megatron/training/training.py), plain GPT: the full attention-score matrix",
             expression="72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
             compute=_megatron_core_v0_7,
+            counts_recompute=False,
         ),
         FlopsFormula(
             name="megatron-deepspeed",
             source="Megatron-DeepSpeed throughput_calculator (hardware FLOPs when recomputing)",
             expression="24*f*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)), f = 4 with recompute else 3",
             compute=_megatron_deepspeed,
+            counts_recompute=True,
         ),
         FlopsFormula(
             name="palm",
             source="PaLM appendix B / nanoGPT estimate_mfu",
             expression="B*s*(6*N + 12*L*H*Q*s), N = non-embedding parameters",
             compute=_palm,
+            counts_recompute=False,  # PaLM's MFU leaves rematerialisation out by definition
         ),
     )
 }
@@ -95,6 +108,30 @@ def canonical_formula(name: str) -> str:
     return name
 
 
+def counts_hardware_flops(formula: str | None, recompute: bool | None) -> bool:
+    """Whether a figure counted by ``formula`` for a run that recomputes (``recompute``) or not
+    counts hardware FLOPs: the formula adds the recompute's extra forward and the run recomputes.
+    Its utilisation is then HFU, not MFU. An unknown or missing formula: False (nothing to say)."""
+    if not recompute or not isinstance(formula, str):
+        return False
+    formula = FLOPS_FORMULA_ALIASES.get(formula, formula)
+    return formula in FLOPS_FORMULAS and FLOPS_FORMULAS[formula].counts_recompute
+
+
+def utilisation_label(formula: str | None, recompute: bool | None) -> str:
+    """"HFU" for a utilisation of hardware FLOPs (counts_hardware_flops), else "MFU"."""
+    return "HFU" if counts_hardware_flops(formula, recompute) else "MFU"
+
+
+def hfu_reason(formula: str) -> str:
+    """Why a figure of ``formula`` (one that counts recompute) reads HFU for a run that recomputes."""
+    name = FLOPS_FORMULA_ALIASES.get(formula, formula)
+    return (f"HFU, not MFU: the {name} formula counts activation recomputation's extra forward pass "
+            f"({FLOPS_FORMULAS[name].expression}), so for a run that recomputes it is hardware FLOPs "
+            "utilisation, higher than the model FLOPs utilisation of the same speed; compare it with "
+            "HFU, not with MFU")
+
+
 def model_flops_per_iteration(
     config: GPTConfig,
     global_batch_size: int,
@@ -106,8 +143,9 @@ def model_flops_per_iteration(
 ) -> float:
     """FLOPs of one training iteration (forward and backward over the global batch).
 
-    The Megatron-LM formulas (the default among them) count model FLOPs: recomputation
+    The Megatron-LM formulas (the default among them) and palm count model FLOPs: recomputation
     does not add to them, so MFU stays comparable with and without activation checkpointing.
+    megatron-deepspeed counts the recompute (``FlopsFormula.counts_recompute``): hardware FLOPs.
     """
     vocab = config.padded_vocab_size(tensor_parallel)
     return FLOPS_FORMULAS[canonical_formula(formula)].compute(config, global_batch_size, seq_length, vocab, recompute)
