@@ -265,7 +265,8 @@ class RunOptions:
         "seconds between telemetry samples", default=0.5, minimum=0.01, maximum=60, accepts="seconds"
     )
     flops_formula: str | None = option(
-        "model FLOPs formula for TFLOP/s and MFU; "
+        "FLOPs formula for TFLOP/s and MFU (megatron-deepspeed counts the recompute: HFU for a run that "
+        "recomputes); "
         + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
         + "; every formula's figures are in the result's metrics.by_formula",
         default=DEFAULT_FLOPS_FORMULA,
