@@ -28,7 +28,7 @@
 # end before the call's budget (HWBENCH_CALL_BUDGET, default 560 s from the script's start) is
 # stopped with SIGTERM (a sweep then keeps every finished point) or, with less than
 # HWBENCH_STEP_MIN (default 30 s) left, not started; the same stage in the next call goes on. The
-# short table of every result comes last in the output.
+# short table of every result comes last in the output, then each goal judged (PASS, FAIL, n/a).
 #
 #   benchmarks/gpu_session.sh probe fast run report      # a first session's call (timeout_s 600)
 #   HWBENCH_CALL_BUDGET=150 benchmarks/gpu_session.sh probe fast run report   # the next call goes on
