@@ -144,3 +144,20 @@ def test_k8s_requests_the_vendors_device_resource(capsys, device, resource):
 def test_slurm_binds_amd_gpus_with_gres(capsys):
     assert main(["slurm", "--model", "tiny", "--device", "rocm", "--nnodes", "1", "--nproc-per-node", "8"]) == 0
     assert "#SBATCH --gres=gpu:8\n" in capsys.readouterr().out
+
+
+def test_the_bare_loop_on_cuda_through_the_stand_in_computes_on_the_host_marked_simulated(tmp_path):
+    """benchmarks/side_by_side.py --device cuda starts the bare loop with --device cuda: through the
+    stand-in it runs, as hwbench's run does, on the host CPU and says so (it was refused: the stand-in's
+    torch.accelerator names no accelerator)."""
+    bare = tmp_path / "bare.json"
+    done = subprocess.run([sys.executable, str(FAKES.parents[1] / "benchmarks" / "bare_loop.py"), "--device", "cuda",
+                           "--model", "tiny", "--seq-length", "32", "--micro-batch-size", "1",
+                           "--global-batch-size", "1", "--steps", "2", "--warmup", "1", "--json", str(bare)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(bare.read_text())
+    assert (figures["device"], figures["simulated"]) == ("cuda", True)
+    assert "simulating cuda with a test stand-in" in figures["device_name"]
+    assert len(figures["step_time_s"]["all"]) == 2
