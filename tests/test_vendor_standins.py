@@ -161,3 +161,28 @@ def test_the_bare_loop_on_cuda_through_the_stand_in_computes_on_the_host_marked_
     assert (figures["device"], figures["simulated"]) == ("cuda", True)
     assert "simulating cuda with a test stand-in" in figures["device_name"]
     assert len(figures["step_time_s"]["all"]) == 2
+
+
+# heavy: torch.compile of the tiny model on the CPU takes about a minute on 2 cores
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_settings_fast_on_cuda_through_the_stand_in_plans_for_80_gb_and_compiles(tmp_path):
+    """What `hwbench sweep fast --device cuda` runs for its fast points, on the tiny model: the planner
+    chooses for the stand-in H100's memory, and torch.compile, the chunked cross-entropy and the fused
+    QKV projection run. (Compile failed: dynamo saves torch.cuda's generator state wherever
+    torch.cuda.is_available(), and the stand-in had no get_rng_state.)"""
+    done = hwbench(["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
+                    "--eval-iters", "0", "--precision", "bf16", "--settings", "fast", "--no-telemetry",
+                    "--device", "cuda",
+                    "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("cuda"), HWBENCH_STANDIN_CUDA="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    spec = result["spec"]
+    assert result["status"] == "ok", result["error"]
+    assert (spec["compile"], spec["cross_entropy"], spec["fused_qkv"], spec["recompute"]) == (True, "chunked", True,
+                                                                                           False)
+    assert spec["micro_batch_size"] == spec["global_batch_size"] == 8  # the whole batch fits 80 GB in one step
+    assert spec["device_memory_bytes"] == 81559 * 2**20
+    assert spec["settings_choice"].startswith("fast for cuda with 79.6 GiB per device (what the cuda device "
+                                              "'NVIDIA H100 80GB HBM3' reports)")

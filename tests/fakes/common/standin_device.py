@@ -8,6 +8,8 @@ import os
 import time
 import types
 
+import torch
+
 
 class HostEvent:
     """A timing event over time.perf_counter (milliseconds, as torch's events report)."""
@@ -56,12 +58,22 @@ def device_api(module_name: str, visible_env: str, name: str, properties, memory
     api.memory_stats = lambda device=None: dict(memory_stats)
     api.reset_peak_memory_stats = lambda device=None: None
     api.is_bf16_supported = lambda *args, **kwargs: True
+    # the device's generator state, a ByteTensor as torch.cuda.get_rng_state returns (torch/cuda/random.py):
+    # kept, never used to draw (the work runs on the host); torch.compile saves and restores it around
+    # tracing wherever torch.cuda.is_available() (torch/_dynamo/convert_frame.py), and checkpoints keep it
+    rng = {"state": torch.zeros(16, dtype=torch.uint8)}
+    api.get_rng_state = lambda device="cuda": rng["state"].clone()
+
+    def set_rng_state(new_state, device="cuda") -> None:
+        rng["state"] = new_state.clone()
+
+    api.set_rng_state = set_rng_state
     return api
 
 
 TORCH_CUDA_CALLS = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
                     "get_device_properties", "synchronize", "Event", "memory_stats", "reset_peak_memory_stats",
-                    "is_bf16_supported")
+                    "is_bf16_supported", "get_rng_state", "set_rng_state")
 
 
 def replace_torch_cuda(torch, visible_env: str, properties, memory_stats: dict) -> None:
