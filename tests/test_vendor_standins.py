@@ -186,3 +186,46 @@ def test_settings_fast_on_cuda_through_the_stand_in_plans_for_80_gb_and_compiles
     assert spec["device_memory_bytes"] == 81559 * 2**20
     assert spec["settings_choice"].startswith("fast for cuda with 79.6 GiB per device (what the cuda device "
                                               "'NVIDIA H100 80GB HBM3' reports)")
+
+
+CALIBRATE_SIMULATED = """
+import sys
+import hwbench.calibration.measure as measure
+from hwbench.device import select_backend
+
+def open_backend(device, threads):  # open_backend less its refusal of a simulated device
+    backend = select_backend(device)
+    backend.prepare_process(threads=threads)
+    return backend
+
+measure.open_backend = open_backend
+from hwbench.cli import main
+sys.exit(main(["calibrate", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("nvml_pid", ["", "918273"])
+def test_calibrate_through_the_cuda_stand_in_reads_the_sm_clock_and_stores_under_its_key(tmp_path, nvml_pid):
+    """`hwbench calibrate --device cuda` past its refusal of a simulated device: the device warm-up, NVML's SM
+    clock during each GEMM, the store's key and the line naming the store the runs read, and the calibration's
+    own context not counted as another process where NVML lists it under a host pid (a container: it was, and
+    nothing was stored)."""
+    store = tmp_path / "calibration.json"
+    done = subprocess.run([sys.executable, "-c", CALIBRATE_SIMULATED, "--device", "cuda", "--precisions", "bf16",
+                           "--sizes", "128", "--copy-size", "1MiB", "--repeats", "3", "--min-time", "0.1",
+                           "--device-warmup", "0.1", "--force", "--store", str(store)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1",
+                               "HWBENCH_CALIBRATION": str(store), "HWBENCH_STANDIN_NVML_PID": nvml_pid},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.rstrip().splitlines()[-1] == (
+        f"stored in {store} under cuda / NVIDIA H100 80GB HBM3 / driver 550.54.15: runs on this device and driver "
+        "report mfu_measured_ceiling against these ceilings")
+    assert "device warm-up: " in done.stdout and "of GEMM bf16 128" in done.stdout
+    (entry,) = json.loads(store.read_text())["entries"]
+    gemm = entry["gemm"]["bf16"]
+    assert (entry["device_kind"], entry["device_model"], entry["driver"]) == ("cuda", "NVIDIA H100 80GB HBM3",
+                                                                              "550.54.15")
+    assert gemm["sizes"][0]["sm_clock_mhz"]["mean"] == 1980 and gemm["sizes"][0]["sm_clock_unmeasured"] is None
+    assert gemm["conditions"]["device_processes"] == []
+    assert "other process" not in (gemm["unreliable"] or "")

@@ -27,6 +27,11 @@ class HostEvent:
         pass
 
 
+# The process bound to the stand-in device (set_device called), as the NVML stand-in lists it among the
+# processes with a compute context on the device: None until then.
+BOUND = {"pid": None}
+
+
 def visible_count(env: str, default: int = 1) -> int:
     """Devices listed in ``env`` (a comma list), else ``default``."""
     visible = os.environ.get(env)
@@ -48,6 +53,7 @@ def device_api(module_name: str, visible_env: str, name: str, properties, memory
         if not 0 <= index < api.device_count():
             raise RuntimeError(f"stand-in {module_name}: invalid device ordinal {index}")
         state["device"] = index
+        BOUND["pid"] = os.getpid()
 
     api.set_device = set_device
     api.current_device = lambda: state["device"]
