@@ -67,6 +67,8 @@ def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert device["simulated"] is True and device["torch_device"] == "cpu" and device["dist_backend"] == "gloo"
     assert result["metrics"]["mfu"] is None and "simulated" in result["metrics"]["unmeasured"]["mfu"]
     assert result["warnings"][0].startswith("device simulated: a stand-in ran the cuda code path")
+    assert result["metrics"]["host_syncs"] is None  # not "the cuda backend cannot count": on a GPU it does
+    assert result["metrics"]["unmeasured"]["host_syncs"].startswith("the device is simulated: torch's sync debug")
     assert (env["cuda_version"], env["driver_version"], env["compute_capability"]) == ("12.4", "550.54.15", ["9.0"])
     assert result["metrics"]["memory"]["capacity_bytes"] == 81559 * 2**20
     telemetry = result["metrics"]["telemetry"]

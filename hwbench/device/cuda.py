@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
-from hwbench.device.base import Backend, HostSyncCount
+from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS, choose_allocator_setting
 from hwbench.device.nvml import (
     CudaDeviceIds,
@@ -150,7 +150,9 @@ class CudaBackend(AcceleratorBackend):
 
     def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
         if self.simulated:  # no sync debug mode without a device
-            return Backend.counting_host_syncs(self)
+            return contextlib.nullcontext(HostSyncCount(
+                reason=f"the device is simulated: torch's sync debug mode, which counts the host's waits, needs a "
+                       f"{self.name} device"))
         return self._counting_host_syncs()
 
     @contextlib.contextmanager
