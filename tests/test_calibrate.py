@@ -560,3 +560,13 @@ def test_in_a_container_nvml_lists_this_process_under_its_host_pid_and_it_is_no_
     listing[:] = [types.SimpleNamespace(pid=pid, usedGpuMemory=1) for pid in (os.getpid(), 7)]
     others, _ = nvml_other_processes(ids, os.getpid(), computing=True, proc=str(proc))
     assert others == [{"pid": 7, "memory_bytes": 1}]
+
+
+def test_every_device_kind_has_calibration_defaults():
+    """`hwbench calibrate --device rocm` (or hpu) without --precisions/--sizes/--copy-size stopped with a
+    KeyError traceback: the defaults named cpu, cuda and npu only."""
+    from hwbench.calibration import DEFAULT_COPY_BYTES, DEFAULT_PRECISIONS, DEFAULT_SIZES
+    from hwbench.device.kinds import DEVICE_KINDS
+
+    for defaults in (DEFAULT_SIZES, DEFAULT_PRECISIONS, DEFAULT_COPY_BYTES):
+        assert set(defaults) == set(DEVICE_KINDS)
