@@ -109,12 +109,23 @@ def torch_device(name: str):
         raise UsageError(f"--device {name!r} is not a torch device ({error}); accepted: cpu, or an accelerator "
                          "type torch has here") from None
     if device.type != "cpu":
+        if stand_in(device.type):
+            return torch.device("cpu")  # a test stand-in computes on the host, as hwbench's backend does
         accelerator = torch.accelerator.current_accelerator(check_available=True)
         if accelerator is None or accelerator.type != device.type:
             raise UsageError(f"--device {name}: torch sees no such device here (its accelerator: "
                              f"{accelerator.type if accelerator else 'none'}); accepted: cpu"
                              + (f", {accelerator.type}" if accelerator else ""))
     return device
+
+
+def stand_in(kind: str) -> bool:
+    """Whether torch's ``kind`` module is one of hwbench's test stand-ins (tests/fakes: a CPU build made
+    to look like a CUDA, ROCm or NPU build), whose work runs on the host CPU: hwbench's backend then
+    computes on the CPU and marks its results simulated, and so does this loop."""
+    import torch
+
+    return bool(getattr(getattr(torch, kind, None), "__hwbench_stand_in__", False))
 
 
 class StepClock:
@@ -243,7 +254,7 @@ def train(spec: RunSpec, device) -> dict:
     loss_values = [float(loss) for loss in losses]
     return {
         "tool": "benchmarks/bare_loop.py",
-        "model": spec.model, "device": device.type, "device_name": device_name(device),
+        "model": spec.model, "device": device.type, "device_name": device_name(device), "simulated": False,
         "torch_version": torch.__version__, "host": platform.node(),
         "precision": spec.precision, "recompute": spec.recompute, "compile": spec.compile,
         "settings": spec.settings, "settings_choice": spec.settings_choice, "cross_entropy": spec.cross_entropy,
@@ -295,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bare_loop: {error}", file=sys.stderr)
         return 2
     figures = train(spec, device)
+    if device.type == "cpu" and args.device not in ("cpu", "auto") and stand_in(args.device):
+        figures.update(device=args.device, simulated=True,
+                       device_name=f"{figures['device_name']} (simulating {args.device} with a test stand-in)")
     print(summary(figures))
     if args.json:
         path = Path(args.json)

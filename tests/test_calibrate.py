@@ -557,3 +557,45 @@ def test_other_processes_on_a_gpu_come_from_nvml_and_make_its_rate_no_ceiling(mo
     monkeypatch.setitem(sys.modules, "pynvml", None)
     others, reason = nvml_other_processes(ids, os.getpid())
     assert others is None and "not installed" in reason
+
+
+def test_in_a_container_nvml_lists_this_process_under_its_host_pid_and_it_is_no_other_process(monkeypatch,
+                                                                                                tmp_path):
+    """The NVIDIA driver knows no PID namespaces: in a container NVML gives host pids (NVIDIA/nvidia-docker#1483),
+    so the calibration's own context was listed as another process and every rate refused as no ceiling."""
+    import os
+    import sys
+    import types
+
+    from hwbench.device.nvml import CudaDeviceIds, nvml_other_processes
+    from tests.test_telemetry import fake_pynvml
+
+    proc = tmp_path / "proc"  # this container's processes: this one and pid 7
+    (proc / str(os.getpid())).mkdir(parents=True)
+    (proc / "7").mkdir()
+    listing = [types.SimpleNamespace(pid=918273, usedGpuMemory=3 << 30)]  # this process, by its host pid
+    nv = fake_pynvml()
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda handle: listing
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    ids = CudaDeviceIds(cuda_index=0, uuid="0a1b", pci_bus_id="0000:3b:00.0")
+    assert nvml_other_processes(ids, os.getpid(), computing=True, proc=str(proc)) == ([], None)
+    # not bound to the GPU: the one process listed is another's
+    assert nvml_other_processes(ids, os.getpid(), proc=str(proc)) == ([{"pid": 918273, "memory_bytes": 3 << 30}], None)
+    # another container's process beside this one: which is this one cannot be told, so both stay listed
+    listing.append(types.SimpleNamespace(pid=918000, usedGpuMemory=None))
+    others, _ = nvml_other_processes(ids, os.getpid(), computing=True, proc=str(proc))
+    assert [other["pid"] for other in others] == [918273, 918000]
+    # this process listed under its own pid (no PID namespace): only the others are
+    listing[:] = [types.SimpleNamespace(pid=pid, usedGpuMemory=1) for pid in (os.getpid(), 7)]
+    others, _ = nvml_other_processes(ids, os.getpid(), computing=True, proc=str(proc))
+    assert others == [{"pid": 7, "memory_bytes": 1}]
+
+
+def test_every_device_kind_has_calibration_defaults():
+    """`hwbench calibrate --device rocm` (or hpu) without --precisions/--sizes/--copy-size stopped with a
+    KeyError traceback: the defaults named cpu, cuda and npu only."""
+    from hwbench.calibration import DEFAULT_COPY_BYTES, DEFAULT_PRECISIONS, DEFAULT_SIZES
+    from hwbench.device.kinds import DEVICE_KINDS
+
+    for defaults in (DEFAULT_SIZES, DEFAULT_PRECISIONS, DEFAULT_COPY_BYTES):
+        assert set(defaults) == set(DEVICE_KINDS)

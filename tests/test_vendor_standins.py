@@ -67,6 +67,8 @@ def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert device["simulated"] is True and device["torch_device"] == "cpu" and device["dist_backend"] == "gloo"
     assert result["metrics"]["mfu"] is None and "simulated" in result["metrics"]["unmeasured"]["mfu"]
     assert result["warnings"][0].startswith("device simulated: a stand-in ran the cuda code path")
+    assert result["metrics"]["host_syncs"] is None  # not "the cuda backend cannot count": on a GPU it does
+    assert result["metrics"]["unmeasured"]["host_syncs"].startswith("the device is simulated: torch's sync debug")
     assert (env["cuda_version"], env["driver_version"], env["compute_capability"]) == ("12.4", "550.54.15", ["9.0"])
     assert result["metrics"]["memory"]["capacity_bytes"] == 81559 * 2**20
     telemetry = result["metrics"]["telemetry"]
@@ -144,3 +146,88 @@ def test_k8s_requests_the_vendors_device_resource(capsys, device, resource):
 def test_slurm_binds_amd_gpus_with_gres(capsys):
     assert main(["slurm", "--model", "tiny", "--device", "rocm", "--nnodes", "1", "--nproc-per-node", "8"]) == 0
     assert "#SBATCH --gres=gpu:8\n" in capsys.readouterr().out
+
+
+def test_the_bare_loop_on_cuda_through_the_stand_in_computes_on_the_host_marked_simulated(tmp_path):
+    """benchmarks/side_by_side.py --device cuda starts the bare loop with --device cuda: through the
+    stand-in it runs, as hwbench's run does, on the host CPU and says so (it was refused: the stand-in's
+    torch.accelerator names no accelerator)."""
+    bare = tmp_path / "bare.json"
+    done = subprocess.run([sys.executable, str(FAKES.parents[1] / "benchmarks" / "bare_loop.py"), "--device", "cuda",
+                           "--model", "tiny", "--seq-length", "32", "--micro-batch-size", "1",
+                           "--global-batch-size", "1", "--steps", "2", "--warmup", "1", "--json", str(bare)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(bare.read_text())
+    assert (figures["device"], figures["simulated"]) == ("cuda", True)
+    assert "simulating cuda with a test stand-in" in figures["device_name"]
+    assert len(figures["step_time_s"]["all"]) == 2
+
+
+# heavy: torch.compile of the tiny model on the CPU takes about a minute on 2 cores
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_settings_fast_on_cuda_through_the_stand_in_plans_for_80_gb_and_compiles(tmp_path):
+    """What `hwbench sweep fast --device cuda` runs for its fast points, on the tiny model: the planner
+    chooses for the stand-in H100's memory, and torch.compile, the chunked cross-entropy and the fused
+    QKV projection run. (Compile failed: dynamo saves torch.cuda's generator state wherever
+    torch.cuda.is_available(), and the stand-in had no get_rng_state.)"""
+    done = hwbench(["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
+                    "--eval-iters", "0", "--precision", "bf16", "--settings", "fast", "--no-telemetry",
+                    "--device", "cuda",
+                    "--out", str(tmp_path / "out")], tmp_path,
+                   PYTHONPATH=standin_path("cuda"), HWBENCH_STANDIN_CUDA="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    spec = result["spec"]
+    assert result["status"] == "ok", result["error"]
+    assert (spec["compile"], spec["cross_entropy"], spec["fused_qkv"], spec["recompute"]) == (True, "chunked", True,
+                                                                                           False)
+    assert spec["micro_batch_size"] == spec["global_batch_size"] == 8  # the whole batch fits 80 GB in one step
+    assert spec["device_memory_bytes"] == 81559 * 2**20
+    assert spec["settings_choice"].startswith("fast for cuda with 79.6 GiB per device (what the cuda device "
+                                              "'NVIDIA H100 80GB HBM3' reports)")
+
+
+CALIBRATE_SIMULATED = """
+import sys
+import hwbench.calibration.measure as measure
+from hwbench.device import select_backend
+
+def open_backend(device, threads):  # open_backend less its refusal of a simulated device
+    backend = select_backend(device)
+    backend.prepare_process(threads=threads)
+    return backend
+
+measure.open_backend = open_backend
+from hwbench.cli import main
+sys.exit(main(["calibrate", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("nvml_pid", ["", "918273"])
+def test_calibrate_through_the_cuda_stand_in_reads_the_sm_clock_and_stores_under_its_key(tmp_path, nvml_pid):
+    """`hwbench calibrate --device cuda` past its refusal of a simulated device: the device warm-up, NVML's SM
+    clock during each GEMM, the store's key and the line naming the store the runs read, and the calibration's
+    own context not counted as another process where NVML lists it under a host pid (a container: it was, and
+    nothing was stored)."""
+    store = tmp_path / "calibration.json"
+    done = subprocess.run([sys.executable, "-c", CALIBRATE_SIMULATED, "--device", "cuda", "--precisions", "bf16",
+                           "--sizes", "128", "--copy-size", "1MiB", "--repeats", "3", "--min-time", "0.1",
+                           "--device-warmup", "0.1", "--force", "--store", str(store)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1",
+                               "HWBENCH_CALIBRATION": str(store), "HWBENCH_STANDIN_NVML_PID": nvml_pid},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.rstrip().splitlines()[-1] == (
+        f"stored in {store} under cuda / NVIDIA H100 80GB HBM3 / driver 550.54.15: runs on this device and driver "
+        "report mfu_measured_ceiling against these ceilings")
+    assert "device warm-up: " in done.stdout and "of GEMM bf16 128" in done.stdout
+    (entry,) = json.loads(store.read_text())["entries"]
+    gemm = entry["gemm"]["bf16"]
+    assert (entry["device_kind"], entry["device_model"], entry["driver"]) == ("cuda", "NVIDIA H100 80GB HBM3",
+                                                                              "550.54.15")
+    assert gemm["sizes"][0]["sm_clock_mhz"]["mean"] == 1980 and gemm["sizes"][0]["sm_clock_unmeasured"] is None
+    assert gemm["conditions"]["device_processes"] == []
+    assert "other process" not in (gemm["unreliable"] or "")

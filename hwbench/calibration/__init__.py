@@ -7,9 +7,11 @@ The defaults of a calibration live here, without torch, so that `hwbench calibra
 names them without importing it.
 """
 
-DEFAULT_SIZES = {"cpu": (512, 1024, 2048), "cuda": (4096, 8192, 16384), "npu": (4096, 8192, 16384)}
-DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "bf16", "fp16"), "npu": ("fp32", "bf16", "fp16")}
-DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, "cuda": 2**30, "npu": 2**30}
+# every device kind (hwbench.device.kinds.DEVICE_KINDS) has its defaults: the accelerators share the GPU's
+_ACCELERATORS = ("cuda", "npu", "rocm", "hpu")
+DEFAULT_SIZES = {"cpu": (512, 1024, 2048), **dict.fromkeys(_ACCELERATORS, (4096, 8192, 16384))}
+DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), **dict.fromkeys(_ACCELERATORS, ("fp32", "bf16", "fp16"))}
+DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, **dict.fromkeys(_ACCELERATORS, 2**30)}
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 3
 # Each size is timed for at least this long, its repetitions together: a training step runs for

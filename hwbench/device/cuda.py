@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hwbench.device.accelerator import AcceleratorBackend
-from hwbench.device.base import Backend, HostSyncCount
+from hwbench.device.base import HostSyncCount
 from hwbench.device.kinds import KINDS, choose_allocator_setting
 from hwbench.device.nvml import (
     CudaDeviceIds,
@@ -81,6 +81,7 @@ def turn_tf32_off(backends: Any) -> str:
 
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
+    bound = False  # prepare_process bound this process to its GPU
     dist_backend = KINDS["cuda"].dist_backend
     deepspeed_accelerator = KINDS["cuda"].deepspeed_accelerator
 
@@ -131,6 +132,7 @@ class CudaBackend(AcceleratorBackend):
     def prepare_process(self, local_rank: int = 0, local_world_size: int = 1,
                         threads: int | None = None) -> torch.device:
         device = super().prepare_process(local_rank, local_world_size, threads)
+        self.bound = True
         # fp32 runs are measured against the non-tensor fp32 peak: keep TF32 off. The API used
         # follows from the torch version the fingerprint records, so tuning does not repeat it.
         turn_tf32_off(torch.backends)
@@ -148,7 +150,9 @@ class CudaBackend(AcceleratorBackend):
 
     def counting_host_syncs(self) -> contextlib.AbstractContextManager[HostSyncCount]:
         if self.simulated:  # no sync debug mode without a device
-            return Backend.counting_host_syncs(self)
+            return contextlib.nullcontext(HostSyncCount(
+                reason=f"the device is simulated: torch's sync debug mode, which counts the host's waits, needs a "
+                       f"{self.name} device"))
         return self._counting_host_syncs()
 
     @contextlib.contextmanager
@@ -208,7 +212,8 @@ class CudaBackend(AcceleratorBackend):
         return nvml_power_limit_w(self._nvml_ids())
 
     def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
-        return nvml_other_processes(self._nvml_ids(), os.getpid())
+        # bound to its GPU by prepare_process (set_device initialises CUDA there): NVML lists this process
+        return nvml_other_processes(self._nvml_ids(), os.getpid(), computing=self.bound)
 
     def driver(self) -> tuple[str | None, str | None]:
         version = nvml_driver_version()

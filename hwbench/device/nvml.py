@@ -10,6 +10,7 @@ the reason), and never by guessing."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -360,11 +361,17 @@ def _process_text(nv: Any, process: Any) -> str:
     return f"pid {process.pid} {name.rsplit('/', 1)[-1]}{memory}"
 
 
-def nvml_other_processes(ids: CudaDeviceIds, own_pid: int) -> tuple[list[dict[str, Any]] | None, str | None]:
+def nvml_other_processes(ids: CudaDeviceIds, own_pid: int, computing: bool = False,
+                         proc: str = "/proc") -> tuple[list[dict[str, Any]] | None, str | None]:
     """(the compute processes on the GPU other than ``own_pid``, each {"pid", "memory_bytes"}
     (null where NVML does not say), from nvmlDeviceGetComputeRunningProcesses; None and why when
     NVML cannot say). A process in another container may be listed under a pid this one
-    cannot see; it is listed all the same."""
+    cannot see; it is listed all the same.
+
+    ``computing``: this process is bound to the GPU (so NVML lists it). The driver knows no PID
+    namespaces: in a container it gives every process's pid in the host's namespace (NVIDIA/
+    nvidia-docker#1483), so this process is not listed under ``own_pid``. When it is not, and
+    exactly one listed pid is no process visible here (in ``proc``), that one is this process."""
     sampler = NvmlSampler([ids])
     reason = sampler.unavailable_reason()
     if reason:
@@ -374,9 +381,16 @@ def nvml_other_processes(ids: CudaDeviceIds, own_pid: int) -> tuple[list[dict[st
         running = nv.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception as error:
         return None, f"nvmlDeviceGetComputeRunningProcesses failed: {type(error).__name__}: {error}"
-    others = []
-    for process in running or []:
-        pid, used = getattr(process, "pid", None), getattr(process, "usedGpuMemory", None)
-        if pid != own_pid:
-            others.append({"pid": pid, "memory_bytes": used if isinstance(used, int) and used >= 0 else None})
+    listed = [(getattr(process, "pid", None), getattr(process, "usedGpuMemory", None)) for process in running or []]
+    others = [{"pid": pid, "memory_bytes": used if isinstance(used, int) and used >= 0 else None}
+              for pid, used in listed if pid != own_pid]
+    if computing and len(others) == len(listed):  # listed under a pid of another namespace, if at all
+        unseen = [other for other in others if not _visible_pid(other["pid"], proc)]
+        if len(unseen) == 1:
+            others.remove(unseen[0])
     return others, None
+
+
+def _visible_pid(pid: Any, proc: str) -> bool:
+    """Whether ``pid`` is a process in this process's PID namespace (its /proc)."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and os.path.exists(f"{proc}/{pid}")

@@ -8,6 +8,8 @@ import os
 import time
 import types
 
+import torch
+
 
 class HostEvent:
     """A timing event over time.perf_counter (milliseconds, as torch's events report)."""
@@ -23,6 +25,11 @@ class HostEvent:
 
     def synchronize(self) -> None:
         pass
+
+
+# The process bound to the stand-in device (set_device called), as the NVML stand-in lists it among the
+# processes with a compute context on the device: None until then.
+BOUND = {"pid": None}
 
 
 def visible_count(env: str, default: int = 1) -> int:
@@ -46,6 +53,7 @@ def device_api(module_name: str, visible_env: str, name: str, properties, memory
         if not 0 <= index < api.device_count():
             raise RuntimeError(f"stand-in {module_name}: invalid device ordinal {index}")
         state["device"] = index
+        BOUND["pid"] = os.getpid()
 
     api.set_device = set_device
     api.current_device = lambda: state["device"]
@@ -56,12 +64,22 @@ def device_api(module_name: str, visible_env: str, name: str, properties, memory
     api.memory_stats = lambda device=None: dict(memory_stats)
     api.reset_peak_memory_stats = lambda device=None: None
     api.is_bf16_supported = lambda *args, **kwargs: True
+    # the device's generator state, a ByteTensor as torch.cuda.get_rng_state returns (torch/cuda/random.py):
+    # kept, never used to draw (the work runs on the host); torch.compile saves and restores it around
+    # tracing wherever torch.cuda.is_available() (torch/_dynamo/convert_frame.py), and checkpoints keep it
+    rng = {"state": torch.zeros(16, dtype=torch.uint8)}
+    api.get_rng_state = lambda device="cuda": rng["state"].clone()
+
+    def set_rng_state(new_state, device="cuda") -> None:
+        rng["state"] = new_state.clone()
+
+    api.set_rng_state = set_rng_state
     return api
 
 
 TORCH_CUDA_CALLS = ("is_available", "device_count", "set_device", "current_device", "get_device_name",
                     "get_device_properties", "synchronize", "Event", "memory_stats", "reset_peak_memory_stats",
-                    "is_bf16_supported")
+                    "is_bf16_supported", "get_rng_state", "set_rng_state")
 
 
 def replace_torch_cuda(torch, visible_env: str, properties, memory_stats: dict) -> None:

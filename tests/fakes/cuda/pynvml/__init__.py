@@ -10,12 +10,21 @@ Figures and where they come from: GPU 0 of the nvidia-smi table in NVIDIA/nccl i
 H100 white paper) and a clear clock-event mask are fixed test values. The power limit NVML
 gives is the 700 W cap nvidia-smi printed (nvmlDeviceGetPowerManagementDefaultLimit); the
 limit constraints are not answered (NVMLError), as a driver may refuse them.
+
+The compute processes (nvmlDeviceGetComputeRunningProcesses: those with a compute context on the
+device, NVML API reference) are the process bound to the stand-in device (torch.cuda.set_device),
+with the stand-in's recorded reserved peak as its memory; none before. Under
+HWBENCH_STANDIN_NVML_PID it is listed under that pid, as in a container, where the driver, which
+knows no PID namespaces, gives the host's pid (NVIDIA/nvidia-docker#1483). No graphics processes.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import types
+
+import standin_device
 
 __hwbench_stand_in__ = True
 
@@ -113,3 +122,15 @@ def nvmlDeviceGetMemoryInfo(handle):
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle) -> int:
     return 0
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle) -> list:
+    pid = standin_device.BOUND["pid"]
+    if pid is None:
+        return []
+    listed = int(os.environ.get("HWBENCH_STANDIN_NVML_PID") or pid)
+    return [types.SimpleNamespace(pid=listed, usedGpuMemory=2_147_483_648)]
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle) -> list:
+    return []
