@@ -4,7 +4,8 @@
 # "A GPU session, call by call", has the plan for 15 minutes of device time):
 #   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
 #           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
-#           device and `hwbench system` of it (system.json)
+#           device and `hwbench system` of it (system.json); on CUDA, benchmarks/cuda_context_probe.py
+#           (does asking a GPU's properties leave a context; does NVML list us under our own pid)
 #   fast    `hwbench sweep fast` (HWBENCH_FAST_SUITE): 345M at seq 1024 and 1.3B at seq 2048, bf16,
 #           the published settings beside --settings fast: the MFU goals
 #   run     benchmarks/side_by_side.py on MODEL (345m) PRECISION (bf16): the bare PyTorch loop,
@@ -201,6 +202,9 @@ stage_probe() {
   local first
   first="$(ok_results "$session/probe" | head -n 1)"
   [ -n "$first" ] && step system "${hw[@]}" system "$first" --out "$session/system.json"
+  if [ "$device" = cuda ] && [ ! -s "$session/cuda_context.json" ]; then  # seconds: what the CPU cannot tell
+    step cuda-context "$py" benchmarks/cuda_context_probe.py --out "$session/cuda_context.json"
+  fi
 }
 
 stage_run() {

@@ -484,3 +484,28 @@ def test_sweep_no_preflight_reaches_every_point_and_keeps_the_resume_key(tmp_pat
     assert all("--no-preflight" in argv for argv, _key in submitted[False])
     keys = [[key for _argv, key in submitted[checked]] for checked in (True, False)]
     assert keys[0] == keys[1] and len(set(keys[0])) == 2
+
+
+def test_the_processes_that_started_a_run_are_not_other_processes_on_its_device(tmp_path):
+    """A sweep (or launcher) that asked the device's name and memory may hold a context on it;
+    the point it starts must not count it as another process computing there. Real processes:
+    this test's process starts a child, which starts the checking grandchild; a sibling is other."""
+    import os
+    import subprocess
+
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        check = ("import os, sys; from hwbench.device.health import not_this_process, own_process_tree; "
+                 "print(sorted(own_process_tree())); "
+                 "print([not_this_process(int(p)) for p in sys.argv[1:]])")
+        middle = ("import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', sys.argv[1], *sys.argv[2:]])"
+                  ".returncode)")
+        done = subprocess.run([sys.executable, "-c", middle, check, str(os.getpid()), str(sibling.pid), "1234567"],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert done.returncode == 0, done.stderr
+    tree, verdicts = done.stdout.splitlines()
+    assert str(os.getpid()) in tree  # the grandparent: this test's own process
+    assert verdicts == "[False, True, True]"  # an ancestor is not other; a sibling and an unknown pid are

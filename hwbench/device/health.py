@@ -132,10 +132,28 @@ def collective_settings(environ: Mapping[str, str]) -> tuple[dict[str, str], lis
     return found, slowing
 
 
-def not_this_process(pid: object) -> bool:
-    """False for this process itself: a Python session that ran on the device before (hwbench.run
-    twice) holds a context there, which is not another process competing with the run."""
-    return pid != os.getpid()
+def not_this_process(pid: object, proc: Path = PROC) -> bool:
+    """False for this process itself and the processes that started it: a Python session that ran
+    on the device before (hwbench.run twice) holds a context there, and so may the `hwbench sweep`
+    or launcher that started this run (it asks the device's name and memory for its estimate and
+    plan); neither is another process competing with the run."""
+    return pid not in own_process_tree(proc)
+
+
+def own_process_tree(proc: Path = PROC) -> set[int]:
+    """This process's pid and its ancestors' (parent, grandparent, ...), read from /proc; this pid
+    and its parent's where /proc cannot be read."""
+    pids = {os.getpid(), os.getppid()}
+    pid = os.getppid()
+    while pid > 1 and len(pids) < 64:  # a bound: a chain of ancestors is short
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid ...", and comm may hold spaces or parentheses
+            parent = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        pids.add(parent)
+        pid = parent
+    return pids
 
 
 def process_name(pid: int, proc: Path = PROC) -> str:
