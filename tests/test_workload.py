@@ -269,3 +269,22 @@ def test_each_step_trains_at_megatron_lms_rate():
     assert rates[:5] == [0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3]
     assert rates[5] == learning_rate(spec, 5) < 1e-3  # decay starts after the warm-up
     assert step_learning_rate(spec, 21) == learning_rate(spec, 20) == pytest.approx(1e-4)
+
+
+def test_the_weights_do_not_depend_on_how_many_threads_draw_them():
+    """init_parameters draws the parameters on the intra-op threads at once: the same values,
+    bit for bit, as one thread drawing them one after another."""
+    from hwbench.workload.model import build_model
+
+    config = load_catalog().workloads["tiny"].model
+    threads = torch.get_num_threads()
+    built = {}
+    try:
+        for count in (1, 4):
+            torch.set_num_threads(count)
+            built[count] = dict(build_model(config, device=torch.device("cpu"), seed=7).named_parameters())
+    finally:
+        torch.set_num_threads(threads)
+    assert built[1].keys() == built[4].keys() and len(built[1]) > 10
+    for name, value in built[1].items():
+        assert torch.equal(value, built[4][name]), name

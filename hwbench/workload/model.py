@@ -13,6 +13,8 @@ Shapes: B batch, S sequence, h hidden, H heads, D = h / H head size, V padded vo
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import math
 import zlib
 
@@ -273,17 +275,44 @@ def init_parameters(model: GPT, seed: int) -> None:
     """Fill every parameter the model (or stage, or shard) holds with the values
     the whole model would have on one device for ``seed``. Sharded parameters
     (DTensors of tensor parallelism or FSDP) draw the whole tensor on the host
-    and keep their own shard of it, so every layout starts from the same weights."""
+    and keep their own shard of it, so every layout starts from the same weights.
+
+    Each parameter draws from a generator of its own (seeded by ``seed`` and its name), so the
+    draws run on the process's intra-op threads at once without changing a value: torch's CPU
+    normal_ is serial, and drawing 1.3B values one tensor after another took seconds of every
+    point's start (on an accelerator, seconds of device time)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    for name, parameter in model.named_parameters():
-        values = host_values(name, parameter.shape, parameter.dtype, model.config, seed)
+    parameters = list(model.named_parameters())
+
+    def draw(item: tuple[str, torch.nn.Parameter]) -> torch.Tensor:
+        name, parameter = item
+        return host_values(name, parameter.shape, parameter.dtype, model.config, seed)
+
+    workers = max(1, torch.get_num_threads())  # a rank's share of the cores, as its own ops use
+    for (_, parameter), values in zip(parameters, _in_order(draw, parameters, workers), strict=True):
         if isinstance(parameter, DTensor):
             full = values.to(parameter.device_mesh.device_type)
             shard = distribute_tensor(full, parameter.device_mesh, parameter.placements, src_data_rank=None)
             parameter.to_local().copy_(shard.to_local())
         else:
             parameter.copy_(values)
+
+
+def _in_order(draw, items: list, workers: int):
+    """``draw(item)`` for each item, in order, computed by ``workers`` threads with at most twice
+    that many results held at once (host memory stays a few tensors, not the model)."""
+    if workers == 1:
+        yield from map(draw, items)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hwbench-init") as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(draw, item))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def build_model(
