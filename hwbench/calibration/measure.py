@@ -43,7 +43,11 @@ from hwbench.workload.flops import matmul_flops
 
 TARGET_REPETITION_S = 0.01
 MAX_CALLS_PER_REPETITION = 1_000_000  # a bound against a mis-sized repetition, far above any real need
-MAX_TIMING_ATTEMPTS = 3  # repetitions measured again, longer, when they fell short of min_time_s
+# repetitions measured again, longer, when they fell short of min_time_s: a device that sped up
+# after the sizing (a GPU's clock rising, a CPU whose other load went away) can make one retry
+# fall short too; each retry aims 25 % beyond, and six of them are still only seconds
+MAX_TIMING_ATTEMPTS = 6
+RETRY_MARGIN = 1.25
 CLOCK_SAMPLE_INTERVAL_S = 0.1  # telemetry during a size's timed repetitions: about 10 samples a second
 SIXTEEN_BIT_FIRST = ("bf16", "fp16", "fp32")  # the device warm-up's precision: training's, the most power
 ROTATION_BYTES = 256 * 2**20  # beyond the L2 of any GPU today (H100: 50 MiB)
@@ -312,7 +316,8 @@ def timed_rates(backend: Backend, call: Callable[[int], Any], work_per_call: flo
         timed = sum(intervals)
         if timed >= settings.min_time_s or timed <= 0 or calls >= MAX_CALLS_PER_REPETITION:
             break  # (no time at all: the check below names the timer's fault)
-        calls = _calls_for(target, timed / (calls * settings.repeats) / 1.1)  # 10 % beyond, not just short again
+        # the whole shortfall at once, RETRY_MARGIN beyond, so as not to fall just short again
+        calls = max(calls + 1, _calls_for(target, timed / (calls * settings.repeats) / RETRY_MARGIN))
     rates = [work_per_call * calls / interval for interval in intervals if interval > 0]
     if len(rates) != settings.repeats or not all(math.isfinite(rate) for rate in rates):
         raise RuntimeError(f"the timer gave {intervals[:5]}...: not {settings.repeats} positive intervals")
