@@ -69,7 +69,7 @@ def test_accept_passes_against_a_baseline_of_the_same_machine(measured, tmp_path
 
 
 def test_accept_names_the_device_of_the_slow_rank_and_fails(measured, tmp_path, monkeypatch, capsys):
-    """Rank 1's device 10% slower (HWBENCH_FAULT's slow kind; the suite's point a real 2-rank torchrun job)."""
+    """Rank 1's device half as fast (HWBENCH_FAULT's slow kind; the suite's point a real 2-rank torchrun job)."""
     (result,) = measured["results"]
     csv = tmp_path / "published.csv"  # a CSV of per-device-model figures as the baseline
     csv.write_text(f"model,device_model,tokens_per_s\ntiny,{result.device_model},1\n")

@@ -352,7 +352,7 @@ def _accept(suite: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_accept_probes_each_node_by_a_job_and_names_its_slow_device(slurm_env, tmp_path):
-    """The node's devices probed by a job on that node (sbatch --nodelist); device 1 10% slower in each
+    """The node's devices probed by a job on that node (sbatch --nodelist); device 1 half as fast in each
     measurement, its training point included (HWBENCH_FAULT's slow kind), is named: FAIL, exit 3."""
     suite = _suite(tmp_path / "acc.yaml", [{"name": "dp2", "nproc-per-node": 2}])
     out = tmp_path / "out"

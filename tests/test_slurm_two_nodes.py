@@ -243,7 +243,7 @@ def test_sweep_point_of_two_nodes_is_one_job_on_both(slurm_env, tmp_path):
 
 
 def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(slurm_env, tmp_path):
-    """Each node's two devices probed by a job on that node; device 1 of each 10% slower (HWBENCH_FAULT's
+    """Each node's two devices probed by a job on that node; device 1 of each half as fast (HWBENCH_FAULT's
     slow kind reaches every node's job) is named among the four devices of both nodes."""
     import yaml
 

@@ -11,7 +11,7 @@ Measured alone, each device shows its own rate, which `hwbench accept` sets agai
 On the CPU a probe runs one thread timed on the process's CPU clock (CpuClockTimer): on a host
 shared with other work the wall clock measures that work too. HWBENCH_FAULT ``INDEX:STEP:slow``
 (hwbench/harness/faults.py) makes every CPU measurement of device INDEX's probe (GEMM, copy and
-training step) 10% slower (a busy wait before each mark: every interval 10/9 as long), for
+training step) half as fast (a busy wait before each mark: every interval twice as long), for
 testing that accept names it.
 """
 
@@ -46,7 +46,11 @@ PROBE_TRAINING = {"model": "tiny", "data": "synthetic", "seq_length": 32, "micro
                   "global_batch_size": 1, "warmup": 2, "steps": 7, "eval_iters": 0, "telemetry": False,
                   "precision": PROBE_PRECISION}
 PROBES_FILE = "probes.jsonl"  # OUT/probes.jsonl: one probe a line
-SLOWDOWN = 0.10  # a `slow` fault's share of the rate lost
+# a `slow` fault's share of the rate lost: far above the noise between probes, as the training
+# job's SLOW_STEP_S is (on this project's shared 2-vCPU VM identical devices probed one after
+# another differed by up to 35 % in GEMM rate and 24 % in training tokens/s, CPU clock and all:
+# a 10 % slowdown was named in only about half the runs)
+SLOWDOWN = 0.50
 
 
 class CpuClockTimer:
