@@ -104,3 +104,20 @@ def test_a_stand_in_or_cpu_result_is_held_to_no_goal(tmp_path):
         verdicts = _verdicts(folder)
         assert verdicts["every run ends ok"] == ("n/a", "no result of a real accelerator"), name
         assert {verdict for verdict, _ in verdicts.values()} == {"n/a"}, name
+
+
+def test_the_side_by_side_ratios_are_judged_only_when_its_runs_were_on_a_real_accelerator(tmp_path, capsys):
+    from session_summary import main
+
+    for name, simulated, verdict in (("card", False, "PASS"), ("stand-in", True, "n/a")):
+        folder, data, _ = _session(tmp_path / name)
+        data["device"]["simulated"] = simulated
+        sides = folder / "side-by-side"
+        (sides / "r1" / "hwbench").mkdir(parents=True)
+        (sides / "r1" / "hwbench" / "20261201T000000Z-345m-cuda-fedcba.json").write_text(json.dumps(data))
+        (sides / "side_by_side.json").write_text(json.dumps(
+            {"options": {"device": "cuda"}, "harness_ratio": 1.01, "telemetry_ratio": 1.001}))
+        assert main([str(folder)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        (harness,) = [line for line in lines if line.startswith("| hwbench's step within 2 %")]
+        assert harness.split(" | ")[1] == verdict, (name, harness)
