@@ -243,7 +243,11 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback(tmp_path, monkeypat
     code, result = _faulty_run(tmp_path, monkeypatch, "1:2:raise")
     assert code == 1 and result["status"] == "failed"
     error = result["error"]
-    assert error["rank"] == 1 and error["signal"] is None
+    assert error["rank"] == 1
+    # the rank writes its failure and exits; rank 0 fails on the closed connection, and torchrun then
+    # stops what is left of the group with SIGTERM: a rank still exiting then is named with both (seen
+    # in one of four full runs here, 2026-11-27, a clean-clone rehearsal of CI)
+    assert error["signal"] is None or (error["signal"] == "SIGTERM" and "then killed by SIGTERM" in error["message"])
     assert "InjectedFault" in error["traceback"] and "rank 1 raised at step 2" in error["message"]
     assert "InjectedFault" in error["log_tail"]
     from test_docs import undocumented
