@@ -13,7 +13,6 @@ Shapes: B batch, S sequence, h hidden, H heads, D = h / H head size, V padded vo
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import math
 import zlib
@@ -24,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig
+from hwbench.workload.in_order import in_order
 
 INIT_STD = 0.02  # Megatron --init-method-std default
 LAYERNORM_EPS = 1e-5
@@ -306,13 +306,7 @@ def _in_order(draw, items: list, workers: int):
         yield from map(draw, items)
         return
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hwbench-init") as pool:
-        pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append(pool.submit(draw, item))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+        yield from in_order(pool, draw, items, 2 * workers)
 
 
 def build_model(

@@ -37,7 +37,6 @@ interrupted.
 from __future__ import annotations
 
 import bz2
-import collections
 import concurrent.futures
 import dataclasses
 import gzip
@@ -60,6 +59,7 @@ from tabulate import tabulate
 from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
 from hwbench.lifeline import die_with_parent
+from hwbench.workload.in_order import in_order
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded
 
@@ -416,14 +416,8 @@ def encode_chunks(chunks: Iterator[Chunk], encoder: ChunkEncoder,
             return
         pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context(),
                                                       initializer=_worker_start, initargs=(encoder, os.getpid()))
-        pending: collections.deque = collections.deque()
         try:
-            for chunk in chunks:
-                pending.append(pool.submit(_worker_encode, chunk))
-                if len(pending) >= 2 * workers:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
+            yield from in_order(pool, _worker_encode, chunks, 2 * workers)
         except concurrent.futures.process.BrokenProcessPool:
             raise UsageError(f"--workers {workers}: a worker process died (out of memory?); nothing was written") \
                 from None
