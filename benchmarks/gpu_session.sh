@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements a GPU (or NPU) session owes the open checks, in stages that resume, so that a
-# session with a card runs what its device time holds and the next one goes on (docs/performance.md,
+# loan of a card runs what its device time holds and the next loan goes on (docs/performance.md,
 # "A GPU session, call by call", has the plan for 15 minutes of device time):
 #   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
 #           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
@@ -15,7 +15,7 @@
 #           one device; the planner skips what does not fit)
 #   batch   `hwbench sweep speed-1.3b` (HWBENCH_BATCH_SUITE): 1.3B at seq 2048, bf16, micro batch
 #           candidates with and without recompute
-#   report  `hwbench report` of this session's results and of HWBENCH_EARLIER (earlier sessions'
+#   report  `hwbench report` of this folder's results and of HWBENCH_EARLIER (earlier loans'
 #           result folders, space-separated) against results/published (report.md, report.html:
 #           per-device ratios to the published rows, the planner's prediction beside every peak)
 #   all     probe fast run sweep batch report (a machine without a per-call limit)
@@ -66,10 +66,14 @@ step_min="${HWBENCH_STEP_MIN:-30}"  # a step with less of the budget left is not
 case "$step_min" in
   ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_STEP_MIN '$step_min' is not accepted; give whole seconds, 1 or more, no leading 0" >&2; exit 2 ;;
 esac
+repeats="${HWBENCH_RUN_REPEATS:-2}"  # the run stage's side-by-side repeats
+case "$repeats" in
+  ''|*[!0-9]*|0*) echo "gpu_session.sh: HWBENCH_RUN_REPEATS '$repeats' is not accepted; give a whole number, 1 or more, no leading 0" >&2; exit 2 ;;
+esac
 # Everything checked before anything is made: a refused call leaves nothing behind.
-read -r -a earlier <<< "${HWBENCH_EARLIER:-}"  # earlier sessions' result folders, for the report
+read -r -a earlier <<< "${HWBENCH_EARLIER:-}"  # earlier loans' result folders, for the report
 for i in "${!earlier[@]}"; do
-  [ -d "${earlier[$i]}" ] || { echo "gpu_session.sh: HWBENCH_EARLIER names '${earlier[$i]}', which is not a folder; give earlier sessions' result folders" >&2; exit 2; }
+  [ -d "${earlier[$i]}" ] || { echo "gpu_session.sh: HWBENCH_EARLIER names '${earlier[$i]}', which is not a folder; give result folders of earlier loans" >&2; exit 2; }
   earlier[$i]="$(cd "${earlier[$i]}" && pwd)"
 done
 if [ -n "$dest" ]; then
@@ -208,7 +212,6 @@ stage_probe() {
 }
 
 stage_run() {
-  local repeats="${HWBENCH_RUN_REPEATS:-2}"
   if [ -f "$session/side-by-side/side_by_side.json" ] && "$py" - "$session/side-by-side/side_by_side.json" "$repeats" <<'EOF'
 import json, sys
 document = json.load(open(sys.argv[1]))

@@ -40,6 +40,8 @@ def test_an_unknown_stage_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and "HWBENCH_CALL_BUDGET '9m'" in done.stderr
     done = session(tmp_path, "sweep", step_min="0")
     assert done.returncode == 2 and "HWBENCH_STEP_MIN '0'" in done.stderr
+    done = session(tmp_path, "run", HWBENCH_RUN_REPEATS="two")
+    assert done.returncode == 2 and done.stderr.startswith("gpu_session.sh: HWBENCH_RUN_REPEATS 'two' is not accepted")
     done = session(tmp_path, "report", HWBENCH_EARLIER=str(tmp_path / "no-such-session"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "HWBENCH_EARLIER names" in done.stderr and "no-such-session" in done.stderr
