@@ -104,7 +104,8 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
 
 
 _INTRO = ("Per workload (model and precision): each device model's best measured point (the layout with the "
-          "highest median tokens/s per device), its throughput per device charged, $ per million tokens, J per "
+          "highest median tokens/s per device; its repeats are the runs of that point in one environment, as the "
+          "history keeps them apart), its throughput per device charged, $ per million tokens, J per "
           "token where energy was measured, and the time and cost to train the token budget on {devices} devices. "
           "A device is named faster or cheaper only when its repeats show the difference: the change of the median "
           "must pass {threshold:.0%} and be significant (Mann-Whitney U p < 0.05, or complete separation with 3 or "
@@ -181,12 +182,22 @@ def _environment_text(best: Sample, samples: dict[Sample, list[dict[str, Any]]])
     others = [env for (other_point, env) in samples if other_point == point and env != environment]
     if not others:
         return ""
-    mine = dict(environment)
+    mine, theirs = dict(environment), [dict(env) for env in others]
     differing = [field for field in dict.fromkeys(name for env in [environment, *others] for name, _ in env)
-                 if any(dict(env).get(field) != mine.get(field) for env in others)]
+                 if any(env.get(field) != mine.get(field) for env in theirs)]
     left_out = sum(len(samples[(point, env)]) for env in others)
-    return ("".join(f", {field} {mine.get(field, 'unknown')}" for field in differing)
+    return ("".join(f", {field} {_own_part(mine.get(field), [env.get(field) for env in theirs])}"
+                    for field in differing)
             + f" ({left_out} run(s) of this point in another environment: a sample of their own, not pooled)")
+
+
+def _own_part(text: str | None, others: list[str | None]) -> str:
+    """Of a field's text ('allocator=..., intra_op_threads=2'), the comma-separated parts that the
+    others do not all hold ('intra_op_threads=2'): the difference, not the whole mapping."""
+    if text is None:
+        return "unknown"
+    held = [set((other or "").split(", ")) for other in others]
+    return ", ".join(part for part in text.split(", ") if any(part not in parts for parts in held)) or text
 
 
 def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
