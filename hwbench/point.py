@@ -1,8 +1,9 @@
 """What one benchmark point is: ``PointKey``, the settings that define what was measured (results
 with the same key are repeats of one point; keys that differ in any field are never merged into
 one figure by compare, the history or the report; seed, output folder, ports, timeouts, telemetry
-and evaluation settings are not part of it); ``METRICS``, the figures compared; ``resume_key``, a
-sweep's key of one run of a point, by which an interrupted sweep finds what it already ran."""
+and evaluation settings are not part of it; whether a stand-in ran it is, ``stand_in``);
+``METRICS``, the figures compared; ``resume_key``, a sweep's key of one run of a point, by which
+an interrupted sweep finds what it already ran."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ def data_kind(data: Any) -> Any:
     if data in (None, "builtin", "synthetic") or str(data).startswith("megatron:"):
         return data
     return f"megatron:{PurePath(str(data)).name}"
+
+
+SIMULATED = "simulated"  # PointKey.stand_in of a point a stand-in device ran (hwbench/device/base.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,10 @@ class PointKey:
     steps: int | None
     fused_qkv: bool = False
     cross_entropy: str = "standard"
+    # None: the device itself ran the point; SIMULATED: a stand-in ran its code path on the host.
+    # Text, not a flag, so that another kind of stand-in (FP8 emulated on a device without FP8)
+    # joins the key as a value, without another change of the key and of the stored keys.
+    stand_in: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.pp, int) and self.pp > 1):
@@ -75,10 +83,14 @@ class PointKey:
         )
         flags, details = self._flags(), self._details(among)
         return (
-            f"{self.model} on {self.device_model or self.backend}{layout} {self.precision}"
+            f"{self.model} on {self.device_model or self.backend}{self.stand_in_mark()}{layout} {self.precision}"
             + (f" {flags}" if flags else "")
             + "".join(f", {detail}" for detail in details)
         )
+
+    def stand_in_mark(self) -> str:
+        """' [simulated]' for a point a stand-in ran, '' for the device's own."""
+        return f" [{self.stand_in}]" if self.stand_in else ""
 
     def variant(self, among: Iterable[PointKey] = ()) -> str:
         """What sets the point apart beyond workload, device, layout and precision ('recompute, seq 64')."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +57,17 @@ def standin_npu_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES), env.get("PYTHONPATH")]))
     env["PATH"] = os.pathsep.join(filter(None, [str(FAKES / "bin"), env.get("PATH")]))
     return env
+
+
+def stand_in_gave(section: dict, figure: str) -> Any:
+    """What the stand-in answered for ``figure``: a simulated run records the figure as null with
+    that value in its reason (hwbench/harness/stand_in.py), which this reads back."""
+    assert section[figure] is None, (figure, section[figure])
+    reason = section["unmeasured"][figure]
+    found = re.fullmatch(r"the device is simulated: the stand-in gave (.+), a test value, not a reading of a device",
+                         reason)
+    assert found, reason
+    return ast.literal_eval(found.group(1))
 
 
 def without_preflight(stderr: str) -> str:

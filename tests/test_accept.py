@@ -185,6 +185,21 @@ def test_baseline_save_into_a_path_under_a_file_or_empty_is_one_line(measured, t
     assert warning.startswith(f"hwbench baseline: warning: left out {broken}: ") and warning.count(str(broken)) == 1
 
 
+def test_a_csv_row_of_a_device_is_no_baseline_of_its_stand_in(tmp_path):
+    """A CSV row names the device's own figure: a stand-in's run of that device model matched it."""
+    from hwbench.report.baseline import load_baseline
+    from hwbench.result.model import RunResult
+
+    data = json.loads((Path(__file__).parent / "data" / "compare" / "tiny-cpu.json").read_text())
+    real = RunResult.from_dict(data)
+    data["device"]["simulated"] = data["environment"]["simulated"] = True
+    stand_in = RunResult.from_dict(data)
+    csv = tmp_path / "published.csv"
+    csv.write_text(f"model,device_model,tokens_per_s\ntiny,{real.device_model},1000\n")
+    baseline = load_baseline(str(csv))
+    assert baseline.figure(real.point_key).median == 1000 and baseline.figure(stand_in.point_key) is None
+
+
 def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
     bogus = tmp_path / "b.json"
     bogus.write_text('{"points": []}')

@@ -375,6 +375,41 @@ def test_an_unreadable_current_file_is_named_and_fails_the_gate(tmp_path, capsys
     assert "only in baseline (missing from current):\n  nightly/bf16" in out
 
 
+def simulated(folder: Path) -> Path:
+    """The results in ``folder`` as a stand-in writes them: the device and the environment marked simulated."""
+    for path in folder.glob("*.json"):
+        data = json.loads(path.read_text())
+        data["device"]["simulated"] = data["environment"]["simulated"] = True
+        path.write_text(json.dumps(data))
+    return folder
+
+
+def test_a_stand_in_result_is_never_compared_with_the_devices_own(tmp_path):
+    """A real baseline against the same point run through a stand-in (this host's figures, 100x
+    slower) was a -99% regression; it is no point in common, and the line says which side was simulated."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = simulated(write(tmp_path / "cur", [10.0, 11.0, 9.0]))
+    with pytest.raises(UsageError, match=r"no point in common.*the closest pair differs in measured on the device "
+                                         r"in baseline, simulated in current \(a stand-in's figures are never "
+                                         r"compared with the device's\);"):
+        run_command("compare", [str(base), str(cur)])
+
+
+def test_a_simulated_point_beside_compared_ones_is_named_not_compared(tmp_path, capsys):
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    write(base, [400.0, 405.0, 398.0], spec={"seq_length": 64}, point="short")
+    cur = simulated(write(tmp_path / "cur", [10.0, 11.0, 9.0]))
+    write(cur, [401.0, 404.0, 399.0], spec={"seq_length": 64}, point="short")
+    code, out, err = run(capsys, base, cur)
+    assert code == compare.MISSING_EXIT  # the device's point has no result in CURRENT: the gate cannot vouch for it
+    assert "1 points compared: 0 regression(s)" in out
+    label = "tiny on Intel(R) Xeon(R) Processor fp32, seq 128"
+    assert (f"warning: not compared: nightly/one-rank ({label}) (baseline) with nightly/one-rank "
+            f"(tiny on Intel(R) Xeon(R) Processor [simulated] fp32, seq 128) (current): measured on the device in "
+            "baseline, simulated in current; a stand-in's figures measure this host, not the device") in err
+    assert "only in current:\n  nightly/one-rank (tiny on Intel(R) Xeon(R) Processor [simulated] fp32" in out
+
+
 def test_seed_out_dir_and_port_do_not_split_points(tmp_path, capsys):
     base = write(tmp_path / "base", [1000.0], spec={"out_dir": "/a"})
     data = template()

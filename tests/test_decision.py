@@ -534,23 +534,76 @@ def test_each_device_is_shown_with_its_catalog_entry_and_the_peak_its_mfu_used(t
     assert rows["NVIDIA A100-SXM4-40GB"]["MFU"] == "no MFU: the power limit could not be read"
 
 
+def cells(section: str, first: str) -> list[list[str]]:
+    """The cells of the table rows of ``section`` (markdown) whose first cell is ``first``."""
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ")]
+    return [row for row in rows if row[0] == first]
+
+
 def test_a_simulated_device_is_shown_but_never_named_faster_cheaper_or_projected(tmp_path):
-    """A stand-in run (the vendor's code path on this host) twice as fast as a real H100 does not
-    win: it is shown, marked, unpriced and left out of the verdicts and projections."""
-    mi300x = {"backend": "rocm", "device_model": "AMD Instinct MI300X", "catalog_entry": "mi300x",
-              "price_usd_per_hour": None}
-    runs = [result(f"2026112{i}T000000Z-tiny-cuda-h1{i}", H100, 1, t, i) for i, t in enumerate((1000, 1010, 990))]
-    simulated = [result(f"2026112{i}T030000Z-tiny-rocm-m1{i}", mi300x, 1, t, i)
-                 for i, t in enumerate((2000, 2020, 1980))]
-    for data in simulated:
-        data["device"]["simulated"] = True
-    decision = report(str(write(tmp_path / "mixed", *runs, *simulated))).split("## Decision")[1].split("## Runs")[0]
-    assert "Faster:" not in decision and "Cheaper:" not in decision
-    assert "Only one device model was measured for this workload (NVIDIA H100 80GB HBM3)" in decision
-    assert ("Left out of every verdict: AMD Instinct MI300X [simulated]: a stand-in ran the vendor's code path on "
-            "this host") in decision
-    assert "AMD Instinct MI300X [simulated]: no projection (a stand-in's figures measure this host" in decision
-    row = next(line for line in decision.splitlines() if line.startswith("| AMD Instinct MI300X [simulated]"))
-    assert "| no price " in row  # and the prices used say why
-    assert "- AMD Instinct MI300X [simulated]: not priced: a simulated device" in decision
-    assert "Time to train on" in decision  # the real device is still projected
+    """An H100 through the CUDA stand-in (the vendor's code path on this host), twice as fast as
+    the real H100 beside it, its catalog entry priced, its telemetry and time to target recorded as
+    the stand-in answered: on the whole page it is shown and marked, a candidate of its own (never
+    pooled with the real H100), never named faster or cheaper, and never priced, projected, given
+    J/token or a cost to its target."""
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-a1{i}", A100, 1, t, i) for i, t in enumerate((500, 505, 495))]
+    runs += [result(f"2026112{i}T010000Z-tiny-cuda-h1{i}", H100, 1, t, i) for i, t in enumerate((1000, 1010, 990))]
+    stand_in = [result(f"2026112{i}T020000Z-tiny-cuda-s1{i}", H100, 1, t, i) for i, t in enumerate((2000, 2020, 1980))]
+    for data in stand_in:
+        data["device"]["simulated"] = data["environment"]["simulated"] = True
+        data["metrics"]["telemetry"] = {"source": "nvml", "available": True, "energy_j": 880.0,
+                                        "power_w_mean_total": 88.0,
+                                        "devices": [{"index": 0, "energy_j": 880.0, "power_w_mean": 88.0}]}
+        data["metrics"]["time_to_target"] = {"metric": "loss", "given": "loss 9", "value": 8.9, "reached": True,
+                                             "step": 2, "samples": 16, "time_s": 10.0, "scored_time_s": 10.0,
+                                             "device_hours": 10 / 3600, "energy_j": 880.0}
+    page = report(str(write(tmp_path / "mixed", *runs, *stand_in)))
+    sections = {part.split("\n", 1)[0]: part for part in page.split("\n## ")}
+    decision, simulated = sections["Decision"], "NVIDIA H100 80GB HBM3 [simulated]"
+    assert "Faster: NVIDIA H100 80GB HBM3, 2.00x the tokens/s per device of NVIDIA A100-SXM4-40GB" in decision
+    assert "Cheaper: NVIDIA A100-SXM4-40GB" in decision and f"Faster: {simulated}" not in decision
+    assert (f"Left out of every verdict: {simulated}: a stand-in ran the vendor's code path on this host") in decision
+    assert f"{simulated}: not projected: a simulated device (a stand-in's figures measure this host" in decision
+    assert f"- {simulated}: not priced: a simulated device" in decision
+    row = cells(decision, simulated)[0]  # the candidates' table (the time to target's follows)
+    # runs, tokens/s per device, ratio to fastest, price, $ per 1M, J/token, days, cost on 8
+    assert (row[3], row[4].split()[0], row[7], row[8], row[9].split(" [")[0], row[10], row[11]) == \
+        ("3", "2,000.0", "no price", "no price", "not measured", "-", "no price")
+    real = cells(decision, "NVIDIA H100 80GB HBM3")[0]
+    assert real[3] == "3" and real[4].startswith("1,000.0") and real[7] == "$6.88"  # the real runs alone
+    stand_in_runs = [row for data in stand_in for row in cells(sections["Runs"], data["run_id"])]
+    assert len(stand_in_runs) == 3 and all(row[3] == "NVIDIA H100 80GB HBM3 x1 [simulated]" for row in stand_in_runs)
+    procurement = sections["Procurement"]
+    for data in stand_in:
+        [row] = cells(procurement, data["run_id"])
+        # J/token, avg power, price, $ per 1M tokens, days, projected cost
+        assert [row[4].split(" [")[0], row[5], row[6].split(" [")[0], row[7], row[9], row[10]] == \
+            ["not measured", "not measured", "no price", "no price", "-", "no price"], row
+    assert "energy not measured: not counted: a simulated device" in procurement
+    assert "no price: not priced: a simulated device" in procurement
+    assert "scaling: not projected: a simulated device" in procurement
+    [target] = cells(sections["Time to target"], simulated)
+    assert target[8].startswith("not measured (not counted: a simulated device") and target[9].startswith("no price")
+
+
+def test_runs_of_one_point_in_two_environments_are_two_samples_as_in_the_history(tmp_path):
+    """Nine H100 runs of one point, six with one thread per rank and three with two: the decision
+    pooled them as one best point (CV 34.5% on a real sweep); it keys samples as the history does
+    (point and the environment fields that move figures by themselves), so the best sample is the
+    two-thread runs alone, and the point says what set them apart and how many runs were left out."""
+    tuning = json.loads(SOURCE.read_text())["environment"]["tuning"]
+    runs = [result(f"2026112{i}T000000Z-tiny-cuda-a{i}", A100, 1, t, i) for i, t in enumerate((500, 505, 495))]
+    runs += [result(f"2026112{i % 3}T01{i}000Z-tiny-cuda-one{i}", H100, 1, t, i,
+                    tuning={**tuning, "intra_op_threads": 1}, threads_per_rank=1)
+             for i, t in enumerate((1000, 1010, 990, 1005, 995, 1000))]
+    runs += [result(f"2026112{i}T020000Z-tiny-cuda-two{i}", H100, 1, t, i,
+                    tuning={**tuning, "intra_op_threads": 2}, threads_per_rank=2)
+             for i, t in enumerate((1900, 1920, 1880))]
+    decision = report(str(write(tmp_path / "threads", *runs))).split("## Decision")[1].split("## Runs")[0]
+    row = cells(decision, "NVIDIA H100 80GB HBM3")[0]
+    assert row[1] == ("TP1 PP1 DP1 x1 ranks, tuning intra_op_threads=2 (6 run(s) of this point in another "
+                      "environment: a sample of their own, not pooled)")
+    assert (row[3], row[4], row[5]) == ("3", "1,900.0 (1,880.0-1,920.0)", "1.1%")
+    assert ("Faster: NVIDIA H100 80GB HBM3, 3.80x the tokens/s per device of NVIDIA A100-SXM4-40GB; shown by the "
+            "repeats (3 and 3 runs; p=0.1 (exact U=0), separated).") in decision

@@ -166,6 +166,58 @@ def test_an_old_database_is_migrated_when_opened(tmp_path, monkeypatch):
     assert "note" in [row[1] for row in connection.execute("PRAGMA table_info(runs)")]
 
 
+def mark_simulated(folder: Path, from_night: int) -> None:
+    """The runs of ``folder`` from night ``from_night`` on as a stand-in writes them (device and environment)."""
+    for path in sorted(folder.glob("night*/*.json")):
+        data = json.loads(path.read_text())
+        if int(data["run_id"].removeprefix("night").split("-")[0]) >= from_night:
+            data["device"]["simulated"] = data["environment"]["simulated"] = True
+            path.write_text(json.dumps(data))
+
+
+SIMULATED_SERIES = "tokens/s of tiny on Intel(R) Xeon(R) Processor [simulated] fp32"
+
+
+def test_simulated_runs_form_their_own_series_and_add_says_so(tmp_path, capsys):
+    """Six nights through a stand-in at 1% of the device's throughput were filed into the device's
+    series: a 99% fall, an open regression. They are a series of their own, and `add` says so."""
+    runs = write_nights(tmp_path / "runs", [1000.0] * 12 + [10.0] * 6)
+    mark_simulated(runs, from_night=12)
+    db = tmp_path / "h.sqlite"
+    code, out, _ = history(capsys, "add", runs, "--db", db)
+    assert code == 0 and ("18 of the runs added are simulated (a stand-in ran the device's code path on the host): "
+                          "they form their own series, marked [simulated], apart from the device's") in out
+    code, out, _ = history(capsys, "changes", "--db", db, "--metric", "tokens_per_s")
+    assert code == 0 and " fell " not in out and "0 open regression(s)" in out
+    code, out, _ = history(capsys, "show", "--db", db, "--metric", "tokens_per_s")
+    rows = {line.split("  ")[0]: line for line in out.splitlines()[2:]}
+    assert set(rows) == {"tokens/s of tiny on Intel(R) Xeon(R) Processor fp32", SIMULATED_SERIES}
+
+
+def test_a_version_2_database_keeps_its_runs_and_sets_its_simulated_runs_apart(tmp_path, capsys):
+    """A database written before the point key had stand_in (version 2: 22 fields) is brought up
+    to date when opened: every run kept, the simulated ones (by their stored environment) in their
+    own series."""
+    runs = write_nights(tmp_path / "runs", [1000.0] * 12 + [10.0] * 6)
+    mark_simulated(runs, from_night=12)
+    db = tmp_path / "h.sqlite"
+    history(capsys, "add", runs, "--db", db)
+    with sqlite3.connect(db) as connection:  # as version 2 wrote it
+        for run_id, key in connection.execute("SELECT run_id, point_key FROM runs").fetchall():
+            connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?",
+                               (json.dumps(json.loads(key)[:len(store.V2_POINT_FIELDS)]), run_id))
+        connection.execute("PRAGMA user_version = 2")
+    code, out, _ = history(capsys, "show", "--db", db, "--metric", "tokens_per_s")
+    assert code == 0 and SIMULATED_SERIES in out
+    with sqlite3.connect(db) as connection:
+        keys = dict(connection.execute("SELECT run_id, point_key FROM runs").fetchall())
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+    assert len(keys) == 54
+    assert {run_id for run_id, key in keys.items() if json.loads(key)[-1] == "simulated"} == \
+        {f"night{night}-{repeat}" for night in range(12, 18) for repeat in range(3)}
+    assert all(json.loads(key)[-1] is None for run_id, key in keys.items() if int(run_id[5:].split("-")[0]) < 12)
+
+
 # --- changes, show, report --------------------------------------------------------
 
 

@@ -69,6 +69,28 @@ def test_runs_that_differ_in_a_key_field_are_two_points_everywhere(tmp_path, cap
     assert all(variant in chart for variant in variants) and "median 500.0 " in chart and "median 1,000.0 " in chart
 
 
+def test_a_simulated_run_and_the_devices_own_are_two_points_everywhere(tmp_path, capsys):
+    """The same settings run through a stand-in (its figures this host's) and on the device: two
+    points in compare, the history and the report, the stand-in's labelled [simulated]."""
+    stand_in = result("b", 10.0)
+    stand_in["device"]["simulated"] = stand_in["environment"]["simulated"] = True
+    both = write(tmp_path / "both", result("a", 1000.0), stand_in)
+    keys = [load_result(path).point_key for path in sorted(both.glob("*.json"))]
+    assert keys[0] != keys[1] and (keys[0].stand_in, keys[1].stand_in) == (None, "simulated")
+    assert keys[1].label() == "tiny on Intel(R) Xeon(R) Processor [simulated] fp32"
+    code = run_command("compare", [str(both), str(both)])
+    assert code == 0 and "2 points compared: 0 regression(s)" in capsys.readouterr().out
+    db = tmp_path / "history.sqlite"
+    assert run_command("history", ["add", str(both), "--db", str(db)]) == 0
+    capsys.readouterr()
+    connection = store.open_history(db)
+    try:
+        assert len({run.point for run in store.runs_with_metric(connection, "tokens_per_s")}) == 2
+    finally:
+        connection.close()
+    assert len({row["point"] for row in json.loads(_report(capsys, both))["runs"]}) == 2
+
+
 def _report(capsys, folder: Path) -> str:
     assert run_command("report", [str(folder), "--format", "json"]) == 0
     return capsys.readouterr().out
@@ -80,7 +102,7 @@ def test_a_label_alone_names_no_detail_and_a_set_names_only_what_differs():
     other = RunResult.from_dict(result("b", 1.0, seq_length=64, micro_batch_size=2)).point_key
     assert other.label([key, other]) == "tiny on Intel(R) Xeon(R) Processor fp32, micro batch 2, seq 64"
     assert key.label([key, other]) == "tiny on Intel(R) Xeon(R) Processor fp32, micro batch 4, seq 128"
-    assert PointKey(*key.values()) == key and len(key.values()) == len(PointKey.fields()) == 22
+    assert PointKey(*key.values()) == key and len(key.values()) == len(PointKey.fields()) == 23
 
 
 def test_the_dataset_is_named_not_where_it_is_kept():
@@ -129,7 +151,7 @@ def test_a_version_1_history_database_keeps_its_series(tmp_path, capsys):
         version = connection.execute("PRAGMA user_version").fetchone()[0]
     finally:
         connection.close()
-    assert version == store.SCHEMA_VERSION == 2
+    assert version == store.SCHEMA_VERSION == 3
     assert len(runs) == 4 and len({run.point for run in runs}) == 1  # one series: old nights and tonight
     assert runs[0].point.max_positions == 128 and runs[0].point.cross_entropy == "standard"
     code, out, _ = (run_command("history", ["show", "--db", str(db)]), *capsys.readouterr())

@@ -262,9 +262,11 @@ def test_cost_energy_and_projection_by_hand(data):
     b = _run(data, B)
     assert b["cost_per_million_tokens_usd"] == pytest.approx(0.1953125)
     assert b["energy_per_token_j"] is None and "CPU backend" in b["energy_reason"]
-    # c: no price anywhere
+    # c: a simulated NPU: no price, energy or projection, each with the reason
     c = _run(data, C)
-    assert c["cost_per_million_tokens_usd"] is None and c["price_source"].startswith("no price")
+    assert c["cost_per_million_tokens_usd"] is None and c["price_source"].startswith("not priced: a simulated device")
+    assert c["energy_per_token_j"] is None and c["energy_reason"].startswith("not counted: a simulated device")
+    assert c["projected_days"] is None and c["projection_basis"].startswith("not projected: a simulated device")
 
 
 def test_price_by_device_model_and_projection_options():

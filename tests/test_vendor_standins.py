@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import stand_in_gave
 
 from hwbench.cli import main
 
@@ -27,7 +28,9 @@ def hwbench(args, cwd, **env):
 
 
 def standin_path(folder: str) -> str:
-    return os.pathsep.join([str(FAKES / folder), str(FAKES / "common")])
+    """The stand-in first on PYTHONPATH, the caller's after it (as conftest's standin_npu_env), so the
+    subprocess imports the hwbench under test."""
+    return os.pathsep.join(filter(None, [str(FAKES / folder), str(FAKES / "common"), os.environ.get("PYTHONPATH")]))
 
 
 def only_result(out: Path) -> dict:
@@ -48,12 +51,14 @@ def test_a_rocm_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert result["metrics"]["mfu"] is None and "simulated" in result["metrics"]["unmeasured"]["mfu"]
     assert result["warnings"][0].startswith("device simulated: a stand-in ran the rocm code path")
     assert (env["hip_version"], env["rccl_version"], env["gfx_arch"]) == ("6.4.43482-0f2d60242", "2.22.3", ["gfx942"])
+    # the stand-in's sensors were read through AMD SMI, and are recorded as none: each null, its value in the reason
     telemetry = result["metrics"]["telemetry"]
-    assert telemetry["source"] == "amdsmi" and telemetry["available"] is True
+    assert telemetry["source"] == "amdsmi" and telemetry["available"] is False and "simulated" in telemetry["reason"]
     gpu = telemetry["devices"][0]
-    assert gpu["power_w_mean"] == 717 and gpu["temperature_c_max"] == 52 and gpu["pci_bus_id"] == "0000:0c:00.0"
-    assert gpu["throttle_reasons"] == ["package_power"] and gpu["energy_resolution_uj"] == pytest.approx(15.259)
-    assert gpu["energy_j"] / telemetry["window_s"] == pytest.approx(717, rel=0.05)  # the counter, in joules
+    assert stand_in_gave(gpu, "power_w_mean") == 717 and stand_in_gave(gpu, "temperature_c_max") == 52
+    assert gpu["pci_bus_id"] == "0000:0c:00.0" and stand_in_gave(gpu, "throttle_reasons") == ["package_power"]
+    assert stand_in_gave(gpu, "energy_resolution_uj") == pytest.approx(15.259)
+    assert stand_in_gave(gpu, "energy_j") / telemetry["window_s"] == pytest.approx(717, rel=0.05)  # the counter, J
 
 
 def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
@@ -70,13 +75,30 @@ def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert result["metrics"]["host_syncs"] is None  # not "the cuda backend cannot count": on a GPU it does
     assert result["metrics"]["unmeasured"]["host_syncs"].startswith("the device is simulated: torch's sync debug")
     assert (env["cuda_version"], env["driver_version"], env["compute_capability"]) == ("12.4", "550.54.15", ["9.0"])
-    assert result["metrics"]["memory"]["capacity_bytes"] == 81559 * 2**20
+    memory = result["metrics"]["memory"]
+    assert stand_in_gave(memory, "capacity_bytes") == device["memory_capacity_bytes"] == 81559 * 2**20
+    assert stand_in_gave(memory, "peak_reserved_bytes") > 0  # the stand-in's memory_stats(), not this host's
     telemetry = result["metrics"]["telemetry"]
-    assert telemetry["source"] == "nvml" and telemetry["available"] is True
+    assert telemetry["source"] == "nvml" and telemetry["available"] is False and "simulated" in telemetry["reason"]
     gpu = telemetry["devices"][0]
-    assert (gpu["power_w_mean"], gpu["temperature_c_max"]) == (88, 28)
+    assert (stand_in_gave(gpu, "power_w_mean"), stand_in_gave(gpu, "temperature_c_max")) == (88, 28)
     assert gpu["identified_by"] == "uuid" and gpu["pci_bus_id"] == "0000:18:00.0"
-    assert gpu["energy_j"] / telemetry["window_s"] == pytest.approx(88, rel=0.05)  # the counter, in joules
+    assert stand_in_gave(gpu, "energy_j") / telemetry["window_s"] == pytest.approx(88, rel=0.05)  # the counter, J
+
+
+def test_a_stand_in_runs_time_to_target_has_no_cost_and_no_energy(tmp_path):
+    """Its device-hours are this host's and its energy counter the stand-in's: the catalog's H100
+    price and the counter's joules were recorded as the run's cost and energy to the target."""
+    options = ["--steps", "2", "--warmup", "0", "--eval-iters", "1", "--eval-interval", "1", "--target-loss", "20"]
+    done = hwbench(["run", "--model", "tiny", "--seq-length", "32", *options, "--telemetry-interval", "0.1",
+                    "--device", "cuda", "--out", str(tmp_path / "out")], tmp_path, PYTHONPATH=standin_path("cuda"),
+                   HWBENCH_STANDIN_CUDA="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = only_result(tmp_path / "out")
+    target = result["metrics"]["time_to_target"]
+    assert target["reached"] is True and target["device_hours"] > 0 and result["device"]["price_usd_per_hour"] > 0
+    assert target["cost_usd"] is None and target["unmeasured"]["cost_usd"].startswith("not priced: a simulated device")
+    assert target.get("energy_j") is None and target["unmeasured"]["energy_j"].startswith("the device is simulated")
 
 
 def test_a_gaudi_run_through_the_stand_in_names_its_mode_and_marks_each_lazy_step(tmp_path):
@@ -90,9 +112,10 @@ def test_a_gaudi_run_through_the_stand_in_names_its_mode_and_marks_each_lazy_ste
     assert device["simulated"] is True and device["hpu_mode"] == "lazy" and result["metrics"]["mfu"] is None
     assert len(marks.read_text().splitlines()) == len(result["steps"])  # one mark_step per training step
     gpu = result["metrics"]["telemetry"]["devices"][0]
-    assert (gpu["power_w_mean"], gpu["temperature_c_max"], gpu["memory_used_mib_max"]) == (75, 27, 768)
+    assert [stand_in_gave(gpu, figure) for figure in ("power_w_mean", "temperature_c_max", "memory_used_mib_max")] \
+        == [75, 27, 768]
     assert gpu["name"] == "hpu:0" and gpu["pci_bus_id"] == "0000:33:00.0"
-    assert result["metrics"]["memory"]["capacity_bytes"] == 98304 * 2**20
+    assert stand_in_gave(result["metrics"]["memory"], "capacity_bytes") == 98304 * 2**20
 
 
 def test_eager_mode_is_named_and_marks_no_steps(tmp_path):
@@ -201,6 +224,7 @@ def open_backend(device, threads):  # open_backend less its refusal of a simulat
     return backend
 
 measure.open_backend = open_backend
+from conftest import stand_in_gave
 from hwbench.cli import main
 sys.exit(main(["calibrate", *sys.argv[1:]]))
 """

@@ -89,6 +89,9 @@ def add(args: argparse.Namespace) -> int:
     conflicting = f" ({len(outcome.conflicting)} with other figures, left out)" if outcome.conflicting else ""
     print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there{conflicting}, "
           f"{unreadable} unreadable file(s) left out; {total} run(s) in all")
+    if outcome.simulated:
+        print(f"{outcome.simulated} of the runs added are simulated (a stand-in ran the device's code path on the "
+              "host): they form their own series, marked [simulated], apart from the device's")
     return 0
 
 

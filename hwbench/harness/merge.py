@@ -310,12 +310,15 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     samples = hit.step * spec.global_batch_size
     scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
-    price = result.device.price_usd_per_hour
+    from hwbench.report.cost import SIMULATED_PRICE
+
+    price = None if result.simulated else result.device.price_usd_per_hour  # a stand-in's hours are this host's
     figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
                    scored_time_s=scored, device_hours=device_hours,
                    cost_usd=device_hours * price if price is not None else None)
     if price is None:
-        unmeasured["cost_usd"] = "no price per device-hour in the device's catalog entry (the report takes --price)"
+        unmeasured["cost_usd"] = (SIMULATED_PRICE if result.simulated else
+                                  "no price per device-hour in the device's catalog entry (the report takes --price)")
     telemetry = result.metrics.telemetry
     energy = telemetry.total_energy_j if telemetry and telemetry.available else None
     if spec.warmup:

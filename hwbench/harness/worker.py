@@ -35,6 +35,7 @@ from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, H
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
+from hwbench.harness.stand_in import stand_in_readings
 from hwbench.result.model import Engine as EngineSection
 from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
@@ -333,6 +334,8 @@ def measure(
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
     memory = dataclasses.asdict(backend.memory_stats())
+    if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
+        memory, telemetry = stand_in_readings(memory, telemetry)
     end = first_iteration + done
     if target is None and _eval_due(spec, data, last, end) and _periodic_eval(spec, end):
         validate_reached(end)

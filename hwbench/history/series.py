@@ -21,12 +21,9 @@ from typing import Any
 
 from hwbench.history.store import StoredRun, utc_instant
 from hwbench.point import METRICS, PointKey
-from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, environment_differences
+from hwbench.result.environment import SAMPLE_ENVIRONMENT_FIELDS, environment_differences
 from hwbench.units import human_bytes
 
-# hwbench's own version is left out: a change of hwbench is what the history judges, not
-# a new environment. The device model is part of the series key already.
-SEGMENT_FIELDS = tuple(field for field in PERFORMANCE_ENVIRONMENT_FIELDS if field != "hwbench_version")
 
 @dataclasses.dataclass
 class Night:
@@ -92,15 +89,16 @@ def nights_of(runs: list[StoredRun]) -> list[Night]:
 
 
 def segments_of(nights: list[Night]) -> list[Segment]:
-    """Nights cut where the environment changes in a SEGMENT_FIELDS field (a field one of two
+    """Nights cut where the environment changes in a SAMPLE_ENVIRONMENT_FIELDS field (a field one of two
     fingerprints does not know is not compared: hwbench.result.environment.environment_differences)."""
     segments: list[Segment] = []
     for night in nights:
         change = []
         if segments:
             before = segments[-1].nights[-1].fingerprint
-            change = [(field, held[0][1], held[1][1]) for field, held in
-                      environment_differences([("before", [before]), ("after", [night.fingerprint])], SEGMENT_FIELDS)]
+            groups = [("before", [before]), ("after", [night.fingerprint])]
+            change = [(field, held[0][1], held[1][1])
+                      for field, held in environment_differences(groups, SAMPLE_ENVIRONMENT_FIELDS)]
         if not segments or change:
             segments.append(Segment([night], change))
         else:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.point import PointKey
+from hwbench.point import SIMULATED, PointKey
 from hwbench.result.environment import performance_fingerprint
 from hwbench.result.model import RunResult
 from hwbench.result.store import umask
@@ -43,10 +43,14 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 V1_POINT_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size", "global_batch_size",
                    "seq_length", "recompute", "compile", "tp", "pp", "dp", "nnodes", "engine", "zero_stage", "fsdp",
                    "pp_schedule", "data", "steps")
+# The point key of version 2 databases, before the key had stand_in.
+V2_POINT_FIELDS = ("model", "backend", "device_model", "precision", "micro_batch_size", "global_batch_size",
+                   "seq_length", "max_positions", "recompute", "compile", "tp", "pp", "dp", "nnodes", "engine",
+                   "zero_stage", "fsdp", "pp_schedule", "data", "steps", "fused_qkv", "cross_entropy")
 
 
 def _point_keys_with_positions(connection) -> None:
-    """Version 2: every stored point key in PointKey's fields. The runs of a version 1 database
+    """Version 2: every stored point key in version 2's fields (V2_POINT_FIELDS). The runs of a version 1 database
     predate the fused QKV and cross-entropy options (False, "standard"); max_positions is the
     workload's positions in the catalog, which every run without --max-positions had, when the
     sequence fits them, and null (unknown: the old key did not keep it) when it does not."""
@@ -62,7 +66,20 @@ def _point_keys_with_positions(connection) -> None:
         values = dict(zip(V1_POINT_FIELDS, old))
         own, seq = positions.get(values["model"]), values["seq_length"]
         values["max_positions"] = own if isinstance(seq, int) and own is not None and seq <= own else None
-        key = [values.get(name, defaults[name]) for name in PointKey.fields()]
+        key = [values.get(name, defaults[name]) for name in V2_POINT_FIELDS]
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+
+
+def _point_keys_with_stand_in(connection) -> None:
+    """Version 3: every stored point key ends with stand_in, "simulated" for a run whose stored
+    environment says a stand-in ran it, else null: simulated runs leave the real device's series."""
+    rows = connection.execute("SELECT run_id, point_key, environment FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text, environment in rows:
+        old, stored = _json_column(text), _json_column(environment)
+        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS)):
+            continue  # damaged: runs_with_metric names it
+        simulated = isinstance(stored, dict) and stored.get("simulated") is True
+        key = [*old, SIMULATED if simulated else None]
         connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
 
 
@@ -90,6 +107,7 @@ MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the con
         "CREATE INDEX IF NOT EXISTS metrics_by_name ON metrics(name)",
     ),
     2: (_point_keys_with_positions,),
+    3: (_point_keys_with_stand_in,),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -435,6 +453,7 @@ class AddOutcome:
     stale_removed: list[str] = dataclasses.field(default_factory=list)
     # runs already there whose new file holds other figures: kept as they were, each said why
     conflicting: list[str] = dataclasses.field(default_factory=list)
+    simulated: int = 0  # of the runs added, those a stand-in ran: their own series, apart from the device's
 
 
 def _conflict(connection, result: RunResult, source: Path) -> str | None:
@@ -477,6 +496,7 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
                 outcome.without_start.append(result.run_id)
                 continue
             known.add(result.run_id)
+            outcome.simulated += result.simulated
             runs.append(_run_row(result, source, now))
             metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics.dump())]
         _insert_new(connection, "runs", runs)

@@ -44,7 +44,9 @@ class BaselinePoint:
     n: int | None = None
 
     def matches(self, key: PointKey) -> bool:
-        return all(_same(getattr(key, name), value) for name, value in self.fields.items())
+        # a row that names no stand-in is the device's own figure: a stand-in's run never matches it
+        wanted = {"stand_in": None, **self.fields}
+        return all(_same(getattr(key, name), value) for name, value in wanted.items())
 
 
 def _same(value: Any, wanted: Any) -> bool:

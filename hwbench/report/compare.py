@@ -197,6 +197,23 @@ def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[st
     return lines
 
 
+def stand_in_notes(base_keys: list[PointKey], cur_keys: list[PointKey], labels: dict[PointKey, str]) -> list[str]:
+    """A line for each point that one side ran on the device and the other through a stand-in
+    (or two kinds of stand-in): such keys differ, so the point is not compared, and this says why."""
+    lines = []
+    for base in (key for key in base_keys if key not in cur_keys):
+        for cur in (key for key in cur_keys if key not in base_keys):
+            if dataclasses.replace(base, stand_in=None) == dataclasses.replace(cur, stand_in=None):
+                lines.append(f"not compared: {labels[base]} (baseline) with {labels[cur]} (current): "
+                             f"{_stand_in_text(base.stand_in)} in baseline, {_stand_in_text(cur.stand_in)} in "
+                             "current; a stand-in's figures measure this host, not the device")
+    return lines
+
+
+def _stand_in_text(stand_in: str | None) -> str:
+    return stand_in or "measured on the device"
+
+
 def _listed(values: list) -> str:
     return ", ".join(sorted(map(str, values)))
 
@@ -249,7 +266,8 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
         "only_current": [labels[k] for k in cur_by if k not in base_by],
         "unplaced": [r.run_id for r in unplaced],
         "unreadable": [{"side": side, "path": str(path), "reason": reason} for side, path, reason in unreadable],
-        "warnings": environment_warnings(matched_base, matched_cur),
+        "warnings": stand_in_notes(list(base_by), list(cur_by), labels)
+        + environment_warnings(matched_base, matched_cur),
         "hfu_points": hfu,
     }
 
@@ -352,8 +370,10 @@ def report_data(report: dict[str, Any], allow_missing: bool = False) -> dict[str
 
 def key_differences(baseline: PointKey, current: PointKey) -> list[str]:
     """The point-key fields in which two keys differ: "seq_length 128 (baseline) vs 64 (current)"."""
-    return [f"{name} {a} (baseline) vs {b} (current)" for name, a, b in
-            zip(PointKey.fields(), baseline.values(), current.values()) if a != b]
+    return [f"{name} {a} (baseline) vs {b} (current)" if name != "stand_in" else
+            f"{_stand_in_text(a)} in baseline, {_stand_in_text(b)} in current (a stand-in's figures are never "
+            "compared with the device's)"
+            for name, a, b in zip(PointKey.fields(), baseline.values(), current.values()) if a != b]
 
 
 def nearest_mismatch(baseline: list[RunResult], current: list[RunResult]) -> list[str]:

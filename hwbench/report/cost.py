@@ -19,6 +19,12 @@ SCALING_ASSUMPTION = ("Projections use the scaling fitted to the device counts m
                       "reach N x the tokens/s per device, with no loss to communication or stragglers.")
 
 
+# Why a simulated run (a stand-in ran the device's code path on this host) has no price, energy
+# or projection: its throughput and its sensors are this host's and the stand-in's, not the device's.
+SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path on this host)"
+SIMULATED_ENERGY = "not counted: a simulated device (its power and energy are a stand-in's fixed values)"
+SIMULATED_PROJECTION = "not projected: a simulated device (a stand-in's figures measure this host, not the device)"
+
 MAX_TOKENS = 1e18  # far beyond any training run: the largest published ones are about 1.5e13 tokens
 
 
@@ -105,13 +111,14 @@ def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str
     figures["oversubscribed"], figures["oversubscribed_reason"] = result.oversubscribed, result.oversubscribed_reason
     tps = row["tokens_per_s"]
     figures["tokens_per_s_per_device_charged"] = tps / charged if tps else None
-    price, why = device_price(result.device.catalog_entry, result.device.device_model, result.device, prices)
+    price, why = device_price(result.device.catalog_entry, result.device.device_model, result.device, prices) \
+        if not result.simulated else (None, SIMULATED_PRICE)
     figures["price_usd_per_hour"] = price.usd_per_hour if price else None
     figures["price_source"] = price.source if price else why
     figures["price_date"] = price.date if price else None
     figures["cost_per_million_tokens_usd"] = cost_per_million_tokens(price, charged, tps)
-    energy, power, energy_reason = measured_energy(result, charged) if result.status == "ok" \
-        else (None, None, f"status {result.status}")
+    energy, power, energy_reason = (None, None, SIMULATED_ENERGY) if result.simulated \
+        else measured_energy(result, charged) if result.status == "ok" else (None, None, f"status {result.status}")
     steps = row["timed_steps"]
     timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) \
         if steps and row["seq_length"] and row["global_batch_size"] else None

@@ -15,12 +15,18 @@ import pandas as pd
 
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
-from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
+from hwbench.report.cost import (
+    SIMULATED_PROJECTION,
+    cost_per_million_tokens,
+    token_budget,
+    training_time_and_cost,
+)
 from hwbench.report.document import Section, Table
 from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
 from hwbench.report.scaling import ScalingFit, fit_scaling
 from hwbench.report.scores import decision_target_blocks
+from hwbench.result.environment import sample_environment
 from hwbench.stats import NOISY_CV, throughput_statistics
 
 # The device class of a published row -> the catalog entry its price is taken from. The tables
@@ -98,7 +104,8 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
 
 
 _INTRO = ("Per workload (model and precision): each device model's best measured point (the layout with the "
-          "highest median tokens/s per device), its throughput per device charged, $ per million tokens, J per "
+          "highest median tokens/s per device; its repeats are the runs of that point in one environment, as the "
+          "history keeps them apart), its throughput per device charged, $ per million tokens, J per "
           "token where energy was measured, and the time and cost to train the token budget on {devices} devices. "
           "A device is named faster or cheaper only when its repeats show the difference: the change of the median "
           "must pass {threshold:.0%} and be significant (Mann-Whitney U p < 0.05, or complete separation with 3 or "
@@ -128,29 +135,69 @@ def _budget(rows: pd.DataFrame, model: str, tokens: float | None) -> tuple[float
 def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candidate]:
     candidates = []
     ok = [row for row in rows.to_dict(orient="records") if usable(row)]
-    for device in sorted({row["device_model"] for row in ok}, key=str):
-        mine = [row for row in ok if row["device_model"] == device]
-        best = _best_point(mine)
-        runs = [row for row in mine if row["point"] == best]
+    for device in sorted({_device(row) for row in ok}):
+        samples = _samples([row for row in ok if _device(row) == device])
+        best = max(samples, key=lambda sample: statistics.median(r["tokens_per_s_per_device_charged"]
+                                                                 for r in samples[sample]))
+        runs = samples[best]
         first = runs[0]
         catalog, peak, mfu_note = _peak_texts(first)
-        simulated = bool(first["simulated"])
         price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
-            if is_number(first["price_usd_per_hour"]) and not simulated else None
-        price_why = SIMULATED_PRICE if simulated else None if price else first["price_source"]
+            if is_number(first["price_usd_per_hour"]) else None  # a simulated run has none (report.cost)
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
         candidates.append(Candidate(
-            device=str(device) + (" [simulated]" if simulated else ""),
+            device=device,
             point=f"{first['layout']} x{first['world_size']} ranks" + (
-                f", {first['point_variant']}" if first.get("point_variant") else ""), devices=first["devices_charged"],
-            per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
-            costs=[] if simulated else [row["cost_per_million_tokens_usd"] for row in runs
-                                        if is_number(row["cost_per_million_tokens_usd"])],
-            energy=energy, price=price, price_why=price_why, simulated=simulated,
-            fit=fits.get(group_key(first)) or fit_scaling([]),
+                f", {first['point_variant']}" if first.get("point_variant") else "") + _environment_text(best, samples),
+            devices=first["devices_charged"], per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
+            costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
+            energy=energy, price=price, price_why=None if price else first["price_source"],
+            simulated=bool(first["simulated"]), fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
             seq_length=first.get("seq_length"), catalog=catalog, peak=peak, mfu_note=mfu_note))
     return candidates
+
+
+def _device(row: dict[str, Any]) -> str:
+    """The device model a candidate stands for; a stand-in's runs are a candidate of their own."""
+    return str(row["device_model"]) + (" [simulated]" if row["simulated"] else "")
+
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _samples(rows: list[dict[str, Any]]) -> dict[Sample, list[dict[str, Any]]]:
+    """Runs by sample, as `hwbench compare` and the history key them: the point (hwbench.point.PointKey)
+    and the environment fields that move figures by themselves (threads per rank, versions)."""
+    samples: dict[Sample, list[dict[str, Any]]] = {}
+    for row in rows:
+        samples.setdefault((row["point"], sample_environment(row)), []).append(row)
+    return samples
+
+
+def _environment_text(best: Sample, samples: dict[Sample, list[dict[str, Any]]]) -> str:
+    """', tuning intra_op_threads=2 (3 runs of this point in another environment left out)' when the
+    device ran the best point in more than one environment; '' otherwise."""
+    point, environment = best
+    others = [env for (other_point, env) in samples if other_point == point and env != environment]
+    if not others:
+        return ""
+    mine, theirs = dict(environment), [dict(env) for env in others]
+    differing = [field for field in dict.fromkeys(name for env in [environment, *others] for name, _ in env)
+                 if any(env.get(field) != mine.get(field) for env in theirs)]
+    left_out = sum(len(samples[(point, env)]) for env in others)
+    return ("".join(f", {field} {_own_part(mine.get(field), [env.get(field) for env in theirs])}"
+                    for field in differing)
+            + f" ({left_out} run(s) of this point in another environment: a sample of their own, not pooled)")
+
+
+def _own_part(text: str | None, others: list[str | None]) -> str:
+    """Of a field's text ('allocator=..., intra_op_threads=2'), the comma-separated parts that the
+    others do not all hold ('intra_op_threads=2'): the difference, not the whole mapping."""
+    if text is None:
+        return "unknown"
+    held = [set((other or "").split(", ")) for other in others]
+    return ", ".join(part for part in text.split(", ") if any(part not in parts for parts in held)) or text
 
 
 def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -170,13 +217,6 @@ def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
     peak = row["peak_flops_basis"] or (f"{entry.name} {precision}: {figure.describe()}" if figure
                                        else f"{entry.name} lists no {precision} peak")
     return f"{entry.name} ({entry.title})", peak, mfu
-
-
-def _best_point(rows: list[dict[str, Any]]) -> str:
-    by_point: dict[str, list[float]] = {}
-    for row in rows:
-        by_point.setdefault(row["point"], []).append(row["tokens_per_s_per_device_charged"])
-    return max(by_point, key=lambda point: statistics.median(by_point[point]))
 
 
 def _published_candidates(published: pd.DataFrame | None, model: str, prices: dict[str, Price]) -> list[Candidate]:
@@ -313,7 +353,7 @@ def _train(candidate: Candidate, projection: Projection) -> tuple[float | None, 
 
 def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
     if candidate.simulated:
-        return f"{candidate.device}: no projection (a stand-in's figures measure this host, not the device)."
+        return f"{candidate.device}: {SIMULATED_PROJECTION}."
     days, cost = _train(candidate, projection)
     if days is None or projection.tokens is None:  # no tokens: no days either
         return f"{candidate.device}: no projection ({projection.basis})."
@@ -322,9 +362,6 @@ def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
         f"Time to train on {projection.devices} x {candidate.device}: {tokens_text(projection.tokens)} tokens "
         f"take {fmt(days, 2)} days{money}, {candidate.fit.assumption(projection.devices)}."
     )
-
-
-SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path on this host)"
 
 
 def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:

@@ -97,11 +97,12 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     smallest count), for each device model of ``model`` measured at two or more counts."""
     series: list[Series] = []
     lengths = {key[3] for key in fits if key[0] == model}
-    for (fit_model, precision, device, seq), fit in sorted(fits.items(), key=lambda item: str(item[0])):
+    for (fit_model, precision, device, seq, simulated), fit in sorted(fits.items(), key=lambda item: str(item[0])):
         if fit_model != model or not fit.fitted:
             continue
         first = fit.points[0]
-        name = f"{device}, {precision}" + (f", seq {seq}" if len(lengths) > 1 else "")
+        name = f"{device}{' [simulated]' if simulated else ''}, {precision}" + (f", seq {seq}" if len(lengths) > 1
+                                                                                else "")
         series.append(
             Series(
                 f"{name}: measured",

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from hwbench.report.cells import fmt, is_number, number, usd
+from hwbench.report.cost import SIMULATED_ENERGY
 from hwbench.report.document import Section, Table
 from hwbench.report.summary import target_text
 from hwbench.result.model import RunResult
@@ -29,10 +30,11 @@ def target_figures(result: RunResult, price_usd_per_hour: float | None) -> dict[
                               "samples_to_target", "device_hours_to_target", "energy_to_target_j",
                               "energy_to_target_reason", "cost_to_target_usd"))
     hours, price = figures.device_hours, number(price_usd_per_hour)
+    energy, energy_why = (None, SIMULATED_ENERGY) if result.simulated else (figures.energy_j, figures.why("energy_j"))
     return {"target": target_text(figures), "target_given": figures.given,
             "target_reached": figures.reached, "time_to_target_s": figures.scored_time_s,
             "steps_to_target": figures.step, "samples_to_target": figures.samples, "device_hours_to_target": hours,
-            "energy_to_target_j": figures.energy_j, "energy_to_target_reason": figures.why("energy_j"),
+            "energy_to_target_j": energy, "energy_to_target_reason": energy_why,
             "cost_to_target_usd": hours * price if hours is not None and price is not None else None}
 
 
@@ -141,8 +143,8 @@ def target_scores(runs: pd.DataFrame) -> list[TargetScore]:
             continue
         key = (row["point"], row["target_given"])
         if key not in groups:
-            groups[key] = TargetScore(row["model"], row["precision"], str(row["device_model"]), row["layout"],
-                                      row["target"], [])
+            device = str(row["device_model"]) + (" [simulated]" if row["simulated"] else "")
+            groups[key] = TargetScore(row["model"], row["precision"], device, row["layout"], row["target"], [])
         groups[key].rows.append(row)
     return sorted(groups.values(), key=lambda s: (s.model, s.precision, s.target, s.device, s.point))
 
@@ -151,13 +153,16 @@ def target_table(scores: list[TargetScore]) -> Table:
     table = Table(["device", "point", "target", "runs (reached)", "time to target", "steps (median)",
                    "samples (median)", "device-hours (median)", "J (median)", "cost", "against the reference"], [])
     for score in scores:
+        first = score.rows[0]
+        priced = is_number(first["price_usd_per_hour"])
         energy = score.median("energy_to_target_j")
         why = next((row["energy_to_target_reason"] for row in score.rows if row["energy_to_target_reason"]), None)
         table.rows.append([score.device, score.point, score.target, f"{len(score.rows)} ({len(score.reached)})",
                            score.time_text(), fmt(score.median("steps_to_target"), 0),
                            fmt(score.median("samples_to_target"), 0), fmt(score.median("device_hours_to_target"), 4),
                            fmt(energy, 0, " J", missing=f"not measured ({why})" if why else None),
-                           usd(score.cost(), ",.4g", "no price"), score.reference_text()])
+                           usd(score.cost(), ",.4g", "no price", note=None if priced else
+                               f"no price: {first['price_source']}"), score.reference_text()])
     return table
 
 

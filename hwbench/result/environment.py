@@ -22,6 +22,11 @@ PREFLIGHT_FIELDS = tuple(f"preflight.{check}" for check in (
 PERFORMANCE_ENVIRONMENT_FIELDS = ("torch_version", "driver_version", "cuda_version", "cann_version",
                                   "torch_npu_version", "nccl_version", "hccl_version", "deepspeed_version",
                                   "hwbench_version", "tuning") + PREFLIGHT_FIELDS
+# Of those, the ones in which runs of one point must agree to be repeats of one sample: the history
+# cuts a series where they change (hwbench.history.series) and the report's decision pools only runs
+# that agree in them (hwbench.report.decision). hwbench's own version is left out: a change of
+# hwbench is what the history judges, not a new environment.
+SAMPLE_ENVIRONMENT_FIELDS = tuple(field for field in PERFORMANCE_ENVIRONMENT_FIELDS if field != "hwbench_version")
 # Of those, the ones that belong to a device kind: compared among runs of the same backend only.
 PER_BACKEND_ENVIRONMENT_FIELDS = ("driver_version", "cuda_version", "cann_version", "torch_npu_version",
                                   "nccl_version", "hccl_version", "tuning", "preflight.other_processes",
@@ -48,6 +53,13 @@ def environment_differences(groups: Sequence[tuple[str, Sequence[Mapping[str, An
         if any(set(values) != set(held[0][1]) for _, values in held[1:]):
             found.append((field, held))
     return found
+
+
+def sample_environment(fingerprint: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A fingerprint's SAMPLE_ENVIRONMENT_FIELDS that it knows, as (field, text): the runs of one
+    point whose sample environments are equal are one sample (one thread per rank and two are not)."""
+    return tuple((field, value) for field in SAMPLE_ENVIRONMENT_FIELDS
+                 if isinstance(value := fingerprint.get(field), str))
 
 
 def performance_fingerprint(result: RunResult) -> dict[str, str | None]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
-from hwbench.point import PointKey
+from hwbench.point import SIMULATED, PointKey
 
 if TYPE_CHECKING:
     from hwbench.spec import RunSpec
@@ -772,7 +772,15 @@ class RunResult(Section):
             backend=self.backend,
             device_model=self.device_model,
             nnodes=spec.launch.nnodes,
+            stand_in=SIMULATED if self.simulated else None,
         )
+
+    @property
+    def simulated(self) -> bool:
+        """Whether a stand-in ran the device's code path on the host (hwbench/device/base.py):
+        as the device recorded it, or, for a run that failed before describing its device, the
+        environment."""
+        return bool(self.device.simulated or self.environment.simulated)
 
     @property
     def devices_charged(self) -> int:
