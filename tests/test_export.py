@@ -285,7 +285,8 @@ def test_tensorboard_scalars_read_by_tensorboards_event_reader(results, tmp_path
         assert "power/window_mean_w" not in events.Tags()["scalars"]  # --no-telemetry: no power, none invented
     # a second export of the same runs replaces their folders: no step is shown twice
     assert main(["export", "tensorboard", str(results), "--out", str(tmp_path / "logs")]) == 0
-    assert all(len(list((tmp_path / "logs" / run["run_id"]).iterdir())) == 1 for run in runs_of(results))
+    assert all(len(list((tmp_path / "logs" / run["run_id"]).glob("events.out.tfevents.*"))) == 1
+               for run in runs_of(results))
 
 
 def test_parquet_and_csv_hold_the_load_results_table(results, tmp_path, capsys):
@@ -352,3 +353,60 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, cap
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message.format(**names) in err
     assert {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]} == before
+
+
+# --- identifiers from a result never reach outside the output folder ------------------------
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "", "../escape", "a\nb"])
+def test_a_hostile_run_id_is_refused_when_read_and_nothing_is_removed(results, tmp_path, capsys, run_id):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    hostile = copy.deepcopy(runs_of(results)[0])
+    hostile["run_id"] = run_id
+    (tmp_path / "hostile.json").write_text(json.dumps(hostile))
+    parent = tmp_path / "parent"
+    (parent / "logs").mkdir(parents=True)
+    (parent / "keep.txt").write_text("the user's")
+    (parent / "logs" / "keep.txt").write_text("the user's")
+    code, out, err = export(capsys, "tensorboard", tmp_path / "hostile.json", "--out", parent / "logs")
+    assert code == 2 and out == ""
+    assert "run_id: must be a file name" in err and "nothing to export" in err
+    assert (parent / "keep.txt").read_text() == (parent / "logs" / "keep.txt").read_text() == "the user's"
+    assert sorted(path.name for path in parent.rglob("*")) == ["keep.txt", "keep.txt", "logs"]
+
+
+@pytest.mark.parametrize("existing", ["folder", "symlink", "other run's export"])
+def test_tensorboard_replaces_only_a_folder_it_made_for_that_run(results, tmp_path, capsys, existing):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    run_id = runs_of(results)[0]["run_id"]
+    logs, mine = tmp_path / "logs", tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    logs.mkdir()
+    if existing == "symlink":
+        (logs / run_id).symlink_to(mine, target_is_directory=True)
+    else:
+        (logs / run_id).mkdir()
+        (logs / run_id / "notes.txt").write_text("the user's")
+        if existing == "other run's export":
+            (logs / run_id / ".hwbench-tensorboard").write_text("20261121T130000Z-tiny-cpu-bbbbbb\n")
+    before = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
+    code, _, err = export(capsys, "tensorboard", results, "--out", logs)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{logs / run_id} exists and is not a folder this export made for run {run_id}" in err
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == before  # nothing written
+    assert (mine / "notes.txt").read_text() == "the user's"
+
+
+def test_every_result_in_the_repository_has_a_run_id_that_passes():
+    """The run-id rule refuses no result hwbench wrote (tests/data holds files of every schema and age)."""
+    import warnings
+
+    from hwbench.result.store import load_results
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tests/data/report/bad is damaged on purpose
+        found, skipped = load_results(Path(__file__).parent / "data")
+    assert found and not [reason for _path, reason in skipped if "run_id" in reason]

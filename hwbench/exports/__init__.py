@@ -126,7 +126,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     in ``request.push`` gets the metrics after the file is written (PushError when it cannot).
     UsageError, before anything is written, for bad input: an unknown format, a missing path,
     no run the format can take, an output that would overwrite an input."""
-    from hwbench.paths import check_output_file
+    from hwbench.paths import check_output_file, check_output_folder
     from hwbench.result.store import read_inputs
 
     chosen = check_request(fmt, out, request)
@@ -135,10 +135,10 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
         raise UsageError("RESULTS: give result files or folders of them")
     if out is not None and not chosen.folder:
         check_output_file(out, "--out", paths)
-    if out is not None and chosen.folder and Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out {os.fspath(out)!r} is a file; {fmt} writes a folder (TensorBoard's log folder)")
+    if out is not None and chosen.folder:  # '' was the working folder; a file, or under one, is refused
+        check_output_folder(out, "--out")
     found, skipped = read_inputs(paths, "RESULTS")
-    taken, left_out = _runs_taken(chosen, found)
+    taken, left_out = _runs_taken(chosen, found, skipped)
     runs, files = [result for result, _path in taken], [path for _result, path in taken]
     writer = importlib.import_module(f"hwbench.exports.{chosen.module}")
     outcome = ExportOutcome(None, [], skipped, left_out)
@@ -159,12 +159,14 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     return outcome
 
 
-def _runs_taken(chosen: ExportFormat, found: list) -> tuple[list, list[str]]:
+def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list, list[str]]:
     """The (run, file) pairs ``chosen`` takes, and a line for each run it leaves out; UsageError
-    when none is left."""
+    when none is left (naming why the first unreadable file was left out)."""
     results = [result for result, _path in found]
     if not results:
-        raise UsageError("RESULTS hold no readable hwbench result; nothing to export")
+        why = f" ({skipped[0][1]}{f'; {len(skipped) - 1} more left out' if len(skipped) > 1 else ''})" if skipped \
+            else ""
+        raise UsageError(f"RESULTS hold no readable hwbench result{why}; nothing to export")
     if chosen.runs == "one":
         if len(results) > 1:
             raise UsageError(f"{chosen.name} writes one run (an MLPerf log or system description is of one run); "

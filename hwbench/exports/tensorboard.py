@@ -1,6 +1,9 @@
 """TensorBoard scalars of each run, a folder per run under the log folder (OUT/<run id>/), so
 `tensorboard --logdir OUT` shows runs side by side. Written with torch's SummaryWriter (the
-`tensorboard` extra: pip install 'hwbench[tensorboard]').
+`tensorboard` extra: pip install 'hwbench[tensorboard]'). Exporting a run again replaces its
+folder, and only a folder this export made: one holding MARKER_FILE with the run's id. A folder
+of that name without it (the user's own, an earlier hwbench's) is refused before anything is
+written; nothing outside OUT/<the run's folder> is ever removed.
 
 Per step (x: the step number, warm-up included): `loss`, `grad_norm`, `lr`, `loss_scale` where
 recorded; per timed step: `step_time_s` and the throughput it gives, `throughput/tokens_per_s`
@@ -18,21 +21,45 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from hwbench.errors import UsageError
 from hwbench.result.model import RunResult
+
+MARKER_FILE = ".hwbench-tensorboard"  # in every run folder an export made: the run's id
 
 
 def write_folder(runs: list[RunResult], out: Path) -> list[Path]:
+    """Every run's folder under ``out``; UsageError, before anything is written, when one would
+    replace a folder this export did not make."""
+    for run in runs:
+        _check_replaceable(run_folder(run, out), run)
     out.mkdir(parents=True, exist_ok=True)
     return [_write_run(run, out) for run in runs]
 
 
+def run_folder(run: RunResult, out: Path) -> Path:
+    """OUT/<run id> (the model holds the run id to one file name: never `..`, `.` or a path)."""
+    return out / run.run_id
+
+
+def _made_by_export(folder: Path, run: RunResult) -> bool:
+    marker = folder / MARKER_FILE
+    return (folder.is_dir() and not folder.is_symlink() and marker.is_file() and not marker.is_symlink()
+            and marker.read_text(errors="replace").strip() == run.run_id)
+
+
+def _check_replaceable(folder: Path, run: RunResult) -> None:
+    if (folder.exists() or folder.is_symlink()) and not _made_by_export(folder, run):
+        raise UsageError(f"--out: {folder} exists and is not a folder this export made for run {run.run_id} (no "
+                         f"{MARKER_FILE} naming it); it is left alone: remove it yourself or give another --out")
+
+
 def _write_run(run: RunResult, out: Path) -> Path:
-    """The run's event file in a temporary folder, then moved into OUT/<run id> (replacing an
+    """The run's event file in a temporary folder, then moved into its folder (replacing an
     earlier export of the same run, whose events would otherwise be shown twice)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    final = out / run.run_id
-    staging = Path(tempfile.mkdtemp(prefix=f".{run.run_id}.", dir=out))
+    final = run_folder(run, out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out))
     try:
         writer = SummaryWriter(log_dir=os.fspath(staging))
         try:
@@ -40,11 +67,13 @@ def _write_run(run: RunResult, out: Path) -> Path:
                 writer.add_scalar(tag, value, global_step=step, walltime=walltime)
         finally:
             writer.close()
-        if final.exists():
+        (staging / MARKER_FILE).write_text(run.run_id + "\n")
+        if final.exists() or final.is_symlink():
+            _check_replaceable(final, run)  # again: it may have changed since write_folder looked
             shutil.rmtree(final)
         staging.rename(final)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)  # the temporary folder made above, nothing else
         raise
     return final
 
