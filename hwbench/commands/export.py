@@ -10,7 +10,9 @@ from hwbench.exports import DIVISIONS, FORMATS, SUBMISSION_STATUSES
 
 DESCRIPTION = ("Write result files in another tool's format: " + "; ".join(f"{name}: {fmt.summary}"
                                                                           for name, fmt in FORMATS.items())
-               + ". Unreadable files are named and left out. docs/exports.md has a CI example of each.")
+               + ". Unreadable files are named and left out; a run that did not end ok is named and left out "
+                 "of the figures, and the command exits 4 unless --allow-failed. docs/exports.md has a CI example "
+                 "of each.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE",
                         help="write here, whole or not at all (tensorboard: the log folder; default for the text "
                              "formats: standard output)")
+    parser.add_argument("--allow-failed", action="store_true",
+                        help="runs that did not end ok (failed, oom, timeout, ...) are still named and left out of "
+                             "the figures, but do not fail the command (exit 4 without this)")
     prometheus = parser.add_argument_group("prometheus, openmetrics")
     prometheus.add_argument("--push", metavar="URL", help="also push the metrics to this Pushgateway, e.g. "
                                                           "http://pushgateway:9091 (exit 1 when it cannot take them)")
@@ -33,6 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.exports import ExportRequest, PushError, export
+    from hwbench.report.compare import MISSING_EXIT
 
     request = ExportRequest(submitter=args.submitter, division=args.division, status=args.status,
                             platform=args.platform, push=args.push, job=args.job)
@@ -44,11 +50,16 @@ def main(args: argparse.Namespace) -> int:
     for _path, reason in outcome.skipped:
         print(f"hwbench export: warning: left out {reason}", file=sys.stderr)
     for line in outcome.left_out:
-        print(f"hwbench export: note: left out {line}", file=sys.stderr)
+        print(f"hwbench export: {'note' if args.allow_failed else 'error'}: left out {line}", file=sys.stderr)
     for path in outcome.written:
         print(f"{args.format} written to {path}", file=sys.stderr)
     if outcome.pushed:
         print(f"metrics pushed to {outcome.pushed} (job {args.job})", file=sys.stderr)
     if args.out is None and outcome.text is not None:
         sys.stdout.write(outcome.text)
+    if outcome.left_out and not args.allow_failed:
+        # as compare's missing point: the gate cannot vouch for a point whose runs failed
+        print(f"hwbench export: {len(outcome.left_out)} run(s) did not end ok and are not in the figures; the gate "
+              f"fails (exit {MISSING_EXIT}; give --allow-failed to accept that)", file=sys.stderr)
+        return MISSING_EXIT
     return 0

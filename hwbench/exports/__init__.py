@@ -74,7 +74,7 @@ class ExportOutcome:
     text: str | None  # a text format's content (what the command prints when there is no --out)
     written: list[Path]  # files or folders written
     skipped: list[tuple[Path, str]]  # files that could not be read, with the reason
-    left_out: list[str]  # runs the format does not take, and why
+    left_out: list[str]  # runs that did not end ok, which the formats of figures leave out, and why
     pushed: str | None = None  # the Pushgateway URL the metrics went to
 
 
@@ -175,12 +175,19 @@ def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list,
     if chosen.runs == "all":
         return found, []
     ok = [(result, path) for result, path in found if result.status == "ok"]
-    left_out = [f"run {result.run_id}: status {result.status}, no figures" for result in results
-                if result.status != "ok"]
+    left_out = [f"run {result.run_id} ({path}): status {result.status}{_error_text(result)}, no figures"
+                for result, path in found if result.status != "ok"]
     if not ok:
         raise UsageError(f"RESULTS hold no run with status ok ({len(results)} with another status); {chosen.name} "
                          "exports measured figures")
     return ok, left_out
+
+
+def _error_text(result) -> str:
+    """What went wrong in a run, as its result says it: a short first line, or nothing."""
+    message = result.error.message if result.error else None
+    first = " ".join((message or "").split())
+    return f" ({first[:120]}{'...' if len(first) > 120 else ''})" if first else ""
 
 
 def _write_file(path: Path, content: str | bytes) -> Path:

@@ -2,7 +2,8 @@
 (hwbench.point.PointKey: repeats of one point are one series), each figure of
 hwbench.point.METRICS as the median of the repeats with their lowest and highest value.
 TFLOP/s and MFU are read under the default FLOPs formula, so that a series stays under one
-formula whichever formula a run was asked for."""
+formula whichever formula a run was asked for. A simulated run (a stand-in ran the vendor's code
+path on this host) is never a repeat of a real one: its point is apart and its name says so."""
 
 from __future__ import annotations
 
@@ -21,11 +22,21 @@ class Figure:
     runs: int
 
 
+SIMULATED_MARK = " [simulated]"  # after a simulated point's name, as the report marks its device
+SIMULATED_NOTE = "simulated: a stand-in ran the device's code path on the host; not a hardware figure"
+
+
+def simulated(run: RunResult) -> bool:
+    """Whether a stand-in ran the run (the device reports the real device's name all the same)."""
+    return bool(run.device.simulated or run.environment.simulated)
+
+
 @dataclasses.dataclass
 class PointFigures:
     key: PointKey
     name: str  # the report's label of the point, distinct among the points exported together
     runs: list[RunResult]
+    simulated: bool = False
 
     def figure(self, metric: Metric) -> Figure | None:
         """``metric`` over the repeats, or None when no run has it."""
@@ -42,13 +53,15 @@ class PointFigures:
 
 
 def point_figures(runs: list[RunResult]) -> list[PointFigures]:
-    """The runs by point, in the order first seen (a run without a resolved spec has no point)."""
-    grouped: dict[PointKey, list[RunResult]] = {}
+    """The runs by point and by whether they were simulated, in the order first seen (a run
+    without a resolved spec has no point)."""
+    grouped: dict[tuple[PointKey, bool], list[RunResult]] = {}
     for run in runs:
         if run.point_key is not None:
-            grouped.setdefault(run.point_key, []).append(run)
-    keys = list(grouped)
-    return [PointFigures(key, key.label(keys), grouped[key]) for key in keys]
+            grouped.setdefault((run.point_key, simulated(run)), []).append(run)
+    keys = [key for key, _simulated in grouped]
+    return [PointFigures(key, key.label(keys) + (SIMULATED_MARK if stand_in else ""), grouped[key, stand_in], stand_in)
+            for key, stand_in in grouped]
 
 
 def flops_formula() -> str:
@@ -57,4 +70,5 @@ def flops_formula() -> str:
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["METRICS", "Figure", "PointFigures", "flops_formula", "point_figures"]
+__all__ = ["METRICS", "SIMULATED_MARK", "SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures",
+           "simulated"]

@@ -2,8 +2,10 @@
 figure of hwbench.point.METRICS in base units, named and labelled by Prometheus' conventions
 (prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
 fraction); one sample per benchmark point, labelled with the point's settings (its PointKey),
-the median of its repeats. Written for node_exporter's textfile collector (Prometheus text
-format, no timestamps, which that collector refuses) or pushed to a Pushgateway.
+the median of its repeats, and `simulated` ("true" where a stand-in ran the device's code path
+on the host, so that a query for the real device's series can leave it out). Written for
+node_exporter's textfile collector (Prometheus text format, no timestamps, which that collector
+refuses) or pushed to a Pushgateway.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the poin
 
 
 def label_values(point: PointFigures) -> dict[str, str]:
-    """The point's settings as label values (an unknown one empty, which Prometheus treats as absent)."""
+    """The point's settings as label values (an unknown one empty, which Prometheus treats as
+    absent), and whether it was simulated."""
     def text(value: Any) -> str:
         return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
-    return {name: text(value) for name, value in zip(point.key.fields(), point.key.values())}
+    return {**{name: text(value) for name, value in zip(point.key.fields(), point.key.values())},
+            "simulated": text(point.simulated)}
 
 
 class PointCollector:
@@ -56,7 +60,7 @@ class PointCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        labels = list(self.points[0].key.fields()) if self.points else []
+        labels = list(label_values(self.points[0])) if self.points else []
         for name, gauge in GAUGES.items():
             metric = METRICS[name]
             extra = ["flops_formula"] if metric.per_formula else []

@@ -1,4 +1,5 @@
-"""TensorBoard scalars of each run, a folder per run under the log folder (OUT/<run id>/), so
+"""TensorBoard scalars of each run, a folder per run under the log folder (OUT/<run id>/, and
+OUT/<run id>-simulated/ for a run a stand-in ran, so TensorBoard's run name says it), so
 `tensorboard --logdir OUT` shows runs side by side. Written with torch's SummaryWriter (the
 `tensorboard` extra: pip install 'hwbench[tensorboard]'). Exporting a run again replaces its
 folder, and only a folder this export made: one holding MARKER_FILE with the run's id. A folder
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from hwbench.errors import UsageError
+from hwbench.exports.figures import simulated
 from hwbench.result.model import RunResult
 
 MARKER_FILE = ".hwbench-tensorboard"  # in every run folder an export made: the run's id
@@ -37,8 +39,9 @@ def write_folder(runs: list[RunResult], out: Path) -> list[Path]:
 
 
 def run_folder(run: RunResult, out: Path) -> Path:
-    """OUT/<run id> (the model holds the run id to one file name: never `..`, `.` or a path)."""
-    return out / run.run_id
+    """OUT/<run id>, `-simulated` after it for a stand-in's run (the model holds the run id to one
+    file name: never `..`, `.` or a path)."""
+    return out / (run.run_id + ("-simulated" if simulated(run) else ""))
 
 
 def _made_by_export(folder: Path, run: RunResult) -> bool:
