@@ -7,6 +7,7 @@ published shapes (the action's zod schema, as pydantic; Bencher's JSON schema). 
 
 from __future__ import annotations
 
+import base64
 import copy
 import http.server
 import json
@@ -570,3 +571,67 @@ def test_every_result_in_the_repository_has_a_run_id_that_passes():
         warnings.simplefilter("ignore")  # tests/data/report/bad is damaged on purpose
         found, skipped = load_results(Path(__file__).parent / "data")
     assert found and not [reason for _path, reason in skipped if "run_id" in reason]
+
+
+# --- a Pushgateway that answers garbage, a URL with credentials ----------------------------
+
+
+class Garbage(http.server.BaseHTTPRequestHandler):
+    """Answers any request with a Python traceback and no HTTP status line."""
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.wfile.write(b"Traceback (most recent call last):\n  File \"app.py\", line 1\nKeyError: 'job'\n")
+
+    def log_message(self, *args):
+        pass
+
+
+class WithAuth(Pushgateway):
+    """A Pushgateway behind basic auth: 401 unless user:s3cret."""
+
+    seen: list = []  # noqa: RUF012 (the Authorization headers it got)
+
+    def do_PUT(self):
+        WithAuth.seen.append(self.headers["Authorization"])
+        if self.headers["Authorization"] != "Basic " + base64.b64encode(b"user:s3cret").decode():
+            self.send_response(401)
+            self.end_headers()
+            return
+        super().do_PUT()
+
+
+def serving(handler):
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    server.timeout = 5
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_pushgateway_answering_garbage_is_one_line_and_exit_1(results, capsys):
+    server = serving(Garbage)
+    try:
+        code, _, err = export(capsys, "prometheus", results, "--push", f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "the Pushgateway did not take the metrics (its answer is not HTTP" in err and "Traceback" not in err
+
+
+def test_credentials_in_the_push_url_go_as_basic_auth_and_are_never_shown(results, capsys):
+    server = serving(WithAuth)
+    WithAuth.seen, Pushgateway.received = [], []
+    port = server.server_port
+    try:
+        code, out, err = export(capsys, "prometheus", results, "--push", f"http://user:s3cret@127.0.0.1:{port}")
+        assert code == 0, err
+        assert Pushgateway.received and WithAuth.seen[-1] == "Basic " + base64.b64encode(b"user:s3cret").decode()
+        assert f"metrics pushed to http://***@127.0.0.1:{port}" in err and "s3cret" not in out + err
+        code, out, err = export(capsys, "prometheus", results, "--push", f"http://user:wrong@127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "HTTP 401" in err and "wrong" not in out + err
+    code, out, err = export(capsys, "prometheus", results, "--push", "http://user:s3cret@[::1")
+    assert code == 2 and "--push 'http://***@[::1' is not accepted" in err and "s3cret" not in out + err

@@ -75,12 +75,27 @@ class ExportOutcome:
     written: list[Path]  # files or folders written
     skipped: list[tuple[Path, str]]  # files that could not be read, with the reason
     left_out: list[str]  # runs that did not end ok, which the formats of figures leave out, and why
-    pushed: str | None = None  # the Pushgateway URL the metrics went to
+    pushed: str | None = None  # the Pushgateway URL the metrics went to (its credentials as ***)
 
 
 class PushError(RuntimeError):
     """The Pushgateway could not take the metrics (unreachable, refused): one line; any
     --out file was written before the push."""
+
+
+def redacted(url: str) -> str:
+    """``url`` as messages show it: a user part (``user:password@``) as ``***@``."""
+    return re.sub(r"(?<=//)[^/?#]*@", "***@", url, count=1)
+
+
+def without_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """``url`` without its user part, and the user name and password it held (percent-decoded):
+    they go as HTTP basic auth, never to the resolver as part of the host."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return bare, urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
 
 
 def _parses(url: str) -> bool:
@@ -104,8 +119,9 @@ def check_request(fmt: str, out: str | os.PathLike | None, request: ExportReques
         if chosen.module != "prometheus":
             raise UsageError(f"--push is for the prometheus and openmetrics formats, not {fmt}")
         if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", request.push) or not _parses(request.push):
-            raise UsageError(f"--push {request.push!r} is not accepted; give the Pushgateway's URL, e.g. "
-                             "http://pushgateway.example.com:9091")
+            raise UsageError(f"--push {redacted(request.push)!r} is not accepted; give the Pushgateway's URL, e.g. "
+                             "http://pushgateway.example.com:9091 (a user:password@ before the host is sent as "
+                             "HTTP basic auth)")
         if not re.fullmatch(r"[^/\s]+", request.job or ""):
             raise UsageError(f"--job {request.job!r} is not accepted; give a name without '/' or spaces")
     if request.division is not None and request.division not in DIVISIONS:
@@ -155,7 +171,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
         raise UsageError(f"--out {out}: cannot be written: {error.strerror or error}") from None
     if request.push is not None:
         writer.push(chosen.name, runs, request)
-        outcome.pushed = request.push
+        outcome.pushed = redacted(request.push)
     return outcome
 
 

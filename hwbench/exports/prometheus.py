@@ -15,7 +15,7 @@ import datetime
 from collections.abc import Iterator
 from typing import Any
 
-from hwbench.exports import PushError
+from hwbench.exports import PushError, redacted, without_credentials
 from hwbench.exports.figures import METRICS, PointFigures, flops_formula, point_figures
 
 
@@ -108,12 +108,36 @@ def render(fmt: str, runs: list, files: list, request: Any) -> str:
 
 def push(fmt: str, runs: list, request: Any) -> None:
     """The gauges to the Pushgateway at ``request.push`` under job ``request.job`` (replacing
-    what that job pushed before); PushError when it cannot take them."""
-    from prometheus_client import push_to_gateway
+    what that job pushed before); PushError when it cannot take them. A user and password in
+    the URL go as HTTP basic auth and are never shown."""
+    import functools
+    import http.client
 
+    from prometheus_client import push_to_gateway
+    from prometheus_client.exposition import basic_auth_handler, default_handler
+
+    url, user, password = without_credentials(request.push)
+    handler = default_handler if user is None else functools.partial(basic_auth_handler, username=user,
+                                                                     password=password)
     try:
-        push_to_gateway(request.push, job=request.job, registry=registry_of(runs), timeout=10)
-    except OSError as error:  # URLError and HTTPError are OSErrors; so are refused and timed-out connections
-        reason = getattr(error, "reason", None) or error.strerror or error
-        raise PushError(f"--push {request.push}: the Pushgateway did not take the metrics ({reason}); the result "
-                        "files are unchanged") from None
+        push_to_gateway(url, job=request.job, registry=registry_of(runs), timeout=10, handler=handler)
+    except (OSError, http.client.HTTPException) as error:  # URLError, HTTPError, refused, timed out; not HTTP
+        raise PushError(f"--push {redacted(request.push)}: the Pushgateway did not take the metrics "
+                        f"({_reason(error, password)}); the result files are unchanged") from None
+
+
+def _reason(error: Exception, secret: str | None) -> str:
+    """Why the push failed, in one short line without the password: an answer that is not
+    HTTP (a traceback page, another protocol) is named as such, not quoted."""
+    import http.client
+    import urllib.error
+
+    if isinstance(error, urllib.error.HTTPError):
+        reason = f"HTTP {error.code} {error.reason}"
+    elif isinstance(error, http.client.HTTPException) and not isinstance(error, OSError):
+        reason = f"its answer is not HTTP: {type(error).__name__}"
+    else:
+        reason = str(getattr(error, "reason", None) or getattr(error, "strerror", None) or error)
+    if secret:
+        reason = reason.replace(secret, "***")
+    return " ".join(reason.split())[:200]
