@@ -153,6 +153,22 @@ def test_mllog_of_a_run_that_reached_its_target_has_its_initialisation_and_succe
     assert times == sorted(times)
 
 
+@pytest.mark.parametrize("where", ["metrics.timed_wall_time_s", "steps[step 2].time_s",
+                                   "metrics.time_to_target.init_s"])
+def test_a_span_longer_than_any_run_is_one_line_not_an_overflow(results, tmp_path, capsys, where):
+    damaged = json.loads(one_result(results).read_text())
+    if where == "metrics.timed_wall_time_s":
+        damaged["metrics"]["timed_wall_time_s"] = 1e307  # finite, so the model takes it
+    elif where.startswith("steps"):
+        next(step for step in damaged["steps"] if step["step"] == 2)["time_s"] = 1e307
+    else:
+        damaged["metrics"]["time_to_target"] = {"init_s": 1e307}
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    code, out, err = export(capsys, "mllog", tmp_path / "damaged.json", "--out", tmp_path / "result_0.txt")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{where} 1e+307 s is longer than any run" in err and not (tmp_path / "result_0.txt").exists()
+
+
 def test_mlperf_system_description_passes_mlperfs_checker(results, tmp_path, capsys):
     checker = pytest.importorskip("mlperf_logging.system_desc_checker.system_desc_checker",
                                   reason="mlperf-logging is not installed (the test extra has it)")

@@ -98,7 +98,7 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
                   "submission_platform": request.platform or system["system_name"]}
     target = run.metrics.time_to_target
     init_s = target.init_s if target is not None else None  # measured only with a target: else not written
-    first = start - round(1000 * init_s) if init_s is not None else start
+    first = start - _ms(init_s, run, "metrics.time_to_target.init_s") if init_s is not None else start
     for key, value in submission.items():
         yield first, POINT_IN_TIME, key, value, {}
     if init_s is not None:
@@ -116,7 +116,7 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
                 block_first = step.step
                 yield now, INTERVAL_START, "block_start", None, {"samples_count": (step.step - 1) * global_batch,
                                                                    "step_num": step.step}
-            now += round(1000 * (step.time_s or 0.0))
+            now += _ms(step.time_s or 0.0, run, f"steps[step {step.step}].time_s")
         validation = validations.get(step.step)
         last_timed = step.phase == "timed" and step is _last_timed(run)
         if block_first is not None and (validation is not None or last_timed):
@@ -129,8 +129,9 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
             yield now, POINT_IN_TIME, "eval_accuracy", validation.loss, metadata
             yield now, INTERVAL_END, "eval_stop", None, metadata
     reached = target is not None and bool(target.reached) and target.time_s is not None
-    span = target.time_s if reached and target is not None else run.metrics.timed_wall_time_s
-    stop = start + round(1000 * span) if span is not None else (_epoch_ms(run.finished_at) or now)
+    span, field = ((target.time_s, "metrics.time_to_target.time_s") if reached and target is not None
+                   else (run.metrics.timed_wall_time_s, "metrics.timed_wall_time_s"))
+    stop = start + _ms(span, run, field) if span is not None else (_epoch_ms(run.finished_at) or now)
     # MLPerf's "success" is the target quality reached; any other end is "aborted"
     status = "success" if reached and run.status == "ok" else "aborted"
     yield max(stop, now), INTERVAL_END, "run_stop", None, {"status": status, "hwbench_status": run.status}
@@ -156,6 +157,18 @@ def _hyperparameters(run: RunResult) -> dict[str, Any]:
 
 def _last_timed(run: RunResult) -> Any:
     return next((step for step in reversed(run.steps or []) if step.phase == "timed"), None)
+
+
+MAX_SPAN_MS = 1000 * 3600 * 24 * 366 * 1000  # a thousand years: any longer span is damage, not a run
+
+
+def _ms(seconds: float, run: RunResult, field: str) -> int:
+    """A span of the run in whole milliseconds, the log's clock; UsageError naming the field when
+    it is longer than any run (a finite float such as 1e307 s has no millisecond count)."""
+    if not 0 <= 1000 * seconds <= MAX_SPAN_MS:
+        raise UsageError(f"run {run.run_id}: {field} {seconds:g} s is longer than any run; the MLPerf log's clock "
+                         "cannot hold it (a damaged result?)")
+    return round(1000 * seconds)
 
 
 def _epoch_ms(text: str) -> int | None:
