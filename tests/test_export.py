@@ -553,7 +553,7 @@ def test_a_hostile_run_id_is_refused_when_read_and_nothing_is_removed(results, t
     assert sorted(path.name for path in parent.rglob("*")) == ["keep.txt", "keep.txt", "logs"]
 
 
-@pytest.mark.parametrize("existing", ["folder", "symlink", "other run's export"])
+@pytest.mark.parametrize("existing", ["folder", "symlink", "other run's export", "its export with a user's file"])
 def test_tensorboard_replaces_only_a_folder_it_made_for_that_run(results, tmp_path, capsys, existing):
     pytest.importorskip("tensorboard",
                         reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
@@ -569,6 +569,8 @@ def test_tensorboard_replaces_only_a_folder_it_made_for_that_run(results, tmp_pa
         (logs / run_id / "notes.txt").write_text("the user's")
         if existing == "other run's export":
             (logs / run_id / ".hwbench-tensorboard").write_text("20261121T130000Z-tiny-cpu-bbbbbb\n")
+        if existing == "its export with a user's file":  # the marker is right, but notes.txt is the user's
+            (logs / run_id / ".hwbench-tensorboard").write_text(f"{run_id}\n")
     before = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
     code, _, err = export(capsys, "tensorboard", results, "--out", logs)
     assert code == 2 and len(err.strip().splitlines()) == 1

@@ -45,15 +45,21 @@ def run_folder(run: RunResult, out: Path) -> Path:
 
 
 def _made_by_export(folder: Path, run: RunResult) -> bool:
+    """Whether ``folder`` is what an export of ``run`` left: its marker naming the run and event
+    files, nothing else (a file the user put beside them is theirs, and keeps the folder)."""
     marker = folder / MARKER_FILE
-    return (folder.is_dir() and not folder.is_symlink() and marker.is_file() and not marker.is_symlink()
-            and marker.read_text(errors="replace").strip() == run.run_id)
+    if folder.is_symlink() or not folder.is_dir() or marker.is_symlink() or not marker.is_file():
+        return False
+    ours = all(entry.name == MARKER_FILE or (entry.name.startswith("events.out.tfevents.") and entry.is_file()
+                                             and not entry.is_symlink()) for entry in folder.iterdir())
+    return ours and marker.read_text(errors="replace").strip() == run.run_id
 
 
 def _check_replaceable(folder: Path, run: RunResult) -> None:
     if (folder.exists() or folder.is_symlink()) and not _made_by_export(folder, run):
-        raise UsageError(f"--out: {folder} exists and is not a folder this export made for run {run.run_id} (no "
-                         f"{MARKER_FILE} naming it); it is left alone: remove it yourself or give another --out")
+        raise UsageError(f"--out: {folder} exists and is not a folder this export made for run {run.run_id} (only "
+                         f"event files and a {MARKER_FILE} naming the run); it is left alone: remove it yourself or "
+                         "give another --out")
 
 
 def _write_run(run: RunResult, out: Path) -> Path:
