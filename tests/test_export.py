@@ -532,6 +532,16 @@ def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, fail
     assert code == 0 and f"note: left out run {failed['run_id']}" in err
 
 
+def test_a_failed_run_is_named_when_the_push_fails_too(results, failed_result, tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = export(capsys, "prometheus", *results.glob("*.json"), failed_result, "--push",
+                          f"http://127.0.0.1:{port}")
+    assert code == 1 and f"left out run {json.loads(failed_result.read_text())['run_id']}" in err
+    assert err.strip().splitlines()[-1].startswith(f"hwbench: error: --push http://127.0.0.1:{port}: the Pushgateway")
+
+
 # --- identifiers from a result never reach outside the output folder ------------------------
 
 

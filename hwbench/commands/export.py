@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwbench.exports import DIVISIONS, FORMATS, SUBMISSION_STATUSES
+from hwbench.exports import DIVISIONS, FORMATS, SUBMISSION_STATUSES, ExportOutcome
 
 DESCRIPTION = ("Write result files in another tool's format: " + "; ".join(f"{name}: {fmt.summary}"
                                                                           for name, fmt in FORMATS.items())
@@ -45,12 +45,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         outcome = export(args.format, args.results, args.out, request)
     except PushError as error:
+        if error.outcome is not None:  # what was read and left out is said whether or not the push went
+            say_left_out(error.outcome, args.allow_failed)
         print(f"hwbench: error: {error}" + (f"; {args.out} was written" if args.out else ""), file=sys.stderr)
         return 1
-    for _path, reason in outcome.skipped:
-        print(f"hwbench export: warning: left out {reason}", file=sys.stderr)
-    for line in outcome.left_out:
-        print(f"hwbench export: {'note' if args.allow_failed else 'error'}: left out {line}", file=sys.stderr)
+    say_left_out(outcome, args.allow_failed)
     for path in outcome.written:
         print(f"{args.format} written to {path}", file=sys.stderr)
     if outcome.pushed:
@@ -63,3 +62,11 @@ def main(args: argparse.Namespace) -> int:
               f"fails (exit {MISSING_EXIT}; give --allow-failed to accept that)", file=sys.stderr)
         return MISSING_EXIT
     return 0
+
+
+def say_left_out(outcome: ExportOutcome, allow_failed: bool) -> None:
+    """A line for each file that could not be read and each run that did not end ok."""
+    for _path, reason in outcome.skipped:
+        print(f"hwbench export: warning: left out {reason}", file=sys.stderr)
+    for line in outcome.left_out:
+        print(f"hwbench export: {'note' if allow_failed else 'error'}: left out {line}", file=sys.stderr)

@@ -80,7 +80,9 @@ class ExportOutcome:
 
 class PushError(RuntimeError):
     """The Pushgateway could not take the metrics (unreachable, refused): one line; any
-    --out file was written before the push."""
+    --out file was written before the push, and ``outcome`` says what was (export sets it)."""
+
+    outcome: ExportOutcome | None = None
 
 
 def redacted(url: str) -> str:
@@ -170,7 +172,11 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     except OSError as error:
         raise UsageError(f"--out {out}: cannot be written: {error.strerror or error}") from None
     if request.push is not None:
-        writer.push(chosen.name, runs, request)
+        try:
+            writer.push(chosen.name, runs, request)
+        except PushError as error:
+            error.outcome = outcome  # the runs left out are named all the same
+            raise
         outcome.pushed = redacted(request.push)
     return outcome
 
