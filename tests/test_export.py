@@ -2,20 +2,27 @@
 parser where the consumer installs here (MLPerf's mlp_parser and system description checker,
 prometheus_client's parsers, a Pushgateway stand-in that records the request, TensorBoard's
 EventAccumulator, pandas/pyarrow); github-action-benchmark's and Bencher's JSON against their
-published shapes (the action's zod schema, as pydantic; Bencher's JSON schema)."""
+published shapes (the action's zod schema, as pydantic; Bencher's JSON schema). A stand-in's run
+(the CUDA stand-in, tests/fakes/cuda) and a run that failed on an injected fault are real runs too."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import http.server
 import json
+import os
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from conftest import parity_run
+from test_target import TINY
+from test_vendor_standins import standin_path
 
 import hwbench
 from hwbench.cli import main
@@ -32,6 +39,34 @@ def results(tmp_path_factory, single_process_run) -> Path:
     assert code == 0 and second["status"] == "ok"
     (folder / f"{second['run_id']}.json").write_text(json.dumps(second))
     return folder
+
+
+@pytest.fixture(scope="module")
+def simulated_result(tmp_path_factory) -> Path:
+    """A real run through the CUDA stand-in: it reports the real device's name (an H100), marked simulated."""
+    out = tmp_path_factory.mktemp("standin")
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--seq-length", "32",
+                           "--steps", "2", "--warmup", "1", "--eval-iters", "1", "--no-telemetry", "--device", "cuda",
+                           "--out", str(out)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("*.json")
+    result = json.loads(path.read_text())
+    assert result["device"]["simulated"] is True and result["device"]["device_model"] == "NVIDIA H100 80GB HBM3"
+    return path
+
+
+@pytest.fixture(scope="module")
+def failed_result(tmp_path_factory) -> Path:
+    """A real run that failed: rank 0 raised at step 2 (the fault hook, docs/reliability.md)."""
+    out = tmp_path_factory.mktemp("failed") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HWBENCH_FAULT", "0:2:raise")
+        code, result = parity_run(out)
+    assert code == 1 and result["status"] == "failed"
+    (path,) = out.glob("*.json")
+    return path
 
 
 def runs_of(folder: Path) -> list[dict]:
@@ -78,7 +113,10 @@ def test_mllog_is_read_by_mlperfs_own_parser(results, tmp_path, capsys):
     # the run_start..run_stop span MLPerf scores is the timed window hwbench measured
     span_ms = by_key["run_stop"][0].timestamp - by_key["run_start"][0].timestamp
     assert span_ms == round(1000 * result["metrics"]["timed_wall_time_s"])
-    assert by_key["run_stop"][0].value["metadata"]["status"] == "success"
+    # no target: not a time to train, so not MLPerf's "success"; no initialisation recorded, none stamped
+    assert by_key["run_stop"][0].value["metadata"]["status"] == "aborted"
+    assert by_key["run_stop"][0].value["metadata"]["hwbench_status"] == "ok"
+    assert "init_start" not in by_key and "init_stop" not in by_key
     # a block of timed steps up to each validation, each eval_accuracy the validation loss at its step
     validations = result["metrics"]["validation"]
     timed = [step["step"] for step in result["steps"] if step["phase"] == "timed"]
@@ -89,6 +127,46 @@ def test_mllog_is_read_by_mlperfs_own_parser(results, tmp_path, capsys):
         assert line.value["metadata"]["step_num"] == validation["step"]
     times = [line.timestamp for line in lines]
     assert times == sorted(times)
+
+
+def test_mllog_of_a_run_that_reached_its_target_has_its_initialisation_and_success(tmp_path, capsys):
+    mlp_parser = pytest.importorskip("mlperf_logging.compliance_checker.mlp_parser",
+                                     reason="mlperf-logging is not installed (the test extra has it)")
+    # tests/test_target.py's run: floor*1000 is reached at the validation of step 20
+    assert main(["run", *TINY, "--steps", "30", "--warmup", "0", "--target-ppl", "floor*1000", "--out",
+                 str(tmp_path / "run")]) == 0
+    (source,) = (tmp_path / "run").glob("*.json")
+    target = json.loads(source.read_text())["metrics"]["time_to_target"]
+    assert target["reached"] and target["init_s"] > 0
+    code, _, err = export(capsys, "mllog", source, "--out", tmp_path / "result_0.txt")
+    assert code == 0, err
+    lines, errors = mlp_parser.parse_file(str(tmp_path / "result_0.txt"), ruleset="6.0.0")
+    assert not errors
+    at = {line.key: line for line in lines}
+    # the initialisation the run measured, not two stamps at one instant
+    assert at["init_stop"].timestamp - at["init_start"].timestamp == round(1000 * target["init_s"])
+    assert at["run_start"].timestamp == at["init_stop"].timestamp
+    # MLPerf's "success": the target quality reached, run_start to run_stop the time to it
+    assert at["run_stop"].value["metadata"]["status"] == "success"
+    assert at["run_stop"].timestamp - at["run_start"].timestamp == round(1000 * target["time_s"])
+    times = [line.timestamp for line in lines]
+    assert times == sorted(times)
+
+
+@pytest.mark.parametrize("where", ["metrics.timed_wall_time_s", "steps[step 2].time_s",
+                                   "metrics.time_to_target.init_s"])
+def test_a_span_longer_than_any_run_is_one_line_not_an_overflow(results, tmp_path, capsys, where):
+    damaged = json.loads(one_result(results).read_text())
+    if where == "metrics.timed_wall_time_s":
+        damaged["metrics"]["timed_wall_time_s"] = 1e307  # finite, so the model takes it
+    elif where.startswith("steps"):
+        next(step for step in damaged["steps"] if step["step"] == 2)["time_s"] = 1e307
+    else:
+        damaged["metrics"]["time_to_target"] = {"init_s": 1e307}
+    (tmp_path / "damaged.json").write_text(json.dumps(damaged))
+    code, out, err = export(capsys, "mllog", tmp_path / "damaged.json", "--out", tmp_path / "result_0.txt")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"{where} 1e+307 s is longer than any run" in err and not (tmp_path / "result_0.txt").exists()
 
 
 def test_mlperf_system_description_passes_mlperfs_checker(results, tmp_path, capsys):
@@ -285,7 +363,8 @@ def test_tensorboard_scalars_read_by_tensorboards_event_reader(results, tmp_path
         assert "power/window_mean_w" not in events.Tags()["scalars"]  # --no-telemetry: no power, none invented
     # a second export of the same runs replaces their folders: no step is shown twice
     assert main(["export", "tensorboard", str(results), "--out", str(tmp_path / "logs")]) == 0
-    assert all(len(list((tmp_path / "logs" / run["run_id"]).iterdir())) == 1 for run in runs_of(results))
+    assert all(len(list((tmp_path / "logs" / run["run_id"]).glob("events.out.tfevents.*"))) == 1
+               for run in runs_of(results))
 
 
 def test_parquet_and_csv_hold_the_load_results_table(results, tmp_path, capsys):
@@ -322,9 +401,9 @@ def test_an_unreadable_file_is_named_and_left_out(results, tmp_path, capsys):
     failed.update(run_id="failed-run", status="failed")
     (folder / "failed.json").write_text(json.dumps(failed))
     code, text, err = export(capsys, "bencher", folder)
-    assert code == 0 and json.loads(text)
+    assert code == 4 and json.loads(text)  # the failed run fails the gate (test_a_failed_run_...)
     assert "truncated.json" in err and "not a complete JSON document" in err
-    assert "run failed-run: status failed" in err
+    assert "run failed-run (" in err and "status failed" in err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -352,3 +431,234 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, cap
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and message.format(**names) in err
     assert {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]} == before
+
+
+# --- a simulated run stays apart, marked in each consumer's own terms -----------------------
+
+
+def real_and_simulated(simulated_result: Path, folder: Path) -> tuple[dict, dict]:
+    """The stand-in's run, and the same file as a real H100 would write it (not simulated, other
+    figures): both report the device as "NVIDIA H100 80GB HBM3", so only the flag sets them apart."""
+    folder.mkdir()
+    simulated = json.loads(simulated_result.read_text())
+    real = copy.deepcopy(simulated)
+    real["device"]["simulated"] = real["environment"]["simulated"] = False
+    real["run_id"] = simulated["run_id"].replace("-cuda-", "-cuda-real-")
+    real["metrics"]["tokens_per_s"] = simulated["metrics"]["tokens_per_s"] * 100
+    for run in (simulated, real):
+        (folder / f"{run['run_id']}.json").write_text(json.dumps(run))
+    return real, simulated
+
+
+def test_ci_exports_keep_a_simulated_run_out_of_the_real_devices_series(simulated_result, tmp_path, capsys):
+    real, simulated = real_and_simulated(simulated_result, tmp_path / "runs")
+    code, text, err = export(capsys, "customBiggerIsBetter", tmp_path / "runs")
+    assert code == 0, err
+    tokens = {entry.name: entry for entry in action_entries(text) if entry.unit == "tokens/s"}
+    assert len(tokens) == 2  # two series, not one median of both
+    (marked,) = [entry for name, entry in tokens.items() if name.count("[simulated]") == 1]
+    (unmarked,) = [entry for name, entry in tokens.items() if "simulated" not in name]
+    assert marked.value == simulated["metrics"]["tokens_per_s"] and simulated["run_id"] in marked.extra
+    assert "simulated: a stand-in ran" in marked.extra and "simulated" not in unmarked.extra
+    assert unmarked.value == real["metrics"]["tokens_per_s"]
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (the test extra has it)")
+    code, text, _ = export(capsys, "bencher", tmp_path / "runs")
+    document = json.loads(text)
+    jsonschema.validate(document, BMF_SCHEMA)
+    by_mark = {name.count("[simulated]"): measures for name, measures in document.items()}
+    assert sorted(by_mark) == [0, 1]  # one mark, on the stand-in's benchmark only
+    assert by_mark[1]["tokens-per-s"]["value"] == simulated["metrics"]["tokens_per_s"]
+    assert by_mark[0]["tokens-per-s"]["value"] == real["metrics"]["tokens_per_s"]
+
+
+@pytest.mark.parametrize("fmt", ["prometheus", "openmetrics"])
+def test_prometheus_labels_a_simulated_point(simulated_result, tmp_path, capsys, fmt):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families
+
+    real, simulated = real_and_simulated(simulated_result, tmp_path / "runs")
+    code, text, err = export(capsys, fmt, tmp_path / "runs")
+    assert code == 0, err
+    parse = openmetrics_families if fmt == "openmetrics" else text_string_to_metric_families
+    families = list(parse(text))
+    tokens = {sample.labels.get("stand_in", ""): sample
+              for sample in samples(families, "hwbench_throughput_tokens_per_second")}
+    assert tokens["simulated"].value == pytest.approx(simulated["metrics"]["tokens_per_s"])
+    assert tokens[""].value == pytest.approx(real["metrics"]["tokens_per_s"])
+    assert tokens["simulated"].labels["device_model"] == tokens[""].labels["device_model"] == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("fmt", ["mllog", "mlperf-system"])
+def test_mlperf_refuses_a_simulated_run(simulated_result, tmp_path, capsys, fmt):
+    code, out, err = export(capsys, fmt, simulated_result, "--out", tmp_path / "mlperf.txt")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "simulated NVIDIA H100 80GB HBM3" in err and "not a result in MLPerf's terms" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_tensorboard_names_a_simulated_runs_folder(simulated_result, tmp_path, capsys):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_id = json.loads(simulated_result.read_text())["run_id"]
+    code, _, err = export(capsys, "tensorboard", simulated_result, "--out", tmp_path / "logs")
+    assert code == 0, err
+    assert [path.name for path in (tmp_path / "logs").iterdir()] == [f"{run_id}-simulated"]
+    events = EventAccumulator(str(tmp_path / "logs" / f"{run_id}-simulated"))
+    events.Reload()
+    assert events.Scalars("loss")
+
+
+# --- a run that failed fails the export's gate ---------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["customBiggerIsBetter", "bencher", "prometheus"])
+def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, failed_result, tmp_path, capsys, fmt):
+    folder = tmp_path / "night"
+    folder.mkdir()
+    for path in [*results.glob("*.json"), failed_result]:
+        (folder / path.name).write_text(path.read_text())
+    failed = json.loads(failed_result.read_text())
+    out = tmp_path / "figures.txt"
+    code, _, err = export(capsys, fmt, folder, "--out", out)
+    assert code == 4  # compare's status for a point the gate cannot vouch for
+    (line,) = [line for line in err.splitlines() if failed["run_id"] in line]
+    assert line.startswith("hwbench export: error: left out run") and "status failed" in line
+    assert "injected fault" in line and failed_result.name in line
+    assert "--allow-failed" in err and out.read_text()  # the ok runs' figures are written all the same
+    code, _, err = export(capsys, fmt, folder, "--out", out, "--allow-failed")
+    assert code == 0 and f"note: left out run {failed['run_id']}" in err
+
+
+def test_a_failed_run_is_named_when_the_push_fails_too(results, failed_result, tmp_path, capsys):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code, _, err = export(capsys, "prometheus", *results.glob("*.json"), failed_result, "--push",
+                          f"http://127.0.0.1:{port}")
+    assert code == 1 and f"left out run {json.loads(failed_result.read_text())['run_id']}" in err
+    assert err.strip().splitlines()[-1].startswith(f"hwbench: error: --push http://127.0.0.1:{port}: the Pushgateway")
+
+
+# --- identifiers from a result never reach outside the output folder ------------------------
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "", "../escape", "a\nb"])
+def test_a_hostile_run_id_is_refused_when_read_and_nothing_is_removed(results, tmp_path, capsys, run_id):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    hostile = copy.deepcopy(runs_of(results)[0])
+    hostile["run_id"] = run_id
+    (tmp_path / "hostile.json").write_text(json.dumps(hostile))
+    parent = tmp_path / "parent"
+    (parent / "logs").mkdir(parents=True)
+    (parent / "keep.txt").write_text("the user's")
+    (parent / "logs" / "keep.txt").write_text("the user's")
+    code, out, err = export(capsys, "tensorboard", tmp_path / "hostile.json", "--out", parent / "logs")
+    assert code == 2 and out == ""
+    assert "run_id: must be a file name" in err and "nothing to export" in err
+    assert (parent / "keep.txt").read_text() == (parent / "logs" / "keep.txt").read_text() == "the user's"
+    assert sorted(path.name for path in parent.rglob("*")) == ["keep.txt", "keep.txt", "logs"]
+
+
+@pytest.mark.parametrize("existing", ["folder", "symlink", "other run's export", "its export with a user's file"])
+def test_tensorboard_replaces_only_a_folder_it_made_for_that_run(results, tmp_path, capsys, existing):
+    pytest.importorskip("tensorboard",
+                        reason="the tensorboard extra is not installed (pip install -e '.[tensorboard]')")
+    run_id = runs_of(results)[0]["run_id"]
+    logs, mine = tmp_path / "logs", tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    logs.mkdir()
+    if existing == "symlink":
+        (logs / run_id).symlink_to(mine, target_is_directory=True)
+    else:
+        (logs / run_id).mkdir()
+        (logs / run_id / "notes.txt").write_text("the user's")
+        if existing == "other run's export":
+            (logs / run_id / ".hwbench-tensorboard").write_text("20261121T130000Z-tiny-cpu-bbbbbb\n")
+        if existing == "its export with a user's file":  # the marker is right, but notes.txt is the user's
+            (logs / run_id / ".hwbench-tensorboard").write_text(f"{run_id}\n")
+    before = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
+    code, _, err = export(capsys, "tensorboard", results, "--out", logs)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"{logs / run_id} exists and is not a folder this export made for run {run_id}" in err
+    assert sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")) == before  # nothing written
+    assert (mine / "notes.txt").read_text() == "the user's"
+
+
+def test_every_result_in_the_repository_has_a_run_id_that_passes():
+    """The run-id rule refuses no result hwbench wrote (tests/data holds files of every schema and age)."""
+    import warnings
+
+    from hwbench.result.store import load_results
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tests/data/report/bad is damaged on purpose
+        found, skipped = load_results(Path(__file__).parent / "data")
+    assert found and not [reason for _path, reason in skipped if "run_id" in reason]
+
+
+# --- a Pushgateway that answers garbage, a URL with credentials ----------------------------
+
+
+class Garbage(http.server.BaseHTTPRequestHandler):
+    """Answers any request with a Python traceback and no HTTP status line."""
+
+    def do_PUT(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.wfile.write(b"Traceback (most recent call last):\n  File \"app.py\", line 1\nKeyError: 'job'\n")
+
+    def log_message(self, *args):
+        pass
+
+
+class WithAuth(Pushgateway):
+    """A Pushgateway behind basic auth: 401 unless user:s3cret."""
+
+    seen: list = []  # noqa: RUF012 (the Authorization headers it got)
+
+    def do_PUT(self):
+        WithAuth.seen.append(self.headers["Authorization"])
+        if self.headers["Authorization"] != "Basic " + base64.b64encode(b"user:s3cret").decode():
+            self.send_response(401)
+            self.end_headers()
+            return
+        super().do_PUT()
+
+
+def serving(handler):
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    server.timeout = 5
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_pushgateway_answering_garbage_is_one_line_and_exit_1(results, capsys):
+    server = serving(Garbage)
+    try:
+        code, _, err = export(capsys, "prometheus", results, "--push", f"http://127.0.0.1:{server.server_port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "the Pushgateway did not take the metrics (its answer is not HTTP" in err and "Traceback" not in err
+
+
+def test_credentials_in_the_push_url_go_as_basic_auth_and_are_never_shown(results, capsys):
+    server = serving(WithAuth)
+    WithAuth.seen, Pushgateway.received = [], []
+    port = server.server_port
+    try:
+        code, out, err = export(capsys, "prometheus", results, "--push", f"http://user:s3cret@127.0.0.1:{port}")
+        assert code == 0, err
+        assert Pushgateway.received and WithAuth.seen[-1] == "Basic " + base64.b64encode(b"user:s3cret").decode()
+        assert f"metrics pushed to http://***@127.0.0.1:{port}" in err and "s3cret" not in out + err
+        code, out, err = export(capsys, "prometheus", results, "--push", f"http://user:wrong@127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "HTTP 401" in err and "wrong" not in out + err
+    code, out, err = export(capsys, "prometheus", results, "--push", "http://user:s3cret@[::1")
+    assert code == 2 and "--push 'http://***@[::1' is not accepted" in err and "s3cret" not in out + err

@@ -74,13 +74,30 @@ class ExportOutcome:
     text: str | None  # a text format's content (what the command prints when there is no --out)
     written: list[Path]  # files or folders written
     skipped: list[tuple[Path, str]]  # files that could not be read, with the reason
-    left_out: list[str]  # runs the format does not take, and why
-    pushed: str | None = None  # the Pushgateway URL the metrics went to
+    left_out: list[str]  # runs that did not end ok, which the formats of figures leave out, and why
+    pushed: str | None = None  # the Pushgateway URL the metrics went to (its credentials as ***)
 
 
 class PushError(RuntimeError):
     """The Pushgateway could not take the metrics (unreachable, refused): one line; any
-    --out file was written before the push."""
+    --out file was written before the push, and ``outcome`` says what was (export sets it)."""
+
+    outcome: ExportOutcome | None = None
+
+
+def redacted(url: str) -> str:
+    """``url`` as messages show it: a user part (``user:password@``) as ``***@``."""
+    return re.sub(r"(?<=//)[^/?#]*@", "***@", url, count=1)
+
+
+def without_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """``url`` without its user part, and the user name and password it held (percent-decoded):
+    they go as HTTP basic auth, never to the resolver as part of the host."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return bare, urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
 
 
 def _parses(url: str) -> bool:
@@ -104,8 +121,9 @@ def check_request(fmt: str, out: str | os.PathLike | None, request: ExportReques
         if chosen.module != "prometheus":
             raise UsageError(f"--push is for the prometheus and openmetrics formats, not {fmt}")
         if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", request.push) or not _parses(request.push):
-            raise UsageError(f"--push {request.push!r} is not accepted; give the Pushgateway's URL, e.g. "
-                             "http://pushgateway.example.com:9091")
+            raise UsageError(f"--push {redacted(request.push)!r} is not accepted; give the Pushgateway's URL, e.g. "
+                             "http://pushgateway.example.com:9091 (a user:password@ before the host is sent as "
+                             "HTTP basic auth)")
         if not re.fullmatch(r"[^/\s]+", request.job or ""):
             raise UsageError(f"--job {request.job!r} is not accepted; give a name without '/' or spaces")
     if request.division is not None and request.division not in DIVISIONS:
@@ -126,7 +144,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     in ``request.push`` gets the metrics after the file is written (PushError when it cannot).
     UsageError, before anything is written, for bad input: an unknown format, a missing path,
     no run the format can take, an output that would overwrite an input."""
-    from hwbench.paths import check_output_file
+    from hwbench.paths import check_output_file, check_output_folder
     from hwbench.result.store import read_inputs
 
     chosen = check_request(fmt, out, request)
@@ -135,10 +153,10 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
         raise UsageError("RESULTS: give result files or folders of them")
     if out is not None and not chosen.folder:
         check_output_file(out, "--out", paths)
-    if out is not None and chosen.folder and Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out {os.fspath(out)!r} is a file; {fmt} writes a folder (TensorBoard's log folder)")
+    if out is not None and chosen.folder:  # '' was the working folder; a file, or under one, is refused
+        check_output_folder(out, "--out")
     found, skipped = read_inputs(paths, "RESULTS")
-    taken, left_out = _runs_taken(chosen, found)
+    taken, left_out = _runs_taken(chosen, found, skipped)
     runs, files = [result for result, _path in taken], [path for _result, path in taken]
     writer = importlib.import_module(f"hwbench.exports.{chosen.module}")
     outcome = ExportOutcome(None, [], skipped, left_out)
@@ -154,17 +172,23 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     except OSError as error:
         raise UsageError(f"--out {out}: cannot be written: {error.strerror or error}") from None
     if request.push is not None:
-        writer.push(chosen.name, runs, request)
-        outcome.pushed = request.push
+        try:
+            writer.push(chosen.name, runs, request)
+        except PushError as error:
+            error.outcome = outcome  # the runs left out are named all the same
+            raise
+        outcome.pushed = redacted(request.push)
     return outcome
 
 
-def _runs_taken(chosen: ExportFormat, found: list) -> tuple[list, list[str]]:
+def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list, list[str]]:
     """The (run, file) pairs ``chosen`` takes, and a line for each run it leaves out; UsageError
-    when none is left."""
+    when none is left (naming why the first unreadable file was left out)."""
     results = [result for result, _path in found]
     if not results:
-        raise UsageError("RESULTS hold no readable hwbench result; nothing to export")
+        why = f" ({skipped[0][1]}{f'; {len(skipped) - 1} more left out' if len(skipped) > 1 else ''})" if skipped \
+            else ""
+        raise UsageError(f"RESULTS hold no readable hwbench result{why}; nothing to export")
     if chosen.runs == "one":
         if len(results) > 1:
             raise UsageError(f"{chosen.name} writes one run (an MLPerf log or system description is of one run); "
@@ -173,12 +197,19 @@ def _runs_taken(chosen: ExportFormat, found: list) -> tuple[list, list[str]]:
     if chosen.runs == "all":
         return found, []
     ok = [(result, path) for result, path in found if result.status == "ok"]
-    left_out = [f"run {result.run_id}: status {result.status}, no figures" for result in results
-                if result.status != "ok"]
+    left_out = [f"run {result.run_id} ({path}): status {result.status}{_error_text(result)}, no figures"
+                for result, path in found if result.status != "ok"]
     if not ok:
         raise UsageError(f"RESULTS hold no run with status ok ({len(results)} with another status); {chosen.name} "
                          "exports measured figures")
     return ok, left_out
+
+
+def _error_text(result) -> str:
+    """What went wrong in a run, as its result says it: a short first line, or nothing."""
+    message = result.error.message if result.error else None
+    first = " ".join((message or "").split())
+    return f" ({first[:120]}{'...' if len(first) > 120 else ''})" if first else ""
 
 
 def _write_file(path: Path, content: str | bytes) -> Path:

@@ -2,7 +2,8 @@
 (hwbench.point.PointKey: repeats of one point are one series), each figure of
 hwbench.point.METRICS as the median of the repeats with their lowest and highest value.
 TFLOP/s and MFU are read under the default FLOPs formula, so that a series stays under one
-formula whichever formula a run was asked for."""
+formula whichever formula a run was asked for. A simulated run (a stand-in ran the vendor's code
+path on this host) is never a repeat of a real one: its point is apart and its name says so."""
 
 from __future__ import annotations
 
@@ -21,11 +22,19 @@ class Figure:
     runs: int
 
 
+SIMULATED_NOTE = "simulated: a stand-in ran the device's code path on the host; not a hardware figure"
+
+
 @dataclasses.dataclass
 class PointFigures:
     key: PointKey
-    name: str  # the report's label of the point, distinct among the points exported together
+    name: str  # the report's label of the point, distinct among the points exported together ('[simulated]' in it)
     runs: list[RunResult]
+
+    @property
+    def simulated(self) -> bool:
+        """Whether a stand-in ran the point (its key says so; the device reports the real name all the same)."""
+        return self.key.stand_in is not None
 
     def figure(self, metric: Metric) -> Figure | None:
         """``metric`` over the repeats, or None when no run has it."""
@@ -42,13 +51,13 @@ class PointFigures:
 
 
 def point_figures(runs: list[RunResult]) -> list[PointFigures]:
-    """The runs by point, in the order first seen (a run without a resolved spec has no point)."""
+    """The runs by point, in the order first seen (a run without a resolved spec has no point; a
+    stand-in's run is a point of its own, PointKey.stand_in)."""
     grouped: dict[PointKey, list[RunResult]] = {}
     for run in runs:
         if run.point_key is not None:
             grouped.setdefault(run.point_key, []).append(run)
-    keys = list(grouped)
-    return [PointFigures(key, key.label(keys), grouped[key]) for key in keys]
+    return [PointFigures(key, key.label(grouped), runs) for key, runs in grouped.items()]
 
 
 def flops_formula() -> str:
@@ -57,4 +66,4 @@ def flops_formula() -> str:
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["METRICS", "Figure", "PointFigures", "flops_formula", "point_figures"]
+__all__ = ["METRICS", "SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures"]

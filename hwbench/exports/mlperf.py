@@ -2,11 +2,19 @@
 
 The line format is mlperf_logging.mllog's (`:::MLLOG {"namespace", "time_ms", "event_type",
 "key", "value", "metadata"}`, keys from mlperf_logging.mllog.constants), so MLPerf's own parser
-(mlperf_logging.compliance_checker.mlp_parser) reads the file. The clock: `run_start` is the
-result's `started_at`; the blocks and validations after it are placed by the timed steps' own
-durations (`steps[].time_s`), and `run_stop` at run_start plus the timed window's wall time
-(`metrics.timed_wall_time_s`). So the run_start-to-run_stop span MLPerf scores is the window
-hwbench measured, without the untimed warm-up. A block is the timed steps up to a validation
+(mlperf_logging.compliance_checker.mlp_parser) reads the file. Only what the run measured is
+written, in MLPerf's terms: `init_start`/`init_stop` only where the result records the
+initialisation (`metrics.time_to_target.init_s`, a run with a target), `init_start` that long
+before `init_stop`; `run_stop` status `success` only where the run reached its target quality
+(MLPerf's meaning), `aborted` otherwise (a run without a target is a throughput window, not a
+time to train). A simulated run (a stand-in ran the device's code path on the host) is refused:
+it is no result in MLPerf's terms.
+
+The clock: `init_stop` and `run_start` are the result's `started_at`; the blocks and validations
+after it are placed by the timed steps' own durations (`steps[].time_s`), and `run_stop` at
+run_start plus the time to the target (`metrics.time_to_target.time_s`) where it was reached,
+else plus the timed window's wall time (`metrics.timed_wall_time_s`: the window hwbench
+measured, without the untimed warm-up). A block is the timed steps up to a validation
 (or to the end); `eval_accuracy` is the validation loss (log perplexity, as MLPerf's language
 model benchmarks count it); `samples_count` counts the samples trained so far, warm-up
 included; a validation after a warm-up step is logged before the first block. The system
@@ -22,6 +30,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from hwbench.errors import UsageError
 from hwbench.exports import SUBMISSION_STATUSES, ExportRequest
 from hwbench.result.model import RunResult
 
@@ -40,6 +49,10 @@ POINT_IN_TIME, INTERVAL_START, INTERVAL_END = "POINT_IN_TIME", "INTERVAL_START",
 
 def render(fmt: str, runs: list[RunResult], files: list, request: ExportRequest) -> str:
     (run,) = runs
+    if run.simulated:
+        raise UsageError(f"{fmt}: run {run.run_id} ({files[0]}) ran on a simulated {run.device_model or 'device'} "
+                         "(a stand-in ran its code path on the host): not a result in MLPerf's terms, so no MLPerf "
+                         "file is written; export it as csv or parquet, which mark it (device.simulated)")
     if fmt == "mlperf-system":
         return json.dumps(system_description(run, request), indent=2) + "\n"
     return "".join(mllog_line(*event) + "\n" for event in mllog_events(run, request))
@@ -82,10 +95,14 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
     submission = {"submission_benchmark": f"hwbench-gpt-{spec.model}", "submission_org": request.submitter,
                   "submission_division": request.division, "submission_status": request.status,
                   "submission_platform": request.platform or system["system_name"]}
+    target = run.metrics.time_to_target
+    init_s = target.init_s if target is not None else None  # measured only with a target: else not written
+    first = start - _ms(init_s, run, "metrics.time_to_target.init_s") if init_s is not None else start
     for key, value in submission.items():
-        yield start, POINT_IN_TIME, key, value, {}
-    yield start, INTERVAL_START, "init_start", None, {}
-    yield start, INTERVAL_END, "init_stop", None, {}
+        yield first, POINT_IN_TIME, key, value, {}
+    if init_s is not None:
+        yield first, INTERVAL_START, "init_start", None, {}
+        yield start, INTERVAL_END, "init_stop", None, {}
     yield start, INTERVAL_START, "run_start", None, {}
     for key, value in _hyperparameters(run).items():
         yield start, POINT_IN_TIME, key, value, {}
@@ -98,7 +115,7 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
                 block_first = step.step
                 yield now, INTERVAL_START, "block_start", None, {"samples_count": (step.step - 1) * global_batch,
                                                                    "step_num": step.step}
-            now += round(1000 * (step.time_s or 0.0))
+            now += _ms(step.time_s or 0.0, run, f"steps[step {step.step}].time_s")
         validation = validations.get(step.step)
         last_timed = step.phase == "timed" and step is _last_timed(run)
         if block_first is not None and (validation is not None or last_timed):
@@ -110,9 +127,12 @@ def mllog_events(run: RunResult, request: ExportRequest) -> Iterator[tuple[int, 
             yield now, INTERVAL_START, "eval_start", None, metadata
             yield now, POINT_IN_TIME, "eval_accuracy", validation.loss, metadata
             yield now, INTERVAL_END, "eval_stop", None, metadata
-    window = run.metrics.timed_wall_time_s
-    stop = start + round(1000 * window) if window is not None else (_epoch_ms(run.finished_at) or now)
-    status = "success" if run.status == "ok" else "aborted"
+    reached = target is not None and bool(target.reached) and target.time_s is not None
+    span, field = ((target.time_s, "metrics.time_to_target.time_s") if reached and target is not None
+                   else (run.metrics.timed_wall_time_s, "metrics.timed_wall_time_s"))
+    stop = start + _ms(span, run, field) if span is not None else (_epoch_ms(run.finished_at) or now)
+    # MLPerf's "success" is the target quality reached; any other end is "aborted"
+    status = "success" if reached and run.status == "ok" else "aborted"
     yield max(stop, now), INTERVAL_END, "run_stop", None, {"status": status, "hwbench_status": run.status}
 
 
@@ -136,6 +156,18 @@ def _hyperparameters(run: RunResult) -> dict[str, Any]:
 
 def _last_timed(run: RunResult) -> Any:
     return next((step for step in reversed(run.steps or []) if step.phase == "timed"), None)
+
+
+MAX_SPAN_MS = 1000 * 3600 * 24 * 366 * 1000  # a thousand years: any longer span is damage, not a run
+
+
+def _ms(seconds: float, run: RunResult, field: str) -> int:
+    """A span of the run in whole milliseconds, the log's clock; UsageError naming the field when
+    it is longer than any run (a finite float such as 1e307 s has no millisecond count)."""
+    if not 0 <= 1000 * seconds <= MAX_SPAN_MS:
+        raise UsageError(f"run {run.run_id}: {field} {seconds:g} s is longer than any run; the MLPerf log's clock "
+                         "cannot hold it (a damaged result?)")
+    return round(1000 * seconds)
 
 
 def _epoch_ms(text: str) -> int | None:

@@ -2,8 +2,10 @@
 figure of hwbench.point.METRICS in base units, named and labelled by Prometheus' conventions
 (prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
 fraction); one sample per benchmark point, labelled with the point's settings (its PointKey),
-the median of its repeats. Written for node_exporter's textfile collector (Prometheus text
-format, no timestamps, which that collector refuses) or pushed to a Pushgateway.
+the median of its repeats (`stand_in="simulated"` where a stand-in ran the device's code path
+on the host, so that a query for the real device's series can leave it out). Written for
+node_exporter's textfile collector (Prometheus text format, no timestamps, which that collector
+refuses) or pushed to a Pushgateway.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import datetime
 from collections.abc import Iterator
 from typing import Any
 
-from hwbench.exports import PushError
+from hwbench.exports import PushError, redacted, without_credentials
 from hwbench.exports.figures import METRICS, PointFigures, flops_formula, point_figures
 
 
@@ -40,7 +42,8 @@ LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the poin
 
 
 def label_values(point: PointFigures) -> dict[str, str]:
-    """The point's settings as label values (an unknown one empty, which Prometheus treats as absent)."""
+    """The point's settings as label values (an unknown one empty, which Prometheus treats as
+    absent; `stand_in` "simulated" where a stand-in ran the device's code path)."""
     def text(value: Any) -> str:
         return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -56,7 +59,7 @@ class PointCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        labels = list(self.points[0].key.fields()) if self.points else []
+        labels = list(label_values(self.points[0])) if self.points else []
         for name, gauge in GAUGES.items():
             metric = METRICS[name]
             extra = ["flops_formula"] if metric.per_formula else []
@@ -104,12 +107,36 @@ def render(fmt: str, runs: list, files: list, request: Any) -> str:
 
 def push(fmt: str, runs: list, request: Any) -> None:
     """The gauges to the Pushgateway at ``request.push`` under job ``request.job`` (replacing
-    what that job pushed before); PushError when it cannot take them."""
-    from prometheus_client import push_to_gateway
+    what that job pushed before); PushError when it cannot take them. A user and password in
+    the URL go as HTTP basic auth and are never shown."""
+    import functools
+    import http.client
 
+    from prometheus_client import push_to_gateway
+    from prometheus_client.exposition import basic_auth_handler, default_handler
+
+    url, user, password = without_credentials(request.push)
+    handler = default_handler if user is None else functools.partial(basic_auth_handler, username=user,
+                                                                     password=password)
     try:
-        push_to_gateway(request.push, job=request.job, registry=registry_of(runs), timeout=10)
-    except OSError as error:  # URLError and HTTPError are OSErrors; so are refused and timed-out connections
-        reason = getattr(error, "reason", None) or error.strerror or error
-        raise PushError(f"--push {request.push}: the Pushgateway did not take the metrics ({reason}); the result "
-                        "files are unchanged") from None
+        push_to_gateway(url, job=request.job, registry=registry_of(runs), timeout=10, handler=handler)
+    except (OSError, http.client.HTTPException) as error:  # URLError, HTTPError, refused, timed out; not HTTP
+        raise PushError(f"--push {redacted(request.push)}: the Pushgateway did not take the metrics "
+                        f"({_reason(error, password)}); the result files are unchanged") from None
+
+
+def _reason(error: Exception, secret: str | None) -> str:
+    """Why the push failed, in one short line without the password: an answer that is not
+    HTTP (a traceback page, another protocol) is named as such, not quoted."""
+    import http.client
+    import urllib.error
+
+    if isinstance(error, urllib.error.HTTPError):
+        reason = f"HTTP {error.code} {error.reason}"
+    elif isinstance(error, http.client.HTTPException) and not isinstance(error, OSError):
+        reason = f"its answer is not HTTP: {type(error).__name__}"
+    else:
+        reason = str(getattr(error, "reason", None) or getattr(error, "strerror", None) or error)
+    if secret:
+        reason = reason.replace(secret, "***")
+    return " ".join(reason.split())[:200]

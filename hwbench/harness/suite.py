@@ -29,6 +29,7 @@ import yaml
 
 from hwbench.errors import UsageError
 from hwbench.options import RUN_OPTIONS, RunOptions
+from hwbench.paths import FILE_NAME_RULE, is_file_name
 
 SUITE_KEYS = {"name", "description", "defaults", "points", "grid"}
 # Options a sweep sets for every point itself; a suite must not.
@@ -61,11 +62,9 @@ class Suite:
 def check_name(name: str, where: str) -> str:
     """A suite or point name becomes a folder under the sweep's --out: it must stay a
     single folder name there (no separator, no `..`, no NUL or control character)."""
-    if (not name or name in (".", "..") or "/" in name or "\\" in name or any(ord(c) < 32 for c in name)
-            or len(name.encode()) > 200):
+    if not is_file_name(name):
         raise UsageError(f"{where} {name!r} is not accepted: a name becomes a folder under --out; give letters, "
-                         "digits, '.', '_' or '-' (not '.' or '..', no '/', '\\' or control characters, at most "
-                         "200 bytes)")
+                         f"digits, '.', '_' or '-' ({FILE_NAME_RULE.format(limit=200)})")
     return name
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
+from hwbench.paths import FILE_NAME_RULE, is_file_name
 from hwbench.point import SIMULATED, PointKey
 
 if TYPE_CHECKING:
@@ -38,6 +40,20 @@ Positive = Annotated[int, Strict(), Field(ge=1, le=MAX_COUNT)]
 Integer = Annotated[int, Strict(), Field(ge=-MAX_COUNT, le=MAX_COUNT)]
 Text = Annotated[str, Strict()]
 Flag = Annotated[bool, Strict()]
+# A sweep's run id is its stamp, the point's name (up to 200 bytes) and `-sweep-` with 6 hex digits.
+RUN_ID_BYTES = 240
+
+
+def _file_name(run_id: str) -> str:
+    """The run id names the result's file and every folder an export makes of it (`<out>/<run id>`):
+    one name in its folder, never `..` (the parent), `.` or '' (the folder itself) or a path."""
+    if not is_file_name(run_id, RUN_ID_BYTES):
+        raise PydanticCustomError("file_name", "must be a file name ({rule}), not {short}",
+                                  {"rule": FILE_NAME_RULE.format(limit=RUN_ID_BYTES), "short": _short(run_id)})
+    return run_id
+
+
+RunId = Annotated[str, Strict(), AfterValidator(_file_name)]
 
 
 class Section(BaseModel):
@@ -705,7 +721,7 @@ class RunResult(Section):
     """One run's result: the JSON file hwbench writes (docs/results.md)."""
 
     schema_version: Integer = RESULT_SCHEMA_VERSION
-    run_id: Text
+    run_id: RunId
     status: Status
     spec: Spec
     workload: Workload = Field(default_factory=Workload)
