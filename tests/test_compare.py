@@ -30,8 +30,9 @@ def template() -> dict:
 
 
 def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: str = "ok", env: dict | None = None,
-          spec: dict | None = None, point: str | None = "one-rank") -> Path:
-    """One result per value in ``tokens`` (repeats with seeds start_seed, +1, ...)."""
+          spec: dict | None = None, point: str | None = "one-rank", repeats: int | None = None) -> Path:
+    """One result per value in ``tokens`` (repeats with seeds start_seed, +1, ...); ``repeats``: what
+    the sweep asked for (default: as many as ``tokens``)."""
     for repeat, value in enumerate(tokens):
         data = template()
         data["run_id"] = f"{folder.name}-{data['spec']['model']}-{repeat}-{value}-{status}".replace(".", "_")
@@ -49,7 +50,7 @@ def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: 
             data["error"] = {"type": "RuntimeError", "message": "boom", "traceback": None, "rank": 0}
         if point:
             data["sweep"] = {"suite": "nightly", "suite_path": "x", "point": point, "repeat": repeat,
-                             "repeats": len(tokens), "key": f"k{repeat}"}
+                             "repeats": repeats or len(tokens), "key": f"k{repeat}"}
         write_result(RunResult.from_dict(data), folder)
     return folder
 
@@ -196,7 +197,7 @@ def test_json_output_for_ci(tmp_path, capsys):
     assert point["baseline"]["median"] == 1000.0 and point["current"]["values"] == [900.0, 905.0, 898.0]
     assert point["change"] == pytest.approx(-0.1) and point["p"] == pytest.approx(0.1)
     assert point["key"]["model"] == "tiny" and point["key"]["seq_length"] == 128
-    assert data["counts"] == {"regression": 1, "improvement": 0, "inconclusive": 0}
+    assert data["counts"] == {"regression": 1, "improvement": 0, "inconclusive": 0, "repeats failed": 0}
 
 
 def test_junit_output_is_read_by_a_junit_consumer(tmp_path, capsys):
@@ -284,6 +285,65 @@ def test_failed_in_current_is_a_regression(tmp_path, capsys):
     cur = write(tmp_path / "cur", [0.0, 0.0], status="failed")
     code, out, _ = run(capsys, base, cur)
     assert code == 3 and "regression: failed in current" in verdicts(out)
+
+
+def test_failed_repeats_fail_the_gate_with_their_own_verdict_and_status(tmp_path, capsys):
+    """Three ok runs in the baseline, one ok and two failed tonight: the one ok figure is within the
+    threshold, but the gate cannot vouch for a point whose repeats failed (it read "no repeats", exit 0)."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1002.0], repeats=3)
+    write(cur, [0.0, 0.0], status="failed", repeats=3, start_seed=1235)
+    code, out, err = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT == 5
+    assert "repeats failed: 1 of 3 repeats ok; baseline had 3" in verdicts(out)
+    assert "1 with failed repeats" in out
+    assert "1 point(s) have fewer ok repeats" in err
+    data = json.loads(run(capsys, base, cur, "--format", "json")[1])
+    assert data["exit_status"] == 5 and data["counts"]["repeats failed"] == 1
+    assert data["points"][0]["outcome"] == "repeats failed"
+    junit = tmp_path / "compare.xml"
+    assert run(capsys, base, cur, "--junit", junit)[0] == 5
+    assert '<failure message="repeats failed: 1 of 3 repeats ok; baseline had 3' in junit.read_text()
+    assert 'type="repeats failed"' in junit.read_text()
+
+
+def test_fewer_ok_repeats_than_the_baseline_had_fail_the_gate(tmp_path, capsys):
+    """Tonight's sweep asked for 1 repeat, the baseline had 3: the figure is the threshold's alone."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1002.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT and "repeats failed: 1 of 1 repeats ok; baseline had 3" in verdicts(out)
+
+
+def test_a_regression_with_failed_repeats_stays_a_regression(tmp_path, capsys):
+    """The stronger verdict wins: a point 30% down whose other repeats failed is a regression (exit 3)."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [700.0], repeats=3)
+    write(cur, [0.0, 0.0], status="oom", repeats=3, start_seed=1235)
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REGRESSION_EXIT
+    assert verdicts(out).splitlines()[-1].rstrip().endswith("regression") and "repeats failed" not in out
+
+
+def test_a_baseline_point_that_failed_on_both_sides_does_not_pass(tmp_path, capsys):
+    """No ok run in the baseline nor tonight: "no figure on either side" passed with exit 0."""
+    base = write(tmp_path / "base", [0.0, 0.0, 0.0], status="failed")
+    cur = write(tmp_path / "cur", [0.0, 0.0, 0.0], status="timeout")
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT and "repeats failed: 0 of 3 repeats ok; baseline had 0" in verdicts(out)
+
+
+def test_skipped_repeats_and_a_multi_night_baseline_are_no_shortfall(tmp_path, capsys):
+    """A repeat the planner skipped (it will not fit) was not asked to run; a baseline folder of two
+    nights of 3 repeats had 3 a night, not 6."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    write(base, [1001.0, 1003.0, 998.0], start_seed=1300)
+    cur = write(tmp_path / "cur", [1002.0, 1000.0, 1005.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "within noise" in verdicts(out)
+    both = write(tmp_path / "both-skipped", [0.0], status="skipped", repeats=1)
+    code, out, _ = run(capsys, both, write(tmp_path / "skipped", [0.0], status="skipped", repeats=1))
+    assert code == 0 and "no figure on either side" in verdicts(out)
 
 
 def test_sweep_record_without_spec_joins_its_point(tmp_path, capsys):
