@@ -596,3 +596,51 @@ def test_mfu_counted_by_a_formula_that_counts_recompute_is_named_hfu(tmp_path, c
     assert (list(hfu.values()) == ["megatron-deepspeed"]) if recompute else hfu == {}
     code, out, _ = run(capsys, *sides, "--metric", "tokens_per_s")
     assert "HFU" not in out
+
+
+# --- baselines from ok runs only (`hwbench baseline save` and `copy`) -------------
+
+
+def _night_with_failures(folder: Path) -> Path:
+    """One point with 2 ok repeats and 1 failed; a second point whose repeats all failed."""
+    write(folder, [1000.0, 1010.0], repeats=3)
+    write(folder, [0.0], status="failed", repeats=3, start_seed=1236)
+    write(folder, [0.0, 0.0], status="oom", spec={"seq_length": 64}, point="short")
+    return folder
+
+
+def test_baseline_save_leaves_out_failed_runs_and_points_saying_which_and_why(tmp_path, capsys):
+    night = _night_with_failures(tmp_path / "night")
+    out = tmp_path / "baseline.json"
+    assert cli_main(["baseline", "save", str(night), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    [point] = json.loads(out.read_text())["points"]
+    assert point["tokens_per_s"]["n"] == 2 and point["tokens_per_s"]["median"] == 1005.0
+    left = [line for line in captured.err.splitlines() if line.startswith("hwbench baseline: left out ")]
+    assert len(left) == 4, captured.err  # 3 runs and 1 point
+    assert sum("status failed (boom); not in the baseline" in line for line in left) == 1
+    assert sum("status oom (boom); not in the baseline" in line for line in left) == 2
+    assert any(line.startswith("hwbench baseline: left out point nightly/short") and
+               "no ok run (2 not ok); not a baseline point" in line for line in left)
+    assert "1 point(s) from 5 result(s)" in captured.out
+
+
+def test_baseline_copy_keeps_ok_runs_only_and_compare_judges_against_them(tmp_path, capsys):
+    night = _night_with_failures(tmp_path / "night")
+    base = tmp_path / "base"
+    assert cli_main(["baseline", "copy", str(night), "--out", str(base)]) == 0
+    captured = capsys.readouterr()
+    copied = sorted(base.rglob("*.json"))
+    assert [load_result(p).status for p in copied] == ["ok", "ok"]
+    assert {p.read_bytes() for p in copied} == {p.read_bytes() for p in night.glob("*ok*.json")}
+    assert captured.err.count("hwbench baseline: left out ") == 4 and "2 ok result file(s) of 5 copied" in captured.out
+    # never written over: a folder that holds results is refused, and left as it was
+    assert cli_main(["baseline", "copy", str(night), "--out", str(base)]) == 2
+    assert "holds result files already" in capsys.readouterr().err and sorted(base.rglob("*.json")) == copied
+    # no ok run: refused, nothing made
+    failed = write(tmp_path / "failed", [0.0], status="failed")
+    assert cli_main(["baseline", "copy", str(failed), "--out", str(tmp_path / "none")]) == 2
+    assert "no ok result" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # the point whose repeats all failed is no baseline point: tonight it is only in current
+    code, out, _ = run(capsys, base, _night_with_failures(tmp_path / "tonight"))
+    assert code == compare.REPEATS_EXIT and "only in current:\n  nightly/short" in out
