@@ -644,3 +644,36 @@ def test_baseline_copy_keeps_ok_runs_only_and_compare_judges_against_them(tmp_pa
     # the point whose repeats all failed is no baseline point: tonight it is only in current
     code, out, _ = run(capsys, base, _night_with_failures(tmp_path / "tonight"))
     assert code == compare.REPEATS_EXIT and "only in current:\n  nightly/short" in out
+
+
+# --- the drill of docs/compare.md ----------------------------------------------------
+
+
+def _drill_script() -> str:
+    """The bash block under "A drill: make the gate go red on purpose" in docs/compare.md."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "compare.md").read_text()
+    section = page.split("### A drill: make the gate go red on purpose", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_drill_in_the_docs_makes_the_gate_go_red(tmp_path):
+    """The drill's commands as written, with this checkout's `hwbench` on PATH: each prints the exit
+    status its comment names (7 tiny CPU runs, 6 of them 2 s a step slower)."""
+    import re
+    import subprocess
+    import sys
+
+    script = _drill_script()
+    expected = re.findall(r"# exit (\d+)", script)
+    tool_bin = tmp_path / "bin"
+    tool_bin.mkdir()
+    (tool_bin / "hwbench").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hwbench "$@"\n')
+    (tool_bin / "hwbench").chmod(0o755)
+    env = {"PATH": f"{tool_bin}:/usr/bin:/bin", "HOME": str(Path.home()),
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    printed = re.findall(r"^exit (\d+)$", proc.stdout, flags=re.MULTILINE)
+    assert printed == expected == ["0", "0", "3", "1", "5"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "p=0.1 (exact U=9), separated" in proc.stdout
+    assert "repeats failed: 2 of 3 repeats ok; baseline had 3" in proc.stdout

@@ -309,6 +309,7 @@ def _night(real_night: dict, workspace: Path, state: Path, night: int, promote: 
 GATE_STEP = "Fail on a failed run or a regression"
 
 
+@pytest.mark.slow  # the fixture trains: 3 tiny CPU runs
 def test_the_nightly_gate_fails_a_failed_repeat_and_a_regression_and_passes_a_good_night(real_night, tmp_path):
     """Four nights on one runner. Before: the job stored the sweep's exit status and never read it;
     the first night copied whatever the sweep wrote, the failed run included, into the baseline; and
