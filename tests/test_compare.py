@@ -637,6 +637,8 @@ def test_baseline_copy_keeps_ok_runs_only_and_compare_judges_against_them(tmp_pa
     # never written over: a folder that holds results is refused, and left as it was
     assert cli_main(["baseline", "copy", str(night), "--out", str(base)]) == 2
     assert "holds result files already" in capsys.readouterr().err and sorted(base.rglob("*.json")) == copied
+    assert cli_main(["baseline", "copy", str(night), "--out", ""]) == 2  # was taken for ".", the current folder
+    assert "--out '' is not accepted" in capsys.readouterr().err
     # no ok run: refused, nothing made
     failed = write(tmp_path / "failed", [0.0], status="failed")
     assert cli_main(["baseline", "copy", str(failed), "--out", str(tmp_path / "none")]) == 2

@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     for _path, reason in skipped:  # the reason names the file
         print(f"hwbench baseline: warning: left out {reason}", file=sys.stderr)
     if args.action == "copy":
-        written = copy_ok_results(found, args.results, Path(args.out))
+        written = copy_ok_results(found, args.results, args.out)
         _say_left_out(found)
         print(f"{args.out}: {len(written)} ok result file(s) of {len(found)} copied")
         return 0

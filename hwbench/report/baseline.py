@@ -141,16 +141,16 @@ def save_baseline(results: list[RunResult], out: Path) -> dict[str, Any]:
     return content
 
 
-def copy_ok_results(found: list[tuple[RunResult, Path]], inputs: list[str], out: Path) -> list[Path]:
-    """The files of the ok runs with a figure in ``found`` copied under the folder ``out`` (a baseline for
+def copy_ok_results(found: list[tuple[RunResult, Path]], inputs: list[str], out_dir: str | os.PathLike) -> list[Path]:
+    """The files of the ok runs with a figure in ``found`` copied under the folder ``out_dir`` (a baseline for
     `hwbench compare`), each at its path below the input folder it was found in (a file given by name: at
-    its name); the files written. ``out`` may exist but must hold no result file: nothing is
+    its name); the files written. ``out_dir`` may exist but must hold no result file: nothing is
     overwritten. Each file is written whole or not at all; when one cannot be, those already
     written are removed (this call made them) and nothing is left."""
     from hwbench.paths import check_output_folder, result_files
     from hwbench.result.store import write_text_atomic
 
-    check_output_folder(out)
+    out = check_output_folder(out_dir)  # as given: "" is refused, not taken for "."
     if out.is_dir() and result_files([out]):
         raise UsageError(f"--out {os.fspath(out)!r} holds result files already; give a new or empty folder (a "
                          "baseline is never written over another)")
