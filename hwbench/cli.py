@@ -32,10 +32,11 @@ COMMANDS = {
     "tune": "measure layouts of a model on N devices and rank the fastest that fit",
     "plan": "predict each rank's peak memory for the layouts of a model",
     "report": "tables, plots and one HTML page from result files, beside the published tables",
-    "compare": "compare two sets of results; exit 3 on a significant regression",
+    "compare": "compare two sets of results; exit 3 on a significant regression, 5 when repeats failed",
     "accept": "acceptance of a delivered system: each device against its peers, a suite against a baseline; "
               "exit 3 on FAIL",
-    "baseline": "`hwbench baseline save RESULTS --out FILE`: a baseline file for `hwbench accept`",
+    "baseline": "baselines from ok runs only: `save RESULTS --out FILE` for `hwbench accept`, `copy RESULTS --out "
+                "DIR` for `hwbench compare`",
     "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",

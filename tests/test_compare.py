@@ -30,8 +30,9 @@ def template() -> dict:
 
 
 def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: str = "ok", env: dict | None = None,
-          spec: dict | None = None, point: str | None = "one-rank") -> Path:
-    """One result per value in ``tokens`` (repeats with seeds start_seed, +1, ...)."""
+          spec: dict | None = None, point: str | None = "one-rank", repeats: int | None = None) -> Path:
+    """One result per value in ``tokens`` (repeats with seeds start_seed, +1, ...); ``repeats``: what
+    the sweep asked for (default: as many as ``tokens``)."""
     for repeat, value in enumerate(tokens):
         data = template()
         data["run_id"] = f"{folder.name}-{data['spec']['model']}-{repeat}-{value}-{status}".replace(".", "_")
@@ -49,7 +50,7 @@ def write(folder: Path, tokens: list[float], *, start_seed: int = 1234, status: 
             data["error"] = {"type": "RuntimeError", "message": "boom", "traceback": None, "rank": 0}
         if point:
             data["sweep"] = {"suite": "nightly", "suite_path": "x", "point": point, "repeat": repeat,
-                             "repeats": len(tokens), "key": f"k{repeat}"}
+                             "repeats": repeats or len(tokens), "key": f"k{repeat}"}
         write_result(RunResult.from_dict(data), folder)
     return folder
 
@@ -196,7 +197,7 @@ def test_json_output_for_ci(tmp_path, capsys):
     assert point["baseline"]["median"] == 1000.0 and point["current"]["values"] == [900.0, 905.0, 898.0]
     assert point["change"] == pytest.approx(-0.1) and point["p"] == pytest.approx(0.1)
     assert point["key"]["model"] == "tiny" and point["key"]["seq_length"] == 128
-    assert data["counts"] == {"regression": 1, "improvement": 0, "inconclusive": 0}
+    assert data["counts"] == {"regression": 1, "improvement": 0, "inconclusive": 0, "repeats failed": 0}
 
 
 def test_junit_output_is_read_by_a_junit_consumer(tmp_path, capsys):
@@ -284,6 +285,65 @@ def test_failed_in_current_is_a_regression(tmp_path, capsys):
     cur = write(tmp_path / "cur", [0.0, 0.0], status="failed")
     code, out, _ = run(capsys, base, cur)
     assert code == 3 and "regression: failed in current" in verdicts(out)
+
+
+def test_failed_repeats_fail_the_gate_with_their_own_verdict_and_status(tmp_path, capsys):
+    """Three ok runs in the baseline, one ok and two failed tonight: the one ok figure is within the
+    threshold, but the gate cannot vouch for a point whose repeats failed (it read "no repeats", exit 0)."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1002.0], repeats=3)
+    write(cur, [0.0, 0.0], status="failed", repeats=3, start_seed=1235)
+    code, out, err = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT == 5
+    assert "repeats failed: 1 of 3 repeats ok; baseline had 3" in verdicts(out)
+    assert "1 with failed repeats" in out
+    assert "1 point(s) have fewer ok repeats" in err
+    data = json.loads(run(capsys, base, cur, "--format", "json")[1])
+    assert data["exit_status"] == 5 and data["counts"]["repeats failed"] == 1
+    assert data["points"][0]["outcome"] == "repeats failed"
+    junit = tmp_path / "compare.xml"
+    assert run(capsys, base, cur, "--junit", junit)[0] == 5
+    assert '<failure message="repeats failed: 1 of 3 repeats ok; baseline had 3' in junit.read_text()
+    assert 'type="repeats failed"' in junit.read_text()
+
+
+def test_fewer_ok_repeats_than_the_baseline_had_fail_the_gate(tmp_path, capsys):
+    """Tonight's sweep asked for 1 repeat, the baseline had 3: the figure is the threshold's alone."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [1002.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT and "repeats failed: 1 of 1 repeats ok; baseline had 3" in verdicts(out)
+
+
+def test_a_regression_with_failed_repeats_stays_a_regression(tmp_path, capsys):
+    """The stronger verdict wins: a point 30% down whose other repeats failed is a regression (exit 3)."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    cur = write(tmp_path / "cur", [700.0], repeats=3)
+    write(cur, [0.0, 0.0], status="oom", repeats=3, start_seed=1235)
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REGRESSION_EXIT
+    assert verdicts(out).splitlines()[-1].rstrip().endswith("regression") and "repeats failed" not in out
+
+
+def test_a_baseline_point_that_failed_on_both_sides_does_not_pass(tmp_path, capsys):
+    """No ok run in the baseline nor tonight: "no figure on either side" passed with exit 0."""
+    base = write(tmp_path / "base", [0.0, 0.0, 0.0], status="failed")
+    cur = write(tmp_path / "cur", [0.0, 0.0, 0.0], status="timeout")
+    code, out, _ = run(capsys, base, cur)
+    assert code == compare.REPEATS_EXIT and "repeats failed: 0 of 3 repeats ok; baseline had 0" in verdicts(out)
+
+
+def test_skipped_repeats_and_a_multi_night_baseline_are_no_shortfall(tmp_path, capsys):
+    """A repeat the planner skipped (it will not fit) was not asked to run; a baseline folder of two
+    nights of 3 repeats had 3 a night, not 6."""
+    base = write(tmp_path / "base", [1000.0, 1010.0, 995.0])
+    write(base, [1001.0, 1003.0, 998.0], start_seed=1300)
+    cur = write(tmp_path / "cur", [1002.0, 1000.0, 1005.0])
+    code, out, _ = run(capsys, base, cur)
+    assert code == 0 and "within noise" in verdicts(out)
+    both = write(tmp_path / "both-skipped", [0.0], status="skipped", repeats=1)
+    code, out, _ = run(capsys, both, write(tmp_path / "skipped", [0.0], status="skipped", repeats=1))
+    assert code == 0 and "no figure on either side" in verdicts(out)
 
 
 def test_sweep_record_without_spec_joins_its_point(tmp_path, capsys):
@@ -571,3 +631,86 @@ def test_mfu_counted_by_a_formula_that_counts_recompute_is_named_hfu(tmp_path, c
     assert (list(hfu.values()) == ["megatron-deepspeed"]) if recompute else hfu == {}
     code, out, _ = run(capsys, *sides, "--metric", "tokens_per_s")
     assert "HFU" not in out
+
+
+# --- baselines from ok runs only (`hwbench baseline save` and `copy`) -------------
+
+
+def _night_with_failures(folder: Path) -> Path:
+    """One point with 2 ok repeats and 1 failed; a second point whose repeats all failed."""
+    write(folder, [1000.0, 1010.0], repeats=3)
+    write(folder, [0.0], status="failed", repeats=3, start_seed=1236)
+    write(folder, [0.0, 0.0], status="oom", spec={"seq_length": 64}, point="short")
+    return folder
+
+
+def test_baseline_save_leaves_out_failed_runs_and_points_saying_which_and_why(tmp_path, capsys):
+    night = _night_with_failures(tmp_path / "night")
+    out = tmp_path / "baseline.json"
+    assert cli_main(["baseline", "save", str(night), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    [point] = json.loads(out.read_text())["points"]
+    assert point["tokens_per_s"]["n"] == 2 and point["tokens_per_s"]["median"] == 1005.0
+    left = [line for line in captured.err.splitlines() if line.startswith("hwbench baseline: left out ")]
+    assert len(left) == 4, captured.err  # 3 runs and 1 point
+    assert sum("status failed (boom); not in the baseline" in line for line in left) == 1
+    assert sum("status oom (boom); not in the baseline" in line for line in left) == 2
+    assert any(line.startswith("hwbench baseline: left out point nightly/short") and
+               "no ok run (2 not ok); not a baseline point" in line for line in left)
+    assert "1 point(s) from 5 result(s)" in captured.out
+
+
+def test_baseline_copy_keeps_ok_runs_only_and_compare_judges_against_them(tmp_path, capsys):
+    night = _night_with_failures(tmp_path / "night")
+    base = tmp_path / "base"
+    assert cli_main(["baseline", "copy", str(night), "--out", str(base)]) == 0
+    captured = capsys.readouterr()
+    copied = sorted(base.rglob("*.json"))
+    assert [load_result(p).status for p in copied] == ["ok", "ok"]
+    assert {p.read_bytes() for p in copied} == {p.read_bytes() for p in night.glob("*ok*.json")}
+    assert captured.err.count("hwbench baseline: left out ") == 4 and "2 ok result file(s) of 5 copied" in captured.out
+    # never written over: a folder that holds results is refused, and left as it was
+    assert cli_main(["baseline", "copy", str(night), "--out", str(base)]) == 2
+    assert "holds result files already" in capsys.readouterr().err and sorted(base.rglob("*.json")) == copied
+    assert cli_main(["baseline", "copy", str(night), "--out", ""]) == 2  # was taken for ".", the current folder
+    assert "--out '' is not accepted" in capsys.readouterr().err
+    # no ok run: refused, nothing made
+    failed = write(tmp_path / "failed", [0.0], status="failed")
+    assert cli_main(["baseline", "copy", str(failed), "--out", str(tmp_path / "none")]) == 2
+    assert "no ok result" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # the point whose repeats all failed is no baseline point: tonight it is only in current
+    code, out, _ = run(capsys, base, _night_with_failures(tmp_path / "tonight"))
+    assert code == compare.REPEATS_EXIT and "only in current:\n  nightly/short" in out
+
+
+# --- the drill of docs/compare.md ----------------------------------------------------
+
+
+def _drill_script() -> str:
+    """The bash block under "A drill: make the gate go red on purpose" in docs/compare.md."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "compare.md").read_text()
+    section = page.split("### A drill: make the gate go red on purpose", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_drill_in_the_docs_makes_the_gate_go_red(tmp_path):
+    """The drill's commands as written, with this checkout's `hwbench` on PATH: each prints the exit
+    status its comment names (7 tiny CPU runs, 6 of them 2 s a step slower)."""
+    import re
+    import subprocess
+    import sys
+
+    script = _drill_script()
+    expected = re.findall(r"# exit (\d+)", script)
+    tool_bin = tmp_path / "bin"
+    tool_bin.mkdir()
+    (tool_bin / "hwbench").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hwbench "$@"\n')
+    (tool_bin / "hwbench").chmod(0o755)
+    env = {"PATH": f"{tool_bin}:/usr/bin:/bin", "HOME": str(Path.home()),
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    printed = re.findall(r"^exit (\d+)$", proc.stdout, flags=re.MULTILINE)
+    assert printed == expected == ["0", "0", "3", "1", "5"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "p=0.1 (exact U=9), separated" in proc.stdout
+    assert "repeats failed: 2 of 3 repeats ok; baseline had 3" in proc.stdout

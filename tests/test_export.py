@@ -401,7 +401,7 @@ def test_an_unreadable_file_is_named_and_left_out(results, tmp_path, capsys):
     failed.update(run_id="failed-run", status="failed")
     (folder / "failed.json").write_text(json.dumps(failed))
     code, text, err = export(capsys, "bencher", folder)
-    assert code == 4 and json.loads(text)  # the failed run fails the gate (test_a_failed_run_...)
+    assert code == 5 and json.loads(text)  # the failed run fails the gate (test_a_failed_run_...)
     assert "truncated.json" in err and "not a complete JSON document" in err
     assert "run failed-run (" in err and "status failed" in err
 
@@ -522,7 +522,7 @@ def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, fail
     failed = json.loads(failed_result.read_text())
     out = tmp_path / "figures.txt"
     code, _, err = export(capsys, fmt, folder, "--out", out)
-    assert code == 4  # compare's status for a point the gate cannot vouch for
+    assert code == 5  # compare's status for a point whose repeats failed
     (line,) = [line for line in err.splitlines() if failed["run_id"] in line]
     assert line.startswith("hwbench export: error: left out run") and "status failed" in line
     assert "injected fault" in line and failed_result.name in line

@@ -153,6 +153,6 @@ def test_every_reader_uses_the_file_or_names_it(tmp_path_factory, capsys, comman
     code = main(argv)  # must return, not raise
     out, err = capsys.readouterr()
     assert "Traceback" not in err
-    assert code in {"report": (0, 2), "compare": (0, 2, 3, 4), "parity": (0, 1, 2), "system": (0, 2)}[command]
+    assert code in {"report": (0, 2), "compare": (0, 2, 3, 4, 5), "parity": (0, 1, 2), "system": (0, 2)}[command]
     if reason is not None:  # a file the loader refused is named, with why
         assert str(path) in err or str(path) in out, (command, err[-500:])

@@ -14,12 +14,16 @@ install fails (no registry).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -162,3 +166,176 @@ def test_self_hosted_labels_are_declared():
                 used.update(label for label in labels if isinstance(label, str) and "${{" not in label)
     missing = used - _KNOWN_LABELS - declared
     assert not missing, f"runs-on labels not declared in {CONFIG.relative_to(REPO_ROOT)}: {sorted(missing)}"
+
+
+# --- the nightly job's gate, run -----------------------------------------------------
+#
+# Linting says the workflow is accepted, not that it fails a bad night. These tests run the nightly
+# job's `run:` steps in order with bash, as a self-hosted runner would (`bash -e`, GITHUB_ENV,
+# GITHUB_OUTPUT, GITHUB_PATH, step `if:` and `env:` expressions), with this checkout's real `hwbench`
+# on PATH. The sweep is real too: each night's folder is laid out beforehand with copies of the results
+# of one real CPU sweep (a failed repeat, a slower one, written into a copy), which the job's
+# `hwbench sweep` keeps as a resumed sweep does, so a night takes seconds, not a training run.
+
+NIGHTLY = WORKFLOWS / "nightly.yml"
+NOT_RUN = {"Install hwbench (keeping the runner's torch)"}  # the runner's venv: here this checkout's hwbench
+GATE_SUITE = {"name": "gate", "defaults": {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2,
+                                           "warmup": 1, "eval-iters": 0, "telemetry": False, "timeout": 300},
+              "points": [{"name": "one-rank"}]}
+_EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}")
+_CONTEXT = re.compile(r"\b(steps|inputs|vars|github|env)\.([\w-]+(?:\.[\w-]+)*)")
+
+
+def _evaluate(expression: str, context: dict) -> Any:
+    """A GitHub Actions expression of the kinds nightly.yml uses: contexts (a missing one is null),
+    string literals, ==, &&, || (the first truthy operand, as GitHub's) and always()."""
+    def value(match: re.Match) -> str:
+        found: Any = context.get(match.group(1), {})
+        for part in match.group(2).split("."):
+            found = found.get(part) if isinstance(found, dict) else None
+        return repr(found)
+
+    text = _CONTEXT.sub(value, expression.strip()).replace("always()", "True")
+    text = text.replace("&&", " and ").replace("||", " or ")
+    return eval(text, {"__builtins__": {}}, {"True": True, "None": None})  # noqa: S307 (the workflow's own text)
+
+
+def _substitute(text: str, context: dict) -> str:
+    return _EXPRESSION.sub(lambda m: "" if (v := _evaluate(m.group(1), context)) is None else str(v), text)
+
+
+def _key_values(path: Path) -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in path.read_text().splitlines() if "=" in line] if path.exists() else []
+    return {name: value for name, value in pairs}
+
+
+@dataclasses.dataclass
+class Job:
+    conclusion: str  # success or failure, as GitHub would show the job
+    outputs: dict[str, dict[str, str]]  # step id -> its outputs
+    logs: dict[str, str]  # step name -> its stdout and stderr
+
+
+def run_nightly_job(workspace: Path, *, job_env: dict[str, str], variables: dict[str, str],
+                    inputs: dict[str, Any], run_id: str, tool_bin: Path) -> Job:
+    """The nightly job's steps, as a runner runs them (the `uses:` steps and the install left out)."""
+    job = yaml.safe_load(NIGHTLY.read_text())["jobs"]["nightly"]
+    context: dict[str, Any] = {"github": {"run_id": run_id, "run_attempt": "1"}, "inputs": inputs,
+                               "vars": variables, "steps": {}}
+    env = {**{k: os.environ[k] for k in ("HOME", "LANG", "TMPDIR") if k in os.environ},
+           "PATH": f"{tool_bin}:/usr/bin:/bin", "RUNNER_NAME": "test-runner", "CI": "true"}
+    env.update({name: _substitute(str(value), context) for name, value in job["env"].items()})
+    env.update(job_env)
+    context["env"] = env
+    failed, logs = False, {}
+    summary = workspace / ".summary.md"
+    for number, step in enumerate(job["steps"]):
+        if "run" not in step or step.get("name") in NOT_RUN:
+            continue
+        condition = step.get("if")
+        runs = _evaluate(_EXPRESSION.sub(r"\1", str(condition)), context) if condition else not failed
+        if not runs:
+            continue
+        files = {name: workspace / f".{name.lower()}-{number}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV",
+                                                                           "GITHUB_PATH")}
+        step_env = {**env, **{n: _substitute(str(v), context) for n, v in (step.get("env") or {}).items()},
+                    **{name: str(path) for name, path in files.items()}, "GITHUB_STEP_SUMMARY": str(summary),
+                    "GITHUB_WORKSPACE": str(workspace)}
+        script = workspace / f".step-{number}.sh"
+        script.write_text(_substitute(step["run"], context))
+        proc = subprocess.run(["bash", "-e", str(script)], cwd=workspace, env=step_env, capture_output=True,
+                              text=True, timeout=600)
+        logs[step.get("name", str(number))] = proc.stdout + proc.stderr
+        failed = failed or proc.returncode != 0
+        if "id" in step:
+            context["steps"][step["id"]] = {"outputs": _key_values(files["GITHUB_OUTPUT"]),
+                                            "outcome": "success" if proc.returncode == 0 else "failure"}
+        env.update(_key_values(files["GITHUB_ENV"]))
+        if files["GITHUB_PATH"].exists():
+            env["PATH"] = ":".join([*files["GITHUB_PATH"].read_text().split(), env["PATH"]])
+    return Job("failure" if failed else "success",
+               {name: step["outputs"] for name, step in context["steps"].items()}, logs)
+
+
+@pytest.fixture(scope="module")
+def real_night(tmp_path_factory) -> dict[str, Any]:
+    """One real CPU sweep of a one-point suite, 2 repeats, made by `hwbench sweep` (its results are
+    the nights' templates), and `hwbench` on a PATH as the runner's venv would put it."""
+    root = tmp_path_factory.mktemp("nightly")
+    tool_bin = root / "bin"
+    tool_bin.mkdir()
+    wrapper = tool_bin / "hwbench"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" '
+                       f'exec "{sys.executable}" -m hwbench "$@"\n')
+    wrapper.chmod(0o755)
+    suite = root / "gate.yaml"
+    suite.write_text(yaml.safe_dump(GATE_SUITE, sort_keys=False))
+    proc = subprocess.run([str(wrapper), "sweep", str(suite), "--device", "cpu", "--repeats", "3", "--quiet",
+                           "--no-preflight", "--out", str(root / "template")], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {"root": root, "bin": tool_bin, "suite": suite, "template": root / "template" / "gate" / "one-rank"}
+
+
+def _lay_out_night(real_night: dict, workspace: Path, run: str, night: int, *, failed_repeat: bool = False,
+                   slower: float = 1.0) -> None:
+    """results/nightly/RUN-1/gate/one-rank/ as the real sweep left it (the job's sweep keeps these
+    results), each run id made the night's own; repeat 1 turned failed, or every figure ``slower``."""
+    folder = workspace / "results" / "nightly" / f"{run}-1" / "gate" / "one-rank"
+    folder.mkdir(parents=True)
+    for path in sorted(real_night["template"].glob("*.json")):
+        if path.name == "aggregate.json":
+            continue
+        data = json.loads(path.read_text())
+        data["run_id"] = f"{data['run_id']}-night{night}"
+        if failed_repeat and data["sweep"]["repeat"] == 2:
+            data.update(status="failed", error={"type": "RuntimeError", "message": "injected: the GPU fell off the "
+                                                "bus", "traceback": None, "rank": 0})
+        for name in ("tokens_per_s", "samples_per_s"):
+            data["metrics"][name] /= slower
+        (folder / f"{data['run_id']}.json").write_text(json.dumps(data))
+
+
+def _night(real_night: dict, workspace: Path, state: Path, night: int, promote: bool = False, **layout) -> Job:
+    run = str(1000 + night)
+    _lay_out_night(real_night, workspace, run, night, **layout)
+    return run_nightly_job(workspace, run_id=run, tool_bin=real_night["bin"],
+                           inputs={"threshold": "5%", "promote": promote},
+                           job_env={"DEVICE": "cpu", "SUITE": str(real_night["suite"]), "REPEATS": "3"},
+                           variables={"HWBENCH_BASELINE_DIR": str(state / "baseline"),
+                                      "HWBENCH_HISTORY_DB": str(state / "history.sqlite")})
+
+
+GATE_STEP = "Fail on a failed run or a regression"
+
+
+@pytest.mark.slow  # the fixture trains: 3 tiny CPU runs
+def test_the_nightly_gate_fails_a_failed_repeat_and_a_regression_and_passes_a_good_night(real_night, tmp_path):
+    """Four nights on one runner. Before: the job stored the sweep's exit status and never read it;
+    the first night copied whatever the sweep wrote, the failed run included, into the baseline; and
+    a night with a failed repeat passed compare ("no repeats", exit 0)."""
+    work, state = tmp_path / "work", tmp_path / "state"
+    first = _night(real_night, work, state, 1, failed_repeat=True)
+    assert (first.conclusion, first.outputs["sweep"]["rc"], first.outputs["compare"]["rc"]) == ("failure", "1", "0")
+    assert "::error::a point of the sweep did not end ok" in first.logs[GATE_STEP]
+    assert "left out run " in first.logs["Compare with the baseline"]
+    assert _statuses(state / "baseline") == ["ok", "ok"]  # the failed run is not in the baseline
+    # a good night, promoted by hand: it passes, and its ok runs become the baseline
+    good = _night(real_night, work, state, 2, promote=True)
+    assert good.conclusion == "success", good.logs
+    assert (good.outputs["sweep"]["rc"], good.outputs["compare"]["rc"], good.outputs["history"]["rc"]) == ("0",) * 3
+    assert _statuses(state / "baseline") == ["ok", "ok", "ok"]
+    failed = _night(real_night, work, state, 3, failed_repeat=True, promote=True)
+    assert (failed.conclusion, failed.outputs["sweep"]["rc"], failed.outputs["compare"]["rc"]) == ("failure", "1", "5")
+    assert "repeats failed: 2 of 3 repeats ok; baseline had 3" in failed.logs["Compare with the baseline"]
+    assert "::error::a point has fewer ok repeats than asked" in failed.logs[GATE_STEP]
+    assert _statuses(state / "baseline") == ["ok", "ok", "ok"]  # not promoted
+    # 1000x slower: beyond any spread of the real runs (on a busy 2-core machine they differ several-fold),
+    # so the 3 against 3 are completely separated whatever the template measured
+    slow = _night(real_night, work, state, 4, slower=1000.0)
+    assert (slow.conclusion, slow.outputs["sweep"]["rc"], slow.outputs["compare"]["rc"]) == ("failure", "0", "3")
+    assert "::error::hwbench compare found a regression" in slow.logs[GATE_STEP]
+
+
+def _statuses(baseline: Path) -> list[str]:
+    return sorted(json.loads(path.read_text())["status"] for path in baseline.rglob("*.json"))

@@ -1,14 +1,18 @@
 """`hwbench baseline save RESULTS... --out FILE`: a baseline file for `hwbench accept` from a set
 of results: per point its tokens/s (median, min, max, n), and the machine, software and date
-they came from (docs/accept.md)."""
+they came from (docs/accept.md). `hwbench baseline copy RESULTS... --out DIR`: the ok result files
+copied into a folder, a baseline for `hwbench compare` (docs/compare.md). Both leave out every run
+that is not ok, a line each saying which and why."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-DESCRIPTION = ("Baseline files for `hwbench accept`: `hwbench baseline save RESULTS... --out FILE` keeps each "
-               "point's tokens/s (median, min, max, n) with the machine, software and date of the results.")
+DESCRIPTION = ("Baselines from ok runs only: `hwbench baseline save RESULTS... --out FILE` keeps each point's "
+               "tokens/s (median, min, max, n) with the machine, software and date of the results, for `hwbench "
+               "accept`; `hwbench baseline copy RESULTS... --out DIR` copies the ok result files into a folder, for "
+               "`hwbench compare`. A run that is not ok is left out with a line saying why.")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -16,22 +20,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     save = actions.add_parser("save", help="make a baseline file from results", description=DESCRIPTION)
     save.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
     save.add_argument("--out", required=True, metavar="FILE", help="the baseline file (JSON) to write")
+    copy = actions.add_parser("copy", help="copy the ok result files into a folder, a baseline for `hwbench "
+                              "compare`", description=DESCRIPTION)
+    copy.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
+    copy.add_argument("--out", required=True, metavar="DIR",
+                      help="the folder to copy them into (made when missing; it must hold no result file)")
 
 
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hwbench.paths import check_output_file
-    from hwbench.report.baseline import save_baseline
+    from hwbench.report.baseline import copy_ok_results, save_baseline
     from hwbench.result.store import read_inputs
 
-    check_output_file(args.out, "--out", args.results)
+    if args.action == "save":
+        check_output_file(args.out, "--out", args.results)
     found, skipped = read_inputs(args.results, "RESULTS")
     for _path, reason in skipped:  # the reason names the file
         print(f"hwbench baseline: warning: left out {reason}", file=sys.stderr)
+    if args.action == "copy":
+        written = copy_ok_results(found, args.results, args.out)
+        _say_left_out(found)
+        print(f"{args.out}: {len(written)} ok result file(s) of {len(found)} copied")
+        return 0
     content = save_baseline([result for result, _ in found], Path(args.out))
+    _say_left_out(found)
     print(f"{args.out}: {len(content['points'])} point(s) from {len(found)} result(s)")
     for point in content["points"]:
         figure = point["tokens_per_s"]
         print(f"  {point['label']}: {figure['median']:,.1f} tokens/s (n={figure['n']})")
     return 0
+
+
+def _say_left_out(found) -> None:
+    from hwbench.report.baseline import left_out
+
+    for line in left_out(found):
+        print(f"hwbench baseline: left out {line}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`hwbench compare BASELINE CURRENT`: did performance change? Exit 3 on a significant
-regression, 4 when a baseline point is missing from CURRENT (docs/compare.md)."""
+regression, 5 when a point's repeats failed, 4 when a baseline point is missing from CURRENT
+(docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from hwbench.errors import UsageError
 from hwbench.point import METRICS
 
 DESCRIPTION = ("Compare two sets of results point by point; exit 3 when a point regressed by more than the "
-               "threshold and significantly, 4 when a baseline point has no result in CURRENT (docs/compare.md).")
+               "threshold and significantly, 5 when a point has fewer ok repeats than asked or than its baseline "
+               "had, 4 when a baseline point has no result in CURRENT (docs/compare.md).")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +34,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.report.ci_output import as_json, compare_cases, junit_xml, write_output
     from hwbench.report.compare import (
         MISSING_EXIT,
+        REPEATS_EXIT,
         compare,
         exit_status,
         format_report,
@@ -63,6 +66,10 @@ def main(args: argparse.Namespace) -> int:
     print(as_json(report_data(report, args.allow_missing)) if args.format == "json" else format_report(report),
           end="\n" if args.format == "text" else "")
     status = exit_status(report, args.allow_missing)
+    if status == REPEATS_EXIT:
+        failed = sum(p.repeats_failed for p in report["points"])
+        print(f"hwbench compare: {failed} point(s) have fewer ok repeats than asked or than the baseline had; "
+              "the gate fails", file=sys.stderr)
     if status == MISSING_EXIT:
         print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "
               "the gate fails (give --allow-missing to accept that)", file=sys.stderr)

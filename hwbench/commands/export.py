@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "formats: standard output)")
     parser.add_argument("--allow-failed", action="store_true",
                         help="runs that did not end ok (failed, oom, timeout, ...) are still named and left out of "
-                             "the figures, but do not fail the command (exit 4 without this)")
+                             "the figures, but do not fail the command (exit 5 without this)")
     prometheus = parser.add_argument_group("prometheus, openmetrics")
     prometheus.add_argument("--push", metavar="URL", help="also push the metrics to this Pushgateway, e.g. "
                                                           "http://pushgateway:9091 (exit 1 when it cannot take them)")
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.exports import ExportRequest, PushError, export
-    from hwbench.report.compare import MISSING_EXIT
+    from hwbench.report.compare import REPEATS_EXIT
 
     request = ExportRequest(submitter=args.submitter, division=args.division, status=args.status,
                             platform=args.platform, push=args.push, job=args.job)
@@ -57,10 +57,10 @@ def main(args: argparse.Namespace) -> int:
     if args.out is None and outcome.text is not None:
         sys.stdout.write(outcome.text)
     if outcome.left_out and not args.allow_failed:
-        # as compare's missing point: the gate cannot vouch for a point whose runs failed
+        # as compare's failed repeats: the gate cannot vouch for a point whose runs failed
         print(f"hwbench export: {len(outcome.left_out)} run(s) did not end ok and are not in the figures; the gate "
-              f"fails (exit {MISSING_EXIT}; give --allow-failed to accept that)", file=sys.stderr)
-        return MISSING_EXIT
+              f"fails (exit {REPEATS_EXIT}; give --allow-failed to accept that)", file=sys.stderr)
+        return REPEATS_EXIT
     return 0
 
 

@@ -8,6 +8,10 @@ hwbench, Python: every value seen), and ``points``: each point's key, label and 
 files (made into a baseline on the fly) or a CSV of per-device-model figures: a header with
 ``model``, ``device_model`` and ``tokens_per_s``, and any other PointKey field (precision,
 seq_length, tp, pp, dp, nnodes, ...) a row's figure is for; an empty cell matches any value.
+
+Both kinds of baseline, the file and the folder of results `hwbench baseline copy` makes for
+`hwbench compare`, are made from ok runs only: a run that is not ok is left out, with a line
+saying which and why (``left_out``), and a point with no ok run is no baseline point.
 """
 
 from __future__ import annotations
@@ -73,6 +77,32 @@ def _seen(values) -> list[str]:
     return sorted({str(v) for v in values if v not in (None, "")})
 
 
+def _figure(result: RunResult) -> float | None:
+    """A run's baseline figure: its tokens/s when it is ok and has one."""
+    return METRICS[METRIC].read(result) if result.status == "ok" else None
+
+
+def _why_not(result: RunResult) -> str:
+    if result.status != "ok":
+        message = (result.error.message or "") if result.error is not None else ""
+        return f"status {result.status}" + (f" ({message.splitlines()[0][:200]})" if message.strip() else "")
+    return f"no {METRIC} figure"
+
+
+def left_out(found: list[tuple[RunResult, Path]]) -> list[str]:
+    """What a baseline made of ``found`` (result, file) leaves out, a line each: every run that is not ok,
+    with its status and error, then every point with no ok run ("not a baseline point")."""
+    from hwbench.report.compare import group, point_label
+
+    lines = [f"run {result.run_id} ({path}): {_why_not(result)}; not in the baseline"
+             for result, path in found if _figure(result) is None]
+    by_key, names, _ = group([result for result, _ in found])
+    keys = list(by_key)
+    lines += [f"point {point_label(key, names[key], keys)}: no ok run ({len(runs)} not ok); not a baseline point"
+              for key, runs in by_key.items() if all(_figure(r) is None for r in runs)]
+    return lines
+
+
 def build_baseline(results: list[RunResult]) -> dict[str, Any]:
     """The baseline file's content from ``results``: every point with an ok tokens/s figure."""
     from hwbench.report.compare import group, point_label
@@ -81,7 +111,7 @@ def build_baseline(results: list[RunResult]) -> dict[str, Any]:
     keys = list(by_key)
     points = []
     for key, runs in by_key.items():
-        ok = [(r, v) for r in runs if r.status == "ok" and (v := METRICS[METRIC].read(r)) is not None]
+        ok = [(r, v) for r in runs if (v := _figure(r)) is not None]
         if not ok:
             continue
         values = [v for _, v in ok]
@@ -111,6 +141,46 @@ def save_baseline(results: list[RunResult], out: Path) -> dict[str, Any]:
     except OSError as error:
         raise UsageError(f"--out {os.fspath(out)}: cannot be written: {error.strerror or error}") from None
     return content
+
+
+def copy_ok_results(found: list[tuple[RunResult, Path]], inputs: list[str], out_dir: str | os.PathLike) -> list[Path]:
+    """The files of the ok runs with a figure in ``found`` copied under the folder ``out_dir`` (a baseline for
+    `hwbench compare`), each at its path below the input folder it was found in (a file given by name: at
+    its name); the files written. ``out_dir`` may exist but must hold no result file: nothing is
+    overwritten. Each file is written whole or not at all; when one cannot be, those already
+    written are removed (this call made them) and nothing is left."""
+    from hwbench.paths import check_output_folder, result_files
+    from hwbench.result.store import write_text_atomic
+
+    out = check_output_folder(out_dir)  # as given: "" is refused, not taken for "."
+    if out.is_dir() and result_files([out]):
+        raise UsageError(f"--out {os.fspath(out)!r} holds result files already; give a new or empty folder (a "
+                         "baseline is never written over another)")
+    kept = [path for result, path in found if _figure(result) is not None]
+    if not kept:
+        raise UsageError("RESULTS: no ok result with a tokens/s figure; a baseline needs at least one")
+    targets = [out / _below(path, inputs) for path in kept]
+    if len(set(targets)) < len(targets):
+        raise UsageError(f"RESULTS: two result files would be copied to the same name under --out {os.fspath(out)!r}; "
+                         "give the folders that hold them")
+    written: list[Path] = []
+    try:
+        for source, target in zip(kept, targets):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            written.append(write_text_atomic(target, source.read_text(encoding="utf-8")))
+    except OSError as error:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise UsageError(f"--out {os.fspath(out)!r}: cannot be written: {error.strerror or error}") from None
+    return written
+
+
+def _below(path: Path, inputs: list[str]) -> Path:
+    """``path`` relative to the input folder it was found in; its name when it was given itself."""
+    for entry in map(Path, inputs):
+        if entry.is_dir() and path.is_relative_to(entry):
+            return path.relative_to(entry)
+    return Path(path.name)
 
 
 def load_baseline(path: str) -> Baseline:

@@ -1,8 +1,9 @@
 """Machine-readable verdicts for CI: `hwbench compare` and `hwbench history changes` as JSON
 (`--format json`) and as a JUnit XML file (`--junit FILE`), which CI systems (GitLab, Jenkins,
 GitHub's test reporters) show as test results: every compared point or series is a test case; a
-regression (or a baseline point missing from CURRENT) a failure; a change the repeats cannot judge
-(inconclusive) a skipped case with the reason, so that it is seen and not taken for a pass.
+regression, a point whose repeats failed or a baseline point missing from CURRENT a failure; a
+change the repeats cannot judge (inconclusive) a skipped case with the reason, so that it is seen
+and not taken for a pass.
 
 The XML is written with the standard library's ElementTree in the shape of the JUnit schema most
 consumers read (a <testsuites> root, one <testsuite> with tests/failures/errors/skipped counts,
@@ -17,7 +18,7 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, figure_text
+from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, REPEATS_FAILED, figure_text
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -31,6 +32,7 @@ class CiCase:
     status: str  # PASSED, FAILED or SKIPPED
     message: str  # the verdict in one line
     details: str = ""  # the figures behind it
+    kind: str = "regression"  # a failure's type: regression, repeats failed, missing
 
 
 def junit_xml(suite: str, cases: Sequence[CiCase]) -> str:
@@ -44,7 +46,7 @@ def junit_xml(suite: str, cases: Sequence[CiCase]) -> str:
     for case in cases:
         node = ElementTree.SubElement(element, "testcase", name=case.name, classname=case.classname, time="0")
         if case.status == FAILED:
-            ElementTree.SubElement(node, "failure", message=case.message, type="regression").text = case.details
+            ElementTree.SubElement(node, "failure", message=case.message, type=case.kind).text = case.details
         elif case.status == SKIPPED:
             ElementTree.SubElement(node, "skipped", message=case.message)
         if case.details and case.status != FAILED:
@@ -61,7 +63,7 @@ def as_json(data: Any) -> str:
 
 
 def compare_cases(report: dict[str, Any], allow_missing: bool = False) -> list[CiCase]:
-    """A case per compared point (a regression fails, an inconclusive change is skipped) and per
+    """A case per compared point (a regression or failed repeats fail, an inconclusive change is skipped) and per
     baseline point missing from CURRENT (a failure, skipped with --allow-missing)."""
     metric = report["metric"]
 
@@ -70,14 +72,16 @@ def compare_cases(report: dict[str, Any], allow_missing: bool = False) -> list[C
 
     cases = []
     for point in report["points"]:
-        status = FAILED if point.regression else SKIPPED if point.outcome == INCONCLUSIVE else PASSED
+        failed = point.regression or point.repeats_failed
+        status = FAILED if failed else SKIPPED if point.outcome == INCONCLUSIVE else PASSED
         change = "" if point.change is None else f"change {point.change * 100:+.2f}%; "
         cases.append(CiCase(point.label, metric, status, f"{point.verdict} ({change}{point.rule})",
-                            f"baseline: {figures(point.baseline)}\ncurrent: {figures(point.current)}"))
+                            f"baseline: {figures(point.baseline)}\ncurrent: {figures(point.current)}",
+                            REPEATS_FAILED if point.repeats_failed else "regression"))
     for label in report["only_baseline"]:
         cases.append(CiCase(label, metric, SKIPPED if allow_missing else FAILED,
                             "missing from CURRENT: no result of this baseline point" +
-                            (" (--allow-missing)" if allow_missing else "")))
+                            (" (--allow-missing)" if allow_missing else ""), kind="missing"))
     return cases
 
 

@@ -14,14 +14,18 @@ is tested:
   in either direction, 5% in the bad one, and the threshold must be passed as well;
 - with a single value on a side only the threshold applies ("no repeats: threshold only");
 - a point that is ok in the baseline and has no ok result in the current set is a regression;
+- a point with fewer ok repeats in the current set than were asked for (its sweep's ``repeats``,
+  at least the results it has, skipped ones aside) or than its baseline had is a failure of the
+  gate of its own, "repeats failed" (unless it regressed: that verdict is the stronger);
 - a baseline point with no result at all in the current set (never run, or its file
   unreadable) is missing: the gate fails unless --allow-missing.
 
 A file that cannot be read on either side is named with its reason on stderr and in
 the output; it never silently turns a point into "only in baseline".
 
-Exit status: 3 on any regression, 4 when a baseline point is missing from CURRENT
-(and none regressed), 0 otherwise, 2 on unusable input (UsageError).
+Exit status: 3 on any regression, 5 when a point's repeats failed (and none regressed), 4 when
+a baseline point is missing from CURRENT (and neither of those), 0 otherwise, 2 on unusable
+input (UsageError).
 docs/compare.md has the rules in full.
 """
 
@@ -51,6 +55,8 @@ SEPARATION_MIN_N = 3  # complete separation counts as significant from 3 values 
 DEFAULT_THRESHOLD = 0.05
 REGRESSION_EXIT = 3
 MISSING_EXIT = 4  # a baseline point with no readable result in CURRENT: the gate cannot vouch for it
+REPEATS_EXIT = 5  # a point with fewer ok repeats than asked or than its baseline had: neither can it
+REPEATS_FAILED = "repeats failed"  # that verdict's first word
 INCONCLUSIVE = "inconclusive"  # the verdict's first word when a change passes the threshold but is not significant
 
 
@@ -137,6 +143,10 @@ class PointComparison:
         return self.verdict.startswith("regression")
 
     @property
+    def repeats_failed(self) -> bool:
+        return self.outcome == REPEATS_FAILED
+
+    @property
     def outcome(self) -> str:
         """The verdict's kind, for machines: regression, improvement, inconclusive, within noise, no repeats,
         no baseline figure, ..."""
@@ -184,6 +194,28 @@ def compare_point(comparison: PointComparison, threshold: float, higher_is_bette
     else:
         comparison.verdict = "within noise"
     return comparison
+
+
+def _repeats_asked(results: list[RunResult]) -> int:
+    """How many runs of a point were asked for: its sweep's ``repeats`` (the largest recorded), and at
+    least as many as there are results (each was a run someone started)."""
+    recorded = [r.sweep.repeats for r in results if r.sweep is not None and r.sweep.repeats]
+    return max([len(results), *recorded])
+
+
+def repeat_shortfall(baseline: list[RunResult], current: list[RunResult]) -> str | None:
+    """"1 of 3 repeats ok; baseline had 3" when CURRENT has fewer ok runs of a point than were asked
+    for (a skipped run, one the planner predicted would not fit, was not asked to run) or than the
+    baseline had; None when it has enough."""
+    ok = sum(r.status == "ok" for r in current)
+    asked = _repeats_asked(current)
+    wanted = asked - sum(r.status == "skipped" for r in current)
+    had = sum(r.status == "ok" for r in baseline)
+    if any(r.sweep is not None and r.sweep.repeats for r in baseline):  # several nights in one folder: one night's
+        had = min(had, max(r.sweep.repeats or 0 for r in baseline if r.sweep is not None))
+    if ok >= max(wanted, had):
+        return None
+    return f"{ok} of {asked} repeats ok; baseline had {had}"
 
 
 def environment_warnings(base: list[RunResult], cur: list[RunResult]) -> list[str]:
@@ -257,7 +289,11 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
             baseline=[v for r in b if r.status == "ok" and (v := figure.read(r, formula)) is not None],
             current=[v for r in c if r.status == "ok" and (v := figure.read(r, formula)) is not None],
             baseline_statuses=[r.status for r in b], current_statuses=[r.status for r in c])
-        points.append(compare_point(comparison, threshold, figure.higher_is_better))
+        compare_point(comparison, threshold, figure.higher_is_better)
+        shortfall = repeat_shortfall(b, c)
+        if shortfall and not comparison.regression:  # the figure may look fine; the gate cannot vouch for it
+            comparison.verdict = f"{REPEATS_FAILED}: {shortfall}"
+        points.append(comparison)
     matched_base = [r for k in common for r in base_by[k]]
     matched_cur = [r for k in common for r in cur_by[k]]
     return {
@@ -273,10 +309,12 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
 
 
 def exit_status(report: dict[str, Any], allow_missing: bool = False) -> int:
-    """REGRESSION_EXIT on a regression; MISSING_EXIT when a baseline point has no result in
-    CURRENT (unless allowed); 0 otherwise."""
+    """REGRESSION_EXIT on a regression; REPEATS_EXIT when a point's repeats failed; MISSING_EXIT when
+    a baseline point has no result in CURRENT (unless allowed); 0 otherwise."""
     if any(p.regression for p in report["points"]):
         return REGRESSION_EXIT
+    if any(p.repeats_failed for p in report["points"]):
+        return REPEATS_EXIT
     if report["only_baseline"] and not allow_missing:
         return MISSING_EXIT
     return 0
@@ -320,7 +358,12 @@ def format_report(report: dict[str, Any]) -> str:
             lines += ["", f"{title}:"] + [f"  {entry}" for entry in entries]
     counts = outcome_counts(report)
     lines += ["", f"{len(report['points'])} points compared: {counts['regression']} regression(s), "
-                  f"{counts['improvement']} improvement(s), {counts[INCONCLUSIVE]} inconclusive"]
+                  f"{counts['improvement']} improvement(s), {counts[INCONCLUSIVE]} inconclusive, "
+                  f"{counts[REPEATS_FAILED]} with failed repeats"]
+    if counts[REPEATS_FAILED]:
+        lines.append(f"{REPEATS_FAILED}: fewer ok repeats tonight than were asked for or than the baseline had; "
+                     "the figure of the ok ones is shown, but the gate fails (exit 5): see why in the failed "
+                     "runs' result files")
     if counts[INCONCLUSIVE]:
         lines.append(f"inconclusive: the median moved by more than {report['threshold'] * 100:g}%, but the repeats "
                      "cannot tell that from run-to-run noise; more repeats a side (hwbench sweep --repeats) judge it")
@@ -340,7 +383,7 @@ def _hfu_note(report: dict[str, Any]) -> list[str]:
 def outcome_counts(report: dict[str, Any]) -> dict[str, int]:
     """Points by the kind of their verdict (regression, improvement, inconclusive, ...); every kind
     the summary names is present."""
-    counts = dict.fromkeys(("regression", "improvement", INCONCLUSIVE), 0)
+    counts = dict.fromkeys(("regression", "improvement", INCONCLUSIVE, REPEATS_FAILED), 0)
     for point in report["points"]:
         kind = "regression" if point.regression else point.outcome
         counts[kind] = counts.get(kind, 0) + 1
