@@ -346,7 +346,7 @@ DAMAGED_MANIFESTS = {
     "iteration not the folder's": (_set("iteration", 7), "says iteration 7, the folder's name 2"),
     "version true": (_set("version", True), "manifest version 'True'; this hwbench reads version 1"),
     "files a list": (_set("files", [".metadata"]), "files: must be a mapping, not a list"),
-    "files empty": (_set("files", {}), "files: Dictionary should have at least 1 item"),
+    "files empty": (_set("files", {}), "files: must hold at least 1, not 0"),
     "file size text": (_set(".metadata", "big", "files"), "must be an integer, not text"),
     "file above the folder": (_set("../latest_checkpointed_iteration.txt", 2, "files"), "is not inside"),
     "file by absolute path": (_set("/etc/hostname", 1, "files"), "'/etc/hostname', which is not inside"),
