@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 import yaml
@@ -37,6 +38,11 @@ def _only(folder):
     (["--target-loss", "1.2"], ["--target-loss 1.2 is at or below the lowest reachable loss 1.4389"]),
     (["--target-ppl", "floor*1.2", "--data", "/nonexistent/corpus"], ["--data /nonexistent/corpus has no known floor"]),
     (["--target-ppl", "9", "--target-loss", "3"], ["give one target"]),
+    # F x the floor overflowed to infinity: a target every validation meets, and a result that cannot hold it
+    (["--target-ppl", "floor*1e308"], ["--target-ppl floor*1e308 is beyond a float",
+                                       f"give floor*F with F at most {sys.float_info.max / FLOOR_1234:.4g}"]),
+    (["--target-ppl", "1e400"], ["--target-ppl '1e400' is not accepted"]),
+    (["--target-loss", "1e400"], ["--target-loss 1e400 is not accepted"]),
     (["--target-ppl", "9", "--eval-iters", "0"], ["--eval-iters 0 turns them off"]),
     (["--target-ppl", "9", "--eval-interval", "0"], ["--eval-interval 0 would validate only after the last step"]),
 ])
