@@ -66,6 +66,9 @@ def _cli_error(argv, capsys) -> str:
     (dict(devices=0, device_memory="32GiB"), ["--devices", "0", "--device-memory", "32GiB"]),
     (dict(devices=8, device_memory="32XB"), ["--devices", "8", "--device-memory", "32XB"]),
     (dict(devices=8, device_model="nope"), ["--devices", "8", "--device-model", "nope"]),
+    (dict(devices=4, device_memory="32GiB", model="nosuch"), ["--devices", "4", "--device-memory", "32GiB", "--model",
+                                                              "nosuch"]),
+    (dict(devices=30000, device_memory="32GiB"), ["--devices", "30000", "--device-memory", "32GiB"]),
 ])
 def test_plan_refuses_what_the_command_refuses_with_the_same_line(call, argv, capsys):
     import hwbench
