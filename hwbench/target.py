@@ -73,6 +73,14 @@ class Target:
         return shown + ("" if _factor(self.given) is None else f" ({self.given})")
 
 
+def _largest_factor(floor_ppl: float) -> str:
+    """The largest F of four significant digits whose product with the floor is still a float,
+    rounded down: the F a refusal offers is accepted."""
+    limit = sys.float_info.max / floor_ppl
+    unit = 10.0 ** (math.floor(math.log10(limit)) - 3)
+    return f"{math.floor(limit / unit) * unit:.4g}"
+
+
 def _number_text(value: float) -> str:
     return repr(float(value))
 
@@ -96,7 +104,7 @@ def resolve_target(target_ppl: str | None, target_loss: float | None, data: str,
             if not math.isfinite(factor * floor_ppl):  # 1e308 x a floor of 1931: infinity, which no result holds
                 raise UsageError(f"--target-ppl {target_ppl} is beyond a float: F times the lowest reachable "
                                  f"perplexity {floor_ppl:.4f} of {what_floor}; give floor*F with F at most "
-                                 f"{sys.float_info.max / floor_ppl:.4g}")
+                                 f"{_largest_factor(floor_ppl)}")
             return Target("ppl", factor * floor_ppl, target_ppl)
         value = float(target_ppl)
         if floor_ppl is not None and value <= floor_ppl:
