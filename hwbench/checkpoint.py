@@ -163,10 +163,11 @@ def _check_files(folder: Path, manifest: dict[str, Any], shown: str) -> None:
     lost, is named before anything is loaded."""
     for name, size in manifest["files"].items():
         parts = PurePath(name).parts
-        if not parts or PurePath(name).is_absolute() or ".." in parts or "\x00" in name:
+        path = folder / name
+        if (not parts or PurePath(name).is_absolute() or ".." in parts or "\x00" in name
+                or not path.resolve().is_relative_to(folder.resolve())):  # a link out of the folder too
             raise UsageError(f"{shown}: {MANIFEST_FILE} lists the file {name[:80]!r}, which is not inside the "
                              "checkpoint's folder; the checkpoint is damaged")
-        path = folder / name
         if not path.is_file():
             raise UsageError(f"{shown} is truncated: {name} is missing")
         actual = path.stat().st_size

@@ -380,6 +380,20 @@ def test_a_damaged_manifest_is_refused_in_one_line_naming_the_field(tmp_path, ca
     assert f"--load {copy} (iter_0000002)" in line and says in line, line
 
 
+def test_a_manifest_listing_a_file_through_a_link_out_of_the_folder_is_refused(tmp_path, capsys, tiny_checkpoint):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    (copy / "iter_0000002" / "outside").symlink_to("/etc")
+    path = copy / "iter_0000002" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["files"]["outside/hostname"] = Path("/etc/hostname").stat().st_size  # whole, as the manifest says
+    path.write_text(json.dumps(manifest))
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert "lists the file 'outside/hostname', which is not inside the checkpoint's folder" in line, line
+
+
 @pytest.mark.parametrize(
     ("content", "shown"),
     [(b"", "''"), (b"abc", "'abc'"), (b"-1", "'-1'"), (b"9" * 400, "'" + "9" * 40 + "'"), (b"../x", "'../x'"),
