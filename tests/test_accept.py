@@ -199,6 +199,20 @@ def test_a_hostile_baseline_is_refused_in_one_line_before_anything_is_probed(mea
     assert not out.exists()  # nothing probed, swept or written
 
 
+@pytest.mark.parametrize("cell", ["\u00b2", "9" * 5000, "\u0661", "-1", "two"],
+                         ids=["superscript two", "5000 digits", "arabic-indic one", "negative", "text"])
+def test_a_csv_baseline_with_a_point_field_that_is_no_whole_number_is_one_line(measured, tmp_path, capsys, cell):
+    """'\u00b2' and 5,000 digits were int()'s ValueError, a traceback; the others never matched a run."""
+    csv = tmp_path / "published.csv"
+    csv.write_text(f"model,device_model,tokens_per_s,tp\ntiny,,100,{cell}\n")
+    out = tmp_path / "out"
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(csv), "--out", str(out), *PROBE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--baseline {str(csv)!r} line 2: tp {cell[:37]!r}"[:-1] in err[0], err
+    assert "is not accepted; give a whole number, or an empty cell for any value" in err[0]
+    assert not out.exists()
+
+
 def test_an_empty_out_is_refused_not_read_as_the_current_folder(measured, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # --out "" used to run the suite and write accept.md here
     assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(measured["baseline"]), "--out", "",

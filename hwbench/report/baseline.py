@@ -230,15 +230,27 @@ def _from_csv(text: str, source: str) -> Baseline:
         if not math.isfinite(median) or median <= 0:
             raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {row[METRIC]!r} is not accepted; give a "
                              "positive number")
-        fields: dict[str, Any] = {name: _cell(name, value) for name, value in row.items()
-                                  if name in known and value not in (None, "")}
+        fields: dict[str, Any] = {name: _cell(name, value, f"--baseline {source!r} line {number}")
+                                  for name, value in row.items() if name in known and value not in (None, "")}
         label = " ".join(f"{name}={value}" for name, value in fields.items())
         points.append(BaselinePoint(fields, label, median))
     return Baseline(source, points, {}, {}, None)
 
 
-def _cell(name: str, text: str) -> Any:
-    """A CSV cell as the PointKey field holds it: numbers as int, the rest as text (matched case-blind)."""
+# PointKey's integer fields (tp, seq_length, ...): a CSV cell of one is a whole number
+_INTEGER_FIELDS = {name for name, hint in typing.get_type_hints(PointKey).items() if int in typing.get_args(hint)
+                   or hint is int}
+
+
+def _cell(name: str, text: str, where: str) -> Any:
+    """A CSV cell as the PointKey field holds it: an integer field's as int (ASCII digits, at most
+    18: '\u00b2' and 5,000 digits were int()'s ValueError), the rest as text (matched case-blind)."""
     text = text.strip()
-    return int(text) if text.isdigit() else text
+    if name not in _INTEGER_FIELDS:
+        return text
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise UsageError(f"{where}: {name} {shown!r} is not accepted; give a whole number, or an empty cell for "
+                         "any value")
+    return int(text)
 
