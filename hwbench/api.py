@@ -20,23 +20,63 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.options import RunOptions
+from hwbench.options import Option, RunOptions
 from hwbench.result.model import RunResult  # noqa: F401  (hwbench.RunResult)
 
 
 def _options(options: RunOptions | Mapping[str, Any] | None, extra: Mapping[str, Any]) -> RunOptions:
+    if options is not None and not isinstance(options, (RunOptions, Mapping)):
+        raise UsageError(f"options {repr(options)[:80]} is not accepted; give a RunOptions, a mapping of `hwbench run` "
+                         "option names to values, or keyword arguments")
     given = {} if options is None else (options.given() if isinstance(options, RunOptions) else dict(options))
     return RunOptions.from_mapping({**given, **extra})
 
 
+# --- the arguments that are no run option, checked here as run options are (hwbench.options.Option):
+# a wrong value or type is the documented UsageError naming it, never a TypeError from deep inside
+
+
+def _check(name: str, value: Any, kind: type = str, **rules: Any) -> Any:
+    return Option(help="", name=name, type=kind, **rules).check(value)
+
+
+def _switch(name: str, value: Any) -> bool:
+    return _check(name, value, bool)
+
+
+def _path_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _path(name: str, value: Any, what: str = "a path") -> str:
+    """A path given as text or a PathLike, not empty (Path("") would be the current folder)."""
+    return _check(name, value, normalize=_path_text, valid=lambda text: bool(text.strip()), accepts=what)
+
+
+def _optional_path(name: str, value: Any, what: str = "a path") -> str | None:
+    return None if value is None else _path(name, value, what)
+
+
+def _optional_text(name: str, value: Any) -> str | None:
+    return None if value is None else _check(name, value, valid=lambda text: bool(text.strip()), accepts="text")
+
+
+def _slurm(value: Any) -> Any:
+    from hwbench.harness.slurm import SlurmSettings
+
+    return None if value is None else _check("slurm", value, SlurmSettings, accepts="a SlurmSettings or None")
+
+
 def _paths(paths: Any, what: str) -> list[str]:
-    """Files or folders: one path (text or a PathLike) is one path, not its characters."""
+    """Files or folders: one path (text or a PathLike) is one path, not its characters; none empty."""
     if isinstance(paths, (str, os.PathLike)):
-        return [os.fspath(paths)]
-    items = list(paths) if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Mapping)) else None
-    if items is None or not all(isinstance(item, (str, os.PathLike)) for item in items):
-        raise UsageError(f"{what} {paths!r} is not accepted; give a path or a list of paths"[:300])
-    return [os.fspath(item) for item in items]
+        items: list[Any] | None = [paths]
+    else:
+        items = list(paths) if isinstance(paths, Iterable) and not isinstance(paths, (bytes, Mapping)) else None
+    texts = None if items is None else [_path_text(item) for item in items]
+    if texts is None or not all(isinstance(text, str) and text.strip() for text in texts):
+        raise UsageError(f"{what} {paths!r} is not accepted; give a path or a list of paths (none empty)"[:300])
+    return texts
 
 
 def run(options: RunOptions | Mapping[str, Any] | None = None, /, *, progress: bool = False, write: bool = True,
@@ -46,6 +86,7 @@ def run(options: RunOptions | Mapping[str, Any] | None = None, /, *, progress: b
     stores it (--out, else the temp folder) unless ``write`` is False."""
     from hwbench.harness.run import run_and_store
 
+    progress, write = _switch("progress", progress), _switch("write", write)
     outcome = run_and_store(_options(options, option_values), show_progress=progress, write=write)
     if outcome.result is None:
         raise RuntimeError("; ".join(outcome.notes) or "this process holds no result: rank 0 has it")
@@ -61,10 +102,11 @@ def sweep(suite: str | os.PathLike, *, out: str | os.PathLike = "results/runs", 
     from hwbench.harness.executor import SweepOptions
     from hwbench.harness.sweep import run_sweep
 
+    suite = _path("suite", suite, "a suite file or a shipped suite's name")
     options = SweepOptions(out_dir=out,  # type: ignore[arg-type]  # SweepOptions checks it and makes it a Path
-                           device=device, nproc_per_node=nproc_per_node, repeats=repeats, force=force,
-                           plan=plan)
-    return run_sweep(suite, options, slurm=slurm, progress=progress)
+                           device=device, nproc_per_node=nproc_per_node, repeats=repeats,
+                           force=_switch("force", force), plan=_switch("plan", plan))
+    return run_sweep(suite, options, slurm=_slurm(slurm), progress=_switch("progress", progress))
 
 
 def plan(*, devices: int, device_memory: str | int | None = None, device_model: str | None = None,
@@ -103,8 +145,10 @@ def write_report(paths: str | os.PathLike | Iterable[str | os.PathLike] = (), *,
     ``also_formula``: a FLOPs formula whose MFU is shown beside the default's."""
     from hwbench.report import write_report as write
 
-    text, _skipped = write(_paths(paths, "RESULTS"), format, against, prices or {}, tokens, projection_devices, out,
-                           also_formula)
+    if prices is not None and not isinstance(prices, Mapping):
+        raise UsageError(f"prices {repr(prices)[:80]} is not accepted; give a mapping of device to USD per device-hour")
+    text, _skipped = write(_paths(paths, "RESULTS"), format, _optional_path("against", against), prices or {}, tokens,
+                           projection_devices, _optional_path("out", out), also_formula)
     return text
 
 
@@ -118,9 +162,11 @@ def export(format: str, paths: str | os.PathLike | Iterable[str | os.PathLike], 
     from hwbench.exports import ExportRequest
     from hwbench.exports import export as export_results
 
-    request = ExportRequest(submitter=submitter, division=division, status=status, platform=platform, push=push,
-                            job=job)
-    return export_results(format, _paths(paths, "RESULTS"), out, request)
+    request = ExportRequest(submitter=_optional_text("submitter", submitter),
+                            division=_optional_text("division", division), status=_optional_text("status", status),
+                            platform=_optional_text("platform", platform), push=_optional_text("push", push),
+                            job=_check("job", job, valid=lambda text: bool(text.strip()), accepts="text"))
+    return export_results(format, _paths(paths, "RESULTS"), _optional_path("out", out), request)
 
 
 def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike):
@@ -129,7 +175,7 @@ def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str 
     ``results``, ``files``, ``skipped``)."""
     from hwbench.report.archive import make_archive
 
-    return make_archive(_paths(paths, "RESULTS"), out)
+    return make_archive(_paths(paths, "RESULTS"), _path("out", out, "a file name ending in .tar.gz"))
 
 
 def verify_archive(path: str | os.PathLike) -> int:
@@ -137,7 +183,7 @@ def verify_archive(path: str | os.PathLike) -> int:
     hwbench.report.archive.ArchiveProblem naming each file that does not."""
     from hwbench.report.archive import verify_archive as verify
 
-    return verify(path)
+    return verify(_path("verify", path, "an archive hwbench archive wrote"))
 
 
 def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", nproc_per_node: int = 1,
@@ -148,7 +194,7 @@ def preflight(*, device: str = "auto", out: str | os.PathLike = "results/runs", 
     from hwbench.harness.preflight import preflight as check
 
     check_request(device, nproc_per_node, threads_per_rank)
-    return check(device, out, nproc_per_node, threads_per_rank)
+    return check(device, _path("out", out, "a folder"), nproc_per_node, threads_per_rank)
 
 
 def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | os.PathLike,
@@ -160,10 +206,14 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
     from hwbench.harness.accept import accept as run_acceptance
 
     # out as given: AcceptOptions refuses "" (Path("") would be the current folder) and makes it a Path
-    options = AcceptOptions(suite=os.fspath(suite), baseline=os.fspath(baseline), out_dir=out,  # type: ignore[arg-type]
+    options = AcceptOptions(suite=_path("suite", suite, "a suite file or a shipped suite's name"),
+                            baseline=_path("baseline", baseline, "a baseline file, a folder of results or a CSV"),
+                            out_dir=out,  # type: ignore[arg-type]
                             min_ratio=min_ratio, outlier=outlier, repeats=repeats, device=device,
-                            devices_per_node=devices_per_node, page_format=format)
-    return run_acceptance(options, slurm=slurm, progress=progress)
+                            devices_per_node=None if devices_per_node is None else _check(
+                                "devices_per_node", devices_per_node, int, minimum=1),
+                            page_format=format)
+    return run_acceptance(options, slurm=_slurm(slurm), progress=_switch("progress", progress))
 
 
 def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike) -> dict:
@@ -175,6 +225,7 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     from hwbench.result.store import read_inputs
 
     inputs = _paths(paths, "RESULTS")
+    out = _path("out", out, "a file path")
     check_output_file(out, "--out", inputs)  # as the command: "" and a path under a file refused before reading
     found, _skipped = read_inputs(inputs, "RESULTS")
     return save_baseline([result for result, _ in found], Path(out))

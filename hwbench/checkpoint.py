@@ -20,10 +20,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
-from typing import Any
+import re
+from pathlib import Path, PurePath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hwbench.errors import UsageError
+from hwbench.fields import Count, Flag, Positive, Text, problem_text
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's name
 MANIFEST_FILE = "hwbench_checkpoint.json"
@@ -31,6 +35,42 @@ MANIFEST_FORMAT = "hwbench-checkpoint"
 MANIFEST_VERSION = 1
 PARTIAL_SUFFIX = ".partial"
 RNG_FILE = "rng_rank_{rank:05d}.pt"
+ITERATION_FOLDER = re.compile(r"iter_(\d+)")
+MAX_ITERATION_DIGITS = 18  # a 64-bit counter's iterations: a longer number in the latest file is no iteration
+
+
+class _Layout(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    tp: Positive
+    pp: Positive
+    dp: Positive
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    fsdp: Flag = False
+
+
+class _DataPosition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    consumed_train_samples: Count
+    consumed_valid_samples: Count
+
+
+class Manifest(BaseModel):
+    """What a manifest must hold for `--load` to use it, every field of the type it is read
+    as: a damaged or hand-edited manifest is refused in one line naming the field, before
+    any training starts, not met as a traceback half way through a load. Checked only; the
+    manifest stays the mapping the file holds."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    format: Literal["hwbench-checkpoint"]
+    version: Literal[1]
+    iteration: Count
+    engine: Literal["native", "deepspeed"]
+    model: Text
+    model_config_: dict[Text, Any] = Field(alias="model_config")
+    fused_qkv: Flag = False
+    layout: _Layout
+    data: _DataPosition
+    files: dict[Text, Count] = Field(min_length=1)  # a save lists at least its own state
 
 
 def iteration_folder_name(iteration: int) -> str:
@@ -87,9 +127,11 @@ def _latest_iteration(folder: Path, shown: str) -> int:
     if not latest.is_file():
         raise UsageError(f"{shown} is not a checkpoint: it holds neither {LATEST_FILE} nor {MANIFEST_FILE}; give a "
                          "folder that `hwbench run --save` wrote, or one of its iter_NNNNNNN folders")
-    text = latest.read_text(errors="replace").strip()
-    if not text.isdigit():
-        raise UsageError(f"{shown}: {LATEST_FILE} holds {text[:40]!r}, not an iteration number")
+    with latest.open("rb") as handle:  # its start: a number is short, and anything may have been put there
+        text = handle.read(4096).decode(errors="replace").strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_ITERATION_DIGITS:
+        raise UsageError(f"{shown}: {LATEST_FILE} holds {text[:40]!r}, not an iteration number (digits 0-9, at most "
+                         f"{MAX_ITERATION_DIGITS})")
     return int(text)
 
 
@@ -98,15 +140,21 @@ def _read_manifest(folder: Path, shown: str) -> dict[str, Any]:
         manifest = json.loads((folder / MANIFEST_FILE).read_text())
     except FileNotFoundError:
         raise UsageError(f"{shown} is not a whole checkpoint: {MANIFEST_FILE} is missing") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise UsageError(f"{shown}: {MANIFEST_FILE} cannot be read ({error}); the checkpoint is damaged") from None
-    required = ("format", "version", "iteration", "engine", "model", "model_config", "layout", "data", "files")
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT or any(
-            key not in manifest for key in required):
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise UsageError(f"{shown}: {MANIFEST_FILE} is not an hwbench checkpoint manifest")
-    if manifest["version"] != MANIFEST_VERSION:
-        raise UsageError(f"{shown}: manifest version {manifest['version']!r}; this hwbench reads version "
-                         f"{MANIFEST_VERSION}")
+    if manifest.get("version") != MANIFEST_VERSION or isinstance(manifest.get("version"), bool):
+        raise UsageError(f"{shown}: manifest version {str(manifest.get('version'))[:40]!r}; this hwbench reads "
+                         f"version {MANIFEST_VERSION}")
+    try:
+        Manifest.model_validate(manifest)
+    except ValidationError as error:
+        raise UsageError(f"{shown}: {MANIFEST_FILE} is damaged: {problem_text(error)}") from None
+    match = ITERATION_FOLDER.fullmatch(folder.name)
+    if match and int(match[1]) != manifest["iteration"]:
+        raise UsageError(f"{shown}: {MANIFEST_FILE} says iteration {manifest['iteration']}, the folder's name "
+                         f"{int(match[1])}; the checkpoint is damaged")
     return manifest
 
 
@@ -114,7 +162,12 @@ def _check_files(folder: Path, manifest: dict[str, Any], shown: str) -> None:
     """Every file the manifest lists is there with its size: a copy cut short, or a file
     lost, is named before anything is loaded."""
     for name, size in manifest["files"].items():
+        parts = PurePath(name).parts
         path = folder / name
+        if (not parts or PurePath(name).is_absolute() or ".." in parts or "\x00" in name
+                or not path.resolve().is_relative_to(folder.resolve())):  # a link out of the folder too
+            raise UsageError(f"{shown}: {MANIFEST_FILE} lists the file {name[:80]!r}, which is not inside the "
+                             "checkpoint's folder; the checkpoint is damaged")
         if not path.is_file():
             raise UsageError(f"{shown} is truncated: {name} is missing")
         actual = path.stat().st_size

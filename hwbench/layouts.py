@@ -14,7 +14,7 @@ from typing import Any
 from hwbench.catalog import Catalog
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
-from hwbench.options import ENGINES, RunOptions
+from hwbench.options import ENGINES, RUN_OPTIONS, RunOptions
 from hwbench.planner import (
     DEFAULT_HEADROOM,
     OVERHEAD_BYTES,
@@ -24,8 +24,12 @@ from hwbench.planner import (
     plan_for_all_stages,
     variants,
 )
-from hwbench.spec import RunSpec, build_run_spec
+from hwbench.spec import RunSpec, build_run_spec, find_workload
 from hwbench.units import parse_size
+
+# A layout's ranks are one launch's (each_layout gives them as --nproc-per-node): more would be
+# refused layout by layout, after enumerating the splits of a number that large for a minute.
+MAX_DEVICES: int = RUN_OPTIONS["nproc_per_node"].maximum  # type: ignore[assignment]
 
 # Options for one layout and variant: each mapping one candidate (tune's micro batches, recompute)
 Settings = Callable[[int, int, int, Variant], Iterable[dict[str, Any]]]
@@ -79,9 +83,16 @@ def plan_layouts(base: RunOptions, devices: Any, *, device_memory: Any = None, d
     from hwbench.catalog import load_catalog
 
     catalog = catalog or load_catalog()
+    find_workload(catalog, base.value("model"))  # every layout would be refused for it: said once
     capacity, kind = _device(device_memory, device_model, device, catalog)
     headroom = _headroom(headroom)
-    devices = layout[0] * layout[1] * layout[2] if layout else check_count("--devices", devices)
+    if layout:
+        devices = layout[0] * layout[1] * layout[2]
+        if devices > MAX_DEVICES:
+            raise UsageError(f"--layout {'x'.join(map(str, layout))} has {devices} ranks; give at most {MAX_DEVICES}, "
+                             "the ranks of one launch (--nproc-per-node)")
+    else:
+        devices = check_count("--devices", devices, maximum=MAX_DEVICES)
     found = each_layout(base, devices, kind, capacity, headroom, engines, catalog, only=layout)
     return LayoutPlan(capacity, kind, headroom, sorted((f for f in found if not f.refused), key=lambda f: f.peak_bytes),
                       [f for f in found if f.refused])
@@ -112,9 +123,11 @@ def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None,
     return found
 
 
-def check_count(option: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{option} {value!r} is not accepted; give an integer >= {minimum}")
+def check_count(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        accepted = f"from {minimum} to {maximum}" if maximum else f">= {minimum}"
+        raise UsageError(f"{option} {shown} is not accepted; give an integer {accepted}")
     return value
 
 

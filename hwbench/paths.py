@@ -18,19 +18,6 @@ from hwbench.errors import UsageError
 AGGREGATE_FILE = "aggregate.json"
 RANKING_FILE = "ranking.json"
 NOT_RESULTS = (AGGREGATE_FILE, RANKING_FILE, MANIFEST_FILE)
-# A name hwbench makes a file or folder of (a run id, a suite or point name) is one name in its folder:
-# what FILE_NAME_RULE says, and short enough that the name plus what hwbench adds to it
-# (`.json`, a temporary file's prefix and suffix) stays under the 255 bytes file systems hold.
-FILE_NAME_RULE = "not empty, '.' or '..', no '/', '\\' or control characters, at most {limit} bytes"
-
-
-def is_file_name(name: str, limit: int = 200) -> bool:
-    """Whether ``name`` is one file or folder name in its folder (FILE_NAME_RULE): joined to
-    a folder it can name nothing outside it, neither the folder itself nor its parent."""
-    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
-            and not any(ord(c) < 32 or ord(c) == 127 for c in name) and len(name.encode("utf-8", "replace")) <= limit)
-
-
 def result_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
     """Result files named directly or found (recursively) in folders (hidden files,
     hwbench's own summaries and checkpoint manifests left out). One path given as a str or PathLike is one path."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 from hwbench.errors import UsageError
@@ -49,7 +50,10 @@ def number_as_text(value: Any) -> Any:
     """A number given for --target-ppl (a suite's `target_ppl: 5.5`, the Python API) as the
     text the command line would give."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(float(value))
+        try:
+            return repr(float(value))
+        except OverflowError:  # an integer beyond a float: refused as it was given
+            return value
     return value
 
 
@@ -67,6 +71,14 @@ class Target:
     def text(self) -> str:
         shown = f"{'PPL' if self.metric == 'ppl' else 'validation loss'} {self.value:.4g}"
         return shown + ("" if _factor(self.given) is None else f" ({self.given})")
+
+
+def _largest_factor(floor_ppl: float) -> str:
+    """The largest F of four significant digits whose product with the floor is still a float,
+    rounded down: the F a refusal offers is accepted."""
+    limit = sys.float_info.max / floor_ppl
+    unit = 10.0 ** (math.floor(math.log10(limit)) - 3)
+    return f"{math.floor(limit / unit) * unit:.4g}"
 
 
 def _number_text(value: float) -> str:
@@ -89,6 +101,10 @@ def resolve_target(target_ppl: str | None, target_loss: float | None, data: str,
             if floor_ppl is None:
                 raise UsageError(f"--target-ppl {target_ppl}: --data {data} has no known floor; give a perplexity "
                                  "(a number), or --data builtin or synthetic, whose floor is known")
+            if not math.isfinite(factor * floor_ppl):  # 1e308 x a floor of 1931: infinity, which no result holds
+                raise UsageError(f"--target-ppl {target_ppl} is beyond a float: F times the lowest reachable "
+                                 f"perplexity {floor_ppl:.4f} of {what_floor}; give floor*F with F at most "
+                                 f"{_largest_factor(floor_ppl)}")
             return Target("ppl", factor * floor_ppl, target_ppl)
         value = float(target_ppl)
         if floor_ppl is not None and value <= floor_ppl:

@@ -156,6 +156,63 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, ca
     assert not out.exists()
 
 
+def _figure(name: str, value):
+    def change(content: dict) -> None:
+        content["points"][0]["tokens_per_s"][name] = value
+    return change
+
+
+# A baseline file's field made hostile -> what the line names. The medians were divided by (or
+# compared) only after the devices were probed and the suite swept, minutes later, as a
+# traceback with no page; a malformed machine broke the page itself.
+HOSTILE_BASELINES = {
+    "median zero": (_figure("median", 0), "points[0].tokens_per_s.median: must be > 0"),
+    "median negative": (_figure("median", -5), "points[0].tokens_per_s.median: must be > 0"),
+    "median NaN": (_figure("median", float("nan")), "points[0].tokens_per_s.median: must be a finite number, not nan"),
+    "median infinite": (_figure("median", float("inf")), "must be a finite number, not inf"),
+    "median 400 digits": (_figure("median", 10**400), "median: must be a number a float holds"),
+    "median text": (_figure("median", "1000"), "points[0].tokens_per_s.median: must be a number, not text"),
+    "n zero": (_figure("n", 0), "points[0].tokens_per_s.n: must be >= 1, not 0"),
+    "machine text": (lambda c: c.__setitem__("machine", "a100 x8"), "machine: must be a mapping, not text"),
+    "machine nested": (lambda c: c["machine"].__setitem__("hosts", {"a": 1}), "machine.hosts: must be a list"),
+    "machine numbers": (lambda c: c["machine"].__setitem__("hosts", [1]), "machine.hosts[0]: must be text"),
+    "points text": (lambda c: c.__setitem__("points", "one"), "points: must be a list, not text"),
+    "points empty": (lambda c: c.__setitem__("points", []), "points: must hold at least 1, not 0"),
+    "key tp text": (lambda c: c["points"][0]["key"].__setitem__("tp", "1"), "points[0].key.tp: must be an integer"),
+    "key unknown field": (lambda c: c["points"][0]["key"].__setitem__("gpus", 8), "points[0].key.gpus: is not a field"),
+    "schema_version true": (lambda c: c.__setitem__("schema_version", True), "schema_version True is not read"),
+}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_BASELINES)
+def test_a_hostile_baseline_is_refused_in_one_line_before_anything_is_probed(measured, tmp_path, capsys, hostile):
+    change, says = HOSTILE_BASELINES[hostile]
+    content = json.loads(measured["baseline"].read_text())
+    change(content)
+    baseline = tmp_path / "hostile.json"
+    baseline.write_text(json.dumps(content))
+    out = tmp_path / "out"
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(baseline), "--out", str(out),
+                 *PROBE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--baseline {str(baseline)!r}: " in err[0] and says in err[0], err
+    assert not out.exists()  # nothing probed, swept or written
+
+
+@pytest.mark.parametrize("cell", ["\u00b2", "9" * 5000, "\u0661", "-1", "two"],
+                         ids=["superscript two", "5000 digits", "arabic-indic one", "negative", "text"])
+def test_a_csv_baseline_with_a_point_field_that_is_no_whole_number_is_one_line(measured, tmp_path, capsys, cell):
+    """'\u00b2' and 5,000 digits were int()'s ValueError, a traceback; the others never matched a run."""
+    csv = tmp_path / "published.csv"
+    csv.write_text(f"model,device_model,tokens_per_s,tp\ntiny,,100,{cell}\n")
+    out = tmp_path / "out"
+    assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(csv), "--out", str(out), *PROBE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--baseline {str(csv)!r} line 2: tp {cell[:37]!r}"[:-1] in err[0], err
+    assert "is not accepted; give a whole number, or an empty cell for any value" in err[0]
+    assert not out.exists()
+
+
 def test_an_empty_out_is_refused_not_read_as_the_current_folder(measured, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # --out "" used to run the suite and write accept.md here
     assert main(["accept", "--suite", str(measured["suite"]), "--baseline", str(measured["baseline"]), "--out", "",

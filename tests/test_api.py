@@ -66,6 +66,9 @@ def _cli_error(argv, capsys) -> str:
     (dict(devices=0, device_memory="32GiB"), ["--devices", "0", "--device-memory", "32GiB"]),
     (dict(devices=8, device_memory="32XB"), ["--devices", "8", "--device-memory", "32XB"]),
     (dict(devices=8, device_model="nope"), ["--devices", "8", "--device-model", "nope"]),
+    (dict(devices=4, device_memory="32GiB", model="nosuch"), ["--devices", "4", "--device-memory", "32GiB", "--model",
+                                                              "nosuch"]),
+    (dict(devices=30000, device_memory="32GiB"), ["--devices", "30000", "--device-memory", "32GiB"]),
 ])
 def test_plan_refuses_what_the_command_refuses_with_the_same_line(call, argv, capsys):
     import hwbench
@@ -108,6 +111,48 @@ def test_the_other_calls_refuse_bad_input_as_their_commands_do(tmp_path, capsys)
         hwbench.sweep("smoke", out=tmp_path, repeats=0)
     assert str(error.value) == _cli_error(["sweep", "smoke", "--out", str(tmp_path), "--repeats", "0"], capsys)
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+NOISE = str(Path(__file__).resolve().parent / "data" / "history" / "noise")
+
+# Each call of the API with an argument of the wrong type or value -> the fragment of its one-line
+# UsageError. Before: a TypeError or AttributeError from deep inside, or (marked) taken silently.
+WRONG_ARGUMENTS = {
+    "run(5)": (lambda hw, tmp: hw.run(5), "options 5 is not accepted; give a RunOptions, a mapping"),
+    "run(pairs)": (lambda hw, tmp: hw.run([("model", "nosuch")]), "options [('model', 'nosuch')] is not accepted"),
+    "run(progress='yes')": (lambda hw, tmp: hw.run(model="nosuch", progress="yes"),  # silently taken
+                            "--progress 'yes' is not accepted; give true or false"),
+    "run(write=None)": (lambda hw, tmp: hw.run(model="nosuch", write=None), "--write None is not accepted"),
+    "sweep(5)": (lambda hw, tmp: hw.sweep(5, out=tmp), "--suite 5 is not accepted; give a suite file or"),
+    "sweep(slurm=5)": (lambda hw, tmp: hw.sweep("smoke", out=tmp, slurm=5), "--slurm 5 is not accepted"),
+    "sweep(force='no')": (lambda hw, tmp: hw.sweep("smoke", out=tmp, force="no"), "--force 'no' is not accepted"),
+    "load_results('')": (lambda hw, tmp: hw.load_results(""), "paths '' is not accepted"),  # read the current folder
+    "write_report(prices=5)": (lambda hw, tmp: hw.write_report(NOISE, prices=5), "prices 5 is not accepted"),
+    "write_report(out=5)": (lambda hw, tmp: hw.write_report(NOISE, out=5), "--out 5 is not accepted; give a path"),
+    "write_report(against=5)": (lambda hw, tmp: hw.write_report(NOISE, against=5), "--against 5 is not accepted"),
+    "export(job=5)": (lambda hw, tmp: hw.export("prometheus", NOISE, job=5), "--job 5 is not accepted"),  # taken
+    "export(out=5)": (lambda hw, tmp: hw.export("bencher", NOISE, out=5), "--out 5 is not accepted"),
+    "archive(out=None)": (lambda hw, tmp: hw.archive(NOISE, out=None), "--out None is not accepted; give a file"),
+    "verify_archive(5)": (lambda hw, tmp: hw.verify_archive(5), "--verify 5 is not accepted"),
+    "preflight(out=5)": (lambda hw, tmp: hw.preflight(out=5), "--out 5 is not accepted; give a folder"),  # taken
+    "accept(suite=5)": (lambda hw, tmp: hw.accept(suite=5, baseline=NOISE, out=tmp), "--suite 5 is not accepted"),
+    "accept(devices_per_node='2')": (lambda hw, tmp: hw.accept(suite="smoke", baseline=NOISE, out=tmp,
+                                                                devices_per_node="2"),
+                                     "--devices-per-node '2' is not accepted; give an integer >= 1"),
+    "baseline_save(out=None)": (lambda hw, tmp: hw.baseline_save(NOISE, out=None), "--out None is not accepted"),
+}
+
+
+@pytest.mark.parametrize("call", WRONG_ARGUMENTS)
+def test_every_call_refuses_a_wrong_type_with_the_documented_usage_error(tmp_path, call):
+    import hwbench
+    from hwbench.errors import UsageError
+
+    make, fragment = WRONG_ARGUMENTS[call]
+    with pytest.raises(UsageError) as error:
+        make(hwbench, tmp_path / "out")
+    assert fragment in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_load_results_reads_one_folder_and_drops_copies_with_the_reason(tmp_path):

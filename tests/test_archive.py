@@ -127,6 +127,61 @@ def test_verify_catches_a_changed_byte_of_the_file_itself(results, tmp_path, cap
     assert code == 1 and len(err.strip().splitlines()) == 1 and "damaged or truncated" in err
 
 
+def with_member(source: Path, target: Path, member: tarfile.TarInfo, data: bytes = b"", listed: str | None = None):
+    """The archive again with ``member`` added as it is named (not under the top folder) and,
+    with ``listed``, a manifest line for it: the line --verify used to match it against."""
+    line = f"{hashlib.sha256(data).hexdigest()}  {listed}\n".encode() if listed else b""
+    repacked(source, target, change=("MANIFEST.sha256", lambda manifest: manifest + line))
+    with tarfile.open(target) as old:
+        members = [(m, old.extractfile(m).read() if m.isfile() else None) for m in old]
+    with tarfile.open(target, "w:gz") as new:
+        for old_member, old_data in members:
+            new.addfile(old_member, io.BytesIO(old_data) if old_data is not None else None)
+        member.size = len(data) if member.isfile() else 0
+        new.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return target
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize("member, listed, says", [
+    # the first four passed: a member unpacked outside the folder, listed in the manifest under its own name;
+    # a manifest outside the folder was read as the manifest
+    (tarfile.TarInfo("../escaped.json"), "../escaped.json", "../escaped.json: outside the archive's folder a/"),
+    (tarfile.TarInfo("a/../../escaped.json"), "../../escaped.json", "a/../../escaped.json: outside the archive's"),
+    (tarfile.TarInfo("/tmp/escaped.json"), "/tmp/escaped.json", "/tmp/escaped.json: outside the archive's folder a/"),
+    (tarfile.TarInfo("b/escaped.json"), "b/escaped.json", "b/escaped.json: outside the archive's folder a/"),
+    (tarfile.TarInfo("../MANIFEST.sha256"), None, "../MANIFEST.sha256: outside the archive's folder a/"),
+    # refused before, as "added" or "SHA-256 differs": a link is no file that was changed
+    (_link("a/results/etc", "/etc"), None, "a/results/etc: a link or special file"),
+    (_link("a/results/passwd", "/etc/passwd", tarfile.LNKTYPE), None, "a/results/passwd: a link or special file"),
+], ids=["dotdot", "dotdot inside", "absolute", "another folder", "a manifest outside", "symlink", "hard link"])
+def test_verify_refuses_members_outside_the_archive_s_folder_and_links(results, tmp_path, capsys, member, listed,
+                                                                       says):
+    out = tmp_path / "a.tar.gz"
+    assert archive(capsys, results, "--out", out)[0] == 0
+    hostile = with_member(out, tmp_path / "hostile.tar.gz", member, b"{}", listed)
+    code, printed, err = archive(capsys, "--verify", hostile)
+    assert code == 1 and printed == "", err
+    assert any(line.startswith(f"hwbench archive: {says}") for line in err.splitlines()), err
+
+
+def test_a_result_whose_name_holds_a_line_break_is_refused_not_listed(results, tmp_path, capsys):
+    """The manifest lists a file a line: a name "x\\n<sha256>  y" would have forged a line."""
+    first = next(results.glob("2*.json"))
+    forged = results / f"run\n{'0' * 64}  report.html.json"
+    forged.write_bytes(first.read_bytes().replace(b'"run_id": "', b'"run_id": "forged-'))
+    before = sorted(tmp_path.rglob("*"))
+    code, printed, err = archive(capsys, results, "--out", tmp_path / "a.tar.gz")
+    assert code == 2 and printed == "" and len(err.strip().splitlines()) == 1, err
+    assert f"RESULTS: {str(forged)!r}: its name holds a line break or control character" in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 @pytest.mark.parametrize("argv, message", [
     (["{results}", "--out", "{tmp}/a.zip"], "--out '{tmp}/a.zip' is not accepted; give a file name ending in .tar.gz"),
     (["{results}"], "--out FILE.tar.gz is needed"),

@@ -330,6 +330,89 @@ def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, capsys, tin
     assert "is truncated: __0_0.distcp is missing" in _refused(tmp_path, capsys, "--load", str(copy))
 
 
+def _set(key: str, value, within: str | None = None):
+    def change(manifest: dict) -> None:
+        (manifest[within] if within else manifest)[key] = value
+    return change
+
+
+# A manifest damaged (a field of the wrong type or range, a hostile file name) -> what the line names.
+DAMAGED_MANIFESTS = {
+    "iteration text": (_set("iteration", "two"), "iteration: must be an integer, not text"),
+    "iteration null": (_set("iteration", None), "iteration: must be an integer, not null"),
+    "iteration negative": (_set("iteration", -5), "iteration: must be >= 0, not -5"),
+    "iteration fraction": (_set("iteration", 2.5), "iteration: must be an integer, not a number"),
+    "iteration 400 digits": (_set("iteration", 10**400), "iteration: must be <= 9223372036854775807"),
+    "iteration not the folder's": (_set("iteration", 7), "says iteration 7, the folder's name 2"),
+    "version true": (_set("version", True), "manifest version 'True'; this hwbench reads version 1"),
+    "files a list": (_set("files", [".metadata"]), "files: must be a mapping, not a list"),
+    "files empty": (_set("files", {}), "files: must hold at least 1, not 0"),
+    "file size text": (_set(".metadata", "big", "files"), "must be an integer, not text"),
+    "file above the folder": (_set("../latest_checkpointed_iteration.txt", 2, "files"), "is not inside"),
+    "file by absolute path": (_set("/etc/hostname", 1, "files"), "'/etc/hostname', which is not inside"),
+    "model_config null": (_set("model_config", None), "model_config: must be a mapping, not null"),
+    "layout text": (_set("layout", "tp1"), "layout: must be a mapping, not text"),
+    "layout tp zero": (_set("tp", 0, "layout"), "layout.tp: must be >= 1, not 0"),
+    "data position missing": (lambda m: m["data"].pop("consumed_train_samples"),
+                              "data.consumed_train_samples: is missing"),
+    "data position negative": (_set("consumed_valid_samples", -8, "data"), "must be >= 0, not -8"),
+    "engine unknown": (_set("engine", "megatron"), "engine: must be one of 'native' or 'deepspeed'"),
+    "model a number": (_set("model", 5), "model: must be text, not an integer"),
+    "fused_qkv text": (_set("fused_qkv", "no"), "fused_qkv: must be true/false, not text"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_MANIFESTS)
+def test_a_damaged_manifest_is_refused_in_one_line_naming_the_field(tmp_path, capsys, tiny_checkpoint, damage):
+    """Each of these was a traceback (int('two'), 'list' has no .items), a run that failed
+    half way through its load (the data position), or a load that went on (a manifest
+    naming /etc/hostname, a manifest of iteration 7 in iter_0000002)."""
+    import shutil
+
+    change, says = DAMAGED_MANIFESTS[damage]
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    path = copy / "iter_0000002" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert f"--load {copy} (iter_0000002)" in line and says in line, line
+
+
+def test_a_manifest_listing_a_file_through_a_link_out_of_the_folder_is_refused(tmp_path, capsys, tiny_checkpoint):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    (copy / "iter_0000002" / "outside").symlink_to("/etc")
+    path = copy / "iter_0000002" / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["files"]["outside/hostname"] = Path("/etc/hostname").stat().st_size  # whole, as the manifest says
+    path.write_text(json.dumps(manifest))
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert "lists the file 'outside/hostname', which is not inside the checkpoint's folder" in line, line
+
+
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [(b"", "''"), (b"abc", "'abc'"), (b"-1", "'-1'"), (b"9" * 400, "'" + "9" * 40 + "'"), (b"../x", "'../x'"),
+     ("\u00b2".encode(), "'\u00b2'"), ("\u0662".encode(), "'\u0662'"), (b"\xff\xfe", "'\ufffd\ufffd'")],
+    ids=["empty", "text", "negative", "400 digits", "a path", "superscript two", "arabic-indic two", "not utf-8"],
+)
+def test_a_latest_file_that_holds_no_iteration_is_refused_in_one_line(tmp_path, capsys, tiny_checkpoint, content,
+                                                                       shown):
+    """400 digits made a folder name too long for the file system (OSError); '\u00b2' passed
+    str.isdigit and failed int(); an Arabic-Indic two loaded iter_0000002."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_checkpoint, copy)
+    (copy / LATEST_FILE).write_bytes(content)
+    line = _refused(tmp_path, capsys, "--load", str(copy))
+    assert f"{LATEST_FILE} holds {shown}, not an iteration number (digits 0-9, at most 18)" in line, line
+
+
 FILL_DISK = """set -e
 mount -t tmpfs -o size={size} tmpfs {disk}
 {hwbench} --steps 1 --save {disk}/save --out {out}/first

@@ -127,7 +127,7 @@ def test_add_of_nothing_readable_is_refused_and_makes_no_database(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "broken.json").write_text("{")
     db = tmp_path / "history.sqlite"
-    with pytest.raises(UsageError, match="no readable hwbench result files \\(1 unreadable\\)"):
+    with pytest.raises(UsageError, match="no readable hwbench result files \\(1 unreadable: .*broken.json: "):
         run_command("history", ["add", str(tmp_path / "runs"), "--db", str(db)])
     assert not db.exists()
 
@@ -564,6 +564,39 @@ def test_a_result_without_a_usable_start_time_is_left_out_with_its_reason(tmp_pa
     assert code == 0 and "added 3 run(s)" in out and "1 unreadable" in out
     assert "bad-start.json: field 'started_at'" in err
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs WHERE run_id = 'bad-start'").fetchone()[0] == 0
+
+
+# A figure the result model keeps as it is (a metric hwbench does not write), made hostile ->
+# what the line names. 400 digits was an OverflowError traceback; NaN "the history database is
+# damaged"; infinity and the names were stored.
+HOSTILE_METRICS = {
+    "400 digits": ('"custom": ' + "9" * 400, "field 'metrics.custom': an integer of 400 digits"),
+    "NaN": ('"custom": NaN', "field 'metrics.custom': nan; a figure must be a finite number"),
+    "infinity": ('"custom": -Infinity', "field 'metrics.custom': -inf; a figure must be a finite number"),
+    "nested infinity": ('"custom": {"inner": Infinity}', "field 'metrics.custom.inner': inf"),
+    "a name of 100,000 characters": (f'"{"x" * 100_000}": 1.0', "must be printable and at most 200 characters"),
+    "a line break in a name": ('"a\\nb": 1.0', "field 'metrics.a\\nb': a metric's name must be printable"),
+}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_METRICS)
+def test_a_hostile_extra_metric_is_one_line_and_exit_2_alone_and_left_out_among_others(tmp_path, capsys, hostile):
+    metric, says = HOSTILE_METRICS[hostile]
+    results = write_nights(tmp_path / "runs", [1000.0])
+    text = (results / "night000" / "night0-0.json").read_text().replace('"run_id": "night0-0"', '"run_id": "bad"')
+    assert '"metrics": {' in text
+    bad = tmp_path / "bad.json"
+    bad.write_text(text.replace('"metrics": {', '"metrics": {' + metric + ", ", 1))
+    db = tmp_path / "h.sqlite"
+    assert cli_main(["history", "add", str(bad), "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no readable hwbench result files (1 unreadable: {bad}: " in err[0] and says in err[0]
+    assert not db.exists()
+    bad.rename(results / "bad.json")  # among good results: left out with the reason, the rest added
+    code, out, err = history(capsys, "add", results, "--db", db)
+    assert code == 0 and "added 3 run(s)" in out and "1 unreadable" in out
+    assert f"left out {results / 'bad.json'}: " in err and says in err
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs WHERE run_id = 'bad'").fetchone()[0] == 0
 
 
 def test_a_fifo_among_the_results_is_left_out_not_waited_on(tmp_path):

@@ -332,6 +332,12 @@ def test_main_one_layout_every_stage(capsys):
     ([], "--device-memory"),
     (["--device-memory", "32GiB", "--backend", "tpu"], "--backend"),
     (["--device-memory", "32GiB", "--model", "1.3b", "--layout", "3x1x1"], "--tp"),
+    # a line per layout and exit 0
+    (["--device-memory", "32GiB", "--devices", "4", "--model", "nosuch"], "--model 'nosuch' is not in the catalog"),
+    # a minute enumerating the splits of 30000, then refused as --nproc-per-node
+    (["--device-memory", "32GiB", "--devices", "30000"], "--devices 30000 is not accepted; give an integer from 1 to"),
+    (["--device-memory", "32GiB", "--layout", "100x100x1"], "--layout 100x100x1 has 10000 ranks"),
+    (["--device-memory", "32GiB", "--layout", "1x1x" + "9" * 5000], "--layout '1x1x999"),  # beyond int()'s digits
 ])
 def test_bad_input_is_one_line(argv, option):
     with pytest.raises(UsageError) as error:

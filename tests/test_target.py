@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 import yaml
@@ -37,6 +38,11 @@ def _only(folder):
     (["--target-loss", "1.2"], ["--target-loss 1.2 is at or below the lowest reachable loss 1.4389"]),
     (["--target-ppl", "floor*1.2", "--data", "/nonexistent/corpus"], ["--data /nonexistent/corpus has no known floor"]),
     (["--target-ppl", "9", "--target-loss", "3"], ["give one target"]),
+    # F x the floor overflowed to infinity: a target every validation meets, and a result that cannot hold it
+    (["--target-ppl", "floor*1e308"], ["--target-ppl floor*1e308 is beyond a float",
+                                       "of the built-in language of --seed 1234; give floor*F with F at most 4."]),
+    (["--target-ppl", "1e400"], ["--target-ppl '1e400' is not accepted"]),
+    (["--target-loss", "1e400"], ["--target-loss 1e400 is not accepted"]),
     (["--target-ppl", "9", "--eval-iters", "0"], ["--eval-iters 0 turns them off"]),
     (["--target-ppl", "9", "--eval-interval", "0"], ["--eval-interval 0 would validate only after the last step"]),
 ])
@@ -47,6 +53,20 @@ def test_a_bad_target_is_one_line_and_exit_2_with_nothing_written(tmp_path, caps
     for word in words:
         assert word in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("floor_nats", [math.log(FLOOR_1234), 7.5659, 0.01, 1e-9])
+def test_the_largest_factor_a_refusal_offers_is_accepted(floor_nats):
+    """Rounded to four digits as printed, sys.float_info.max / floor was refused again (4.264e+307
+    for the built-in language): it is rounded down."""
+    from hwbench.errors import UsageError
+    from hwbench.target import resolve_target
+
+    with pytest.raises(UsageError) as refused:
+        resolve_target(f"floor*{sys.float_info.max!r}", None, "synthetic", floor_nats, "the data")
+    offered = str(refused.value).rsplit("F at most ", 1)[1]
+    target = resolve_target(f"floor*{offered}", None, "synthetic", floor_nats, "the data")
+    assert math.isfinite(target.value) and target.value > sys.float_info.max / 1.001
 
 
 def test_a_target_relative_to_the_floor_is_resolved_before_the_run(tmp_path):

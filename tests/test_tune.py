@@ -106,6 +106,10 @@ def test_tune_refuses_bad_input_in_one_line(capsys):
     assert "--devices 0" in capsys.readouterr().err
     assert main(["tune", "--model", "tiny", "--devices", "2", "--engines", "megatron"]) == 2
     assert "--engines 'megatron'" in capsys.readouterr().err
+    # a minute enumerating the splits of 30000, then refused as --nproc-per-node
+    assert main(["tune", "--model", "tiny", "--devices", "30000", "--out", "/nonexistent/tune"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--devices 30000 is not accepted; give an integer from 1 to 1024" in err[0], err
 
 
 def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, capsys, monkeypatch):

@@ -58,23 +58,26 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add(args: argparse.Namespace) -> int:
-    from hwbench.history.store import add_to_history, printable, start_problem
+    from hwbench.history.store import add_to_history, metrics_problem, printable, start_problem
     from hwbench.result.store import read_inputs
 
     found, skipped = read_inputs(args.results, "RESULTS")
     reasons, loaded = [reason for _path, reason in skipped], []
     for result, path in found:
         problem = start_problem(result.started_at)
+        problem = f"field 'started_at' {problem}" if problem else metrics_problem(result.metrics.dump())
         if problem:
-            reasons.append(f"{path}: field 'started_at' {problem}")
+            reasons.append(f"{path}: {problem}")
         else:
             loaded.append((result, path))
-    for reason in reasons:
-        print(f"hwbench history: warning: left out {reason}", file=sys.stderr)
     unreadable = len(reasons)
+    if loaded or unreadable > 1:  # one file refused is said once, in the error
+        for reason in reasons:
+            print(f"hwbench history: warning: left out {reason}", file=sys.stderr)
     if not loaded:
-        raise UsageError(f"RESULTS {' '.join(args.results)!r}: no readable hwbench result files ({unreadable} "
-                         "unreadable); give result files or folders of them")
+        why = f": {reasons[0]}" if unreadable == 1 else ""
+        raise UsageError(f"RESULTS {' '.join(args.results)[:200]!r}: no readable hwbench result files ({unreadable} "
+                         f"unreadable{why}); give result files or folders of them")
     outcome, total = add_to_history(args.db, loaded)
     if outcome.stale_removed:
         print(f"hwbench history: removed {', '.join(outcome.stale_removed)} from {Path(args.db).parent}: the "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
-from hwbench.options import ENGINES, RunOptions
+from hwbench.options import ENGINES, RUN_OPTIONS, RunOptions
 from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES
 from hwbench.units import gib
 
@@ -28,8 +28,8 @@ RUN_OPTIONS_TAKEN = ("model", "precision", "recompute", "micro_batch_size", "glo
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_run_options(parser, RUN_OPTIONS_TAKEN, megatron=False)
-    parser.add_argument("--devices", type=int, default=1, help="devices (ranks) in the job, all nodes together "
-                        "(default: 1)")
+    parser.add_argument("--devices", type=int, default=1, help="devices (ranks) in the job, at most "
+                        f"{RUN_OPTIONS['nproc_per_node'].maximum:g} as one launch's (default: 1)")
     parser.add_argument("--device-memory", help="memory of one device: 32GiB, 80GB, 24G (G = GiB)")
     parser.add_argument("--device-model", help="take the memory from the device catalog, e.g. h100-sxm")
     parser.add_argument("--device", choices=DEVICE_KINDS,
@@ -64,9 +64,11 @@ def main(args: argparse.Namespace) -> int:
 
     base, layout = _base_options(args), None
     if args.layout is not None:
-        match = re.fullmatch(r"(\d+)x(\d+)x(\d+)", args.layout.strip().lower())
+        # at most 9 digits each: a number of thousands of digits is beyond int()'s limit, and beyond any layout
+        match = re.fullmatch(r"(\d{1,9})x(\d{1,9})x(\d{1,9})", args.layout.strip().lower())
         if not match or min(int(g) for g in match.groups()) < 1:
-            raise UsageError(f"--layout {args.layout!r} is not a layout; accepted: TPxPPxDP with positive "
+            shown = args.layout if len(args.layout) <= 40 else args.layout[:37] + "..."
+            raise UsageError(f"--layout {shown!r} is not a layout; accepted: TPxPPxDP with positive "
                              "integers, e.g. 2x2x2")
         layout = (int(match[1]), int(match[2]), int(match[3]))
         engine = args.engine or ("deepspeed" if args.zero is not None else "native")

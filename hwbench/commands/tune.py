@@ -45,14 +45,15 @@ def main(args: argparse.Namespace) -> int:
 
     from hwbench.harness.executor import SweepInterrupted
     from hwbench.harness.tune import ranking, tune
-    from hwbench.layouts import check_count
+    from hwbench.layouts import MAX_DEVICES, check_count
     from hwbench.paths import RANKING_FILE
     from hwbench.units import gib
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
         raise UsageError(f"--engines {args.engines!r} is not accepted; give native, deepspeed or native,deepspeed")
-    for option, value, minimum in (("--devices", args.devices, 1), ("--max-trials", args.max_trials, 1),
+    check_count("--devices", args.devices, maximum=MAX_DEVICES)
+    for option, value, minimum in (("--max-trials", args.max_trials, 1),
                                    ("--patience", args.patience, 1), ("--steps", args.steps, 1),
                                    ("--repeats", args.repeats, 1),
                                    ("--warmup", args.warmup, 0)):

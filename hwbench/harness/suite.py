@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from hwbench.errors import UsageError
+from hwbench.fields import FILE_NAME_RULE, is_file_name
 from hwbench.options import RUN_OPTIONS, RunOptions
-from hwbench.paths import FILE_NAME_RULE, is_file_name
 
 SUITE_KEYS = {"name", "description", "defaults", "points", "grid"}
 # Options a sweep sets for every point itself; a suite must not.

@@ -411,6 +411,33 @@ def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[st
             yield name, float(value)
 
 
+MAX_METRIC_NAME = 200  # characters of a dotted metric name: hwbench's own are under 80
+
+
+def metrics_problem(metrics: dict[str, Any], prefix: str = "metrics.") -> str | None:
+    """Why a result's metrics cannot be stored as figures (a field the result model keeps as
+    it is, one hwbench does not write): a number a float cannot hold (400 digits) or not
+    finite, a name too long or with a control character; None when every one can."""
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        shown = repr(name) if len(name) <= 80 else repr(name[:77] + "...")
+        if not name.isprintable() or len(name) > MAX_METRIC_NAME:
+            return (f"field {shown}: a metric's name must be printable and at most {MAX_METRIC_NAME} characters "
+                    f"({len(name)})")
+        if isinstance(value, dict) and key != "unmeasured":
+            problem = metrics_problem(value, f"{name}.")
+            if problem:
+                return problem
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                finite = math.isfinite(float(value))
+            except OverflowError:  # an integer beyond a float
+                return f"field {shown}: an integer of {len(str(abs(value)))} digits; a figure must be a finite number"
+            if not finite:
+                return f"field {shown}: {value!r}; a figure must be a finite number"
+    return None
+
+
 def night_of(started_at: str) -> str:
     """The UTC date a run started on: the repeats of one nightly job share it."""
     try:

@@ -126,6 +126,7 @@ def _copy_results(found: list, paths: list[Path], target: Path) -> dict[str, str
                       None)
         relative = file.resolve().relative_to(source.resolve()) if source else Path(file.name)
         destination = target / (names[source] if source else "") / relative
+        _check_listable(destination.relative_to(target), file)
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, destination)
         placed[result.run_id] = str(destination.relative_to(target.parent))
@@ -134,8 +135,17 @@ def _copy_results(found: list, paths: list[Path], target: Path) -> dict[str, str
         for pattern in BESIDE_RESULTS:
             for extra in sorted(source_folder.glob(pattern)):
                 if extra.is_file() and not (destination_folder / extra.name).exists():
+                    _check_listable(Path(extra.name), extra)
                     shutil.copyfile(extra, destination_folder / extra.name)
     return placed
+
+
+def _check_listable(name: Path, source: Path) -> None:
+    """A name the manifest can list: one line each, as sha256sum reads it, so no line break or
+    other control character (a result named "x\\n<sha256>  y" would have forged a line)."""
+    if not name.as_posix().isprintable():
+        raise UsageError(f"RESULTS: {str(source)!r}: its name holds a line break or control character, which "
+                         f"{MANIFEST} (one file a line) cannot list; rename it, or leave it out")
 
 
 def _write_systems_and_index(found: list, placed: dict[str, str], skipped: list, root: Path) -> None:
@@ -186,55 +196,74 @@ def _sha256(stream: IO[bytes]) -> str:
 def verify_archive(path: str | os.PathLike) -> int:
     """The number of files that match the archive's manifest; ArchiveProblem naming every file
     whose SHA-256 differs, that the manifest lists and the archive lacks, or that the archive
-    holds and the manifest does not list; or saying why the archive cannot be read."""
+    holds and the manifest does not list; every member outside the archive's one folder (an
+    absolute path, a '..', another folder) or that is no regular file or folder (a link, which
+    would point an unpacked file elsewhere); or saying why the archive cannot be read."""
     archive = Path(path)
     if not archive.is_file():
         raise UsageError(f"--verify {os.fspath(path)!r}: not a file; give an archive hwbench archive wrote")
     try:
-        hashes, manifest_text, top = _member_hashes(archive)
+        hashes, manifest_text, top, problems = _member_hashes(archive)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         raise ArchiveProblem([f"{archive}: cannot be read as a .tar.gz (damaged or truncated): {error}"]) from None
     if manifest_text is None:
-        raise ArchiveProblem([f"{archive}: holds no {MANIFEST}: not an archive hwbench archive wrote"])
+        raise ArchiveProblem([*problems, f"{archive}: holds no {top}/{MANIFEST}: not an archive hwbench archive wrote"])
     listed: dict[str, str] = {}
     for line in manifest_text.splitlines():
         digest, _, name = line.partition("  ")
         if len(digest) != 64 or not name:
-            raise ArchiveProblem([f"{top}/{MANIFEST}: a line is not '<sha256>  <file>': {line[:80]!r}"])
+            raise ArchiveProblem([*problems, f"{top}/{MANIFEST}: a line is not '<sha256>  <file>': {line[:80]!r}"])
         listed[name] = digest
-    problems = [f"{top}/{name}: SHA-256 differs from the manifest (the file was changed)"
-                for name in sorted(listed) if name in hashes and hashes[name] != listed[name]]
-    problems += [f"{top}/{name}: listed in the manifest, missing from the archive"
+    if not listed:
+        problems.append(f"{top}/{MANIFEST}: lists no file (hwbench archive lists every file it writes)")
+    problems += [f"{_shown(top, name)}: SHA-256 differs from the manifest (the file was changed)"
+                 for name in sorted(listed) if name in hashes and hashes[name] != listed[name]]
+    problems += [f"{_shown(top, name)}: listed in the manifest, missing from the archive"
                  for name in sorted(listed) if name not in hashes]
-    problems += [f"{top}/{name}: in the archive, not in the manifest (added)" for name in sorted(hashes)
+    problems += [f"{_shown(top, name)}: in the archive, not in the manifest (added)" for name in sorted(hashes)
                  if name not in listed]
     if problems:
         raise ArchiveProblem(problems)
     return len(listed)
 
 
-def _member_hashes(archive: Path) -> tuple[dict[str, str], str | None, str]:
+def _shown(top: str, name: str) -> str:
+    """A member's path for a problem's one line: a name with a line break or other control
+    character as Python writes it, quoted."""
+    text = f"{top}/{name}" if top else name
+    return text if text.isprintable() else repr(text)
+
+
+def _member_hashes(archive: Path) -> tuple[dict[str, str], str | None, str, list[str]]:
     """(each regular member's SHA-256 by its path under the top folder, the manifest's text, the
-    top folder); a member that is not a regular file or folder is listed with the hash "link"
-    so that it never matches."""
+    top folder, the members refused: outside the top folder, or neither a regular file nor a
+    folder). hwbench archive writes one folder of regular files and folders only."""
     hashes: dict[str, str] = {}
     manifest = None
     top = ""
+    refused: list[str] = []
     with tarfile.open(archive, mode="r:gz") as tar:
         for member in tar:
-            head, _, rest = member.name.partition("/")
-            top = top or head
+            parts = member.name.split("/")
+            inside = bool(parts[0]) and ".." not in parts  # relative, never climbing
+            top = top or (parts[0] if inside else "")
+            if not inside or parts[0] != top:
+                refused.append(f"{_shown('', member.name)}: outside the archive's folder {top}/ (unpacked, it would "
+                               "land elsewhere)")
+                continue
+            rest = "/".join(parts[1:])
             if member.isdir():
                 continue
             if not member.isfile():
-                hashes[rest or member.name] = "not a regular file"
+                refused.append(f"{_shown(top, rest)}: a link or special file (hwbench archive writes regular files "
+                               "only; unpacked, it could point elsewhere)")
                 continue
             stream = tar.extractfile(member)
             assert stream is not None, "a regular file's member has a stream"
             if rest == MANIFEST:
                 manifest = stream.read().decode("utf-8", errors="replace")
                 continue
-            hashes[rest if head == top else member.name] = _sha256(stream)
+            hashes[rest] = _sha256(stream)
         while tar.fileobj.read(1 << 20):  # to the end of the gzip stream, whose checksum catches a changed byte
             pass
-    return hashes, manifest, top
+    return hashes, manifest, top, refused

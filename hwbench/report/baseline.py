@@ -8,6 +8,7 @@ hwbench, Python: every value seen), and ``points``: each point's key, label and 
 files (made into a baseline on the fly) or a CSV of per-device-model figures: a header with
 ``model``, ``device_model`` and ``tokens_per_s``, and any other PointKey field (precision,
 seq_length, tp, pp, dp, nnodes, ...) a row's figure is for; an empty cell matches any value.
+Each is checked whole when it is read (BaselineFile), before anything is measured.
 
 Both kinds of baseline, the file and the folder of results `hwbench baseline copy` makes for
 `hwbench compare`, are made from ok runs only: a run that is not ok is left out, with a line
@@ -22,10 +23,14 @@ import json
 import math
 import os
 import statistics
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, create_model
 
 from hwbench.errors import UsageError
+from hwbench.fields import Positive, Text, problem_text
 from hwbench.point import METRICS, PointKey
 from hwbench.result.model import RunResult
 from hwbench.result.store import utc_now, write_json_atomic
@@ -34,6 +39,56 @@ SCHEMA = "hwbench-baseline"
 SCHEMA_VERSION = 1
 METRIC = "tokens_per_s"
 CSV_REQUIRED = ("model", "device_model", METRIC)
+
+Rate = Annotated[float, Strict(), Field(gt=0)]  # a baseline's tokens/s: a ratio is taken against it
+
+
+class _Figures(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    median: Rate
+    min: Rate | None = None
+    max: Rate | None = None
+    n: Positive | None = None
+
+
+def _key_model() -> type[BaseModel]:
+    """PointKey's fields, each of its type, strictly (a tp of "2" would never match a run)."""
+    hints = typing.get_type_hints(PointKey)
+    fields: dict[str, Any] = {
+        field.name: (Annotated[hints[field.name], Strict()],
+                     ... if field.default is dataclasses.MISSING else field.default)
+        for field in dataclasses.fields(PointKey)
+    }
+    return create_model("BaselineKey", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields)
+
+
+BaselineKey = _key_model()
+
+
+class _Point(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    key: BaselineKey  # type: ignore[valid-type]  # a model made from PointKey's fields
+    label: Text | None = None
+    tokens_per_s: _Figures
+    run_ids: list[Text] = []
+
+    def point_key(self) -> PointKey:
+        return PointKey(**typing.cast(BaseModel, self.key).model_dump())
+
+
+class BaselineFile(BaseModel):
+    """A baseline file as `hwbench baseline save` writes it, every field checked when it is read,
+    before anything is measured: a zero, negative or non-finite median would be divided by
+    only once the suite had run, a malformed machine met only when the page is written."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    schema_: Literal["hwbench-baseline"] = Field(alias="schema")
+    schema_version: Literal[1]
+    created_at: Text | None = None
+    metric: Literal["tokens_per_s"] = "tokens_per_s"  # METRIC, the one figure a baseline holds
+    machine: dict[Text, list[Text]] = {}  # hosts, device_models, drivers: every value seen
+    software: dict[Text, list[Text]] = {}
+    points: list[_Point] = Field(min_length=1)
 
 
 @dataclasses.dataclass
@@ -206,31 +261,28 @@ def load_baseline(path: str) -> Baseline:
         return _from_csv(text, path)
     try:
         content = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UsageError(f"--baseline {path!r}: not JSON; give a baseline file (hwbench baseline save), a folder of "
                          "results or a CSV") from None
     if not isinstance(content, dict) or content.get("schema") != SCHEMA:
         raise UsageError(f"--baseline {path!r}: not a baseline file (no \"schema\": \"{SCHEMA}\"); make one with "
                          "`hwbench baseline save`")
-    if content.get("schema_version") != SCHEMA_VERSION:
+    if content.get("schema_version") != SCHEMA_VERSION or isinstance(content.get("schema_version"), bool):
         raise UsageError(f"--baseline {path!r}: schema_version {content.get('schema_version')!r} is not read by "
                          f"this hwbench; accepted: {SCHEMA_VERSION}")
     return _from_content(content, path)
 
 
 def _from_content(content: dict[str, Any], source: str) -> Baseline:
-    points = []
-    for index, entry in enumerate(content.get("points") or []):
-        try:
-            key = PointKey(**entry["key"])
-            figure = entry[METRIC]
-            median = float(figure["median"])
-        except (KeyError, TypeError, ValueError):
-            raise UsageError(f"--baseline {source!r}: points[{index}] lacks a key or a {METRIC} median") from None
-        points.append(BaselinePoint(dataclasses.asdict(key), entry.get("label") or key.label(), median,
-                                    figure.get("min"), figure.get("max"), figure.get("n")))
-    return Baseline(source, points, content.get("machine") or {}, content.get("software") or {},
-                    content.get("created_at"))
+    try:
+        read = BaselineFile.model_validate(content)
+        points = [BaselinePoint(dataclasses.asdict(key), point.label or key.label(), point.tokens_per_s.median,
+                                point.tokens_per_s.min, point.tokens_per_s.max, point.tokens_per_s.n)
+                  for point in read.points for key in [point.point_key()]]
+    except ValidationError as error:
+        raise UsageError(f"--baseline {source!r}: {problem_text(error)}; give a baseline "
+                         "file as `hwbench baseline save` writes it") from None
+    return Baseline(source, points, read.machine, read.software, read.created_at)
 
 
 def _from_csv(text: str, source: str) -> Baseline:
@@ -250,15 +302,27 @@ def _from_csv(text: str, source: str) -> Baseline:
         if not math.isfinite(median) or median <= 0:
             raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {row[METRIC]!r} is not accepted; give a "
                              "positive number")
-        fields: dict[str, Any] = {name: _cell(name, value) for name, value in row.items()
-                                  if name in known and value not in (None, "")}
+        fields: dict[str, Any] = {name: _cell(name, value, f"--baseline {source!r} line {number}")
+                                  for name, value in row.items() if name in known and value not in (None, "")}
         label = " ".join(f"{name}={value}" for name, value in fields.items())
         points.append(BaselinePoint(fields, label, median))
     return Baseline(source, points, {}, {}, None)
 
 
-def _cell(name: str, text: str) -> Any:
-    """A CSV cell as the PointKey field holds it: numbers as int, the rest as text (matched case-blind)."""
+# PointKey's integer fields (tp, seq_length, ...): a CSV cell of one is a whole number
+_INTEGER_FIELDS = {name for name, hint in typing.get_type_hints(PointKey).items() if int in typing.get_args(hint)
+                   or hint is int}
+
+
+def _cell(name: str, text: str, where: str) -> Any:
+    """A CSV cell as the PointKey field holds it: an integer field's as int (ASCII digits, at most
+    18: '\u00b2' and 5,000 digits were int()'s ValueError), the rest as text (matched case-blind)."""
     text = text.strip()
-    return int(text) if text.isdigit() else text
+    if name not in _INTEGER_FIELDS:
+        return text
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise UsageError(f"{where}: {name} {shown!r} is not accepted; give a whole number, or an empty cell for "
+                         "any value")
+    return int(text)
 
