@@ -93,7 +93,8 @@ class PointKey:
         return [_detail(name, getattr(self, name)) for name in _DETAILS if len({getattr(k, name) for k in keys}) > 1]
 
 
-# The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off).
+# The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off;
+# a value that is not set: _UNSET's words, else the field's name and "not set").
 _DETAILS = {
     "backend": "backend {}",
     "micro_batch_size": "micro batch {}",
@@ -109,7 +110,12 @@ _DETAILS = {
 }
 
 
+_UNSET = {"pp_schedule": "no pipeline schedule", "max_positions": "the workload's positions", "steps": "steps not set"}
+
+
 def _detail(name: str, value: Any) -> str:
+    if value is None:  # a point without pipelining has no schedule: never "schedule None"
+        return _UNSET.get(name, f"{name.replace('_', ' ')} not set")
     return (
         (_DETAILS[name] if value else f"no {_DETAILS[name]}")
         if isinstance(value, bool)
