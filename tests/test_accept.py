@@ -259,3 +259,46 @@ def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
     page = render(acceptance, "md")
     assert "training: tiny, seq 32, fp32, 7 timed steps after 2 of warm-up" in page and "| node d " in page
     assert gres_count("gpu:h100:8(S:0-1),shard:2", "gpu") == 8 and gres_count("(null)", "gpu") is None
+
+
+def test_a_pass_shows_the_machine_s_warnings_says_one_device_has_no_peers_and_doubts_a_low_baseline(
+        measured, tmp_path, monkeypatch, capsys):
+    """A PASS on a machine whose check warned (a collective setting that slows collectives), one
+    device probed, and a baseline far below the run (a CSV figure of 1 tokens/s) measured once:
+    the page and the printed verdict carry the warning, do not speak of the device's peers, and
+    say that the baseline may be wrong."""
+    (result,) = measured["results"]
+    csv = tmp_path / "low.csv"
+    csv.write_text(f"model,device_model,tokens_per_s\ntiny,{result.device_model},1\n")
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    out = tmp_path / "out"
+    status = main(["accept", "--suite", str(measured["suite"]), "--baseline", str(csv), "--out", str(out),
+                   "--devices-per-node", "1", "--probe-time", "0.3", "--quiet"])
+    page = (out / "accept.md").read_text()
+    assert status == 0, page
+    verdict, devices = page.split("## Devices")[0], page.split("## Devices")[1].split("## Suite")[0]
+    summary = next(line for line in verdict.splitlines() if line.startswith("PASS"))
+    assert "peers" not in summary.replace("no peers", "") and "its one device probed" in summary
+    assert "the only one of its model probed" in devices and "below the median of its peers" not in devices
+    warning = "warning: collective_settings: NCCL_P2P_DISABLE=1"
+    assert warning in verdict and "found before the probes, at point one" in verdict
+    assert "the baseline may be stale or wrong" in verdict and "give --repeats 3 or more" in verdict
+    printed = capsys.readouterr().out
+    assert printed.startswith("PASS:") and f"preflight {warning}" in printed and "may be stale or wrong" in printed
+
+
+def test_only_a_point_far_above_its_baseline_gets_the_note(measured):
+    from hwbench.report.accept import FAR_ABOVE, judge
+    from hwbench.report.baseline import Baseline, BaselinePoint
+
+    (result,) = measured["results"]
+    value = result.metrics.tokens_per_s
+
+    def judged(baseline_median: float, n: int):
+        entry = BaselinePoint({"model": "tiny"}, "tiny", baseline_median, n=n)
+        return judge([], [("one", [result])], Baseline("b.json", [entry], {}, {}, None))
+
+    assert judged(value / (FAR_ABOVE * 0.95), 5).notes == []
+    [note] = judged(value / (FAR_ABOVE * 1.05), 5).notes
+    assert note.startswith("point one: 126% of its baseline (n=1 here, n=5 in the baseline)") and "--repeats" in note
+    assert judged(value / (FAR_ABOVE * 1.05), 5).passed  # a note, not a failure

@@ -56,8 +56,8 @@ def summary(report) -> str:
 def print_findings(report) -> None:
     """What a run or sweep says of the check before it starts: each warning and failure, then one line."""
     from hwbench.cli import note
+    from hwbench.harness.preflight import findings
 
-    for check in report.checks:
-        if check.status in ("warning", "failure"):
-            note(f"hwbench: preflight {check.status}: {check.name}: {check.reading} ({check.reason})")
+    for finding in findings(report.checks):
+        note(f"hwbench: preflight {finding}")
     note(f"hwbench: preflight: {summary(report)}; `hwbench preflight` shows every check")
