@@ -38,11 +38,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def preflight_table(report) -> str:
-    from tabulate import tabulate
+    from hwbench.report.terminal import text_table
 
     rows = [(check.name, check.status or "n/a", check.reading or "-", check.reason or "") for check in report.checks]
-    return (tabulate(rows, headers=("check", "status", "reading", "why"), tablefmt="simple",
-                     maxcolwidths=[None, None, 60, 60])
+    return (text_table(rows, headers=("check", "status", "reading", "why"), tablefmt="simple")
             + f"\n\n{report.device} via {report.source}, checked in {report.duration_s:.2f} s: {summary(report)}")
 
 
