@@ -302,3 +302,5 @@ def test_only_a_point_far_above_its_baseline_gets_the_note(measured):
     [note] = judged(value / (FAR_ABOVE * 1.05), 5).notes
     assert note.startswith("point one: 126% of its baseline (n=1 here, n=5 in the baseline)") and "--repeats" in note
     assert judged(value / (FAR_ABOVE * 1.05), 5).passed  # a note, not a failure
+    [note] = judged(value * 1e-300, 5).notes  # a baseline of next to nothing: the ratio in 3 digits, not 300
+    assert note.startswith("point one: 1e+300 times its baseline") and len(note) < 400

@@ -92,12 +92,13 @@ def _axis(metric: str, values: list[float]) -> tuple[float, Callable[[float], st
     1.06 GiB, never 1.1 GiB twice)."""
     factor, unit = display_unit(metric, values)
     largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
-    exponent = min(300, math.floor(math.log10(largest * factor))) if largest * factor >= 1e15 else 0
-    scale = 10.0 ** exponent / factor
+    magnitude = math.log10(largest) + math.log10(factor) if largest else 0.0  # no product: it may overflow
+    exponent = math.floor(magnitude) if magnitude >= 15 else 0
+    scale = 10.0 ** (exponent - math.log10(factor)) if exponent else 1 / factor  # at most the largest figure
 
     def text(tick: float) -> str:
-        if exponent:  # no real figure: a damaged or hand-made one, as format_value writes it
-            return f"{tick:.4g}e+{exponent}"
+        if exponent:  # no real figure: a damaged or hand-made one, written as format_value writes it
+            return f"{tick:.4g}e+{exponent}{unit}"
         return f"{tick:,.6f}".rstrip("0").rstrip(".") + unit
 
     return scale, text

@@ -175,10 +175,16 @@ def _far_above(outcome: PointOutcome, baseline_n: int | None) -> str:
         return ""
     few = len(outcome.values) < FEW_REPEATS or (baseline_n is not None and baseline_n < FEW_REPEATS)
     counted = f"n={baseline_n} in the baseline" if baseline_n is not None else "the baseline gives no count"
-    return (f"point {outcome.name}: {outcome.ratio:.0%} of its baseline (n={len(outcome.values)} here, "
+    times = _ratio_text(outcome.ratio, 0) + (" its" if outcome.ratio >= 100 else " of its")
+    return (f"point {outcome.name}: {times} baseline (n={len(outcome.values)} here, "
             f"{counted}): the baseline may be stale or wrong "
             "(another machine, software or settings, or a slow moment); check it or save one from runs you trust"
             + (f", and give --repeats {FEW_REPEATS} or more: one run decides a median of so few" if few else ""))
+
+
+def _ratio_text(ratio: float, decimals: int) -> str:
+    """126%; a ratio against a baseline of next to nothing in three digits, not three hundred."""
+    return f"{ratio:.{decimals}%}" if ratio < 100 else f"{ratio:,.3g} times"
 
 
 def preflight_findings(checked_first: Any, records: list[tuple[str, list[Any]]]) -> list[str]:
@@ -269,7 +275,7 @@ def acceptance_document(acceptance: Acceptance):
     rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
              figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
-             f"{p.ratio:.1%}" if p.ratio is not None else "-", p.straggler or "-", _verdict_cell(p)]
+             _ratio_text(p.ratio, 1) if p.ratio is not None else "-", p.straggler or "-", _verdict_cell(p)]
             for p in a.points]
     suite = Section("Suite against the baseline", [
         ("p", f"tokens/s: the median of each point's ok repeats against the baseline's median; PASS at or above "
