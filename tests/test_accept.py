@@ -304,3 +304,28 @@ def test_only_a_point_far_above_its_baseline_gets_the_note(measured):
     assert judged(value / (FAR_ABOVE * 1.05), 5).passed  # a note, not a failure
     [note] = judged(value * 1e-300, 5).notes  # a baseline of next to nothing: the ratio in 3 digits, not 300
     assert note.startswith("point one: 1e+300 times its baseline") and len(note) < 400
+
+
+def test_a_warning_of_every_point_is_said_once_with_where_and_how_many_readings(measured):
+    """A busy machine warns before the probes and at each point, each time with another load
+    average: one line, not one a point."""
+    from hwbench.harness.preflight import Check, PreflightReport
+    from hwbench.report.accept import preflight_findings
+    from hwbench.result.model import Preflight
+
+    def busy(load: float) -> list[Check]:
+        return [Check("other_processes", "warning", f"load average {load} on 2 usable cores", None, "cores busy"),
+                Check("swap", "ok", "no swap")]
+
+    (result,) = measured["results"]
+    points = []
+    for name, load in (("one", 3.6), ("two", 3.6), ("two", 2.1)):
+        copy = result.model_copy(deep=True)
+        copy.environment.preflight = Preflight.model_validate(PreflightReport("cpu", "/proc", busy(load), "", 0.0)
+                                                              .to_dict())
+        points.append((name, [copy]))
+    first = PreflightReport("cpu", "/proc", busy(3.9), "", 0.0)
+    assert preflight_findings(first, points) == [
+        "warning: other_processes: load average 3.9 on 2 usable cores (cores busy) (and 2 other reading(s)); found "
+        "before the probes, at point one, at point two"]
+    assert preflight_findings(None, [("one", [result])]) == []  # --no-preflight: nothing checked, nothing said

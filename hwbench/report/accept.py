@@ -190,18 +190,23 @@ def _ratio_text(ratio: float, decimals: int) -> str:
 def preflight_findings(checked_first: Any, records: list[tuple[str, list[Any]]]) -> list[str]:
     """The warnings and failures of the machine's checks: ``checked_first`` (a PreflightReport,
     before the probes; None: not checked) and each point's own (its results' environment.preflight),
-    each once, with where it was found."""
+    each check and cause once (its first reading; how many others it had), with where it was found."""
     from hwbench.harness.preflight import findings
 
-    found: dict[str, list[str]] = {}
+    found: dict[tuple, tuple[str, list[str], set[str]]] = {}  # (status, name, reason): text, places, readings
     checks = [("before the probes", checked_first.checks if checked_first is not None else [])]
     checks += [(f"at point {name}", (r.environment.preflight.checks or []) if r.environment.preflight else [])
                for name, results in records for r in results]
     for place, point_checks in checks:
-        for finding in findings(point_checks):
-            if place not in found.setdefault(finding, []):
-                found[finding].append(place)
-    return [f"{finding}; found {', '.join(places)}" for finding, places in found.items()]
+        for check in point_checks:
+            for finding in findings([check]):
+                text, places, readings = found.setdefault((check.status, check.name, check.reason),
+                                                          (finding, [], set()))
+                readings.add(str(check.reading))
+                if place not in places:
+                    places.append(place)
+    return [text + (f" (and {len(readings) - 1} other reading(s))" if len(readings) > 1 else "")
+            + f"; found {', '.join(places)}" for text, places, readings in found.values()]
 
 
 def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
