@@ -97,7 +97,8 @@ def test_a_long_reason_is_wrapped_not_a_separator_line_of_its_length():
 def test_a_table_fits_the_width_without_cutting_figures_or_names():
     from hwbench.report.terminal import text_table
 
-    rows = [["one", "fp16+recompute", "12,345.6", "x " * 150], ["two", "deepspeed zero3", "7.0", "short"]]
+    # "1,024" in a wrapped column: tabulate's own wrapping read it as an int and raised ValueError
+    rows = [["one", "fp16+recompute", "12,345.6", "x " * 150], ["two", "deepspeed zero3", "7.0", "1,024"]]
     table = text_table(rows, headers=["point", "variant", "tokens/s", "note"], width=100, disable_numparse=True)
     assert max(map(len, table.splitlines())) <= 100
     assert "fp16+recompute" in table and "12,345.6" in table  # a word up to LONGEST_WORD stays whole

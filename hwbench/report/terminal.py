@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,9 +25,18 @@ def text_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] = (), width
     its widest columns wrapped so that it fits ``width`` (default: the terminal's)."""
     width = width or terminal_width()
     widths = fitted_widths(rows, headers, width)
-    if any(widths):
-        options = {**options, "maxcolwidths": widths, "maxheadercolwidths": widths}
+    if any(widths):  # wrapped here: tabulate's own maxcolwidths reads a cell such as "1,024" as an int and fails
+        rows = [[_wrapped(cell, most) for cell, most in zip(row, widths)] for row in rows]
+        headers = [_wrapped(header, most) for header, most in zip(headers, widths)]
     return tabulate(rows, headers=headers, **options)
+
+
+def _wrapped(cell: Any, most: int | None) -> Any:
+    """The cell's lines of at most ``most`` characters (a cell left whole: as it is)."""
+    if most is None or len(_text(cell)) <= most and "\n" not in _text(cell):
+        return cell
+    return "\n".join(line for part in _text(cell).splitlines()
+                     for line in textwrap.wrap(part, most, break_on_hyphens=False) or [""])
 
 
 def terminal_width() -> int:
