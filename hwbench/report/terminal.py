@@ -16,7 +16,6 @@ NARROWEST = 60  # below this a table's columns wrap more than they are read
 COLUMN_GAP = 2  # tabulate's space between columns (tablefmt "simple" and "plain")
 HEADER_PADDING = 2  # tabulate widens a column with a header by this much
 MIN_COLUMN = 10  # a wrapped column keeps at least this many characters a line
-LONGEST_WORD = 40  # a word up to this long stays whole on its line; a longer one (a path) is cut
 
 
 def text_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] = (), width: int | None = None,
@@ -36,7 +35,7 @@ def _wrapped(cell: Any, most: int | None) -> Any:
     if most is None or len(_text(cell)) <= most and "\n" not in _text(cell):
         return cell
     return "\n".join(line for part in _text(cell).splitlines()
-                     for line in textwrap.wrap(part, most, break_on_hyphens=False) or [""])
+                     for line in textwrap.wrap(part, most, break_long_words=False, break_on_hyphens=False) or [""])
 
 
 def terminal_width() -> int:
@@ -50,15 +49,14 @@ def terminal_width() -> int:
 def fitted_widths(rows: Sequence[Sequence[Any]], headers: Sequence[str], width: int) -> list[int | None]:
     """Each column's most characters a line (None: as wide as its widest cell) for the columns
     together to fit ``width``: the narrow columns keep their width, the wide ones share the rest,
-    each at least as wide as its longest word up to LONGEST_WORD (a figure or a name is not cut;
-    a path is)."""
+    each at least as wide as its longest word (a figure, a name or a path is never cut: it is
+    copied from the terminal whole)."""
     columns = max((len(row) for row in [headers, *rows]), default=0)
     cells = [[_text(row[index]) for row in [headers, *rows] if index < len(row)] for index in range(columns)]
     natural = [max((len(line) + (HEADER_PADDING if headers and number == 0 else 0)
                     for number, cell in enumerate(column) for line in cell.splitlines()), default=0)
                for column in cells]
-    least = [max(MIN_COLUMN, min(LONGEST_WORD, max((len(word) for cell in column for word in cell.split()),
-                                                   default=0))) for column in cells]
+    least = [max([MIN_COLUMN, *(len(word) for cell in column for word in cell.split())]) for column in cells]
     room = width - COLUMN_GAP * max(columns - 1, 0)
     if sum(natural) <= room:
         return [None] * columns
