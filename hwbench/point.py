@@ -102,10 +102,12 @@ class PointKey:
 
     def _details(self, among: Iterable[PointKey]) -> list[str]:
         keys = [*among, self]
-        return [_detail(name, getattr(self, name)) for name in _DETAILS if len({getattr(k, name) for k in keys}) > 1]
+        details = [_detail(name, getattr(self, name)) for name in _DETAILS if len({getattr(k, name) for k in keys}) > 1]
+        return [detail for detail in details if detail]
 
 
-# The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off).
+# The fields label() leaves out unless keys differ in them, and how it shows each (a flag: "no ..." when off;
+# a value that is not set: _UNSET's words, else the field's name and "not set"; "": left out).
 _DETAILS = {
     "backend": "backend {}",
     "micro_batch_size": "micro batch {}",
@@ -121,7 +123,13 @@ _DETAILS = {
 }
 
 
+# A point without pipelining has no schedule: its layout (no PP) says so already.
+_UNSET = {"pp_schedule": "", "max_positions": "the workload's positions", "steps": "steps not set"}
+
+
 def _detail(name: str, value: Any) -> str:
+    if value is None:  # never "schedule None"
+        return _UNSET.get(name, f"{name.replace('_', ' ')} not set")
     return (
         (_DETAILS[name] if value else f"no {_DETAILS[name]}")
         if isinstance(value, bool)

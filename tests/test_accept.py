@@ -331,3 +331,73 @@ def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
     page = render(acceptance, "md")
     assert "training: tiny, seq 32, fp32, 7 timed steps after 2 of warm-up" in page and "| node d " in page
     assert gres_count("gpu:h100:8(S:0-1),shard:2", "gpu") == 8 and gres_count("(null)", "gpu") is None
+
+
+def test_a_pass_shows_the_machine_s_warnings_says_one_device_has_no_peers_and_doubts_a_low_baseline(
+        measured, tmp_path, monkeypatch, capsys):
+    """A PASS on a machine whose check warned (a collective setting that slows collectives), one
+    device probed, and a baseline far below the run (a CSV figure of 1 tokens/s) measured once:
+    the page and the printed verdict carry the warning, do not speak of the device's peers, and
+    say that the baseline may be wrong."""
+    (result,) = measured["results"]
+    csv = tmp_path / "low.csv"
+    csv.write_text(f"model,device_model,tokens_per_s\ntiny,{result.device_model},1\n")
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    out = tmp_path / "out"
+    status = main(["accept", "--suite", str(measured["suite"]), "--baseline", str(csv), "--out", str(out),
+                   "--devices-per-node", "1", "--probe-time", "0.3", "--quiet"])
+    page = (out / "accept.md").read_text()
+    assert status == 0, page
+    verdict, devices = page.split("## Devices")[0], page.split("## Devices")[1].split("## Suite")[0]
+    summary = next(line for line in verdict.splitlines() if line.startswith("PASS"))
+    assert "peers" not in summary.replace("no peers", "") and "its one device probed" in summary
+    assert "the only one of its model probed" in devices and "below the median of its peers" not in devices
+    warning = "warning: collective_settings: NCCL_P2P_DISABLE=1"
+    assert warning in verdict and "found before the probes, at point one" in verdict
+    assert "the baseline may be stale or wrong" in verdict and "give --repeats 3 or more" in verdict
+    printed = capsys.readouterr().out
+    assert printed.startswith("PASS:") and f"preflight {warning}" in printed and "may be stale or wrong" in printed
+
+
+def test_only_a_point_far_above_its_baseline_gets_the_note(measured):
+    from hwbench.report.accept import FAR_ABOVE, judge
+    from hwbench.report.baseline import Baseline, BaselinePoint
+
+    (result,) = measured["results"]
+    value = result.metrics.tokens_per_s
+
+    def judged(baseline_median: float, n: int):
+        entry = BaselinePoint({"model": "tiny"}, "tiny", baseline_median, n=n)
+        return judge([], [("one", [result])], Baseline("b.json", [entry], {}, {}, None))
+
+    assert judged(value / (FAR_ABOVE * 0.95), 5).notes == []
+    [note] = judged(value / (FAR_ABOVE * 1.05), 5).notes
+    assert note.startswith("point one: 126% of its baseline (n=1 here, n=5 in the baseline)") and "--repeats" in note
+    assert judged(value / (FAR_ABOVE * 1.05), 5).passed  # a note, not a failure
+    [note] = judged(value * 1e-300, 5).notes  # a baseline of next to nothing: the ratio in 3 digits, not 300
+    assert note.startswith("point one: 1e+300 times its baseline") and len(note) < 400
+
+
+def test_a_warning_of_every_point_is_said_once_with_where_and_how_many_readings(measured):
+    """A busy machine warns before the probes and at each point, each time with another load
+    average: one line, not one a point."""
+    from hwbench.harness.preflight import Check, PreflightReport
+    from hwbench.report.accept import preflight_findings
+    from hwbench.result.model import Preflight
+
+    def busy(load: float) -> list[Check]:
+        return [Check("other_processes", "warning", f"load average {load} on 2 usable cores", None, "cores busy"),
+                Check("swap", "ok", "no swap")]
+
+    (result,) = measured["results"]
+    points = []
+    for name, load in (("one", 3.6), ("two", 3.6), ("two", 2.1)):
+        copy = result.model_copy(deep=True)
+        copy.environment.preflight = Preflight.model_validate(PreflightReport("cpu", "/proc", busy(load), "", 0.0)
+                                                              .to_dict())
+        points.append((name, [copy]))
+    first = PreflightReport("cpu", "/proc", busy(3.9), "", 0.0)
+    assert preflight_findings(first, points) == [
+        "warning: other_processes: load average 3.9 on 2 usable cores (cores busy) (and 2 other reading(s)); found "
+        "before the probes, at point one, at point two"]
+    assert preflight_findings(None, [("one", [result])]) == []  # --no-preflight: nothing checked, nothing said

@@ -96,8 +96,7 @@ def test_without_a_measured_rate_the_duration_is_unknown_and_says_how_to_know(tm
     backend = _store(tmp_path, monkeypatch, {"fp32": 2e9})
     spec = build_run_spec(RunOptions(model="tiny", precision="bf16"), load_catalog())
     text = estimate_text(backend, [run_work(spec, load_catalog(), backend)], "this run")
-    assert text.startswith("this run: duration unknown: the calibration of ")
-    assert "has no bf16 GEMM rate: run hwbench calibrate --device cpu --precisions bf16" in text
+    assert text == "this run: duration unknown: no usable bf16 GEMM ceiling (hwbench calibrate --help)"
 
 
 def test_run_says_it_before_it_starts(tmp_path, monkeypatch, capsys, avx2_only):
@@ -175,7 +174,7 @@ def test_an_unknown_duration_names_calibrate_only_when_calibrate_can_help(tmp_pa
     backend = _store(tmp_path, monkeypatch, {"fp32": 2e9})
     spec = build_run_spec(RunOptions(model="tiny", precision="bf16"), load_catalog())
     work = [run_work(spec, load_catalog(), backend)]
-    assert estimate_text(backend, work, "this run").endswith("; then the same command prints an estimate")
+    assert estimate_text(backend, work, "this run").endswith("(hwbench calibrate --help)")
     monkeypatch.setattr(backend, "simulated", True)  # a stand-in: calibrating it would not help
     text = estimate_text(backend, work, "this run")
     assert text == (
@@ -205,3 +204,24 @@ def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monke
     loud, quiet = before_sweep(fp16, options), before_sweep(fp16, options, estimate=False)
     assert quiet and all(line.startswith("warning: --precision fp16: ") for line in quiet)
     assert loud[:-1] == quiet and loud[-1].startswith("note: ")
+
+
+def test_a_calibration_that_gives_no_ceiling_is_said_once_in_one_short_line(tmp_path, monkeypatch):
+    """A rate stored marked unreliable (calibrate refused it; --force kept it) gave a 455-character
+    note before every run: now one line under 100 characters, the first time for that cause, and
+    again only once the store gives another cause."""
+    _store(tmp_path, monkeypatch, {"fp32": 2e9})
+    store = json.loads((tmp_path / "calibration.json").read_text())
+    gemm = store["entries"][0]["gemm"]["fp32"]
+    gemm["unreliable"] = ("its repetitions spread by CV 11.0% (more than 10%): the device did not run at one rate; "
+                          "other work took 39% of the time of the CPUs it ran on (more than 10%)")
+    (tmp_path / "calibration.json").write_text(json.dumps(store))
+    options = RunOptions(model="tiny", device="cpu")
+    [first] = before_run(options)
+    assert first.startswith("note: this run: duration unknown") and len(f"hwbench: {first}") < 100
+    assert before_run(options) == [] and before_run(options) == []  # not on every run
+    assert before_run(options, estimate=False) == []
+    gemm["unreliable"] = "other work took 60% of the time of the CPUs it ran on (more than 10%)"  # calibrated again
+    (tmp_path / "calibration.json").write_text(json.dumps(store))
+    assert before_run(options) == [first]
+    assert (tmp_path / ".calibration.json.said").is_file()  # beside the store, hwbench's own

@@ -156,3 +156,19 @@ def test_a_version_1_history_database_keeps_its_series(tmp_path, capsys):
     assert runs[0].point.max_positions == 128 and runs[0].point.cross_entropy == "standard"
     code, out, _ = (run_command("history", ["show", "--db", str(db)]), *capsys.readouterr())
     assert code == 0 and "tokens/s of tiny on Intel(R) Xeon(R) Processor fp32" in out
+
+
+def test_a_point_without_pipelining_reads_no_pipeline_schedule_not_none(tmp_path, capsys):
+    """A PP2 point beside a PP1 one: the PP1 label names no schedule (its layout has no PP), in the
+    labels and in `baseline save`'s output (it read 'schedule None')."""
+    flat = result("flat", 1000.0)
+    piped = result("piped", 900.0, parallel={**TEMPLATE["spec"]["parallel"], "pp": 2})
+    keys = [RunResult.from_dict(data).point_key for data in (flat, piped)]
+    assert keys[0].pp_schedule is None and keys[1].pp_schedule == "1f1b"
+    assert keys[0].label(keys) == keys[0].label() and keys[1].label(keys).endswith(" PP2 fp32, schedule 1f1b")
+    assert run_command("baseline", ["save", str(write(tmp_path / "runs", flat, piped)), "--out",
+                                    str(tmp_path / "baseline.json")]) == 0
+    said = capsys.readouterr().out
+    assert "schedule 1f1b" in said and "None" not in said
+    unset = PointKey(*[None if name == "steps" else value for name, value in zip(PointKey.fields(), keys[0].values())])
+    assert ", steps not set" in unset.label(keys) and "None" not in unset.label(keys)

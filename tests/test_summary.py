@@ -73,3 +73,33 @@ def test_the_sweep_table_marks_an_hfu_figure_and_says_why():
     assert text.splitlines()[-1].startswith("HFU, not MFU: the megatron-deepspeed formula")
     plain = sweep_summary_table(SimpleNamespace(name="s"), [record("b", _with(False, "megatron-deepspeed", 0.3))])
     assert "HFU" not in plain
+
+
+def test_a_long_reason_is_wrapped_not_a_separator_line_of_its_length():
+    """A stored rate that is no ceiling gave a 300-character reason, and the table a separator line
+    of 399 characters: every line is now within the width, and the reason is all there."""
+    from hwbench.report.summary import run_summary_table
+    from hwbench.report.terminal import WIDEST
+
+    data = json.loads(TEMPLATE.read_text())
+    reason = ("the fp32 rate of AMD EPYC driver torch 2.13.0+cpu, 2 threads in /root/.cache/hwbench/calibration.json "
+              "is no ceiling (its repetitions spread by CV 11.0% (more than 10%): the device did "
+              "not run at one rate; other work took 39% of the time of the CPUs it ran on): run hwbench calibrate "
+              "--device cpu --precisions fp32 when the machine is quiet")
+    data["metrics"]["unmeasured"]["mfu_measured_ceiling"] = reason
+    table = run_summary_table(RunResult.from_dict(data))
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= WIDEST, table
+    assert not any(reason in line for line in lines)  # wrapped...
+    assert " ".join(reason.split()) in " ".join(table.split())  # ...and all of it there, in order
+
+
+def test_a_table_fits_the_width_without_cutting_figures_or_names():
+    from hwbench.report.terminal import text_table
+
+    # "1,024" in a wrapped column: tabulate's own wrapping read it as an int and raised ValueError
+    rows = [["one", "fp16+recompute", "12,345.6", "x " * 150], ["two", "deepspeed zero3", "7.0", "1,024"]]
+    table = text_table(rows, headers=["point", "variant", "tokens/s", "note"], width=100, disable_numparse=True)
+    assert max(map(len, table.splitlines())) <= 100
+    assert "fp16+recompute" in table and "12,345.6" in table  # a word stays whole
+    assert text_table(rows[1:], headers=["point", "variant", "tokens/s", "note"], width=100).count("\n") == 2

@@ -86,6 +86,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"{'PASS' if acceptance.passed else 'FAIL'}: {page}")
     for line in acceptance.failures:
         print(f"  {line}")
+    for line in acceptance.preflight:  # a PASS on a machine that warned says so, as its page does
+        print(f"  preflight {line}")
+    for line in acceptance.notes:
+        print(f"  note: {line}")
     if acceptance.missing:
         print(f"hwbench accept: {len(acceptance.missing)} point(s) of the run have no baseline figure: "
               f"{'; '.join(acceptance.missing)}", file=sys.stderr)
@@ -94,13 +98,14 @@ def main(args: argparse.Namespace) -> int:
 
 def _preflight(args: argparse.Namespace, settings):
     """The machine checked before anything is measured (as `hwbench sweep` does); Slurm nodes check their own."""
-    def check() -> None:
+    def check():
         if not args.preflight or settings is not None:
-            return
+            return None
         from hwbench.commands.preflight import print_findings
         from hwbench.harness.run import machine_checked
 
         checked = machine_checked(args.device or "auto", args.out, 1)
         if checked is not None:
             print_findings(checked)
+        return checked  # its warnings go on the page too
     return check

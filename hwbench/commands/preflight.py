@@ -38,11 +38,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def preflight_table(report) -> str:
-    from tabulate import tabulate
+    from hwbench.report.terminal import text_table
 
     rows = [(check.name, check.status or "n/a", check.reading or "-", check.reason or "") for check in report.checks]
-    return (tabulate(rows, headers=("check", "status", "reading", "why"), tablefmt="simple",
-                     maxcolwidths=[None, None, 60, 60])
+    return (text_table(rows, headers=("check", "status", "reading", "why"), tablefmt="simple")
             + f"\n\n{report.device} via {report.source}, checked in {report.duration_s:.2f} s: {summary(report)}")
 
 
@@ -56,8 +55,8 @@ def summary(report) -> str:
 def print_findings(report) -> None:
     """What a run or sweep says of the check before it starts: each warning and failure, then one line."""
     from hwbench.cli import note
+    from hwbench.harness.preflight import findings
 
-    for check in report.checks:
-        if check.status in ("warning", "failure"):
-            note(f"hwbench: preflight {check.status}: {check.name}: {check.reading} ({check.reason})")
+    for finding in findings(report.checks):
+        note(f"hwbench: preflight {finding}")
     note(f"hwbench: preflight: {summary(report)}; `hwbench preflight` shows every check")

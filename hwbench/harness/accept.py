@@ -14,6 +14,7 @@ from pathlib import Path
 from hwbench.errors import UsageError
 from hwbench.harness.device_probe import MAX_PROBE_TIME_S
 from hwbench.harness.executor import SweepOptions, progress_lines
+from hwbench.harness.preflight import PreflightReport
 from hwbench.paths import check_output_folder
 from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
 
@@ -89,10 +90,10 @@ def probe_device(device: str | None, suite) -> str:
 
 
 def accept(options: AcceptOptions, slurm=None, progress: bool = True,
-           before: Callable[[], None] = lambda: None) -> tuple[Acceptance, Path]:
+           before: Callable[[], PreflightReport | None] = lambda: None) -> tuple[Acceptance, Path]:
     """The acceptance, and the page written; UsageError or SetupError before anything is measured
     or written. ``before``: called once the input is checked, before the first measurement (the
-    command's preflight)."""
+    command's preflight: the report it made, whose warnings the page shows, or None)."""
     from hwbench.device import select_backend
     from hwbench.harness.device_probe import probe_devices
     from hwbench.harness.node_probes import check_node_devices, partition_nodes, probe_nodes
@@ -114,7 +115,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         device = probe_device(options.device, suite)
         nodes = partition_nodes(slurm.partition)  # SetupError here when Slurm does not answer
         check_node_devices(nodes, device, options.devices_per_node)
-    before()
+    checked_first = before()
     say = progress_lines(progress)
     if slurm is not None:  # every node of the partition, each by a job of its own
         probes = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s, options.out_dir, slurm,
@@ -124,6 +125,6 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
-                       options.min_ratio, options.outlier)
+                       options.min_ratio, options.outlier, checked_first)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page

@@ -3,12 +3,15 @@ the device runs emulated, with the precisions it runs at speed (the Backend's `s
 how long the command will take at least: the model FLOPs of its training steps (warm-up included)
 over the rate `hwbench calibrate` measured on this device model and driver for that precision. A run
 loads, starts, validates and never reaches the GEMM ceiling, so the real time is longer: the figure
-is a lower bound and says so. Without a measured rate the estimate is unknown, with the command that
-measures one."""
+is a lower bound and says so. Without a usable measured rate the estimate is unknown: said in one
+short line, once for the same cause (the cause in full is in the result and its summary, under
+'MFU, measured ceiling'), not again before every run."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -50,8 +53,10 @@ def slow_precision_warning(backend: Backend, precision: str) -> str | None:
                                                       if instead else "no precision runs at speed here"))
 
 
-def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
-    """'hwbench run: at least 2 min 10 s (...)', or why the duration is unknown and how to learn it."""
+def estimate_text(backend: Backend, work: Iterable[Work], what: str, once: bool = False) -> str:
+    """'hwbench run: at least 2 min 10 s (...)', or that the duration is unknown and where to read
+    why. ``once``: '' for a duration unknown for want of a calibration when that cause was said
+    before (said_before)."""
     from hwbench.device_check import device_model_name
     from hwbench.harness.describe import measured_ceiling
     from hwbench.units import flops_rate_text
@@ -64,8 +69,11 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     for precision in sorted({w.precision for w in work}):
         ceiling, reason = measured_ceiling(backend, model, precision)
         if ceiling is None or not ceiling.flops:
-            then = "; then the same command prints an estimate" if "hwbench calibrate" in (reason or "") else ""
-            return f"{what}: duration unknown: {reason}{then}"
+            if backend.simulated or "hwbench calibrate" not in (reason or ""):  # calibrating would not help
+                return f"{what}: duration unknown: {reason}"
+            if once and said_before(reason or ""):
+                return ""
+            return f"{what}: duration unknown: no usable {precision} GEMM ceiling (hwbench calibrate --help)"
         rates[precision] = ceiling
         flops[precision] = ceiling.flops
     for w in work:
@@ -76,6 +84,33 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     return (f"{what}: at least {duration_text(seconds)}: {total / 1e12:,.4g} TFLOP of training steps (warm-up "
             f"included) at the GEMM rate measured on {model}, {measured}; start-up, validation and a step's "
             "other work make it longer")
+
+
+def said_before(cause: str) -> bool:
+    """Whether ``cause`` (why no duration can be estimated) was said before with this calibration
+    store, recording it when not: in a hidden file beside the store (.calibration.json.said), which
+    a new calibration's new cause does not match. False when no record can be kept."""
+    from hwbench.calibration.store import default_store_path
+    from hwbench.result.store import write_json_atomic
+
+    try:
+        store = default_store_path()
+    except (RuntimeError, KeyError):  # no $HOME to find it from
+        return False
+    record, key = store.with_name(f".{store.name}.said"), hashlib.sha256(cause.encode()).hexdigest()[:16]
+    try:
+        said = json.loads(record.read_text())
+    except (OSError, ValueError):
+        said = []
+    said = [entry for entry in said if isinstance(entry, str)] if isinstance(said, list) else []
+    if key in said:
+        return True
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(record, (said + [key])[-100:], durable=False)  # the last 100 causes
+    except OSError:
+        pass
+    return False
 
 
 def duration_text(seconds: float) -> str:
@@ -105,8 +140,8 @@ def before_run(options, estimate: bool = True) -> list[str]:
     spec = build_run_spec(options, catalog)
     backend = select_backend(spec.device)
     warning = slow_precision_warning(backend, spec.precision)
-    return ([f"warning: {warning}"] if warning else []) + (
-        ["note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")] if estimate else [])
+    note = estimate_text(backend, [run_work(spec, catalog, backend)], "this run", once=True) if estimate else ""
+    return ([f"warning: {warning}"] if warning else []) + ([f"note: {note}"] if note else [])
 
 
 def before_sweep(suite, options, estimate: bool = True) -> list[str]:
@@ -135,6 +170,8 @@ def before_sweep(suite, options, estimate: bool = True) -> list[str]:
             if warning:
                 lines.append(f"warning: {warning}")
         what = f"{len(specs)} run(s) of suite {suite.name}" + (f" on --device {device}" if len(by_device) > 1 else "")
-        if estimate:
-            lines.append("note: " + estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what))
+        note = (estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what, once=True)
+                if estimate else "")
+        if note:
+            lines.append(f"note: {note}")
     return lines

@@ -71,6 +71,13 @@ class PreflightReport:
                 "source": self.source, "worst": self.worst, "checks": [check.to_dict() for check in self.checks]}
 
 
+def findings(checks: Iterable[Any]) -> list[str]:
+    """Each warning and failure of ``checks`` (this module's Checks, or a result's
+    environment.preflight.checks) as a run says it: 'warning: swap: 2 GiB in use (why)'."""
+    return [f"{check.status}: {check.name}: {check.reading} ({check.reason})" for check in checks
+            if check.status in (WARNING, FAILURE)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Host:
     """Where the kernel's files are (tests point these at a tree of their own)."""

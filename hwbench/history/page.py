@@ -9,15 +9,18 @@ starts each new environment segment; a level line shows the mean between change 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import functools
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
-from hwbench.history.series import format_value, power_of_two_scale, short_commit
+from hwbench.history.series import Night, display_unit, format_value, short_commit
+from hwbench.point import METRICS
 from hwbench.report.html import render_template
 from hwbench.report.svg import Band, Point, Rule, Series, trend_chart
 
@@ -34,8 +37,11 @@ class _Section:
 
 
 def trend_page(analyses: list[SeriesChanges], threshold: float) -> str:
-    """The whole page: series with an open regression first, then those with change points."""
-    ordered = sorted(analyses, key=lambda a: (a.open_regression is None, not a.changes, a.series.label))
+    """The whole page: series with an open regression first, then the headline figure's (tokens/s,
+    then the others in METRICS' order), those with change points before those without."""
+    order = list(METRICS)
+    ordered = sorted(analyses, key=lambda a: (a.open_regression is None, order.index(a.series.metric),
+                                              not a.changes, a.series.label))
     return render_template(
         "trends.html.j2", title="hwbench trends", page="trends", sections=[_section(a) for a in ordered],
         series=len(analyses), changes=sum(len(a.changes) for a in analyses),
@@ -61,11 +67,12 @@ def _section(analysis: SeriesChanges) -> _Section:
 
 
 def _chart(analysis: SeriesChanges) -> str:
-    """The chart is drawn in units of a power of two near the largest figure (exact, and the axis
-    of figures near the float limit does not overflow); its labels and tooltips give the figures."""
+    """The chart is drawn in the unit its axis shows (ms, GiB, %: series.display_unit), so that its
+    ticks fall on round numbers of it; times a power of ten for figures of 1e15 or more, so that
+    none near the float limit overflows. Its tooltips give the figures."""
     series = analysis.series
     write = functools.partial(format_value, series.metric)
-    scale = power_of_two_scale(value for night in series.nights for value in night.values)
+    scale, tick_text = _axis(series.metric, [value for night in series.nights for value in night.values])
     nights = [Point(i, night.value / scale, f"{night.night}, commit {short_commit(night.commit)}: "
                                             f"{write(night.value)} (median of {len(night.values)} run(s): "
                                             f"{', '.join(map(write, night.values))})",
@@ -74,13 +81,40 @@ def _chart(analysis: SeriesChanges) -> str:
               for i, night in enumerate(series.nights)]
     rules = [Rule(change.index - 0.5, f"{change.change * 100:+.1f}%", describe_change(change),
                   REGRESSION if change.worse else IMPROVEMENT) for change in analysis.changes]
-    return trend_chart([night.night for night in series.nights],
+    return trend_chart(night_labels(series.nights),
                        _levels(analysis, scale) + [Series("nights", nights, line=False, color=DOT, radius=3.6)],
-                       _segment_bands(analysis), rules, lambda value: _figure_label(write, value * scale))
+                       _segment_bands(analysis), rules, tick_text)
 
 
-def _figure_label(write, figure: float) -> str:
-    return write(figure) if math.isfinite(figure) else ""  # an axis tick beyond the largest float has no figure
+def _axis(metric: str, values: list[float]) -> tuple[float, Callable[[float], str]]:
+    """(scale, tick text): a figure / scale is its height on the chart, and a tick at that
+    height reads as the number the unit shows, with as many decimals as it has (1.04 GiB and
+    1.06 GiB, never 1.1 GiB twice)."""
+    factor, unit = display_unit(metric, values)
+    largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
+    magnitude = math.log10(largest) + math.log10(factor) if largest else 0.0  # no product: it may overflow
+    exponent = math.floor(magnitude) if magnitude >= 15 else 0
+    scale = 10.0 ** (exponent - math.log10(factor)) if exponent else 1 / factor  # at most the largest figure
+
+    def text(tick: float) -> str:
+        if exponent:  # no real figure: a damaged or hand-made one, written as format_value writes it
+            return f"{tick:.4g}e+{exponent}{unit}"
+        return f"{tick:,.6f}".rstrip("0").rstrip(".") + unit
+
+    return scale, text
+
+
+def night_labels(nights: list[Night]) -> list[str]:
+    """Each night's label under the axis, no two alike: its date, and where two nights share a
+    date (two commits, or a new environment that day) its commit, then its number that day."""
+    dates = collections.Counter(night.night for night in nights)
+    labels = [night.night + (f" {short_commit(night.commit)}" if dates[night.night] > 1 else "") for night in nights]
+    alike, seen = collections.Counter(labels), collections.Counter[str]()
+    for index, label in enumerate(labels):
+        seen[label] += 1
+        if alike[label] > 1:
+            labels[index] = f"{label} #{seen[label]}"
+    return labels
 
 
 def _segment_bands(analysis: SeriesChanges) -> list[Band]:

@@ -136,5 +136,20 @@ def format_value(metric: str, value: float | None) -> str:
     return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
 
 
+def display_unit(metric: str, values: Iterable[float]) -> tuple[float, str]:
+    """(factor, unit): a figure of ``metric`` times factor is the number people read beside that
+    unit, as format_value writes it (seconds as ms, bytes in the binary unit of the largest, MFU
+    in %); throughputs as they are."""
+    if metric == "step_time_median":
+        return 1000.0, " ms"
+    if metric == "mfu":
+        return 100.0, "%"
+    if metric == "peak_memory":
+        largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
+        power = min(4, max(0, int(math.log(largest, 1024)))) if largest >= 1 else 0
+        return 1024.0 ** -power, f" {('B', 'KiB', 'MiB', 'GiB', 'TiB')[power]}"
+    return 1.0, ""
+
+
 def short_commit(commit: str | None) -> str:
     return commit[:7] if commit else "unknown commit"

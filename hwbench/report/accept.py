@@ -10,7 +10,12 @@ Two rules, both must hold (docs/accept.md):
   the device's own; the repetitions' median and spread are shown beside it.
 - baseline: every point of the suite at or above ``min_ratio`` of its baseline figure
   (tokens/s, the median of the point's ok repeats against the baseline's median). A point that
-  failed is a FAIL with its cause; a point the baseline lacks is named, exit 4.
+  failed is a FAIL with its cause; a point the baseline lacks is named, exit 4. A point at
+  ``FAR_ABOVE`` its baseline or more passes with a note: the baseline may be stale or wrong.
+
+The warnings and failures of the machine's checks (hwbench preflight: before the probes, and each
+point's own) are shown beside the verdict: a PASS measured on a machine that warned is a PASS
+with those warnings, not a clean one.
 
 Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the baseline.
 """
@@ -29,6 +34,10 @@ from hwbench.units import bandwidth_text, flops_rate_text
 
 DEFAULT_MIN_RATIO = 0.95
 DEFAULT_OUTLIER = 0.05
+# A point this far above its baseline passes, but so far above is more likely a baseline measured
+# on another machine, software or settings, or in a slow moment, than a faster delivery: said.
+FAR_ABOVE = 1.2
+FEW_REPEATS = 3  # fewer ok repeats than this: one slow or fast run decides the point's median
 FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
 PROBED = "fp32 GEMM rate, copy bandwidth (read + written) and a short training point's tokens/s"
 PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text),
@@ -46,6 +55,7 @@ class PointOutcome:
     straggler: str = ""  # the slowest rank of its multi-rank results, against the median rank
     cause: str | None = None  # why it failed
     verdict: str = ""
+    note: str = ""  # far above its baseline: the baseline may be stale or wrong
 
 
 @dataclasses.dataclass
@@ -60,6 +70,14 @@ class Acceptance:
     baseline: Baseline
     min_ratio: float
     outlier: float
+    preflight: list[str] = dataclasses.field(default_factory=list)  # the checks' warnings and failures, once each
+    notes: list[str] = dataclasses.field(default_factory=list)  # points far above their baseline
+
+    @property
+    def single_devices(self) -> list[str]:
+        """The devices probed with no peer: no other device of their model to be judged against."""
+        models = [p.get("device_model") for p in self.probes if not p.get("error")]
+        return [_device_name(p) for p in self.probes if not p.get("error") and models.count(p.get("device_model")) == 1]
 
 
 def _node(probe: dict[str, Any]) -> str:
@@ -146,12 +164,56 @@ def judge_points(records: list[tuple[str, list[Any]]], baseline: Baseline, min_r
             if values:
                 outcome.ratio = statistics.median(values) / entry.median
                 outcome.verdict = "PASS" if outcome.ratio >= min_ratio else "FAIL"
+                outcome.note = _far_above(outcome, entry.n)
         outcomes.append(outcome)
     return outcomes, missing
 
 
+def _far_above(outcome: PointOutcome, baseline_n: int | None) -> str:
+    """The note of a point at FAR_ABOVE its baseline or more, else ''."""
+    if outcome.ratio is None or outcome.ratio < FAR_ABOVE:
+        return ""
+    few = len(outcome.values) < FEW_REPEATS or (baseline_n is not None and baseline_n < FEW_REPEATS)
+    counted = f"n={baseline_n} in the baseline" if baseline_n is not None else "the baseline gives no count"
+    times = _ratio_text(outcome.ratio, 0) + (" its" if outcome.ratio >= 100 else " of its")
+    return (f"point {outcome.name}: {times} baseline (n={len(outcome.values)} here, "
+            f"{counted}): the baseline may be stale or wrong "
+            "(another machine, software or settings, or a slow moment); check it or save one from runs you trust"
+            + (f", and give --repeats {FEW_REPEATS} or more: one run decides a median of so few" if few else ""))
+
+
+def _ratio_text(ratio: float, decimals: int) -> str:
+    """126%; a ratio against a baseline of next to nothing in three digits, not three hundred."""
+    return f"{ratio:.{decimals}%}" if ratio < 100 else f"{ratio:,.3g} times"
+
+
+def preflight_findings(checked_first: Any, records: list[tuple[str, list[Any]]]) -> list[str]:
+    """The warnings and failures of the machine's checks: ``checked_first`` (a PreflightReport,
+    before the probes; None: not checked) and each point's own (its results' environment.preflight),
+    each check and cause once (its first reading; how many others it had), with where it was found."""
+    from hwbench.harness.preflight import findings
+
+    found: dict[tuple, tuple[str, list[str], set[str]]] = {}  # (status, name, reason): text, places, readings
+    checks = [("before the probes", checked_first.checks if checked_first is not None else [])]
+    checks += [(f"at point {name}", (r.environment.preflight.checks or []) if r.environment.preflight else [])
+               for name, results in records for r in results]
+    for place, point_checks in checks:
+        for check in point_checks:
+            for finding in findings([check]):
+                text, places, readings = found.setdefault((check.status, check.name, check.reason),
+                                                          (finding, [], set()))
+                readings.add(str(check.reading))
+                if place not in places:
+                    places.append(place)
+    return [text + (f" (and {len(readings) - 1} other reading(s))" if len(readings) > 1 else "")
+            + f"; found {', '.join(places)}" for text, places, readings in found.values()]
+
+
 def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
-          baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER) -> Acceptance:
+          baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER,
+          checked_first: Any = None) -> Acceptance:
+    """The acceptance of ``probes`` and the suite's ``records`` against ``baseline``;
+    ``checked_first``: the machine's check before the probes (a PreflightReport), when made."""
     outliers = device_outliers(probes, outlier)
     points, missing = judge_points(records, baseline, min_ratio)
     failures = [f"{_device_name(p)}: its probe failed: {p['error']}" for p in probes if p.get("error")]
@@ -165,7 +227,8 @@ def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
                             f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
     return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
-                      baseline, min_ratio, outlier)
+                      baseline, min_ratio, outlier, preflight_findings(checked_first, records),
+                      [point.note for point in points if point.note])
 
 
 # --- the page -----------------------------------------------------------------------------------
@@ -194,30 +257,30 @@ def acceptance_document(acceptance: Acceptance):
 
     a = acceptance
     word = "PASS" if a.passed else "FAIL"
-    summary = (f"{word}: every device within {a.outlier:.0%} of its peers and every point at or above "
-               f"{a.min_ratio:.0%} of its baseline" if a.passed
-               else f"{word}: {len(a.failures) + len(a.missing)} finding(s) below")
-    verdict = Section("Verdict", [("p", summary)])
+    verdict = Section("Verdict", [("p", summary_text(a))])
     if a.failures:
         verdict.blocks.append(("list", a.failures))
     if a.missing:
         verdict.blocks += [("p", f"Points the baseline ({a.baseline.source}) lacks, exit {MISSING_EXIT}:"),
                            ("list", a.missing)]
+    if a.preflight:
+        verdict.blocks += [("p", "The machine's checks (hwbench preflight) warned; the figures were measured so:"),
+                           ("list", a.preflight)]
+    if a.notes:
+        verdict.blocks += [("p", f"Far above the baseline ({FAR_ABOVE:.0%} of it or more):"), ("list", a.notes)]
     devices = Section("Devices", [])
     if a.probes:
         devices.blocks.append(("p", f"Each device measured alone, one after another: {PROBED}, "
                                     f"training: {_training_text(a.probes)}. Each figure is the best of its "
-                                    "repetitions (or timed steps), then their median, minimum and count. A device "
-                                    f"more than {a.outlier:.0%} below the median of its peers in any of them, or a "
-                                    "node more than that below the other nodes, is named above."))
+                                    "repetitions (or timed steps), then their median, minimum and count. "
+                                    + _peers_rule(a)))
         devices.blocks.append(("table", Table(["device", "model", *(title for _, title, _ in PROBE_FIGURES)], [
             [_device_name(p), p.get("device_model") or "-",
              *(_rate_cell(p, figure, text) for figure, _, text in PROBE_FIGURES)] for p in a.probes])))
     rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
              figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
-             f"{p.ratio:.1%}" if p.ratio is not None else "-", p.straggler or "-", p.verdict + (f": {p.cause}" if
-                                                                                                  p.cause else "")]
+             _ratio_text(p.ratio, 1) if p.ratio is not None else "-", p.straggler or "-", _verdict_cell(p)]
             for p in a.points]
     suite = Section("Suite against the baseline", [
         ("p", f"tokens/s: the median of each point's ok repeats against the baseline's median; PASS at or above "
@@ -230,6 +293,37 @@ def acceptance_document(acceptance: Acceptance):
                                               for k, v in {**base.machine, **base.software}.items())])])
     return Report(f"hwbench accept: {word}", [verdict, devices, suite, source], pd.DataFrame(), pd.DataFrame(), [],
                   [], [], {})
+
+
+def _verdict_cell(point: PointOutcome) -> str:
+    return point.verdict + (f": {point.cause}" if point.cause else "") + (
+        " (the baseline may be wrong: see the verdict)" if point.note else "")
+
+
+def _peers_rule(a: Acceptance) -> str:
+    """How the devices were judged against each other, or why one was not."""
+    alone = a.single_devices
+    if alone and len(alone) == len(a.probes):
+        return (f"{'This device is' if len(alone) == 1 else 'Each device is'} the only one of its model probed: "
+                "it has no peers to be judged against, its figures are evidence only.")
+    rule = (f"A device more than {a.outlier:.0%} below the median of its peers (the other devices of its model) in "
+            "any of them, or a node more than that below the other nodes, is named above.")
+    return rule + (f" Not judged, as the only device of its model: {', '.join(alone)}." if alone else "")
+
+
+def summary_text(a: Acceptance) -> str:
+    """The verdict's first line: PASS or FAIL and what it rests on."""
+    if not a.passed:
+        return f"FAIL: {len(a.failures) + len(a.missing)} finding(s) below"
+    alone = a.single_devices
+    devices = ("its one device probed, with no peers to judge it against" if len(alone) == len(a.probes) == 1
+               else "no device with a peer of its model to judge it against" if alone and len(alone) == len(a.probes)
+               else f"every device within {a.outlier:.0%} of its peers" + (f" ({len(alone)} without one)"
+                                                                           if alone else ""))
+    cautions = ([f"{len(a.preflight)} warning(s) of the machine's checks"] if a.preflight else []) + (
+        [f"{len(a.notes)} point(s) so far above the baseline that it may be wrong"] if a.notes else [])
+    return (f"PASS: {devices}, and every point at or above {a.min_ratio:.0%} of its baseline"
+            + (f"; with {' and '.join(cautions)} (below)" if cautions else ""))
 
 
 def render(acceptance: Acceptance, fmt: str) -> str:

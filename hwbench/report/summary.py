@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from tabulate import tabulate
-
+from hwbench.report.terminal import text_table
 from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason, utilisation_label
@@ -250,7 +249,7 @@ def _telemetry_text(result: RunResult) -> str:
 
 
 def run_summary_table(result: RunResult, path: str | None = None) -> str:
-    return tabulate(run_summary_rows(result, path), tablefmt="simple", disable_numparse=True)
+    return text_table(run_summary_rows(result, path), tablefmt="simple", disable_numparse=True)
 
 
 def sweep_summary_table(suite, records) -> str:
@@ -298,7 +297,7 @@ def sweep_summary_table(suite, records) -> str:
         headers.insert(3, "time to target")
         rows = [row if len(row) == len(headers) else row[:3] + ["-"] + row[3:] for row in rows]
     title = f"sweep {suite.name}: {len(records)} points"
-    table = tabulate(rows, headers=headers, disable_numparse=True)
+    table = text_table(rows, headers=headers, disable_numparse=True)
     return title + "\n" + table + (f"\n{hfu_reason(hfu_formula)}" if hfu_formula else "")
 
 
