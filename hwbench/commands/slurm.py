@@ -14,7 +14,7 @@ from hwbench.options import MULTI_NODE_PORT
 
 DESCRIPTION = ("Print the sbatch script that runs `hwbench run` on --nnodes nodes of a Slurm cluster. Options not "
                "listed here are `hwbench run` options, passed to every task.")
-LOG_NAME = "hwbench-%j.log"  # in the folder sbatch is run from; %j: the job id
+LOG_NAME = "hwbench-%j.log"  # in the folder `hwbench slurm` is run from (made absolute); %j: the job id
 SET_BY_SLURM = ("--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
 
 
@@ -28,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tasks: one Slurm task per device, each one rank (default); torchrun: one task per node "
                              "that starts the node's ranks")
     parser.add_argument("--job-name", default=None, help="#SBATCH --job-name (default: hwbench-<model>-<N>x<G>)")
-    parser.add_argument("--log", default=LOG_NAME, help=f"#SBATCH --output (default: {LOG_NAME.replace('%', '%%')})")
+    parser.add_argument("--log", default=LOG_NAME,
+                        help=f"#SBATCH --output, absolute from this folder (default: {LOG_NAME.replace('%', '%%')})")
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
