@@ -53,7 +53,28 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as one line (no usage dump), exit 2."""
+    """argparse that reports a bad option as one line (no usage dump), exit 2, and names the
+    options nearest to one it does not know."""
+
+    # Options of an outer command that hands its remaining arguments to this parser (`hwbench
+    # slurm` and `hwbench k8s` to the run options'): a mistyped one of them is suggested too.
+    also_known: tuple[str, ...] = ()
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(extras, self.known_options())}")
+        return parsed
+
+    def known_options(self) -> list[str]:
+        """Every long option this parser and its subcommands' parsers take."""
+        known = list(self.also_known)
+        for action in self._actions:
+            known += [name for name in action.option_strings if name.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known += sub.known_options() if isinstance(sub, Parser) else []
+        return sorted(set(known))
 
     def error(self, message: str) -> None:  # type: ignore[override]
         missing = re.fullmatch(r"argument (\S+): expected one argument", message)
@@ -62,6 +83,35 @@ class Parser(argparse.ArgumentParser):
             option = next(name for name in missing.group(1).split("/") + ["--OPTION"] if name.startswith("--"))
             message += f" (a value that starts with '-' is written {option}=VALUE)"
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
+
+
+def nearest_options(given: str, known: Sequence[str]) -> list[str]:
+    """The options ``given`` (a mistyped --flag or --flag=value) may have meant: those it begins
+    (a shortening: commands take no abbreviations), else those spelled nearly as it is."""
+    import difflib
+
+    flag = given.split("=", 1)[0]
+    longer = [name for name in known if name.startswith(flag) and name != flag]
+    if 0 < len(longer) <= 4:
+        return longer
+    # Scored without the dashes every option shares; the near ones only (0.6: "mdoel" and
+    # "model" score 0.8, "xyzzy" and "zero" 0.22), and only those about as near as the best.
+    scores = {name: difflib.SequenceMatcher(None, flag.lstrip("-"), name.lstrip("-")).ratio() for name in known}
+    best = max(scores.values(), default=0.0)
+    return sorted((name for name, score in scores.items() if score >= max(0.6, best - 0.1)),
+                  key=lambda name: -scores[name])[:3]
+
+
+def did_you_mean(extras: Sequence[str], known: Sequence[str]) -> str:
+    """' (did you mean --threads-per-rank?)' for argparse's unrecognized arguments; '' when
+    none is near an option."""
+    options = list(extras)[:list(extras).index("--")] if "--" in extras else extras  # after '--': no options
+    hints = {flag: nearest for flag in dict.fromkeys(item.split("=", 1)[0] for item in options if item.startswith("--"))
+             if (nearest := nearest_options(flag, known))}
+    if not hints:
+        return ""
+    text = [" or ".join(nearest) + ("" if len(hints) == 1 else f" for {flag}") for flag, nearest in hints.items()]
+    return f" (did you mean {', '.join(text)}?)"
 
 
 def one_line(text: str) -> str:

@@ -143,8 +143,9 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
     from hwbench.spec import build_run_spec
 
     environ = os.environ if environ is None else environ
-    args, run_args = _parser().parse_known_args(list(argv))
-    options = parse_run_options(run_args)
+    parser = _parser()
+    args, run_args = parser.parse_known_args(list(argv))
+    options = parse_run_options(run_args, outer=parser)
     for flag in LAUNCHER_OPTIONS[2:]:  # --nnodes and --nproc-per-node are this command's own
         if getattr(options, flag[2:].replace("-", "_")) is not None:
             raise UsageError(f"{flag} is not accepted among the run options of `hwbench k8s`; the manifest sets "

@@ -40,7 +40,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
     from hwbench.spec import build_run_spec
 
     args, run_args = parser.parse_known_args(list(argv))
-    options = parse_run_options(run_args)
+    options = parse_run_options(run_args, outer=parser)
     for flag in SET_BY_SLURM:
         if getattr(options, flag[2:].replace("-", "_")) is not None:
             raise UsageError(f"{flag} is not accepted by `hwbench slurm`; under srun the node rank and the rendezvous "
