@@ -205,3 +205,20 @@ def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monke
     loud, quiet = before_sweep(fp16, options), before_sweep(fp16, options, estimate=False)
     assert quiet and all(line.startswith("warning: --precision fp16: ") for line in quiet)
     assert loud[:-1] == quiet and loud[-1].startswith("note: ")
+
+
+@pytest.mark.parametrize("memory, said", [("80GB", "74.5 GiB"), ("1.5TB", "1.4 TiB"), ("512MB", "488.3 MiB"),
+                                          ("80GiB", None), ("80G", None), ("85899345920", None)])
+def test_a_size_in_a_decimal_unit_is_said_as_it_was_read(memory, said):
+    """`hwbench run --settings fast --device-memory 80GB` plans for 74.5 GiB: said before it starts, with
+    the binary spelling; GiB, G and bytes are read as written and need no word."""
+    lines = before_run(RunOptions(model="tiny", settings="fast", device_memory=memory), estimate=False)
+    notes = [line for line in lines if "is read as" in line]
+    if said is None:
+        assert notes == []
+    else:
+        number, unit = memory[:-2], memory[-2:]
+        power = {"GB": (9, 30), "TB": (12, 40), "MB": (6, 20)}[unit]
+        assert notes == [f"note: --device-memory {memory} is read as {number} x 10^{power[0]} bytes = {said} "
+                         f"({unit} is a power of 10, as disks count); for {number} x 2^{power[1]} bytes give "
+                         f"{number}{unit[0]}iB"]

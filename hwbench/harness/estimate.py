@@ -89,6 +89,15 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days"
 
 
+def size_notes(options) -> list[str]:
+    """'note: --device-memory 80GB is read as 80 x 10^9 bytes = 74.5 GiB ...' for a size given in a
+    decimal unit (said, since a memory size is usually meant in binary units)."""
+    from hwbench.units import decimal_size_note
+
+    note = decimal_size_note(options.device_memory, "--device-memory")
+    return [f"note: {note}"] if note else []
+
+
 def before_run(options, estimate: bool = True) -> list[str]:
     """The lines `hwbench run` says before it starts, each "warning: ..." or "note: ..." (none in a
     rank torchrun or srun started: the launcher said them); the estimate only with ``estimate``."""
@@ -105,7 +114,7 @@ def before_run(options, estimate: bool = True) -> list[str]:
     spec = build_run_spec(options, catalog)
     backend = select_backend(spec.device)
     warning = slow_precision_warning(backend, spec.precision)
-    return ([f"warning: {warning}"] if warning else []) + (
+    return size_notes(options) + ([f"warning: {warning}"] if warning else []) + (
         ["note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")] if estimate else [])
 
 
@@ -121,13 +130,15 @@ def before_sweep(suite, options, estimate: bool = True) -> list[str]:
 
     catalog = load_catalog()
     by_device: dict[str, list] = {}
+    notes: list[str] = []
     for run in point_runs(suite, options, {}):
         try:
             spec = build_run_spec(run.options, catalog, check_paths=False)
         except UsageError:
             continue
         by_device.setdefault(spec.device, []).append(spec)
-    lines = []
+        notes += size_notes(run.options)
+    lines = list(dict.fromkeys(notes))  # each point's --device-memory, each reading once
     for device, specs in by_device.items():
         backend = select_backend(device)
         for precision in sorted({spec.precision for spec in specs}):
