@@ -211,3 +211,44 @@ def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
     described = engine.describe()
     assert described["name"] == "deepspeed" and described["zero_stage"] == 2
     assert described["accelerator"] == "cpu" and described["config"]["gradient_accumulation_steps"] == 2
+
+
+@needs_deepspeed
+def test_a_deepspeed_save_is_finished_only_once_its_files_are_on_the_disk(tmp_path, monkeypatch, fresh_patches):
+    """DeepSpeed's torch.save leaves the files in the page cache: the save's time (and so its GB/s)
+    ends only after each file it wrote, and the folder's entries, were flushed to the disk."""
+    import time
+
+    import torch.distributed as dist
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
+
+    from hwbench.catalog import load_catalog
+    from hwbench.device import select_backend
+    from hwbench.engine import build_engine
+    from hwbench.engine.distributed import single_process
+    from hwbench.spec import ParallelDims
+
+    monkeypatch.setattr(ds_comm, "build_shm_op", lambda: None)  # as above: inference all-reduce only
+    spec = _spec("--seq-length", "32")
+    engine = build_engine(load_catalog().workloads["tiny"].model, spec, select_backend("cpu"),
+                          single_process(ParallelDims()))
+    synced: dict[str, float] = {}  # path -> when its fsync returned
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced[os.readlink(f"/proc/self/fd/{fd}")] = time.perf_counter()
+
+    folder = tmp_path / "iter_0000001"
+    folder.mkdir()
+    try:
+        monkeypatch.setattr(os, "fsync", fsync)
+        write = engine.save_checkpoint(folder, asynchronous=False)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+    finally:
+        engine.close()
+    assert not dist.is_initialized()
+    files = write.wait()
+    assert files and {path.name for path in files} >= {"mp_rank_00_model_states.pt"}
+    assert {str(path.resolve()) for path in files} | {str(folder.resolve())} <= set(synced)
+    assert write.finished_at is not None and write.finished_at >= max(synced.values())
