@@ -29,13 +29,16 @@ class Work:
 
 
 def run_work(spec: RunSpec, catalog: Catalog, backend: Backend) -> Work:
-    """The model FLOPs of ``spec``'s warm-up and timed steps (the formula the run reports)."""
-    from hwbench.workload.flops import model_flops_per_iteration
+    """The FLOPs the device computes in ``spec``'s warm-up and timed steps: the model FLOPs of the
+    formula the run reports, and the recomputed forward of a run that recomputes."""
+    from hwbench.workload.flops import counts_hardware_flops, model_flops_per_iteration
 
     config = spec.model_config(catalog.workloads[spec.model].model)
     per_step = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length,
                                          tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
                                          formula=spec.flops_formula)
+    if spec.recompute and not counts_hardware_flops(spec.flops_formula, spec.recompute):
+        per_step *= 4 / 3  # forward 1 + backward 2, and the recompute's forward 1 more: a floor counts it
     devices = spec.launch.world_size if backend.exclusive_devices else spec.launch.nnodes
     return Work(per_step * (spec.warmup + spec.steps), spec.precision, max(1, devices))
 
@@ -54,6 +57,7 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     """'hwbench run: at least 2 min 10 s (...)', or why the duration is unknown and how to learn it."""
     from hwbench.device_check import device_model_name
     from hwbench.harness.describe import measured_ceiling
+    from hwbench.harness.progress import PACE_FROM_S
     from hwbench.units import flops_rate_text
 
     work = list(work)
@@ -74,8 +78,9 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     measured = ", ".join(f"{p} {flops_rate_text(c.flops)} per device (hwbench calibrate, "
                          f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())
     return (f"{what}: at least {duration_text(seconds)}: {total / 1e12:,.4g} TFLOP of training steps (warm-up "
-            f"included) at the GEMM rate measured on {model}, {measured}; start-up, validation and a step's "
-            "other work make it longer")
+            f"and any recompute included) at the GEMM rate measured on {model}, {measured}; start-up, validation "
+            f"and a step's other work make it longer: a run measured to take {duration_text(PACE_FROM_S)} or "
+            "more says so after its first micro-batch")
 
 
 def duration_text(seconds: float) -> str:

@@ -7,6 +7,12 @@ import sys
 import time
 from typing import TextIO
 
+# A run whose measured pace projects at least this long is told so once the pace is known (its
+# first micro-batch, else its first step): the estimate before it starts is a floor from the GEMM
+# rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
+# CPU, 10 minutes at least, took two hours).
+PACE_FROM_S = 300.0
+
 
 class Progress:
     def __init__(self, title: str, total_steps: int, warmup_steps: int, *, stream: TextIO | None = None,
@@ -21,11 +27,33 @@ class Progress:
         self.started = time.monotonic()
         self._last_draw = 0.0
         self._first_step_done: float | None = None  # the first step carries the warm-up's one-off costs
+        self._training_started: float | None = None
+        self._paced = False  # the measured projection was said
 
     def note(self, message: str) -> None:
         if self.enabled:
             self._finish_line()
             print(f"{self.title}: {message}", file=self.stream, flush=True)
+
+    def training_started(self) -> None:
+        """The first step begins now: the clock of the measured projection."""
+        self._training_started = time.monotonic()
+
+    def first_work_done(self, fraction: float, what: str) -> None:
+        """``what``, the first ``fraction`` of a step (a micro-batch: 1 / the accumulation
+        steps), is done: the run's length at that pace, said when it is long."""
+        if self.enabled and self._training_started is not None:
+            self._project(time.monotonic() - self._training_started, fraction, what)
+
+    def _project(self, seconds: float, fraction: float, what: str) -> None:
+        from hwbench.harness.estimate import duration_text
+
+        total = seconds / fraction * self.total
+        if self._paced or total < PACE_FROM_S:
+            return
+        self._paced = True
+        self.note(f"{what} took {duration_text(seconds)}: at that pace the {self.total} steps (warm-up included) "
+                  f"take about {duration_text(total)}; the first carries one-off costs, the eta refines it")
 
     def step(self, done: int, loss: float | None = None) -> None:
         """``done`` steps of ``total`` finished (warm-up included)."""
@@ -34,6 +62,8 @@ class Progress:
         now = time.monotonic()
         if done == 1 or self._first_step_done is None:
             self._first_step_done = now
+        if done == 1 and self._training_started is not None:
+            self._project(now - self._training_started, 1.0, "step 1")
         due = 0.2 if self.interactive else self.log_interval_s
         if done < self.total and now - self._last_draw < due:
             return
