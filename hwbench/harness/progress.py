@@ -4,6 +4,7 @@ every few seconds otherwise (CI logs)."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -12,6 +13,10 @@ from typing import TextIO
 # rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
 # CPU, 10 minutes at least, took two hours).
 PACE_FROM_S = 300.0
+# Until the first micro-batch is done, the time it has taken so far bounds the run from below
+# (if every one takes as long): said after 30 s, then each time the wait doubles, so that a user
+# learns within the first minute that a run is long even when one micro-batch takes minutes.
+FIRST_WAIT_S = 30.0
 
 
 class Progress:
@@ -29,15 +34,45 @@ class Progress:
         self._first_step_done: float | None = None  # the first step carries the warm-up's one-off costs
         self._training_started: float | None = None
         self._paced = False  # the measured projection was said
+        self._waiting: threading.Timer | None = None  # says the floor while the first micro-batch runs
+        self._first_done = False  # the first micro-batch (or step): the floor is no longer said
 
     def note(self, message: str) -> None:
         if self.enabled:
             self._finish_line()
             print(f"{self.title}: {message}", file=self.stream, flush=True)
 
-    def training_started(self) -> None:
-        """The first step begins now: the clock of the measured projection."""
+    def training_started(self, micro_batches: int = 1, first_wait_s: float = FIRST_WAIT_S) -> None:
+        """The first step, of ``micro_batches`` micro-batches, begins now: the clock of the measured
+        projection, and of the floor said while the first micro-batch runs."""
         self._training_started = time.monotonic()
+        if self.enabled:
+            self._wait_for_first(first_wait_s, micro_batches)
+
+    def _wait_for_first(self, seconds: float, micro_batches: int) -> None:
+        self._waiting = threading.Timer(seconds, self._still_waiting, (seconds, micro_batches))
+        self._waiting.daemon = True  # never keeps a finished run's process alive
+        self._waiting.start()
+
+    def _still_waiting(self, waited: float, micro_batches: int) -> None:
+        """On the timer's thread: the first micro-batch is not done after ``waited``."""
+        from hwbench.harness.estimate import duration_text
+
+        if self._first_done:
+            return
+        count = self.total * micro_batches
+        what, each = (("micro-batch", f"{count} micro-batches ({micro_batches} a step)") if micro_batches > 1
+                      else ("step", f"{count} steps"))
+        if waited * count >= PACE_FROM_S:
+            self.note(f"the first {what} is not done after {duration_text(waited)}: if each of the {each} takes as "
+                      f"long, the run takes more than {duration_text(waited * count)}")
+        if not self._first_done:
+            self._wait_for_first(waited * 2, micro_batches)
+
+    def _stop_waiting(self) -> None:
+        self._first_done = True  # before the cancel: a timer that fires meanwhile says nothing
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     def first_work_done(self, fraction: float, what: str) -> None:
         """``what``, the first ``fraction`` of a step (a micro-batch: 1 / the accumulation
@@ -48,6 +83,7 @@ class Progress:
     def _project(self, seconds: float, fraction: float, what: str) -> None:
         from hwbench.harness.estimate import duration_text
 
+        self._stop_waiting()
         total = seconds / fraction * self.total
         if self._paced or total < PACE_FROM_S:
             return
@@ -96,5 +132,6 @@ class Progress:
             self._last_draw = 0.0
 
     def close(self) -> None:
+        self._stop_waiting()
         if self.enabled:
             self._finish_line()

@@ -287,7 +287,7 @@ def measure(
     outcomes: list[StepOutcome] = []
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
-    progress.training_started()
+    progress.training_started(spec.gradient_accumulation_steps)
 
     def train(step: int) -> None:
         if fault:
