@@ -423,9 +423,12 @@ class RunOptions:
     def with_absolute_paths(self) -> RunOptions:
         """These options with every path made absolute from this process's folder, for a
         script that runs elsewhere (an sbatch job may start in another folder)."""
-        paths = {name: os.path.abspath(value) for name, value in self.given().items()
+        paths = {name: value for name, value in self.given().items()
                  if name in PATH_OPTIONS and not (name == "data" and value in DATA_KEYWORDS)}
-        return self.merged(**paths)
+        for name, value in paths.items():
+            if not value.strip():  # absolute, it would name this folder
+                raise UsageError(f"{RUN_OPTIONS[name].flag} {value!r} is not accepted; give a path")
+        return self.merged(**{name: os.path.abspath(value) for name, value in paths.items()})
 
     def to_argv(self) -> list[str]:
         """`hwbench run` arguments for a child process (a sweep point, a tune trial, a pod)."""

@@ -347,3 +347,13 @@ def test_every_path_in_the_script_is_absolute(tmp_path, monkeypatch, capsys):
     assert main(["slurm", "--model", "tiny", "--device", "cpu", "--data", "synthetic"]) == 0
     srun = shlex.split(capsys.readouterr().out.split("srun ", 1)[1])
     assert srun[srun.index("--data") + 1] == "synthetic"  # a keyword, not a path
+
+
+@pytest.mark.parametrize("flag", ["--out", "--data", "--save", "--load", "--log"])
+def test_a_blank_path_is_refused_not_made_the_current_folder(flag, tmp_path, monkeypatch, capsys):
+    """Made absolute, an empty path would name the folder `hwbench slurm` ran in (a result folder
+    or a log file there by accident): refused in one line instead."""
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"{flag}= "], f"{flag} ' ' is not accepted",
+                            capsys)
+    assert "give a" in err and list(tmp_path.iterdir()) == []

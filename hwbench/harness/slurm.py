@@ -117,6 +117,13 @@ def check_time(value: str) -> str:
     return value
 
 
+def check_log(path: str) -> str:
+    """--log: a file path (an empty one, made absolute, would name the folder itself)."""
+    if not path.strip():
+        raise UsageError(f"--log {path!r} is not accepted; give a file path, e.g. hwbench-%j.log")
+    return check_script_value("--log", path)
+
+
 def check_poll(seconds: float) -> float:
     """--poll: finite seconds, 0 < poll <= POLL_MAX_S."""
     if not (math.isfinite(seconds) and 0 < seconds <= POLL_MAX_S):
@@ -237,7 +244,7 @@ def batch_script(
         "nodes": int(nodes),
         "ntasks-per-node": int(tasks_per_node),
         # The job may start in another folder (--chdir, a script submitted from elsewhere): every path absolute.
-        "output": os.path.abspath(check_script_value("--log", str(log))),
+        "output": os.path.abspath(check_log(str(log))),
         "time": check_time(settings.time) if settings.time else slurm_time(spec.launch.timeout_s + TIMEOUT_MARGIN_S),
     }
     if gres:
@@ -266,7 +273,7 @@ def batch_script(
         "hwbench",
         "run",
         *quiet,
-        *options.merged(out=None).with_absolute_paths().to_argv(),
+        *options.with_absolute_paths().merged(out=None).to_argv(),
         "--out",
         os.path.abspath(point_dir),
     ]
