@@ -56,9 +56,14 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports a bad option as one line (no usage dump), exit 2, and names the
     options nearest to one it does not know."""
 
-    # Options of an outer command that hands its remaining arguments to this parser (`hwbench
-    # slurm` and `hwbench k8s` to the run options'): a mistyped one of them is suggested too.
+    # Options this parser hands on or was handed (`hwbench slurm` and `hwbench k8s` pass what they
+    # do not take to the run options' parser): known here too, and suggested for a mistyped one.
     also_known: tuple[str, ...] = ()
+    given: list[str] = []  # the arguments parsed last, for an error that argparse gives without them
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def parse_args(self, args=None, namespace=None):
         parsed, extras = self.parse_known_args(args, namespace)
@@ -82,6 +87,10 @@ class Parser(argparse.ArgumentParser):
             # argparse takes a value that starts with '-' ("--outlier -5%") for the next option.
             option = next(name for name in missing.group(1).split("/") + ["--OPTION"] if name.startswith("--"))
             message += f" (a value that starts with '-' is written {option}=VALUE)"
+        if message.startswith("the following arguments are required"):  # said before any unknown option
+            known = self.known_options()
+            options = self.given[:self.given.index("--")] if "--" in self.given else self.given
+            message += did_you_mean([item for item in options if item.split("=", 1)[0] not in known], known)
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
 
 

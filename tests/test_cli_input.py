@@ -110,6 +110,11 @@ MISTYPED = [
                                                         "(did you mean --partition?)"),
     (["k8s", "--nnodes", "1", "--nproc-per-node", "1", "--image", "i", "--imag", "j"],
      "hwbench k8s: unrecognized arguments: --imag j (did you mean --image?)"),
+    # argparse names a missing required option before any unknown one: the mistyped one is answered there too
+    (["tune", "--model", "tiny", "--devics", "2"], "hwbench tune: the following arguments are required: --devices "
+                                                   "(did you mean --devices or --device?)"),
+    (["k8s", "--nnodes", "1", "--model", "tiny", "--nproc-per-nod", "2"],
+     "the following arguments are required: --nproc-per-node (did you mean --nproc-per-node?)"),
 ]
 
 

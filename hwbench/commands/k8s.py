@@ -87,6 +87,9 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from hwbench.commands.run import run_option_flags
+
+    parser.also_known = run_option_flags()  # type: ignore[attr-defined]  # a Parser's: the run options it passes on
     parser.add_argument("--api", default="pytorchjob", type=_choice("--api", APIS),
                         help="pytorchjob: the training operator's PyTorchJob (kubeflow.org/v1, default); trainjob: "
                              "Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org/v1alpha1)")

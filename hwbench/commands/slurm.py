@@ -28,6 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tasks: one Slurm task per device, each one rank (default); torchrun: one task per node "
                              "that starts the node's ranks")
     parser.add_argument("--job-name", default=None, help="#SBATCH --job-name (default: hwbench-<model>-<N>x<G>)")
+    from hwbench.commands.run import run_option_flags
+
+    parser.also_known = run_option_flags()  # type: ignore[attr-defined]  # a Parser's: the run options it passes on
     parser.add_argument("--log", default=LOG_NAME,
                         help=f"#SBATCH --output, absolute from this folder (default: {LOG_NAME.replace('%', '%%')})")
 
