@@ -18,6 +18,21 @@ if TYPE_CHECKING:
     from hwbench.result.model import MeasuredCeiling
     from hwbench.spec import RunSpec
 
+# A run whose measured pace projects at least this long is told so once the pace is known (its
+# first micro-batch, else its first step): the estimate before it starts is a floor from the GEMM
+# rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
+# CPU, 10 minutes at least, took two hours).
+PACE_FROM_S = 300.0
+# Until the first micro-batch is done, the time it has taken so far bounds the run from below
+# (if every one takes as long): said after 30 s, then each time the wait doubles, so that a user
+# learns within the first minute that a run is long even when one micro-batch takes minutes.
+FIRST_WAIT_S = 30.0
+
+# What a run that shows its progress says later (hwbench/harness/progress.py): a sweep's and a
+# tune's runs are quiet, so only `hwbench run`'s estimate promises it.
+PACE_LATER = (f"a run measured to take {PACE_FROM_S / 60:g} min or more says so after its first micro-batch, and "
+              f"while that takes longer than {FIRST_WAIT_S:g} s, at least how long")
+
 
 @dataclasses.dataclass(frozen=True)
 class Work:
@@ -57,7 +72,6 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
     """'hwbench run: at least 2 min 10 s (...)', or why the duration is unknown and how to learn it."""
     from hwbench.device_check import device_model_name
     from hwbench.harness.describe import measured_ceiling
-    from hwbench.harness.progress import PACE_FROM_S
     from hwbench.units import flops_rate_text
 
     work = list(work)
@@ -79,8 +93,7 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str) -> str:
                          f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())
     return (f"{what}: at least {duration_text(seconds)}: {total / 1e12:,.4g} TFLOP of training steps (warm-up "
             f"and any recompute included) at the GEMM rate measured on {model}, {measured}; start-up, validation "
-            f"and a step's other work make it longer: a run measured to take {duration_text(PACE_FROM_S)} or "
-            "more says so after its first micro-batch")
+            "and a step's other work make it longer")
 
 
 def duration_text(seconds: float) -> str:
@@ -120,7 +133,8 @@ def before_run(options, estimate: bool = True) -> list[str]:
     backend = select_backend(spec.device)
     warning = slow_precision_warning(backend, spec.precision)
     return size_notes(options) + ([f"warning: {warning}"] if warning else []) + (
-        ["note: " + estimate_text(backend, [run_work(spec, catalog, backend)], "this run")] if estimate else [])
+        [f"note: {estimate_text(backend, [run_work(spec, catalog, backend)], 'this run')}; {PACE_LATER}"]
+        if estimate else [])
 
 
 def before_sweep(suite, options, estimate: bool = True) -> list[str]:

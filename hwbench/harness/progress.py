@@ -8,15 +8,7 @@ import threading
 import time
 from typing import TextIO
 
-# A run whose measured pace projects at least this long is told so once the pace is known (its
-# first micro-batch, else its first step): the estimate before it starts is a floor from the GEMM
-# rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
-# CPU, 10 minutes at least, took two hours).
-PACE_FROM_S = 300.0
-# Until the first micro-batch is done, the time it has taken so far bounds the run from below
-# (if every one takes as long): said after 30 s, then each time the wait doubles, so that a user
-# learns within the first minute that a run is long even when one micro-batch takes minutes.
-FIRST_WAIT_S = 30.0
+from hwbench.harness.estimate import FIRST_WAIT_S, PACE_FROM_S, duration_text
 
 
 class Progress:
@@ -56,8 +48,6 @@ class Progress:
 
     def _still_waiting(self, waited: float, micro_batches: int) -> None:
         """On the timer's thread: the first micro-batch is not done after ``waited``."""
-        from hwbench.harness.estimate import duration_text
-
         if self._first_done:
             return
         count = self.total * micro_batches
@@ -81,8 +71,6 @@ class Progress:
             self._project(time.monotonic() - self._training_started, fraction, what)
 
     def _project(self, seconds: float, fraction: float, what: str) -> None:
-        from hwbench.harness.estimate import duration_text
-
         self._stop_waiting()
         total = seconds / fraction * self.total
         if self._paced or total < PACE_FROM_S:
