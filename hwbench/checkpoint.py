@@ -199,3 +199,15 @@ def check_resumable(saved: SavedCheckpoint, model: str, model_config: dict[str, 
             text = ", ".join(f"{key} {saved_layout[key]}" for key in layout)
             raise UsageError(f"{shown} was saved by DeepSpeed with {text}; DeepSpeed loads it only in that layout "
                              "(the native engine's checkpoints change layout)")
+
+
+def sync_to_disk(*paths: Path) -> None:
+    """Each file's bytes, or a folder's entries (a rename, a new file), flushed to the disk: a
+    save is timed to here, so that its GB/s is the storage's and not the page cache's (the
+    native engine's writer, torch.distributed.checkpoint's, does the same for its files)."""
+    for path in paths:
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)

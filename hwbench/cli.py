@@ -54,7 +54,33 @@ COMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad option as one line (no usage dump), exit 2."""
+    """argparse that reports a bad option as one line (no usage dump), exit 2, and names the
+    options nearest to one it does not know."""
+
+    # Options this parser hands on or was handed (`hwbench slurm` and `hwbench k8s` pass what they
+    # do not take to the run options' parser): known here too, and suggested for a mistyped one.
+    also_known: tuple[str, ...] = ()
+    given: list[str] = []  # the arguments parsed last, for an error that argparse gives without them
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(extras, self.known_options())}")
+        return parsed
+
+    def known_options(self) -> list[str]:
+        """Every long option this parser and its subcommands' parsers take."""
+        known = list(self.also_known)
+        for action in self._actions:
+            known += [name for name in action.option_strings if name.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known += sub.known_options() if isinstance(sub, Parser) else []
+        return sorted(set(known))
 
     def error(self, message: str) -> None:  # type: ignore[override]
         missing = re.fullmatch(r"argument (\S+): expected one argument", message)
@@ -62,7 +88,40 @@ class Parser(argparse.ArgumentParser):
             # argparse takes a value that starts with '-' ("--outlier -5%") for the next option.
             option = next(name for name in missing.group(1).split("/") + ["--OPTION"] if name.startswith("--"))
             message += f" (a value that starts with '-' is written {option}=VALUE)"
+        if message.startswith("the following arguments are required"):  # said before any unknown option
+            known = self.known_options()
+            options = self.given[:self.given.index("--")] if "--" in self.given else self.given
+            message += did_you_mean([item for item in options if item.split("=", 1)[0] not in known], known)
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
+
+
+def nearest_options(given: str, known: Sequence[str]) -> list[str]:
+    """The options ``given`` (a mistyped --flag or --flag=value) may have meant: those it begins
+    (a shortening: commands take no abbreviations), else those spelled nearly as it is."""
+    import difflib
+
+    flag = given.split("=", 1)[0]
+    longer = [name for name in known if name.startswith(flag) and name != flag]
+    if 0 < len(longer) <= 4:
+        return longer
+    # Scored without the dashes every option shares; the near ones only (0.6: "mdoel" and
+    # "model" score 0.8, "xyzzy" and "zero" 0.22), and only those about as near as the best.
+    scores = {name: difflib.SequenceMatcher(None, flag.lstrip("-"), name.lstrip("-")).ratio() for name in known}
+    best = max(scores.values(), default=0.0)
+    return sorted((name for name, score in scores.items() if score >= max(0.6, best - 0.1)),
+                  key=lambda name: -scores[name])[:3]
+
+
+def did_you_mean(extras: Sequence[str], known: Sequence[str]) -> str:
+    """' (did you mean --threads-per-rank?)' for argparse's unrecognized arguments; '' when
+    none is near an option."""
+    options = list(extras)[:list(extras).index("--")] if "--" in extras else extras  # after '--': no options
+    hints = {flag: nearest for flag in dict.fromkeys(item.split("=", 1)[0] for item in options if item.startswith("--"))
+             if (nearest := nearest_options(flag, known))}
+    if not hints:
+        return ""
+    text = [" or ".join(nearest) + ("" if len(hints) == 1 else f" for {flag}") for flag, nearest in hints.items()]
+    return f" (did you mean {', '.join(text)}?)"
 
 
 def one_line(text: str) -> str:

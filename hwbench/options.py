@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,7 @@ ENGINES = ("native", "deepspeed")
 SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
 PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
+PATH_OPTIONS = ("data", "out", "save", "load")  # run options whose value is a path (--data: unless a keyword)
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
 WORKLOAD, LAYOUT, PROCESSES = "workload", "parallel layout", "processes and nodes (torchrun)"
 TARGET = "time to a target quality (docs/scores.md)"
@@ -417,6 +419,16 @@ class RunOptions:
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None removes one), checked."""
         return RunOptions.from_mapping({**self.given(), **changes})
+
+    def with_absolute_paths(self) -> RunOptions:
+        """These options with every path made absolute from this process's folder, for a
+        script that runs elsewhere (an sbatch job may start in another folder)."""
+        paths = {name: value for name, value in self.given().items()
+                 if name in PATH_OPTIONS and not (name == "data" and value in DATA_KEYWORDS)}
+        for name, value in paths.items():
+            if not value.strip():  # absolute, it would name this folder
+                raise UsageError(f"{RUN_OPTIONS[name].flag} {value!r} is not accepted; give a path")
+        return self.merged(**{name: os.path.abspath(value) for name, value in paths.items()})
 
     def to_argv(self) -> list[str]:
         """`hwbench run` arguments for a child process (a sweep point, a tune trial, a pod)."""

@@ -10,6 +10,7 @@ from hwbench.errors import UsageError
 GIB = 2 ** 30
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 20, "MIB": 2 ** 20, "MB": 10 ** 6,
           "G": 2 ** 30, "GIB": 2 ** 30, "GB": 10 ** 9, "T": 2 ** 40, "TIB": 2 ** 40, "TB": 10 ** 12}
+_DECIMAL_POWERS = {"KB": 3, "MB": 6, "GB": 9, "TB": 12}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -43,6 +44,21 @@ def parse_size(text: str, option: str = "--device-memory") -> int:
         raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
                          "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def decimal_size_note(text: str | None, option: str) -> str | None:
+    """How a size in a decimal unit was read, since a memory size is usually meant in binary ones:
+    '--device-memory 80GB is read as 80 x 10^9 bytes = 74.5 GiB (GB is a power of 10, as disks
+    count); for 80 x 2^30 bytes give 80GiB'. None for a binary unit, bytes, or no size (a bad one
+    is parse_size's to refuse)."""
+    match = _SIZE.match(text or "")
+    unit = match.group(2).upper() if match else ""
+    if not match or unit not in _DECIMAL_POWERS or float(match.group(1)) <= 0:
+        return None
+    number, letter = match.group(1), unit[0]
+    return (f"{option} {match.group(0).strip()} is read as {number} x 10^{_DECIMAL_POWERS[unit]} bytes = "
+            f"{human_bytes(parse_size(match.group(0), option))} ({unit} is a power of 10, as disks count); for "
+            f"{number} x 2^{_UNITS[letter].bit_length() - 1} bytes give {number}{letter}iB")
 
 
 def bandwidth_text(bytes_per_s: float | None) -> str:

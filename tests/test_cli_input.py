@@ -95,6 +95,64 @@ def test_a_value_that_starts_with_a_dash_is_answered_with_how_to_give_it(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+MISTYPED = [
+    (["run", "--threads", "2"], "hwbench run: unrecognized arguments: --threads 2 (did you mean --threads-per-rank?)"),
+    (["run", "--micro-batch=4"], "--micro-batch=4 (did you mean --micro-batch-size?)"),
+    (["run", "--threads", "2", "--micro-batch", "4"],
+     "(did you mean --threads-per-rank for --threads, --micro-batch-size for --micro-batch?)"),
+    (["run", "--mdoel", "tiny"], "(did you mean --model?)"),
+    (["run", "--no-telemtry"], "(did you mean --no-telemetry?)"),
+    (["run", "--batch-size", "8"], "(did you mean --micro-batch-size or --global-batch-size?)"),
+    (["compare", "a", "b", "--thresold", "3"], "hwbench compare: unrecognized arguments: --thresold 3 "
+                                               "(did you mean --threshold?)"),
+    # the outer command's own options are suggested, in its name, not only the run options it passes on
+    (["slurm", "--device", "cpu", "--partiton", "gpu"], "hwbench slurm: unrecognized arguments: --partiton gpu "
+                                                        "(did you mean --partition?)"),
+    (["k8s", "--nnodes", "1", "--nproc-per-node", "1", "--image", "i", "--imag", "j"],
+     "hwbench k8s: unrecognized arguments: --imag j (did you mean --image?)"),
+    # argparse names a missing required option before any unknown one: the mistyped one is answered there too
+    (["tune", "--model", "tiny", "--devics", "2"], "hwbench tune: the following arguments are required: --devices "
+                                                   "(did you mean --devices or --device?)"),
+    (["k8s", "--nnodes", "1", "--model", "tiny", "--nproc-per-nod", "2"],
+     "the following arguments are required: --nproc-per-node (did you mean --nproc-per-node?)"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", MISTYPED, ids=[" ".join(a) for a, _ in MISTYPED])
+def test_a_mistyped_option_is_answered_with_the_nearest_ones(argv, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert expected in captured.err and captured.err.startswith("hwbench: error: ") and captured.err.count("\n") == 1
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_no_option_is_suggested_where_none_is_near_or_after_a_double_dash(capsys):
+    for argv in (["run", "--xyzzy"], ["run", "--steps", "3", "--", "--stpes"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" in err and "did you mean" not in err
+
+
+def test_a_mistyped_option_of_a_real_process_is_one_line_with_the_suggestion(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--threads", "2", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("hwbench: error: hwbench run: unrecognized arguments: --threads 2 "
+                           "(did you mean --threads-per-rank?)\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_abbreviations_argparse_takes_still_work(capsys):
+    """The top parser takes a shortened --version; the commands take no abbreviation (a
+    shortened option is answered with the ones it begins)."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--vers"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.startswith("hwbench ")
+    assert main(["run", "--nproc", "2"]) == 2
+    assert "(did you mean --nproc-per-node?)" in capsys.readouterr().err
+
+
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "results.json"
     target.write_text("keep me")

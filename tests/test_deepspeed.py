@@ -211,3 +211,55 @@ def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
     described = engine.describe()
     assert described["name"] == "deepspeed" and described["zero_stage"] == 2
     assert described["accelerator"] == "cpu" and described["config"]["gradient_accumulation_steps"] == 2
+
+
+# Run in a process of its own: DeepSpeed keeps its groups in module globals, so a second engine in
+# a process whose first one was closed fails to build (each run is a process of its own too).
+SAVE_WITH_FSYNC_RECORDED = r"""
+import importlib, json, os, sys, time
+from pathlib import Path
+
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # inference all-reduce only
+from hwbench.catalog import load_catalog
+from hwbench.commands.run import parse_run_spec
+from hwbench.device import select_backend
+from hwbench.engine import build_engine
+from hwbench.engine.distributed import single_process
+from hwbench.spec import ParallelDims
+
+spec = parse_run_spec(["--model", "tiny", "--engine", "deepspeed", "--steps", "2", "--warmup", "0",
+                       "--data", "synthetic", "--seq-length", "32"])
+engine = build_engine(load_catalog().workloads["tiny"].model, spec, select_backend("cpu"),
+                      single_process(ParallelDims()))
+synced = {}  # path -> when its fsync returned
+real_fsync = os.fsync
+
+def fsync(fd):
+    real_fsync(fd)
+    synced[os.readlink(f"/proc/self/fd/{fd}")] = time.perf_counter()
+
+folder = Path(sys.argv[1])
+folder.mkdir()
+os.fsync = fsync
+try:
+    write = engine.save_checkpoint(folder, asynchronous=False)
+finally:
+    os.fsync = real_fsync
+    engine.close()
+print(json.dumps({"files": [str(p.resolve()) for p in write.wait()], "folder": str(folder.resolve()),
+                  "synced": synced, "finished_at": write.finished_at}))
+"""
+
+
+@needs_deepspeed
+def test_a_deepspeed_save_is_finished_only_once_its_files_are_on_the_disk(tmp_path):
+    """DeepSpeed's torch.save leaves the files in the page cache: the save's time (and so its GB/s)
+    ends only after each file it wrote, and the folder's entries, were flushed to the disk. A
+    one-process DeepSpeed engine saves with os.fsync recorded."""
+    done = subprocess.run([sys.executable, "-c", SAVE_WITH_FSYNC_RECORDED, str(tmp_path / "iter_0000001")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads(done.stdout.strip().splitlines()[-1])
+    assert saved["files"] and any(path.endswith("/mp_rank_00_model_states.pt") for path in saved["files"])
+    assert set(saved["files"]) | {saved["folder"]} <= set(saved["synced"])
+    assert saved["finished_at"] >= max(saved["synced"].values())

@@ -84,8 +84,9 @@ def test_the_estimate_is_the_model_flops_over_the_measured_rate(tmp_path, monkey
     text = estimate_text(backend, [work], "this run")
     assert text.startswith(
         f"this run: at least {duration_text(flops / 2e9)}: {flops / 1e12:,.4g} TFLOP of training "
-        "steps (warm-up included) at the GEMM rate measured on "
+        "steps (warm-up and any recompute included) at the GEMM rate measured on "
     )
+    assert text.endswith("; start-up, validation and a step's other work make it longer")
     assert "fp32 2.0 GFLOP/s per device (hwbench calibrate, 2026-11-25)" in text
     # two ranks on one CPU share its rate: the same work takes as long; on GPUs, each rank has its own
     two = build_run_spec(RunOptions(model="tiny", steps=20, warmup=4, nproc_per_node=2), catalog)
@@ -120,6 +121,8 @@ def test_run_says_it_before_it_starts(tmp_path, monkeypatch, capsys, avx2_only):
         "; --precision fp32 runs at speed here"
     )
     assert lines[1].startswith("hwbench: note: this run: at least ") and "fp16 340.00 MFLOP/s per device" in lines[1]
+    # the estimate is a floor: the run says its measured length later (a sweep's quiet runs do not)
+    assert lines[1].endswith("; a run of 5 min or more says its measured length after its first micro-batch")
 
 
 @pytest.mark.parametrize(
@@ -225,3 +228,35 @@ def test_a_calibration_that_gives_no_ceiling_is_said_once_in_one_short_line(tmp_
     (tmp_path / "calibration.json").write_text(json.dumps(store))
     assert before_run(options) == [first]
     assert (tmp_path / ".calibration.json.said").is_file()  # beside the store, hwbench's own
+
+
+@pytest.mark.parametrize("memory, said", [("80GB", "74.5 GiB"), ("1.5TB", "1.4 TiB"), ("512MB", "488.3 MiB"),
+                                          ("80GiB", None), ("80G", None), ("85899345920", None)])
+def test_a_size_in_a_decimal_unit_is_said_as_it_was_read(memory, said):
+    """`hwbench run --settings fast --device-memory 80GB` plans for 74.5 GiB: said before it starts, with
+    the binary spelling; GiB, G and bytes are read as written and need no word."""
+    lines = before_run(RunOptions(model="tiny", settings="fast", device_memory=memory), estimate=False)
+    notes = [line for line in lines if "is read as" in line]
+    if said is None:
+        assert notes == []
+    else:
+        number, unit = memory[:-2], memory[-2:]
+        power = {"GB": (9, 30), "TB": (12, 40), "MB": (6, 20)}[unit]
+        assert notes == [f"note: --device-memory {memory} is read as {number} x 10^{power[0]} bytes = {said} "
+                         f"({unit} is a power of 10, as disks count); for {number} x 2^{power[1]} bytes give "
+                         f"{number}{unit[0]}iB"]
+
+
+def test_the_floor_counts_the_recomputed_forward_the_device_computes():
+    """--recompute (345m's published setting) runs each block's forward twice: a floor of the time
+    counts it (forward 1 + backward 2 + recompute 1 = 4/3 of the model FLOPs), once only where the
+    formula counts it itself (megatron-deepspeed's hardware FLOPs)."""
+    backend, catalog = select_backend("cpu"), load_catalog()
+    config = catalog.workloads["tiny"].model
+    for formula, factor in (("megatron-core-v0.12", 4 / 3), ("megatron-deepspeed", 1.0)):
+        plain, recomputed = (build_run_spec(RunOptions(model="tiny", steps=3, warmup=1, recompute=recompute,
+                                                       flops_formula=formula), catalog) for recompute in (False, True))
+        model_flops = 4 * model_flops_per_iteration(config, recomputed.global_batch_size, recomputed.seq_length,
+                                                    recompute=True, formula=formula)
+        assert run_work(recomputed, catalog, backend).flops == pytest.approx(model_flops * factor)
+        assert run_work(plain, catalog, backend).flops < run_work(recomputed, catalog, backend).flops

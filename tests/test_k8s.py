@@ -465,3 +465,65 @@ def test_trainjob_runs_the_same_hwbench_run_on_every_node(capsys):
     [override] = m["spec"]["podTemplateOverrides"]
     assert override["targetJobs"] == [{"name": "node"}]
     assert {v["name"] for v in override["spec"]["volumes"]} == {"dshm", "results"}
+
+
+# --- the image the pods run: the repository's Dockerfile ------------------------------------
+
+REPOSITORY = Path(hwbench.__file__).resolve().parent.parent
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as (INSTRUCTION, arguments), continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (REPOSITORY / "Dockerfile").read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPOSITORY / "pyproject.toml").read_text())
+
+
+def test_the_dockerfile_installs_what_the_pods_run(capsys):
+    """No Docker here: the Dockerfile is read, and what it installs is held against the README's
+    install, pyproject's extras and what a generated manifest's pod command needs."""
+    instructions = _dockerfile()
+    args = dict(value.split("=", 1) for kind, value in instructions if kind == "ARG")
+    (base,) = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], v) for k, v in instructions if k == "FROM"]
+    assert base.startswith("nvidia/cuda:") and "-devel-" in base  # the default --device cuda; nvcc for DeepSpeed
+    (install,) = [shlex.split(v) for k, v in instructions if k == "RUN" and "pip install" in v]
+    packages = [word for word in install[install.index("install") + 1:] if not word.startswith("-")]
+    readme_torch = re.search(r"pip install (torch==\S+) -e \. ", (REPOSITORY / "README.md").read_text()).group(1)
+    assert readme_torch in packages  # the torch the README's set-up installs
+    (local,) = [p for p in packages if p.startswith(".")]
+    extras = set(filter(None, (re.fullmatch(r"\.(?:\[([\w,]+)\])?", local).group(1) or "").split(",")))
+    optional = _pyproject()["project"]["optional-dependencies"]
+    assert extras <= set(optional)
+    # a manifest that runs --engine deepspeed needs the extra that brings deepspeed
+    job = manifest(capsys, "--nnodes", "1", "--nproc-per-node", "2", "--engine", "deepspeed", *TINY)
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--engine deepspeed" in command
+    assert {name for name, requirements in optional.items()
+            if any(re.match(r"deepspeed\b", r) for r in requirements) and name != "test"} <= extras
+    # pip needs pyproject, its readme and the package, all copied and none left out of the build context
+    copied = {source for kind, value in instructions if kind == "COPY" for source in value.split()[:-1]}
+    needed = {"pyproject.toml", _pyproject()["project"]["readme"], "hwbench"}
+    assert needed <= copied
+    ignored = (REPOSITORY / ".dockerignore").read_text().splitlines()
+    assert {f"!{path}" for path in needed} <= set(ignored)
+    # the pod runs `exec hwbench run ...` through /bin/sh: the venv's bin is first on PATH
+    assert shlex.split(command)[:2] == ["exec", "hwbench"]
+    (venv,) = [v.split()[-1] for k, v in instructions if k == "RUN" and "-m venv" in v]
+    (path,) = [v.split("=", 1)[1] for k, v in instructions if k == "ENV" and v.startswith("PATH=")]
+    assert path.split(":")[0] == f"{venv}/bin"
+
+
+def test_k8s_without_an_image_names_the_one_to_build(capsys):
+    assert hwbench.cli.main(["k8s", "--nnodes", "2", "--nproc-per-node", "8", *TINY]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    image = f"REGISTRY/hwbench:{hwbench.__version__}"
+    assert "--image is required" in captured.err and "this repository's Dockerfile" in captured.err
+    assert f"docker build -t {image} . && docker push {image}, then --image {image}" in captured.err
+    assert "\n## The image\n" in (REPOSITORY / "docs" / "kubernetes.md").read_text()  # the page it names

@@ -317,6 +317,18 @@ def test_main_marks_what_does_not_fit(capsys):
     assert by_variant[("8x1x1", "native")] == "yes"
 
 
+def test_a_decimal_device_memory_is_said_as_it_was_read(capsys):
+    """80GB is 80 x 10^9 bytes, 74.5 GiB: the plan says so and how to give 80 GiB; a binary unit needs no word."""
+    assert main(["--model", "1.3b", "--devices", "8", "--device-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory 74.51 GiB" in out
+    assert ("note: --device-memory 80GB is read as 80 x 10^9 bytes = 74.5 GiB (GB is a power of 10, as disks "
+            "count); for 80 x 2^30 bytes give 80GiB\n") in out
+    assert main(["--model", "1.3b", "--devices", "8", "--device-memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "device memory 80.00 GiB" in out and "is read as" not in out
+
+
 def test_main_one_layout_every_stage(capsys):
     assert main(["--model", "1.3b", "--layout", "2x2x2", "--device-model", "h100-sxm"]) == 0
     rows = _rows(capsys.readouterr().out)

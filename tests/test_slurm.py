@@ -4,6 +4,8 @@ local Slurm: tests/test_slurm_local.py (-m slurm)."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from hwbench.cli import main
@@ -329,3 +331,29 @@ def test_a_slurm_sweep_needs_a_device_kind_before_anything_is_written(device, tm
         capsys,
     )
     assert not out.exists()
+
+
+def test_every_path_in_the_script_is_absolute(tmp_path, monkeypatch, capsys):
+    """A job starts in the folder sbatch ran in (or --chdir's): a relative --out, --data, --save,
+    --load or --log in the script would land elsewhere. They are resolved from where `hwbench slurm` ran."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--out", "res", "--data", "corpus/text",
+                 "--save", "ck", "--load", "old/ck", "--log", "logs/%j.log", "--steps", "3"]) == 0
+    script = capsys.readouterr().out
+    assert f"#SBATCH --output={tmp_path}/logs/%j.log\n" in script
+    srun = shlex.split(script.split("srun ", 1)[1])
+    for flag, path in (("--out", "res"), ("--data", "corpus/text"), ("--save", "ck"), ("--load", "old/ck")):
+        assert srun[srun.index(flag) + 1] == str(tmp_path / path)
+    assert main(["slurm", "--model", "tiny", "--device", "cpu", "--data", "synthetic"]) == 0
+    srun = shlex.split(capsys.readouterr().out.split("srun ", 1)[1])
+    assert srun[srun.index("--data") + 1] == "synthetic"  # a keyword, not a path
+
+
+@pytest.mark.parametrize("flag", ["--out", "--data", "--save", "--load", "--log"])
+def test_a_blank_path_is_refused_not_made_the_current_folder(flag, tmp_path, monkeypatch, capsys):
+    """Made absolute, an empty path would name the folder `hwbench slurm` ran in (a result folder
+    or a log file there by accident): refused in one line instead."""
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_refusal(["slurm", "--model", "tiny", "--device", "cpu", f"{flag}= "], f"{flag} ' ' is not accepted",
+                            capsys)
+    assert "give a" in err and list(tmp_path.iterdir()) == []

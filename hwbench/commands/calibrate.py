@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     min_time = _seconds("--min-time", args.min_time, allow_zero=False)
     device_warmup = _seconds("--device-warmup", args.device_warmup, allow_zero=True)
     threads = _integer("--threads", args.threads, 1) if args.threads is not None else None
-    from hwbench.units import parse_size
+    from hwbench.units import decimal_size_note, parse_size
 
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
     if copy_bytes is not None and copy_bytes < 1:  # '0.5' parses to 0 bytes: there would be nothing to copy
@@ -177,6 +177,9 @@ def main(args: argparse.Namespace) -> int:
         device_warmup_s=device_warmup,
     )
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
+    reading = decimal_size_note(args.copy_size, "--copy-size")
+    if reading:  # once every option is checked: a refusal stays one line
+        print(f"hwbench: note: {reading}", file=sys.stderr, flush=True)
     calibration = calibrate(
         backend,
         model,

@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
+from hwbench import __version__
 from hwbench.errors import UsageError
 from hwbench.k8s import (
     _CPU_QUANTITY,
@@ -65,6 +66,9 @@ def _matching(option: str, pattern: re.Pattern, accepted: str, max_length: int |
     return convert
 
 
+EXAMPLE_IMAGE = f"REGISTRY/hwbench:{__version__}"  # REGISTRY: where the cluster pulls images from
+
+
 def _image(text: str) -> str:
     if not text or any(c.isspace() for c in text):
         raise UsageError(f"--image {text!r} is not accepted; give a container image reference without spaces "
@@ -83,6 +87,9 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from hwbench.commands.run import run_option_flags
+
+    parser.also_known = run_option_flags()  # type: ignore[attr-defined]  # a Parser's: the run options it passes on
     parser.add_argument("--api", default="pytorchjob", type=_choice("--api", APIS),
                         help="pytorchjob: the training operator's PyTorchJob (kubeflow.org/v1, default); trainjob: "
                              "Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org/v1alpha1)")
@@ -92,7 +99,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnodes", required=True, type=_int_at_least("--nnodes", 1), help="pods (nodes) in the job")
     parser.add_argument("--nproc-per-node", required=True, type=_int_at_least("--nproc-per-node", 1),
                         help="ranks per pod; also the accelerators each pod requests")
-    parser.add_argument("--image", required=True, type=_image, help="container image with hwbench installed")
+    parser.add_argument("--image", type=_image, help="container image with hwbench installed (required; the "
+                        "repository's Dockerfile builds one: docs/kubernetes.md)")
     parser.add_argument("--name", type=_matching("--name", _DNS_1035_LABEL, "a DNS-1035 label, as the training "
                                                  "operator requires: lowercase letters, digits and '-', starting "
                                                  "with a letter and ending with a letter or digit"),
@@ -143,8 +151,14 @@ def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None)
     from hwbench.spec import build_run_spec
 
     environ = os.environ if environ is None else environ
-    args, run_args = _parser().parse_known_args(list(argv))
-    options = parse_run_options(run_args)
+    parser = _parser()
+    args, run_args = parser.parse_known_args(list(argv))
+    if args.image is None:
+        raise UsageError(f"--image is required: the container image every pod runs, with hwbench installed; build "
+                         f"one from this repository's Dockerfile and push it where the cluster pulls from: docker "
+                         f"build -t {EXAMPLE_IMAGE} . && docker push {EXAMPLE_IMAGE}, then --image {EXAMPLE_IMAGE} "
+                         "(docs/kubernetes.md, 'The image')")
+    options = parse_run_options(run_args, outer=parser)
     for flag in LAUNCHER_OPTIONS[2:]:  # --nnodes and --nproc-per-node are this command's own
         if getattr(options, flag[2:].replace("-", "_")) is not None:
             raise UsageError(f"{flag} is not accepted among the run options of `hwbench k8s`; the manifest sets "

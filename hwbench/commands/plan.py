@@ -13,7 +13,7 @@ from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
 from hwbench.options import ENGINES, RUN_OPTIONS, RunOptions
 from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES
-from hwbench.units import gib
+from hwbench.units import decimal_size_note, gib
 
 DESCRIPTION = "Predict the per-rank peak memory of training layouts and which fit a device (docs/planner.md)."
 HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
@@ -94,7 +94,8 @@ def main(args: argparse.Namespace) -> int:
         found.capacity_bytes,
         found.headroom,
         found.device_kind,
-        found.layouts[0].peak.notes if layout else (),
+        [*filter(None, [decimal_size_note(args.device_memory, "--device-memory")]),
+         *(found.layouts[0].peak.notes if layout else ())],
         skipped,
     )
     return 0

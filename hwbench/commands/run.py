@@ -94,11 +94,23 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     return parser.parse_args(list(argv))
 
 
-def parse_run_options(run_argv: Sequence[str]) -> RunOptions:
-    """The options of `hwbench run RUN_ARGV...` (UsageError, as the command, for an unknown one)."""
-    from hwbench.cli import command_parser
+def run_option_flags() -> tuple[str, ...]:
+    """The long options `hwbench run` takes, for a command that hands it those it does not take."""
+    from hwbench.cli import Parser, command_parser
+
+    parser = command_parser("run")[1]
+    return tuple(parser.known_options()) if isinstance(parser, Parser) else ()
+
+
+def parse_run_options(run_argv: Sequence[str], outer: argparse.ArgumentParser | None = None) -> RunOptions:
+    """The options of `hwbench run RUN_ARGV...` (UsageError, as the command, for an unknown one).
+    ``outer``: the command that passed on the arguments it does not take itself (`hwbench slurm`,
+    `hwbench k8s`); an unknown one is then reported as its, with its options among the suggestions."""
+    from hwbench.cli import Parser, command_parser
 
     _, parser = command_parser("run")
+    if isinstance(outer, Parser) and isinstance(parser, Parser):
+        parser.prog, parser.also_known = outer.prog, tuple(outer.known_options())
     return options_from_namespace(parse(parser, run_argv))
 
 

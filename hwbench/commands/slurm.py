@@ -14,7 +14,7 @@ from hwbench.options import MULTI_NODE_PORT
 
 DESCRIPTION = ("Print the sbatch script that runs `hwbench run` on --nnodes nodes of a Slurm cluster. Options not "
                "listed here are `hwbench run` options, passed to every task.")
-LOG_NAME = "hwbench-%j.log"  # in the folder sbatch is run from; %j: the job id
+LOG_NAME = "hwbench-%j.log"  # in the folder `hwbench slurm` is run from (made absolute); %j: the job id
 SET_BY_SLURM = ("--node-rank", "--master-addr", "--master-port", "--rdzv-endpoint")
 
 
@@ -28,7 +28,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tasks: one Slurm task per device, each one rank (default); torchrun: one task per node "
                              "that starts the node's ranks")
     parser.add_argument("--job-name", default=None, help="#SBATCH --job-name (default: hwbench-<model>-<N>x<G>)")
-    parser.add_argument("--log", default=LOG_NAME, help=f"#SBATCH --output (default: {LOG_NAME.replace('%', '%%')})")
+    from hwbench.commands.run import run_option_flags
+
+    parser.also_known = run_option_flags()  # type: ignore[attr-defined]  # a Parser's: the run options it passes on
+    parser.add_argument("--log", default=LOG_NAME,
+                        help=f"#SBATCH --output, absolute from this folder (default: {LOG_NAME.replace('%', '%%')})")
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
@@ -39,7 +43,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
     from hwbench.spec import build_run_spec
 
     args, run_args = parser.parse_known_args(list(argv))
-    options = parse_run_options(run_args)
+    options = parse_run_options(run_args, outer=parser)
     for flag in SET_BY_SLURM:
         if getattr(options, flag[2:].replace("-", "_")) is not None:
             raise UsageError(f"{flag} is not accepted by `hwbench slurm`; under srun the node rank and the rendezvous "

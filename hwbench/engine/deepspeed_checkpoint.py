@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hwbench.checkpoint import sync_to_disk
 from hwbench.engine.base import StateWrite
 
 IN_FOLDER = "."  # DeepSpeed's tag: the folder DeepSpeed is given holds the files itself
@@ -44,15 +45,14 @@ def _recording(checkpoint_engine: Any, method: str) -> Iterator[list[Path]]:
 
 
 def save_deepspeed(engine: Any, folder: Path, rank: int) -> StateWrite:
-    """Every rank calls DeepSpeed's save_checkpoint into ``folder``; this rank's files."""
+    """Every rank calls DeepSpeed's save_checkpoint into ``folder``; this rank's files, flushed
+    to the disk before the write counts as finished (DeepSpeed's torch.save leaves them in the
+    page cache, whose GB/s would be timed instead of the storage's)."""
     with _recording(engine.checkpoint_engine, "save") as paths:
         engine.save_checkpoint(str(folder), tag=IN_FOLDER, save_latest=False)
-    written = sorted(set(paths))
-
-    def files() -> list[Path]:
-        return written + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
-
-    return StateWrite(files)
+    written = sorted(set(paths)) + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
+    sync_to_disk(*(path for path in written if path.is_file()), folder)
+    return StateWrite(lambda: written)
 
 
 def load_deepspeed(engine: Any, folder: Path) -> int:

@@ -45,6 +45,7 @@ from hwbench.checkpoint import (
     find_checkpoint,
     iteration_folder_name,
     partial_folder,
+    sync_to_disk,
 )
 from hwbench.device import Backend
 from hwbench.engine.base import Engine, StateWrite
@@ -272,6 +273,7 @@ class Checkpointer:
             self.ctx.barrier()
             rng_file = partial / RNG_FILE.format(rank=self.ctx.rank)
             torch.save(self.backend.rng_states(), rng_file)
+            sync_to_disk(rng_file)  # timed to the disk, as the engine's files are
             write = self.engine.save_checkpoint(partial, self.spec.async_save, self.group)
         except SAVE_ERRORS as error:
             self._failed(iteration, partial, error)
@@ -412,18 +414,9 @@ def commit(partial: Path, save_dir: Path, iteration: int) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     else:
         os.replace(partial, final)
-    _fsync_folder(save_dir)
+    sync_to_disk(save_dir)  # the rename reaches the disk: a crash after it does not bring the old name back
     write_text_atomic(save_dir / LATEST_FILE, f"{iteration}\n")
     return final
-
-
-def _fsync_folder(folder: Path) -> None:
-    """The rename reaches the disk (a crash after it does not bring the old name back)."""
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:

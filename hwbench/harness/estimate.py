@@ -21,6 +21,20 @@ if TYPE_CHECKING:
     from hwbench.result.model import MeasuredCeiling
     from hwbench.spec import RunSpec
 
+# A run whose measured pace projects at least this long is told so once the pace is known (its
+# first micro-batch, else its first step): the estimate before it starts is a floor from the GEMM
+# rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
+# CPU, 10 minutes at least, took two hours).
+PACE_FROM_S = 300.0
+# Until the first micro-batch is done, the time it has taken so far bounds the run from below
+# (if every one takes as long): said after 30 s, then each time the wait doubles, so that a user
+# learns within the first minute that a run is long even when one micro-batch takes minutes.
+FIRST_WAIT_S = 30.0
+
+# What a run that shows its progress says later (hwbench/harness/progress.py): a sweep's and a
+# tune's runs are quiet, so only `hwbench run`'s estimate promises it.
+PACE_LATER = f"a run of {PACE_FROM_S / 60:g} min or more says its measured length after its first micro-batch"
+
 
 @dataclasses.dataclass(frozen=True)
 class Work:
@@ -32,13 +46,16 @@ class Work:
 
 
 def run_work(spec: RunSpec, catalog: Catalog, backend: Backend) -> Work:
-    """The model FLOPs of ``spec``'s warm-up and timed steps (the formula the run reports)."""
-    from hwbench.workload.flops import model_flops_per_iteration
+    """The FLOPs the device computes in ``spec``'s warm-up and timed steps: the model FLOPs of the
+    formula the run reports, and the recomputed forward of a run that recomputes."""
+    from hwbench.workload.flops import counts_hardware_flops, model_flops_per_iteration
 
     config = spec.model_config(catalog.workloads[spec.model].model)
     per_step = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length,
                                          tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
                                          formula=spec.flops_formula)
+    if spec.recompute and not counts_hardware_flops(spec.flops_formula, spec.recompute):
+        per_step *= 4 / 3  # forward 1 + backward 2, and the recompute's forward 1 more: a floor counts it
     devices = spec.launch.world_size if backend.exclusive_devices else spec.launch.nnodes
     return Work(per_step * (spec.warmup + spec.steps), spec.precision, max(1, devices))
 
@@ -82,8 +99,8 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str, once: bool 
     measured = ", ".join(f"{p} {flops_rate_text(c.flops)} per device (hwbench calibrate, "
                          f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())
     return (f"{what}: at least {duration_text(seconds)}: {total / 1e12:,.4g} TFLOP of training steps (warm-up "
-            f"included) at the GEMM rate measured on {model}, {measured}; start-up, validation and a step's "
-            "other work make it longer")
+            f"and any recompute included) at the GEMM rate measured on {model}, {measured}; start-up, validation "
+            "and a step's other work make it longer")
 
 
 def said_before(cause: str) -> bool:
@@ -124,6 +141,15 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 86400:,.1f} days"
 
 
+def size_notes(options) -> list[str]:
+    """'note: --device-memory 80GB is read as 80 x 10^9 bytes = 74.5 GiB ...' for a size given in a
+    decimal unit (said, since a memory size is usually meant in binary units)."""
+    from hwbench.units import decimal_size_note
+
+    note = decimal_size_note(options.device_memory, "--device-memory")
+    return [f"note: {note}"] if note else []
+
+
 def before_run(options, estimate: bool = True) -> list[str]:
     """The lines `hwbench run` says before it starts, each "warning: ..." or "note: ..." (none in a
     rank torchrun or srun started: the launcher said them); the estimate only with ``estimate``."""
@@ -141,7 +167,9 @@ def before_run(options, estimate: bool = True) -> list[str]:
     backend = select_backend(spec.device)
     warning = slow_precision_warning(backend, spec.precision)
     note = estimate_text(backend, [run_work(spec, catalog, backend)], "this run", once=True) if estimate else ""
-    return ([f"warning: {warning}"] if warning else []) + ([f"note: {note}"] if note else [])
+    if note and "duration unknown" not in note:  # a floor: the run says its measured length later
+        note += f"; {PACE_LATER}"
+    return size_notes(options) + ([f"warning: {warning}"] if warning else []) + ([f"note: {note}"] if note else [])
 
 
 def before_sweep(suite, options, estimate: bool = True) -> list[str]:
@@ -156,13 +184,15 @@ def before_sweep(suite, options, estimate: bool = True) -> list[str]:
 
     catalog = load_catalog()
     by_device: dict[str, list] = {}
+    notes: list[str] = []
     for run in point_runs(suite, options, {}):
         try:
             spec = build_run_spec(run.options, catalog, check_paths=False)
         except UsageError:
             continue
         by_device.setdefault(spec.device, []).append(spec)
-    lines = []
+        notes += size_notes(run.options)
+    lines = list(dict.fromkeys(notes))  # each point's --device-memory, each reading once
     for device, specs in by_device.items():
         backend = select_backend(device)
         for precision in sorted({spec.precision for spec in specs}):

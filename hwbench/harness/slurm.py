@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -114,6 +115,13 @@ def check_time(value: str) -> str:
             "(hours < 24 after D-, minutes and seconds < 60)"
         )
     return value
+
+
+def check_log(path: str) -> str:
+    """--log: a file path (an empty one, made absolute, would name the folder itself)."""
+    if not path.strip():
+        raise UsageError(f"--log {path!r} is not accepted; give a file path, e.g. hwbench-%j.log")
+    return check_script_value("--log", path)
 
 
 def check_poll(seconds: float) -> float:
@@ -235,7 +243,8 @@ def batch_script(
         "job-name": check_name_length("--job-name", check_script_value("--job-name", job_name)),
         "nodes": int(nodes),
         "ntasks-per-node": int(tasks_per_node),
-        "output": check_script_value("--log", str(log)),
+        # The job may start in another folder (--chdir, a script submitted from elsewhere): every path absolute.
+        "output": os.path.abspath(check_log(str(log))),
         "time": check_time(settings.time) if settings.time else slurm_time(spec.launch.timeout_s + TIMEOUT_MARGIN_S),
     }
     if gres:
@@ -264,9 +273,9 @@ def batch_script(
         "hwbench",
         "run",
         *quiet,
-        *options.merged(out=None).to_argv(),
+        *options.with_absolute_paths().merged(out=None).to_argv(),
         "--out",
-        str(point_dir),
+        os.path.abspath(point_dir),
     ]
     lines += ["", "srun --kill-on-bad-exit=1 " + shlex.join(command), ""]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from hwbench.options import RunOptions
 from hwbench.paths import RANKING_FILE
 from hwbench.planner import Variant
 from hwbench.result.store import write_json_atomic
-from hwbench.units import gib, parse_size
+from hwbench.units import decimal_size_note, gib, parse_size
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
 
@@ -138,6 +138,9 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
     warning = slow_precision_warning(backend, fixed.precision)
     if warning:  # said even when --quiet: it is a warning, not progress
         progress_lines(True)(f"hwbench: warning: {warning}")
+    reading = decimal_size_note(device_memory, "--device-memory")
+    if reading:  # said even when --quiet: the capacity the trials are chosen for
+        progress_lines(True)(f"hwbench: note: {reading}")
     capacity = (parse_size(device_memory, "--device-memory") if device_memory
                 else device_capacity_bytes(backend, catalog))
     runnable, trials = candidates(base, devices, capacity, engines)

@@ -16,6 +16,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from hwbench.result.model import Environment, Launch, RunError, RunResult, Sweep
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
-from hwbench.workload.data import BuiltinCorpus, SampledData, SyntheticTokens
+from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
 
 
 @dataclasses.dataclass
@@ -239,6 +240,27 @@ def _periodic_eval(spec: RunSpec, iteration: int) -> bool:
     return spec.eval_interval > 0 and iteration % spec.eval_interval == 0
 
 
+def _pace_of_first_micro_batch(spec: RunSpec, backend: Backend, progress: Progress,
+                               next_batch: Callable[[], Batch]) -> Callable[[], Batch]:
+    """``next_batch`` that tells ``progress`` when the first micro-batch's forward and backward are
+    done (the second is asked for): a run of many slow micro-batches says its pace after the first,
+    not after a whole step. Not under a pipeline, which asks for every micro-batch at once."""
+    accumulation = spec.gradient_accumulation_steps
+    if not progress.enabled or accumulation < 2 or spec.parallel.pp > 1:
+        return next_batch
+    asked = 0
+
+    def fetch() -> Batch:
+        nonlocal asked
+        asked += 1
+        if asked == 2:
+            backend.synchronize()  # the device's work, not only the host's launches (a warm-up step)
+            progress.first_work_done(1 / accumulation, f"the first micro-batch (1 of {accumulation} in a step)")
+        return next_batch()
+
+    return fetch
+
+
 def measure(
     spec: RunSpec,
     backend: Backend,
@@ -266,11 +288,14 @@ def measure(
     outcomes: list[StepOutcome] = []
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
+    progress.training_started(spec.gradient_accumulation_steps)
 
     def train(step: int) -> None:
         if fault:
             fault.maybe_trigger(ctx.rank, step)
-        outcomes.append(engine.train_step(data.train_batch))
+        first = step == 1 and step <= spec.warmup  # a warm-up step: it may sync to time its first micro-batch
+        outcomes.append(engine.train_step(_pace_of_first_micro_batch(spec, backend, progress, data.train_batch)
+                                          if first else data.train_batch))
         backend.step_done()
 
     def validate_reached(iteration: int) -> bool:
