@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The measurements a GPU (or NPU) session owes the open checks, in stages that resume, so that a
-# loan of a card runs what its device time holds and the next loan goes on (docs/performance.md,
-# "A GPU session, call by call", has the plan for 15 minutes of device time):
+# loan of a card runs what its device time holds and the next loan goes on (benchmarks/README.md,
+# "The GPU session", has the plan for 15 minutes of device time):
 #   probe   `hwbench devices`; `hwbench calibrate` (the measured GEMM and copy ceilings, into
 #           SESSION/calibration.json, which every later run reads); a 3-step tiny run on the
 #           device and `hwbench system` of it (system.json); on CUDA, benchmarks/cuda_context_probe.py

@@ -2,7 +2,7 @@
 # The wheels of hwbench's dependencies that the GPU device image lacks, downloaded on this
 # machine for an offline install there (the device machine reaches no registry):
 # benchmarks/gpu_session.sh installs them from gpu-wheels/ with pip --no-index into gpu-site/
-# and puts that first on PYTHONPATH (docs/performance.md, "A GPU session, call by call").
+# and puts that first on PYTHONPATH (benchmarks/README.md, "The GPU session").
 #
 #   benchmarks/gpu_wheels.sh                 # into gpu-wheels/ of this checkout (git-ignored)
 #   benchmarks/gpu_wheels.sh --list          # what it would download, one requirement a line

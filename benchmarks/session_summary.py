@@ -1,7 +1,7 @@
 """The short table a device session prints last (the device tool returns the tail of the
 output): one line per result under the given folders, the planner's prediction beside the
 measured peak, and the side-by-side ratios when OUT/side_by_side.json exists; then each of the
-GPU session's goals (docs/performance.md) judged on what the folder holds: PASS, FAIL with the
+GPU session's goals (benchmarks/README.md) judged on what the folder holds: PASS, FAIL with the
 figure that misses, or n/a with what is missing.
 
     python benchmarks/session_summary.py gpu-session [--out gpu-session/summary.md]
@@ -95,7 +95,7 @@ def markdown(rows: list[tuple[str, ...]], ratios: dict[str, float | None]) -> st
     return "\n".join(lines) + "\n"
 
 
-# The GPU session's goals (docs/performance.md, "NVIDIA GPUs"): bf16 MFU of Megatron's current
+# The GPU session's goals (benchmarks/README.md): bf16 MFU of Megatron's current
 # formula against the data-sheet dense peak at 345M/seq 1024 and 1.3B/seq 2048 (the best point of
 # each); hwbench's median step within 2 % of the bare loop's; telemetry on against off within
 # 0.5 %; the planner within 10 % of every measured peak; and the correctness checks before them.

@@ -1,15 +1,15 @@
 """The `hwbench` command: a dispatch table over hwbench/commands/.
 
-Each subcommand lives in its own module under hwbench/commands/ with three things:
-HELP (its line in `hwbench --help`), configure(parser) and main(args) -> exit status.
+Each subcommand lives in its own module under hwbench/commands/ with configure(parser) and
+main(args) -> exit status; its line in `hwbench --help` is its entry in COMMANDS below.
 Only the module of the command given is imported, and commands import the heavy
 parts of hwbench (torch among them) inside main(), so `hwbench --help`, `hwbench
 models` and `hwbench plan` start without them.
 
 Exit status: 0 success; 1 the run finished with a status other than ok (the
 result file says why); 2 bad input or a machine that lacks the device, with one
-line on stderr and nothing written; 3 and 4 `hwbench compare`'s regression (`hwbench accept`'s FAIL) and
-missing points; 130 interrupted.
+line on stderr and nothing written; 3, 4 and 5 `hwbench compare`'s regression (`hwbench accept`'s FAIL),
+missing points and failed repeats (`hwbench export`'s failed runs); 130 interrupted.
 """
 
 from __future__ import annotations
