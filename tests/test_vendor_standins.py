@@ -224,7 +224,6 @@ def open_backend(device, threads):  # open_backend less its refusal of a simulat
     return backend
 
 measure.open_backend = open_backend
-from conftest import stand_in_gave
 from hwbench.cli import main
 sys.exit(main(["calibrate", *sys.argv[1:]]))
 """
