@@ -60,7 +60,8 @@ DEFAULT_SHM_SIZE = "16Gi"
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 DEFAULT_RESTART_POLICY = "Never"  # a benchmark that failed should say so, not quietly run again
 DEFAULT_DEVICE = "cuda"
-POD_DEVICES = ("cuda", "rocm", "npu", "hpu", "cpu")
+# The kinds a pod may request: the accelerators, then the CPU (which requests no device)
+POD_DEVICES = tuple(sorted(KINDS, key=lambda name: KINDS[name].k8s_resource is None))
 DEVICE_RESOURCES = {name: kind.k8s_resource for name, kind in KINDS.items()}
 # Variables copied from the shell that runs `hwbench k8s` into every pod.
 PASS_THROUGH_PREFIXES = {name: kind.env_prefixes for name, kind in KINDS.items()}

@@ -62,6 +62,11 @@ PROC = Path("/proc")
 EDAC = Path("/sys/devices/system/edac/mc")
 
 
+def cpu_readings(environ: Mapping[str, str]) -> tuple[list[DeviceHealth], str | None]:
+    """The CPU's preflight reader (the registry names it, device/kinds.py): the one CPU, always read."""
+    return [cpu_health()], None
+
+
 def cpu_health(proc: Path = PROC, edac: Path = EDAC) -> DeviceHealth:
     """The CPU as a device: the load other processes put on its cores, the memory available,
     the memory controllers' ECC counts (EDAC)."""
