@@ -7,8 +7,8 @@ with the reason in ``unread``.
 
 The shape each reader fills (`DeviceHealth`), the CPU's reader (the kernel's /proc and /sys),
 and which collective-library variables change performance (the libraries named here, in the
-device layer); the vendors' readers are in nvml.py, amd_smi.py and npu_smi.py, chosen by kind in
-preflight.py.
+device layer); the vendors' readers are in nvml.py, amd_smi.py, npu_smi.py and hlml.py, each
+named by its kind's entry in the registry (kinds.py) and called by preflight.py.
 """
 
 from __future__ import annotations

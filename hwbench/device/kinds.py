@@ -195,7 +195,7 @@ KINDS = {
         "hpu",
         "hwbench.device.hpu:HpuBackend",
         auto_order=4,
-        preflight=None,  # HLML is read during a run (hlml.py), not yet before one
+        preflight=PreflightReader("hlml", "hwbench.device.hlml:hlml_health"),
         calibration=_ACCELERATOR_CALIBRATION,
         dist_backend="hccl",
         deepspeed_accelerator="hpu",

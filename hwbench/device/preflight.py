@@ -1,7 +1,7 @@
 """The devices a run would use, read for `hwbench preflight` through their kind's management
 tool, without torch (health.py says why): each kind's reader is named in the registry
-(device/kinds.py): NVML for CUDA, AMD SMI for ROCm, npu-smi for Ascend, the kernel for the CPU;
-Gaudi's HLML is not read yet."""
+(device/kinds.py): NVML for CUDA, AMD SMI for ROCm, npu-smi for Ascend, HLML for Gaudi, the
+kernel for the CPU."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ READERS: dict[str, tuple[str, Reader]] = {
 
 def read_devices(kind: str, environ: Mapping[str, str] = os.environ) -> DeviceReadings:
     """The devices of ``kind`` a run would use, each as its management tool describes it; for
-    auto, the first kind in --device auto's order whose tool lists a device, else the CPU (a
-    kind without a reader, a Gaudi, which torch finds, is not asked for)."""
+    auto, the first kind in --device auto's order whose tool lists a device, else the CPU."""
     if kind == "auto":
         for candidate, (source, read) in READERS.items():
             if candidate == FALLBACK_KIND:
