@@ -67,7 +67,7 @@ DEVICE_RESOURCES = {name: kind.k8s_resource for name, kind in KINDS.items()}
 PASS_THROUGH_PREFIXES = {name: kind.env_prefixes for name, kind in KINDS.items()}
 # Set per pod by the operator or the device plugin: never copied from this machine, refused in --env.
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK",
-                          "CUDA_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"})
+                          *(name for kind in KINDS.values() for name in kind.device_plugin_env)})
 # `hwbench run` options the manifest generates itself (per pod).
 LAUNCHER_OPTIONS = ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port",
                     "--rdzv-endpoint")

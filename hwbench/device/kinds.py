@@ -105,6 +105,8 @@ class DeviceKind:
     # it their own way (Ascend: give it with --sbatch-arg) or there is none (CPU)
     slurm_gres: str | None = None
     allocator: AllocatorSetting | None = None  # set before the device is initialised, unless the user set it
+    # set in each pod by the operator or the device plugin: never copied from the launching shell, refused in --env
+    device_plugin_env: tuple[str, ...] = ()
 
     def preflight_reason(self) -> str:
         """Why `hwbench preflight` reads no figures of this kind (preflight is None)."""
@@ -159,6 +161,7 @@ KINDS = {
         fused_adamw=True,
         slurm_gres="gpu",
         allocator=_CUDA_EXPANDABLE_SEGMENTS,
+        device_plugin_env=("CUDA_VISIBLE_DEVICES",),
     ),
     # AMD GPUs through PyTorch's ROCm build: torch.cuda, RCCL under the nccl name, DeepSpeed's CUDA
     # accelerator (it serves ROCm builds too); the overhead is CUDA's estimate until measured
@@ -189,6 +192,7 @@ KINDS = {
         k8s_resource="huawei.com/Ascend910",
         env_prefixes=(*_COMMUNICATION, "ASCEND_"),
         fused_adamw=False,
+        device_plugin_env=("ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"),
     ),
     # Intel Gaudi through habana_frameworks.torch; the overhead is the NPU's estimate until measured
     "hpu": DeviceKind(
