@@ -20,11 +20,12 @@ from typing import Any, Literal, overload
 
 import yaml
 
+from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import SetupError
 from hwbench.workload.config import GPTConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-BACKENDS = ("cpu", "cuda", "rocm", "npu", "hpu")
+BACKENDS = DEVICE_KINDS  # an entry's backend: a kind of the registry
 # dense = listed / 2 when the source lists the figure with 2:4 structured sparsity; compared
 # with this relative tolerance, so that a rounded figure (835.5 for 1,671 / 2) is accepted
 HALVING_TOLERANCE = 1e-3

@@ -60,13 +60,14 @@ DEFAULT_SHM_SIZE = "16Gi"
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode", "Always")
 DEFAULT_RESTART_POLICY = "Never"  # a benchmark that failed should say so, not quietly run again
 DEFAULT_DEVICE = "cuda"
-POD_DEVICES = ("cuda", "rocm", "npu", "hpu", "cpu")
+# The kinds a pod may request: the accelerators, then the CPU (which requests no device)
+POD_DEVICES = tuple(sorted(KINDS, key=lambda name: KINDS[name].k8s_resource is None))
 DEVICE_RESOURCES = {name: kind.k8s_resource for name, kind in KINDS.items()}
 # Variables copied from the shell that runs `hwbench k8s` into every pod.
 PASS_THROUGH_PREFIXES = {name: kind.env_prefixes for name, kind in KINDS.items()}
 # Set per pod by the operator or the device plugin: never copied from this machine, refused in --env.
 RESERVED_ENV = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK",
-                          "CUDA_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"})
+                          *(name for kind in KINDS.values() for name in kind.device_plugin_env)})
 # `hwbench run` options the manifest generates itself (per pod).
 LAUNCHER_OPTIONS = ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr", "--master-port",
                     "--rdzv-endpoint")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hwbench.catalog import PRECISIONS
-from hwbench.device.kinds import DEVICE_CHOICES
+from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
 from hwbench.target import number_as_text, valid_target_ppl
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
@@ -169,7 +169,8 @@ def option(help: str, **definition: Any) -> Any:
 class RunOptions:
     """What a user gave for one run, in `hwbench run --help`'s order; None = not given."""
 
-    device: str | None = option("auto picks npu, then cuda, rocm, hpu, then cpu", default="auto",
+    device: str | None = option(f"auto picks {AUTO_ORDER[0]}, then {', '.join(AUTO_ORDER[1:-1])}, then {FALLBACK_KIND}",
+                                default="auto",
                                 choices=DEVICE_CHOICES)
     model: str | None = option(
         "workload from the catalog, see `hwbench models`; any case", default="small", accepts="a workload name"

@@ -3,15 +3,16 @@ really reaches (measure.py), kept per device model and driver in a JSON store
 (store.py) that a run reads when its result is assembled (docs/methodology.md,
 "Measured ceiling").
 
-The defaults of a calibration live here, without torch, so that `hwbench calibrate --help`
-names them without importing it.
+The defaults of a calibration are read here from the device-kind registry, without torch, so
+that `hwbench calibrate --help` names them without importing it.
 """
 
-# every device kind (hwbench.device.kinds.DEVICE_KINDS) has its defaults: the accelerators share the GPU's
-_ACCELERATORS = ("cuda", "npu", "rocm", "hpu")
-DEFAULT_SIZES = {"cpu": (512, 1024, 2048), **dict.fromkeys(_ACCELERATORS, (4096, 8192, 16384))}
-DEFAULT_PRECISIONS = {"cpu": ("fp32", "bf16"), **dict.fromkeys(_ACCELERATORS, ("fp32", "bf16", "fp16"))}
-DEFAULT_COPY_BYTES = {"cpu": 256 * 2**20, **dict.fromkeys(_ACCELERATORS, 2**30)}
+from hwbench.device.kinds import KINDS
+
+# each kind's defaults, from its registry entry (device/kinds.py)
+DEFAULT_SIZES = {name: kind.calibration.sizes for name, kind in KINDS.items()}
+DEFAULT_PRECISIONS = {name: kind.calibration.precisions for name, kind in KINDS.items()}
+DEFAULT_COPY_BYTES = {name: kind.calibration.copy_bytes for name, kind in KINDS.items()}
 DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 3
 # Each size is timed for at least this long, its repetitions together: a training step runs for

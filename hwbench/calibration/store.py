@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hwbench.device.kinds import KINDS
 from hwbench.errors import UsageError
 from hwbench.paths import check_output_file, check_output_folder
 from hwbench.result.model import MeasuredCeiling, validation_problem
@@ -35,20 +36,9 @@ STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1
 PRECISIONS = ("fp32", "bf16", "fp16")
 KEY_FIELDS = ("device_kind", "device_model", "driver")  # one entry per these
-# The dense GEMM rates one device of a kind can plausibly reach, in the precisions the store
-# keeps (fp32, bf16, fp16): (lowest, highest) FLOP/s. A stored ceiling outside them is no
-# measurement of one device: a corrupted or hand-edited store, or a measurement that went wrong,
-# and an MFU against it would be enormous (too low) or ~0 (too high) instead of null.
-# - highest, accelerators: the fastest accelerator announced today reaches about 2.5e15 dense
-#   bf16/fp16 FLOP/s (B200/MI355X class; fp32 far less); 1e17 leaves a 40x margin for devices to come.
-# - highest, CPU: a two-socket server of today's largest AMX CPUs (2 x 128 cores, 2,048 bf16
-#   FLOP per core and cycle at about 2 GHz) reaches about 1e15; 1e16 leaves a 10x margin.
-# - lowest, accelerators: the slowest CUDA device torch still builds for (a Jetson Nano, 0.24
-#   TFLOP/s fp32) and every Ascend, Instinct and Gaudi device reach more than 1e11; 1e10 is 20x below.
-# - lowest, CPU: bf16 without native support, emulated on this project's busy 2-vCPU machine,
-#   still reached 4e8 FLOP/s at n=512, and fp32 there 1.4e10; 1e7 is 40x below the slowest.
-PLAUSIBLE_FLOPS = {"cpu": (1e7, 1e16), "cuda": (1e10, 1e17), "rocm": (1e10, 1e17), "npu": (1e10, 1e17),
-                   "hpu": (1e10, 1e17)}
+# The dense GEMM rates one device of a kind can plausibly reach: (lowest, highest) FLOP/s, each
+# kind's in the registry (device/kinds.py, which says where the bounds come from).
+PLAUSIBLE_FLOPS = {name: kind.calibration.plausible_flops for name, kind in KINDS.items()}
 # A ceiling is the rate a device holds when nothing else runs. Its repetitions spread by more
 # than MAX_CEILING_CV, or measured while other work took more than MAX_OTHERS_CPU_SHARE of the
 # CPUs it ran on (CPU calibrations), or beside other processes on the device (accelerators),

@@ -1,7 +1,8 @@
 """The device layer: the only part of hwbench that names a vendor.
 
 ``select_backend("auto" | "cpu" | "cuda" | "rocm" | "npu" | "hpu")`` returns a Backend; auto
-prefers an NPU, then a CUDA GPU, an AMD GPU (ROCm), a Gaudi (HPU), then the CPU. An accelerator whose software is
+prefers an NPU, then a CUDA GPU, an AMD GPU (ROCm), a Gaudi (HPU), then the CPU (the registry's
+order, device/kinds.py). An accelerator whose software is
 installed but unusable (torch_npu without CANN sourced, a CUDA build of torch
 whose driver sees no GPU) is passed over, and the Backend auto chose keeps the
 reasons in ``passed_over``: the result records them and ``hwbench run`` prints
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hwbench.device.kinds import DEVICE_CHOICES
+from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND, KINDS, import_named
 from hwbench.errors import UsageError
 
 if TYPE_CHECKING:
@@ -54,26 +55,22 @@ class AcceleratorClass(Protocol):
 
 def _accelerator_classes() -> dict[str, AcceleratorClass]:
     """The accelerator backends in --device auto's order (imported here: each imports torch)."""
-    from hwbench.device.cuda import CudaBackend
-    from hwbench.device.hpu import HpuBackend
-    from hwbench.device.npu import NpuBackend
-    from hwbench.device.rocm import RocmBackend
+    return {kind: _backend_class(kind) for kind in AUTO_ORDER if kind != FALLBACK_KIND}
 
-    return {"npu": NpuBackend, "cuda": CudaBackend, "rocm": RocmBackend, "hpu": HpuBackend}
+
+def _backend_class(kind: str) -> Any:
+    return import_named(KINDS[kind].backend_class)
 
 
 def _construct(requested: str) -> Backend:
-    if requested != "cpu":
-        return _accelerator_classes()[requested]()
-    from hwbench.device.cpu import CpuBackend
-
-    return CpuBackend()
+    backend: Backend = _backend_class(requested)()
+    return backend
 
 
 def unavailable_reason(kind: str) -> str | None:
     """None when this machine can run on ``kind`` (a kind of DEVICE_CHOICES, not auto); otherwise
     why not, as select_backend would refuse it."""
-    if kind == "cpu":
+    if kind == FALLBACK_KIND:  # the CPU needs nothing
         return None
     return _accelerator_classes()[kind].unavailable_reason()
 
@@ -92,7 +89,7 @@ def detect_device_explained() -> tuple[str, tuple[str, ...]]:
             return kind, tuple(passed_over)
         if backend.installed():
             passed_over.append(f"{kind}: {reason}")
-    return "cpu", tuple(passed_over)
+    return FALLBACK_KIND, tuple(passed_over)
 
 
 __all__ = ["DEVICE_CHOICES", "PRECISION_DTYPES", "Backend", "MemoryStats", "detect_device", "detect_device_explained",

@@ -7,8 +7,8 @@ with the reason in ``unread``.
 
 The shape each reader fills (`DeviceHealth`), the CPU's reader (the kernel's /proc and /sys),
 and which collective-library variables change performance (the libraries named here, in the
-device layer); the vendors' readers are in nvml.py, amd_smi.py and npu_smi.py, chosen by kind in
-preflight.py.
+device layer); the vendors' readers are in nvml.py, amd_smi.py, npu_smi.py and hlml.py, each
+named by its kind's entry in the registry (kinds.py) and called by preflight.py.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class DeviceReadings:
 
 PROC = Path("/proc")
 EDAC = Path("/sys/devices/system/edac/mc")
+
+
+def cpu_readings(environ: Mapping[str, str]) -> tuple[list[DeviceHealth], str | None]:
+    """The CPU's preflight reader (the registry names it, device/kinds.py): the one CPU, always read."""
+    return [cpu_health()], None
 
 
 def cpu_health(proc: Path = PROC, edac: Path = EDAC) -> DeviceHealth:

@@ -127,3 +127,48 @@ class HlmlSampler(TelemetrySampler):
             millijoules = self._query(lambda: self._hlml.hlmlDeviceGetTotalEnergyConsumption(handle))
             counters.append(millijoules / 1000.0 if millijoules is not None else None)
         return counters
+
+
+# --- before a run (hwbench preflight) ----------------------------------------------------------------
+
+# What this reader does not ask HLML for (it reads what the run's sampler above reads): why each is None
+_NOT_READ = "HLML: hwbench's preflight does not read it from HLML yet"
+
+
+def hlml_health(environ) -> tuple[list, str | None]:
+    """Each Gaudi a run on this node may use (the module ids HABANA_VISIBLE_MODULES lists, else
+    every one), as HLML describes it before the run: free memory, SOC clock, throttle reasons;
+    ([], why) when HLML cannot be read."""
+    hl, reason = open_hlml()
+    if hl is None:
+        return [], reason
+    try:
+        handles = [hl.hlmlDeviceGetHandleByIndex(index) for index in range(hl.hlmlDeviceGetCount())]
+        by_module = {int(hl.hlmlDeviceGetModuleID(handle)): handle for handle in handles}
+    except Exception as error:
+        return [], f"HLML could not list the devices: {type(error).__name__}: {error}"
+    visible = [item.strip() for item in environ.get("HABANA_VISIBLE_MODULES", "").split(",") if item.strip()]
+    modules = [int(item) for item in visible if item.isdigit()] if visible else sorted(by_module)
+    devices = [_module_health(hl, module, by_module[module]) for module in modules if module in by_module]
+    return devices, None if devices else f"HLML lists no module that HABANA_VISIBLE_MODULES names ({sorted(by_module)})"
+
+
+def _module_health(hl: Any, module: int, handle: Any) -> Any:
+    from hwbench.device.health import DeviceHealth
+
+    sampler = HlmlSampler.__new__(HlmlSampler)  # its wrapped queries, without opening HLML again
+    sampler._hlml = hl
+    bus_id = sampler._bus_id(handle)
+    device = DeviceHealth(f"hpu {module}" + (f" ({bus_id})" if bus_id else ""))
+    memory = sampler._query(lambda: hl.hlmlDeviceGetMemoryInfo(handle))
+    if memory is None:
+        device.unread["memory_free_bytes"] = "HLML: no memory information"
+    else:
+        device.memory_free_bytes, device.memory_total_bytes = int(memory.free), int(memory.total)
+    device.clock_mhz = sampler._query(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC))
+    mask = sampler._query(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
+    if mask is not None:
+        device.throttle_reasons = [name for bit, name in THROTTLE_BITS.items() if int(mask) & bit]
+    for field in ("processes", "ecc_uncorrected", "clocks_locked", "persistence_mode"):
+        device.unread[field] = _NOT_READ
+    return device

@@ -1,34 +1,37 @@
 """The devices a run would use, read for `hwbench preflight` through their kind's management
-tool, without torch (health.py says why): NVML for CUDA, AMD SMI for ROCm, npu-smi for Ascend,
-the kernel for the CPU; Gaudi's HLML is not read yet."""
+tool, without torch (health.py says why): each kind's reader is named in the registry
+(device/kinds.py): NVML for CUDA, AMD SMI for ROCm, npu-smi for Ascend, HLML for Gaudi, the
+kernel for the CPU."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from hwbench.device.amd_smi import amdsmi_health
-from hwbench.device.health import DeviceReadings, cpu_health
-from hwbench.device.npu_smi import npu_smi_health
-from hwbench.device.nvml import nvml_health
+from hwbench.device.health import DeviceReadings
+from hwbench.device.kinds import AUTO_ORDER, FALLBACK_KIND, KINDS, import_named
 
-READERS = {"npu": ("npu-smi", npu_smi_health), "cuda": ("nvml", nvml_health), "rocm": ("amdsmi", amdsmi_health)}
+Reader = Callable[[Mapping[str, str]], tuple[list, "str | None"]]
+# kind -> (the tool read, its reader), in --device auto's order
+READERS: dict[str, tuple[str, Reader]] = {
+    name: (reader.source, import_named(reader.reader))
+    for name in AUTO_ORDER if (reader := KINDS[name].preflight) is not None
+}
 
 
 def read_devices(kind: str, environ: Mapping[str, str] = os.environ) -> DeviceReadings:
     """The devices of ``kind`` a run would use, each as its management tool describes it; for
-    auto, the first kind in --device auto's order whose tool lists a device, else the CPU (a
-    Gaudi, which torch finds, is not asked for)."""
+    auto, the first kind in --device auto's order whose tool lists a device, else the CPU."""
     if kind == "auto":
         for candidate, (source, read) in READERS.items():
+            if candidate == FALLBACK_KIND:
+                continue
             devices, _reason = read(environ)
             if devices:
                 return DeviceReadings(candidate, source, devices)
-        kind = "cpu"
-    if kind == "cpu":
-        return DeviceReadings("cpu", "/proc, /sys", [cpu_health()])
+        kind = FALLBACK_KIND
     if kind not in READERS:
-        return DeviceReadings(kind, "none", [], f"hwbench reads no preflight figures from the {kind} tools yet")
+        return DeviceReadings(kind, "none", [], KINDS[kind].preflight_reason())
     source, read = READERS[kind]
     devices, reason = read(environ)
     return DeviceReadings(kind, source, devices, reason)

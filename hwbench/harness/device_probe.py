@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
 from hwbench.harness.faults import FAULT_ENV, Fault
 from hwbench.result.store import utc_now, write_json_atomic
 
 PROBE_PRECISION = "fp32"  # every device kind has it
-PROBE_GEMM_SIZE = {"cpu": 512, "cuda": 8192, "npu": 8192}
-PROBE_COPY_BYTES = {"cpu": 64 * 2**20, "cuda": 2**30, "npu": 2**30}
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions
 PROBE_TIMEOUT_S = 600.0
 # --probe-time's bound: a probe is a warm-up and PROBE_REPEATS repetitions of each of its two
@@ -142,8 +141,9 @@ def probe(device: str, index: int, min_time_s: float) -> dict[str, Any]:
     backend.prepare_process(local_rank=index, local_world_size=1, threads=1 if backend.name == "cpu" else None)
     fault = Fault.from_environ()
     measured: Any = _ProbeBackend(backend, slow=bool(fault and fault.kind == "slow" and fault.rank == index))
-    settings = CalibrationSettings(precisions=(PROBE_PRECISION,), sizes=(PROBE_GEMM_SIZE[backend.name],),
-                                   copy_bytes=PROBE_COPY_BYTES[backend.name], repeats=PROBE_REPEATS, warmup=2,
+    defaults = KINDS[backend.name].calibration  # the probe's sizes are the kind's (device/kinds.py)
+    settings = CalibrationSettings(precisions=(PROBE_PRECISION,), sizes=(defaults.probe_gemm_size,),
+                                   copy_bytes=defaults.probe_copy_bytes, repeats=PROBE_REPEATS, warmup=2,
                                    min_time_s=min_time_s, device_warmup_s=min_time_s)
     warm_up_device(backend, settings)  # from idle clocks to those of sustained work, as calibrate does
     gemm = measure_gemm(measured, PROBE_PRECISION, settings.sizes[0], settings)
