@@ -91,7 +91,7 @@ class K8sJob:
     image: str
     nnodes: int
     nproc_per_node: int
-    device: str  # cuda, npu or cpu (never auto: a pod's device must be known to request it)
+    device: str  # a kind of hwbench.device.kinds (never auto: a pod's device must be known to request it)
     model: str
     run_args: tuple[str, ...]  # `hwbench run` options, without the launcher ones the manifest adds
     out_dir: str  # where results land inside the pod

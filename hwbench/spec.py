@@ -85,7 +85,7 @@ class OptimizerSpec:
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     model: str
-    device: str  # as requested: auto, cpu, cuda or npu
+    device: str  # as requested: auto or a kind of hwbench.device.kinds
     micro_batch_size: int
     global_batch_size: int
     seq_length: int

@@ -751,7 +751,7 @@ class RunResult(Section):
 
     @property
     def backend(self) -> str | None:
-        """The backend it ran on (cpu, cuda, npu); what was asked for when it never ran."""
+        """The backend it ran on (a kind of hwbench.device.kinds); what was asked for when it never ran."""
         return self.device.backend or self.environment.backend or self.spec.device
 
     @property
