@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 from hwbench.report.compare import DEFAULT_THRESHOLD
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "

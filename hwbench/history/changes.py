@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hwbench.history.series import Night, Segment, Series, format_value, power_of_two_scale, short_commit
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 from hwbench.stats import energy_divisive_split, pooled_t_test
 
 # Significance of a change point. Otava's default is 0.001; the nightly job tests every

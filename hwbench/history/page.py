@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
 from hwbench.history.series import Night, display_unit, format_value, short_commit
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 from hwbench.report.html import render_template
 from hwbench.report.svg import Band, Point, Rule, Series, trend_chart
 
