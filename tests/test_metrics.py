@@ -105,3 +105,14 @@ def test_a_step_time_axis_is_in_the_unit_its_largest_figure_is_written_in(values
     """The trend page's ticks and tooltips agree: ms where every step is under a second, else s."""
     _, suffix = display_unit("step_time_median", values)
     assert suffix == unit and format_value("step_time_median", max(values)).endswith(unit)
+
+
+def test_every_figure_is_in_the_registry_table_of_the_docs():
+    """docs/results.md lists each entry with its gauge and Bencher measure: adding a metric touches it."""
+    doc = (Path(__file__).parents[1] / "docs" / "results.md").read_text()
+    table = doc.split("## The compared figures: the metric registry")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0].strip("| `"): line for line in table.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(METRICS)
+    for name, metric in METRICS.items():
+        assert all(f"`{text}`" in rows[name] for text in (f"metrics.{metric.stored_name}", metric.gauge.name,
+                                                          metric.bencher_name, metric.column)), name
