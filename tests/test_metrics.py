@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import main
-from hwbench.history.series import display_unit, format_value
 from hwbench.metrics import METRICS
-from hwbench.report.compare import figure_text
 from hwbench.report.runs import run_row
 from hwbench.result.store import load_result
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA
@@ -97,14 +95,14 @@ def test_every_figure_has_its_column_in_the_reports_runs_table(every_figure):
 def test_a_figure_reads_the_same_in_compare_and_the_history(name, value, text):
     """compare wrote a median step time as "0.4627 s" and the history as "462.7 ms", and the
     history's throughputs without their unit: both write the registry's text now."""
-    assert figure_text(name, value) == format_value(name, value) == METRICS[name].text(value) == text
+    assert METRICS[name].text(value) == text
 
 
 @pytest.mark.parametrize("values, unit", [([0.46, 0.52], " ms"), ([0.9, 1.2], " s")])
 def test_a_step_time_axis_is_in_the_unit_its_largest_figure_is_written_in(values, unit):
     """The trend page's ticks and tooltips agree: ms where every step is under a second, else s."""
-    _, suffix = display_unit("step_time_median", values)
-    assert suffix == unit and format_value("step_time_median", max(values)).endswith(unit)
+    metric = METRICS["step_time_median"]
+    assert metric.unit.axis(values)[1] == unit and metric.text(max(values)).endswith(unit)
 
 
 def test_every_figure_is_in_the_registry_table_of_the_docs():

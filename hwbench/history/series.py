@@ -121,17 +121,5 @@ def scaled_statistic(statistic: Callable[[list[float]], float], values: list[flo
     return statistic([value / scale for value in values]) * scale
 
 
-def format_value(metric: str, value: float | None) -> str:
-    """A figure of ``metric`` as people read it (its registry entry's text): 1,633 tokens/s, 462.7 ms, 1.3 GiB."""
-    return METRICS[metric].text(value)
-
-
-def display_unit(metric: str, values: Iterable[float]) -> tuple[float, str]:
-    """(factor, unit): a figure of ``metric`` times factor is the number people read beside that
-    unit on a chart's axis, in the unit format_value writes it in (seconds as ms, bytes in the
-    binary unit of the largest, MFU in %); throughputs as they are, the unit in the series' title."""
-    return METRICS[metric].unit.axis(values)
-
-
 def short_commit(commit: str | None) -> str:
     return commit[:7] if commit else "unknown commit"

@@ -320,16 +320,11 @@ def exit_status(report: dict[str, Any], allow_missing: bool = False) -> int:
     return 0
 
 
-def figure_text(metric: str, value: float) -> str:
-    """A figure of ``metric`` with its unit, as the registry writes it: "1,000 tokens/s", "1,952.0 ms", "41.2%"."""
-    return METRICS[metric].text(value)
-
-
 def _figure(metric: str, values: list[float], statuses: list[str]) -> str:
     if not values:
         return "- (" + "/".join(sorted(set(statuses))) + ")"
     failed = len(statuses) - len(values)
-    return (f"{figure_text(metric, statistics.median(values))} (n={len(values)}"
+    return (f"{METRICS[metric].text(statistics.median(values))} (n={len(values)}"
             + (f", {failed} not ok" if failed else "") + ")")
 
 
