@@ -31,6 +31,20 @@ def _binary_axis(values: Iterable[float]) -> tuple[float, str]:
     return 1024.0 ** -power, f" {('B', 'KiB', 'MiB', 'GiB', 'TiB')[power]}"
 
 
+def _seconds(value: float) -> str:
+    """A step time under a second in ms (462.7 ms, not 0.4627 s), one of a second or more in s
+    (1.952 s; from 1,000 s whole, as _number writes it)."""
+    if abs(value) < 1:
+        return f"{value * 1000:,.1f} ms"
+    return f"{value:,.4g} s" if abs(value) < 1000 else f"{_number(value)} s"
+
+
+def _seconds_axis(values: Iterable[float]) -> tuple[float, str]:
+    """ms where every figure is under a second, else s: the unit _seconds writes the largest in."""
+    largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
+    return (1000.0, " ms") if largest < 1 else (1.0, " s")
+
+
 @dataclasses.dataclass(frozen=True)
 class Unit:
     """A figure's unit: its name where a machine reads it (compare's JSON, github-action-benchmark),
@@ -49,17 +63,6 @@ TOKENS_PER_S = _rate("tokens/s")
 SAMPLES_PER_S = _rate("samples/s")
 TFLOPS = _rate("TFLOP/s")
 FRACTION = Unit("fraction", lambda value: f"{value:.1%}", lambda values: (100.0, "%"))
-def _seconds(value: float) -> str:
-    """A step time under a second in ms (462.7 ms, not 0.4627 s), one of a second or more in s (1.952 s)."""
-    return f"{value * 1000:,.1f} ms" if abs(value) < 1 else f"{value:,.4g} s"
-
-
-def _seconds_axis(values: Iterable[float]) -> tuple[float, str]:
-    """ms where every figure is under a second, else s: the unit _seconds writes the largest in."""
-    largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
-    return (1000.0, " ms") if largest < 1 else (1.0, " s")
-
-
 SECONDS = Unit("s", _seconds, _seconds_axis)
 BYTES = Unit("bytes", human_bytes, _binary_axis)
 

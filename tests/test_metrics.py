@@ -90,6 +90,7 @@ def test_every_figure_has_its_column_in_the_reports_runs_table(every_figure):
     ("mfu", 0.4123, "41.2%"),
     ("step_time_median", 0.46271, "462.7 ms"),
     ("step_time_median", 1.9523, "1.952 s"),
+    ("step_time_median", 12345.6, "12,346 s"),
     ("peak_memory", 1.3 * 2 ** 30, "1.3 GiB"),
 ])
 def test_a_figure_reads_the_same_in_compare_and_the_history(name, value, text):
