@@ -2,7 +2,7 @@
 with the same key are repeats of one point; keys that differ in any field are never merged into
 one figure by compare, the history or the report; seed, output folder, ports, timeouts, telemetry
 and evaluation settings are not part of it; whether a stand-in ran it is, ``stand_in``);
-``METRICS``, the figures compared; ``resume_key``, a sweep's key of one run of a point, by which
+``resume_key``, a sweep's key of one run of a point, by which
 an interrupted sweep finds what it already ran."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Iterable
 from pathlib import PurePath
 from typing import Any
 
 from hwbench import __version__
+from hwbench.metrics import METRICS, Metric, result_formula  # noqa: F401 (the registry, where it was)
 
 
 def data_kind(data: Any) -> Any:
@@ -135,58 +135,6 @@ def _detail(name: str, value: Any) -> str:
         if isinstance(value, bool)
         else _DETAILS[name].format(value)
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class Metric:
-    """A figure compared between runs: read from ``result.metrics`` along ``path`` (also the
-    dotted name the history stores it under)."""
-
-    name: str
-    path: tuple[str, ...]
-    higher_is_better: bool
-    unit: str
-    label: str
-    per_formula: bool = False  # TFLOP/s and MFU: counted by a FLOPs formula (metrics.by_formula holds each)
-
-    @property
-    def stored_name(self) -> str:
-        return ".".join(self.path)
-
-    def read(self, result: Any, formula: str | None = None) -> float | None:
-        """The figure of a RunResult, or None when it has none (not measured, not a finite number).
-        ``formula``: a figure that depends on the FLOPs formula as counted by that one (from
-        metrics.by_formula when the run's own formula is another), so that runs counted by
-        different formulas are compared alike."""
-        value = result.metrics
-        if self.per_formula and formula is not None and result_formula(result) != formula:
-            value = (value.by_formula or {}).get(formula) if value is not None else None
-        for part in self.path:
-            value = getattr(value, part, None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return None
-        return float(value)
-
-
-def result_formula(result: Any) -> str | None:
-    """The canonical name of the FLOPs formula a result's own figures use."""
-    from hwbench.workload.flops import FLOPS_FORMULA_ALIASES
-
-    own = result.metrics.flops_formula if result.metrics is not None else None
-    return FLOPS_FORMULA_ALIASES.get(own, own) if isinstance(own, str) else None
-
-
-METRICS: dict[str, Metric] = {
-    metric.name: metric
-    for metric in (
-        Metric("tokens_per_s", ("tokens_per_s",), True, "tokens/s", "tokens/s"),
-        Metric("samples_per_s", ("samples_per_s",), True, "samples/s", "samples/s"),
-        Metric("tflops_per_device", ("tflops_per_device",), True, "TFLOP/s", "TFLOP/s per device", per_formula=True),
-        Metric("mfu", ("mfu",), True, "fraction", "MFU", per_formula=True),
-        Metric("step_time_median", ("step_time_s", "median"), False, "s", "median step time"),
-        Metric("peak_memory", ("memory", "peak_reserved_bytes"), False, "bytes", "peak memory"),
-    )
-}
 
 
 def resume_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:

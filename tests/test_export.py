@@ -26,7 +26,7 @@ from test_vendor_standins import standin_path
 
 import hwbench
 from hwbench.cli import main
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 
 
 @pytest.fixture(scope="module")

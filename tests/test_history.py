@@ -772,7 +772,8 @@ def test_figures_at_the_float_limit_give_a_verdict_without_a_warning(tmp_path, c
         warnings.simplefilter("error")  # a numpy overflow warning fails the test
         code, out, err = history(capsys, "changes", "--db", db, "--metric", "tokens_per_s")
         assert code == 0 and err == ""
-        rise = re.search(r"rose (\d+\.\d)% .* at 2026-10-11, .*: 1e\+308 -> 1\.7e\+308 \(improvement\)", out)
+        rise = re.search(r"rose (\d+\.\d)% .* at 2026-10-11, .*: 1e\+308 tokens/s -> 1\.7e\+308 tokens/s "
+                         r"\(improvement\)", out)
         assert rise and 65 < float(rise.group(1)) < 75, out  # 1.7e308 / 1e308 - 1, with 1% noise
         code, _, _ = history(capsys, "report", "--db", db, "--metric", "tokens_per_s", "--out", tmp_path / "t.html")
     page = (tmp_path / "t.html").read_text()

@@ -14,7 +14,8 @@ import pytest
 
 from hwbench.cli import run_command
 from hwbench.history import store
-from hwbench.point import METRICS, PointKey
+from hwbench.metrics import METRICS
+from hwbench.point import PointKey
 from hwbench.report import plots
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result

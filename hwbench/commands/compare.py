@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from hwbench.errors import UsageError
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 
 DESCRIPTION = ("Compare two sets of results point by point; exit 3 when a point regressed by more than the "
                "threshold and significantly, 5 when a point has fewer ok repeats than asked or than its baseline "

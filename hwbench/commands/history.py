@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
-from hwbench.point import METRICS
+from hwbench.metrics import METRICS
 from hwbench.report.compare import DEFAULT_THRESHOLD
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
@@ -168,14 +168,14 @@ def changes(args: argparse.Namespace) -> int:
 def show(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
-    from hwbench.history.series import format_value, short_commit
+    from hwbench.history.series import short_commit
 
     rows = []
     for analysis in _analyses(args, DEFAULT_THRESHOLD):
         series, last = analysis.series, analysis.series.nights[-1]
         latest = analysis.changes[-1] if analysis.changes else None
         rows.append([series.label, len(series.nights), len(series.segments), last.night, short_commit(last.commit),
-                     format_value(series.metric, last.value), len(analysis.changes),
+                     METRICS[series.metric].text(last.value), len(analysis.changes),
                      f"{latest.kind} {latest.change * 100:+.1f}% at {latest.night.night}" if latest else "-",
                      f"{analysis.open_change * 100:+.1f}%" if analysis.open_regression else "-"])
     print(tabulate(rows, headers=["series", "nights", "segments", "last night", "commit", "last value",

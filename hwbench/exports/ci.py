@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.exports.figures import METRICS, SIMULATED_NOTE, flops_formula, point_figures
+from hwbench.exports.figures import SIMULATED_NOTE, flops_formula, point_figures
+from hwbench.metrics import METRICS
 
 
 def render(fmt: str, runs: list, files: list, request: Any) -> str:
@@ -42,7 +43,7 @@ def action_benchmarks(runs: list, higher_is_better: bool) -> list[dict[str, Any]
                 extra.append(f"FLOPs formula: {flops_formula()}")
             if point.simulated:
                 extra.append(SIMULATED_NOTE)
-            entry = {"name": f"{point.name}: {metric.label}", "unit": metric.unit, "value": figure.value}
+            entry = {"name": f"{point.name}: {metric.label}", "unit": metric.unit.name, "value": figure.value}
             if figure.runs > 1:
                 entry["range"] = f"{figure.lower:.6g} to {figure.upper:.6g} over {figure.runs} runs"
             entries.append({**entry, "extra": "\n".join(extra)})
@@ -50,8 +51,8 @@ def action_benchmarks(runs: list, higher_is_better: bool) -> list[dict[str, Any]
 
 
 def bencher_metrics(runs: list) -> dict[str, dict[str, dict[str, float]]]:
-    """Bencher's benchmarks (a point each) and measures (a figure each, slug as the metric's
-    name in kebab case), with lower and upper values where there are repeats."""
+    """Bencher's benchmarks (a point each) and measures (a figure each, its registry entry's
+    bencher_name), with lower and upper values where there are repeats."""
     document: dict[str, dict[str, dict[str, float]]] = {}
     for point in point_figures(runs):
         measures = {}
@@ -62,7 +63,7 @@ def bencher_metrics(runs: list) -> dict[str, dict[str, dict[str, float]]]:
             measure = {"value": figure.value}
             if figure.runs > 1:
                 measure.update(lower_value=figure.lower, upper_value=figure.upper)
-            measures[metric.name.replace("_", "-")] = measure
+            measures[metric.bencher_name] = measure
         if measures:
             document[point.name] = measures
     return document

@@ -1,6 +1,6 @@
 """The figures the CI and monitoring formats carry: the ok runs grouped by benchmark point
 (hwbench.point.PointKey: repeats of one point are one series), each figure of
-hwbench.point.METRICS as the median of the repeats with their lowest and highest value.
+hwbench.metrics.METRICS as the median of the repeats with their lowest and highest value.
 TFLOP/s and MFU are read under the default FLOPs formula, so that a series stays under one
 formula whichever formula a run was asked for. A simulated run (a stand-in ran the vendor's code
 path on this host) is never a repeat of a real one: its point is apart and its name says so."""
@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from hwbench.point import METRICS, Metric, PointKey
+from hwbench.metrics import Metric
+from hwbench.point import PointKey
 from hwbench.result.model import RunResult
 
 
@@ -66,4 +67,4 @@ def flops_formula() -> str:
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["METRICS", "SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures"]
+__all__ = ["SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures"]

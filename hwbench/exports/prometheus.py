@@ -1,6 +1,6 @@
 """Prometheus and OpenMetrics text of the figures, through prometheus_client: a gauge per
-figure of hwbench.point.METRICS in base units, named and labelled by Prometheus' conventions
-(prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
+figure of hwbench.metrics.METRICS (its entry's `gauge`) in base units, named and labelled by
+Prometheus' conventions (prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
 fraction); one sample per benchmark point, labelled with the point's settings (its PointKey),
 the median of its repeats (`stand_in="simulated"` where a stand-in ran the device's code path
 on the host, so that a query for the real device's series can leave it out). Written for
@@ -10,32 +10,14 @@ refuses) or pushed to a Pushgateway.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from collections.abc import Iterator
 from typing import Any
 
 from hwbench.exports import PushError, redacted, without_credentials
-from hwbench.exports.figures import METRICS, PointFigures, flops_formula, point_figures
+from hwbench.exports.figures import PointFigures, flops_formula, point_figures
+from hwbench.metrics import METRICS, Gauge
 
-
-@dataclasses.dataclass(frozen=True)
-class Gauge:
-    name: str
-    help: str
-    unit: str = ""  # OpenMetrics' UNIT; the name ends with it
-    factor: float = 1.0  # to the base unit
-
-
-GAUGES = {  # hwbench.point.METRICS name -> its gauge
-    "tokens_per_s": Gauge("hwbench_throughput_tokens_per_second", "Tokens trained per second, all devices"),
-    "samples_per_s": Gauge("hwbench_throughput_samples_per_second", "Samples trained per second, all devices"),
-    "tflops_per_device": Gauge("hwbench_model_flops_per_device_per_second",
-                               "Model FLOPs per second per device (the flops_formula label's count)", factor=1e12),
-    "mfu": Gauge("hwbench_mfu_ratio", "Model FLOPs utilization against the device's peak (0 to 1)", "ratio"),
-    "step_time_median": Gauge("hwbench_step_time_median_seconds", "Median time of a timed optimizer step", "seconds"),
-    "peak_memory": Gauge("hwbench_memory_peak_bytes", "Peak memory reserved on a device in the timed steps", "bytes"),
-}
 RUNS = Gauge("hwbench_point_runs", "Ok runs of the point the figures are the median of")
 LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the point's latest run finished (Unix time)",
                  "seconds")
@@ -60,8 +42,8 @@ class PointCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         labels = list(label_values(self.points[0])) if self.points else []
-        for name, gauge in GAUGES.items():
-            metric = METRICS[name]
+        for metric in METRICS.values():  # each figure's gauge is in its registry entry: none can be left out
+            gauge = metric.gauge
             extra = ["flops_formula"] if metric.per_formula else []
             family = GaugeMetricFamily(gauge.name, gauge.help, labels=labels + extra, unit=gauge.unit)
             for point in self.points:

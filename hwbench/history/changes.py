@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from hwbench.history.series import Night, Segment, Series, format_value, power_of_two_scale, short_commit
-from hwbench.point import METRICS
+from hwbench.history.series import Night, Segment, Series, power_of_two_scale, short_commit
+from hwbench.metrics import METRICS
 from hwbench.stats import energy_divisive_split, pooled_t_test
 
 # Significance of a change point. Otava's default is 0.001; the nightly job tests every
@@ -179,7 +179,7 @@ def describe_change(change: Change) -> str:
         commits += f" (the night before: {short_commit(change.previous.commit)})"
     return (f"{change.series.label} {verb} {abs(change.change) * 100:.1f}% (95% CI {change.ci95_low * 100:+.1f}% to "
             f"{change.ci95_high * 100:+.1f}%, p={change.p:.2g}) at {change.night.night}, commit {commits}, {later}: "
-            f"{format_value(change.series.metric, change.before)} -> {format_value(change.series.metric, change.after)}"
+            f"{METRICS[change.series.metric].text(change.before)} -> {METRICS[change.series.metric].text(change.after)}"
             f" ({change.kind})")
 
 

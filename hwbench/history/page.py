@@ -12,15 +12,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import functools
 import itertools
 import math
 import statistics
 from collections.abc import Callable
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
-from hwbench.history.series import Night, display_unit, format_value, short_commit
-from hwbench.point import METRICS
+from hwbench.history.series import Night, short_commit
+from hwbench.metrics import METRICS
 from hwbench.report.html import render_template
 from hwbench.report.svg import Band, Point, Rule, Series, trend_chart
 
@@ -67,11 +66,11 @@ def _section(analysis: SeriesChanges) -> _Section:
 
 
 def _chart(analysis: SeriesChanges) -> str:
-    """The chart is drawn in the unit its axis shows (ms, GiB, %: series.display_unit), so that its
+    """The chart is drawn in the unit its axis shows (ms or s, GiB, %: the metric's unit.axis), so that its
     ticks fall on round numbers of it; times a power of ten for figures of 1e15 or more, so that
     none near the float limit overflows. Its tooltips give the figures."""
     series = analysis.series
-    write = functools.partial(format_value, series.metric)
+    write = METRICS[series.metric].text
     scale, tick_text = _axis(series.metric, [value for night in series.nights for value in night.values])
     nights = [Point(i, night.value / scale, f"{night.night}, commit {short_commit(night.commit)}: "
                                             f"{write(night.value)} (median of {len(night.values)} run(s): "
@@ -90,14 +89,14 @@ def _axis(metric: str, values: list[float]) -> tuple[float, Callable[[float], st
     """(scale, tick text): a figure / scale is its height on the chart, and a tick at that
     height reads as the number the unit shows, with as many decimals as it has (1.04 GiB and
     1.06 GiB, never 1.1 GiB twice)."""
-    factor, unit = display_unit(metric, values)
+    factor, unit = METRICS[metric].unit.axis(values)
     largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
     magnitude = math.log10(largest) + math.log10(factor) if largest else 0.0  # no product: it may overflow
     exponent = math.floor(magnitude) if magnitude >= 15 else 0
     scale = 10.0 ** (exponent - math.log10(factor)) if exponent else 1 / factor  # at most the largest figure
 
     def text(tick: float) -> str:
-        if exponent:  # no real figure: a damaged or hand-made one, written as format_value writes it
+        if exponent:  # no real figure: a damaged or hand-made one, written as the metric's text writes it
             return f"{tick:.4g}e+{exponent}{unit}"
         return f"{tick:,.6f}".rstrip("0").rstrip(".") + unit
 

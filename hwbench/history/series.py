@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hwbench.history.store import StoredRun, utc_instant
-from hwbench.point import METRICS, PointKey
+from hwbench.metrics import METRICS
+from hwbench.point import PointKey
 from hwbench.result.environment import SAMPLE_ENVIRONMENT_FIELDS, environment_differences
-from hwbench.units import human_bytes
 
 
 @dataclasses.dataclass
@@ -119,36 +119,6 @@ def scaled_statistic(statistic: Callable[[list[float]], float], values: list[flo
     figures near the float limit do not sum to infinity on the way."""
     scale = power_of_two_scale(values)
     return statistic([value / scale for value in values]) * scale
-
-
-def format_value(metric: str, value: float | None) -> str:
-    """A figure of ``metric`` as people read it: 1,633 tokens/s, 462.7 ms, 1.3 GiB, 41.2%."""
-    if value is None:
-        return "-"
-    if metric == "step_time_median":
-        return f"{value * 1000:,.1f} ms"
-    if metric == "peak_memory":
-        return human_bytes(value)
-    if metric == "mfu":
-        return f"{value * 100:.1f}%"
-    if abs(value) >= 1e15:  # no real throughput; a damaged or hand-made figure in three digits, not 300
-        return f"{value:.3g}"
-    return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
-
-
-def display_unit(metric: str, values: Iterable[float]) -> tuple[float, str]:
-    """(factor, unit): a figure of ``metric`` times factor is the number people read beside that
-    unit, as format_value writes it (seconds as ms, bytes in the binary unit of the largest, MFU
-    in %); throughputs as they are."""
-    if metric == "step_time_median":
-        return 1000.0, " ms"
-    if metric == "mfu":
-        return 100.0, "%"
-    if metric == "peak_memory":
-        largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
-        power = min(4, max(0, int(math.log(largest, 1024)))) if largest >= 1 else 0
-        return 1024.0 ** -power, f" {('B', 'KiB', 'MiB', 'GiB', 'TiB')[power]}"
-    return 1.0, ""
 
 
 def short_commit(commit: str | None) -> str:

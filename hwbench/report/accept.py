@@ -23,13 +23,13 @@ Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the ba
 from __future__ import annotations
 
 import dataclasses
-import functools
 import statistics
 from typing import Any
 
+from hwbench.metrics import METRICS
 from hwbench.point import PointKey
 from hwbench.report.baseline import METRIC, Baseline
-from hwbench.report.compare import MISSING_EXIT, REGRESSION_EXIT, figure_text
+from hwbench.report.compare import MISSING_EXIT, REGRESSION_EXIT
 from hwbench.units import bandwidth_text, flops_rate_text
 
 DEFAULT_MIN_RATIO = 0.95
@@ -41,7 +41,7 @@ FEW_REPEATS = 3  # fewer ok repeats than this: one slow or fast run decides the 
 FAIL_EXIT = REGRESSION_EXIT  # 3, as compare's regression
 PROBED = "fp32 GEMM rate, copy bandwidth (read + written) and a short training point's tokens/s"
 PROBE_FIGURES = (("gemm_flops", "GEMM rate", flops_rate_text), ("copy_bytes_per_s", "copy bandwidth", bandwidth_text),
-                 ("training_tokens_per_s", "training", functools.partial(figure_text, METRIC)))
+                 ("training_tokens_per_s", "training", METRICS[METRIC].text))
 
 
 @dataclasses.dataclass
@@ -223,8 +223,8 @@ def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
             failures.append(f"point {point.name}: {point.cause}")
         elif point.verdict == "FAIL" and point.baseline is not None and point.ratio is not None:
             failures.append(f"point {point.name}: {point.ratio:.1%} of its baseline "
-                            f"({figure_text(METRIC, statistics.median(point.values))} against "
-                            f"{figure_text(METRIC, point.baseline)}), below {min_ratio:.0%}")
+                            f"({METRICS[METRIC].text(statistics.median(point.values))} against "
+                            f"{METRICS[METRIC].text(point.baseline)}), below {min_ratio:.0%}")
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
     return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
                       baseline, min_ratio, outlier, preflight_findings(checked_first, records),
@@ -277,9 +277,9 @@ def acceptance_document(acceptance: Acceptance):
         devices.blocks.append(("table", Table(["device", "model", *(title for _, title, _ in PROBE_FIGURES)], [
             [_device_name(p), p.get("device_model") or "-",
              *(_rate_cell(p, figure, text) for figure, _, text in PROBE_FIGURES)] for p in a.probes])))
-    rows = [[p.name, p.label, figure_text(METRIC, statistics.median(p.values)) if p.values else "-",
+    rows = [[p.name, p.label, METRICS[METRIC].text(statistics.median(p.values)) if p.values else "-",
              f"{min(p.values):,.0f} to {max(p.values):,.0f} (n={len(p.values)})" if p.values else "/".join(p.statuses),
-             figure_text(METRIC, p.baseline) if p.baseline is not None else "-",
+             METRICS[METRIC].text(p.baseline) if p.baseline is not None else "-",
              _ratio_text(p.ratio, 1) if p.ratio is not None else "-", p.straggler or "-", _verdict_cell(p)]
             for p in a.points]
     suite = Section("Suite against the baseline", [

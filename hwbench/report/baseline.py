@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, crea
 
 from hwbench.errors import UsageError
 from hwbench.fields import Positive, Text, problem_text
-from hwbench.point import METRICS, PointKey
+from hwbench.metrics import METRICS
+from hwbench.point import PointKey
 from hwbench.result.model import RunResult
 from hwbench.result.store import utc_now, write_json_atomic
 

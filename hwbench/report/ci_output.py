@@ -18,7 +18,8 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, REPEATS_FAILED, figure_text
+from hwbench.metrics import METRICS
+from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, REPEATS_FAILED
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
@@ -68,7 +69,7 @@ def compare_cases(report: dict[str, Any], allow_missing: bool = False) -> list[C
     metric = report["metric"]
 
     def figures(values: list[float]) -> str:
-        return ", ".join(figure_text(metric, value) for value in values) or "none"
+        return ", ".join(METRICS[metric].text(value) for value in values) or "none"
 
     cases = []
     for point in report["points"]:

@@ -42,12 +42,12 @@ from typing import Any
 from tabulate import tabulate
 
 from hwbench.errors import UsageError
-from hwbench.point import METRICS, PointKey, result_formula
+from hwbench.metrics import METRICS, result_formula
+from hwbench.point import PointKey
 from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, environment_differences, performance_fingerprint
 from hwbench.result.model import RunResult
 from hwbench.result.store import read_inputs
 from hwbench.stats import mann_whitney_u
-from hwbench.units import human_bytes
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 ALPHA = 0.05
@@ -320,22 +320,11 @@ def exit_status(report: dict[str, Any], allow_missing: bool = False) -> int:
     return 0
 
 
-def figure_text(metric: str, value: float) -> str:
-    """A figure of ``metric`` with its unit: "1,000 tokens/s", "1.952 s", "41.2%", "1.3 GiB"."""
-    unit = METRICS[metric].unit
-    if unit == "fraction":
-        return f"{value:.1%}"
-    if unit == "bytes":
-        return human_bytes(value)
-    number = f"{value:,.4g}" if abs(value) < 1e6 else f"{value:.4e}"
-    return f"{number} {unit}"
-
-
 def _figure(metric: str, values: list[float], statuses: list[str]) -> str:
     if not values:
         return "- (" + "/".join(sorted(set(statuses))) + ")"
     failed = len(statuses) - len(values)
-    return (f"{figure_text(metric, statistics.median(values))} (n={len(values)}"
+    return (f"{METRICS[metric].text(statistics.median(values))} (n={len(values)}"
             + (f", {failed} not ok" if failed else "") + ")")
 
 
@@ -403,7 +392,7 @@ def report_data(report: dict[str, Any], allow_missing: bool = False) -> dict[str
                "baseline": side(p.baseline, p.baseline_statuses), "current": side(p.current, p.current_statuses),
                "change": p.change, "p": p.p, "u": p.u, "rule": p.rule, "verdict": p.verdict, "outcome": p.outcome}
               for p in report["points"]]
-    return {"metric": report["metric"], "unit": metric.unit, "higher_is_better": report["higher_is_better"],
+    return {"metric": report["metric"], "unit": metric.unit.name, "higher_is_better": report["higher_is_better"],
             "threshold": report["threshold"], "alpha": ALPHA, "points": points,
             "only_baseline": report["only_baseline"], "only_current": report["only_current"],
             "unplaced": report["unplaced"], "unreadable": report["unreadable"], "warnings": report["warnings"],

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from hwbench.errors import UsageError
+from hwbench.metrics import METRICS
 from hwbench.report.cost import procurement_figures
 from hwbench.report.prices import Price
 from hwbench.report.scores import target_figures
@@ -65,9 +66,9 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "precision": spec.precision, "recompute": spec.recompute,
         "micro_batch_size": spec.micro_batch_size, "global_batch_size": spec.global_batch_size,
         "seq_length": spec.seq_length,
-        "samples_per_s": metrics.samples_per_s, "tokens_per_s": metrics.tokens_per_s,
+        # every figure of the metric registry, in its column (hwbench.metrics.Metric.column)
+        **{metric.column: metric.read(result) for metric in METRICS.values()},
         "tokens_per_s_per_device": metrics.tokens_per_s_per_device,
-        "tflops_per_device": metrics.tflops_per_device, "mfu": metrics.mfu,
         "mfu_reason": metrics.why("mfu"),
         "flops_formula": own_formula(metrics),
         # what `mfu` and `mfu_measured_ceiling` are: HFU where the run's formula counts the recompute
@@ -77,7 +78,6 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "mfu_measured_ceiling": metrics.mfu_measured_ceiling,
         "mfu_measured_ceiling_reason": metrics.why("mfu_measured_ceiling"),
         "peak_allocated_bytes": memory.peak_allocated_bytes,
-        "peak_reserved_bytes": memory.peak_reserved_bytes,
         "capacity_bytes": memory.capacity_bytes or device.memory_capacity_bytes,
         "valid_ppl": metrics.valid_ppl, "valid_ppl_step": metrics.valid_ppl_step,
         "valid_ppl_reason": metrics.why("valid_ppl"),

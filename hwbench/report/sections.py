@@ -3,10 +3,12 @@ returns a Section of the document: what each says is described in docs/reports.m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
+from hwbench.metrics import METRICS
 from hwbench.report.against_published import NORMALISATION, published_layout
 from hwbench.report.cells import (
     device_text,
@@ -49,20 +51,12 @@ def runs_section(runs: pd.DataFrame) -> Section:
             + ". Only runs with status ok enter the comparisons.",
         )
     )
-    table = Table(["run", "status", "model", "device", "layout", "precision", "samples/s", "note"], [])
-    for _, run in runs.iterrows():
-        table.rows.append(
-            [
-                run["run_id"],
-                run["status"],
-                run["model"],
-                device_text(run),
-                run["layout"],
-                run["precision"],
-                fmt(run["samples_per_s"]),
-                _run_note(run),
-            ]
-        )
+    columns: list[tuple[str, Callable[[pd.Series], Any]]] = [
+        ("run", lambda run: run["run_id"]), ("status", lambda run: run["status"]), ("model", lambda run: run["model"]),
+        ("device", device_text), ("layout", lambda run: run["layout"]), ("precision", lambda run: run["precision"]),
+        (METRICS["samples_per_s"].label, lambda run: fmt(run["samples_per_s"])), ("note", _run_note),
+    ]
+    table = Table([header for header, _ in columns], [[cell(run) for _, cell in columns] for _, run in runs.iterrows()])
     section.blocks.append(("table", table))
     return section
 
@@ -207,63 +201,58 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
             for run in ordered
         ]
         also = [_also_utilisation(run, also_formula) for run in ordered] if also_formula else []
-        own_headers, own_cells = _utilisation_columns("", own)
-        also_headers, also_cells = _utilisation_columns(f" ({also_formula})", also) if also_formula else ([], [])
-        ceiling_headers, ceiling_cells = _utilisation_columns(" (measured ceiling)", ceiling)
-        table = Table(
-            [
-                "run",
-                "device",
-                "layout",
-                "engine",
-                "precision",
-                "micro/global",
-                "seq",
-                "samples/s",
-                "tokens/s",
-                "TFLOP/s per device",
-                *own_headers,
-                *also_headers,
-                *ceiling_headers,
-                "peak memory",
-                "predicted",
-                "capacity",
-            ],
-            [],
-        )
-        for index, run in enumerate(ordered):
-            marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
-            engine = (
-                run["engine"]
-                + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "")
-                + (" FSDP" if run["fsdp"] else "")
-            )
-            predicted = gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))
-            table.rows.append(
-                [
-                    run["run_id"] + marked,
-                    device_text(run),
-                    run["layout"],
-                    engine,
-                    run["precision"] + (", recompute" if run["recompute"] else ""),
-                    f"{run['micro_batch_size']}/{run['global_batch_size']}",
-                    run["seq_length"],
-                    fmt(run["samples_per_s"]),
-                    fmt(run["tokens_per_s"], 0),
-                    fmt(run["tflops_per_device"], 3),
-                    *own_cells[index],
-                    *(also_cells[index] if also_formula else []),
-                    *ceiling_cells[index],
-                    gib_cell(run["peak_bytes"]),
-                    predicted,
-                    gib_cell(run["capacity_bytes"]),
-                ]
-            )
+        utilisation = [_utilisation_columns("", own),
+                       *([_utilisation_columns(f" ({also_formula})", also)] if also_formula else []),
+                       _utilisation_columns(" (measured ceiling)", ceiling)]
+        columns = _model_columns(utilisation)
+        table = Table([header for header, _ in columns],
+                      [[cell(index, run) for _, cell in columns] for index, run in enumerate(ordered)])
         section.blocks.append(("table", table))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
     return section
+
+
+# A column of the per-model table: its header and its cell of the index-th run.
+Column = tuple[str, Callable[[int, pd.Series], Any]]
+
+
+def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list[Column]:
+    """The per-model table's columns, header and cell side by side; the registry's figures under
+    their registry label (hwbench.metrics.METRICS); ``utilisation``: the MFU/HFU columns' headers
+    and each run's cells (_utilisation_columns), in order."""
+    def metric(name: str, cell: Callable[[pd.Series], Any]) -> Column:
+        return METRICS[name].label, lambda index, run: cell(run)
+
+    def figure_columns(headers: list[str], cells: list[list[Any]]) -> list[Column]:
+        def cell_at(at: int) -> Callable[[int, pd.Series], Any]:
+            return lambda index, run: cells[index][at]
+
+        return [(header, cell_at(at)) for at, header in enumerate(headers)]
+
+    return [
+        ("run", lambda index, run: run["run_id"] + (" [oversubscribed]" if run["oversubscribed"] is True else "")),
+        ("device", lambda index, run: device_text(run)),
+        ("layout", lambda index, run: run["layout"]),
+        ("engine", lambda index, run: _engine_text(run)),
+        ("precision", lambda index, run: run["precision"] + (", recompute" if run["recompute"] else "")),
+        ("micro/global", lambda index, run: f"{run['micro_batch_size']}/{run['global_batch_size']}"),
+        ("seq", lambda index, run: run["seq_length"]),
+        metric("samples_per_s", lambda run: fmt(run["samples_per_s"])),
+        metric("tokens_per_s", lambda run: fmt(run["tokens_per_s"], 0)),
+        metric("tflops_per_device", lambda run: fmt(run["tflops_per_device"], 3)),
+        *[column for headers, cells in utilisation for column in figure_columns(headers, cells)],
+        # the allocator's peak allocated bytes where the device keeps them, else the reserved (resident) peak
+        metric("peak_memory", lambda run: gib_cell(run["peak_bytes"])),
+        ("predicted", lambda index, run: gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))),
+        ("capacity", lambda index, run: gib_cell(run["capacity_bytes"])),
+    ]
+
+
+def _engine_text(run: pd.Series) -> str:
+    return (run["engine"] + (f" ZeRO {run['zero_stage']}" if run["engine"] == "deepspeed" else "")
+            + (" FSDP" if run["fsdp"] else ""))
 
 
 def _utilisation(run: pd.Series, formula: Any, value: Any, reason: Any, against: str = "") -> tuple[Any, bool]:

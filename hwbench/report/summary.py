@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hwbench.metrics import METRICS
 from hwbench.report.terminal import text_table
 from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
@@ -48,17 +49,18 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     kind = utilisation_label(metrics.flops_formula, spec.recompute)  # HFU: the formula counts the recompute
     rows += [
         ("steps", f"{metrics.timed_steps} timed after {spec.warmup} warm-up"),
-        ("samples/s", _number(metrics.samples_per_s)),
-        ("tokens/s", _number(metrics.tokens_per_s, 0)),
-        ("TFLOP/s per device", _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
-        (kind, f"{metrics.mfu:.1%}" if metrics.mfu is not None else _why(result, "mfu")),
+        (METRICS["samples_per_s"].label, _number(metrics.samples_per_s)),
+        (METRICS["tokens_per_s"].label, _number(metrics.tokens_per_s, 0)),
+        (METRICS["tflops_per_device"].label,
+         _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
+        (kind, METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
         (f"{kind}, measured ceiling", _measured_ceiling_text(result)),
         *([("", hfu_reason(metrics.flops_formula or ""))] if kind == "HFU" else []),
         (
             "step time",
             f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, CV {_percent(step.cv)}",
         ),
-        ("peak memory", _memory_text(memory)),
+        (METRICS["peak_memory"].label, _memory_text(memory)),
         (
             "loss",
             f"{_number(metrics.loss_start, 3)} -> {_number(metrics.loss_end, 3)} "
@@ -285,14 +287,15 @@ def sweep_summary_table(suite, records) -> str:
                 record.point.name,
                 counts,
                 throughput,
-                (f"{mfu:.1%}" + (" HFU" if hardware else "")) if mfu is not None else "-",
-                human_bytes(memory),
+                METRICS["mfu"].text(mfu) + (" HFU" if hardware and mfu is not None else ""),
+                METRICS["peak_memory"].text(memory),
                 note[:90],
             ]
         )
         if any(r.metrics.time_to_target for r in record.results if r.metrics):
             rows[-1].insert(3, _sweep_time_to_target(record))
-    headers = ["point", "status", "samples/s", "MFU", "peak memory", "note"]
+    headers = ["point", "status", METRICS["samples_per_s"].label, METRICS["mfu"].label, METRICS["peak_memory"].label,
+               "note"]
     if any(len(row) > len(headers) for row in rows):
         headers.insert(3, "time to target")
         rows = [row if len(row) == len(headers) else row[:3] + ["-"] + row[3:] for row in rows]
