@@ -15,7 +15,6 @@ from pathlib import PurePath
 from typing import Any
 
 from hwbench import __version__
-from hwbench.metrics import METRICS, Metric, result_formula  # noqa: F401 (the registry, where it was)
 
 
 def data_kind(data: Any) -> Any:
