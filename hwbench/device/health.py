@@ -159,11 +159,3 @@ def own_process_tree(proc: Path = PROC) -> set[int]:
         pids.add(parent)
         pid = parent
     return pids
-
-
-def process_name(pid: int, proc: Path = PROC) -> str:
-    """A process's command name, as ps shows it; its pid where it cannot be read."""
-    try:
-        return (proc / str(pid) / "comm").read_text().strip() or str(pid)
-    except OSError:
-        return str(pid)

@@ -183,14 +183,3 @@ def _energy_mismatch(energy_j: float | None, power_w_mean: float | None, window_
         return None
     return (f"energy {energy_j:.4g} J is {ratio:.2f}x the mean power x window "
             f"({power_w_mean:.4g} W x {window_s:.4g} s): one of them is not this device's")
-
-
-class NoTelemetry(TelemetrySampler):
-    """For devices with no readable sensors (the CPU without RAPL, say)."""
-
-    def __init__(self, reason: str, interval_s: float = 0.5) -> None:
-        super().__init__(interval_s)
-        self._reason = reason
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason

@@ -285,11 +285,6 @@ def _utilisation_columns(suffix: str, figures: list[tuple[Any, bool]]) -> tuple[
     return headers, cells
 
 
-def _unless(value: Any, why: str) -> str | None:
-    """The note of a figure that is missing: ``why``; none for a figure that is there."""
-    return None if is_number(value) else why
-
-
 def _predicted_note(run: pd.Series) -> str | None:
     """Why there is no prediction; on the CPU, what the prediction covers and the measured peak does not."""
     if not is_number(run["predicted_peak_bytes"]):

@@ -10,16 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.result.model import RunResult
-from hwbench.result.store import Paths, read_results
-
-
-def results_frame(paths: Paths):
-    """The table of every run under ``paths`` (each once); the files left out (unreadable, a
-    second copy of a run) in ``frame.attrs["skipped"]`` as (path, reason)."""
-    found, skipped = read_results(paths)
-    frame = frame_of(found)
-    frame.attrs["skipped"] = [(str(path), reason) for path, reason in skipped]
-    return frame
 
 
 def frame_of(found: list[tuple[RunResult, Path]]):
