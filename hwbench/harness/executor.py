@@ -212,7 +212,7 @@ def _loop(runs: list[PointRun], force: bool, executor: Executor, say: Say,
 
     def place(record: PointRecord, index: int, result: RunResult, label: str) -> None:
         record.results[index] = result
-        say(f"{label}: {result.status}" + (f" ({result.error['message']})" if result.error else ""))
+        say(f"{label}: {result.status}" + (f" ({result.error.message})" if result.error else ""))
 
     try:
         with stop_signals():
@@ -278,7 +278,7 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
     ok = [r for r in results if r.status == "ok"]
     if not ok:
         return None
-    figures = {key: throughput_statistics([r.metrics[key] for r in ok])
+    figures = {key: throughput_statistics([getattr(r.metrics, key) for r in ok])
                for key in ("samples_per_s", "tokens_per_s", "tflops_per_device")}
     targets = [r.metrics.time_to_target for r in results if r.status in ("ok", "not_converged")
                and r.metrics.time_to_target]
@@ -287,7 +287,7 @@ def aggregate(point: Point, results: list[RunResult]) -> dict[str, Any] | None:
                                                      if t.reached and t.scored_time_s is not None],
                                                     sum(not t.reached for t in targets))
     return {"point": point.name, "repeats": len(results), "ok": len(ok),
-            "seeds": [r.spec.get("seed") for r in results], "run_ids": [r.run_id for r in results], **figures}
+            "seeds": [r.spec.seed for r in results], "run_ids": [r.run_id for r in results], **figures}
 
 
 def lock_path(out_dir: Path, suite_name: str) -> Path:  # beside OUT/<suite>/, which holds only point folders

@@ -300,8 +300,9 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     figures["reached"] = hit is not None
     if hit is None:
         last = validation[-1] if validation else None
-        seen = f"{target.metric} {last[target.metric]:.4g} at step {last.step}" if last and last[target.metric] \
-            is not None else "no finite validation figure"
+        figure = getattr(last, target.metric, None) if last else None
+        seen = (f"{target.metric} {figure:.4g} at step {last.step}" if last and figure is not None
+                else "no finite validation figure")
         why = f"not reached in {spec.warmup + spec.steps} steps ({seen})"
         unmeasured.update(dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
                                          "energy_j", "cost_usd"), why))

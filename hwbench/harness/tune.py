@@ -156,10 +156,10 @@ def tune(base: RunOptions, devices: int, out: str, device_memory: str | None, en
                          LocalExecutor(plan=False, say=say), say, lambda done: _keep_going(done, patience, say))
     for (candidate, layout), record in zip(chosen, records):
         results = [r for r in record.results if r is not None]
-        ok = [r for r in results if r.status == "ok" and r.metrics.get("samples_per_s")]
+        measured = [figure for r in results if r.status == "ok" and (figure := r.metrics.samples_per_s)]
         statuses: list[str] = sorted({r.status for r in results}) or ["not-measured"]
-        status = "ok" if ok and len(ok) == len(results) else "/".join(statuses)
-        trials.append(Trial(candidate, status, [r.metrics.get("samples_per_s") for r in ok], layout.peak_bytes,
+        status = "ok" if measured and len(measured) == len(results) else "/".join(statuses)
+        trials.append(Trial(candidate, status, measured, layout.peak_bytes,
                             next((r.error.message or "" for r in results if r.error), ""),
                             [r.run_id for r in results]))
     trials += [Trial(candidate, "not-measured", predicted_peak_bytes=layout.peak_bytes,
@@ -172,7 +172,7 @@ def _keep_going(records: list[PointRecord], patience: int, say: Say) -> bool:
     """False once ``patience`` trials in a row did not beat the best by IMPROVEMENT."""
     best, since_best = 0.0, 0
     for record in records:
-        figures = [r.metrics.get("samples_per_s") for r in record.results if r and r.status == "ok"]
+        figures = [r.metrics.samples_per_s for r in record.results if r and r.status == "ok"]
         samples = statistics.median([f for f in figures if f]) if any(figures) else None
         if samples and samples > best * (1 + IMPROVEMENT):
             best, since_best = samples, 0
