@@ -135,6 +135,13 @@ def _number(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
+def argument(flag: str, kind: type = str, **rules: Any) -> Callable[[str], Any]:
+    """The argparse ``type`` of a command's own argument (one that is no run option, such as
+    `hwbench k8s --nnodes`), checked by an Option as run options are: one line naming the flag,
+    the value as typed and what is accepted. ``rules``: Option's choices, range, valid, accepts."""
+    return Option(help="", name=flag.removeprefix("--").replace("-", "_"), type=kind, **rules).parse
+
+
 def _host_port(text: str) -> bool:
     host, _, port = text.rpartition(":")
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535

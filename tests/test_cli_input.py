@@ -347,3 +347,25 @@ def test_a_bad_catalog_value_is_one_line_naming_the_field_value_and_what_is_acce
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "mychip.yaml" in lines[0] and expected in lines[0], lines
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["k8s", "--image", "img", "--nnodes", "0", "--nproc-per-node", "1"],
+     "--nnodes 0 is not accepted; give an integer >= 1"),
+    (["k8s", "--image", "img", "--nnodes", "1", "--nproc-per-node", "1", "--api", "jobset"],
+     "--api 'jobset' is not accepted; give one of pytorchjob, trainjob"),
+    (["calibrate", "--threads", "0"], "--threads 0 is not accepted; give an integer >= 1"),
+    (["calibrate", "--min-time", "inf"], "--min-time inf is not accepted; give seconds > 0, at most 3600"),
+    (["accept", "--suite", "s", "--baseline", "b", "--out", "o", "--repeats", "x"],
+     "--repeats 'x' is not accepted; give an integer >= 1"),
+    (["accept", "--suite", "s", "--baseline", "b", "--out", "o", "--probe-time", "0"],
+     "--probe-time 0 is not accepted; give seconds > 0"),
+])
+def test_a_commands_own_argument_is_refused_as_a_run_option_is(argv, expected, capsys, tmp_path, monkeypatch):
+    """k8s, calibrate and accept check their own arguments with hwbench.options.Option (options.argument):
+    one line, the value as typed, what is accepted, before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"hwbench: error: {expected}\n" and captured.out == ""
+    assert list(tmp_path.iterdir()) == []
