@@ -108,7 +108,7 @@ class Option:
         """A command-line (or suite) string as this option's value, checked; a number is
         named in a refusal as it was typed, anything else in quotes."""
         if self.type not in (int, float):
-            return self.check(text)  # for a switch: refused, true or false
+            return self.check(text, shown=repr(text))  # for a switch: refused, true or false
         try:
             number = self.type(text)
         except (ValueError, OverflowError):

@@ -38,10 +38,16 @@ def _by_kind(defaults: dict, text=lambda value: ",".join(map(str, value))) -> st
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", type=argument("--device", choices=DEVICE_CHOICES),
                         help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
-    parser.add_argument("--precisions", help=f"comma-separated, of {', '.join(PRECISIONS)} (default: "
-                                             f"{_by_kind(DEFAULT_PRECISIONS)}; less those the device lacks)")
-    parser.add_argument("--sizes", help=f"GEMM sizes n (n x n x n products), comma-separated (default: "
-                                        f"{_by_kind(DEFAULT_SIZES)})")
+    parser.add_argument("--precisions", type=argument(
+        "--precisions", tuple, normalize=_comma_parts,
+        valid=lambda chosen: all(p in PRECISIONS for p in chosen) and len(set(chosen)) == len(chosen),
+        accepts=f"distinct values of {', '.join(PRECISIONS)}, comma-separated"),
+        help=f"comma-separated, of {', '.join(PRECISIONS)} (default: {_by_kind(DEFAULT_PRECISIONS)}; less those the "
+             "device lacks)")
+    parser.add_argument("--sizes", type=argument(
+        "--sizes", tuple, normalize=_sizes, valid=lambda sizes: all(n >= 1 for n in sizes),
+        accepts="positive integers (matrix sizes n), comma-separated, e.g. 4096,8192,16384"),
+        help=f"GEMM sizes n (n x n x n products), comma-separated (default: {_by_kind(DEFAULT_SIZES)})")
     parser.add_argument("--copy-size", help=f"the copied buffer, e.g. 1GiB (default: "
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
@@ -97,29 +103,20 @@ MAX_REPETITIONS = 10_000
 MAX_SECONDS = 3600  # --min-time and --device-warmup: an hour is already far beyond a sustained clock
 
 
-def _precisions(text: str) -> tuple[str, ...]:
-    chosen = tuple(part.strip() for part in text.split(","))
-    if not chosen or any(part not in PRECISIONS for part in chosen) or len(set(chosen)) != len(chosen):
-        raise UsageError(
-            f"--precisions {text!r} is not accepted; accepted: distinct values of "
-            f"{', '.join(PRECISIONS)}, comma-separated"
-        )
-    return chosen
+def _comma_parts(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isascii() and part.isdigit() and int(part) >= 1 for part in parts):
-        raise UsageError(
-            f"--sizes {text!r} is not accepted; accepted: positive integers (matrix sizes n), "
-            "comma-separated, e.g. 4096,8192,16384"
-        )
+def _sizes(text: str) -> tuple[int, ...] | str:
+    """The distinct sizes of "4096,8192", or the text as it is when a part is no number (refused)."""
+    parts = _comma_parts(text)
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        return text
     return tuple(dict.fromkeys(int(part) for part in parts))
 
 
 def main(args: argparse.Namespace) -> int:
-    requested = _precisions(args.precisions) if args.precisions is not None else None
-    sizes = _sizes(args.sizes) if args.sizes is not None else None
+    requested, sizes = args.precisions, args.sizes
     from hwbench.units import decimal_size_note, parse_size
 
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
