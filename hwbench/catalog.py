@@ -235,7 +235,7 @@ class _PeakTable(_Schema):
 
 
 class _NullPeak(_Schema):
-    dense: None
+    dense: None = None  # or left out
     unavailable: Words
     listed: Any = None  # allowed beside a null figure: a note of what was found
     sparsity: Any = None
