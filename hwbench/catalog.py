@@ -382,10 +382,10 @@ def _read_yaml(path: Path) -> Any:
                            "YYYY-MM-DD") from None
 
 
-SchemaT = TypeVar("SchemaT", bound=BaseModel)
+_SchemaT = TypeVar("_SchemaT", bound=BaseModel)
 
 
-def _validated(schema: type[SchemaT], data: Any, path: Path, where: str = "") -> SchemaT:
+def _validated(schema: type[_SchemaT], data: Any, path: Path, where: str = "") -> _SchemaT:
     """``data`` as ``schema``, else the CatalogError naming the file and field, as every file's refusal reads."""
     try:
         return schema.model_validate(data)
