@@ -14,14 +14,29 @@ import functools
 import math
 import os
 import re
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Annotated, Any, TypeVar
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import SetupError
+from hwbench.fields import MAX_COUNT, Flag, problem_text
 from hwbench.workload.config import GPTConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -144,101 +159,210 @@ class Workload:
     path: str
 
 
-class _Fields:
-    """Typed access to one YAML mapping, failing with the file and field named."""
+# --- the files' schema: pydantic models, read into the entries above -----------------------------
 
-    def __init__(self, data: Any, path: str, prefix: str = "") -> None:
-        if not isinstance(data, dict):
-            raise CatalogError(f"{path}: {prefix or 'the file'} must be a mapping")
-        self.data, self.path, self.prefix = data, path, prefix
-        self.known: set[str] = set()  # every key a reader asked for
-        self.sections: list[_Fields] = []
 
-    def _fail(self, key: str, want: str) -> CatalogError:
-        value = self.data.get(key, "<missing>")
-        return CatalogError(f"{self.path}: field {self.prefix}{key} must be {want}, got {value!r}")
+def _yaml_number(value: Any) -> Any:
+    """YAML 1.1 reads 989.5e12 (no sign in the exponent) as text: take numeric text as its number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
-    def get(self, key: str) -> Any:
-        self.known.add(key)
-        return self.data.get(key)
 
-    @overload
-    def section(self, key: str, optional: Literal[False] = False) -> _Fields: ...
-    @overload
-    def section(self, key: str, optional: bool) -> _Fields | None: ...
-
-    def section(self, key: str, optional: bool = False) -> _Fields | None:
-        if optional and self.get(key) is None:
-            return None
-        fields = _Fields(self.get(key), self.path, f"{self.prefix}{key}.")
-        self.sections.append(fields)
-        return fields
-
-    def no_unknown_fields(self) -> None:
-        """A field nobody reads is a typo or a field of another version: fail on it,
-        rather than let it read as absent (a mistyped peak would make MFU null)."""
-        unknown = sorted(str(key) for key in self.data if key not in self.known)
-        if unknown:
-            raise CatalogError(f"{self.path}: unknown field {self.prefix}{unknown[0]}; the fields of "
-                               f"{self.prefix.rstrip('.') or 'this file'} are: {', '.join(sorted(self.known))} "
-                               "(docs/catalog.md)")
-        for fields in self.sections:
-            fields.no_unknown_fields()
-
-    @overload
-    def text(self, key: str, optional: Literal[False] = False) -> str: ...
-    @overload
-    def text(self, key: str, optional: bool) -> str | None: ...
-
-    def text(self, key: str, optional: bool = False) -> str | None:
-        value = self.get(key)
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value:
-            raise self._fail(key, "a non-empty string")
-        return value
-
-    @overload
-    def number(self, key: str, optional: Literal[False] = False, minimum: float = 0.0) -> float: ...
-    @overload
-    def number(self, key: str, optional: bool, minimum: float = 0.0) -> float | None: ...
-
-    def number(self, key: str, optional: bool = False, minimum: float = 0.0) -> float | None:
-        value = self.get(key)
-        if value is None and optional:
-            return None
-        try:  # YAML 1.1 reads '989e12' as a string: accept numeric strings
-            number = float(value)
-        except (TypeError, ValueError):
-            raise self._fail(key, "a number") from None
-        if isinstance(value, bool) or not math.isfinite(number) or number < minimum:
-            raise self._fail(key, f"a number >= {minimum:g}")
-        return number
-
-    @overload
-    def integer(self, key: str, optional: Literal[False] = False, minimum: int = 1) -> int: ...
-    @overload
-    def integer(self, key: str, optional: bool, minimum: int = 1) -> int | None: ...
-
-    def integer(self, key: str, optional: bool = False, minimum: int = 1) -> int | None:
-        value = self.number(key, optional, minimum)
-        if value is None:
-            return None
-        if value != int(value):
-            raise self._fail(key, "an integer")
+def _yaml_integer(value: Any) -> Any:
+    """An integer, also written as a number with no fractional part (1e3 is 1000)."""
+    value = _yaml_number(value)
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
         return int(value)
+    return value
 
-    def flag(self, key: str) -> bool:
-        value = self.get(key)
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false")
-        return value
 
-    def choice(self, key: str, choices: tuple[str, ...]) -> str:
-        value = self.get(key)
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def check(value: str) -> str:
         if value not in choices:
-            raise self._fail(key, "one of " + ", ".join(choices))
+            raise PydanticCustomError("choice", "must be one of {expected}, not {short}",
+                                      {"expected": ", ".join(choices), "short": repr(value)[:60]})
         return value
+    return check
+
+
+def _pattern(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise PydanticCustomError("pattern", "bad regular expression {pattern}: {error}",
+                                  {"pattern": repr(pattern), "error": str(error)}) from None
+    return pattern
+
+
+def _date(value: Any) -> str:
+    text = calendar_date(value)
+    if text is None:
+        raise PydanticCustomError("date", "must be a date written YYYY-MM-DD, not {short}", {"short": repr(value)[:60]})
+    return text
+
+
+def _peak_mapping(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise PydanticCustomError("peak_mapping", "must be a mapping with dense, listed, sparsity, source and read, "
+                                  "or with dense: null and unavailable (docs/catalog.md), not {short}",
+                                  {"short": repr(value)[:60]})
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(ge=0, allow_inf_nan=False)]
+Peak = Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(ge=1, allow_inf_nan=False)]
+Wanted = Annotated[int, BeforeValidator(_yaml_integer), Strict(), Field(ge=1, le=MAX_COUNT)]
+Counted = Annotated[int, BeforeValidator(_yaml_integer), Strict(), Field(ge=0, le=MAX_COUNT)]
+Words = Annotated[str, Strict(), Field(min_length=1)]
+Pattern = Annotated[str, Strict(), AfterValidator(_pattern)]
+Day = Annotated[str, BeforeValidator(_date)]
+
+
+class _Schema(BaseModel):
+    """A mapping of a catalog file: every field typed, a field not declared refused (a typo or a field
+    of another version would otherwise read as absent: a mistyped peak would make MFU null)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _PeakTable(_Schema):
+    bf16: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
+    fp16: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
+    fp32: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
+
+
+class _NullPeak(_Schema):
+    dense: None = None  # or left out
+    unavailable: Words
+    listed: Any = None  # allowed beside a null figure: a note of what was found
+    sparsity: Any = None
+    source: Any = None
+    read: Any = None
+
+
+class _DensePeak(_Schema):
+    dense: Peak
+    listed: Peak
+    sparsity: Flag
+    source: Words
+    read: Day
+    unavailable: Any = None
+
+    @model_validator(mode="after")
+    def _dense_is_the_listed_figure(self) -> _DensePeak:
+        """A sparse figure given as dense, or a dense figure that is not the listed one (halved when
+        listed with sparsity), is the MFU-above-100% mistake."""
+        dense, listed = self.dense, self.listed
+        expected = listed / 2 if self.sparsity else listed
+        if abs(dense - expected) > HALVING_TOLERANCE * expected:
+            if self.sparsity and abs(dense - listed) <= HALVING_TOLERANCE * listed:
+                raise PydanticCustomError("sparse_as_dense", f"dense {dense:g} is the figure the source lists with "
+                                          f"sparsity ({listed:g}): the dense peak is half of it, {listed / 2:g}")
+            how = (f"half the figure listed with sparsity, {listed / 2:g}" if self.sparsity
+                   else f"the listed figure, {listed:g}")
+            raise PydanticCustomError("dense_not_listed", f"dense {dense:g} must be {how}")
+        return self
+
+
+class _PowerLimitSchema(_Schema):
+    names: Annotated[list[Pattern], Field(min_length=1)]
+    over_watts: Number
+    up_to_watts: Peak
+
+    @model_validator(mode="after")
+    def _a_range(self) -> _PowerLimitSchema:
+        if not self.over_watts < self.up_to_watts:
+            raise PydanticCustomError("range", f"up_to_watts {self.up_to_watts:g} must be greater than over_watts "
+                                      f"{self.over_watts:g}")
+        return self
+
+
+class _DeviceSchema(_Schema):
+    name: Words
+    vendor: Words
+    backend: Annotated[str, Strict(), AfterValidator(_one_of(BACKENDS))]
+    title: Words
+    match: list[Pattern]
+    memory_bytes: Wanted | None = None
+    tdp_watts: Number | None = None
+    interconnect: Words | None = None
+    peak_flops: _PeakTable
+    compute_units: Wanted | None = None
+    match_by_power_limit: _PowerLimitSchema | None = None
+    price_usd_per_hour: Number | None = None
+    price_date: Day | None = None
+    price_source: Words | None = Field(default=None, validate_default=True)
+    price_unavailable: Words | None = None
+
+    @field_validator("price_source")
+    @classmethod
+    def _a_price_says_where_and_when(cls, source: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("price_usd_per_hour") is not None and not (source and info.data.get("price_date")):
+            raise PydanticCustomError("price_provenance", "must be given with price_date wherever price_usd_per_hour "
+                                      "is (where the price comes from and when)")
+        return source
+
+
+class _ModelSchema(_Schema):
+    num_layers: Wanted
+    hidden_size: Wanted
+    num_attention_heads: Wanted
+    max_position_embeddings: Wanted
+    vocab_size: Wanted
+    make_vocab_size_divisible_by: Wanted
+
+
+class _TrainingSchema(_Schema):
+    seq_length: Wanted
+    micro_batch_size: Wanted
+    global_batch_size: Wanted
+    lr: Number
+    min_lr: Number
+    precision: Annotated[str, Strict(), AfterValidator(_one_of(PRECISIONS))]
+    recompute: Flag
+    initial_scale_power: Counted
+    loss_scale: Peak | None = None
+    weight_decay: Number
+    clip_grad: Number
+    lr_decay_style: Annotated[str, Strict(), AfterValidator(_one_of(("cosine", "linear", "constant")))]
+    lr_decay_iters: Wanted
+    lr_warmup_iters: Counted | None = None
+    lr_warmup_fraction: Number | None = Field(default=None, validate_default=True)
+    seed: Counted
+
+    @field_validator("lr_warmup_fraction")
+    @classmethod
+    def _one_warmup_given(cls, fraction: float | None, info: ValidationInfo) -> float | None:
+        if fraction is None and info.data.get("lr_warmup_iters") is None and "lr_warmup_iters" in info.data:
+            raise PydanticCustomError("warmup", "must be a number when lr_warmup_iters is not given")
+        return fraction
+
+    def warmup_iters(self) -> int:
+        """Megatron's: warm-up = fraction x decay iterations, where no count is given."""
+        if self.lr_warmup_iters is not None:
+            return self.lr_warmup_iters
+        return round((self.lr_warmup_fraction or 0.0) * self.lr_decay_iters)
+
+
+class _PublishedSchema(_Schema):
+    devices: Wanted
+    tp: Wanted
+    pp: Wanted
+    zero_stage: Counted
+    tables: list[Annotated[str, BeforeValidator(str)]] | None = None
+    source: Words
+
+
+class _WorkloadSchema(_Schema):
+    name: Words
+    title: Words
+    model: _ModelSchema
+    training: _TrainingSchema
+    published: _PublishedSchema | None = None
 
 
 def _read_yaml(path: Path) -> Any:
@@ -254,107 +378,49 @@ def _read_yaml(path: Path) -> Any:
         raise CatalogError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from None
     except RecursionError:
         raise CatalogError(f"{path}: nested too deeply to be a catalog entry") from None
+    except ValueError as error:  # PyYAML builds an unquoted 2026-13-01 as a date and fails
+        raise CatalogError(f"{path}: holds a value YAML cannot read ({error}); write dates as real days, "
+                           "YYYY-MM-DD") from None
+
+
+_SchemaT = TypeVar("_SchemaT", bound=BaseModel)
+
+
+def _validated(schema: type[_SchemaT], data: Any, path: Path, where: str = "") -> _SchemaT:
+    """``data`` as ``schema``, else the CatalogError naming the file and field, as every file's refusal reads."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as error:
+        field = "field " if where or error.errors()[0]["loc"] else ""
+        raise CatalogError(f"{path}: {field}{problem_text(error, where, schema)}") from None
+    except RecursionError:
+        raise CatalogError(f"{path}: nested too deeply to be a catalog entry") from None
 
 
 def _device_from(path: Path) -> DeviceModel:
-    f = _Fields(_read_yaml(path), str(path))
-    match = f.get("match")
-    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
-        raise f._fail("match", "a list of regular expressions")
-    _check_patterns(path, "match", match)
-    peaks = f.section("peak_flops")
-    device = DeviceModel(
-        name=f.text("name"),
-        vendor=f.text("vendor"),
-        backend=f.choice("backend", BACKENDS),
-        title=f.text("title"),
-        match=tuple(match),
-        memory_bytes=f.integer("memory_bytes", optional=True),
-        tdp_watts=f.number("tdp_watts", optional=True),
-        interconnect=f.text("interconnect", optional=True),
-        peak_flops={p: _peak_figure(peaks, p) for p in PRECISIONS},
-        compute_units=f.integer("compute_units", optional=True),
-        match_by_power_limit=_power_limit_match(f),
-        price_usd_per_hour=f.number("price_usd_per_hour", optional=True),
-        price_source=f.text("price_source", optional=True),
-        price_date=_price_date(f),
-        price_unavailable=f.text("price_unavailable", optional=True),
-        path=str(path),
+    entry = _validated(_DeviceSchema, _read_yaml(path), path)
+    peaks = entry.peak_flops.model_dump()
+    limits = entry.match_by_power_limit
+    return DeviceModel(
+        name=entry.name, vendor=entry.vendor, backend=entry.backend, title=entry.title, match=tuple(entry.match),
+        memory_bytes=entry.memory_bytes, tdp_watts=entry.tdp_watts, interconnect=entry.interconnect,
+        peak_flops={precision: _peak_figure(path, precision, peaks[precision]) for precision in PRECISIONS},
+        compute_units=entry.compute_units,
+        match_by_power_limit=PowerLimitMatch(tuple(limits.names), limits.over_watts, limits.up_to_watts)
+        if limits else None,
+        price_usd_per_hour=entry.price_usd_per_hour, price_source=entry.price_source, price_date=entry.price_date,
+        price_unavailable=entry.price_unavailable, path=str(path),
     )
-    f.no_unknown_fields()
-    if device.price_usd_per_hour is not None and not (device.price_source and device.price_date):
-        raise f._fail("price_source", "given with price_date wherever price_usd_per_hour is (where the price comes "
-                                      "from and when)")
-    return device
 
 
-def _check_patterns(path: Path, field: str, patterns: list[str]) -> None:
-    for pattern in patterns:
-        try:
-            re.compile(pattern)
-        except re.error as error:
-            raise CatalogError(f"{path}: field {field}: bad regular expression {pattern!r}: {error}") from None
-
-
-def _peak_figure(peaks: _Fields, precision: str) -> PeakFigure:
-    """One precision of peak_flops: the dense figure with the figure as listed, whether it
-    was listed with sparsity, the source and the day it was read; or null with the reason.
-    A sparse figure given as dense, or a dense figure that is not the listed one (halved when
-    listed with sparsity), is refused: that is the MFU-above-100% mistake."""
-    if not isinstance(peaks.get(precision), dict):
-        raise peaks._fail(precision, "a mapping with dense, listed, sparsity, source and read, or with dense: null "
-                                     "and unavailable (docs/catalog.md)")
-    f = peaks.section(precision)
-    dense = f.number("dense", optional=True, minimum=1.0)
-    if dense is None:
-        figure = PeakFigure(None, unavailable=f.text("unavailable"))
-        for key in ("listed", "sparsity", "source", "read"):
-            f.get(key)  # known fields, allowed beside a null figure (a note of what was found)
-        return figure
-    listed = f.number("listed", minimum=1.0)
-    sparsity = f.flag("sparsity")
-    figure = PeakFigure(dense, listed, sparsity, f.text("source"), _date(f, "read"))
-    f.get("unavailable")
-    expected = listed / 2 if sparsity else listed
-    if abs(dense - expected) > HALVING_TOLERANCE * expected:
-        if sparsity and abs(dense - listed) <= HALVING_TOLERANCE * listed:
-            raise CatalogError(f"{f.path}: field {f.prefix}dense {dense:g} is the figure the source lists with "
-                               f"sparsity ({listed:g}): the dense peak is half of it, {listed / 2:g}")
-        how = f"half the figure listed with sparsity, {listed / 2:g}" if sparsity else f"the listed figure, {listed:g}"
-        raise CatalogError(f"{f.path}: field {f.prefix}dense {dense:g} must be {how}")
-    return figure
-
-
-def _power_limit_match(f: _Fields) -> PowerLimitMatch | None:
-    section = f.section("match_by_power_limit", optional=True)
-    if section is None:
-        return None
-    names = section.get("names")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise section._fail("names", "a non-empty list of regular expressions")
-    _check_patterns(Path(f.path), "match_by_power_limit.names", names)
-    over, up_to = section.number("over_watts"), section.number("up_to_watts", minimum=1.0)
-    if not over < up_to:
-        raise section._fail("up_to_watts", f"greater than over_watts ({over:g})")
-    return PowerLimitMatch(tuple(names), over, up_to)
-
-
-def _date(f: _Fields, key: str) -> str:
-    text = calendar_date(f.get(key))
-    if text is None:
-        raise f._fail(key, "a date written YYYY-MM-DD")
-    return text
-
-
-def _price_date(f: _Fields) -> str | None:
-    """price_date as YYYY-MM-DD text (YAML reads an unquoted date as a date)."""
-    value = f.get("price_date")
-    if value is None:
-        return None
-    text = calendar_date(value)
-    if text is None:
-        raise f._fail("price_date", "a date written YYYY-MM-DD")
-    return text
+def _peak_figure(path: Path, precision: str, data: dict[str, Any]) -> PeakFigure:
+    """One precision of peak_flops: the dense figure with the figure as listed, whether it was listed
+    with sparsity, the source and the day it was read; or null with the reason."""
+    where = f"peak_flops.{precision}"
+    if data.get("dense") is None:
+        return PeakFigure(None, unavailable=_validated(_NullPeak, data, path, where).unavailable)
+    peak = _validated(_DensePeak, data, path, where)
+    return PeakFigure(peak.dense, peak.listed, peak.sparsity, peak.source, peak.read)
 
 
 def calendar_date(value: Any) -> str | None:
@@ -370,55 +436,17 @@ def calendar_date(value: Any) -> str | None:
 
 
 def _workload_from(path: Path) -> Workload:
-    f = _Fields(_read_yaml(path), str(path))
-    m, t = f.section("model"), f.section("training")
-    model = GPTConfig(
-        num_layers=m.integer("num_layers"),
-        hidden_size=m.integer("hidden_size"),
-        num_attention_heads=m.integer("num_attention_heads"),
-        max_position_embeddings=m.integer("max_position_embeddings"),
-        vocab_size=m.integer("vocab_size"),
-        make_vocab_size_divisible_by=m.integer("make_vocab_size_divisible_by"),
-    )
+    entry = _validated(_WorkloadSchema, _read_yaml(path), path)
+    model = GPTConfig(**entry.model.model_dump())
     problems = model.problems()
     if problems:
         raise CatalogError(f"{path}: model: {'; '.join(problems)}")
-    decay_iters = t.integer("lr_decay_iters")
-    warmup_iters = t.integer("lr_warmup_iters", optional=True, minimum=0)
-    warmup_fraction = t.number("lr_warmup_fraction", optional=True)  # read either way: a known field
-    if warmup_iters is None:  # Megatron: warm-up = fraction x decay iterations
-        if warmup_fraction is None:
-            raise t._fail("lr_warmup_fraction", "a number when lr_warmup_iters is not given")
-        warmup_iters = round(warmup_fraction * decay_iters)
-    training = TrainingDefaults(
-        seq_length=t.integer("seq_length"),
-        micro_batch_size=t.integer("micro_batch_size"),
-        global_batch_size=t.integer("global_batch_size"),
-        lr=t.number("lr"),
-        min_lr=t.number("min_lr"),
-        precision=t.choice("precision", PRECISIONS),
-        recompute=t.flag("recompute"),
-        initial_scale_power=t.integer("initial_scale_power", minimum=0),
-        loss_scale=t.number("loss_scale", optional=True, minimum=1.0),
-        weight_decay=t.number("weight_decay"),
-        clip_grad=t.number("clip_grad"),
-        lr_decay_style=t.choice("lr_decay_style", ("cosine", "linear", "constant")),
-        lr_decay_iters=decay_iters,
-        lr_warmup_iters=warmup_iters,
-        seed=t.integer("seed", minimum=0),
-    )
-    published = None
-    p = f.section("published", optional=True)
-    if p is not None:
-        tables = p.get("tables") or []
-        published = PublishedLayout(
-            devices=p.integer("devices"), tp=p.integer("tp"), pp=p.integer("pp"),
-            zero_stage=p.integer("zero_stage", minimum=0), tables=tuple(str(x) for x in tables),
-            source=p.text("source"),
-        )
-    workload = Workload(f.text("name"), f.text("title"), model, training, published, str(path))
-    f.no_unknown_fields()
-    return workload
+    t = entry.training
+    training = TrainingDefaults(**t.model_dump(exclude={"lr_warmup_iters", "lr_warmup_fraction"}),
+                                lr_warmup_iters=t.warmup_iters())
+    p = entry.published
+    published = PublishedLayout(p.devices, p.tp, p.pp, p.zero_stage, tuple(p.tables or ()), p.source) if p else None
+    return Workload(entry.name, entry.title, model, training, published, str(path))
 
 
 @dataclasses.dataclass(frozen=True)

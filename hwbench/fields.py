@@ -3,7 +3,7 @@ their validation problems as one line: one place, so every file's refusal reads 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import AfterValidator, BaseModel, Field, Strict, ValidationError
 from pydantic_core import PydanticCustomError
@@ -59,13 +59,41 @@ def validation_problem(model: type[BaseModel], data: Any, where: str = "") -> st
     return None
 
 
-def problem_text(error: ValidationError, where: str = "") -> str:
-    """The first problem of a ValidationError as one line: "metrics.mfu: must be >= 0, not -1"."""
+def problem_text(error: ValidationError, where: str = "", model: type[BaseModel] | None = None) -> str:
+    """The first problem of a ValidationError as one line: "metrics.mfu: must be >= 0, not -1"; a
+    field ``model`` does not declare is named with the fields it does."""
     first = error.errors(include_url=False)[0]
     path = where
     for part in first["loc"]:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return f"{path or 'the file'}: {_problem(first)}"[:300]
+    text = f"{path or 'the file'}: {_problem(first)}"
+    known = _field_names(model, first["loc"][:-1]) if model and first["type"] == "extra_forbidden" else None
+    if known:
+        text += f"; the fields here are: {', '.join(known)}"
+    return text[:300]
+
+
+def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The fields of the mapping at ``loc`` in ``model``, sorted; None where no model is declared there."""
+    found: type[BaseModel] | None = model
+    for part in loc:
+        if found is None:
+            return None
+        if isinstance(part, str):
+            field = found.model_fields.get(part)
+            found = _model_in(field.annotation) if field else None
+    return sorted(found.model_fields) if found else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (``X | None``, ``list[X]``, ``Annotated[X, ...]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 _PROBLEMS = {  # pydantic's error type -> the line it makes, as hwbench has always said it
@@ -79,6 +107,7 @@ _PROBLEMS = {  # pydantic's error type -> the line it makes, as hwbench has alwa
     "dict_type": "must be a mapping, not {kind}",
     "list_type": "must be a list, not {kind}",
     "too_short": "must hold at least {min_length}, not {actual_length}",
+    "string_too_short": "must not be empty",
     "extra_forbidden": "is not a field here",
     "greater_than": "must be > {gt}, not {short}",
     "greater_than_equal": "must be >= {ge}, not {short}",

@@ -108,7 +108,7 @@ class Option:
         """A command-line (or suite) string as this option's value, checked; a number is
         named in a refusal as it was typed, anything else in quotes."""
         if self.type not in (int, float):
-            return self.check(text)  # for a switch: refused, true or false
+            return self.check(text, shown=repr(text))  # for a switch: refused, true or false
         try:
             number = self.type(text)
         except (ValueError, OverflowError):
@@ -133,6 +133,13 @@ class Option:
 def _number(value: Any) -> str:
     """1800.0 as 1800; text as it is."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def argument(flag: str, kind: type = str, **rules: Any) -> Callable[[str], Any]:
+    """The argparse ``type`` of a command's own argument (one that is no run option, such as
+    `hwbench k8s --nnodes`), checked by an Option as run options are: one line naming the flag,
+    the value as typed and what is accepted. ``rules``: Option's choices, range, valid, accepts."""
+    return Option(help="", name=flag.removeprefix("--").replace("-", "_"), type=kind, **rules).parse
 
 
 def _host_port(text: str) -> bool:

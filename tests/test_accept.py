@@ -130,8 +130,8 @@ def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_ke
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--min-ratio", "abc"], "--min-ratio 'abc' is not accepted; give a number above 0"),
-    (["--min-ratio", "0"], "--min-ratio '0' is not accepted"),
+    (["--min-ratio", "abc"], "--min-ratio 'abc' is not accepted; give a number > 0"),
+    (["--min-ratio", "0"], "--min-ratio 0 is not accepted; give a number > 0"),
     (["--outlier", "150%"], "--outlier '150%': must be below 100%"),
     (["--baseline", "/nonexistent/b.json"], "--baseline '/nonexistent/b.json': no such file or folder"),
     (["--suite", "nosuch"], "suite 'nosuch' is neither a file nor a shipped suite"),

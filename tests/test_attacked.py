@@ -36,8 +36,9 @@ def test_prepare_refuses_more_workers_than_twice_the_cores_before_starting_one(t
     workers = 2 * cores + excess
     _one_line_exit_2(capsys, ["data", "prepare", "--input", source, "--output-prefix", tmp_path / "out",
                               "--tokenizer", "byte", "--workers", workers],
-                     f"--workers {workers}: give 1 to {2 * cores} (twice the {cores} cores this process may use)")
-    with pytest.raises(UsageError, match=f"--workers {workers}: give 1 to {2 * cores}"):  # the library path
+                     f"--workers {workers} is not accepted; give 1 to {2 * cores} (twice the {cores} cores this "
+                     "process may use)")
+    with pytest.raises(UsageError, match=f"--workers {workers} is not accepted; give 1 to {2 * cores}"):  # the API
         prepare(str(source), str(tmp_path / "out"), tokenizer="byte", workers=workers)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 

@@ -131,19 +131,19 @@ def test_a_run_carries_mfu_against_the_measured_ceiling_or_none_with_the_reason(
 
 @pytest.mark.parametrize("args, named", [
     (["--repeats", "100000000000000000000"], "an integer from 2 to 10000"),  # used to run until killed
-    (["--warmup", "10001"], "--warmup '10001' is not accepted; accepted: an integer from 1 to 10000"),
+    (["--warmup", "10001"], "--warmup 10001 is not accepted; give an integer from 1 to 10000"),
     (["--sizes", "abc"], "--sizes 'abc'"),
     (["--sizes", "64,0"], "--sizes '64,0'"),
     (["--precisions", "fp8"], "--precisions 'fp8'"),
     (["--precisions", "bf16,bf16"], "--precisions 'bf16,bf16'"),
-    (["--repeats", "1"], "--repeats '1'"),
-    (["--warmup", "0"], "--warmup '0'"),
+    (["--repeats", "1"], "--repeats 1 is not accepted"),
+    (["--warmup", "0"], "--warmup 0 is not accepted"),
     (["--threads", "x"], "--threads 'x'"),
     (["--copy-size", "lots"], "--copy-size 'lots'"),
     (["--device", "tpu"], "--device 'tpu'"),
-    (["--min-time", "0"], "--min-time '0'"),
-    (["--min-time", "nan"], "--min-time 'nan'"),
-    (["--device-warmup", "-1"], "--device-warmup '-1'"),
+    (["--min-time", "0"], "--min-time 0 is not accepted; give seconds > 0, at most 3600"),
+    (["--min-time", "nan"], "--min-time nan is not accepted"),
+    (["--device-warmup", "-1"], "--device-warmup -1 is not accepted; give seconds from 0 to 3600"),
     (["--device-warmup", "soon"], "--device-warmup 'soon'"),
 ])
 def test_bad_option_is_one_line_exit_2_and_writes_nothing(args, named, tmp_path, capsys):

@@ -212,7 +212,8 @@ def test_an_unknown_catalog_field_is_named_with_the_known_ones(tmp_path, capsys,
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
     assert main(["devices"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "mychip.yaml" in lines[0] and f"unknown field {field};" in lines[0]
+    assert len(lines) == 1 and "mychip.yaml" in lines[0]
+    assert f"field {field}: is not a field here; the fields here are:" in lines[0]
     assert ("bf16" if "." in field else "price_usd_per_hour") in lines[0]  # what would be accepted
 
 
@@ -321,3 +322,50 @@ def test_a_broken_pipe_elsewhere_is_not_taken_for_a_closed_stdout(monkeypatch):
     monkeypatch.setattr(models, "main", broken)
     with pytest.raises(BrokenPipeError):
         cli.main(["models"])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("backend: tpu\n", "field backend: must be one of cpu, cuda, rocm, npu, hpu, not 'tpu'"),
+    ("tdp_watts: true\n", "field tdp_watts: must be a number, not true/false"),
+    ("match_by_power_limit: {names: ['x'], over_watts: 500, up_to_watts: 400}\n",
+     "field match_by_power_limit: up_to_watts 400 must be greater than over_watts 500"),
+    # an unquoted day that is none: PyYAML raised ValueError, which came out as a traceback
+    ("price_date: 2026-13-01\n", "a value YAML cannot read (month must be in 1..12)"),
+])
+def test_a_bad_catalog_value_is_one_line_naming_the_field_value_and_what_is_accepted(
+        tmp_path, capsys, monkeypatch, text, expected):
+    devices = tmp_path / "devices"
+    devices.mkdir()
+    null = "{dense: null, unavailable: x}"
+    entry = (f"name: mychip\nvendor: me\nbackend: cuda\ntitle: Mine\nmatch: ['Mine']\n"
+             f"peak_flops: {{bf16: {null}, fp16: {null}, fp32: {null}}}\n")
+    (devices / "mychip.yaml").write_text(entry.replace("backend: cuda\n", "") + text if "backend" in text
+                                         else entry + text)
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert main(["devices"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "mychip.yaml" in lines[0] and expected in lines[0], lines
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["k8s", "--image", "img", "--nnodes", "0", "--nproc-per-node", "1"],
+     "--nnodes 0 is not accepted; give an integer >= 1"),
+    (["k8s", "--image", "img", "--nnodes", "1", "--nproc-per-node", "1", "--api", "jobset"],
+     "--api 'jobset' is not accepted; give one of pytorchjob, trainjob"),
+    (["calibrate", "--threads", "0"], "--threads 0 is not accepted; give an integer >= 1"),
+    (["calibrate", "--min-time", "inf"], "--min-time inf is not accepted; give seconds > 0, at most 3600"),
+    (["accept", "--suite", "s", "--baseline", "b", "--out", "o", "--repeats", "x"],
+     "--repeats 'x' is not accepted; give an integer >= 1"),
+    (["accept", "--suite", "s", "--baseline", "b", "--out", "o", "--probe-time", "0"],
+     "--probe-time 0 is not accepted; give seconds > 0"),
+])
+def test_a_commands_own_argument_is_refused_as_a_run_option_is(argv, expected, capsys, tmp_path, monkeypatch):
+    """k8s, calibrate and accept check their own arguments with hwbench.options.Option (options.argument):
+    one line, the value as typed, what is accepted, before anything runs."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"hwbench: error: {expected}\n" and captured.out == ""
+    assert list(tmp_path.iterdir()) == []

@@ -367,10 +367,10 @@ def test_a_catalog_price_needs_its_source_and_date(tmp_path, monkeypatch):
     mine = tmp_path / "devices" / "h100-sxm.yaml"
     monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
     mine.write_text("\n".join(line for line in entry.splitlines() if not line.startswith("price_source")) + "\n")
-    with pytest.raises(CatalogError, match="price_source must be given with price_date"):
+    with pytest.raises(CatalogError, match="price_source: must be given with price_date"):
         load_catalog()
     mine.write_text(entry.replace("price_date: '2026-08-26'", "price_date: 'last week'"))
-    with pytest.raises(CatalogError, match="price_date must be a date written YYYY-MM-DD"):
+    with pytest.raises(CatalogError, match="price_date: must be a date written YYYY-MM-DD, not 'last week'"):
         load_catalog()
     monkeypatch.delenv("HWBENCH_CATALOG_PATH")
     # every shipped entry has a price with its source and date, or says why it has none

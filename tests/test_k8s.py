@@ -184,7 +184,7 @@ def test_build_manifest_is_pure_and_render_has_kubectl_header():
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--nnodes", "0", "--nproc-per-node", "1"], "--nnodes '0'"),
+    (["--nnodes", "0", "--nproc-per-node", "1"], "--nnodes 0 is not accepted; give an integer >= 1"),
     (["--nnodes", "1", "--nproc-per-node", "x"], "--nproc-per-node 'x'"),
     (["--nnodes", "1", "--nproc-per-node", "1", "--name", "My_Job"], "--name 'My_Job'"),
     (["--nnodes", "1", "--nproc-per-node", "1", "--name", "a" * 60], "--name"),
@@ -218,7 +218,7 @@ def test_through_the_cli(capsys):
     m = yaml.safe_load(capsys.readouterr().out)
     assert m["kind"] == "PyTorchJob" and m["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     assert hwbench.cli.main(["k8s", *BASE, "--nnodes", "0", "--nproc-per-node", "2"]) == 2
-    assert "hwbench: error: --nnodes '0'" in capsys.readouterr().err
+    assert "hwbench: error: --nnodes 0 is not accepted" in capsys.readouterr().err
 
 
 # --- Checked against the real CRDs (tests/data/crds, their README names the source) --------

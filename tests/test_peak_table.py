@@ -30,14 +30,15 @@ def _user_catalog(tmp_path, monkeypatch, bf16: str, backend: str = "cuda", match
 
 
 @pytest.mark.parametrize("bf16, expected", [
-    ("{dense: 1.0e15, listed: 1.0e15, sparsity: false, read: 2026-11-25}", "field peak_flops.bf16.source must be"),
-    ("{dense: 1.0e15, listed: 1.0e15, sparsity: false, source: a data sheet}", "field peak_flops.bf16.read must be"),
-    ("{dense: 1.0e15, source: a data sheet, read: 2026-11-25}", "field peak_flops.bf16.listed must be"),
+    ("{dense: 1.0e15, listed: 1.0e15, sparsity: false, read: 2026-11-25}", "field peak_flops.bf16.source: is missing"),
+    ("{dense: 1.0e15, listed: 1.0e15, sparsity: false, source: a data sheet}",
+     "field peak_flops.bf16.read: is missing"),
+    ("{dense: 1.0e15, source: a data sheet, read: 2026-11-25}", "field peak_flops.bf16.listed: is missing"),
     ("{dense: 1.979e15, listed: 1.979e15, sparsity: true, source: a data sheet, read: 2026-11-25}",
      "is the figure the source lists with sparsity (1.979e+15): the dense peak is half of it, 9.895e+14"),
     ("{dense: 1.0e15, listed: 1.0e15, source: a data sheet, read: 2026-11-25}", "field peak_flops.bf16.sparsity"),
-    ("{dense: null}", "field peak_flops.bf16.unavailable must be a non-empty string"),
-    ("1.0e15", "field peak_flops.bf16 must be a mapping with dense, listed, sparsity, source and read"),
+    ("{dense: null}", "field peak_flops.bf16.unavailable: is missing"),
+    ("1.0e15", "field peak_flops.bf16: must be a mapping with dense, listed, sparsity, source and read"),
 ])
 def test_a_peak_without_its_provenance_or_given_sparse_as_dense_is_one_line_and_exit_2(
         tmp_path, monkeypatch, capsys, bf16, expected):

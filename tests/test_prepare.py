@@ -406,3 +406,19 @@ def test_tinyshakespeare_with_gpt2(tmp_path, gpt2):
     sequences, dataset = tokens_of(summary["outputs"]["text"])
     assert sequences[0] == gpt2.encode(paragraphs[0].strip("\n")) + [50256]
     assert dataset.num_tokens == summary["tokens"]
+
+
+@pytest.mark.parametrize("option, expected", [
+    ({"tokenizer": "sentencepiece"}, "--tokenizer 'sentencepiece' is not accepted; give one of gpt2-bpe, byte"),
+    ({"input_format": "csv"}, "--input-format 'csv' is not accepted; give one of json, text"),
+    ({"json_keys": ["text", "text"]}, "--json-keys text text is not accepted; give distinct keys"),
+    ({"json_keys": ["a/b"]}, "--json-keys a/b is not accepted; give distinct keys, each usable in a file name"),
+    ({"workers": True}, "--workers True is not accepted; give 1 to"),
+])
+def test_a_bad_option_from_the_api_is_refused_as_a_run_option_is(tmp_path, option, expected):
+    """prepare()'s options are checked by hwbench.options.Option: the same line as `hwbench run`'s."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    with pytest.raises(UsageError) as refused:
+        prepare(source, tmp_path / "out", **{"tokenizer": "byte", **option})
+    assert str(refused.value).startswith(expected), refused.value
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

@@ -6,13 +6,12 @@ the baseline lacks points of the run, 2 on bad input."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 from hwbench.commands.sweep import add_slurm_options, slurm_settings
 from hwbench.device.kinds import DEVICE_CHOICES
-from hwbench.errors import UsageError
 from hwbench.harness.suite import shipped_suite_names
+from hwbench.options import argument
 
 DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "
                "training point; under --executor slurm each device of every node of the partition, a job a node), "
@@ -28,17 +27,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", required=True, metavar="FILE|FOLDER|CSV",
                         help="a baseline file (hwbench baseline save), a folder of results, or a CSV with model, "
                              "device_model, tokens_per_s and any point field")
-    parser.add_argument("--min-ratio", default="0.95", help="each point's tokens/s against its baseline: PASS at or "
+    parser.add_argument("--min-ratio", default="0.95", type=argument("--min-ratio", float, minimum=0,
+                        above_minimum=True), help="each point's tokens/s against its baseline: PASS at or "
                         "above this (default 0.95)")
     parser.add_argument("--outlier", default="5%", help="a device or node more than this below the median of its "
                         "peers is named and fails: 5%% or 0.05 (default 5%%)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each suite point (default 1)")
+    parser.add_argument("--repeats", type=argument("--repeats", int, minimum=1), default=1,
+                        help="runs of each suite point (default 1)")
     parser.add_argument("--device", choices=DEVICE_CHOICES, help="for every point that does not set its own, and "
                         "the devices probed")
-    parser.add_argument("--devices-per-node", type=int, help="devices of this host (under Slurm: of each node) to "
+    parser.add_argument("--devices-per-node", type=argument("--devices-per-node", int),
+                        help="devices of this host (under Slurm: of each node) to "
                         "probe (default: every one the backend sees; the CPU is one; at most those, on the CPU the "
                         "usable cores)")
     parser.add_argument("--probe-time", default="0.5", metavar="SECONDS",
+                        type=argument("--probe-time", float, minimum=0, above_minimum=True, accepts="seconds"),
                         help="each probe measurement's timed repetitions together (default 0.5)")
     parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "
                         "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line; under Slurm each node's job "
@@ -50,27 +53,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_slurm_options(parser)
 
 
-def _number(option: str, text: str, accepted: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
-    return value
-
-
 def main(args: argparse.Namespace) -> int:
     from hwbench.harness.accept import AcceptOptions, accept
     from hwbench.report.compare import parse_threshold
 
-    if args.repeats < 1:
-        raise UsageError(f"--repeats {args.repeats} is not accepted; give an integer >= 1")
     options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
-                            min_ratio=_number("--min-ratio", args.min_ratio, "a number above 0 (0.95)"),
+                            min_ratio=args.min_ratio,
                             outlier=parse_threshold(args.outlier, "--outlier"), repeats=args.repeats,
                             device=args.device, devices_per_node=args.devices_per_node,
-                            probe_time_s=_number("--probe-time", args.probe_time, "seconds above 0 (0.5)"),
+                            probe_time_s=args.probe_time,
                             page_format=args.format, preflight=args.preflight)
     settings = slurm_settings(args)
     from hwbench.harness.executor import SweepInterrupted

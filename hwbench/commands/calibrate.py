@@ -4,7 +4,6 @@ and keep them per device model and driver, so that runs report MFU against them 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import sys
@@ -21,6 +20,7 @@ from hwbench.calibration import (
 from hwbench.calibration.store import PRECISIONS, STORE_ENV
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.options import argument
 from hwbench.units import human_bytes
 
 DESCRIPTION = (
@@ -36,27 +36,37 @@ def _by_kind(defaults: dict, text=lambda value: ",".join(map(str, value))) -> st
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
-    parser.add_argument("--precisions", help=f"comma-separated, of {', '.join(PRECISIONS)} (default: "
-                                             f"{_by_kind(DEFAULT_PRECISIONS)}; less those the device lacks)")
-    parser.add_argument("--sizes", help=f"GEMM sizes n (n x n x n products), comma-separated (default: "
-                                        f"{_by_kind(DEFAULT_SIZES)})")
+    parser.add_argument("--device", default="auto", type=argument("--device", choices=DEVICE_CHOICES),
+                        help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
+    parser.add_argument("--precisions", type=argument(
+        "--precisions", tuple, normalize=_comma_parts,
+        valid=lambda chosen: all(p in PRECISIONS for p in chosen) and len(set(chosen)) == len(chosen),
+        accepts=f"distinct values of {', '.join(PRECISIONS)}, comma-separated"),
+        help=f"comma-separated, of {', '.join(PRECISIONS)} (default: {_by_kind(DEFAULT_PRECISIONS)}; less those the "
+             "device lacks)")
+    parser.add_argument("--sizes", type=argument(
+        "--sizes", tuple, normalize=_sizes, valid=lambda sizes: all(n >= 1 for n in sizes),
+        accepts="positive integers (matrix sizes n), comma-separated, e.g. 4096,8192,16384"),
+        help=f"GEMM sizes n (n x n x n products), comma-separated (default: {_by_kind(DEFAULT_SIZES)})")
     parser.add_argument("--copy-size", help=f"the copied buffer, e.g. 1GiB (default: "
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
     parser.add_argument(
         "--repeats",
         default=str(DEFAULT_REPEATS),
+        type=argument("--repeats", int, minimum=2, maximum=MAX_REPETITIONS),
         help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})",
     )
     parser.add_argument(
         "--warmup",
         default=str(DEFAULT_WARMUP),
+        type=argument("--warmup", int, minimum=1, maximum=MAX_REPETITIONS),
         help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})",
     )
     parser.add_argument(
         "--min-time",
         default=str(DEFAULT_MIN_TIME_S),
+        type=argument("--min-time", float, minimum=0, above_minimum=True, maximum=MAX_SECONDS, accepts="seconds"),
         metavar="SECONDS",
         help=f"each measurement's timed repetitions together last at least this (default "
         f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst",
@@ -64,12 +74,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-warmup",
         default=str(DEFAULT_DEVICE_WARMUP_S),
+        type=argument("--device-warmup", float, minimum=0, maximum=MAX_SECONDS, accepts="seconds"),
         metavar="SECONDS",
         help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
         f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)",
     )
     parser.add_argument(
         "--threads",
+        type=argument("--threads", int, minimum=1),
         help="CPU: intra-op threads, at most the usable cores (default: the usable cores); part of the CPU's key",
     )
     parser.add_argument(
@@ -88,63 +100,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 # Far above any real need (the defaults are 20 and 3), and finite: 10**20 repetitions would run until killed.
 MAX_REPETITIONS = 10_000
+MAX_SECONDS = 3600  # --min-time and --device-warmup: an hour is already far beyond a sustained clock
 
 
-def _integer(option: str, text: str, minimum: int, maximum: int | None = None) -> int:
-    text = text.strip()
-    if (
-        not text.isascii()
-        or not text.isdigit()
-        or len(text) > 30
-        or int(text) < minimum
-        or (maximum is not None and int(text) > maximum)
-    ):
-        accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
-        raise UsageError(f"{option} {text[:40]!r} is not accepted; accepted: {accepted}")
-    return int(text)
+def _comma_parts(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(","))
 
 
-def _precisions(text: str) -> tuple[str, ...]:
-    chosen = tuple(part.strip() for part in text.split(","))
-    if not chosen or any(part not in PRECISIONS for part in chosen) or len(set(chosen)) != len(chosen):
-        raise UsageError(
-            f"--precisions {text!r} is not accepted; accepted: distinct values of "
-            f"{', '.join(PRECISIONS)}, comma-separated"
-        )
-    return chosen
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isascii() and part.isdigit() and int(part) >= 1 for part in parts):
-        raise UsageError(
-            f"--sizes {text!r} is not accepted; accepted: positive integers (matrix sizes n), "
-            "comma-separated, e.g. 4096,8192,16384"
-        )
+def _sizes(text: str) -> tuple[int, ...] | str:
+    """The distinct sizes of "4096,8192", or the text as it is when a part is no number (refused)."""
+    parts = _comma_parts(text)
+    if not all(part.isascii() and part.isdigit() for part in parts):
+        return text
     return tuple(dict.fromkeys(int(part) for part in parts))
 
 
-def _seconds(option: str, text: str, allow_zero: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > 3600:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise UsageError(f"{option} {text!r} is not accepted; accepted: seconds {bound}, at most 3600")
-    return value
-
-
 def main(args: argparse.Namespace) -> int:
-    if args.device not in DEVICE_CHOICES:
-        raise UsageError(f"--device {args.device!r} is not accepted; accepted: {', '.join(DEVICE_CHOICES)}")
-    requested = _precisions(args.precisions) if args.precisions is not None else None
-    sizes = _sizes(args.sizes) if args.sizes is not None else None
-    repeats = _integer("--repeats", args.repeats, 2, MAX_REPETITIONS)
-    warmup = _integer("--warmup", args.warmup, 1, MAX_REPETITIONS)
-    min_time = _seconds("--min-time", args.min_time, allow_zero=False)
-    device_warmup = _seconds("--device-warmup", args.device_warmup, allow_zero=True)
-    threads = _integer("--threads", args.threads, 1) if args.threads is not None else None
+    requested, sizes = args.precisions, args.sizes
     from hwbench.units import decimal_size_note, parse_size
 
     copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
@@ -164,17 +136,17 @@ def main(args: argparse.Namespace) -> int:
 
     from hwbench.calibration.measure import CalibrationSettings, calibrate, device_key, device_precisions, open_backend
 
-    backend = open_backend(args.device, threads)
+    backend = open_backend(args.device, args.threads)
     precisions, left_out = device_precisions(backend, requested)
     model, driver = device_key(backend)
     settings = CalibrationSettings(
         precisions=precisions,
         sizes=sizes or DEFAULT_SIZES[backend.name],
         copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None else copy_bytes),
-        repeats=repeats,
-        warmup=warmup,
-        min_time_s=min_time,
-        device_warmup_s=device_warmup,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        min_time_s=args.min_time,
+        device_warmup_s=args.device_warmup,
     )
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
     reading = decimal_size_note(args.copy_size, "--copy-size")

@@ -40,40 +40,23 @@ from hwbench.k8s import (
     pass_through_env,
     under,
 )
+from hwbench.options import argument
 
 DESCRIPTION = ("Print a Kubeflow PyTorchJob manifest that runs `hwbench run` on --nnodes pods. Options not listed "
                "here are `hwbench run` options, passed to every pod.")
 
 
-def _int_at_least(option: str, minimum: int, maximum: int | None = None):
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            accepted = f"an integer from {minimum} to {maximum}" if maximum is not None else f"an integer >= {minimum}"
-            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
-        return value
-    return convert
-
-
-def _matching(option: str, pattern: re.Pattern, accepted: str, max_length: int | None = None):
-    def convert(text: str) -> str:
-        if not pattern.match(text) or (max_length is not None and len(text) > max_length):
-            raise UsageError(f"{option} {text!r} is not accepted; give {accepted}")
-        return text
-    return convert
+def _matching(flag: str, pattern: re.Pattern, accepted: str, max_length: int | None = None):
+    return argument(flag, valid=lambda text: bool(pattern.match(text)) and (max_length is None
+                                                                             or len(text) <= max_length),
+                    accepts=accepted)
 
 
 EXAMPLE_IMAGE = f"REGISTRY/hwbench:{__version__}"  # REGISTRY: where the cluster pulls images from
 
 
-def _image(text: str) -> str:
-    if not text or any(c.isspace() for c in text):
-        raise UsageError(f"--image {text!r} is not accepted; give a container image reference without spaces "
-                         "(e.g. registry.example.com/hwbench:0.1)")
-    return text
+_image = argument("--image", valid=lambda text: bool(text) and not any(c.isspace() for c in text),
+                  accepts="a container image reference without spaces (e.g. registry.example.com/hwbench:0.1)")
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -90,14 +73,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from hwbench.commands.run import run_option_flags
 
     parser.also_known = run_option_flags()  # type: ignore[attr-defined]  # a Parser's: the run options it passes on
-    parser.add_argument("--api", default="pytorchjob", type=_choice("--api", APIS),
+    parser.add_argument("--api", default="pytorchjob", type=argument("--api", choices=APIS),
                         help="pytorchjob: the training operator's PyTorchJob (kubeflow.org/v1, default); trainjob: "
                              "Kubeflow Trainer v2's TrainJob (trainer.kubeflow.org/v1alpha1)")
     parser.add_argument("--runtime", type=_matching("--runtime", _DNS_SUBDOMAIN, "the name of a training runtime "
                                                     "(lowercase, digits, '-', '.')", 253),
                         help=f"--api trainjob: the ClusterTrainingRuntime to run on (default: {DEFAULT_RUNTIME})")
-    parser.add_argument("--nnodes", required=True, type=_int_at_least("--nnodes", 1), help="pods (nodes) in the job")
-    parser.add_argument("--nproc-per-node", required=True, type=_int_at_least("--nproc-per-node", 1),
+    parser.add_argument("--nnodes", required=True, type=argument("--nnodes", int, minimum=1),
+                        help="pods (nodes) in the job")
+    parser.add_argument("--nproc-per-node", required=True, type=argument("--nproc-per-node", int, minimum=1),
                         help="ranks per pod; also the accelerators each pod requests")
     parser.add_argument("--image", type=_image, help="container image with hwbench installed (required; the "
                         "repository's Dockerfile builds one: docs/kubernetes.md)")
@@ -114,13 +98,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shm-size", default=DEFAULT_SHM_SIZE,
                         type=_matching("--shm-size", _QUANTITY, "a Kubernetes quantity such as 16Gi"),
                         help=f"size of the memory-backed {SHM_MOUNT} (default: {DEFAULT_SHM_SIZE})")
-    parser.add_argument("--restart-policy", default=DEFAULT_RESTART_POLICY, type=_choice("--restart-policy",
-                        RESTART_POLICIES), help=f"{', '.join(RESTART_POLICIES)} (default: {DEFAULT_RESTART_POLICY})")
-    parser.add_argument("--backoff-limit", default=0, type=_int_at_least("--backoff-limit", 0),
+    parser.add_argument("--restart-policy", default=DEFAULT_RESTART_POLICY, type=argument("--restart-policy",
+                        choices=RESTART_POLICIES),
+                        help=f"{', '.join(RESTART_POLICIES)} (default: {DEFAULT_RESTART_POLICY})")
+    parser.add_argument("--backoff-limit", default=0, type=argument("--backoff-limit", int, minimum=0),
                         help="restarts before the job is marked Failed (default: 0)")
-    parser.add_argument("--active-deadline", type=_int_at_least("--active-deadline", 1),
+    parser.add_argument("--active-deadline", type=argument("--active-deadline", int, minimum=1),
                         help="seconds after which the operator ends the job (runPolicy.activeDeadlineSeconds)")
-    parser.add_argument("--master-port", default=DEFAULT_MASTER_PORT, type=_int_at_least("--master-port", 1, 65535),
+    parser.add_argument("--master-port", default=DEFAULT_MASTER_PORT,
+                        type=argument("--master-port", int, minimum=1, maximum=65535),
                         help=f"rendezvous port on the master pod (default: {DEFAULT_MASTER_PORT})")
     parser.add_argument("--cpu", type=_matching("--cpu", _CPU_QUANTITY, "a CPU quantity such as 16 or 500m"),
                         help="CPU request per pod")
@@ -128,17 +114,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="memory request per pod")
     parser.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
                         help="environment variable for every pod (repeatable)")
-    parser.add_argument("--hold", default=0, type=_int_at_least("--hold", 0),
+    parser.add_argument("--hold", default=0, type=argument("--hold", int, minimum=0),
                         help="seconds each pod stays up after the run, so that results can be copied out with "
                         "kubectl cp (default: 0)")
-
-
-def _choice(option: str, choices: Sequence[str]):
-    def convert(text: str) -> str:
-        if text not in choices:
-            raise UsageError(f"{option} {text!r} is not accepted; accepted: {', '.join(choices)}")
-        return text
-    return convert
 
 
 def job_from_argv(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> K8sJob:

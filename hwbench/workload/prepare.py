@@ -59,6 +59,7 @@ from tabulate import tabulate
 from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
 from hwbench.lifeline import die_with_parent
+from hwbench.options import Option
 from hwbench.workload.in_order import in_order
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded
@@ -106,51 +107,69 @@ class PrepareOptions:
     workers: int = 1
 
     def validate(self) -> PrepareOptions:
-        """The options with defaults filled in; UsageError on a bad value."""
-        if not os.path.isfile(self.input_path):
-            what = "not a regular file; give a JSON lines or text file" if os.path.exists(self.input_path) else \
-                "no such file"
-            raise UsageError(f"--input {self.input_path}: {what}")
-        input_format = self.input_format or _format_from_name(self.input_path)
-        if input_format not in INPUT_FORMATS:
-            raise UsageError(f"--input-format {input_format!r}: choose json or text")
+        """The options with defaults filled in; UsageError, one line, on a bad value or combination."""
+        _check_input(self.input_path)
+        input_format = _INPUT_FORMAT.check(self.input_format or _format_from_name(self.input_path))
+        self._check_combination(input_format)
+        keys = tuple(self.json_keys) if self.json_keys is not None else (TEXT_KEY,)
+        validated = dataclasses.replace(
+            self, input_format=input_format, text_document=_TEXT_DOCUMENT.check(self.text_document or "paragraph"),
+            json_keys=_JSON_KEYS.check(keys, shown=" ".join(keys)), tokenizer=_TOKENIZER.check(self.tokenizer),
+            workers=_workers().check(self.workers))
+        if validated.tokenizer == "byte" and (self.vocab_file or self.merge_file):
+            raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
+        _check_outputs(validated)
+        return validated
+
+    def _check_combination(self, input_format: str) -> None:
+        """An option of the other input format is refused rather than ignored."""
         if input_format == "text" and self.json_keys is not None:
             raise UsageError("--json-keys applies to JSON lines input; plain text is written under the key 'text'")
         if input_format == "json" and self.text_document is not None:
             raise UsageError("--text-document applies to plain-text input, not JSON lines")
-        text_document = self.text_document or "paragraph"
-        if text_document not in TEXT_DOCUMENTS:
-            raise UsageError(f"--text-document {text_document!r}: choose one of {', '.join(TEXT_DOCUMENTS)}")
-        keys = tuple(self.json_keys) if self.json_keys is not None else (TEXT_KEY,)
-        if not keys or len(set(keys)) != len(keys) or any(not k or "/" in k or os.sep in k for k in keys):
-            raise UsageError(f"--json-keys {' '.join(keys)}: give distinct keys, each usable in a file name")
-        if self.tokenizer not in TOKENIZERS:
-            raise UsageError(f"--tokenizer {self.tokenizer!r}: choose one of {', '.join(TOKENIZERS)}")
-        if self.tokenizer == "byte" and (self.vocab_file or self.merge_file):
-            raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise UsageError(f"--workers {self.workers}: give 1 or more")
-        most = max_workers()
-        if self.workers > most:  # --workers 100000 forked that many tokenizers and exhausted a 24 GiB machine
-            raise UsageError(f"--workers {self.workers}: give 1 to {most} (twice the {usable_cores()} cores this "
-                             "process may use)")
-        folder = _nearest_existing(os.path.dirname(os.path.abspath(self.output_prefix)))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--output-prefix {self.output_prefix}: {folder} is a file, not a folder")
-        validated = dataclasses.replace(self, input_format=input_format, text_document=text_document, json_keys=keys)
-        for prefix in validated.output_prefixes().values():
-            for output in (f"{prefix}.bin", f"{prefix}.idx"):  # replaced at the end: a folder there would fail it
-                if os.path.exists(output) and not os.path.isfile(output):
-                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} exists and is not a file; "
-                                     "give another prefix")
-                if os.path.exists(output) and os.path.samefile(output, self.input_path):  # replaced at the end
-                    raise UsageError(f"--output-prefix {self.output_prefix}: {output} is the --input file; give "
-                                     "another prefix, or the input would be overwritten")
-        return validated
 
     def output_prefixes(self) -> dict[str, str]:
         """Output path prefix per key, as preprocess_data.py names them."""
         return {key: f"{self.output_prefix}_{key}_document" for key in self.json_keys or (TEXT_KEY,)}
+
+
+# What each option takes, checked as `hwbench run`'s options are (hwbench.options.Option): one line
+# naming the option, the value and what is accepted.
+_INPUT_FORMAT = Option(help="", name="input_format", choices=INPUT_FORMATS)
+_TEXT_DOCUMENT = Option(help="", name="text_document", choices=TEXT_DOCUMENTS)
+_TOKENIZER = Option(help="", name="tokenizer", choices=TOKENIZERS)
+_JSON_KEYS = Option(help="", name="json_keys", type=tuple, accepts="distinct keys, each usable in a file name",
+                    valid=lambda keys: bool(keys) and len(set(keys)) == len(keys)
+                    and all(isinstance(k, str) and k and "/" not in k and os.sep not in k for k in keys))
+
+
+def _workers() -> Option:
+    """--workers: at most twice the cores this process may use, which a test or a cgroup may change."""
+    most = max_workers()  # --workers 100000 forked that many tokenizers and exhausted a 24 GiB machine
+    return Option(help="", name="workers", type=int, valid=lambda workers: 1 <= workers <= most,
+                  accepts=f"1 to {most} (twice the {usable_cores()} cores this process may use)")
+
+
+def _check_input(path: str) -> None:
+    if not os.path.isfile(path):
+        what = "not a regular file; give a JSON lines or text file" if os.path.exists(path) else "no such file"
+        raise UsageError(f"--input {path}: {what}")
+
+
+def _check_outputs(options: PrepareOptions) -> None:
+    """The output files can be written: under a folder, no folder in their place, none of them the input
+    (each is replaced at the end)."""
+    folder = _nearest_existing(os.path.dirname(os.path.abspath(options.output_prefix)))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--output-prefix {options.output_prefix}: {folder} is a file, not a folder")
+    for prefix in options.output_prefixes().values():
+        for output in (f"{prefix}.bin", f"{prefix}.idx"):
+            if os.path.exists(output) and not os.path.isfile(output):
+                raise UsageError(f"--output-prefix {options.output_prefix}: {output} exists and is not a file; "
+                                 "give another prefix")
+            if os.path.exists(output) and os.path.samefile(output, options.input_path):
+                raise UsageError(f"--output-prefix {options.output_prefix}: {output} is the --input file; give "
+                                 "another prefix, or the input would be overwritten")
 
 
 def _nearest_existing(folder: str) -> str:
