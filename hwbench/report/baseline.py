@@ -253,7 +253,7 @@ def load_baseline(path: str) -> Baseline:
         raise UsageError(f"--baseline {path!r}: no such file or folder; give a baseline file (JSON), a folder of "
                          "results or a CSV")
     try:
-        text = where.read_text(encoding="utf-8")
+        text = where.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a BOM: not a column name
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"--baseline {path!r} cannot be read ({error}); give a baseline file (JSON), a folder of "
                          "results or a CSV") from None
@@ -286,7 +286,11 @@ def _from_content(content: dict[str, Any], source: str) -> Baseline:
 
 
 def _from_csv(text: str, source: str) -> Baseline:
-    rows = list(csv.DictReader(text.splitlines()))
+    try:
+        rows = list(csv.DictReader(text.splitlines()))
+    except csv.Error as error:  # a cell beyond the csv module's field limit (131,072 characters)
+        raise UsageError(f"--baseline {source!r}: not a CSV hwbench reads ({error}); accepted: a header with "
+                         f"{', '.join(CSV_REQUIRED)} and a row per figure") from None
     header = set(rows[0]) if rows else set()
     missing = [name for name in CSV_REQUIRED if name not in header]
     if missing:
@@ -300,7 +304,8 @@ def _from_csv(text: str, source: str) -> Baseline:
         except (TypeError, ValueError):
             median = math.nan
         if not math.isfinite(median) or median <= 0:
-            raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {row[METRIC]!r} is not accepted; give a "
+            shown = "(no cell: the row is shorter than the header)" if row[METRIC] is None else repr(row[METRIC])
+            raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {shown} is not accepted; give a "
                              "positive number")
         fields: dict[str, Any] = {name: _cell(name, value, f"--baseline {source!r} line {number}")
                                   for name, value in row.items() if name in known and value not in (None, "")}
