@@ -531,6 +531,18 @@ def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, fail
     assert code == 0 and f"note: left out run {failed['run_id']}" in err
 
 
+def test_the_help_and_the_api_page_name_the_exit_status_a_failed_run_gives(capsys):
+    """The command's description and docs/api.md said 'exits 4' while a failed run gives 5."""
+    from hwbench.commands.export import DESCRIPTION
+
+    data = Path(__file__).parent / "data"
+    code, _, _ = export(capsys, "bencher", data / "report" / "good" / "b-tiny-cpu.json",
+                        data / "results-v1" / "tiny-dp2-failed.json")
+    api = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    assert code != 0 and f"exits {code} unless --allow-failed" in DESCRIPTION
+    assert f"where the command exits {code}, a caller checks this list" in api
+
+
 def test_a_failed_run_is_named_when_the_push_fails_too(results, failed_result, tmp_path, capsys):
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
