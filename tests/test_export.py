@@ -433,6 +433,18 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, cap
     assert {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]} == before
 
 
+@pytest.mark.parametrize("host", ["a" * 64 + ".example.com", "pushgateway..example.com"],
+                         ids=["label-over-63-characters", "empty-label"])
+def test_a_push_host_the_resolver_cannot_encode_is_one_line_exit_2_in_a_real_process(tmp_path, host):
+    """Such a host passed the URL check, then the push raised UnicodeError (a traceback, exit 1)."""
+    result = Path(__file__).parent / "data" / "report" / "good" / "b-tiny-cpu.json"
+    out = tmp_path / "metrics.prom"
+    done = subprocess.run([sys.executable, "-m", "hwbench", "export", "prometheus", str(result), "--out", str(out),
+                           "--push", f"http://{host}:9091"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"--push 'http://{host}:9091' is not accepted" in done.stderr and not out.exists()
+
+
 # --- a simulated run stays apart, marked in each consumer's own terms -----------------------
 
 
