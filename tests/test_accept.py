@@ -284,6 +284,21 @@ def test_a_csv_baseline_a_spreadsheet_saved_with_a_byte_order_mark_is_read(tmp_p
     assert point.fields == {"model": "tiny", "device_model": "x"} and point.median == 5
 
 
+def test_a_baseline_that_is_a_fifo_is_named_as_one_not_as_missing(tmp_path):
+    """A FIFO given as --baseline was refused as 'no such file or folder' though it exists."""
+    import os
+
+    from hwbench.errors import UsageError
+    from hwbench.report.baseline import load_baseline
+
+    fifo = tmp_path / "baseline.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_baseline(str(fifo))
+    with pytest.raises(UsageError, match="no such file or folder"):
+        load_baseline(str(tmp_path / "missing.csv"))
+
+
 def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
     bogus = tmp_path / "b.json"
     bogus.write_text('{"points": []}')

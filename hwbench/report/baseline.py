@@ -249,9 +249,9 @@ def load_baseline(path: str) -> Baseline:
             raise UsageError(f"--baseline {path!r}: the folder holds no hwbench result files; give a baseline file, "
                              "a folder of results or a CSV")
         return _from_content(build_baseline([r for r, _ in found]), path)
-    if not where.is_file():
-        raise UsageError(f"--baseline {path!r}: no such file or folder; give a baseline file (JSON), a folder of "
-                         "results or a CSV")
+    if not where.is_file():  # a FIFO would block the read; it exists, so it is no "no such file"
+        what = "not a regular file" if where.exists() else "no such file or folder"
+        raise UsageError(f"--baseline {path!r}: {what}; give a baseline file (JSON), a folder of results or a CSV")
     try:
         text = where.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a BOM: not a column name
     except (OSError, UnicodeDecodeError) as error:
