@@ -274,6 +274,18 @@ def test_a_hostile_csv_baseline_is_one_line_exit_2_in_a_real_process(tmp_path, r
     assert says in done.stderr and "None" not in done.stderr and not out.exists()
 
 
+def test_a_csv_baseline_with_a_header_and_no_row_says_so(tmp_path):
+    """It said 'lacks column(s) model, device_model, tokens_per_s' of a header that has them."""
+    from hwbench.errors import UsageError
+    from hwbench.report.baseline import load_baseline
+
+    csv = tmp_path / "published.csv"
+    csv.write_text("model,device_model,tokens_per_s\n")
+    with pytest.raises(UsageError, match="the CSV has a header and no row") as refused:
+        load_baseline(str(csv))
+    assert "lacks" not in str(refused.value)
+
+
 def test_a_csv_baseline_a_spreadsheet_saved_with_a_byte_order_mark_is_read(tmp_path):
     """Excel's "CSV UTF-8" starts with a BOM: its first column was '\ufeffmodel', 'lacks column(s) model'."""
     from hwbench.report.baseline import load_baseline

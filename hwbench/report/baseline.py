@@ -286,16 +286,19 @@ def _from_content(content: dict[str, Any], source: str) -> Baseline:
 
 
 def _from_csv(text: str, source: str) -> Baseline:
+    reader = csv.DictReader(text.splitlines())
     try:
-        rows = list(csv.DictReader(text.splitlines()))
+        rows = list(reader)
     except csv.Error as error:  # a cell beyond the csv module's field limit (131,072 characters)
         raise UsageError(f"--baseline {source!r}: not a CSV hwbench reads ({error}); accepted: a header with "
                          f"{', '.join(CSV_REQUIRED)} and a row per figure") from None
-    header = set(rows[0]) if rows else set()
+    header = set(reader.fieldnames or ())  # the header line itself: a header without rows has its columns
     missing = [name for name in CSV_REQUIRED if name not in header]
     if missing:
         raise UsageError(f"--baseline {source!r}: the CSV lacks column(s) {', '.join(missing)}; accepted: a header "
                          f"with {', '.join(CSV_REQUIRED)} and any of {', '.join(PointKey.fields())}")
+    if not rows:  # as a baseline file with no points: every suite point would be missing after the run
+        raise UsageError(f"--baseline {source!r}: the CSV has a header and no row; give a row per figure")
     known = set(PointKey.fields())
     points = []
     for number, row in enumerate(rows, start=2):
