@@ -45,7 +45,7 @@ def parse_size(text: str, option: str = "--device-memory") -> int:
     if not (math.isfinite(size) and size >= 1):  # 400 digits are a float's inf: int() of it was an OverflowError
         shown = text if len(text) <= 40 else text[:37] + "..."
         raise UsageError(f"{option} {shown!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
-                         "GB/MB (10^9, 10^6) or no unit (bytes), at least a byte and less than 10^308, e.g. 32GiB, "
+                         "GB/MB (10^9, 10^6) or no unit (bytes), at least 1 byte and less than 10^308, e.g. 32GiB, "
                          "80GB, 24G")
     return int(size)
 
