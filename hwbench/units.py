@@ -3,6 +3,7 @@ one formatter of bandwidths and FLOP rates for people to read."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from hwbench.errors import UsageError
@@ -11,7 +12,7 @@ GIB = 2 ** 30
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KIB": 2 ** 10, "KB": 10 ** 3, "M": 2 ** 20, "MIB": 2 ** 20, "MB": 10 ** 6,
           "G": 2 ** 30, "GIB": 2 ** 30, "GB": 10 ** 9, "T": 2 ** 40, "TIB": 2 ** 40, "TB": 10 ** 12}
 _DECIMAL_POWERS = {"KB": 3, "MB": 6, "GB": 9, "TB": 12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")  # ASCII digits: float() reads '٨٠' too
 
 
 def gib(value: float | int | None, digits: int = 2, unit: bool = False, missing: str = "-",
@@ -40,10 +41,13 @@ def parse_size(text: str, option: str = "--device-memory") -> int:
     letters G/M/K/T are powers of 2; GB/MB/KB/TB are powers of 10; no unit is bytes."""
     match = _SIZE.match(text)
     unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
-        raise UsageError(f"{option} {text!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
-                         "GB/MB (10^9, 10^6) or no unit (bytes), e.g. 32GiB, 80GB, 24G")
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
+    if not (math.isfinite(size) and size >= 1):  # 400 digits are a float's inf: int() of it was an OverflowError
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise UsageError(f"{option} {shown!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20), "
+                         "GB/MB (10^9, 10^6) or no unit (bytes), at least 1 byte and less than 10^308, e.g. 32GiB, "
+                         "80GB, 24G")
+    return int(size)
 
 
 def decimal_size_note(text: str | None, option: str) -> str | None:

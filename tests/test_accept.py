@@ -257,6 +257,60 @@ def test_a_csv_row_of_a_device_is_no_baseline_of_its_stand_in(tmp_path):
     assert baseline.figure(real.point_key).median == 1000 and baseline.figure(stand_in.point_key) is None
 
 
+@pytest.mark.parametrize("rows, says", [
+    ("a" * 200_000 + ",x,5\n", "field larger than field limit"),  # was _csv.Error's traceback, exit 1
+    ('"tiny,x,5\n', "tokens_per_s (no cell: the row is shorter than the header)"),  # read 'tokens_per_s None'
+], ids=["cell-over-the-csv-limit", "unclosed-quote"])
+def test_a_hostile_csv_baseline_is_one_line_exit_2_in_a_real_process(tmp_path, rows, says):
+    import subprocess
+    import sys
+
+    csv = tmp_path / "published.csv"
+    csv.write_text("model,device_model,tokens_per_s\n" + rows)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "hwbench", "accept", "--suite", "smoke", "--baseline", str(csv),
+                           "--out", str(out), *PROBE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert says in done.stderr and "None" not in done.stderr and not out.exists()
+
+
+def test_a_csv_baseline_with_a_header_and_no_row_says_so(tmp_path):
+    """It said 'lacks column(s) model, device_model, tokens_per_s' of a header that has them."""
+    from hwbench.errors import UsageError
+    from hwbench.report.baseline import load_baseline
+
+    csv = tmp_path / "published.csv"
+    csv.write_text("model,device_model,tokens_per_s\n")
+    with pytest.raises(UsageError, match="the CSV has a header and no row") as refused:
+        load_baseline(str(csv))
+    assert "lacks" not in str(refused.value)
+
+
+def test_a_csv_baseline_a_spreadsheet_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Excel's "CSV UTF-8" starts with a BOM: its first column was '\ufeffmodel', 'lacks column(s) model'."""
+    from hwbench.report.baseline import load_baseline
+
+    csv = tmp_path / "published.csv"
+    csv.write_text("model,device_model,tokens_per_s\ntiny,x,5\n", encoding="utf-8-sig")
+    [point] = load_baseline(str(csv)).points
+    assert point.fields == {"model": "tiny", "device_model": "x"} and point.median == 5
+
+
+def test_a_baseline_that_is_a_fifo_is_named_as_one_not_as_missing(tmp_path):
+    """A FIFO given as --baseline was refused as 'no such file or folder' though it exists."""
+    import os
+
+    from hwbench.errors import UsageError
+    from hwbench.report.baseline import load_baseline
+
+    fifo = tmp_path / "baseline.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        load_baseline(str(fifo))
+    with pytest.raises(UsageError, match="no such file or folder"):
+        load_baseline(str(tmp_path / "missing.csv"))
+
+
 def test_a_file_that_is_no_baseline_is_refused(measured, tmp_path, capsys):
     bogus = tmp_path / "b.json"
     bogus.write_text('{"points": []}')

@@ -433,6 +433,18 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(results, tmp_path, cap
     assert {path: path.stat().st_mtime_ns for path in [*results.iterdir(), *tmp_path.iterdir()]} == before
 
 
+@pytest.mark.parametrize("host", ["a" * 64 + ".example.com", "pushgateway..example.com"],
+                         ids=["label-over-63-characters", "empty-label"])
+def test_a_push_host_the_resolver_cannot_encode_is_one_line_exit_2_in_a_real_process(tmp_path, host):
+    """Such a host passed the URL check, then the push raised UnicodeError (a traceback, exit 1)."""
+    result = Path(__file__).parent / "data" / "report" / "good" / "b-tiny-cpu.json"
+    out = tmp_path / "metrics.prom"
+    done = subprocess.run([sys.executable, "-m", "hwbench", "export", "prometheus", str(result), "--out", str(out),
+                           "--push", f"http://{host}:9091"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"--push 'http://{host}:9091' is not accepted" in done.stderr and not out.exists()
+
+
 # --- a simulated run stays apart, marked in each consumer's own terms -----------------------
 
 
@@ -529,6 +541,18 @@ def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, fail
     assert "--allow-failed" in err and out.read_text()  # the ok runs' figures are written all the same
     code, _, err = export(capsys, fmt, folder, "--out", out, "--allow-failed")
     assert code == 0 and f"note: left out run {failed['run_id']}" in err
+
+
+def test_the_help_and_the_api_page_name_the_exit_status_a_failed_run_gives(capsys):
+    """The command's description and docs/api.md said 'exits 4' while a failed run gives 5."""
+    from hwbench.commands.export import DESCRIPTION
+
+    data = Path(__file__).parent / "data"
+    code, _, _ = export(capsys, "bencher", data / "report" / "good" / "b-tiny-cpu.json",
+                        data / "results-v1" / "tiny-dp2-failed.json")
+    api = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    assert code != 0 and f"exits {code} unless --allow-failed" in DESCRIPTION
+    assert f"where the command exits {code}, a caller checks this list" in api
 
 
 def test_a_failed_run_is_named_when_the_push_fails_too(results, failed_result, tmp_path, capsys):

@@ -289,6 +289,25 @@ def test_sizes():
                                                                               GIB // 2)
 
 
+@pytest.mark.parametrize("command", [["plan", "--model", "tiny", "--devices", "2"],
+                                     ["tune", "--model", "tiny", "--devices", "2"],
+                                     ["run", "--model", "tiny", "--settings", "fast"]])
+@pytest.mark.parametrize("size", ["9" * 400 + "GB", "9" * 300 + "TB", "0.1", "\u0668\u0660GB"],
+                         ids=["400-digits", "inf-after-the-unit", "under-a-byte", "arabic-indic-digits"])
+def test_a_device_memory_no_float_holds_is_one_line_exit_2_in_a_real_process(tmp_path, command, size):
+    """400 digits were a float's inf and int() of it an OverflowError traceback (exit 1) in plan,
+    tune and run; under a byte was 0 bytes; digits other than 0-9 were read as a number."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hwbench", *command, "--device-memory", size,
+                           "--out", str(tmp_path / "out")][: None if command[0] == "run" else -2],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert f"--device-memory {size[:30]!r}"[:-1] in done.stderr and "80GB" in done.stderr  # an accepted size
+    assert not (tmp_path / "out").exists()
+
+
 def _rows(out):
     return [line.split() for line in out.splitlines() if line[:1].isdigit() and "x" in line.split()[0]]
 

@@ -119,11 +119,7 @@ def main(args: argparse.Namespace) -> int:
     requested, sizes = args.precisions, args.sizes
     from hwbench.units import decimal_size_note, parse_size
 
-    copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None
-    if copy_bytes is not None and copy_bytes < 1:  # '0.5' parses to 0 bytes: there would be nothing to copy
-        raise UsageError(
-            f"--copy-size {args.copy_size!r} is not accepted; accepted: a size of at least 1 byte, e.g. 256MiB"
-        )
+    copy_bytes = parse_size(args.copy_size, "--copy-size") if args.copy_size is not None else None  # >= 1 byte
     from hwbench.calibration.store import (
         CalibrationStoreError,
         record_calibration,

@@ -11,7 +11,7 @@ from hwbench.exports import DIVISIONS, FORMATS, SUBMISSION_STATUSES, ExportOutco
 DESCRIPTION = ("Write result files in another tool's format: " + "; ".join(f"{name}: {fmt.summary}"
                                                                           for name, fmt in FORMATS.items())
                + ". Unreadable files are named and left out; a run that did not end ok is named and left out "
-                 "of the figures, and the command exits 4 unless --allow-failed. docs/exports.md has a CI example "
+                 "of the figures, and the command exits 5 unless --allow-failed. docs/exports.md has a CI example "
                  "of each.")
 
 

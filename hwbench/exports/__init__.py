@@ -102,11 +102,16 @@ def without_credentials(url: str) -> tuple[str, str | None, str | None]:
 
 def _parses(url: str) -> bool:
     """The URL's host and port as urllib reads them: an unclosed IPv6 bracket or a port
-    outside 0..65535 passes the pattern but raises ValueError when the push is made."""
+    outside 0..65535 passes the pattern but raises ValueError when the push is made; a host
+    name with a label over 63 characters or an empty one ('a..b') raised UnicodeError in the
+    resolver's IDNA encoding."""
     try:
         parts = urllib.parse.urlsplit(url)
-        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
-    except ValueError:
+        if not parts.hostname:
+            return False
+        parts.hostname.encode("idna")
+        return parts.port is None or parts.port > 0
+    except ValueError:  # UnicodeError is one
         return False
 
 

@@ -250,11 +250,11 @@ def load_baseline(path: str) -> Baseline:
             raise UsageError(f"--baseline {path!r}: the folder holds no hwbench result files; give a baseline file, "
                              "a folder of results or a CSV")
         return _from_content(build_baseline([r for r, _ in found]), path)
-    if not where.is_file():
-        raise UsageError(f"--baseline {path!r}: no such file or folder; give a baseline file (JSON), a folder of "
-                         "results or a CSV")
+    if not where.is_file():  # a FIFO would block the read; it exists, so it is no "no such file"
+        what = "not a regular file" if where.exists() else "no such file or folder"
+        raise UsageError(f"--baseline {path!r}: {what}; give a baseline file (JSON), a folder of results or a CSV")
     try:
-        text = where.read_text(encoding="utf-8")
+        text = where.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV starts with a BOM: not a column name
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"--baseline {path!r} cannot be read ({error}); give a baseline file (JSON), a folder of "
                          "results or a CSV") from None
@@ -287,12 +287,19 @@ def _from_content(content: dict[str, Any], source: str) -> Baseline:
 
 
 def _from_csv(text: str, source: str) -> Baseline:
-    rows = list(csv.DictReader(text.splitlines()))
-    header = set(rows[0]) if rows else set()
+    reader = csv.DictReader(text.splitlines())
+    try:
+        rows = list(reader)
+    except csv.Error as error:  # a cell beyond the csv module's field limit (131,072 characters)
+        raise UsageError(f"--baseline {source!r}: not a CSV hwbench reads ({error}); accepted: a header with "
+                         f"{', '.join(CSV_REQUIRED)} and a row per figure") from None
+    header = set(reader.fieldnames or ())  # the header line itself: a header without rows has its columns
     missing = [name for name in CSV_REQUIRED if name not in header]
     if missing:
         raise UsageError(f"--baseline {source!r}: the CSV lacks column(s) {', '.join(missing)}; accepted: a header "
                          f"with {', '.join(CSV_REQUIRED)} and any of {', '.join(PointKey.fields())}")
+    if not rows:  # as a baseline file with no points: every suite point would be missing after the run
+        raise UsageError(f"--baseline {source!r}: the CSV has a header and no row; give a row per figure")
     known = set(PointKey.fields())
     points = []
     for number, row in enumerate(rows, start=2):
@@ -301,7 +308,8 @@ def _from_csv(text: str, source: str) -> Baseline:
         except (TypeError, ValueError):
             median = math.nan
         if not math.isfinite(median) or median <= 0:
-            raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {row[METRIC]!r} is not accepted; give a "
+            shown = "(no cell: the row is shorter than the header)" if row[METRIC] is None else repr(row[METRIC])
+            raise UsageError(f"--baseline {source!r} line {number}: {METRIC} {shown} is not accepted; give a "
                              "positive number")
         fields: dict[str, Any] = {name: _cell(name, value, f"--baseline {source!r} line {number}")
                                   for name, value in row.items() if name in known and value not in (None, "")}
