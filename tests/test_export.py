@@ -543,6 +543,18 @@ def test_a_failed_run_is_named_and_fails_the_export_unless_allowed(results, fail
     assert code == 0 and f"note: left out run {failed['run_id']}" in err
 
 
+@pytest.mark.parametrize("fmt", ["customBiggerIsBetter", "bencher", "prometheus"])
+def test_a_point_the_planner_skipped_is_no_failed_run(results, tmp_path, capsys, fmt):
+    """A sweep's point that would not fit was never run (status skipped): compare does not count it
+    as a failed repeat, and the CI exports must not fail the night on it (they exited 5)."""
+    folder = tmp_path / "night"
+    folder.mkdir()
+    for path in [*results.glob("*.json"), Path(__file__).parent / "data" / "results-v1" / "sweep-skipped.json"]:
+        (folder / path.name).write_text(path.read_text())
+    code, text, err = export(capsys, fmt, folder)
+    assert code == 0 and text and "left out run" not in err, err
+
+
 def test_the_help_and_the_api_page_name_the_exit_status_a_failed_run_gives(capsys):
     """The command's description and docs/api.md said 'exits 4' while a failed run gives 5."""
     from hwbench.commands.export import DESCRIPTION

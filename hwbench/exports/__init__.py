@@ -202,8 +202,9 @@ def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list,
     if chosen.runs == "all":
         return found, []
     ok = [(result, path) for result, path in found if result.status == "ok"]
+    # a point the planner skipped (it would not fit) was never run: no failure, as compare counts it
     left_out = [f"run {result.run_id} ({path}): status {result.status}{_error_text(result)}, no figures"
-                for result, path in found if result.status != "ok"]
+                for result, path in found if result.status not in ("ok", "skipped")]
     if not ok:
         raise UsageError(f"RESULTS hold no run with status ok ({len(results)} with another status); {chosen.name} "
                          "exports measured figures")
