@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +147,56 @@ def native_tp2_run(tmp_path_factory) -> dict:
     code, result = parity_run(tmp_path_factory.mktemp("native-tp2") / "run", "--nproc-per-node", "2", "--tp", "2")
     assert code == 0 and result["status"] == "ok", result.get("error")
     return result
+
+
+# --- One sweep of three repeats, shared ---------------------------------------
+#
+# tests/test_sweep.py reads the statistics of a point's repeats and tests/test_workflows.py lays
+# out nights from real repeats of one point: one sweep, once per session, serves both.
+
+THREE_REPEATS_SUITE = {"name": "gate",
+                       "defaults": {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1,
+                                    "eval-iters": 0, "telemetry": False, "timeout": 300},
+                       "points": [{"name": "one-rank", "seed": 7}]}
+
+
+@pytest.fixture(scope="session")
+def three_repeats(tmp_path_factory) -> dict[str, Path]:
+    """`hwbench sweep SUITE --device cpu --repeats 3` of THREE_REPEATS_SUITE: the suite file and the
+    point's folder (its three results and aggregate.json)."""
+    import yaml
+
+    from hwbench.cli import main
+
+    root = tmp_path_factory.mktemp("three-repeats")
+    suite = root / "gate.yaml"
+    suite.write_text(yaml.safe_dump(THREE_REPEATS_SUITE, sort_keys=False))
+    code = main(["sweep", str(suite), "--device", "cpu", "--repeats", "3", "--quiet", "--no-preflight", "--out",
+                 str(root / "out")])
+    assert code == 0
+    return {"suite": suite, "point": root / "out" / "gate" / "one-rank"}
+
+
+# --- One run through the CUDA stand-in, shared ----------------------------------
+
+STANDIN_RUN = ["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",
+               "--telemetry-interval", "0.1"]
+
+
+def standin_path(folder: str) -> str:
+    """The stand-in first on PYTHONPATH, the caller's after it (as standin_npu_env), so the
+    subprocess imports the hwbench under test."""
+    return os.pathsep.join(filter(None, [str(FAKES / folder), str(FAKES / "common"), os.environ.get("PYTHONPATH")]))
+
+
+@pytest.fixture(scope="session")
+def cuda_standin_result(tmp_path_factory) -> Path:
+    """The result file of `hwbench STANDIN_RUN --device cuda` through tests/fakes/cuda, run once per
+    session: tests/test_vendor_standins.py checks it whole, tests/test_export.py exports it."""
+    out = tmp_path_factory.mktemp("cuda-standin") / "out"
+    done = subprocess.run([sys.executable, "-m", "hwbench", *STANDIN_RUN, "--device", "cuda", "--out", str(out)],
+                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1"},
+                          cwd=out.parent, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = out.glob("*.json")
+    return path

@@ -47,8 +47,15 @@ def assert_exact(first: dict, resumed: dict, reference: dict) -> None:
     assert resumed["metrics"]["valid_loss"] == reference["metrics"]["valid_loss"]
 
 
-def test_one_process_resumes_bit_for_bit_in_megatron_folders(tmp_path, single_process_run):
-    first, resumed, save = save_then_resume(tmp_path)
+@pytest.fixture(scope="module")
+def one_process_save(tmp_path_factory) -> tuple[dict, dict, Path]:
+    """save_then_resume on one process, once for the module: its save folder is tiny_checkpoint, and its
+    resumed run the same-settings resumption test_resuming_with_other_data_settings_... compares with."""
+    return save_then_resume(tmp_path_factory.mktemp("one-process"))
+
+
+def test_one_process_resumes_bit_for_bit_in_megatron_folders(one_process_save, single_process_run):
+    first, resumed, save = one_process_save
     assert_exact(first, resumed, single_process_run)
     assert (save / LATEST_FILE).read_text().strip() == "2"
     assert sorted(p.name for p in save.iterdir()) == ["iter_0000002", LATEST_FILE]  # nothing partial left
@@ -278,12 +285,9 @@ def _refused(tmp_path: Path, capsys, *options: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory) -> Path:
-    """A one-process save of steps 1-2 (the whole --save folder)."""
-    tmp = tmp_path_factory.mktemp("tiny-save")
-    code, result = parity_run(tmp / "run", *FIRST_TWO, "--save", str(tmp / "save"))
-    assert code == 0, result.get("error")
-    return tmp / "save"
+def tiny_checkpoint(one_process_save) -> Path:
+    """A one-process save of steps 1-2 (the whole --save folder; tests copy it before changing it)."""
+    return one_process_save[2]
 
 
 def test_a_folder_that_is_no_checkpoint_is_refused_in_one_line(tmp_path, capsys):
@@ -302,7 +306,8 @@ def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, ca
     assert "holds --model tiny" in line and "not this run's --model small" in line and "hidden_size" in line
 
 
-def test_resuming_with_other_data_settings_runs_and_says_so_in_the_result(tmp_path, tiny_checkpoint):
+def test_resuming_with_other_data_settings_runs_and_says_so_in_the_result(tmp_path, tiny_checkpoint,
+                                                                          one_process_save):
     # As Megatron-LM, a checkpoint resumes at another sequence length or seed (a longer context,
     # say), but the position is counted in samples: the run is not the saved one's continuation.
     code, resumed = parity_run(tmp_path / "other", *THIRD, "--load", str(tiny_checkpoint), "--seq-length", "64",
@@ -312,8 +317,8 @@ def test_resuming_with_other_data_settings_runs_and_says_so_in_the_result(tmp_pa
     assert len(said) == 1, resumed["warnings"]
     assert "--seq-length 32 then, 64 now" in said[0] and "--seed 1234 then, 7 now" in said[0]
     assert "--data" not in said[0] and "--global-batch-size" not in said[0]
-    code, same = parity_run(tmp_path / "same", *THIRD, "--load", str(tiny_checkpoint))
-    assert code == 0 and not [w for w in same["warnings"] if w.startswith("resumed with other data")]
+    _, same, _ = one_process_save  # the same checkpoint resumed with the same settings
+    assert not [w for w in same["warnings"] if w.startswith("resumed with other data")]
 
 
 def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path, capsys, tiny_checkpoint):

@@ -693,7 +693,46 @@ def _drill_script() -> str:
     return section.split("```bash\n", 1)[1].split("```", 1)[0]
 
 
+def test_the_drill_s_commands_parse_and_its_exits_are_the_gate_s(tmp_path, monkeypatch):
+    """The default run's part of the drill (the drill itself, 7 tiny CPU runs, is `-m heavy`): its
+    suite loads, each `hwbench` line parses as its command parses it, each HWBENCH_FAULT is one a run
+    of that suite accepts, and the exits its comments expect are the ones compare and sweep give."""
+    import re
+    import shlex
+
+    from hwbench.cli import command_parser
+    from hwbench.harness.faults import FAULT_ENV, Fault
+    from hwbench.harness.suite import load_suite
+
+    script = _drill_script()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "drill.yaml").write_text(script.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0] + "\n")
+    (point,) = load_suite("drill.yaml").points
+    total_steps = point.option("warmup") + point.option("steps")
+    commands = []
+    for line in script.splitlines():
+        words = shlex.split(line.split(";", 1)[0], comments=True)
+        if "hwbench" not in words:
+            continue
+        at = words.index("hwbench")
+        for assignment in words[:at]:  # the environment the line sets for its command
+            name, value = assignment.split("=", 1)
+            monkeypatch.setenv(name, value)
+            assert name == FAULT_ENV and Fault.from_environ(1, total_steps) is not None, assignment
+            monkeypatch.delenv(name)
+        module, parser = command_parser(words[at + 1])
+        argv = words[at + 2:]
+        if hasattr(module, "parse"):
+            module.parse(parser, argv)
+        else:
+            parser.parse_args(argv)
+        commands.append((words[at + 1], re.search(r"# exit (\d+)", line).group(1)))
+    assert commands == [("sweep", "0"), ("sweep", "0"), ("compare", str(compare.REGRESSION_EXIT)), ("sweep", "1"),
+                        ("compare", str(compare.REPEATS_EXIT))]
+
+
 @pytest.mark.slow
+@pytest.mark.heavy  # the default run keeps what it is made of (README, Tests)
 def test_the_drill_in_the_docs_makes_the_gate_go_red(tmp_path):
     """The drill's commands as written, with this checkout's `hwbench` on PATH: each prints the exit
     status its comment names (7 tiny CPU runs, 6 of them 2 s a step slower)."""

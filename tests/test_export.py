@@ -11,18 +11,14 @@ import base64
 import copy
 import http.server
 import json
-import os
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from conftest import parity_run
 from test_target import TINY
-from test_vendor_standins import standin_path
 
 import hwbench
 from hwbench.cli import main
@@ -42,19 +38,12 @@ def results(tmp_path_factory, single_process_run) -> Path:
 
 
 @pytest.fixture(scope="module")
-def simulated_result(tmp_path_factory) -> Path:
-    """A real run through the CUDA stand-in: it reports the real device's name (an H100), marked simulated."""
-    out = tmp_path_factory.mktemp("standin")
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--model", "tiny", "--seq-length", "32",
-                           "--steps", "2", "--warmup", "1", "--eval-iters", "1", "--no-telemetry", "--device", "cuda",
-                           "--out", str(out)],
-                          env={**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1"},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (path,) = out.glob("*.json")
-    result = json.loads(path.read_text())
+def simulated_result(cuda_standin_result) -> Path:
+    """A real run through the CUDA stand-in (conftest's cuda_standin_result): it reports the real device's name
+    (an H100), marked simulated."""
+    result = json.loads(cuda_standin_result.read_text())
     assert result["device"]["simulated"] is True and result["device"]["device_model"] == "NVIDIA H100 80GB HBM3"
-    return path
+    return cuda_standin_result
 
 
 @pytest.fixture(scope="module")

@@ -101,11 +101,9 @@ def test_sigterm_stops_the_sweep_and_the_same_command_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_repeats_give_distinct_seeds_and_statistics(tmp_path):
-    suite = _suite(tmp_path, [{"name": "p", "seed": 7}])
-    out = tmp_path / "out"
-    assert main(["sweep", str(suite), "--out", str(out), "--repeats", "3", "--quiet"]) == 0
-    aggregate = json.loads((out / "t" / "p" / "aggregate.json").read_text())
+def test_repeats_give_distinct_seeds_and_statistics(three_repeats):
+    """A point with seed 7 swept with --repeats 3 (conftest's three_repeats)."""
+    aggregate = json.loads((three_repeats["point"] / "aggregate.json").read_text())
     assert aggregate["seeds"] == [7, 8, 9] and aggregate["ok"] == 3
     samples = aggregate["samples_per_s"]
     assert samples["n"] == 3 and samples["ci95_low"] <= samples["mean"] <= samples["ci95_high"]

@@ -12,25 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import stand_in_gave
+from conftest import STANDIN_RUN, stand_in_gave, standin_path
 
 from hwbench.cli import main
 
 FAKES = Path(__file__).resolve().parent / "fakes"
-RUN = ["run", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",
-       "--telemetry-interval", "0.1"]
+RUN = STANDIN_RUN
 
 
 def hwbench(args, cwd, **env):
     environment = {**os.environ, **env}
     return subprocess.run([sys.executable, "-m", "hwbench", *args], env=environment, cwd=cwd, capture_output=True,
                           text=True, timeout=300)
-
-
-def standin_path(folder: str) -> str:
-    """The stand-in first on PYTHONPATH, the caller's after it (as conftest's standin_npu_env), so the
-    subprocess imports the hwbench under test."""
-    return os.pathsep.join(filter(None, [str(FAKES / folder), str(FAKES / "common"), os.environ.get("PYTHONPATH")]))
 
 
 def only_result(out: Path) -> dict:
@@ -61,11 +54,9 @@ def test_a_rocm_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
     assert stand_in_gave(gpu, "energy_j") / telemetry["window_s"] == pytest.approx(717, rel=0.05)  # the counter, J
 
 
-def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(tmp_path):
-    done = hwbench([*RUN, "--device", "cuda", "--out", str(tmp_path / "out")], tmp_path,
-                   PYTHONPATH=standin_path("cuda"), HWBENCH_STANDIN_CUDA="1")
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = only_result(tmp_path / "out")
+def test_a_cuda_run_through_the_stand_in_is_complete_and_simulated(cuda_standin_result):
+    """conftest's cuda_standin_result: RUN through tests/fakes/cuda."""
+    result = only_result(cuda_standin_result.parent)
     device, env = result["device"], result["environment"]
     assert (device["backend"], device["device_model"], device["catalog_entry"]) == ("cuda", "NVIDIA H100 80GB HBM3",
                                                                                     "h100-sxm")

@@ -179,9 +179,6 @@ def test_self_hosted_labels_are_declared():
 
 NIGHTLY = WORKFLOWS / "nightly.yml"
 NOT_RUN = {"Install hwbench (keeping the runner's torch)"}  # the runner's venv: here this checkout's hwbench
-GATE_SUITE = {"name": "gate", "defaults": {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2,
-                                           "warmup": 1, "eval-iters": 0, "telemetry": False, "timeout": 300},
-              "points": [{"name": "one-rank"}]}
 _EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}")
 _CONTEXT = re.compile(r"\b(steps|inputs|vars|github|env)\.([\w-]+(?:\.[\w-]+)*)")
 
@@ -258,23 +255,17 @@ def run_nightly_job(workspace: Path, *, job_env: dict[str, str], variables: dict
 
 
 @pytest.fixture(scope="module")
-def real_night(tmp_path_factory) -> dict[str, Any]:
-    """One real CPU sweep of a one-point suite, 2 repeats, made by `hwbench sweep` (its results are
-    the nights' templates), and `hwbench` on a PATH as the runner's venv would put it."""
-    root = tmp_path_factory.mktemp("nightly")
-    tool_bin = root / "bin"
-    tool_bin.mkdir()
+def real_night(three_repeats) -> dict[str, Any]:
+    """One real CPU sweep of a one-point suite, 3 repeats, made by `hwbench sweep` (conftest's
+    three_repeats: its results are the nights' templates), and `hwbench` on a PATH as the runner's
+    venv would put it."""
+    tool_bin = three_repeats["suite"].parent / "bin"
+    tool_bin.mkdir(exist_ok=True)
     wrapper = tool_bin / "hwbench"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" '
                        f'exec "{sys.executable}" -m hwbench "$@"\n')
     wrapper.chmod(0o755)
-    suite = root / "gate.yaml"
-    suite.write_text(yaml.safe_dump(GATE_SUITE, sort_keys=False))
-    proc = subprocess.run([str(wrapper), "sweep", str(suite), "--device", "cpu", "--repeats", "3", "--quiet",
-                           "--no-preflight", "--out", str(root / "template")], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return {"root": root, "bin": tool_bin, "suite": suite, "template": root / "template" / "gate" / "one-rank"}
+    return {"bin": tool_bin, "suite": three_repeats["suite"], "template": three_repeats["point"]}
 
 
 def _lay_out_night(real_night: dict, workspace: Path, run: str, night: int, *, failed_repeat: bool = False,
