@@ -13,6 +13,8 @@ import http.server
 import json
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
