@@ -37,6 +37,7 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     validation_problem,
 )
 from hwbench.point import SIMULATED, PointKey
+from hwbench.workload.config import accumulation_steps
 
 if TYPE_CHECKING:
     from hwbench.spec import RunSpec
@@ -152,6 +153,13 @@ class Spec(Section):
     target_loss: Figure | None = None
     target_given: Text | None = None
     run_args: list[Text] | None = None
+
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        """RunSpec's, or None where the spec lacks a batch size (a refused point's record)."""
+        if self.global_batch_size is None or self.micro_batch_size is None:
+            return None
+        return accumulation_steps(self.global_batch_size, self.micro_batch_size, self.parallel.dp)
 
     def run_spec(self) -> RunSpec:
         """The typed RunSpec (KeyError or TypeError when the spec is partial)."""
