@@ -106,7 +106,9 @@ class SpecLaunch(Section):
 # The run as requested and resolved: hwbench.spec.RunSpec's fields, as a pydantic model of the same
 # fields rather than the RunSpec itself, because a result's spec may be partial: a sweep's record of
 # a point whose options were refused holds only `run_args`, and a file of an older writer lacks the
-# fields added since. Defaults are what a field's absence meant before it existed.
+# fields added since. Defaults are what a field's absence meant before it existed. The two are held
+# identical, field for field and type for type (Parallel and SpecLaunch too), by
+# tests/test_run_spec_declaration.py: a field added to RunSpec is added here, optional.
 class Spec(Section):
     """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
 
