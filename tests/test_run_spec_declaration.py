@@ -1,18 +1,21 @@
 """The run spec is one declaration: RunSpec (hwbench/spec.py). The result's spec section
 (hwbench.result.model.Spec) holds the same fields, each optional because a result's spec may be
-partial, and gradient accumulation is computed in one place that both read."""
+partial; gradient accumulation is computed in one place that both read; the point key
+(hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their types."""
 
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
+from operator import attrgetter
 
 import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.options import RunOptions
-from hwbench.result.model import Parallel, Spec, SpecLaunch
+from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
+from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
 from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
 
 # What the result's spec holds beyond RunSpec: a sweep's record of a point whose options were refused.
@@ -78,3 +81,30 @@ def test_a_partial_spec_has_no_accumulation():
 def test_runspec_fields_are_its_dataclass_fields():
     # the check above reads RunSpec's annotations: every one of them is a field
     assert set(typing.get_type_hints(RunSpec)) == {field.name for field in dataclasses.fields(RunSpec)}
+
+
+def _spec_type(path: str):
+    """RunSpec's type of ``path`` ("parallel.tp": ParallelDims's tp)."""
+    owner = RunSpec
+    *sections, name = path.split(".")
+    for section in sections:
+        owner = typing.get_type_hints(owner)[section]
+    return _base_type(typing.get_type_hints(owner)[name])
+
+
+def test_the_point_key_is_a_projection_of_the_spec_with_its_types():
+    key_types = {name: _base_type(hint) for name, hint in typing.get_type_hints(PointKey).items()}
+    assert set(PointKey.fields()) == {*FROM_SPEC, *FROM_RUN}
+    differ = {name: (_spec_type(path), key_types[name]) for name, path in FROM_SPEC.items()
+              if _spec_type(path) != key_types[name]}
+    assert not differ, f"the spec's type and PointKey's differ: {differ}"
+
+
+def test_a_results_point_key_holds_the_specs_values():
+    spec = build_run_spec(RunOptions(model="tiny", nproc_per_node=2, pp=2, micro_batch_size=2, seq_length=64,
+                                     cross_entropy="chunked"), load_catalog(), check_paths=False)  # pp: a schedule kept
+    key = RunResult(run_id="r", status="ok", spec=spec.to_dict(), device={"backend": "cpu"}).point_key
+    assert key is not None
+    assert {name: getattr(key, name) for name in FROM_SPEC} == {
+        name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()}
+    assert (key.backend, key.stand_in) == ("cpu", None)

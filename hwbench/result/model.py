@@ -18,6 +18,7 @@ age: hwbench.result.upgrade brings older files to this shape first.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,7 +37,7 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     problem_text,
     validation_problem,
 )
-from hwbench.point import SIMULATED, PointKey
+from hwbench.point import FROM_SPEC, SIMULATED, PointKey
 from hwbench.workload.config import accumulation_steps
 
 if TYPE_CHECKING:
@@ -764,13 +765,10 @@ class RunResult(Section):
         spec = self.spec
         if spec.model is None:
             return None
-        layout = {name: getattr(spec.parallel, name) for name in ("tp", "pp", "dp")}
         return PointKey(
-            **{name: getattr(spec, name) for name in PointKey.fields() if name in Spec.model_fields},
-            **layout,
+            **{name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()},
             backend=self.backend,
             device_model=self.device_model,
-            nnodes=spec.launch.nnodes,
             stand_in=SIMULATED if self.simulated else None,
         )
 
