@@ -26,7 +26,7 @@ from hwbench.options import (
 from hwbench.paths import check_output_folder
 from hwbench.target import Target, resolve_target
 from hwbench.units import parse_size
-from hwbench.workload.config import GPTConfig
+from hwbench.workload.config import GPTConfig, accumulation_steps
 from hwbench.workload.flops import canonical_formula
 
 
@@ -134,7 +134,7 @@ class RunSpec:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.parallel.dp)
+        return accumulation_steps(self.global_batch_size, self.micro_batch_size, self.parallel.dp)
 
     @property
     def target(self) -> Target | None:
@@ -459,7 +459,7 @@ def build_run_spec(
     fused_qkv = _or(options.fused_qkv, chosen.get("fused_qkv", False))
     _check_model_options(cross_entropy, fused_qkv, engine, parallel, fsdp)
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
-    microbatches = global_batch // (micro * parallel.dp)
+    microbatches = accumulation_steps(global_batch, micro, parallel.dp)
     # DeepSpeed's pipeline engine runs 1F1B whatever the microbatch count; the native one falls back
     if engine == "native" and parallel.pp > 1 and pp_schedule == "1f1b" and microbatches < parallel.pp:
         if options.pp_schedule:

@@ -29,6 +29,7 @@ from hwbench.engine.distributed import DistContext
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, MIN_LOSS_SCALE  # DeepSpeed's defaults too
 from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.spec import OptimizerSpec, RunSpec
+from hwbench.workload.config import accumulation_steps
 from hwbench.workload.data import Batch
 from hwbench.workload.model import lm_loss
 
@@ -44,7 +45,7 @@ def deepspeed_config(spec: RunSpec, dp_size: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "train_batch_size": spec.global_batch_size,
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
-        "gradient_accumulation_steps": spec.global_batch_size // (spec.micro_batch_size * dp_size),
+        "gradient_accumulation_steps": accumulation_steps(spec.global_batch_size, spec.micro_batch_size, dp_size),
         "gradient_clipping": spec.optimizer.clip_grad,
         "zero_optimization": {"stage": spec.zero_stage},
         "steps_per_print": NEVER_PRINT,

@@ -140,11 +140,8 @@ def _hyperparameters(run: RunResult) -> dict[str, Any]:
     spec = run.spec
     optimizer = spec.optimizer or {}
     parallel = spec.parallel
-    accumulation = None
-    if spec.global_batch_size and spec.micro_batch_size and parallel.dp:
-        accumulation = spec.global_batch_size // (spec.micro_batch_size * parallel.dp)
     found = {"seed": spec.seed, "global_batch_size": spec.global_batch_size, "micro_batch_size": spec.micro_batch_size,
-             "gradient_accumulation_steps": accumulation, "max_sequence_length": spec.seq_length,
+             "gradient_accumulation_steps": spec.gradient_accumulation_steps, "max_sequence_length": spec.seq_length,
              "opt_name": "adamw", "opt_base_learning_rate": optimizer.get("lr"),
              "opt_end_learning_rate": optimizer.get("min_lr"), "opt_adamw_weight_decay": optimizer.get("weight_decay"),
              "opt_adamw_epsilon": optimizer.get("eps"), "opt_gradient_clip_norm": optimizer.get("clip_grad"),

@@ -18,6 +18,7 @@ age: hwbench.result.upgrade brings older files to this shape first.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,7 +37,8 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     problem_text,
     validation_problem,
 )
-from hwbench.point import SIMULATED, PointKey
+from hwbench.point import FROM_SPEC, SIMULATED, PointKey
+from hwbench.workload.config import accumulation_steps
 
 if TYPE_CHECKING:
     from hwbench.spec import RunSpec
@@ -121,7 +123,9 @@ class SpecLaunch(Section):
 # The run as requested and resolved: hwbench.spec.RunSpec's fields, as a pydantic model of the same
 # fields rather than the RunSpec itself, because a result's spec may be partial: a sweep's record of
 # a point whose options were refused holds only `run_args`, and a file of an older writer lacks the
-# fields added since. Defaults are what a field's absence meant before it existed.
+# fields added since. Defaults are what a field's absence meant before it existed. The two are held
+# identical, field for field and type for type (Parallel and SpecLaunch too), by
+# tests/test_run_spec_declaration.py: a field added to RunSpec is added here, optional.
 class Spec(Section):
     """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
 
@@ -168,6 +172,13 @@ class Spec(Section):
     target_loss: Figure | None = None
     target_given: Text | None = None
     run_args: list[Text] | None = None
+
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        """RunSpec's, or None where the spec lacks a batch size (a refused point's record)."""
+        if self.global_batch_size is None or self.micro_batch_size is None:
+            return None
+        return accumulation_steps(self.global_batch_size, self.micro_batch_size, self.parallel.dp)
 
     def run_spec(self) -> RunSpec:
         """The typed RunSpec (KeyError or TypeError when the spec is partial)."""
@@ -770,13 +781,10 @@ class RunResult(Section):
         spec = self.spec
         if spec.model is None:
             return None
-        layout = {name: getattr(spec.parallel, name) for name in ("tp", "pp", "dp")}
         return PointKey(
-            **{name: getattr(spec, name) for name in PointKey.fields() if name in Spec.model_fields},
-            **layout,
+            **{name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()},
             backend=self.backend,
             device_model=self.device_model,
-            nnodes=spec.launch.nnodes,
             stand_in=SIMULATED if self.simulated else None,
         )
 

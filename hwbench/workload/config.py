@@ -1,6 +1,7 @@
 """The shape of a Megatron GPT-2 model (Megatron-LM's GPT-2 defaults: 4h MLP, head size
-h / heads, the vocabulary padded to a multiple of 128 x TP), and the loss choices every
-layer agrees on without importing torch."""
+h / heads, the vocabulary padded to a multiple of 128 x TP), the loss choices every
+layer agrees on without importing torch, and the batch arithmetic they share (one step's
+micro-batches per data-parallel replica: ``accumulation_steps``)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,9 @@ def stage_layers(num_layers: int, stages: int, stage: int) -> range:
     base, extra = divmod(num_layers, stages)
     start = stage * base + min(stage, extra)
     return range(start, start + base + (1 if stage < extra else 0))
+
+
+def accumulation_steps(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
+    """Micro-batches each data-parallel replica runs per step (gradient accumulation): the
+    one place it is computed (RunSpec, the result's spec, the data sources, DeepSpeed, MLPerf)."""
+    return global_batch_size // (micro_batch_size * dp)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from hwbench.errors import UsageError
+from hwbench.workload.config import accumulation_steps
 from hwbench.workload.corpus import ZIPF_EXPONENT, MarkovCorpus, zipf_entropy_nats, zipf_probabilities
 
 BLOCK = 64  # samples generated together by the synthetic sources
@@ -73,7 +74,7 @@ class SampledData(abc.ABC):
                  to_device: ToDevice = lambda t: t, dp_rank: int = 0, dp_size: int = 1) -> None:
         self.seq_length, self.micro, self.global_batch = seq_length, micro_batch_size, global_batch_size
         self.to_device, self.dp_rank, self.dp_size = to_device, dp_rank, dp_size
-        self.accumulation = global_batch_size // (micro_batch_size * dp_size)
+        self.accumulation = accumulation_steps(global_batch_size, micro_batch_size, dp_size)
         self._train_calls = 0
         self._valid_start = self._valid_next = 0  # where this evaluation began; the first micro-batch not yet read
         self._first_sample = {"train": 0, "valid": 0}  # per split: the sample this run began at (seek)

@@ -1,0 +1,110 @@
+"""The run spec is one declaration: RunSpec (hwbench/spec.py). The result's spec section
+(hwbench.result.model.Spec) holds the same fields, each optional because a result's spec may be
+partial; gradient accumulation is computed in one place that both read; the point key
+(hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their types."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from operator import attrgetter
+
+import pytest
+
+from hwbench.catalog import load_catalog
+from hwbench.options import RunOptions
+from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
+from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
+from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
+
+# What the result's spec holds beyond RunSpec: a sweep's record of a point whose options were refused.
+RESULT_ONLY = {"run_args"}
+# Sections the result keeps as a plain mapping (the optimizer's keys are the workload's).
+AS_MAPPING = {"optimizer"}
+
+
+def _base_type(annotation):
+    """int, str, bool, float or a class, from `Positive | None`, `Annotated[...]` and the like."""
+    while True:
+        if typing.get_origin(annotation) is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+            kinds = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+            assert len(kinds) == 1, annotation
+            annotation = kinds[0]
+        else:
+            return annotation
+
+
+def _pairs(dataclass, section):
+    """{field: (RunSpec's base type, the result section's base type)} of each field either declares."""
+    own = typing.get_type_hints(dataclass)
+    held = {name: field.annotation for name, field in section.model_fields.items()}
+    return {name: (_base_type(own[name]) if name in own else None, _base_type(held[name]) if name in held else None)
+            for name in {*own, *held}}
+
+
+@pytest.mark.parametrize("dataclass, section, nested", [
+    (RunSpec, Spec, {"parallel": (ParallelDims, Parallel), "launch": (LaunchSpec, SpecLaunch)}),
+    (ParallelDims, Parallel, {}),
+    (LaunchSpec, SpecLaunch, {}),
+])
+def test_the_results_spec_section_holds_runspecs_fields_with_their_types(dataclass, section, nested):
+    pairs = _pairs(dataclass, section)
+    apart = (RESULT_ONLY | AS_MAPPING) & set(pairs)
+    differ = {name: pair for name, pair in pairs.items() if name not in apart | set(nested) and pair[0] != pair[1]}
+    assert not differ, f"{dataclass.__name__} and the result's {section.__name__} differ (theirs, result's): {differ}"
+    assert {name: pairs[name] for name in nested} == nested
+    assert all(pairs[name][0] is None for name in apart & RESULT_ONLY)
+
+
+def test_a_spec_written_to_a_result_reads_back_as_the_same_runspec():
+    spec = build_run_spec(RunOptions(model="tiny", nproc_per_node=2, target_ppl=5.0, save="/tmp/never-written",
+                                     settings="fast", device_memory="16GiB"), load_catalog(), check_paths=False)
+    assert Spec.model_validate(spec.to_dict()).run_spec() == spec
+
+
+@pytest.mark.parametrize("options", [{"model": "small", "nproc_per_node": 2, "micro_batch_size": 2},
+                                     {"model": "tiny", "nproc_per_node": 3}, {"model": "tiny"}])
+def test_the_results_spec_accumulates_as_the_run_did(options):
+    spec = build_run_spec(RunOptions(**options), load_catalog(), check_paths=False)
+    held = Spec.model_validate(spec.to_dict())
+    assert held.gradient_accumulation_steps == spec.gradient_accumulation_steps
+    assert spec.gradient_accumulation_steps * spec.micro_batch_size * spec.parallel.dp == spec.global_batch_size
+
+
+def test_a_partial_spec_has_no_accumulation():
+    assert Spec.model_validate({"run_args": ["--model", "tiny"]}).gradient_accumulation_steps is None
+
+
+def test_runspec_fields_are_its_dataclass_fields():
+    # the check above reads RunSpec's annotations: every one of them is a field
+    assert set(typing.get_type_hints(RunSpec)) == {field.name for field in dataclasses.fields(RunSpec)}
+
+
+def _spec_type(path: str):
+    """RunSpec's type of ``path`` ("parallel.tp": ParallelDims's tp)."""
+    owner = RunSpec
+    *sections, name = path.split(".")
+    for section in sections:
+        owner = typing.get_type_hints(owner)[section]
+    return _base_type(typing.get_type_hints(owner)[name])
+
+
+def test_the_point_key_is_a_projection_of_the_spec_with_its_types():
+    key_types = {name: _base_type(hint) for name, hint in typing.get_type_hints(PointKey).items()}
+    assert set(PointKey.fields()) == {*FROM_SPEC, *FROM_RUN}
+    differ = {name: (_spec_type(path), key_types[name]) for name, path in FROM_SPEC.items()
+              if _spec_type(path) != key_types[name]}
+    assert not differ, f"the spec's type and PointKey's differ: {differ}"
+
+
+def test_a_results_point_key_holds_the_specs_values():
+    spec = build_run_spec(RunOptions(model="tiny", nproc_per_node=2, pp=2, micro_batch_size=2, seq_length=64,
+                                     cross_entropy="chunked"), load_catalog(), check_paths=False)  # pp: a schedule kept
+    key = RunResult(run_id="r", status="ok", spec=spec.to_dict(), device={"backend": "cpu"}).point_key
+    assert key is not None
+    assert {name: getattr(key, name) for name in FROM_SPEC} == {
+        name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()}
+    assert (key.backend, key.stand_in) == ("cpu", None)
