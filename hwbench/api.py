@@ -173,15 +173,15 @@ def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str 
     """Every result under ``paths`` with its logs, the report, the machines' descriptions and a
     SHA-256 manifest in one .tar.gz, as `hwbench archive`: an ArchiveOutcome (``path``,
     ``results``, ``files``, ``skipped``)."""
-    from hwbench.report.archive import make_archive
+    from hwbench.archives import make_archive
 
     return make_archive(_paths(paths, "RESULTS"), _path("out", out, "a file name ending in .tar.gz"))
 
 
 def verify_archive(path: str | os.PathLike) -> int:
     """`hwbench archive --verify`: how many files match the manifest, else
-    hwbench.report.archive.ArchiveProblem naming each file that does not."""
-    from hwbench.report.archive import verify_archive as verify
+    hwbench.archives.ArchiveProblem naming each file that does not."""
+    from hwbench.archives import verify_archive as verify
 
     return verify(_path("verify", path, "an archive hwbench archive wrote"))
 
@@ -220,8 +220,8 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     """A baseline file from results, as `hwbench baseline save`: its content (points, machine, software, date)."""
     from pathlib import Path
 
+    from hwbench.judge.baseline import save_baseline
     from hwbench.paths import check_output_file
-    from hwbench.report.baseline import save_baseline
     from hwbench.result.store import read_inputs
 
     inputs = _paths(paths, "RESULTS")

@@ -17,8 +17,8 @@ import pytest
 from conftest import parity_run
 
 from hwbench.checkpoint.folders import LATEST_FILE, MANIFEST_FILE
+from hwbench.judge.parity import LAYOUT_TOLERANCE
 from hwbench.paths import result_files
-from hwbench.report.parity import LAYOUT_TOLERANCE
 
 pytestmark = pytest.mark.slow
 

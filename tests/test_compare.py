@@ -17,8 +17,9 @@ import pytest
 from hwbench.cli import main as cli_main
 from hwbench.cli import run_command
 from hwbench.errors import UsageError
+from hwbench.judge import compare
 from hwbench.metrics import METRICS
-from hwbench.report import compare, system
+from hwbench.report import system
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result
 

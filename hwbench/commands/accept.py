@@ -55,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.harness.accept import AcceptOptions, accept
-    from hwbench.report.compare import parse_threshold
+    from hwbench.judge.compare import parse_threshold
 
     options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
                             min_ratio=args.min_ratio,

@@ -1,7 +1,7 @@
 """`hwbench accept`'s flow: each device of this host probed alone (device_probe.py; under Slurm
 each device of every node of the partition, node_probes.py), then every
 point of a suite through the sweep's executors (local, or each point a Slurm job), then the
-judgement against the baseline (hwbench/report/accept.py) written as one page. Everything is
+judgement against the baseline (hwbench/judge/accept.py) written as one page. Everything is
 checked before anything is measured; every result stays where a sweep puts it (OUT/<suite>/)."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from hwbench.errors import UsageError
 from hwbench.harness.device_probe import MAX_PROBE_TIME_S
 from hwbench.harness.executor import SweepOptions, progress_lines
 from hwbench.harness.preflight import PreflightReport
+from hwbench.judge.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge
 from hwbench.paths import check_output_folder
-from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
+from hwbench.report.accept import render
 
 PAGE_FORMATS = ("md", "html")
 DEFAULT_PROBE_TIME_S = 0.5  # each probe measurement's repetitions together: short, the spread shows the noise
@@ -100,7 +101,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     from hwbench.harness.slurm import check_script_value
     from hwbench.harness.suite import find_suite, load_suite
     from hwbench.harness.sweep import run_sweep
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
 
     suite = load_suite(find_suite(options.suite))
     baseline = load_baseline(options.baseline)

@@ -188,7 +188,7 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
     """The measured trials, fastest median first. A trial shares the rank of the first trial of
     the rank above unless that one is faster by `hwbench compare`'s rule (the change of the median
     past DEFAULT_THRESHOLD and significant; with one run a side, the threshold alone, and it says so)."""
-    from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
+    from hwbench.judge.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 
     measured = sorted((t for t in trials if t.samples), key=lambda t: -statistics.median(t.samples))
     ranked: list[Ranked] = []
