@@ -62,7 +62,7 @@ def _optional_text(name: str, value: Any) -> str | None:
 
 
 def _slurm(value: Any) -> Any:
-    from hwbench.harness.slurm import SlurmSettings
+    from hwbench.suites.slurm import SlurmSettings
 
     return None if value is None else _check("slurm", value, SlurmSettings, accepts="a SlurmSettings or None")
 
@@ -98,9 +98,9 @@ def sweep(suite: str | os.PathLike, *, out: str | os.PathLike = "results/runs", 
           progress: bool = False, slurm=None) -> list:
     """Every point of a suite (a file or a shipped suite's name), as `hwbench sweep`: a
     PointRecord per point (results, how many were kept, repeat statistics). ``slurm``, a
-    hwbench.harness.slurm.SlurmSettings: every point a Slurm job (docs/slurm.md)."""
-    from hwbench.harness.executor import SweepOptions
-    from hwbench.harness.sweep import run_sweep
+    hwbench.suites.slurm.SlurmSettings: every point a Slurm job (docs/slurm.md)."""
+    from hwbench.suites.executor import SweepOptions
+    from hwbench.suites.sweep import run_sweep
 
     suite = _path("suite", suite, "a suite file or a shipped suite's name")
     options = SweepOptions(out_dir=out,  # type: ignore[arg-type]  # SweepOptions checks it and makes it a Path
@@ -202,8 +202,8 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
            devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
     """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
     ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
-    from hwbench.harness.accept import AcceptOptions
-    from hwbench.harness.accept import accept as run_acceptance
+    from hwbench.acceptance.accept import AcceptOptions
+    from hwbench.acceptance.accept import accept as run_acceptance
 
     # out as given: AcceptOptions refuses "" (Path("") would be the current folder) and makes it a Path
     options = AcceptOptions(suite=_path("suite", suite, "a suite file or a shipped suite's name"),

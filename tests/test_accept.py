@@ -293,7 +293,7 @@ def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measur
 
 
 def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monkeypatch):
-    from hwbench.harness.device_probe import probe_devices
+    from hwbench.acceptance.device_probe import probe_devices
     from hwbench.judge.accept import judge
     from hwbench.judge.baseline import Baseline
 
@@ -307,9 +307,9 @@ def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monk
 
 
 def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
-    """Records as node probe jobs gather them (hwbench/harness/node_probes.py): node b's devices are 10%
+    """Records as node probe jobs gather them (hwbench/acceptance/node_probes.py): node b's devices are 10%
     below the median of their peers on all nodes, each named, and node b as a node; node d gave none."""
-    from hwbench.harness.node_probes import gres_count
+    from hwbench.acceptance.node_probes import gres_count
     from hwbench.judge.accept import judge
     from hwbench.judge.baseline import Baseline
     from hwbench.report.accept import render

@@ -480,7 +480,7 @@ def test_a_suite_point_measures_checkpoint_throughput(tmp_path):
     """The shipped suite's form (a save every few steps into a given folder) on the CPU: the
     sweep's result carries the storage figures; the shipped suite itself saves at an interval."""
     from hwbench.cli import main
-    from hwbench.harness.suite import find_suite, load_suite
+    from hwbench.suites.suite import find_suite, load_suite
 
     shipped = load_suite(find_suite("checkpoints"))
     assert all(p.option("save") and p.option("save_interval") for p in shipped.points)

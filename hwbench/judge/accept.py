@@ -3,7 +3,7 @@
 Two rules, both must hold (docs/accept.md):
 
 - outliers: each device's figures (GEMM rate, copy bandwidth, a short training point's tokens/s;
-  hwbench/harness/device_probe.py), each judged on its own, against the median of its peers (the
+  hwbench/acceptance/device_probe.py), each judged on its own, against the median of its peers (the
   other devices of its model, of every node probed), and each node's median against the other
   nodes'. One more than ``outlier`` below in any figure is named with that figure. A device's
   figure is the best of its repetitions: other work on a machine only ever lowers a rate, so the best one is
