@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from hwbench.harness.executor import point_options
-from hwbench.harness.suite import find_suite, load_suite
 from hwbench.result.store import load_results
+from hwbench.suites.executor import point_options
+from hwbench.suites.suite import find_suite, load_suite
 
 SUITE = os.environ.get("HWBENCH_BENCH_SUITE", "smoke")
 ROUNDS = int(os.environ.get("HWBENCH_BENCH_ROUNDS", "3"))

@@ -62,7 +62,7 @@ def _optional_text(name: str, value: Any) -> str | None:
 
 
 def _slurm(value: Any) -> Any:
-    from hwbench.harness.slurm import SlurmSettings
+    from hwbench.suites.slurm import SlurmSettings
 
     return None if value is None else _check("slurm", value, SlurmSettings, accepts="a SlurmSettings or None")
 
@@ -98,9 +98,9 @@ def sweep(suite: str | os.PathLike, *, out: str | os.PathLike = "results/runs", 
           progress: bool = False, slurm=None) -> list:
     """Every point of a suite (a file or a shipped suite's name), as `hwbench sweep`: a
     PointRecord per point (results, how many were kept, repeat statistics). ``slurm``, a
-    hwbench.harness.slurm.SlurmSettings: every point a Slurm job (docs/slurm.md)."""
-    from hwbench.harness.executor import SweepOptions
-    from hwbench.harness.sweep import run_sweep
+    hwbench.suites.slurm.SlurmSettings: every point a Slurm job (docs/slurm.md)."""
+    from hwbench.suites.executor import SweepOptions
+    from hwbench.suites.sweep import run_sweep
 
     suite = _path("suite", suite, "a suite file or a shipped suite's name")
     options = SweepOptions(out_dir=out,  # type: ignore[arg-type]  # SweepOptions checks it and makes it a Path
@@ -173,15 +173,15 @@ def archive(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str 
     """Every result under ``paths`` with its logs, the report, the machines' descriptions and a
     SHA-256 manifest in one .tar.gz, as `hwbench archive`: an ArchiveOutcome (``path``,
     ``results``, ``files``, ``skipped``)."""
-    from hwbench.report.archive import make_archive
+    from hwbench.archives import make_archive
 
     return make_archive(_paths(paths, "RESULTS"), _path("out", out, "a file name ending in .tar.gz"))
 
 
 def verify_archive(path: str | os.PathLike) -> int:
     """`hwbench archive --verify`: how many files match the manifest, else
-    hwbench.report.archive.ArchiveProblem naming each file that does not."""
-    from hwbench.report.archive import verify_archive as verify
+    hwbench.archives.ArchiveProblem naming each file that does not."""
+    from hwbench.archives import verify_archive as verify
 
     return verify(_path("verify", path, "an archive hwbench archive wrote"))
 
@@ -202,8 +202,8 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
            devices_per_node: int | None = None, format: str = "md", progress: bool = False, slurm=None):
     """A delivered system judged, as `hwbench accept` (docs/accept.md): (an Acceptance with ``passed``,
     ``exit_status``, ``failures``, ``missing``, ``probes``, ``points``; the page written)."""
-    from hwbench.harness.accept import AcceptOptions
-    from hwbench.harness.accept import accept as run_acceptance
+    from hwbench.acceptance.accept import AcceptOptions
+    from hwbench.acceptance.accept import accept as run_acceptance
 
     # out as given: AcceptOptions refuses "" (Path("") would be the current folder) and makes it a Path
     options = AcceptOptions(suite=_path("suite", suite, "a suite file or a shipped suite's name"),
@@ -220,8 +220,8 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     """A baseline file from results, as `hwbench baseline save`: its content (points, machine, software, date)."""
     from pathlib import Path
 
+    from hwbench.judge.baseline import save_baseline
     from hwbench.paths import check_output_file
-    from hwbench.report.baseline import save_baseline
     from hwbench.result.store import read_inputs
 
     inputs = _paths(paths, "RESULTS")

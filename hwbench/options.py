@@ -4,7 +4,7 @@ The field gives the name (attribute, parser dest, `--name-with-dashes`), the typ
 annotation) and the order; its `Option` metadata the help, group, Megatron-LM's names,
 default and what is accepted. Fields rather than a separate table: adding an option is
 adding one field. Generated from them: the parser of `hwbench run` (commands/run.py, also
-for the run options plan and tune take), suite coercion (harness/suite.py), the API's
+for the run options plan and tune take), suite coercion (suites/suite.py), the API's
 checks (`RunOptions.from_mapping`), `to_argv()` and docs/options.md (`python -m
 hwbench.options > docs/options.md`). A field is None until given; each given value is
 checked by its definition when a RunOptions is made, however it is made.

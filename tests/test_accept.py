@@ -47,7 +47,7 @@ def test_baseline_save_keeps_each_point_s_figures_with_machine_software_and_date
     assert point["tokens_per_s"] == {"median": result.metrics.tokens_per_s, "min": result.metrics.tokens_per_s,
                                      "max": result.metrics.tokens_per_s, "n": 1}
     assert point["run_ids"] == [result.run_id]
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
 
     loaded = load_baseline(str(measured["baseline"]))
     assert loaded.figure(result.point_key).median == pytest.approx(result.metrics.tokens_per_s)
@@ -246,7 +246,7 @@ def test_baseline_save_into_a_path_under_a_file_or_empty_is_one_line(measured, t
 
 def test_a_csv_row_of_a_device_is_no_baseline_of_its_stand_in(tmp_path):
     """A CSV row names the device's own figure: a stand-in's run of that device model matched it."""
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
     from hwbench.result.model import RunResult
 
     data = json.loads((Path(__file__).parent / "data" / "compare" / "tiny-cpu.json").read_text())
@@ -279,7 +279,7 @@ def test_a_hostile_csv_baseline_is_one_line_exit_2_in_a_real_process(tmp_path, r
 def test_a_csv_baseline_with_a_header_and_no_row_says_so(tmp_path):
     """It said 'lacks column(s) model, device_model, tokens_per_s' of a header that has them."""
     from hwbench.errors import UsageError
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
 
     csv = tmp_path / "published.csv"
     csv.write_text("model,device_model,tokens_per_s\n")
@@ -290,7 +290,7 @@ def test_a_csv_baseline_with_a_header_and_no_row_says_so(tmp_path):
 
 def test_a_csv_baseline_a_spreadsheet_saved_with_a_byte_order_mark_is_read(tmp_path):
     """Excel's "CSV UTF-8" starts with a BOM: its first column was '\ufeffmodel', 'lacks column(s) model'."""
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
 
     csv = tmp_path / "published.csv"
     csv.write_text("model,device_model,tokens_per_s\ntiny,x,5\n", encoding="utf-8-sig")
@@ -303,7 +303,7 @@ def test_a_baseline_that_is_a_fifo_is_named_as_one_not_as_missing(tmp_path):
     import os
 
     from hwbench.errors import UsageError
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
 
     fifo = tmp_path / "baseline.csv"
     os.mkfifo(fifo)
@@ -349,9 +349,9 @@ def test_the_python_api_saves_the_same_baseline_and_checks_accept_s_input(measur
 
 
 def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monkeypatch):
-    from hwbench.harness.device_probe import probe_devices
-    from hwbench.report.accept import judge
-    from hwbench.report.baseline import Baseline
+    from hwbench.acceptance.device_probe import probe_devices
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import Baseline
 
     monkeypatch.setenv("HWBENCH_FAULT", "not-a-fault")
     (record,) = probe_devices("cpu", 1, 0.1, tmp_path)
@@ -363,11 +363,12 @@ def test_a_probe_that_fails_is_a_record_with_its_cause_and_a_fail(tmp_path, monk
 
 
 def test_nodes_are_judged_as_nodes_and_a_node_without_records_is_a_fail():
-    """Records as node probe jobs gather them (hwbench/harness/node_probes.py): node b's devices are 10%
+    """Records as node probe jobs gather them (hwbench/acceptance/node_probes.py): node b's devices are 10%
     below the median of their peers on all nodes, each named, and node b as a node; node d gave none."""
-    from hwbench.harness.node_probes import gres_count
-    from hwbench.report.accept import judge, render
-    from hwbench.report.baseline import Baseline
+    from hwbench.acceptance.node_probes import gres_count
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import Baseline
+    from hwbench.report.accept import render
 
     def record(node: str, index: int, tokens: float) -> dict:
         rate = {"median": tokens, "min": tokens, "max": tokens, "n": 7, "cv": 0.0}
@@ -416,8 +417,8 @@ def test_a_pass_shows_the_machine_s_warnings_says_one_device_has_no_peers_and_do
 
 
 def test_only_a_point_far_above_its_baseline_gets_the_note(measured):
-    from hwbench.report.accept import FAR_ABOVE, judge
-    from hwbench.report.baseline import Baseline, BaselinePoint
+    from hwbench.judge.accept import FAR_ABOVE, judge
+    from hwbench.judge.baseline import Baseline, BaselinePoint
 
     (result,) = measured["results"]
     value = result.metrics.tokens_per_s
@@ -438,7 +439,7 @@ def test_a_warning_of_every_point_is_said_once_with_where_and_how_many_readings(
     """A busy machine warns before the probes and at each point, each time with another load
     average: one line, not one a point."""
     from hwbench.harness.preflight import Check, PreflightReport
-    from hwbench.report.accept import preflight_findings
+    from hwbench.judge.accept import preflight_findings
     from hwbench.result.model import Preflight
 
     def busy(load: float) -> list[Check]:

@@ -1,5 +1,5 @@
 """`hwbench history changes --format json` and `--junit FILE`: the verdicts of the change-point
-search as data for CI (hwbench/report/ci_output.py). The nights are those of tests/test_history.py:
+search as data for CI (hwbench/judge/ci_output.py). The nights are those of tests/test_history.py:
 modified copies of a real result, 3 repeats a night around a level."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from test_history import night_date, write_nights
 
 from hwbench.cli import run_command
 from hwbench.errors import UsageError
-from hwbench.report.compare import REGRESSION_EXIT
+from hwbench.judge.compare import REGRESSION_EXIT
 
 
 def history(capsys, *argv) -> tuple[int, str]:

@@ -17,8 +17,9 @@ import pytest
 from hwbench.cli import main as cli_main
 from hwbench.cli import run_command
 from hwbench.errors import UsageError
+from hwbench.judge import compare
 from hwbench.metrics import METRICS
-from hwbench.report import compare, system
+from hwbench.report import system
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result
 
@@ -702,7 +703,7 @@ def test_the_drill_s_commands_parse_and_its_exits_are_the_gate_s(tmp_path, monke
 
     from hwbench.cli import command_parser
     from hwbench.harness.faults import FAULT_ENV, Fault
-    from hwbench.harness.suite import load_suite
+    from hwbench.suites.suite import load_suite
 
     script = _drill_script()
     monkeypatch.chdir(tmp_path)

@@ -140,9 +140,9 @@ def test_a_rank_started_by_torchrun_says_nothing(monkeypatch):
 
 
 def test_a_sweep_estimates_every_point_and_repeat(tmp_path, monkeypatch):
-    from hwbench.harness.estimate import before_sweep
-    from hwbench.harness.executor import SweepOptions, point_runs
-    from hwbench.harness.suite import find_suite, load_suite
+    from hwbench.suites.executor import SweepOptions, point_runs
+    from hwbench.suites.suite import find_suite, load_suite
+    from hwbench.suites.sweep import before_sweep
 
     backend = _store(tmp_path, monkeypatch, {"fp32": 2e9})
     suite = load_suite(find_suite("smoke"))
@@ -188,9 +188,9 @@ def test_an_unknown_duration_names_calibrate_only_when_calibrate_can_help(tmp_pa
 def test_a_quiet_sweep_keeps_its_warnings_and_drops_its_estimate(tmp_path, monkeypatch, avx2_only):
     import dataclasses
 
-    from hwbench.harness.estimate import before_sweep
-    from hwbench.harness.executor import SweepOptions
-    from hwbench.harness.suite import find_suite, load_suite
+    from hwbench.suites.executor import SweepOptions
+    from hwbench.suites.suite import find_suite, load_suite
+    from hwbench.suites.sweep import before_sweep
 
     _store(tmp_path, monkeypatch, {"fp32": 2e9})
     smoke = load_suite(find_suite("smoke"))

@@ -1,4 +1,4 @@
-"""The point loop (hwbench.harness.executor) with a stand-in executor whose points are
+"""The point loop (hwbench.suites.executor) with a stand-in executor whose points are
 jobs that end when it says so: what every executor gets from the loop (keys, kept
 results, results in point order, detach, a stop that names the jobs still out).
 The real executors: tests/test_sweep.py (local process trees) and
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from hwbench.errors import UsageError
-from hwbench.harness.executor import Job, PointRun, SweepInterrupted, SweepOptions, recorded, run_points
-from hwbench.harness.suite import Point, Suite
 from hwbench.result.model import RunResult
 from hwbench.result.store import utc_now, write_result
+from hwbench.suites.executor import Job, PointRun, SweepInterrupted, SweepOptions, recorded, run_points
+from hwbench.suites.suite import Point, Suite
 
 
 class Jobs:

@@ -22,8 +22,8 @@ from hwbench.cli import main as cli_main
 from hwbench.cli import run_command
 from hwbench.errors import UsageError
 from hwbench.history import changes, simulation, store
+from hwbench.judge.compare import REGRESSION_EXIT
 from hwbench.paths import result_files
-from hwbench.report.compare import REGRESSION_EXIT
 from hwbench.result.model import RunResult
 from hwbench.result.store import load_result, write_result
 from hwbench.stats import energy_divisive_split, pooled_t_test, student_t_quantile

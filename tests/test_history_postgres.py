@@ -19,7 +19,7 @@ from test_history import history, night_date, write_nights
 
 from hwbench.errors import UsageError
 from hwbench.history import store
-from hwbench.report.compare import REGRESSION_EXIT
+from hwbench.judge.compare import REGRESSION_EXIT
 
 
 def _server_binaries() -> str | None:

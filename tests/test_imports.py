@@ -53,7 +53,7 @@ def imports() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 found = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # `from hwbench.report import compare` imports the module hwbench.report.compare
+                # `from hwbench.judge import compare` imports the module hwbench.judge.compare
                 found = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
                          for a in node.names]
             else:

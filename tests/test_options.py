@@ -171,7 +171,7 @@ def test_the_api_and_the_command_line_refuse_with_the_same_line(argv, values, ca
 
 
 def test_a_number_written_as_text_in_a_suite_is_read_as_the_command_line_reads_it(tmp_path):
-    from hwbench.harness.suite import load_suite
+    from hwbench.suites.suite import load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text("defaults: {model: tiny, seq-length: '32', lr: 1e-4}\npoints: [{name: a, recompute: false}]\n")

@@ -20,7 +20,7 @@ import pytest
 from conftest import PARITY_BASE, kill_tree, parity_run, sigint_as_usual, without_preflight
 
 from hwbench.harness.launcher import free_port
-from hwbench.report.parity import LAYOUT_TOLERANCE
+from hwbench.judge.parity import LAYOUT_TOLERANCE
 
 pytestmark = pytest.mark.slow
 

@@ -489,8 +489,8 @@ def test_sweep_no_preflight_reaches_every_point_and_keeps_the_resume_key(tmp_pat
     a sweep resumed with or without the check keeps the results it has."""
     import yaml
 
-    from hwbench.harness.executor import Executor, SweepOptions, run_points
-    from hwbench.harness.suite import load_suite
+    from hwbench.suites.executor import Executor, SweepOptions, run_points
+    from hwbench.suites.suite import load_suite
 
     class Recording(Executor):  # submits nothing: records what each point's run would be
         def __init__(self):

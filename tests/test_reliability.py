@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hwbench.cli import main
-from hwbench.harness.executor import lock_path
+from hwbench.suites.executor import lock_path
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 1, "warmup": 0, "eval-iters": 0,
@@ -60,9 +60,9 @@ def test_names_that_would_leave_out_are_refused_at_load(tmp_path, capsys, suite_
 
 def test_a_suite_built_in_code_cannot_leave_out_either(tmp_path):
     from hwbench.errors import UsageError
-    from hwbench.harness.executor import SweepOptions
-    from hwbench.harness.suite import Point, Suite
-    from hwbench.harness.sweep import run_sweep
+    from hwbench.suites.executor import SweepOptions
+    from hwbench.suites.suite import Point, Suite
+    from hwbench.suites.sweep import run_sweep
 
     suite = Suite("s", "", "code", (Point("../../x", (("model", "tiny"),)),))
     with pytest.raises(UsageError, match="outside --out"):

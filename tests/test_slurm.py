@@ -10,9 +10,9 @@ import pytest
 
 from hwbench.cli import main
 from hwbench.errors import UsageError
-from hwbench.harness.slurm import SlurmSettings, slurm_time
 from hwbench.harness.slurm_env import SlurmTask, first_host, rendezvous_port, slurm_mode
 from hwbench.options import RunOptions
+from hwbench.suites.slurm import SlurmSettings, slurm_time
 
 
 @pytest.mark.parametrize("nodelist, host", [
@@ -198,7 +198,7 @@ def test_every_script_value_is_checked_or_quoted(capsys):
     assert "#SBATCH --partition=gpu,debug\n" in script and "#SBATCH '--comment=a #b'\n" in script
     with pytest.raises(UsageError, match="env 'A;B'"):
         from hwbench.commands.run import parse_run_spec
-        from hwbench.harness.slurm import batch_script
+        from hwbench.suites.slurm import batch_script
 
         batch_script(parse_run_spec(["--model", "tiny", "--device", "cpu"], check_paths=False), RunOptions(), "o", "l",
                      SlurmSettings(), env={"A;B": "1"})
@@ -277,7 +277,7 @@ def test_a_controller_that_does_not_answer_is_asked_again_not_taken_for_an_end(m
     """scontrol timing out must not make a running job look ended (and be recorded failed)."""
     import subprocess
 
-    from hwbench.harness import slurm
+    from hwbench.suites import slurm
 
     answers = {"scontrol": subprocess.CompletedProcess([], 1, "", "scontrol did not answer in 30s")}
     monkeypatch.setattr(slurm, "slurm_tool", lambda args: answers[args[0]])
@@ -288,8 +288,8 @@ def test_a_controller_that_does_not_answer_is_asked_again_not_taken_for_an_end(m
 
 
 def test_a_result_is_the_jobs_when_it_names_the_job(tmp_path):
-    from hwbench.harness.slurm import _written_by
     from hwbench.result.model import RunResult
+    from hwbench.suites.slurm import _written_by
 
     job = type("J", (), {"job_id": "7", "submitted_at": "2026-11-23T10:00:00+00:00"})()
     early_clock = RunResult(run_id="r", status="ok", spec={}, started_at="2026-11-23T09:59:59+00:00",
@@ -310,7 +310,7 @@ def test_a_failed_scancel_keeps_the_job_records(tmp_path, monkeypatch):
     import subprocess
 
     from hwbench.errors import SetupError
-    from hwbench.harness import slurm
+    from hwbench.suites import slurm
 
     record = tmp_path / "p" / "repeat0.slurm"
     record.parent.mkdir()

@@ -333,7 +333,7 @@ def test_ctrl_c_at_a_terminal_asks_and_cancels(slurm_env, tmp_path):
 
 def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
     import hwbench
-    from hwbench.harness.slurm import SlurmSettings
+    from hwbench.suites.slurm import SlurmSettings
 
     for key in ("SLURM_CONF", "PYTHONPATH"):
         monkeypatch.setenv(key, slurm_env[key])
@@ -364,7 +364,7 @@ def test_accept_probes_each_node_by_a_job_and_names_its_slow_device(slurm_env, t
     assert [(p["node"], p["index"], p["error"]) for p in probes] == [("localhost", 0, None), ("localhost", 1, None)]
     assert all(p["training_tokens_per_s"]["n"] == p["training_point"]["steps"] for p in probes)
     script = (out / "probes" / "localhost.sbatch").read_text()
-    assert "#SBATCH --nodelist=localhost" in script and "-m hwbench.harness.node_probes cpu" in script
+    assert "#SBATCH --nodelist=localhost" in script and "-m hwbench.acceptance.node_probes cpu" in script
     verdict = (out / "accept.md").read_text().split("## Devices")[0]
     named = [line for line in verdict.splitlines() if line.startswith("- device")]
     assert any(line.startswith("- device 1 of localhost") and ": training " in line for line in named), verdict

@@ -15,9 +15,9 @@ from conftest import kill_tree
 
 from hwbench.cli import main
 from hwbench.errors import UsageError
-from hwbench.harness.suite import load_suite
 from hwbench.result.store import load_results
 from hwbench.stats import throughput_statistics
+from hwbench.suites.suite import load_suite
 
 REPO = Path(__file__).resolve().parent.parent
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
@@ -155,7 +155,7 @@ def test_a_bad_suite_is_one_line_naming_the_file(tmp_path, content, fragment):
 
 def test_shipped_suites_load_and_their_points_validate():
     from hwbench.commands.run import parse_run_spec
-    from hwbench.harness.suite import find_suite
+    from hwbench.suites.suite import find_suite
 
     shipped = sorted(p.stem for p in (REPO / "workloads" / "suites").glob("*.yaml"))
     assert {"smoke", "table2", "table3", "nightly", "published-1dev"} <= set(shipped)

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from hwbench.cli import main
-from hwbench.harness.tune import Candidate, Trial, candidates, ranking, write_ranking
 from hwbench.options import RunOptions
+from hwbench.suites.tune import Candidate, Trial, candidates, ranking, write_ranking
 
 
 def test_candidates_cover_every_split_and_try_each_layout_early():
@@ -115,7 +115,7 @@ def test_tune_refuses_bad_input_in_one_line(capsys):
 def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, capsys, monkeypatch):
     """fp16 on a CPU without fp16 units: the warning is on stderr before any trial starts, also with
     --quiet (the trials themselves are replaced: no training here)."""
-    import hwbench.harness.tune
+    import hwbench.suites.tune
     from hwbench.device import cpu
 
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"fpu", "avx", "avx2", "fma", "f16c"})
@@ -125,7 +125,7 @@ def test_tune_says_a_slow_precision_before_its_first_trial_even_quiet(tmp_path, 
         said_before.append(capsys.readouterr().err)
         raise SystemExit(0)
 
-    monkeypatch.setattr(hwbench.harness.tune, "run_points", no_trials)
+    monkeypatch.setattr(hwbench.suites.tune, "run_points", no_trials)
     with pytest.raises(SystemExit):
         main(
             [

@@ -10,8 +10,8 @@ import sys
 
 from hwbench.commands.sweep import add_slurm_options, slurm_settings
 from hwbench.device.kinds import DEVICE_CHOICES
-from hwbench.harness.suite import shipped_suite_names
 from hwbench.options import argument
+from hwbench.suites.suite import shipped_suite_names
 
 DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "
                "training point; under --executor slurm each device of every node of the partition, a job a node), "
@@ -54,8 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.harness.accept import AcceptOptions, accept
-    from hwbench.report.compare import parse_threshold
+    from hwbench.acceptance.accept import AcceptOptions, accept
+    from hwbench.judge.compare import parse_threshold
 
     options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
                             min_ratio=args.min_ratio,
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
                             probe_time_s=args.probe_time,
                             page_format=args.format, preflight=args.preflight)
     settings = slurm_settings(args)
-    from hwbench.harness.executor import SweepInterrupted
+    from hwbench.suites.executor import SweepInterrupted
 
     try:
         acceptance, page = accept(options, slurm=settings, progress=not args.quiet,

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.report.archive import ArchiveProblem, make_archive, verify_archive
+    from hwbench.archives import ArchiveProblem, make_archive, verify_archive
 
     if args.verify is not None:
         if args.results or args.out:

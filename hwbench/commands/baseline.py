@@ -30,8 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hwbench.judge.baseline import copy_ok_results, save_baseline
     from hwbench.paths import check_output_file
-    from hwbench.report.baseline import copy_ok_results, save_baseline
     from hwbench.result.store import read_inputs
 
     if args.action == "save":
@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _say_left_out(found) -> None:
-    from hwbench.report.baseline import left_out
+    from hwbench.judge.baseline import left_out
 
     for line in left_out(found):
         print(f"hwbench baseline: left out {line}", file=sys.stderr)

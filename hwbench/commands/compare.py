@@ -30,9 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.paths import check_output_file
-    from hwbench.report.ci_output import as_json, compare_cases, junit_xml, write_output
-    from hwbench.report.compare import (
+    from hwbench.judge.ci_output import as_json, compare_cases, junit_xml, write_output
+    from hwbench.judge.compare import (
         MISSING_EXIT,
         REPEATS_EXIT,
         compare,
@@ -43,6 +42,7 @@ def main(args: argparse.Namespace) -> int:
         parse_threshold,
         report_data,
     )
+    from hwbench.paths import check_output_file
 
     threshold = parse_threshold(args.threshold)
     if args.junit is not None:  # "" is refused, not taken as no --junit

@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.exports import ExportRequest, PushError, export
-    from hwbench.report.compare import REPEATS_EXIT
+    from hwbench.judge.compare import REPEATS_EXIT
 
     request = ExportRequest(submitter=args.submitter, division=args.division, status=args.status,
                             platform=args.platform, push=args.push, job=args.job)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
+from hwbench.judge.compare import DEFAULT_THRESHOLD
 from hwbench.metrics import METRICS
-from hwbench.report.compare import DEFAULT_THRESHOLD
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
                "result files, `changes` reports change points (exit 3 on an open regression beyond the "
@@ -124,7 +124,7 @@ def _since(text: str | None) -> str:
 def changes(args: argparse.Namespace) -> int:
     from hwbench.history.changes import describe_change, describe_environment_change
     from hwbench.history.store import printable
-    from hwbench.report.compare import REGRESSION_EXIT, parse_threshold
+    from hwbench.judge.compare import REGRESSION_EXIT, parse_threshold
 
     threshold, since = parse_threshold(args.threshold), _since(args.since)
     if args.junit is not None:  # before the database is read: --junit naming the database would replace it
@@ -133,11 +133,11 @@ def changes(args: argparse.Namespace) -> int:
         check_output_file(args.junit, "--junit", [args.db])
     analyses = _analyses(args, threshold)
     if args.junit is not None:
-        from hwbench.report.ci_output import history_junit, write_output
+        from hwbench.judge.ci_output import history_junit, write_output
 
         write_output(args.junit, "--junit", history_junit(analyses, since, describe_change))
     if args.format == "json":
-        from hwbench.report.ci_output import as_json, history_data
+        from hwbench.judge.ci_output import as_json, history_data
 
         data = history_data(analyses, since, threshold, describe_change, describe_environment_change)
         print(as_json(data), end="")
@@ -185,8 +185,8 @@ def show(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from hwbench.history.page import trend_page
+    from hwbench.judge.compare import parse_threshold
     from hwbench.paths import check_output_file
-    from hwbench.report.compare import parse_threshold
     from hwbench.result.store import write_text_atomic
 
     check_output_file(args.out, "--out", [args.db])

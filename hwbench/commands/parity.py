@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.report.parity import (
+    from hwbench.judge.parity import (
         DEFAULT_TOLERANCE,
         compare_runs,
         convergence_check,

@@ -39,8 +39,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
     """(script settings, the RunSpec, the run options, the job name, the log), validated."""
     from hwbench.catalog import load_catalog
     from hwbench.commands.run import parse_run_options
-    from hwbench.harness.slurm import SlurmSettings
     from hwbench.spec import build_run_spec
+    from hwbench.suites.slurm import SlurmSettings
 
     args, run_args = parser.parse_known_args(list(argv))
     options = parse_run_options(run_args, outer=parser)
@@ -57,7 +57,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]):
 
 
 def main(parsed) -> int:
-    from hwbench.harness.slurm import batch_script
+    from hwbench.suites.slurm import batch_script
 
     settings, spec, options, name, log = parsed
     sys.stdout.write(batch_script(spec, options, spec.out_dir, log, settings, job_name=name))

@@ -8,8 +8,8 @@ import warnings
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.harness.suite import shipped_suite_names
 from hwbench.options import RUN_OPTIONS
+from hwbench.suites.suite import shipped_suite_names
 
 DESCRIPTION = "Run every point of a suite, each in its own process tree; resumable (docs/sweeps.md)."
 
@@ -90,10 +90,10 @@ def add_slurm_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.harness.executor import SweepInterrupted, SweepOptions
-    from hwbench.harness.suite import find_suite, load_suite
-    from hwbench.harness.sweep import run_sweep
     from hwbench.report.summary import sweep_summary_table
+    from hwbench.suites.executor import SweepInterrupted, SweepOptions
+    from hwbench.suites.suite import find_suite, load_suite
+    from hwbench.suites.sweep import run_sweep
 
     suite = load_suite(find_suite(args.suite))
     options = SweepOptions(
@@ -113,8 +113,8 @@ def main(args: argparse.Namespace) -> int:
             return
         from hwbench.cli import note
         from hwbench.commands.preflight import print_findings
-        from hwbench.harness.estimate import before_sweep
         from hwbench.harness.run import machine_checked
+        from hwbench.suites.sweep import before_sweep
 
         for line in before_sweep(suite, options, estimate=not args.quiet):  # slow precisions, duration
             note(f"hwbench: {line}")
@@ -179,7 +179,7 @@ def slurm_settings(args: argparse.Namespace):
         if slurm_only:
             raise UsageError(f"{slurm_only[0]} is accepted only with --executor slurm")
         return None
-    from hwbench.harness.slurm import SlurmSettings
+    from hwbench.suites.slurm import SlurmSettings
 
     nodes = args.nodes_per_point
     if nodes != "auto" and not (nodes.isascii() and nodes.isdigit() and int(nodes) >= 1):
@@ -202,7 +202,7 @@ def _interrupted_slurm(stop, suite_dir) -> int:
     otherwise they keep running and the same command re-attaches to them."""
     import signal
 
-    from hwbench.harness.slurm import cancel_jobs
+    from hwbench.suites.slurm import cancel_jobs
 
     jobs = ", ".join(stop.jobs)
     cancel = False

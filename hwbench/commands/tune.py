@@ -43,10 +43,10 @@ def main(args: argparse.Namespace) -> int:
 
     from tabulate import tabulate
 
-    from hwbench.harness.executor import SweepInterrupted
-    from hwbench.harness.tune import ranking, tune
     from hwbench.layouts import MAX_DEVICES, check_count
     from hwbench.paths import RANKING_FILE
+    from hwbench.suites.executor import SweepInterrupted
+    from hwbench.suites.tune import ranking, tune
     from hwbench.units import gib
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]

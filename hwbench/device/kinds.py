@@ -71,7 +71,7 @@ class CalibrationDefaults:
     # - lowest, CPU: bf16 without native support, emulated on this project's busy 2-vCPU machine,
     #   still reached 4e8 FLOP/s at n=512, and fp32 there 1.4e10; 1e7 is 40x below the slowest.
     plausible_flops: tuple[float, float]
-    probe_gemm_size: int  # the device probe's GEMM (harness/device_probe.py)
+    probe_gemm_size: int  # the device probe's GEMM (acceptance/device_probe.py)
     probe_copy_bytes: int  # the device probe's copy
 
 

@@ -171,37 +171,3 @@ def before_run(options, estimate: bool = True) -> list[str]:
         note += f"; {PACE_LATER}"
     return size_notes(options) + ([f"warning: {warning}"] if warning else []) + ([f"note: {note}"] if note else [])
 
-
-def before_sweep(suite, options, estimate: bool = True) -> list[str]:
-    """The lines `hwbench sweep` says before a local sweep starts: each device's slow precisions and
-    the estimate of every point and repeat (points `hwbench run` would refuse are left out: the
-    sweep records them as invalid)."""
-    from hwbench.catalog import load_catalog
-    from hwbench.device import select_backend
-    from hwbench.errors import UsageError
-    from hwbench.harness.executor import point_runs
-    from hwbench.spec import build_run_spec
-
-    catalog = load_catalog()
-    by_device: dict[str, list] = {}
-    notes: list[str] = []
-    for run in point_runs(suite, options, {}):
-        try:
-            spec = build_run_spec(run.options, catalog, check_paths=False)
-        except UsageError:
-            continue
-        by_device.setdefault(spec.device, []).append(spec)
-        notes += size_notes(run.options)
-    lines = list(dict.fromkeys(notes))  # each point's --device-memory, each reading once
-    for device, specs in by_device.items():
-        backend = select_backend(device)
-        for precision in sorted({spec.precision for spec in specs}):
-            warning = slow_precision_warning(backend, precision)
-            if warning:
-                lines.append(f"warning: {warning}")
-        what = f"{len(specs)} run(s) of suite {suite.name}" + (f" on --device {device}" if len(by_device) > 1 else "")
-        note = (estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what, once=True)
-                if estimate else "")
-        if note:
-            lines.append(f"note: {note}")
-    return lines

@@ -14,7 +14,7 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.harness.checkpointing import merge_checkpoints
+from hwbench.checkpoint.run import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (

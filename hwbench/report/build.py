@@ -40,7 +40,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
     None: each workload's budget is 20 tokens per parameter. ``also_formula``: a FLOPs formula whose
     MFU the per-model tables show beside each run's own. ``references``: runs to check each result
-    against (hwbench.report.parity.check_against_references); a result that fails is marked
+    against (hwbench.judge.parity.check_against_references); a result that fails is marked
     "numerically different" and, unless ``keep_different``, left out of every comparison."""
     rows = [run_row(result, file, prices, tokens) for result, file in loaded]
     different = _mark_different(rows, [result for result, _ in loaded], references or [], keep_different)
@@ -77,7 +77,7 @@ def _mark_different(rows: list[dict[str, Any]], results: list[RunResult], refere
                     keep_different: bool) -> list[str]:
     """Mark each row whose run fails its reference's convergence check, and each that reached its
     target markedly faster than its reference; the warnings to print."""
-    from hwbench.report.parity import DIFFERENT, check_against_references
+    from hwbench.judge.parity import DIFFERENT, check_against_references
     from hwbench.report.scores import fast_convergence_flags
 
     different = check_against_references(results, references)

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
-from hwbench.report.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.report.cost import (
     SIMULATED_PROJECTION,
     cost_per_million_tokens,

@@ -1,5 +1,5 @@
 """`hwbench sweep SUITE` (docs/sweeps.md): run_sweep, what the command and hwbench.sweep
-call, is the point loop (hwbench.harness.executor) with LocalExecutor here or the Slurm
+call, is the point loop (hwbench.suites.executor) with LocalExecutor here or the Slurm
 executor. Locally each point and repeat is its own `hwbench run` process tree under a
 time limit; what a point cannot do is data, never the end of the sweep: a bad layout is
 `invalid`, one the planner predicts will not fit `skipped`, a crash `failed`, a hang `timeout`.
@@ -19,7 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hwbench.errors import UsageError
-from hwbench.harness.executor import (
+from hwbench.harness.faults import SWEEP_ENV
+from hwbench.lifeline import child_environment
+from hwbench.paths import result_files
+from hwbench.result.model import RunResult
+from hwbench.result.store import load_results
+from hwbench.suites.executor import (
     TIMEOUT_MARGIN_S,
     Executor,
     PointRecord,
@@ -31,12 +36,7 @@ from hwbench.harness.executor import (
     recorded,
     run_points,
 )
-from hwbench.harness.faults import SWEEP_ENV
-from hwbench.harness.suite import Suite, find_suite, load_suite
-from hwbench.lifeline import child_environment
-from hwbench.paths import result_files
-from hwbench.result.model import RunResult
-from hwbench.result.store import load_results
+from hwbench.suites.suite import Suite, find_suite, load_suite
 from hwbench.units import gib
 
 STOP_GRACE_S = 30.0
@@ -47,13 +47,13 @@ def run_sweep(suite: Suite | str | os.PathLike, options: SweepOptions, slurm=Non
     """Every point of ``suite`` (a Suite, a suite file or a shipped suite's name) and every
     repeat: here, one after another, or each a Slurm job when ``slurm`` (SlurmSettings)
     is given; a line on stderr per event with ``progress``. Raises SweepInterrupted on
-    SIGINT/SIGTERM/SIGHUP. ``before_start``: hwbench.harness.executor.run_points."""
+    SIGINT/SIGTERM/SIGHUP. ``before_start``: hwbench.suites.executor.run_points."""
     if not isinstance(suite, Suite):
         suite = load_suite(find_suite(os.fspath(suite)))
     say = progress_lines(progress)
     if slurm is None:
         return run_points(suite, options, LocalExecutor(options.plan, say), say, before_start=before_start)
-    from hwbench.harness.slurm import SlurmExecutor
+    from hwbench.suites.slurm import SlurmExecutor
 
     return run_points(suite, options, SlurmExecutor(slurm, options.force, say), say, before_start=before_start)
 
@@ -150,3 +150,38 @@ def _end(child: subprocess.Popen, grace_s: float) -> None:
     kill_tree([child.pid])
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=10)
+
+
+def before_sweep(suite, options, estimate: bool = True) -> list[str]:
+    """The lines `hwbench sweep` says before a local sweep starts: each device's slow precisions and
+    the estimate of every point and repeat (points `hwbench run` would refuse are left out: the
+    sweep records them as invalid)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.device import select_backend
+    from hwbench.harness.estimate import estimate_text, run_work, size_notes, slow_precision_warning
+    from hwbench.spec import build_run_spec
+    from hwbench.suites.executor import point_runs
+
+    catalog = load_catalog()
+    by_device: dict[str, list] = {}
+    notes: list[str] = []
+    for run in point_runs(suite, options, {}):
+        try:
+            spec = build_run_spec(run.options, catalog, check_paths=False)
+        except UsageError:
+            continue
+        by_device.setdefault(spec.device, []).append(spec)
+        notes += size_notes(run.options)
+    lines = list(dict.fromkeys(notes))  # each point's --device-memory, each reading once
+    for device, specs in by_device.items():
+        backend = select_backend(device)
+        for precision in sorted({spec.precision for spec in specs}):
+            warning = slow_precision_warning(backend, precision)
+            if warning:
+                lines.append(f"warning: {warning}")
+        what = f"{len(specs)} run(s) of suite {suite.name}" + (f" on --device {device}" if len(by_device) > 1 else "")
+        note = (estimate_text(backend, [run_work(spec, catalog, backend) for spec in specs], what, once=True)
+                if estimate else "")
+        if note:
+            lines.append(f"note: {note}")
+    return lines

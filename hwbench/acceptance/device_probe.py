@@ -174,7 +174,7 @@ def probe_devices(device: str, count: int, min_time_s: float, out_dir: Path, say
     for index in range(count):
         part = out_dir / f".probe-{host}-{index}.json"  # the probe's own answer, hidden until read
         say(f"probing device {index} of {host}")
-        command = [sys.executable, "-m", "hwbench.harness.device_probe", device, str(index), str(min_time_s),
+        command = [sys.executable, "-m", "hwbench.acceptance.device_probe", device, str(index), str(min_time_s),
                    str(part)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
@@ -204,7 +204,7 @@ def append_records(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hwbench.harness.device_probe")
+    parser = argparse.ArgumentParser(prog="python -m hwbench.acceptance.device_probe")
     parser.add_argument("device")
     parser.add_argument("index", type=int)
     parser.add_argument("min_time_s", type=float)

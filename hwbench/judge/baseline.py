@@ -148,7 +148,7 @@ def _why_not(result: RunResult) -> str:
 def left_out(found: list[tuple[RunResult, Path]]) -> list[str]:
     """What a baseline made of ``found`` (result, file) leaves out, a line each: every run that is not ok,
     with its status and error, then every point with no ok run ("not a baseline point")."""
-    from hwbench.report.compare import group, point_label
+    from hwbench.judge.compare import group, point_label
 
     lines = [f"run {result.run_id} ({path}): {_why_not(result)}; not in the baseline"
              for result, path in found if _figure(result) is None]
@@ -161,7 +161,7 @@ def left_out(found: list[tuple[RunResult, Path]]) -> list[str]:
 
 def build_baseline(results: list[RunResult]) -> dict[str, Any]:
     """The baseline file's content from ``results``: every point with an ok tokens/s figure."""
-    from hwbench.report.compare import group, point_label
+    from hwbench.judge.compare import group, point_label
 
     by_key, names, _ = group(results)
     keys = list(by_key)

@@ -3,7 +3,7 @@
 Candidates are the layouts `hwbench plan` enumerates (hwbench.layouts) with every micro
 batch that divides the per-rank batch, recompute off and on; those `hwbench run` refuses
 or the planner predicts will not fit are pruned without running. The rest are points of
-the point loop (hwbench.harness.executor), measured in an order that tries the usually
+the point loop (hwbench.suites.executor), measured in an order that tries the usually
 fast first, kept when an earlier tune measured them, until --max-trials or --patience
 trials in a row without a 2% gain. The result is a ranking of what was measured.
 """
@@ -15,14 +15,14 @@ import statistics
 from pathlib import Path
 
 from hwbench.harness.estimate import estimate_text, run_work, slow_precision_warning
-from hwbench.harness.executor import PointRecord, Say, SweepOptions, progress_lines, run_points
-from hwbench.harness.suite import Point, Suite
-from hwbench.harness.sweep import LocalExecutor
 from hwbench.layouts import PlannedLayout
 from hwbench.options import RunOptions
 from hwbench.paths import RANKING_FILE
 from hwbench.planner import Variant
 from hwbench.result.store import write_json_atomic
+from hwbench.suites.executor import PointRecord, Say, SweepOptions, progress_lines, run_points
+from hwbench.suites.suite import Point, Suite
+from hwbench.suites.sweep import LocalExecutor
 from hwbench.units import decimal_size_note, gib, parse_size
 
 IMPROVEMENT = 0.02  # a trial must beat the best by this much to reset the patience count
@@ -188,7 +188,7 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
     """The measured trials, fastest median first. A trial shares the rank of the first trial of
     the rank above unless that one is faster by `hwbench compare`'s rule (the change of the median
     past DEFAULT_THRESHOLD and significant; with one run a side, the threshold alone, and it says so)."""
-    from hwbench.report.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
+    from hwbench.judge.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 
     measured = sorted((t for t in trials if t.samples), key=lambda t: -statistics.median(t.samples))
     ranked: list[Ranked] = []

@@ -4,12 +4,12 @@ Slurm job of its own (docs/accept.md).
 The nodes come from ``sinfo``; each gets one exclusive job pinned to it (``--nodelist``),
 written as ``OUT/probes/<node>.sbatch`` with its log beside it. The job runs this module on
 the node, which probes each device of the node alone, one after another
-(hwbench/harness/device_probe.py: one `python -m hwbench.harness.device_probe` a device),
+(hwbench/acceptance/device_probe.py: one `python -m hwbench.acceptance.device_probe` a device),
 its records in ``OUT/probes/<node>.jsonl``. They are gathered into OUT/probes.jsonl, each with
 the Slurm node's name (``node``). A node that is down, whose job is refused, fails, or does not
 end in time is a record of the node (``index`` null) with its cause: a FAIL, never a crash, and
 what its devices had measured before is kept. Only Slurm's client tools are used (sinfo,
-sbatch, scontrol, scancel), through hwbench/harness/slurm.py.
+sbatch, scontrol, scancel), through hwbench/suites/slurm.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hwbench.acceptance.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, append_records, failed_record, probe_devices
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
-from hwbench.harness.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, append_records, failed_record, probe_devices
-from hwbench.harness.slurm import (
+from hwbench.result.store import write_text_atomic
+from hwbench.suites.slurm import (
     ACTIVE_STATES,
     NO_ANSWER,
     SlurmSettings,
@@ -36,7 +37,6 @@ from hwbench.harness.slurm import (
     slurm_tool,
     submit,
 )
-from hwbench.result.store import write_text_atomic
 
 PROBE_FOLDER = "probes"  # OUT/probes/<node>.sbatch, .log, .jsonl
 # sinfo's short states of a node that runs no job: its probe could only wait
@@ -106,7 +106,7 @@ def probe_script(node: dict[str, Any], device: str, count: int | None, min_time_
     if gres and devices:
         sbatch["gres"] = f"{gres}:{devices}"
     lines = sbatch_header(sbatch, settings)
-    command = [settings.python, "-m", "hwbench.harness.node_probes", device, str(min_time_s),
+    command = [settings.python, "-m", "hwbench.acceptance.node_probes", device, str(min_time_s),
                str(folder / f"{node['node']}.jsonl")] + ([str(count)] if count else [])
     lines += ["", "# written by hwbench accept: each device of this node probed alone, one after another",
               shlex.join(command), ""]
@@ -217,7 +217,7 @@ def _log_tail(log: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """On a node, in its probe job: each device of this node probed, records into OUT."""
-    parser = argparse.ArgumentParser(prog="python -m hwbench.harness.node_probes")
+    parser = argparse.ArgumentParser(prog="python -m hwbench.acceptance.node_probes")
     parser.add_argument("device")
     parser.add_argument("min_time_s", type=float)
     parser.add_argument("out", type=Path, help="the node's records, one a line")

@@ -3,7 +3,7 @@ it runs (`hwbench sweep` here or on Slurm, `hwbench tune`'s trials). It owns eac
 options (the sweep's --device/--nproc-per-node where a point sets none, a seed per
 repeat), the resume key, the suite folder's lock, kept results, progress lines,
 SIGINT/SIGTERM/SIGHUP and repeat statistics; where a point runs is its Executor's
-(harness/sweep.py: a local process tree; harness/slurm.py: a Slurm job). Results land
+(suites/sweep.py: a local process tree; suites/slurm.py: a Slurm job). Results land
 in OUT/<suite>/<point>/ and carry ``sweep`` (suite, point, repeat, key).
 """
 
@@ -23,7 +23,6 @@ from typing import Any
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.harness.suite import Point, Suite
 from hwbench.lifeline import stop_signals
 from hwbench.options import RunOptions
 from hwbench.paths import AGGREGATE_FILE, check_output_folder, result_files
@@ -31,6 +30,7 @@ from hwbench.point import resume_key
 from hwbench.result.model import RunError, RunResult, SweepRecord
 from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
 from hwbench.stats import olympic_score, throughput_statistics
+from hwbench.suites.suite import Point, Suite
 
 TIMEOUT_MARGIN_S = 120.0  # beyond a point's own --timeout, before the sweep ends it itself
 LOCK_SUFFIX = ".hwbench-sweep.lock"  # OUT/.<suite>.hwbench-sweep.lock: one sweep writes a suite's folder at a time

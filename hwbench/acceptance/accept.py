@@ -1,7 +1,7 @@
 """`hwbench accept`'s flow: each device of this host probed alone (device_probe.py; under Slurm
 each device of every node of the partition, node_probes.py), then every
 point of a suite through the sweep's executors (local, or each point a Slurm job), then the
-judgement against the baseline (hwbench/report/accept.py) written as one page. Everything is
+judgement against the baseline (hwbench/judge/accept.py) written as one page. Everything is
 checked before anything is measured; every result stays where a sweep puts it (OUT/<suite>/)."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from hwbench.acceptance.device_probe import MAX_PROBE_TIME_S
 from hwbench.errors import UsageError
-from hwbench.harness.device_probe import MAX_PROBE_TIME_S
-from hwbench.harness.executor import SweepOptions, progress_lines
 from hwbench.harness.preflight import PreflightReport
+from hwbench.judge.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge
 from hwbench.paths import check_output_folder
-from hwbench.report.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge, render
+from hwbench.report.accept import render
+from hwbench.suites.executor import SweepOptions, progress_lines
 
 PAGE_FORMATS = ("md", "html")
 DEFAULT_PROBE_TIME_S = 0.5  # each probe measurement's repetitions together: short, the spread shows the noise
@@ -81,7 +82,7 @@ def check_devices_per_node(count: int | None, backend) -> None:
 def probe_device(device: str | None, suite) -> str:
     """The device kind the Slurm nodes are probed on: --device, else the one its points name
     (a probe job asks Slurm for the devices by kind, as each point's job does)."""
-    from hwbench.harness.slurm import check_device_kind
+    from hwbench.suites.slurm import check_device_kind
 
     named = {point.option("device") for point in suite.points} - {None}
     kind = device or (named.pop() if len(named) == 1 else None)
@@ -94,13 +95,13 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     """The acceptance, and the page written; UsageError or SetupError before anything is measured
     or written. ``before``: called once the input is checked, before the first measurement (the
     command's preflight: the report it made, whose warnings the page shows, or None)."""
+    from hwbench.acceptance.device_probe import probe_devices
+    from hwbench.acceptance.node_probes import check_node_devices, partition_nodes, probe_nodes
     from hwbench.device import select_backend
-    from hwbench.harness.device_probe import probe_devices
-    from hwbench.harness.node_probes import check_node_devices, partition_nodes, probe_nodes
-    from hwbench.harness.slurm import check_script_value
-    from hwbench.harness.suite import find_suite, load_suite
-    from hwbench.harness.sweep import run_sweep
-    from hwbench.report.baseline import load_baseline
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.suites.slurm import check_script_value
+    from hwbench.suites.suite import find_suite, load_suite
+    from hwbench.suites.sweep import run_sweep
 
     suite = load_suite(find_suite(options.suite))
     baseline = load_baseline(options.baseline)

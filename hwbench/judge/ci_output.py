@@ -18,8 +18,8 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hwbench.judge.compare import INCONCLUSIVE, REGRESSION_EXIT, REPEATS_FAILED
 from hwbench.metrics import METRICS
-from hwbench.report.compare import INCONCLUSIVE, REGRESSION_EXIT, REPEATS_FAILED
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 
