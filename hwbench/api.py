@@ -19,8 +19,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hwbench.arguments import Option
 from hwbench.errors import UsageError
-from hwbench.options import Option, RunOptions
+from hwbench.options import RunOptions
 from hwbench.result.model import RunResult  # noqa: F401  (hwbench.RunResult)
 
 

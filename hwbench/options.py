@@ -14,12 +14,12 @@ hwbench.spec.build_run_spec resolves the defaults and checks what spans several 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from hwbench.arguments import Option
 from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
@@ -34,7 +34,7 @@ PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
 PATH_OPTIONS = ("data", "out", "save", "load")  # run options whose value is a path (--data: unless a keyword)
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
-WORKLOAD, LAYOUT, PROCESSES = "workload", "parallel layout", "processes and nodes (torchrun)"
+LAYOUT, PROCESSES = "parallel layout", "processes and nodes (torchrun)"
 TARGET = "time to a target quality (docs/scores.md)"
 TARGET_EVAL_INTERVAL = 10  # --eval-interval when a target is given and none is
 CHECKPOINTS = "checkpoints"
@@ -44,102 +44,6 @@ MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already 
 MAX_BATCH = 10_000_000  # samples; far beyond any published setting, and it keeps index arithmetic sane
 MAX_SEED = 2**32 - 1  # Megatron seeds numpy's legacy generator, which takes 0 to 2**32 - 1
 MAX_POSITIONS = 1_048_576  # a position table of 2^20 rows is already 8 GiB at hidden 2048 in fp32
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One `hwbench run` option. ``default`` is its value when not given; where that depends
-    on the workload or other options, ``default`` is None and ``default_rule`` says it in
-    words. What is accepted: ``choices``, or a range (``minimum``, exclusive when
-    ``above_minimum``, ``maximum``), and ``valid`` for a format; ``accepts`` names such a
-    value after "give" in messages and docs. ``name`` and ``type`` come from the field."""
-
-    help: str
-    default: Any = None
-    default_rule: str | None = None
-    choices: tuple[Any, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
-    above_minimum: bool = False
-    valid: Callable[[Any], bool] | None = None
-    accepts: str | None = None
-    group: str = WORKLOAD
-    megatron: tuple[str, ...] = ()  # Megatron-LM's flags for the same option
-    normalize: Callable[[Any], Any] | None = None  # a value of another type as this option's (a number for text)
-    name: str = ""
-    type: type = str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def default_text(self) -> str | None:
-        if self.default_rule is not None or self.default is None:
-            return self.default_rule
-        return ("on" if self.default else "off") if self.type is bool else _number(self.default)
-
-    @property
-    def accepted(self) -> str:
-        """What a value must be, as the end of "give ...": "an integer from 1 to 1000000"."""
-        if self.type is bool or self.choices:
-            return "true or false" if self.type is bool else "one of " + ", ".join(map(str, self.choices))
-        text = self.accepts or {int: "an integer", float: "a number"}.get(self.type, "text")
-        low, high = self.minimum, self.maximum
-        if low is not None and high is not None and not self.above_minimum:
-            return f"{text} from {_number(low)} to {_number(high)}"
-        if low is not None:
-            text += f" {'>' if self.above_minimum else '>='} {_number(low)}" + ("," if high is not None else "")
-        return text + (f" at most {_number(high)}" if high is not None else "")
-
-    def check(self, value: Any, shown: str | None = None) -> Any:
-        """``value`` (from the API, a suite or the command line) as this option takes it;
-        else UsageError, one line naming the option, the value (``shown``, or its repr) and
-        what is accepted."""
-        if self.normalize is not None:
-            value = self.normalize(value)
-        if not self._accepts(value):
-            shown = shown or repr(value)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise UsageError(f"{self.flag} {shown} is not accepted; give {self.accepted}")
-        return float(value) if self.type is float else value
-
-    def parse(self, text: str) -> Any:
-        """A command-line (or suite) string as this option's value, checked; a number is
-        named in a refusal as it was typed, anything else in quotes."""
-        if self.type not in (int, float):
-            return self.check(text, shown=repr(text))  # for a switch: refused, true or false
-        try:
-            number = self.type(text)
-        except (ValueError, OverflowError):
-            return self.check(text)
-        return self.check(number, shown=text)
-
-    def _accepts(self, value: Any) -> bool:
-        return (isinstance(value, bool) == (self.type is bool)
-                and isinstance(value, (int, float) if self.type is float else self.type) and self._in_range(value)
-                and (not self.choices or value in self.choices) and (self.valid is None or self.valid(value)))
-
-    def _in_range(self, value: Any) -> bool:
-        low, high = self.minimum, self.maximum
-        try:
-            return ((self.type is not float or math.isfinite(value))
-                    and (low is None or value > low or (value == low and not self.above_minimum))
-                    and (high is None or value <= high))
-        except OverflowError:  # an int past a float's range
-            return False
-
-
-def _number(value: Any) -> str:
-    """1800.0 as 1800; text as it is."""
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def argument(flag: str, kind: type = str, **rules: Any) -> Callable[[str], Any]:
-    """The argparse ``type`` of a command's own argument (one that is no run option, such as
-    `hwbench k8s --nnodes`), checked by an Option as run options are: one line naming the flag,
-    the value as typed and what is accepted. ``rules``: Option's choices, range, valid, accepts."""
-    return Option(help="", name=flag.removeprefix("--").replace("-", "_"), type=kind, **rules).parse
 
 
 def _host_port(text: str) -> bool:

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from hwbench.checkpoint.folders import MANIFEST_FILE
+from hwbench.checkpoint import MANIFEST_FILE
 from hwbench.errors import UsageError
 
 # hwbench's own summaries that live beside results: a sweep point's repeat statistics,

@@ -208,7 +208,7 @@ def _check_checkpoint_options(options: RunOptions, engine: str, launch: LaunchSp
 def check_load(load: str, workload: Workload, model_config: GPTConfig, engine: str, parallel: ParallelDims,
                zero_stage: int, fsdp: bool, fused_qkv: bool) -> None:
     """--load names a whole checkpoint this run can take (hwbench.checkpoint): UsageError otherwise."""
-    from hwbench.checkpoint.folders import check_resumable, find_checkpoint
+    from hwbench.checkpoint import check_resumable, find_checkpoint
 
     layout = {"tp": parallel.tp, "pp": parallel.pp, "dp": parallel.dp, "zero_stage": zero_stage, "fsdp": fsdp}
     check_resumable(find_checkpoint(load), workload.name, dataclasses.asdict(model_config), engine, layout,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import parity_run
 
-from hwbench.checkpoint.folders import LATEST_FILE, MANIFEST_FILE
+from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
 from hwbench.judge.parity import LAYOUT_TOLERANCE
 from hwbench.paths import result_files
 
@@ -434,7 +434,7 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path,
     import subprocess
     import sys
 
-    from hwbench.checkpoint.folders import find_checkpoint
+    from hwbench.checkpoint import find_checkpoint
 
     size = sum(p.stat().st_size for p in (tiny_checkpoint / "iter_0000002").iterdir())
     hwbench = " ".join(
@@ -520,7 +520,7 @@ def test_checkpoint_options_that_cannot_work_are_refused_in_one_line(tmp_path, c
 def test_a_save_killed_half_way_is_never_loaded_and_the_next_run_clears_it(tmp_path, tiny_checkpoint):
     import shutil
 
-    from hwbench.checkpoint.folders import find_checkpoint
+    from hwbench.checkpoint import find_checkpoint
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_checkpoint, copy)

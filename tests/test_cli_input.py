@@ -362,7 +362,7 @@ def test_a_bad_catalog_value_is_one_line_naming_the_field_value_and_what_is_acce
      "--probe-time 0 is not accepted; give seconds > 0"),
 ])
 def test_a_commands_own_argument_is_refused_as_a_run_option_is(argv, expected, capsys, tmp_path, monkeypatch):
-    """k8s, calibrate and accept check their own arguments with hwbench.options.Option (options.argument):
+    """k8s, calibrate and accept check their own arguments with hwbench.arguments.Option (arguments.argument):
     one line, the value as typed, what is accepted, before anything runs."""
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

@@ -416,7 +416,7 @@ def test_tinyshakespeare_with_gpt2(tmp_path, gpt2):
     ({"workers": True}, "--workers True is not accepted; give 1 to"),
 ])
 def test_a_bad_option_from_the_api_is_refused_as_a_run_option_is(tmp_path, option, expected):
-    """prepare()'s options are checked by hwbench.options.Option: the same line as `hwbench run`'s."""
+    """prepare()'s options are checked by hwbench.arguments.Option: the same line as `hwbench run`'s."""
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
     with pytest.raises(UsageError) as refused:
         prepare(source, tmp_path / "out", **{"tokenizer": "byte", **option})

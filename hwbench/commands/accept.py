@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hwbench.arguments import argument
 from hwbench.commands.sweep import add_slurm_options, slurm_settings
 from hwbench.device.kinds import DEVICE_CHOICES
-from hwbench.options import argument
 from hwbench.suites.suite import shipped_suite_names
 
 DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "

@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 
+from hwbench.arguments import argument
 from hwbench.calibration import (
     DEFAULT_COPY_BYTES,
     DEFAULT_DEVICE_WARMUP_S,
@@ -20,7 +21,6 @@ from hwbench.calibration import (
 from hwbench.calibration.store import PRECISIONS, STORE_ENV
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
-from hwbench.options import argument
 from hwbench.units import human_bytes
 
 DESCRIPTION = (

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from hwbench import __version__
+from hwbench.arguments import argument
 from hwbench.errors import UsageError
 from hwbench.k8s import (
     _CPU_QUANTITY,
@@ -40,7 +41,6 @@ from hwbench.k8s import (
     pass_through_env,
     under,
 )
-from hwbench.options import argument
 
 DESCRIPTION = ("Print a Kubeflow PyTorchJob manifest that runs `hwbench run` on --nnodes pods. Options not listed "
                "here are `hwbench run` options, passed to every pod.")

@@ -9,13 +9,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from hwbench.arguments import WORKLOAD
 from hwbench.errors import UsageError
 from hwbench.options import (
     MEGATRON_CONSTANTS,
     MEGATRON_IGNORED,
     MEGATRON_INSTEAD,
     RUN_OPTIONS,
-    WORKLOAD,
     Option,
     RunOptions,
 )

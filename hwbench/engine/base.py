@@ -3,7 +3,7 @@ and a description of itself for the result.
 
 An engine owns the model, the optimizer and the parallel wrapping of both; the
 worker (hwbench.harness.worker) only calls these methods, so the timed loop and
-the checkpoints (hwbench.checkpoint.run) are the same for the native
+the checkpoints (hwbench.harness.checkpointing) are the same for the native
 engine and the DeepSpeed one.
 """
 

@@ -214,13 +214,13 @@ class DeepSpeedEngine:
     # checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
         """DeepSpeed's save_checkpoint (no async save: --async-save is refused for DeepSpeed)."""
-        from hwbench.checkpoint.deepspeed import save_deepspeed
+        from hwbench.engine.deepspeed_checkpoint import save_deepspeed
 
         return save_deepspeed(self.engine, folder, self.ctx.rank)
 
     def load_checkpoint(self, folder: Path, iteration: int) -> int:
         """DeepSpeed's load_checkpoint: the scheduler it restores continues at ``iteration`` + 1."""
-        from hwbench.checkpoint.deepspeed import load_deepspeed
+        from hwbench.engine.deepspeed_checkpoint import load_deepspeed
 
         return load_deepspeed(self.engine, folder)
 

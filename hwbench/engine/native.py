@@ -320,14 +320,14 @@ class NativeEngine:
     # checkpoints ----------------------------------------------------------------
     def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
         """Model, optimizer and loss scaler through torch.distributed.checkpoint, each rank its shards."""
-        from hwbench.checkpoint.native import native_state, save_state
+        from hwbench.engine.checkpoint import native_state, save_state
 
         return save_state(native_state(self.model, self.optimizer, self.scaler), folder, self.ctx.rank,
                           asynchronous, process_group)
 
     def load_checkpoint(self, folder: Path, iteration: int) -> int:
         """The saved state, resharded to this layout; the schedule continues at ``iteration`` + 1."""
-        from hwbench.checkpoint.native import load_state
+        from hwbench.engine.checkpoint import load_state
 
         bytes_read = load_state(self.model, self.optimizer, self.scaler, folder)
         self.iteration = iteration

@@ -66,7 +66,7 @@ def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
     launch = spec.launch
     # Every rank's output goes to its log file; the console shows local rank 0's.
     # --max-restarts: torchrun stops every rank when one fails and starts them all again; the
-    # ranks resume from the run's last checkpoint (hwbench.checkpoint.run).
+    # ranks resume from the run's last checkpoint (hwbench.harness.checkpointing).
     args = [f"--nnodes={launch.nnodes}", f"--nproc-per-node={launch.nproc_per_node}",
             f"--max-restarts={launch.max_restarts}", f"--log-dir={log_dir}", "--tee=3", "--local-ranks-filter=0"]
     if launch.rdzv_endpoint:

@@ -14,8 +14,9 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
-from hwbench.checkpoint.run import merge_checkpoints
+from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.harness.stand_in import SIMULATED_PRICE
 from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (
     Checkpoints,
@@ -311,7 +312,6 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     samples = hit.step * spec.global_batch_size
     scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
-    from hwbench.report.cost import SIMULATED_PRICE
 
     price = None if result.simulated else result.device.price_usd_per_hour  # a stand-in's hours are this host's
     figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,

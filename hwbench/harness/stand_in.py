@@ -16,6 +16,10 @@ from typing import Any
 TELEMETRY_IDENTITY = ("index", "chip", "package", "name", "host", "uuid", "pci_bus_id", "identified_by",
                       "energy_method", "energy_scope", "energy_warning", "power_method", "unmeasured")
 MEMORY_KEPT = ("source", "unmeasured")
+# Why a simulated run has no price, energy or projection: its figures measure this host, not the device
+SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path on this host)"
+SIMULATED_ENERGY = "not counted: a simulated device (its power and energy are a stand-in's fixed values)"
+SIMULATED_PROJECTION = "not projected: a simulated device (a stand-in's figures measure this host, not the device)"
 SIMULATED_SENSORS = "the device is simulated: a stand-in answers its sensors with fixed values, recorded as none"
 
 

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from hwbench.catalog import Catalog, Workload
-from hwbench.checkpoint.run import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
 from hwbench.device import Backend
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
@@ -31,6 +30,7 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
+from hwbench.harness.checkpointing import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
 from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.merge import RankReport, merge_ranks

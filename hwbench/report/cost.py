@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.harness.stand_in import SIMULATED_ENERGY, SIMULATED_PRICE
 from hwbench.report.cells import number
 from hwbench.report.prices import Price, device_price
 from hwbench.result.model import RunResult
@@ -21,9 +22,6 @@ SCALING_ASSUMPTION = ("Projections use the scaling fitted to the device counts m
 
 # Why a simulated run (a stand-in ran the device's code path on this host) has no price, energy
 # or projection: its throughput and its sensors are this host's and the stand-in's, not the device's.
-SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path on this host)"
-SIMULATED_ENERGY = "not counted: a simulated device (its power and energy are a stand-in's fixed values)"
-SIMULATED_PROJECTION = "not projected: a simulated device (a stand-in's figures measure this host, not the device)"
 
 MAX_TOKENS = 1e18  # far beyond any training run: the largest published ones are about 1.5e13 tokens
 

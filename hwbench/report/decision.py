@@ -13,10 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from hwbench.harness.stand_in import SIMULATED_PROJECTION
 from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.cost import (
-    SIMULATED_PROJECTION,
     cost_per_million_tokens,
     token_budget,
     training_time_and_cost,

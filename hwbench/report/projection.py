@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from hwbench.harness.stand_in import SIMULATED_PROJECTION
 from hwbench.report.cells import number
-from hwbench.report.cost import SIMULATED_PROJECTION, training_time_and_cost
+from hwbench.report.cost import training_time_and_cost
 from hwbench.report.prices import Price
 from hwbench.report.scaling import ScalingFit, best_per_count, fit_scaling
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from hwbench.harness.stand_in import SIMULATED_ENERGY
 from hwbench.report.cells import fmt, is_number, number, usd
-from hwbench.report.cost import SIMULATED_ENERGY
 from hwbench.report.document import Section, Table
 from hwbench.report.summary import target_text
 from hwbench.result.model import RunResult

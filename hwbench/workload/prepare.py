@@ -56,10 +56,10 @@ from typing import Literal, TextIO
 import numpy as np
 from tabulate import tabulate
 
+from hwbench.arguments import Option
 from hwbench.device.host import usable_cores
 from hwbench.errors import UsageError
 from hwbench.lifeline import die_with_parent
-from hwbench.options import Option
 from hwbench.workload.in_order import in_order
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded

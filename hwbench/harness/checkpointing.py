@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hwbench.checkpoint.folders import (
+from hwbench.checkpoint import (
     LATEST_FILE,
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -184,7 +184,7 @@ class Checkpointer:
         self.last_committed: str | None = None
         self.group = None
         if spec.async_save:
-            from hwbench.checkpoint.native import checkpoint_group
+            from hwbench.engine.checkpoint import checkpoint_group
 
             self.group = checkpoint_group(ctx.distributed)
         self.identity = {"model": spec.model, "model_config": dataclasses.asdict(model_config),

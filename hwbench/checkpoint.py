@@ -1,5 +1,5 @@
 """Checkpoint folders as Megatron-LM names them, without torch: their names, and what `--load`
-finds and checks before anything starts (hwbench.checkpoint.run writes them).
+finds and checks before anything starts (hwbench.harness.checkpointing writes them).
 
     SAVE_DIR/latest_checkpointed_iteration.txt     the newest whole checkpoint's iteration ("6")
     SAVE_DIR/iter_0000006/                          one checkpoint (Megatron-LM's folder name)

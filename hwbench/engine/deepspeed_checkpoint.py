@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hwbench.checkpoint.folders import sync_to_disk
+from hwbench.checkpoint import sync_to_disk
 from hwbench.engine.base import StateWrite
 
 IN_FOLDER = "."  # DeepSpeed's tag: the folder DeepSpeed is given holds the files itself
