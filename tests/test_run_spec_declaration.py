@@ -1,6 +1,6 @@
 """The run spec is one declaration: RunSpec (hwbench/spec.py). The result's spec section
-(hwbench.result.model.Spec) holds the same fields, each optional because a result's spec may be
-partial; gradient accumulation is computed in one place that both read; the point key
+(hwbench.result.model.Spec) is made from its fields, each optional because a result's spec may be
+partial, with its type and range; gradient accumulation is computed in one place that both read; the point key
 (hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their types."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from hwbench.catalog import load_catalog
 from hwbench.options import RunOptions
 from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
+from hwbench.fields import validation_problem
 from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
 from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
 
@@ -57,6 +58,28 @@ def test_the_results_spec_section_holds_runspecs_fields_with_their_types(datacla
     assert not differ, f"{dataclass.__name__} and the result's {section.__name__} differ (theirs, result's): {differ}"
     assert {name: pairs[name] for name in nested} == nested
     assert all(pairs[name][0] is None for name in apart & RESULT_ONLY)
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ({"micro_batch_size": 0}, "spec.micro_batch_size: must be >= 1, not 0"),  # RunSpec's Positive
+    ({"warmup": -1}, "spec.warmup: must be >= 0, not -1"),  # Count
+    ({"telemetry_interval_s": -0.5}, "spec.telemetry_interval_s: must be >= 0.0, not -0.5"),  # Rate
+    ({"recompute": "yes"}, "spec.recompute: must be true/false, not text"),  # bool, strictly
+    ({"parallel": {"tp": 0}}, "spec.parallel.tp: must be >= 1, not 0"),  # ParallelDims'
+    ({"launch": {"master_port": "29500"}}, "spec.launch.master_port: must be an integer, not text"),  # LaunchSpec's
+    ({"engine": None}, "spec.engine: must be text, not null"),  # its absence means native; null is damage
+])
+def test_the_results_spec_takes_each_fields_type_and_range_from_runspec(spec, problem):
+    assert validation_problem(RunResult, {"run_id": "r", "status": "ok", "spec": spec}) == problem
+
+
+def test_a_field_missing_from_an_older_results_spec_reads_as_what_its_absence_meant():
+    spec = Spec.model_validate({})
+    assert (spec.engine, spec.zero_stage, spec.fsdp, spec.fused_qkv, spec.cross_entropy) == (
+        "native", 0, False, False, "standard")
+    assert (spec.parallel.world_size, spec.launch.nnodes, spec.launch.node_rank) == (1, 1, 0)
+    assert spec.model is spec.settings is spec.parallel.source is spec.launch.master_addr is None
+    assert spec.dump() == {}  # and nothing is written that was not read
 
 
 def test_a_spec_written_to_a_result_reads_back_as_the_same_runspec():
