@@ -486,22 +486,17 @@ def build_run_spec(
         if options.load is not None:
             model_config = dataclasses.replace(workload.model, max_position_embeddings=positions)
             check_load(options.load, workload, model_config, engine, parallel, zero_stage, fsdp, fused_qkv)
-    return RunSpec(
+    resolved: dict[str, Any] = dict(
         model=workload.name,
-        device=value("device"),
         micro_batch_size=micro,
         global_batch_size=global_batch,
         seq_length=seq,
         precision=_or(options.precision, defaults.precision),
         recompute=_or(options.recompute, defaults.recompute),
         compile=_or(options.compile, chosen.get("compile", False)),
-        steps=value("steps"),
-        warmup=value("warmup"),
         seed=seed,
         parallel=parallel,
-        engine=engine,
         zero_stage=zero_stage,
-        fsdp=fsdp,
         pp_schedule=pp_schedule,
         launch=launch,
         optimizer=OptimizerSpec(
@@ -515,15 +510,10 @@ def build_run_spec(
         ),
         initial_scale_power=defaults.initial_scale_power,
         loss_scale=defaults.loss_scale,
-        data=value("data"),
-        split=value("split"),
         eval_interval=eval_interval,
-        eval_iters=value("eval_iters"),
-        telemetry=value("telemetry"),
         telemetry_interval_s=value("telemetry_interval"),
         flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
         out_dir=value("out"),
-        threads_per_rank=options.threads_per_rank,
         max_positions=positions,
         settings=settings,
         device_memory_bytes=device_memory,
@@ -532,8 +522,11 @@ def build_run_spec(
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
-        save=options.save,
-        save_interval=options.save_interval,
-        load=options.load,
-        async_save=value("async_save"),
     )
+    # Every other option that is a RunSpec field of the same name is kept as given, else its default
+    # (--steps, --data, --save, ...): a new option of that kind is its RunOptions field and its RunSpec field.
+    kept = {name: value(name) for name in _SPEC_FIELDS & RUN_OPTIONS.keys() - resolved.keys()}
+    return RunSpec(**kept, **resolved)
+
+
+_SPEC_FIELDS = {field.name for field in dataclasses.fields(RunSpec)}

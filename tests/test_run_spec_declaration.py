@@ -13,9 +13,9 @@ from operator import attrgetter
 import pytest
 
 from hwbench.catalog import load_catalog
-from hwbench.options import RunOptions
-from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
 from hwbench.fields import validation_problem
+from hwbench.options import RUN_OPTIONS, RunOptions
+from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
 from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
 from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
 
@@ -23,6 +23,18 @@ from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
 RESULT_ONLY = {"run_args"}
 # Sections the result keeps as a plain mapping (the optimizer's keys are the workload's).
 AS_MAPPING = {"optimizer"}
+# Run options the RunSpec holds under another name or in one of its parts, or that are used before it:
+# option -> where the spec holds it (None: nowhere). Every other option is a RunSpec field of its own name.
+ELSEWHERE = {
+    "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
+    "device_memory": "device_memory_bytes",
+    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp",
+    "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
+    "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
+    "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",
+    "lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
+    "preflight": None,  # the harness checks the machine before the run (hwbench.harness.run)
+}
 
 
 def _base_type(annotation):
@@ -99,6 +111,25 @@ def test_the_results_spec_accumulates_as_the_run_did(options):
 
 def test_a_partial_spec_has_no_accumulation():
     assert Spec.model_validate({"run_args": ["--model", "tiny"]}).gradient_accumulation_steps is None
+
+
+def test_every_run_option_is_a_runspec_field_or_listed_where_it_goes():
+    fields = {field.name for field in dataclasses.fields(RunSpec)}
+    dropped = sorted(name for name in RUN_OPTIONS if name not in fields | ELSEWHERE.keys())
+    assert not dropped, f"run options the RunSpec would drop: {dropped}; add a RunSpec field or list where it goes"
+    assert not ELSEWHERE.keys() & fields  # a field of the option's own name holds it, not the place listed
+    spec = build_run_spec(RunOptions(model="tiny"), load_catalog(), check_paths=False)
+    for path in filter(None, ELSEWHERE.values()):
+        attrgetter(path)(spec)  # each place is the RunSpec's
+
+
+def test_an_option_kept_as_given_arrives_in_the_run_spec():
+    given = dict(device="cpu", steps=3, warmup=1, data="synthetic", split="1,1,0", eval_iters=2, telemetry=False,
+                 threads_per_rank=2, save="/tmp/never-written", save_interval=2, async_save=True,
+                 load="/tmp/never-read", fsdp=True, nproc_per_node=2)
+    spec = build_run_spec(RunOptions(**given), load_catalog(), check_paths=False)
+    assert {name: getattr(spec, name) for name in given if name not in ELSEWHERE} == {
+        name: value for name, value in given.items() if name not in ELSEWHERE}
 
 
 def test_runspec_fields_are_its_dataclass_fields():
