@@ -50,28 +50,12 @@ Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipp
 class Section(BaseModel):
     """A mapping of a result file. Empty (nothing set, nothing extra) is false, as ``{}`` is.
 
-    Fields are read as attributes; a key the model does not declare is in ``model_extra``. The
-    package reads attributes only (mypy holds it); ``section["name"]``, ``section.get("name")`` and
-    ``"name" in section`` remain for the tests, which read results as the file's mapping."""
+    Fields are read as attributes; a key the model does not declare is in ``model_extra``."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
 
     def __bool__(self) -> bool:
         return bool(self.model_fields_set or self.model_extra)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self[key] if key in self else None
-        return default if value is None else value
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key)
-        if self.model_extra and key in self.model_extra:
-            return self.model_extra[key]
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.model_fields_set or bool(self.model_extra and key in self.model_extra)
 
     def dump(self) -> dict[str, Any]:
         """As the file holds it: the fields that were set (read or assigned), and the extra keys."""
