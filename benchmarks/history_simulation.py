@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=1000, help="series per figure at 2%% noise (others: a fifth)")
     args = parser.parse_args()
     results, _ = load_results([args.runs])
-    values = [r.metrics["tokens_per_s"] for r in results if r.status == "ok"]
+    values = [r.metrics.tokens_per_s for r in results if r.status == "ok"]
     print(f"{len(values)} real runs: tokens/s median {statistics.median(values):.0f}, min {min(values):.0f}, "
           f"max {max(values):.0f}, CV {statistics.stdev(values) / statistics.fmean(values):.1%}")
     print(f"method: E-divisive means, t test p < {ALPHA:g}, {MIN_NIGHTS} nights a side; {simulation.NIGHTS} nights, "

@@ -41,7 +41,7 @@ def _percent(value, label: str = "") -> str:
 
 def _mean_power_w(telemetry) -> float | None:
     """The devices' summed mean power in the timed window, where every device reported it."""
-    powers = [d.get("power_w_mean") for d in (telemetry or {}).get("devices") or []]
+    powers = [d.power_w_mean for d in (telemetry.devices if telemetry else None) or []]
     return sum(powers) if powers and None not in powers else None
 
 
@@ -59,27 +59,25 @@ def session_results(folder: Path) -> list[tuple[Path, Any]]:
 def result_rows(folder: Path) -> list[tuple[str, ...]]:
     rows = []
     for path, result in session_results(folder):
-        spec, metrics = result.spec or {}, result.metrics or {}
-        step = metrics.get("step_time_s") or {}
-        memory = metrics.get("memory") or {}
+        spec, metrics = result.spec, result.metrics
         planned, _ = predicted_peak(result)
-        waits = metrics.get("host_syncs")
+        waits = metrics.host_syncs
         # a formula that counts the recompute (megatron-deepspeed) of a run that recomputes: HFU, not MFU
-        hfu = " HFU" if counts_hardware_flops(metrics.get("flops_formula"), spec.get("recompute")) else ""
+        hfu = " HFU" if counts_hardware_flops(metrics.flops_formula, spec.recompute) else ""
         rows.append(
             (
-                f"{path.parent.relative_to(folder)}: {spec.get('model')} {spec.get('precision')}",
+                f"{path.parent.relative_to(folder)}: {spec.model} {spec.precision}",
                 result.status,
-                f"{spec.get('micro_batch_size')}/{spec.get('global_batch_size')} x {spec.get('seq_length')}",
-                "y" if spec.get("recompute") else "n",
-                _figure(step.get("median"), 1000),
-                _figure(metrics.get("tokens_per_s"), 1, 0),
-                _figure(metrics.get("tflops_per_device")),
-                _percent(metrics.get("mfu"), hfu),
-                _percent(metrics.get("mfu_measured_ceiling"), hfu),
-                "-" if waits is None else str(waits["count"]),
-                _figure(_mean_power_w(metrics.get("telemetry")), 1, 0),
-                _figure(memory.get("peak_reserved_bytes"), 2**-30, 2),
+                f"{spec.micro_batch_size}/{spec.global_batch_size} x {spec.seq_length}",
+                "y" if spec.recompute else "n",
+                _figure(metrics.step_time_s.median if metrics.step_time_s else None, 1000),
+                _figure(metrics.tokens_per_s, 1, 0),
+                _figure(metrics.tflops_per_device),
+                _percent(metrics.mfu, hfu),
+                _percent(metrics.mfu_measured_ceiling, hfu),
+                "-" if waits is None else str(waits.count),
+                _figure(_mean_power_w(metrics.telemetry), 1, 0),
+                _figure(_peak_reserved_bytes(result), 2**-30, 2),
                 _figure(planned, 2**-30, 2),
             )
         )
@@ -108,8 +106,7 @@ ENDED_WITHOUT_FAULT = {"ok", "skipped"}  # skipped: the planner said it does not
 def on_a_real_accelerator(result) -> bool:
     """The goals judge an accelerator's own results: a stand-in's figures describe no card, and a
     CPU (the mechanics rehearsed here) is held to none of them."""
-    device = result.device or {}
-    return device.get("backend") not in (None, "cpu") and not device.get("simulated")
+    return result.device.backend not in (None, "cpu") and not result.device.simulated
 
 
 def _name(path: Path, folder: Path) -> str:
@@ -126,20 +123,24 @@ def _verdict(failures: list[str], checked: int, what: str, unchecked: str) -> tu
 
 def _model_mfu(result) -> float | None:
     """MFU by Megatron's current formula, whichever formula the run itself was reported with."""
-    metrics, spec = result.metrics or {}, result.spec or {}
-    figures = (metrics.get("by_formula") or {}).get(DEFAULT_FLOPS_FORMULA) or {}
-    if figures.get("mfu") is not None:
-        return figures["mfu"]
-    if counts_hardware_flops(metrics.get("flops_formula"), spec.get("recompute")):
+    metrics = result.metrics
+    figures = (metrics.by_formula or {}).get(DEFAULT_FLOPS_FORMULA)
+    if figures and figures.mfu is not None:
+        return figures.mfu
+    if counts_hardware_flops(metrics.flops_formula, result.spec.recompute):
         return None  # HFU: not the goal's figure
-    return metrics.get("mfu")
+    return metrics.mfu
+
+
+def _peak_reserved_bytes(result) -> int | None:
+    return result.metrics.memory.peak_reserved_bytes if result.metrics.memory else None
 
 
 def goal_checks(folder: Path, ratios: dict[str, float | None]) -> list[tuple[str, str, str]]:
     """(goal, PASS/FAIL/n/a, why) for each goal, from the results under ``folder``."""
     results = [(path, result) for path, result in session_results(folder) if on_a_real_accelerator(result)]
     checks = []
-    faults = [f"{_name(p, folder)}: {r.status} ({(r.error or {}).get('message') or 'no message'})"
+    faults = [f"{_name(p, folder)}: {r.status} ({(r.error.message if r.error else None) or 'no message'})"
               for p, r in results if r.status not in ENDED_WITHOUT_FAULT]
     checks.append(("every run ends ok (or skipped by the planner)",
                    *_verdict(faults, len(results), "results", "no result of a real accelerator")))
@@ -147,30 +148,29 @@ def goal_checks(folder: Path, ratios: dict[str, float | None]) -> list[tuple[str
 
     waits, checked = [], 0
     for path, result in ok:
-        spec, metrics = result.spec or {}, result.metrics or {}
-        if (result.device or {}).get("backend") != "cuda" or spec.get("precision") not in ("bf16", "fp16"):
+        if result.device.backend != "cuda" or result.spec.precision not in ("bf16", "fp16"):
             continue
-        counted = metrics.get("host_syncs")
+        counted = result.metrics.host_syncs
         checked += 1
-        if counted is None or counted.get("count") != 0:
-            waits.append(f"{_name(path, folder)}: {'not counted' if counted is None else counted.get('count')}")
+        if counted is None or counted.count != 0:
+            waits.append(f"{_name(path, folder)}: {'not counted' if counted is None else counted.count}")
     checks.append(("no host wait in the timed loop (CUDA, bf16/fp16)",
                    *_verdict(waits, checked, "runs with 0", "no CUDA bf16/fp16 run")))
 
     power, energy, checked = [], [], 0
     for path, result in ok:
-        telemetry = (result.metrics or {}).get("telemetry") or {}
-        tdp, window = (result.device or {}).get("tdp_watts"), telemetry.get("window_s")
-        for device in telemetry.get("devices") or []:
-            mean, joules = device.get("power_w_mean"), device.get("energy_j")
+        telemetry = result.metrics.telemetry
+        tdp, window = result.device.tdp_watts, telemetry.window_s if telemetry else None
+        for device in (telemetry.devices if telemetry else None) or []:
+            mean, joules = device.power_w_mean, device.energy_j
             if mean is None:
                 continue
             checked += 1
             if not 0 < mean <= (tdp or float("inf")):
                 limit = "no TDP in the catalog" if tdp is None else f"TDP {tdp:g} W"
-                power.append(f"{_name(path, folder)} device {device.get('index')}: {mean:.0f} W ({limit})")
+                power.append(f"{_name(path, folder)} device {device.index}: {mean:.0f} W ({limit})")
             if joules and window and abs(joules - mean * window) > ENERGY_ERROR_MAX * joules:
-                energy.append(f"{_name(path, folder)} device {device.get('index')}: {joules:.0f} J against "
+                energy.append(f"{_name(path, folder)} device {device.index}: {joules:.0f} J against "
                               f"{mean:.0f} W x {window:.1f} s = {mean * window:.0f} J")
     checks.append(("mean power above 0 and at most the TDP",
                    *_verdict(power, checked, "device readings", "no power reading")))
@@ -179,8 +179,8 @@ def goal_checks(folder: Path, ratios: dict[str, float | None]) -> list[tuple[str
 
     for model, seq, goal in MFU_GOALS:
         points = [(mfu, path) for path, result in ok
-                  if (result.spec or {}).get("model") == model and (result.spec or {}).get("seq_length") == seq
-                  and (result.spec or {}).get("precision") == "bf16" and (mfu := _model_mfu(result)) is not None]
+                  if (result.spec.model, result.spec.seq_length, result.spec.precision) == (model, seq, "bf16")
+                  and (mfu := _model_mfu(result)) is not None]
         name = f"MFU of {model} at seq {seq}, bf16, >= {goal:.0%} ({DEFAULT_FLOPS_FORMULA}, data-sheet peak)"
         if not points:
             checks.append((name, "n/a", "no bf16 result with an MFU"))
@@ -196,7 +196,7 @@ def goal_checks(folder: Path, ratios: dict[str, float | None]) -> list[tuple[str
 
     planner, checked = [], 0
     for path, result in ok:
-        measured = ((result.metrics or {}).get("memory") or {}).get("peak_reserved_bytes")
+        measured = _peak_reserved_bytes(result)
         planned, _ = predicted_peak(result)
         if not measured or planned is None:
             continue

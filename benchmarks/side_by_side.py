@@ -121,15 +121,14 @@ def hwbench_side(folder: Path, child: dict) -> dict:
         result = load_result(files[0])
     except ResultFormatError as error:
         return {**child, "error": str(error)}
-    metrics, spec = result.metrics or {}, result.spec or {}
-    step = metrics.get("step_time_s") or {}
-    memory = metrics.get("memory") or {}
-    tokens = (spec.get("global_batch_size") or 0) * (spec.get("seq_length") or 0)
-    figures = {**at_median(child, step.get("median"), tokens, metrics.get("flops_per_iteration"),
-                           metrics.get("world_size") or 1),
-               "result": str(files[0]), "status": result.status, "peak_memory_bytes": memory.get("peak_reserved_bytes")}
+    metrics, spec = result.metrics, result.spec
+    median = metrics.step_time_s.median if metrics.step_time_s else None
+    tokens = (spec.global_batch_size or 0) * (spec.seq_length or 0)
+    figures = {**at_median(child, median, tokens, metrics.flops_per_iteration, metrics.world_size or 1),
+               "result": str(files[0]), "status": result.status,
+               "peak_memory_bytes": metrics.memory.peak_reserved_bytes if metrics.memory else None}
     if result.status != "ok":
-        figures["error"] = (result.error or {}).get("message") or f"status {result.status}"
+        figures["error"] = (result.error.message if result.error else None) or f"status {result.status}"
     return figures
 
 

@@ -61,16 +61,16 @@ def test_suite_point(benchmark, point, tmp_path):
     results, _ = load_results([tmp_path])
     results.sort(key=lambda r: r.started_at)
     assert results and all(r.status == "ok" for r in results), [r.status for r in results]
-    step_medians = [r.metrics["step_time_s"]["median"] for r in results]
+    step_medians = [r.metrics.step_time_s.median for r in results]
     first = results[0]
     benchmark.extra_info.update(
-        suite=SUITE, point=point.name, run_args=point.run_options().to_argv(), device=first.device.get("device_model"),
-        backend=first.device.get("backend"), step_time_median_s=step_medians,
-        tokens_per_s=[r.metrics["tokens_per_s"] for r in results],
-        samples_per_s=[r.metrics["samples_per_s"] for r in results],
-        tflops_per_device=[r.metrics["tflops_per_device"] for r in results],
-        seeds=[r.spec.get("seed") for r in results], run_ids=[r.run_id for r in results],
-        torch_version=first.environment.get("torch_version"))
+        suite=SUITE, point=point.name, run_args=point.run_options().to_argv(), device=first.device.device_model,
+        backend=first.device.backend, step_time_median_s=step_medians,
+        tokens_per_s=[r.metrics.tokens_per_s for r in results],
+        samples_per_s=[r.metrics.samples_per_s for r in results],
+        tflops_per_device=[r.metrics.tflops_per_device for r in results],
+        seeds=[r.spec.seed for r in results], run_ids=[r.run_id for r in results],
+        torch_version=first.environment.torch_version)
     # The statistics pytest-benchmark saves and compares: hwbench's median step time of
     # each run in place of the child process's wall time (see the module docstring).
     stats = getattr(getattr(benchmark, "stats", None), "stats", None)

@@ -15,6 +15,7 @@ from typing import Any
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.errors import UsageError
+from hwbench.fields import Count, Positive, Rate
 from hwbench.options import (
     DATA_KEYWORDS,
     ENGINES,  # noqa: F401  (hwbench.planner reads it here)
@@ -36,9 +37,9 @@ class ParallelDims:
     ``source`` says where tp and pp came from: the user, the workload's published
     layout, or the default of none."""
 
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
+    tp: Positive = 1
+    pp: Positive = 1
+    dp: Positive = 1
     source: str = "default"
 
     @property
@@ -52,15 +53,15 @@ class LaunchSpec:
     ``under_torchrun``: this command already runs as one rank of a torchrun job
     (in a Kubernetes pod, say) and does not launch again."""
 
-    nnodes: int = 1
-    nproc_per_node: int = 1
-    node_rank: int = 0
+    nnodes: Positive = 1
+    nproc_per_node: Positive = 1
+    node_rank: Count = 0
     master_addr: str = RUN_OPTIONS["master_addr"].default
-    master_port: int | None = None  # None: a free port (single node only)
+    master_port: Count | None = None  # None: a free port (single node only)
     rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master addr/port
-    timeout_s: float = RUN_OPTIONS["timeout"].default
+    timeout_s: Rate = RUN_OPTIONS["timeout"].default
     under_torchrun: bool = False
-    max_restarts: int = 0  # torchrun's restarts of every rank after a failure
+    max_restarts: Count = 0  # torchrun's restarts of every rank after a failure
 
     @property
     def world_size(self) -> int:
@@ -84,42 +85,46 @@ class OptimizerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
+    """One benchmark point, resolved. The one declaration of the run spec: the result's spec
+    section (hwbench.result.model.Spec) is made from these fields, so each field's type is
+    also what a result file may hold there (Positive, Count, Rate: hwbench.fields' ranges)."""
+
     model: str
     device: str  # as requested: auto or a kind of hwbench.device.kinds
-    micro_batch_size: int
-    global_batch_size: int
-    seq_length: int
+    micro_batch_size: Positive
+    global_batch_size: Positive
+    seq_length: Positive
     precision: str
     recompute: bool
     compile: bool
-    steps: int
-    warmup: int
-    seed: int
+    steps: Positive
+    warmup: Count
+    seed: Count
     parallel: ParallelDims
     engine: str  # native or deepspeed
-    zero_stage: int  # DeepSpeed ZeRO stage (deepspeed engine only)
+    zero_stage: Count  # DeepSpeed ZeRO stage (deepspeed engine only)
     fsdp: bool  # FSDP2 sharding of the data-parallel dimension (native engine only)
     pp_schedule: str  # 1f1b or gpipe (pipeline parallelism only)
     launch: LaunchSpec
     optimizer: OptimizerSpec
-    initial_scale_power: int  # fp16 dynamic loss scale starts at 2**this
+    initial_scale_power: Count  # fp16 dynamic loss scale starts at 2**this
     loss_scale: float | None  # fixed fp16 loss scale, or None for dynamic
     data: str  # builtin, synthetic, or a Megatron dataset prefix
     split: str
-    eval_interval: int  # evaluate every this many steps; 0 = only after the last step
-    eval_iters: int  # global batches per evaluation; 0 = no validation
+    eval_interval: Count  # evaluate every this many steps; 0 = only after the last step
+    eval_iters: Count  # global batches per evaluation; 0 = no validation
     telemetry: bool
-    telemetry_interval_s: float
+    telemetry_interval_s: Rate
     flops_formula: str
     out_dir: str
-    threads_per_rank: int | None = None  # None: the backend shares the usable cores among the ranks
+    threads_per_rank: Positive | None = None  # None: the backend shares the usable cores among the ranks
     # Rows of the learned position embedding (--max-positions). build_run_spec always sets it;
     # None only in a spec read back from a result written before the option existed: the workload's.
-    max_positions: int | None = None
+    max_positions: Positive | None = None
     # The defaults below are what a result written before these options ran with.
     settings: str = "published"  # --settings: published, or fast (hwbench.fast chose the values)
     settings_choice: str | None = None  # under fast: what was chosen and why, in words
-    device_memory_bytes: int | None = None  # under fast: the memory per device it planned for
+    device_memory_bytes: Count | None = None  # under fast: the memory per device it planned for
     cross_entropy: str = "standard"  # --cross-entropy: standard or chunked
     fused_qkv: bool = False  # --fused-qkv: one q/k/v projection in Megatron's per-head layout
     # --target-ppl / --target-loss (hwbench.target): the run stops at the first validation that
@@ -128,7 +133,7 @@ class RunSpec:
     target_loss: float | None = None
     target_given: str | None = None
     save: str | None = None  # --save: the folder checkpoints go to (hwbench.checkpoint)
-    save_interval: int | None = None  # --save-interval: also after every step that is a multiple of it
+    save_interval: Positive | None = None  # --save-interval: also after every step that is a multiple of it
     load: str | None = None  # --load: the checkpoint the run resumes from
     async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
 
@@ -481,22 +486,17 @@ def build_run_spec(
         if options.load is not None:
             model_config = dataclasses.replace(workload.model, max_position_embeddings=positions)
             check_load(options.load, workload, model_config, engine, parallel, zero_stage, fsdp, fused_qkv)
-    return RunSpec(
+    resolved: dict[str, Any] = dict(
         model=workload.name,
-        device=value("device"),
         micro_batch_size=micro,
         global_batch_size=global_batch,
         seq_length=seq,
         precision=_or(options.precision, defaults.precision),
         recompute=_or(options.recompute, defaults.recompute),
         compile=_or(options.compile, chosen.get("compile", False)),
-        steps=value("steps"),
-        warmup=value("warmup"),
         seed=seed,
         parallel=parallel,
-        engine=engine,
         zero_stage=zero_stage,
-        fsdp=fsdp,
         pp_schedule=pp_schedule,
         launch=launch,
         optimizer=OptimizerSpec(
@@ -510,15 +510,10 @@ def build_run_spec(
         ),
         initial_scale_power=defaults.initial_scale_power,
         loss_scale=defaults.loss_scale,
-        data=value("data"),
-        split=value("split"),
         eval_interval=eval_interval,
-        eval_iters=value("eval_iters"),
-        telemetry=value("telemetry"),
         telemetry_interval_s=value("telemetry_interval"),
         flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
         out_dir=value("out"),
-        threads_per_rank=options.threads_per_rank,
         max_positions=positions,
         settings=settings,
         device_memory_bytes=device_memory,
@@ -527,8 +522,11 @@ def build_run_spec(
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
-        save=options.save,
-        save_interval=options.save_interval,
-        load=options.load,
-        async_save=value("async_save"),
     )
+    # Every other option that is a RunSpec field of the same name is kept as given, else its default
+    # (--steps, --data, --save, ...): a new option of that kind is its RunOptions field and its RunSpec field.
+    kept = {name: value(name) for name in _SPEC_FIELDS & RUN_OPTIONS.keys() - resolved.keys()}
+    return RunSpec(**kept, **resolved)
+
+
+_SPEC_FIELDS = {field.name for field in dataclasses.fields(RunSpec)}

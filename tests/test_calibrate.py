@@ -286,15 +286,15 @@ def test_a_corrupted_store_never_fails_a_run_and_its_result_stays_readable(tmp_p
     store.write_text(json.dumps(stored))
     assert main([*SMALL_RUN, "--out", str(tmp_path / "bad-size")]) == 0
     result = load_result(next((tmp_path / "bad-size").glob("*.json")))  # readers accept it
-    assert result.status == "ok" and result.device["measured_ceiling"] is None
-    assert "measured_ceiling.size" in result.device["measured_ceiling_unmeasured"]
-    assert "measured_ceiling.size" in result.metrics["unmeasured"]["mfu_measured_ceiling"]
+    assert result.status == "ok" and result.device.measured_ceiling is None
+    assert "measured_ceiling.size" in result.device.measured_ceiling_unmeasured
+    assert "measured_ceiling.size" in result.metrics.unmeasured["mfu_measured_ceiling"]
 
     store.write_text(UNREADABLE_STORES["nested 200000 deep"])
     assert main([*SMALL_RUN, "--out", str(tmp_path / "deep")]) == 0
     result = load_result(next((tmp_path / "deep").glob("*.json")))
-    assert result.status == "ok" and result.device["measured_ceiling"] is None
-    assert result.device["measured_ceiling_unmeasured"].startswith("calibration store unreadable: ")
+    assert result.status == "ok" and result.device.measured_ceiling is None
+    assert result.device.measured_ceiling_unmeasured.startswith("calibration store unreadable: ")
     capsys.readouterr()
 
 

@@ -68,7 +68,7 @@ def verdicts(out: str) -> str:
 
 def test_template_is_a_real_result():
     result = load_result(TEMPLATE)
-    assert result.status == "ok" and result.metrics["tokens_per_s"] > 0 and result.environment["torch_version"]
+    assert result.status == "ok" and result.metrics.tokens_per_s > 0 and result.environment.torch_version
 
 
 # --- Mann-Whitney U against hand-computed values ------------------------------
@@ -527,19 +527,19 @@ def test_system_description_from_a_real_result():
     assert described["number_of_nodes"] == 1
     assert described["accelerator_backend"] == "cpu" and described["accelerators_per_node"] == 0
     assert described["accelerator_model_name"] is None
-    assert described["host_processor_model_name"] == result.device["device_model"]
-    assert described["host_processor_core_count"] == env["cpu_cores_usable"]
+    assert described["host_processor_model_name"] == result.device.device_model
+    assert described["host_processor_core_count"] == env.cpu_cores_usable
     assert described["host_memory_capacity"].endswith("GiB")
-    assert described["framework"].startswith(f"PyTorch {env['torch_version']}")
-    assert described["operating_system"] == env["os"]
-    assert described["hwbench_version"] == env["hwbench_version"]
-    assert described["hwbench_git_commit"] == env["hwbench_git"]["commit"]
+    assert described["framework"].startswith(f"PyTorch {env.torch_version}")
+    assert described["operating_system"] == env.os
+    assert described["hwbench_version"] == env.hwbench_version
+    assert described["hwbench_git_commit"] == env.hwbench_git.commit
     assert described["accelerator_interconnect"] is None and described["cuda_version"] is None
     assert described["host_processors_per_node"] is None
     # the same from the dict and from the bare environment (what it lacks is null)
     assert system.system_description(result.to_dict()) == described
     bare = system.system_description(env)
-    assert bare["operating_system"] == env["os"] and bare["number_of_nodes"] is None
+    assert bare["operating_system"] == env.os and bare["number_of_nodes"] is None
 
 
 def test_system_description_of_a_gpu_result():

@@ -189,9 +189,9 @@ def test_a_signal_to_the_agent_is_a_failed_result_and_no_orphan(case, tmp_path, 
     assert code == 1, stderr[-2000:]
     results, unreadable = load_results([out])
     assert unreadable == [] and len(results) == 1
-    assert results[0].status == "failed" and results[0].error["message"]
+    assert results[0].status == "failed" and results[0].error.message
     if sig != signal.SIGKILL:  # torchrun's own handler stopped the ranks: named, without torch's traceback
-        assert results[0].error["type"] == "AgentStopped" and results[0].error["signal"] == sig.name
+        assert results[0].error.type == "AgentStopped" and results[0].error.signal == sig.name
         assert "Traceback" not in stderr, stderr[-2000:]
     assert case.run_folders() == []
 
@@ -219,8 +219,8 @@ def test_a_signal_to_a_rank_is_a_failed_result_naming_it(case, tmp_path, sig):
     (result,), _ = load_results([out])
     assert result.status == "failed"
     if sig == signal.SIGKILL:
-        assert result.error["rank"] == 1 and result.error["signal"] == "SIGKILL"
-    assert {r["rank"] for r in result.ranks} == {0, 1}  # every rank's last step is kept
+        assert result.error.rank == 1 and result.error.signal == "SIGKILL"
+    assert {r.rank for r in result.ranks} == {0, 1}  # every rank's last step is kept
 
 
 # --- a signal to the sweep ---------------------------------------------------------------

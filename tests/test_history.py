@@ -338,7 +338,7 @@ def real_noise_runs() -> list[float]:
     files = result_files([NOISE_RUNS])
     if not files:
         pytest.skip(f"no real repeated runs in {NOISE_RUNS}")
-    return [load_result(path).metrics["tokens_per_s"] for path in files]
+    return [load_result(path).metrics.tokens_per_s for path in files]
 
 
 def test_noise_model_is_built_from_real_runs():

@@ -106,7 +106,7 @@ def test_a_waiting_host_is_a_warning_that_names_the_first_site(eval_interval, va
                         host_syncs={"count": 4, "where": ["native.py:217"], "reason": None})
     result = RunResult(run_id="r", status="ok", spec={}, device={})
     merge_ranks(result, spec, find_workload(catalog, "tiny"), [report])
-    assert result.metrics["host_syncs"]["count"] == 4
+    assert result.metrics.host_syncs.count == 4
     [warning] = [w for w in result.warnings if "waited for the device" in w]
     assert "4 times in the timed window (first at native.py:217)" in warning
     assert ("--eval-interval" in warning) == validating

@@ -147,14 +147,14 @@ def test_two_ranks_with_all_the_cores_each_are_oversubscribed(tmp_path):
     (path,) = tmp_path.glob("*.json")
     result = load_result(path)  # the new fields fit the declared shape
     environment = result.environment
-    assert environment["oversubscribed"] is True
-    assert environment["oversubscribed_reason"] == (f"2 ranks x {cores} thread{'s' if cores > 1 else ''} per rank "
+    assert environment.oversubscribed is True
+    assert environment.oversubscribed_reason == (f"2 ranks x {cores} thread{'s' if cores > 1 else ''} per rank "
                                                     f"= {2 * cores} > {cores} usable cores")
-    assert environment["threads_per_rank"] == cores
-    assert environment["devices_used"] == this_machine_s_sockets()
-    assert environment["devices_used_basis"] == "CPU packages (sockets) of the cores the ranks may run on"
-    assert [r["placement"]["threads"] for r in result.ranks] == [cores, cores]
-    assert result.nodes[0]["placement"]["oversubscribed"] is True
+    assert environment.threads_per_rank == cores
+    assert environment.devices_used == this_machine_s_sockets()
+    assert environment.devices_used_basis == "CPU packages (sockets) of the cores the ranks may run on"
+    assert [r.placement.threads for r in result.ranks] == [cores, cores]
+    assert result.nodes[0].placement.oversubscribed is True
     assert "[oversubscribed] 2 ranks x" in done.stdout  # the run's own summary marks it
 
 
@@ -163,7 +163,7 @@ def test_one_rank_one_thread_is_not_oversubscribed(tmp_path, capsys):
     assert main(["run", "--quiet", *TINY, "--threads-per-rank", "1", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*.json")
     result = load_result(path)
-    assert result.environment["oversubscribed"] is False and result.environment["oversubscribed_reason"] is None
-    assert result.environment["threads_per_rank"] == 1 == result.environment["tuning"]["intra_op_threads"]
-    assert result.environment["devices_used"] == this_machine_s_sockets()
+    assert result.environment.oversubscribed is False and result.environment.oversubscribed_reason is None
+    assert result.environment.threads_per_rank == 1 == result.environment.tuning["intra_op_threads"]
+    assert result.environment.devices_used == this_machine_s_sockets()
     assert "oversubscribed" not in capsys.readouterr().out

@@ -33,34 +33,34 @@ def test_embedded_default_trains_and_writes_a_result(tmp_path):
                            "--eval-iters", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     path, result = _only_result(tmp_path)
-    assert result.status == "ok" and result.spec["model"] == RUN_OPTIONS["model"].default
+    assert result.status == "ok" and result.spec.model == RUN_OPTIONS["model"].default
     metrics = result.metrics
-    assert metrics["tokens_per_s"] > 0 and metrics["samples_per_s"] > 0
-    assert metrics["tokens_per_s"] == pytest.approx(metrics["samples_per_s"] * result.spec["seq_length"])
-    assert metrics["loss_end"] < metrics["loss_start"]  # it learned something
-    assert metrics["loss_end"] > metrics["loss_floor"]  # and nothing impossible
+    assert metrics.tokens_per_s > 0 and metrics.samples_per_s > 0
+    assert metrics.tokens_per_s == pytest.approx(metrics.samples_per_s * result.spec.seq_length)
+    assert metrics.loss_end < metrics.loss_start  # it learned something
+    assert metrics.loss_end > metrics.loss_floor  # and nothing impossible
     # one validation after the last step, over --eval-iters x global batch x seq tokens
-    assert [v["step"] for v in metrics["validation"]] == [6] and metrics["valid_ppl_step"] == 6
-    assert metrics["validation"][-1]["tokens"] == 2 * result.spec["global_batch_size"] * result.spec["seq_length"]
-    assert metrics["loss_floor"] < metrics["valid_loss"] < metrics["loss_start"]
-    assert [s["phase"] for s in result.steps] == ["warmup"] + ["timed"] * 5
-    assert all(s["time_s"] > 0 for s in result.steps if s["phase"] == "timed")
-    assert metrics["step_time_s"]["n"] == 5
-    assert metrics["memory"]["peak_reserved_bytes"] > 0
-    assert metrics["mfu"] is None and "no catalog entry" in metrics["unmeasured"]["mfu"]
-    assert result.environment["torch_version"] == torch.__version__
-    assert result.environment["tuning"]["intra_op_threads"] >= 1
+    assert [v.step for v in metrics.validation] == [6] and metrics.valid_ppl_step == 6
+    assert metrics.validation[-1].tokens == 2 * result.spec.global_batch_size * result.spec.seq_length
+    assert metrics.loss_floor < metrics.valid_loss < metrics.loss_start
+    assert [s.phase for s in result.steps] == ["warmup"] + ["timed"] * 5
+    assert all(s.time_s > 0 for s in result.steps if s.phase == "timed")
+    assert metrics.step_time_s.n == 5
+    assert metrics.memory.peak_reserved_bytes > 0
+    assert metrics.mfu is None and "no catalog entry" in metrics.unmeasured["mfu"]
+    assert result.environment.torch_version == torch.__version__
+    assert result.environment.tuning["intra_op_threads"] >= 1
     # the tuned heap is bounded: the bound is recorded and trims are counted over the timed steps
-    assert result.environment["tuning"]["allocator"].startswith("glibc: mmap off")
-    assert isinstance(metrics["memory"]["heap_trims"], int) and 0 <= metrics["memory"]["heap_trims"] <= 4
-    bound_gib = float(metrics["memory"]["source"].split("bounded at ")[1].split(" GiB")[0])
-    assert 0 < bound_gib * 2**30 < metrics["memory"]["capacity_bytes"]
-    assert "tuned heap bounded at" in metrics["memory"]["source"]
+    assert result.environment.tuning["allocator"].startswith("glibc: mmap off")
+    assert isinstance(metrics.memory.heap_trims, int) and 0 <= metrics.memory.heap_trims <= 4
+    bound_gib = float(metrics.memory.source.split("bounded at ")[1].split(" GiB")[0])
+    assert 0 < bound_gib * 2**30 < metrics.memory.capacity_bytes
+    assert "tuned heap bounded at" in metrics.memory.source
     assert result.started_at < result.finished_at
     assert "tokens/s" in done.stdout and str(path) in done.stdout
     # the CPU has no device for the host to wait for: no count, and why (tests/test_host_syncs.py has the CUDA count)
-    assert metrics["host_syncs"] is None
-    assert "no device for the host to wait for" in metrics["unmeasured"]["host_syncs"]
+    assert metrics.host_syncs is None
+    assert "no device for the host to wait for" in metrics.unmeasured["host_syncs"]
 
 
 def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsys):
@@ -101,24 +101,24 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
         == 0
     )
     _, result = _only_result(out)
-    assert result.device["catalog_entry"] == "this-cpu"
-    assert result.metrics["mfu"] == pytest.approx(result.metrics["tflops_per_device"] / 1.0)
+    assert result.device.catalog_entry == "this-cpu"
+    assert result.metrics.mfu == pytest.approx(result.metrics.tflops_per_device / 1.0)
     assert "MFU" in capsys.readouterr().out
     # the old name is taken, and the canonical one recorded; every formula's figures beside it
-    assert result.spec["flops_formula"] == result.metrics["flops_formula"] == "megatron-core-v0.7"
-    by_formula = result.metrics["by_formula"]
+    assert result.spec.flops_formula == result.metrics.flops_formula == "megatron-core-v0.7"
+    by_formula = result.metrics.by_formula
     assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"}
     chosen = by_formula["megatron-core-v0.7"]
-    assert (chosen["flops_per_iteration"], chosen["tflops_per_device"], chosen["mfu"]) == (
-        result.metrics["flops_per_iteration"],
-        result.metrics["tflops_per_device"],
-        result.metrics["mfu"],
+    assert (chosen.flops_per_iteration, chosen.tflops_per_device, chosen.mfu) == (
+        result.metrics.flops_per_iteration,
+        result.metrics.tflops_per_device,
+        result.metrics.mfu,
     )
     causal = by_formula["megatron-core-v0.12"]
-    assert causal["mfu"] == pytest.approx(causal["tflops_per_device"] / 1.0)
+    assert causal.mfu == pytest.approx(causal.tflops_per_device / 1.0)
     # tiny (h 128, 2 layers, seq 32): the causal count is below the full one by s/(12h) of its factor
-    assert causal["flops_per_iteration"] < chosen["flops_per_iteration"]
-    assert chosen["mfu"] / causal["mfu"] == pytest.approx(chosen["flops_per_iteration"] / causal["flops_per_iteration"])
+    assert causal.flops_per_iteration < chosen.flops_per_iteration
+    assert chosen.mfu / causal.mfu == pytest.approx(chosen.flops_per_iteration / causal.flops_per_iteration)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -153,10 +153,10 @@ def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
     )
     _, result = _only_result(tmp_path)
     assert result.status == "ok"
-    scales = [s["loss_scale"] for s in result.steps]
+    scales = [s.loss_scale for s in result.steps]
     if precision == "fp16":
         assert scales[0] == 2.0**12  # initial_scale_power 12, as published
-        assert result.metrics["skipped_steps"] == sum(s["skipped"] for s in result.steps)
+        assert result.metrics.skipped_steps == sum(s.skipped for s in result.steps)
     else:
         assert scales == [None] * 4
 

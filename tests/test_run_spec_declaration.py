@@ -1,6 +1,6 @@
 """The run spec is one declaration: RunSpec (hwbench/spec.py). The result's spec section
-(hwbench.result.model.Spec) holds the same fields, each optional because a result's spec may be
-partial; gradient accumulation is computed in one place that both read; the point key
+(hwbench.result.model.Spec) is made from its fields, each optional because a result's spec may be
+partial, with its type and range; gradient accumulation is computed in one place that both read; the point key
 (hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their types."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from operator import attrgetter
 import pytest
 
 from hwbench.catalog import load_catalog
-from hwbench.options import RunOptions
+from hwbench.fields import validation_problem
+from hwbench.options import RUN_OPTIONS, RunOptions
 from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
 from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
 from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
@@ -22,6 +23,18 @@ from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
 RESULT_ONLY = {"run_args"}
 # Sections the result keeps as a plain mapping (the optimizer's keys are the workload's).
 AS_MAPPING = {"optimizer"}
+# Run options the RunSpec holds under another name or in one of its parts, or that are used before it:
+# option -> where the spec holds it (None: nowhere). Every other option is a RunSpec field of its own name.
+ELSEWHERE = {
+    "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
+    "device_memory": "device_memory_bytes",
+    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp",
+    "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
+    "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
+    "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",
+    "lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
+    "preflight": None,  # the harness checks the machine before the run (hwbench.harness.run)
+}
 
 
 def _base_type(annotation):
@@ -59,6 +72,28 @@ def test_the_results_spec_section_holds_runspecs_fields_with_their_types(datacla
     assert all(pairs[name][0] is None for name in apart & RESULT_ONLY)
 
 
+@pytest.mark.parametrize("spec, problem", [
+    ({"micro_batch_size": 0}, "spec.micro_batch_size: must be >= 1, not 0"),  # RunSpec's Positive
+    ({"warmup": -1}, "spec.warmup: must be >= 0, not -1"),  # Count
+    ({"telemetry_interval_s": -0.5}, "spec.telemetry_interval_s: must be >= 0.0, not -0.5"),  # Rate
+    ({"recompute": "yes"}, "spec.recompute: must be true/false, not text"),  # bool, strictly
+    ({"parallel": {"tp": 0}}, "spec.parallel.tp: must be >= 1, not 0"),  # ParallelDims'
+    ({"launch": {"master_port": "29500"}}, "spec.launch.master_port: must be an integer, not text"),  # LaunchSpec's
+    ({"engine": None}, "spec.engine: must be text, not null"),  # its absence means native; null is damage
+])
+def test_the_results_spec_takes_each_fields_type_and_range_from_runspec(spec, problem):
+    assert validation_problem(RunResult, {"run_id": "r", "status": "ok", "spec": spec}) == problem
+
+
+def test_a_field_missing_from_an_older_results_spec_reads_as_what_its_absence_meant():
+    spec = Spec.model_validate({})
+    assert (spec.engine, spec.zero_stage, spec.fsdp, spec.fused_qkv, spec.cross_entropy) == (
+        "native", 0, False, False, "standard")
+    assert (spec.parallel.world_size, spec.launch.nnodes, spec.launch.node_rank) == (1, 1, 0)
+    assert spec.model is spec.settings is spec.parallel.source is spec.launch.master_addr is None
+    assert spec.dump() == {}  # and nothing is written that was not read
+
+
 def test_a_spec_written_to_a_result_reads_back_as_the_same_runspec():
     spec = build_run_spec(RunOptions(model="tiny", nproc_per_node=2, target_ppl=5.0, save="/tmp/never-written",
                                      settings="fast", device_memory="16GiB"), load_catalog(), check_paths=False)
@@ -76,6 +111,25 @@ def test_the_results_spec_accumulates_as_the_run_did(options):
 
 def test_a_partial_spec_has_no_accumulation():
     assert Spec.model_validate({"run_args": ["--model", "tiny"]}).gradient_accumulation_steps is None
+
+
+def test_every_run_option_is_a_runspec_field_or_listed_where_it_goes():
+    fields = {field.name for field in dataclasses.fields(RunSpec)}
+    dropped = sorted(name for name in RUN_OPTIONS if name not in fields | ELSEWHERE.keys())
+    assert not dropped, f"run options the RunSpec would drop: {dropped}; add a RunSpec field or list where it goes"
+    assert not ELSEWHERE.keys() & fields  # a field of the option's own name holds it, not the place listed
+    spec = build_run_spec(RunOptions(model="tiny"), load_catalog(), check_paths=False)
+    for path in filter(None, ELSEWHERE.values()):
+        attrgetter(path)(spec)  # each place is the RunSpec's
+
+
+def test_an_option_kept_as_given_arrives_in_the_run_spec():
+    given = dict(device="cpu", steps=3, warmup=1, data="synthetic", split="1,1,0", eval_iters=2, telemetry=False,
+                 threads_per_rank=2, save="/tmp/never-written", save_interval=2, async_save=True,
+                 load="/tmp/never-read", fsdp=True, nproc_per_node=2)
+    spec = build_run_spec(RunOptions(**given), load_catalog(), check_paths=False)
+    assert {name: getattr(spec, name) for name in given if name not in ELSEWHERE} == {
+        name: value for name, value in given.items() if name not in ELSEWHERE}
 
 
 def test_runspec_fields_are_its_dataclass_fields():

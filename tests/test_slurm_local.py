@@ -82,11 +82,11 @@ def test_srun_two_tasks_are_two_ranks(slurm_env, tmp_path):
     [path] = result_files([tmp_path])
     result = load_result(path)
     assert result.status == "ok"
-    assert result.metrics["world_size"] == 2 and len(result.ranks) == 2
-    slurm = result.environment["slurm"]
-    assert slurm["ntasks"] == 2 and slurm["partition"] == "debug" and slurm["cluster"] == "hwbench-local"
-    assert slurm["nodelist"] == "localhost" and slurm["job_id"].isdigit()
-    assert result.launch["launcher"] == "srun" and result.launch["master_addr"] == "localhost"
+    assert result.metrics.world_size == 2 and len(result.ranks) == 2
+    slurm = result.environment.slurm
+    assert slurm.ntasks == 2 and slurm.partition == "debug" and slurm.cluster == "hwbench-local"
+    assert slurm.nodelist == "localhost" and slurm.job_id.isdigit()
+    assert result.launch.launcher == "srun" and result.launch.model_extra["master_addr"] == "localhost"
 
 
 def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
@@ -107,10 +107,10 @@ def test_one_task_per_node_launches_torchrun(slurm_env, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     [path] = result_files([tmp_path])
     result = load_result(path)
-    assert result.status == "ok" and result.metrics["world_size"] == 2
-    assert result.launch["launcher"] == "torchrun"
-    assert result.spec["launch"]["master_addr"] == "localhost"
-    assert result.spec["launch"]["master_port"] == 10000 + int(result.environment["slurm"]["job_id"]) % 50000
+    assert result.status == "ok" and result.metrics.world_size == 2
+    assert result.launch.launcher == "torchrun"
+    assert result.spec.launch.master_addr == "localhost"
+    assert result.spec.launch.master_port == 10000 + int(result.environment.slurm.job_id) % 50000
 
 
 def _suite(path: Path, points: list[dict]) -> Path:
@@ -177,12 +177,12 @@ def test_sweep_of_three_jobs_one_failing_one_cancelled(slurm_env, tmp_path):
     results = {name: load_result(p) for p in result_files([out]) for name in [p.parent.name]}
     assert results["good"].status == "ok"
     assert (
-        results["good"].environment["slurm"]["job_id"]
+        results["good"].environment.slurm.job_id
         == json.loads((out / "trio" / "good" / "repeat0.slurm").read_text())["job_id"]
     )
-    assert results["crash"].status == "failed" and results["crash"].error["type"] == "InjectedFault"
+    assert results["crash"].status == "failed" and results["crash"].error.type == "InjectedFault"
     cancelled = results["cancelled"]
-    assert cancelled.status == "failed" and cancelled.error["slurm_state"] == "CANCELLED"
+    assert cancelled.status == "failed" and cancelled.error.slurm_state == "CANCELLED"
     assert "CANCELLED" in stdout  # the summary names the state
     for name in ("good", "crash"):  # the cancelled job may never have started, so may have no log
         assert "hwbench run" in (out / "trio" / name / "repeat0.sbatch").read_text()
@@ -214,10 +214,10 @@ def test_multi_rank_points_keep_the_result_their_ranks_wrote(slurm_env, tmp_path
         job = json.loads((out / "ranks" / name / "repeat0.slurm").read_text())
         [path] = result_files([out / "ranks" / name])
         result = load_result(path)
-        assert result.status == "ok" and result.metrics["world_size"] == 2, (name, result.error)
-        assert [result.spec["parallel"][d] for d in ("tp", "pp", "dp")] == layout
-        assert result.launch["launcher"] == "srun" and result.environment["slurm"]["job_id"] == job["job_id"]
-        assert result.sweep["point"] == name and result.sweep["key"] == job["key"]
+        assert result.status == "ok" and result.metrics.world_size == 2, (name, result.error)
+        assert [getattr(result.spec.parallel, d) for d in ("tp", "pp", "dp")] == layout
+        assert result.launch.launcher == "srun" and result.environment.slurm.job_id == job["job_id"]
+        assert result.sweep.point == name and result.sweep.key == job["key"]
 
 
 def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
@@ -235,7 +235,7 @@ def test_detached_sweep_is_collected_then_kept(slurm_env, tmp_path):
     collected = subprocess.run([*base, "--collect"], env=slurm_env, capture_output=True, text=True, timeout=120)
     assert collected.returncode == 0 and "kept from an earlier sweep" in collected.stderr
     [path] = result_files([tmp_path / "out"])
-    assert load_result(path).environment["slurm"]["job_id"] == job
+    assert load_result(path).environment.slurm.job_id == job
 
 
 def test_a_refused_submission_is_recorded_then_submitted_again(slurm_env, tmp_path):
@@ -249,8 +249,8 @@ def test_a_refused_submission_is_recorded_then_submitted_again(slurm_env, tmp_pa
     assert refused.returncode == 1
     [path] = result_files([tmp_path / "out"])
     record = load_result(path)
-    assert record.status == "invalid" and record.error["slurm_state"] == "SUBMIT_FAILED"
-    assert "sbatch refused the job" in record.error["message"]
+    assert record.status == "invalid" and record.error.slurm_state == "SUBMIT_FAILED"
+    assert "sbatch refused the job" in record.error.message
     fixed = subprocess.run(base, env=slurm_env, capture_output=True, text=True, timeout=300)
     assert fixed.returncode == 0, fixed.stderr
     assert [load_result(p).status for p in result_files([tmp_path / "out"])] == ["ok"]  # the record replaced
@@ -340,7 +340,7 @@ def test_the_python_api_runs_a_sweep_on_slurm(slurm_env, tmp_path, monkeypatch):
     suite = _suite(tmp_path / "api.yaml", [{"name": "one"}])
     [record] = hwbench.sweep(suite, out=tmp_path / "out", device="cpu", slurm=SlurmSettings(poll_s=0.5))
     [result] = record.results
-    assert result.status == "ok" and result.environment["slurm"]["partition"] == "debug"
+    assert result.status == "ok" and result.environment.slurm.partition == "debug"
 
 
 def _accept(suite: Path, out: Path, *extra: str) -> list[str]:

@@ -106,20 +106,20 @@ def _assert_on_both_nodes(result, ranks_per_node: int) -> None:
     """One result holding both nodes: each host its ranks, the rendezvous on the first host."""
     assert result.status == "ok", result.error
     world = 2 * ranks_per_node
-    assert result.metrics["world_size"] == world
-    assert [(node["node_rank"], node["host"], node["ranks"]) for node in result.nodes] == [
+    assert result.metrics.world_size == world
+    assert [(node.node_rank, node.host, node.ranks) for node in result.nodes] == [
         (0, NODES[0], list(range(ranks_per_node))),
         (1, NODES[1], list(range(ranks_per_node, world))),
     ]
-    assert [(rank["rank"], rank["host"]) for rank in result.ranks] == [
+    assert [(rank.rank, rank.host) for rank in result.ranks] == [
         (rank, NODES[rank // ranks_per_node]) for rank in range(world)
     ]
-    slurm = result.environment["slurm"]
-    assert slurm["nodelist"] == NODELIST and slurm["nnodes"] == 2 and slurm["cluster"] == "hwbench-two"
-    launch = result.spec["launch"]
-    assert (launch["nnodes"], launch["nproc_per_node"]) == (2, ranks_per_node)
-    assert launch["master_addr"] == NODES[0]  # the job's first host, which node 1's ranks reached over the bridge
-    assert launch["master_port"] == rendezvous_port(slurm["job_id"])
+    slurm = result.environment.slurm
+    assert slurm.nodelist == NODELIST and slurm.nnodes == 2 and slurm.cluster == "hwbench-two"
+    launch = result.spec.launch
+    assert (launch.nnodes, launch.nproc_per_node) == (2, ranks_per_node)
+    assert launch.master_addr == NODES[0]  # the job's first host, which node 1's ranks reached over the bridge
+    assert launch.master_port == rendezvous_port(slurm.job_id)
 
 
 def test_first_host_is_the_first_of_scontrol_show_hostnames(slurm_env):
@@ -177,7 +177,7 @@ def test_sbatch_script_runs_one_torchrun_per_node(slurm_env, tmp_path):
     [path] = result_files([out])
     result = load_result(path)
     _assert_on_both_nodes(result, ranks_per_node=2)
-    assert result.launch["launcher"] == "torchrun" and result.launch["nnodes"] == 2
+    assert result.launch.launcher == "torchrun" and result.launch.nnodes == 2
     assert "node 1: its ranks finished; node 0 writes the result" in log.read_text()
 
 
@@ -200,7 +200,7 @@ def test_srun_one_task_per_node_is_one_rank_on_each(slurm_env, tmp_path):
     [path] = result_files([tmp_path])
     result = load_result(path)
     _assert_on_both_nodes(result, ranks_per_node=1)
-    assert result.launch["launcher"] == "srun" and result.launch["master_addr"] == NODES[0]
+    assert result.launch.launcher == "srun" and result.launch.model_extra["master_addr"] == NODES[0]
     assert "2 ranks on 2 nodes" in done.stdout  # the summary's layout line
 
 
@@ -238,8 +238,8 @@ def test_sweep_point_of_two_nodes_is_one_job_on_both(slurm_env, tmp_path):
     [path] = result_files([out])
     result = load_result(path)
     _assert_on_both_nodes(result, ranks_per_node=1)
-    assert result.sweep["point"] == "two-nodes"  # the result is the point's, so a resumed sweep keeps it
-    assert result.environment["slurm"]["job_id"] == json.loads((point / "repeat0.slurm").read_text())["job_id"]
+    assert result.sweep.point == "two-nodes"  # the result is the point's, so a resumed sweep keeps it
+    assert result.environment.slurm.job_id == json.loads((point / "repeat0.slurm").read_text())["job_id"]
 
 
 def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(slurm_env, tmp_path):

@@ -54,17 +54,17 @@ def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys
     assert _statuses(out, "t") == {
         "good": ["ok"], "raises": ["failed"], "killed": ["failed"], "hangs": ["timeout"],
         "bad-layout": ["invalid"], "too-big": ["skipped"], "good-again": ["ok"]}
-    results = {r.sweep["point"]: r for r in load_results([out])[0]}
-    assert results["raises"].error["rank"] == 1 and "InjectedFault" in results["raises"].error["traceback"]
-    assert results["killed"].error["signal"] == "SIGKILL"
-    assert "--tp 3" in results["bad-layout"].error["message"]
+    results = {r.sweep.point: r for r in load_results([out])[0]}
+    assert results["raises"].error.rank == 1 and "InjectedFault" in results["raises"].error.traceback
+    assert results["killed"].error.signal == "SIGKILL"
+    assert "--tp 3" in results["bad-layout"].error.message
     skipped = results["too-big"].error
-    assert skipped["predicted_peak_bytes"] > skipped["capacity_bytes"]
-    assert results["good"].metrics["samples_per_s"] > 0 and results["good-again"].metrics["world_size"] == 2
+    assert skipped.model_extra["predicted_peak_bytes"] > skipped.model_extra["capacity_bytes"]
+    assert results["good"].metrics.samples_per_s > 0 and results["good-again"].metrics.world_size == 2
     from test_docs import undocumented
 
     for result in results.values():
-        assert not undocumented(result.to_dict()), result.sweep["point"]
+        assert not undocumented(result.to_dict()), result.sweep.point
     table = capsys.readouterr().out
     for name in ("good", "raises", "killed", "hangs", "bad-layout", "too-big", "good-again"):
         assert name in table

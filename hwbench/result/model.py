@@ -18,10 +18,13 @@ age: hwbench.result.upgrade brings older files to this shape first.
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from hwbench import RESULT_SCHEMA_VERSION, __version__
 from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: imported from here too)
@@ -38,10 +41,8 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     validation_problem,
 )
 from hwbench.point import FROM_SPEC, SIMULATED, PointKey
+from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec
 from hwbench.workload.config import accumulation_steps
-
-if TYPE_CHECKING:
-    from hwbench.spec import RunSpec
 
 Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipped", "not_converged", "storage"]
 
@@ -49,28 +50,12 @@ Status = Literal["ok", "oom", "failed", "timeout", "invalid", "numerics", "skipp
 class Section(BaseModel):
     """A mapping of a result file. Empty (nothing set, nothing extra) is false, as ``{}`` is.
 
-    Fields are read as attributes; a key the model does not declare is in ``model_extra``. The
-    package reads attributes only (mypy holds it); ``section["name"]``, ``section.get("name")`` and
-    ``"name" in section`` remain for the tests, which read results as the file's mapping."""
+    Fields are read as attributes; a key the model does not declare is in ``model_extra``."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, validate_assignment=True)
 
     def __bool__(self) -> bool:
         return bool(self.model_fields_set or self.model_extra)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self[key] if key in self else None
-        return default if value is None else value
-
-    def __getitem__(self, key: str) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key)
-        if self.model_extra and key in self.model_extra:
-            return self.model_extra[key]
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.model_fields_set or bool(self.model_extra and key in self.model_extra)
 
     def dump(self) -> dict[str, Any]:
         """As the file holds it: the fields that were set (read or assigned), and the extra keys."""
@@ -93,85 +78,57 @@ REASONS = dict[str, Any]  # `unmeasured`: figure -> why it is null (text, or a n
 # --- spec --------------------------------------------------------------------------------------
 
 
-class Parallel(Section):
-    """Degrees of parallelism, and where tp and pp came from."""
+# The run as requested and resolved: hwbench.spec.RunSpec's fields (and ParallelDims' and LaunchSpec's),
+# made into sections here rather than written again, each optional, because a result's spec may be
+# partial: a sweep's record of a point whose options were refused holds only `run_args`, and a file of an
+# older writer lacks the fields added since. A field holds RunSpec's type (str as Text, bool as Flag,
+# float as Figure); one whose absence in an older file meant a value has that value as its default, the
+# others None. mypy reads the made fields as Any (a class made at run time is a dynamic base to it).
+_HELD = {str: Text, bool: Flag, float: Figure, int: Integer}
 
-    tp: Positive = 1
-    pp: Positive = 1
-    dp: Positive = 1
-    source: Text | None = None
+
+def _held_type(hint: Any) -> Any:
+    """A RunSpec field's type as the result holds it: None left out, a plain type as its strict one."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+    return _HELD.get(hint, hint)
+
+
+def _optional_fields(dataclass: type, absent: dict[str, Any], nested: dict[type, Any] | None = None) -> type[Section]:
+    """A Section of ``dataclass``'s fields, in its order: each optional, with ``absent``'s value or None
+    as its default; a field of a dataclass type held as ``nested`` says (a section, or a mapping)."""
+    hints = typing.get_type_hints(dataclass, include_extras=True)
+    fields: dict[str, Any] = {}
+    for field in dataclasses.fields(dataclass):
+        kind = _held_type(hints[field.name])
+        kind = (nested or {}).get(kind, kind)
+        if isinstance(kind, type) and issubclass(kind, Section):
+            fields[field.name] = (kind, Field(default_factory=kind))
+        elif field.name in absent:
+            fields[field.name] = (kind, absent[field.name])
+        else:
+            fields[field.name] = (kind | None, None)
+    return create_model(f"{dataclass.__name__}Fields", __base__=Section, __module__=__name__, **fields)
+
+
+class Parallel(_optional_fields(ParallelDims, {"tp": 1, "pp": 1, "dp": 1})):  # type: ignore[misc]
+    """Degrees of parallelism, and where tp and pp came from."""
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
 
-class SpecLaunch(Section):
+class SpecLaunch(_optional_fields(LaunchSpec, {"nnodes": 1, "nproc_per_node": 1, "node_rank": 0})):  # type: ignore[misc]
     """How the run's processes are started."""
 
-    nnodes: Positive = 1
-    nproc_per_node: Positive = 1
-    node_rank: Count = 0
-    master_port: Count | None = None
-    timeout_s: Rate | None = None
-    max_restarts: Count | None = None
-    under_torchrun: Flag | None = None
-    master_addr: Text | None = None
-    rdzv_endpoint: Text | None = None
 
-
-# The run as requested and resolved: hwbench.spec.RunSpec's fields, as a pydantic model of the same
-# fields rather than the RunSpec itself, because a result's spec may be partial: a sweep's record of
-# a point whose options were refused holds only `run_args`, and a file of an older writer lacks the
-# fields added since. Defaults are what a field's absence meant before it existed. The two are held
-# identical, field for field and type for type (Parallel and SpecLaunch too), by
-# tests/test_run_spec_declaration.py: a field added to RunSpec is added here, optional.
-class Spec(Section):
+class Spec(_optional_fields(  # type: ignore[misc]
+        RunSpec, {"engine": "native", "zero_stage": 0, "fsdp": False, "fused_qkv": False, "cross_entropy": "standard"},
+        {ParallelDims: Parallel, LaunchSpec: SpecLaunch, OptimizerSpec: dict[str, Any]})):
     """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
 
-    model: Text | None = None
-    device: Text | None = None
-    precision: Text | None = None
-    pp_schedule: Text | None = None
-    data: Text | None = None
-    split: Text | None = None
-    flops_formula: Text | None = None
-    out_dir: Text | None = None
-    settings: Text | None = None
-    settings_choice: Text | None = None
-    save: Text | None = None
-    load: Text | None = None
-    save_interval: Positive | None = None
-    async_save: Flag | None = None
-    device_memory_bytes: Count | None = None
-    micro_batch_size: Positive | None = None
-    global_batch_size: Positive | None = None
-    seq_length: Positive | None = None
-    steps: Positive | None = None
-    threads_per_rank: Positive | None = None
-    max_positions: Positive | None = None
-    warmup: Count | None = None
-    seed: Count | None = None
-    initial_scale_power: Count | None = None
-    eval_interval: Count | None = None
-    eval_iters: Count | None = None
-    recompute: Flag | None = None
-    compile: Flag | None = None
-    telemetry: Flag | None = None
-    loss_scale: Figure | None = None
-    telemetry_interval_s: Rate | None = None
-    parallel: Parallel = Field(default_factory=Parallel)
-    launch: SpecLaunch = Field(default_factory=SpecLaunch)
-    engine: Text = "native"
-    zero_stage: Count = 0
-    fsdp: Flag = False
-    fused_qkv: Flag = False
-    cross_entropy: Text = "standard"
-    optimizer: dict[str, Any] | None = None
-    target_ppl: Figure | None = None
-    target_loss: Figure | None = None
-    target_given: Text | None = None
-    run_args: list[Text] | None = None
+    run_args: list[Text] | None = None  # a sweep's record of a point whose options were refused
 
     @property
     def gradient_accumulation_steps(self) -> int | None:
@@ -182,8 +139,6 @@ class Spec(Section):
 
     def run_spec(self) -> RunSpec:
         """The typed RunSpec (KeyError or TypeError when the spec is partial)."""
-        from hwbench.spec import RunSpec
-
         return RunSpec.from_dict(self.model_dump())
 
 
