@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from hwbench import RESULT_SCHEMA_VERSION
-from hwbench.result.model import RunResult
+from hwbench.result.model import Metrics, RunResult
 from hwbench.result.store import ResultFormatError, finite, load_result, load_results, write_result
 
 
@@ -165,3 +165,11 @@ def test_a_result_out_could_not_take_is_named_by_its_file_where_it_was_kept(tmp_
     stored = store_result(_result(), blocker / "runs")  # --out under a file: it cannot be made
     assert stored.path == tmp_path / "temp" / "r1.json" and load_result(stored.path) == _result()
     assert stored.problem.endswith(f"it was kept as {stored.path}")
+
+
+def test_a_section_refuses_membership_tests():
+    """`"x" in section` would be quietly False (pydantic iterates pairs): refused, so no assertion
+    written that way can pass without looking."""
+    section = Metrics(tokens_per_s=1.0)
+    with pytest.raises(TypeError, match="read by attribute"):
+        _ = "tokens_per_s" in section

@@ -57,6 +57,11 @@ class Section(BaseModel):
     def __bool__(self) -> bool:
         return bool(self.model_fields_set or self.model_extra)
 
+    def __contains__(self, key: object) -> bool:
+        # pydantic iterates (name, value) pairs, so `"x" in section` would quietly be False, and a
+        # test asserting `"x" not in result.metrics` could never fail: refused instead.
+        raise TypeError("a result section is read by attribute (a key it does not declare: model_extra)")
+
     def dump(self) -> dict[str, Any]:
         """As the file holds it: the fields that were set (read or assigned), and the extra keys."""
         return self.model_dump(exclude_unset=True)
