@@ -444,15 +444,10 @@ def _fit_tables(measured: list[Candidate]) -> list[tuple]:
 
 
 def _fit_table(fit: ScalingFit) -> Table:
-    first = fit.points[0]
-
-    def ideal(p: Any) -> float:
-        return first.tokens_per_s * p.devices / first.devices
-
     return Table.of([
         ("devices", lambda p: p.devices), ("point", lambda p: p.layout.split(" (")[0]), ("runs", lambda p: p.runs),
         ("tokens/s measured", lambda p: fmt(p.tokens_per_s, 1)),
         ("tokens/s fitted", lambda p: fmt(fit.fitted_tokens_per_s(p.devices), 1)),
-        ("ideal (linear)", lambda p: fmt(ideal(p), 1)),
-        ("efficiency vs ideal", lambda p: percent(p.tokens_per_s / ideal(p), 0)),
+        ("ideal (linear)", lambda p: fmt(fit.ideal_tokens_per_s(p.devices), 1)),
+        ("efficiency vs ideal", lambda p: percent(p.tokens_per_s / fit.ideal_tokens_per_s(p.devices), 0)),
     ], fit.points)
