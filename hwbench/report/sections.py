@@ -27,17 +27,8 @@ from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
-SECTIONS = (
-    "Decision",
-    "Runs",
-    "Against the published tables",
-    "Per model",
-    "Procurement",
-    "Convergence",
-    "Checkpoints",
-    "Environment",
-    "Skipped input files",
-)
+SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
+            "Checkpoints", "Environment", "Skipped input files")
 
 
 def runs_section(runs: pd.DataFrame) -> Section:
@@ -49,7 +40,7 @@ def runs_section(runs: pd.DataFrame) -> Section:
     columns: list[tuple[str, Callable[[pd.Series], Any]]] = [
         ("run", lambda run: run["run_id"]), ("status", lambda run: run["status"]), ("model", lambda run: run["model"]),
         ("device", device_text), ("layout", lambda run: run["layout"]), ("precision", lambda run: run["precision"]),
-        (METRICS["samples_per_s"].label, lambda run: fmt(run["samples_per_s"])), ("note", _run_note),
+        (METRICS["samples_per_s"].label, lambda run: fmt(run[METRICS["samples_per_s"].column])), ("note", _run_note),
     ]
     section.blocks.append(("table", Table.of(columns, _rows(runs))))
     return section
@@ -156,8 +147,9 @@ def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list
     """The per-model table's columns, header and cell side by side; the registry's figures under
     their registry label (hwbench.metrics.METRICS); ``utilisation``: the MFU/HFU columns' headers
     and each run's cells (_utilisation_columns), in order."""
-    def metric(name: str, cell: Callable[[pd.Series], Any]) -> Column:
-        return METRICS[name].label, lambda index, run: cell(run)
+    def metric(name: str, digits: int) -> Column:
+        """A registry figure under its label, read from its column of the runs table (Metric.column)."""
+        return METRICS[name].label, lambda index, run: fmt(run[METRICS[name].column], digits)
 
     def figure_columns(headers: list[str], cells: list[list[Any]]) -> list[Column]:
         def cell_at(at: int) -> Callable[[int, pd.Series], Any]:
@@ -173,12 +165,10 @@ def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list
         ("precision", lambda index, run: run["precision"] + (", recompute" if run["recompute"] else "")),
         ("micro/global", lambda index, run: f"{run['micro_batch_size']}/{run['global_batch_size']}"),
         ("seq", lambda index, run: run["seq_length"]),
-        metric("samples_per_s", lambda run: fmt(run["samples_per_s"])),
-        metric("tokens_per_s", lambda run: fmt(run["tokens_per_s"], 0)),
-        metric("tflops_per_device", lambda run: fmt(run["tflops_per_device"], 3)),
+        metric("samples_per_s", 2), metric("tokens_per_s", 0), metric("tflops_per_device", 3),
         *[column for headers, cells in utilisation for column in figure_columns(headers, cells)],
         # the allocator's peak allocated bytes where the device keeps them, else the reserved (resident) peak
-        metric("peak_memory", lambda run: gib_cell(run["peak_bytes"])),
+        (METRICS["peak_memory"].label, lambda index, run: gib_cell(run["peak_bytes"])),
         ("predicted", lambda index, run: gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))),
         ("capacity", lambda index, run: gib_cell(run["capacity_bytes"])),
     ]
@@ -239,15 +229,9 @@ CPU_PREDICTION_NOTE = (
 
 
 def _model_images(model: str, images: dict[str, str]) -> list[tuple]:
-    blocks: list[tuple] = [
-        ("img", f"{kind}:{model}", f"{model}: {alt}")
-        for kind, alt in (
-            ("throughput", "throughput per device charged"),
-            ("scaling", "scaling with devices charged"),
-            ("memory", "peak memory against predicted and capacity"),
-        )
-        if f"{kind}:{model}" in images
-    ]
+    blocks: list[tuple] = [("img", f"{kind}:{model}", f"{model}: {alt}") for kind, alt in (
+        ("throughput", "throughput per device charged"), ("scaling", "scaling with devices charged"),
+        ("memory", "peak memory against predicted and capacity")) if f"{kind}:{model}" in images]
     if images and f"scaling:{model}" not in images:
         blocks.append(("p", f"No scaling plot for {model}: no device model of it was measured at two or more "
                             "device counts (oversubscribed runs left out)."))
