@@ -192,21 +192,16 @@ def _labels(job: K8sJob) -> dict[str, str]:
 
 def _resources(job: K8sJob) -> dict[str, Any]:
     """requests and limits of one pod (node): the accelerators, --cpu, --memory."""
-    resources: dict[str, Any] = {}
     accelerator = DEVICE_RESOURCES[job.device]
-    requests: dict[str, Any] = {}
-    limits: dict[str, Any] = {}
-    if accelerator:  # a quantity as text: the kubernetes client's typed model refuses an integer
-        requests[accelerator] = limits[accelerator] = Quoted(job.nproc_per_node)
-    if job.cpu:
-        requests["cpu"] = Quoted(job.cpu)
-    if job.memory:
-        requests["memory"] = Quoted(job.memory)
-    if requests:
-        resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
-    return resources
+    # a quantity as text: the kubernetes client's typed model refuses an integer
+    limits = {accelerator: Quoted(job.nproc_per_node)} if accelerator else {}
+    requests = {**limits, **{name: Quoted(value) for name, value in (("cpu", job.cpu), ("memory", job.memory))
+                             if value}}
+    return {name: value for name, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _env(job: K8sJob) -> list[dict[str, Any]]:
+    return [{"name": k, "value": Quoted(v)} for k, v in job.env]
 
 
 def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -221,28 +216,15 @@ def _volumes(job: K8sJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 def _replica_spec(job: K8sJob, replicas: int) -> dict[str, Any]:
     resources = _resources(job)
-    container: dict[str, Any] = {
-        "name": CONTAINER_NAME,
-        "image": job.image,
-        "command": job.pod_command,
-        "ports": [{"name": PORT_NAME, "containerPort": job.master_port}],
-    }
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": job.image, "command": job.pod_command,
+                                 "ports": [{"name": PORT_NAME, "containerPort": job.master_port}]}
     if job.env:
-        container["env"] = [{"name": k, "value": Quoted(v)} for k, v in job.env]
+        container["env"] = _env(job)
     if resources:
         container["resources"] = resources
     volumes, container["volumeMounts"] = _volumes(job)
-    return {
-        "replicas": replicas,
-        "restartPolicy": job.restart_policy,
-        "template": {
-            "metadata": {"labels": _labels(job)},
-            "spec": {
-                "containers": [container],
-                "volumes": volumes,
-            },
-        },
-    }
+    return {"replicas": replicas, "restartPolicy": job.restart_policy,
+            "template": {"metadata": {"labels": _labels(job)}, "spec": {"containers": [container], "volumes": volumes}}}
 
 
 def build_manifest(job: K8sJob) -> dict[str, Any]:
@@ -271,19 +253,15 @@ def build_trainjob(job: K8sJob) -> dict[str, Any]:
     trainer: dict[str, Any] = {"image": job.image, "command": job.pod_command, "numNodes": job.nnodes,
                                "numProcPerNode": job.nproc_per_node}
     if job.env:
-        trainer["env"] = [{"name": k, "value": Quoted(v)} for k, v in job.env]
+        trainer["env"] = _env(job)
     resources = _resources(job)
     if resources:
         trainer["resourcesPerNode"] = resources
     volumes, mounts = _volumes(job)
     overrides = [{"targetJobs": [{"name": TRAINJOB_CONTAINER}],
                   "spec": {"containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": mounts}], "volumes": volumes}}]
-    return {
-        "apiVersion": TRAINJOB_API_VERSION,
-        "kind": TRAINJOB_KIND,
-        "metadata": _metadata(job),
-        "spec": {"runtimeRef": {"name": job.runtime}, "trainer": trainer, "podTemplateOverrides": overrides},
-    }
+    return {"apiVersion": TRAINJOB_API_VERSION, "kind": TRAINJOB_KIND, "metadata": _metadata(job),
+            "spec": {"runtimeRef": {"name": job.runtime}, "trainer": trainer, "podTemplateOverrides": overrides}}
 
 
 def build_pytorchjob(job: K8sJob) -> dict[str, Any]:
@@ -294,12 +272,8 @@ def build_pytorchjob(job: K8sJob) -> dict[str, Any]:
     run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": job.backoff_limit}
     if job.active_deadline_s is not None:
         run_policy["activeDeadlineSeconds"] = job.active_deadline_s
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": _metadata(job),
-        "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs},
-    }
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": _metadata(job),
+            "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replica_specs}}
 
 
 def render(manifest: Mapping[str, Any]) -> str:
@@ -332,10 +306,7 @@ def render(manifest: Mapping[str, Any]) -> str:
             f"#   kubectl logs{ns} -f {name}-master-0",
             f"#   kubectl delete pytorchjob{ns} {name}",
         ]
-    header = [
-        *usage,
-        f"# Results: {RESULTS_MOUNT} in each pod (see docs/kubernetes.md for copying them out).",
-        f"# Environment passed to every pod: {env}",
-    ]
+    header = [*usage, f"# Results: {RESULTS_MOUNT} in each pod (see docs/kubernetes.md for copying them out).",
+              f"# Environment passed to every pod: {env}"]
     body = yaml.dump(dict(manifest), Dumper=ManifestDumper, sort_keys=False, width=1000)
     return "\n".join(header) + "\n" + body

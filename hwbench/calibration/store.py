@@ -262,19 +262,12 @@ def lookup_ceiling(path: str | os.PathLike, device_kind: str, device_model: str,
                       f"(gemm.{precision}.ceiling_flops: must be a positive finite number, not "
                       f"{_short(gemm['ceiling_flops'])}): {fix} --precisions {precision}")
     copy = entry.get("copy") or {}
-    ceiling = {
-        "flops": float(gemm["ceiling_flops"]),
-        "precision": precision,
-        "size": gemm.get("best_size"),
-        "cv": gemm.get("best_cv"),
-        "measured_at": gemm.get("measured_at"),
-        "device_model": device_model,
-        "driver": driver,
-        "torch_version": gemm.get("torch_version"),
-        "hwbench_version": gemm.get("hwbench_version"),
-        "copy_bytes_per_s": float(copy["bytes_per_s"]) if _positive_number(copy.get("bytes_per_s")) else None,
-        "store": str(path),
-    }
+    ceiling = {"flops": float(gemm["ceiling_flops"]), "precision": precision, "size": gemm.get("best_size"),
+               "cv": gemm.get("best_cv"), "measured_at": gemm.get("measured_at"), "device_model": device_model,
+               "driver": driver, "torch_version": gemm.get("torch_version"),
+               "hwbench_version": gemm.get("hwbench_version"),
+               "copy_bytes_per_s": float(copy["bytes_per_s"]) if _positive_number(copy.get("bytes_per_s")) else None,
+               "store": str(path)}
     # what the run copies into device.measured_ceiling must fit the result's shape, or every
     # reader would refuse the finished result: checked here, against the one definition of it
     problem = validation_problem(MeasuredCeiling, ceiling, "measured_ceiling")

@@ -7,6 +7,8 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from hwbench.arguments import argument
 from hwbench.calibration import (
@@ -51,51 +53,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--copy-size", help=f"the copied buffer, e.g. 1GiB (default: "
                                             f"{_by_kind(DEFAULT_COPY_BYTES, human_bytes)}); the bandwidth counts "
                                             "twice it per copy (read + write)")
-    parser.add_argument(
-        "--repeats",
-        default=str(DEFAULT_REPEATS),
-        type=argument("--repeats", int, minimum=2, maximum=MAX_REPETITIONS),
-        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to {MAX_REPETITIONS})",
-    )
-    parser.add_argument(
-        "--warmup",
-        default=str(DEFAULT_WARMUP),
-        type=argument("--warmup", int, minimum=1, maximum=MAX_REPETITIONS),
-        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to {MAX_REPETITIONS})",
-    )
-    parser.add_argument(
-        "--min-time",
-        default=str(DEFAULT_MIN_TIME_S),
-        type=argument("--min-time", float, minimum=0, above_minimum=True, maximum=MAX_SECONDS, accepts="seconds"),
-        metavar="SECONDS",
-        help=f"each measurement's timed repetitions together last at least this (default "
-        f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst",
-    )
-    parser.add_argument(
-        "--device-warmup",
-        default=str(DEFAULT_DEVICE_WARMUP_S),
-        type=argument("--device-warmup", float, minimum=0, maximum=MAX_SECONDS, accepts="seconds"),
-        metavar="SECONDS",
-        help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
-        f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=argument("--threads", int, minimum=1),
-        help="CPU: intra-op threads, at most the usable cores (default: the usable cores); part of the CPU's key",
-    )
-    parser.add_argument(
-        "--store",
-        help=f"the calibration store file (default: ${STORE_ENV}, else "
-        "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="store a rate even when it is no ceiling (implausible for the device, repetitions spread "
-        "by more than 10%%, other work on the machine or device while measuring), marked "
-        "unreliable: runs then report mfu_measured_ceiling null with the reason",
-    )
+    parser.add_argument("--repeats", default=str(DEFAULT_REPEATS),
+                        type=argument("--repeats", int, minimum=2, maximum=MAX_REPETITIONS),
+                        help=f"timed repetitions of each measurement (default {DEFAULT_REPEATS}, 2 to "
+                             f"{MAX_REPETITIONS})")
+    parser.add_argument("--warmup", default=str(DEFAULT_WARMUP),
+                        type=argument("--warmup", int, minimum=1, maximum=MAX_REPETITIONS),
+                        help=f"untimed calls before each measurement (default {DEFAULT_WARMUP}, 1 to "
+                             f"{MAX_REPETITIONS})")
+    parser.add_argument("--min-time", default=str(DEFAULT_MIN_TIME_S), metavar="SECONDS",
+                        type=argument("--min-time", float, minimum=0, above_minimum=True, maximum=MAX_SECONDS,
+                                      accepts="seconds"),
+                        help=f"each measurement's timed repetitions together last at least this (default "
+                             f"{DEFAULT_MIN_TIME_S:g} s, > 0): the device's sustained rate, not a burst")
+    parser.add_argument("--device-warmup", default=str(DEFAULT_DEVICE_WARMUP_S), metavar="SECONDS",
+                        type=argument("--device-warmup", float, minimum=0, maximum=MAX_SECONDS, accepts="seconds"),
+                        help=f"seconds of the largest GEMM before the first measurement, so the device is at the "
+                             f"clocks of sustained work (default {DEFAULT_DEVICE_WARMUP_S:g}; 0: none)")
+    parser.add_argument("--threads", type=argument("--threads", int, minimum=1),
+                        help="CPU: intra-op threads, at most the usable cores (default: the usable cores); part of "
+                             "the CPU's key")
+    parser.add_argument("--store", help=f"the calibration store file (default: ${STORE_ENV}, else "
+                                        "$XDG_CACHE_HOME or ~/.cache, /hwbench/calibration.json)")
+    parser.add_argument("--force", action="store_true",
+                        help="store a rate even when it is no ceiling (implausible for the device, repetitions "
+                             "spread by more than 10%%, other work on the machine or device while measuring), "
+                             "marked unreliable: runs then report mfu_measured_ceiling null with the reason")
 
 
 # Far above any real need (the defaults are 20 and 3), and finite: 10**20 repetitions would run until killed.
@@ -136,27 +119,15 @@ def main(args: argparse.Namespace) -> int:
     precisions, left_out = device_precisions(backend, requested)
     model, driver = device_key(backend)
     settings = CalibrationSettings(
-        precisions=precisions,
-        sizes=sizes or DEFAULT_SIZES[backend.name],
-        copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None else copy_bytes),
-        repeats=args.repeats,
-        warmup=args.warmup,
-        min_time_s=args.min_time,
-        device_warmup_s=args.device_warmup,
-    )
+        precisions=precisions, sizes=sizes or DEFAULT_SIZES[backend.name],
+        copy_bytes=(DEFAULT_COPY_BYTES[backend.name] if copy_bytes is None else copy_bytes), repeats=args.repeats,
+        warmup=args.warmup, min_time_s=args.min_time, device_warmup_s=args.device_warmup)
     print(f"calibrating {backend.name}: {model}, driver {driver}", file=sys.stderr, flush=True)
     reading = decimal_size_note(args.copy_size, "--copy-size")
     if reading:  # once every option is checked: a refusal stays one line
         print(f"hwbench: note: {reading}", file=sys.stderr, flush=True)
-    calibration = calibrate(
-        backend,
-        model,
-        driver,
-        settings,
-        on_measured=lambda m: print(
-            f"  {_label(m)} {_size_text(m)}: {_rate_text(m, 'median')}", file=sys.stderr, flush=True
-        ),
-    )
+    calibration = calibrate(backend, model, driver, settings, on_measured=lambda m: print(
+        f"  {_label(m)} {_size_text(m)}: {_rate_text(m, 'median')}", file=sys.stderr, flush=True))
     if not any(m.rate for m in calibration.measurements if m.kind == "gemm"):
         # a run reads only GEMM ceilings: a copy figure alone would be stored for no run to use
         print(calibration_table(calibration))
@@ -184,36 +155,24 @@ def main(args: argparse.Namespace) -> int:
         print(f"left out {line}")
     for precision in precisions:
         if calibration.ceiling(precision) is None:
-            print(
-                f"warning: GEMM {precision}: every size skipped; no {precision} rate stored (an earlier one stays)",
-                file=sys.stderr,
-            )
+            print(f"warning: GEMM {precision}: every size skipped; no {precision} rate stored (an earlier one stays)",
+                  file=sys.stderr)
     copy = next(m for m in calibration.measurements if m.kind == "copy")
     if copy.rate is None:
         given = f"--copy-size {args.copy_size}" if args.copy_size is not None else f"the {human_bytes(copy.size)} copy"
-        print(
-            f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
-            file=sys.stderr,
-        )
+        print(f"warning: {given}: skipped ({copy.skipped}); no copy bandwidth stored (an earlier one stays)",
+              file=sys.stderr)
     _say_refused(refused, args.force)
     where = f"stored in {store} under {backend.name} / {model} / driver {driver}: "
     read_by_runs = store_runs_read()
     if read_by_runs is not None and same_file(read_by_runs, store):
         named = os.path.expanduser(os.environ.get(STORE_ENV, "").strip())
-        print(
-            where
-            + "runs on this device and driver report mfu_measured_ceiling against these ceilings"
-            + (
-                f" (runs started in this folder: ${STORE_ENV} is a relative path)"
-                if named and not os.path.isabs(named)
-                else ""
-            )
-        )
+        relative = f" (runs started in this folder: ${STORE_ENV} is a relative path)" \
+            if named and not os.path.isabs(named) else ""
+        print(where + "runs on this device and driver report mfu_measured_ceiling against these ceilings" + relative)
     else:
-        print(
-            where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
-            f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings"
-        )
+        print(where + f"runs read {read_by_runs or 'another store'}, not this file: run them with "
+              f"{STORE_ENV}={shlex.quote(str(store))} to report mfu_measured_ceiling against these ceilings")
     return 1 if refused and not args.force else 0
 
 
@@ -221,17 +180,11 @@ def _say_refused(refused: dict[str, str], forced: bool) -> None:
     """One line on stderr for each rate that is no ceiling: not stored, or (--force) stored marked."""
     for precision, reason in refused.items():
         if forced:
-            print(
-                f"warning: GEMM {precision}: stored marked unreliable (--force): {reason}; runs report "
-                "mfu_measured_ceiling null with this reason",
-                file=sys.stderr,
-            )
+            print(f"warning: GEMM {precision}: stored marked unreliable (--force): {reason}; runs report "
+                  "mfu_measured_ceiling null with this reason", file=sys.stderr)
         else:
-            print(
-                f"GEMM {precision}: not stored, this is no ceiling: {reason}; measure again when the machine is "
-                "quiet, or give --force to store it marked unreliable",
-                file=sys.stderr,
-            )
+            print(f"GEMM {precision}: not stored, this is no ceiling: {reason}; measure again when the machine is "
+                  "quiet, or give --force to store it marked unreliable", file=sys.stderr)
 
 
 def _label(measurement) -> str:
@@ -267,56 +220,29 @@ def calibration_table(calibration) -> str:
 
     settings = calibration.settings
     best = {p: calibration.ceiling(p) for p in settings.precisions}
-    rows = []
-    for m in calibration.measurements:
-        ceiling = m.rate is not None and (m.kind == "copy" or best.get(m.precision) is m)
-        rows.append(
-            [
-                _label(m),
-                _size_text(m),
-                _rate_text(m, "median"),
-                _rate_text(m, "p10") if m.rate else "-",
-                _rate_text(m, "p90") if m.rate else "-",
-                f"{m.rate['cv']:.1%}" if m.rate else "-",
-                m.calls_per_repetition if m.rate else "-",
-                m.input_sets if m.kind == "gemm" else "-",
-                f"{m.timed_s:.2f}" if m.timed_s is not None else "-",
-                _clock_text(m),
-                "yes" if ceiling else "",
-            ]
-        )
-    title = (
-        f"{calibration.device_kind}: {calibration.device_model}, driver {calibration.driver}; "
-        f"{settings.repeats} timed repetitions of each, together at least {settings.min_time_s:g} s, after "
-        f"{settings.warmup} warm-up calls; copy counts bytes read + written"
-    )
-    notes = []
+    columns: list[tuple[str, Callable[[Any], Any]]] = [
+        ("measurement", _label), ("size", _size_text), ("median", lambda m: _rate_text(m, "median")),
+        ("p10", lambda m: _rate_text(m, "p10") if m.rate else "-"),
+        ("p90", lambda m: _rate_text(m, "p90") if m.rate else "-"),
+        ("CV", lambda m: f"{m.rate['cv']:.1%}" if m.rate else "-"),
+        ("calls/rep", lambda m: m.calls_per_repetition if m.rate else "-"),
+        ("input sets", lambda m: m.input_sets if m.kind == "gemm" else "-"),
+        ("timed s", lambda m: f"{m.timed_s:.2f}" if m.timed_s is not None else "-"),
+        ("SM clock MHz mean (min-max)", _clock_text),
+        ("ceiling", lambda m: "yes" if m.rate is not None and (m.kind == "copy" or best.get(m.precision) is m)
+         else ""),
+    ]
+    title = (f"{calibration.device_kind}: {calibration.device_model}, driver {calibration.driver}; "
+             f"{settings.repeats} timed repetitions of each, together at least {settings.min_time_s:g} s, after "
+             f"{settings.warmup} warm-up calls; copy counts bytes read + written")
     warmed = calibration.device_warmup
-    notes.append(
-        f"device warm-up: {warmed['seconds']:.1f} s of GEMM {warmed['precision']} {warmed['size']}"
-        if warmed
-        else f"device warm-up: none ({calibration.device_warmup_skipped})"
-    )
+    notes = [f"device warm-up: {warmed['seconds']:.1f} s of GEMM {warmed['precision']} {warmed['size']}" if warmed
+             else f"device warm-up: none ({calibration.device_warmup_skipped})"]
     for reason in dict.fromkeys(m.sm_clock_unmeasured for m in calibration.measurements if m.sm_clock_unmeasured):
         notes.append(f"SM clock not read: {reason}")
     notes.append(_conditions_text(calibration.conditions, calibration.device_kind))
-    table = tabulate(
-        rows,
-        headers=[
-            "measurement",
-            "size",
-            "median",
-            "p10",
-            "p90",
-            "CV",
-            "calls/rep",
-            "input sets",
-            "timed s",
-            "SM clock MHz mean (min-max)",
-            "ceiling",
-        ],
-        disable_numparse=True,
-    )
+    table = tabulate([[cell(m) for _, cell in columns] for m in calibration.measurements],
+                     headers=[header for header, _ in columns], disable_numparse=True)
     return "\n".join([title, table, *notes])
 
 
@@ -327,18 +253,13 @@ def _conditions_text(conditions: dict, device_kind: str) -> str:
     share = host.get("others_cpu_share")
     loads = [host.get("load_average_1m_start"), host.get("load_average_1m_end")]
     parts = [
-        f"other work took {share:.0%} of its CPUs' time"
-        if share is not None
+        f"other work took {share:.0%} of its CPUs' time" if share is not None
         else f"other work unmeasured ({host.get('others_cpu_share_unmeasured')})",
-        "load average "
-        + (" -> ".join(f"{load:.1f}" for load in loads) if None not in loads else "unknown")
+        "load average " + (" -> ".join(f"{load:.1f}" for load in loads) if None not in loads else "unknown")
         + f" on {host.get('usable_cores')} usable cores",
-        "other processes on the device: "
-        + (
-            conditions.get("device_processes_unmeasured") or "unlisted"
-            if processes is None
-            else ", ".join(f"pid {p.get('pid')}" for p in processes) or "none"
-        ),
+        "other processes on the device: " + (
+            conditions.get("device_processes_unmeasured") or "unlisted" if processes is None
+            else ", ".join(f"pid {p.get('pid')}" for p in processes) or "none"),
     ]
     if device_kind == "cpu":
         parts.pop()  # the CPU's other processes are the other work above

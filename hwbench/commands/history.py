@@ -185,16 +185,13 @@ def show(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     from hwbench.history.page import trend_page
+    from hwbench.judge.ci_output import write_output
     from hwbench.judge.compare import parse_threshold
     from hwbench.paths import check_output_file
-    from hwbench.result.store import write_text_atomic
 
     check_output_file(args.out, "--out", [args.db])
     threshold = parse_threshold(args.threshold)
     text = trend_page(_analyses(args, threshold), threshold)
-    try:
-        write_text_atomic(args.out, text)
-    except OSError as error:
-        raise UsageError(f"--out {args.out}: cannot be written: {error.strerror}") from None
+    write_output(args.out, "--out", text)
     print(f"trend page written to {args.out}", file=sys.stderr)
     return 0

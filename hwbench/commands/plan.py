@@ -52,8 +52,8 @@ def _row(layout, plan, capacity: int, headroom: float) -> list:
     precision = layout.spec.precision + ("+recompute" if layout.spec.recompute else "")
     return [layout.name, layout.variant, precision, plan.stage, gib(plan.weights_bytes), gib(plan.gradients_bytes),
             gib(plan.optimizer_bytes), gib(plan.activations_bytes), gib(plan.logits_bytes),
-            gib(plan.cast_weights_bytes), gib(other),
-            gib(plan.step_transient_bytes), gib(plan.overhead_bytes), gib(plan.total_bytes),
+            gib(plan.cast_weights_bytes), gib(other), gib(plan.step_transient_bytes), gib(plan.overhead_bytes),
+            gib(plan.total_bytes),
             "yes" if plan.fits(capacity, headroom) else "no"]
 
 
@@ -78,40 +78,24 @@ def main(args: argparse.Namespace) -> int:
                          layout=layout)
     if layout is not None and found.refused:
         raise UsageError(found.refused[0].refused)
-    print(
-        tabulate(
-            [
-                _row(planned, plan, found.capacity_bytes, found.headroom)
-                for planned in found.layouts
-                for plan in (planned.stages if layout else [planned.peak])
-            ],
-            headers=HEADERS,
-        )
-    )  # --layout: every stage
+    rows = [_row(planned, plan, found.capacity_bytes, found.headroom) for planned in found.layouts
+            for plan in (planned.stages if layout else [planned.peak])]  # --layout: every stage
+    print(tabulate(rows, headers=HEADERS))
     skipped = list(dict.fromkeys(f"{refused.name}: {refused.refused}" for refused in found.refused))
-    _print_footer(
-        found.layouts[-1].spec if found.layouts else None,
-        found.capacity_bytes,
-        found.headroom,
-        found.device_kind,
-        [*filter(None, [decimal_size_note(args.device_memory, "--device-memory")]),
-         *(found.layouts[0].peak.notes if layout else ())],
-        skipped,
-    )
+    notes = [*filter(None, [decimal_size_note(args.device_memory, "--device-memory")]),
+             *(found.layouts[0].peak.notes if layout else ())]
+    _print_footer(found.layouts[-1].spec if found.layouts else None, found.capacity_bytes, found.headroom,
+                  found.device_kind, notes, skipped)
     return 0
 
 
 def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequence[str], skipped: list[str]) -> None:
-    print(
-        f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
-        f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
-        "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md)."
-    )
+    print(f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
+          f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
+          "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
     if spec is not None:
-        print(
-            f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
-            f"global batch {spec.global_batch_size}"
-        )
+        print(f"model {spec.model}, micro batch {spec.micro_batch_size}, seq {spec.seq_length}, "
+              f"global batch {spec.global_batch_size}")
     for note in notes:
         print(f"note: {note}")
     for line in skipped:

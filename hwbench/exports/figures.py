@@ -8,6 +8,7 @@ path on this host) is never a repeat of a real one: its point is apart and its n
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import statistics
 
 from hwbench.metrics import Metric
@@ -61,10 +62,18 @@ def point_figures(runs: list[RunResult]) -> list[PointFigures]:
     return [PointFigures(key, key.label(grouped), runs) for key, runs in grouped.items()]
 
 
+def unix_time(text: str | None) -> float | None:
+    """An ISO 8601 time (a result's started_at, finished_at) as seconds since the epoch; None when it is none."""
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None
+
+
 def flops_formula() -> str:
     from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA
 
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures"]
+__all__ = ["SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures", "unix_time"]

@@ -10,12 +10,11 @@ refuses) or pushed to a Pushgateway.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator
 from typing import Any
 
 from hwbench.exports import PushError, redacted, without_credentials
-from hwbench.exports.figures import PointFigures, flops_formula, point_figures
+from hwbench.exports.figures import PointFigures, flops_formula, point_figures, unix_time
 from hwbench.metrics import METRICS, Gauge
 
 RUNS = Gauge("hwbench_point_runs", "Ok runs of the point the figures are the median of")
@@ -57,18 +56,11 @@ class PointCollector:
         last = GaugeMetricFamily(LAST_RUN.name, LAST_RUN.help, labels=labels, unit=LAST_RUN.unit)
         for point in self.points:
             runs.add_metric(list(label_values(point).values()), len(point.runs))
-            finished = [_unix_time(run.finished_at) for run in point.runs]
+            finished = [unix_time(run.finished_at) for run in point.runs]
             if any(time is not None for time in finished):
                 last.add_metric(list(label_values(point).values()), max(t for t in finished if t is not None))
         yield runs
         yield last
-
-
-def _unix_time(text: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp() if text else None
-    except ValueError:
-        return None
 
 
 def registry_of(runs: list):

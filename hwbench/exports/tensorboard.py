@@ -16,13 +16,13 @@ Wall times are the run's `started_at` plus the steps' times.
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from hwbench.errors import UsageError
+from hwbench.exports.figures import unix_time
 from hwbench.result.model import RunResult
 
 MARKER_FILE = ".hwbench-tensorboard"  # in every run folder an export made: the run's id
@@ -89,7 +89,7 @@ def _write_run(run: RunResult, out: Path) -> Path:
 def scalars(run: RunResult):
     """(tag, value, step, wall time) of every scalar the run recorded."""
     spec = run.spec
-    clock = _epoch_s(run.started_at) or 0.0
+    clock = unix_time(run.started_at) or 0.0
     tokens = (spec.global_batch_size or 0) * (spec.seq_length or 0)
     last_timed = None
     for step in run.steps or []:
@@ -113,10 +113,3 @@ def scalars(run: RunResult):
     power = telemetry.total_power_w if telemetry else None
     if power is not None and last_timed is not None:
         yield "power/window_mean_w", power, last_timed, clock
-
-
-def _epoch_s(text: str) -> float | None:
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp() if text else None
-    except ValueError:
-        return None

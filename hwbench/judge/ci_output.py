@@ -39,11 +39,11 @@ class CiCase:
 def junit_xml(suite: str, cases: Sequence[CiCase]) -> str:
     """``cases`` as one JUnit test suite named ``suite``."""
     counts = {status: sum(case.status == status for case in cases) for status in (FAILED, SKIPPED)}
-    root = ElementTree.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(counts[FAILED]),
-                               errors="0", skipped=str(counts[SKIPPED]), time="0")
-    element = ElementTree.SubElement(root, "testsuite", name=suite, tests=str(len(cases)),
-                                     failures=str(counts[FAILED]), errors="0", skipped=str(counts[SKIPPED]), time="0",
-                                     timestamp=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
+    totals = {"name": suite, "tests": str(len(cases)), "failures": str(counts[FAILED]), "errors": "0",
+              "skipped": str(counts[SKIPPED]), "time": "0"}  # the suites' and the suite's alike
+    root = ElementTree.Element("testsuites", totals)
+    element = ElementTree.SubElement(root, "testsuite", totals, timestamp=datetime.datetime.now(
+        datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
     for case in cases:
         node = ElementTree.SubElement(element, "testcase", name=case.name, classname=case.classname, time="0")
         if case.status == FAILED:
@@ -99,12 +99,11 @@ def history_cases(analyses: Iterable[Any], since: str, describe: Any) -> list[Ci
         listed = [describe(change) for change in analysis.changes if change.night.night >= since]
         regression = analysis.open_regression
         if regression is not None and regression.night.night >= since:
-            message = (f"open regression: {abs(analysis.open_change) * 100:.1f}% worse than before "
-                       f"{regression.night.night} (commit {regression.night.commit or 'unknown'})")
-            cases.append(CiCase(series.label, series.metric, FAILED, message, "\n".join(listed)))
+            status, message = FAILED, (f"open regression: {abs(analysis.open_change) * 100:.1f}% worse than before "
+                                       f"{regression.night.night} (commit {regression.night.commit or 'unknown'})")
         else:
-            message = f"{len(listed)} change point(s), no open regression"
-            cases.append(CiCase(series.label, series.metric, PASSED, message, "\n".join(listed)))
+            status, message = PASSED, f"{len(listed)} change point(s), no open regression"
+        cases.append(CiCase(series.label, series.metric, status, message, "\n".join(listed)))
     return cases
 
 

@@ -57,18 +57,10 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     if runs.empty:  # the published tables alone
         sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
-    candidates = [
-        decision,
-        runs_section(runs),
-        published_section(runs, comparison, published, published_note),
-        model_section(runs, images, also_formula),
-        procurement_section(runs, devices, notes),
-        convergence_section(runs, images),
-        time_to_target_section(runs),
-        checkpoint_section(runs),
-        environment_section(runs, warnings_found),
-        skipped_section(skipped),
-    ]
+    candidates = [decision, runs_section(runs), published_section(runs, comparison, published, published_note),
+                  model_section(runs, images, also_formula), procurement_section(runs, devices, notes),
+                  convergence_section(runs, images), time_to_target_section(runs), checkpoint_section(runs),
+                  environment_section(runs, warnings_found), skipped_section(skipped)]
     sections = [section for section in candidates if section is not None]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
@@ -113,14 +105,9 @@ def unmatched_price_notes(runs: pd.DataFrame, prices: dict[str, Price]) -> list[
     """A note for each --price or --prices entry that names no run's device: most likely a typo."""
     if runs.empty:
         return []
-    known = {str(x).lower() for x in runs["catalog_entry"].dropna()} | {
-        str(x).lower() for x in runs["device_model"].dropna()
-    }
-    return [
-        f"the price of {key!r} (--price or --prices) matched no run's catalog entry or device model"
-        for key in prices
-        if key not in known
-    ]
+    known = {str(x).lower() for column in ("catalog_entry", "device_model") for x in runs[column].dropna()}
+    return [f"the price of {key!r} (--price or --prices) matched no run's catalog entry or device model"
+            for key in prices if key not in known]
 
 
 def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dict) -> dict[str, str]:
@@ -134,12 +121,8 @@ def plot_images(rows: list[dict], loaded: list[tuple[RunResult, str]], fits: dic
     for model in sorted({str(r["model"]) for r in ok}):
         mine = [r for r in ok if str(r["model"]) == model]
         curves = [(r, [(s.step, s.loss) for s in results[r["run_id"]].steps if s.loss is not None]) for r in mine]
-        for kind, image in (
-            ("throughput", plots.throughput(model, mine)),
-            ("scaling", plots.scaling(model, fits)),
-            ("memory", plots.memory(model, mine)),
-            ("loss", plots.loss_curves(model, curves)),
-        ):
+        for kind, image in (("throughput", plots.throughput(model, mine)), ("scaling", plots.scaling(model, fits)),
+                            ("memory", plots.memory(model, mine)), ("loss", plots.loss_curves(model, curves))):
             if image is not None:
                 images[f"{kind}:{model}"] = image
     return images
@@ -160,17 +143,9 @@ def published_tables(against: str | None) -> tuple[pd.DataFrame | None, str | No
     return None, "No published tables found (results/published); give --against PATH."
 
 
-def make_report(
-    paths: Sequence[str],
-    format: str,
-    against: str | None,
-    prices: Mapping[str, Any],
-    tokens: float | None,
-    projection_devices: int,
-    also_formula: str | None = None,
-    references: Sequence[str] = (),
-    keep_different: bool = False,
-) -> tuple[str, list[tuple[str, str]]]:
+def make_report(paths: Sequence[str], format: str, against: str | None, prices: Mapping[str, Any],
+                tokens: float | None, projection_devices: int, also_formula: str | None = None,
+                references: Sequence[str] = (), keep_different: bool = False) -> tuple[str, list[tuple[str, str]]]:
     """The report over the result files under ``paths`` (none: the published tables alone) as
     text in ``format`` (md, csv, json, html), and the (file, reason) of each file left out.
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
@@ -187,27 +162,15 @@ def make_report(
     loaded = [(result, str(path)) for result, path in found]
     skipped = [(str(path), reason) for path, reason in unreadable]
     if paths and not loaded:
-        raise UsageError(
-            f"RESULTS {' '.join(map(str, paths))}: no readable result file "
-            f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})"
-        )
+        raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
+                         f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
     reference_results = _load_references(references)
     published, note = published_tables(None if against is None else str(against))
     if not loaded and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
-    report = build_report(
-        loaded,
-        skipped,
-        published,
-        note,
-        checked_prices,
-        tokens,
-        projection_devices,
-        with_plots=format == "html",
-        also_formula=also_formula,
-        references=reference_results,
-        keep_different=keep_different,
-    )
+    report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
+                          with_plots=format == "html", also_formula=also_formula, references=reference_results,
+                          keep_different=keep_different)
     if format == "html":
         from hwbench.report.html import render_html
 

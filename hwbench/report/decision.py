@@ -16,11 +16,7 @@ import pandas as pd
 from hwbench.harness.stand_in import SIMULATED_PROJECTION
 from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
-from hwbench.report.cost import (
-    cost_per_million_tokens,
-    token_budget,
-    training_time_and_cost,
-)
+from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
 from hwbench.report.document import Section, Table
 from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
@@ -253,17 +249,10 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
     if measured:
         blocks.append(("table", _peaks_table(measured, precision)))
     if len({c.variant for c in measured}) > 1:  # the devices' best points are not the same workload settings
-        blocks.append(
-            (
-                "p",
-                "The best points differ in more than device and layout: "
-                + "; ".join(
-                    f"{c.device}: {c.variant or 'the defaults (native engine, no fsdp, recompute or compile)'}"
-                    for c in measured
-                )
-                + ". Each device is compared at its own best settings, not at the same ones.",
-            )
-        )
+        variants = [f"{c.device}: {c.variant or 'the defaults (native engine, no fsdp, recompute or compile)'}"
+                    for c in measured]
+        blocks.append(("p", "The best points differ in more than device and layout: " + "; ".join(variants)
+                       + ". Each device is compared at its own best settings, not at the same ones."))
     blocks += [("p", sentence) for sentence in _verdicts(measured, published)]
     blocks += [("p", _projection_sentence(c, projection)) for c in measured]
     blocks += _fit_tables(measured)
@@ -271,59 +260,28 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
 
 
 def _candidates_table(candidates: list[Candidate], fastest: Candidate, projection: Projection) -> Table:
-    table = Table(
-        [
-            "device",
-            "best point",
-            "devices charged",
-            "runs",
-            "tokens/s per device (median, min-max)",
-            "CV of repeats",
-            "ratio to fastest",
-            "price/device-h",
-            "$ per 1M tokens",
-            "J/token",
-            f"days on {projection.devices}",
-            f"cost on {projection.devices}",
-            "scaling",
-        ],
-        [],
-    )
-    for c in candidates:
-        days, cost = _train(c, projection)
-        spread = (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
-        table.rows.append(
-            [
-                c.device,
-                c.point,
-                c.devices,
-                "published" if c.published else len(c.per_device),
-                fmt(c.median, 1, low=spread[0], high=spread[1]),
-                _cv_cell(c),
-                fmt_ratio(c.median / fastest.median),
-                usd(c.price.usd_per_hour if c.price else None, ",.4g", "no price"),
-                usd(statistics.median(c.costs) if c.costs else None, ",.4g", "no price"),
-                figure(
-                    statistics.median(c.energy) if c.energy else None,
-                    ".4g",
-                    "J",
-                    "not measured",
-                    note=None if c.energy else f"energy not measured: {c.energy_why}",
-                ),
-                fmt(days, 2),
-                usd(cost, ",.0f", "no price"),
-                _scaling_cell(c),
-            ]
-        )
-    return table
+    def spread(c: Candidate) -> tuple[float | None, float | None]:
+        return (min(c.per_device), max(c.per_device)) if len(c.per_device) > 1 else (None, None)
+
+    return Table.of([
+        ("device", lambda c: c.device), ("best point", lambda c: c.point), ("devices charged", lambda c: c.devices),
+        ("runs", lambda c: "published" if c.published else len(c.per_device)),
+        ("tokens/s per device (median, min-max)", lambda c: fmt(c.median, 1, low=spread(c)[0], high=spread(c)[1])),
+        ("CV of repeats", _cv_cell), ("ratio to fastest", lambda c: fmt_ratio(c.median / fastest.median)),
+        ("price/device-h", lambda c: usd(c.price.usd_per_hour if c.price else None, ",.4g", "no price")),
+        ("$ per 1M tokens", lambda c: usd(statistics.median(c.costs) if c.costs else None, ",.4g", "no price")),
+        ("J/token", lambda c: figure(statistics.median(c.energy) if c.energy else None, ".4g", "J", "not measured",
+                                     note=None if c.energy else f"energy not measured: {c.energy_why}")),
+        (f"days on {projection.devices}", lambda c: fmt(_train(c, projection)[0], 2)),
+        (f"cost on {projection.devices}", lambda c: usd(_train(c, projection)[1], ",.0f", "no price")),
+        ("scaling", _scaling_cell),
+    ], candidates)
 
 
 def _peaks_table(measured: list[Candidate], precision: str) -> Table:
     """Each measured device's catalog entry and its peak with the source, side by side."""
-    table = Table(["device", "catalog entry", f"peak per device ({precision}) and its source", "MFU"], [])
-    for c in measured:
-        table.rows.append([c.device, c.catalog, c.peak, c.mfu_note])
-    return table
+    return Table(["device", "catalog entry", f"peak per device ({precision}) and its source", "MFU"],
+                 [[c.device, c.catalog, c.peak, c.mfu_note] for c in measured])
 
 
 def _cv_cell(candidate: Candidate) -> Any:
@@ -358,10 +316,8 @@ def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
     if days is None or projection.tokens is None:  # no tokens: no days either
         return f"{candidate.device}: no projection ({projection.basis})."
     money = f" and costs ${cost:,.0f}" if cost is not None else f"; its cost is unknown ({candidate.price_why})"
-    return (
-        f"Time to train on {projection.devices} x {candidate.device}: {tokens_text(projection.tokens)} tokens "
-        f"take {fmt(days, 2)} days{money}, {candidate.fit.assumption(projection.devices)}."
-    )
+    return (f"Time to train on {projection.devices} x {candidate.device}: {tokens_text(projection.tokens)} tokens "
+            f"take {fmt(days, 2)} days{money}, {candidate.fit.assumption(projection.devices)}.")
 
 
 def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
@@ -382,10 +338,8 @@ def _measured_verdicts(measured: list[Candidate], published: list[Candidate]) ->
                  "with each other."]
     elif len(measured) < 2:
         against = "compared with the published rows only" if published else "and no published row exists for it"
-        lines = [
-            f"Only one device model was measured for this workload ({measured[0].device}): no measured "
-            f"comparison, {against}."
-        ]
+        lines = [f"Only one device model was measured for this workload ({measured[0].device}): no measured "
+                 f"comparison, {against}."]
     else:
         lines = [_faster(measured), _cheaper(measured)]
     if measured and published:
@@ -416,9 +370,8 @@ def _cheaper(candidates: list[Candidate]) -> str:
     return _named("Cheaper", ranked[0].device, what, verdict, ranked[0], ranked[1], spread)
 
 
-def _named(
-    kind: str, winner: str, what: str, verdict: PointComparison, first: Candidate, second: Candidate, spread: str
-) -> str:
+def _named(kind: str, winner: str, what: str, verdict: PointComparison, first: Candidate, second: Candidate,
+           spread: str) -> str:
     """The verdict sentence: the winner only when the repeats show it, and always how widely the
     repeats of each side spread (``spread``), so that a noisy sample is seen where the verdict is read."""
     counts = f"{len(first.per_device)} and {len(second.per_device)} runs"
@@ -426,17 +379,13 @@ def _named(
         return f"{kind}: {winner}, {what}; shown by the repeats ({counts}; {verdict.rule}). {spread}"
     if verdict.outcome == INCONCLUSIVE:  # past the threshold, but the repeats cannot tell it from noise
         return f"{kind}: {verdict.verdict} ({winner} leads: {what}; {verdict.rule}). {spread}"
-    reason = (
-        "fewer than 2 runs a side"
-        if verdict.verdict == "no repeats"
-        else f"{verdict.rule}, within {DEFAULT_THRESHOLD:.0%}"
-    )
+    reason = ("fewer than 2 runs a side" if verdict.verdict == "no repeats"
+              else f"{verdict.rule}, within {DEFAULT_THRESHOLD:.0%}")
     return f"{kind}: not distinguishable with {counts} ({winner} leads: {what}; {reason}). {spread}"
 
 
-def _spread(
-    candidates: list[Candidate], values: Callable[[Candidate], list[float]], what: str, write: Callable[[float], str]
-) -> str:
+def _spread(candidates: list[Candidate], values: Callable[[Candidate], list[float]], what: str,
+            write: Callable[[float], str]) -> str:
     """'Spread of the repeats (tokens/s per device): A 186.0-651.0, CV 55.5%, noisy (CV above 5%); B one run.'"""
     parts = []
     for candidate in candidates:
@@ -446,23 +395,16 @@ def _spread(
             continue
         statistics_ = throughput_statistics(figures)
         noisy = f", noisy (CV above {NOISY_CV:.0%})" if statistics_["noisy"] else ""
-        parts.append(
-            f"{candidate.device} {write(min(figures))}-{write(max(figures))}, CV {statistics_['cv']:.1%}{noisy}"
-        )
+        parts.append(f"{candidate.device} {write(min(figures))}-{write(max(figures))}, "
+                     f"CV {statistics_['cv']:.1%}{noisy}")
     return f"Spread of the repeats ({what}): " + "; ".join(parts) + "."
 
 
 def _significance(best: list[float], other: list[float], higher_is_better: bool) -> PointComparison:
     """`hwbench compare`'s verdict of ``best`` (as current) against ``other`` (as baseline): a
     single run a side is "no repeats", never a winner."""
-    comparison = PointComparison(
-        key=None,
-        label="",
-        baseline=list(other),
-        current=list(best),
-        baseline_statuses=["ok"] * len(other),
-        current_statuses=["ok"] * len(best),
-    )
+    comparison = PointComparison(key=None, label="", baseline=list(other), current=list(best),
+                                 baseline_statuses=["ok"] * len(other), current_statuses=["ok"] * len(best))
     if len(best) < 2 or len(other) < 2:
         comparison.verdict, comparison.rule = "no repeats", "no repeats"
         return comparison
@@ -471,74 +413,41 @@ def _significance(best: list[float], other: list[float], higher_is_better: bool)
 
 def _against_published(measured: list[Candidate], published: list[Candidate]) -> str:
     best = max(measured, key=lambda c: c.median)
-    parts = [
-        f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}"
-        + (
-            f" (at seq {best.seq_length} against its {p.seq_length}: not the same workload)"
-            if best.seq_length and p.seq_length and best.seq_length != p.seq_length
-            else ""
-        )
-        for p in published
-    ]
-    return (
-        f"Against the published tables (tokens/s per device): {best.device} reaches "
-        + "; ".join(parts)
-        + ". Each published row is one figure without repeats: no confidence can be stated."
-    )
+    parts = [f"{best.median / p.median:.3g}x {p.device.removeprefix('published ')}"
+             + (f" (at seq {best.seq_length} against its {p.seq_length}: not the same workload)"
+                if best.seq_length and p.seq_length and best.seq_length != p.seq_length else "")
+             for p in published]
+    return (f"Against the published tables (tokens/s per device): {best.device} reaches " + "; ".join(parts)
+            + ". Each published row is one figure without repeats: no confidence can be stated.")
 
 
 def _published_only(published: list[Candidate]) -> str:
     ranked = sorted(published, key=lambda c: c.median, reverse=True)
-    faster = (
-        f"On the published figures alone, {ranked[0].device} has {ranked[0].median / ranked[1].median:.2f}x "
-        f"the tokens/s per device of {ranked[1].device}; one figure each, no repeats: no confidence can be "
-        "stated."
-    )
+    faster = (f"On the published figures alone, {ranked[0].device} has {ranked[0].median / ranked[1].median:.2f}x "
+              f"the tokens/s per device of {ranked[1].device}; one figure each, no repeats: no confidence can be "
+              "stated.")
     unpriced = [c for c in published if not c.costs]
     if unpriced:
         return faster + f" Cheaper: cannot say: {unpriced[0].price_why}."
     cheap = sorted(published, key=lambda c: c.costs[0])
-    return faster + (
-        f" Cheaper on the published figures: {cheap[0].device}, ${cheap[0].costs[0]:,.4g} per million "
-        f"tokens against ${cheap[1].costs[0]:,.4g} (one figure each: no confidence)."
-    )
+    return faster + (f" Cheaper on the published figures: {cheap[0].device}, ${cheap[0].costs[0]:,.4g} per million "
+                     f"tokens against ${cheap[1].costs[0]:,.4g} (one figure each: no confidence).")
 
 
 def _fit_tables(measured: list[Candidate]) -> list[tuple]:
     blocks: list[tuple] = []
     for c in (c for c in measured if c.fit.fitted):
-        table = Table(
-            [
-                "devices",
-                "point",
-                "runs",
-                "tokens/s measured",
-                "tokens/s fitted",
-                "ideal (linear)",
-                "efficiency vs ideal",
-            ],
-            [],
-        )
-        first = c.fit.points[0]
-        for p in c.fit.points:
-            ideal = first.tokens_per_s * p.devices / first.devices
-            table.rows.append(
-                [
-                    p.devices,
-                    p.layout.split(" (")[0],
-                    p.runs,
-                    fmt(p.tokens_per_s, 1),
-                    fmt(c.fit.fitted_tokens_per_s(p.devices), 1),
-                    fmt(ideal, 1),
-                    percent(p.tokens_per_s / ideal, 0),
-                ]
-            )
-        blocks += [
-            (
-                "p",
-                f"Scaling of {c.device}: fitted points (least squares of log2 tokens/s on log2 devices; "
-                f"{c.fit.efficiency_per_doubling:.0%} efficiency per doubling).",
-            ),
-            ("table", table),
-        ]
+        blocks += [("p", f"Scaling of {c.device}: fitted points (least squares of log2 tokens/s on log2 devices; "
+                         f"{c.fit.efficiency_per_doubling:.0%} efficiency per doubling)."),
+                   ("table", _fit_table(c.fit))]
     return blocks
+
+
+def _fit_table(fit: ScalingFit) -> Table:
+    return Table.of([
+        ("devices", lambda p: p.devices), ("point", lambda p: p.layout.split(" (")[0]), ("runs", lambda p: p.runs),
+        ("tokens/s measured", lambda p: fmt(p.tokens_per_s, 1)),
+        ("tokens/s fitted", lambda p: fmt(fit.fitted_tokens_per_s(p.devices), 1)),
+        ("ideal (linear)", lambda p: fmt(fit.ideal_tokens_per_s(p.devices), 1)),
+        ("efficiency vs ideal", lambda p: percent(p.tokens_per_s / fit.ideal_tokens_per_s(p.devices), 0)),
+    ], fit.points)

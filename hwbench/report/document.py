@@ -5,6 +5,7 @@ lists, plots) and the data behind them. Built by build.py, written out by render
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -16,6 +17,11 @@ from hwbench.report.cells import Cell, as_cell
 class Table:
     headers: list[str]
     rows: list[list[Any]]  # Cells (hwbench.report.cells); text, a number or None are made cells
+
+    @classmethod
+    def of(cls, columns: Sequence[tuple[str, Callable[[Any], Any]]], items: Iterable[Any]) -> Table:
+        """A row per item; ``columns``: each column's header and its cell of an item, side by side."""
+        return cls([header for header, _ in columns], [[cell(item) for _, cell in columns] for item in items])
 
     def cells(self) -> list[list[Cell]]:
         return [[as_cell(value) for value in row] for row in self.rows]

@@ -100,60 +100,24 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     for (fit_model, precision, device, seq, simulated), fit in sorted(fits.items(), key=lambda item: str(item[0])):
         if fit_model != model or not fit.fitted:
             continue
-        first = fit.points[0]
         name = f"{device}{' [simulated]' if simulated else ''}, {precision}" + (f", seq {seq}" if len(lengths) > 1
                                                                                 else "")
-        series.append(
-            Series(
-                f"{name}: measured",
-                [
-                    Point(
-                        p.devices,
-                        p.tokens_per_s,
-                        f"{p.devices} devices: {p.tokens_per_s:,.1f} tokens/s (median of {p.runs}; "
-                        f"{p.layout.split(' (')[0]})",
-                    )
-                    for p in fit.points
-                ],
-            )
-        )
-        series.append(
-            Series(
-                f"{name}: fit, {fit.efficiency_per_doubling:.0%}/doubling",
-                [
-                    Point(p.devices, fitted, f"fitted {fitted:,.1f}")
-                    for p in fit.points
-                    if (fitted := fit.fitted_tokens_per_s(p.devices)) is not None
-                ],
-                dashed=True,
-                markers=False,
-            )
-        )
-        series.append(
-            Series(
-                f"{name}: ideal (linear)",
-                [
-                    Point(
-                        p.devices,
-                        first.tokens_per_s * p.devices / first.devices,
-                        f"ideal {first.tokens_per_s * p.devices / first.devices:,.1f}",
-                    )
-                    for p in fit.points
-                ],
-                dashed=True,
-                markers=False,
-                color="#a1a1aa",
-            )
-        )
+        series += [
+            Series(f"{name}: measured", [Point(p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} "
+                                               f"tokens/s (median of {p.runs}; {p.layout.split(' (')[0]})")
+                                         for p in fit.points]),
+            Series(f"{name}: fit, {fit.efficiency_per_doubling:.0%}/doubling",
+                   [Point(p.devices, fitted, f"fitted {fitted:,.1f}") for p in fit.points
+                    if (fitted := fit.fitted_tokens_per_s(p.devices)) is not None], dashed=True, markers=False),
+            Series(f"{name}: ideal (linear)",
+                   [Point(p.devices, fit.ideal_tokens_per_s(p.devices),
+                          f"ideal {fit.ideal_tokens_per_s(p.devices):,.1f}") for p in fit.points],
+                   dashed=True, markers=False, color="#a1a1aa"),
+        ]
     if not series:
         return None
-    return line_chart(
-        f"{model}: scaling with devices charged (oversubscribed runs left out)",
-        "devices (log2 axis)",
-        "tokens/s (all devices)",
-        series,
-        log2_x=True,
-    )
+    return line_chart(f"{model}: scaling with devices charged (oversubscribed runs left out)", "devices (log2 axis)",
+                      "tokens/s (all devices)", series, log2_x=True)
 
 
 def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
@@ -163,42 +127,25 @@ def memory(model: str, rows: Sequence[dict[str, Any]]) -> str | None:
     if not rows:
         return None
     categories, by_device = _by_device(rows)
-    groups = [
-        (device, category, runs) for device, found in sorted(by_device.items()) for category, runs in found.items()
-    ][:12]
+    groups = [(device, category, runs) for device, found in sorted(by_device.items())
+              for category, runs in found.items()][:12]
     labels = [f"{device[:22]}\n{category}" for device, category, _ in groups]
     series = []
-    for key, name in (
-        ("peak_bytes", "measured peak"),
-        ("predicted_peak_bytes", "predicted (planner)"),
-        ("capacity_bytes", "capacity"),
-    ):
+    for key, name in (("peak_bytes", "measured peak"), ("predicted_peak_bytes", "predicted (planner)"),
+                      ("capacity_bytes", "capacity")):
         values = [max((r[key] for r in runs if r.get(key) is not None), default=None) for _, _, runs in groups]
-        series.append(
-            Series(
-                name,
-                [
-                    Point(index, v / GIB, f"{device}, {category.replace(chr(10), ', ')}: {name} {v / GIB:,.3f} GiB")
-                    for index, ((device, category, _), v) in enumerate(zip(groups, values))
-                    if v is not None
-                ],
-            )
-        )
+        series.append(Series(name, [
+            Point(index, v / GIB, f"{device}, {category.replace(chr(10), ', ')}: {name} {v / GIB:,.3f} GiB")
+            for index, ((device, category, _), v) in enumerate(zip(groups, values)) if v is not None]))
     return bar_chart(f"{model}: peak memory per device", "GiB per device", labels, series)
 
 
 def loss_curves(model: str, curves: Sequence[tuple[dict[str, Any], list[tuple[int, float]]]]) -> str | None:
     """Training loss per step of each run, labelled by device, layout, precision and what else sets
     its point apart (seq 64)."""
-    series = [
-        Series(
-            f"{run_label(row)} ({row['run_id'][-6:]})",
-            [Point(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
-            markers=len(points) < 40,
-        )
-        for row, points in curves
-        if points
-    ]
+    series = [Series(f"{run_label(row)} ({row['run_id'][-6:]})",
+                     [Point(step, loss, f"{row['run_id']} step {step}: loss {loss:.4f}") for step, loss in points],
+                     markers=len(points) < 40) for row, points in curves if points]
     if not series:
         return None
     return line_chart(f"{model}: training loss (warm-up steps included)", "step", "loss (nats)", series)

@@ -115,18 +115,15 @@ def _file_entry(path: str, key: str, value: Any) -> Price:
     unknown = sorted(set(map(str, value)) - _ENTRY_KEYS)
     price = _number(value.get("usd_per_hour"), strict=True)
     source, date = value.get("source"), value.get("date")
-    date_text = calendar_date(date)
-    problem = (
-        f"unknown key {_short(unknown[0])}"
-        if unknown
-        else f"usd_per_hour {_short(value.get('usd_per_hour'))}"
-        if price is None
-        else f"source {_short(source)}"
-        if source is not None and not (isinstance(source, str) and source.strip())
-        else f"date {_short(date)}"
-        if date is not None and date_text is None
-        else None
-    )
+    date_text, problem = calendar_date(date), None
+    if unknown:
+        problem = f"unknown key {_short(unknown[0])}"
+    elif price is None:
+        problem = f"usd_per_hour {_short(value.get('usd_per_hour'))}"
+    elif source is not None and not (isinstance(source, str) and source.strip()):
+        problem = f"source {_short(source)}"
+    elif date is not None and date_text is None:
+        problem = f"date {_short(date)}"
     if problem or price is None:
         raise UsageError(f"--prices {path}: entry {_short(key)} has {problem}; accepted: {_ACCEPTED}")
     return Price(price, source.strip() if source else f"--prices {path}", date_text)
@@ -159,9 +156,8 @@ def as_prices(given: Mapping[str, Any]) -> dict[str, Price]:
     return prices
 
 
-def device_price(
-    entry: str | None, model: str | None, recorded: Device | None, overrides: Mapping[str, Price]
-) -> tuple[Price | None, str | None]:
+def device_price(entry: str | None, model: str | None, recorded: Device | None,
+                 overrides: Mapping[str, Price]) -> tuple[Price | None, str | None]:
     """(the price of one device-hour, None) or (None, why there is none). First found: --price or
     --prices by catalog entry or device model, the price the result recorded from the catalog
     when it ran (``recorded``: the result's device), the catalog entry now."""
@@ -173,15 +169,11 @@ def device_price(
         return Price(recorded.price_usd_per_hour, source, recorded.price_date), None
     catalog_entry = _catalog_entry(entry)
     if catalog_entry is not None and catalog_entry.price_usd_per_hour is not None:
-        return Price(
-            catalog_entry.price_usd_per_hour, catalog_entry.price_source or f"catalog {entry}", catalog_entry.price_date
-        ), None
+        return Price(catalog_entry.price_usd_per_hour, catalog_entry.price_source or f"catalog {entry}",
+                     catalog_entry.price_date), None
     name = entry or model or "this device"
-    why = (
-        catalog_entry.price_unavailable
-        if catalog_entry is not None and catalog_entry.price_unavailable
-        else ("its catalog entry has none" if catalog_entry is not None else "no catalog entry matches it")
-    )
+    why = ("no catalog entry matches it" if catalog_entry is None
+           else catalog_entry.price_unavailable or "its catalog entry has none")
     return None, f"no price for {name}: {why}; give --price {entry or 'DEVICE'}=USD/h or --prices FILE.yaml"
 
 

@@ -111,13 +111,9 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
 def checkpoint_figures(result: RunResult) -> dict[str, Any]:
     """The run's checkpoint figures (result.checkpoint) as report columns; None where it saved or loaded nothing."""
     checkpoint = result.checkpoint
-    saves, loads, restarts = (checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []) \
-        if checkpoint else ([], [], [])
-    return {"checkpoint_save_bytes": checkpoint.save_bytes if checkpoint else None,
-            "checkpoint_save_gb_per_s": checkpoint.save_gb_per_s if checkpoint else None,
-            "checkpoint_save_stall_s": checkpoint.save_stall_s if checkpoint else None,
-            "checkpoint_save_interval": checkpoint.save_interval if checkpoint else None,
-            "checkpoint_stall_s_per_hour": checkpoint.stall_s_per_hour if checkpoint else None,
+    saves, loads, restarts = (getattr(checkpoint, name, None) or [] for name in ("saves", "loads", "restarts"))
+    return {**{f"checkpoint_{name}": getattr(checkpoint, name, None)
+               for name in ("save_bytes", "save_gb_per_s", "save_stall_s", "save_interval", "stall_s_per_hour")},
             "checkpoint_stall_reason": checkpoint.why("stall_s_per_hour") if checkpoint else None,
             "checkpoint_async": bool(checkpoint.async_save) if checkpoint else None,
             "checkpoint_saves": len(saves), "checkpoint_load_gb_per_s": loads[-1].gb_per_s if loads else None,

@@ -42,6 +42,11 @@ class ScalingFit:
             return None
         return 2 ** (self.intercept + self.slope * math.log2(devices))
 
+    def ideal_tokens_per_s(self, devices: int) -> float:
+        """Linear scaling from the smallest device count measured."""
+        first = self.points[0]
+        return first.tokens_per_s * devices / first.devices
+
     def projection_exponent(self) -> float:
         """The exponent projections use: the fitted slope, never above 1 (a superlinear fit from
         a few noisy points is not a promise), or 1 (linear) without a fit."""

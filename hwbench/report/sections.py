@@ -27,38 +27,28 @@ from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
-SECTIONS = (
-    "Decision",
-    "Runs",
-    "Against the published tables",
-    "Per model",
-    "Procurement",
-    "Convergence",
-    "Checkpoints",
-    "Environment",
-    "Skipped input files",
-)
+SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
+            "Checkpoints", "Environment", "Skipped input files")
 
 
 def runs_section(runs: pd.DataFrame) -> Section:
     section = Section("Runs")
     statuses = runs["status"].value_counts().to_dict()
-    section.blocks.append(
-        (
-            "p",
-            f"{len(runs)} result(s): "
-            + ", ".join(f"{n} {s}" for s, n in statuses.items())
-            + ". Only runs with status ok enter the comparisons.",
-        )
-    )
+    section.blocks.append(("p", f"{len(runs)} result(s): "
+                                + ", ".join(f"{n} {s}" for s, n in statuses.items())
+                                + ". Only runs with status ok enter the comparisons."))
     columns: list[tuple[str, Callable[[pd.Series], Any]]] = [
         ("run", lambda run: run["run_id"]), ("status", lambda run: run["status"]), ("model", lambda run: run["model"]),
         ("device", device_text), ("layout", lambda run: run["layout"]), ("precision", lambda run: run["precision"]),
-        (METRICS["samples_per_s"].label, lambda run: fmt(run["samples_per_s"])), ("note", _run_note),
+        (METRICS["samples_per_s"].label, lambda run: fmt(run[METRICS["samples_per_s"].column])), ("note", _run_note),
     ]
-    table = Table([header for header, _ in columns], [[cell(run) for _, cell in columns] for _, run in runs.iterrows()])
-    section.blocks.append(("table", table))
+    section.blocks.append(("table", Table.of(columns, _rows(runs))))
     return section
+
+
+def _rows(runs: pd.DataFrame, ok: bool = False) -> list[pd.Series]:
+    """The runs table's rows in order; ``ok``: only the runs with status ok."""
+    return [run for _, run in (runs[runs["status"] == "ok"] if ok else runs).iterrows()]
 
 
 def _run_note(run: pd.Series) -> str:
@@ -69,6 +59,13 @@ def _run_note(run: pd.Series) -> str:
     return "; ".join(notes)
 
 
+PUBLISHED_INTRO = (
+    ". Published samples/s is the global figure of all 8 devices (the mean of the last 100 logged samples/sec); PPL "
+    "is the lowest validation PPL. A measured run is shown under every published row of its model, whatever its "
+    "layout; the note names every setting that differs from the published point (layout, device count, sequence "
+    "length, batch, precision, recompute). Where the layout or device count differs, read the per-device ratio.")
+
+
 def published_section(
     runs: pd.DataFrame, comparison: pd.DataFrame, published: pd.DataFrame | None, note: str | None
 ) -> Section:
@@ -76,100 +73,43 @@ def published_section(
     if published is None:
         section.blocks.append(("p", note or "No published tables were given."))
         return section
-    section.blocks.append(
-        (
-            "p",
-            "Published figures: "
-            + ", ".join(sorted(set(published["file"])))
-            + ". Published samples/s is the global figure of all 8 devices (the mean of the last "
-            "100 logged samples/sec); PPL is the lowest validation PPL. A measured run is shown under "
-            "every published row of its model, whatever its layout; the note names every setting "
-            "that differs from the published point (layout, device count, sequence length, batch, "
-            "precision, recompute). Where the layout or device count differs, read the per-device ratio.",
-        )
-    )
+    section.blocks.append(("p", "Published figures: " + ", ".join(sorted(set(published["file"]))) + PUBLISHED_INTRO))
     section.blocks.append(("p", NORMALISATION))
     for table_name, group in published.groupby("table", sort=True):
         section.blocks.append(("h", f"Table {table_name}"))
-        table = Table(
-            [
-                "NAME",
-                "params",
-                "PPL",
-                "samples/s",
-                "seq_len",
-                "Steps",
-                "layout",
-                "samples/s per device",
-                "ratio",
-                "ratio per device",
-                "note",
-            ],
-            [],
-        )
+        table = Table(["NAME", "params", "PPL", "samples/s", "seq_len", "Steps", "layout", "samples/s per device",
+                       "ratio", "ratio per device", "note"], [])
         for _, pub in group.iterrows():
-            table.rows.append(
-                [
-                    pub["name"],
-                    pub["params"],
-                    fmt_g(pub["ppl"]),
-                    fmt_g(pub["samples_per_s"]),
-                    fmt(pub["seq_length"], 0),
-                    fmt(pub["steps"], 0),
-                    f"{published_layout(pub)} on {int(pub['devices'])}",
-                    fmt(pub["samples_per_s"] / pub["devices"], 3),
-                    "",
-                    "",
-                    pub.get("device_class", ""),
-                ]
-            )
-            if comparison.empty:
-                continue
-            matched = comparison[
-                (comparison["table"] == pub["table"])
-                & (comparison["name"] == pub["name"])
-                & (comparison["model"] == pub["model"])
-            ]
-            for _, c in matched.iterrows():
-                ppl = (
-                    "-"
-                    if not is_number(c["measured_ppl"])
-                    else f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})"
-                )
-                notes = []
-                if c["simulated"]:
-                    notes.append("simulated device: not a hardware figure")
-                elif c["backend"] == "cpu":
-                    notes.append("CPU run")
-                if c["differences"]:
-                    notes.append("differs: " + ", ".join(c["differences"]))
-                table.rows.append(
-                    [
-                        f"↳ measured {c['run_id']}",
-                        pub["params"],
-                        ppl,
-                        fmt(c["measured_samples_per_s"], 3),
-                        fmt(c["seq_length"], 0),
-                        f"{c['timed_steps']} timed",
-                        f"{c['layout']} on {c['world_size']} ({c['device_model']})",
-                        fmt(c["measured_samples_per_s_per_device"], 3),
-                        fmt_ratio(c["ratio"]),
-                        fmt_ratio(c["ratio_per_device"]),
-                        "; ".join(notes),
-                    ]
-                )
+            table.rows.append([pub["name"], pub["params"], fmt_g(pub["ppl"]), fmt_g(pub["samples_per_s"]),
+                               fmt(pub["seq_length"], 0), fmt(pub["steps"], 0),
+                               f"{published_layout(pub)} on {int(pub['devices'])}",
+                               fmt(pub["samples_per_s"] / pub["devices"], 3), "", "", pub.get("device_class", "")])
+            if not comparison.empty:
+                matched = comparison[(comparison["table"] == pub["table"]) & (comparison["name"] == pub["name"])
+                                     & (comparison["model"] == pub["model"])]
+                table.rows += [_measured_row(pub, c) for _, c in matched.iterrows()]
         section.blocks.append(("table", table))
-    unmatched = []
-    for _, run in (runs[runs["status"] == "ok"] if not runs.empty else runs).iterrows():
-        if comparison.empty or run["run_id"] not in set(comparison["run_id"]):
-            unmatched.append(
-                f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; "
-                f"no published row for model {run['model']}"
-            )
+    compared = set() if comparison.empty else set(comparison["run_id"])
+    unmatched = [f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; no published row for model "
+                 f"{run['model']}" for run in _rows(runs, ok=not runs.empty) if run["run_id"] not in compared]
     if unmatched:
         section.blocks.append(("p", "Runs without a published counterpart:"))
         section.blocks.append(("list", unmatched))
     return section
+
+
+def _measured_row(pub: pd.Series, c: pd.Series) -> list[Any]:
+    """A measured run's row under the published row it is compared with."""
+    ppl = f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})" if is_number(c["measured_ppl"]) else "-"
+    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+             else ["CPU run"] if c["backend"] == "cpu" else [])
+    if c["differences"]:
+        notes.append("differs: " + ", ".join(c["differences"]))
+    return [f"↳ measured {c['run_id']}", pub["params"], ppl, fmt(c["measured_samples_per_s"], 3),
+            fmt(c["seq_length"], 0), f"{c['timed_steps']} timed",
+            f"{c['layout']} on {c['world_size']} ({c['device_model']})",
+            fmt(c["measured_samples_per_s_per_device"], 3), fmt_ratio(c["ratio"]), fmt_ratio(c["ratio_per_device"]),
+            "; ".join(notes)]
 
 
 def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str | None = None) -> Section:
@@ -177,37 +117,22 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
     a formula that counts the recompute (megatron-deepspeed) for a run that recomputes is hardware
     FLOPs utilisation: it goes in a column headed HFU, with a note saying why, never under MFU."""
     section = Section("Per model")
-    section.blocks.append(
-        (
-            "p",
-            "Every layout measured, by model. Peak memory is the allocator's peak allocated "
-            "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
-            "(`hwbench plan`) for the run's own spec and backend; capacity is the device's.",
-        )
-    )
+    section.blocks.append(("p", "Every layout measured, by model. Peak memory is the allocator's peak allocated "
+                                "bytes (on the CPU, the peak resident set); predicted is hwbench's planner "
+                                "(`hwbench plan`) for the run's own spec and backend; capacity is the device's."))
     ok = runs[runs["status"] == "ok"]
     for model, group in ok.groupby("model", sort=True):
         section.blocks.append(("h", f"{model}"))
         ordered = [run for _, run in group.sort_values(["world_size", "layout"]).iterrows()]
         own = [_utilisation(run, run["flops_formula"], run["mfu"], run["mfu_reason"]) for run in ordered]
-        ceiling = [
-            _utilisation(
-                run,
-                run["flops_formula"],
-                run["mfu_measured_ceiling"],
-                run["mfu_measured_ceiling_reason"],
-                "against a measured ceiling ",
-            )
-            for run in ordered
-        ]
+        ceiling = [_utilisation(run, run["flops_formula"], run["mfu_measured_ceiling"],
+                                run["mfu_measured_ceiling_reason"], "against a measured ceiling ") for run in ordered]
         also = [_also_utilisation(run, also_formula) for run in ordered] if also_formula else []
         utilisation = [_utilisation_columns("", own),
                        *([_utilisation_columns(f" ({also_formula})", also)] if also_formula else []),
                        _utilisation_columns(" (measured ceiling)", ceiling)]
-        columns = _model_columns(utilisation)
-        table = Table([header for header, _ in columns],
-                      [[cell(index, run) for _, cell in columns] for index, run in enumerate(ordered)])
-        section.blocks.append(("table", table))
+        columns = [(header, lambda item, cell=cell: cell(*item)) for header, cell in _model_columns(utilisation)]
+        section.blocks.append(("table", Table.of(columns, enumerate(ordered))))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
@@ -222,8 +147,9 @@ def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list
     """The per-model table's columns, header and cell side by side; the registry's figures under
     their registry label (hwbench.metrics.METRICS); ``utilisation``: the MFU/HFU columns' headers
     and each run's cells (_utilisation_columns), in order."""
-    def metric(name: str, cell: Callable[[pd.Series], Any]) -> Column:
-        return METRICS[name].label, lambda index, run: cell(run)
+    def metric(name: str, digits: int) -> Column:
+        """A registry figure under its label, read from its column of the runs table (Metric.column)."""
+        return METRICS[name].label, lambda index, run: fmt(run[METRICS[name].column], digits)
 
     def figure_columns(headers: list[str], cells: list[list[Any]]) -> list[Column]:
         def cell_at(at: int) -> Callable[[int, pd.Series], Any]:
@@ -239,12 +165,10 @@ def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list
         ("precision", lambda index, run: run["precision"] + (", recompute" if run["recompute"] else "")),
         ("micro/global", lambda index, run: f"{run['micro_batch_size']}/{run['global_batch_size']}"),
         ("seq", lambda index, run: run["seq_length"]),
-        metric("samples_per_s", lambda run: fmt(run["samples_per_s"])),
-        metric("tokens_per_s", lambda run: fmt(run["tokens_per_s"], 0)),
-        metric("tflops_per_device", lambda run: fmt(run["tflops_per_device"], 3)),
+        metric("samples_per_s", 2), metric("tokens_per_s", 0), metric("tflops_per_device", 3),
         *[column for headers, cells in utilisation for column in figure_columns(headers, cells)],
         # the allocator's peak allocated bytes where the device keeps them, else the reserved (resident) peak
-        metric("peak_memory", lambda run: gib_cell(run["peak_bytes"])),
+        (METRICS["peak_memory"].label, lambda index, run: gib_cell(run["peak_bytes"])),
         ("predicted", lambda index, run: gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))),
         ("capacity", lambda index, run: gib_cell(run["capacity_bytes"])),
     ]
@@ -305,147 +229,76 @@ CPU_PREDICTION_NOTE = (
 
 
 def _model_images(model: str, images: dict[str, str]) -> list[tuple]:
-    blocks: list[tuple] = [
-        ("img", f"{kind}:{model}", f"{model}: {alt}")
-        for kind, alt in (
-            ("throughput", "throughput per device charged"),
-            ("scaling", "scaling with devices charged"),
-            ("memory", "peak memory against predicted and capacity"),
-        )
-        if f"{kind}:{model}" in images
-    ]
+    blocks: list[tuple] = [("img", f"{kind}:{model}", f"{model}: {alt}") for kind, alt in (
+        ("throughput", "throughput per device charged"), ("scaling", "scaling with devices charged"),
+        ("memory", "peak memory against predicted and capacity")) if f"{kind}:{model}" in images]
     if images and f"scaling:{model}" not in images:
-        blocks.append(
-            (
-                "p",
-                f"No scaling plot for {model}: no device model of it was measured at two or more "
-                "device counts (oversubscribed runs left out).",
-            )
-        )
+        blocks.append(("p", f"No scaling plot for {model}: no device model of it was measured at two or more "
+                            "device counts (oversubscribed runs left out)."))
     return blocks
 
 
 def procurement_section(runs: pd.DataFrame, devices: int, notes: list[str]) -> Section:
     section = Section("Procurement")
-    section.blocks.append(
-        (
-            "p",
-            "Cost per million tokens = price per device-hour / 3600 x devices charged / "
-            "tokens/s x 1e6; devices charged: ranks on one CPU socket are one CPU, a GPU or NPU "
-            "run is charged its devices (the count and its basis are shown). Energy per token = "
-            "energy the devices used over the telemetry window (which brackets the timed steps) "
-            "/ tokens of the timed steps; average power is the devices' mean power summed.",
-        )
-    )
-    section.blocks.append(
-        (
-            "p",
-            f"Projection: time and cost to train each run's token budget on {devices} devices "
-            f"of the same kind (--tokens, default 20 per parameter; --projection-devices). "
-            f"{SCALING_ASSUMPTION}",
-        )
-    )
-    table = Table(
-        [
-            "run",
-            "device",
-            "devices charged",
-            "tokens/s per device",
-            "J/token",
-            "avg power",
-            "price/device-h",
-            "$ per 1M tokens",
-            "token budget",
-            f"days on {devices}",
-            "projected cost",
-            "scaling",
-        ],
-        [],
-    )
-    for _, run in runs[runs["status"] == "ok"].iterrows():
-        table.rows.append(_procurement_row(run))
+    section.blocks.append(("p", "Cost per million tokens = price per device-hour / 3600 x devices charged / "
+                                "tokens/s x 1e6; devices charged: ranks on one CPU socket are one CPU, a GPU or NPU "
+                                "run is charged its devices (the count and its basis are shown). Energy per token = "
+                                "energy the devices used over the telemetry window (which brackets the timed steps) "
+                                "/ tokens of the timed steps; average power is the devices' mean power summed."))
+    section.blocks.append(("p", f"Projection: time and cost to train each run's token budget on {devices} devices "
+                                f"of the same kind (--tokens, default 20 per parameter; --projection-devices). "
+                                f"{SCALING_ASSUMPTION}"))
+    table = Table.of(_procurement_columns(devices), _rows(runs, ok=True))
     section.blocks.append(("table", table))
     if notes:
         section.blocks.append(("list", notes))
     return section
 
 
-def _procurement_row(run: pd.Series) -> list[Any]:
-    energy = fmt(
-        run["energy_per_token_j"],
-        4,
-        " J",
-        missing="not measured",
-        note=None if is_number(run["energy_per_token_j"]) else f"energy not measured: {run['energy_reason']}",
-    )
-    power = fmt(run["power_w_mean"], 0, " W", missing="not measured")
-    priced = is_number(run["price_usd_per_hour"])
-    price = usd(
-        run["price_usd_per_hour"],
-        ",.4g",
-        "no price",
-        note=(f"price: {run['price_source']}" + (f", {run['price_date']}" if run["price_date"] else ""))
-        if priced
-        else f"no price: {run['price_source']}",
-    )
-    cost = usd(run["cost_per_million_tokens_usd"], ",.4f", "no price")
-    projected = usd(run["projected_cost_usd"], ",.0f", "no price")
-    marked = " [oversubscribed]" if run["oversubscribed"] is True else ""
-    budget = tokens_cell(run["token_budget"])
+def _procurement_columns(devices: int) -> list[tuple[str, Callable[[pd.Series], Any]]]:
     return [
-        run["run_id"] + marked,
-        device_text(run),
-        figure(run["devices_charged"], "d", note=f"devices charged: {run['devices_charged_basis']}"),
-        fmt(run["tokens_per_s_per_device_charged"], 1),
-        energy,
-        power,
-        price,
-        cost,
-        budget,
-        fmt(run["projected_days"], 2),
-        projected,
-        noted("", f"scaling: {run['projection_basis']}"),
+        ("run", lambda run: run["run_id"] + (" [oversubscribed]" if run["oversubscribed"] is True else "")),
+        ("device", device_text),
+        ("devices charged",
+         lambda run: figure(run["devices_charged"], "d", note=f"devices charged: {run['devices_charged_basis']}")),
+        ("tokens/s per device", lambda run: fmt(run["tokens_per_s_per_device_charged"], 1)),
+        ("J/token", lambda run: fmt(run["energy_per_token_j"], 4, " J", missing="not measured",
+                                    note=None if is_number(run["energy_per_token_j"])
+                                    else f"energy not measured: {run['energy_reason']}")),
+        ("avg power", lambda run: fmt(run["power_w_mean"], 0, " W", missing="not measured")),
+        ("price/device-h", _price_cell),
+        ("$ per 1M tokens", lambda run: usd(run["cost_per_million_tokens_usd"], ",.4f", "no price")),
+        ("token budget", lambda run: tokens_cell(run["token_budget"])),
+        (f"days on {devices}", lambda run: fmt(run["projected_days"], 2)),
+        ("projected cost", lambda run: usd(run["projected_cost_usd"], ",.0f", "no price")),
+        ("scaling", lambda run: noted("", f"scaling: {run['projection_basis']}")),
     ]
+
+
+def _price_cell(run: pd.Series) -> Any:
+    if not is_number(run["price_usd_per_hour"]):
+        return usd(run["price_usd_per_hour"], ",.4g", "no price", note=f"no price: {run['price_source']}")
+    date = f", {run['price_date']}" if run["price_date"] else ""
+    return usd(run["price_usd_per_hour"], ",.4g", "no price", note=f"price: {run['price_source']}{date}")
 
 
 def convergence_section(runs: pd.DataFrame, images: dict[str, str]) -> Section:
     section = Section("Convergence")
-    section.blocks.append(
-        (
-            "p",
-            "Training loss (nats) at the first and last step and the validation PPL after "
-            "the step shown; the floor is the lowest reachable PPL of the run's data (built-in or synthetic; "
-            "none for a dataset).",
-        )
-    )
-    table = Table(["run", "model", "loss first", "loss last", "validation PPL", "after step", "PPL floor"], [])
-    for _, run in runs[runs["status"] == "ok"].iterrows():
-        ppl = (
-            fmt(run["valid_ppl"], 3)
-            if is_number(run["valid_ppl"])
-            else f"- ({run['valid_ppl_reason'] or 'not measured'})"
-        )
-        table.rows.append(
-            [
-                run["run_id"],
-                run["model"],
-                fmt(run["loss_start"], 3),
-                fmt(run["loss_end"], 3),
-                ppl,
-                "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"]) else run["valid_ppl_step"],
-                fmt(run["ppl_floor"], 3),
-            ]
-        )
-    section.blocks.append(("table", table))
-    for key in sorted(k for k in images if k.startswith("loss:")):
-        section.blocks.append(
-            (
-                "img",
-                key,
-                f"{key.removeprefix('loss:')}: loss curves by device, layout and precision "
-                "(click a legend entry to hide or show it)",
-            )
-        )
+    section.blocks.append(("p", "Training loss (nats) at the first and last step and the validation PPL after the "
+                                "step shown; the floor is the lowest reachable PPL of the run's data (built-in or "
+                                "synthetic; none for a dataset)."))
+    table = Table.of([
+        ("run", lambda run: run["run_id"]), ("model", lambda run: run["model"]),
+        ("loss first", lambda run: fmt(run["loss_start"], 3)), ("loss last", lambda run: fmt(run["loss_end"], 3)),
+        ("validation PPL", lambda run: fmt(run["valid_ppl"], 3) if is_number(run["valid_ppl"])
+         else f"- ({run['valid_ppl_reason'] or 'not measured'})"),
+        ("after step", lambda run: "-" if run["valid_ppl_step"] is None or not is_number(run["valid_ppl"])
+         else run["valid_ppl_step"]),
+        ("PPL floor", lambda run: fmt(run["ppl_floor"], 3)),
+    ], _rows(runs, ok=True))
+    section.blocks += [("table", table)] + [
+        ("img", key, f"{key.removeprefix('loss:')}: loss curves by device, layout and precision (click a legend "
+                     "entry to hide or show it)") for key in sorted(k for k in images if k.startswith("loss:"))]
     return section
 
 
@@ -455,68 +308,29 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
     section = Section("Checkpoints")
     saved = runs[runs["checkpoint_saves"].fillna(0).astype(int) > 0] if "checkpoint_saves" in runs else runs.iloc[:0]
     if saved.empty:
-        section.blocks.append(
-            (
-                "p",
-                "No run saved a checkpoint (`hwbench run --save DIR --save-interval N` measures "
-                "them; docs/checkpoints.md).",
-            )
-        )
+        section.blocks.append(("p", "No run saved a checkpoint (`hwbench run --save DIR --save-interval N` measures "
+                                    "them; docs/checkpoints.md)."))
         return section
-    section.blocks.append(
-        (
-            "p",
-            "One checkpoint's size (every rank's files), the storage's rate for it (all ranks "
-            "together: bytes / the slowest rank's time), how long training stalled per save, and "
-            "the policy's price: seconds of every hour of training spent stalled at the run's "
-            "--save-interval and step time. Restarts: torchrun restarts (--max-restarts) and the "
-            "steps and seconds they lost, left out of the throughput.",
-        )
-    )
-    table = Table(
-        [
-            "run",
-            "model",
-            "layout",
-            "checkpoint",
-            "save GB/s",
-            "stall per save",
-            "every",
-            "stall s/hour",
-            "load GB/s",
-            "restarts (lost)",
-        ],
-        [],
-    )
-    for _, run in saved.iterrows():
-        every = (f"{run['checkpoint_save_interval']} steps" if run["checkpoint_save_interval"] else "end only") + (
-            ", async" if run["checkpoint_async"] else ""
-        )
-        per_hour = (
-            fmt(run["checkpoint_stall_s_per_hour"], 1)
-            if is_number(run["checkpoint_stall_s_per_hour"])
-            else f"- ({run['checkpoint_stall_reason'] or 'not measured'})"
-        )
-        restarts = (
-            "-"
-            if not run["restarts"]
-            else (f"{run['restarts']} ({run['restart_steps_lost']} steps, {fmt(run['restart_time_lost_s'], 1)} s)")
-        )
-        table.rows.append(
-            [
-                run["run_id"],
-                run["model"],
-                run["layout"],
-                gib_cell(run["checkpoint_save_bytes"]),
-                fmt(run["checkpoint_save_gb_per_s"], 3),
-                fmt(run["checkpoint_save_stall_s"], 3, " s"),
-                every,
-                per_hour,
-                fmt(run["checkpoint_load_gb_per_s"], 3) if is_number(run["checkpoint_load_gb_per_s"]) else "-",
-                restarts,
-            ]
-        )
-    section.blocks.append(("table", table))
+    section.blocks.append(("p", "One checkpoint's size (every rank's files), the storage's rate for it (all ranks "
+                                "together: bytes / the slowest rank's time), how long training stalled per save, and "
+                                "the policy's price: seconds of every hour of training spent stalled at the run's "
+                                "--save-interval and step time. Restarts: torchrun restarts (--max-restarts) and the "
+                                "steps and seconds they lost, left out of the throughput."))
+    section.blocks.append(("table", Table.of([
+        ("run", lambda run: run["run_id"]), ("model", lambda run: run["model"]), ("layout", lambda run: run["layout"]),
+        ("checkpoint", lambda run: gib_cell(run["checkpoint_save_bytes"])),
+        ("save GB/s", lambda run: fmt(run["checkpoint_save_gb_per_s"], 3)),
+        ("stall per save", lambda run: fmt(run["checkpoint_save_stall_s"], 3, " s")),
+        ("every", lambda run: (f"{run['checkpoint_save_interval']} steps" if run["checkpoint_save_interval"]
+                               else "end only") + (", async" if run["checkpoint_async"] else "")),
+        ("stall s/hour", lambda run: fmt(run["checkpoint_stall_s_per_hour"], 1)
+         if is_number(run["checkpoint_stall_s_per_hour"])
+         else f"- ({run['checkpoint_stall_reason'] or 'not measured'})"),
+        ("load GB/s", lambda run: fmt(run["checkpoint_load_gb_per_s"], 3)
+         if is_number(run["checkpoint_load_gb_per_s"]) else "-"),
+        ("restarts (lost)", lambda run: f"{run['restarts']} ({run['restart_steps_lost']} steps, "
+         f"{fmt(run['restart_time_lost_s'], 1)} s)" if run["restarts"] else "-"),
+    ], _rows(saved))))
     return section
 
 
@@ -526,57 +340,44 @@ def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:
     if "checkpoint_stall_s_per_hour" not in runs:
         return []
     lines = []
-    for _, run in runs[runs["status"] == "ok"].iterrows():
+    for run in _rows(runs, ok=True):
         per_hour = run["checkpoint_stall_s_per_hour"]
         if not is_number(per_hour):
             continue
-        line = (
-            f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
-            f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
-            f"({per_hour / 3600:.2%})"
-        )
+        line = (f"{run['run_id']} ({run['model']}, {run['device_model']}, {run['layout']}): a save every "
+                f"{run['checkpoint_save_interval']} steps stalls {per_hour:,.1f} s of every hour of training "
+                f"({per_hour / 3600:.2%})")
         if is_number(run["price_usd_per_hour"]) and is_number(run["devices_charged"]):
-            line += (
-                f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
-                f"{run['devices_charged']} devices"
-            )
+            line += (f", ${per_hour / 3600 * run['price_usd_per_hour'] * run['devices_charged']:,.2f} per hour on "
+                     f"{run['devices_charged']} devices")
         lines.append(line)
     return [("h", "Checkpoint policy"), ("list", lines)] if lines else []
 
 
 def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     section = Section("Environment")
-    table = Table(["run", "device", "count", "driver", "CUDA", "CANN", "torch", "deepspeed", "hwbench"], [])
-    for _, run in runs.iterrows():
-        git = run["hwbench_git"]
-        version = str(run["hwbench_version"]) + (
-            f" ({str(git)[:10]}{', dirty' if run['hwbench_git_dirty'] else ''})" if git else ""
-        )
-        table.rows.append(
-            [
-                run["run_id"],
-                f"{run['device_model']}" + (" [simulated]" if run["simulated"] else ""),
-                fmt(run["device_count"], 0),
-                *(
-                    str(run[k] or "-")
-                    for k in ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
-                ),
-                version,
-            ]
-        )
-    section.blocks.append(("table", table))
+    versions = ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
+    section.blocks.append(("table", Table.of([
+        ("run", lambda run: run["run_id"]),
+        ("device", lambda run: f"{run['device_model']}" + (" [simulated]" if run["simulated"] else "")),
+        ("count", lambda run: fmt(run["device_count"], 0)),
+        *((header, lambda run, key=key: str(run[key] or "-"))
+          for header, key in zip(("driver", "CUDA", "CANN", "torch", "deepspeed"), versions)),
+        ("hwbench", _version_text),
+    ], _rows(runs))))
     if found:
         section.blocks.append(("p", "Warnings: the compared runs differ."))
         section.blocks.append(("list", found))
     else:
-        section.blocks.append(
-            (
-                "p",
-                "No differences in driver, CUDA/CANN, torch, DeepSpeed or hwbench versions, "
-                "or precision, among the ok runs.",
-            )
-        )
+        section.blocks.append(("p", "No differences in driver, CUDA/CANN, torch, DeepSpeed or hwbench versions, "
+                                    "or precision, among the ok runs."))
     return section
+
+
+def _version_text(run: pd.Series) -> str:
+    git = run["hwbench_git"]
+    dirty = ", dirty" if run["hwbench_git_dirty"] else ""
+    return str(run["hwbench_version"]) + (f" ({str(git)[:10]}{dirty})" if git else "")
 
 
 def skipped_section(skipped: list[tuple[str, str]]) -> Section:

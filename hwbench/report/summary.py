@@ -23,26 +23,16 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     rows: list[tuple[str, str]] = [
         ("status", result.status + (f" ({result.error.message})" if result.error else "")),
         ("model", f"{workload.name or spec.model}: {(workload.parameters or 0) / 1e6:,.1f}M parameters"),
-        (
-            "device",
-            f"{device.backend or '?'}: {device.device_model or '?'}" + (" [SIMULATED]" if device.simulated else ""),
-        ),
-        (
-            "batch",
-            f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
-            f"{spec.precision}" + (", recompute" if spec.recompute else "") + (", compiled" if spec.compile else ""),
-        ),
+        ("device", f"{device.backend or '?'}: {device.device_model or '?'}"
+                   + (" [SIMULATED]" if device.simulated else "")),
+        ("batch", f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
+                  f"{spec.precision}" + (", recompute" if spec.recompute else "")
+                  + (", compiled" if spec.compile else "")),
         ("layout", layout_text(result)),
     ]
     if result.status in ("failed", "timeout", "oom") and result.ranks and result.ranks[0].last_step is not None:
-        rows.append(
-            (
-                "ranks",
-                "; ".join(
-                    f"{r.rank}: step {r.last_step}" + (f", {r.signal}" if r.signal else "") for r in result.ranks
-                ),
-            )
-        )
+        rows.append(("ranks", "; ".join(f"{r.rank}: step {r.last_step}" + (f", {r.signal}" if r.signal else "")
+                                        for r in result.ranks)))
     if not metrics:
         return rows + ([("result file", path)] if path else [])
     step, memory = metrics.step_time_s or StepTime(), metrics.memory or Memory()
@@ -56,26 +46,16 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         (kind, METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
         (f"{kind}, measured ceiling", _measured_ceiling_text(result)),
         *([("", hfu_reason(metrics.flops_formula or ""))] if kind == "HFU" else []),
-        (
-            "step time",
-            f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, CV {_percent(step.cv)}",
-        ),
+        ("step time", f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, "
+                      f"CV {_percent(step.cv)}"),
         (METRICS["peak_memory"].label, _memory_text(memory)),
-        (
-            "loss",
-            f"{_number(metrics.loss_start, 3)} -> {_number(metrics.loss_end, 3)} "
-            f"(floor {_number(metrics.loss_floor, 3)})",
-        ),
+        ("loss", f"{_number(metrics.loss_start, 3)} -> {_number(metrics.loss_end, 3)} "
+                 f"(floor {_number(metrics.loss_floor, 3)})"),
     ]
     if metrics.valid_ppl is not None:
-        rows.append(
-            (
-                "validation",
-                f"PPL {metrics.valid_ppl:,.3f} (loss {_number(metrics.valid_loss, 4)}) after "
-                f"{metrics.valid_ppl_step} steps; lowest reachable PPL "
-                f"{_number(metrics.ppl_floor, 3)}",
-            )
-        )
+        rows.append(("validation", f"PPL {metrics.valid_ppl:,.3f} (loss {_number(metrics.valid_loss, 4)}) after "
+                                   f"{metrics.valid_ppl_step} steps; lowest reachable PPL "
+                                   f"{_number(metrics.ppl_floor, 3)}"))
         curve = validation_curve_text(metrics.validation or [])
         if curve:
             rows.append(("validation curve", curve))
@@ -90,11 +70,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     rows.append(("telemetry", _telemetry_text(result)))
     if result.checkpoint is not None:
         rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
-    for warning in result.warnings:
-        rows.append(("warning", warning))
-    if path:
-        rows.append(("result file", path))
-    return rows
+    rows += [("warning", warning) for warning in result.warnings]
+    return rows + ([("result file", path)] if path else [])
 
 
 CURVE_POINTS = 6  # validations shown at most; the result holds them all
@@ -116,21 +93,13 @@ def steady_state_text(steady) -> str:
     """ "settled after 3 timed steps; drift +1.2% last quarter vs first (threshold 5%), throttle: none"."""
     if steady.drift is None:
         return steady.why("drift") or "not measured"
-    settled = (
-        f"settled after {steady.settled_after_steps} timed steps"
-        if steady.settled_after_steps is not None
-        else steady.why("settled_after_steps")
-    )
+    settled = (f"settled after {steady.settled_after_steps} timed steps" if steady.settled_after_steps is not None
+               else steady.why("settled_after_steps"))
     flag = " DRIFTING" if steady.drifting else ""
-    throttle = (
-        ", ".join(steady.throttle_reasons)
-        if steady.throttle_reasons is not None
-        else f"not known ({steady.why('throttle_reasons')})"
-    )
-    return (
-        f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
-        f"{flag}; throttle reasons: {throttle or 'none'}"
-    )
+    throttle = (", ".join(steady.throttle_reasons) if steady.throttle_reasons is not None
+                else f"not known ({steady.why('throttle_reasons')})")
+    return (f"{settled}; drift {steady.drift:+.1%} last quarter vs first (threshold {steady.drift_threshold:.0%})"
+            f"{flag}; throttle reasons: {throttle or 'none'}")
 
 
 def target_text(figures: TimeToTarget) -> str:
@@ -150,10 +119,8 @@ def time_to_target_text(figures: TimeToTarget) -> str:
     init = f"init {figures.init_s:,.1f} s apart" if figures.init_s is not None else "init not measured"
     energy = f", {figures.energy_j:,.0f} J" if figures.energy_j is not None else ""
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
-    return (
-        f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
-        f"{figures.device_hours:.3g} device-hours{energy}{cost}"
-    )
+    return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
+            f"{figures.device_hours:.3g} device-hours{energy}{cost}")
 
 
 def checkpoint_text(checkpoint: Checkpoints) -> str:
@@ -162,23 +129,17 @@ def checkpoint_text(checkpoint: Checkpoints) -> str:
     saves, loads, restarts = checkpoint.saves or [], checkpoint.loads or [], checkpoint.restarts or []
     if saves:
         rate = "-" if checkpoint.save_gb_per_s is None else f"{checkpoint.save_gb_per_s:,.3g} GB/s"
-        parts.append(
-            f"{len(saves)} saved, {human_bytes(checkpoint.save_bytes)} each at {rate}, stall "
-            f"{_ms(checkpoint.save_stall_s)} ms per save"
-            + (
-                ""
-                if checkpoint.stall_s_per_hour is None
-                else f" ({checkpoint.stall_s_per_hour:,.1f} s per hour at --save-interval {checkpoint.save_interval})"
-            )
-        )
+        policy = "" if checkpoint.stall_s_per_hour is None else \
+            f" ({checkpoint.stall_s_per_hour:,.1f} s per hour at --save-interval {checkpoint.save_interval})"
+        parts.append(f"{len(saves)} saved, {human_bytes(checkpoint.save_bytes)} each at {rate}, stall "
+                     f"{_ms(checkpoint.save_stall_s)} ms per save{policy}")
     for load in loads[-1:]:
         rate = "-" if load.gb_per_s is None else f"{load.gb_per_s:,.3g} GB/s"
         parts.append(f"loaded step {load.iteration} ({human_bytes(load.bytes)} at {rate})")
     if restarts:
         lost = sum(r.time_lost_s or 0.0 for r in restarts)
-        parts.append(
-            f"{len(restarts)} restart(s), {sum(r.steps_lost or 0 for r in restarts)} steps and {lost:,.1f} s lost"
-        )
+        parts.append(f"{len(restarts)} restart(s), {sum(r.steps_lost or 0 for r in restarts)} steps and {lost:,.1f} s "
+                     "lost")
     return "; ".join(parts) or "none"
 
 
@@ -195,10 +156,8 @@ def _measured_ceiling_text(result: RunResult) -> str:
     mfu, ceiling = result.metrics.mfu_measured_ceiling, result.device.measured_ceiling
     if mfu is None or not ceiling or ceiling.flops is None:
         return _why(result, "mfu_measured_ceiling")
-    return (
-        f"{mfu:.1%} of {flops_rate_text(ceiling.flops)} ({ceiling.precision} GEMM, n={ceiling.size}, "
-        f"measured {(ceiling.measured_at or '?')[:10]}, driver {ceiling.driver})"
-    )
+    return (f"{mfu:.1%} of {flops_rate_text(ceiling.flops)} ({ceiling.precision} GEMM, n={ceiling.size}, "
+            f"measured {(ceiling.measured_at or '?')[:10]}, driver {ceiling.driver})")
 
 
 def _memory_text(memory: Memory) -> str:
@@ -210,10 +169,8 @@ def _memory_text(memory: Memory) -> str:
     else:
         allocated_text = human_bytes(allocated) if allocated is not None or not reason else f"n/a ({reason})"
     reserved_name = "resident set" if "resident set" in reason else "reserved"
-    return (
-        f"allocated {allocated_text}, {reserved_name} {human_bytes(memory.peak_reserved_bytes)} "
-        f"of {human_bytes(memory.capacity_bytes)}"
-    )
+    return (f"allocated {allocated_text}, {reserved_name} {human_bytes(memory.peak_reserved_bytes)} "
+            f"of {human_bytes(memory.capacity_bytes)}")
 
 
 def layout_text(result: RunResult) -> str:
@@ -241,9 +198,8 @@ def _telemetry_text(result: RunResult) -> str:
         return _why(result, "telemetry")
     parts = []
     for device in telemetry.devices or []:
-        text = f"#{device.index}: power {_number(device.power_w_mean, 0)} W"
-        text += f", energy {_number(device.energy_j, 0)} J"
-        text += f", temp max {_number(device.temperature_c_max, 0)} C"
+        text = (f"#{device.index}: power {_number(device.power_w_mean, 0)} W, energy {_number(device.energy_j, 0)} J, "
+                f"temp max {_number(device.temperature_c_max, 0)} C")
         if device.throttle_reasons:
             text += f", throttle {'+'.join(device.throttle_reasons)}"
         parts.append(text)
@@ -267,9 +223,8 @@ def sweep_summary_table(suite, records) -> str:
         aggregate = record.aggregate or {}
         if aggregate:
             samples = aggregate["samples_per_s"]
-            throughput = f"{samples['median']:,.2f}" + (
-                f" (CV {samples['cv']:.1%}{', noisy' if samples['noisy'] else ''})" if samples["n"] > 1 else ""
-            )
+            spread = f" (CV {samples['cv']:.1%}{', noisy' if samples['noisy'] else ''})" if samples["n"] > 1 else ""
+            throughput = f"{samples['median']:,.2f}{spread}"
         elif ok and ok[0].metrics.samples_per_s is not None:
             throughput = f"{ok[0].metrics.samples_per_s:,.2f}"
         else:
@@ -282,16 +237,9 @@ def sweep_summary_table(suite, records) -> str:
         note = next((r.error.message or "" for r in record.results if r.error), "")
         if record.reused:
             note = (f"{record.reused} kept; " + note).strip("; ")
-        rows.append(
-            [
-                record.point.name,
-                counts,
-                throughput,
-                METRICS["mfu"].text(mfu) + (" HFU" if hardware and mfu is not None else ""),
-                METRICS["peak_memory"].text(memory),
-                note[:90],
-            ]
-        )
+        rows.append([record.point.name, counts, throughput,
+                     METRICS["mfu"].text(mfu) + (" HFU" if hardware and mfu is not None else ""),
+                     METRICS["peak_memory"].text(memory), note[:90]])
         if any(r.metrics.time_to_target for r in record.results if r.metrics):
             rows[-1].insert(3, _sweep_time_to_target(record))
     headers = ["point", "status", METRICS["samples_per_s"].label, METRICS["mfu"].label, METRICS["peak_memory"].label,
@@ -309,11 +257,8 @@ def _sweep_time_to_target(record) -> str:
     score = (record.aggregate or {}).get("time_to_target_s")
     if score and score["score"] is not None:
         return f"{score['score']:,.1f} s (olympic mean of {score['runs']}: fastest and slowest dropped)"
-    reached = [
-        r.metrics.time_to_target
-        for r in record.results
-        if r.metrics and r.metrics.time_to_target and r.metrics.time_to_target.reached
-    ]
+    reached = [r.metrics.time_to_target for r in record.results
+               if r.metrics and r.metrics.time_to_target and r.metrics.time_to_target.reached]
     if len(reached) == 1 and len(record.results) == 1:
         return f"{reached[0].scored_time_s:,.1f} s"
     return score["why"] if score else "not reached"

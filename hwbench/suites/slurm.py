@@ -102,18 +102,15 @@ def check_time(value: str) -> str:
     if match and match.group("lead") is not None:
         fields = [int(f) for f in (match.group("lead"), match.group("m"), match.group("s")) if f is not None]
         ok = all(f < 60 for f in fields[1:])
-        seconds = (
-            fields[0] * 60 if len(fields) == 1 else sum(f * 60 ** (len(fields) - 1 - i) for i, f in enumerate(fields))
-        )
+        seconds = fields[0] * 60 if len(fields) == 1 else sum(f * 60 ** (len(fields) - 1 - i)
+                                                               for i, f in enumerate(fields))
     elif match:
         days, hours, minutes, secs = (int(match.group(k) or 0) for k in ("d", "h", "dm", "ds"))
         ok = hours < 24 and minutes < 60 and secs < 60
         seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
     if not match or not ok or seconds <= 0:
-        raise UsageError(
-            f"--time {value!r} is not accepted; give Slurm's form, longer than zero: {TIME_FORMS} "
-            "(hours < 24 after D-, minutes and seconds < 60)"
-        )
+        raise UsageError(f"--time {value!r} is not accepted; give Slurm's form, longer than zero: {TIME_FORMS} "
+                         "(hours < 24 after D-, minutes and seconds < 60)")
     return value
 
 
@@ -136,15 +133,13 @@ def check_sbatch_arg(arg: str, gres_written: bool = False) -> str:
     that hwbench writes one for: an NPU site names its own)."""
     check_script_value("--sbatch-arg", arg)
     if not arg.startswith("-") or arg in ("-", "--"):
-        raise UsageError(
-            f"--sbatch-arg {arg!r} is not accepted; give one sbatch option such as --sbatch-arg=--qos=high"
-        )
+        raise UsageError(f"--sbatch-arg {arg!r} is not accepted; give one sbatch option such as "
+                         "--sbatch-arg=--qos=high")
     for (long, short), instead in WRITTEN_OPTIONS.items():
         if long == "gres" and not gres_written:
             continue
-        if re.fullmatch(rf"--{re.escape(long)}(?:[=\s].*)?", arg, re.S) or (
-            short and arg.startswith(f"-{short}") and not arg.startswith("--")
-        ):
+        if (re.fullmatch(rf"--{re.escape(long)}(?:[=\s].*)?", arg, re.S)
+                or (short and arg.startswith(f"-{short}") and not arg.startswith("--"))):
             raise UsageError(f"--sbatch-arg {arg!r} is not accepted; hwbench writes --{long} itself: give {instead}")
     return arg
 
@@ -153,19 +148,16 @@ def check_device_kind(device: str | None, where: str = "a Slurm job") -> None:
     """A script asks Slurm for the devices by kind: with auto, a node given none would quietly
     benchmark its CPU (as `hwbench k8s` refuses it too)."""
     if (device or "auto") not in KINDS:
-        raise UsageError(
-            f"--device {device or 'auto'} is not accepted for {where}: the script asks Slurm for the "
-            f"devices by kind; give --device {' or '.join(KINDS)}"
-        )
+        raise UsageError(f"--device {device or 'auto'} is not accepted for {where}: the script asks Slurm for the "
+                         f"devices by kind; give --device {' or '.join(KINDS)}")
 
 
 def check_slurm_tools(collect: bool) -> None:
     """Slurm's client tools on PATH (sbatch unless only collecting), before anything is written."""
     for tool in ("scontrol",) + (() if collect else ("sbatch",)):
         if shutil.which(tool) is None:
-            raise SetupError(
-                f"{tool} not found: --executor slurm needs Slurm's client tools (sbatch, scontrol, scancel) on PATH"
-            )
+            raise SetupError(f"{tool} not found: --executor slurm needs Slurm's client tools (sbatch, scontrol, "
+                             "scancel) on PATH")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,16 +212,9 @@ def sbatch_header(sbatch: dict[str, Any], settings: SlurmSettings) -> list[str]:
     return lines + [f"#SBATCH {shlex.quote(check_sbatch_arg(arg, 'gres' in sbatch))}" for arg in settings.sbatch_args]
 
 
-def batch_script(
-    spec: RunSpec,
-    options: RunOptions,
-    point_dir: Path | str,
-    log: Path | str,
-    settings: SlurmSettings,
-    env: dict[str, str] | None = None,
-    sweep: dict[str, Any] | None = None,
-    job_name: str = "hwbench",
-) -> str:
+def batch_script(spec: RunSpec, options: RunOptions, point_dir: Path | str, log: Path | str, settings: SlurmSettings,
+                 env: dict[str, str] | None = None, sweep: dict[str, Any] | None = None,
+                 job_name: str = "hwbench") -> str:
     """The sbatch script that runs `hwbench run` with ``options`` (``spec`` is what they
     resolve to) on the point's nodes, its result into ``point_dir``: one task per device
     (each one rank), or one task per node that launches torchrun."""
@@ -250,16 +235,10 @@ def batch_script(
     if gres:
         sbatch["gres"] = f"{gres}:{int(per_node)}"
     lines = sbatch_header(sbatch, settings)
-    lines += [
-        "",
-        f"# written by hwbench: {nodes} node(s) x {per_node} device(s), "
-        + (
-            "one task per device, each one rank (ranks from SLURM_PROCID)"
-            if tasks_per_node == per_node
-            else "one task per node, each launching torchrun with its ranks"
-        ),
-        "# rendezvous: the job's first host, port 10000 + job id mod 50000 (hwbench/harness/slurm_env.py)",
-    ]
+    tasks = ("one task per device, each one rank (ranks from SLURM_PROCID)" if tasks_per_node == per_node
+             else "one task per node, each launching torchrun with its ranks")
+    lines += ["", f"# written by hwbench: {nodes} node(s) x {per_node} device(s), {tasks}",
+              "# rendezvous: the job's first host, port 10000 + job id mod 50000 (hwbench/harness/slurm_env.py)"]
     if sweep is not None:
         lines.append(f"export {SWEEP_ENV}={shlex.quote(json.dumps(sweep, sort_keys=True))}")
     for key, value in (env or {}).items():
@@ -267,16 +246,8 @@ def batch_script(
             raise UsageError(f"env {key!r} is not accepted; give a variable name (letters, digits, _)")
         lines.append(f"export {key}={shlex.quote(value)}")
     quiet = ["--quiet"] if sweep is not None else []  # a sweep's log needs no progress lines
-    command = [
-        settings.python,
-        "-m",
-        "hwbench",
-        "run",
-        *quiet,
-        *options.with_absolute_paths().merged(out=None).to_argv(),
-        "--out",
-        os.path.abspath(point_dir),
-    ]
+    command = [settings.python, "-m", "hwbench", "run", *quiet,
+               *options.with_absolute_paths().merged(out=None).to_argv(), "--out", os.path.abspath(point_dir)]
     lines += ["", "srun --kill-on-bad-exit=1 " + shlex.join(command), ""]
     return "\n".join(lines)
 
@@ -325,9 +296,8 @@ def cancel_jobs(jobs: list[str], out_dir: Path) -> None:
     done = slurm_tool(["scancel", *jobs])
     if done.returncode != 0:  # the jobs may still run: keep their records, so the sweep re-attaches
         reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise SetupError(
-            f"scancel {' '.join(jobs)} failed ({reason}); the jobs are kept and the same command re-attaches to them"
-        )
+        raise SetupError(f"scancel {' '.join(jobs)} failed ({reason}); the jobs are kept and the same command "
+                         "re-attaches to them")
     for record in out_dir.rglob("repeat*.slurm"):
         if _read_job(record).get("job_id") in jobs:
             record.unlink(missing_ok=True)
@@ -338,10 +308,8 @@ def cluster_name() -> str:
     done = slurm_tool(["scontrol", "show", "config"])
     match = re.search(r"^ClusterName\s*=\s*(\S+)", done.stdout, re.M) if done.returncode == 0 else None
     if done.returncode != 0:
-        raise SetupError(
-            f"--executor slurm: Slurm's controller does not answer: "
-            f"{(done.stderr.strip().splitlines() or ['scontrol failed'])[-1]}"
-        )
+        raise SetupError("--executor slurm: Slurm's controller does not answer: "
+                         f"{(done.stderr.strip().splitlines() or ['scontrol failed'])[-1]}")
     return match.group(1) if match else "unknown"
 
 
@@ -418,16 +386,8 @@ class SlurmExecutor(Executor):
             spec = build_run_spec(run.options.merged(out=str(run.folder), **launch), self.catalog)
             # the point's device may bring a --gres an --sbatch-arg also sets: that point is invalid
             folder = run.folder.resolve()
-            text = batch_script(
-                spec,
-                run.options,
-                folder,
-                folder / f"repeat{run.repeat}.log",
-                self.settings,
-                run.env,
-                run.sweep,
-                _job_name(run),
-            )
+            text = batch_script(spec, run.options, folder, folder / f"repeat{run.repeat}.log", self.settings, run.env,
+                                run.sweep, _job_name(run))
         except UsageError as error:
             return recorded(run, "invalid", str(error))
         run.folder.mkdir(parents=True, exist_ok=True)
@@ -436,9 +396,8 @@ class SlurmExecutor(Executor):
         job_id, problem = submit(script)
         if job_id is None:
             return recorded(run, "invalid", f"sbatch refused the job: {problem}", extra={"slurm_state": SUBMIT_FAILED})
-        write_json_atomic(
-            _job_file(run), {"job_id": job_id, "key": run.key, "submitted_at": submitted_at, "script": script.name}
-        )
+        write_json_atomic(_job_file(run),
+                          {"job_id": job_id, "key": run.key, "submitted_at": submitted_at, "script": script.name})
         self.say(f"{run.label}: submitted as job {job_id}")
         return Job(run, job_id, "PENDING", submitted_at)
 
@@ -463,9 +422,8 @@ class SlurmExecutor(Executor):
                 self.last_summary = time.monotonic()
                 states = [job.state for job in jobs]
                 counts = ", ".join(f"{states.count(s)} {s.lower()}" for s in dict.fromkeys(states))
-                self.say(
-                    f"waiting for {len(jobs)} job(s): {counts} ({duration(self.last_summary - self.started)} so far)"
-                )
+                self.say(f"waiting for {len(jobs)} job(s): {counts} "
+                         f"({duration(self.last_summary - self.started)} so far)")
             time.sleep(self.settings.poll_s)
 
 
@@ -497,9 +455,5 @@ def collect(job: Job, state: str) -> RunResult:
     message = f"Slurm job {job.job_id} ended {state} without a result" + (f": {last_line}" if last_line else "")
     if state == "UNKNOWN":
         message = f"Slurm no longer knows job {job.job_id} and it left no result"
-    return recorded(
-        run,
-        status,
-        message,
-        extra={"slurm_state": state, "slurm_job_id": job.job_id, "log_tail": "\n".join(tail) or None},
-    )
+    return recorded(run, status, message,
+                    extra={"slurm_state": state, "slurm_job_id": job.job_id, "log_tail": "\n".join(tail) or None})
