@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,8 +27,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from hwbench.checkpoint.native import TorchState
 from hwbench.device import Backend
-from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
+from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
@@ -318,20 +318,12 @@ class NativeEngine:
         }
 
     # checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
-        """Model, optimizer and loss scaler through torch.distributed.checkpoint, each rank its shards."""
-        from hwbench.engine.checkpoint import native_state, save_state
+    def checkpoint_state(self) -> TorchState:
+        """Model, optimizer and loss scaler, saved through torch.distributed.checkpoint."""
+        return TorchState(self.model, self.optimizer, self.scaler)
 
-        return save_state(native_state(self.model, self.optimizer, self.scaler), folder, self.ctx.rank,
-                          asynchronous, process_group)
-
-    def load_checkpoint(self, folder: Path, iteration: int) -> int:
-        """The saved state, resharded to this layout; the schedule continues at ``iteration`` + 1."""
-        from hwbench.engine.checkpoint import load_state
-
-        bytes_read = load_state(self.model, self.optimizer, self.scaler, folder)
+    def resume_at(self, iteration: int) -> None:
         self.iteration = iteration
-        return bytes_read
 
     def close(self) -> None:
         """Nothing to release: the worker owns the process group."""
