@@ -27,7 +27,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from hwbench.checkpoint.native import TorchState
 from hwbench.device import Backend
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
@@ -41,6 +40,8 @@ from hwbench.workload.model import GPT, init_parameters
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from hwbench.checkpoint.native import TorchState
 
 
 class NativeEngine:
@@ -319,7 +320,10 @@ class NativeEngine:
 
     # checkpoints ----------------------------------------------------------------
     def checkpoint_state(self) -> TorchState:
-        """Model, optimizer and loss scaler, saved through torch.distributed.checkpoint."""
+        """Model, optimizer and loss scaler, saved through torch.distributed.checkpoint (imported
+        here: a run without checkpoints never loads it, nor its process-wide warning filter)."""
+        from hwbench.checkpoint.native import TorchState
+
         return TorchState(self.model, self.optimizer, self.scaler)
 
     def resume_at(self, iteration: int) -> None:
