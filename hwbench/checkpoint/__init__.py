@@ -98,10 +98,6 @@ class SavedCheckpoint:
     def iteration(self) -> int:
         return int(self.manifest["iteration"])
 
-    @property
-    def engine(self) -> str:
-        return str(self.manifest["engine"])
-
     def data_position(self) -> dict[str, int]:
         """consumed_train_samples and consumed_valid_samples (Megatron-LM's names)."""
         return {key: int(self.manifest["data"][key]) for key in ("consumed_train_samples", "consumed_valid_samples")}

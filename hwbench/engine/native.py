@@ -320,8 +320,7 @@ class NativeEngine:
 
     # checkpoints ----------------------------------------------------------------
     def checkpoint_state(self) -> TorchState:
-        """Model, optimizer and loss scaler, saved through torch.distributed.checkpoint (imported
-        here: a run without checkpoints never loads it, nor its process-wide warning filter)."""
+        """Model, optimizer and loss scaler (DCP's module imported here: only when a checkpoint asks)."""
         from hwbench.checkpoint.native import TorchState
 
         return TorchState(self.model, self.optimizer, self.scaler)
