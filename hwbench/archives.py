@@ -67,8 +67,9 @@ def make_archive(paths: Iterable[str | os.PathLike], out: str | os.PathLike) -> 
     """The archive of every result under ``paths``, written to ``out`` whole or not at all.
     UsageError for bad input: no results, a missing path, an ``out`` that is no .tar.gz or is
     one of the inputs."""
+    from hwbench.files import atomic_file
     from hwbench.paths import check_output_file
-    from hwbench.result.store import atomic_file, read_inputs
+    from hwbench.result.store import read_inputs
 
     inputs = [Path(path) for path in paths]
     name = archive_name(out)

@@ -242,7 +242,7 @@ folder = Path(sys.argv[1])
 folder.mkdir()
 os.fsync = fsync
 try:
-    write = engine.save_checkpoint(folder, asynchronous=False)
+    write = engine.checkpoint_state().save(folder, 0, asynchronous=False)
 finally:
     os.fsync = real_fsync
     engine.close()

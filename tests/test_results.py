@@ -138,7 +138,7 @@ def test_an_integer_of_400_digits_where_a_float_belongs_is_named_and_skipped(tmp
 def test_the_umask_is_read_without_leaving_its_file_open(monkeypatch):
     import builtins
 
-    from hwbench.result import store
+    from hwbench import files
 
     opened = []
     real_open = builtins.open
@@ -148,7 +148,7 @@ def test_the_umask_is_read_without_leaving_its_file_open(monkeypatch):
         return opened[-1]
 
     monkeypatch.setattr(builtins, "open", recording)
-    assert 0 <= store.umask() <= 0o777
+    assert 0 <= files.umask() <= 0o777
     assert opened and all(stream.closed for stream in opened)  # it used to wait for the garbage collector
 
 

@@ -1,24 +1,22 @@
 """What every engine gives the harness: one optimizer step, a validation pass,
-and a description of itself for the result.
+a description of itself for the result, and its state for a checkpoint.
 
 An engine owns the model, the optimizer and the parallel wrapping of both; the
 worker (hwbench.harness.worker) only calls these methods, so the timed loop and
-the checkpoints (hwbench.harness.checkpointing) are the same for the native
-engine and the DeepSpeed one.
+the checkpoints (hwbench.checkpoint, which saves the state an engine hands it) are
+the same for the native engine and the DeepSpeed one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch.distributed.tensor import DTensor
 
+from hwbench.checkpoint.state import EngineState
 from hwbench.workload.data import Batch
 
 
@@ -37,34 +35,6 @@ class StepOutcome:
     #                               fused AdamW gives the device's 0-dim overflow flag (1.0 = skipped)
 
 
-@dataclasses.dataclass
-class StateWrite:
-    """One rank's write of an engine's state into a checkpoint folder: finished when it
-    returns, or (an async save) running in the background until ``done()``."""
-
-    files: Callable[[], list[Path]]  # what this rank wrote, once finished
-    future: Future | None = None  # the background write of an async save
-    finished_at: float | None = None  # time.perf_counter() when it finished
-
-    def __post_init__(self) -> None:
-        if self.future is None:
-            self.finished_at = time.perf_counter()
-        else:
-            self.future.add_done_callback(self._finished)
-
-    def _finished(self, _future: Future) -> None:
-        self.finished_at = time.perf_counter()
-
-    def done(self) -> bool:
-        return self.future is None or self.future.done()
-
-    def wait(self) -> list[Path]:
-        """The files this rank wrote, once the write has finished; its error if it failed."""
-        if self.future is not None:
-            self.future.result()
-        return self.files()
-
-
 class Engine(Protocol):
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step over this rank's share of the global batch; calls
@@ -77,13 +47,12 @@ class Engine(Protocol):
     def describe(self) -> dict[str, Any]:
         """The engine's settings as the result records them (``engine`` key)."""
 
-    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
-        """Write the model, optimizer and loss-scale state into ``folder`` (every rank
-        calls it; each writes its part)."""
+    def checkpoint_state(self) -> EngineState:
+        """What a checkpoint saves of this engine and loads into it: the model, optimizer and
+        loss-scale state (hwbench.checkpoint.state saves and loads it)."""
 
-    def load_checkpoint(self, folder: Path, iteration: int) -> int:
-        """Load the state saved in ``folder`` after ``iteration`` steps; the learning-rate
-        schedule continues from there. Returns the bytes this rank read."""
+    def resume_at(self, iteration: int) -> None:
+        """After a load: the learning-rate schedule continues after ``iteration`` steps."""
 
     def close(self) -> None:
         """Release what the engine set up for itself (a one-rank process group)."""

@@ -15,16 +15,16 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hwbench.checkpoint.deepspeed import DeepSpeedState
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
-from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
+from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, MIN_LOSS_SCALE  # DeepSpeed's defaults too
 from hwbench.engine.optim import build_optimizer, step_learning_rate
@@ -212,17 +212,11 @@ class DeepSpeedEngine:
         }
 
     # checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
-        """DeepSpeed's save_checkpoint (no async save: --async-save is refused for DeepSpeed)."""
-        from hwbench.engine.deepspeed_checkpoint import save_deepspeed
+    def checkpoint_state(self) -> DeepSpeedState:
+        return DeepSpeedState(self.engine)
 
-        return save_deepspeed(self.engine, folder, self.ctx.rank)
-
-    def load_checkpoint(self, folder: Path, iteration: int) -> int:
-        """DeepSpeed's load_checkpoint: the scheduler it restores continues at ``iteration`` + 1."""
-        from hwbench.engine.deepspeed_checkpoint import load_deepspeed
-
-        return load_deepspeed(self.engine, folder)
+    def resume_at(self, iteration: int) -> None:
+        """Nothing to do: the scheduler DeepSpeed's load_checkpoint restores continues."""
 
     def close(self) -> None:
         """Free DeepSpeed's state and the one-rank process group this engine made

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from hwbench.device import Backend
-from hwbench.engine.base import StateWrite, StepOutcome, total_grad_norm
+from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
@@ -41,6 +40,8 @@ from hwbench.workload.model import GPT, init_parameters
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+
+    from hwbench.checkpoint.native import TorchState
 
 
 class NativeEngine:
@@ -318,20 +319,14 @@ class NativeEngine:
         }
 
     # checkpoints ----------------------------------------------------------------
-    def save_checkpoint(self, folder: Path, asynchronous: bool, process_group: Any = None) -> StateWrite:
-        """Model, optimizer and loss scaler through torch.distributed.checkpoint, each rank its shards."""
-        from hwbench.engine.checkpoint import native_state, save_state
+    def checkpoint_state(self) -> TorchState:
+        """Model, optimizer and loss scaler (DCP's module imported here: only when a checkpoint asks)."""
+        from hwbench.checkpoint.native import TorchState
 
-        return save_state(native_state(self.model, self.optimizer, self.scaler), folder, self.ctx.rank,
-                          asynchronous, process_group)
+        return TorchState(self.model, self.optimizer, self.scaler)
 
-    def load_checkpoint(self, folder: Path, iteration: int) -> int:
-        """The saved state, resharded to this layout; the schedule continues at ``iteration`` + 1."""
-        from hwbench.engine.checkpoint import load_state
-
-        bytes_read = load_state(self.model, self.optimizer, self.scaler, folder)
+    def resume_at(self, iteration: int) -> None:
         self.iteration = iteration
-        return bytes_read
 
     def close(self) -> None:
         """Nothing to release: the worker owns the process group."""

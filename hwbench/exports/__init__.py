@@ -219,7 +219,7 @@ def _error_text(result) -> str:
 
 
 def _write_file(path: Path, content: str | bytes) -> Path:
-    from hwbench.result.store import atomic_file
+    from hwbench.files import atomic_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as stream:

@@ -35,22 +35,21 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hwbench.checkpoint import (
-    LATEST_FILE,
-    MANIFEST_FILE,
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
-    PARTIAL_SUFFIX,
     RNG_FILE,
     SavedCheckpoint,
+    commit,
+    failed_save,
     find_checkpoint,
     iteration_folder_name,
     partial_folder,
+    remove_partial_saves,
     sync_to_disk,
 )
+from hwbench.checkpoint.state import StateWrite
 from hwbench.device import Backend
-from hwbench.engine.base import Engine, StateWrite
+from hwbench.engine.base import Engine
 from hwbench.engine.distributed import DistContext
-from hwbench.result.store import utc_now, write_json_atomic, write_text_atomic
+from hwbench.result.store import utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import SampledData
@@ -59,7 +58,6 @@ RESTART_FILE = "checkpoints.json"  # in the launcher's run folder: the plan rest
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 in the first attempt
 # What a failed write raises: DCP gathers every rank's failure into a CheckpointException, a BaseException.
 SAVE_ERRORS = (Exception, CheckpointException)
-FULL_BELOW_BYTES = 1 << 20  # free space under this after a failed write: the file system filled
 
 
 class CheckpointSaveError(RuntimeError):
@@ -184,7 +182,7 @@ class Checkpointer:
         self.last_committed: str | None = None
         self.group = None
         if spec.async_save:
-            from hwbench.engine.checkpoint import checkpoint_group
+            from hwbench.checkpoint.native import checkpoint_group
 
             self.group = checkpoint_group(ctx.distributed)
         self.identity = {"model": spec.model, "model_config": dataclasses.asdict(model_config),
@@ -193,6 +191,9 @@ class Checkpointer:
                          "layout": {"tp": spec.parallel.tp, "pp": spec.parallel.pp, "dp": spec.parallel.dp,
                                     "zero_stage": spec.zero_stage, "fsdp": spec.fsdp},
                          "world_size": spec.parallel.world_size}
+        # what the data position counts in: saved beside it, and held against it on a load
+        self.data_settings = {"source": spec.data, "seed": spec.seed, "global_batch_size": spec.global_batch_size,
+                              "seq_length": spec.seq_length}
         if self.save_dir is not None and ctx.rank == 0:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             remove_partial_saves(self.save_dir)  # of a run killed mid-save
@@ -206,7 +207,8 @@ class Checkpointer:
             return
         saved = find_checkpoint(self.plan.load)
         started = time.perf_counter()
-        bytes_read = self.engine.load_checkpoint(saved.path, saved.iteration)
+        bytes_read = self.engine.checkpoint_state().load(saved.path)
+        self.engine.resume_at(saved.iteration)
         bytes_read += self._load_rng(saved)
         self.data.seek(**saved.data_position())
         self.backend.synchronize()
@@ -231,10 +233,8 @@ class Checkpointer:
         another batch), but the position is counted in samples, so the run is no continuation of
         the saved one: said in the result. A manifest written before a key was kept is not judged."""
         data = saved.manifest["data"]
-        now = {"source": self.spec.data, "seed": self.spec.seed, "seq_length": self.spec.seq_length,
-               "global_batch_size": self.spec.global_batch_size}
         changed = [f"--{key.replace('_', '-').replace('source', 'data')} {data[key]} then, {value} now"
-                   for key, value in now.items() if key in data and data[key] != value]
+                   for key, value in self.data_settings.items() if key in data and data[key] != value]
         if changed:
             self.warnings.append(
                 f"resumed with other data than {saved.path.name} was saved with ({'; '.join(changed)}):"
@@ -274,21 +274,11 @@ class Checkpointer:
             rng_file = partial / RNG_FILE.format(rank=self.ctx.rank)
             torch.save(self.backend.rng_states(), rng_file)
             sync_to_disk(rng_file)  # timed to the disk, as the engine's files are
-            write = self.engine.save_checkpoint(partial, self.spec.async_save, self.group)
+            write = self.engine.checkpoint_state().save(partial, self.ctx.rank, self.spec.async_save, self.group)
         except SAVE_ERRORS as error:
             self._failed(iteration, partial, error)
-        manifest = {
-            **self.identity,
-            "iteration": iteration,
-            "saved_at": utc_now(),
-            "data": {
-                "source": self.spec.data,
-                "seed": self.spec.seed,
-                "global_batch_size": self.spec.global_batch_size,
-                "seq_length": self.spec.seq_length,
-                **self.data.position(),
-            },
-        }
+        manifest = {**self.identity, "iteration": iteration, "saved_at": utc_now(),
+                    "data": {**self.data_settings, **self.data.position()}}
         self.pending = _PendingSave(iteration, self.save_dir, partial, write, rng_file, started, 0.0, timed, manifest)
         if self.spec.async_save:
             self.pending.stall_s = time.perf_counter() - started  # the copy to host memory
@@ -311,8 +301,7 @@ class Checkpointer:
         try:
             files = pending.write.wait()
             if self.ctx.rank == 0:
-                write_manifest(pending.partial, pending.manifest)
-                final = commit(pending.partial, pending.save_dir, pending.iteration)
+                final = commit(pending.partial, pending.save_dir, pending.iteration, pending.manifest)
                 self.last_committed = str(final)
                 _update_restart_file(
                     self.run_dir,
@@ -337,18 +326,11 @@ class Checkpointer:
         return sum(_size(path) or _size(final / path.relative_to(pending.partial)) for path in files)
 
     def _failed(self, iteration: int, partial: Path, error: BaseException) -> NoReturn:
-        reason = _reason(error, self.save_dir)  # before the partial save is removed: a full disk shows
+        assert self.save_dir is not None
+        text = failed_save(error, self.save_dir, iteration)  # before the partial save goes: a full disk shows
         if self.ctx.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
-        latest = self.save_dir / LATEST_FILE if self.save_dir else None
-        before = (
-            f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
-            if latest and latest.is_file()
-            else "no earlier checkpoint in it"
-        )
-        raise CheckpointSaveError(
-            f"the checkpoint of step {iteration} could not be written to --save {self.save_dir}: {reason}; {before}"
-        ) from error
+        raise CheckpointSaveError(text) from error
 
     def describe(self) -> dict[str, Any]:
         """This rank's saves and loads, for rank 0 to merge (RankReport.checkpoints)."""
@@ -366,80 +348,6 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def _reason(error: BaseException, save_dir: Path | None) -> str:
-    """Why a write failed: the first OS reason inside the error (DCP gathers each rank's failure,
-    as (exception, stack) pairs); else a full file system (torch's zip writer reports a disk that
-    filled as a position mismatch, no OSError); else the error's first line."""
-    seen: set[int] = set()
-    stack: list[Any] = [error]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, tuple):
-            stack += [item for item in current if isinstance(item, BaseException)]
-            continue
-        if id(current) in seen or current is None:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.strerror:
-            return current.strerror
-        stack += [getattr(current, "__cause__", None), getattr(current, "__context__", None)]
-        failures = getattr(current, "failures", None)
-        stack += list(failures.values()) if isinstance(failures, dict) else []
-    free = _free_bytes(save_dir)
-    if free is not None and free < FULL_BELOW_BYTES:
-        return f"No space left on device ({free:,} bytes free)"
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
-def _free_bytes(folder: Path | None) -> int | None:
-    try:
-        return shutil.disk_usage(folder).free if folder is not None else None
-    except OSError:
-        return None
-
-
-# --- a save made whole, then named latest ----------------------------------------------
-
-
-def commit(partial: Path, save_dir: Path, iteration: int) -> Path:
-    """Make the whole save at ``partial`` the checkpoint of ``iteration`` and name it latest.
-    A folder of that iteration already there (an earlier run's) is replaced."""
-    final = save_dir / iteration_folder_name(iteration)
-    if final.exists():
-        stale = final.with_name(final.name + ".replaced")
-        shutil.rmtree(stale, ignore_errors=True)
-        os.replace(final, stale)
-        os.replace(partial, final)
-        shutil.rmtree(stale, ignore_errors=True)
-    else:
-        os.replace(partial, final)
-    sync_to_disk(save_dir)  # the rename reaches the disk: a crash after it does not bring the old name back
-    write_text_atomic(save_dir / LATEST_FILE, f"{iteration}\n")
-    return final
-
-
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """The manifest of the save in ``folder``, listing every file there with its size; written last."""
-    files = {
-        str(path.relative_to(folder)): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_FILE
-    }
-    write_json_atomic(
-        folder / MANIFEST_FILE, {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "files": files}
-    )
-
-
-def remove_partial_saves(save_dir: Path) -> list[Path]:
-    """Remove what saves that never finished left in ``save_dir`` (a run killed mid-save)."""
-    removed = []
-    for leftover in sorted(save_dir.glob(f".iter_*{PARTIAL_SUFFIX}")) + sorted(save_dir.glob("iter_*.replaced")):
-        shutil.rmtree(leftover, ignore_errors=True)
-        removed.append(leftover)
-    return removed
-
-
 # --- merged figures (rank 0) ------------------------------------------------------------
 
 
@@ -455,14 +363,8 @@ def merge_checkpoints(
     ):
         return None
     first = ranks[0][1]
-    saves = [
-        _merge_operation([(rank, entry["saves"][i]) for rank, entry in ranks])
-        for i in range(min(len(entry["saves"]) for _rank, entry in ranks))
-    ]
-    loads = [
-        _merge_operation([(rank, entry["loads"][i]) for rank, entry in ranks])
-        for i in range(min(len(entry["loads"]) for _rank, entry in ranks))
-    ]
+    saves, loads = ([_merge_operation([(rank, entry[kind][i]) for rank, entry in ranks])
+                     for i in range(min(len(entry[kind]) for _rank, entry in ranks))] for kind in ("saves", "loads"))
     unmeasured: dict[str, str] = {}
     section: dict[str, Any] = {
         "save_dir": spec.save,
@@ -476,11 +378,8 @@ def merge_checkpoints(
     }
     if saves:
         section["save_bytes"] = saves[-1]["bytes"]
-        section["save_gb_per_s"] = (
-            statistics.median(s["gb_per_s"] for s in saves if s["gb_per_s"] is not None)
-            if any(s["gb_per_s"] is not None for s in saves)
-            else None
-        )
+        rates = [s["gb_per_s"] for s in saves if s["gb_per_s"] is not None]
+        section["save_gb_per_s"] = statistics.median(rates) if rates else None
         section["save_stall_s"] = statistics.median(s["stall_s"] for s in saves)
         section["stall_s_total"] = sum(s["stall_s"] for s in saves)
     elif spec.save is not None:
@@ -501,26 +400,19 @@ def merge_checkpoints(
 def _merge_operation(per_rank: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """One save (or load) over the ranks: every rank's own figures, the bytes of all, the
     slowest rank's time, and the GB/s that makes."""
-    ranks = []
-    for rank, figures in per_rank:
-        wall = figures["wall_time_s"]
-        ranks.append(
-            {
-                "rank": rank,
-                "bytes": figures["bytes"],
-                "wall_time_s": wall,
-                "gb_per_s": figures["bytes"] / wall / 1e9 if wall > 0 else None,
-                **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {}),
-            }
-        )
+    ranks = [{"rank": rank, "bytes": figures["bytes"], "wall_time_s": figures["wall_time_s"],
+              "gb_per_s": _gb_per_s(figures["bytes"], figures["wall_time_s"]),
+              **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {})} for rank, figures in per_rank]
     total = sum(r["bytes"] for r in ranks)
     wall = max(r["wall_time_s"] for r in ranks)
     first = per_rank[0][1]
     merged: dict[str, Any] = {key: first[key] for key in ("iteration", "path", "timed") if key in first}
-    merged.update(
-        {"bytes": total, "wall_time_s": wall, "gb_per_s": total / wall / 1e9 if wall > 0 else None, "ranks": ranks}
-    )
+    merged.update({"bytes": total, "wall_time_s": wall, "gb_per_s": _gb_per_s(total, wall), "ranks": ranks})
     stalls = [r["stall_s"] for r in ranks if "stall_s" in r]
     if stalls:
         merged["stall_s"] = max(stalls)  # the step waits for its slowest rank
     return merged
+
+
+def _gb_per_s(size: int, wall_s: float) -> float | None:
+    return size / wall_s / 1e9 if wall_s > 0 else None

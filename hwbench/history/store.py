@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.files import umask
 from hwbench.point import SIMULATED, PointKey
 from hwbench.result.environment import performance_fingerprint
 from hwbench.result.model import RunResult
-from hwbench.result.store import umask
 from hwbench.temporaries import remove_stale_temporaries, signals_held, writer_temporary
 
 DEFAULT_DB = "results/history.sqlite"

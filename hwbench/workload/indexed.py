@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from hwbench.errors import UsageError
+from hwbench.files import umask
 from hwbench.temporaries import remove_stale_temporaries as stale_temporaries
 from hwbench.temporaries import writer_temporary
 
@@ -299,7 +300,7 @@ class IndexedDatasetWriter:
             raise IndexedDatasetError(f"{folder}: no such folder for the output") from None
         except OSError as error:
             raise IndexedDatasetError(f"{folder}: cannot write there ({error.strerror})") from None
-        os.chmod(path, 0o666 & ~_umask())
+        os.chmod(path, 0o666 & ~umask())
         return path
 
     @property
@@ -406,12 +407,6 @@ class IndexedDatasetWriter:
         stream.write(np.zeros(1, "<i8").tobytes())
         if self._document_ends:
             stream.write(np.frombuffer(self._document_ends, dtype=np.int64).astype("<i8").tobytes())
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def _token_limits(dtype: np.dtype) -> tuple[int, int]:

@@ -1,5 +1,6 @@
-"""Checkpoint folders as Megatron-LM names them, without torch: their names, and what `--load`
-finds and checks before anything starts (hwbench.harness.checkpointing writes them).
+"""Checkpoint folders as Megatron-LM names them, without torch (the spec checks `--load` with
+it): what `--load` finds and checks before anything starts, and a save made whole before it
+is named latest. An engine's state in them: state.py, native.py, deepspeed.py.
 
     SAVE_DIR/latest_checkpointed_iteration.txt     the newest whole checkpoint's iteration ("6")
     SAVE_DIR/iter_0000006/                          one checkpoint (Megatron-LM's folder name)
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hwbench.errors import UsageError
 from hwbench.fields import Count, Flag, Positive, Text, problem_text
+from hwbench.files import write_json_atomic, write_text_atomic
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's name
 MANIFEST_FILE = "hwbench_checkpoint.json"
@@ -37,6 +40,7 @@ PARTIAL_SUFFIX = ".partial"
 RNG_FILE = "rng_rank_{rank:05d}.pt"
 ITERATION_FOLDER = re.compile(r"iter_(\d+)")
 MAX_ITERATION_DIGITS = 18  # a 64-bit counter's iterations: a longer number in the latest file is no iteration
+FULL_BELOW_BYTES = 1 << 20  # free space under this after a failed write: the file system filled
 
 
 class _Layout(BaseModel):
@@ -93,10 +97,6 @@ class SavedCheckpoint:
     @property
     def iteration(self) -> int:
         return int(self.manifest["iteration"])
-
-    @property
-    def engine(self) -> str:
-        return str(self.manifest["engine"])
 
     def data_position(self) -> dict[str, int]:
         """consumed_train_samples and consumed_valid_samples (Megatron-LM's names)."""
@@ -211,3 +211,75 @@ def sync_to_disk(*paths: Path) -> None:
             os.fsync(handle)
         finally:
             os.close(handle)
+
+
+# --- a save made whole, then named latest ---------------------------------------------------------
+
+
+def commit(partial: Path, save_dir: Path, iteration: int, manifest: dict[str, Any]) -> Path:
+    """Make the whole save at ``partial`` the checkpoint of ``iteration``: its manifest written
+    last, then the rename, then the latest file. A folder of that iteration already there (an
+    earlier run's) is replaced."""
+    _write_manifest(partial, manifest)
+    final = save_dir / iteration_folder_name(iteration)
+    stale = final.with_name(final.name + ".replaced")
+    if final.exists():
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+    os.replace(partial, final)
+    shutil.rmtree(stale, ignore_errors=True)
+    sync_to_disk(save_dir)  # the rename reaches the disk: a crash after it does not bring the old name back
+    write_text_atomic(save_dir / LATEST_FILE, f"{iteration}\n")
+    return final
+
+
+def _write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """The manifest of the save in ``folder``, listing every file there with its size; written last."""
+    files = {str(path.relative_to(folder)): path.stat().st_size for path in sorted(folder.rglob("*"))
+             if path.is_file() and path.name != MANIFEST_FILE}
+    write_json_atomic(folder / MANIFEST_FILE,
+                      {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "files": files})
+
+
+def remove_partial_saves(save_dir: Path) -> None:
+    """Remove what saves that never finished left in ``save_dir`` (a run killed mid-save)."""
+    for leftover in sorted(save_dir.glob(f".iter_*{PARTIAL_SUFFIX}")) + sorted(save_dir.glob("iter_*.replaced")):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def failed_save(error: BaseException, save_dir: Path, iteration: int) -> str:
+    """What a save that failed leaves: why (read before its partial folder is removed: a full
+    disk shows) and which checkpoint is still the latest."""
+    reason, latest = _reason(error, save_dir), save_dir / LATEST_FILE
+    before = (f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
+              if latest.is_file() else "no earlier checkpoint in it")
+    return f"the checkpoint of step {iteration} could not be written to --save {save_dir}: {reason}; {before}"
+
+
+def _reason(error: BaseException, save_dir: Path) -> str:
+    """Why a write failed: the first OS reason inside the error (DCP gathers each rank's failure,
+    as (exception, stack) pairs); else a full file system (torch's zip writer reports a disk that
+    filled as a position mismatch, no OSError); else the error's first line."""
+    seen: set[int] = set()
+    stack: list[Any] = [error]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, tuple):
+            stack += [item for item in current if isinstance(item, BaseException)]
+            continue
+        if id(current) in seen or current is None:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        stack += [getattr(current, "__cause__", None), getattr(current, "__context__", None)]
+        failures = getattr(current, "failures", None)
+        stack += list(failures.values()) if isinstance(failures, dict) else []
+    try:
+        free: int | None = shutil.disk_usage(save_dir).free
+    except OSError:
+        free = None
+    if free is not None and free < FULL_BELOW_BYTES:
+        return f"No space left on device ({free:,} bytes free)"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

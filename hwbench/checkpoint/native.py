@@ -18,6 +18,7 @@ keeps its initial value); every other shape difference is DCP's error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import warnings
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from hwbench.engine.base import StateWrite
+from hwbench.checkpoint.state import StateWrite
 
 # One process saves and loads without a process group, as meant: DCP warns about it every time.
 ONE_PROCESS_WARNING = "torch.distributed is (disabled, )?unavailable or uninitialized"
@@ -48,39 +49,76 @@ IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
 VOCAB_ROWS = re.compile(r"(^|\.)(wte|output)\.weight(\.|$)")
 
 
-def native_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_scaler: Any) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class TorchState:
+    """The native engine's state in a checkpoint (hwbench.checkpoint.state.EngineState): its
+    model and AdamW, the live ones (a load writes into them), and the fp16 loss scaler
+    (``state_dict``/``load_state_dict``; None without fp16)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_scaler: Any
+
+    def save(self, folder: Path, rank: int, asynchronous: bool, process_group: Any = None) -> StateWrite:
+        """Write the state into ``folder``, each rank its own shards. Asynchronous: the state is
+        copied to host memory now and written by a background thread (on ``process_group``,
+        a group of its own, so its collectives never meet the training's)."""
+        state = _state_dict(self)
+        writer = dcp.FileSystemWriter(folder)
+
+        def files() -> list[Path]:
+            own = sorted(folder.glob(f"__{rank}_*"))
+            return own + ([folder / ".metadata"] if rank == 0 and (folder / ".metadata").exists() else [])
+
+        if not asynchronous:
+            with _quiet():
+                dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+            return StateWrite(files)
+        response = dcp.async_save(
+            state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized()
+        )
+        # newer torch may answer an AsyncSaveResponse, whose upload_completion is the write
+        future = response if isinstance(response, Future) else response.upload_completion
+        return StateWrite(files, future)
+
+    def load(self, folder: Path) -> int:
+        """Load the state saved in ``folder`` into this rank's model, optimizer and loss scaler,
+        resharded to this layout; returns the bytes this rank read."""
+        state = _state_dict(self)
+        reader = _CountingReader(folder)
+        saved = reader.read_metadata().state_dict_metadata
+        if self.loss_scaler is not None and not any(key.startswith("loss_scaler.") for key in saved):
+            del state["loss_scaler"]  # saved without fp16: the scaler starts afresh
+        bridged = _vocab_buffers(state, saved)
+        try:
+            with _quiet():
+                dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+        except CheckpointException as error:  # a BaseException: the worker records Exceptions as the run's failure
+            raise RuntimeError(f"torch.distributed.checkpoint could not load {folder}: "
+                               f"{_first_failure(error)}") from error
+        for parent, key, target in bridged:
+            _copy_rows(target, parent[key])
+            parent[key] = target
+        implementation = [{key: group[key] for key in IMPLEMENTATION if key in group}
+                          for group in self.optimizer.param_groups]
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=BY_NAME)
+        for group, kept in zip(self.optimizer.param_groups, implementation):  # the groups the load made
+            group.update(kept)
+        if "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        return reader.bytes_read
+
+
+def _state_dict(state: TorchState) -> dict[str, Any]:
     """What the native engine saves: model and optimizer by parameter name, and the fp16
     loss scaler's state when there is one. The tensors are the live ones (a load writes
     into them)."""
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=BY_NAME)
-    state = {"model": model_state, "optimizer": optimizer_state}
-    if loss_scaler is not None:
-        state["loss_scaler"] = loss_scaler.state_dict()
-    return state
-
-
-def save_state(
-    state: dict[str, Any], folder: Path, rank: int, asynchronous: bool, process_group: Any = None
-) -> StateWrite:
-    """Write ``state`` into ``folder``, each rank its own shards. Asynchronous: the state is
-    copied to host memory now and written by a background thread (on ``process_group``,
-    a group of its own, so its collectives never meet the training's)."""
-    writer = dcp.FileSystemWriter(folder)
-
-    def files() -> list[Path]:
-        own = sorted(folder.glob(f"__{rank}_*"))
-        return own + ([folder / ".metadata"] if rank == 0 and (folder / ".metadata").exists() else [])
-
-    if not asynchronous:
-        with _quiet():
-            dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
-        return StateWrite(files)
-    response = dcp.async_save(
-        state, storage_writer=writer, process_group=process_group, no_dist=not dist.is_initialized()
-    )
-    # newer torch may answer an AsyncSaveResponse, whose upload_completion is the write
-    future = response if isinstance(response, Future) else response.upload_completion
-    return StateWrite(files, future)
+    model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=BY_NAME)
+    saved = {"model": model_state, "optimizer": optimizer_state}
+    if state.loss_scaler is not None:
+        saved["loss_scaler"] = state.loss_scaler.state_dict()
+    return saved
 
 
 @contextlib.contextmanager
@@ -101,34 +139,6 @@ class _CountingReader(dcp.FileSystemReader):
         items = {item.storage_index for item in plan.items}
         self.bytes_read += sum(self.storage_data[index].length for index in items)
         return super().read_data(plan, planner)
-
-
-def load_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_scaler: Any, folder: Path) -> int:
-    """Load the state saved in ``folder`` into this rank's model, optimizer and loss scaler,
-    resharded to this layout; returns the bytes this rank read."""
-    state = native_state(model, optimizer, loss_scaler)
-    reader = _CountingReader(folder)
-    saved = reader.read_metadata().state_dict_metadata
-    if loss_scaler is not None and not any(key.startswith("loss_scaler.") for key in saved):
-        del state["loss_scaler"]  # saved without fp16: the scaler starts afresh
-    bridged = _vocab_buffers(state, saved)
-    try:
-        with _quiet():
-            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
-    except CheckpointException as error:  # a BaseException: the worker records Exceptions as the run's failure
-        raise RuntimeError(f"torch.distributed.checkpoint could not load {folder}: {_first_failure(error)}") from error
-    for parent, key, target in bridged:
-        _copy_rows(target, parent[key])
-        parent[key] = target
-    implementation = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=BY_NAME
-    )
-    for group, kept in zip(optimizer.param_groups, implementation):
-        group.update(kept)
-    if "loss_scaler" in state:
-        loss_scaler.load_state_dict(state["loss_scaler"])
-    return reader.bytes_read
 
 
 def _first_failure(error: CheckpointException) -> str:

@@ -14,12 +14,13 @@ saved or loaded on that rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hwbench.checkpoint import sync_to_disk
-from hwbench.engine.base import StateWrite
+from hwbench.checkpoint.state import StateWrite
 
 IN_FOLDER = "."  # DeepSpeed's tag: the folder DeepSpeed is given holds the files itself
 RECOVERY_SCRIPTS = "zero_to_*.py"  # DeepSpeed copies them next to a ZeRO checkpoint (rank 0)
@@ -44,23 +45,31 @@ def _recording(checkpoint_engine: Any, method: str) -> Iterator[list[Path]]:
         delattr(checkpoint_engine, method)
 
 
-def save_deepspeed(engine: Any, folder: Path, rank: int) -> StateWrite:
-    """Every rank calls DeepSpeed's save_checkpoint into ``folder``; this rank's files, flushed
-    to the disk before the write counts as finished (DeepSpeed's torch.save leaves them in the
-    page cache, whose GB/s would be timed instead of the storage's)."""
-    with _recording(engine.checkpoint_engine, "save") as paths:
-        engine.save_checkpoint(str(folder), tag=IN_FOLDER, save_latest=False)
-    written = sorted(set(paths)) + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
-    sync_to_disk(*(path for path in written if path.is_file()), folder)
-    return StateWrite(lambda: written)
+@dataclasses.dataclass(frozen=True)
+class DeepSpeedState:
+    """A DeepSpeed engine's state in a checkpoint (hwbench.checkpoint.state.EngineState): the
+    engine itself (data parallel or pipeline), which saves and loads its module, optimizer,
+    loss scaler and learning-rate scheduler."""
 
+    engine: Any
 
-def load_deepspeed(engine: Any, folder: Path) -> int:
-    """DeepSpeed's load_checkpoint of ``folder`` (module, optimizer, loss scaler, scheduler);
-    the bytes this rank read."""
-    with _recording(engine.checkpoint_engine, "load") as paths:
-        load_path, _client_state = engine.load_checkpoint(str(folder), tag=IN_FOLDER, load_optimizer_states=True,
-                                                          load_lr_scheduler_states=True)
-    if load_path is None:
-        raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}")
-    return sum(path.stat().st_size for path in paths if path.is_file())
+    def save(self, folder: Path, rank: int, asynchronous: bool, process_group: Any = None) -> StateWrite:
+        """Every rank calls DeepSpeed's save_checkpoint into ``folder`` (never asynchronous:
+        --async-save is refused for DeepSpeed); this rank's files, flushed to the disk before the
+        write counts as finished (DeepSpeed's torch.save leaves them in the page cache, whose GB/s
+        would be timed instead of the storage's)."""
+        with _recording(self.engine.checkpoint_engine, "save") as paths:
+            self.engine.save_checkpoint(str(folder), tag=IN_FOLDER, save_latest=False)
+        written = sorted(set(paths)) + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
+        sync_to_disk(*(path for path in written if path.is_file()), folder)
+        return StateWrite(lambda: written)
+
+    def load(self, folder: Path) -> int:
+        """DeepSpeed's load_checkpoint of ``folder`` (module, optimizer, loss scaler, scheduler);
+        the bytes this rank read."""
+        with _recording(self.engine.checkpoint_engine, "load") as paths:
+            load_path, _client_state = self.engine.load_checkpoint(
+                str(folder), tag=IN_FOLDER, load_optimizer_states=True, load_lr_scheduler_states=True)
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint in {folder}")
+        return sum(path.stat().st_size for path in paths if path.is_file())
