@@ -4,6 +4,7 @@ scaling, torchrun's environment, root-cause choice, rank merging."""
 import pytest
 import torch
 
+from hwbench.device.base import MemoryStats
 from hwbench.engine.distributed import RankEnvironment
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler, overflow_flag
 from hwbench.engine.parallelize import stage_layers
@@ -61,7 +62,8 @@ def test_the_root_cause_is_the_rank_that_failed_first_not_its_peers():
 
 def _report(rank, times, peak):
     return RankReport(rank=rank, step_times_s=times,
-                      memory={"peak_allocated_bytes": peak, "peak_reserved_bytes": peak, "ooms": 0, "source": "x"})
+                      memory=MemoryStats(peak_allocated_bytes=peak, peak_reserved_bytes=peak, capacity_bytes=None,
+                                         alloc_retries=None, ooms=0, source="x"))
 
 
 def test_merged_memory_is_the_peak_over_ranks_and_names_it():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwbench.catalog import Workload
 from hwbench.harness.checkpointing import merge_checkpoints
@@ -42,6 +42,9 @@ from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
 
+if TYPE_CHECKING:
+    from hwbench.device import MemoryStats
+
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
 STRAGGLER_RATIO = 1.05  # a rank this much slower than the median rank is named in the warnings
@@ -54,7 +57,7 @@ class RankReport:
 
     rank: int
     step_times_s: list[float]  # timed steps only
-    memory: dict[str, Any]  # MemoryStats as a dict, with `unmeasured`
+    memory: MemoryStats
     local_rank: int = 0
     node_rank: int = 0
     host: str = ""
@@ -87,21 +90,20 @@ def _peak(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def merge_memory(reports: list[RankReport]) -> dict[str, Any]:
-    """Peak over ranks of every byte count; the rank that had it."""
-    memories = [r.memory for r in reports]
-    merged: dict[str, Any] = {}
-    for key, value in memories[0].items():
+def merge_memory(reports: list[RankReport]) -> Memory:
+    """Peak over ranks of every byte count, the sum of every other count (allocator retries,
+    OOMs); the rank that had the peak."""
+    merged = dataclasses.asdict(reports[0].memory)
+    for key, value in merged.items():
+        values = [getattr(r.memory, key) for r in reports]
         if key.endswith("_bytes"):
-            merged[key] = _peak([m.get(key) for m in memories])
-        elif isinstance(value, int) and not isinstance(value, bool):
-            merged[key] = sum(m.get(key) or 0 for m in memories)  # counts (allocator retries, OOMs)
-        else:
-            merged[key] = value
-    peak = merged.get("peak_allocated_bytes")
+            merged[key] = _peak(values)
+        elif isinstance(value, int):
+            merged[key] = sum(v or 0 for v in values)
+    peak = merged["peak_allocated_bytes"]
     if peak is not None and len(reports) > 1:
-        merged["peak_allocated_rank"] = next(r.rank for r in reports if r.memory.get("peak_allocated_bytes") == peak)
-    return merged
+        merged["peak_allocated_rank"] = next(r.rank for r in reports if r.memory.peak_allocated_bytes == peak)
+    return Memory.model_validate(merged)
 
 
 def device_key(host: str, device: dict[str, Any]) -> tuple:
@@ -205,7 +207,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
         step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),
-        memory=Memory.model_validate(finite(r.memory)),
+        memory=Memory.model_validate(r.memory, from_attributes=True),
         telemetry=_telemetry(r.telemetry) if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from hwbench.catalog import Catalog, Workload
-from hwbench.device import Backend
+from hwbench.device import Backend, MemoryStats
 from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device_check import checked_backend
@@ -52,7 +52,7 @@ class Measurement:
     outcomes: list[StepOutcome]
     step_times_s: list[float]
     wall_time_s: float
-    memory: dict[str, Any]
+    memory: MemoryStats
     telemetry: dict[str, Any] | None
     data: dict[str, Any]
     validation: list[dict[str, Any]]
@@ -358,7 +358,7 @@ def measure(
                 break
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
-    memory = dataclasses.asdict(backend.memory_stats())
+    memory = backend.memory_stats()
     if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
         memory, telemetry = stand_in_readings(memory, telemetry)
     end = first_iteration + done
