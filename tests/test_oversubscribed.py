@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import main
-from hwbench.device.base import MemoryStats
+from hwbench.device.base import MemoryStats, Placement
 from hwbench.device.host import cpu_packages
 from hwbench.harness.merge import RankReport
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
@@ -24,8 +24,8 @@ NO_MEMORY = MemoryStats(None, None, None, None, None, source="test")  # a rank's
 
 
 def rank(rank, threads, cpus, usable=None, devices=("package-0",), node=0, exclusive=False, host="a"):
-    placement = {"threads": threads, "cpus": list(cpus), "usable_cores": usable or len(cpus),
-                 "devices": list(devices), "devices_basis": "test basis", "exclusive_devices": exclusive}
+    placement = Placement(threads=threads, cpus=list(cpus), usable_cores=usable or len(cpus), devices=list(devices),
+                          devices_basis="test basis", exclusive_devices=exclusive)
     return RankReport(rank=rank, step_times_s=[1.0], memory=NO_MEMORY, node_rank=node, host=host, placement=placement)
 
 

@@ -107,8 +107,18 @@ class HostSyncCount:
     where: list[str] = dataclasses.field(default_factory=list)
     reason: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+@dataclasses.dataclass
+class Placement:
+    """Where a process runs (Backend.placement): torch's intra-op threads, the CPUs it may run
+    on, its usable cores, the devices it computes on and how they were found."""
+
+    threads: int
+    cpus: list[int]
+    usable_cores: int
+    devices: list[str]
+    devices_basis: str
+    exclusive_devices: bool  # each rank needs a device of its own (Backend.exclusive_devices)
 
 
 class Backend(abc.ABC):
@@ -159,13 +169,12 @@ class Backend(abc.ABC):
         """The devices this process computes on, named so that they are distinct on
         its node, and how they were found: for counting the devices a run used."""
 
-    def placement(self) -> dict[str, Any]:
-        """Where this process runs (after prepare_process): torch's intra-op threads,
-        the CPUs it may run on, its usable cores and its devices. Rank 0 judges
-        oversubscription and counts the devices used from every rank's."""
+    def placement(self) -> Placement:
+        """Where this process runs (after prepare_process). Rank 0 judges oversubscription and
+        counts the devices used from every rank's."""
         devices, basis = self.devices_in_use()
-        return {"threads": torch.get_num_threads(), "cpus": allowed_cpus(), "usable_cores": usable_cores(),
-                "devices": devices, "devices_basis": basis, "exclusive_devices": self.exclusive_devices}
+        return Placement(torch.get_num_threads(), allowed_cpus(), usable_cores(), devices, basis,
+                         self.exclusive_devices)
 
     @abc.abstractmethod
     def step_timer(self) -> StepTimer: ...

@@ -21,6 +21,7 @@ from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (
     Checkpoints,
     Environment,
+    HostSyncs,
     Memory,
     Metrics,
     NodePlacement,
@@ -43,7 +44,7 @@ from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
 
 if TYPE_CHECKING:
-    from hwbench.device import MemoryStats
+    from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -70,11 +71,11 @@ class RankReport:
     skipped: list[bool] = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
     telemetry: dict[str, Any] | None = None
-    host_syncs: dict[str, Any] | None = None  # hwbench.device.base.HostSyncCount as a dict
+    host_syncs: HostSyncCount | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # worker.validate()'s points
-    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
-    placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
+    environment: Environment = dataclasses.field(default_factory=Environment)
+    placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
     checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
@@ -150,14 +151,14 @@ def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
     }
 
 
-def merge_host_syncs(reports: list[RankReport]) -> dict[str, Any] | None:
+def merge_host_syncs(reports: list[RankReport]) -> HostSyncs | None:
     """The rank whose host waited for its device most often in the timed window (each such
     wait leaves the device idle): its count and call sites; None when no rank could count."""
-    counted = [(r.rank, r.host_syncs) for r in reports if r.host_syncs and r.host_syncs.get("count") is not None]
+    counted = [(r.rank, r.host_syncs) for r in reports if r.host_syncs and r.host_syncs.count is not None]
     if not counted:
         return None
-    rank, most = max(counted, key=lambda counts: counts[1]["count"])
-    return {"count": most["count"], "where": most.get("where", []), "rank": rank, "ranks_counted": len(counted)}
+    rank, most = max(counted, key=lambda counts: counts[1].count or 0)
+    return HostSyncs(count=most.count, where=most.where, rank=rank, ranks_counted=len(counted))
 
 
 def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
@@ -177,7 +178,7 @@ def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
     nodes: dict[int, NodeSummary] = {}
     for r in reports:
         node = nodes.setdefault(r.node_rank, NodeSummary(node_rank=r.node_rank, host=r.host, ranks=[],
-                                                         environment=Environment.model_validate(r.environment)))
+                                                         environment=r.environment))
         node.ranks.append(r.rank)
     for placement in host_placements(reports) or []:
         for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
@@ -185,11 +186,11 @@ def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
     return [nodes[k] for k in sorted(nodes)]
 
 
-def _rank_placement(placement: dict[str, Any]) -> RankPlacement | None:
-    if not placement:
+def _rank_placement(placement: Placement | None) -> RankPlacement | None:
+    if placement is None:
         return None
-    return RankPlacement(threads=placement["threads"], usable_cores=placement["usable_cores"],
-                         cpus=cpu_list_text(placement["cpus"]), devices=placement["devices"])
+    return RankPlacement(threads=placement.threads, usable_cores=placement.usable_cores,
+                         cpus=cpu_list_text(placement.cpus), devices=placement.devices)
 
 
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
@@ -265,8 +266,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     if world == 1:
         unmeasured["straggler"] = "one rank"
     if host_syncs is None:
-        unmeasured["host_syncs"] = next((r.host_syncs["reason"] for r in reports if r.host_syncs), None) or \
-            "not counted"
+        unmeasured["host_syncs"] = next((r.host_syncs.reason for r in reports if r.host_syncs), None) or "not counted"
     last = validation[-1] if validation else None
     return implausible, Metrics.model_validate(finite({
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * spec.seq_length,

@@ -23,7 +23,7 @@ import torch
 
 from hwbench.catalog import Catalog, Workload
 from hwbench.device import Backend, MemoryStats
-from hwbench.device.base import oom_figures
+from hwbench.device.base import HostSyncCount, Placement, oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device_check import checked_backend
 from hwbench.engine import build_engine
@@ -56,7 +56,7 @@ class Measurement:
     telemetry: dict[str, Any] | None
     data: dict[str, Any]
     validation: list[dict[str, Any]]
-    host_syncs: dict[str, Any]  # Backend.counting_host_syncs() of the timed window
+    host_syncs: HostSyncCount  # Backend.counting_host_syncs() of the timed window
     training_started: float  # perf_counter() at the start of the first step (warm-up included)
 
 
@@ -113,7 +113,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             checkpoints.started_training()
             measurement = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
                                   plan.start_iteration)
-            report = rank_report(ctx, measurement, fingerprint, heartbeat, placement, checkpoints.describe(),
+            report = rank_report(ctx, measurement, result.environment, heartbeat, placement, checkpoints.describe(),
                                  plan.start_iteration)
             report.init_s = measurement.training_started - setup_started  # the checkpoint's load included
         finally:
@@ -382,7 +382,7 @@ def measure(
         telemetry,
         data.describe(),
         validation,
-        host_syncs.to_dict(),
+        host_syncs,
         training_started,
     )
 
@@ -390,9 +390,9 @@ def measure(
 def rank_report(
     ctx: DistContext,
     m: Measurement,
-    environment: dict[str, Any],
+    environment: Environment,
     heartbeat: Heartbeat,
-    placement: dict[str, Any],
+    placement: Placement,
     checkpoints: dict[str, Any] | None = None,
     first_iteration: int = 0,
 ) -> RankReport:
