@@ -33,6 +33,7 @@ from hwbench.result.model import (
     SteadyState,
     Step,
     StepTime,
+    Straggler,
     Telemetry,
     TimeToTarget,
     ValidationPoint,
@@ -73,7 +74,7 @@ class RankReport:
     telemetry: dict[str, Any] | None = None
     host_syncs: HostSyncCount | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # worker.validate()'s points
+    validation: list[ValidationPoint] = dataclasses.field(default_factory=list)
     environment: Environment = dataclasses.field(default_factory=Environment)
     placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
@@ -161,15 +162,15 @@ def merge_host_syncs(reports: list[RankReport]) -> HostSyncs | None:
     return HostSyncs(count=most.count, where=most.where, rank=rank, ranks_counted=len(counted))
 
 
-def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
+def straggler(reports: list[RankReport]) -> Straggler | None:
     """The rank with the slowest median step, and how much slower than the median rank."""
     if len(reports) < 2:
         return None
     medians = {r.rank: statistics.median(r.step_times_s) for r in reports}
     slowest = max(medians, key=medians.__getitem__)
     typical = statistics.median(medians.values())
-    return {"rank": slowest, "median_step_time_s": medians[slowest], "median_of_ranks_s": typical,
-            "ratio": medians[slowest] / typical if typical > 0 else None}
+    return Straggler(rank=slowest, median_step_time_s=medians[slowest], median_of_ranks_s=typical,
+                     ratio=medians[slowest] / typical if typical > 0 else None)
 
 
 def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
@@ -253,7 +254,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     if not ceiling and not implausible:
         unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
-    validation = [ValidationPoint.model_validate(finite(point)) for point in reports[0].validation]
+    validation = reports[0].validation
     telemetry = _telemetry(merge_telemetry(reports))
     host_syncs = merge_host_syncs(reports)
     if not validation:

@@ -38,7 +38,7 @@ from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
 from hwbench.result.model import Engine as EngineSection
-from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord
+from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord, ValidationPoint
 from hwbench.result.store import new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
@@ -55,7 +55,7 @@ class Measurement:
     memory: MemoryStats
     telemetry: dict[str, Any] | None
     data: dict[str, Any]
-    validation: list[dict[str, Any]]
+    validation: list[ValidationPoint]
     host_syncs: HostSyncCount  # Backend.counting_host_syncs() of the timed window
     training_started: float  # perf_counter() at the start of the first step (warm-up included)
 
@@ -213,17 +213,13 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
                         vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
 
 
-def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dict[str, Any]:
+def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> ValidationPoint:
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
     loss, tokens = engine.evaluate(batches)
-    return {
-        "step": step,
-        "loss": finite_or_none(loss),
-        "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
-        "tokens": tokens,
-        "iters": spec.eval_iters,
-    }
+    return ValidationPoint(step=step, loss=finite_or_none(loss),
+                           ppl=math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
+                           tokens=tokens, iters=spec.eval_iters)
 
 
 def _eval_due(spec: RunSpec, data: SampledData, step: int, iteration: int) -> bool:
@@ -284,7 +280,7 @@ def measure(
     runs inside the window and the run stops at the first that reaches it: reading a
     validation's loss is the one wait for the device the check needs, and every
     validation makes it anyway."""
-    validation: list[dict[str, Any]] = []
+    validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
@@ -301,9 +297,9 @@ def measure(
     def validate_reached(iteration: int) -> bool:
         """Validate; whether the target is reached (the same on every rank: the loss is reduced)."""
         point = validate(engine, data, spec, iteration)
-        point["elapsed_s"] = time.perf_counter() - training_started  # the loss was read: the device is done
+        point.elapsed_s = time.perf_counter() - training_started  # the loss was read: the device is done
         validation.append(point)
-        return target is not None and target.met(point)
+        return target is not None and target.met(point.dump())
 
     def saving(iteration: int) -> bool:
         if checkpoints is None:
