@@ -92,7 +92,8 @@ class TelemetrySampler:
         return [sample for sample in self.samples if sample[0] not in self._edge_times]
 
     def stop(self) -> dict[str, Any]:
-        """Stop sampling and summarise the window since ``start``."""
+        """Stop sampling and summarise the window since ``start``: an open mapping (each vendor adds
+        its own keys), which the worker validates once as the result's Telemetry section."""
         reason = self.unavailable_reason()
         if reason:
             return {"source": self.source, "available": False, "reason": reason, "devices": []}

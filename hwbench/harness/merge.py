@@ -35,8 +35,10 @@ from hwbench.result.model import (
     StepTime,
     Straggler,
     Telemetry,
+    TelemetryDevice,
     TimeToTarget,
     ValidationPoint,
+    sum_known,
 )
 from hwbench.result.store import finite
 from hwbench.spec import RunSpec
@@ -71,7 +73,7 @@ class RankReport:
     loss_scales: list[float | None] = dataclasses.field(default_factory=list)
     skipped: list[bool] = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
-    telemetry: dict[str, Any] | None = None
+    telemetry: Telemetry | None = None
     host_syncs: HostSyncCount | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     validation: list[ValidationPoint] = dataclasses.field(default_factory=list)
@@ -108,48 +110,41 @@ def merge_memory(reports: list[RankReport]) -> Memory:
     return Memory.model_validate(merged)
 
 
-def device_key(host: str, device: dict[str, Any]) -> tuple:
+def device_key(host: str, device: TelemetryDevice) -> tuple:
     """What makes a sampled device the same one on every rank that samples it: its
     UUID (unique everywhere), else its PCI bus id and chip on its host (two chips of
     one card can share a bus id), else its name on its host (a CPU package, a chip
     without a bus id). The index is no identity: every accelerator rank samples its
     own device at index 0."""
-    if device.get("uuid"):
-        return ("uuid", device["uuid"])
-    if device.get("pci_bus_id"):
-        return ("pci", host, device["pci_bus_id"], device.get("chip"))
-    return ("name", host, device.get("name", device.get("index")))
+    if device.uuid:
+        return ("uuid", device.uuid)
+    if device.pci_bus_id:
+        return ("pci", host, device.pci_bus_id, device.chip)
+    return ("name", host, device.name if device.name is not None else device.index)
 
 
-def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
+def merge_telemetry(reports: list[RankReport]) -> Telemetry | None:
     """One rank's telemetry as is; with several, every device once (device_key) and
     the sum of their energy and mean power, beside every rank's own."""
     readings = [r.telemetry for r in reports]
     if len(readings) == 1 or readings[0] is None:
         return readings[0]
-    available = [t for t in readings if t and t.get("available")]
+    available = [t for t in readings if t and t.available]
     if not available:
-        return {**readings[0], "ranks": len(readings)}
-    devices, seen = [], set()
+        return readings[0].model_copy(update={"ranks": len(readings)})
+    devices: list[TelemetryDevice] = []
+    seen = set()
     for report, reading in zip(reports, readings):
-        for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
+        for device in (reading.devices or []) if reading and reading.available else []:
             # ranks of one node may sample the same device: the CPU's packages, or one
             # accelerator shared by several ranks (or by slices of it, each a rank)
             key = device_key(report.host, device)
             if key not in seen:
                 seen.add(key)
-                devices.append({**device, "host": report.host})
-    energies = [d.get("energy_j") for d in devices]
-    powers = [d.get("power_w_mean") for d in devices]
-    return {
-        "source": available[0].get("source"),
-        "available": True,
-        "ranks": len(readings),
-        "ranks_available": len(available),
-        "energy_j": sum(energies) if energies and None not in energies else None,
-        "power_w_mean_total": sum(powers) if powers and None not in powers else None,
-        "devices": devices,
-    }
+                devices.append(device.model_copy(update={"host": report.host}))
+    return Telemetry(source=available[0].source, available=True, ranks=len(readings),
+                     ranks_available=len(available), energy_j=sum_known(d.energy_j for d in devices),
+                     power_w_mean_total=sum_known(d.power_w_mean for d in devices), devices=devices)
 
 
 def merge_host_syncs(reports: list[RankReport]) -> HostSyncs | None:
@@ -210,7 +205,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
         step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),
         memory=Memory.model_validate(r.memory, from_attributes=True),
-        telemetry=_telemetry(r.telemetry) if len(reports) > 1 else None, placement=_rank_placement(r.placement),
+        telemetry=r.telemetry if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)
     checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
@@ -255,7 +250,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
     validation = reports[0].validation
-    telemetry = _telemetry(merge_telemetry(reports))
+    telemetry = merge_telemetry(reports)
     host_syncs = merge_host_syncs(reports)
     if not validation:
         unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
@@ -349,11 +344,6 @@ def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> St
             else telemetry.reason if not telemetry.available and telemetry.reason
             else "no device reported throttle reasons")
     return SteadyState.model_validate(finite(figures))
-
-
-def _telemetry(summary: dict[str, Any] | None) -> Telemetry | None:
-    """A telemetry summary as the result holds it (a sensor's non-finite reading as null)."""
-    return None if summary is None else Telemetry.model_validate(finite(summary))
 
 
 def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:

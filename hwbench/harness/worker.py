@@ -38,8 +38,8 @@ from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
 from hwbench.result.model import Engine as EngineSection
-from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord, ValidationPoint
-from hwbench.result.store import new_run_id, utc_now, write_json_atomic
+from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord, Telemetry, ValidationPoint
+from hwbench.result.store import finite, new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
 from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
@@ -53,7 +53,7 @@ class Measurement:
     step_times_s: list[float]
     wall_time_s: float
     memory: MemoryStats
-    telemetry: dict[str, Any] | None
+    telemetry: Telemetry | None
     data: dict[str, Any]
     validation: list[ValidationPoint]
     host_syncs: HostSyncCount  # Backend.counting_host_syncs() of the timed window
@@ -357,6 +357,7 @@ def measure(
     memory = backend.memory_stats()
     if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
         memory, telemetry = stand_in_readings(memory, telemetry)
+    summary = None if telemetry is None else Telemetry.model_validate(finite(telemetry))  # a sensor's NaN as null
     end = first_iteration + done
     if target is None and _eval_due(spec, data, last, end) and _periodic_eval(spec, end):
         validate_reached(end)
@@ -375,7 +376,7 @@ def measure(
         step_times,
         wall_time,
         memory,
-        telemetry,
+        summary,
         data.describe(),
         validation,
         host_syncs,
