@@ -38,7 +38,16 @@ from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
 from hwbench.result.model import Engine as EngineSection
-from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord, Telemetry, ValidationPoint
+from hwbench.result.model import (
+    Environment,
+    Launch,
+    RunError,
+    RunResult,
+    Status,
+    SweepRecord,
+    Telemetry,
+    ValidationPoint,
+)
 from hwbench.result.store import finite, new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
@@ -119,11 +128,11 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
-        failure = describe_failure(error, backend, ctx.rank)
-        heartbeat.fail(failure["status"], failure["message"])
+        status, failure = describe_failure(error, backend, ctx.rank)
+        heartbeat.fail(status, str(failure.message))
         if ctx.distributed:
-            raise RankFailure(f"{failure['status']}: {failure['type']}: {failure['message']}") from error
-        result.status, result.error = failure.pop("status"), RunError.model_validate(failure)
+            raise RankFailure(f"{status}: {failure.type}: {failure.message}") from error
+        result.status, result.error = status, failure
     finally:
         progress.close()
     if report is not None:
@@ -177,20 +186,17 @@ def with_sweep_record(result: RunResult) -> RunResult:
     return result
 
 
-def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
+def describe_failure(error: BaseException, backend: Backend, rank: int) -> tuple[Status, RunError]:
     if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
-        status = "invalid"
+        status: Status = "invalid"
     elif isinstance(error, CheckpointSaveError):  # the disk filled, the folder went away: not the training's fault
         status = "storage"
     else:
         status = "oom" if backend.is_out_of_memory(error) else "failed"
     text = str(error).strip()
-    failure = {"status": status, "type": type(error).__name__,
-               "message": text.splitlines()[0] if text else type(error).__name__,
-               "traceback": traceback.format_exc(), "rank": rank}
-    if status == "oom":
-        failure.update(oom_figures(text))  # requested_bytes, free_bytes: what the allocator said
-    return failure
+    # with an OOM, requested_bytes and free_bytes: what the allocator said
+    return status, RunError(type=type(error).__name__, message=text.splitlines()[0] if text else type(error).__name__,
+                            traceback=traceback.format_exc(), rank=rank, **oom_figures(text) if status == "oom" else {})
 
 
 def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext,
