@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hwbench.catalog import Workload
+from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.stand_in import SIMULATED_PRICE
@@ -45,9 +46,6 @@ from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
-
-if TYPE_CHECKING:
-    from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -132,8 +130,7 @@ def merge_telemetry(reports: list[RankReport]) -> Telemetry | None:
     available = [t for t in readings if t and t.available]
     if not available:
         return readings[0].model_copy(update={"ranks": len(readings)})
-    devices: list[TelemetryDevice] = []
-    seen = set()
+    devices, seen = [], set()
     for report, reading in zip(reports, readings):
         for device in (reading.devices or []) if reading and reading.available else []:
             # ranks of one node may sample the same device: the CPU's packages, or one

@@ -10,7 +10,6 @@ a RankFailure that the launcher turns into one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -22,8 +21,8 @@ from typing import Any
 import torch
 
 from hwbench.catalog import Catalog, Workload
-from hwbench.device import Backend, MemoryStats
-from hwbench.device.base import HostSyncCount, Placement, oom_figures
+from hwbench.device import Backend
+from hwbench.device.base import oom_figures
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device_check import checked_backend
 from hwbench.engine import build_engine
@@ -52,21 +51,6 @@ from hwbench.result.store import finite, new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
 from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
-
-
-@dataclasses.dataclass
-class Measurement:
-    """What the timed loop produced, read back from the device after it."""
-
-    outcomes: list[StepOutcome]
-    step_times_s: list[float]
-    wall_time_s: float
-    memory: MemoryStats
-    telemetry: Telemetry | None
-    data: dict[str, Any]
-    validation: list[ValidationPoint]
-    host_syncs: HostSyncCount  # Backend.counting_host_syncs() of the timed window
-    training_started: float  # perf_counter() at the start of the first step (warm-up included)
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
@@ -120,11 +104,9 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             checkpoints = Checkpointer(spec, model_config, engine, data, ctx, backend, plan, run_dir)
             checkpoints.load()
             checkpoints.started_training()
-            measurement = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
-                                  plan.start_iteration)
-            report = rank_report(ctx, measurement, result.environment, heartbeat, placement, checkpoints.describe(),
-                                 plan.start_iteration)
-            report.init_s = measurement.training_started - setup_started  # the checkpoint's load included
+            report = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
+                             plan.start_iteration, setup_started)
+            report.environment, report.placement = result.environment, placement
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
@@ -274,7 +256,8 @@ def measure(
     fault: Fault | None,
     checkpoints: Checkpointer | None = None,
     first_iteration: int = 0,
-) -> Measurement:
+    setup_started: float | None = None,
+) -> RankReport:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval and checkpoint saves at --save-interval run
     between timed steps, marked apart and left out of the step times (they do
@@ -285,7 +268,10 @@ def measure(
     With a target (--target-ppl, --target-loss) every validation, the last one too,
     runs inside the window and the run stops at the first that reaches it: reading a
     validation's loss is the one wait for the device the check needs, and every
-    validation makes it anyway."""
+    validation makes it anyway.
+
+    Returns this rank's figures for rank 0 to merge (run_point adds its environment and placement);
+    ``setup_started``: perf_counter() when run_point started, for the report's ``init_s``."""
     validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
     target = spec.target
@@ -363,7 +349,6 @@ def measure(
     memory = backend.memory_stats()
     if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
         memory, telemetry = stand_in_readings(memory, telemetry)
-    summary = None if telemetry is None else Telemetry.model_validate(finite(telemetry))  # a sensor's NaN as null
     end = first_iteration + done
     if target is None and _eval_due(spec, data, last, end) and _periodic_eval(spec, end):
         validate_reached(end)
@@ -377,32 +362,9 @@ def measure(
         validate_reached(end)
     heartbeat.step(done, "done", end)
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
-    return Measurement(
-        outcomes,
-        step_times,
-        wall_time,
-        memory,
-        summary,
-        data.describe(),
-        validation,
-        host_syncs,
-        training_started,
-    )
-
-
-def rank_report(
-    ctx: DistContext,
-    m: Measurement,
-    environment: Environment,
-    heartbeat: Heartbeat,
-    placement: Placement,
-    checkpoints: dict[str, Any] | None = None,
-    first_iteration: int = 0,
-) -> RankReport:
-    """This rank's figures as plain values, for rank 0 to merge. The loss of each
-    step is averaged over the data-parallel ranks here (one collective after the
-    timed loop), so the merged curve is the global batch's."""
-    losses = torch.stack([o.loss.detach().float().reshape(()) for o in m.outcomes])
+    # The loss of each step averaged over the data-parallel ranks here (one collective after the
+    # timed loop), so the merged curve is the global batch's.
+    losses = torch.stack([o.loss.detach().float().reshape(()) for o in outcomes])
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
     return RankReport(
@@ -413,19 +375,19 @@ def rank_report(
         pid=heartbeat.record["pid"],
         coordinates={"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
         losses=[float(x) for x in losses.cpu()],
-        grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
-        lrs=[o.lr for o in m.outcomes],
-        loss_scales=[None if o.loss_scale is None else float(o.loss_scale) for o in m.outcomes],
-        skipped=[bool(o.skipped) for o in m.outcomes],  # read here, after the timed loop
-        step_times_s=m.step_times_s,
-        wall_time_s=m.wall_time_s,
-        memory=m.memory,
-        telemetry=m.telemetry,
-        host_syncs=m.host_syncs,
-        data=m.data,
-        validation=m.validation,
-        environment=environment,
-        placement=placement,
-        checkpoints=checkpoints,
+        grad_norms=[float(o.grad_norm.float()) for o in outcomes],
+        lrs=[o.lr for o in outcomes],
+        loss_scales=[None if o.loss_scale is None else float(o.loss_scale) for o in outcomes],
+        skipped=[bool(o.skipped) for o in outcomes],  # read here, after the timed loop
+        step_times_s=step_times,
+        wall_time_s=wall_time,
+        memory=memory,
+        telemetry=None if telemetry is None else Telemetry.model_validate(finite(telemetry)),  # NaN as null
+        host_syncs=host_syncs,
+        data=data.describe(),
+        validation=validation,
+        checkpoints=checkpoints.describe() if checkpoints is not None else None,
         first_iteration=first_iteration,
+        # the checkpoint's load included
+        init_s=None if setup_started is None else training_started - setup_started,
     )
