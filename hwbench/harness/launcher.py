@@ -289,20 +289,13 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         {"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"], "phase": beat["phase"]}
         for rank, beat in sorted(beats.items())
     ]
-    error: dict[str, Any]
     if timed_out:
         where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
-        error = {
-            "type": "Timeout",
-            "rank": None,
-            "traceback": None,
-            "signal": None,
-            "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}",
-            "killed_pids": killed,
-        }
+        error = RunError(type="Timeout", rank=None, traceback=None, signal=None, killed_pids=killed,
+                         message=f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}")
     elif failures:
         result.status, error = _describe_rank_failure(failures, beats)
-        error["log_tail"] = log_tail(run_dir, error.get("local_rank"))
+        error.log_tail = log_tail(run_dir, error.local_rank)
         by_rank = {f["rank"]: f for f in failures}
         for entry in ranks:
             failure = by_rank.get(entry["rank"])
@@ -310,24 +303,15 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
             entry["signal"] = failure["signal"] if failure else None
             entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
     elif agent.get("status") == "stopped":
-        error = {
-            "type": "AgentStopped",
-            "rank": None,
-            "traceback": None,
-            "signal": agent.get("signal"),
-            "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and stopped every rank",
-        }
+        error = RunError(type="AgentStopped", rank=None, traceback=None, signal=agent.get("signal"),
+                         message=f"torchrun's agent received {agent.get('signal')} from outside hwbench and stopped "
+                                 "every rank")
     else:
-        error = {
-            "type": "LaunchFailed",
-            "rank": None,
-            "traceback": None,
-            "signal": None,
-            "message": f"torchrun exited with status {returncode} and no rank reported a failure "
-            "(the rendezvous may have failed: see the messages above)",
-        }
+        error = RunError(type="LaunchFailed", rank=None, traceback=None, signal=None,
+                         message=f"torchrun exited with status {returncode} and no rank reported a failure "
+                                 "(the rendezvous may have failed: see the messages above)")
     result.ranks = [RankSummary.model_validate(entry) for entry in ranks]
-    result.error = RunError.model_validate(error)
+    result.error = error
     result.finished_at = utc_now()
     if spec.launch.nnodes > 1:
         result.warnings.append(
@@ -389,7 +373,7 @@ def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[s
 
 
 def _describe_rank_failure(failures: list[dict[str, Any]],
-                           beats: dict[int, dict]) -> tuple[Status, dict[str, Any]]:
+                           beats: dict[int, dict]) -> tuple[Status, RunError]:
     """Status and error of the root-cause failure."""
     first = root_cause(failures, beats)
     message, trace = _error_message(first)
@@ -405,16 +389,7 @@ def _describe_rank_failure(failures: list[dict[str, Any]],
     elif not message:
         message = f"exited with status {first['exitcode']}"
     message = f"rank {first['rank']}: {message}"
-    error = {
-        "type": "RankFailed",
-        "log_tail": None,
-        "rank": first["rank"],
-        "local_rank": first.get("local_rank"),
-        "exitcode": first.get("exitcode"),
-        "signal": first.get("signal"),
-        "message": message,
-        "traceback": trace,
-        "failed_ranks": [f["rank"] for f in failures],
-    }
-    error.update(figures)  # requested and free bytes of an out-of-memory failure
-    return status, error
+    return status, RunError(type="RankFailed", log_tail=None, rank=first["rank"], local_rank=first.get("local_rank"),
+                            exitcode=first.get("exitcode"), signal=first.get("signal"), message=message,
+                            traceback=trace, failed_ranks=[f["rank"] for f in failures],
+                            **figures)  # requested and free bytes of an out-of-memory failure
