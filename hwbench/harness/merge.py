@@ -25,7 +25,6 @@ from hwbench.result.model import (
     HostSyncs,
     Memory,
     Metrics,
-    NodePlacement,
     NodeSummary,
     RankPlacement,
     RankSummary,
@@ -175,7 +174,7 @@ def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
         node.ranks.append(r.rank)
     for placement in host_placements(reports) or []:
         for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
-            nodes[node_rank].placement = NodePlacement.model_validate(placement.describe())
+            nodes[node_rank].placement = placement.describe()
     return [nodes[k] for k in sorted(nodes)]
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hwbench.result.model import NodePlacement
+
 
 @dataclasses.dataclass
 class HostPlacement:
@@ -50,11 +52,11 @@ class HostPlacement:
         nodes = ", ".join(map(str, self.node_ranks))
         return f"node{'s' if len(self.node_ranks) > 1 else ''} {nodes} ({self.host})"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> NodePlacement:
         reason = self.oversubscription()
-        return {"threads_per_rank": self.threads, "usable_cores": self.usable_cores,
-                "devices": sorted(self.device_ranks), "oversubscribed": reason is not None,
-                "oversubscribed_reason": reason}
+        return NodePlacement(threads_per_rank=self.threads, usable_cores=self.usable_cores,
+                             devices=sorted(self.device_ranks), oversubscribed=reason is not None,
+                             oversubscribed_reason=reason)
 
 
 def _threads_text(threads: list[int]) -> str:
