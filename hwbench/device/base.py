@@ -215,7 +215,7 @@ class Backend(abc.ABC):
         return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
 
     def optimizer_options(self) -> dict[str, Any]:
-        """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py)."""
+        """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py): kwargs, open."""
         from hwbench.device.kinds import KINDS
 
         return {"fused": True} if KINDS[self.name].fused_adamw else {"foreach": True}
@@ -244,8 +244,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint(self) -> dict[str, Any]:
-        """Driver, runtime and library versions and device models (vendor part;
-        hwbench.device.fingerprint adds what every backend shares)."""
+        """Driver, runtime and library versions and device models (vendor part, open: recorded as is
+        in the result's environment; hwbench.device.fingerprint adds what every backend shares)."""
 
     def power_limit_watts(self) -> tuple[float | None, str]:
         """(the power limit of this process's device in watts, what it is: the board's default
@@ -253,8 +253,8 @@ class Backend(abc.ABC):
         return None, f"the {self.name} backend reports no power limit"
 
     def device_identity(self) -> dict[str, Any]:
-        """What names this device beyond its model, for the result's ``device`` section (a ROCm
-        GPU's gfx architecture, a Gaudi's execution mode)."""
+        """What names this device beyond its model, open: each vendor's keys go into the result's
+        ``device`` section as they are (a ROCm GPU's gfx architecture, a Gaudi's execution mode)."""
         return {}
 
     def compute_units(self) -> int | None:
@@ -269,7 +269,7 @@ class Backend(abc.ABC):
         return None, f"the {self.name} backend does not name its driver"
 
     def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
-        """(the other processes computing on this process's device now, each {"pid", "memory_bytes"};
+        """(the other processes computing on this process's device now, each {"pid", "memory_bytes"}, as recorded;
         None and why when the backend cannot list them). A calibration measured beside them
         measures a shared device, not its ceiling."""
         return None, f"the {self.name} backend does not list the processes on its device"
