@@ -13,8 +13,11 @@ import warnings
 import pytest
 import torch
 
+from hwbench.device.base import HostSyncCount, MemoryStats
 from hwbench.device.cuda import SYNC_WARNING, CudaBackend
 from hwbench.harness.merge import RankReport, merge_host_syncs
+
+NO_MEMORY = MemoryStats(None, None, None, None, None, source="test")  # a rank's memory statistics without figures
 
 
 class FakeSyncDebug:
@@ -77,15 +80,15 @@ def test_cuda_mode_is_restored_when_the_window_raises(cuda_backend):
 
 
 def _report(rank: int, host_syncs):
-    return RankReport(rank=rank, step_times_s=[1.0], memory={}, host_syncs=host_syncs)
+    return RankReport(rank=rank, step_times_s=[1.0], memory=NO_MEMORY, host_syncs=host_syncs)
 
 
 def test_merge_keeps_the_rank_that_waited_most():
-    merged = merge_host_syncs([_report(0, {"count": 0, "where": [], "reason": None}),
-                               _report(1, {"count": 3, "where": ["engine.py:217"], "reason": None}),
-                               _report(2, {"count": 1, "where": ["x.py:1"], "reason": None})])
-    assert merged == {"count": 3, "where": ["engine.py:217"], "rank": 1, "ranks_counted": 3}
-    assert merge_host_syncs([_report(0, {"count": None, "where": [], "reason": "cannot count"})]) is None
+    merged = merge_host_syncs([_report(0, HostSyncCount(count=0, where=[], reason=None)),
+                               _report(1, HostSyncCount(count=3, where=["engine.py:217"], reason=None)),
+                               _report(2, HostSyncCount(count=1, where=["x.py:1"], reason=None))])
+    assert merged.dump() == {"count": 3, "where": ["engine.py:217"], "rank": 1, "ranks_counted": 3}
+    assert merge_host_syncs([_report(0, HostSyncCount(count=None, where=[], reason="cannot count"))]) is None
     assert merge_host_syncs([_report(0, None)]) is None
 
 
@@ -100,10 +103,10 @@ def test_a_waiting_host_is_a_warning_that_names_the_first_site(eval_interval, va
     spec = build_run_spec({"model": "tiny", "device": "cpu", "steps": 4, "warmup": 1, "eval_interval": eval_interval,
                            "telemetry": False}, catalog, check_paths=False)
     steps = spec.warmup + spec.steps
-    report = RankReport(rank=0, step_times_s=[0.1] * spec.steps, memory={}, losses=[3.0] * steps,
+    report = RankReport(rank=0, step_times_s=[0.1] * spec.steps, memory=NO_MEMORY, losses=[3.0] * steps,
                         grad_norms=[1.0] * steps, lrs=[1e-4] * steps, loss_scales=[None] * steps,
                         skipped=[False] * steps, wall_time_s=0.4,
-                        host_syncs={"count": 4, "where": ["native.py:217"], "reason": None})
+                        host_syncs=HostSyncCount(count=4, where=["native.py:217"], reason=None))
     result = RunResult(run_id="r", status="ok", spec={}, device={})
     merge_ranks(result, spec, find_workload(catalog, "tiny"), [report])
     assert result.metrics.host_syncs.count == 4

@@ -12,18 +12,21 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import main
+from hwbench.device.base import MemoryStats, Placement
 from hwbench.device.host import cpu_packages
 from hwbench.harness.merge import RankReport
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.result.store import load_result
 
+NO_MEMORY = MemoryStats(None, None, None, None, None, source="test")  # a rank's memory statistics without figures
+
 # --- the judgement, from rank placements ------------------------------------------
 
 
 def rank(rank, threads, cpus, usable=None, devices=("package-0",), node=0, exclusive=False, host="a"):
-    placement = {"threads": threads, "cpus": list(cpus), "usable_cores": usable or len(cpus),
-                 "devices": list(devices), "devices_basis": "test basis", "exclusive_devices": exclusive}
-    return RankReport(rank=rank, step_times_s=[1.0], memory={}, node_rank=node, host=host, placement=placement)
+    placement = Placement(threads=threads, cpus=list(cpus), usable_cores=usable or len(cpus), devices=list(devices),
+                          devices_basis="test basis", exclusive_devices=exclusive)
+    return RankReport(rank=rank, step_times_s=[1.0], memory=NO_MEMORY, node_rank=node, host=host, placement=placement)
 
 
 def judged(*reports):
@@ -80,7 +83,7 @@ def test_two_nodes_on_one_host_share_its_cores():
 
 
 def test_a_rank_without_its_placement_leaves_it_unknown():
-    bare = RankReport(rank=1, step_times_s=[1.0], memory={})
+    bare = RankReport(rank=1, step_times_s=[1.0], memory=NO_MEMORY)
     found = judged(rank(0, 1, [0]), bare)
     assert found["oversubscribed"] is None and found["devices_used"] is None
 

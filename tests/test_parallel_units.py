@@ -4,9 +4,11 @@ scaling, torchrun's environment, root-cause choice, rank merging."""
 import pytest
 import torch
 
+from hwbench.device.base import MemoryStats
 from hwbench.engine.distributed import RankEnvironment
 from hwbench.engine.loss_scale import HYSTERESIS, LOSS_SCALE_WINDOW, LossScaler, overflow_flag
 from hwbench.engine.parallelize import stage_layers
+from hwbench.harness.agent import AgentFailure
 from hwbench.harness.launcher import root_cause
 from hwbench.harness.merge import RankReport, merge_memory, straggler
 
@@ -51,17 +53,19 @@ def test_a_pod_with_only_rank_and_world_size_is_not_a_torchrun_worker():
 
 def test_the_root_cause_is_the_rank_that_failed_first_not_its_peers():
     # rank 1 raised; rank 0 then lost its peer in a collective and was SIGTERMed by torchrun
-    failures = [{"rank": 0, "signal": "SIGTERM", "timestamp": 100}, {"rank": 1, "signal": None, "timestamp": 100}]
+    failures = [AgentFailure(rank=0, signal="SIGTERM", timestamp=100), AgentFailure(rank=1, signal=None, timestamp=100)]
     beats = {0: {"failed_at": 50.7}, 1: {"failed_at": 50.2}}
-    assert root_cause(failures, beats)["rank"] == 1
+    assert root_cause(failures, beats).rank == 1
     # a rank killed by SIGKILL (the OOM killer, say) outranks the peers torchrun stopped
-    failures = [{"rank": 0, "signal": "SIGTERM", "timestamp": 1}, {"rank": 3, "signal": "SIGKILL", "timestamp": 2}]
-    assert root_cause(failures, {})["rank"] == 3
+    failures = [AgentFailure(rank=0, signal="SIGTERM", timestamp=1),
+                AgentFailure(rank=3, signal="SIGKILL", timestamp=2)]
+    assert root_cause(failures, {}).rank == 3
 
 
 def _report(rank, times, peak):
     return RankReport(rank=rank, step_times_s=times,
-                      memory={"peak_allocated_bytes": peak, "peak_reserved_bytes": peak, "ooms": 0, "source": "x"})
+                      memory=MemoryStats(peak_allocated_bytes=peak, peak_reserved_bytes=peak, capacity_bytes=None,
+                                         alloc_retries=None, ooms=0, source="x"))
 
 
 def test_merged_memory_is_the_peak_over_ranks_and_names_it():

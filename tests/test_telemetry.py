@@ -13,6 +13,7 @@ import types
 
 import pytest
 
+from hwbench.device.base import MemoryStats
 from hwbench.device.nvml import (
     INTEGRATED_AVERAGED,
     INTEGRATED_INSTANT,
@@ -22,6 +23,9 @@ from hwbench.device.nvml import (
     pci_bus_id,
 )
 from hwbench.device.telemetry import MEAN_AND_MAX, TelemetrySampler
+from hwbench.result.model import Telemetry, TelemetryDevice
+
+NO_MEMORY = MemoryStats(None, None, None, None, None, source="test")  # a rank's memory statistics without figures
 
 
 def wait_for(condition, timeout_s: float = 5.0) -> None:
@@ -661,7 +665,8 @@ def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
     energy, power, reason = measured_energy(result, world=1)
     assert (energy, reason) == (pytest.approx(30.0), None) and power == pytest.approx(30.0 / one_rank["window_s"])
 
-    ranks = [RankReport(rank=r, step_times_s=[1.0], memory={}, host="h", telemetry=one_rank) for r in (0, 1)]
+    ranks = [RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="h",
+                        telemetry=Telemetry.model_validate(one_rank)) for r in (0, 1)]
     merged = merge_telemetry(ranks)
     assert len(merged["devices"]) == 1 and merged["energy_j"] == pytest.approx(30.0)
 
@@ -676,8 +681,8 @@ def test_merged_gpu_telemetry_keeps_every_rank_s_device():
         return {"source": "nvml", "available": True, "devices": [
             {"index": 0, "name": name, "energy_j": joules, "power_w_mean": joules / 10}]}
 
-    ranks = [RankReport(rank=r, step_times_s=[1.0], memory={}, host="h", telemetry=reading(f"gpu:{r}", 100.0 * (r + 1)))
-             for r in (0, 1)]
+    ranks = [RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="h",
+                        telemetry=Telemetry.model_validate(reading(f"gpu:{r}", 100.0 * (r + 1)))) for r in (0, 1)]
     merged = merge_telemetry(ranks)
     assert [d["name"] for d in merged["devices"]] == ["gpu:0", "gpu:1"]
     assert merged["energy_j"] == pytest.approx(300.0) and merged["power_w_mean_total"] == pytest.approx(30.0)
@@ -705,8 +710,8 @@ def test_eight_ranks_of_one_node_report_eight_gpus_and_their_summed_energy(monke
     reports = []
     for rank, (bus, uuid) in enumerate(EIGHT_GPUS.items()):
         telemetry = rank_telemetry(monkeypatch, nv, gpu(cuda_index=0, uuid=uuid.removeprefix("GPU-"), bus=bus))
-        reports.append(RankReport(rank=rank, local_rank=rank, step_times_s=[1.0], memory={}, host="node0",
-                                  telemetry=telemetry))
+        reports.append(RankReport(rank=rank, local_rank=rank, step_times_s=[1.0], memory=NO_MEMORY, host="node0",
+                                  telemetry=Telemetry.model_validate(telemetry)))
     assert {r.telemetry["devices"][0]["name"] for r in reports} == {"gpu:0"}  # the name alone would merge them
 
     merged = merge_telemetry(reports)
@@ -725,8 +730,8 @@ def test_two_ranks_sampling_one_gpu_count_it_once(monkeypatch):
     bus = next(b for b, u in EIGHT_GPUS.items() if u == "GPU-0003")
     shared = [rank_telemetry(monkeypatch, nv, gpu(cuda_index=r, uuid=f"slice-{r}", bus=bus)) for r in (0, 1)]
     assert [t["devices"][0]["name"] for t in shared] == ["gpu:0", "gpu:1"]  # different CUDA devices
-    merged = merge_telemetry([RankReport(rank=r, step_times_s=[1.0], memory={}, host="node0", telemetry=t)
-                              for r, t in enumerate(shared)])
+    merged = merge_telemetry([RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="node0",
+                                         telemetry=Telemetry.model_validate(t)) for r, t in enumerate(shared)])
     (device,) = merged["devices"]
     assert (device["uuid"], device["identified_by"]) == ("GPU-0003", "pci_bus_id")
     assert merged["energy_j"] == pytest.approx(7.0)
@@ -737,10 +742,13 @@ def test_one_uuid_on_two_hosts_is_one_device_and_names_repeat_across_hosts():
     two GPUs); a name or bus id is only unique on its host."""
     from hwbench.harness.merge import device_key
 
-    assert device_key("a", {"uuid": "GPU-1", "name": "gpu:0"}) == device_key("b", {"uuid": "GPU-1", "name": "gpu:3"})
-    assert device_key("a", {"uuid": None, "name": "gpu:0"}) != device_key("b", {"uuid": None, "name": "gpu:0"})
-    assert device_key("a", {"pci_bus_id": "0000:01:00.0", "chip": 0}) != device_key(
-        "a", {"pci_bus_id": "0000:01:00.0", "chip": 1})  # two chips of one card
+    def device(**fields):
+        return TelemetryDevice.model_validate(fields)
+
+    assert device_key("a", device(uuid="GPU-1", name="gpu:0")) == device_key("b", device(uuid="GPU-1", name="gpu:3"))
+    assert device_key("a", device(uuid=None, name="gpu:0")) != device_key("b", device(uuid=None, name="gpu:0"))
+    assert device_key("a", device(pci_bus_id="0000:01:00.0", chip=0)) != device_key(
+        "a", device(pci_bus_id="0000:01:00.0", chip=1))  # two chips of one card
 
 
 def test_each_gpu_and_npu_sampler_names_its_device(monkeypatch):
@@ -766,7 +774,8 @@ def test_npu_ranks_merge_by_bus_id_and_chip(monkeypatch):
     def rank(number, device_id):
         sampler = NpuSmiSampler([device_id], interval_s=60.0)
         sampler.start()
-        return RankReport(rank=number, step_times_s=[1.0], memory={}, host="h", telemetry=sampler.stop())
+        return RankReport(rank=number, step_times_s=[1.0], memory=NO_MEMORY, host="h",
+                          telemetry=Telemetry.model_validate(sampler.stop()))
 
     both_chips = merge_telemetry([rank(0, 0), rank(1, 1)])
     assert [(d["pci_bus_id"], d["chip"], d["name"]) for d in both_chips["devices"]] == [

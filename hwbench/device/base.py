@@ -107,8 +107,18 @@ class HostSyncCount:
     where: list[str] = dataclasses.field(default_factory=list)
     reason: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+@dataclasses.dataclass
+class Placement:
+    """Where a process runs (Backend.placement): torch's intra-op threads, the CPUs it may run
+    on, its usable cores, the devices it computes on and how they were found."""
+
+    threads: int
+    cpus: list[int]
+    usable_cores: int
+    devices: list[str]
+    devices_basis: str
+    exclusive_devices: bool  # each rank needs a device of its own (Backend.exclusive_devices)
 
 
 class Backend(abc.ABC):
@@ -159,13 +169,12 @@ class Backend(abc.ABC):
         """The devices this process computes on, named so that they are distinct on
         its node, and how they were found: for counting the devices a run used."""
 
-    def placement(self) -> dict[str, Any]:
-        """Where this process runs (after prepare_process): torch's intra-op threads,
-        the CPUs it may run on, its usable cores and its devices. Rank 0 judges
-        oversubscription and counts the devices used from every rank's."""
+    def placement(self) -> Placement:
+        """Where this process runs (after prepare_process). Rank 0 judges oversubscription and
+        counts the devices used from every rank's."""
         devices, basis = self.devices_in_use()
-        return {"threads": torch.get_num_threads(), "cpus": allowed_cpus(), "usable_cores": usable_cores(),
-                "devices": devices, "devices_basis": basis, "exclusive_devices": self.exclusive_devices}
+        return Placement(torch.get_num_threads(), allowed_cpus(), usable_cores(), devices, basis,
+                         self.exclusive_devices)
 
     @abc.abstractmethod
     def step_timer(self) -> StepTimer: ...
@@ -206,7 +215,7 @@ class Backend(abc.ABC):
         return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
 
     def optimizer_options(self) -> dict[str, Any]:
-        """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py)."""
+        """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py): kwargs, open."""
         from hwbench.device.kinds import KINDS
 
         return {"fused": True} if KINDS[self.name].fused_adamw else {"foreach": True}
@@ -235,8 +244,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def fingerprint(self) -> dict[str, Any]:
-        """Driver, runtime and library versions and device models (vendor part;
-        hwbench.device.fingerprint adds what every backend shares)."""
+        """Driver, runtime and library versions and device models (vendor part, open: recorded as is
+        in the result's environment; hwbench.device.fingerprint adds what every backend shares)."""
 
     def power_limit_watts(self) -> tuple[float | None, str]:
         """(the power limit of this process's device in watts, what it is: the board's default
@@ -244,8 +253,8 @@ class Backend(abc.ABC):
         return None, f"the {self.name} backend reports no power limit"
 
     def device_identity(self) -> dict[str, Any]:
-        """What names this device beyond its model, for the result's ``device`` section (a ROCm
-        GPU's gfx architecture, a Gaudi's execution mode)."""
+        """What names this device beyond its model, open: each vendor's keys go into the result's
+        ``device`` section as they are (a ROCm GPU's gfx architecture, a Gaudi's execution mode)."""
         return {}
 
     def compute_units(self) -> int | None:
@@ -260,7 +269,7 @@ class Backend(abc.ABC):
         return None, f"the {self.name} backend does not name its driver"
 
     def other_processes(self) -> tuple[list[dict[str, Any]] | None, str | None]:
-        """(the other processes computing on this process's device now, each {"pid", "memory_bytes"};
+        """(the other processes computing on this process's device now, each {"pid", "memory_bytes"}, as recorded;
         None and why when the backend cannot list them). A calibration measured beside them
         measures a shared device, not its ceiling."""
         return None, f"the {self.name} backend does not list the processes on its device"

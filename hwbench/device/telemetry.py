@@ -41,8 +41,8 @@ class TelemetrySampler:
 
     # To be provided by vendors -------------------------------------------
     def read(self) -> list[dict[str, Any]]:
-        """One reading per device: keys from MEAN_AND_MAX plus 'throttle_reasons'
-        (list of names) and 'ecc_uncorrected' (count); None where unsupported."""
+        """One reading per device, open (summarised by name): keys from MEAN_AND_MAX plus
+        'throttle_reasons' (list of names) and 'ecc_uncorrected' (count); None where unsupported."""
         return []
 
     def energy_counter_j(self) -> list[float | None]:
@@ -54,7 +54,7 @@ class TelemetrySampler:
         return None
 
     def device_details(self, index: int) -> dict[str, Any]:
-        """What names device ``index`` in the summary beyond its index (a RAPL domain's name,
+        """What names device ``index`` in the summary beyond its index, open (a RAPL domain's name,
         a GPU's UUID): merging ranks keys devices by it (hwbench.harness.merge.device_key)."""
         return {}
 
@@ -92,7 +92,8 @@ class TelemetrySampler:
         return [sample for sample in self.samples if sample[0] not in self._edge_times]
 
     def stop(self) -> dict[str, Any]:
-        """Stop sampling and summarise the window since ``start``."""
+        """Stop sampling and summarise the window since ``start``: an open mapping (each vendor adds
+        its own keys), which the worker validates once as the result's Telemetry section."""
         reason = self.unavailable_reason()
         if reason:
             return {"source": self.source, "available": False, "reason": reason, "devices": []}

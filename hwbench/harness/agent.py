@@ -5,7 +5,7 @@
 runs torch.distributed.run (the torchrun agent) with TORCHRUN_ARGS and writes
 ``RUN_DIR/agent.json``: ``{"status": "ok"}``, ``{"status": "stopped", "signal":
 "SIGTERM"}`` (the agent itself was signalled) or ``{"status": "failed",
-"failures": [...]}`` with, for every failed rank, its exit code, the signal
+"failures": [...]}`` with, for every failed rank (AgentFailure), its exit code, the signal
 that killed it, and the error file its ``@record``-ed entry point wrote
 (torch.distributed.elastic's ``record`` decorator and TORCHELASTIC_ERROR_FILE, in PyTorch's
 elastic error-handling documentation). torchrun itself only prints these; the launcher needs them as data.
@@ -13,6 +13,7 @@ elastic error-handling documentation). torchrun itself only prints these; the la
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -21,23 +22,29 @@ from pathlib import Path
 from typing import Any
 
 
-def _failure_record(rank: int, failure: Any) -> dict[str, Any]:
+@dataclasses.dataclass
+class AgentFailure:
+    """One failed rank as the agent writes it in agent.json (the launcher reads it back)."""
+
+    rank: int
+    local_rank: int | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    signal: str | None = None  # the signal that killed it, by name
+    message: str | None = None
+    error_file_data: dict[str, Any] | None = None  # what its @record-ed entry point wrote: torch's format
+    timestamp: int | None = None
+
+
+def _failure_record(rank: int, failure: Any) -> AgentFailure:
     signal_name = None
     if failure.exitcode is not None and failure.exitcode < 0:
         try:
             signal_name = failure.signal_name()
         except Exception:  # an exit code that is no signal number
             signal_name = f"signal {-failure.exitcode}"
-    return {
-        "rank": rank,
-        "local_rank": failure.local_rank,
-        "pid": failure.pid,
-        "exitcode": failure.exitcode,
-        "signal": signal_name,
-        "message": failure.message,
-        "error_file_data": failure.error_file_data or None,
-        "timestamp": failure.timestamp,
-    }
+    return AgentFailure(rank, failure.local_rank, failure.pid, failure.exitcode, signal_name, failure.message,
+                        failure.error_file_data or None, failure.timestamp)
 
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
@@ -70,7 +77,7 @@ def main(argv: list[str]) -> int:
         return 128 + int(stopped.sigval)
     except ChildFailedError as error:
         failures = [_failure_record(rank, failure) for rank, failure in sorted(error.failures.items())]
-        _write(run_dir, {"status": "failed", "failures": failures})
+        _write(run_dir, {"status": "failed", "failures": [dataclasses.asdict(failure) for failure in failures]})
         return 1
     _write(run_dir, {"status": "ok"})
     return 0

@@ -41,6 +41,7 @@ from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device.host import share_of_cores
 from hwbench.device_check import checked_backend
 from hwbench.errors import SetupError, UsageError
+from hwbench.harness.agent import AgentFailure
 from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.lifeline import child_environment, stop_signals
@@ -276,7 +277,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
     if returncode == 0 and not timed_out and spec.launch.node_rank > 0:
         return None  # this node's ranks finished; node 0 writes the result
     agent = _load_json(run_dir / AGENT_FILE) or {}
-    failures = agent.get("failures", [])
+    failures = [AgentFailure(**failure) for failure in agent.get("failures", [])]
     _raise_setup_problem(failures)
     beats = read_heartbeats(run_dir)
     result = RunResult(
@@ -289,45 +290,29 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         {"rank": rank, "host": beat["host"], "pid": beat["pid"], "last_step": beat["step"], "phase": beat["phase"]}
         for rank, beat in sorted(beats.items())
     ]
-    error: dict[str, Any]
     if timed_out:
         where = ", ".join(f"rank {r}: step {b['step']}" for r, b in sorted(beats.items())) or "no rank started"
-        error = {
-            "type": "Timeout",
-            "rank": None,
-            "traceback": None,
-            "signal": None,
-            "message": f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}",
-            "killed_pids": killed,
-        }
+        error = RunError(type="Timeout", rank=None, traceback=None, signal=None, killed_pids=killed,
+                         message=f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}")
     elif failures:
         result.status, error = _describe_rank_failure(failures, beats)
-        error["log_tail"] = log_tail(run_dir, error.get("local_rank"))
-        by_rank = {f["rank"]: f for f in failures}
+        error.log_tail = log_tail(run_dir, error.local_rank)
+        by_rank = {f.rank: f for f in failures}
         for entry in ranks:
             failure = by_rank.get(entry["rank"])
-            entry["exitcode"] = failure["exitcode"] if failure else None
-            entry["signal"] = failure["signal"] if failure else None
+            entry["exitcode"] = failure.exitcode if failure else None
+            entry["signal"] = failure.signal if failure else None
             entry["error"] = beats[entry["rank"]].get("message") if entry["rank"] in beats else None
     elif agent.get("status") == "stopped":
-        error = {
-            "type": "AgentStopped",
-            "rank": None,
-            "traceback": None,
-            "signal": agent.get("signal"),
-            "message": f"torchrun's agent received {agent.get('signal')} from outside hwbench and stopped every rank",
-        }
+        error = RunError(type="AgentStopped", rank=None, traceback=None, signal=agent.get("signal"),
+                         message=f"torchrun's agent received {agent.get('signal')} from outside hwbench and stopped "
+                                 "every rank")
     else:
-        error = {
-            "type": "LaunchFailed",
-            "rank": None,
-            "traceback": None,
-            "signal": None,
-            "message": f"torchrun exited with status {returncode} and no rank reported a failure "
-            "(the rendezvous may have failed: see the messages above)",
-        }
+        error = RunError(type="LaunchFailed", rank=None, traceback=None, signal=None,
+                         message=f"torchrun exited with status {returncode} and no rank reported a failure "
+                                 "(the rendezvous may have failed: see the messages above)")
     result.ranks = [RankSummary.model_validate(entry) for entry in ranks]
-    result.error = RunError.model_validate(error)
+    result.error = error
     result.finished_at = utc_now()
     if spec.launch.nnodes > 1:
         result.warnings.append(
@@ -337,15 +322,15 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
     return result
 
 
-def _error_message(failure: dict[str, Any]) -> tuple[str, str | None]:
+def _error_message(failure: AgentFailure) -> tuple[str, str | None]:
     """(message, traceback) from torchrun's error file of a failed rank."""
-    data = failure.get("error_file_data") or {}
+    data = failure.error_file_data or {}
     message = data.get("message")
     if isinstance(message, dict):
         return str(message.get("message", "")), (message.get("extraInfo") or {}).get("py_callstack")
     if isinstance(message, str):
         return message, None
-    return str(failure.get("message") or ""), None
+    return str(failure.message or ""), None
 
 
 LOG_TAIL_LINES = 40
@@ -362,34 +347,34 @@ def log_tail(run_dir: Path, local_rank: int | None) -> str | None:
     return "\n".join(lines[-LOG_TAIL_LINES:]) or None
 
 
-def _raise_setup_problem(failures: list[dict[str, Any]]) -> None:
+def _raise_setup_problem(failures: list[AgentFailure]) -> None:
     """A rank that stopped on bad input or a missing device says so as the
     launcher would have: one line, exit 2, no result."""
     for failure in failures:
         message, _ = _error_message(failure)
         for kind, error in (("UsageError: ", UsageError), ("SetupError: ", SetupError)):
             if message.startswith(kind):
-                raise error(f"rank {failure['rank']}: {message[len(kind) :].strip()}")
+                raise error(f"rank {failure.rank}: {message[len(kind) :].strip()}")
 
 
-def root_cause(failures: list[dict[str, Any]], beats: dict[int, dict]) -> dict[str, Any]:
+def root_cause(failures: list[AgentFailure], beats: dict[int, dict]) -> AgentFailure:
     """The rank whose failure made the others fail. One rank failing makes its
     peers fail too (a collective loses its peer; torchrun SIGTERMs the rest),
     so: a rank that died by a signal other than torchrun's SIGTERM first, then
     the rank whose own exception came first (heartbeat time, sub-second), then
     torchrun's order."""
 
-    def order(failure: dict[str, Any]) -> tuple:
-        killed_by_agent = failure.get("signal") == "SIGTERM"
-        own_signal = failure.get("signal") is not None and not killed_by_agent
-        failed_at = beats.get(failure["rank"], {}).get("failed_at")
-        return (not own_signal, failed_at is None, failed_at or 0.0, failure.get("timestamp") or 0, failure["rank"])
+    def order(failure: AgentFailure) -> tuple:
+        killed_by_agent = failure.signal == "SIGTERM"
+        own_signal = failure.signal is not None and not killed_by_agent
+        failed_at = beats.get(failure.rank, {}).get("failed_at")
+        return (not own_signal, failed_at is None, failed_at or 0.0, failure.timestamp or 0, failure.rank)
 
     return min(failures, key=order)
 
 
-def _describe_rank_failure(failures: list[dict[str, Any]],
-                           beats: dict[int, dict]) -> tuple[Status, dict[str, Any]]:
+def _describe_rank_failure(failures: list[AgentFailure],
+                           beats: dict[int, dict]) -> tuple[Status, RunError]:
     """Status and error of the root-cause failure."""
     first = root_cause(failures, beats)
     message, trace = _error_message(first)
@@ -399,22 +384,13 @@ def _describe_rank_failure(failures: list[dict[str, Any]],
         reported, _, message = message[len("RankFailure: ") :].partition(": ")
         status = TypeAdapter(Status).validate_python(reported)
     figures = oom_figures(message) if status == "oom" else {}
-    if first.get("signal"):  # a rank that wrote its failure may still be stopped by torchrun while it cleans up
-        stopped = f"killed by {first['signal']} (exit code {first['exitcode']})"
+    if first.signal:  # a rank that wrote its failure may still be stopped by torchrun while it cleans up
+        stopped = f"killed by {first.signal} (exit code {first.exitcode})"
         message = f"{message}; then {stopped}" if message else stopped
     elif not message:
-        message = f"exited with status {first['exitcode']}"
-    message = f"rank {first['rank']}: {message}"
-    error = {
-        "type": "RankFailed",
-        "log_tail": None,
-        "rank": first["rank"],
-        "local_rank": first.get("local_rank"),
-        "exitcode": first.get("exitcode"),
-        "signal": first.get("signal"),
-        "message": message,
-        "traceback": trace,
-        "failed_ranks": [f["rank"] for f in failures],
-    }
-    error.update(figures)  # requested and free bytes of an out-of-memory failure
-    return status, error
+        message = f"exited with status {first.exitcode}"
+    message = f"rank {first.rank}: {message}"
+    return status, RunError(type="RankFailed", log_tail=None, rank=first.rank, local_rank=first.local_rank,
+                            exitcode=first.exitcode, signal=first.signal, message=message,
+                            traceback=trace, failed_ranks=[f.rank for f in failures],
+                            **figures)  # requested and free bytes of an out-of-memory failure

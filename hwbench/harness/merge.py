@@ -14,6 +14,7 @@ import statistics
 from typing import Any
 
 from hwbench.catalog import Workload
+from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.stand_in import SIMULATED_PRICE
@@ -21,9 +22,9 @@ from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (
     Checkpoints,
     Environment,
+    HostSyncs,
     Memory,
     Metrics,
-    NodePlacement,
     NodeSummary,
     RankPlacement,
     RankSummary,
@@ -32,9 +33,12 @@ from hwbench.result.model import (
     SteadyState,
     Step,
     StepTime,
+    Straggler,
     Telemetry,
+    TelemetryDevice,
     TimeToTarget,
     ValidationPoint,
+    sum_known,
 )
 from hwbench.result.store import finite
 from hwbench.spec import RunSpec
@@ -54,7 +58,7 @@ class RankReport:
 
     rank: int
     step_times_s: list[float]  # timed steps only
-    memory: dict[str, Any]  # MemoryStats as a dict, with `unmeasured`
+    memory: MemoryStats
     local_rank: int = 0
     node_rank: int = 0
     host: str = ""
@@ -66,12 +70,12 @@ class RankReport:
     loss_scales: list[float | None] = dataclasses.field(default_factory=list)
     skipped: list[bool] = dataclasses.field(default_factory=list)
     wall_time_s: float = 0.0
-    telemetry: dict[str, Any] | None = None
-    host_syncs: dict[str, Any] | None = None  # hwbench.device.base.HostSyncCount as a dict
+    telemetry: Telemetry | None = None
+    host_syncs: HostSyncCount | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    validation: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # worker.validate()'s points
-    environment: dict[str, Any] = dataclasses.field(default_factory=dict)
-    placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Backend.placement()
+    validation: list[ValidationPoint] = dataclasses.field(default_factory=list)
+    environment: Environment = dataclasses.field(default_factory=Environment)
+    placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
     checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
@@ -87,86 +91,77 @@ def _peak(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def merge_memory(reports: list[RankReport]) -> dict[str, Any]:
-    """Peak over ranks of every byte count; the rank that had it."""
-    memories = [r.memory for r in reports]
-    merged: dict[str, Any] = {}
-    for key, value in memories[0].items():
+def merge_memory(reports: list[RankReport]) -> Memory:
+    """Peak over ranks of every byte count, the sum of every other count (allocator retries,
+    OOMs); the rank that had the peak."""
+    merged = dataclasses.asdict(reports[0].memory)
+    for key, value in merged.items():
+        values = [getattr(r.memory, key) for r in reports]
         if key.endswith("_bytes"):
-            merged[key] = _peak([m.get(key) for m in memories])
-        elif isinstance(value, int) and not isinstance(value, bool):
-            merged[key] = sum(m.get(key) or 0 for m in memories)  # counts (allocator retries, OOMs)
-        else:
-            merged[key] = value
-    peak = merged.get("peak_allocated_bytes")
+            merged[key] = _peak(values)
+        elif isinstance(value, int):
+            merged[key] = sum(v or 0 for v in values)
+    peak = merged["peak_allocated_bytes"]
     if peak is not None and len(reports) > 1:
-        merged["peak_allocated_rank"] = next(r.rank for r in reports if r.memory.get("peak_allocated_bytes") == peak)
-    return merged
+        merged["peak_allocated_rank"] = next(r.rank for r in reports if r.memory.peak_allocated_bytes == peak)
+    return Memory.model_validate(merged)
 
 
-def device_key(host: str, device: dict[str, Any]) -> tuple:
+def device_key(host: str, device: TelemetryDevice) -> tuple:
     """What makes a sampled device the same one on every rank that samples it: its
     UUID (unique everywhere), else its PCI bus id and chip on its host (two chips of
     one card can share a bus id), else its name on its host (a CPU package, a chip
     without a bus id). The index is no identity: every accelerator rank samples its
     own device at index 0."""
-    if device.get("uuid"):
-        return ("uuid", device["uuid"])
-    if device.get("pci_bus_id"):
-        return ("pci", host, device["pci_bus_id"], device.get("chip"))
-    return ("name", host, device.get("name", device.get("index")))
+    if device.uuid:
+        return ("uuid", device.uuid)
+    if device.pci_bus_id:
+        return ("pci", host, device.pci_bus_id, device.chip)
+    return ("name", host, device.name if device.name is not None else device.index)
 
 
-def merge_telemetry(reports: list[RankReport]) -> dict[str, Any] | None:
+def merge_telemetry(reports: list[RankReport]) -> Telemetry | None:
     """One rank's telemetry as is; with several, every device once (device_key) and
     the sum of their energy and mean power, beside every rank's own."""
     readings = [r.telemetry for r in reports]
     if len(readings) == 1 or readings[0] is None:
         return readings[0]
-    available = [t for t in readings if t and t.get("available")]
+    available = [t for t in readings if t and t.available]
     if not available:
-        return {**readings[0], "ranks": len(readings)}
+        return readings[0].model_copy(update={"ranks": len(readings)})
     devices, seen = [], set()
     for report, reading in zip(reports, readings):
-        for device in (reading or {}).get("devices", []) if (reading or {}).get("available") else []:
+        for device in (reading.devices or []) if reading and reading.available else []:
             # ranks of one node may sample the same device: the CPU's packages, or one
             # accelerator shared by several ranks (or by slices of it, each a rank)
             key = device_key(report.host, device)
             if key not in seen:
                 seen.add(key)
-                devices.append({**device, "host": report.host})
-    energies = [d.get("energy_j") for d in devices]
-    powers = [d.get("power_w_mean") for d in devices]
-    return {
-        "source": available[0].get("source"),
-        "available": True,
-        "ranks": len(readings),
-        "ranks_available": len(available),
-        "energy_j": sum(energies) if energies and None not in energies else None,
-        "power_w_mean_total": sum(powers) if powers and None not in powers else None,
-        "devices": devices,
-    }
+                devices.append(device.model_copy(update={"host": report.host}))
+    return Telemetry(source=available[0].source, available=True, ranks=len(readings),
+                     ranks_available=len(available), energy_j=sum_known(d.energy_j for d in devices),
+                     power_w_mean_total=sum_known(d.power_w_mean for d in devices), devices=devices)
 
 
-def merge_host_syncs(reports: list[RankReport]) -> dict[str, Any] | None:
+def merge_host_syncs(reports: list[RankReport]) -> HostSyncs | None:
     """The rank whose host waited for its device most often in the timed window (each such
     wait leaves the device idle): its count and call sites; None when no rank could count."""
-    counted = [(r.rank, r.host_syncs) for r in reports if r.host_syncs and r.host_syncs.get("count") is not None]
+    counted = [(r.rank, r.host_syncs) for r in reports if r.host_syncs and r.host_syncs.count is not None]
     if not counted:
         return None
-    rank, most = max(counted, key=lambda counts: counts[1]["count"])
-    return {"count": most["count"], "where": most.get("where", []), "rank": rank, "ranks_counted": len(counted)}
+    rank, most = max(counted, key=lambda counts: counts[1].count or 0)
+    return HostSyncs(count=most.count, where=most.where, rank=rank, ranks_counted=len(counted))
 
 
-def straggler(reports: list[RankReport]) -> dict[str, Any] | None:
+def straggler(reports: list[RankReport]) -> Straggler | None:
     """The rank with the slowest median step, and how much slower than the median rank."""
     if len(reports) < 2:
         return None
     medians = {r.rank: statistics.median(r.step_times_s) for r in reports}
     slowest = max(medians, key=medians.__getitem__)
     typical = statistics.median(medians.values())
-    return {"rank": slowest, "median_step_time_s": medians[slowest], "median_of_ranks_s": typical,
-            "ratio": medians[slowest] / typical if typical > 0 else None}
+    return Straggler(rank=slowest, median_step_time_s=medians[slowest], median_of_ranks_s=typical,
+                     ratio=medians[slowest] / typical if typical > 0 else None)
 
 
 def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
@@ -175,19 +170,19 @@ def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
     nodes: dict[int, NodeSummary] = {}
     for r in reports:
         node = nodes.setdefault(r.node_rank, NodeSummary(node_rank=r.node_rank, host=r.host, ranks=[],
-                                                         environment=Environment.model_validate(r.environment)))
+                                                         environment=r.environment))
         node.ranks.append(r.rank)
     for placement in host_placements(reports) or []:
         for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
-            nodes[node_rank].placement = NodePlacement.model_validate(placement.describe())
+            nodes[node_rank].placement = placement.describe()
     return [nodes[k] for k in sorted(nodes)]
 
 
-def _rank_placement(placement: dict[str, Any]) -> RankPlacement | None:
-    if not placement:
+def _rank_placement(placement: Placement | None) -> RankPlacement | None:
+    if placement is None:
         return None
-    return RankPlacement(threads=placement["threads"], usable_cores=placement["usable_cores"],
-                         cpus=cpu_list_text(placement["cpus"]), devices=placement["devices"])
+    return RankPlacement(threads=placement.threads, usable_cores=placement.usable_cores,
+                         cpus=cpu_list_text(placement.cpus), devices=placement.devices)
 
 
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
@@ -205,8 +200,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
         step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),
-        memory=Memory.model_validate(finite(r.memory)),
-        telemetry=_telemetry(r.telemetry) if len(reports) > 1 else None, placement=_rank_placement(r.placement),
+        memory=Memory.model_validate(r.memory, from_attributes=True),
+        telemetry=r.telemetry if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)
     checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
@@ -250,8 +245,8 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     if not ceiling and not implausible:
         unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
-    validation = [ValidationPoint.model_validate(finite(point)) for point in reports[0].validation]
-    telemetry = _telemetry(merge_telemetry(reports))
+    validation = reports[0].validation
+    telemetry = merge_telemetry(reports)
     host_syncs = merge_host_syncs(reports)
     if not validation:
         unmeasured["valid_ppl"] = ("no validation (--eval-iters 0)" if spec.eval_iters == 0
@@ -263,8 +258,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     if world == 1:
         unmeasured["straggler"] = "one rank"
     if host_syncs is None:
-        unmeasured["host_syncs"] = next((r.host_syncs["reason"] for r in reports if r.host_syncs), None) or \
-            "not counted"
+        unmeasured["host_syncs"] = next((r.host_syncs.reason for r in reports if r.host_syncs), None) or "not counted"
     last = validation[-1] if validation else None
     return implausible, Metrics.model_validate(finite({
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * spec.seq_length,
@@ -346,11 +340,6 @@ def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> St
             else telemetry.reason if not telemetry.available and telemetry.reason
             else "no device reported throttle reasons")
     return SteadyState.model_validate(finite(figures))
-
-
-def _telemetry(summary: dict[str, Any] | None) -> Telemetry | None:
-    """A telemetry summary as the result holds it (a sensor's non-finite reading as null)."""
-    return None if summary is None else Telemetry.model_validate(finite(summary))
 
 
 def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hwbench.result.model import NodePlacement
+
 
 @dataclasses.dataclass
 class HostPlacement:
@@ -50,11 +52,11 @@ class HostPlacement:
         nodes = ", ".join(map(str, self.node_ranks))
         return f"node{'s' if len(self.node_ranks) > 1 else ''} {nodes} ({self.host})"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> NodePlacement:
         reason = self.oversubscription()
-        return {"threads_per_rank": self.threads, "usable_cores": self.usable_cores,
-                "devices": sorted(self.device_ranks), "oversubscribed": reason is not None,
-                "oversubscribed_reason": reason}
+        return NodePlacement(threads_per_rank=self.threads, usable_cores=self.usable_cores,
+                             devices=sorted(self.device_ranks), oversubscribed=reason is not None,
+                             oversubscribed_reason=reason)
 
 
 def _threads_text(threads: list[int]) -> str:
@@ -75,18 +77,18 @@ def host_placements(reports: list[Any]) -> list[HostPlacement] | None:
     nodes = []
     for host, members in by_host.items():
         placements = [r.placement for r in members]
-        cpus = set().union(*(p["cpus"] for p in placements))
+        cpus = set().union(*(p.cpus for p in placements))
         device_ranks: dict[str, int] = {}
         for placement in placements:
-            for device in placement["devices"]:
+            for device in placement.devices:
                 device_ranks[device] = device_ranks.get(device, 0) + 1
         nodes.append(HostPlacement(
             node_ranks=sorted({r.node_rank for r in members}), host=host, ranks=[r.rank for r in members],
-            threads=[p["threads"] for p in placements], own_cores=[p["usable_cores"] for p in placements],
+            threads=[p.threads for p in placements], own_cores=[p.usable_cores for p in placements],
             # a cgroup quota caps every rank's usable cores alike; without one, the union is the host's
-            usable_cores=min(len(cpus), max(p["usable_cores"] for p in placements)),
-            device_ranks=device_ranks, exclusive_devices=placements[0]["exclusive_devices"],
-            devices_basis=placements[0]["devices_basis"]))
+            usable_cores=min(len(cpus), max(p.usable_cores for p in placements)),
+            device_ranks=device_ranks, exclusive_devices=placements[0].exclusive_devices,
+            devices_basis=placements[0].devices_basis))
     return nodes
 
 

@@ -10,7 +10,11 @@ What stays: the device's description (name, catalog entry, listed capacity), mar
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hwbench.device import MemoryStats
 
 # A telemetry device's keys that say which device and how it is read, not what it read
 TELEMETRY_IDENTITY = ("index", "chip", "package", "name", "host", "uuid", "pci_bus_id", "identified_by",
@@ -39,11 +43,11 @@ def withheld(figures: dict[str, Any], kept: tuple[str, ...]) -> dict[str, Any]:
     return {**out, "unmeasured": reasons}
 
 
-def stand_in_readings(memory: dict[str, Any], telemetry: dict[str, Any] | None) -> tuple[dict[str, Any],
-                                                                                        dict[str, Any] | None]:
+def stand_in_readings(memory: MemoryStats, telemetry: dict[str, Any] | None) -> tuple[MemoryStats,
+                                                                                      dict[str, Any] | None]:
     """A rank's memory statistics and telemetry summary as a simulated run records them: the
     stand-in's figures withheld; its telemetry not available, with the reason."""
     if telemetry is not None and telemetry.get("available"):
         telemetry = {**telemetry, "available": False, "reason": SIMULATED_SENSORS,
                      "devices": [withheld(device, TELEMETRY_IDENTITY) for device in telemetry.get("devices") or []]}
-    return withheld(memory, MEMORY_KEPT), telemetry
+    return dataclasses.replace(memory, **withheld(dataclasses.asdict(memory), MEMORY_KEPT)), telemetry

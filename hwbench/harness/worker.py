@@ -10,7 +10,6 @@ a RankFailure that the launcher turns into one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -38,26 +37,20 @@ from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
 from hwbench.result.model import Engine as EngineSection
-from hwbench.result.model import Environment, Launch, RunError, RunResult, SweepRecord
-from hwbench.result.store import new_run_id, utc_now, write_json_atomic
+from hwbench.result.model import (
+    Environment,
+    Launch,
+    RunError,
+    RunResult,
+    Status,
+    SweepRecord,
+    Telemetry,
+    ValidationPoint,
+)
+from hwbench.result.store import finite, new_run_id, utc_now, write_json_atomic
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
 from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
-
-
-@dataclasses.dataclass
-class Measurement:
-    """What the timed loop produced, read back from the device after it."""
-
-    outcomes: list[StepOutcome]
-    step_times_s: list[float]
-    wall_time_s: float
-    memory: dict[str, Any]
-    telemetry: dict[str, Any] | None
-    data: dict[str, Any]
-    validation: list[dict[str, Any]]
-    host_syncs: dict[str, Any]  # Backend.counting_host_syncs() of the timed window
-    training_started: float  # perf_counter() at the start of the first step (warm-up included)
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
@@ -111,19 +104,17 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             checkpoints = Checkpointer(spec, model_config, engine, data, ctx, backend, plan, run_dir)
             checkpoints.load()
             checkpoints.started_training()
-            measurement = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
-                                  plan.start_iteration)
-            report = rank_report(ctx, measurement, fingerprint, heartbeat, placement, checkpoints.describe(),
-                                 plan.start_iteration)
-            report.init_s = measurement.training_started - setup_started  # the checkpoint's load included
+            report = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
+                             plan.start_iteration, setup_started)
+            report.environment, report.placement = result.environment, placement
         finally:
             engine.close()
     except Exception as error:  # recorded as data: the run's status says what happened
-        failure = describe_failure(error, backend, ctx.rank)
-        heartbeat.fail(failure["status"], failure["message"])
+        status, failure = describe_failure(error, backend, ctx.rank)
+        heartbeat.fail(status, str(failure.message))
         if ctx.distributed:
-            raise RankFailure(f"{failure['status']}: {failure['type']}: {failure['message']}") from error
-        result.status, result.error = failure.pop("status"), RunError.model_validate(failure)
+            raise RankFailure(f"{status}: {failure.type}: {failure.message}") from error
+        result.status, result.error = status, failure
     finally:
         progress.close()
     if report is not None:
@@ -177,20 +168,17 @@ def with_sweep_record(result: RunResult) -> RunResult:
     return result
 
 
-def describe_failure(error: BaseException, backend: Backend, rank: int) -> dict[str, Any]:
+def describe_failure(error: BaseException, backend: Backend, rank: int) -> tuple[Status, RunError]:
     if isinstance(error, UsageError):  # bad data found while training (a token outside the vocabulary)
-        status = "invalid"
+        status: Status = "invalid"
     elif isinstance(error, CheckpointSaveError):  # the disk filled, the folder went away: not the training's fault
         status = "storage"
     else:
         status = "oom" if backend.is_out_of_memory(error) else "failed"
     text = str(error).strip()
-    failure = {"status": status, "type": type(error).__name__,
-               "message": text.splitlines()[0] if text else type(error).__name__,
-               "traceback": traceback.format_exc(), "rank": rank}
-    if status == "oom":
-        failure.update(oom_figures(text))  # requested_bytes, free_bytes: what the allocator said
-    return failure
+    # with an OOM, requested_bytes and free_bytes: what the allocator said
+    return status, RunError(type=type(error).__name__, message=text.splitlines()[0] if text else type(error).__name__,
+                            traceback=traceback.format_exc(), rank=rank, **oom_figures(text) if status == "oom" else {})
 
 
 def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: DistContext,
@@ -213,17 +201,13 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
                         vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
 
 
-def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> dict[str, Any]:
+def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> ValidationPoint:
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
     loss, tokens = engine.evaluate(batches)
-    return {
-        "step": step,
-        "loss": finite_or_none(loss),
-        "ppl": math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
-        "tokens": tokens,
-        "iters": spec.eval_iters,
-    }
+    return ValidationPoint(step=step, loss=finite_or_none(loss),
+                           ppl=math.exp(min(20.0, loss)) if math.isfinite(loss) else None,
+                           tokens=tokens, iters=spec.eval_iters)
 
 
 def _eval_due(spec: RunSpec, data: SampledData, step: int, iteration: int) -> bool:
@@ -272,7 +256,8 @@ def measure(
     fault: Fault | None,
     checkpoints: Checkpointer | None = None,
     first_iteration: int = 0,
-) -> Measurement:
+    setup_started: float | None = None,
+) -> RankReport:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval and checkpoint saves at --save-interval run
     between timed steps, marked apart and left out of the step times (they do
@@ -283,8 +268,11 @@ def measure(
     With a target (--target-ppl, --target-loss) every validation, the last one too,
     runs inside the window and the run stops at the first that reaches it: reading a
     validation's loss is the one wait for the device the check needs, and every
-    validation makes it anyway."""
-    validation: list[dict[str, Any]] = []
+    validation makes it anyway.
+
+    Returns this rank's figures for rank 0 to merge (run_point adds its environment and placement);
+    ``setup_started``: perf_counter() when run_point started, for the report's ``init_s``."""
+    validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
@@ -301,9 +289,9 @@ def measure(
     def validate_reached(iteration: int) -> bool:
         """Validate; whether the target is reached (the same on every rank: the loss is reduced)."""
         point = validate(engine, data, spec, iteration)
-        point["elapsed_s"] = time.perf_counter() - training_started  # the loss was read: the device is done
+        point.elapsed_s = time.perf_counter() - training_started  # the loss was read: the device is done
         validation.append(point)
-        return target is not None and target.met(point)
+        return target is not None and target.met(point.dump())
 
     def saving(iteration: int) -> bool:
         if checkpoints is None:
@@ -358,7 +346,7 @@ def measure(
                 break
     wall_time = time.perf_counter() - wall_start
     telemetry = sampler.stop() if sampler else None
-    memory = dataclasses.asdict(backend.memory_stats())
+    memory = backend.memory_stats()
     if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
         memory, telemetry = stand_in_readings(memory, telemetry)
     end = first_iteration + done
@@ -374,32 +362,9 @@ def measure(
         validate_reached(end)
     heartbeat.step(done, "done", end)
     step_times = [t for t, is_step in zip(timer.intervals_s(), interval_is_step) if is_step]
-    return Measurement(
-        outcomes,
-        step_times,
-        wall_time,
-        memory,
-        telemetry,
-        data.describe(),
-        validation,
-        host_syncs.to_dict(),
-        training_started,
-    )
-
-
-def rank_report(
-    ctx: DistContext,
-    m: Measurement,
-    environment: dict[str, Any],
-    heartbeat: Heartbeat,
-    placement: dict[str, Any],
-    checkpoints: dict[str, Any] | None = None,
-    first_iteration: int = 0,
-) -> RankReport:
-    """This rank's figures as plain values, for rank 0 to merge. The loss of each
-    step is averaged over the data-parallel ranks here (one collective after the
-    timed loop), so the merged curve is the global batch's."""
-    losses = torch.stack([o.loss.detach().float().reshape(()) for o in m.outcomes])
+    # The loss of each step averaged over the data-parallel ranks here (one collective after the
+    # timed loop), so the merged curve is the global batch's.
+    losses = torch.stack([o.loss.detach().float().reshape(()) for o in outcomes])
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
     return RankReport(
@@ -410,19 +375,19 @@ def rank_report(
         pid=heartbeat.record["pid"],
         coordinates={"pp": ctx.pp_rank, "dp": ctx.dp_rank, "tp": ctx.tp_rank},
         losses=[float(x) for x in losses.cpu()],
-        grad_norms=[float(o.grad_norm.float()) for o in m.outcomes],
-        lrs=[o.lr for o in m.outcomes],
-        loss_scales=[None if o.loss_scale is None else float(o.loss_scale) for o in m.outcomes],
-        skipped=[bool(o.skipped) for o in m.outcomes],  # read here, after the timed loop
-        step_times_s=m.step_times_s,
-        wall_time_s=m.wall_time_s,
-        memory=m.memory,
-        telemetry=m.telemetry,
-        host_syncs=m.host_syncs,
-        data=m.data,
-        validation=m.validation,
-        environment=environment,
-        placement=placement,
-        checkpoints=checkpoints,
+        grad_norms=[float(o.grad_norm.float()) for o in outcomes],
+        lrs=[o.lr for o in outcomes],
+        loss_scales=[None if o.loss_scale is None else float(o.loss_scale) for o in outcomes],
+        skipped=[bool(o.skipped) for o in outcomes],  # read here, after the timed loop
+        step_times_s=step_times,
+        wall_time_s=wall_time,
+        memory=memory,
+        telemetry=None if telemetry is None else Telemetry.model_validate(finite(telemetry)),  # NaN as null
+        host_syncs=host_syncs,
+        data=data.describe(),
+        validation=validation,
+        checkpoints=checkpoints.describe() if checkpoints is not None else None,
         first_iteration=first_iteration,
+        # the checkpoint's load included
+        init_s=None if setup_started is None else training_started - setup_started,
     )

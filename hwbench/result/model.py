@@ -295,7 +295,8 @@ class TelemetryDevice(WithReasons):
     unmeasured: REASONS | None = None
 
 
-def _sum_known(values) -> float | None:
+def sum_known(values) -> float | None:
+    """The sum, None when a value is unknown or there is none."""
     known = list(values)
     return sum(known) if known and None not in known else None
 
@@ -320,14 +321,14 @@ class Telemetry(Section):
     def total_energy_j(self) -> float | None:
         """Energy of every device over the window: the merged total, else the sum of the
         devices' when each has one; None when a device's is unknown."""
-        return self.energy_j if self.energy_j is not None else _sum_known(d.energy_j for d in self.devices or [])
+        return self.energy_j if self.energy_j is not None else sum_known(d.energy_j for d in self.devices or [])
 
     @property
     def total_power_w(self) -> float | None:
         """Mean power summed over the devices, None when a device's is unknown."""
         if self.power_w_mean_total is not None:
             return self.power_w_mean_total
-        return _sum_known(d.power_w_mean for d in self.devices or [])
+        return sum_known(d.power_w_mean for d in self.devices or [])
 
 
 class HostSyncs(Section):
