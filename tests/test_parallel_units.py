@@ -70,13 +70,13 @@ def _report(rank, times, peak):
 
 def test_merged_memory_is_the_peak_over_ranks_and_names_it():
     merged = merge_memory([_report(0, [1.0], 10), _report(1, [1.0], 30), _report(2, [1.0], None)])
-    assert merged["peak_allocated_bytes"] == 30 and merged["peak_allocated_rank"] == 1 and merged["ooms"] == 0
+    assert merged.peak_allocated_bytes == 30 and merged.peak_allocated_rank == 1 and merged.ooms == 0
 
 
 def test_the_straggler_is_the_rank_with_the_slowest_median_step():
     reports = [_report(0, [1.0, 1.0, 1.1], 1), _report(1, [1.5, 1.6, 1.4], 1), _report(2, [1.0, 0.9, 1.0], 1)]
     slow = straggler(reports)
-    assert slow["rank"] == 1 and slow["ratio"] == pytest.approx(1.5 / 1.0)
+    assert slow.rank == 1 and slow.ratio == pytest.approx(1.5 / 1.0)
     assert straggler(reports[:1]) is None
 
 

@@ -668,7 +668,7 @@ def test_the_report_reads_rapl_energy_of_a_cpu_run(tmp_path):
     ranks = [RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="h",
                         telemetry=Telemetry.model_validate(one_rank)) for r in (0, 1)]
     merged = merge_telemetry(ranks)
-    assert len(merged["devices"]) == 1 and merged["energy_j"] == pytest.approx(30.0)
+    assert len(merged.devices) == 1 and merged.energy_j == pytest.approx(30.0)
 
 
 def test_merged_gpu_telemetry_keeps_every_rank_s_device():
@@ -684,8 +684,8 @@ def test_merged_gpu_telemetry_keeps_every_rank_s_device():
     ranks = [RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="h",
                         telemetry=Telemetry.model_validate(reading(f"gpu:{r}", 100.0 * (r + 1)))) for r in (0, 1)]
     merged = merge_telemetry(ranks)
-    assert [d["name"] for d in merged["devices"]] == ["gpu:0", "gpu:1"]
-    assert merged["energy_j"] == pytest.approx(300.0) and merged["power_w_mean_total"] == pytest.approx(30.0)
+    assert [d.name for d in merged.devices] == ["gpu:0", "gpu:1"]
+    assert merged.energy_j == pytest.approx(300.0) and merged.power_w_mean_total == pytest.approx(30.0)
 
 
 EIGHT_GPUS = {f"0000:{0x18 + 0x10 * n:02x}:00.0": f"GPU-{n:04d}" for n in range(8)}
@@ -712,13 +712,13 @@ def test_eight_ranks_of_one_node_report_eight_gpus_and_their_summed_energy(monke
         telemetry = rank_telemetry(monkeypatch, nv, gpu(cuda_index=0, uuid=uuid.removeprefix("GPU-"), bus=bus))
         reports.append(RankReport(rank=rank, local_rank=rank, step_times_s=[1.0], memory=NO_MEMORY, host="node0",
                                   telemetry=Telemetry.model_validate(telemetry)))
-    assert {r.telemetry["devices"][0]["name"] for r in reports} == {"gpu:0"}  # the name alone would merge them
+    assert {r.telemetry.devices[0].name for r in reports} == {"gpu:0"}  # the name alone would merge them
 
     merged = merge_telemetry(reports)
-    assert [d["uuid"] for d in merged["devices"]] == list(EIGHT_GPUS.values())
-    assert all(d["host"] == "node0" and d["identified_by"] == "uuid" for d in merged["devices"])
-    assert merged["energy_j"] == pytest.approx(sum(range(1, 9)))  # 36 J
-    assert merged["ranks"] == merged["ranks_available"] == 8
+    assert [d.uuid for d in merged.devices] == list(EIGHT_GPUS.values())
+    assert all(d.host == "node0" and d.identified_by == "uuid" for d in merged.devices)
+    assert merged.energy_j == pytest.approx(sum(range(1, 9)))  # 36 J
+    assert merged.ranks == merged.ranks_available == 8
 
 
 def test_two_ranks_sampling_one_gpu_count_it_once(monkeypatch):
@@ -732,9 +732,9 @@ def test_two_ranks_sampling_one_gpu_count_it_once(monkeypatch):
     assert [t["devices"][0]["name"] for t in shared] == ["gpu:0", "gpu:1"]  # different CUDA devices
     merged = merge_telemetry([RankReport(rank=r, step_times_s=[1.0], memory=NO_MEMORY, host="node0",
                                          telemetry=Telemetry.model_validate(t)) for r, t in enumerate(shared)])
-    (device,) = merged["devices"]
-    assert (device["uuid"], device["identified_by"]) == ("GPU-0003", "pci_bus_id")
-    assert merged["energy_j"] == pytest.approx(7.0)
+    (device,) = merged.devices
+    assert (device.uuid, device.identified_by) == ("GPU-0003", "pci_bus_id")
+    assert merged.energy_j == pytest.approx(7.0)
 
 
 def test_one_uuid_on_two_hosts_is_one_device_and_names_repeat_across_hosts():
@@ -778,8 +778,8 @@ def test_npu_ranks_merge_by_bus_id_and_chip(monkeypatch):
                           telemetry=Telemetry.model_validate(sampler.stop()))
 
     both_chips = merge_telemetry([rank(0, 0), rank(1, 1)])
-    assert [(d["pci_bus_id"], d["chip"], d["name"]) for d in both_chips["devices"]] == [
+    assert [(d.pci_bus_id, d.chip, d.name) for d in both_chips.devices] == [
         ("0000:01:00.0", 0, "npu:0"), ("0000:01:00.0", 1, "npu:1")]
-    assert all(d["identified_by"] == "npu-smi device id" for d in both_chips["devices"])
+    assert all(d.identified_by == "npu-smi device id" for d in both_chips.devices)
     one_chip = merge_telemetry([rank(0, 1), rank(1, 1)])
-    assert [d["chip"] for d in one_chip["devices"]] == [1]
+    assert [d.chip for d in one_chip.devices] == [1]
