@@ -26,6 +26,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PrivateAttr,
     Strict,
     ValidationError,
@@ -234,10 +235,11 @@ class DeviceModel(_FromFile):
     memory_bytes: Wanted | None = None
     tdp_watts: Number | None = None
     interconnect: Words | None = None
-    if TYPE_CHECKING:  # held as {precision: PeakFigure}
+    if TYPE_CHECKING:
         peak_flops: dict[str, PeakFigure]
-    else:
-        peak_flops: Annotated[_PeakTable, AfterValidator(lambda table: {p: getattr(table, p) for p in PRECISIONS})]
+    else:  # the file's table, held as {precision: PeakFigure}
+        peak_flops: Annotated[_PeakTable, AfterValidator(lambda table: {p: getattr(table, p) for p in PRECISIONS}),
+                              PlainSerializer(lambda peaks: {p: figure.model_dump() for p, figure in peaks.items()})]
     compute_units: Wanted | None = None  # compute units (CUs, SMs) the peak figures count
     match_by_power_limit: PowerLimitMatch | None = None
     price_usd_per_hour: Number | None = None  # USD per device-hour
@@ -326,7 +328,8 @@ class Workload(_FromFile):
     if TYPE_CHECKING:
         model: GPTConfig
     else:  # the file's mapping, typed field by field, held as the GPTConfig it gives
-        model: Annotated[_GPTShape, AfterValidator(lambda shape: GPTConfig(**shape.model_dump()))]
+        model: Annotated[_GPTShape, AfterValidator(lambda shape: GPTConfig(**shape.model_dump())),
+                         PlainSerializer(dataclasses.asdict)]
     training: TrainingDefaults
     published: PublishedLayout | None = None
 
