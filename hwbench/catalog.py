@@ -26,6 +26,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PlainSerializer,
     PrivateAttr,
     Strict,
@@ -255,6 +256,17 @@ class DeviceModel(_FromFile):
             raise PydanticCustomError("price_provenance", "must be given with price_date wherever price_usd_per_hour "
                                       "is (where the price comes from and when)")
         return source
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _figures_last(cls, data: Any, handler: ModelWrapValidatorHandler[DeviceModel]) -> DeviceModel:
+        """A file with several problems is refused for the same one as ever: the entry's, with each
+        figure checked to be a mapping, before any inside a figure."""
+        table = data.get("peak_flops") if isinstance(data, dict) else None
+        if isinstance(table, dict):
+            stand_in = {"unavailable": "checked next"}
+            handler({**data, "peak_flops": {k: stand_in if isinstance(v, dict) else v for k, v in table.items()}})
+        return handler(data)
 
     def peak(self, precision: str) -> tuple[float | None, str | None]:
         """(peak dense FLOP/s, None) or (None, why there is none)."""

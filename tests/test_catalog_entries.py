@@ -63,3 +63,15 @@ def test_a_workload_holds_the_warmup_its_fraction_gives_and_is_immutable(tmp_pat
     with pytest.raises(pydantic.ValidationError, match="frozen"):
         workload.training.seq_length = 1
     assert load_catalog().workloads["345m"].published.tables == ("table2",)
+
+
+@pytest.mark.parametrize("peaks, more, expected", [
+    ("{bf16: {dense: null}, fp16: {dense: null, unavailable: x}, fp32: {dense: null, unavailable: x}}",
+     "price_usd_per_hour: -1\n", "field price_usd_per_hour: must be >= 0, not -1"),
+    ("{bf16: {dense: null}, fp16: 3, fp32: {dense: null, unavailable: x}}", "",
+     "field peak_flops.fp16: must be a mapping with dense"),
+])
+def test_of_several_problems_one_inside_a_figure_is_named_last(tmp_path, monkeypatch, peaks, more, expected):
+    text = DEVICE.replace(DEVICE.splitlines()[-1], f"peak_flops: {peaks}") + more
+    with pytest.raises(CatalogError, match=expected):
+        _catalog(tmp_path, monkeypatch, "devices", text)
