@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import yaml
 from pydantic import (
@@ -26,9 +26,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PlainSerializer,
+    PrivateAttr,
     Strict,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -50,116 +54,7 @@ class CatalogError(SetupError):
     """A catalog file that cannot be used; the message names the file and field."""
 
 
-@dataclasses.dataclass(frozen=True)
-class PeakFigure:
-    """One precision's peak of a catalog entry: the dense figure and where it comes from,
-    or None with the reason there is none."""
-
-    dense: float | None  # FLOP/s per device, without structured sparsity
-    listed: float | None = None  # the figure as the source lists it
-    sparsity: bool | None = None  # the source lists it with sparsity, so dense = listed / 2
-    source: str | None = None  # document name or URL
-    read: str | None = None  # the day the figure was read there (YYYY-MM-DD)
-    unavailable: str | None = None  # why dense is None
-
-    def describe(self) -> str:
-        """The figure and its provenance in one line (hwbench devices, results)."""
-        if self.dense is None:
-            return f"null: {self.unavailable}"
-        halved = f"; listed {self.listed / 1e12:g} with sparsity, halved" if self.sparsity and self.listed else ""
-        return f"{self.dense / 1e12:g} TFLOP/s dense ({self.source}, read {self.read}{halved})"
-
-
-@dataclasses.dataclass(frozen=True)
-class PowerLimitMatch:
-    """Names shared by several models (a driver that reports an H200 NVL as "NVIDIA H200
-    PCIe", or as a bare "NVIDIA H200"), matched to this entry only when the power limit
-    the device reports lies in (over_watts, up_to_watts]."""
-
-    names: tuple[str, ...]
-    over_watts: float
-    up_to_watts: float
-
-    def admits(self, watts: float) -> bool:
-        return self.over_watts < watts <= self.up_to_watts
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceMatch:
-    """The catalog entry a device resolved to (or None), and why, in words."""
-
-    entry: DeviceModel | None
-    why: str
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceModel:
-    name: str
-    vendor: str
-    backend: str
-    title: str
-    match: tuple[str, ...]
-    memory_bytes: int | None
-    tdp_watts: float | None
-    interconnect: str | None
-    peak_flops: dict[str, PeakFigure]
-    price_usd_per_hour: float | None  # USD per device-hour
-    price_source: str | None  # provider, instance and where the figure was read
-    price_date: str | None  # the date of the figure (YYYY-MM-DD)
-    price_unavailable: str | None  # why there is no price
-    path: str
-    compute_units: int | None = None  # compute units (CUs, SMs) the peak figures count
-    match_by_power_limit: PowerLimitMatch | None = None
-
-    def peak(self, precision: str) -> tuple[float | None, str | None]:
-        """(peak dense FLOP/s, None) or (None, why there is none)."""
-        figure = self.peak_flops.get(precision)
-        if figure is None or figure.dense is None:
-            why = figure.unavailable if figure else "not listed"
-            return None, f"the catalog entry {self.name!r} ({self.path}) has no {precision} peak: {why}"
-        return figure.dense, None
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingDefaults:
-    seq_length: int
-    micro_batch_size: int
-    global_batch_size: int
-    lr: float
-    min_lr: float
-    precision: str
-    recompute: bool
-    initial_scale_power: int
-    loss_scale: float | None
-    weight_decay: float
-    clip_grad: float
-    lr_decay_style: str
-    lr_decay_iters: int
-    lr_warmup_iters: int
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PublishedLayout:
-    devices: int
-    tp: int
-    pp: int
-    zero_stage: int
-    tables: tuple[str, ...]
-    source: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    title: str
-    model: GPTConfig
-    training: TrainingDefaults
-    published: PublishedLayout | None
-    path: str
-
-
-# --- the files' schema: pydantic models, read into the entries above -----------------------------
+# --- the catalog's types, as its files give them (pydantic: each field typed where it is declared) ------
 
 
 def _yaml_number(value: Any) -> Any:
@@ -205,11 +100,10 @@ def _date(value: Any) -> str:
     return text
 
 
-def _peak_mapping(value: Any) -> Any:
-    if not isinstance(value, dict):
-        raise PydanticCustomError("peak_mapping", "must be a mapping with dense, listed, sparsity, source and read, "
-                                  "or with dense: null and unavailable (docs/catalog.md), not {short}",
-                                  {"short": repr(value)[:60]})
+def _a_list(value: Any) -> Any:
+    """A YAML list, held as a tuple (a tuple would take any iterable: a mapping's keys, a text's letters)."""
+    if not isinstance(value, list):
+        raise PydanticCustomError("list_type", "must be a list")
     return value
 
 
@@ -218,39 +112,45 @@ Peak = Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(ge=1, all
 Wanted = Annotated[int, BeforeValidator(_yaml_integer), Strict(), Field(ge=1, le=MAX_COUNT)]
 Counted = Annotated[int, BeforeValidator(_yaml_integer), Strict(), Field(ge=0, le=MAX_COUNT)]
 Words = Annotated[str, Strict(), Field(min_length=1)]
-Pattern = Annotated[str, Strict(), AfterValidator(_pattern)]
+Patterns = Annotated[tuple[Annotated[str, Strict(), AfterValidator(_pattern)], ...], BeforeValidator(_a_list)]
 Day = Annotated[str, BeforeValidator(_date)]
 
 
-class _Schema(BaseModel):
+class _Entry(BaseModel):
     """A mapping of a catalog file: every field typed, a field not declared refused (a typo or a field
-    of another version would otherwise read as absent: a mistyped peak would make MFU null)."""
+    of another version would otherwise read as absent: a mistyped peak would make MFU null); frozen."""
 
-    model_config = ConfigDict(extra="forbid")
-
-
-class _PeakTable(_Schema):
-    bf16: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
-    fp16: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
-    fp32: Annotated[dict[str, Any], BeforeValidator(_peak_mapping)]
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class _NullPeak(_Schema):
-    dense: None = None  # or left out
-    unavailable: Words
-    listed: Any = None  # allowed beside a null figure: a note of what was found
-    sparsity: Any = None
-    source: Any = None
-    read: Any = None
+class PeakFigure(_Entry):
+    """One precision's peak of a catalog entry: the dense figure and where it comes from,
+    or None with the reason there is none."""
+
+    dense: Peak | None = None  # FLOP/s per device, without structured sparsity
+    listed: Peak | None = None  # the figure as the source lists it
+    sparsity: Flag | None = None  # the source lists it with sparsity, so dense = listed / 2
+    source: Words | None = None  # document name or URL
+    read: Day | None = None  # the day the figure was read there (YYYY-MM-DD)
+    unavailable: Words | None = None  # why dense is None
+
+    def describe(self) -> str:
+        """The figure and its provenance in one line (hwbench devices, results)."""
+        if self.dense is None:
+            return f"null: {self.unavailable}"
+        halved = f"; listed {self.listed / 1e12:g} with sparsity, halved" if self.sparsity and self.listed else ""
+        return f"{self.dense / 1e12:g} TFLOP/s dense ({self.source}, read {self.read}{halved})"
 
 
-class _DensePeak(_Schema):
+class _DensePeak(PeakFigure):
+    """A figure as a file gives it: every field but unavailable."""
+
     dense: Peak
     listed: Peak
     sparsity: Flag
     source: Words
     read: Day
-    unavailable: Any = None
+    unavailable: Any = None  # ignored
 
     @model_validator(mode="after")
     def _dense_is_the_listed_figure(self) -> _DensePeak:
@@ -268,35 +168,86 @@ class _DensePeak(_Schema):
         return self
 
 
-class _PowerLimitSchema(_Schema):
-    names: Annotated[list[Pattern], Field(min_length=1)]
+class _NullPeak(PeakFigure):
+    """No figure, as a file gives it: dense null (or left out) and the reason."""
+
+    dense: None = None
+    unavailable: Words
+    listed: Any = None  # allowed beside a null figure: a note of what was found (not kept)
+    sparsity: Any = None
+    source: Any = None
+    read: Any = None
+
+
+def _peak(value: Any) -> PeakFigure:
+    if not isinstance(value, dict):
+        raise PydanticCustomError("peak_mapping", "must be a mapping with dense, listed, sparsity, source and read, "
+                                  "or with dense: null and unavailable (docs/catalog.md), not {short}",
+                                  {"short": repr(value)[:60]})
+    if value.get("dense") is None:
+        return PeakFigure(unavailable=_NullPeak.model_validate(value).unavailable)
+    return PeakFigure(**_DensePeak.model_validate(value).model_dump(exclude={"unavailable"}))
+
+
+class _PeakTable(_Entry):
+    """peak_flops as a file gives it; an entry holds it as {precision: PeakFigure}, in PRECISIONS' order."""
+
+    bf16: Annotated[PeakFigure, BeforeValidator(_peak)]
+    fp16: Annotated[PeakFigure, BeforeValidator(_peak)]
+    fp32: Annotated[PeakFigure, BeforeValidator(_peak)]
+
+
+class PowerLimitMatch(_Entry):
+    """Names shared by several models (a driver that reports an H200 NVL as "NVIDIA H200
+    PCIe", or as a bare "NVIDIA H200"), matched to this entry only when the power limit
+    the device reports lies in (over_watts, up_to_watts]."""
+
+    names: Annotated[Patterns, Field(min_length=1)]
     over_watts: Number
     up_to_watts: Peak
 
     @model_validator(mode="after")
-    def _a_range(self) -> _PowerLimitSchema:
+    def _a_range(self) -> PowerLimitMatch:
         if not self.over_watts < self.up_to_watts:
             raise PydanticCustomError("range", f"up_to_watts {self.up_to_watts:g} must be greater than over_watts "
                                       f"{self.over_watts:g}")
         return self
 
+    def admits(self, watts: float) -> bool:
+        return self.over_watts < watts <= self.up_to_watts
 
-class _DeviceSchema(_Schema):
+
+class _FromFile(_Entry):
+    """A catalog entry: one file, named as its file is, whose path it keeps (not a field of the file)."""
+
     name: Words
+    _path: str = PrivateAttr("")
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+
+class DeviceModel(_FromFile):
     vendor: Words
     backend: Annotated[str, Strict(), AfterValidator(_one_of(BACKENDS))]
     title: Words
-    match: list[Pattern]
+    match: Patterns
     memory_bytes: Wanted | None = None
     tdp_watts: Number | None = None
     interconnect: Words | None = None
-    peak_flops: _PeakTable
-    compute_units: Wanted | None = None
-    match_by_power_limit: _PowerLimitSchema | None = None
-    price_usd_per_hour: Number | None = None
-    price_date: Day | None = None
+    if TYPE_CHECKING:
+        peak_flops: dict[str, PeakFigure]
+    else:  # the file's table, held as {precision: PeakFigure}
+        peak_flops: Annotated[_PeakTable, AfterValidator(lambda table: {p: getattr(table, p) for p in PRECISIONS}),
+                              PlainSerializer(lambda peaks: {p: figure.model_dump() for p, figure in peaks.items()})]
+    compute_units: Wanted | None = None  # compute units (CUs, SMs) the peak figures count
+    match_by_power_limit: PowerLimitMatch | None = None
+    price_usd_per_hour: Number | None = None  # USD per device-hour
+    price_date: Day | None = None  # the date of the figure (YYYY-MM-DD)
+    # provider, instance and where the figure was read
     price_source: Words | None = Field(default=None, validate_default=True)
-    price_unavailable: Words | None = None
+    price_unavailable: Words | None = None  # why there is no price
 
     @field_validator("price_source")
     @classmethod
@@ -306,17 +257,40 @@ class _DeviceSchema(_Schema):
                                       "is (where the price comes from and when)")
         return source
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _figures_last(cls, data: Any, handler: ModelWrapValidatorHandler[DeviceModel]) -> DeviceModel:
+        """A file with several problems is refused for the same one as ever: the entry's, with each
+        figure checked to be a mapping, before any inside a figure."""
+        table = data.get("peak_flops") if isinstance(data, dict) else None
+        if isinstance(table, dict):
+            stand_in = {"unavailable": "checked next"}
+            handler({**data, "peak_flops": {k: stand_in if isinstance(v, dict) else v for k, v in table.items()}})
+        return handler(data)
 
-class _ModelSchema(_Schema):
-    num_layers: Wanted
-    hidden_size: Wanted
-    num_attention_heads: Wanted
-    max_position_embeddings: Wanted
-    vocab_size: Wanted
-    make_vocab_size_divisible_by: Wanted
+    def peak(self, precision: str) -> tuple[float | None, str | None]:
+        """(peak dense FLOP/s, None) or (None, why there is none)."""
+        figure = self.peak_flops.get(precision)
+        if figure is None or figure.dense is None:
+            why = figure.unavailable if figure else "not listed"
+            return None, f"the catalog entry {self.name!r} ({self.path}) has no {precision} peak: {why}"
+        return figure.dense, None
 
 
-class _TrainingSchema(_Schema):
+@dataclasses.dataclass(frozen=True)
+class DeviceMatch:
+    """The catalog entry a device resolved to (or None), and why, in words."""
+
+    entry: DeviceModel | None
+    why: str
+
+
+# the model mapping of a workload file: GPTConfig's fields, each an integer >= 1
+_GPT_FIELDS: dict[str, Any] = {field.name: (Wanted, ...) for field in dataclasses.fields(GPTConfig)}
+_GPTShape = create_model("_GPTShape", __base__=_Entry, **_GPT_FIELDS)
+
+
+class TrainingDefaults(_Entry):
     seq_length: Wanted
     micro_batch_size: Wanted
     global_batch_size: Wanted
@@ -330,7 +304,10 @@ class _TrainingSchema(_Schema):
     clip_grad: Number
     lr_decay_style: Annotated[str, Strict(), AfterValidator(_one_of(("cosine", "linear", "constant")))]
     lr_decay_iters: Wanted
-    lr_warmup_iters: Counted | None = None
+    if TYPE_CHECKING:  # held resolved: the count given, else Megatron's fraction x decay iterations
+        lr_warmup_iters: int
+    else:
+        lr_warmup_iters: Counted | None = None
     lr_warmup_fraction: Number | None = Field(default=None, validate_default=True)
     seed: Counted
 
@@ -341,28 +318,35 @@ class _TrainingSchema(_Schema):
             raise PydanticCustomError("warmup", "must be a number when lr_warmup_iters is not given")
         return fraction
 
-    def warmup_iters(self) -> int:
-        """Megatron's: warm-up = fraction x decay iterations, where no count is given."""
-        if self.lr_warmup_iters is not None:
-            return self.lr_warmup_iters
-        return round((self.lr_warmup_fraction or 0.0) * self.lr_decay_iters)
+    @model_validator(mode="after")
+    def _warmup_iters(self) -> TrainingDefaults:
+        if self.lr_warmup_iters is None:  # frozen: set once, here, as it is validated
+            object.__setattr__(self, "lr_warmup_iters", round((self.lr_warmup_fraction or 0.0) * self.lr_decay_iters))
+        return self
 
 
-class _PublishedSchema(_Schema):
+class PublishedLayout(_Entry):
     devices: Wanted
     tp: Wanted
     pp: Wanted
     zero_stage: Counted
-    tables: list[Annotated[str, BeforeValidator(str)]] | None = None
+    tables: Annotated[tuple[Annotated[str, BeforeValidator(str)], ...],
+                      BeforeValidator(lambda tables: [] if tables is None else _a_list(tables))] = ()
     source: Words
 
 
-class _WorkloadSchema(_Schema):
-    name: Words
+class Workload(_FromFile):
     title: Words
-    model: _ModelSchema
-    training: _TrainingSchema
-    published: _PublishedSchema | None = None
+    if TYPE_CHECKING:
+        model: GPTConfig
+    else:  # the file's mapping, typed field by field, held as the GPTConfig it gives
+        model: Annotated[_GPTShape, AfterValidator(lambda shape: GPTConfig(**shape.model_dump())),
+                         PlainSerializer(dataclasses.asdict)]
+    training: TrainingDefaults
+    published: PublishedLayout | None = None
+
+
+_EntryT = TypeVar("_EntryT", bound=_FromFile)
 
 
 def _read_yaml(path: Path) -> Any:
@@ -383,44 +367,21 @@ def _read_yaml(path: Path) -> Any:
                            "YYYY-MM-DD") from None
 
 
-_SchemaT = TypeVar("_SchemaT", bound=BaseModel)
-
-
-def _validated(schema: type[_SchemaT], data: Any, path: Path, where: str = "") -> _SchemaT:
-    """``data`` as ``schema``, else the CatalogError naming the file and field, as every file's refusal reads."""
+def _entry(kind: type[_EntryT], path: Path) -> _EntryT:
+    """The file at ``path`` as a ``kind``, else the CatalogError naming the file and field, as every
+    file's refusal reads."""
     try:
-        return schema.model_validate(data)
+        entry = kind.model_validate(_read_yaml(path))
     except ValidationError as error:
-        field = "field " if where or error.errors()[0]["loc"] else ""
-        raise CatalogError(f"{path}: {field}{problem_text(error, where, schema)}") from None
+        field = "field " if error.errors()[0]["loc"] else ""
+        raise CatalogError(f"{path}: {field}{problem_text(error, '', kind)}") from None
     except RecursionError:
         raise CatalogError(f"{path}: nested too deeply to be a catalog entry") from None
-
-
-def _device_from(path: Path) -> DeviceModel:
-    entry = _validated(_DeviceSchema, _read_yaml(path), path)
-    peaks = entry.peak_flops.model_dump()
-    limits = entry.match_by_power_limit
-    return DeviceModel(
-        name=entry.name, vendor=entry.vendor, backend=entry.backend, title=entry.title, match=tuple(entry.match),
-        memory_bytes=entry.memory_bytes, tdp_watts=entry.tdp_watts, interconnect=entry.interconnect,
-        peak_flops={precision: _peak_figure(path, precision, peaks[precision]) for precision in PRECISIONS},
-        compute_units=entry.compute_units,
-        match_by_power_limit=PowerLimitMatch(tuple(limits.names), limits.over_watts, limits.up_to_watts)
-        if limits else None,
-        price_usd_per_hour=entry.price_usd_per_hour, price_source=entry.price_source, price_date=entry.price_date,
-        price_unavailable=entry.price_unavailable, path=str(path),
-    )
-
-
-def _peak_figure(path: Path, precision: str, data: dict[str, Any]) -> PeakFigure:
-    """One precision of peak_flops: the dense figure with the figure as listed, whether it was listed
-    with sparsity, the source and the day it was read; or null with the reason."""
-    where = f"peak_flops.{precision}"
-    if data.get("dense") is None:
-        return PeakFigure(None, unavailable=_validated(_NullPeak, data, path, where).unavailable)
-    peak = _validated(_DensePeak, data, path, where)
-    return PeakFigure(peak.dense, peak.listed, peak.sparsity, peak.source, peak.read)
+    problems = entry.model.problems() if isinstance(entry, Workload) else []
+    if problems:
+        raise CatalogError(f"{path}: model: {'; '.join(problems)}")
+    entry._path = str(path)
+    return entry
 
 
 def calendar_date(value: Any) -> str | None:
@@ -434,19 +395,6 @@ def calendar_date(value: Any) -> str | None:
     except ValueError:  # 2026-13-45
         return None
 
-
-def _workload_from(path: Path) -> Workload:
-    entry = _validated(_WorkloadSchema, _read_yaml(path), path)
-    model = GPTConfig(**entry.model.model_dump())
-    problems = model.problems()
-    if problems:
-        raise CatalogError(f"{path}: model: {'; '.join(problems)}")
-    t = entry.training
-    training = TrainingDefaults(**t.model_dump(exclude={"lr_warmup_iters", "lr_warmup_fraction"}),
-                                lr_warmup_iters=t.warmup_iters())
-    p = entry.published
-    published = PublishedLayout(p.devices, p.tp, p.pp, p.zero_stage, tuple(p.tables or ()), p.source) if p else None
-    return Workload(entry.name, entry.title, model, training, published, str(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,14 +451,14 @@ def catalog_dirs() -> list[Path]:
     return dirs
 
 
-def _load(kind: str, reader) -> dict:
-    entries: dict = {}
+def _load(folder_name: str, kind: type[_EntryT]) -> dict[str, _EntryT]:
+    entries: dict[str, _EntryT] = {}
     for root in catalog_dirs():
-        folder = root / kind
+        folder = root / folder_name
         if not folder.is_dir():
             continue
         for path in sorted(folder.glob("*.yaml")):
-            entry = reader(path)
+            entry = _entry(kind, path)
             if entry.name != path.stem:
                 raise CatalogError(f"{path}: field name {entry.name!r} must equal the file name {path.stem!r}")
             entries.pop(entry.name, None)  # a replacing entry counts as loaded last (pattern ties)
@@ -520,7 +468,7 @@ def _load(kind: str, reader) -> dict:
 
 @functools.cache
 def _cached(key: str) -> Catalog:
-    return Catalog(devices=_load("devices", _device_from), workloads=_load("workloads", _workload_from))
+    return Catalog(devices=_load("devices", DeviceModel), workloads=_load("workloads", Workload))
 
 
 def load_catalog() -> Catalog:

@@ -80,6 +80,6 @@ def describe_workload(workload: Workload, spec: RunSpec) -> WorkloadDescription:
             "parameters": counts.total,
             "parameters_embedding": counts.embedding,
             "parameters_non_embedding": counts.non_embedding,
-            "published": dataclasses.asdict(workload.published) if workload.published else None,
+            "published": workload.published.model_dump() if workload.published else None,
         }
     )
