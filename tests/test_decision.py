@@ -256,6 +256,7 @@ def test_prices_file_and_its_errors(tmp_path, pair):
                           ("h100-sxm: 1\nH100-SXM: 2\n", "'H100-SXM' is named twice"),
                           ("h100-sxm: 1\nh100-sxm: 2\n", "line 1: 'h100-sxm' is named twice"),
                           ("h100-sxm: {usd_per_hour: 1, date: soon}\n", "has date 'soon'"),
+                          ("h100-sxm: {usd_per_hour: 1, date: 2026-13-01}\n", "cannot read \\(month must be in"),
                           ("h100-sxm: {usd_per_hour: 1, source: [1, 2]}\n", "has source \\[1, 2\\]"),
                           # an alias bomb: nine lines that expand to 10^9 strings
                           ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -70,9 +70,9 @@ def test_parameters_planner_and_flops_see_the_longer_position_table():
     long_table = spec_of("--model", "1.3b", "--seq-length", "1024", "--max-positions", "2048")
     extra = (2048 - 1024) * H_13B  # one row of h parameters per position
     described_short, described_long = describe_workload(workload, short), describe_workload(workload, long_table)
-    assert described_long["max_position_embeddings"] == 2048
-    assert described_long["parameters"] - described_short["parameters"] == extra
-    assert described_long["parameters"] == count_parameters(long_table.model_config(workload.model)).total
+    assert described_long.max_position_embeddings == 2048
+    assert described_long.parameters - described_short.parameters == extra
+    assert described_long.parameters == count_parameters(long_table.model_config(workload.model)).total
     plan_short, plan_long = plan_memory(short, workload.model, "cuda"), plan_memory(long_table, workload.model, "cuda")
     assert plan_long.parameters - plan_short.parameters == extra
     assert plan_long.total_bytes > plan_short.total_bytes

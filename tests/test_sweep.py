@@ -165,3 +165,12 @@ def test_shipped_suites_load_and_their_points_validate():
             parse_run_spec(point.run_options().to_argv(), check_paths=False)  # raises on a bad point
     table2 = load_suite(find_suite("table2"))
     assert [p.option("model") for p in table2.points] == ["345m", "1.3b", "2.7b", "3.7b"]
+
+
+def test_a_suite_with_an_impossible_unquoted_date_is_one_line(tmp_path):
+    """PyYAML builds an unquoted 2026-13-01 as a date and raises ValueError, not YAMLError."""
+    path = tmp_path / "dated.yaml"
+    path.write_text("name: x\npoints:\n  - model: tiny\n    note: 2026-13-01\n")
+    with pytest.raises(UsageError, match=r"holds a value YAML cannot read \(month must be in 1\.\.12\)") as error:
+        load_suite(path)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)

@@ -58,6 +58,9 @@ def load_price_file(path: str) -> dict[str, Price]:
             loader.dispose()
     except (UnicodeDecodeError, yaml.YAMLError) as error:
         raise UsageError(f"--prices {path}: not a YAML file: {str(error).splitlines()[0]}") from None
+    except ValueError as error:  # PyYAML builds an unquoted 2026-13-01 as a date and fails
+        raise UsageError(f"--prices {path}: holds a value YAML cannot read ({error}); write dates as real days, "
+                         "YYYY-MM-DD") from None
     if not isinstance(data, dict) or not data:
         raise UsageError(f"--prices {path}: must be a mapping of catalog entry or device model to USD per "
                          "device-hour (a number, or {usd_per_hour, source, date})")

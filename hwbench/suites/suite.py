@@ -130,6 +130,9 @@ def load_suite(path: str | Path) -> Suite:
         raise UsageError(f"suite {path}: not valid YAML ({str(error).splitlines()[0]})") from None
     except RecursionError:
         raise UsageError(f"suite {path}: nested too deeply") from None
+    except ValueError as error:  # PyYAML builds an unquoted 2026-13-01 as a date and fails
+        raise UsageError(f"suite {path}: holds a value YAML cannot read ({error}); write dates as real days, "
+                         "YYYY-MM-DD, or quote the text") from None
     if not isinstance(data, dict):
         raise UsageError(f"suite {path}: expected a mapping with {', '.join(sorted(SUITE_KEYS))}")
     unknown = set(data) - SUITE_KEYS
