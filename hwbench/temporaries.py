@@ -74,6 +74,19 @@ def _writer_may_live(name: str) -> bool:
     return process_alive(int(pid))
 
 
+def umask() -> int:
+    """The process umask, read without changing it (os.umask would, for a moment,
+    for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def process_alive(pid: int) -> bool:
     """Whether a process of this id exists (one of another user counts)."""
     try:

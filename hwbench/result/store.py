@@ -26,6 +26,7 @@ from hwbench.errors import UsageError
 from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
 from hwbench.result.upgrade import UpgradeError
+from hwbench.temporaries import umask
 
 
 class ResultFormatError(ValueError):
@@ -134,19 +135,6 @@ def atomic_file(path: str | os.PathLike, durable: bool = True) -> Iterator[Binar
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-
-
-def umask() -> int:
-    """The process umask, read without changing it (os.umask would, for a moment,
-    for every thread)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
 
 
 # --- reading -------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ import numpy as np
 
 from hwbench.errors import UsageError
 from hwbench.temporaries import remove_stale_temporaries as stale_temporaries
-from hwbench.temporaries import writer_temporary
+from hwbench.temporaries import umask, writer_temporary
 
 MAGIC = b"MMIDIDX\x00\x00"
 LEGACY_MAGIC = b"TNTIDX\x00\x00"  # Megatron's older, non-mmap "lazy"/"cached" format
@@ -299,7 +299,7 @@ class IndexedDatasetWriter:
             raise IndexedDatasetError(f"{folder}: no such folder for the output") from None
         except OSError as error:
             raise IndexedDatasetError(f"{folder}: cannot write there ({error.strerror})") from None
-        os.chmod(path, 0o666 & ~_umask())
+        os.chmod(path, 0o666 & ~umask())
         return path
 
     @property
@@ -358,10 +358,7 @@ class IndexedDatasetWriter:
             return
         self._bin.close()
         for path in (self._bin_temporary, self._idx_temporary):
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+            Path(path).unlink(missing_ok=True)
         self._state = "aborted"
 
     def __enter__(self) -> IndexedDatasetWriter:
@@ -406,12 +403,6 @@ class IndexedDatasetWriter:
         stream.write(np.zeros(1, "<i8").tobytes())
         if self._document_ends:
             stream.write(np.frombuffer(self._document_ends, dtype=np.int64).astype("<i8").tobytes())
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def _token_limits(dtype: np.dtype) -> tuple[int, int]:
