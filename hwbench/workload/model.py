@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import zlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -309,26 +310,12 @@ def _in_order(draw, items: list, workers: int):
         yield from in_order(pool, draw, items, 2 * workers)
 
 
-def build_model(
-    config: GPTConfig,
-    *,
-    device: torch.device,
-    seed: int,
-    tensor_parallel: int = 1,
-    recompute: bool = False,
-    cross_entropy: str = "standard",
-    fused_qkv: bool = False,
-) -> GPT:
+def build_model(config: GPTConfig, *, device: torch.device, seed: int, **options: Any) -> GPT:
     """The whole model on ``device`` with weights that depend on ``seed`` alone
-    (not on the device): built without storage, then filled tensor by tensor."""
+    (not on the device): built without storage, then filled tensor by tensor.
+    ``options``: GPT's (tensor_parallel, recompute, cross_entropy, fused_qkv)."""
     with torch.device("meta"):
-        model = GPT(
-            config,
-            tensor_parallel=tensor_parallel,
-            recompute=recompute,
-            cross_entropy=cross_entropy,
-            fused_qkv=fused_qkv,
-        )
+        model = GPT(config, **options)
     model.to_empty(device=device)
     model.tie_output_to_embedding()
     init_parameters(model, seed)
