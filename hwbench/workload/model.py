@@ -57,9 +57,8 @@ class Attention(nn.Module):
             q, k, v = (part.transpose(1, 2) for part in
                        self.qkv_proj(x).view(B, S, -1, 3, self.head_dim).unbind(dim=3))
         else:
-            q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-            k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-            v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+            q, k, v = (projection(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+                       for projection in (self.q_proj, self.k_proj, self.v_proj))
         # Fused attention on every device that has a kernel for it (flash / memory-efficient).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, D)
         y = y.transpose(1, 2).reshape(B, S, -1)  # (B, S, h)
