@@ -116,7 +116,7 @@ class GPTSamples:
 
     def __init__(self, dataset, documents: np.ndarray, seq_length: int, num_samples: int,
                  seed: int, cache_name: str) -> None:
-        self.dataset, self.seq_length, self.num_samples = dataset, seq_length, num_samples
+        self.dataset, self.seq_length = dataset, seq_length
         lengths = np.asarray(dataset.sequence_lengths, dtype=np.int64)
         tokens_per_epoch = int(lengths[documents].sum())
         if tokens_per_epoch < 2:

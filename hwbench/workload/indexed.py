@@ -132,10 +132,6 @@ class IndexedDataset:
         start = int(self.sequence_pointers[index]) // self.dtype.itemsize + offset
         return self._tokens[start:start + length]
 
-    def describe(self) -> dict:
-        return {"prefix": self.path_prefix, "dtype": str(self.dtype), "variant": self.variant,
-                "sequences": len(self), "documents": self.num_documents, "tokens": self.num_tokens}
-
     # --- validation -------------------------------------------------------
 
     def _file_size(self, path: str) -> int:
