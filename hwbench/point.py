@@ -141,11 +141,9 @@ _UNSET = {"pp_schedule": "", "max_positions": "the workload's positions", "steps
 def _detail(name: str, value: Any) -> str:
     if value is None:  # never "schedule None"
         return _UNSET.get(name, f"{name.replace('_', ' ')} not set")
-    return (
-        (_DETAILS[name] if value else f"no {_DETAILS[name]}")
-        if isinstance(value, bool)
-        else _DETAILS[name].format(value)
-    )
+    if isinstance(value, bool):
+        return _DETAILS[name] if value else f"no {_DETAILS[name]}"
+    return _DETAILS[name].format(value)
 
 
 def resume_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:
