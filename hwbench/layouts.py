@@ -127,6 +127,7 @@ def check_count(option: str, value: Any, minimum: int = 1, maximum: int | None =
     return Option(help="", name=option[2:].replace("-", "_"), type=int, minimum=minimum, maximum=maximum).check(value)
 
 
+_BYTES = Option(help="", name="device_memory", type=int, minimum=1, accepts="a size such as 32GiB or a number of bytes")
 _HEADROOM = Option(help="", name="headroom", type=float, valid=lambda value: 0 < value <= 1,
                    accepts="a fraction in (0, 1]")
 
@@ -138,10 +139,7 @@ def _device(memory: Any, model: str | None, kind: str | None, catalog: Catalog) 
     if memory is not None:
         if isinstance(memory, str):
             return parse_size(memory, "--device-memory"), kind or "cuda"
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
-            raise UsageError(f"--device-memory {memory!r} is not accepted; give a size such as 32GiB or a number of "
-                             "bytes >= 1")
-        return memory, kind or "cuda"
+        return _BYTES.check(memory), kind or "cuda"
     if model is None:
         raise UsageError("hwbench plan needs --device-memory SIZE (e.g. 32GiB) or --device-model NAME "
                          f"(accepted: {', '.join(sorted(catalog.devices))})")
