@@ -381,11 +381,10 @@ def _settings(options: RunOptions) -> tuple[str, int | None]:
     return settings, parse_size(memory, "--device-memory")
 
 
-def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0,
-                         pp_schedule: str | None = None) -> None:
+def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int, pp_schedule: str | None) -> None:
     """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
     takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
-    if engine != "deepspeed" or (parallel.tp == 1 and parallel.pp == 1):
+    if not _deepspeed_pipeline(engine, parallel):
         return
     if zero_stage > 1:
         raise UsageError(
