@@ -89,9 +89,8 @@ class Parser(argparse.ArgumentParser):
             option = next(name for name in missing.group(1).split("/") + ["--OPTION"] if name.startswith("--"))
             message += f" (a value that starts with '-' is written {option}=VALUE)"
         if message.startswith("the following arguments are required"):  # said before any unknown option
-            known = self.known_options()
-            options = self.given[:self.given.index("--")] if "--" in self.given else self.given
-            message += did_you_mean([item for item in options if item.split("=", 1)[0] not in known], known)
+            known = self.known_options()  # did_you_mean reads none after '--'
+            message += did_you_mean([item for item in self.given if item.split("=", 1)[0] not in known], known)
         raise UsageError(f"{self.prog}: {message}" if self.prog != "hwbench" else message)
 
 

@@ -25,12 +25,6 @@ def device_model_name(backend: Backend) -> str:
     return names[0] if names else "unknown"
 
 
-def catalog_entry(backend: Backend, catalog: Catalog):
-    """(device model name, the catalog entry that matches it or None)."""
-    model_name, found = identify_device(backend, catalog)
-    return model_name, found.entry
-
-
 def identify_device(backend: Backend, catalog: Catalog) -> tuple[str, DeviceMatch]:
     """(device model name, the catalog entry it resolves to and why): by name, and where
     several models report one name, by the power limit the device reports."""
@@ -71,7 +65,8 @@ def device_capacity_bytes(backend: Backend, catalog: Catalog) -> int | None:
 def device_memory(backend: Backend, catalog: Catalog) -> tuple[int | None, str]:
     """(memory per device, where the figure comes from): what the device reports, else its
     catalog entry's; (None, why) when neither knows."""
-    model_name, entry = catalog_entry(backend, catalog)
+    model_name, found = identify_device(backend, catalog)
+    entry = found.entry
     reported = backend.memory_stats().capacity_bytes
     if reported:
         return reported, f"what the {backend.name} device {model_name!r} reports"

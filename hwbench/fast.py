@@ -149,22 +149,21 @@ def _memory_choice(spec: RunSpec, given: set[str], recompute: bool, micro: int, 
 def _device_independent_parts(spec: RunSpec, given: set[str]) -> list[str]:
     """compile, cross-entropy and fused QKV: given, or fast's, or why fast could not."""
     parts = []
-    for name, value, label in (("compile", spec.compile, "torch.compile"),
-                               ("cross_entropy", spec.cross_entropy, "cross-entropy"),
-                               ("fused_qkv", spec.fused_qkv, "fused QKV")):
+    for name, label, fast, why_not in _DEVICE_INDEPENDENT:
+        value = getattr(spec, name)
         shown = value if isinstance(value, str) else _on(value)
-        if name in given:
-            parts.append(f"{label} {shown} (given)")
-        elif name == "compile" and not value:
-            parts.append(f"{label} off (--engine {spec.engine} does not compile)")
-        elif name == "cross_entropy" and value != "chunked":
-            parts.append(f"{label} {shown} (chunked runs on the native engine with --tp 1, and not with --fsdp "
-                         "beside --pp)")
-        elif name == "fused_qkv" and not value:
-            parts.append(f"{label} off (DeepSpeed's pipeline engine has separate projections)")
-        else:
-            parts.append(f"{label} {shown}")
+        why = " (given)" if name in given else "" if value == fast else f" ({why_not.format(engine=spec.engine)})"
+        parts.append(f"{label} {shown}{why}")
     return parts
+
+
+# (option, its name in words, fast's value, why fast could not give it)
+_DEVICE_INDEPENDENT = (
+    ("compile", "torch.compile", True, "--engine {engine} does not compile"),
+    ("cross_entropy", "cross-entropy", "chunked", "chunked runs on the native engine with --tp 1, and not with --fsdp "
+                                                  "beside --pp"),
+    ("fused_qkv", "fused QKV", True, "DeepSpeed's pipeline engine has separate projections"),
+)
 
 
 def _on(value: bool) -> str:

@@ -7,10 +7,10 @@ split (planner.layouts) run by a variant (planner.variants), resolved by build_r
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hwbench.arguments import Option
 from hwbench.catalog import Catalog
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import UsageError
@@ -85,7 +85,7 @@ def plan_layouts(base: RunOptions, devices: Any, *, device_memory: Any = None, d
     catalog = catalog or load_catalog()
     find_workload(catalog, base.value("model"))  # every layout would be refused for it: said once
     capacity, kind = _device(device_memory, device_model, device, catalog)
-    headroom = _headroom(headroom)
+    headroom = DEFAULT_HEADROOM if headroom is None else _HEADROOM.check(headroom)
     if layout:
         devices = layout[0] * layout[1] * layout[2]
         if devices > MAX_DEVICES:
@@ -124,19 +124,12 @@ def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None,
 
 
 def check_count(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        accepted = f"from {minimum} to {maximum}" if maximum else f">= {minimum}"
-        raise UsageError(f"{option} {shown} is not accepted; give an integer {accepted}")
-    return value
+    return Option(help="", name=option[2:].replace("-", "_"), type=int, minimum=minimum, maximum=maximum).check(value)
 
 
-def _headroom(value: Any) -> float:
-    if value is None:
-        return DEFAULT_HEADROOM
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 < value <= 1):
-        raise UsageError(f"--headroom {value!r} is not accepted; give a fraction in (0, 1]")
-    return float(value)
+_BYTES = Option(help="", name="device_memory", type=int, minimum=1, accepts="a size such as 32GiB or a number of bytes")
+_HEADROOM = Option(help="", name="headroom", type=float, valid=lambda value: 0 < value <= 1,
+                   accepts="a fraction in (0, 1]")
 
 
 def _device(memory: Any, model: str | None, kind: str | None, catalog: Catalog) -> tuple[int, str]:
@@ -146,10 +139,7 @@ def _device(memory: Any, model: str | None, kind: str | None, catalog: Catalog) 
     if memory is not None:
         if isinstance(memory, str):
             return parse_size(memory, "--device-memory"), kind or "cuda"
-        if isinstance(memory, bool) or not isinstance(memory, int) or memory < 1:
-            raise UsageError(f"--device-memory {memory!r} is not accepted; give a size such as 32GiB or a number of "
-                             "bytes >= 1")
-        return memory, kind or "cuda"
+        return _BYTES.check(memory), kind or "cuda"
     if model is None:
         raise UsageError("hwbench plan needs --device-memory SIZE (e.g. 32GiB) or --device-model NAME "
                          f"(accepted: {', '.join(sorted(catalog.devices))})")

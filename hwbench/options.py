@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hwbench.arguments import Option
@@ -24,6 +24,7 @@ from hwbench.catalog import PRECISIONS
 from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
 from hwbench.target import number_as_text, valid_target_ppl
+from hwbench.units import parse_size
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
 from hwbench.workload.flops import DEFAULT_FLOPS_FORMULA, FLOPS_FORMULA_ALIASES, FLOPS_FORMULA_NAMES
 from hwbench.workload.split import parse_split
@@ -51,24 +52,21 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
 
 
-def _split(text: str) -> bool:
-    try:
-        return bool(parse_split(text))
-    except UsageError:
-        return False
+def _parses(parse: Callable[[str], Any]) -> Callable[[str], bool]:
+    """A ``valid`` of text that ``parse`` reads without a UsageError (--split's weights, a size)."""
+
+    def valid(text: str) -> bool:
+        try:
+            parse(text)
+        except UsageError:
+            return False
+        return True
+
+    return valid
 
 
 def _nonempty(text: str) -> bool:
     return bool(text.strip())
-
-
-def _size(text: str) -> bool:
-    from hwbench.units import parse_size
-
-    try:
-        return parse_size(text, "--device-memory") > 0
-    except UsageError:
-        return False
 
 
 def option(help: str, **definition: Any) -> Any:
@@ -130,7 +128,7 @@ class RunOptions:
     device_memory: str | None = option(
         "memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
         default_rule="what the device reports, else its catalog entry's",
-        valid=_size,
+        valid=_parses(parse_size),
         accepts="a size such as 24GiB or 80GB",
     )
     data: str | None = option(
@@ -143,7 +141,7 @@ class RunOptions:
     split: str | None = option(
         "train,valid,test weights for --data PREFIX",
         default="949,50,1",
-        valid=_split,
+        valid=_parses(parse_split),
         accepts="up to three non-negative weights",
     )
     eval_interval: int | None = option(

@@ -29,7 +29,6 @@ from hwbench.workload.config import CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig, stage
 # Fixed per-device framework memory outside the tensors counted here: the device
 # kind's estimate (hwbench/device/kinds.py; docs/planner.md).
 OVERHEAD_BYTES = {name: kind.framework_overhead_bytes for name, kind in KINDS.items()}
-BACKENDS = DEVICE_KINDS
 
 # A plan fits when its total is at most this fraction of the device's memory: the
 # caching allocator's fragmentation (reserved above allocated, commonly 5-15 %)
@@ -175,7 +174,7 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     workload's shape; the spec's --max-positions is applied to it here."""
     config = spec.model_config(config)
     if backend_name not in OVERHEAD_BYTES:
-        raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(BACKENDS)}")
+        raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(DEVICE_KINDS)}")
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
     params = stage_parameters(config, tp, pp, stage)
     n = params.total

@@ -31,14 +31,10 @@ SIMULATED = "simulated"  # PointKey.stand_in of a point a stand-in device ran (h
 # spec holds it (hwbench.spec.RunSpec, whose type the field has, None allowed:
 # tests/test_run_spec_declaration.py holds them equal). The others say what ran the point, read from
 # the rest of the result (hwbench.result.model.RunResult.point_key reads this table).
-FROM_SPEC = {
-    "model": "model", "precision": "precision", "micro_batch_size": "micro_batch_size",
-    "global_batch_size": "global_batch_size", "seq_length": "seq_length", "max_positions": "max_positions",
-    "recompute": "recompute", "compile": "compile", "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp",
-    "nnodes": "launch.nnodes", "engine": "engine", "zero_stage": "zero_stage", "fsdp": "fsdp",
-    "pp_schedule": "pp_schedule", "data": "data", "steps": "steps", "fused_qkv": "fused_qkv",
-    "cross_entropy": "cross_entropy",
-}
+FROM_SPEC = {name: name for name in (
+    "model", "precision", "micro_batch_size", "global_batch_size", "seq_length", "max_positions", "recompute",
+    "compile", "engine", "zero_stage", "fsdp", "pp_schedule", "data", "steps", "fused_qkv", "cross_entropy",
+)} | {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "nnodes": "launch.nnodes"}
 FROM_RUN = ("backend", "device_model", "stand_in")
 
 
@@ -145,11 +141,9 @@ _UNSET = {"pp_schedule": "", "max_positions": "the workload's positions", "steps
 def _detail(name: str, value: Any) -> str:
     if value is None:  # never "schedule None"
         return _UNSET.get(name, f"{name.replace('_', ' ')} not set")
-    return (
-        (_DETAILS[name] if value else f"no {_DETAILS[name]}")
-        if isinstance(value, bool)
-        else _DETAILS[name].format(value)
-    )
+    if isinstance(value, bool):
+        return _DETAILS[name] if value else f"no {_DETAILS[name]}"
+    return _DETAILS[name].format(value)
 
 
 def resume_key(args: list[str], repeat: int, env: dict[str, str], machine: dict[str, Any]) -> str:

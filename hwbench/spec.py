@@ -381,11 +381,10 @@ def _settings(options: RunOptions) -> tuple[str, int | None]:
     return settings, parse_size(memory, "--device-memory")
 
 
-def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int = 0,
-                         pp_schedule: str | None = None) -> None:
+def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int, pp_schedule: str | None) -> None:
     """--engine deepspeed runs --tp/--pp on DeepSpeed's pipeline engine, which
     takes ZeRO 0 or 1 only and has one schedule, 1F1B."""
-    if engine != "deepspeed" or (parallel.tp == 1 and parallel.pp == 1):
+    if not _deepspeed_pipeline(engine, parallel):
         return
     if zero_stage > 1:
         raise UsageError(
@@ -446,7 +445,6 @@ def build_run_spec(
     value = options.value
     workload = find_workload(catalog, value("model"))
     defaults = workload.training
-    seq = _or(options.seq_length, defaults.seq_length)
     launch = _build_launch(options, torchrun_world_size)
     _check_engine_options(options)
     engine, zero_stage, fsdp = value("engine"), value("zero"), value("fsdp")
@@ -460,8 +458,16 @@ def build_run_spec(
         )
     settings, device_memory = _settings(options)
     chosen = fast_defaults(engine, parallel, fsdp) if settings == "fast" else {}
-    cross_entropy = _or(options.cross_entropy, chosen.get("cross_entropy", "standard"))
-    fused_qkv = _or(options.fused_qkv, chosen.get("fused_qkv", False))
+    training = defaults.model_dump()
+
+    def given_or_default(name: str) -> Any:
+        """The option as given; else --settings fast's choice, the workload's training default, the option's."""
+        if name in RUN_OPTIONS and getattr(options, name) is not None:
+            return getattr(options, name)
+        return chosen[name] if name in chosen else training[name] if name in training else value(name)
+
+    seq, seed = given_or_default("seq_length"), given_or_default("seed")
+    cross_entropy, fused_qkv = given_or_default("cross_entropy"), given_or_default("fused_qkv")
     _check_model_options(cross_entropy, fused_qkv, engine, parallel, fsdp)
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = accumulation_steps(global_batch, micro, parallel.dp)
@@ -475,7 +481,6 @@ def build_run_spec(
             )
         pp_schedule = "gpipe"  # the default schedule, where 1F1B cannot run
     positions = _max_positions(options, workload, seq)
-    seed = _or(options.seed, defaults.seed)
     target, eval_interval = _target(options, workload, value("data"), seed, value("split"))
     _check_checkpoint_options(options, engine, launch)
     if check_paths:
@@ -490,26 +495,11 @@ def build_run_spec(
         model=workload.name,
         micro_batch_size=micro,
         global_batch_size=global_batch,
-        seq_length=seq,
-        precision=_or(options.precision, defaults.precision),
-        recompute=_or(options.recompute, defaults.recompute),
-        compile=_or(options.compile, chosen.get("compile", False)),
-        seed=seed,
         parallel=parallel,
         zero_stage=zero_stage,
         pp_schedule=pp_schedule,
         launch=launch,
-        optimizer=OptimizerSpec(
-            lr=float(_or(options.lr, defaults.lr)),
-            min_lr=float(_or(options.min_lr, defaults.min_lr)),
-            weight_decay=defaults.weight_decay,
-            clip_grad=defaults.clip_grad,
-            lr_warmup_iters=defaults.lr_warmup_iters,
-            lr_decay_iters=defaults.lr_decay_iters,
-            lr_decay_style=defaults.lr_decay_style,
-        ),
-        initial_scale_power=defaults.initial_scale_power,
-        loss_scale=defaults.loss_scale,
+        optimizer=OptimizerSpec(**{name: given_or_default(name) for name in _OPTIMIZER_FIELDS & training.keys()}),
         eval_interval=eval_interval,
         telemetry_interval_s=value("telemetry_interval"),
         flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
@@ -517,16 +507,17 @@ def build_run_spec(
         max_positions=positions,
         settings=settings,
         device_memory_bytes=device_memory,
-        cross_entropy=cross_entropy,
-        fused_qkv=fused_qkv,
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
     )
-    # Every other option that is a RunSpec field of the same name is kept as given, else its default
-    # (--steps, --data, --save, ...): a new option of that kind is its RunOptions field and its RunSpec field.
-    kept = {name: value(name) for name in _SPEC_FIELDS & RUN_OPTIONS.keys() - resolved.keys()}
+    # Every other RunSpec field that is an option or a workload's training default of the same name is
+    # given_or_default's (--steps, --data, --save, --precision, the loss scale, ...): a new option of that
+    # kind is its RunOptions field and its RunSpec field, a new workload default its TrainingDefaults field.
+    kept = {name: given_or_default(name) for name in _SPEC_FIELDS & (RUN_OPTIONS.keys() | training.keys())
+            - resolved.keys()}
     return RunSpec(**kept, **resolved)
 
 
 _SPEC_FIELDS = {field.name for field in dataclasses.fields(RunSpec)}
+_OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSpec)}

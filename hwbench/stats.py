@@ -37,8 +37,7 @@ def throughput_statistics(values: list[float]) -> dict[str, Any]:
     n = len(values)
     mean = statistics.fmean(values)
     stdev = statistics.stdev(values) if n > 1 else 0.0
-    ordered = sorted(values)
-    olympic = statistics.fmean(ordered[1:-1]) if n >= 3 else None
+    olympic = olympic_score(values)["score"]  # None below OLYMPIC_MIN_RUNS values
     half = student_t_quantile(0.05, n - 1) * stdev / math.sqrt(n) if n > 1 else None
     cv = stdev / mean if mean > 0 else 0.0
     return {"n": n, "median": statistics.median(values), "mean": mean, "olympic_mean": olympic, "stdev": stdev,

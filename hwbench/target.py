@@ -81,10 +81,6 @@ def _largest_factor(floor_ppl: float) -> str:
     return f"{math.floor(limit / unit) * unit:.4g}"
 
 
-def _number_text(value: float) -> str:
-    return repr(float(value))
-
-
 def resolve_target(target_ppl: str | None, target_loss: float | None, data: str, floor_nats: float | None,
                    what_floor: str) -> Target | None:
     """The run's target, checked against the data's floor (``floor_nats``: its entropy rate,
@@ -119,4 +115,4 @@ def resolve_target(target_ppl: str | None, target_loss: float | None, data: str,
             f"--target-loss {target_loss:g} is at or below the lowest reachable loss {floor_nats:.4f} nats "
             f"of {what_floor}; give a number above it"
         )
-    return Target("loss", float(target_loss), _number_text(target_loss))
+    return Target("loss", float(target_loss), number_as_text(target_loss))

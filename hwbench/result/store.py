@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
-from hwbench.files import finite, json_text, write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
+from hwbench.files import finite, json_text, umask, write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
 from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
 from hwbench.result.upgrade import UpgradeError
@@ -43,9 +43,8 @@ def new_run_id(model: str, device: str) -> str:
 
 
 def write_result(result: RunResult, out_dir: str | os.PathLike) -> Path:
-    """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic); the model has checked its status."""
-    if os.sep in result.run_id or result.run_id in ("", ".", ".."):
-        raise ValueError(f"run id {result.run_id!r} is not a file name")
+    """Write ``<out_dir>/<run_id>.json`` atomically (write_json_atomic); the model has checked its status, and
+    that its run id is one file name (hwbench.fields.RunId, on assignment too)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(folder / f"{result.run_id}.json", result.to_dict())

@@ -50,15 +50,15 @@ def v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     Megatron-Core version it follows, and records what version 1 left for readers to guess:
     the positions of runs written before --max-positions, and why an older run has no MFU
     against a measured ceiling."""
-    spec, metrics, workload = (_mapping(data, key) for key in ("spec", "metrics", "workload"))
+    spec, metrics, workload = (_held(data, key, dict) for key in ("spec", "metrics", "workload"))
     for section in (spec, metrics):
         formula = section.get("flops_formula")
         if isinstance(formula, str) and formula in RENAMED_FORMULAS:
             section["flops_formula"] = RENAMED_FORMULAS[formula]
-    telemetries = [metrics.get("telemetry")] + [rank.get("telemetry") for rank in _list(data, "ranks")
+    telemetries = [metrics.get("telemetry")] + [rank.get("telemetry") for rank in _held(data, "ranks", list)
                                                if isinstance(rank, dict)]
     for telemetry in telemetries:
-        for device in _list(telemetry, "devices"):
+        for device in _held(telemetry, "devices", list):
             _rename_memory_used(device)
     if spec.get("model") is not None and spec.get("max_positions") is None:
         # before --max-positions a run had its workload's positions, which the file records
@@ -84,15 +84,10 @@ def _rename_memory_used(device: Any) -> None:
         reasons["memory_used_mib"] = reasons.pop("memory_used_mb")
 
 
-def _mapping(data: Any, key: str) -> dict[str, Any]:
-    """data[key] when it is a mapping, else an empty one (changes to it go nowhere)."""
+def _held(data: Any, key: str, kind: type[dict] | type[list]) -> Any:
+    """data[key] when it is a ``kind`` (a dict or a list), else an empty one (changes to it go nowhere)."""
     value = data.get(key) if isinstance(data, dict) else None
-    return value if isinstance(value, dict) else {}
-
-
-def _list(data: Any, key: str) -> list[Any]:
-    value = data.get(key) if isinstance(data, dict) else None
-    return value if isinstance(value, list) else []
+    return value if isinstance(value, kind) else kind()
 
 
 UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: v1_to_v2}

@@ -22,7 +22,7 @@ class FlopsFormula:
     name: str
     source: str
     expression: str
-    # (config, global batch, seq length, padded vocab, recompute) -> FLOPs per iteration
+    # (config, global batch, seq length, padded vocab, recompute counted) -> FLOPs per iteration
     compute: Callable[[GPTConfig, int, int, int, bool], float]
     # Whether the count includes activation recomputation's extra forward pass: then, for a run
     # that recomputes, it counts hardware FLOPs and its utilisation is HFU, not MFU (model FLOPs
@@ -30,24 +30,19 @@ class FlopsFormula:
     counts_recompute: bool
 
 
-def _megatron_core_v0_12(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
-    # causal attention: only half the score matrix is computed and multiplied with V
-    L, h = config.num_layers, config.hidden_size
-    return 72.0 * batch * seq * L * h * h * (1 + seq / (12 * h) + vocab / (12 * L * h))
+def _megatron(attention: int, output: int) -> Callable[[GPTConfig, int, int, int, bool], float]:
+    """Megatron's count, 24*f*B*s*L*h^2*(1 + s/(attention*h) + V/(output*L*h)): f = 3 passes (forward,
+    wgrad, dgrad), 4 with the recomputed forward where the formula counts it (Megatron-DeepSpeed's
+    megatron/utils.py throughput_calculator: checkpoint_activations_factor = 4 if
+    args.checkpoint_activations else 3). ``attention`` 12: causal attention computes only half the
+    score matrix and multiplies it with V; 6: the full matrix."""
 
+    def compute(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+        L, h = config.num_layers, config.hidden_size
+        return 24.0 * (4 if recompute else 3) * batch * seq * L * h * h * (1 + seq / (attention * h)
+                                                                            + vocab / (output * L * h))
 
-def _megatron_core_v0_7(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
-    L, h = config.num_layers, config.hidden_size
-    return 72.0 * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (12 * L * h))
-
-
-def _megatron_deepspeed(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
-    # Megatron-DeepSpeed (github.com/microsoft/Megatron-DeepSpeed), megatron/utils.py
-    # throughput_calculator: checkpoint_activations_factor = 4 if args.checkpoint_activations else 3,
-    # i.e. forward + backward (3) plus the recomputed forward (1): hardware FLOPs when recomputing.
-    L, h = config.num_layers, config.hidden_size
-    factor = 4 if recompute else 3
-    return 24.0 * factor * batch * seq * L * h * h * (1 + seq / (6 * h) + vocab / (16 * L * h))
+    return compute
 
 
 def _palm(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
@@ -65,7 +60,7 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
                    "megatron/training/training.py, plain GPT: the attention scores counted once for the causal "
                    "mask (s/(2h) in its general form)",
             expression="72*B*s*L*h^2*(1 + s/(12h) + V/(12*L*h))",
-            compute=_megatron_core_v0_12,
+            compute=_megatron(12, 12),
             counts_recompute=False,  # expansion factor 3 (forward, wgrad, dgrad): no recompute term
         ),
         FlopsFormula(
@@ -73,14 +68,14 @@ FLOPS_FORMULAS: dict[str, FlopsFormula] = {
             source="Megatron-LM core_v0.5.0 to core_v0.11.x, num_floating_point_operations in megatron/training.py "
                    "(from core_v0.6.0 megatron/training/training.py), plain GPT: the full attention-score matrix",
             expression="72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
-            compute=_megatron_core_v0_7,
+            compute=_megatron(6, 12),
             counts_recompute=False,
         ),
         FlopsFormula(
             name="megatron-deepspeed",
             source="Megatron-DeepSpeed throughput_calculator (hardware FLOPs when recomputing)",
             expression="24*f*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)), f = 4 with recompute else 3",
-            compute=_megatron_deepspeed,
+            compute=_megatron(6, 16),
             counts_recompute=True,
         ),
         FlopsFormula(
@@ -147,8 +142,9 @@ def model_flops_per_iteration(
     does not add to them, so MFU stays comparable with and without activation checkpointing.
     megatron-deepspeed counts the recompute (``FlopsFormula.counts_recompute``): hardware FLOPs.
     """
+    counted = FLOPS_FORMULAS[canonical_formula(formula)]
     vocab = config.padded_vocab_size(tensor_parallel)
-    return FLOPS_FORMULAS[canonical_formula(formula)].compute(config, global_batch_size, seq_length, vocab, recompute)
+    return counted.compute(config, global_batch_size, seq_length, vocab, recompute and counted.counts_recompute)
 
 
 def flops_by_formula(config: GPTConfig, global_batch_size: int, seq_length: int, *, tensor_parallel: int = 1,

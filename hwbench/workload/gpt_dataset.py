@@ -26,6 +26,7 @@ it against megatron-core itself).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -41,11 +42,7 @@ SPLIT_NAMES = ("train", "valid", "test")
 
 def split_boundaries(text: str, count: int) -> list[tuple[int, int]]:
     """(first, end) sequence indices of the train, valid and test splits."""
-    fractions = parse_split(text)
-    edges = [0.0]
-    for fraction in fractions:
-        edges.append(edges[-1] + fraction)
-    cuts = [int(round(edge * count)) for edge in edges]
+    cuts = [int(round(edge * count)) for edge in itertools.accumulate(parse_split(text), initial=0.0)]
     cuts[-1] = count
     return [(cuts[i], cuts[i + 1]) for i in range(3)]
 
@@ -119,7 +116,7 @@ class GPTSamples:
 
     def __init__(self, dataset, documents: np.ndarray, seq_length: int, num_samples: int,
                  seed: int, cache_name: str) -> None:
-        self.dataset, self.seq_length, self.num_samples = dataset, seq_length, num_samples
+        self.dataset, self.seq_length = dataset, seq_length
         lengths = np.asarray(dataset.sequence_lengths, dtype=np.int64)
         tokens_per_epoch = int(lengths[documents].sum())
         if tokens_per_epoch < 2:

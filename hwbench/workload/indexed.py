@@ -133,10 +133,6 @@ class IndexedDataset:
         start = int(self.sequence_pointers[index]) // self.dtype.itemsize + offset
         return self._tokens[start:start + length]
 
-    def describe(self) -> dict:
-        return {"prefix": self.path_prefix, "dtype": str(self.dtype), "variant": self.variant,
-                "sequences": len(self), "documents": self.num_documents, "tokens": self.num_tokens}
-
     # --- validation -------------------------------------------------------
 
     def _file_size(self, path: str) -> int:
@@ -359,10 +355,7 @@ class IndexedDatasetWriter:
             return
         self._bin.close()
         for path in (self._bin_temporary, self._idx_temporary):
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+            Path(path).unlink(missing_ok=True)
         self._state = "aborted"
 
     def __enter__(self) -> IndexedDatasetWriter:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import zlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +57,8 @@ class Attention(nn.Module):
             q, k, v = (part.transpose(1, 2) for part in
                        self.qkv_proj(x).view(B, S, -1, 3, self.head_dim).unbind(dim=3))
         else:
-            q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-            k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-            v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+            q, k, v = (projection(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+                       for projection in (self.q_proj, self.k_proj, self.v_proj))
         # Fused attention on every device that has a kernel for it (flash / memory-efficient).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, D)
         y = y.transpose(1, 2).reshape(B, S, -1)  # (B, S, h)
@@ -309,26 +309,12 @@ def _in_order(draw, items: list, workers: int):
         yield from in_order(pool, draw, items, 2 * workers)
 
 
-def build_model(
-    config: GPTConfig,
-    *,
-    device: torch.device,
-    seed: int,
-    tensor_parallel: int = 1,
-    recompute: bool = False,
-    cross_entropy: str = "standard",
-    fused_qkv: bool = False,
-) -> GPT:
+def build_model(config: GPTConfig, *, device: torch.device, seed: int, **options: Any) -> GPT:
     """The whole model on ``device`` with weights that depend on ``seed`` alone
-    (not on the device): built without storage, then filled tensor by tensor."""
+    (not on the device): built without storage, then filled tensor by tensor.
+    ``options``: GPT's (tensor_parallel, recompute, cross_entropy, fused_qkv)."""
     with torch.device("meta"):
-        model = GPT(
-            config,
-            tensor_parallel=tensor_parallel,
-            recompute=recompute,
-            cross_entropy=cross_entropy,
-            fused_qkv=fused_qkv,
-        )
+        model = GPT(config, **options)
     model.to_empty(device=device)
     model.tie_output_to_embedding()
     init_parameters(model, seed)

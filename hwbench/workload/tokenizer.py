@@ -60,9 +60,6 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
 
-    def describe(self) -> dict:
-        return {"name": self.name, "vocab_size": self.vocab_size, "eod_id": self.eod_id}
-
 
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255; 256 ends a document."""
