@@ -306,14 +306,12 @@ def _open_sqlite_read(where: Path, name: str):
             connection.close()
             connection = _connect(where, name)
             migrate(connection, name)
-    except sqlite3.DatabaseError as error:
+    except (sqlite3.DatabaseError, UsageError) as error:
         if connection is not None:
             connection.close()
+        if isinstance(error, UsageError):
+            raise
         raise _open_error(name, error) from None
-    except UsageError:
-        if connection is not None:
-            connection.close()
-        raise
     return connection
 
 
