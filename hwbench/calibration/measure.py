@@ -262,8 +262,7 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
                            skipped=f"out of memory ({sets} input sets of 2 x {size}x{size} {precision})")
     finally:
         operands.clear()
-    return Measurement("gemm", precision, size, timing.rate, timing.calls, sets, timed_s=timing.timed_s,
-                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
+    return Measurement("gemm", precision, size, input_sets=sets, **dataclasses.asdict(timing))
 
 
 def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSettings) -> Measurement:
@@ -284,14 +283,13 @@ def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSetti
         if not backend.is_out_of_memory(error):
             raise
         return Measurement("copy", None, buffer_bytes, None, skipped="out of memory (2 buffers)")
-    return Measurement("copy", None, buffer_bytes, timing.rate, timing.calls, timed_s=timing.timed_s,
-                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
+    return Measurement("copy", None, buffer_bytes, **dataclasses.asdict(timing))
 
 
 @dataclasses.dataclass
-class Timing:
+class Timing:  # a measurement's timed figures, named as Measurement's fields
     rate: dict[str, Any]  # stats.summarize() of work per second over the timed repetitions
-    calls: int  # calls per repetition
+    calls_per_repetition: int
     timed_s: float  # the timed repetitions together
     sm_clock_mhz: dict[str, Any] | None
     sm_clock_unmeasured: str | None
