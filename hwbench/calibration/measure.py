@@ -195,9 +195,8 @@ def warm_up_device(backend: Backend, settings: CalibrationSettings) -> tuple[dic
     precision = next(p for p in (*SIXTEEN_BIT_FIRST, *settings.precisions) if p in settings.precisions)
     budget = memory_budget_bytes(backend)
     dtype = PRECISION_DTYPES[precision]
-    element_bytes = torch.empty((), dtype=dtype).element_size()
     for size in sorted(settings.sizes, reverse=True):
-        if budget is not None and 3 * size * size * element_bytes > budget:
+        if budget is not None and 3 * size * size * dtype.itemsize > budget:
             continue
         try:
             a, b = (torch.randn(size, size, dtype=dtype, device=backend.torch_device) for _ in range(2))
@@ -231,8 +230,7 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
     """The FLOP/s of size x size x size products in ``precision``; skipped with the reason when
     the inputs would not fit the device's memory, or the device runs out of it."""
     dtype = PRECISION_DTYPES[precision]
-    element_bytes = torch.empty((), dtype=dtype).element_size()
-    matrix_bytes = size * size * element_bytes
+    matrix_bytes = size * size * dtype.itemsize
     sets = input_sets(2 * matrix_bytes)
     budget = memory_budget_bytes(backend)
     if budget is not None and (2 * sets + 1) * matrix_bytes > budget:  # fewer sets, down to 2
