@@ -89,9 +89,6 @@ class Measurement:
         assert self.rate is not None, f"{self.kind} {self.precision or ''} {self.size}: not measured"
         return self.rate
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass
 class Calibration:
@@ -138,7 +135,7 @@ class Calibration:
             gemm[precision] = {"ceiling_flops": best.measured["median"], "best_size": best.size,
                                "best_cv": best.measured["cv"], "unreliable": "; ".join(self.not_a_ceiling(precision))
                                or None, **software,
-                               "sizes": [m.to_dict() for m in self.measurements
+                               "sizes": [dataclasses.asdict(m) for m in self.measurements
                                          if m.kind == "gemm" and m.precision == precision]}
         copy = self.copy()
         return {
