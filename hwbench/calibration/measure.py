@@ -89,9 +89,6 @@ class Measurement:
         assert self.rate is not None, f"{self.kind} {self.precision or ''} {self.size}: not measured"
         return self.rate
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass
 class Calibration:
@@ -138,7 +135,7 @@ class Calibration:
             gemm[precision] = {"ceiling_flops": best.measured["median"], "best_size": best.size,
                                "best_cv": best.measured["cv"], "unreliable": "; ".join(self.not_a_ceiling(precision))
                                or None, **software,
-                               "sizes": [m.to_dict() for m in self.measurements
+                               "sizes": [dataclasses.asdict(m) for m in self.measurements
                                          if m.kind == "gemm" and m.precision == precision]}
         copy = self.copy()
         return {
@@ -195,9 +192,8 @@ def warm_up_device(backend: Backend, settings: CalibrationSettings) -> tuple[dic
     precision = next(p for p in (*SIXTEEN_BIT_FIRST, *settings.precisions) if p in settings.precisions)
     budget = memory_budget_bytes(backend)
     dtype = PRECISION_DTYPES[precision]
-    element_bytes = torch.empty((), dtype=dtype).element_size()
     for size in sorted(settings.sizes, reverse=True):
-        if budget is not None and 3 * size * size * element_bytes > budget:
+        if budget is not None and 3 * size * size * dtype.itemsize > budget:
             continue
         try:
             a, b = (torch.randn(size, size, dtype=dtype, device=backend.torch_device) for _ in range(2))
@@ -231,8 +227,7 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
     """The FLOP/s of size x size x size products in ``precision``; skipped with the reason when
     the inputs would not fit the device's memory, or the device runs out of it."""
     dtype = PRECISION_DTYPES[precision]
-    element_bytes = torch.empty((), dtype=dtype).element_size()
-    matrix_bytes = size * size * element_bytes
+    matrix_bytes = size * size * dtype.itemsize
     sets = input_sets(2 * matrix_bytes)
     budget = memory_budget_bytes(backend)
     if budget is not None and (2 * sets + 1) * matrix_bytes > budget:  # fewer sets, down to 2
@@ -262,8 +257,7 @@ def measure_gemm(backend: Backend, precision: str, size: int, settings: Calibrat
                            skipped=f"out of memory ({sets} input sets of 2 x {size}x{size} {precision})")
     finally:
         operands.clear()
-    return Measurement("gemm", precision, size, timing.rate, timing.calls, sets, timed_s=timing.timed_s,
-                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
+    return Measurement("gemm", precision, size, input_sets=sets, **dataclasses.asdict(timing))
 
 
 def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSettings) -> Measurement:
@@ -284,14 +278,13 @@ def measure_copy(backend: Backend, buffer_bytes: int, settings: CalibrationSetti
         if not backend.is_out_of_memory(error):
             raise
         return Measurement("copy", None, buffer_bytes, None, skipped="out of memory (2 buffers)")
-    return Measurement("copy", None, buffer_bytes, timing.rate, timing.calls, timed_s=timing.timed_s,
-                       sm_clock_mhz=timing.sm_clock_mhz, sm_clock_unmeasured=timing.sm_clock_unmeasured)
+    return Measurement("copy", None, buffer_bytes, **dataclasses.asdict(timing))
 
 
 @dataclasses.dataclass
-class Timing:
+class Timing:  # a measurement's timed figures, named as Measurement's fields
     rate: dict[str, Any]  # stats.summarize() of work per second over the timed repetitions
-    calls: int  # calls per repetition
+    calls_per_repetition: int
     timed_s: float  # the timed repetitions together
     sm_clock_mhz: dict[str, Any] | None
     sm_clock_unmeasured: str | None

@@ -104,28 +104,78 @@ def current_loss_scale(engine, precision: str) -> float | None:
     return None if scale is None else float(scale)
 
 
-class DeepSpeedEngine:
+def accelerator_name() -> str | None:
+    """The DeepSpeed accelerator in use, by its name."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    return getattr(accelerator, "_name", None) or type(accelerator).__name__
+
+
+class DeepSpeedCommon:
+    """What both DeepSpeed engines share (this one and hwbench.engine.deepspeed_pipeline's):
+    deepspeed.initialize over hwbench's AdamW and schedule, the figures of one step, the
+    checkpoint state."""
+
+    spec: RunSpec
+    backend: Backend
+
+    def _initialize(self, model: nn.Module, dp_size: int) -> None:
+        import deepspeed
+
+        self.config = deepspeed_config(self.spec, dp_size)
+        optimizer = build_optimizer(model, self.spec.optimizer, self.backend.optimizer_options())
+        scheduler = megatron_scheduler(optimizer, self.spec.optimizer)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.config,
+            dist_init_required=False,  # reuse the process group torchrun's caller set up
+        )
+
+    def _step(self, forward_backward: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]) -> StepOutcome:
+        """One optimizer step's figures around ``forward_backward``, which trains the step and
+        returns its mean loss and the gradient norm it took itself (None: DeepSpeed's). A step
+        DeepSpeed skipped (an fp16 overflow) has an infinite norm."""
+        engine = self.engine
+        lr = float(self.optimizer.param_groups[0]["lr"])  # what this step's update uses
+        loss_scale = current_loss_scale(engine, self.spec.precision)
+        skipped_before = engine.skipped_steps
+        loss, grad_norm = forward_backward()
+        skipped = engine.skipped_steps > skipped_before
+        device = self.backend.torch_device
+        if skipped:
+            grad_norm = torch.full((), math.inf, device=device)
+        elif grad_norm is None:
+            grad_norm = _as_norm_tensor(engine.get_global_grad_norm(), device)
+        return StepOutcome(loss=loss, grad_norm=grad_norm, lr=lr, loss_scale=loss_scale, skipped=skipped)
+
+    # checkpoints ----------------------------------------------------------------
+    def checkpoint_state(self) -> DeepSpeedState:
+        return DeepSpeedState(self.engine)
+
+    def resume_at(self, iteration: int) -> None:
+        """Nothing to do: the scheduler DeepSpeed's load_checkpoint restores continues."""
+
+    def close(self) -> None:
+        """Free DeepSpeed's state."""
+        destroy = getattr(self.engine, "destroy", None)
+        if destroy is not None:
+            destroy()
+
+
+class DeepSpeedEngine(DeepSpeedCommon):
     """hwbench's Engine (hwbench.engine.base) over deepspeed.initialize."""
 
     def __init__(self, model: nn.Module, spec: RunSpec, backend: Backend, ctx: DistContext) -> None:
         self.spec, self.backend, self.ctx = spec, backend, ctx
         self.patches = prepare_deepspeed(backend)  # before deepspeed is imported
-        import deepspeed
-
         self._set_local_rank = False
         self._owns_process_group = self._ensure_process_group()
         self.dp_size = dist.get_world_size()  # tp = pp = 1: data parallel is the whole world
-        self.config = deepspeed_config(spec, self.dp_size)
-        optimizer = build_optimizer(model, spec.optimizer, backend.optimizer_options())
-        scheduler = megatron_scheduler(optimizer, spec.optimizer)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.config,
-            dist_init_required=False,  # reuse the process group torchrun's caller set up
-        )
+        self._initialize(model, self.dp_size)
         # DeepSpeed clips fp32 ZeRO-0 gradients without keeping the norm; only its
         # wrapping optimizers (fp16, bf16, ZeRO) record one.
         self._norm_from_grads = not hasattr(self.engine.optimizer, "_global_grad_norm")
-        self.accelerator = self._accelerator_name()
+        self.accelerator = accelerator_name()
 
     def _ensure_process_group(self) -> bool:
         """DeepSpeed needs a process group even on one process: make a one-rank
@@ -139,16 +189,6 @@ class DeepSpeedEngine:
             os.environ["LOCAL_RANK"] = "0"
         return True
 
-    @staticmethod
-    def _accelerator_name() -> str | None:
-        from deepspeed.accelerator import get_accelerator
-
-        accelerator = get_accelerator()
-        return getattr(accelerator, "_name", None) or type(accelerator).__name__
-
-    def _loss_scale(self) -> float | None:
-        return current_loss_scale(self.engine, self.spec.precision)
-
     def _grads_norm(self) -> torch.Tensor:
         """The global norm of the module's (already reduced) gradients, computed as
         the native engine computes it. DeepSpeed's own ZeRO-0 clipping reduces in
@@ -160,10 +200,10 @@ class DeepSpeedEngine:
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step: engine.step() after every micro-batch, as DeepSpeed
         wants; it applies the optimizer at the accumulation boundary only."""
+        return self._step(lambda: self._forward_backward(next_batch))
+
+    def _forward_backward(self, next_batch: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor | None]:
         engine = self.engine
-        lr = float(self.optimizer.param_groups[0]["lr"])  # what this step's update uses
-        loss_scale = self._loss_scale()
-        skipped_before = engine.skipped_steps
         accumulation = engine.gradient_accumulation_steps()
         total = torch.zeros((), device=self.backend.torch_device)
         grad_norm = None
@@ -175,13 +215,7 @@ class DeepSpeedEngine:
             if micro == accumulation - 1 and self._norm_from_grads:
                 grad_norm = self._grads_norm()
             engine.step()
-        if grad_norm is None:
-            grad_norm = _as_norm_tensor(engine.get_global_grad_norm(), self.backend.torch_device)
-        skipped = engine.skipped_steps > skipped_before
-        if skipped:
-            grad_norm = torch.full((), math.inf, device=self.backend.torch_device)
-        return StepOutcome(loss=total / accumulation, grad_norm=grad_norm, lr=lr,
-                           loss_scale=loss_scale, skipped=skipped)
+        return total / accumulation, grad_norm
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
@@ -211,19 +245,10 @@ class DeepSpeedEngine:
             "accelerator": self.accelerator,
         }
 
-    # checkpoints ----------------------------------------------------------------
-    def checkpoint_state(self) -> DeepSpeedState:
-        return DeepSpeedState(self.engine)
-
-    def resume_at(self, iteration: int) -> None:
-        """Nothing to do: the scheduler DeepSpeed's load_checkpoint restores continues."""
-
     def close(self) -> None:
         """Free DeepSpeed's state and the one-rank process group this engine made
         (a group the caller made stays theirs)."""
-        destroy = getattr(self.engine, "destroy", None)
-        if destroy is not None:
-            destroy()
+        super().close()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False

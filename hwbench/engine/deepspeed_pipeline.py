@@ -28,7 +28,6 @@ once), which is also the native engine's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -36,19 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hwbench.checkpoint.deepspeed import DeepSpeedState
 from hwbench.device import Backend
 from hwbench.device.deepspeed_support import deepspeed_version, prepare_deepspeed
 from hwbench.engine.base import StepOutcome, total_grad_norm
-from hwbench.engine.deepspeed import (
-    DeepSpeedEngine,
-    _as_norm_tensor,
-    current_loss_scale,
-    deepspeed_config,
-    megatron_scheduler,
-)
+from hwbench.engine.deepspeed import DeepSpeedCommon, accelerator_name
 from hwbench.engine.distributed import DistContext
-from hwbench.engine.optim import build_optimizer
 from hwbench.engine.tensor_parallel import (
     ParallelBlock,
     TensorGroup,
@@ -140,11 +131,7 @@ def build_pipeline_module(config: GPTConfig, spec: RunSpec, tp: TensorGroup):
                           partition_method=f"type:{BLOCK_TYPE}", **options)
 
 
-def _accelerator_name() -> str | None:
-    return DeepSpeedEngine._accelerator_name()
-
-
-class DeepSpeedPipelineEngine:
+class DeepSpeedPipelineEngine(DeepSpeedCommon):
     """hwbench's Engine (hwbench.engine.base) over DeepSpeed's PipelineEngine."""
 
     def __init__(self, config: GPTConfig, spec: RunSpec, backend: Backend, ctx: DistContext) -> None:
@@ -156,12 +143,7 @@ class DeepSpeedPipelineEngine:
         deepspeed.init_distributed(dist_backend=backend.dist_backend, dist_init_required=False)
         tp = TensorGroup(ctx.group("tp"), spec.parallel.tp, ctx.tp_rank) if spec.parallel.tp > 1 else TensorGroup()
         self.module = build_pipeline_module(config, spec, tp)
-        self.config = deepspeed_config(spec, spec.parallel.dp)
-        optimizer = build_optimizer(self.module, spec.optimizer, backend.optimizer_options())
-        scheduler = megatron_scheduler(optimizer, spec.optimizer)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=self.module, optimizer=optimizer, lr_scheduler=scheduler, config=self.config,
-            dist_init_required=False)
+        self._initialize(self.module, spec.parallel.dp)
         self.grid = self.engine.grid
         self._clipped_norm: torch.Tensor | None = None
         self.replaces_fp32_clip = not hasattr(self.engine.optimizer, "_global_grad_norm")  # fp32 ZeRO 0
@@ -192,30 +174,18 @@ class DeepSpeedPipelineEngine:
         self._clipped_norm = norm
 
     # training -----------------------------------------------------------------
-    def _loss_scale(self) -> float | None:
-        return current_loss_scale(self.engine, self.spec.precision)
-
     def train_step(self, next_batch: Callable[[], Batch]) -> StepOutcome:
         """One optimizer step: DeepSpeed's train_batch over this step's micro-batches
         (drawn on every rank, as the native engine does; DeepSpeed reads them on
         the first and last stage)."""
-        engine = self.engine
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        loss_scale = self._loss_scale()
-        skipped_before = engine.skipped_steps
-        batches = [next_batch() for _ in range(engine.gradient_accumulation_steps())]
+        return self._step(lambda: self._train_batch(next_batch))
+
+    def _train_batch(self, next_batch: Callable[[], Batch]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batches = [next_batch() for _ in range(self.engine.gradient_accumulation_steps())]
         self._clipped_norm = None
-        loss = engine.train_batch(data_iter=iter(batches))  # the global batch's mean loss, on every rank
-        skipped = engine.skipped_steps > skipped_before
-        device = self.backend.torch_device
-        if skipped:
-            grad_norm = torch.full((), math.inf, device=device)
-        elif self._clipped_norm is not None:
-            grad_norm = self._clipped_norm.detach().reshape(())
-        else:
-            grad_norm = _as_norm_tensor(engine.get_global_grad_norm(), device)
-        return StepOutcome(loss=loss.detach().float().reshape(()), grad_norm=grad_norm, lr=lr,
-                           loss_scale=loss_scale, skipped=skipped)
+        loss = self.engine.train_batch(data_iter=iter(batches))  # the global batch's mean loss, on every rank
+        clipped = None if self._clipped_norm is None else self._clipped_norm.detach().reshape(())
+        return loss.detach().float().reshape(()), clipped
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch]) -> tuple[float, int]:
@@ -246,7 +216,7 @@ class DeepSpeedPipelineEngine:
             "deepspeed_version": deepspeed_version(),
             "zero_stage": self.spec.zero_stage,
             "dp_size": self.spec.parallel.dp,
-            "accelerator": _accelerator_name(),
+            "accelerator": accelerator_name(),
             "tensor_parallel": "megatron" if self.spec.parallel.tp > 1 else None,
             "vocab_parallel": self.spec.parallel.tp > 1,
             "loss_parallel": False,  # the logits are gathered before the loss, as the native engine does with pp
@@ -259,15 +229,3 @@ class DeepSpeedPipelineEngine:
             "config": self.config,
             "patches": self.patches,
         }
-
-    # checkpoints ----------------------------------------------------------------
-    def checkpoint_state(self) -> DeepSpeedState:
-        return DeepSpeedState(self.engine)
-
-    def resume_at(self, iteration: int) -> None:
-        """Nothing to do: the scheduler DeepSpeed's load_checkpoint restores continues."""
-
-    def close(self) -> None:
-        destroy = getattr(self.engine, "destroy", None)
-        if destroy is not None:
-            destroy()

@@ -80,7 +80,6 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str, once: bool 
 
     work = list(work)
     model = device_model_name(backend)
-    seconds = 0.0
     rates: dict[str, MeasuredCeiling] = {}
     flops: dict[str, float] = {}
     for precision in sorted({w.precision for w in work}):
@@ -93,8 +92,7 @@ def estimate_text(backend: Backend, work: Iterable[Work], what: str, once: bool 
             return f"{what}: duration unknown: no usable {precision} GEMM ceiling (hwbench calibrate --help)"
         rates[precision] = ceiling
         flops[precision] = ceiling.flops
-    for w in work:
-        seconds += w.flops / (flops[w.precision] * w.devices)
+    seconds = sum(w.flops / (flops[w.precision] * w.devices) for w in work)
     total = sum(w.flops for w in work)
     measured = ", ".join(f"{p} {flops_rate_text(c.flops)} per device (hwbench calibrate, "
                          f"{(c.measured_at or '?')[:10]})" for p, c in rates.items())

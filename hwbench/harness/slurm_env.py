@@ -155,14 +155,14 @@ def slurm_mode(task: SlurmTask | None, launch: Mapping[str, Any]) -> str | None:
     if task is None or not task.in_step:
         return None
     nproc_per_node = launch.get("nproc_per_node")
+    # the launch options srun sets itself, when given: the rendezvous, a node count other than the job's
+    given = [name for name in ("node_rank", "master_addr", "master_port", "rdzv_endpoint")
+             if launch.get(name) is not None] + (["nnodes"] if launch.get("nnodes") not in (None, task.nnodes) else [])
     if task.local_tasks == 1 and (nproc_per_node or 1) > 1:
-        given = [name for name in ("node_rank", "master_addr", "master_port", "rdzv_endpoint")
-                 if launch.get(name) is not None]
-        if given or launch.get("nnodes") not in (None, task.nnodes):
-            flag = "--" + (given[0] if given else "nnodes").replace("_", "-")
+        if given:
             raise UsageError(
-                f"{flag} is set by Slurm under srun (node rank from SLURM_NODEID, {task.nnodes} nodes, the "
-                "rendezvous on the job's first host); leave it out"
+                f"--{given[0].replace('_', '-')} is set by Slurm under srun (node rank from SLURM_NODEID, "
+                f"{task.nnodes} nodes, the rendezvous on the job's first host); leave it out"
             )
         return "node"
     if task.ntasks == 1:
@@ -173,14 +173,10 @@ def slurm_mode(task: SlurmTask | None, launch: Mapping[str, Any]) -> str | None:
             "node; under srun each task is one rank (leave --nproc-per-node out), or start one task per "
             "node (srun --ntasks-per-node=1) for hwbench to launch --nproc-per-node ranks on each"
         )
-    launch_given = [
-        name for name in ("node_rank", "master_addr", "master_port", "rdzv_endpoint") if launch.get(name) is not None
-    ]
-    if launch.get("nnodes") not in (None, task.nnodes):
-        launch_given.insert(0, "nnodes")
-    if launch_given:
+    if given:
+        flag = "nnodes" if "nnodes" in given else given[0]
         raise UsageError(
-            f"--{launch_given[0].replace('_', '-')} is set by Slurm under srun (ranks from SLURM_PROCID, "
+            f"--{flag.replace('_', '-')} is set by Slurm under srun (ranks from SLURM_PROCID, "
             "the rendezvous on the job's first host); leave it out"
         )
     return "task"

@@ -86,15 +86,10 @@ def simulate_steps(noise: NoiseModel, series: int, seed: int, step: float = -0.0
         step_night = rng.randint(FIRST_STEP, LAST_STEP)
         values = simulated_nights(rng, noise, step_night, step)
         near = range(step_night - 1, step_night + 2)
-        for late in range(DETECT_WITHIN + 1):
-            prefix = values[:step_night + late + 1]
-            if any(index in near for index in regression_points(prefix, alpha, min_nights)):
-                outcome.detected += 1
-                break
-        for late in range(DETECT_WITHIN + 1):
-            if gate_fails(values[:step_night + late + 1], threshold, alpha, min_nights):
-                outcome.gate_failed += 1
-                break
+        prefixes = [values[:step_night + late + 1] for late in range(DETECT_WITHIN + 1)]
+        outcome.detected += any(any(index in near for index in regression_points(prefix, alpha, min_nights))
+                                for prefix in prefixes)
+        outcome.gate_failed += any(gate_fails(prefix, threshold, alpha, min_nights) for prefix in prefixes)
         outcome.located += any(index in near for index in regression_points(values, alpha, min_nights))
     return outcome
 

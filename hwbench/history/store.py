@@ -117,9 +117,20 @@ HISTORY_TABLES = ("runs", "metrics")
 
 
 class HistoryConnection(sqlite3.Connection):
-    """sqlite3's connection that knows the --db it was opened from, for its error messages."""
+    """sqlite3's connection that knows the --db it was opened from, for its error messages, with
+    the calls the store makes of hwbench.history.postgres.PostgresConnection too."""
 
     name = ""
+
+    def schema_version(self) -> int:
+        return self.execute("PRAGMA user_version").fetchone()[0]
+
+    def set_schema_version(self, version: int) -> None:
+        self.execute(f"PRAGMA user_version = {int(version)}")
+
+    def insert_new(self, table: str, rows: list[tuple]) -> None:
+        marks = ", ".join("?" * len(rows[0]))
+        self.executemany(f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT DO NOTHING", rows)
 
 
 def database_error(name: str, error: sqlite3.Error) -> UsageError:
@@ -279,7 +290,7 @@ def _tables(connection) -> set[str]:
 def _refuse_foreign(connection, name: str) -> None:
     """An SQLite database that holds tables but is no hwbench history is not written into."""
     tables = _tables(connection)
-    if _schema_version(connection) == 0 and tables and not set(HISTORY_TABLES) <= tables:
+    if connection.schema_version() == 0 and tables and not set(HISTORY_TABLES) <= tables:
         raise UsageError(f"{OPTION} {name!r}: an SQLite database that is not an hwbench history (tables: "
                          f"{', '.join(sorted(tables))[:200]}); give a history file or a new path")
 
@@ -294,7 +305,7 @@ def _open_sqlite_read(where: Path, name: str):
     connection = None
     try:
         connection = _connect(where, name, read_only=True)
-        version = _schema_version(connection)
+        version = connection.schema_version()
         if version > SCHEMA_VERSION:
             migrate(connection, name)  # refuses it
         missing = [table for table in HISTORY_TABLES if table not in _tables(connection)]
@@ -306,14 +317,12 @@ def _open_sqlite_read(where: Path, name: str):
             connection.close()
             connection = _connect(where, name)
             migrate(connection, name)
-    except sqlite3.DatabaseError as error:
+    except (sqlite3.DatabaseError, UsageError) as error:
         if connection is not None:
             connection.close()
+        if isinstance(error, UsageError):
+            raise
         raise _open_error(name, error) from None
-    except UsageError:
-        if connection is not None:
-            connection.close()
-        raise
     return connection
 
 
@@ -363,39 +372,26 @@ def printable(database: str | os.PathLike) -> str:
     return f"{scheme}://{credentials}{at}{host}"
 
 
-def _schema_version(connection) -> int:
-    if isinstance(connection, sqlite3.Connection):
-        return connection.execute("PRAGMA user_version").fetchone()[0]
-    return connection.schema_version()
-
-
-def _set_schema_version(connection, version: int) -> None:
-    if isinstance(connection, sqlite3.Connection):
-        connection.execute(f"PRAGMA user_version = {int(version)}")
-    else:
-        connection.set_schema_version(version)
-
-
 def migrate(connection, name: str) -> None:
     """Apply every migration above the database's version, each in its own transaction.
     SQLite: the version is read again under the write lock (BEGIN IMMEDIATE), so concurrent
     first adds do not both create the tables."""
-    version = _schema_version(connection)
+    version = connection.schema_version()
     if version > SCHEMA_VERSION:
         raise UsageError(f"{OPTION} {name!r}: history schema version {version} is newer than this hwbench reads "
                          f"(up to {SCHEMA_VERSION}); use a newer hwbench")
     for target in range(version + 1, SCHEMA_VERSION + 1):
         with connection:
-            if isinstance(connection, sqlite3.Connection):
+            if isinstance(connection, HistoryConnection):
                 connection.execute("BEGIN IMMEDIATE")
-                if _schema_version(connection) >= target:  # another writer got there first
+                if connection.schema_version() >= target:  # another writer got there first
                     continue
             for step in MIGRATIONS[target]:
                 if callable(step):
                     step(connection)
                 else:
                     connection.execute(step)
-            _set_schema_version(connection, target)
+            connection.set_schema_version(target)
 
 
 def flat_metrics(metrics: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -545,12 +541,7 @@ def _run_row(result: RunResult, source: Path, now: str) -> tuple:
 def _insert_new(connection, table: str, rows: list[tuple]) -> None:
     """Insert rows, leaving out those whose key is there already: another writer of a shared
     database may have added the same run since the known run ids were read."""
-    if not rows:
-        return
-    if isinstance(connection, sqlite3.Connection):
-        marks = ", ".join("?" * len(rows[0]))
-        connection.executemany(f"INSERT INTO {table} VALUES ({marks}) ON CONFLICT DO NOTHING", rows)
-    else:
+    if rows:
         connection.insert_new(table, rows)
 
 

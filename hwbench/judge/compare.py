@@ -266,12 +266,9 @@ def compare(baseline: list[RunResult], current: list[RunResult], threshold: floa
     """The comparison as data: points compared, points on one side only, the unreadable
     files as (side, path, reason), warnings."""
     figure = METRICS[metric]
-    base_by, base_names, base_keyless = group(baseline)
-    cur_by, cur_names, cur_keyless = group(current)
-    names: dict[PointKey, set] = defaultdict(set)
-    for mapping in (base_names, cur_names):
-        for key, seen in mapping.items():
-            names[key] |= seen
+    base_by, _, base_keyless = group(baseline)
+    cur_by, _, cur_keyless = group(current)
+    _, names, _ = group(baseline + current)  # the sweep point names of each key, on either side
     unplaced = _place_keyless(base_keyless, names, base_by) + _place_keyless(cur_keyless, names, cur_by)
     keys = list(dict.fromkeys([*base_by, *cur_by]))
     labels = {key: point_label(key, names[key], keys) for key in keys}

@@ -60,11 +60,7 @@ def convergence_check(run: RunResult, reference: RunResult) -> ConvergenceCheck:
     against ``reference`` (UsageError when they share no step with a finite loss)."""
     from scipy import stats
 
-    losses, ref = _losses(run), _losses(reference)
-    common = sorted(set(losses) & set(ref))
-    if not common:
-        raise UsageError(f"runs {run.run_id} and {reference.run_id} share no step with a finite loss; nothing to "
-                         "compare")
+    losses, ref, common = _common_losses(run, reference)
     failures, tiers, start = [], [], 0
     for fraction, tolerance in TIERS:
         end = max(start, round(fraction * len(common)))
@@ -161,8 +157,13 @@ def relative_difference(a: float, b: float) -> float:
     return abs(a - b) / scale if scale > 0 else 0.0
 
 
-def _losses(result: RunResult) -> dict[int, float]:
-    return {step.step: step.loss for step in result.steps if step.loss is not None}
+def _common_losses(a: RunResult, b: RunResult) -> tuple[dict[int, float], dict[int, float], list[int]]:
+    """Each run's training loss by step, and the steps both have (UsageError when none)."""
+    losses_a, losses_b = ({step.step: step.loss for step in run.steps if step.loss is not None} for run in (a, b))
+    common = sorted(set(losses_a) & set(losses_b))
+    if not common:
+        raise UsageError(f"runs {a.run_id} and {b.run_id} share no step with a finite loss; nothing to compare")
+    return losses_a, losses_b, common
 
 
 def _validation_losses(result: RunResult) -> dict[int, float]:
@@ -172,10 +173,7 @@ def _validation_losses(result: RunResult) -> dict[int, float]:
 def compare_runs(a: RunResult, b: RunResult, tolerance: float = DEFAULT_TOLERANCE) -> ParityReport:
     if not 0 < tolerance < 1:
         raise UsageError(f"--tolerance {tolerance!r} is not accepted; give a fraction between 0 and 1, e.g. 0.02")
-    losses_a, losses_b = _losses(a), _losses(b)
-    common = sorted(set(losses_a) & set(losses_b))
-    if not common:
-        raise UsageError(f"runs {a.run_id} and {b.run_id} share no step with a finite loss; nothing to compare")
+    losses_a, losses_b, common = _common_losses(a, b)
     warnings = [f"spec.{key} differs: {getattr(a.spec, key)!r} vs {getattr(b.spec, key)!r}; the curves need not agree"
                 for key in MUST_MATCH if getattr(a.spec, key) != getattr(b.spec, key)]
     rows: list[dict[str, Any]] = []

@@ -191,14 +191,11 @@ def ranking(trials: list[Trial]) -> list[Ranked]:
     from hwbench.judge.compare import DEFAULT_THRESHOLD, PointComparison, compare_point
 
     measured = sorted((t for t in trials if t.samples), key=lambda t: -statistics.median(t.samples))
-    ranked: list[Ranked] = []
-    leader: Trial | None = None
-    for position, trial in enumerate(measured, start=1):
-        best = statistics.median(measured[0].samples)
-        if leader is None:
-            leader = trial
-            ranked.append(Ranked(1, trial, 1.0, "fastest median" + _runs(trial)))
-            continue
+    if not measured:
+        return []
+    leader, best = measured[0], statistics.median(measured[0].samples)
+    ranked = [Ranked(1, leader, 1.0, "fastest median" + _runs(leader))]
+    for position, trial in enumerate(measured[1:], start=2):
         judged = compare_point(PointComparison(None, "", trial.samples, leader.samples, ["ok"] * len(trial.samples),
                                                ["ok"] * len(leader.samples)), DEFAULT_THRESHOLD, True)
         if judged.verdict == "improvement":  # the leader of the rank above is faster, and the repeats show it
