@@ -39,7 +39,7 @@ def select_backend(requested: str) -> Backend:
     passed_over: tuple[str, ...] = ()
     if requested == "auto":
         requested, passed_over = detect_device_explained()
-    backend = _construct(requested)
+    backend: Backend = _backend_class(requested)()
     backend.passed_over = passed_over
     return backend
 
@@ -60,11 +60,6 @@ def _accelerator_classes() -> dict[str, AcceleratorClass]:
 
 def _backend_class(kind: str) -> Any:
     return import_named(KINDS[kind].backend_class)
-
-
-def _construct(requested: str) -> Backend:
-    backend: Backend = _backend_class(requested)()
-    return backend
 
 
 def unavailable_reason(kind: str) -> str | None:

@@ -4,6 +4,7 @@ drive AMD GPUs through torch.cuda itself, so one class drives them all through t
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import Any
 
@@ -14,6 +15,8 @@ from hwbench.device.base import Backend, EventTimer, MemoryStats, StepTimer
 
 class AcceleratorBackend(Backend):
     """A backend over a torch.cuda-like module (``torch.cuda`` or ``torch.npu``)."""
+
+    device_type: str  # torch's device type (a ROCm GPU is torch's "cuda")
 
     # counters the caching allocator keeps since the process started, never reset: the timed
     # window's are their difference across it (memory_stats after reset_peak_memory)
@@ -31,10 +34,23 @@ class AcceleratorBackend(Backend):
     def device_names(self) -> list[str]:
         return [str(self.api.get_device_name(i)) for i in range(self.device_count())]
 
+    def _mark_stand_in(self, runtime: Any) -> None:
+        """A stand-in runtime (tests/fakes: it sets ``__hwbench_stand_in__``) computes on the host:
+        the results are simulated, and there is no NCCL, RCCL or HCCL there."""
+        self.simulated = bool(getattr(runtime, "__hwbench_stand_in__", False))
+        if self.simulated:
+            self.dist_backend = "gloo"
+
     def _set_device(self, local_rank: int) -> torch.device:
         self.local_index = local_rank
         self.api.set_device(local_rank)
-        return torch.device(self.name, local_rank)
+        return torch.device("cpu") if self.simulated else torch.device(self.device_type, local_rank)
+
+    def visible_id(self, variable: str) -> int:
+        """This rank's device as the vendor's tool numbers it: its entry in the environment's
+        ``variable`` (the ids the runtime numbers from 0), else its local index."""
+        ids = [int(part) for part in os.environ.get(variable, "").split(",") if part.strip().isdigit()]
+        return ids[self.local_index] if self.local_index < len(ids) else self.local_index
 
     def synchronize(self) -> None:
         self.api.synchronize()

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable
 from typing import Any
 
-from hwbench.device.telemetry import TelemetrySampler
+from hwbench.device.telemetry import TelemetrySampler, quietly
 
 # amdsmi_get_violation_status's active_* flags (AMD SMI 6.4 and newer), as the result names them
 VIOLATIONS = {
@@ -54,6 +53,19 @@ def _value(reading: Any) -> float | None:
     return float(reading)
 
 
+def _throttle_reasons(smi: Any, handle: Any) -> list[str] | None:
+    """The violations active now (amdsmi_get_violation_status), else the metrics table's
+    single throttle flag; None where neither is reported."""
+    status = quietly(lambda: smi.amdsmi_get_violation_status(handle))
+    if isinstance(status, dict) and any(status.get(key) in (True, False) for key in VIOLATIONS):
+        return sorted(name for key, name in VIOLATIONS.items() if status.get(key) is True)
+    metrics = quietly(lambda: smi.amdsmi_get_gpu_metrics_info(handle)) or {}
+    flag = metrics.get("throttle_status")
+    if flag in (True, False):
+        return ["throttled"] if flag else []
+    return None
+
+
 class AmdSmiSampler(TelemetrySampler):
     source = "amdsmi"
     energy_method = "AMD SMI energy accumulator (amdsmi_get_energy_count)"
@@ -74,10 +86,6 @@ class AmdSmiSampler(TelemetrySampler):
         except Exception as error:  # no driver, or a bus id AMD SMI does not know
             self._reason = f"AMD SMI unavailable: {type(error).__name__}: {error}"
 
-    def unavailable_reason(self) -> str | None:
-        return self._reason
-
-
     def device_details(self, index: int) -> dict[str, Any]:
         if index >= len(self.bus_ids):
             return {}
@@ -86,20 +94,14 @@ class AmdSmiSampler(TelemetrySampler):
                 "energy_resolution_uj": self._resolution_uj[index],
                 "power_method": f"amdsmi_get_power_info {field} (W)" if field else None}
 
-    def _query(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception:  # AmdSmiLibraryException: not supported here
-            return None
-
     def read(self) -> list[dict[str, Any]]:
         return [self._read_device(index, handle) for index, handle in enumerate(self._handles)]
 
     def _read_device(self, index: int, handle: Any) -> dict[str, Any]:
         smi = self._amdsmi
-        activity = self._query(lambda: smi.amdsmi_get_gpu_activity(handle)) or {}
-        vram = self._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
-        clock = self._query(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
+        activity = quietly(lambda: smi.amdsmi_get_gpu_activity(handle)) or {}
+        vram = quietly(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
+        clock = quietly(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
         reading: dict[str, Any] = {
             "power_w": self._power_w(index, handle),
             "temperature_c": self._temperature_c(handle),
@@ -107,13 +109,13 @@ class AmdSmiSampler(TelemetrySampler):
             "utilization_percent": _value(activity.get("gfx_activity")),
             "memory_used_mib": _value(vram.get("vram_used")),
         }
-        reasons = self._throttle_reasons(handle)
+        reasons = _throttle_reasons(smi, handle)
         if reasons is not None:
             reading["throttle_reasons"] = reasons
         return reading
 
     def _power_w(self, index: int, handle: Any) -> float | None:
-        info = self._query(lambda: self._amdsmi.amdsmi_get_power_info(handle)) or {}
+        info = quietly(lambda: self._amdsmi.amdsmi_get_power_info(handle)) or {}
         for field in ("current_socket_power", "average_socket_power", "socket_power"):
             watts = _value(info.get(field))
             if watts is not None:
@@ -125,28 +127,15 @@ class AmdSmiSampler(TelemetrySampler):
         smi = self._amdsmi
         for sensor in ("HOTSPOT", "EDGE"):  # junction first: MI300 reports no edge temperature
             kind = getattr(smi.AmdSmiTemperatureType, sensor)
-            value = self._query(lambda: smi.amdsmi_get_temp_metric(handle, kind, smi.AmdSmiTemperatureMetric.CURRENT))
+            value = quietly(lambda: smi.amdsmi_get_temp_metric(handle, kind, smi.AmdSmiTemperatureMetric.CURRENT))
             if _value(value) is not None:
                 return _value(value)
-        return None
-
-    def _throttle_reasons(self, handle: Any) -> list[str] | None:
-        """The violations active now (amdsmi_get_violation_status), else the metrics table's
-        single throttle flag; None where neither is reported."""
-        smi = self._amdsmi
-        status = self._query(lambda: smi.amdsmi_get_violation_status(handle))
-        if isinstance(status, dict) and any(status.get(key) in (True, False) for key in VIOLATIONS):
-            return sorted(name for key, name in VIOLATIONS.items() if status.get(key) is True)
-        metrics = self._query(lambda: smi.amdsmi_get_gpu_metrics_info(handle)) or {}
-        flag = metrics.get("throttle_status")
-        if flag in (True, False):
-            return ["throttled"] if flag else []
         return None
 
     def energy_counter_j(self) -> list[float | None]:
         counters: list[float | None] = []
         for index, handle in enumerate(self._handles):
-            count = self._query(lambda: self._amdsmi.amdsmi_get_energy_count(handle))
+            count = quietly(lambda: self._amdsmi.amdsmi_get_energy_count(handle))
             if not isinstance(count, dict):
                 counters.append(None)
                 continue
@@ -194,39 +183,37 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
         handles = list(smi.amdsmi_get_processor_handles())
     except Exception as error:
         return [], f"AMD SMI unavailable: {type(error).__name__}: {error}"
-    sampler = AmdSmiSampler.__new__(AmdSmiSampler)  # its wrapped queries, without starting a sampler
-    sampler._amdsmi = smi
     devices = []
     for index, handle in enumerate(handles):
-        bdf = sampler._query(lambda: smi.amdsmi_get_gpu_device_bdf(handle))
+        bdf = quietly(lambda: smi.amdsmi_get_gpu_device_bdf(handle))
         device = DeviceHealth(f"gpu {index}" + (f" ({bdf})" if bdf else ""))
-        processes = sampler._query(lambda: smi.amdsmi_get_gpu_process_list(handle))
+        processes = quietly(lambda: smi.amdsmi_get_gpu_process_list(handle))
         if processes is None:
             device.unread["processes"] = "AMD SMI: no process list (it needs root on some releases)"
         else:
             others = [process for process in processes
                       if not_this_process(process.get("pid") if isinstance(process, dict) else process)]
             device.processes = sorted({_process_text(process) for process in others})
-        vram = sampler._query(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
+        vram = quietly(lambda: smi.amdsmi_get_gpu_vram_usage(handle)) or {}
         total, used = _value(vram.get("vram_total")), _value(vram.get("vram_used"))
         if total is not None and used is not None:  # MB
             device.memory_total_bytes, device.memory_free_bytes = int(total * 2**20), int((total - used) * 2**20)
         else:
             device.unread["memory_free_bytes"] = "AMD SMI: no VRAM usage"
-        ecc = sampler._query(lambda: smi.amdsmi_get_gpu_total_ecc_count(handle)) or {}
+        ecc = quietly(lambda: smi.amdsmi_get_gpu_total_ecc_count(handle)) or {}
         device.ecc_uncorrected = _count(ecc.get("uncorrectable_count"))
         device.ecc_corrected = _count(ecc.get("correctable_count"))
         if device.ecc_uncorrected is None:
             device.unread["ecc_uncorrected"] = "AMD SMI: no ECC counts"
-        clock = sampler._query(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
+        clock = quietly(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
         device.clock_mhz, device.max_clock_mhz = _value(clock.get("clk")), _value(clock.get("max_clk"))
-        level = sampler._query(lambda: smi.amdsmi_get_gpu_perf_level(handle))
+        level = quietly(lambda: smi.amdsmi_get_gpu_perf_level(handle))
         if level is None:
             device.unread["clocks_locked"] = "AMD SMI: no performance level"
         else:
             text = str(getattr(level, "name", level)).removeprefix("AMDSMI_DEV_PERF_LEVEL_")
             device.clocks_locked, device.clocks_how = text != AUTO_PERF_LEVEL, f"performance level {text}"
-        device.throttle_reasons = sampler._throttle_reasons(handle)
+        device.throttle_reasons = _throttle_reasons(smi, handle)
         device.hardware_throttles = [
             reason for reason in device.throttle_reasons or [] if reason in HARDWARE_VIOLATIONS
         ]

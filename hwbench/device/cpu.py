@@ -114,25 +114,25 @@ def _resident_bytes() -> int | None:
         return None
 
 
-def _cpu_model() -> str:
+def _cpuinfo(*fields: str) -> str | None:
+    """The first processor's value of the first of ``fields`` /proc/cpuinfo lists, else None."""
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if line.startswith(fields):
+                return line.split(":", 1)[1]
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def _cpu_model() -> str:
+    model = _cpuinfo("model name")
+    return model.strip() if model is not None else platform.processor() or platform.machine()
 
 
 def _cpu_flags() -> set[str]:
     """The first processor's feature flags (x86 "flags", Arm "Features")."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith(("flags", "Features")):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags", "Features") or "").split())
 
 
 # The CPU features with which torch's oneDNN/ACL kernels compute bf16 and fp16 matrix products at

@@ -79,8 +79,17 @@ def turn_tf32_off(backends: Any) -> str:
     return "allow_tf32"
 
 
+def nccl_version() -> str | None:
+    """The NCCL (on a ROCm build: RCCL) version torch was built with."""
+    try:
+        return ".".join(str(part) for part in torch.cuda.nccl.version())
+    except Exception:
+        return None
+
+
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
+    device_type = "cuda"
     bound = False  # prepare_process bound this process to its GPU
     dist_backend = KINDS["cuda"].dist_backend
     deepspeed_accelerator = KINDS["cuda"].deepspeed_accelerator
@@ -98,19 +107,8 @@ class CudaBackend(AcceleratorBackend):
                 "--device cuda: torch sees no CUDA device; check nvidia-smi, the driver "
                 "and CUDA_VISIBLE_DEVICES"
             )
-        self._mark_stand_in()
+        self._mark_stand_in(torch.cuda)
         super().__init__(torch.cuda)
-
-    def _mark_stand_in(self) -> None:
-        """A stand-in torch.cuda (tests/fakes) computes on the host: simulated, no NCCL or RCCL there."""
-        self.simulated = bool(getattr(torch.cuda, "__hwbench_stand_in__", False))
-        if self.simulated:
-            self.dist_backend = "gloo"
-
-    def _set_device(self, local_rank: int) -> torch.device:
-        self.local_index = local_rank
-        self.api.set_device(local_rank)
-        return torch.device("cpu") if self.simulated else torch.device("cuda", local_rank)
 
     @staticmethod
     def installed() -> bool:
@@ -197,13 +195,15 @@ class CudaBackend(AcceleratorBackend):
         return (f"this GPU (compute capability {capability[0]}.{capability[1]}) runs fp16 arithmetic at a "
                 "fraction of its fp32 rate")
 
+    def bus_id(self) -> str | None:
+        props = torch.cuda.get_device_properties(self.local_index)
+        return pci_bus_id(*(getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")))
+
     def _nvml_ids(self) -> CudaDeviceIds:
         # The UUID and PCI address find this GPU in NVML, whose numbering ignores CUDA_VISIBLE_DEVICES.
-        props = torch.cuda.get_device_properties(self.local_index)
-        uuid = getattr(props, "uuid", None)
-        pci = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+        uuid = getattr(torch.cuda.get_device_properties(self.local_index), "uuid", None)
         return CudaDeviceIds(cuda_index=self.local_index, uuid=str(uuid) if uuid is not None else None,
-                             pci_bus_id=pci_bus_id(*pci))
+                             pci_bus_id=self.bus_id())
 
     def telemetry_sampler(self, interval_s: float) -> TelemetrySampler:
         return NvmlSampler([self._nvml_ids()], interval_s)
@@ -224,10 +224,6 @@ class CudaBackend(AcceleratorBackend):
     def fingerprint(self) -> dict[str, Any]:
         count = self.device_count()
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
-        try:
-            nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
-        except Exception:
-            nccl = None
         return {
             "device_models": self.device_names(),
             "device_count": count,
@@ -235,5 +231,5 @@ class CudaBackend(AcceleratorBackend):
             "driver_version": nvml_driver_version(),
             "cuda_version": torch.version.cuda,
             "cudnn_version": torch.backends.cudnn.version(),
-            "nccl_version": nccl,
+            "nccl_version": nccl_version(),
         }

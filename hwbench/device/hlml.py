@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable
 from typing import Any
 
-from hwbench.device.telemetry import TelemetrySampler
+from hwbench.device.telemetry import TelemetrySampler, as_text, quietly
 
 TEMPERATURE_ON_AIP = 0  # pyhlml HLML_TEMPERATURE_SENSORS.HLML_TEMPERATURE_ON_AIP
 CLOCK_SOC = 0  # pyhlml HLML_CLOCK_TYPE.HLML_CLOCK_SOC
 THROTTLE_BITS = {1 << 0: "power", 1 << 1: "thermal"}  # HLML_CLOCKS_THROTTLE_REASON_POWER / _THERMAL
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def open_hlml() -> tuple[Any | None, str | None]:
@@ -49,9 +42,24 @@ def hlml_driver_version() -> str | None:
     if hlml is None:
         return None
     try:
-        return _text(hlml.hlmlGetDriverVersion())
+        return as_text(hlml.hlmlGetDriverVersion())
     except Exception:
         return None
+
+
+def _handles_by_module(hl: Any) -> tuple[dict[int, Any], str | None]:
+    """Every Gaudi HLML lists, by module id (the ids HABANA_VISIBLE_MODULES names); ({}, why)
+    when HLML cannot list them."""
+    try:
+        handles = [hl.hlmlDeviceGetHandleByIndex(index) for index in range(hl.hlmlDeviceGetCount())]
+        return {int(hl.hlmlDeviceGetModuleID(handle)): handle for handle in handles}, None
+    except Exception as error:
+        return {}, f"HLML could not list the devices: {type(error).__name__}: {error}"
+
+
+def _bus_id(hl: Any, handle: Any) -> str | None:
+    info = quietly(lambda: hl.hlmlDeviceGetPCIInfo(handle))
+    return as_text(getattr(info, "bus_id", None)) if info is not None else None
 
 
 class HlmlSampler(TelemetrySampler):
@@ -67,33 +75,15 @@ class HlmlSampler(TelemetrySampler):
         self._hlml: Any = library  # None only when it could not be opened, and then no handle is read
         if self._hlml is None:
             return
-        try:
-            found = {}
-            for index in range(self._hlml.hlmlDeviceGetCount()):
-                handle = self._hlml.hlmlDeviceGetHandleByIndex(index)
-                found[int(self._hlml.hlmlDeviceGetModuleID(handle))] = handle
-        except Exception as error:
-            self._reason = f"HLML could not list the devices: {type(error).__name__}: {error}"
+        found, self._reason = _handles_by_module(self._hlml)
+        if self._reason:
             return
         missing = [module for module in module_ids if module not in found]
         if missing:
             self._reason = f"HLML has no device with module id {missing[0]} (it lists {sorted(found)})"
             return
         self._handles = [found[module] for module in module_ids]
-        self._bus_ids = [self._bus_id(handle) for handle in self._handles]
-
-    def _query(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception:  # HLMLError_NotSupported and friends
-            return None
-
-    def _bus_id(self, handle: Any) -> str | None:
-        info = self._query(lambda: self._hlml.hlmlDeviceGetPCIInfo(handle))
-        return _text(getattr(info, "bus_id", None)) if info is not None else None
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason
+        self._bus_ids = [_bus_id(self._hlml, handle) for handle in self._handles]
 
     def device_details(self, index: int) -> dict[str, Any]:
         if index >= len(self._handles):
@@ -106,17 +96,17 @@ class HlmlSampler(TelemetrySampler):
 
     def _read_device(self, handle: Any) -> dict[str, Any]:
         hl = self._hlml
-        power_mw = self._query(lambda: hl.hlmlDeviceGetPowerUsage(handle))
-        utilization = self._query(lambda: hl.hlmlDeviceGetUtilizationRates(handle))
-        memory = self._query(lambda: hl.hlmlDeviceGetMemoryInfo(handle))
+        power_mw = quietly(lambda: hl.hlmlDeviceGetPowerUsage(handle))
+        utilization = quietly(lambda: hl.hlmlDeviceGetUtilizationRates(handle))
+        memory = quietly(lambda: hl.hlmlDeviceGetMemoryInfo(handle))
         reading = {
             "power_w": power_mw / 1000.0 if power_mw is not None else None,
-            "temperature_c": self._query(lambda: hl.hlmlDeviceGetTemperature(handle, TEMPERATURE_ON_AIP)),
-            "sm_clock_mhz": self._query(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC)),
+            "temperature_c": quietly(lambda: hl.hlmlDeviceGetTemperature(handle, TEMPERATURE_ON_AIP)),
+            "sm_clock_mhz": quietly(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC)),
             "utilization_percent": getattr(utilization, "aip", None),
             "memory_used_mib": memory.used / 2**20 if memory is not None else None,
         }
-        mask = self._query(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
+        mask = quietly(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
         if mask is not None:
             reading["throttle_reasons"] = [name for bit, name in THROTTLE_BITS.items() if int(mask) & bit]
         return reading
@@ -124,7 +114,7 @@ class HlmlSampler(TelemetrySampler):
     def energy_counter_j(self) -> list[float | None]:
         counters: list[float | None] = []
         for handle in self._handles:
-            millijoules = self._query(lambda: self._hlml.hlmlDeviceGetTotalEnergyConsumption(handle))
+            millijoules = quietly(lambda: self._hlml.hlmlDeviceGetTotalEnergyConsumption(handle))
             counters.append(millijoules / 1000.0 if millijoules is not None else None)
         return counters
 
@@ -142,11 +132,9 @@ def hlml_health(environ) -> tuple[list, str | None]:
     hl, reason = open_hlml()
     if hl is None:
         return [], reason
-    try:
-        handles = [hl.hlmlDeviceGetHandleByIndex(index) for index in range(hl.hlmlDeviceGetCount())]
-        by_module = {int(hl.hlmlDeviceGetModuleID(handle)): handle for handle in handles}
-    except Exception as error:
-        return [], f"HLML could not list the devices: {type(error).__name__}: {error}"
+    by_module, reason = _handles_by_module(hl)
+    if reason:
+        return [], reason
     visible = [item.strip() for item in environ.get("HABANA_VISIBLE_MODULES", "").split(",") if item.strip()]
     modules = [int(item) for item in visible if item.isdigit()] if visible else sorted(by_module)
     devices = [_module_health(hl, module, by_module[module]) for module in modules if module in by_module]
@@ -156,17 +144,15 @@ def hlml_health(environ) -> tuple[list, str | None]:
 def _module_health(hl: Any, module: int, handle: Any) -> Any:
     from hwbench.device.health import DeviceHealth
 
-    sampler = HlmlSampler.__new__(HlmlSampler)  # its wrapped queries, without opening HLML again
-    sampler._hlml = hl
-    bus_id = sampler._bus_id(handle)
+    bus_id = _bus_id(hl, handle)
     device = DeviceHealth(f"hpu {module}" + (f" ({bus_id})" if bus_id else ""))
-    memory = sampler._query(lambda: hl.hlmlDeviceGetMemoryInfo(handle))
+    memory = quietly(lambda: hl.hlmlDeviceGetMemoryInfo(handle))
     if memory is None:
         device.unread["memory_free_bytes"] = "HLML: no memory information"
     else:
         device.memory_free_bytes, device.memory_total_bytes = int(memory.free), int(memory.total)
-    device.clock_mhz = sampler._query(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC))
-    mask = sampler._query(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
+    device.clock_mhz = quietly(lambda: hl.hlmlDeviceGetClockInfo(handle, CLOCK_SOC))
+    mask = quietly(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
     if mask is not None:
         device.throttle_reasons = [name for bit, name in THROTTLE_BITS.items() if int(mask) & bit]
     for field in ("processes", "ecc_uncorrected", "clocks_locked", "persistence_mode"):

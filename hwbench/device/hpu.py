@@ -73,10 +73,8 @@ class HpuBackend(AcceleratorBackend):
 
     def __init__(self) -> None:
         self.habana = import_habana()
-        self.simulated = bool(getattr(self.habana, "__hwbench_stand_in__", False))
-        if self.simulated:
-            self.dist_backend = "gloo"  # the stand-in computes on the host: no HCCL there
-        elif importlib.util.find_spec("habana_frameworks.torch.distributed.hccl") is not None:
+        self._mark_stand_in(self.habana)
+        if not self.simulated and importlib.util.find_spec("habana_frameworks.torch.distributed.hccl") is not None:
             importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers the hccl backend
         if not hasattr(torch, "hpu"):
             raise SetupError("--device hpu: habana_frameworks imported but torch.hpu is missing; reinstall it")
@@ -115,9 +113,7 @@ class HpuBackend(AcceleratorBackend):
     def module_id(self) -> int:
         """This rank's Gaudi as HLML numbers it: its entry in HABANA_VISIBLE_MODULES, else its
         local rank (module id = local index where no list is given)."""
-        visible = os.environ.get("HABANA_VISIBLE_MODULES", "")
-        ids = [int(part) for part in visible.split(",") if part.strip().isdigit()]
-        return ids[self.local_index] if self.local_index < len(ids) else self.local_index
+        return self.visible_id("HABANA_VISIBLE_MODULES")
 
     def device_identity(self) -> dict[str, Any]:
         return {"hpu_mode": self.mode, "hpu_mode_basis": self.mode_basis}

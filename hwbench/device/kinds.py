@@ -75,6 +75,16 @@ class CalibrationDefaults:
     probe_copy_bytes: int  # the device probe's copy
 
 
+# Calibration defaults: the CPU's sizes finish in seconds on a laptop; the accelerators share
+# the GPU's (a GEMM of 4096 and more reaches the matrix units' rate, a 1 GiB copy the memory's).
+_CPU_CALIBRATION = CalibrationDefaults(sizes=(512, 1024, 2048), precisions=("fp32", "bf16"), copy_bytes=256 * 2**20,
+                                       plausible_flops=(1e7, 1e16), probe_gemm_size=512, probe_copy_bytes=64 * 2**20)
+_ACCELERATOR_CALIBRATION = CalibrationDefaults(sizes=(4096, 8192, 16384), precisions=("fp32", "bf16", "fp16"),
+                                               copy_bytes=2**30, plausible_flops=(1e10, 1e17), probe_gemm_size=8192,
+                                               probe_copy_bytes=2**30)
+_COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
+
+
 @dataclasses.dataclass(frozen=True)
 class PreflightReader:
     """How `hwbench preflight` reads a kind's devices without torch (device/health.py says why)."""
@@ -88,19 +98,20 @@ class DeviceKind:
     name: str  # --device; the catalog's backend field
     backend_class: str  # "module:Class" of its Backend, imported only when the kind is used (it imports torch)
     auto_order: int  # --device auto tries the kinds in this order, lowest first; the last (the CPU) needs nothing
-    preflight: PreflightReader | None  # None: hwbench reads no preflight figures from this kind's tools yet
-    calibration: CalibrationDefaults
+    preflight: PreflightReader
     dist_backend: str  # torch.distributed backend
     deepspeed_accelerator: str  # DS_ACCELERATOR
     # Memory the framework and runtime take beside the model's tensors (CUDA context and
     # allocator fragmentation, CANN's workspace, the CPU allocator's arenas): the planner's
     # per-rank overhead. An estimate until measured on each kind (docs/planner.md).
     framework_overhead_bytes: int
-    k8s_resource: str | None  # the extended resource a pod requests per device
-    env_prefixes: tuple[str, ...]  # environment variables that tune this kind's collectives and runtime
     # torch has a fused AdamW kernel here (CPU since torch 2.4, CUDA); elsewhere AdamW runs
     # foreach, whose sqrt(v) temporaries the planner counts at the step.
     fused_adamw: bool
+    calibration: CalibrationDefaults = _ACCELERATOR_CALIBRATION
+    k8s_resource: str | None = None  # the extended resource a pod requests per device
+    # environment variables that tune this kind's collectives and runtime
+    env_prefixes: tuple[str, ...] = _COMMUNICATION
     # Slurm's generic resource for this kind (sbatch --gres=NAME:COUNT); None where sites name
     # it their own way (Ascend: give it with --sbatch-arg) or there is none (CPU)
     slurm_gres: str | None = None
@@ -108,12 +119,7 @@ class DeviceKind:
     # set in each pod by the operator or the device plugin: never copied from the launching shell, refused in --env
     device_plugin_env: tuple[str, ...] = ()
 
-    def preflight_reason(self) -> str:
-        """Why `hwbench preflight` reads no figures of this kind (preflight is None)."""
-        return f"hwbench reads no preflight figures from the {self.name} tools yet"
 
-
-_COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
 # torch reads PYTORCH_CUDA_ALLOC_CONF (and, since 2.9, PYTORCH_ALLOC_CONF) once, when CUDA is
 # initialised; the older name is the one set, since torch 2.9.1 ignored expandable_segments given
 # under the new one for CUDA (newer torch warns that the old name is deprecated, and honours it).
@@ -124,13 +130,6 @@ _COMMUNICATION = ("NCCL_", "TORCH_NCCL_", "HCCL_")
 _CUDA_EXPANDABLE_SEGMENTS = AllocatorSetting("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True",
                                              ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
                                              "fewer out-of-memory failures and retries from fragmentation")
-# Calibration defaults: the CPU's sizes finish in seconds on a laptop; the accelerators share
-# the GPU's (a GEMM of 4096 and more reaches the matrix units' rate, a 1 GiB copy the memory's).
-_CPU_CALIBRATION = CalibrationDefaults(sizes=(512, 1024, 2048), precisions=("fp32", "bf16"), copy_bytes=256 * 2**20,
-                                       plausible_flops=(1e7, 1e16), probe_gemm_size=512, probe_copy_bytes=64 * 2**20)
-_ACCELERATOR_CALIBRATION = CalibrationDefaults(sizes=(4096, 8192, 16384), precisions=("fp32", "bf16", "fp16"),
-                                               copy_bytes=2**30, plausible_flops=(1e10, 1e17), probe_gemm_size=8192,
-                                               probe_copy_bytes=2**30)
 # The order of the kinds is the order --device's choices, the catalog's backends and the pods'
 # devices are named in; --device auto's order is each entry's auto_order.
 KINDS = {
@@ -143,8 +142,6 @@ KINDS = {
         dist_backend="gloo",
         deepspeed_accelerator="cpu",
         framework_overhead_bytes=GIB // 2,
-        k8s_resource=None,
-        env_prefixes=_COMMUNICATION,
         fused_adamw=True,
     ),
     "cuda": DeviceKind(
@@ -152,12 +149,10 @@ KINDS = {
         "hwbench.device.cuda:CudaBackend",
         auto_order=2,
         preflight=PreflightReader("nvml", "hwbench.device.nvml:nvml_health"),
-        calibration=_ACCELERATOR_CALIBRATION,
         dist_backend="nccl",
         deepspeed_accelerator="cuda",
         framework_overhead_bytes=1 * GIB,
         k8s_resource="nvidia.com/gpu",
-        env_prefixes=_COMMUNICATION,
         fused_adamw=True,
         slurm_gres="gpu",
         allocator=_CUDA_EXPANDABLE_SEGMENTS,
@@ -170,7 +165,6 @@ KINDS = {
         "hwbench.device.rocm:RocmBackend",
         auto_order=3,
         preflight=PreflightReader("amdsmi", "hwbench.device.amd_smi:amdsmi_health"),
-        calibration=_ACCELERATOR_CALIBRATION,
         dist_backend="nccl",
         deepspeed_accelerator="cuda",
         framework_overhead_bytes=1 * GIB,
@@ -185,7 +179,6 @@ KINDS = {
         "hwbench.device.npu:NpuBackend",
         auto_order=1,
         preflight=PreflightReader("npu-smi", "hwbench.device.npu_smi:npu_smi_health"),
-        calibration=_ACCELERATOR_CALIBRATION,
         dist_backend="hccl",
         deepspeed_accelerator="npu",
         framework_overhead_bytes=2 * GIB,
@@ -200,7 +193,6 @@ KINDS = {
         "hwbench.device.hpu:HpuBackend",
         auto_order=4,
         preflight=PreflightReader("hlml", "hwbench.device.hlml:hlml_health"),
-        calibration=_ACCELERATOR_CALIBRATION,
         dist_backend="hccl",
         deepspeed_accelerator="hpu",
         framework_overhead_bytes=2 * GIB,

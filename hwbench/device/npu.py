@@ -98,14 +98,13 @@ def _cann_version(toolkit: str) -> str | None:
 
 class NpuBackend(AcceleratorBackend):
     name = "npu"
+    device_type = "npu"
     dist_backend = KINDS["npu"].dist_backend
     deepspeed_accelerator = KINDS["npu"].deepspeed_accelerator
 
     def __init__(self) -> None:
         self.torch_npu = import_torch_npu()
-        self.simulated = bool(getattr(self.torch_npu, "__hwbench_stand_in__", False))
-        if self.simulated:
-            self.dist_backend = "gloo"  # the stand-in computes on the host: no HCCL there
+        self._mark_stand_in(self.torch_npu)
         if not hasattr(torch, "npu"):
             raise SetupError("--device npu: torch_npu imported but torch.npu is missing; reinstall torch-npu")
         super().__init__(torch.npu)
@@ -132,22 +131,13 @@ class NpuBackend(AcceleratorBackend):
         except Exception as error:  # any driver or runtime trouble, named
             return f"torch_npu failed: {type(error).__name__}: {error}"
 
-    def _set_device(self, local_rank: int) -> torch.device:
-        self.local_index = local_rank
-        self.api.set_device(local_rank)
-        if self.simulated:
-            return torch.device("cpu")  # the stand-in computes on the host
-        return torch.device("npu", local_rank)
-
     def smi_device_id(self) -> int:
         """This rank's device id as npu-smi prints it (the NPU id of a 910B, the
         Phy-ID of an A3 die, the device id of a 310P/310B chip):
         ASCEND_RT_VISIBLE_DEVICES lists those ids and torch_npu numbers the
         listed ones from 0. Assumes logical id = physical id, as npu-smi info -m
         shows on hosts without phyid-remap."""
-        visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "")
-        ids = [int(part) for part in visible.split(",") if part.strip().isdigit()]
-        return ids[self.local_index] if self.local_index < len(ids) else self.local_index
+        return self.visible_id("ASCEND_RT_VISIBLE_DEVICES")
 
     def precision_problem(self, precision: str) -> str | None:
         if precision == "bf16" and not self.api.is_bf16_supported():

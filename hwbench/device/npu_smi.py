@@ -126,6 +126,8 @@ class NpuSmiSampler(TelemetrySampler):
         self.device_ids = device_ids
         self._command = shutil.which(command)
         self._places: dict[int, dict[str, Any]] = {}  # device id -> its bus id and chip, as npu-smi printed them
+        if self._command is None:
+            self._reason = "npu-smi is not on PATH (it comes with the Ascend driver)"
 
     def device_details(self, index: int) -> dict[str, Any]:
         """The chip's identity on its host: its npu-smi device id (in the name), its PCI
@@ -136,11 +138,6 @@ class NpuSmiSampler(TelemetrySampler):
         place = self._places.get(device_id, {})
         return {"name": f"npu:{device_id}", "pci_bus_id": place.get("bus_id"), "chip": place.get("chip"),
                 "identified_by": "npu-smi device id"}
-
-    def unavailable_reason(self) -> str | None:
-        if self._command is None:
-            return "npu-smi is not on PATH (it comes with the Ascend driver)"
-        return None
 
     def read(self) -> list[dict[str, Any]]:
         assert self._command is not None, "read() of an unavailable npu-smi reader"

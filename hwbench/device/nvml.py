@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 from typing import Any
 
-from hwbench.device.telemetry import TelemetrySampler
+from hwbench.device.telemetry import TelemetrySampler, as_text, quietly
 
 # Clock event (throttle) reason bits, nvml.h
 GPU_IDLE_BIT = 0x1
@@ -83,10 +82,12 @@ def _import_pynvml():
     return pynvml
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
+def _clock_event_mask(nv: Any, handle: Any) -> int | None:
+    """The clock event reasons' bits (the call's older name, throttle reasons, on older drivers)."""
+    mask = quietly(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    if mask is None:
+        mask = quietly(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    return int(mask) if mask is not None else None
 
 
 def nvml_driver_version() -> str | None:
@@ -95,7 +96,7 @@ def nvml_driver_version() -> str | None:
         return None
     try:
         pynvml.nvmlInit()
-        return _text(pynvml.nvmlSystemGetDriverVersion())
+        return as_text(pynvml.nvmlSystemGetDriverVersion())
     except Exception:
         return None
 
@@ -108,7 +109,6 @@ class NvmlSampler(TelemetrySampler):
         self._pynvml = _import_pynvml()
         self._devices: list[NvmlDevice] = []
         self._power_calls: list[str | None] = [None] * len(devices)  # the call that last gave each power
-        self._reason: str | None = None
         if self._pynvml is None:
             self._reason = "nvidia-ml-py (module pynvml) is not installed"
             return
@@ -148,11 +148,8 @@ class NvmlSampler(TelemetrySampler):
                           "its index is not used, since NVML numbers GPUs in PCI order, not CUDA's")
 
     def _found(self, handle: Any, ids: CudaDeviceIds, identified_by: str, looked_up: str | None) -> NvmlDevice:
-        uuid = _text(self._query(lambda: self._pynvml.nvmlDeviceGetUUID(handle))) or looked_up
+        uuid = as_text(quietly(lambda: self._pynvml.nvmlDeviceGetUUID(handle))) or looked_up
         return NvmlDevice(handle, ids, identified_by, uuid)
-
-    def unavailable_reason(self) -> str | None:
-        return self._reason
 
     def device_details(self, index: int) -> dict[str, Any]:
         if index >= len(self._devices):
@@ -173,19 +170,13 @@ class NvmlSampler(TelemetrySampler):
         return INTEGRATED_AVERAGED
 
     # Reading -----------------------------------------------------------------
-    def _query(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception:  # NVMLError_NotSupported and friends: not measured
-            return None
-
     def _instant_power_mw(self, handle: Any) -> float | None:
         """The instantaneous power field, where this nvidia-ml-py and driver have it."""
         nv = self._pynvml
         field = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
         if field is None or not hasattr(nv, "nvmlDeviceGetFieldValues"):
             return None
-        values = self._query(lambda: nv.nvmlDeviceGetFieldValues(handle, [field]))
+        values = quietly(lambda: nv.nvmlDeviceGetFieldValues(handle, [field]))
         if not values or getattr(values[0], "nvmlReturn", 1) != 0:  # each field has its own NVML_SUCCESS
             return None
         member = _VALUE_MEMBERS.get(getattr(values[0], "valueType", -1))
@@ -197,7 +188,7 @@ class NvmlSampler(TelemetrySampler):
         milliwatts = self._instant_power_mw(handle)
         call = INSTANT_POWER
         if milliwatts is None:
-            milliwatts = self._query(lambda: self._pynvml.nvmlDeviceGetPowerUsage(handle))
+            milliwatts = quietly(lambda: self._pynvml.nvmlDeviceGetPowerUsage(handle))
             call = AVERAGED_POWER
         if milliwatts is None:
             return None
@@ -205,31 +196,24 @@ class NvmlSampler(TelemetrySampler):
             self._power_calls[index] = call
         return milliwatts / 1000.0
 
-    def _clock_event_mask(self, handle: Any) -> int | None:
-        nv = self._pynvml
-        mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
-        if mask is None:
-            mask = self._query(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
-        return int(mask) if mask is not None else None
-
     def read(self) -> list[dict[str, Any]]:
         return [self._read_device(index, device.handle) for index, device in enumerate(self._devices)]
 
     def _read_device(self, index: int, h: Any) -> dict[str, Any]:
         nv = self._pynvml
-        memory = self._query(lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        utilization = self._query(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        memory = quietly(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        utilization = quietly(lambda: nv.nvmlDeviceGetUtilizationRates(h))
         reading = {
             "power_w": self._power_w(index, h),
-            "temperature_c": self._query(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            "sm_clock_mhz": self._query(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            "temperature_c": quietly(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            "sm_clock_mhz": quietly(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             "utilization_percent": utilization.gpu if utilization is not None else None,
             "memory_used_mib": memory.used / 2**20 if memory is not None else None,
-            "ecc_uncorrected": self._query(
+            "ecc_uncorrected": quietly(
                 lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
             ),
         }
-        mask = self._clock_event_mask(h)
+        mask = _clock_event_mask(nv, h)
         if mask is not None:
             # gpu_idle is no throttle: the window's edges sit at barriers, where every GPU
             # idles. It stays in the raw reading, apart from the reasons.
@@ -240,7 +224,7 @@ class NvmlSampler(TelemetrySampler):
     def energy_counter_j(self) -> list[float | None]:
         counters = []
         for device in self._devices:
-            millijoules = self._query(lambda: self._pynvml.nvmlDeviceGetTotalEnergyConsumption(device.handle))
+            millijoules = quietly(lambda: self._pynvml.nvmlDeviceGetTotalEnergyConsumption(device.handle))
             counters.append(millijoules / 1000.0 if millijoules is not None else None)
         return counters
 
@@ -255,10 +239,10 @@ def nvml_power_limit_w(ids: CudaDeviceIds) -> tuple[float | None, str]:
     if reason:
         return None, reason
     nv, handle = sampler._pynvml, sampler._devices[0].handle
-    limits = sampler._query(lambda: nv.nvmlDeviceGetPowerManagementLimitConstraints(handle))
+    limits = quietly(lambda: nv.nvmlDeviceGetPowerManagementLimitConstraints(handle))
     if limits and limits[1]:
         return limits[1] / 1000.0, "the highest power limit NVML accepts (nvmlDeviceGetPowerManagementLimitConstraints)"
-    default = sampler._query(lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+    default = quietly(lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(handle))
     if default:
         return default / 1000.0, "the default power limit (nvmlDeviceGetPowerManagementDefaultLimit)"
     return None, "NVML reports no power limit for this GPU"
@@ -289,7 +273,7 @@ def nvml_health(environ) -> tuple[list, str | None]:
     by_uuid = all(item.startswith(("GPU-", "MIG-")) for item in visible) if visible else False
     devices = []
     for index, handle in enumerate(handles):
-        uuid = _text(_call(lambda: nv.nvmlDeviceGetUUID(handle)))
+        uuid = as_text(quietly(lambda: nv.nvmlDeviceGetUUID(handle)))
         if by_uuid and not any(uuid and uuid.startswith(item) for item in visible):
             continue
         device = DeviceHealth(f"gpu {index}" + (f" ({uuid})" if uuid else ""))
@@ -298,55 +282,46 @@ def nvml_health(environ) -> tuple[list, str | None]:
     return devices, None if devices else "NVML lists no GPU that CUDA_VISIBLE_DEVICES names"
 
 
-def _call(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except Exception:
-        return None
-
-
 def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
     from hwbench.device.health import not_this_process
 
     not_supported = "NVML: not supported on this GPU or driver"
-    processes = _call(lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+    processes = quietly(lambda: list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
                       + list(nv.nvmlDeviceGetGraphicsRunningProcesses(handle)))
     if processes is None:
         device.unread["processes"] = not_supported
     else:
         device.processes = sorted({_process_text(nv, process) for process in processes
                                    if not_this_process(getattr(process, "pid", None))})
-    memory = _call(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+    memory = quietly(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
     if memory is None:
         device.unread["memory_free_bytes"] = not_supported
     else:
         device.memory_free_bytes, device.memory_total_bytes = int(memory.free), int(memory.total)
     volatile = getattr(nv, "NVML_VOLATILE_ECC", 0)
-    device.ecc_uncorrected = _call(lambda: nv.nvmlDeviceGetTotalEccErrors(
+    device.ecc_uncorrected = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
         handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile))
-    device.ecc_corrected = _call(lambda: nv.nvmlDeviceGetTotalEccErrors(
+    device.ecc_corrected = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
         handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile))
     if device.ecc_uncorrected is None:
         device.unread["ecc_uncorrected"] = "NVML: no ECC counts (ECC off, or a GPU without ECC memory)"
-    device.clock_mhz = _call(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
-    device.max_clock_mhz = _call(lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
-    target = _call(lambda: nv.nvmlDeviceGetApplicationsClock(handle, nv.NVML_CLOCK_SM))
-    default = _call(lambda: nv.nvmlDeviceGetDefaultApplicationsClock(handle, nv.NVML_CLOCK_SM))
+    device.clock_mhz = quietly(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
+    device.max_clock_mhz = quietly(lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
+    target = quietly(lambda: nv.nvmlDeviceGetApplicationsClock(handle, nv.NVML_CLOCK_SM))
+    default = quietly(lambda: nv.nvmlDeviceGetDefaultApplicationsClock(handle, nv.NVML_CLOCK_SM))
     if target is not None and default is not None:
         device.clocks_locked = target != default
         device.clocks_how = (f"application clocks {target} MHz (default {default}; nvidia-smi -ac sets them; NVML "
                              "has no query for clocks locked with nvidia-smi -lgc)")
     else:
         device.unread["clocks_locked"] = "NVML: no application clocks on this GPU"
-    mask = _call(lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
-    if mask is None:
-        mask = _call(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+    mask = _clock_event_mask(nv, handle)
     if mask is None:
         device.unread["throttle_reasons"] = not_supported
     else:
-        device.throttle_reasons = decode_throttle_reasons(int(mask) & ~GPU_IDLE_BIT)
+        device.throttle_reasons = decode_throttle_reasons(mask & ~GPU_IDLE_BIT)
         device.hardware_throttles = [reason for reason in device.throttle_reasons if reason in HARDWARE_SLOWDOWNS]
-    persistence = _call(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+    persistence = quietly(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
     if persistence is None:
         device.unread["persistence_mode"] = "NVML: not supported (persistence mode is Linux-only)"
     else:
@@ -355,7 +330,7 @@ def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
 
 
 def _process_text(nv: Any, process: Any) -> str:
-    name = _text(_call(lambda: nv.nvmlSystemGetProcessName(process.pid))) or "?"
+    name = as_text(quietly(lambda: nv.nvmlSystemGetProcessName(process.pid))) or "?"
     used = getattr(process, "usedGpuMemory", None)
     memory = f", {used / 2**30:.1f} GiB" if isinstance(used, int) and used < 2**63 else ""
     return f"pid {process.pid} {name.rsplit('/', 1)[-1]}{memory}"

@@ -14,8 +14,7 @@ from hwbench.device.kinds import AUTO_ORDER, FALLBACK_KIND, KINDS, import_named
 Reader = Callable[[Mapping[str, str]], tuple[list, "str | None"]]
 # kind -> (the tool read, its reader), in --device auto's order
 READERS: dict[str, tuple[str, Reader]] = {
-    name: (reader.source, import_named(reader.reader))
-    for name in AUTO_ORDER if (reader := KINDS[name].preflight) is not None
+    name: (KINDS[name].preflight.source, import_named(KINDS[name].preflight.reader)) for name in AUTO_ORDER
 }
 
 
@@ -30,8 +29,6 @@ def read_devices(kind: str, environ: Mapping[str, str] = os.environ) -> DeviceRe
             if devices:
                 return DeviceReadings(candidate, source, devices)
         kind = FALLBACK_KIND
-    if kind not in READERS:
-        return DeviceReadings(kind, "none", [], KINDS[kind].preflight_reason())
     source, read = READERS[kind]
     devices, reason = read(environ)
     return DeviceReadings(kind, source, devices, reason)

@@ -96,9 +96,6 @@ class RaplSampler(TelemetrySampler):
         self._total_uj: list[int | None] = [0] * len(self.domains)
         self._last_time: float | None = None
 
-    def unavailable_reason(self) -> str | None:
-        return self._reason
-
     def _advance(self) -> tuple[list[int | None], float | None]:
         """Read every counter, add what it grew since the last reading to the totals;
         (the increments in µJ, seconds since the last reading)."""

@@ -20,9 +20,8 @@ import torch
 from hwbench.device.accelerator import AcceleratorBackend
 from hwbench.device.amd_smi import AmdSmiSampler, amdgpu_driver_version
 from hwbench.device.base import Backend
-from hwbench.device.cuda import CudaBackend
+from hwbench.device.cuda import CudaBackend, nccl_version
 from hwbench.device.kinds import KINDS
-from hwbench.device.nvml import pci_bus_id
 from hwbench.device.telemetry import TelemetrySampler
 from hwbench.errors import SetupError
 
@@ -54,7 +53,7 @@ class RocmBackend(CudaBackend):
         if problem:
             raise SetupError(f"--device rocm: {problem}")
         self.allocator_settings = self._choose_allocator_setting()  # none for ROCm: its allocator is not checked
-        self._mark_stand_in()
+        self._mark_stand_in(torch.cuda)
         AcceleratorBackend.__init__(self, torch.cuda)  # CudaBackend's checks are for CUDA builds
 
     @staticmethod
@@ -93,11 +92,6 @@ class RocmBackend(CudaBackend):
     def gfx_arch(self) -> str | None:
         return _gfx_arch(torch.cuda.get_device_properties(self.local_index))
 
-    def bus_id(self) -> str | None:
-        props = torch.cuda.get_device_properties(self.local_index)
-        parts = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
-        return pci_bus_id(*parts)
-
     def device_identity(self) -> dict[str, Any]:
         return {"gfx_arch": self.gfx_arch()}
 
@@ -119,10 +113,6 @@ class RocmBackend(CudaBackend):
     def fingerprint(self) -> dict[str, Any]:
         count = self.device_count()
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
-        try:
-            rccl = ".".join(str(part) for part in torch.cuda.nccl.version())
-        except Exception:
-            rccl = None
         return {
             "device_models": self.device_names(),
             "device_count": count,
@@ -132,5 +122,5 @@ class RocmBackend(CudaBackend):
             "driver_version": self.driver()[0],
             "rocm_version": _rocm_version(),
             "hip_version": torch.version.hip,
-            "rccl_version": rccl,
+            "rccl_version": nccl_version(),
         }

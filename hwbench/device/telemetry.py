@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 # How each reading is summarised over the timed window.
@@ -22,12 +23,29 @@ ENERGY_MISMATCH_FACTOR = 2.0
 ENERGY_CHECK_MIN_SAMPLES = 10
 
 
+def quietly(call: Callable[[], Any]) -> Any:
+    """``call()``, or None where it raises: a vendor library's query a device does not support
+    (NVMLError_NotSupported, AmdSmiLibraryException, HLMLError_NotSupported) is not measured."""
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+def as_text(value: Any) -> str | None:
+    """A vendor library's string (bytes from the C API, or str) as text; None stays None."""
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 class TelemetrySampler:
     """Base sampler: subclasses implement ``read`` (one reading per device) and
     may override ``energy_counter_j`` when the device has an energy counter."""
 
     source = "none"
     energy_method = "energy counter"  # what energy_counter_j reads, as the result names it
+    _reason: str | None = None  # why this sampler measures nothing (unavailable_reason); None when it works
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
@@ -51,7 +69,7 @@ class TelemetrySampler:
 
     def unavailable_reason(self) -> str | None:
         """Why this sampler measures nothing, or None when it works."""
-        return None
+        return self._reason
 
     def device_details(self, index: int) -> dict[str, Any]:
         """What names device ``index`` in the summary beyond its index, open (a RAPL domain's name,

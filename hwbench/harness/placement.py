@@ -14,6 +14,7 @@ loopback test, two agents started by hand) share its cores and its devices.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 from hwbench.result.model import NodePlacement
@@ -78,10 +79,7 @@ def host_placements(reports: list[Any]) -> list[HostPlacement] | None:
     for host, members in by_host.items():
         placements = [r.placement for r in members]
         cpus = set().union(*(p.cpus for p in placements))
-        device_ranks: dict[str, int] = {}
-        for placement in placements:
-            for device in placement.devices:
-                device_ranks[device] = device_ranks.get(device, 0) + 1
+        device_ranks = Counter(device for placement in placements for device in placement.devices)
         nodes.append(HostPlacement(
             node_ranks=sorted({r.node_rank for r in members}), host=host, ranks=[r.rank for r in members],
             threads=[p.threads for p in placements], own_cores=[p.usable_cores for p in placements],

@@ -6,7 +6,6 @@ date, docs/catalog.md). docs/reports.md, "Prices"."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +13,7 @@ import yaml
 
 from hwbench.catalog import calendar_date
 from hwbench.errors import UsageError
+from hwbench.report.cells import number
 from hwbench.result.model import Device
 
 
@@ -140,13 +140,8 @@ def _short(value: Any) -> str:
 
 def _number(value: Any, strict: bool = False) -> float | None:
     """A price >= 0, or None. ``strict`` (values from a file): a YAML number only, not text."""
-    if isinstance(value, bool) or (strict and not isinstance(value, (int, float))):
-        return None
-    try:
-        figure = float(value)
-    except (TypeError, ValueError):
-        return None
-    return figure if math.isfinite(figure) and figure >= 0 else None
+    figure = None if strict and not isinstance(value, (int, float)) else number(value)
+    return figure if figure is not None and figure >= 0 else None
 
 
 def as_prices(given: Mapping[str, Any]) -> dict[str, Price]:
