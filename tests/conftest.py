@@ -200,3 +200,31 @@ def cuda_standin_result(tmp_path_factory) -> Path:
     assert done.returncode == 0, done.stderr[-3000:]
     (path,) = out.glob("*.json")
     return path
+
+
+# --- One run to a target quality, shared ---------------------------------------
+#
+# tests/test_target.py checks its time-to-target figures and what it printed, uses it as the reference
+# of a run that reaches the target in fewer samples, and tests/test_export.py exports it as MLPerf's
+# log: the same run (tiny, floor*1000 reached at the validation of step 20), once per session.
+
+TARGET_TINY = ["--quiet", "--model", "tiny", "--seq-length", "32", "--eval-iters", "2", "--no-telemetry"]
+TARGET_RUN = ["run", *TARGET_TINY, "--steps", "30", "--warmup", "0", "--target-ppl", "floor*1000"]
+
+
+@pytest.fixture(scope="session")
+def target_run(tmp_path_factory) -> dict[str, Any]:
+    """`hwbench TARGET_RUN` in this process, once: its result file ("path") and what it printed
+    ("out")."""
+    import contextlib
+    import io
+
+    from hwbench.cli import main
+
+    out = tmp_path_factory.mktemp("target") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main([*TARGET_RUN, "--out", str(out)])
+    assert code == 0, printed.getvalue()[-3000:]
+    (path,) = out.glob("*.json")
+    return {"path": path, "out": printed.getvalue()}

@@ -418,9 +418,12 @@ def test_a_latest_file_that_holds_no_iteration_is_refused_in_one_line(tmp_path, 
     assert f"{LATEST_FILE} holds {shown}, not an iteration number (digits 0-9, at most 18)" in line, line
 
 
+# The save of steps 1-2 is tiny_checkpoint's (the run below with --warmup 1 --steps 1, as conftest's
+# PARITY_BASE and FIRST_TWO give it), copied onto the small file system rather than trained again.
 FILL_DISK = """set -e
 mount -t tmpfs -o size={size} tmpfs {disk}
-{hwbench} --steps 1 --save {disk}/save --out {out}/first
+touch {out}/mounted
+cp -R {checkpoint} {disk}/save
 {hwbench} --warmup 0 --steps 1 --load {disk}/save --save {disk}/save --out {out}/second || echo "exit $?" > {out}/code
 cp -a {disk}/save {out}/after
 """
@@ -451,8 +454,6 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path,
             "synthetic",
             "--seq-length",
             "32",
-            "--warmup",
-            "1",
             "--eval-iters",
             "1",
             "--no-telemetry",
@@ -460,13 +461,15 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(tmp_path,
     )
     disk = tmp_path / "disk"
     disk.mkdir()
-    script = FILL_DISK.format(size=int(size * 1.5), disk=disk, hwbench=hwbench, out=tmp_path)
+    assert sorted(p.name for p in tiny_checkpoint.iterdir()) == ["iter_0000002", LATEST_FILE]
+    script = FILL_DISK.format(size=int(size * 1.5), disk=disk, hwbench=hwbench, out=tmp_path,
+                              checkpoint=shlex.quote(str(tiny_checkpoint)))
     unshare = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--map-root-user", "--mount"]
     try:
         done = subprocess.run([*unshare, "sh", "-c", script], check=False, capture_output=True, text=True, timeout=600)
     except FileNotFoundError:
         pytest.skip("no unshare(1) here to mount a small file system")
-    if "mount" in done.stderr and not (tmp_path / "first").exists():
+    if "mount" in done.stderr and not (tmp_path / "mounted").exists():
         pytest.skip(f"cannot mount a tmpfs in a mount namespace here: {done.stderr.strip()[:200]}")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "code").read_text().strip() == "exit 1"

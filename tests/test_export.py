@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from conftest import parity_run
-from test_target import TINY
 
 import hwbench
 from hwbench.cli import main
@@ -120,13 +119,11 @@ def test_mllog_is_read_by_mlperfs_own_parser(results, tmp_path, capsys):
     assert times == sorted(times)
 
 
-def test_mllog_of_a_run_that_reached_its_target_has_its_initialisation_and_success(tmp_path, capsys):
+def test_mllog_of_a_run_that_reached_its_target_has_its_initialisation_and_success(tmp_path, capsys, target_run):
     mlp_parser = pytest.importorskip("mlperf_logging.compliance_checker.mlp_parser",
                                      reason="mlperf-logging is not installed (the test extra has it)")
-    # tests/test_target.py's run: floor*1000 is reached at the validation of step 20
-    assert main(["run", *TINY, "--steps", "30", "--warmup", "0", "--target-ppl", "floor*1000", "--out",
-                 str(tmp_path / "run")]) == 0
-    (source,) = (tmp_path / "run").glob("*.json")
+    # conftest's target run (tests/test_target.py's): floor*1000 is reached at the validation of step 20
+    source = target_run["path"]
     target = json.loads(source.read_text())["metrics"]["time_to_target"]
     assert target["reached"] and target["init_s"] > 0
     code, _, err = export(capsys, "mllog", source, "--out", tmp_path / "result_0.txt")

@@ -60,25 +60,30 @@ def _assert_same_curve(result: dict, reference: dict, tolerance: float = LAYOUT_
 
 TP2 = ["--nproc-per-node", "2", "--tp", "2"]  # conftest's native_tp2_run, the TP2 reference below
 LAYOUTS = [
-    pytest.param(TP2, (2, 1, 1), None, id="tp2"),
-    pytest.param(["--nproc-per-node", "2", "--pp", "2"], (1, 2, 1), None, id="pp2-1f1b"),
-    pytest.param(["--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "gpipe"], (1, 2, 1), None, id="pp2-gpipe"),
-    pytest.param(["--nproc-per-node", "2"], (1, 1, 2), "ddp", id="dp2-ddp"),
-    pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", id="dp2-fsdp"),
+    pytest.param(TP2, (2, 1, 1), None, None, id="tp2"),
+    pytest.param(["--nproc-per-node", "2", "--pp", "2"], (1, 2, 1), None, "1f1b", id="pp2-1f1b"),
+    # heavy (python -m pytest -m heavy): GPipe on 2 ranks; the default run's pp2xdp2 runs GPipe over
+    # two microbatches of 2 per data-parallel rank and step (the same global batch of 8)
+    pytest.param(["--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "gpipe"], (1, 2, 1), None, "gpipe",
+                 id="pp2-gpipe", marks=pytest.mark.heavy),
+    pytest.param(["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="dp2-ddp"),
+    pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp"),
     # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
     # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
     # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
-    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", id="tp2xdp2",
+    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", None, id="tp2xdp2",
                  marks=pytest.mark.heavy),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2"], (1, 2, 2), "all-reduce", id="pp2xdp2"),
-    pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", id="tp2xfsdp2"),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", id="pp2xfsdp2",
+    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--micro-batch-size", "2", "--pp-schedule", "gpipe"],
+                 (1, 2, 2), "all-reduce", "gpipe", id="pp2xdp2"),
+    pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", None, id="tp2xfsdp2"),
+    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", "gpipe", id="pp2xfsdp2",
                  marks=pytest.mark.heavy),
 ]
 
 
-@pytest.mark.parametrize("options,layout,data_parallel", LAYOUTS)
-def test_layout_follows_the_single_process_loss_curve(tmp_path, request, reference, options, layout, data_parallel):
+@pytest.mark.parametrize("options,layout,data_parallel,schedule", LAYOUTS)
+def test_layout_follows_the_single_process_loss_curve(tmp_path, request, reference, options, layout, data_parallel,
+                                                      schedule):
     if options == TP2:  # the same run as the TP2 reference: run once per session (status checked there)
         code, result = 0, request.getfixturevalue("native_tp2_run")
     else:
@@ -92,6 +97,9 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, request, referen
         result["spec"]["parallel"]["dp"],
     ) == layout
     assert result["engine"]["name"] == "native" and result["engine"]["data_parallel"] == data_parallel
+    assert result["engine"]["pipeline_schedule"] == schedule
+    if schedule == "gpipe":  # GPipe over more than one microbatch: every forward, then every backward
+        assert result["spec"]["global_batch_size"] // (result["spec"]["micro_batch_size"] * dp) == 2
     assert len(result["ranks"]) == tp * pp * dp == result["metrics"]["world_size"]
     assert sorted(r["rank"] for r in result["ranks"]) == list(range(tp * pp * dp))
     assert result["nodes"][0]["ranks"] == list(range(tp * pp * dp))
@@ -160,6 +168,14 @@ def test_two_node_agents_on_loopback_run_one_job(tmp_path):
         "127.0.0.1",
         "--master-port",
         port,
+        # one step, no warm-up or validation: the two agents' ranks, each with all the cores, are
+        # oversubscribed and slow, and what is checked is the job they make and where they ran
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--eval-iters",
+        "0",
     ]
     nodes = [
         subprocess.Popen(

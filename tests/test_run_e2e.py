@@ -25,14 +25,23 @@ def _only_result(folder):
     return files[0], load_result(files[0])
 
 
-def test_embedded_default_trains_and_writes_a_result(tmp_path):
+@pytest.fixture(scope="module")
+def embedded_default(tmp_path_factory):
+    """The README's main command, shortened to 5 timed steps after 1 warm-up step, run once for
+    this module: the finished process and its folder."""
+    out = tmp_path_factory.mktemp("embedded-default")
+    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "5", "--warmup", "1",
+                           "--eval-iters", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    return done, out
+
+
+def test_embedded_default_trains_and_writes_a_result(embedded_default):
     """The README's main command, shortened to 5 timed steps after 1 warm-up step
     (the loss falls within them: the learning rate is 0 at the first step, as in Megatron-LM,
     and warms up over the next 2)."""
-    done = subprocess.run([sys.executable, "-m", "hwbench", "run", "--quiet", "--steps", "5", "--warmup", "1",
-                           "--eval-iters", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done, out = embedded_default
     assert done.returncode == 0, done.stderr
-    path, result = _only_result(tmp_path)
+    path, result = _only_result(out)
     assert result.status == "ok" and result.spec.model == RUN_OPTIONS["model"].default
     metrics = result.metrics
     assert metrics.tokens_per_s > 0 and metrics.samples_per_s > 0
@@ -224,29 +233,11 @@ def test_gradient_accumulation_matches_one_large_batch():
     assert (weight_a - initial).abs().median().item() > 0.5 * lr  # the step did move them: by about lr each
 
 
-def test_result_file_is_valid_json_with_documented_top_level_fields(tmp_path):
-    assert (
-        main(
-            [
-                "run",
-                "--quiet",
-                "--model",
-                "tiny",
-                "--seq-length",
-                "32",
-                "--steps",
-                "2",
-                "--warmup",
-                "0",
-                "--eval-iters",
-                "1",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    path, _ = _only_result(tmp_path)
+def test_result_file_is_valid_json_with_documented_top_level_fields(embedded_default):
+    """The embedded default's result file (one process, in the module's run above)."""
+    done, out = embedded_default
+    assert done.returncode == 0, done.stderr
+    path, _ = _only_result(out)
     data = json.loads(path.read_text())
     assert set(data) == {
         "schema_version",

@@ -40,9 +40,11 @@ def _statuses(out: Path, suite: str) -> dict[str, list[str]]:
 
 @pytest.mark.slow
 def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys):
+    # "raises" is one process (a rank of two that raises is tests/test_parallel.py's, through the same
+    # launcher as "killed" and "good-again" here): the worker's own record of its failure
     suite = _suite(tmp_path, [
         {"name": "good"},
-        {"name": "raises", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:raise"}},
+        {"name": "raises", "env": {"HWBENCH_FAULT": "0:2:raise"}},
         {"name": "killed", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:signal"}},
         {"name": "hangs", "timeout": 8, "env": {"HWBENCH_FAULT": "0:2:hang"}},
         {"name": "bad-layout", "nproc-per-node": 2, "tp": 3},
@@ -55,7 +57,8 @@ def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys
         "good": ["ok"], "raises": ["failed"], "killed": ["failed"], "hangs": ["timeout"],
         "bad-layout": ["invalid"], "too-big": ["skipped"], "good-again": ["ok"]}
     results = {r.sweep.point: r for r in load_results([out])[0]}
-    assert results["raises"].error.rank == 1 and "InjectedFault" in results["raises"].error.traceback
+    assert results["raises"].error.rank == 0 and "InjectedFault" in results["raises"].error.traceback
+    assert results["raises"].error.message == "injected fault: rank 0 raised at step 2"
     assert results["killed"].error.signal == "SIGKILL"
     assert "--tp 3" in results["bad-layout"].error.message
     skipped = results["too-big"].error

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from conftest import TARGET_RUN, TARGET_TINY
 
 from hwbench.cli import main
 from hwbench.result.store import load_result, load_results
@@ -20,8 +21,9 @@ from hwbench.workload.corpus import MarkovCorpus
 # and 2,289.5. floor*1000 = 4,216 lies between them, so the run below reaches it at the validation of
 # step 20 and not before.
 FLOOR_1234 = MarkovCorpus(seed=1234).describe()["perplexity_floor"]
-TINY = ["--quiet", "--model", "tiny", "--seq-length", "32", "--eval-iters", "2", "--no-telemetry"]
+TINY = TARGET_TINY  # conftest: the shared target run's options
 TARGET = "floor*1000"
+assert TARGET_RUN[-1] == TARGET
 
 
 def _only(folder):
@@ -84,9 +86,10 @@ def test_a_target_relative_to_the_floor_is_resolved_before_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_stops_at_its_target_and_records_time_steps_and_samples_to_it(tmp_path, capsys):
-    assert main(["run", *TINY, "--steps", "30", "--warmup", "0", "--target-ppl", TARGET, "--out", str(tmp_path)]) == 0
-    result = _only(tmp_path)
+def test_a_run_stops_at_its_target_and_records_time_steps_and_samples_to_it(target_run):
+    """conftest's target run: TINY, --steps 30 --warmup 0 --target-ppl floor*1000 (shared with
+    tests/test_export.py's MLPerf log and the reference below)."""
+    result = load_result(target_run["path"])
     figures = result.metrics.time_to_target
     assert result.status == "ok" and figures.reached
     assert figures.value == pytest.approx(1000 * FLOOR_1234) and figures.given == TARGET
@@ -99,7 +102,7 @@ def test_a_run_stops_at_its_target_and_records_time_steps_and_samples_to_it(tmp_
     assert figures.device_hours == pytest.approx(figures.time_s / 3600)  # one CPU charged
     assert figures.energy_j is None and figures.why("energy_j")  # no telemetry: null with the reason
     assert figures.cost_usd is None and "price" in figures.why("cost_usd")
-    out = capsys.readouterr().out
+    out = target_run["out"]
     assert "time to target" in out and f"PPL {1000 * FLOOR_1234:.4g} ({TARGET})" in out and "step 20" in out
 
 
@@ -166,16 +169,17 @@ def test_three_repeats_of_a_suite_point_give_an_olympic_time_to_target_in_the_sw
 
 
 @pytest.mark.slow
-def test_a_run_reaching_the_target_in_far_fewer_samples_than_its_reference_is_flagged(tmp_path):
-    """MLPerf's reference convergence points: the reference reaches floor*1000 at step 20 (160
-    samples); a 5x learning rate (another seed, so the curves are not held to each other) at step 10."""
-    reference, fast = tmp_path / "reference", tmp_path / "fast"
+def test_a_run_reaching_the_target_in_far_fewer_samples_than_its_reference_is_flagged(tmp_path, target_run):
+    """MLPerf's reference convergence points: the reference (conftest's target run) reaches floor*1000
+    at step 20 (160 samples); a 5x learning rate (another seed, so the curves are not held to each
+    other) at step 10."""
+    reference, fast = target_run["path"], tmp_path / "fast"
+    assert load_result(reference).metrics.time_to_target.samples == 160
     common = [*TINY, "--steps", "20", "--warmup", "0", "--target-ppl", TARGET]
-    assert main(["run", *common, "--out", str(reference)]) == 0
     assert main(["run", *common, "--lr", "5e-3", "--seed", "99", "--out", str(fast)]) == 0
     assert _only(fast).metrics.time_to_target.samples == 80
     page = tmp_path / "report.md"
-    assert main(["report", str(fast), "--reference", str(next(reference.glob("*.json"))), "--out", str(page)]) == 0
+    assert main(["report", str(fast), "--reference", str(reference), "--out", str(page)]) == 0
     text = page.read_text()
     assert "FLAGGED: run" in text and "reached the target in 80 samples, 50% fewer than the reference" in text
     assert "flagged beyond 20%, as MLPerf's reference convergence points" in text
