@@ -115,8 +115,20 @@ def test_accelerator_set_for_cpu_and_idempotent(fresh_patches):
     assert os.environ[ACCELERATOR_ENV] == "cpu"
     assert records[0] == {"patch": ACCELERATOR_ENV, "applied": True, "value": "cpu",
                           "why": "the cpu backend's DeepSpeed accelerator"}
-    assert records[-1]["patch"] == "import deepspeed" and records[-1]["version"]
+    assert next(r for r in records if r["patch"] == "import deepspeed")["version"]
     assert prepare_deepspeed(_backend("cuda")) is records  # a second call patches nothing
+
+
+@needs_deepspeed
+def test_deepspeed_builds_no_inference_shm_op(monkeypatch, fresh_patches):
+    """DeepSpeed's CPU comm would compile its shared-memory op with gcc (a minute on a cold
+    cache) for inference all-reduce, which training never calls: left out, and said so."""
+    comm = importlib.import_module("deepspeed.comm.torch")  # `import ... as` gives the torch it imports
+    monkeypatch.setattr(comm, "build_shm_op", comm.build_shm_op)  # restored after the test
+    records = prepare_deepspeed(_backend("cpu"))
+    skipped = next(r for r in records if r["patch"] == "deepspeed.comm.torch.build_shm_op")
+    assert skipped["applied"] is True and "inference all-reduce only" in skipped["why"]
+    assert comm.build_shm_op() is None
 
 
 @needs_deepspeed

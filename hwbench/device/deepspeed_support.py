@@ -46,7 +46,7 @@ def prepare_deepspeed(backend: Any) -> list[dict[str, Any]]:
     records = [_set_accelerator(backend), _install_torch_six_shim()]
     if backend.name == "npu":
         records.append(_import_npu_adaptor(backend))
-    records.append(_import_deepspeed())
+    records += [_import_deepspeed(), _skip_inference_shm_op()]
     _records = records
     return records
 
@@ -158,6 +158,23 @@ def _import_deepspeed() -> dict[str, Any]:
     version = getattr(deepspeed, "__version__", None)
     return {"patch": "import deepspeed", "applied": True, "version": version,
             "why": "imported after the patches above"}
+
+
+def _skip_inference_shm_op() -> dict[str, Any]:
+    """DeepSpeed's communication backend builds a shared-memory all-reduce op with the C++
+    compiler when it starts on the CPU accelerator (a minute of gcc on a cold cache, and no
+    run at all without a compiler); the op serves ``inference_all_reduce`` only, which
+    training never calls: its all-reduce is torch.distributed's (deepspeed/comm/torch.py)."""
+    patch = "deepspeed.comm.torch.build_shm_op"
+    try:
+        comm = importlib.import_module("deepspeed.comm.torch")
+    except ImportError as error:
+        return {"patch": patch, "applied": False, "why": f"deepspeed.comm.torch cannot be imported: {error}"}
+    if not hasattr(comm, "build_shm_op"):
+        return {"patch": patch, "applied": False, "why": "this DeepSpeed builds no shared-memory op"}
+    setattr(comm, "build_shm_op", lambda: None)  # noqa: B010  (a module mypy reads without the attribute)
+    return {"patch": patch, "applied": True,
+            "why": "its shared-memory op serves inference all-reduce only; building it took a minute of gcc"}
 
 
 def deepspeed_version() -> str | None:
