@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 # A run whose measured pace projects at least this long is told so once the pace is known (its
 # first micro-batch, else its first step): the estimate before it starts is a floor from the GEMM
-# rate, and a step's other work can make the run many times longer (issue 38: --model 345m on a
+# rate, and a step's other work can make the run many times longer (--model 345m on a
 # CPU, 10 minutes at least, took two hours).
 PACE_FROM_S = 300.0
 # Until the first micro-batch is done, the time it has taken so far bounds the run from below
