@@ -63,9 +63,9 @@ class Target:
     value: float  # the resolved target: a perplexity or a loss
     given: str  # as the user gave it: "floor*1.2", "5.5"
 
-    def met(self, validation: dict[str, Any]) -> bool:
-        """Whether a validation point (worker.validate) is at or below the target."""
-        figure = validation.get(self.metric)
+    def met(self, figure: float | None) -> bool:
+        """Whether a validation figure of this target's metric (a point's ``ppl`` or ``loss``) is at
+        or below the target; None (not measured) is not."""
         return figure is not None and figure <= self.value
 
     def text(self) -> str:

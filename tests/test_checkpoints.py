@@ -534,3 +534,18 @@ def test_a_save_killed_half_way_is_never_loaded_and_the_next_run_clears_it(tmp_p
     code, result = parity_run(tmp_path / "run", *THIRD, "--load", str(copy), "--save", str(copy))
     assert code == 0 and [s["iteration"] for s in result["checkpoint"]["saves"]] == [3], result.get("error")
     assert sorted(p.name for p in copy.iterdir()) == ["iter_0000002", "iter_0000003", LATEST_FILE]
+
+
+@pytest.mark.parametrize("latest", ["7\n", "seven\n", None])
+def test_a_failed_save_names_the_latest_checkpoint_and_survives_a_damaged_latest_file(tmp_path, latest):
+    """The reason a save failed reads the latest file as --load does: a damaged one is named, not a
+    ValueError raised from inside the failure's own message."""
+    from hwbench.checkpoint import failed_save
+
+    if latest is not None:
+        (tmp_path / LATEST_FILE).write_text(latest)
+    said = failed_save(OSError(28, "No space left on device"), tmp_path, 9)
+    assert said.startswith(f"the checkpoint of step 9 could not be written to --save {tmp_path}: ")
+    assert said.endswith({"7\n": "iter_0000007 is still the latest, whole",
+                          "seven\n": "not an iteration number (digits 0-9, at most 18))",
+                          None: "no earlier checkpoint in it"}[latest])

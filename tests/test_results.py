@@ -8,8 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from hwbench import RESULT_SCHEMA_VERSION
+from hwbench.files import finite
 from hwbench.result.model import Metrics, RunResult
-from hwbench.result.store import ResultFormatError, finite, load_result, load_results, write_result
+from hwbench.result.store import ResultFormatError, load_result, load_results, write_result
 
 
 def _result(run_id="r1", **metrics):

@@ -29,8 +29,9 @@ from typing import Any
 
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
+from hwbench.files import write_json_atomic
 from hwbench.harness.faults import FAULT_ENV, Fault
-from hwbench.result.store import utc_now, write_json_atomic
+from hwbench.result.store import utc_now
 
 PROBE_PRECISION = "fp32"  # every device kind has it
 PROBE_REPEATS = 7  # the spread of a device's rate is that of these repetitions

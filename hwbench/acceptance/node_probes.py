@@ -26,7 +26,7 @@ from typing import Any
 from hwbench.acceptance.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, append_records, failed_record, probe_devices
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
-from hwbench.result.store import write_text_atomic
+from hwbench.files import write_text_atomic
 from hwbench.suites.slurm import (
     ACTIVE_STATES,
     NO_ANSWER,

@@ -28,9 +28,9 @@ from typing import Any
 
 from hwbench.device.kinds import KINDS
 from hwbench.errors import UsageError
+from hwbench.files import write_json_atomic
 from hwbench.paths import check_output_file, check_output_folder
 from hwbench.result.model import MeasuredCeiling, validation_problem
-from hwbench.result.store import write_json_atomic
 
 STORE_ENV = "HWBENCH_CALIBRATION"
 SCHEMA_VERSION = 1

@@ -250,9 +250,14 @@ def remove_partial_saves(save_dir: Path) -> None:
 def failed_save(error: BaseException, save_dir: Path, iteration: int) -> str:
     """What a save that failed leaves: why (read before its partial folder is removed: a full
     disk shows) and which checkpoint is still the latest."""
-    reason, latest = _reason(error, save_dir), save_dir / LATEST_FILE
-    before = (f"{iteration_folder_name(int(latest.read_text().strip()))} is still the latest, whole"
-              if latest.is_file() else "no earlier checkpoint in it")
+    reason = _reason(error, save_dir)
+    if not (save_dir / LATEST_FILE).is_file():
+        before = "no earlier checkpoint in it"
+    else:
+        try:  # read as --load reads it: a failed save's message must not fail on a damaged file
+            before = f"{iteration_folder_name(_latest_iteration(save_dir, str(save_dir)))} is still the latest, whole"
+        except (OSError, UsageError) as unreadable:
+            before = f"the latest file cannot be read ({unreadable})"
     return f"the checkpoint of step {iteration} could not be written to --save {save_dir}: {reason}; {before}"
 
 

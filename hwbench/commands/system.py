@@ -20,9 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import json
 
+    from hwbench.files import write_text_atomic
     from hwbench.paths import check_output_file
     from hwbench.report.system import system_description
-    from hwbench.result.store import ResultFormatError, load_result, write_text_atomic
+    from hwbench.result.store import ResultFormatError, load_result
 
     path = Path(args.result)
     if args.out:

@@ -46,7 +46,9 @@ def prepare_deepspeed(backend: Any) -> list[dict[str, Any]]:
     records = [_set_accelerator(backend), _install_torch_six_shim()]
     if backend.name == "npu":
         records.append(_import_npu_adaptor(backend))
-    records += [_import_deepspeed(), _skip_inference_shm_op()]
+    records.append(_import_deepspeed())
+    if os.environ[ACCELERATOR_ENV] == "cpu":  # only DeepSpeed's CPU accelerator builds the op
+        records.append(_skip_inference_shm_op())
     _records = records
     return records
 
@@ -162,7 +164,7 @@ def _import_deepspeed() -> dict[str, Any]:
 
 def _skip_inference_shm_op() -> dict[str, Any]:
     """DeepSpeed's communication backend builds a shared-memory all-reduce op with the C++
-    compiler when it starts on the CPU accelerator (a minute of gcc on a cold cache, and no
+    compiler when it starts on its CPU accelerator (a minute of gcc on a cold cache, and no
     run at all without a compiler); the op serves ``inference_all_reduce`` only, which
     training never calls: its all-reduce is torch.distributed's (deepspeed/comm/torch.py)."""
     patch = "deepspeed.comm.torch.build_shm_op"

@@ -48,8 +48,8 @@ def _failure_record(rank: int, failure: Any) -> AgentFailure:
 
 
 def _write(run_dir: Path, record: dict[str, Any]) -> None:
+    from hwbench.files import write_json_atomic
     from hwbench.harness.faults import AGENT_FILE
-    from hwbench.result.store import write_json_atomic
 
     write_json_atomic(run_dir / AGENT_FILE, record)
 

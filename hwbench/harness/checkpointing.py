@@ -49,7 +49,8 @@ from hwbench.checkpoint.state import StateWrite
 from hwbench.device import Backend
 from hwbench.engine.base import Engine
 from hwbench.engine.distributed import DistContext
-from hwbench.result.store import utc_now, write_json_atomic
+from hwbench.files import write_json_atomic
+from hwbench.result.store import utc_now
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import SampledData

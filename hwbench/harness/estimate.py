@@ -106,7 +106,7 @@ def said_before(cause: str) -> bool:
     store, recording it when not: in a hidden file beside the store (.calibration.json.said), which
     a new calibration's new cause does not match. False when no record can be kept."""
     from hwbench.calibration.store import default_store_path
-    from hwbench.result.store import write_json_atomic
+    from hwbench.files import write_json_atomic
 
     try:
         store = default_store_path()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.result.store import write_json_atomic
+from hwbench.files import write_json_atomic
 
 FAULT_ENV = "HWBENCH_FAULT"
 RUN_DIR_ENV = "HWBENCH_RUN_DIR"

@@ -41,12 +41,13 @@ from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.device.host import share_of_cores
 from hwbench.device_check import checked_backend
 from hwbench.errors import SetupError, UsageError
+from hwbench.files import write_json_atomic
 from hwbench.harness.agent import AgentFailure
 from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, read_heartbeats
 from hwbench.lifeline import child_environment, stop_signals
 from hwbench.result.model import Environment, Launch, RankSummary, RunError, RunResult, Status
-from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
+from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_result
 from hwbench.spec import RunSpec
 
 RUN_DIR_PREFIX = "hwbench-run-"

@@ -15,6 +15,7 @@ from typing import Any
 
 from hwbench.catalog import Workload
 from hwbench.device.base import HostSyncCount, MemoryStats, Placement
+from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.stand_in import SIMULATED_PRICE
@@ -40,7 +41,6 @@ from hwbench.result.model import (
     ValidationPoint,
     sum_known,
 )
-from hwbench.result.store import finite
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
@@ -170,7 +170,7 @@ def merge_nodes(reports: list[RankReport]) -> list[NodeSummary]:
     nodes: dict[int, NodeSummary] = {}
     for r in reports:
         node = nodes.setdefault(r.node_rank, NodeSummary(node_rank=r.node_rank, host=r.host, ranks=[],
-                                                         environment=r.environment))
+                                                         environment=r.environment.model_copy()))
         node.ranks.append(r.rank)
     for placement in host_placements(reports) or []:
         for node_rank in placement.node_ranks:  # nodes on one host share its cores: judged together
@@ -291,7 +291,7 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     init = [r.init_s for r in reports if r.init_s is not None]
     figures["init_s"] = max(init) if init else None  # the job starts training when its last rank is ready
     validation = result.metrics.validation or []
-    hit = next((point for point in validation if target.met(point.model_dump())), None)
+    hit = next((point for point in validation if target.met(getattr(point, target.metric))), None)
     figures["reached"] = hit is not None
     if hit is None:
         last = validation[-1] if validation else None

@@ -29,6 +29,7 @@ from hwbench.engine import build_engine
 from hwbench.engine.base import Engine, StepOutcome
 from hwbench.engine.distributed import DistContext, RankEnvironment, init_distributed, single_process
 from hwbench.errors import RankFailure, SetupError, UsageError
+from hwbench.files import finite, write_json_atomic
 from hwbench.harness.checkpointing import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
 from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
@@ -47,7 +48,7 @@ from hwbench.result.model import (
     Telemetry,
     ValidationPoint,
 )
-from hwbench.result.store import finite, new_run_id, utc_now, write_json_atomic
+from hwbench.result.store import new_run_id, utc_now
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
 from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
@@ -291,7 +292,7 @@ def measure(
         point = validate(engine, data, spec, iteration)
         point.elapsed_s = time.perf_counter() - training_started  # the loss was read: the device is done
         validation.append(point)
-        return target is not None and target.met(point.dump())
+        return target is not None and target.met(getattr(point, target.metric))
 
     def saving(iteration: int) -> bool:
         if checkpoints is None:

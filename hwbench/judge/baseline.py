@@ -31,10 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, crea
 
 from hwbench.errors import UsageError
 from hwbench.fields import Positive, Text, problem_text
+from hwbench.files import write_json_atomic
 from hwbench.metrics import METRICS
 from hwbench.point import PointKey
 from hwbench.result.model import RunResult
-from hwbench.result.store import utc_now, write_json_atomic
+from hwbench.result.store import utc_now
 
 SCHEMA = "hwbench-baseline"
 SCHEMA_VERSION = 1
@@ -205,8 +206,8 @@ def copy_ok_results(found: list[tuple[RunResult, Path]], inputs: list[str], out_
     its name); the files written. ``out_dir`` may exist but must hold no result file: nothing is
     overwritten. Each file is written whole or not at all; when one cannot be, those already
     written are removed (this call made them) and nothing is left."""
+    from hwbench.files import write_text_atomic
     from hwbench.paths import check_output_folder, result_files
-    from hwbench.result.store import write_text_atomic
 
     out = check_output_folder(out_dir)  # as given: "" is refused, not taken for "."
     if out.is_dir() and result_files([out]):

@@ -142,7 +142,7 @@ def history_junit(analyses: Iterable[Any], since: str, describe: Any) -> str:
 def write_output(path: str, option: str, text: str) -> None:
     """An output file written whole or not at all; one line (UsageError) when it cannot be."""
     from hwbench.errors import UsageError
-    from hwbench.result.store import write_text_atomic
+    from hwbench.files import write_text_atomic
 
     try:
         write_text_atomic(path, text)

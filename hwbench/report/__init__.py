@@ -22,9 +22,9 @@ def write_report(paths: Sequence[str], format: str = "md", against: str | os.Pat
     each result against (docs/parity.md); a result that fails is "numerically different" and left
     out of the comparisons unless ``keep_different``. UsageError, one line, for bad input."""
     from hwbench.errors import UsageError
+    from hwbench.files import write_text_atomic
     from hwbench.paths import check_output_file
     from hwbench.report.build import make_report
-    from hwbench.result.store import write_text_atomic
 
     if format not in FORMATS:
         raise UsageError(f"--format {format!r} is not accepted; give {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")

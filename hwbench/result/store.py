@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
-from hwbench.files import finite, json_text, umask, write_json_atomic, write_text_atomic  # noqa: F401  (re-exported)
+from hwbench.files import json_text, write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
 from hwbench.result.upgrade import UpgradeError

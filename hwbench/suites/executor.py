@@ -23,12 +23,13 @@ from typing import Any
 
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.errors import UsageError
+from hwbench.files import write_json_atomic
 from hwbench.lifeline import stop_signals
 from hwbench.options import RunOptions
 from hwbench.paths import AGGREGATE_FILE, check_output_folder, result_files
 from hwbench.point import resume_key
 from hwbench.result.model import RunError, RunResult, SweepRecord
-from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_json_atomic, write_result
+from hwbench.result.store import ResultFormatError, load_result, new_run_id, utc_now, write_result
 from hwbench.stats import olympic_score, throughput_statistics
 from hwbench.suites.suite import Point, Suite
 

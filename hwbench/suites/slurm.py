@@ -27,10 +27,11 @@ from typing import Any
 
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
+from hwbench.files import write_json_atomic, write_text_atomic
 from hwbench.harness.faults import SWEEP_ENV
 from hwbench.options import MULTI_NODE_PORT, RunOptions
 from hwbench.result.model import RunResult
-from hwbench.result.store import utc_now, write_json_atomic, write_text_atomic
+from hwbench.result.store import utc_now
 from hwbench.spec import RunSpec
 from hwbench.suites.executor import TIMEOUT_MARGIN_S, Executor, Job, PointRun, Say, duration, keyed_results, recorded
 

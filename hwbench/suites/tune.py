@@ -14,12 +14,12 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+from hwbench.files import write_json_atomic
 from hwbench.harness.estimate import estimate_text, run_work, slow_precision_warning
 from hwbench.layouts import PlannedLayout
 from hwbench.options import RunOptions
 from hwbench.paths import RANKING_FILE
 from hwbench.planner import Variant
-from hwbench.result.store import write_json_atomic
 from hwbench.suites.executor import PointRecord, Say, SweepOptions, progress_lines, run_points
 from hwbench.suites.suite import Point, Suite
 from hwbench.suites.sweep import LocalExecutor
