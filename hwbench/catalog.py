@@ -41,7 +41,7 @@ from pydantic_core import PydanticCustomError
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import SetupError
 from hwbench.fields import MAX_COUNT, Flag, problem_text
-from hwbench.workload.config import GPTConfig
+from hwbench.workload.config import GPTConfig, RopeScaling
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BACKENDS = DEVICE_KINDS  # an entry's backend: a kind of the registry
@@ -285,9 +285,47 @@ class DeviceMatch:
     why: str
 
 
-# the model mapping of a workload file: GPTConfig's fields, each an integer >= 1
-_GPT_FIELDS: dict[str, Any] = {field.name: (Wanted, ...) for field in dataclasses.fields(GPTConfig)}
+class _RopeScaling(_Entry):
+    factor: Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(ge=1, allow_inf_nan=False)]
+    low_freq_factor: Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(gt=0, allow_inf_nan=False)]
+    high_freq_factor: Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(gt=0, allow_inf_nan=False)]
+    original_max_position_embeddings: Wanted
+
+    @model_validator(mode="after")
+    def _high_above_low(self) -> _RopeScaling:
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise PydanticCustomError("range", f"high_freq_factor {self.high_freq_factor:g} must be greater than "
+                                      f"low_freq_factor {self.low_freq_factor:g}")
+        return self
+
+
+def _shape_field(field: dataclasses.Field) -> tuple[Any, Any]:
+    """A workload file's type of one GPTConfig field: an integer >= 1, a switch, a name of the
+    field's choices, a positive number, or the rope scaling mapping; a field with a default may
+    be left out (Megatron GPT-2's)."""
+    kind = str(field.type)
+    if kind.startswith("RopeScaling"):
+        typed: Any = Annotated[_RopeScaling | None, AfterValidator(lambda given: given and RopeScaling(
+            **given.model_dump()))]
+    elif kind.startswith("int"):
+        typed = Wanted | None if "None" in kind else Wanted
+    elif kind == "bool":
+        typed = Flag
+    elif kind == "float":
+        typed = Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(gt=0, allow_inf_nan=False)]
+    else:
+        typed = Annotated[str, Strict(), AfterValidator(_one_of(field.metadata["choices"]))]
+    required = field.default is dataclasses.MISSING
+    return typed, (... if required else field.default)
+
+
+# the model mapping of a workload file: GPTConfig's fields, each typed by its declaration
+_GPT_FIELDS: dict[str, Any] = {field.name: _shape_field(field) for field in dataclasses.fields(GPTConfig)}
 _GPTShape = create_model("_GPTShape", __base__=_Entry, **_GPT_FIELDS)
+
+
+def _gpt_config(shape: BaseModel) -> GPTConfig:
+    return GPTConfig(**{name: getattr(shape, name) for name in _GPT_FIELDS})
 
 
 class TrainingDefaults(_Entry):
@@ -340,8 +378,7 @@ class Workload(_FromFile):
     if TYPE_CHECKING:
         model: GPTConfig
     else:  # the file's mapping, typed field by field, held as the GPTConfig it gives
-        model: Annotated[_GPTShape, AfterValidator(lambda shape: GPTConfig(**shape.model_dump())),
-                         PlainSerializer(dataclasses.asdict)]
+        model: Annotated[_GPTShape, AfterValidator(_gpt_config), PlainSerializer(dataclasses.asdict)]
     training: TrainingDefaults
     published: PublishedLayout | None = None
 

@@ -70,7 +70,7 @@ def problem_text(error: ValidationError, where: str = "", model: type[BaseModel]
     known = _field_names(model, first["loc"][:-1]) if model and first["type"] == "extra_forbidden" else None
     if known:
         text += f"; the fields here are: {', '.join(known)}"
-    return text[:300]
+    return text[:600]
 
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:

@@ -191,8 +191,8 @@ class ParallelAttention(nn.Module):
 class ParallelMLP(nn.Module):
     def __init__(self, config: GPTConfig, tp: TensorGroup) -> None:
         super().__init__()
-        self.fc1 = ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size, tp)
-        self.fc2 = RowParallelLinear(config.ffn_hidden_size, config.hidden_size, tp)
+        self.fc1 = ColumnParallelLinear(config.hidden_size, config.ffn_size, tp)
+        self.fc2 = RowParallelLinear(config.ffn_size, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))

@@ -162,6 +162,19 @@ class Workload(Section):
     num_attention_heads: Positive | None = None
     max_position_embeddings: Positive | None = None
     vocab_size: Positive | None = None
+    make_vocab_size_divisible_by: Positive | None = None
+    # the architecture's switches (hwbench.workload.config.GPTConfig); absent in a result written
+    # before the Llama architecture: Megatron GPT-2's
+    num_query_groups: Positive | None = None
+    ffn_hidden_size: Positive | None = None
+    swiglu: bool | None = None
+    normalization: Text | None = None
+    norm_epsilon: Rate | None = None
+    position_embedding_type: Text | None = None
+    rotary_base: Rate | None = None
+    rope_scaling: dict[str, float] | None = None
+    add_bias_linear: bool | None = None
+    untie_embeddings_and_output_weights: bool | None = None
     padded_vocab_size: Positive | None = None
     parameters: Count | None = None
     parameters_embedding: Count | None = None

@@ -1,7 +1,11 @@
-"""The shape of a Megatron GPT-2 model (Megatron-LM's GPT-2 defaults: 4h MLP, head size
-h / heads, the vocabulary padded to a multiple of 128 x TP), the loss choices every
-layer agrees on without importing torch, and the batch arithmetic they share (one step's
-micro-batches per data-parallel replica: ``accumulation_steps``)."""
+"""The shape of a GPT model as Megatron-LM's GPTModel takes it: Megatron GPT-2 by default
+(4h GELU MLP, LayerNorm, learned positions, biases, tied output layer, head size h / heads,
+the vocabulary padded to a multiple of 128 x TP), and the Llama 3 architecture through
+Megatron's own switches (--num-query-groups, --swiglu, --normalization RMSNorm,
+--position-embedding-type rope, --ffn-hidden-size, --disable-bias-linear,
+--untie-embeddings-and-output-weights); the loss choices every layer agrees on without
+importing torch, and the batch arithmetic they share (one step's micro-batches per
+data-parallel replica: ``accumulation_steps``)."""
 
 from __future__ import annotations
 
@@ -17,10 +21,28 @@ CROSS_ENTROPY_CHOICES = ("standard", "chunked")
 CROSS_ENTROPY_CHUNK_TOKENS = 2048
 
 
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron's --normalization
+POSITION_EMBEDDINGS = ("learned_absolute", "rope")  # Megatron's --position-embedding-type
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's scaling of the rotary frequencies (config.json's ``rope_scaling`` with
+    rope_type llama3; Megatron's --use-rope-scaling): wavelengths longer than
+    original_max_position_embeddings / low_freq_factor are divided by ``factor``, those
+    shorter than original / high_freq_factor kept, the band between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """Architecture of one GPT size. Everything else (FFN width, head size, the
-    padded vocabulary) follows Megatron's defaults and is derived here."""
+    """Architecture of one model size, in Megatron-LM's argument names. What is not given
+    follows Megatron GPT-2's defaults (``kv_heads``, ``ffn_size`` and the padded vocabulary
+    are derived here); a workload YAML's ``model`` mapping holds these fields."""
 
     num_layers: int
     hidden_size: int
@@ -28,10 +50,31 @@ class GPTConfig:
     max_position_embeddings: int
     vocab_size: int = 50257
     make_vocab_size_divisible_by: int = 128
+    num_query_groups: int | None = None  # key/value heads (grouped-query attention); None: one per head
+    ffn_hidden_size: int | None = None  # the MLP's inner width; None: 4h
+    swiglu: bool = False  # SwiGLU MLP (gate and up projections, SiLU) instead of GELU
+    normalization: str = dataclasses.field(default="LayerNorm", metadata={"choices": NORMALIZATIONS})
+    norm_epsilon: float = 1e-5
+    position_embedding_type: str = dataclasses.field(default="learned_absolute",
+                                                     metadata={"choices": POSITION_EMBEDDINGS})
+    rotary_base: float = 10000.0  # RoPE's theta (Llama 3: 500000)
+    rope_scaling: RopeScaling | None = None
+    add_bias_linear: bool = True  # biases on every linear layer (Megatron's --disable-bias-linear: False)
+    untie_embeddings_and_output_weights: bool = False  # an output layer of its own (Llama 3.1 8B, 70B)
 
     @property
-    def ffn_hidden_size(self) -> int:
-        return 4 * self.hidden_size
+    def kv_heads(self) -> int:
+        """Key/value heads: num_query_groups, else one per attention head (multi-head attention)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """The MLP's inner width: ffn_hidden_size, else Megatron GPT-2's 4h."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def rope(self) -> bool:
+        return self.position_embedding_type == "rope"
 
     @property
     def head_dim(self) -> int:
@@ -46,10 +89,16 @@ class GPTConfig:
     def problems(self) -> list[str]:
         """What makes this shape unbuildable, as sentences (empty when fine). Each field is a positive
         integer already: the catalog's schema (hwbench.catalog) refuses any other value."""
+        problems = []
         if self.hidden_size % self.num_attention_heads:
-            return [f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
-                    f"{self.num_attention_heads}"]
-        return []
+            problems.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                            f"{self.num_attention_heads}")
+        if self.num_attention_heads % self.kv_heads:
+            problems.append(f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups "
+                            f"{self.kv_heads}")
+        if self.rope and self.head_dim % 2:
+            problems.append(f"rotary embeddings need an even head size, not {self.head_dim}")
+        return problems
 
 
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:

@@ -68,8 +68,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.ffn_hidden_size)
-        self.fc2 = nn.Linear(config.ffn_hidden_size, config.hidden_size)
+        self.fc1 = nn.Linear(config.hidden_size, config.ffn_size)
+        self.fc2 = nn.Linear(config.ffn_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Megatron's fused bias-GELU uses the tanh approximation.
@@ -107,6 +107,9 @@ class GPT(nn.Module):
         super().__init__()
         if cross_entropy not in CROSS_ENTROPY_CHOICES:
             raise ValueError(f"cross_entropy {cross_entropy!r}; accepted: {', '.join(CROSS_ENTROPY_CHOICES)}")
+        if config.swiglu or config.rope or config.normalization != "LayerNorm" or config.kv_heads != \
+                config.num_attention_heads or not config.add_bias_linear or config.untie_embeddings_and_output_weights:
+            raise NotImplementedError("the Llama architecture's layers are not built yet")
         self.config = config
         self.recompute = recompute
         self.cross_entropy = cross_entropy

@@ -10,22 +10,28 @@ from hwbench.workload.config import GPTConfig
 @dataclasses.dataclass(frozen=True)
 class ParameterCount:
     total: int
-    embedding: int  # word + position embeddings (the output layer is tied to the word embedding)
-    non_embedding: int  # transformer blocks and the final LayerNorm
+    embedding: int  # word + learned position embeddings (a tied output layer shares the word embedding)
+    non_embedding: int  # transformer blocks, the final norm and an untied output layer
 
 
 def count_parameters(config: GPTConfig, tensor_parallel: int = 1) -> ParameterCount:
-    """Megatron GPT-2: tied word embedding over the padded vocabulary, learned
-    positions, per layer two LayerNorms, qkv and output projections and a 4h MLP,
-    all with biases; a final LayerNorm.
+    """Megatron's GPTModel as ``config`` shapes it, over the padded vocabulary.
 
-    per layer: LN 2h + qkv (3h^2 + 3h) + proj (h^2 + h) + LN 2h + fc1 (4h^2 + 4h)
-    + fc2 (4h^2 + h) = 12h^2 + 13h.
+    Per layer: two norms (LayerNorm: gain and bias, 2h each; RMSNorm: gain, h), q and the
+    output projection h^2 each, k and v h x (kv_heads x head size) each, the MLP 2hf (GELU)
+    or 3hf (SwiGLU: gate, up, down), and with biases one per output feature. Megatron GPT-2
+    (4h GELU MLP, biases, MHA) gives the familiar 12h^2 + 13h; Llama 3.2 1B 1,235,814,400.
     """
-    h = config.hidden_size
+    h, f = config.hidden_size, config.ffn_size
+    kv = config.kv_heads * config.head_dim
     vocab = config.padded_vocab_size(tensor_parallel)
-    embedding = vocab * h + config.max_position_embeddings * h
-    non_embedding = config.num_layers * (12 * h * h + 13 * h) + 2 * h
-    return ParameterCount(
-        total=embedding + non_embedding, embedding=embedding, non_embedding=non_embedding
-    )
+    norm = 2 * h if config.normalization == "LayerNorm" else h
+    attention = 2 * h * h + 2 * h * kv
+    mlp = (3 if config.swiglu else 2) * h * f
+    biases = (h + 2 * kv + h) + ((2 if config.swiglu else 1) * f + h) if config.add_bias_linear else 0
+    layer = 2 * norm + attention + mlp + biases
+    positions = 0 if config.rope else config.max_position_embeddings * h
+    embedding = vocab * h + positions
+    output = vocab * h if config.untie_embeddings_and_output_weights else 0
+    non_embedding = config.num_layers * layer + norm + output
+    return ParameterCount(total=embedding + non_embedding, embedding=embedding, non_embedding=non_embedding)
