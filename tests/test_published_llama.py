@@ -53,6 +53,9 @@ def test_the_figures_are_the_sources_own(llama):
         ("torchtitan H100 2024-12 Table 1", "FSDP"): 5762,
         ("torchtitan H100 2024-12 Table 1", "FSDP + torch.compile"): 6667,
         ("torchtitan H100 2024-12 Table 1", "FSDP + torch.compile + Float8"): 8532,
+        ("torchtitan H100 2024-12 Table 3", "FSDP"): 5605,
+        ("torchtitan H100 2024-12 Table 3", "FSDP + torch.compile"): 6514,
+        ("torchtitan H100 2024-12 Table 3", "FSDP + torch.compile + Float8"): 8380,
         ("torchtitan H100 2024-12 Table 4", "2D"): 829,
         ("torchtitan H100 2024-12 Table 4", "2D + AsyncTP"): 876,
         ("torchtitan H200 2025-06 (Trainy)", "NUM_NODES 4"): 10938,
@@ -109,6 +112,8 @@ def test_the_layouts_batches_and_precisions_are_the_sources_own(llama):
     assert (fsdp["precision"], fsdp["compile"]) == ("bf16", False)
     float8 = _row(llama, "torchtitan H100 2024-12 Table 1", "FSDP + torch.compile + Float8")
     assert (float8["precision"], float8["compile"]) == ("fp8", True)
+    table3 = _row(llama, "torchtitan H100 2024-12 Table 3", "FSDP")
+    assert (table3["devices"], table3["micro_batch_size"], table3["global_batch_size"]) == (128, 2, 256)
     # torchtitan Table 4: Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8, local batch 16, global 512, full AC
     two_d = _row(llama, "torchtitan H100 2024-12 Table 4", "2D")
     assert (two_d["model"], two_d["devices"], two_d["tp"], two_d["global_batch_size"], two_d["recompute"]) == (
