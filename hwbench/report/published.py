@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -103,7 +102,7 @@ def _check_row(path: Path, line: int, row: pd.Series) -> None:
                              "accepted: a day as YYYY-MM-DD, or empty")
 
 
-def tokens_per_s_per_device(pub: Any) -> float:
+def tokens_per_s_per_device(pub: pd.Series) -> float:
     """A published row's tokens/s per device: the figure as published, else its global tokens/s
     (or samples/s x sequence length) divided by its devices."""
     if not pd.isna(pub["tokens_per_s_per_device"]):
@@ -112,9 +111,9 @@ def tokens_per_s_per_device(pub: Any) -> float:
     return float(tokens / pub["devices"])
 
 
-def publishes_tokens(pub: Any) -> bool:
+def publishes_tokens(pub: pd.Series) -> bool:
     """Whether the row's figure is a token rate (a Llama table) rather than the GPT tables' samples/s."""
-    return pd.isna(pub["samples_per_s"])
+    return bool(pd.isna(pub["samples_per_s"]))
 
 
 def table_title(table: str) -> str:
