@@ -237,9 +237,14 @@ def test_a_closed_pipe_ends_the_output_quietly():
 def test_models_lists_every_size_with_counts(capsys):
     assert main(["models"]) == 0
     text = capsys.readouterr().out
-    for name, count in [("345m", "354.9M"), ("1.3b", "1,313.7M"), ("3.7b", "3,786.0M"), ("tiny", "6.9M")]:
+    for name, count in [("345m", "354,871,296"), ("1.3b", "1,313,722,368"), ("3.7b", "3,785,988,096"),
+                        ("tiny", "6,852,096"), ("llama3.2-1b", "1,235,814,400"), ("llama3.1-8b", "8,030,261,248")]:
         row = next(line for line in text.splitlines() if line.startswith(name + " "))
         assert count in row, row
+    llama = next(line for line in text.splitlines() if line.startswith("llama3.1-70b ")).split()
+    assert llama[1] == "Llama" and llama[7] == "8" and llama[8] == "128,256"  # architecture, kv heads, vocabulary
+    assert next(line for line in text.splitlines() if line.startswith("345m ")).split()[1] == "GPT-2"
+    assert "Llama 3's 128,256" in text  # the footer names each vocabulary
 
 
 def test_devices_lists_the_catalog_and_this_machine(capsys):
