@@ -83,7 +83,7 @@ def trained_scale_weights(model: GPT, seed: int = 0) -> GPT:
     (logits of order 1), norm gains around 1, so every ingredient shows in the logits."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             if parameter.ndim == 1:  # norm gains
                 parameter.copy_(1.0 + 0.2 * torch.randn(parameter.shape, generator=generator))
             else:

@@ -61,11 +61,14 @@ def mlp(config: GPTConfig) -> nn.Module:
     return SwiGLU(config) if config.swiglu else MLP(config)
 
 
-def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """RoPE's D/2 inverse frequencies base^(-2i/D), in fp32 on the host as Megatron-LM's
-    RotaryEmbedding and transformers compute them, with Llama 3.1's scaling applied
-    (transformers' ``_compute_llama3_parameters``, rope_type "llama3")."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """RoPE's D/2 inverse frequencies base^(-2i/D), in fp32 as Megatron-LM's RotaryEmbedding
+    and transformers compute them, with Llama 3.1's scaling applied (transformers'
+    ``_compute_llama3_parameters``, rope_type "llama3"). Elementwise ops only, so on an
+    accelerator nothing is copied from the host and the host never waits."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (base ** exponents)
     if scaling is None:
         return inv_freq
     low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
@@ -82,13 +85,13 @@ def inverse_frequencies(head_dim: int, base: float, scaling: RopeScaling | None)
 
 class RotaryEmbedding:
     """The cos and sin tables of rotary position embedding, (S, D) in fp32, for positions
-    0..S-1. Made on the device the first time a sequence length is seen there and kept, so
-    the timed steps neither recompute them nor copy anything from the host. Not a module
+    0..S-1. Made on the device the first time a sequence length is seen there (nothing
+    copied from the host) and kept, so the timed steps do not recompute them. Not a module
     and not a buffer: the tables are derived, so they take no part in the state dict, the
     meta-device build or a sharding plan, and every pipeline stage makes its own."""
 
     def __init__(self, config: GPTConfig):
-        self.inv_freq = inverse_frequencies(config.head_dim, config.rotary_base, config.rope_scaling)
+        self.head_dim, self.base, self.scaling = config.head_dim, config.rotary_base, config.rope_scaling
         self._tables: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, seq_length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +102,7 @@ class RotaryEmbedding:
         return self._tables[key]
 
     def _make(self, seq_length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.inv_freq.to(device)
+        inv_freq = inverse_frequencies(self.head_dim, self.base, self.scaling, device)
         freqs = torch.outer(torch.arange(seq_length, device=device, dtype=torch.float32), inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)  # (S, D): the rotate-half layout of transformers' Llama
         return angles.cos(), angles.sin()
