@@ -175,10 +175,23 @@ class Workload(Section):
     rope_scaling: dict[str, float] | None = None
     add_bias_linear: bool | None = None
     untie_embeddings_and_output_weights: bool | None = None
+    # QK-norm, the head size and the mixture of experts (absent before them: none, h / heads, a dense MLP)
+    kv_channels: Positive | None = None
+    qk_layernorm: bool | None = None
+    num_experts: Positive | None = None
+    moe_router_topk: Positive | None = None
+    moe_ffn_hidden_size: Positive | None = None
+    moe_shared_expert_intermediate_size: Positive | None = None
+    moe_router_score_function: Text | None = None
+    moe_router_pre_softmax: bool | None = None
+    moe_aux_loss_coeff: Rate | None = None
+    moe_expert_capacity_factor: Rate | None = None
+    moe_layer_freq: Positive | None = None
     padded_vocab_size: Positive | None = None
     parameters: Count | None = None
     parameters_embedding: Count | None = None
     parameters_non_embedding: Count | None = None
+    parameters_active: Count | None = None
 
 
 class MeasuredCeiling(Section):
