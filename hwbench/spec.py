@@ -282,6 +282,7 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         dp = world // (tp * pp)
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
+    _check_moe_layout(workload, engine, bool(options.value("fsdp")), tp, pp)
     if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
         # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
         # positions, the tied output) only so far
@@ -289,6 +290,20 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
                          f"the GPT-2 architecture only so far, and {workload.name} is {model.architecture}; "
                          "accepted: --tp 1 --pp 1 (data parallelism: DDP, --fsdp, or --engine deepspeed --zero N)")
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
+
+
+def _check_moe_layout(workload: Workload, engine: str, fsdp: bool, tp: int, pp: int) -> None:
+    """A mixture-of-experts model runs on the native engine in one process or over DDP ranks so
+    far: tensor, pipeline and expert parallelism, FSDP2's sharding of the [E, out, in] expert
+    weights and DeepSpeed's engines are not built for its layers yet."""
+    if not workload.model.moe:
+        return
+    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"), ("--fsdp", fsdp),
+                                     (f"--tp {tp}", tp > 1), (f"--pp {pp}", pp > 1)) if used]
+    if given:
+        raise UsageError(f"{' '.join(given)} with --model {workload.name}: a mixture-of-experts model runs on the "
+                         "native engine, alone or over data-parallel ranks (DDP), so far; accepted: --engine native "
+                         "--tp 1 --pp 1 without --fsdp")
 
 
 def find_workload(catalog: Catalog, name: str) -> Workload:

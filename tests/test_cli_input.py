@@ -242,7 +242,10 @@ def test_models_lists_every_size_with_counts(capsys):
         row = next(line for line in text.splitlines() if line.startswith(name + " "))
         assert count in row, row
     llama = next(line for line in text.splitlines() if line.startswith("llama3.1-70b ")).split()
-    assert llama[1] == "Llama" and llama[7] == "8" and llama[8] == "128,256"  # architecture, kv heads, vocabulary
+    assert llama[1] == "Llama" and llama[9] == "8" and llama[10] == "128,256"  # architecture, kv heads, vocabulary
+    assert llama[3] == "-" and llama[5] == "-"  # dense: no active count or experts apart
+    mixtral = next(line for line in text.splitlines() if line.startswith("mixtral-8x7b ")).split()
+    assert mixtral[2:7] == ["46,702,792,704", "12,879,925,248", "46,571,720,704", "8", "top-2"]
     assert next(line for line in text.splitlines() if line.startswith("345m ")).split()[1] == "GPT-2"
     assert "Llama 3's 128,256" in text  # the footer names each vocabulary
 

@@ -221,3 +221,53 @@ def test_a_capacity_factor_and_a_zero_coefficient_are_accepted(tmp_path, monkeyp
     (tmp_path / "workloads").rmdir()
     text_config = _moe_catalog(tmp_path, monkeypatch).workloads["mine"].model
     assert dataclasses.replace(text_config, moe_aux_loss_coeff=0.0).problems() == []
+
+
+# --- a run: refused layouts, the figures the result records -------------------------------------
+
+
+@pytest.mark.parametrize("options, given", [
+    (["--nproc-per-node", "2", "--fsdp"], "--fsdp"),
+    (["--nproc-per-node", "2", "--engine", "deepspeed"], "--engine deepspeed"),
+    (["--nproc-per-node", "2", "--tp", "2"], "--tp 2"),
+    (["--nproc-per-node", "2", "--pp", "2"], "--pp 2"),
+], ids=["fsdp", "deepspeed", "tp", "pp"])
+def test_layouts_the_moe_layers_do_not_run_yet_are_refused_in_one_line(tmp_path, capsys, options, given):
+    from hwbench.cli import main
+
+    code = main(["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--out", str(tmp_path), *options])
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.endswith(
+        f"{given} with --model moe-tiny: a mixture-of-experts model runs on the native engine, alone or over "
+        "data-parallel ranks (DDP), so far; accepted: --engine native --tp 1 --pp 1 without --fsdp")
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
+    """`hwbench run --model moe-tiny` end to end, 2 micro-batches a step: each step's routing
+    (every token's top-2 in each layer counted once), the timed steps' summary, the load-balancing
+    loss beside the LM loss, and MFU null with its reason (the FLOPs formulas are dense ones)."""
+    import json
+
+    from hwbench.cli import main
+
+    assert main(["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                 "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "1",
+                 "--out", str(tmp_path)]) == 0
+    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert result["status"] == "ok" and result["workload"]["num_experts"] == 4
+    assert result["workload"]["parameters_active"] < result["workload"]["parameters"]
+    steps, routing = result["steps"], result["metrics"]["routing"]
+    assert [step["phase"] for step in steps] == ["warmup", "timed", "timed"]
+    for step in steps:
+        assert 0.005 < step["moe_aux_loss"] < 0.04  # 2 layers x coefficient 0.01 x (1 when balanced)
+        assert 1.0 <= step["moe_imbalance"] <= 2.0 and step["moe_dropped_tokens"] == 0
+    assert len(routing["tokens_per_expert"]) == 2  # layers
+    assert [sum(layer) for layer in routing["tokens_per_expert"]] == [2 * 4 * 32 * 2] * 2  # steps x batch x seq x k
+    assert routing["imbalance_max"] == max(step["moe_imbalance"] for step in steps[1:])
+    assert routing["dropped_tokens"] == 0 and routing["dropped_fraction"] == 0.0
+    assert routing["aux_loss_mean"] == pytest.approx(sum(step["moe_aux_loss"] for step in steps[1:]) / 2)
+    metrics = result["metrics"]
+    assert metrics["mfu"] is None and metrics["tflops_per_device"] is None
+    assert "mixture-of-experts" in metrics["unmeasured"]["mfu"]

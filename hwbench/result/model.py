@@ -428,6 +428,20 @@ class FormulaFigures(Section):
     mfu: Rate | None = None
 
 
+class MoeRouting(Section):
+    """A mixture-of-experts run's routing over its timed steps (every data-parallel rank's tokens)."""
+
+    moe_layers: Positive | None = None
+    experts: Positive | None = None
+    top_k: Positive | None = None
+    tokens_per_expert: list[list[Count]] | None = None  # per MoE layer, per expert: assignments received
+    imbalance_median: Rate | None = None  # per step: the busiest expert's assignments / the mean, worst layer
+    imbalance_max: Rate | None = None
+    dropped_tokens: Count | None = None  # assignments over an expert's capacity
+    dropped_fraction: Rate | None = None
+    aux_loss_mean: Rate | None = None  # the load-balancing loss added to the objective, per step
+
+
 class Metrics(WithReasons):
     """The figures of the timed steps."""
 
@@ -461,6 +475,7 @@ class Metrics(WithReasons):
     host_syncs: HostSyncs | None = None
     telemetry: Telemetry | None = None
     data: dict[str, Any] | None = None
+    routing: MoeRouting | None = None
     unmeasured: REASONS | None = None
 
 
@@ -475,6 +490,10 @@ class Step(Section):
     grad_norm: Figure | None = None
     lr: Figure | None = None
     loss_scale: Figure | None = None
+    # a mixture-of-experts model's routing in this step (hwbench.harness.routing)
+    moe_aux_loss: Rate | None = None
+    moe_imbalance: Rate | None = None
+    moe_dropped_tokens: Count | None = None
 
 
 class CheckpointRank(Section):

@@ -268,3 +268,29 @@ class RoutingFigures:
 def moe_layers(model: nn.Module) -> list[MoE]:
     """The MoE layers of a model (or pipeline stage, or wrapped model), in layer order."""
     return [module for module in model.modules() if isinstance(module, MoE)]
+
+
+class RoutingRecorder:
+    """Each training step's routing in every MoE layer of a model, kept on the device until the
+    run has timed its steps: ``step_done`` after each optimizer step (a stack of a few small
+    tensors, no host wait), ``steps`` after the timed loop."""
+
+    def __init__(self, layers: list[MoE]):
+        assert layers, "a model without MoE layers has no routing to record"
+        self.layers = layers
+        self._steps: list[torch.Tensor] = []
+
+    @classmethod
+    def of(cls, model: nn.Module | None) -> RoutingRecorder | None:
+        """The recorder of ``model``'s MoE layers; None for a dense model (or none)."""
+        layers = moe_layers(model) if model is not None else []
+        return cls(layers) if layers else None
+
+    def step_done(self) -> None:
+        self._steps.append(torch.stack([layer.figures.take(layer.router.num_experts, layer.router.weight.device)
+                                        for layer in self.layers]))
+
+    def steps(self) -> torch.Tensor:
+        """(steps, MoE layers, E + 2) fp64 on the device: per step and layer the assignments each
+        expert received, the assignments dropped, the mean load-balancing loss (RoutingFigures.take)."""
+        return torch.stack(self._steps)
