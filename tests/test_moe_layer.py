@@ -271,3 +271,30 @@ def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
     metrics = result["metrics"]
     assert metrics["mfu"] is None and metrics["tflops_per_device"] is None
     assert "mixture-of-experts" in metrics["unmeasured"]["mfu"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_the_moe_layer_compiles_and_counts_as_eager(dtype):
+    """torch.compile (as --compile): the grouped GEMM in bf16 inside the graph, in fp32 run eagerly
+    (torch's meta function takes bf16 only), the figures' bookkeeping outside it; the same output,
+    gradients and counts as eager, and a second step without recompiling."""
+    torch.manual_seed(0)
+    eager = MoE(MIXTRAL)
+    for parameter in eager.parameters():
+        torch.nn.init.normal_(parameter, std=0.1)
+    compiled_layer = MoE(MIXTRAL)
+    compiled_layer.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_layer, backend="aot_eager")
+    torch._dynamo.utils.counters.clear()
+    x = torch.randn(2, 16, 64)
+    graphs = []
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        for _ in range(2):
+            outputs = [layer(x) for layer in (eager, compiled)]
+            for out, layer in zip(outputs, (eager, compiled), strict=True):
+                (out.float().sum() + layer.aux_loss).backward()
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    torch.testing.assert_close(compiled_layer.router.weight.grad, eager.router.weight.grad, rtol=0, atol=0)
+    assert torch.equal(compiled_layer.figures.take(4, CPU), eager.figures.take(4, CPU))
+    assert graphs[0] > 0 and graphs[1] == graphs[0]  # compiled, and no recompile at the second step

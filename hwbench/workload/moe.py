@@ -126,7 +126,17 @@ class GroupedLinear(nn.Module):
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
         # the transposed view is the column-major operand the grouped GEMM kernels take
-        return F.grouped_mm(x.to(weight.dtype), weight.transpose(-2, -1), offs=offsets)
+        x, weight_t = x.to(weight.dtype), weight.transpose(-2, -1)
+        if weight.dtype == torch.bfloat16:
+            return F.grouped_mm(x, weight_t, offs=offsets)
+        return _grouped_mm_outside_compile(x, weight_t, offsets)
+
+
+@torch.compiler.disable
+def _grouped_mm_outside_compile(x: torch.Tensor, weight_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """F.grouped_mm in fp32 or fp16, run eagerly under torch.compile: torch's meta function for it
+    (what compile traces with) takes bf16 only, while the operator itself takes every float type."""
+    return F.grouped_mm(x, weight_t, offs=offsets)
 
 
 class GroupedExperts(nn.Module):
@@ -223,16 +233,20 @@ class MoE(nn.Module):
         y = combine(expert_rows, sorted_rows, routing)
         if self.shared_experts is not None:
             y = y + self.shared_experts(tokens)
-        if self.training and not _recomputing():
-            self.aux_loss = routing.aux_loss
-            self.figures.add(routing)
+        if self.training:
+            self._record(routing)
         return y.view(B, S, h)
 
-
-def _recomputing() -> bool:
-    """Whether this forward is activation checkpointing's recomputation, which runs inside the
-    backward: its routing was counted, and its loss taken, by the first forward."""
-    return torch._C._current_graph_task_id() != -1
+    @torch.compiler.disable
+    def _record(self, routing: Routing) -> None:
+        """Keep this training forward's load-balancing loss for the model's loss and add its routing
+        to the figures, unless the forward is activation checkpointing's recomputation (which runs
+        inside the backward: the first forward counted it and its loss was taken). Outside
+        torch.compile: host-side bookkeeping, which would make a compiled graph recompile."""
+        if torch._C._current_graph_task_id() != -1:  # inside a backward: the recomputation
+            return
+        self.aux_loss = routing.aux_loss
+        self.figures.add(routing)
 
 
 class RoutingFigures:
