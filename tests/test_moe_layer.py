@@ -298,3 +298,25 @@ def test_the_moe_layer_compiles_and_counts_as_eager(dtype):
     torch.testing.assert_close(compiled_layer.router.weight.grad, eager.router.weight.grad, rtol=0, atol=0)
     assert torch.equal(compiled_layer.figures.take(4, CPU), eager.figures.take(4, CPU))
     assert graphs[0] > 0 and graphs[1] == graphs[0]  # compiled, and no recompile at the second step
+
+
+@pytest.mark.heavy  # two torchrun ranks; test_a_moe_tiny_run_records_its_routing_step_by_step takes the same path
+def test_a_ddp_run_of_moe_tiny_trains_and_routes_as_one_process(tmp_path):
+    """2 DDP ranks against one process over the same global batch: the same losses and auxiliary
+    losses (the ranks' routing summed, their auxiliary losses averaged), every token counted once."""
+    import json
+
+    from hwbench.cli import main
+
+    common = ["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+              "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "0"]
+    results = []
+    for name, layout in (("one", []), ("ddp", ["--nproc-per-node", "2"])):
+        assert main([*common, *layout, "--out", str(tmp_path / name)]) == 0
+        results.append(json.loads(next((tmp_path / name).glob("*.json")).read_text()))
+    one, ddp = results
+    assert ddp["status"] == "ok" and ddp["metrics"]["world_size"] == 2
+    for ours, theirs in zip(ddp["steps"], one["steps"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert ours["moe_aux_loss"] == pytest.approx(theirs["moe_aux_loss"], rel=1e-3)
+    assert [sum(layer) for layer in ddp["metrics"]["routing"]["tokens_per_expert"]] == [2 * 4 * 32 * 2] * 2

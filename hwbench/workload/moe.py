@@ -176,7 +176,7 @@ class Dispatch:
     kept: torch.Tensor | None  # (T k,) bool per sorted row; None: dropless
 
 
-def dispatch(routing: Routing, top_k: int) -> Dispatch:
+def dispatch(routing: Routing) -> Dispatch:
     """Sort the assignments by expert with a stable sort (tokens keep their order within an
     expert); dropped assignments go after every expert's rows, where the grouped GEMM ignores them."""
     experts, num_experts = routing.experts.flatten(), routing.routed.shape[0]
@@ -223,7 +223,7 @@ class MoE(nn.Module):
         B, S, h = x.shape
         tokens = x.reshape(B * S, h)
         routing = self.router(tokens)
-        sorted_rows = dispatch(routing, self.top_k)
+        sorted_rows = dispatch(routing)
         rows = tokens[sorted_rows.order // self.top_k]  # (T k, h): each assignment's token, by expert
         if sorted_rows.kept is not None:  # dropped rows: zero in, and their undefined outputs zeroed
             rows = torch.where(sorted_rows.kept.unsqueeze(-1), rows, 0.0)
