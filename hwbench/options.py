@@ -178,7 +178,8 @@ class RunOptions:
     )
     flops_formula: str | None = option(
         "FLOPs formula for TFLOP/s and MFU (megatron-deepspeed counts the recompute: HFU for a run that "
-        "recomputes); "
+        "recomputes; it also counts every model as GPT-2's shape, multi-head attention and a 4h GELU MLP, "
+        "and the result warns where the model has another); "
         + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
         + "; every formula's figures are in the result's metrics.by_formula",
         default=DEFAULT_FLOPS_FORMULA,
