@@ -199,7 +199,7 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
     train_steps = plan.end_iteration if plan else spec.warmup + spec.steps
     return MegatronData(spec.data, spec.split, train_steps=train_steps, eval_iters=spec.eval_iters,
                         eval_interval=spec.eval_interval,
-                        vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
+                        vocab_size=workload.model.vocab_size, **batching)
 
 
 def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> ValidationPoint:
