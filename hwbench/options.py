@@ -387,6 +387,7 @@ MEGATRON_INSTEAD = {
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
     "--tokenizer-type": "tokenization happens in `hwbench data prepare --tokenizer-type`",
+    "--tokenizer-model": "tokenization happens in `hwbench data prepare --tokenizer-model`",
     "--distributed-backend": "the process-group backend follows --device (nccl, hccl or gloo)",
     "--lr-decay-style": "the schedule comes from the workload (its YAML's training.lr_decay_style)",
     "--lr-decay-iters": "the schedule comes from the workload (its YAML's training.lr_decay_iters)",
