@@ -229,6 +229,20 @@ def test_llama_vocabulary_data_is_refused_by_a_gpt2_vocabulary_model_before_it_s
     assert not out.exists()
 
 
+@pytest.mark.heavy  # two ranks under torchrun; the one-process refusal above stays in the default run
+def test_two_ranks_refuse_llama_vocabulary_data_as_one_process_does(tmp_path, llama3_like, capsys):
+    """Each rank opens the data; its refusal reaches the launcher as bad input: exit 2, no result."""
+    summary = prepare(_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS * 40]), tmp_path / "llama",
+                      tokenizer_model=llama3_like, append_eod=True)
+    out = tmp_path / "runs"
+    assert hwbench_main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--data",
+                         summary["outputs"]["text"], "--steps", "2", "--warmup", "0", "--nproc-per-node", "2",
+                         "--out", str(out)]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("hwbench: error: rank ") and "token id 128001 is outside the model's vocabulary" in line
+    assert not out.exists()
+
+
 def test_refusal_is_at_the_unpadded_vocabulary(tmp_path):
     """An id in the padding rows (50257..50303 for GPT-2) is no token of the model's tokenizer."""
     from hwbench.workload.data import DataError
