@@ -384,16 +384,19 @@ MEGATRON_INSTEAD = {
     "--num-layers": "the model's shape comes from --model (see `hwbench models`; add a workload YAML for another)",
     "--hidden-size": "the model's shape comes from --model (see `hwbench models`)",
     "--num-attention-heads": "the model's shape comes from --model (see `hwbench models`)",
-    "--num-query-groups": "the model's shape comes from --model: its workload YAML's model.num_query_groups (see `hwbench models`)",
+    "--num-query-groups": ("the model's shape comes from --model: "
+                           "its workload YAML's model.num_query_groups (see `hwbench models`)"),
     "--ffn-hidden-size": "the model's shape comes from --model: its workload YAML's model.ffn_hidden_size",
     "--swiglu": "the model's shape comes from --model: its workload YAML's model.swiglu",
     "--normalization": "the model's shape comes from --model: its workload YAML's model.normalization",
     "--norm-epsilon": "the model's shape comes from --model: its workload YAML's model.norm_epsilon",
-    "--position-embedding-type": "the model's shape comes from --model: its workload YAML's model.position_embedding_type",
+    "--position-embedding-type": ("the model's shape comes from --model: "
+                                  "its workload YAML's model.position_embedding_type"),
     "--rotary-base": "the model's shape comes from --model: its workload YAML's model.rotary_base",
     "--use-rope-scaling": "the model's shape comes from --model: its workload YAML's model.rope_scaling",
     "--disable-bias-linear": "the model's shape comes from --model: its workload YAML's model.add_bias_linear (false)",
-    "--untie-embeddings-and-output-weights": "the model's shape comes from --model: its workload YAML's model.untie_embeddings_and_output_weights",
+    "--untie-embeddings-and-output-weights": ("the model's shape comes from --model: "
+                                              "its workload YAML's model.untie_embeddings_and_output_weights"),
     "--group-query-attention": "the model's shape comes from --model: its workload YAML's model.num_query_groups",
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
