@@ -601,7 +601,8 @@ def summary_table(summary: dict) -> str:
         ["tokens/s", f"{summary['tokens_per_second']:,.0f}"],
         ["tokens/s per worker", f"{summary['tokens_per_second_per_worker']:,.0f} "
                                 f"({summary['workers']} worker{'s' if summary['workers'] > 1 else ''})"],
-        ["tokenizer", f"{summary['tokenizer']} (vocab {summary['vocab_size']:,}, eod {summary['eod_id']}"
+        ["tokenizer", f"{summary['tokenizer']} (vocab {summary['vocab_size']:,}, "
+                      f"eod {'not named' if summary['eod_id'] is None else summary['eod_id']}"
                       f"{', appended' if summary['append_eod'] else ''})"],
         ["dtype", summary["dtype"]],
     ]
