@@ -95,7 +95,9 @@ class RunOptions:
     )
     seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1)
     max_positions: int | None = option(
-        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq 2048",
+        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq "
+        "2048. A model with rotary positions (the Llama sizes) has no such table: any other value than its own is "
+        "refused",
         default_rule="the workload's",
         accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
         megatron=("--max-position-embeddings",),
