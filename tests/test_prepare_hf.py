@@ -79,13 +79,6 @@ def llama3_like(tmp_path_factory) -> Path:
     return _tokenizer_folder(folder, _with_specials(_bpe_description(400), LLAMA3_BPE_IDS))
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> Path:
-    """The same kind of tokenizer with 656 ids, so its data is uint16 and fits a GPT-2-vocabulary model."""
-    folder = tmp_path_factory.mktemp("tokenizers") / "small"
-    return _tokenizer_folder(folder, _with_specials(_bpe_description(400), 400))
-
-
 def _jsonl(path: Path, records=RECORDS) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     return path
@@ -200,20 +193,22 @@ def test_bad_tokenizer_input_is_one_line_exit_2_and_nothing_written(tmp_path, ll
     _refused(tmp_path, model + [str(bare), "--append-eod"], capsys, "--append-eod", "--eod-token")
 
 
-def test_a_prepared_hf_dataset_trains_a_gpt_model(tmp_path, small):
-    """Data from a tokenizer.json whose ids fit GPT-2's vocabulary trains the tiny GPT (two steps)."""
-    summary = prepare(_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS * 40]), tmp_path / "small",
-                      tokenizer_model=small, append_eod=True)
-    assert summary["dtype"] == "uint16" and summary["vocab_size"] == 656
+def test_llama_tiny_trains_on_int32_data_from_a_tokenizer_json(tmp_path, llama3_like):
+    """Llama 3-vocabulary data (int32, ids up to 128001) trains --model llama-tiny, fp32, two steps."""
+    summary = prepare(_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS * 40]), tmp_path / "llama",
+                      tokenizer_model=llama3_like, append_eod=True)
+    assert summary["dtype"] == "int32"
     out = tmp_path / "runs"
-    assert hwbench_main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--data",
-                         summary["outputs"]["text"], "--steps", "2", "--warmup", "0", "--eval-iters", "1",
-                         "--out", str(out)]) == 0
+    assert hwbench_main(["run", "--quiet", "--model", "llama-tiny", "--precision", "fp32", "--seq-length", "32",
+                         "--micro-batch-size", "2", "--global-batch-size", "2", "--data", summary["outputs"]["text"],
+                         "--steps", "2", "--warmup", "0", "--eval-iters", "1", "--out", str(out)]) == 0
     result = json.loads(next(out.glob("*.json")).read_text())
     assert result["status"] == "ok", result.get("error")
-    assert result["metrics"]["data"]["kind"] == "megatron-indexed" and result["metrics"]["data"]["dtype"] == "uint16"
+    assert result["metrics"]["data"]["dtype"] == "int32"
     metrics = result["metrics"]
     assert np.isfinite([metrics["loss_start"], metrics["loss_end"], metrics["valid_loss"]]).all(), metrics
+    # a fresh model over 128256 ids starts near ln(128256) = 11.76 (GPT-2's 50257: 10.83)
+    assert metrics["loss_start"] == pytest.approx(np.log(LLAMA3_VOCAB), abs=0.1)
 
 
 def test_llama_vocabulary_data_is_refused_by_a_gpt2_vocabulary_model_before_it_starts(tmp_path, llama3_like,
