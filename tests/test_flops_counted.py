@@ -34,21 +34,18 @@ BATCH, SEQ = 2, 32
 ATTENTION, MLP, BLOCKS, OUTPUT = "attn", "mlp", "blocks", "output"
 
 GPT2 = GPTConfig(2, 64, 4, 64, vocab_size=1000)  # padded to 1024
-GPT2_STEP_SHAPES = [
-    pytest.param(GPT2, id="gpt2"),
-    pytest.param(dataclasses.replace(GPT2, ffn_hidden_size=96), id="gpt2-ffn96"),
-]
 LLAMA = dataclasses.replace(GPT2, num_query_groups=2, ffn_hidden_size=96, swiglu=True, normalization="RMSNorm",
                             position_embedding_type="rope", rotary_base=500000.0, add_bias_linear=False)
-# The Llama 3 layers (grouped-query attention, SwiGLU, RMSNorm, RoPE, no biases, tied or untied
-# output) are being built in hwbench/workload/model.py apart from this test: until they land, GPT
-# refuses these shapes with NotImplementedError. Once it builds them these cases pass and strict
-# xfail fails them: drop the mark then (and extend the list: more KV-head groupings, widths).
-LLAMA_STEP_SHAPES = [
-    pytest.param(config, id=name, marks=pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                                                         reason="the Llama layers are not built yet"))
-    for name, config in (("llama-tied", LLAMA),
-                         ("llama-untied", dataclasses.replace(LLAMA, untie_embeddings_and_output_weights=True)))
+# (config, GPT's fused_qkv): GPT-2 shapes; the Llama 3 shape (grouped-query attention, SwiGLU,
+# RMSNorm, RoPE, no biases) with a tied and an untied output layer, one KV head (multi-query),
+# and q, k and v as one fused projection (Megatron's per-group layout)
+STEP_SHAPES = [
+    pytest.param(GPT2, False, id="gpt2"),
+    pytest.param(dataclasses.replace(GPT2, ffn_hidden_size=96), False, id="gpt2-ffn96"),
+    pytest.param(LLAMA, False, id="llama-tied"),
+    pytest.param(dataclasses.replace(LLAMA, untie_embeddings_and_output_weights=True), False, id="llama-untied"),
+    pytest.param(dataclasses.replace(LLAMA, num_query_groups=1), False, id="llama-one-kv-head"),
+    pytest.param(LLAMA, True, id="llama-fused-qkv"),
 ]
 
 
@@ -101,10 +98,10 @@ def output_share(formula: str, config: GPTConfig) -> float:
     return 1
 
 
-@pytest.mark.parametrize("config", GPT2_STEP_SHAPES + LLAMA_STEP_SHAPES)
-def test_a_counted_training_step_holds_each_formula_term_by_term(config):
+@pytest.mark.parametrize("config, fused_qkv", STEP_SHAPES)
+def test_a_counted_training_step_holds_each_formula_term_by_term(config, fused_qkv):
     torch.manual_seed(0)
-    counted = counted_step(GPT(config), BATCH, SEQ)
+    counted = counted_step(GPT(config, fused_qkv=fused_qkv), BATCH, SEQ)
     # matrix products only: embedding lookups, norms, softmax and the loss count 0
     assert counted.total == counted.attention_projections + counted.attention_scores + counted.mlp + \
         counted.output_layer
