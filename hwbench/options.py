@@ -33,7 +33,8 @@ ENGINES = ("native", "deepspeed")
 SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
 PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
-PATH_OPTIONS = ("data", "out", "save", "load")  # run options whose value is a path (--data: unless a keyword)
+# run options whose value is a path (--data: unless a keyword)
+PATH_OPTIONS = ("data", "valid_data", "out", "save", "load")
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
 LAYOUT, PROCESSES = "parallel layout", "processes and nodes (torchrun)"
 TARGET = "time to a target quality (docs/scores.md)"
@@ -150,6 +151,14 @@ class RunOptions:
         default="949,50,1",
         valid=_parses(parse_split),
         accepts="up to three non-negative weights",
+    )
+    valid_data: str | None = option(
+        "prefix of a Megatron dataset PREFIX.bin/.idx to validate on, instead of --split's validation part of "
+        "--data PREFIX: every validation reads its first --eval-iters x --global-batch-size sequences, in order, "
+        "unshuffled (MLPerf Training's fixed validation set)",
+        default_rule="the validation part of --data (--split)",
+        valid=_nonempty,
+        accepts="a path prefix",
     )
     eval_interval: int | None = option(
         "validate every N steps; 0: only after the last",
@@ -453,6 +462,8 @@ MEGATRON_INSTEAD = {
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
     "--tokenizer-type": "tokenization happens in `hwbench data prepare --tokenizer-type`",
     "--distributed-backend": "the process-group backend follows --device (nccl, hccl or gloo)",
+    "--valid-data-path": "give --valid-data PREFIX: one dataset, whose first sequences every validation reads in "
+                         "order (Megatron-LM reads its --valid-data-path shuffled, moving on at each validation)",
     "--data-impl": "Megatron's mmap format is the one hwbench reads; drop it",
     "--log-interval": "hwbench records every step; drop it",
     "--DDP-impl": "data parallelism is DDP, or FSDP2 with --fsdp",

@@ -141,6 +141,7 @@ class RunSpec:
     save_interval: Positive | None = None  # --save-interval: also after every step that is a multiple of it
     load: str | None = None  # --load: the checkpoint the run resumes from
     async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
+    valid_data: str | None = None  # --valid-data: the dataset every validation reads from its first sequence
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -184,18 +185,28 @@ def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key in names}
 
 
-def check_data(data: str) -> str:
-    if data in DATA_KEYWORDS:
+def check_data(data: str, flag: str = "--data") -> str:
+    """``data`` names a keyword --data takes or a whole Megatron dataset: UsageError naming ``flag`` otherwise."""
+    if data in DATA_KEYWORDS and flag == "--data":
         return data
     missing = [suffix for suffix in (".idx", ".bin") if not Path(data + suffix).is_file()]
     if missing:
         prepared = sorted(str(idx)[:-len(".idx")] for idx in Path(data).parent.glob(Path(data).name + "_*_document.idx")
                           if Path(str(idx)[:-len(".idx")] + ".bin").is_file())
-        hint = (f"`hwbench data prepare --output-prefix {data}` wrote {', '.join(prepared)}: give --data "
+        keywords = f", or one of: {', '.join(DATA_KEYWORDS)}" if flag == "--data" else ""
+        hint = (f"`hwbench data prepare --output-prefix {data}` wrote {', '.join(prepared)}: give {flag} "
                 f"{prepared[0]}" if prepared else "give the prefix of a Megatron dataset (as `hwbench data "
-                f"prepare` writes), or one of: {', '.join(DATA_KEYWORDS)}")
-        raise UsageError(f"--data {data!r}: no {' or '.join(data + m for m in missing)}; {hint}")
+                f"prepare` writes){keywords}")
+        raise UsageError(f"{flag} {data!r}: no {' or '.join(data + m for m in missing)}; {hint}")
     return data
+
+
+def _check_valid_data(options: RunOptions) -> None:
+    """--valid-data validates a Megatron --data PREFIX; the keywords make their own validation samples."""
+    data = options.value("data")
+    if options.valid_data is not None and data in DATA_KEYWORDS:
+        raise UsageError(f"--valid-data is a dataset to validate --data PREFIX on, and --data {data} makes its own "
+                         "validation samples; leave --valid-data out, or give --data PREFIX")
 
 
 def _check_checkpoint_options(options: RunOptions, engine: str, launch: LaunchSpec) -> None:
@@ -475,10 +486,10 @@ def _target(options: RunOptions, workload: Workload, data: str, seed: int, split
         raise UsageError(
             f"{flag} is checked at validations, and --eval-iters 0 turns them off; give --eval-iters 1 or more"
         )
-    if data not in ("builtin", "synthetic") and not parse_split(split)[1]:
+    if data not in ("builtin", "synthetic") and not parse_split(split)[1] and options.valid_data is None:
         raise UsageError(
             f"{flag} is checked at validations, and --split {split} leaves no validation documents; "
-            "give the validation part a weight"
+            "give the validation part a weight, or --valid-data PREFIX"
         )
     if options.eval_interval == 0:
         raise UsageError(
@@ -542,8 +553,11 @@ def build_run_spec(
     positions = _max_positions(options, workload, seq)
     target, eval_interval = _target(options, workload, value("data"), seed, value("split"))
     _check_checkpoint_options(options, engine, launch)
+    _check_valid_data(options)
     if check_paths:
         check_data(value("data"))
+        if options.valid_data is not None:
+            check_data(options.valid_data, "--valid-data")
         check_output_folder(value("out"))
         if options.save is not None:
             check_output_folder(options.save, "--save")
