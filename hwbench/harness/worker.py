@@ -203,7 +203,7 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
 
     train_steps = plan.end_iteration if plan else spec.warmup + spec.steps
     return MegatronData(spec.data, spec.split, train_steps=train_steps, eval_iters=spec.eval_iters,
-                        eval_interval=spec.eval_interval,
+                        eval_interval=spec.eval_interval, valid_prefix=spec.valid_data,
                         vocab_size=workload.model.vocab_size, **batching)
 
 
