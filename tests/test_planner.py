@@ -10,6 +10,7 @@ from hwbench.errors import UsageError
 from hwbench.planner import (
     GIB,
     OVERHEAD_BYTES,
+    SaveRules,
     activation_bytes_per_layer,
     fits,
     microbatches_in_flight,
@@ -17,7 +18,7 @@ from hwbench.planner import (
     plan_for_all_stages,
     plan_memory,
     plan_stage,
-    qkv_input_copies,
+    save_rules,
     stage_parameters,
 )
 from hwbench.spec import ParallelDims
@@ -41,7 +42,11 @@ LN_F = 2 * 64
 N = EMBEDDING + 2 * BLOCK + LN_F  # 110_336; the output layer is tied to wte
 S, B, H = 16, 2, 64
 SBH = S * B * H  # 2048
+TOKENS = S * B  # 32
+# per token and block: two LayerNorms' fp32 mean and rstd (16 bytes), SDPA's fp32 log-sum-exp per head (16)
+STATS = 2 * 2 * 4 + 4 * 4
 CPU = OVERHEAD_BYTES["cpu"]
+FP32_RULES = SaveRules(act=4, residual=4)
 
 
 def spec_for(tp=1, pp=1, dp=1, precision="fp32", recompute=False, engine="native", zero=0, fsdp=False,
@@ -59,16 +64,23 @@ def test_single_device_fp32_breakdown_by_hand():
     assert plan.weights_bytes == 4 * N and plan.gradients_bytes == 4 * N
     assert plan.optimizer_bytes == 8 * N  # AdamW: two fp32 moments
     # per layer, fp32 (act = residual = 4 bytes): LN inputs 2*4 + qkv/fc1 inputs 2*4
-    # + (q,k 8 + v 4 + proj in 4 + gelu in 16 + fc2 in 16) = 16 + 48 = 64 bytes per s*b*h
-    assert activation_bytes_per_layer(S, B, H, 1, 4, 4) == SBH * 64 == 131_072
-    head = SBH * (4 + 4)  # final LN input (fp32) + output layer input
-    assert plan.activations_bytes == 2 * SBH * 64 + head == 278_528
+    # + (q,k 8 + v 4 + proj in 4 + gelu in 16 + fc2 in 16) = 16 + 48 = 64 bytes per s*b*h,
+    # and 32 bytes per token of statistics
+    assert activation_bytes_per_layer(S, B, CONFIG, 1, FP32_RULES) == SBH * 64 + TOKENS * STATS == 132_096
+    head = SBH * (4 + 4) + TOKENS * 8  # final LN input (fp32) and its mean and rstd + output layer input
+    assert plan.activations_bytes == 2 * 132_096 + head == 280_832
     sv = S * B * 128
-    assert plan.logits_bytes == sv * 4 + sv * (4 + 4) == 49_152  # log-softmax kept; logits + gradient
+    # the fp32 log-softmax kept; in its backward the fp32 gradient nll_loss gives it and the one it makes
+    assert plan.logits_bytes == sv * 4 + sv * (4 + 4) == 49_152
     assert plan.buffers_bytes == plan.gathered_bytes == plan.step_transient_bytes == 0
     assert plan.overhead_bytes == CPU
-    assert plan.total_bytes == 16 * N + 278_528 + 49_152 + CPU
+    # one micro-batch: no gradients yet when the backward starts, all of them when it ends
+    assert plan.gradients_before_backward_bytes == 0
+    assert plan.total_bytes == 12 * N + max(280_832 + 49_152, 4 * N) + CPU == 16 * N + CPU
     assert plan.stage == 0 and plan.microbatches_in_flight == 1
+    accumulating = plan_memory(spec_for(global_batch=2 * B), CONFIG, "cpu")  # two micro-batches: the gradients stay
+    assert accumulating.gradients_before_backward_bytes == 4 * N
+    assert accumulating.total_bytes == 16 * N + 280_832 + 49_152 + CPU
 
 
 def test_autocast_activations_keep_an_fp32_residual_stream():
@@ -76,32 +88,30 @@ def test_autocast_activations_keep_an_fp32_residual_stream():
     assert plan.weights_bytes == 4 * N and plan.optimizer_bytes == 8 * N  # fp32 weights and states
     # act 2, residual 4, separate q/k/v: 2*4 + (3 + 1)*2 + 12*2 = 40 per s*b*h (Korthikanti's 34 - 2 masks
     # + 4 for fp32 LN inputs + 4 for the two more 16-bit copies of the first LN's output q, k and v keep)
-    assert plan.activations_bytes == 2 * SBH * 40 + SBH * (4 + 2)
+    head = SBH * (4 + 2) + TOKENS * 8
+    assert plan.activations_bytes == 2 * (SBH * 40 + TOKENS * STATS) + head
     # one fused q/k/v projection reads one copy: 2*4 + 2*2 + 12*2 = 36
     fused = plan_memory(dataclasses.replace(spec_for(precision="bf16"), fused_qkv=True), CONFIG, "cpu")
-    assert fused.activations_bytes == 2 * SBH * 36 + SBH * (4 + 2)
-    # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks)
-    assert activation_bytes_per_layer(S, B, H, 1, 2, 2) == SBH * 32
-    assert activation_bytes_per_layer(S, B, H, 2, 2, 2) == SBH * (8 + 12)
+    assert fused.activations_bytes == 2 * (SBH * 36 + TOKENS * STATS) + head
+    # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks); the statistics stay fp32
+    half = SaveRules(act=2, residual=2)
+    assert activation_bytes_per_layer(S, B, CONFIG, 1, half) == SBH * 32 + TOKENS * STATS
+    assert activation_bytes_per_layer(S, B, CONFIG, 2, half) == SBH * (8 + 12) + TOKENS * (16 + 16 // 2)
 
 
-@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
-def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precision, fused_qkv):
-    """Every tensor one real block saves for its backward (autograd's saved-tensor hooks, each
-    storage once; parameters and autocast's copies of them are counted apart, as cast_weights),
-    on the CPU under bf16 autocast or in fp32, against activation_bytes_per_layer. Separate q, k
-    and v projections under autocast each cast the LayerNorm output again (autocast caches the
-    casts of parameters only): three 16-bit copies of it are kept, one with the fused projection.
-    The block's input counts (the first LayerNorm keeps it); what the planner leaves out is the
-    LayerNorms' per-token statistics and attention's log-sum-exp, under 1 s*b*h byte."""
-    torch = pytest.importorskip("torch")
+def saved_by_one_block(config, precision, fused_qkv, batch, seq, rotary=None):
+    """The bytes one real block saves for its backward (autograd's saved-tensor hooks, each
+    storage once), on the CPU under bf16 autocast or in fp32. Parameters and autocast's copies
+    of them are left out: the planner counts those apart (weights, cast_weights). The block's
+    input counts (the first norm keeps it)."""
+    import torch
+
     from hwbench.workload.model import Block
     from tests.autocast_copies import ParameterCasts
 
-    batch, seq = 2, 48  # batch x seq apart from h and 4h, so no activation has a weight's shape
     torch.manual_seed(0)
-    block = Block(CONFIG, fused_qkv=fused_qkv)
-    x = torch.randn(batch, seq, H, requires_grad=True)
+    block = Block(config, fused_qkv=fused_qkv)
+    x = torch.randn(batch, seq, config.hidden_size, requires_grad=True)
     saved: dict[int, int] = {}
 
     def pack(tensor):
@@ -112,17 +122,27 @@ def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precis
     casts = ParameterCasts()
     with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            out = block(x)
+            out = block(x) if rotary is None else block(x, rotary)
         weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
         weights |= {copy().untyped_storage().data_ptr() for copy, _ in casts.copies if copy() is not None}
         kept = sum(size for pointer, size in saved.items() if pointer not in weights)
     out.float().sum().backward()  # the graph was whole
-    sbh = batch * seq * H
+    return kept
+
+
+@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
+def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precision, fused_qkv):
+    """Every byte one real GPT block saves for its backward, to the byte, against
+    activation_bytes_per_layer. Separate q, k and v projections under autocast each cast the
+    LayerNorm output again (autocast caches the casts of parameters only): three 16-bit copies
+    of it are kept, one with the fused projection."""
+    pytest.importorskip("torch")
+    batch, seq = 2, 48  # batch x seq apart from h and 4h, so no activation has a weight's shape
+    kept = saved_by_one_block(CONFIG, precision, fused_qkv, batch, seq)
     spec = dataclasses.replace(spec_for(precision=precision), fused_qkv=fused_qkv)
-    act, residual = (2, 4) if precision == "bf16" else (4, 4)
-    planned = activation_bytes_per_layer(seq, batch, H, 1, act, residual, qkv_input_copies(spec))
-    assert qkv_input_copies(spec) == (3 if precision == "bf16" and not fused_qkv else 1)
-    assert planned <= kept <= planned + sbh
+    rules = save_rules(spec, "cpu", CONFIG)
+    assert rules.attention_input_copies == (3 if precision == "bf16" and not fused_qkv else 1)
+    assert kept == activation_bytes_per_layer(seq, batch, CONFIG, 1, rules)
 
 
 # what the linear layers read at TP1: a block less its two LayerNorms, and the output weight (wte)
@@ -132,8 +152,9 @@ LINEAR = 2 * (BLOCK - 4 * 64) + 128 * 64
 def test_autocast_16bit_copies_of_the_linear_parameters_are_counted_once_per_rank():
     bf16 = plan_memory(spec_for(precision="bf16"), CONFIG, "cpu")
     assert bf16.cast_weights_bytes == 2 * LINEAR
-    assert bf16.total_bytes == (bf16.weights_bytes + bf16.gradients_bytes + bf16.optimizer_bytes + CPU
-                                + bf16.activations_bytes + bf16.logits_bytes + 2 * LINEAR)
+    working = bf16.activations_bytes + bf16.logits_bytes + 2 * LINEAR  # the copies are alive as the backward starts
+    assert bf16.total_bytes == (bf16.weights_bytes + bf16.optimizer_bytes + CPU
+                                + max(working, bf16.gradients_bytes))
     assert plan_memory(spec_for(), CONFIG, "cpu").cast_weights_bytes == 0  # fp32: nothing is cast
     # DeepSpeed holds the weights in 16 bits itself: no copies
     assert plan_memory(spec_for(precision="bf16", engine="deepspeed"), CONFIG, "cuda").cast_weights_bytes == 0
@@ -227,13 +248,16 @@ def test_in_flight_microbatches_1f1b_vs_gpipe():
     assert [microbatches_in_flight(gpipe, s) for s in (0, 1)] == [4, 4]
     assert microbatches_in_flight(spec_for(global_batch=4 * B), 0) == 1  # accumulation, no pipeline
     plan = plan_stage(gpipe, CONFIG, "cpu", 0)
-    assert plan.activations_bytes == 4 * SBH * 64  # one block on stage 0, 4 micro-batches
-    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * SBH * 64
+    assert plan.activations_bytes == 4 * (SBH * 64 + TOKENS * STATS)  # one block on stage 0, 4 micro-batches
+    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * (SBH * 64 + TOKENS * STATS)
+    # a pipeline interleaves micro-batches: the earlier ones' gradients are there as a backward starts
+    assert plan.gradients_before_backward_bytes == plan.gradients_bytes > 0
 
 
 def test_recompute_keeps_block_inputs_and_one_block():
     plan = plan_memory(spec_for(recompute=True), CONFIG, "cpu")
-    assert plan.activations_bytes == 2 * SBH * 4 + SBH * 64 + SBH * 8
+    # two block inputs, one block recomputed, the final LN's input and statistics and the output layer's input
+    assert plan.activations_bytes == 2 * SBH * 4 + (SBH * 64 + TOKENS * STATS) + SBH * 8 + TOKENS * 8
     assert plan.activations_bytes < plan_memory(spec_for(), CONFIG, "cpu").activations_bytes
 
 
@@ -249,7 +273,8 @@ def test_zero_stages_divide_the_right_states():
                                                                                 12 * N // dp)
     assert z[3].gathered_bytes > 0 and z[2].gathered_bytes == 0
     # 16-bit deepspeed activations: everything 2 bytes
-    assert z[0].activations_bytes == 2 * SBH * 32 + SBH * 4
+    assert z[0].activations_bytes == 2 * (SBH * 32 + TOKENS * STATS) + SBH * 4 + TOKENS * 8
+    assert z[0].gradients_before_backward_bytes == z[0].gradients_bytes  # DeepSpeed's counted as there
 
 
 def test_fsdp_shards_everything_and_gathers_units():
@@ -265,8 +290,10 @@ def test_fsdp_shards_everything_and_gathers_units():
 def test_flat_gradient_allreduce_is_a_transient_after_backward():
     plan = plan_memory(spec_for(tp=2, dp=2), CONFIG, "cuda")
     assert plan.step_transient_bytes == plan.gradients_bytes
-    static = plan.weights_bytes + plan.gradients_bytes + plan.optimizer_bytes + plan.overhead_bytes
-    assert plan.total_bytes == static + max(plan.activations_bytes + plan.logits_bytes, plan.step_transient_bytes)
+    static = plan.weights_bytes + plan.optimizer_bytes + plan.overhead_bytes
+    # after the backward: every gradient and the flat buffer; before it, no gradient yet (one micro-batch)
+    assert plan.total_bytes == static + max(plan.activations_bytes + plan.logits_bytes,
+                                            plan.gradients_bytes + plan.step_transient_bytes)
 
 
 def test_stage_parameters_match_the_real_model():
