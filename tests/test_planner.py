@@ -401,3 +401,136 @@ def test_bad_input_is_one_line(argv, option):
     with pytest.raises(UsageError) as error:
         main(argv)
     assert option in str(error.value) and "\n" not in str(error.value)
+
+
+# --- the Llama architecture ----------------------------------------------------------------
+# GQA (4 query heads, 2 key/value heads of 16), SwiGLU of width 192, RMSNorm, RoPE, no biases
+LLAMA = dataclasses.replace(CONFIG, num_query_groups=2, ffn_hidden_size=192, swiglu=True, normalization="RMSNorm",
+                            position_embedding_type="rope", add_bias_linear=False)
+KV = 2 * 16  # key/value width: kv_heads x head size
+
+
+def test_llama_block_and_stage_parameters_by_hand():
+    # RMSNorms 2*64; q and out_proj 64*64 each; k and v 64*32 each; gate, up, down 64*192 each; no biases
+    block = 2 * 64 + 2 * 64 * 64 + 2 * 64 * KV + 3 * 64 * 192
+    assert stage_parameters(LLAMA, 1, 1, 0).block == block == 49_280
+    # TP2 splits every projection (k and v by key/value heads), the norms stay whole
+    assert stage_parameters(LLAMA, 2, 1, 0).block == (block - 128) // 2 + 128
+    tied = stage_parameters(LLAMA, 1, 1, 0)
+    assert tied.embedding == 128 * 64  # no position table with RoPE
+    assert tied.head == 64  # the final RMSNorm; the tied output layer is the word embedding
+    assert tied.total == count_parameters(LLAMA).total
+    assert tied.linear == 2 * (block - 128) + 128 * 64
+    untied = dataclasses.replace(LLAMA, untie_embeddings_and_output_weights=True)
+    assert stage_parameters(untied, 1, 1, 0).head == 64 + 128 * 64  # an output weight of its own
+    assert stage_parameters(untied, 1, 1, 0).total == count_parameters(untied).total
+    # pp 2: the untied output layer is the last stage's, vocab-parallel over TP (V/t rows)
+    first, last = (stage_parameters(untied, 2, 2, stage) for stage in (0, 1))
+    assert first.embedding == 256 * 64 // 2 and first.head == 0
+    assert last.embedding == 0 and last.head == 64 + 256 * 64 // 2
+
+
+@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "llama-tiny",
+                                  "llama-small", "1.3b"])
+def test_every_stage_split_adds_up_to_the_model_cards_count(name):
+    """One rank at TP1 holds the whole model (count_parameters: the model cards' figures); a
+    pipeline's stages hold it once, and a tied output layer's copy on the last stage once more."""
+    from hwbench.catalog import load_catalog
+
+    config = load_catalog().workloads[name].model
+    total = count_parameters(config).total
+    assert stage_parameters(config, 1, 1, 0).total == total
+    stages = [stage_parameters(config, 1, 4, stage) for stage in range(4)]
+    copy = 0 if config.untie_embeddings_and_output_weights else config.padded_vocab_size() * config.hidden_size
+    assert sum(stage.total for stage in stages) == total + copy
+
+
+def test_llama_8b_parameters_per_tp_rank_by_hand():
+    from hwbench.catalog import load_catalog
+
+    config = load_catalog().workloads["llama3.1-8b"].model
+    assert count_parameters(config).total == 8_030_261_248  # the model card's
+    h, kv, f = 4096, 8 * 128, 14336
+    assert stage_parameters(config, 8, 1, 0).block == (2 * h * h + 2 * h * kv + 3 * h * f) // 8 + 2 * h == 27_271_168
+    whole = stage_parameters(config, 8, 1, 0)
+    # the vocabulary padded to a multiple of 128 x 8 = 129,024; the word embedding and the untied
+    # output layer (on the last stage) hold V/8 rows each
+    assert config.padded_vocab_size(8) == 129_024
+    assert whole.embedding == whole.head - h == 129_024 * h // 8
+
+
+def test_gqa_keeps_narrower_keys_and_values():
+    """Per token, fp32: q 4 x 64 and k, v 4 x 32 each (2 key/value heads of 16), against 4 x 64 each
+    with multi-head attention; a fused projection keeps its whole output (the views of v hold it) and
+    the copies made of it: q (rotated, or gathered from its groups) and k (rotated)."""
+    from hwbench.planner import qkv_saved_per_token
+
+    assert qkv_saved_per_token(LLAMA, FP32_RULES) == 4 * (64 + 2 * KV) == 512
+    mha = dataclasses.replace(LLAMA, num_query_groups=None)
+    assert qkv_saved_per_token(mha, FP32_RULES) == 4 * 3 * 64
+    fused = dataclasses.replace(FP32_RULES, fused_qkv=True)
+    assert qkv_saved_per_token(LLAMA, fused) == 4 * (64 + 2 * KV) + 4 * 64 + 4 * KV
+    no_rope = dataclasses.replace(LLAMA, position_embedding_type="learned_absolute")
+    assert qkv_saved_per_token(no_rope, fused) == 4 * (64 + 2 * KV) + 4 * 64  # q gathered from the groups
+    assert qkv_saved_per_token(CONFIG, fused) == 4 * 3 * 64  # GPT: q, k, v are views of the one output
+
+
+def test_swiglu_rmsnorm_and_rope_terms_by_hand():
+    from hwbench.planner import norm_saved_per_token, rope_saved_per_layer, rope_tables_bytes, saved_per_token
+
+    bf16 = save_rules(spec_for(precision="bf16"), "cpu", LLAMA)
+    assert (bf16.act, bf16.residual, bf16.attention_input_copies, bf16.mlp_input_copies) == (2, 4, 3, 2)
+    per_token = saved_per_token(LLAMA, 1, bf16)
+    # SwiGLU: gate's output (SiLU's input), SiLU's output, up's output, their product (down's input)
+    assert per_token.mlp == 4 * 2 * 192
+    assert per_token.mlp_inputs == 2 * 2 * 64  # gate and up each cast the fp32 norm output
+    assert per_token.attention == 2 * 64 + 4 * 4  # SDPA's output, and its fp32 log-sum-exp for 4 heads
+    # RMSNorm: composite on the CPU (fp32 input, fp32 normalised output, rstd), fused on CUDA (input, rstd)
+    assert norm_saved_per_token(LLAMA, bf16) == 2 * 4 * 64 + 4
+    assert norm_saved_per_token(LLAMA, save_rules(spec_for(precision="bf16"), "cuda", LLAMA)) == 4 * 64 + 4
+    assert norm_saved_per_token(CONFIG, bf16) == 4 * 64 + 8  # LayerNorm: input, mean, rstd
+    # RoPE: the cos and sin tables (s, 16) in fp32, once; in bf16 each block keeps q's and k's casts of both
+    assert rope_tables_bytes(LLAMA, S) == 2 * S * 16 * 4
+    assert rope_saved_per_layer(LLAMA, S, bf16) == 4 * S * 16 * 2
+    assert rope_saved_per_layer(LLAMA, S, FP32_RULES) == rope_saved_per_layer(CONFIG, S, bf16) == 0
+    plan = plan_memory(spec_for(precision="bf16"), LLAMA, "cpu")
+    assert plan.buffers_bytes == 2 * S * 16 * 4
+    assert plan.activations_bytes == (2 * (TOKENS * per_token.total + 4 * S * 16 * 2)
+                                      + TOKENS * ((2 * 4 * 64 + 4) + 2 * 64))  # final norm, output layer's input
+
+
+def test_llama_8b_logits_over_the_llama_3_vocabulary():
+    """8192 tokens x 128256 x 4 bytes = 4.2 GB a copy: the kept fp32 log-softmax and, in its
+    backward, the two fp32 gradients: 12.6 GB on the last stage."""
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    spec = build_run_spec({"model": "llama3.1-8b", "device": "cuda"}, catalog, check_paths=False)
+    plan = plan_memory(spec, catalog.workloads["llama3.1-8b"].model, "cuda")
+    assert (spec.seq_length, spec.micro_batch_size, spec.precision) == (8192, 1, "bf16")
+    assert plan.logits_bytes == 8192 * 128256 * 12 == 12_608_077_824
+
+
+def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
+    """8.03e9 parameters x 16 bytes (fp32 weights, gradients, two moments) are 128 GB: no
+    layout without sharding fits an 80 GiB card, ZeRO-3 over 8 does, and the lines under the
+    table say what each layout that does not fit would need."""
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    fitting = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
+    assert fitting[("1x1x8", "native")] == fitting[("1x1x8", "deepspeed zero0")] == "no"
+    assert fitting[("1x1x8", "deepspeed zero3")] == "yes"
+    assert fitting[("8x1x1", "native")] == "yes"  # 8 key/value heads: one a rank
+    # seq 8192 without recompute: 51 GiB of activations a rank leave FSDP2 over 8 out
+    assert fitting[("1x1x8", "native fsdp")] == "no"
+    lines = {line.split(":")[1].split(" stage")[0].strip(): line for line in out.splitlines()
+             if line.startswith("does not fit: ")}
+    assert set(lines) == {f"{name} {variant}" for (name, variant), fit in fitting.items() if fit == "no"}
+    # 8 bytes x 8.03e9 of moments, 51 GiB of activations, DDP's buckets: a second copy of the gradients
+    assert lines["1x1x8 native"] == ("does not fit: 1x1x8 native: 227.77 GiB > 72.00 GiB usable; largest: "
+                                     "optimizer 59.83, activations 51.47, buffers 29.92")
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda",
+                 "--recompute"]) == 0
+    fitting = {(r[0], _variant(r)): r[-1] for r in _rows(capsys.readouterr().out)}
+    assert fitting[("1x1x8", "native fsdp")] == "yes" and fitting[("1x1x8", "native")] == "no"
