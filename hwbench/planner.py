@@ -412,7 +412,6 @@ def _logits(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> tup
     tp, pp = spec.parallel.tp, spec.parallel.pp
     if stage != pp - 1:
         return 0, ()
-    _, _, act_b, _ = _dtype_bytes(spec)
     loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
     vocab = config.padded_vocab_size(tp) // (tp if loss_parallel else 1)
     notes: tuple[str, ...] = ()
@@ -420,11 +419,12 @@ def _logits(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> tup
         notes = ("tp with pp: logits gathered over the full vocabulary on the last stage",)
     s, b = spec.seq_length, spec.micro_batch_size
     if spec.cross_entropy == "chunked":
-        # per micro-batch in flight: each token's fp32 log-sum-exp; at a time, one chunk's logits
-        # in the activation dtype, its fp32 copy and one fp32 temporary (the exp in the forward,
-        # the gradient in the backward)
+        # per micro-batch in flight: each token's fp32 log-sum-exp; at a time, one chunk's fp32
+        # logits and log-sum-exp's fp32 temporary (logits less their maximum, exponentiated in
+        # place). The 16-bit product is freed as its fp32 copy is made, and the backward's chunk
+        # (fp32, made the gradient in place, then its 16-bit cast) is smaller (measured on the CPU)
         chunk = min(CROSS_ENTROPY_CHUNK_TOKENS, s * b)
-        return (in_flight * s * b * FP32 + chunk * vocab * (act_b + 2 * FP32),
+        return (in_flight * s * b * FP32 + chunk * vocab * 2 * FP32,
                 (*notes, f"chunked cross-entropy: {chunk} tokens' logits at a time"))
     # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during one
     # backward, its peak: the fp32 gradient nll_loss hands back and the fp32 gradient log-softmax's

@@ -534,3 +534,41 @@ def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
                  "--recompute"]) == 0
     fitting = {(r[0], _variant(r)): r[-1] for r in _rows(capsys.readouterr().out)}
     assert fitting[("1x1x8", "native fsdp")] == "yes" and fitting[("1x1x8", "native")] == "no"
+
+
+# --- the prediction against whole training steps --------------------------------------------
+def _cpu_point(model, config=None, **options):
+    """A single-process CPU point of ``model``'s workload (``config``: another shape trained
+    under its settings), as `hwbench run` resolves it."""
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    spec = build_run_spec({"model": model, "device": "cpu", "data": "synthetic", **options}, catalog,
+                          check_paths=False)
+    return spec, config or catalog.workloads[model].model
+
+
+# A shape where the blocks' activations outweigh the logits (100 tokens in the vocabulary): the
+# block terms are held to the measurement here, the logits and the states in the catalog sizes.
+GPT_SMALL_VOCAB = dataclasses.replace(CONFIG, num_layers=4, max_position_embeddings=128)
+
+
+@pytest.mark.parametrize("model, config, options", [
+    ("tiny", None, {"precision": "fp32", "micro_batch_size": 2, "global_batch_size": 2, "seq_length": 64}),
+    ("tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 64}),
+    ("tiny", GPT_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4, "global_batch_size": 4,
+                               "seq_length": 128, "fused_qkv": True}),
+    ("tiny", GPT_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
+                               "seq_length": 128}),
+], ids=["gpt-fp32", "gpt-bf16-accumulating", "gpt-activations-bf16-fused", "gpt-activations-fp32"])
+def test_the_planner_is_within_a_few_percent_of_a_whole_steps_measured_peak(model, config, options):
+    """hwbench's native engine trains two steps on the CPU from an empty allocator; the most
+    bytes the allocator held at once is the planner's total less its overhead (which is no
+    tensor of the run), within 3 % (the project's goal is 10 %; every term counted, it is
+    within 0.3 % on these points). One micro-batch or two, fp32 or bf16 autocast."""
+    pytest.importorskip("torch")
+    from tests.allocator_peak import measured_step_peak
+
+    peak = measured_step_peak(*_cpu_point(model, config, **options))
+    assert abs(peak.error) < 0.03, (peak.measured, peak.planned, peak.plan)
