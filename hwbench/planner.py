@@ -82,7 +82,8 @@ class MemoryPlan:
     # micro-batch's backward makes them (the native engine sets them to None after each step)
     gradients_before_backward_bytes: int
     optimizer_bytes: int
-    # persistent buffers: communication (DDP buckets, DeepSpeed's reduce bucket) and RoPE's tables
+    # persistent buffers: communication (DDP buckets, DeepSpeed's reduce bucket, the pipeline's
+    # receive buffers) and RoPE's tables
     buffers_bytes: int
     activations_bytes: int  # everything kept for the backward, all micro-batches in flight on this stage
     logits_bytes: int  # last stage only
@@ -314,7 +315,8 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     logits, logits_notes = _logits(spec, config, stage, in_flight)
     gathered, gathered_notes = _gathered(spec, params)
     cast_weights, cast_notes = _cast_weights(spec, params)
-    buffers = states.buffers + rope_tables_bytes(config, spec.seq_length)
+    buffers = (states.buffers + rope_tables_bytes(config, spec.seq_length)
+               + pipeline_buffers_bytes(spec, config, stage, in_flight))
     before_backward = states.gradients if gradients_exist_before_backward(spec) else 0
     overhead = OVERHEAD_BYTES[backend_name]
     working = before_backward + activations + logits + gathered + cast_weights
@@ -392,7 +394,25 @@ def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: i
         recompute_peak = 0
     if stage == spec.parallel.pp - 1:
         per_micro += s * b * (norm_saved_per_token(config, rules) + h * rules.act)
+    elif spec.engine == "native":  # the pipeline keeps the stage's output for its backward (fwd_cache)
+        per_micro += s * b * h * rules.residual
     return in_flight * per_micro + recompute_peak, notes
+
+
+def pipeline_buffers_bytes(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> int:
+    """torch.distributed.pipelining's receive buffers on a stage (native engine): one per
+    micro-batch of the step for the input it receives (stages after the first; those of the
+    micro-batches in flight are the first block's saved input, counted there) and one for the
+    gradient of its output (stages before the last), each (b, s, h) in the residual stream's dtype.
+    An input buffer also keeps the gradient its backward made until the next step clears it
+    (clear_runtime_states): the m - 1 micro-batches done when the last backward starts."""
+    pp, m = spec.parallel.pp, spec.gradient_accumulation_steps
+    if pp == 1 or spec.engine != "native":
+        return 0
+    one = spec.micro_batch_size * spec.seq_length * config.hidden_size * _dtype_bytes(spec)[3]
+    inputs = (m - in_flight + m - 1) * one if stage > 0 else 0
+    gradients = m * one if stage < pp - 1 else 0
+    return inputs + gradients
 
 
 def _cast_weights(spec: RunSpec, params: StageParams) -> tuple[int, tuple[str, ...]]:
@@ -426,10 +446,13 @@ def _logits(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> tup
         chunk = min(CROSS_ENTROPY_CHUNK_TOKENS, s * b)
         return (in_flight * s * b * FP32 + chunk * vocab * 2 * FP32,
                 (*notes, f"chunked cross-entropy: {chunk} tokens' logits at a time"))
-    # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during one
-    # backward, its peak: the fp32 gradient nll_loss hands back and the fp32 gradient log-softmax's
-    # backward makes from it (the forward's 16-bit logits and fp32 copy, 2 + 4, are fewer bytes)
-    return s * b * vocab * (in_flight * FP32 + 2 * FP32), notes
+    # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward, and under the
+    # native engine's pipeline the stage's output, the logits, which it keeps for the backward
+    # (fwd_cache); during one backward, its peak: the fp32 gradient nll_loss hands back and the
+    # fp32 gradient log-softmax's backward makes from it (the forward's 16-bit logits and fp32
+    # copy, 2 + 4, are fewer bytes)
+    kept = FP32 + (_dtype_bytes(spec)[2] if pp > 1 and spec.engine == "native" else 0)
+    return s * b * vocab * (in_flight * kept + 2 * FP32), notes
 
 
 def _gathered(spec: RunSpec, params: StageParams) -> tuple[int, tuple[str, ...]]:

@@ -10,7 +10,9 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hwbench.planner import MemoryPlan, plan_memory
+from hwbench.device.base import Backend
+from hwbench.engine.distributed import DistContext
+from hwbench.planner import MemoryPlan, plan_stage
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 
@@ -41,16 +43,19 @@ class StepPeak:
         return (self.planned - self.measured) / self.measured
 
 
-def measured_step_peak(spec: RunSpec, config: GPTConfig, steps: int = 2) -> StepPeak:
+def measured_step_peak(spec: RunSpec, config: GPTConfig, steps: int = 2, ctx: DistContext | None = None,
+                       backend: Backend | None = None) -> StepPeak:
     """hwbench's native engine built and run for ``steps`` training steps in this process on
     the CPU (the first makes the optimizer's state, the second starts with it), from an empty
-    allocator: the peak of the whole, against the planner's prediction for ``spec``."""
+    allocator: the peak of the whole, against the planner's prediction for ``spec`` (for this
+    rank's pipeline stage when ``ctx`` is one rank of a torchrun job, with its prepared backend)."""
     from hwbench.device.cpu import CpuBackend
     from hwbench.engine.native import NativeEngine
 
-    backend = CpuBackend()
-    backend.prepare_process()
-    generator = torch.Generator().manual_seed(0)
+    if backend is None:
+        backend = CpuBackend()
+        backend.prepare_process()
+    generator = torch.Generator().manual_seed(ctx.rank if ctx else 0)
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(0, config.vocab_size, (spec.micro_batch_size, spec.seq_length + 1),
@@ -58,10 +63,10 @@ def measured_step_peak(spec: RunSpec, config: GPTConfig, steps: int = 2) -> Step
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def train() -> None:
-        engine = NativeEngine(config, spec, backend)
+        engine = NativeEngine(config, spec, backend, ctx)
         for _ in range(steps):
             engine.train_step(next_batch)
 
     measured = peak_allocated_bytes(train)
-    plan = plan_memory(spec, config, "cpu")
+    plan = plan_stage(spec, config, "cpu", ctx.pp_rank if ctx else 0)
     return StepPeak(measured=measured, planned=plan.total_bytes - plan.overhead_bytes, plan=plan)

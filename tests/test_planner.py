@@ -248,8 +248,14 @@ def test_in_flight_microbatches_1f1b_vs_gpipe():
     assert [microbatches_in_flight(gpipe, s) for s in (0, 1)] == [4, 4]
     assert microbatches_in_flight(spec_for(global_batch=4 * B), 0) == 1  # accumulation, no pipeline
     plan = plan_stage(gpipe, CONFIG, "cpu", 0)
-    assert plan.activations_bytes == 4 * (SBH * 64 + TOKENS * STATS)  # one block on stage 0, 4 micro-batches
-    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * (SBH * 64 + TOKENS * STATS)
+    # one block on stage 0, and the stage's output the pipeline keeps for the backward, 4 micro-batches
+    assert plan.activations_bytes == 4 * (SBH * 64 + TOKENS * STATS + SBH * 4)
+    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * (SBH * 64 + TOKENS * STATS + SBH * 4)
+    # receive buffers, fp32 (b, s, h): stage 0 one for each micro-batch's output gradient; stage 1 one
+    # for each micro-batch's input, less the one in flight (the first block's saved input), and the
+    # 3 input gradients the micro-batches done keep until the next step
+    assert [plan_stage(one_f, CONFIG, "cpu", stage).buffers_bytes for stage in (0, 1)] == [4 * SBH * 4,
+                                                                                           (3 + 3) * SBH * 4]
     # a pipeline interleaves micro-batches: the earlier ones' gradients are there as a backward starts
     assert plan.gradients_before_backward_bytes == plan.gradients_bytes > 0
 
@@ -572,3 +578,40 @@ def test_the_planner_is_within_a_few_percent_of_a_whole_steps_measured_peak(mode
 
     peak = measured_step_peak(*_cpu_point(model, config, **options))
     assert abs(peak.error) < 0.03, (peak.measured, peak.planned, peak.plan)
+
+
+def _ranks_peaks(tmp_path, *point):
+    """Two torchrun ranks of tests/step_peak_ranks.py: each rank's measured peak and prediction."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(root / "tests" / "step_peak_ranks.py"), str(tmp_path), *map(str, point)],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("model, tp, pp, dp, variant, precision", [
+    ("tiny", 1, 1, 2, "plain", "bf16"),
+    ("tiny", 1, 1, 2, "fsdp", "bf16"),
+    ("tiny", 2, 1, 1, "plain", "fp32"),
+    ("tiny", 1, 2, 1, "plain", "bf16"),
+], ids=["gpt-ddp", "gpt-fsdp", "gpt-tp", "gpt-pp"])
+def test_every_rank_of_a_layout_within_10_percent_of_its_measured_peak(tmp_path, model, tp, pp, dp, variant,
+                                                                       precision):
+    """Two real ranks (gloo) of hwbench's native engine, two steps each on a small-vocabulary shape
+    of the workload: each rank's peak against its stage's prediction, within the project's 10 %.
+    DDP within 1 %, but in about one run in four gloo's all-reduce holds one more copy of a
+    gradient bucket as the backward starts, by timing (then the prediction with one more copy of
+    the gradients is within 1 %); FSDP2 within 4 %; a pipeline of two micro-batches within 3 %;
+    tensor parallelism under by 5-10 % (docs/planner.md, "Checking it")."""
+    for rank in _ranks_peaks(tmp_path, model, tp, pp, dp, variant, precision, "small-vocab"):
+        errors = [(rank["planned"] - rank["measured"]) / rank["measured"]]
+        if variant == "plain" and dp > 1:
+            errors.append((rank["planned"] + rank["gradients"] - rank["measured"]) / rank["measured"])
+        assert min(abs(error) for error in errors) < 0.10, rank
