@@ -95,7 +95,9 @@ class RunOptions:
     )
     seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1)
     max_positions: int | None = option(
-        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq 2048",
+        "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq "
+        "2048. A model with rotary positions (the Llama sizes) has no such table: any other value than its own is "
+        "refused",
         default_rule="the workload's",
         accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
         megatron=("--max-position-embeddings",),
@@ -384,20 +386,24 @@ MEGATRON_INSTEAD = {
     "--num-layers": "the model's shape comes from --model (see `hwbench models`; add a workload YAML for another)",
     "--hidden-size": "the model's shape comes from --model (see `hwbench models`)",
     "--num-attention-heads": "the model's shape comes from --model (see `hwbench models`)",
-    "--num-query-groups": "the model's shape comes from --model: its workload YAML's model.num_query_groups (see `hwbench models`)",
+    "--num-query-groups": ("the model's shape comes from --model: "
+                           "its workload YAML's model.num_query_groups (see `hwbench models`)"),
     "--ffn-hidden-size": "the model's shape comes from --model: its workload YAML's model.ffn_hidden_size",
     "--swiglu": "the model's shape comes from --model: its workload YAML's model.swiglu",
     "--normalization": "the model's shape comes from --model: its workload YAML's model.normalization",
     "--norm-epsilon": "the model's shape comes from --model: its workload YAML's model.norm_epsilon",
-    "--position-embedding-type": "the model's shape comes from --model: its workload YAML's model.position_embedding_type",
+    "--position-embedding-type": ("the model's shape comes from --model: "
+                                  "its workload YAML's model.position_embedding_type"),
     "--rotary-base": "the model's shape comes from --model: its workload YAML's model.rotary_base",
     "--use-rope-scaling": "the model's shape comes from --model: its workload YAML's model.rope_scaling",
     "--disable-bias-linear": "the model's shape comes from --model: its workload YAML's model.add_bias_linear (false)",
-    "--untie-embeddings-and-output-weights": "the model's shape comes from --model: its workload YAML's model.untie_embeddings_and_output_weights",
+    "--untie-embeddings-and-output-weights": ("the model's shape comes from --model: "
+                                              "its workload YAML's model.untie_embeddings_and_output_weights"),
     "--group-query-attention": "the model's shape comes from --model: its workload YAML's model.num_query_groups",
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
     "--tokenizer-type": "tokenization happens in `hwbench data prepare --tokenizer-type`",
+    "--tokenizer-model": "tokenization happens in `hwbench data prepare --tokenizer-model`",
     "--distributed-backend": "the process-group backend follows --device (nccl, hccl or gloo)",
     "--lr-decay-style": "the schedule comes from the workload (its YAML's training.lr_decay_style)",
     "--lr-decay-iters": "the schedule comes from the workload (its YAML's training.lr_decay_iters)",

@@ -282,6 +282,12 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         dp = world // (tp * pp)
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
+    if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
+        # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
+        # positions, the tied output) only so far
+        raise UsageError(f"--tp {tp} --pp {pp} with --model {workload.name}: tensor and pipeline parallelism run "
+                         f"the GPT-2 architecture only so far, and {workload.name} is {model.architecture}; "
+                         "accepted: --tp 1 --pp 1 (data parallelism: DDP, --fsdp, or --engine deepspeed --zero N)")
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
 
 
@@ -319,14 +325,22 @@ def _batch_sizes(options: RunOptions, defaults, dp: int) -> tuple[int, int]:
 
 
 def _max_positions(options: RunOptions, workload: Workload, seq: int) -> int:
-    """Rows of the position embedding: the workload's, or --max-positions; at least the sequence."""
+    """Rows of the position embedding: the workload's, or --max-positions; at least the sequence.
+    A model with rotary positions has no table to lengthen: its own bound stands."""
     own = workload.model.max_position_embeddings
     given = options.max_positions
-    if given is None:
+    if workload.model.rope and given not in (None, own):
+        raise UsageError(
+            f"--max-positions {given} with --model {workload.name}: its positions are rotary (RoPE), with no "
+            f"position table to lengthen; leave it out (sequences of 1 to {own} tokens run as they are)"
+        )
+    if given is None or workload.model.rope:
         if seq > own:
+            lengthen = ("" if workload.model.rope else
+                        f", or give --max-positions {seq} (or more) to lengthen the position embedding")
             raise UsageError(
-                f"--seq-length {seq} exceeds the {own} positions of --model {workload.name}; accepted: 1 to {own}, "
-                f"or give --max-positions {seq} (or more) to lengthen the position embedding"
+                f"--seq-length {seq} exceeds the {own} positions of --model {workload.name}; accepted: 1 to {own}"
+                + lengthen
             )
         return own
     if not seq <= given <= MAX_POSITIONS:

@@ -58,11 +58,13 @@ def sample_range(step: int, micro_step: int, dp_rank: int, dp_size: int, micro: 
 
 
 def check_token_range(sample: np.ndarray, vocab_size: int, where: str) -> None:
-    """Token ids beyond the model's vocabulary would index past the embedding
-    (a device-side assert on GPUs): refuse them with the place named."""
+    """Token ids beyond the model's vocabulary (its tokenizer's, unpadded) would index past the
+    embedding (a device-side assert on GPUs) or train the padding rows: refuse them with the
+    place named."""
     top = int(sample.max()) if sample.size else 0
     if top >= vocab_size:
-        raise DataError(f"{where}: token id {top} is outside the model's vocabulary of {vocab_size}")
+        raise DataError(f"{where}: token id {top} is outside the model's vocabulary of {vocab_size}; "
+                        "prepare the data with the model's tokenizer, or train a model of the data's vocabulary")
 
 
 class SampledData(abc.ABC):

@@ -217,6 +217,14 @@ class MegatronData(SampledData):
             self.splits["valid"] = GPTSamples(self.dataset, np.arange(first, end), seq_length,
                                               validation_samples(train_steps, eval_interval, eval_iters,
                                                                  global_batch_size), seed, "valid")
+        self._check_first_batches()
+
+    def _check_first_batches(self) -> None:
+        """Data of another tokenizer (Llama 3's ids for a GPT-2 model) is refused while the data is
+        opened, before anything starts, by the first global batch of each split: the ids of such
+        data reach past the vocabulary in any batch. ``samples`` still checks every batch read."""
+        for name, samples in self.splits.items():
+            self.samples(name, range(min(self.global_batch, len(samples))))
 
     @property
     def has_validation(self) -> bool:
