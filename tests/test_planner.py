@@ -145,6 +145,26 @@ def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precis
     assert kept == activation_bytes_per_layer(seq, batch, CONFIG, 1, rules)
 
 
+@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
+@pytest.mark.parametrize("groups", [2, 4], ids=["gqa", "mha"])
+def test_a_planned_llama_block_keeps_what_the_real_block_saves(precision, fused_qkv, groups):
+    """The same for a Llama block (RMSNorm, RoPE, SwiGLU; grouped-query or multi-head attention):
+    every byte it saves, to the byte. RMSNorm runs torch's composite on the CPU; the rotation keeps
+    the tables (fp32: the shared tables themselves, in buffers; bf16: their casts, per block)."""
+    torch = pytest.importorskip("torch")
+    from hwbench.planner import rope_tables_bytes
+    from hwbench.workload.layers import RotaryEmbedding
+
+    config = dataclasses.replace(LLAMA, num_query_groups=groups)
+    batch, seq = 2, 48
+    rotary = RotaryEmbedding(config).tables(seq, torch.device("cpu"))
+    kept = saved_by_one_block(config, precision, fused_qkv, batch, seq, rotary)
+    rules = save_rules(dataclasses.replace(spec_for(precision=precision), fused_qkv=fused_qkv), "cpu", config)
+    assert (rules.mlp_input_copies, rules.fused_rms_norm) == ((2 if precision == "bf16" else 1), False)
+    shared_tables = rope_tables_bytes(config, seq) if precision == "fp32" else 0
+    assert kept == activation_bytes_per_layer(seq, batch, config, 1, rules) + shared_tables
+
+
 # what the linear layers read at TP1: a block less its two LayerNorms, and the output weight (wte)
 LINEAR = 2 * (BLOCK - 4 * 64) + 128 * 64
 
@@ -520,14 +540,15 @@ def test_llama_8b_logits_over_the_llama_3_vocabulary():
 
 def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
     """8.03e9 parameters x 16 bytes (fp32 weights, gradients, two moments) are 128 GB: no
-    layout without sharding fits an 80 GiB card, ZeRO-3 over 8 does, and the lines under the
-    table say what each layout that does not fit would need."""
+    layout without sharding fits an 80 GiB card, ZeRO-3 over 8 does (FSDP2 too with recompute),
+    and the lines under the table say what each layout that does not fit would need."""
     assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]) == 0
     out = capsys.readouterr().out
     fitting = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
     assert fitting[("1x1x8", "native")] == fitting[("1x1x8", "deepspeed zero0")] == "no"
     assert fitting[("1x1x8", "deepspeed zero3")] == "yes"
-    assert fitting[("8x1x1", "native")] == "yes"  # 8 key/value heads: one a rank
+    # tensor and pipeline parallelism do not run the Llama layers yet: listed under the table, not planned
+    assert {name for name, _ in fitting} == {"1x1x8"} and "skipped 8x1x1: --tp 8 --pp 1" in out
     # seq 8192 without recompute: 51 GiB of activations a rank leave FSDP2 over 8 out
     assert fitting[("1x1x8", "native fsdp")] == "no"
     lines = {line.split(":")[1].split(" stage")[0].strip(): line for line in out.splitlines()
@@ -558,21 +579,41 @@ def _cpu_point(model, config=None, **options):
 # A shape where the blocks' activations outweigh the logits (100 tokens in the vocabulary): the
 # block terms are held to the measurement here, the logits and the states in the catalog sizes.
 GPT_SMALL_VOCAB = dataclasses.replace(CONFIG, num_layers=4, max_position_embeddings=128)
+LLAMA_SMALL_VOCAB = dataclasses.replace(LLAMA, num_layers=4)
+UNTIED_SMALL_VOCAB = dataclasses.replace(LLAMA_SMALL_VOCAB, untie_embeddings_and_output_weights=True)
+
+
+# Each point trains two steps: the default run takes one of each kind, -m heavy the rest.
+def _heavy(*values, id):
+    return pytest.param(*values, id=id, marks=pytest.mark.heavy)
 
 
 @pytest.mark.parametrize("model, config, options", [
-    ("tiny", None, {"precision": "fp32", "micro_batch_size": 2, "global_batch_size": 2, "seq_length": 64}),
-    ("tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 4, "seq_length": 64}),
-    ("tiny", GPT_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4, "global_batch_size": 4,
-                               "seq_length": 128, "fused_qkv": True}),
-    ("tiny", GPT_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
-                               "seq_length": 128}),
-], ids=["gpt-fp32", "gpt-bf16-accumulating", "gpt-activations-bf16-fused", "gpt-activations-fp32"])
+    _heavy("tiny", None, {"precision": "fp32", "micro_batch_size": 2, "global_batch_size": 2, "seq_length": 64},
+           id="gpt-fp32"),
+    pytest.param("tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 4,
+                                "seq_length": 64}, id="gpt-bf16-accumulating"),
+    _heavy("tiny", GPT_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4, "global_batch_size": 4,
+                                     "seq_length": 128, "fused_qkv": True}, id="gpt-activations-bf16-fused"),
+    pytest.param("tiny", GPT_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
+                                           "seq_length": 128}, id="gpt-activations-fp32"),
+    pytest.param("llama-tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 2,
+                                      "seq_length": 64}, id="llama-bf16"),
+    pytest.param("llama-tiny", LLAMA_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4,
+                                                   "global_batch_size": 8, "seq_length": 128},
+                 id="llama-activations-bf16-accumulating"),
+    _heavy("llama-tiny", LLAMA_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
+                                             "seq_length": 128, "fused_qkv": True}, id="llama-activations-fp32-fused"),
+    pytest.param("llama-tiny", UNTIED_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4,
+                                                    "global_batch_size": 4, "seq_length": 128,
+                                                    "cross_entropy": "chunked"}, id="llama-untied-chunked"),
+])
 def test_the_planner_is_within_a_few_percent_of_a_whole_steps_measured_peak(model, config, options):
     """hwbench's native engine trains two steps on the CPU from an empty allocator; the most
     bytes the allocator held at once is the planner's total less its overhead (which is no
     tensor of the run), within 3 % (the project's goal is 10 %; every term counted, it is
-    within 0.3 % on these points). One micro-batch or two, fp32 or bf16 autocast."""
+    within 0.3 % on these points). GPT-2 and Llama (GQA, SwiGLU, RMSNorm, RoPE, tied and
+    untied), one micro-batch or two, fp32 or bf16 autocast, fused q/k/v, the chunked loss."""
     pytest.importorskip("torch")
     from tests.allocator_peak import measured_step_peak
 
@@ -601,15 +642,16 @@ def _ranks_peaks(tmp_path, *point):
     ("tiny", 1, 1, 2, "fsdp", "bf16"),
     ("tiny", 2, 1, 1, "plain", "fp32"),
     ("tiny", 1, 2, 1, "plain", "bf16"),
-], ids=["gpt-ddp", "gpt-fsdp", "gpt-tp", "gpt-pp"])
+    ("llama-tiny", 1, 1, 2, "plain", "bf16"),
+    ("llama-tiny", 1, 1, 2, "fsdp", "bf16"),
+], ids=["gpt-ddp", "gpt-fsdp", "gpt-tp", "gpt-pp", "llama-ddp", "llama-fsdp"])
 def test_every_rank_of_a_layout_within_10_percent_of_its_measured_peak(tmp_path, model, tp, pp, dp, variant,
                                                                        precision):
     """Two real ranks (gloo) of hwbench's native engine, two steps each on a small-vocabulary shape
     of the workload: each rank's peak against its stage's prediction, within the project's 10 %.
-    DDP within 1 %, but in about one run in four gloo's all-reduce holds one more copy of a
-    gradient bucket as the backward starts, by timing (then the prediction with one more copy of
-    the gradients is within 1 %); FSDP2 within 4 %; a pipeline of two micro-batches within 3 %;
-    tensor parallelism under by 5-10 % (docs/planner.md, "Checking it")."""
+    DDP within 1 %, but at times gloo's all-reduce holds one more copy of a gradient bucket as
+    the backward starts (then the prediction with one more copy of the gradients is close); FSDP2
+    within 4 %; tensor and pipeline parallelism a few % under (docs/planner.md, "Checking it")."""
     for rank in _ranks_peaks(tmp_path, model, tp, pp, dp, variant, precision, "small-vocab"):
         errors = [(rank["planned"] - rank["measured"]) / rank["measured"]]
         if variant == "plain" and dp > 1:
