@@ -317,13 +317,14 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     cast_weights, cast_notes = _cast_weights(spec, params)
     buffers = (states.buffers + rope_tables_bytes(config, spec.seq_length)
                + pipeline_buffers_bytes(spec, config, stage, in_flight))
-    before_backward = states.gradients if gradients_exist_before_backward(spec) else 0
+    gradients_there = gradients_exist_before_backward(spec)
+    before_backward = states.gradients if gradients_there else 0
     overhead = OVERHEAD_BYTES[backend_name]
     working = before_backward + activations + logits + gathered + cast_weights
     total = (states.weights + states.optimizer + buffers + overhead
              + max(working, states.gradients + states.step_transient))
     notes = (*states.notes, *activation_notes, *cast_notes, *logits_notes, *gathered_notes)
-    if not before_backward:
+    if not gradients_there:
         notes += ("gradients: none yet when the backward starts (one micro-batch; set to None after each step)",)
     return MemoryPlan(stage=stage, weights_bytes=states.weights, gradients_bytes=states.gradients,
                       gradients_before_backward_bytes=before_backward, optimizer_bytes=states.optimizer,
