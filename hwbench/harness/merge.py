@@ -45,7 +45,7 @@ from hwbench.result.model import (
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
-from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
+from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula, shape_caveat
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -204,8 +204,11 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
     if source.routing is not None:
         result.metrics.routing = routing_summary(source.routing, spec.warmup, spec.model_config(workload.model))
-    if spec.model_config(workload.model).moe:
+    caveat = shape_caveat(spec.flops_formula, spec.model_config(workload.model))  # e.g. megatron-deepspeed on Llama
+    if spec.model_config(workload.model).moe:  # no formula counts it yet: null figures, no caveat on them
         _without_dense_flops(result.metrics)
+    elif caveat:
+        result.warnings.append(caveat)
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
         step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),

@@ -12,6 +12,11 @@ class ParameterCount:
     total: int
     embedding: int  # word + learned position embeddings (a tied output layer shares the word embedding)
     non_embedding: int  # transformer blocks, the final norm and an untied output layer
+    # The weights of the matrix products, which the 6N FLOPs formulas count (hwbench.workload.flops):
+    attention_weights: int  # every layer's q, k, v and output projections
+    mlp_weights: int  # every layer's MLP (fc1, fc2; SwiGLU: gate, up, down; MoE: router, every expert, shared experts)
+    output_weights: int  # the output layer, V x h: its own when untied, the word embedding when tied
+    outside_matmuls: int  # norm gains and biases (QK-norm's too), linear biases: in no matrix product
     active: int  # what one token passes through: all but the routed experts it is not sent to (= total when dense)
 
 
@@ -27,26 +32,27 @@ def count_parameters(config: GPTConfig, tensor_parallel: int = 1) -> ParameterCo
     12h^2 + 13h; Llama 3.2 1B 1,235,814,400; Mixtral 8x7B 46,702,792,704 of which
     12,879,925,248 active.
     """
-    h, f = config.hidden_size, config.ffn_size
+    h, f, L = config.hidden_size, config.ffn_size, config.num_layers
     q, kv = config.num_attention_heads * config.head_dim, config.kv_heads * config.head_dim
     vocab = config.padded_vocab_size(tensor_parallel)
     norm_per_feature = 2 if config.normalization == "LayerNorm" else 1
     norm = norm_per_feature * h
     qk_norms = 2 * norm_per_feature * config.head_dim if config.qk_layernorm else 0
-    attention = 2 * h * q + 2 * h * kv + ((q + 2 * kv + h) if config.add_bias_linear else 0) + qk_norms
-    dense_mlp = (3 if config.swiglu else 2) * h * f + (((2 if config.swiglu else 1) * f + h)
-                                                       if config.add_bias_linear else 0)
+    attention = 2 * h * q + 2 * h * kv
+    dense_mlp = (3 if config.swiglu else 2) * h * f
+    biases = (q + 2 * kv + h) + ((2 if config.swiglu else 1) * f + h) if config.add_bias_linear else 0
     moe_layers = config.moe_layers
-    dense_layers = config.num_layers - moe_layers
     routed_expert = 3 * h * config.moe_ffn_size
-    moe_mlp = ((config.num_experts or 0) * (h + routed_expert)  # router row and expert, each expert
+    moe_mlp = ((config.num_experts or 0) * (h + routed_expert)  # each expert's router row and weights
                + 3 * h * (config.moe_shared_expert_intermediate_size or 0))
     idle_experts = ((config.num_experts or 0) - config.moe_router_topk) * routed_expert if config.moe else 0
-    blocks = config.num_layers * (2 * norm + attention) + dense_layers * dense_mlp + moe_layers * moe_mlp
+    mlp_weights = (L - moe_layers) * dense_mlp + moe_layers * moe_mlp
     positions = 0 if config.rope else config.max_position_embeddings * h
     embedding = vocab * h + positions
     output = vocab * h if config.untie_embeddings_and_output_weights else 0
-    non_embedding = blocks + norm + output
+    outside_matmuls = L * (2 * norm + biases + qk_norms) + norm  # the final norm too
+    non_embedding = L * attention + mlp_weights + outside_matmuls + output
     total = embedding + non_embedding
     return ParameterCount(total=total, embedding=embedding, non_embedding=non_embedding,
-                          active=total - moe_layers * idle_experts)
+                          attention_weights=L * attention, mlp_weights=mlp_weights, output_weights=vocab * h,
+                          outside_matmuls=outside_matmuls, active=total - moe_layers * idle_experts)
