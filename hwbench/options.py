@@ -262,6 +262,15 @@ class RunOptions:
         megatron=("--pipeline-model-parallel-size",),
     )
     dp: int | None = option("data-parallel degree", default_rule="world size / (tp x pp)", minimum=1, group=LAYOUT)
+    ep: int | None = option(
+        "expert-parallel degree of a mixture-of-experts model: each MoE layer's experts split over groups of this "
+        "many data-parallel ranks, tokens sent to their experts' rank and back by all-to-all; divides dp and the "
+        "experts",
+        default=1,
+        minimum=1,
+        group=LAYOUT,
+        megatron=("--expert-model-parallel-size",),
+    )
     fsdp: bool | None = option(
         "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
         default=False,

@@ -34,17 +34,26 @@ from hwbench.workload.flops import canonical_formula
 @dataclasses.dataclass(frozen=True)
 class ParallelDims:
     """Degrees of tensor, pipeline and data parallelism; world = tp x pp x dp.
-    ``source`` says where tp and pp came from: the user, the workload's published
-    layout, or the default of none."""
+    Expert parallelism (``ep``, a mixture-of-experts model's) is carved out of the
+    data-parallel ranks, as torchtitan and Megatron-LM compose it: the dp ranks form
+    dp / ep groups of ep neighbours, each group holding every expert once (E / ep on
+    each rank), so ep divides dp and adds no ranks. ``source`` says where tp and pp
+    came from: the user, the workload's published layout, or the default of none."""
 
     tp: Positive = 1
     pp: Positive = 1
     dp: Positive = 1
+    ep: Positive = 1
     source: str = "default"
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """The ranks that hold the same experts (Megatron's expert-data-parallel size): dp / ep."""
+        return self.dp // self.ep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,28 +304,51 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         dp = world // (tp * pp)
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
-    _check_moe_layout(workload, engine, bool(options.value("fsdp")), tp, pp)
+    _check_moe_layout(workload, engine, tp, pp)
+    ep = _expert_parallel(options.value("ep"), workload, dp)
     if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
         # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
         # positions, the tied output) only so far
         raise UsageError(f"--tp {tp} --pp {pp} with --model {workload.name}: tensor and pipeline parallelism run "
                          f"the GPT-2 architecture only so far, and {workload.name} is {model.architecture}; "
                          "accepted: --tp 1 --pp 1 (data parallelism: DDP, --fsdp, or --engine deepspeed --zero N)")
-    return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
+    return ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, source=source)
 
 
-def _check_moe_layout(workload: Workload, engine: str, fsdp: bool, tp: int, pp: int) -> None:
-    """A mixture-of-experts model runs on the native engine in one process or over DDP ranks so
-    far: tensor, pipeline and expert parallelism, FSDP2's sharding of the [E, out, in] expert
-    weights and DeepSpeed's engines are not built for its layers yet."""
+def _check_moe_layout(workload: Workload, engine: str, tp: int, pp: int) -> None:
+    """A mixture-of-experts model runs on the native engine over data-parallel ranks (DDP or FSDP2)
+    and expert-parallel ones so far: tensor and pipeline parallelism and DeepSpeed's engines are not
+    built for its layers yet."""
     if not workload.model.moe:
         return
-    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"), ("--fsdp", fsdp),
+    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"),
                                      (f"--tp {tp}", tp > 1), (f"--pp {pp}", pp > 1)) if used]
     if given:
         raise UsageError(f"{' '.join(given)} with --model {workload.name}: a mixture-of-experts model runs on the "
-                         "native engine, alone or over data-parallel ranks (DDP), so far; accepted: --engine native "
-                         "--tp 1 --pp 1 without --fsdp")
+                         "native engine, over data-parallel ranks (DDP or --fsdp) and expert-parallel ones (--ep), "
+                         "so far; accepted: --engine native --tp 1 --pp 1")
+
+
+def _expert_parallel(ep: int, workload: Workload, dp: int) -> int:
+    """--ep for this model and data-parallel size: 1 for a dense model; else a divisor of both
+    the experts (each rank holds E / ep whole experts) and dp (ep ranks of one group hold every
+    expert once)."""
+    experts = workload.model.num_experts
+    if ep == 1:
+        return ep
+    if experts is None:
+        raise UsageError(f"--ep {ep} with --model {workload.name}: expert parallelism splits the experts of a "
+                         f"mixture-of-experts model, and {workload.name} is dense; accepted: --ep 1, or a model "
+                         "with experts (`hwbench models` lists their experts)")
+    accepted = ", ".join(str(d) for d in range(1, min(experts, dp) + 1) if experts % d == 0 and dp % d == 0)
+    if experts % ep:
+        raise UsageError(f"--ep {ep} does not divide the {experts} experts of --model {workload.name}; accepted: "
+                         f"{accepted} (divisors of the experts and of the data-parallel size {dp})")
+    if dp % ep:
+        raise UsageError(f"--ep {ep} does not divide the data-parallel size {dp}: expert-parallel ranks are "
+                         f"data-parallel ones; accepted: {accepted} (divisors of the experts and of dp), or more "
+                         "ranks (--nproc-per-node)")
+    return ep
 
 
 def find_workload(catalog: Catalog, name: str) -> Workload:

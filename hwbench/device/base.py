@@ -49,6 +49,10 @@ class StepTimer(abc.ABC):
     @abc.abstractmethod
     def intervals_s(self) -> list[float]: ...
 
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Whether every mark has been reached, so intervals_s does not wait; asked without waiting."""
+
 
 class HostTimer(StepTimer):
     """For devices whose work is done when the call returns (the CPU)."""
@@ -61,6 +65,9 @@ class HostTimer(StepTimer):
 
     def intervals_s(self) -> list[float]:
         return [b - a for a, b in zip(self._marks, self._marks[1:])]
+
+    def ready(self) -> bool:
+        return True
 
 
 class EventTimer(StepTimer):
@@ -77,6 +84,10 @@ class EventTimer(StepTimer):
 
     def intervals_s(self) -> list[float]:
         return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
+
+    def ready(self) -> bool:
+        # the stream runs the events in order: the last one done means all are (a query, no wait)
+        return not self._events or bool(self._events[-1].query())
 
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9}

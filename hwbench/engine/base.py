@@ -58,6 +58,19 @@ class Engine(Protocol):
         """Release what the engine set up for itself (a one-rank process group)."""
 
 
+def by_mesh(tensors: list[Any]) -> list[list[Any]]:
+    """``tensors`` (parameters or gradients) in groups of one kind each, in order of first
+    appearance: plain tensors, then DTensors of each device mesh apart. torch's multi-tensor
+    kernels (AdamW's foreach and fused steps, _foreach_mul_, clipping) refuse a list that mixes
+    plain tensors with DTensors or DTensors of two meshes, which expert parallelism makes (its
+    experts are sharded on the "ep" mesh, the rest is not)."""
+    groups: dict[Any, list[Any]] = {}
+    for tensor in tensors:
+        key = tensor.device_mesh if isinstance(tensor, DTensor) else None
+        groups.setdefault(key, []).append(tensor)
+    return list(groups.values())
+
+
 # Elements per partial sum of squares in total_grad_norm: short enough that one fp32
 # accumulator stays accurate (PyTorch's own fix attempt, PR 169996, chose the same).
 NORM_CHUNK = 512

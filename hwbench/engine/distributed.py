@@ -4,6 +4,13 @@ Ranks are laid out as Megatron lays them out: tensor parallelism innermost
 (neighbouring ranks, on one node, over the fastest links), then data
 parallelism, pipeline stages outermost. One DeviceMesh with the named
 dimensions ("pp", "dp", "tp") carries every group the engines use.
+
+With expert parallelism (ep > 1) the data-parallel dimension is two: ("pp",
+"edp", "ep", "tp"), ep innermost (the ep ranks that exchange tokens are
+neighbours, as in Megatron-LM and torchtitan), and "dp" is their flattening, so
+every "dp" group and coordinate is the one a run without ep has. "ep" groups hold
+the experts once between them; "edp" groups (Megatron's expert-data-parallel)
+join the ranks that hold the same experts.
 """
 
 from __future__ import annotations
@@ -66,18 +73,27 @@ class DistContext:
     local_rank: int = 0
     local_world_size: int = 1
     node_rank: int = 0
-    mesh: Any = None  # torch.distributed.device_mesh.DeviceMesh over ("pp", "dp", "tp")
+    mesh: Any = None  # torch.distributed.device_mesh.DeviceMesh over ("pp", "dp", "tp"), or with ep (module doc)
+    flattened: dict[str, Any] = dataclasses.field(default_factory=dict)  # "dp" with ep > 1: of ("edp", "ep")
 
     @property
     def distributed(self) -> bool:
         return self.mesh is not None
 
+    def submesh(self, name: str):
+        """The 1-D mesh of dimension ``name`` ("pp", "dp", "tp"; "ep", "edp" with ep > 1)."""
+        return self.flattened[name] if name in self.flattened else self.mesh[name]
+
     def _coordinate(self, name: str) -> int:
-        return self.mesh.get_local_rank(name) if self.mesh is not None else 0
+        return self.submesh(name).get_local_rank() if self.mesh is not None else 0
 
     def group(self, name: str):
-        """The process group of mesh dimension ``name`` ("pp", "dp" or "tp")."""
-        return self.mesh.get_group(name) if self.mesh is not None else None
+        """The process group of mesh dimension ``name`` ("pp", "dp", "tp"; "ep", "edp" with ep > 1)."""
+        return self.submesh(name).get_group() if self.mesh is not None else None
+
+    @property
+    def ep_rank(self) -> int:
+        return self._coordinate("ep") if self.dims.ep > 1 else 0
 
     @property
     def tp_rank(self) -> int:
@@ -97,7 +113,7 @@ class DistContext:
 
     def all_reduce(self, tensor: torch.Tensor, dim: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         """In-place all-reduce over one mesh dimension (nothing when it has size 1)."""
-        if self.mesh is not None and self.mesh.size(self.mesh.mesh_dim_names.index(dim)) > 1:
+        if self.mesh is not None and self.submesh(dim).size() > 1:
             dist.all_reduce(tensor, op=op, group=self.group(dim))
         return tensor
 
@@ -127,9 +143,7 @@ def single_process(dims: ParallelDims) -> DistContext:
 def init_distributed(backend: Backend, dims: ParallelDims, env: RankEnvironment,
                      timeout_s: float) -> DistContext:
     """Join the process group torchrun set up (env:// rendezvous) on the device's
-    collective backend (gloo, nccl, hccl) and build the ("pp", "dp", "tp") mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-
+    collective backend (gloo, nccl, hccl) and build the ("pp", "dp", "tp") mesh (``device_mesh``)."""
     if dims.world_size != env.world_size:
         raise ValueError(f"tp x pp x dp = {dims.world_size} but torchrun started {env.world_size} ranks")
     options: dict[str, Any] = {"backend": backend.dist_backend,
@@ -145,10 +159,23 @@ def init_distributed(backend: Backend, dims: ParallelDims, env: RankEnvironment,
         options.update(store=dist.PrefixStore(f"hwbench/attempt_{env.restart_count}", store), rank=env.rank,
                        world_size=env.world_size)
     dist.init_process_group(**options)
-    mesh = init_device_mesh(backend.torch_device.type, (dims.pp, dims.dp, dims.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    mesh, flattened = device_mesh(backend.torch_device.type, dims)
     return DistContext(dims=dims, rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
-                       local_world_size=env.local_world_size, node_rank=env.node_rank, mesh=mesh)
+                       local_world_size=env.local_world_size, node_rank=env.node_rank, mesh=mesh,
+                       flattened=flattened)
+
+
+def device_mesh(device_type: str, dims: ParallelDims) -> tuple[Any, dict[str, Any]]:
+    """The run's DeviceMesh, ("pp", "dp", "tp"), and its flattened dimensions: with ep > 1 the
+    mesh is ("pp", "edp", "ep", "tp") and "dp" the flattening of ("edp", "ep"), the same group
+    as without ep (torch's way to merge dimensions; torchtitan's dp_shard, too)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dims.ep == 1:
+        return init_device_mesh(device_type, (dims.pp, dims.dp, dims.tp), mesh_dim_names=("pp", "dp", "tp")), {}
+    mesh = init_device_mesh(device_type, (dims.pp, dims.expert_dp, dims.ep, dims.tp),
+                            mesh_dim_names=("pp", "edp", "ep", "tp"))
+    return mesh, {"dp": mesh["edp", "ep"]._flatten("dp")}
 
 
 def shutdown() -> None:

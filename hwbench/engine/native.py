@@ -5,6 +5,10 @@
                GPipe, microbatches = global batch / (micro batch x dp)
     dp > 1     DDP when it is the only dimension; FSDP2 with --fsdp; otherwise
                one all-reduce of the gradients over the dp group per step
+    ep > 1     an MoE model's experts split over groups of ep data-parallel ranks,
+               tokens exchanged by all-to-all (hwbench.engine.expert_parallel);
+               the experts' gradients reduced over the ranks holding the same
+               experts (edp), the rest over dp as above
     1 rank     plain PyTorch
 
 Every layout takes the same optimizer step: gradients averaged over the global
@@ -28,8 +32,14 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from hwbench.device import Backend
-from hwbench.engine.base import StepOutcome, total_grad_norm
+from hwbench.engine.base import StepOutcome, by_mesh, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
+from hwbench.engine.expert_parallel import (
+    AllToAllClock,
+    apply_expert_fsdp,
+    apply_expert_parallel,
+    expert_parameter_names,
+)
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
@@ -51,6 +61,8 @@ class NativeEngine:
         dims = self.ctx.dims
         self.loss_parallel = dims.tp > 1 and dims.pp == 1
         self.data_parallel = _data_parallel_mode(dims.tp, dims.pp, dims.dp, spec.fsdp)
+        # the time each training step spends in the all-to-alls of expert parallelism (None without)
+        self.all_to_all_clock = AllToAllClock(backend.step_timer) if dims.ep > 1 else None
         self.model = self._build(config)
         self.model.train()
         self.optimizer = build_optimizer(self.model, spec.optimizer, backend.optimizer_options())
@@ -65,7 +77,7 @@ class NativeEngine:
 
     # construction -----------------------------------------------------------
     def _build(self, config: GPTConfig) -> nn.Module:
-        """Meta model -> stage cut -> TP -> FSDP -> storage -> seed-determined weights
+        """Meta model -> stage cut -> TP -> EP -> FSDP -> storage -> seed-determined weights
         -> DDP (pure data parallelism only)."""
         spec, ctx, dims = self.spec, self.ctx, self.ctx.dims
         with torch.device("meta"):
@@ -74,11 +86,15 @@ class NativeEngine:
         if dims.pp > 1:
             cut_pipeline_stage(model, ctx.pp_rank, dims.pp)
         if dims.tp > 1:
-            apply_tensor_parallel(model, ctx.mesh["tp"], loss_parallel=self.loss_parallel)
+            apply_tensor_parallel(model, ctx.submesh("tp"), loss_parallel=self.loss_parallel)
+        if dims.ep > 1:
+            apply_expert_parallel(model, ctx.submesh("ep"), self.all_to_all_clock)
         if spec.fsdp:
             # With pipelining each microbatch runs forward then backward later:
             # keep gathered parameters rather than re-gathering for every one.
-            apply_fsdp(model, ctx.mesh["dp"], reshard_after_forward=dims.pp == 1)
+            if dims.ep > 1:
+                apply_expert_fsdp(model, ctx.submesh("edp"), reshard_after_forward=dims.pp == 1)
+            apply_fsdp(model, ctx.submesh("dp"), reshard_after_forward=dims.pp == 1)
         model.to_empty(device=self.backend.torch_device)
         model.tie_output_to_embedding()
         init_parameters(model, spec.seed)
@@ -88,6 +104,9 @@ class NativeEngine:
                 block.compile()
         if self.data_parallel == "ddp":
             device_ids = None if self.backend.torch_device.type == "cpu" else [self.backend.torch_device]
+            if dims.ep > 1:  # the experts' gradients are reduced over edp, not dp: _reduce_gradients
+                DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                    model, expert_parameter_names(model))
             return DistributedDataParallel(model, device_ids=device_ids, process_group=ctx.group("dp"))
         return model
 
@@ -169,9 +188,12 @@ class NativeEngine:
 
     def _reduce_gradients(self) -> None:
         """What DDP or FSDP do not: the dp average when tensor or pipeline
-        parallelism is on (one flat all-reduce), and the sum of the two tied
-        embedding copies of the first and last pipeline stage."""
+        parallelism is on (one flat all-reduce), the experts' gradients beside DDP
+        under expert parallelism, and the sum of the two tied embedding copies of
+        the first and last pipeline stage."""
         dims = self.ctx.dims
+        if dims.ep > 1:
+            self._reduce_expert_gradients()
         if self.data_parallel == "all-reduce":
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -183,6 +205,22 @@ class NativeEngine:
                 offset += grad.numel()
         if self._tied_group is not None:
             dist.all_reduce(self._tied_gradient(), group=self._tied_group)
+
+    def _reduce_expert_gradients(self) -> None:
+        """The experts' gradients as the mean over the global batch: each already sums the tokens
+        of its ep group (hwbench.engine.expert_parallel), so they are summed over the ranks holding
+        the same experts (edp) and divided by dp. DDP leaves them out: one flat all-reduce here.
+        FSDP2 has averaged them over edp: scaled by edp / dp."""
+        names = set(expert_parameter_names(self.gpt))
+        grads = [_local(p.grad) for name, p in self.gpt.named_parameters() if name in names and p.grad is not None]
+        if self.data_parallel == "fsdp2":
+            torch._foreach_mul_(grads, 1.0 / self.ctx.dims.ep)
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.ctx.all_reduce(flat, "edp")
+        flat /= self.ctx.dims.dp
+        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in grads]),
+                                                                          grads, strict=True)])
 
     def _tied_gradient(self) -> torch.Tensor:
         """This stage's copy of the tied embedding's gradient, laid out as its weight.
@@ -205,9 +243,11 @@ class NativeEngine:
         last stage's copy of the tied embedding left out (counted once, as on one device)."""
         grads = [p.grad for name, p in self.gpt.named_parameters()
                  if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
-        norm = total_grad_norm(grads, self.backend.grad_norm_dtype)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
+        # one norm per mesh (expert parallelism's experts are sharded on another mesh than the rest,
+        # and DTensor reduces one mesh at a time), their squares added
+        norms = [total_grad_norm(together, self.backend.grad_norm_dtype) for together in by_mesh(grads)]
+        norms = [norm.full_tensor() if hasattr(norm, "full_tensor") else norm for norm in norms]
+        norm = norms[0] if len(norms) == 1 else torch.stack([n.float() for n in norms]).norm()
         if self.ctx.dims.pp > 1:
             squared = norm.float() ** 2
             self.ctx.all_reduce(squared, "pp")
@@ -223,9 +263,9 @@ class NativeEngine:
         loss = self._forward_backward(next_batch)
         self._reduce_gradients()
         scale = self.scaler.scale if self.scaler else None  # update() replaces it: this one stays this step's
-        if self.scaler:  # unscale in one multi-tensor call, not a kernel per parameter
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_mul_(grads, self.scaler.inverse_scale)
+        if self.scaler:  # unscale in one multi-tensor call per mesh, not a kernel per parameter
+            for grads in by_mesh([p.grad for p in self.model.parameters() if p.grad is not None]):
+                torch._foreach_mul_(grads, self.scaler.inverse_scale)
         grad_norm = self._global_grad_norm()
         if self.scaler:
             found_inf = overflow_flag(grad_norm)  # the same on every rank: the norm is global
@@ -239,7 +279,8 @@ class NativeEngine:
 
     def _clip_and_step(self, grad_norm: torch.Tensor) -> None:
         if self.spec.optimizer.clip_grad > 0:  # 0: no clipping (Megatron-LM's and DeepSpeed's meaning)
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
+            for parameters in by_mesh([p for p in self.model.parameters() if p.grad is not None]):
+                torch.nn.utils.clip_grads_with_norm_(parameters, self.spec.optimizer.clip_grad, grad_norm)
         self.optimizer.step()
 
     def _step_unless_overflowed(self, grad_norm: torch.Tensor, found_inf: torch.Tensor) -> torch.Tensor | bool:
@@ -309,6 +350,7 @@ class NativeEngine:
             "name": "native",
             "data_parallel": self.data_parallel,
             "tensor_parallel": "dtensor" if dims.tp > 1 else None,
+            "expert_parallel": "all-to-all" if dims.ep > 1 else None,
             "vocab_parallel": dims.tp > 1,
             "loss_parallel": self.loss_parallel,
             "pipeline_schedule": self.spec.pp_schedule if dims.pp > 1 else None,

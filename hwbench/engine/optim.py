@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from hwbench.engine.base import by_mesh
 from hwbench.spec import OptimizerSpec
 
 
@@ -36,16 +37,17 @@ def step_learning_rate(spec: OptimizerSpec, step: int) -> float:
 
 
 def build_optimizer(model: nn.Module, spec: OptimizerSpec, options: dict) -> torch.optim.AdamW:
-    """AdamW; as in Megatron, biases and LayerNorm gains get no weight decay."""
+    """AdamW; as in Megatron, biases and LayerNorm gains get no weight decay. Each group holds
+    parameters of one device mesh (hwbench.engine.base.by_mesh): AdamW's multi-tensor kernels run
+    a group's parameters together, and expert parallelism shards the experts on a mesh of their own."""
     decay: list[torch.nn.Parameter] = []
     no_decay: list[torch.nn.Parameter] = []
     for parameter in model.parameters():
         if not parameter.requires_grad:
             continue
         (no_decay if parameter.ndim < 2 else decay).append(parameter)
-    groups = [
-        {"params": decay, "weight_decay": spec.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    groups = [{"params": together, "weight_decay": weight_decay}
+              for parameters, weight_decay in ((decay, spec.weight_decay), (no_decay, 0.0))
+              for together in by_mesh(parameters) or [[]]]
     return torch.optim.AdamW(groups, lr=step_learning_rate(spec, 1), betas=(spec.adam_beta1, spec.adam_beta2),
                              eps=spec.adam_eps, **options)

@@ -18,7 +18,7 @@ from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
-from hwbench.harness.routing import routing_summary, step_routing
+from hwbench.harness.routing import expert_parallel_figures, routing_summary, step_all_to_all_s, step_routing
 from hwbench.harness.stand_in import SIMULATED_PRICE
 from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (
@@ -83,6 +83,8 @@ class RankReport:
     # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
     # ranks: [assignments per expert..., dropped, mean load-balancing loss]; None for a dense model
     routing: list[list[list[float]]] | None = None
+    # expert parallelism: this rank's seconds in the all-to-alls per step (warm-up included); None without
+    all_to_all_s: list[float] | None = None
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -193,17 +195,25 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
     losses, norms = source.losses, source.grad_norms
+    # expert parallelism's all-to-all seconds per step (warm-up included), the mean over ranks
+    all_to_all = (step_all_to_all_s([r.all_to_all_s for r in reports if r.all_to_all_s is not None])
+                  if source.all_to_all_s is not None else None)
     # Step t takes as long as its slowest rank.
     times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
     result.steps = [Step(step=source.first_iteration + index + 1, phase="timed" if index >= spec.warmup else "warmup",
                          time_s=times[index - spec.warmup] if index >= spec.warmup else None,
                          loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
                          lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index],
-                         **_step_routing(source, index))
+                         **_step_routing(source, index), all_to_all_s=all_to_all[index] if all_to_all else None)
                     for index in range(len(losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
     if source.routing is not None:
         result.metrics.routing = routing_summary(source.routing, spec.warmup, spec.model_config(workload.model))
+    if all_to_all:
+        in_order = sorted(reports, key=lambda r: r.rank)
+        result.metrics.expert_parallel = expert_parallel_figures(
+            spec.parallel.ep, [r.all_to_all_s or [] for r in in_order], [r.step_times_s for r in in_order],
+            spec.warmup)
     caveat = shape_caveat(spec.flops_formula, spec.model_config(workload.model))  # e.g. megatron-deepspeed on Llama
     if spec.model_config(workload.model).moe:  # no formula counts it yet: null figures, no caveat on them
         _without_dense_flops(result.metrics)

@@ -1,14 +1,16 @@
 """A mixture-of-experts run's routing in its result: each step's figures (``steps[].moe_*``) and
 the timed steps' summary (``metrics.routing``), from the per-step, per-layer counts the worker
 gathered after its timed loop (hwbench.workload.moe.RoutingRecorder: assignments per expert,
-assignments dropped, the mean load-balancing loss)."""
+assignments dropped, the mean load-balancing loss); with expert parallelism, the time its
+all-to-alls took (``steps[].all_to_all_s``, ``metrics.expert_parallel``) from each rank's
+per-step seconds (hwbench.engine.expert_parallel.AllToAllClock)."""
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
 
-from hwbench.result.model import MoeRouting
+from hwbench.result.model import ExpertParallelFigures, MoeRouting
 from hwbench.workload.config import GPTConfig
 
 StepCounts = list[list[float]]  # one step: per MoE layer [assignments per expert..., dropped, aux loss]
@@ -51,3 +53,28 @@ def routing_summary(steps: list[StepCounts], timed_from: int, config: GPTConfig)
                    imbalance_max=max(imbalances) if imbalances else None, dropped_tokens=dropped,
                    dropped_fraction=dropped / routed if routed else None,
                    aux_loss_mean=statistics.fmean(f.aux_loss for f in per_step) if per_step else None)
+
+
+def expert_parallel_figures(ep: int, all_to_all_s: list[list[float]], step_times_s: list[list[float]],
+                            timed_from: int) -> ExpertParallelFigures:
+    """The timed steps' all-to-all time against their step time: ``all_to_all_s[r]`` rank r's
+    seconds per step from the first (warm-up included, as the worker recorded them),
+    ``step_times_s[r]`` its timed steps' times (both in rank order). The share sums every rank's all-to-all time over
+    every rank's step time; a rank's own share names the one that waited most."""
+    timed = [seconds[timed_from:timed_from + len(steps)] for seconds, steps in zip(all_to_all_s, step_times_s,
+                                                                                  strict=True)]
+    shares = [sum(seconds) / sum(steps) if sum(steps) > 0 else None
+              for seconds, steps in zip(timed, step_times_s, strict=True)]
+    known = [(share, rank) for rank, share in enumerate(shares) if share is not None]
+    total_steps = sum(sum(steps) for steps in step_times_s)
+    share = sum(map(sum, timed)) / total_steps if total_steps > 0 else None
+    per_step = step_all_to_all_s(timed)
+    most = max(known) if known else None
+    return ExpertParallelFigures(ep=ep, all_to_all_share=share, all_to_all_share_max=most[0] if most else None,
+                                 all_to_all_share_max_rank=most[1] if most else None,
+                                 all_to_all_s_median=statistics.median(per_step) if per_step else None)
+
+
+def step_all_to_all_s(all_to_all_s: list[list[float]]) -> list[float]:
+    """Seconds in the all-to-alls per step, the mean over ranks (``all_to_all_s[r]``: rank r's)."""
+    return [statistics.fmean(step) for step in zip(*all_to_all_s, strict=True)]

@@ -289,8 +289,10 @@ def measure(
     ``setup_started``: perf_counter() when run_point started, for the report's ``init_s``."""
     validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
-    # an MoE model's routing, step by step (the engines hold their model as ``model``)
+    # an MoE model's routing, step by step (the engines hold their model as ``model``), and the time
+    # its expert-parallel all-to-alls take (the native engine's clock; None without expert parallelism)
     routing = RoutingRecorder.of(getattr(engine, "model", None))
+    all_to_all = getattr(engine, "all_to_all_clock", None)
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
     progress.training_started(spec.gradient_accumulation_steps)
@@ -303,6 +305,8 @@ def measure(
                                           if first else data.train_batch))
         if routing is not None:
             routing.step_done()
+        if all_to_all is not None:
+            all_to_all.step_done()
         backend.step_done()
 
     def validate_reached(iteration: int) -> bool:
@@ -388,6 +392,7 @@ def measure(
     losses /= ctx.dims.dp
     return RankReport(
         routing=None if routing is None else global_routing(routing, ctx),
+        all_to_all_s=None if all_to_all is None else all_to_all.step_seconds(),
         rank=ctx.rank,
         local_rank=ctx.local_rank,
         node_rank=ctx.node_rank,

@@ -116,7 +116,7 @@ def _optional_fields(dataclass: type, absent: dict[str, Any], nested: dict[type,
     return create_model(f"{dataclass.__name__}Fields", __base__=Section, __module__=__name__, **fields)
 
 
-class Parallel(_optional_fields(ParallelDims, {"tp": 1, "pp": 1, "dp": 1})):  # type: ignore[misc]
+class Parallel(_optional_fields(ParallelDims, {"tp": 1, "pp": 1, "dp": 1, "ep": 1})):  # type: ignore[misc]
     """Degrees of parallelism, and where tp and pp came from."""
 
     @property
@@ -442,6 +442,17 @@ class MoeRouting(Section):
     aux_loss_mean: Rate | None = None  # the load-balancing loss added to the objective, per step
 
 
+class ExpertParallelFigures(Section):
+    """An expert-parallel run's all-to-alls (dispatch and combine, forward and backward) over its
+    timed steps, every rank's (hwbench.harness.routing.expert_parallel_figures)."""
+
+    ep: Positive | None = None
+    all_to_all_share: Rate | None = None  # time in the all-to-alls over step time, every rank's timed steps summed
+    all_to_all_share_max: Rate | None = None  # the share of the rank with the largest one
+    all_to_all_share_max_rank: Count | None = None
+    all_to_all_s_median: Rate | None = None  # per timed step: seconds in the all-to-alls, mean over ranks
+
+
 class Metrics(WithReasons):
     """The figures of the timed steps."""
 
@@ -476,6 +487,7 @@ class Metrics(WithReasons):
     telemetry: Telemetry | None = None
     data: dict[str, Any] | None = None
     routing: MoeRouting | None = None
+    expert_parallel: ExpertParallelFigures | None = None
     unmeasured: REASONS | None = None
 
 
@@ -494,6 +506,7 @@ class Step(Section):
     moe_aux_loss: Rate | None = None
     moe_imbalance: Rate | None = None
     moe_dropped_tokens: Count | None = None
+    all_to_all_s: Rate | None = None  # expert parallelism: seconds in the step's all-to-alls, mean over ranks
 
 
 class CheckpointRank(Section):

@@ -29,6 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from hwbench.workload.config import GPTConfig
 
@@ -121,7 +122,9 @@ class GroupedLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, out_features, in_features))
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        weight: torch.Tensor = self.weight
+        # under expert parallelism a DTensor sharded on the experts: this rank's experts, whose rows
+        # the dispatch (hwbench.engine.expert_parallel) gives this module
+        weight: torch.Tensor = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
         if torch.is_autocast_enabled(x.device.type):  # grouped_mm takes one dtype; autocast does not cast it
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
