@@ -63,6 +63,8 @@ TOKENS_PER_S = _rate("tokens/s")
 SAMPLES_PER_S = _rate("samples/s")
 TFLOPS = _rate("TFLOP/s")
 FRACTION = Unit("fraction", lambda value: f"{value:.1%}", lambda values: (100.0, "%"))
+# a ratio of two like figures, 1 at parity (an MoE layer's busiest expert over the mean: 1.23x)
+TIMES = Unit("ratio", lambda value: f"{value:.3g}x", lambda values: (1.0, "x"))
 SECONDS = Unit("s", _seconds, _seconds_axis)
 BYTES = Unit("bytes", human_bytes, _binary_axis)
 
@@ -146,5 +148,15 @@ METRICS: dict[str, Metric] = {
                Gauge("hwbench_step_time_median_seconds", "Median time of a timed optimizer step", "seconds")),
         Metric("peak_memory", ("memory", "peak_reserved_bytes"), False, BYTES, "peak memory", "peak_reserved_bytes",
                Gauge("hwbench_memory_peak_bytes", "Peak memory reserved on a device in the timed steps", "bytes")),
+        # a mixture-of-experts run's: more time in expert parallelism's all-to-alls, or tokens piled on
+        # fewer experts (the busiest one sets the pace of its layer), is a slower run
+        Metric("all_to_all_share", ("expert_parallel", "all_to_all_share"), False, FRACTION, "all-to-all share",
+               "all_to_all_share",
+               Gauge("hwbench_expert_parallel_all_to_all_ratio",
+                     "Share of the timed steps spent in expert parallelism's all-to-alls, every rank (0 to 1)",
+                     "ratio")),
+        Metric("moe_imbalance", ("routing", "imbalance_median"), False, TIMES, "expert imbalance", "moe_imbalance",
+               Gauge("hwbench_moe_expert_imbalance",
+                     "Tokens of the busiest expert over the mean per expert (worst MoE layer, median step; 1: even)")),
     )
 }

@@ -34,7 +34,7 @@ SIMULATED = "simulated"  # PointKey.stand_in of a point a stand-in device ran (h
 FROM_SPEC = {name: name for name in (
     "model", "precision", "micro_batch_size", "global_batch_size", "seq_length", "max_positions", "recompute",
     "compile", "engine", "zero_stage", "fsdp", "pp_schedule", "data", "steps", "fused_qkv", "cross_entropy",
-)} | {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "nnodes": "launch.nnodes"}
+)} | {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep", "nnodes": "launch.nnodes"}
 FROM_RUN = ("backend", "device_model", "stand_in")
 
 
@@ -65,6 +65,7 @@ class PointKey:
     steps: int | None
     fused_qkv: bool = False
     cross_entropy: str = "standard"
+    ep: int = 1  # expert parallelism, within dp (a default: keys stored before it had none)
     # None: the device itself ran the point; SIMULATED: a stand-in ran its code path on the host.
     # Text, not a flag, so that another kind of stand-in (FP8 emulated on a device without FP8)
     # joins the key as a value, without another change of the key and of the stored keys.
@@ -90,7 +91,7 @@ class PointKey:
         """'1.3b on NVIDIA H100 TP2 PP2 bf16 recompute', then this key's value of every other field
         in which the keys ``among`` differ (', seq 64'), so that no two of them read the same."""
         layout = "".join(
-            f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp") if getattr(self, name) > 1
+            f" {name.upper()}{getattr(self, name)}" for name in ("tp", "pp", "dp", "ep") if getattr(self, name) > 1
         )
         flags, details = self._flags(), self._details(among)
         return (

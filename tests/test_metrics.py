@@ -21,15 +21,18 @@ TEMPLATE = Path(__file__).parent / "data" / "compare" / "tiny-cpu.json"
 
 @pytest.fixture
 def every_figure(tmp_path) -> Path:
-    """A folder with one real CPU result given the figure it lacks (MFU, no catalog peak on this
-    CPU) and its figures under the default FLOPs formula, which the exports read: a result that
+    """A folder with one real CPU result given the figures it lacks (MFU, no catalog peak on this
+    CPU; a mixture of experts' imbalance and expert parallelism's all-to-all share, a dense model's
+    run) and its figures under the default FLOPs formula, which the exports read: a result that
     has every registered figure."""
     data = json.loads(TEMPLATE.read_text())
     metrics = data["metrics"]
     metrics["unmeasured"].pop("mfu")
     metrics.update(mfu=0.25, flops_formula=DEFAULT_FLOPS_FORMULA, by_formula={
         DEFAULT_FLOPS_FORMULA: {"flops_per_iteration": 1.0, "tflops_per_device": metrics["tflops_per_device"],
-                                "mfu": 0.25}})
+                                "mfu": 0.25}},
+                   routing={"imbalance_median": 1.18, "imbalance_max": 1.3, "dropped_tokens": 0},
+                   expert_parallel={"ep": 2, "all_to_all_share": 0.21})
     folder = tmp_path / "runs"
     folder.mkdir()
     (folder / "run.json").write_text(json.dumps(data))
@@ -92,6 +95,8 @@ def test_every_figure_has_its_column_in_the_reports_runs_table(every_figure):
     ("step_time_median", 1.9523, "1.952 s"),
     ("step_time_median", 12345.6, "12,346 s"),
     ("peak_memory", 1.3 * 2 ** 30, "1.3 GiB"),
+    ("all_to_all_share", 0.2104, "21.0%"),
+    ("moe_imbalance", 1.1834, "1.18x"),
 ])
 def test_a_figure_reads_the_same_in_compare_and_the_history(name, value, text):
     """compare wrote a median step time as "0.4627 s" and the history as "462.7 ms", and the

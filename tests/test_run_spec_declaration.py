@@ -30,7 +30,7 @@ OPTIMIZER_OPTIONS = {field.name for field in dataclasses.fields(OptimizerSpec)} 
 ELSEWHERE = {
     "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
     "device_memory": "device_memory_bytes",
-    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp",
+    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep",
     "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
     "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
     "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",

@@ -128,6 +128,9 @@ class ExpertParallelDispatch:
         self.clock = clock
         self._sent: _Sent | None = None
 
+    # Outside torch.compile (--compile compiles each block): the split sizes are host integers and the
+    # clock reads the host's; compiled, they would break the graph anyway, and recompile on every split.
+    @torch.compiler.disable
     def dispatch(self, module: nn.Module, args: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         rows, offsets = args  # (T k, h) sorted by expert; (E,) int32 ends of each expert's rows
         clock = self.clock if module.training else None  # validation's all-to-alls are no step's
@@ -150,6 +153,7 @@ class ExpertParallelDispatch:
         self._sent = _Sent(order=order, send=send, receive=receive, rows=rows.shape[0])
         return routed[order], local_offsets
 
+    @torch.compiler.disable
     def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         sent, self._sent = self._sent, None
         assert sent is not None, "combine follows the dispatch of the same call"

@@ -83,6 +83,19 @@ def _point_keys_with_stand_in(connection) -> None:
         connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
 
 
+def _point_keys_with_expert_parallelism(connection) -> None:
+    """Version 4: every stored point key holds ep (before stand_in, PointKey's order), 1 for every run
+    stored before it: expert parallelism came with the field."""
+    fields = len(V2_POINT_FIELDS) + 1  # version 3's: stand_in last
+    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text in rows:
+        old = _json_column(text)
+        if not (isinstance(old, list) and len(old) == fields):
+            continue  # damaged: runs_with_metric names it
+        key = [*old[:-1], 1, old[-1]]
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+
+
 # MIGRATIONS[v]: the steps that take a database from version v - 1 to version v.
 MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the connection
     1: (
@@ -108,6 +121,7 @@ MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the con
     ),
     2: (_point_keys_with_positions,),
     3: (_point_keys_with_stand_in,),
+    4: (_point_keys_with_expert_parallelism,),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 

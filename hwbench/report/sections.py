@@ -217,8 +217,11 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
         utilisation = [_utilisation_columns("", own),
                        *([_utilisation_columns(f" ({also_formula})", also)] if also_formula else []),
                        _utilisation_columns(" (measured ceiling)", ceiling)]
-        columns = [(header, lambda item, cell=cell: cell(*item)) for header, cell in _model_columns(utilisation)]
+        moe = any(run["moe"] is True for run in ordered)
+        columns = [(header, lambda item, cell=cell: cell(*item)) for header, cell in _model_columns(utilisation, moe)]
         section.blocks.append(("table", Table.of(columns, enumerate(ordered))))
+        if moe:
+            section.blocks.append(("p", MOE_NOTE))
         section.blocks += _model_images(str(model), images)
     if ok.empty:
         section.blocks.append(("p", "No run with status ok."))
@@ -229,10 +232,11 @@ def model_section(runs: pd.DataFrame, images: dict[str, str], also_formula: str 
 Column = tuple[str, Callable[[int, pd.Series], Any]]
 
 
-def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list[Column]:
+def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]], moe: bool = False) -> list[Column]:
     """The per-model table's columns, header and cell side by side; the registry's figures under
     their registry label (hwbench.metrics.METRICS); ``utilisation``: the MFU/HFU columns' headers
-    and each run's cells (_utilisation_columns), in order."""
+    and each run's cells (_utilisation_columns), in order; ``moe``: a mixture-of-experts model's
+    routing and all-to-all columns too."""
     def metric(name: str, digits: int) -> Column:
         """A registry figure under its label, read from its column of the runs table (Metric.column)."""
         return METRICS[name].label, lambda index, run: fmt(run[METRICS[name].column], digits)
@@ -257,7 +261,26 @@ def _model_columns(utilisation: list[tuple[list[str], list[list[Any]]]]) -> list
         (METRICS["peak_memory"].label, lambda index, run: gib_cell(run["peak_bytes"])),
         ("predicted", lambda index, run: gib_cell(run["predicted_peak_bytes"], note=_predicted_note(run))),
         ("capacity", lambda index, run: gib_cell(run["capacity_bytes"])),
+        *(_moe_columns() if moe else []),
     ]
+
+
+def _moe_columns() -> list[Column]:
+    """A mixture-of-experts model's figures: the expert imbalance (median step, worst layer), the
+    assignments dropped over capacity, and expert parallelism's all-to-all share of the step."""
+    imbalance, share = METRICS["moe_imbalance"], METRICS["all_to_all_share"]
+    return [
+        (imbalance.label, lambda index, run: figure(run[imbalance.column], ".3g")),
+        ("dropped", lambda index, run: percent(run["moe_dropped_fraction"])),
+        (share.label, lambda index, run: percent(run[share.column], note=None if is_number(run[share.column]) else
+                                                 "no expert parallelism (EP1): no all-to-all")),
+    ]
+
+
+MOE_NOTE = ("Expert imbalance: the assignments of the busiest expert over the mean per expert, in the MoE layer "
+            "where that is highest, over a step's global batch, the median of the timed steps (1: even); dropped: "
+            "the assignments over the experts' capacity; all-to-all share: the time every rank spent in expert "
+            "parallelism's dispatch and combine all-to-alls over its step time (docs/methodology.md).")
 
 
 def _engine_text(run: pd.Series) -> str:

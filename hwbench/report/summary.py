@@ -61,6 +61,10 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
             rows.append(("validation curve", curve))
     elif metrics.why("valid_ppl"):
         rows.append(("validation", _why(result, "valid_ppl")))
+    if metrics.routing:
+        rows.append(("expert routing", routing_text(result)))
+    if metrics.expert_parallel:
+        rows.append((METRICS["all_to_all_share"].label, all_to_all_text(result)))
     if metrics.time_to_target:
         rows.append(("time to target", time_to_target_text(metrics.time_to_target)))
     if metrics.steady_state:
@@ -72,6 +76,28 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
     rows += [("warning", warning) for warning in result.warnings]
     return rows + ([("result file", path)] if path else [])
+
+
+def routing_text(result: RunResult) -> str:
+    """ "imbalance 1.12x median, 1.31x max (busiest expert / mean, worst layer); 0 dropped (0.0%); aux loss 0.0201"."""
+    routing = result.metrics.routing
+    assert routing is not None, "an MoE run's summary"
+    imbalance = METRICS["moe_imbalance"]
+    dropped = "-" if routing.dropped_fraction is None else f"{routing.dropped_fraction:.1%}"
+    return (f"imbalance {imbalance.text(routing.imbalance_median)} median, {imbalance.text(routing.imbalance_max)} max "
+            f"(busiest expert / mean, worst layer); {routing.dropped_tokens} assignments dropped ({dropped}); "
+            f"load-balancing loss {_number(routing.aux_loss_mean, 4)}")
+
+
+def all_to_all_text(result: RunResult) -> str:
+    """ "27.8% of the step time (EP2; rank 1 41.2%), 141.0 ms a step"."""
+    figures = result.metrics.expert_parallel
+    assert figures is not None, "an expert-parallel run's summary"
+    share = METRICS["all_to_all_share"]
+    most = ("" if figures.all_to_all_share_max is None else
+            f"; rank {figures.all_to_all_share_max_rank} {share.text(figures.all_to_all_share_max)}")
+    return (f"{share.text(figures.all_to_all_share)} of the step time (EP{figures.ep}{most}), "
+            f"{_ms(figures.all_to_all_s_median)} ms a step in dispatch and combine")
 
 
 CURVE_POINTS = 6  # validations shown at most; the result holds them all
@@ -176,7 +202,7 @@ def _memory_text(memory: Memory) -> str:
 def layout_text(result: RunResult) -> str:
     """ "TP2 PP1 DP2, native (ddp), 4 ranks on 2 nodes"."""
     spec, engine = result.spec, result.engine
-    text = f"TP{spec.parallel.tp} PP{spec.parallel.pp} DP{spec.parallel.dp}"
+    text = spec.parallel.layout
     if (engine.name or spec.engine) == "deepspeed":
         text += f", deepspeed ZeRO {engine.zero_stage if engine.zero_stage is not None else spec.zero_stage}"
     else:

@@ -123,6 +123,11 @@ class Parallel(_optional_fields(ParallelDims, {"tp": 1, "pp": 1, "dp": 1, "ep": 
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
+    @property
+    def layout(self) -> str:
+        """ "TP2 PP1 DP4", with " EP2" where expert parallelism splits the experts over dp."""
+        return f"TP{self.tp} PP{self.pp} DP{self.dp}" + (f" EP{self.ep}" if self.ep > 1 else "")
+
 
 class SpecLaunch(_optional_fields(LaunchSpec, {"nnodes": 1, "nproc_per_node": 1, "node_rank": 0})):  # type: ignore[misc]
     """How the run's processes are started."""
