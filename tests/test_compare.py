@@ -262,6 +262,33 @@ def test_lower_is_better_metric(tmp_path, capsys):
     assert code == 3 and "lower is better" in out and "+11." in verdicts(out)
 
 
+def _with_moe_figures(folder: Path, imbalances: list[float], shares: list[float]) -> Path:
+    """``folder``'s results (one per repeat, in order) given an MoE run's imbalance and an
+    expert-parallel run's all-to-all share, as `hwbench run --ep 2` records them."""
+    for file, imbalance, share in zip(sorted(folder.glob("*.json")), imbalances, shares, strict=True):
+        data = json.loads(file.read_text())
+        data["spec"]["parallel"]["ep"] = 2
+        data["metrics"]["routing"] = {"imbalance_median": imbalance, "imbalance_max": imbalance + 0.1}
+        data["metrics"]["expert_parallel"] = {"ep": 2, "all_to_all_share": share}
+        file.write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize("metric, base, cur, change", [
+    ("moe_imbalance", ([1.10, 1.11, 1.09], [0.2] * 3), ([1.32, 1.31, 1.33], [0.2] * 3), "+20."),
+    ("all_to_all_share", ([1.1] * 3, [0.20, 0.21, 0.20]), ([1.1] * 3, [0.26, 0.25, 0.26]), "+30."),
+], ids=["imbalance", "all-to-all-share"])
+def test_more_expert_imbalance_or_all_to_all_time_is_a_regression(tmp_path, capsys, metric, base, cur, change):
+    """Tokens piled on fewer experts, or more of the step in the all-to-alls, at the same throughput:
+    the regression compare names (lower is better), exit 3; the same figures are no regression."""
+    baseline = _with_moe_figures(write(tmp_path / "base", [1000.0, 1010.0, 995.0]), *base)
+    current = _with_moe_figures(write(tmp_path / "cur", [1000.0, 1010.0, 995.0]), *cur)
+    code, out, _ = run(capsys, baseline, current, "--metric", metric)
+    assert code == 3 and "lower is better" in out and "regression" in verdicts(out) and change in verdicts(out)
+    assert run(capsys, baseline, baseline, "--metric", metric)[0] == 0
+    assert "EP2" in verdicts(out)  # the point's layout names its expert parallelism
+
+
 def test_single_values_use_the_threshold_only(tmp_path, capsys):
     base = write(tmp_path / "base", [1000.0])
     same = write(tmp_path / "same", [980.0])

@@ -319,3 +319,4 @@ def test_a_ddp_run_of_moe_tiny_trains_and_routes_as_one_process(tmp_path):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
         assert ours["moe_aux_loss"] == pytest.approx(theirs["moe_aux_loss"], rel=1e-3)
     assert [sum(layer) for layer in ddp["metrics"]["routing"]["tokens_per_expert"]] == [2 * 4 * 32 * 2] * 2
+    assert "expert_parallel" not in ddp["metrics"]  # EP1: every rank holds every expert, no all-to-all

@@ -204,7 +204,8 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
                          time_s=times[index - spec.warmup] if index >= spec.warmup else None,
                          loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
                          lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index],
-                         **_step_routing(source, index), all_to_all_s=all_to_all[index] if all_to_all else None)
+                         **_step_routing(source, index),
+                         **({"all_to_all_s": all_to_all[index]} if all_to_all else {}))
                     for index in range(len(losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
     if source.routing is not None:
