@@ -304,8 +304,8 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         dp = world // (tp * pp)
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
+    ep = _expert_parallel(options.value("ep"), workload, dp, tp, pp)
     _check_moe_layout(workload, engine, tp, pp)
-    ep = _expert_parallel(options.value("ep"), workload, dp)
     if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
         # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
         # positions, the tied output) only so far
@@ -329,13 +329,16 @@ def _check_moe_layout(workload: Workload, engine: str, tp: int, pp: int) -> None
                          "so far; accepted: --engine native --tp 1 --pp 1")
 
 
-def _expert_parallel(ep: int, workload: Workload, dp: int) -> int:
-    """--ep for this model and data-parallel size: 1 for a dense model; else a divisor of both
-    the experts (each rank holds E / ep whole experts) and dp (ep ranks of one group hold every
-    expert once)."""
+def _expert_parallel(ep: int, workload: Workload, dp: int, tp: int, pp: int) -> int:
+    """--ep for this model and layout: 1 for a dense model; else a divisor of both the experts
+    (each rank holds E / ep whole experts) and dp (ep ranks of one group hold every expert once),
+    without tensor or pipeline parallelism."""
     experts = workload.model.num_experts
     if ep == 1:
         return ep
+    if tp > 1 or pp > 1:  # the experts would need their own tensor-parallel split (Megatron's ETP)
+        raise UsageError(f"--ep {ep} with --tp {tp} --pp {pp}: expert parallelism runs beside data parallelism "
+                         "only so far; accepted: --tp 1 --pp 1 with --ep, or --ep 1")
     if experts is None:
         raise UsageError(f"--ep {ep} with --model {workload.name}: expert parallelism splits the experts of a "
                          f"mixture-of-experts model, and {workload.name} is dense; accepted: --ep 1, or a model "

@@ -268,6 +268,23 @@ def test_expert_parallel_layouts_train_as_one_process(tmp_path, one_process, opt
         assert "expert_parallel" not in result["metrics"]
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # three runs; the default run's EP2 takes the sharded experts' path, checkpoints theirs
+def test_an_ep2_checkpoint_resumes_on_one_process_as_the_uninterrupted_run(tmp_path):
+    """The experts' DTensor shards saved by two EP2 ranks load into one process's whole [E, out, in]
+    weights (and AdamW's moments): steps 4 and 5 after the load are the uninterrupted run's."""
+    saved = _run(tmp_path / "ep2", "--nproc-per-node", "2", "--ep", "2", "--save", str(tmp_path / "checkpoints"))
+    manifest = json.loads(next((tmp_path / "checkpoints").glob("iter_*/hwbench_checkpoint.json")).read_text())
+    assert manifest["layout"]["ep"] == 2 and saved["status"] == "ok"
+    resumed = _run(tmp_path / "resumed", "--load", str(tmp_path / "checkpoints"), "--steps", "1")
+    whole = _run(tmp_path / "whole", "--steps", "4")
+    assert [step["step"] for step in resumed["steps"]] == [4, 5]
+    for ours, theirs in zip(resumed["steps"], whole["steps"][3:], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6)
+        assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
+    assert any("random-number generator states not restored" in warning for warning in resumed["warnings"])
+
+
 # --- bad input --------------------------------------------------------------------------------------
 
 
@@ -281,8 +298,11 @@ def test_expert_parallel_layouts_train_as_one_process(tmp_path, one_process, opt
     (["--model", "moe-tiny", "--nproc-per-node", "2", "--ep", "4"],
      "--ep 4 does not divide the data-parallel size 2: expert-parallel ranks are data-parallel ones; accepted: "
      "1, 2 (divisors of the experts and of dp), or more ranks (--nproc-per-node)"),
+    (["--model", "moe-tiny", "--nproc-per-node", "4", "--tp", "2", "--ep", "2"],
+     "--ep 2 with --tp 2 --pp 1: expert parallelism runs beside data parallelism only so far; accepted: --tp 1 "
+     "--pp 1 with --ep, or --ep 1"),
     (["--model", "moe-tiny", "--ep", "0"], None),
-], ids=["dense", "experts", "dp", "zero"])
+], ids=["dense", "experts", "dp", "tp", "zero"])
 def test_a_bad_ep_is_one_line_naming_it_and_nothing_is_written(tmp_path, capsys, options, line):
     code = main(["run", "--quiet", "--device", "cpu", "--out", str(tmp_path / "out"), *options])
     error = capsys.readouterr().err.strip()

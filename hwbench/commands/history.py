@@ -18,7 +18,8 @@ DESCRIPTION = ("Keep every result in a history database and find where performan
                "threshold), `show` lists the series, `report` writes the trend page (docs/history.md).")
 # tokens/s stands for samples/s, TFLOP/s and MFU too: they are fixed multiples of it for a
 # point, so they would repeat its change points.
-DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory")
+# the MoE figures have series only where mixture-of-experts (or expert-parallel) runs were added
+DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory", "all_to_all_share", "moe_imbalance")
 THRESHOLD = f"{DEFAULT_THRESHOLD * 100:g}%"  # hwbench compare's
 
 

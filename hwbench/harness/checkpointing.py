@@ -190,7 +190,9 @@ class Checkpointer:
                          "engine": spec.engine, "fused_qkv": spec.fused_qkv, "precision": spec.precision,
                          "padded_vocab_size": model_config.padded_vocab_size(spec.parallel.tp),
                          "layout": {"tp": spec.parallel.tp, "pp": spec.parallel.pp, "dp": spec.parallel.dp,
-                                    "zero_stage": spec.zero_stage, "fsdp": spec.fsdp},
+                                    "zero_stage": spec.zero_stage, "fsdp": spec.fsdp,
+                                    # only where it is used: a layout saved before --ep is the same layout
+                                    **({"ep": spec.parallel.ep} if spec.parallel.ep > 1 else {})},
                          "world_size": spec.parallel.world_size}
         # what the data position counts in: saved beside it, and held against it on a load
         self.data_settings = {"source": spec.data, "seed": spec.seed, "global_batch_size": spec.global_batch_size,
