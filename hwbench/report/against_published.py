@@ -43,7 +43,7 @@ def match_published(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.Da
                 "ratio_per_device": per_device / pub_per_device if per_device is not None else None,
                 "measured_ppl": run["valid_ppl"], "measured_ppl_step": run["valid_ppl_step"],
                 "seq_length": run["seq_length"], "timed_steps": run["timed_steps"],
-                "device_model": run["device_model"], "simulated": run["simulated"], "backend": run["backend"],
+                "device_model": run["device_model"], "stand_in": run["stand_in"], "backend": run["backend"],
             })
     return pd.DataFrame(rows, dtype=object)
 

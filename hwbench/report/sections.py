@@ -101,7 +101,7 @@ def published_section(
 def _measured_row(pub: pd.Series, c: pd.Series) -> list[Any]:
     """A measured run's row under the published row it is compared with."""
     ppl = f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})" if is_number(c["measured_ppl"]) else "-"
-    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
              else ["CPU run"] if c["backend"] == "cpu" else [])
     if c["differences"]:
         notes.append("differs: " + ", ".join(c["differences"]))
@@ -359,7 +359,7 @@ def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     versions = ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
     section.blocks.append(("table", Table.of([
         ("run", lambda run: run["run_id"]),
-        ("device", lambda run: f"{run['device_model']}" + (" [simulated]" if run["simulated"] else "")),
+        ("device", lambda run: f"{run['device_model']}" + (f" [{run['stand_in']}]" if run["stand_in"] else "")),
         ("count", lambda run: fmt(run["device_count"], 0)),
         *((header, lambda run, key=key: str(run[key] or "-"))
           for header, key in zip(("driver", "CUDA", "CANN", "torch", "deepspeed"), versions)),
