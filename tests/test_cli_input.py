@@ -12,7 +12,7 @@ from hwbench.cli import main
 BAD_RUNS = [
     (["--model", "gpt5"], ["--model", "'gpt5'", "accepted", "345m"]),
     (["--device", "tpu"], ["--device", "'tpu'", "cuda"]),
-    (["--precision", "fp8"], ["--precision", "'fp8'", "bf16"]),
+    (["--precision", "fp4"], ["--precision", "'fp4'", "fp8"]),
     (["--model", "tiny", "--micro-batch-size", "4", "--global-batch-size", "10"],
      ["--global-batch-size 10", "--micro-batch-size 4", "accepted: 4, 8"]),
     (["--model", "tiny", "--seq-length", "4096"], ["--seq-length 4096", "128 positions", "1 to 128",
@@ -59,6 +59,14 @@ BAD_RUNS = [
      ["--cross-entropy chunked with --fsdp and --pp 2", "--fsdp without --pp"]),
     (["--model", "tiny", "--nproc-per-node", "2", "--tp", "2", "--engine", "deepspeed", "--fused-qkv"],
      ["--fused-qkv with --engine deepspeed --tp 2 --pp 1", "--no-fused-qkv"]),
+    # the Llama architecture: no position table to lengthen; tensor and pipeline parallelism not yet
+    (["--model", "llama-tiny", "--max-positions", "4096"],
+     ["--max-positions 4096 with --model llama-tiny", "rotary", "leave it out"]),
+    (["--model", "llama-tiny", "--seq-length", "200000"], ["--seq-length 200000", "accepted: 1 to 131072"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "2", "--tp", "2"],
+     ["--tp 2 --pp 1 with --model llama-tiny", "GPT-2 architecture only", "accepted: --tp 1 --pp 1"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "2", "--pp", "2", "--engine", "deepspeed"],
+     ["--tp 1 --pp 2 with --model llama-tiny", "llama-tiny is Llama"]),
     (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2", "0 to 1"]),
     (["--nproc-per-node", "0"], ["--nproc-per-node 0", "from 1 to 1024"]),
     (["--threads-per-rank", "0"], ["--threads-per-rank 0", "from 1 to 4096"]),
@@ -229,9 +237,14 @@ def test_a_closed_pipe_ends_the_output_quietly():
 def test_models_lists_every_size_with_counts(capsys):
     assert main(["models"]) == 0
     text = capsys.readouterr().out
-    for name, count in [("345m", "354.9M"), ("1.3b", "1,313.7M"), ("3.7b", "3,786.0M"), ("tiny", "6.9M")]:
+    for name, count in [("345m", "354,871,296"), ("1.3b", "1,313,722,368"), ("3.7b", "3,785,988,096"),
+                        ("tiny", "6,852,096"), ("llama3.2-1b", "1,235,814,400"), ("llama3.1-8b", "8,030,261,248")]:
         row = next(line for line in text.splitlines() if line.startswith(name + " "))
         assert count in row, row
+    llama = next(line for line in text.splitlines() if line.startswith("llama3.1-70b ")).split()
+    assert llama[1] == "Llama" and llama[7] == "8" and llama[8] == "128,256"  # architecture, kv heads, vocabulary
+    assert next(line for line in text.splitlines() if line.startswith("345m ")).split()[1] == "GPT-2"
+    assert "Llama 3's 128,256" in text  # the footer names each vocabulary
 
 
 def test_devices_lists_the_catalog_and_this_machine(capsys):

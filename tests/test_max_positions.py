@@ -149,3 +149,14 @@ def test_a_run_trains_and_records_the_longer_table(tmp_path):
     tiny = CATALOG.workloads["tiny"].model
     assert result["workload"]["max_position_embeddings"] == 256
     assert result["workload"]["parameters"] == count_parameters(tiny).total + 128 * tiny.hidden_size
+
+
+def test_a_rotary_model_keeps_its_own_bound_and_takes_its_own_value_only():
+    """The Llama sizes have no position table: --max-positions of their own bound changes
+    nothing (a suite may give it to every point); any other value is refused (test_cli_input)."""
+    llama = CATALOG.workloads["llama-tiny"].model
+    for argv in ((), ("--max-positions", "131072")):
+        spec = spec_of("--model", "llama-tiny", *argv)
+        assert spec.max_positions == 131072 and spec.model_config(llama) is llama
+    with pytest.raises(UsageError, match="rotary"):
+        spec_of("--model", "llama-tiny", "--max-positions", "8192")

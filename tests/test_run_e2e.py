@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -116,7 +117,7 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     # the old name is taken, and the canonical one recorded; every formula's figures beside it
     assert result.spec.flops_formula == result.metrics.flops_formula == "megatron-core-v0.7"
     by_formula = result.metrics.by_formula
-    assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"}
+    assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm", "torchtitan"}
     chosen = by_formula["megatron-core-v0.7"]
     assert (chosen.flops_per_iteration, chosen.tflops_per_device, chosen.mfu) == (
         result.metrics.flops_per_iteration,
@@ -339,3 +340,37 @@ def test_no_heap_bound_without_the_tuning_and_a_resident_size(monkeypatch):
     backend.prepare_process()
     backend.step_done()  # nothing to bound
     assert backend.memory_stats().heap_trims is None
+
+
+def _llama_tiny_run(out, *options: str):
+    """`hwbench run --model llama-tiny` on the CPU with the built-in data: exit 0 and its result."""
+    assert main(["run", "--quiet", "--model", "llama-tiny", "--device", "cpu", "--out", str(out), *options]) == 0
+    return _only_result(out)[1]
+
+
+def _check_llama_tiny_result(result):
+    assert result.status == "ok" and result.spec.model == "llama-tiny"
+    workload = result.workload
+    assert workload.parameters == 16_810_624 and workload.vocab_size == 128_256  # the Llama 3 vocabulary
+    assert (workload.swiglu, workload.normalization, workload.position_embedding_type) == (True, "RMSNorm", "rope")
+    assert workload.rope_scaling["factor"] == 8.0 and workload.num_query_groups == 2
+    # a fresh model over 128,256 tokens starts near log(V): the init and the whole vocabulary are in use
+    assert abs(result.metrics.loss_start - math.log(128_256)) < 0.1
+    assert result.metrics.loss_end < result.metrics.loss_start and result.metrics.valid_loss is not None
+
+
+def test_llama_tiny_runs_end_to_end_with_recompute_chunked_loss_and_fused_qkv(tmp_path):
+    """The Llama path through the native engine at a short sequence: the built-in data at
+    vocabulary 128,256, activation checkpointing, the chunked loss, the per-group fused qkv."""
+    result = _llama_tiny_run(tmp_path / "out", "--steps", "2", "--warmup", "1", "--seq-length", "32",
+                             "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "1",
+                             "--recompute", "--cross-entropy", "chunked", "--fused-qkv")
+    _check_llama_tiny_result(result)
+    assert (result.spec.recompute, result.spec.cross_entropy, result.spec.fused_qkv) == (True, "chunked", True)
+
+
+@pytest.mark.heavy
+def test_llama_tiny_runs_end_to_end_at_its_catalog_settings(tmp_path):
+    """`hwbench run --model llama-tiny --steps 2 --warmup 1 --device cpu` as written: seq 128,
+    global batch 8 (the default-run test above takes the same path at a short sequence)."""
+    _check_llama_tiny_result(_llama_tiny_run(tmp_path / "out", "--steps", "2", "--warmup", "1"))

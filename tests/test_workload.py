@@ -63,12 +63,31 @@ def test_vocabulary_is_padded_like_megatron():
     assert config.padded_vocab_size(2) == 50432
 
 
-@pytest.mark.parametrize("name", ["tiny", "small", "345m", "1.3b"])
+@pytest.mark.parametrize("name", ["tiny", "small", "345m", "1.3b", "llama-tiny", "llama-small", "llama3.2-1b",
+                                  "llama3.2-3b", "llama3.1-8b"])
 def test_model_built_on_meta_device_has_the_counted_parameters(name):
     config = load_catalog().workloads[name].model
     with torch.device("meta"):
         model = GPT(config)
     assert sum(p.numel() for p in model.parameters()) == count_parameters(config).total
+
+
+# the model cards' figures (config.json shapes; count_parameters gives them exactly)
+LLAMA_CARD_PARAMETERS = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3.1-8b": 8_030_261_248}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CARD_PARAMETERS))
+def test_the_built_llama_has_the_model_cards_parameters_and_layers(name):
+    config = load_catalog().workloads[name].model
+    with torch.device("meta"):
+        model = GPT(config)
+    names = {n for n, _ in model.named_parameters()}
+    assert sum(p.numel() for p in model.parameters()) == LLAMA_CARD_PARAMETERS[name]
+    assert model.wpe is None and not any(n.endswith(".bias") for n in names)  # rotary positions, no biases
+    assert isinstance(model.blocks["0"].ln_1, torch.nn.RMSNorm) and isinstance(model.ln_f, torch.nn.RMSNorm)
+    attention = model.blocks["0"].attn
+    assert attention.k_proj.weight.shape == (config.kv_heads * config.head_dim, config.hidden_size)
+    assert ("output.weight" in names) is config.untie_embeddings_and_output_weights  # 8B untied, 1B and 3B tied
 
 
 def test_megatron_flops_formulas_by_hand():
@@ -102,7 +121,7 @@ def test_every_formula_is_computed_by_its_canonical_name():
     config = GPTConfig(24, 1024, 16, 1024)
     every = flops_by_formula(config, 16, 1024, recompute=True)
     assert set(every) == set(FLOPS_FORMULAS) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed",
-                                                  "palm"}
+                                                  "palm", "torchtitan"}
     for name, flops in every.items():
         assert flops == model_flops_per_iteration(config, 16, 1024, recompute=True, formula=name)
     assert canonical_formula("megatron-lm") == "megatron-core-v0.7"
@@ -119,7 +138,8 @@ def test_model_flops_ignore_recompute_but_hardware_flops_count_it():
     assert hw4 / hw3 == pytest.approx(4 / 3)
 
 
-@pytest.mark.parametrize("name", ["megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"])
+@pytest.mark.parametrize("name", ["megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm",
+                                  "torchtitan"])
 def test_each_formula_says_whether_it_counts_recompute_as_its_count_does(name):
     """FlopsFormula.counts_recompute (what labels a figure HFU) agrees with the formula's own count:
     only megatron-deepspeed rises with recompute (x4/3, Megatron-DeepSpeed's
@@ -288,3 +308,112 @@ def test_the_weights_do_not_depend_on_how_many_threads_draw_them():
     assert built[1].keys() == built[4].keys() and len(built[1]) > 10
     for name, value in built[1].items():
         assert torch.equal(value, built[4][name]), name
+
+
+# --- the Llama layers (their numerics against transformers: tests/test_llama.py) -------------
+
+LLAMA_TINY = GPTConfig(2, 64, 4, 32, vocab_size=1000, num_query_groups=2, ffn_hidden_size=96, swiglu=True,
+                       normalization="RMSNorm", position_embedding_type="rope", rotary_base=500000.0,
+                       add_bias_linear=False)
+
+
+def test_llama_init_covers_every_new_parameter():
+    """Unit RMSNorm gains; N(0, 0.02) projections, the attention and MLP output projections
+    (out_proj, down_proj) scaled by 1/sqrt(2L); an untied output layer drawn on its own."""
+    from hwbench.workload.model import build_model
+
+    config = dataclasses.replace(LLAMA_TINY, untie_embeddings_and_output_weights=True)
+    model = build_model(config, device=torch.device("cpu"), seed=4)
+    parameters = dict(model.named_parameters())
+    gains = [name for name in parameters if ".ln_" in name or name.startswith("ln_")]
+    assert len(gains) == 2 * config.num_layers + 1 and all(torch.equal(parameters[n], torch.ones(64)) for n in gains)
+    block = model.blocks["1"]
+    assert block.mlp.down_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.1)
+    assert block.attn.out_proj.weight.std().item() == pytest.approx(0.02 / math.sqrt(4), rel=0.1)
+    assert block.mlp.gate_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.output.weight is not model.wte.weight and "output.weight" in parameters
+    assert model.output.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert not torch.equal(model.output.weight, model.wte.weight)  # its own stream, not the embedding's
+    tied = build_model(LLAMA_TINY, device=torch.device("cpu"), seed=4)
+    assert tied.output.weight is tied.wte.weight and torch.equal(tied.wte.weight, model.wte.weight)
+
+
+def test_an_untied_output_layer_trains_apart_from_the_embedding():
+    from hwbench.workload.model import build_model
+
+    config = dataclasses.replace(LLAMA_TINY, untie_embeddings_and_output_weights=True)
+    model = build_model(config, device=torch.device("cpu"), seed=4)
+    tokens = torch.randint(0, 1000, (2, 17))
+    model(tokens[:, :-1], tokens[:, 1:]).backward()
+    # the output weight's gradient reaches every row; the embedding's only the rows of tokens seen
+    assert model.output.weight.grad.abs().sum(dim=1).count_nonzero() == model.vocab_size
+    assert model.wte.weight.grad.abs().sum(dim=1).count_nonzero() <= 32
+
+
+def test_fused_qkv_of_a_gqa_model_is_megatrons_per_group_layout_and_computes_the_same():
+    """[q of the group's G heads, k, v] per key/value group: the same weights as the separate
+    projections, the same logits and gradients."""
+    from hwbench.workload.model import QKV_PARTS, build_model
+
+    separate = build_model(LLAMA_TINY, device=torch.device("cpu"), seed=7)
+    fused = build_model(LLAMA_TINY, device=torch.device("cpu"), seed=7, fused_qkv=True)
+    D, G = LLAMA_TINY.head_dim, 2  # 4 query heads over 2 key/value heads
+    rows = fused.blocks["0"].attn.qkv_proj.weight.view(2, G + 2, D, 64)  # (groups, parts, D, h)
+    attention = separate.blocks["0"].attn
+    for group in range(2):
+        for head in range(G):
+            query = attention.q_proj.weight[(group * G + head) * D:(group * G + head + 1) * D]
+            assert torch.equal(rows[group, head], query), (group, head)
+        for offset, part in enumerate(QKV_PARTS[1:], start=G):
+            assert torch.equal(rows[group, offset], getattr(attention, part).weight[group * D:(group + 1) * D])
+    tokens = torch.randint(0, 1000, (2, 17))
+    losses = [model(tokens[:, :-1], tokens[:, 1:]) for model in (separate, fused)]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-6)
+    for loss in losses:
+        loss.backward()
+    per_group = fused.blocks["0"].attn.qkv_proj.weight.grad.view(2, G + 2, D, 64)
+    torch.testing.assert_close(per_group[:, G:G + 1].reshape(-1, 64), attention.k_proj.weight.grad)
+
+
+def test_gqa_attention_shares_each_key_value_head_with_its_query_group(monkeypatch):
+    """SDPA gets H query heads and KV key/value heads with enable_gqa (no copies of k and v)."""
+    shapes = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, **kwargs):
+        shapes.append((q.shape[1], k.shape[1], v.shape[1], kwargs.get("enable_gqa")))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    torch.manual_seed(0)
+    GPT(LLAMA_TINY)(torch.randint(0, 1000, (2, 16)))
+    assert shapes == [(4, 2, 2, True)] * 2
+
+
+def test_rope_tables_are_made_once_per_device_and_length():
+    """The timed steps reuse the tables: the same tensors on the second call, new ones for a
+    new length; made as plain tensors even when first asked for under inference_mode."""
+    torch.manual_seed(0)
+    model = GPT(LLAMA_TINY)
+    tokens = torch.randint(0, 1000, (2, 16))
+    with torch.inference_mode():
+        model(tokens)
+    first = model.rotary.tables(16, torch.device("cpu"))
+    assert not first[0].is_inference()
+    assert model.rotary.tables(16, torch.device("cpu"))[0] is first[0]
+    assert model.rotary.tables(8, torch.device("cpu"))[0] is not first[0]
+    torch.testing.assert_close(model.rotary.tables(8, torch.device("cpu"))[0], first[0][:8])
+    model(tokens[:, :-1], tokens[:, 1:]).backward()  # training after an eval made the tables
+
+
+def test_llama_recompute_gives_the_same_loss_and_gradients():
+    tokens = torch.randint(0, 1000, (2, 17))
+    results = []
+    for recompute in (False, True):
+        torch.manual_seed(0)
+        model = GPT(LLAMA_TINY, recompute=recompute)
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        results.append((loss.item(), model.blocks["0"].mlp.gate_proj.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1])

@@ -22,13 +22,15 @@ def main(args: argparse.Namespace) -> int:
         m, t, p = workload.model, workload.training, workload.published
         counts = count_parameters(m)
         rows.append([
-            workload.name, f"{counts.total / 1e6:,.1f}M", f"{counts.non_embedding / 1e6:,.1f}M",
-            m.num_layers, m.hidden_size, m.num_attention_heads, t.seq_length,
+            workload.name, m.architecture, f"{counts.total:,}", f"{counts.non_embedding:,}",
+            m.num_layers, m.hidden_size, m.num_attention_heads, m.kv_heads, f"{m.vocab_size:,}", t.seq_length,
             f"{t.micro_batch_size}/{t.global_batch_size}", t.precision, "yes" if t.recompute else "no",
             f"{p.devices} dev, TP{p.tp} PP{p.pp} ({', '.join(p.tables)})" if p else "-",
         ])
-    print(tabulate(rows, headers=["model", "params", "non-emb", "layers", "hidden", "heads", "seq",
-                                  "micro/global", "precision", "recompute", "published layout"],
+    print(tabulate(rows, headers=["model", "architecture", "params", "non-emb", "layers", "hidden", "heads",
+                                  "kv heads", "vocab", "seq", "micro/global", "precision", "recompute",
+                                  "published layout"],
                    disable_numparse=True))
-    print("\nParameters are counted from the architecture (padded GPT-2 vocabulary at TP1), no weights allocated.")
+    print("\nParameters are counted from the architecture over each model's vocabulary padded as Megatron pads it "
+          "at TP1 (GPT-2's 50,257 to 50,304; Llama 3's 128,256 stays), no weights allocated.")
     return 0

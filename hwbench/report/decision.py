@@ -16,11 +16,13 @@ import pandas as pd
 from hwbench.harness.stand_in import STAND_IN_PROJECTION
 from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.point import EMULATED, SIMULATED
+from hwbench.report.against_published import published_layout
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
 from hwbench.report.document import Section, Table
 from hwbench.report.prices import Price, device_price
 from hwbench.report.projection import group_key, usable
+from hwbench.report.published import table_title, tokens_per_s_per_device
 from hwbench.report.scaling import ScalingFit, fit_scaling
 from hwbench.report.scores import decision_target_blocks
 from hwbench.result.environment import sample_environment
@@ -28,7 +30,10 @@ from hwbench.stats import NOISY_CV, throughput_statistics
 
 # The device class of a published row -> the catalog entry its price is taken from. The tables
 # name a "V100-class" GPU without its form factor: it is priced as the SXM2 card (said in the report).
-PUBLISHED_DEVICE_ENTRIES = {"gpu-v100": "v100-sxm2", "gpu-a100": "a100-sxm", "npu-910": "ascend-910"}
+# Megatron-Bridge names DGX systems, whose GPUs are the catalog's SXM and Blackwell entries; classes not
+# here (torchtitan's 96 GB H100 at 500 W, an H200 of unnamed form factor, GB300) are not priced.
+PUBLISHED_DEVICE_ENTRIES = {"gpu-v100": "v100-sxm2", "gpu-a100": "a100-sxm", "npu-910": "ascend-910",
+                            "dgx-h100": "h100-sxm", "dgx-b200": "b200", "dgx-gb200": "gb200", "gpu-b200": "b200"}
 
 
 @dataclasses.dataclass
@@ -78,7 +83,8 @@ def decision_section(runs: pd.DataFrame, fits: dict[tuple, ScalingFit], publishe
     for model, precision in workloads:
         rows = runs[(runs["model"] == model) & (runs["precision"] == precision)] if not runs.empty else runs
         candidates = _measured(rows, fits)
-        pub = _published_candidates(published, model, prices)
+        # beside measured runs every published row of the model; the published rows alone, by precision
+        pub = _published_candidates(published, model, prices, None if candidates else precision)
         budget = _budget(rows, model, tokens)
         section.blocks += _workload_blocks(model, precision, candidates, pub, Projection(*budget, devices))
         chart = None
@@ -218,22 +224,28 @@ def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
     return f"{entry.name} ({entry.title})", peak, mfu
 
 
-def _published_candidates(published: pd.DataFrame | None, model: str, prices: dict[str, Price]) -> list[Candidate]:
+def _published_candidates(published: pd.DataFrame | None, model: str, prices: dict[str, Price],
+                          precision: str | None = None) -> list[Candidate]:
+    """The published rows of ``model`` as candidates; ``precision``: only the rows of that precision
+    (as _workloads names it), for the published tables alone, where each precision is its own workload."""
     if published is None:
         return []
     candidates = []
-    for pub in published[published["model"] == model].itertuples():
-        seq = None if pd.isna(pub.seq_length) else int(pub.seq_length)
-        entry = PUBLISHED_DEVICE_ENTRIES.get(pub.device_class or "")
-        price, why = device_price(entry, pub.device_class or None, None, prices)
-        per_device = pub.samples_per_s * pub.seq_length / pub.devices
-        cost = cost_per_million_tokens(price, int(pub.devices), pub.samples_per_s * pub.seq_length)
+    for _, pub in published[published["model"] == model].iterrows():
+        if precision is not None and (pub["precision"] or "precision not published") != precision:
+            continue
+        seq = None if pd.isna(pub["seq_length"]) else int(pub["seq_length"])
+        devices = int(pub["devices"])
+        entry = PUBLISHED_DEVICE_ENTRIES.get(pub["device_class"] or "")
+        price, why = device_price(entry, pub["device_class"] or None, None, prices)
+        per_device = tokens_per_s_per_device(pub)
+        cost = cost_per_million_tokens(price, devices, per_device * devices)
         source = f"; priced as catalog {entry}" if entry else ""
         candidates.append(Candidate(
-            device=f"published {pub.name} ({pub.device_class or 'device not named'}, {pub.precision or '?'}, "
-                   f"Table {pub.table}{source})",
-            point=f"TP{fmt(pub.tp, 0)} PP{fmt(pub.pp, 0)} on {int(pub.devices)}, seq {seq or '?'}",
-            devices=int(pub.devices), per_device=[per_device], costs=[cost] if cost is not None else [], energy=[],
+            device=f"published {pub['name']} ({pub['device_class'] or 'device not named'}, {pub['precision'] or '?'}, "
+                   f"{table_title(pub['table'])}{source})",
+            point=f"{published_layout(pub)} on {devices}, seq {seq or '?'}",
+            devices=devices, per_device=[per_device], costs=[cost] if cost is not None else [], energy=[],
             price=price, price_why=why, fit=fit_scaling([]), energy_why="not published", published=True,
             seq_length=seq))
     return candidates

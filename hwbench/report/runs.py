@@ -63,7 +63,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "peak_flops": device.peak_flops, "peak_flops_basis": device.peak_flops_basis,
         "world_size": result.world_size, "tp": tp, "pp": pp, "dp": dp, "layout": f"TP{tp} PP{pp} DP{dp}",
         "engine": spec.engine, "zero_stage": spec.zero_stage, "fsdp": spec.fsdp,
-        "precision": spec.precision, "recompute": spec.recompute,
+        "precision": spec.precision, "recompute": spec.recompute, "compile": spec.compile,
         "micro_batch_size": spec.micro_batch_size, "global_batch_size": spec.global_batch_size,
         "seq_length": spec.seq_length,
         # every figure of the metric registry, in its column (hwbench.metrics.Metric.column)

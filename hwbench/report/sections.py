@@ -25,6 +25,7 @@ from hwbench.report.cells import (
 )
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
+from hwbench.report.published import publishes_tokens, table_title, tokens_per_s_per_device
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
@@ -60,10 +61,18 @@ def _run_note(run: pd.Series) -> str:
 
 
 PUBLISHED_INTRO = (
-    ". Published samples/s is the global figure of all 8 devices (the mean of the last 100 logged samples/sec); PPL "
-    "is the lowest validation PPL. A measured run is shown under every published row of its model, whatever its "
-    "layout; the note names every setting that differs from the published point (layout, device count, sequence "
-    "length, batch, precision, recompute). Where the layout or device count differs, read the per-device ratio.")
+    ". A measured run is shown under every published row of its model, whatever its layout; the note names "
+    "every setting that differs from the published point (layout, device count, sequence length, batch, "
+    "precision and its recipe, recompute, compile, engine). Where the layout or device count differs, read the "
+    "per-device ratio.")
+SAMPLES_INTRO = (
+    "Published samples/s is the global figure of all of a row's devices (Tables 2 and 3: 8 devices, the mean of "
+    "the last 100 logged samples/sec); PPL is the lowest validation PPL.")
+TOKENS_INTRO = (
+    "The Llama tables publish tokens/s per GPU (torchtitan, Megatron-Bridge) or for all GPUs (DGX Cloud "
+    "Benchmarking), each measured its own way (said under each table); a measured run is read against them "
+    "in tokens/s per device. Megatron-Bridge's TFLOP/s per GPU is its own model FLOPs count, shown beside "
+    "the run's (hwbench's formula): compare the tokens, not the FLOPs.")
 
 
 def published_section(
@@ -75,19 +84,21 @@ def published_section(
         return section
     section.blocks.append(("p", "Published figures: " + ", ".join(sorted(set(published["file"]))) + PUBLISHED_INTRO))
     section.blocks.append(("p", NORMALISATION))
+    intros = {TOKENS_INTRO if publishes_tokens(pub) else SAMPLES_INTRO for _, pub in published.iterrows()}
+    section.blocks += [("p", intro) for intro in (SAMPLES_INTRO, TOKENS_INTRO) if intro in intros]
     for table_name, group in published.groupby("table", sort=True):
-        section.blocks.append(("h", f"Table {table_name}"))
-        table = Table(["NAME", "params", "PPL", "samples/s", "seq_len", "Steps", "layout", "samples/s per device",
-                       "ratio", "ratio per device", "note"], [])
+        section.blocks.append(("h", table_title(table_name)))
+        tokens = any(publishes_tokens(pub) for _, pub in group.iterrows())
+        section.blocks += _table_source(group)
+        table = Table(TOKENS_HEADERS if tokens else SAMPLES_HEADERS, [])
+        common = _common_notes(group)
         for _, pub in group.iterrows():
-            table.rows.append([pub["name"], pub["params"], fmt_g(pub["ppl"]), fmt_g(pub["samples_per_s"]),
-                               fmt(pub["seq_length"], 0), fmt(pub["steps"], 0),
-                               f"{published_layout(pub)} on {int(pub['devices'])}",
-                               fmt(pub["samples_per_s"] / pub["devices"], 3), "", "", pub.get("device_class", "")])
+            table.rows.append(_tokens_published_row(pub, common) if tokens else _samples_published_row(pub))
             if not comparison.empty:
                 matched = comparison[(comparison["table"] == pub["table"]) & (comparison["name"] == pub["name"])
                                      & (comparison["model"] == pub["model"])]
-                table.rows += [_measured_row(pub, c) for _, c in matched.iterrows()]
+                table.rows += [_tokens_measured_row(c) if tokens else _measured_row(pub, c)
+                               for _, c in matched.iterrows()]
         section.blocks.append(("table", table))
     compared = set() if comparison.empty else set(comparison["run_id"])
     unmatched = [f"{run['run_id']} ({run['model']}, {run['layout']}): not compared; no published row for model "
@@ -96,6 +107,81 @@ def published_section(
         section.blocks.append(("p", "Runs without a published counterpart:"))
         section.blocks.append(("list", unmatched))
     return section
+
+
+SAMPLES_HEADERS = ["NAME", "params", "PPL", "samples/s", "seq_len", "Steps", "layout", "samples/s per device",
+                   "ratio", "ratio per device", "note"]
+TOKENS_HEADERS = ["NAME", "model / params", "GPU", "precision", "layout", "seq_len", "micro/global batch",
+                  "tokens/s per device", "TFLOP/s per device", "ratio per device", "note"]
+
+
+def _table_source(group: pd.DataFrame) -> list[tuple]:
+    """Where a table's figures come from, as its rows give it (the document, its address, the day
+    it was read; the GPT tables give the document only), and what every row of it shares: the
+    model as the source names it, engine, software and the notes common to all its rows."""
+    parts = []
+    for column, label in (("source", "Source:"), ("url", "at"), ("date_read", "read"),
+                          ("source_model", "model as published:"), ("engine", "engine:"), ("software", "software:")):
+        values = sorted({str(v) for v in group[column] if v})
+        if values:
+            parts.append(f"{label} {'; '.join(values)}")
+    common = _common_notes(group)
+    return [("p", ", ".join(parts) + "." + (f" Every row: {'; '.join(common)}." if common else ""))] if parts else []
+
+
+def _note_parts(pub: pd.Series) -> list[str]:
+    return [part.strip() for part in str(pub.get("notes") or "").split(";") if part.strip()]
+
+
+def _common_notes(group: pd.DataFrame) -> list[str]:
+    """The parts of the `notes` (separated by ";") that every row of a table has, in order."""
+    rows = [_note_parts(pub) for _, pub in group.iterrows()]
+    return [part for part in rows[0] if all(part in row for row in rows[1:])] if rows else []
+
+
+def _samples_published_row(pub: pd.Series) -> list[Any]:
+    return [pub["name"], pub["params"], fmt_g(pub["ppl"]), fmt_g(pub["samples_per_s"]),
+            fmt(pub["seq_length"], 0), fmt(pub["steps"], 0), f"{published_layout(pub)} on {int(pub['devices'])}",
+            fmt(pub["samples_per_s"] / pub["devices"], 3), "", "", pub.get("device_class", "")]
+
+
+def _tokens_published_row(pub: pd.Series, common: list[str]) -> list[Any]:
+    """A published Llama row: the figure as published (tokens/s per GPU, or the global figure
+    divided by the GPUs, said so), the precision with its recipe, the power limit where given,
+    and the notes that are the row's own (``common``: those of every row, said above the table)."""
+    per_device = tokens_per_s_per_device(pub)
+    cell = fmt_g(per_device) if not pd.isna(pub["tokens_per_s_per_device"]) else fmt(
+        per_device, 0, note=f"{_published_global(pub)} on {int(pub['devices'])} GPUs, divided by them")
+    power = "" if pd.isna(pub["power_limit_w"]) else f" at {fmt_g(pub['power_limit_w']).text} W"
+    precision = pub["precision"] + (f" ({pub['recipe']})" if pub["recipe"] else "")
+    notes = (["torch.compile"] if pub["compile"] is True else []) + [
+        part for part in _note_parts(pub) if part not in common]
+    return [pub["name"], pub["params"], f"{int(pub['devices'])} x {pub['device_class'] or '?'}{power}", precision,
+            f"{published_layout(pub)} on {int(pub['devices'])}", fmt(pub["seq_length"], 0),
+            f"{fmt(pub['micro_batch_size'], 0).text}/{fmt(pub['global_batch_size'], 0).text}", cell,
+            fmt_g(pub["tflops_per_device"]), "", "; ".join(notes)]
+
+
+def _tokens_measured_row(c: pd.Series) -> list[Any]:
+    """A measured run under a published Llama row: its tokens/s per device against the published
+    figure per GPU, and every setting that differs said in words."""
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
+             else ["CPU run"] if c["backend"] == "cpu" else [])
+    if c["differences"]:
+        notes.append("differs: " + ", ".join(c["differences"]))
+    batch = f"{fmt(c['measured_micro_batch_size'], 0).text}/{fmt(c['measured_global_batch_size'], 0).text}"
+    layout = ("FSDP " if c["measured_fsdp"] is True else "") + f"{c['layout']} on {c['world_size']}"
+    return [f"↳ measured {c['run_id']}", c["model"], f"{c['world_size']} x {c['device_model']}",
+            c["measured_precision"], layout, fmt(c["seq_length"], 0), batch,
+            fmt(c["measured_tokens_per_s_per_device"], 0), fmt(c["measured_tflops_per_device"], 1),
+            fmt_ratio(c["ratio_per_device"]), "; ".join(notes)]
+
+
+def _published_global(pub: pd.Series) -> str:
+    """A row's global figure as published: "111,054 tokens/s" (or samples/s)."""
+    if pd.isna(pub["tokens_per_s"]):
+        return f"published {fmt_g(pub['samples_per_s']).text} samples/s x {int(pub['seq_length'])} tokens"
+    return f"published {fmt_g(pub['tokens_per_s']).text} tokens/s"
 
 
 def _measured_row(pub: pd.Series, c: pd.Series) -> list[Any]:
@@ -193,7 +279,7 @@ def _also_utilisation(run: pd.Series, formula: str) -> tuple[Any, bool]:
     by_formula = run["mfu_by_formula"] or {}
     if formula not in by_formula:
         hardware = counts_hardware_flops(formula, bool(run["recompute"]))
-        why = f"no {formula} figures in the result (written before metrics.by_formula)"
+        why = f"no {formula} figures in the result (written before hwbench counted that formula)"
         return percent(None, note=why), hardware
     return _utilisation(run, formula, by_formula[formula], run["mfu_reason"])
 

@@ -77,6 +77,18 @@ class GPTConfig:
         return self.position_embedding_type == "rope"
 
     @property
+    def architecture(self) -> str:
+        """"GPT-2" (Megatron GPT-2's switches: multi-head attention, GELU, LayerNorm, learned
+        positions, biases, a tied output layer), "Llama" (Llama 3's: RMSNorm, RoPE, SwiGLU, no
+        biases; grouped-query attention and an untied output layer or not), else "custom"."""
+        if (not self.swiglu and self.normalization == "LayerNorm" and not self.rope and self.add_bias_linear
+                and self.kv_heads == self.num_attention_heads and not self.untie_embeddings_and_output_weights):
+            return "GPT-2"
+        if self.swiglu and self.normalization == "RMSNorm" and self.rope and not self.add_bias_linear:
+            return "Llama"
+        return "custom"
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

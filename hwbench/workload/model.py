@@ -1,14 +1,18 @@
-"""Megatron's GPT-2 architecture (Megatron-LM's `megatron/model/gpt_model.py` with its
-GPT-2 defaults) in plain PyTorch.
+"""Megatron-LM's GPTModel in plain PyTorch: Megatron GPT-2 (``megatron/model/gpt_model.py``
+with its GPT-2 defaults) and the Llama 3 architecture, as switches of GPTConfig.
 
-Pre-LayerNorm blocks, GELU MLP of width 4h, learned absolute positions, biases
-on every linear layer, a final LayerNorm and an output layer tied to the word
-embedding over the padded vocabulary. q, k and v are separate projections, or
-one fused projection in Megatron's per-head layout (``fused_qkv``); the blocks
-sit in one dict keyed by layer number, so tensor-parallel plans can split them
-and pipelining can cut them without changing this file.
+GPT-2: pre-LayerNorm blocks, GELU MLP of width 4h, learned absolute positions, biases on
+every linear layer, a final LayerNorm and an output layer tied to the word embedding over
+the padded vocabulary. Llama 3: RMSNorm, rotary positions (with Llama 3.1's frequency
+scaling) instead of a position table, grouped-query attention (kv_heads key/value heads
+shared by the query heads), a SwiGLU MLP, no biases, and an output layer tied or untied
+(hwbench.workload.layers). q, k and v are separate projections, or one fused projection in
+Megatron's per-group layout (``fused_qkv``); the blocks sit in one dict keyed by layer
+number, so tensor-parallel plans can split them and pipelining can cut them without
+changing this file.
 
-Shapes: B batch, S sequence, h hidden, H heads, D = h / H head size, V padded vocab.
+Shapes: B batch, S sequence, h hidden, H heads, KV key/value heads, G = H / KV query heads
+per key/value head, D = h / H head size, V padded vocab.
 """
 
 from __future__ import annotations
@@ -25,74 +29,81 @@ from torch.utils.checkpoint import checkpoint
 
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig
 from hwbench.workload.in_order import in_order
+from hwbench.workload.layers import RotaryEmbedding, apply_rotary, mlp, norm
 
 INIT_STD = 0.02  # Megatron --init-method-std default
-LAYERNORM_EPS = 1e-5
+LAYERNORM_EPS = 1e-5  # Megatron's --norm-epsilon default (GPTConfig.norm_epsilon); DeepSpeed's pipeline layers use it
 QKV_PARTS = ("q_proj", "k_proj", "v_proj")  # the separate projections a fused qkv_proj stands for
+# Each block's projections back onto the residual stream: Megatron scales their init by 1/sqrt(2L).
+OUTPUT_PROJECTIONS = ("out_proj.weight", "fc2.weight", "down_proj.weight")
+
+Rotary = tuple[torch.Tensor, torch.Tensor]  # RoPE's (cos, sin) tables, (S, D) each
 
 
 class Attention(nn.Module):
-    """Causal self-attention. With ``fused_qkv`` one [3h, h] linear ``qkv_proj`` replaces
-    q_proj, k_proj and v_proj; its output features are laid out per head, [q_h0, k_h0,
-    v_h0, q_h1, ...] (Megatron's query_key_value), so a column split over tensor-parallel
-    ranks gives each rank whole heads."""
+    """Causal self-attention with H query heads and KV key/value heads (grouped-query
+    attention when KV < H; multi-head when equal). With ``fused_qkv`` one [(H + 2 KV) D, h]
+    linear ``qkv_proj`` replaces q_proj, k_proj and v_proj; its output features are laid
+    out per key/value group, [q of the group's G heads, k, v] for group 0, then group 1, ...
+    (Megatron's query_key_value; per head, [q_h0, k_h0, v_h0, ...], without GQA), so a
+    column split over tensor-parallel ranks gives each rank whole groups."""
 
     def __init__(self, config: GPTConfig, fused_qkv: bool = False):
         super().__init__()
-        h = config.hidden_size
+        h, bias = config.hidden_size, config.add_bias_linear
         self.head_dim = config.head_dim
+        self.group_size = config.num_attention_heads // config.kv_heads  # G
+        q_size, kv_size = config.num_attention_heads * self.head_dim, config.kv_heads * self.head_dim
         self.fused_qkv = fused_qkv
         if fused_qkv:
-            self.qkv_proj = nn.Linear(h, 3 * h)
+            self.qkv_proj = nn.Linear(h, q_size + 2 * kv_size, bias=bias)
         else:
-            self.q_proj = nn.Linear(h, h)
-            self.k_proj = nn.Linear(h, h)
-            self.v_proj = nn.Linear(h, h)
-        self.out_proj = nn.Linear(h, h)
+            self.q_proj = nn.Linear(h, q_size, bias=bias)
+            self.k_proj = nn.Linear(h, kv_size, bias=bias)
+            self.v_proj = nn.Linear(h, kv_size, bias=bias)
+        self.out_proj = nn.Linear(q_size, h, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         B, S, _ = x.shape
-        # (B, S, h) -> (B, H, S, D); -1 lets a tensor-parallel shard keep H / TP heads
+        D, G = self.head_dim, self.group_size
+        # -1 heads (and groups) throughout, so a tensor-parallel shard keeps H / TP query heads
+        # and KV / TP key/value heads
         if self.fused_qkv:
-            q, k, v = (part.transpose(1, 2) for part in
-                       self.qkv_proj(x).view(B, S, -1, 3, self.head_dim).unbind(dim=3))
+            groups = self.qkv_proj(x).view(B, S, -1, G + 2, D)  # (B, S, KV, G + 2, D)
+            q = groups[:, :, :, :G].reshape(B, S, -1, D)  # query head g*G + j is group g's j-th
+            k, v = groups[:, :, :, G], groups[:, :, :, G + 1]
         else:
-            q, k, v = (projection(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-                       for projection in (self.q_proj, self.k_proj, self.v_proj))
-        # Fused attention on every device that has a kernel for it (flash / memory-efficient).
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, D)
-        y = y.transpose(1, 2).reshape(B, S, -1)  # (B, S, h)
+            q = self.q_proj(x).view(B, S, -1, D)
+            k = self.k_proj(x).view(B, S, -1, D)
+            v = self.v_proj(x).view(B, S, -1, D)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H or KV, S, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        # Fused attention on every device that has a kernel for it (flash / memory-efficient). With
+        # GQA, SDPA shares each key/value head with its G query heads (query head i reads key/value
+        # head i // G) without copying k and v; torch runs that in the flash and math kernels.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=G > 1)  # (B, H, S, D)
+        y = y.transpose(1, 2).reshape(B, S, -1)  # (B, S, H D)
         return self.out_proj(y)
-
-
-class MLP(nn.Module):
-    def __init__(self, config: GPTConfig):
-        super().__init__()
-        self.fc1 = nn.Linear(config.hidden_size, config.ffn_size)
-        self.fc2 = nn.Linear(config.ffn_size, config.hidden_size)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Megatron's fused bias-GELU uses the tanh approximation.
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, fused_qkv: bool = False):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
+        self.ln_1 = norm(config)
         self.attn = Attention(config, fused_qkv)
-        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
-        self.mlp = MLP(config)
+        self.ln_2 = norm(config)
+        self.mlp = mlp(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotary)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
     """forward(tokens (B, S) int64) -> logits (B, S, V); forward(tokens, labels) -> the mean
     loss, computed inside forward, where FSDP2 holds the output weight gathered. With
-    ``cross_entropy="chunked"`` forward without labels stops after the final LayerNorm and
+    ``cross_entropy="chunked"`` forward without labels stops after the final norm and
     returns its (B, S, h) output, and ``loss(output, labels)`` does the output projection
     chunk by chunk, so the whole logits never exist (a pipeline's last stage computes its
     loss so, outside forward).
@@ -100,51 +111,55 @@ class GPT(nn.Module):
     A pipeline stage is this same class with the parts it does not hold set to
     None (wte/wpe before the first stage, ln_f/output after the last) and the
     other stages' blocks removed from the ``blocks`` dict, whose keys keep the
-    layer numbers, so parameter names are the same in every layout."""
+    layer numbers, so parameter names are the same in every layout. With rotary
+    positions wpe is None in every layout, and every stage holds the rotary tables."""
 
     def __init__(self, config: GPTConfig, *, tensor_parallel: int = 1, recompute: bool = False,
                  cross_entropy: str = "standard", fused_qkv: bool = False):
         super().__init__()
         if cross_entropy not in CROSS_ENTROPY_CHOICES:
             raise ValueError(f"cross_entropy {cross_entropy!r}; accepted: {', '.join(CROSS_ENTROPY_CHOICES)}")
-        if config.swiglu or config.rope or config.normalization != "LayerNorm" or config.kv_heads != \
-                config.num_attention_heads or not config.add_bias_linear or config.untie_embeddings_and_output_weights:
-            raise NotImplementedError("the Llama architecture's layers are not built yet")
         self.config = config
         self.recompute = recompute
         self.cross_entropy = cross_entropy
         self.chunk_tokens = CROSS_ENTROPY_CHUNK_TOKENS  # tokens per chunk of the chunked loss
         self.vocab_size = config.padded_vocab_size(tensor_parallel)
         self.wte: nn.Embedding | None = nn.Embedding(self.vocab_size, config.hidden_size)
-        self.wpe: nn.Embedding | None = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.wpe: nn.Embedding | None = (
+            None if config.rope else nn.Embedding(config.max_position_embeddings, config.hidden_size))
+        self.rotary = RotaryEmbedding(config) if config.rope else None
         self.blocks = nn.ModuleDict({str(i): Block(config, fused_qkv) for i in range(config.num_layers)})
-        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
+        self.ln_f: nn.Module | None = norm(config)
         self.output: nn.Linear | None = nn.Linear(config.hidden_size, self.vocab_size, bias=False)
         self.tie_output_to_embedding()
         if not any(p.is_meta for p in self.parameters()):
             init_parameters(self, torch.initial_seed())  # follows torch.manual_seed
 
     def tie_output_to_embedding(self) -> None:
-        """The output layer uses the word embedding's weight (Megatron's GPT-2).
+        """The output layer uses the word embedding's weight (Megatron's GPT-2, Llama 3.2),
+        unless the config unties them (Llama 3.1 8B and 70B: an output weight of its own).
         Moving a model off the meta device (to_empty) gives each module its own
         new tensor, so this is called again after it. A pipeline stage that has
         only one of the two keeps its own copy (hwbench.engine.parallelize)."""
+        if self.config.untie_embeddings_and_output_weights:
+            return
         if self.wte is not None and self.output is not None and self.output.weight is not self.wte.weight:
             self.output.weight = self.wte.weight
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        S = tokens.shape[1]
         if self.wte is not None:  # first stage: token ids in (a stage has both embeddings or neither)
-            assert self.wpe is not None
-            S = tokens.shape[1]
-            positions = torch.arange(S, device=tokens.device)
-            x = self.wte(tokens) + self.wpe(positions)  # (B, S, h)
+            x = self.wte(tokens)  # (B, S, h)
+            if self.wpe is not None:
+                x = x + self.wpe(torch.arange(S, device=tokens.device))
         else:  # a later stage: hidden states in
             x = tokens
+        rotary = self.rotary.tables(S, x.device) if self.rotary is not None else None
         for block in self.blocks.values():
             if self.recompute and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, rotary, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, rotary)
         if self.output is None:  # not the last stage: hidden states out
             return x
         assert self.ln_f is not None  # the last stage has both
@@ -225,34 +240,42 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         return grad_x.to(ctx.hidden_dtype), grad_w.to(ctx.weight_dtype), None, None, None
 
 
-def _init_seed(seed: int, name: str) -> int:
+def _init_seed(seed: int, stream: str) -> int:
     """Each parameter draws from its own stream, keyed by the run seed and the
-    parameter's name, so a pipeline stage or a shard gets the same values as the
-    whole model on one device. The last stage's output weight is the tied word
-    embedding, so it draws as ``wte.weight``."""
-    key = "wte.weight" if name == "output.weight" else name
-    return (seed * 0x9E3779B1 + zlib.crc32(key.encode())) % (2 ** 63)
+    parameter's name (``_stream``), so a pipeline stage or a shard gets the same
+    values as the whole model on one device."""
+    return (seed * 0x9E3779B1 + zlib.crc32(stream.encode())) % (2 ** 63)
+
+
+def _stream(name: str, config: GPTConfig) -> str:
+    """The stream a parameter draws from: its name, except that a tied output weight (the
+    last pipeline stage's copy of the word embedding) draws as ``wte.weight``. An untied
+    output layer is a parameter of its own and draws from its own stream."""
+    if name == "output.weight" and not config.untie_embeddings_and_output_weights:
+        return "wte.weight"
+    return name
 
 
 def host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
-    """Megatron's init of one parameter, drawn on the host: N(0, 0.02) weights, the
-    two output projections of each block scaled by 1/sqrt(2L), zero biases, unit
-    LayerNorm gains. Rows of the word embedding past the real vocabulary (the
-    tensor-parallel padding) draw from a second stream, so the real rows do not
-    depend on the padding. A fused qkv_proj gets exactly the values of the separate
-    q, k and v projections, interleaved per head."""
+    """Megatron's init of one parameter, drawn on the host: N(0, 0.02) weights (the word
+    embedding and the output layer, tied or not, too), each block's two output projections
+    (attention's out_proj, the MLP's fc2 or down_proj) scaled by 1/sqrt(2L), zero biases,
+    unit norm gains (LayerNorm's and RMSNorm's). Rows of the word embedding or output layer
+    past the real vocabulary (the tensor-parallel padding) draw from a second stream, so
+    the real rows do not depend on the padding. A fused qkv_proj gets exactly the values
+    of the separate q, k and v projections, interleaved per key/value group."""
     if ".qkv_proj." in name:
         return _fused_qkv_values(name, shape, dtype, config, seed)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
     if name.startswith("ln_") or ".ln_" in name:
         return torch.ones(shape, dtype=dtype)
-    output_projection = name.endswith(("out_proj.weight", "fc2.weight"))
-    std = INIT_STD / math.sqrt(2.0 * config.num_layers) if output_projection else INIT_STD
-    generator = torch.Generator().manual_seed(_init_seed(seed, name))
+    std = INIT_STD / math.sqrt(2.0 * config.num_layers) if name.endswith(OUTPUT_PROJECTIONS) else INIT_STD
+    stream = _stream(name, config)
+    generator = torch.Generator().manual_seed(_init_seed(seed, stream))
     if name in ("wte.weight", "output.weight") and shape[0] > config.vocab_size:
         real = torch.empty((config.vocab_size, *shape[1:]), dtype=dtype).normal_(0.0, std, generator=generator)
-        generator.manual_seed(_init_seed(seed, "wte.weight/padding"))
+        generator.manual_seed(_init_seed(seed, f"{stream}/padding"))
         padding = torch.empty((shape[0] - config.vocab_size, *shape[1:]), dtype=dtype).normal_(
             0.0, std, generator=generator
         )
@@ -262,15 +285,16 @@ def host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTCon
 
 def _fused_qkv_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
     """q_proj's, k_proj's and v_proj's values (each drawn as the separate parameter),
-    rearranged from [q; k; v] to Megatron's per-head [q_h0, k_h0, v_h0, q_h1, ...] on the
-    output dimension: a fused run starts from the same weights as an unfused one."""
-    part_shape = torch.Size((shape[0] // 3, *shape[1:]))
-    parts = [
-        host_values(name.replace(".qkv_proj.", f".{part}."), part_shape, dtype, config, seed) for part in QKV_PARTS
-    ]
-    heads, head_dim = config.num_attention_heads, config.head_dim
-    stacked = torch.stack(parts).view(3, heads, head_dim, *shape[1:])  # (3, H, D[, h])
-    return stacked.transpose(0, 1).reshape(shape)  # (H, 3, D[, h]) -> (3h[, h])
+    rearranged from [q; k; v] to Megatron's per-group [q_g0 (G heads), k_g0, v_g0, q_g1, ...]
+    on the output dimension (per head, [q_h0, k_h0, v_h0, ...], without GQA): a fused run
+    starts from the same weights as an unfused one."""
+    kv_heads, head_dim = config.kv_heads, config.head_dim
+    q_size, kv_size = config.num_attention_heads * head_dim, kv_heads * head_dim
+    rest = shape[1:]
+    q, k, v = (host_values(name.replace(".qkv_proj.", f".{part}."), torch.Size((size, *rest)), dtype, config, seed)
+               for part, size in zip(QKV_PARTS, (q_size, kv_size, kv_size), strict=True))
+    grouped = [part.view(kv_heads, -1, *rest) for part in (q, k, v)]  # (KV, G D | D | D[, h])
+    return torch.cat(grouped, dim=1).reshape(shape)  # (KV, (G + 2) D[, h]) -> ((H + 2 KV) D[, h])
 
 
 @torch.no_grad()

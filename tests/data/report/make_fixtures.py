@@ -96,6 +96,16 @@ def main() -> None:
     e.update(status="oom", metrics={}, steps=[], ranks=[],
              error={"type": "OutOfMemoryError", "message": "CUDA out of memory", "traceback": ""})
     write("good", "e-1.3b-oom.json", e)
+    # f (own folder, llama/): llama3.1-8b on 8 H100s, FSDP, bf16, seq 8192, micro 2, global 16 (torchtitan's
+    # Table 1 settings), 5,000 tokens/s per device (40,000 / 8): read against the published Llama tables
+    f = accelerator(base, "20261129T100000Z-llama3.1-8b-cuda-ffffff", "llama3.1-8b", 1, 1, 8, 40_000 / 8192, h100,
+                    dict(cuda_env, device_count=8), seq=8192, micro=2, global_batch=16, precision="bf16")
+    f["spec"]["fsdp"] = True
+    f["workload"].update(parameters=8_030_261_248)
+    f["metrics"]["tflops_per_device"] = 250.0
+    f["metrics"]["telemetry"] = d["metrics"]["telemetry"]
+    f["metrics"]["unmeasured"]["telemetry"] = d["metrics"]["unmeasured"]["telemetry"]
+    write("llama", "f-llama3.1-8b-h100x8.json", f)
     # bad: one good file, one truncated, one of an unknown schema version
     write("bad", "b-tiny-cpu.json", b)
     text = json.dumps(b, indent=2)
