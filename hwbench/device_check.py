@@ -4,9 +4,11 @@ without importing the training loop."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from hwbench.catalog import Catalog, DeviceMatch, DeviceModel, load_catalog
 from hwbench.device import Backend, select_backend
-from hwbench.errors import UsageError
+from hwbench.errors import SetupError, UsageError
 from hwbench.precision import BLOCK_SCALED_RECIPES, DEFAULT_FP8_RECIPE, FP8
 from hwbench.spec import RunSpec
 
@@ -18,6 +20,9 @@ def checked_backend(spec: RunSpec) -> Backend:
     if problem:
         raise UsageError(f"--precision {spec.precision}: {problem}")
     if spec.precision == FP8:
+        if importlib.util.find_spec("torchao") is None:
+            raise SetupError("--precision fp8 trains through torchao, which is not installed: pip install "
+                             "'hwbench[fp8]' (torchao 0.18 or later, built for this torch)")
         problem = fp8_problem(backend, spec.fp8_recipe or DEFAULT_FP8_RECIPE)
         if problem:
             raise UsageError(f"--precision fp8 --fp8-recipe {spec.fp8_recipe}: {problem}; accepted here: "

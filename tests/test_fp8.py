@@ -50,6 +50,19 @@ def test_fp8_where_it_cannot_run_is_one_line_and_exit_2(tmp_path, capsys, argv, 
     assert not out.exists()
 
 
+def test_fp8_without_torchao_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "torchao" else
+                        find_spec(name, *rest))
+    out = tmp_path / "out"
+    assert main([*RUN, "--precision", "fp8", "--out", str(out)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("hwbench: warning")]
+    assert len(errors) == 1 and "torchao, which is not installed: pip install 'hwbench[fp8]'" in errors[0], errors
+    assert not out.exists()
+
+
 def test_the_recipe_is_resolved_for_fp8_only():
     catalog = load_catalog()
     assert build_run_spec({"model": "llama-tiny", "precision": "fp8"}, catalog,
