@@ -16,6 +16,7 @@ import pandas as pd
 from hwbench.harness.stand_in import STAND_IN_PROJECTION
 from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
 from hwbench.point import EMULATED, SIMULATED
+from hwbench.precision import peak_precision
 from hwbench.report.against_published import published_layout
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
@@ -211,7 +212,7 @@ def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
     it (a simulated run, or one without a figure), and whether MFU was measured against it, or why not."""
     from hwbench.catalog import load_catalog
 
-    precision = row["precision"]
+    precision = peak_precision(row["precision"])  # an FP8 run's MFU is against the BF16 peak
     entry = load_catalog().devices.get(row["catalog_entry"] or "")
     mfu = "MFU measured against this peak" if is_number(row["mfu"]) else f"no MFU: {row['mfu_reason']}"
     if entry is None:
