@@ -12,7 +12,7 @@ from hwbench.cli import main
 BAD_RUNS = [
     (["--model", "gpt5"], ["--model", "'gpt5'", "accepted", "345m"]),
     (["--device", "tpu"], ["--device", "'tpu'", "cuda"]),
-    (["--precision", "fp8"], ["--precision", "'fp8'", "bf16"]),
+    (["--precision", "fp4"], ["--precision", "'fp4'", "fp8"]),
     (["--model", "tiny", "--micro-batch-size", "4", "--global-batch-size", "10"],
      ["--global-batch-size 10", "--micro-batch-size 4", "accepted: 4, 8"]),
     (["--model", "tiny", "--seq-length", "4096"], ["--seq-length 4096", "128 positions", "1 to 128",

@@ -30,9 +30,12 @@ from torch.nn.parallel import DistributedDataParallel
 from hwbench.device import Backend
 from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.distributed import DistContext, single_process
+from hwbench.engine.float8 import convert as convert_to_fp8
+from hwbench.engine.float8 import converts_on_meta, plan_layers
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
+from hwbench.precision import DEFAULT_FP8_RECIPE, FP8
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
@@ -65,12 +68,17 @@ class NativeEngine:
 
     # construction -----------------------------------------------------------
     def _build(self, config: GPTConfig) -> nn.Module:
-        """Meta model -> stage cut -> TP -> FSDP -> storage -> seed-determined weights
-        -> DDP (pure data parallelism only)."""
+        """Meta model -> FP8 layers (tensorwise, rowwise) -> stage cut -> TP -> FSDP -> storage ->
+        seed-determined weights -> FP8 layers (mxfp8) -> DDP (pure data parallelism only)."""
         spec, ctx, dims = self.spec, self.ctx, self.ctx.dims
         with torch.device("meta"):
             model = GPT(config, tensor_parallel=dims.tp, recompute=spec.recompute, cross_entropy=spec.cross_entropy,
                         fused_qkv=spec.fused_qkv)
+        # FP8: the whole model's layers chosen before the stage cut, converted before any wrapping
+        self.fp8 = plan_layers(model, spec.fp8_recipe or DEFAULT_FP8_RECIPE) if spec.precision == FP8 else None
+        emulated = self.backend.fp8_emulation() is not None
+        if self.fp8 and converts_on_meta(self.fp8.recipe):
+            convert_to_fp8(model, self.fp8, emulated)
         if dims.pp > 1:
             cut_pipeline_stage(model, ctx.pp_rank, dims.pp)
         if dims.tp > 1:
@@ -82,6 +90,8 @@ class NativeEngine:
         model.to_empty(device=self.backend.torch_device)
         model.tie_output_to_embedding()
         init_parameters(model, spec.seed)
+        if self.fp8 and not converts_on_meta(self.fp8.recipe):
+            convert_to_fp8(model, self.fp8, emulated)
         self.gpt = model
         if spec.compile:
             for block in model.blocks.values():
@@ -317,6 +327,7 @@ class NativeEngine:
             "loss_scaling": None if not self.scaler else ("dynamic" if self.scaler.dynamic else "fixed"),
             "compile": self.spec.compile,
             "recompute": self.spec.recompute,
+            **({"fp8": self.fp8.describe(self.backend.fp8_emulation())} if self.fp8 else {}),
         }
 
     # checkpoints ----------------------------------------------------------------

@@ -19,8 +19,9 @@ from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.routing import routing_summary, step_routing
-from hwbench.harness.stand_in import SIMULATED_PRICE
+from hwbench.harness.stand_in import STAND_IN_PRICE
 from hwbench.plausibility import implausible_throughput
+from hwbench.precision import FP8
 from hwbench.result.model import (
     Checkpoints,
     Environment,
@@ -275,11 +276,18 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)
         for figures in by_formula.values():
             figures["mfu"] = None
-    if peak is None and not implausible:
+    emulated = result.device.fp8_emulated
+    if emulated:  # the speed of FP8 computed without FP8 units: utilisation of no peak
+        peak = ceiling = None
+        unmeasured.update(mfu=emulated, mfu_measured_ceiling=emulated)
+        for figures in by_formula.values():
+            figures["mfu"] = None
+    if peak is None and not implausible and not emulated:
         unmeasured["mfu"] = result.device.peak_flops_unmeasured or "no peak FLOP/s"
-    if not ceiling and not implausible:
+    if not ceiling and not implausible and not emulated:
         unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
+    fp8 = _fp8_utilisation(result, spec, achieved, implausible, unmeasured)
     validation = reports[0].validation
     telemetry = merge_telemetry(reports)
     host_syncs = merge_host_syncs(reports)
@@ -310,7 +318,21 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         "valid_loss": last.loss if last else None, "valid_ppl": last.ppl if last else None,
         "valid_ppl_step": last.step if last else None, "ppl_floor": source.data.get("perplexity_floor"),
         "skipped_steps": sum(source.skipped), "straggler": straggler(reports), "host_syncs": host_syncs,
-        "telemetry": telemetry, "data": source.data, "unmeasured": unmeasured}))
+        "telemetry": telemetry, "data": source.data, **fp8, "unmeasured": unmeasured}))
+
+
+def _fp8_utilisation(result: RunResult, spec: RunSpec, achieved: float, implausible: str | None,
+                     unmeasured: dict[str, str]) -> dict[str, float | None]:
+    """An FP8 run's model FLOP/s against the FP8 dense peak (``mfu_fp8_peak``; ``mfu`` is against the
+    BF16 one), or null with why in ``unmeasured``; nothing for other precisions."""
+    if spec.precision != FP8:
+        return {}
+    device = result.device
+    peak = device.fp8_peak_flops if not (implausible or device.fp8_emulated) else None
+    if peak is None:
+        unmeasured["mfu_fp8_peak"] = (implausible or device.fp8_emulated or device.fp8_peak_flops_unmeasured
+                                      or "no FP8 peak FLOP/s")
+    return {"mfu_fp8_peak": achieved / peak if peak else None}
 
 
 def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) -> TimeToTarget | None:
@@ -342,12 +364,12 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
 
-    price = None if result.simulated else result.device.price_usd_per_hour  # a stand-in's hours are this host's
+    price = None if result.stand_in else result.device.price_usd_per_hour  # a stand-in's hours are this host's
     figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
                    scored_time_s=scored, device_hours=device_hours,
                    cost_usd=device_hours * price if price is not None else None)
     if price is None:
-        unmeasured["cost_usd"] = (SIMULATED_PRICE if result.simulated else
+        unmeasured["cost_usd"] = (STAND_IN_PRICE[result.stand_in] if result.stand_in else
                                   "no price per device-hour in the device's catalog entry (the report takes --price)")
     telemetry = result.metrics.telemetry
     energy = telemetry.total_energy_j if telemetry and telemetry.available else None

@@ -131,6 +131,9 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         if reports is not None:
             merge_ranks(result, attempt, workload, reports)
     result.finished_at = utc_now()
+    if result.device.fp8_emulated:
+        result.warnings.insert(0, f"{result.device.fp8_emulated}; the result is marked emulated and kept apart from "
+                                  "the device's own figures")
     if backend.simulated:
         result.warnings.insert(0, f"device simulated: a stand-in ran the {backend.name} code path on the host "
                                   f"CPU; no figure here describes a {backend.name} device")

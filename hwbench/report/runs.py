@@ -59,7 +59,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "error": result.error.message if result.error else None,
         "model": spec.model, "parameters": result.workload.parameters,
         "device_model": device.device_model, "backend": device.backend,
-        "simulated": result.simulated, "catalog_entry": device.catalog_entry,
+        "stand_in": result.stand_in, "catalog_entry": device.catalog_entry,
         "peak_flops": device.peak_flops, "peak_flops_basis": device.peak_flops_basis,
         "world_size": result.world_size, "tp": tp, "pp": pp, "dp": dp, "layout": f"TP{tp} PP{pp} DP{dp}",
         "engine": spec.engine, "zero_stage": spec.zero_stage, "fsdp": spec.fsdp,

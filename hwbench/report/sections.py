@@ -165,7 +165,7 @@ def _tokens_published_row(pub: pd.Series, common: list[str]) -> list[Any]:
 def _tokens_measured_row(c: pd.Series) -> list[Any]:
     """A measured run under a published Llama row: its tokens/s per device against the published
     figure per GPU, and every setting that differs said in words."""
-    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
              else ["CPU run"] if c["backend"] == "cpu" else [])
     if c["differences"]:
         notes.append("differs: " + ", ".join(c["differences"]))
@@ -187,7 +187,7 @@ def _published_global(pub: pd.Series) -> str:
 def _measured_row(pub: pd.Series, c: pd.Series) -> list[Any]:
     """A measured run's row under the published row it is compared with."""
     ppl = f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})" if is_number(c["measured_ppl"]) else "-"
-    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
              else ["CPU run"] if c["backend"] == "cpu" else [])
     if c["differences"]:
         notes.append("differs: " + ", ".join(c["differences"]))
@@ -445,7 +445,7 @@ def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     versions = ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
     section.blocks.append(("table", Table.of([
         ("run", lambda run: run["run_id"]),
-        ("device", lambda run: f"{run['device_model']}" + (" [simulated]" if run["simulated"] else "")),
+        ("device", lambda run: f"{run['device_model']}" + (f" [{run['stand_in']}]" if run["stand_in"] else "")),
         ("count", lambda run: fmt(run["device_count"], 0)),
         *((header, lambda run, key=key: str(run[key] or "-"))
           for header, key in zip(("driver", "CUDA", "CANN", "torch", "deepspeed"), versions)),

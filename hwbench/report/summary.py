@@ -18,15 +18,26 @@ def _why(result: RunResult, key: str) -> str:
     return f"null: {reason}" if reason else "-"
 
 
+def fp8_layers_text(result: RunResult) -> str:
+    """'12 linear layers in FP8 (blocks.*.attn.q_proj, ...); in bf16: output (the output layer ...)'."""
+    fp8 = result.engine.fp8
+    if fp8 is None:
+        return "not recorded (the run failed before its model was built)"
+    converted = ", ".join(group.layers or "?" for group in fp8.converted or [])
+    kept = "; ".join(f"{group.layers} ({group.why})" for group in fp8.high_precision or [])
+    return f"{fp8.converted_layers} linear layers in FP8 ({converted})" + (f"; not: {kept}" if kept else "")
+
+
 def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[str, str]]:
     spec, metrics, device, workload = result.spec, result.metrics, result.device, result.workload
     rows: list[tuple[str, str]] = [
         ("status", result.status + (f" ({result.error.message})" if result.error else "")),
         ("model", f"{workload.name or spec.model}: {(workload.parameters or 0) / 1e6:,.1f}M parameters"),
         ("device", f"{device.backend or '?'}: {device.device_model or '?'}"
-                   + (" [SIMULATED]" if device.simulated else "")),
+                   + (" [SIMULATED]" if device.simulated else "") + (" [FP8 EMULATED]" if device.fp8_emulated else "")),
         ("batch", f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
-                  f"{spec.precision}" + (", recompute" if spec.recompute else "")
+                  f"{spec.precision}" + (f" {spec.fp8_recipe}" if spec.fp8_recipe else "")
+                  + (", recompute" if spec.recompute else "")
                   + (", compiled" if spec.compile else "")),
         ("layout", layout_text(result)),
     ]
@@ -43,7 +54,10 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         (METRICS["tokens_per_s"].label, _number(metrics.tokens_per_s, 0)),
         (METRICS["tflops_per_device"].label,
          _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
-        (kind, METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
+        (kind + (f" ({device.peak_flops_precision} peak)" if spec.fp8_recipe else ""),
+         METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
+        *([(f"{kind}, FP8 peak", METRICS["mfu"].text(metrics.mfu_fp8_peak) if metrics.mfu_fp8_peak is not None
+            else _why(result, "mfu_fp8_peak")), ("FP8 layers", fp8_layers_text(result))] if spec.fp8_recipe else []),
         (f"{kind}, measured ceiling", _measured_ceiling_text(result)),
         *([("", hfu_reason(metrics.flops_formula or ""))] if kind == "HFU" else []),
         ("step time", f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, "
