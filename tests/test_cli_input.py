@@ -59,14 +59,15 @@ BAD_RUNS = [
      ["--cross-entropy chunked with --fsdp and --pp 2", "--fsdp without --pp"]),
     (["--model", "tiny", "--nproc-per-node", "2", "--tp", "2", "--engine", "deepspeed", "--fused-qkv"],
      ["--fused-qkv with --engine deepspeed --tp 2 --pp 1", "--no-fused-qkv"]),
-    # the Llama architecture: no position table to lengthen; tensor and pipeline parallelism not yet
+    # the Llama architecture: no position table to lengthen; tensor parallelism splits whole key/value
+    # heads (llama-tiny: 4 query heads, so --tp 4 divides them, over 2 key/value heads)
     (["--model", "llama-tiny", "--max-positions", "4096"],
      ["--max-positions 4096 with --model llama-tiny", "rotary", "leave it out"]),
     (["--model", "llama-tiny", "--seq-length", "200000"], ["--seq-length 200000", "accepted: 1 to 131072"]),
-    (["--model", "llama-tiny", "--nproc-per-node", "2", "--tp", "2"],
-     ["--tp 2 --pp 1 with --model llama-tiny", "GPT-2 architecture only", "accepted: --tp 1 --pp 1"]),
-    (["--model", "llama-tiny", "--nproc-per-node", "2", "--pp", "2", "--engine", "deepspeed"],
-     ["--tp 1 --pp 2 with --model llama-tiny", "llama-tiny is Llama"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "4", "--tp", "4"],
+     ["--tp 4 does not divide the 2 key/value heads (num_query_groups) of --model llama-tiny", "accepted: 1, 2"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "4", "--tp", "4", "--engine", "deepspeed"],
+     ["--tp 4 does not divide the 2 key/value heads", "accepted: 1, 2"]),
     (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2", "0 to 1"]),
     (["--nproc-per-node", "0"], ["--nproc-per-node 0", "from 1 to 1024"]),
     (["--threads-per-rank", "0"], ["--threads-per-rank 0", "from 1 to 4096"]),
