@@ -204,7 +204,7 @@ def train(spec: RunSpec, device) -> dict:
     fused = bool(kind and kind.fused_adamw)  # as hwbench's backends choose (device/kinds.py); else foreach
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": spec.optimizer.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.optimizer.lr, betas=spec.optimizer.betas, eps=spec.optimizer.eps,
+        lr=spec.optimizer.lr, betas=(spec.optimizer.adam_beta1, spec.optimizer.adam_beta2), eps=spec.optimizer.adam_eps,
         **({"fused": True} if fused else {"foreach": True}))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
     scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" else None

@@ -44,6 +44,7 @@ from hwbench.fields import MAX_COUNT, Flag, problem_text
 from hwbench.workload.config import GPTConfig, RopeScaling
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+LR_DECAY_STYLES = ("cosine", "linear", "constant")  # Megatron-LM's --lr-decay-style choices hwbench runs
 BACKENDS = DEVICE_KINDS  # an entry's backend: a kind of the registry
 # dense = listed / 2 when the source lists the figure with 2:4 structured sparsity; compared
 # with this relative tolerance, so that a rounded figure (835.5 for 1,671 / 2) is accepted
@@ -340,7 +341,7 @@ class TrainingDefaults(_Entry):
     loss_scale: Peak | None = None
     weight_decay: Number
     clip_grad: Number
-    lr_decay_style: Annotated[str, Strict(), AfterValidator(_one_of(("cosine", "linear", "constant")))]
+    lr_decay_style: Annotated[str, Strict(), AfterValidator(_one_of(LR_DECAY_STYLES))]
     lr_decay_iters: Wanted
     if TYPE_CHECKING:  # held resolved: the count given, else Megatron's fraction x decay iterations
         lr_warmup_iters: int
@@ -358,8 +359,13 @@ class TrainingDefaults(_Entry):
 
     @model_validator(mode="after")
     def _warmup_iters(self) -> TrainingDefaults:
-        if self.lr_warmup_iters is None:  # frozen: set once, here, as it is validated
+        # frozen: set once, here, as it is validated. A fraction beside a count is unused (the count
+        # wins): held as None, so lr_warmup_fraction says whether the warm-up is one, and a run's
+        # --lr-decay-iters scales it as Megatron-LM's does (hwbench.spec)
+        if self.lr_warmup_iters is None:
             object.__setattr__(self, "lr_warmup_iters", round((self.lr_warmup_fraction or 0.0) * self.lr_decay_iters))
+        else:
+            object.__setattr__(self, "lr_warmup_fraction", None)
         return self
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hwbench.arguments import Option
-from hwbench.catalog import PRECISIONS
+from hwbench.catalog import LR_DECAY_STYLES, PRECISIONS
 from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
 from hwbench.target import number_as_text, valid_target_ppl
@@ -33,12 +33,15 @@ ENGINES = ("native", "deepspeed")
 SETTINGS = ("published", "fast")  # --settings: the workload's published ones, or hwbench.fast's choice
 PP_SCHEDULES = ("1f1b", "gpipe")
 DATA_KEYWORDS = ("builtin", "synthetic")
-PATH_OPTIONS = ("data", "out", "save", "load")  # run options whose value is a path (--data: unless a keyword)
+# run options whose value is a path (--data: unless a keyword)
+PATH_OPTIONS = ("data", "valid_data", "out", "save", "load")
 MULTI_NODE_PORT = 29500  # --master-port across nodes: every node must agree on it
 LAYOUT, PROCESSES = "parallel layout", "processes and nodes (torchrun)"
 TARGET = "time to a target quality (docs/scores.md)"
 TARGET_EVAL_INTERVAL = 10  # --eval-interval when a target is given and none is
 CHECKPOINTS = "checkpoints"
+OPTIMIZER = "optimizer: AdamW and Megatron-LM's learning-rate schedule"
+BETA = "a number from 0 up to, not including, 1"
 MAX_RESTARTS = 100  # torchrun restarts every rank each time: more than this is a crash loop, not a run
 
 MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
@@ -67,6 +70,11 @@ def _parses(parse: Callable[[str], Any]) -> Callable[[str], bool]:
 
 def _nonempty(text: str) -> bool:
     return bool(text.strip())
+
+
+def _below_one(beta: float) -> bool:
+    """An AdamW beta: a running mean's decay rate, 0 <= beta < 1 (torch refuses any other)."""
+    return 0 <= beta < 1
 
 
 def option(help: str, **definition: Any) -> Any:
@@ -146,6 +154,14 @@ class RunOptions:
         valid=_parses(parse_split),
         accepts="up to three non-negative weights",
     )
+    valid_data: str | None = option(
+        "prefix of a Megatron dataset PREFIX.bin/.idx to validate on, instead of --split's validation part of "
+        "--data PREFIX: every validation reads its first --eval-iters x --global-batch-size sequences, in order, "
+        "unshuffled (MLPerf Training's fixed validation set)",
+        default_rule="the validation part of --data (--split)",
+        valid=_nonempty,
+        accepts="a path prefix",
+    )
     eval_interval: int | None = option(
         "validate every N steps; 0: only after the last",
         default=0,
@@ -171,8 +187,52 @@ class RunOptions:
         "as --target-ppl, for the validation loss in nats", minimum=0, above_minimum=True, group=TARGET
     )
     seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED)
-    lr: float | None = option("peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True)
-    min_lr: float | None = option("learning rate at the end of the decay", default_rule="the workload's", minimum=0)
+    lr: float | None = option(
+        "peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True, group=OPTIMIZER
+    )
+    min_lr: float | None = option(
+        "learning rate at the end of the decay, at most --lr", default_rule="the workload's", minimum=0,
+        group=OPTIMIZER
+    )
+    lr_warmup_iters: int | None = option(
+        "steps of linear warm-up from --lr-warmup-init to --lr, counted from the first step (the untimed --warmup "
+        "steps included), below --lr-decay-iters; not with --lr-warmup-fraction",
+        default_rule="the workload's", minimum=0, group=OPTIMIZER
+    )
+    lr_warmup_fraction: float | None = option(
+        "warm-up as a fraction of --lr-decay-iters: round(F x decay iters) steps; not with --lr-warmup-iters",
+        default_rule="the workload's", minimum=0, maximum=1, group=OPTIMIZER
+    )
+    lr_warmup_init: float | None = option(
+        "learning rate the warm-up starts from, at most --lr", default=0.0, minimum=0, group=OPTIMIZER
+    )
+    lr_decay_iters: int | None = option(
+        "step at which the decay reaches --min-lr (it may lie far past --steps)", default_rule="the workload's",
+        minimum=1, group=OPTIMIZER
+    )
+    lr_decay_style: str | None = option(
+        "decay from --lr to --min-lr after the warm-up", default_rule="the workload's", choices=LR_DECAY_STYLES,
+        group=OPTIMIZER
+    )
+    adam_beta1: float | None = option(
+        "AdamW's decay rate of the gradient's running mean", default=0.9, valid=_below_one, accepts=BETA,
+        group=OPTIMIZER
+    )
+    adam_beta2: float | None = option(
+        "AdamW's decay rate of the squared gradient's running mean", default=0.999, valid=_below_one, accepts=BETA,
+        group=OPTIMIZER
+    )
+    adam_eps: float | None = option(
+        "AdamW's epsilon, added to the denominator", default=1e-8, minimum=0, above_minimum=True, group=OPTIMIZER
+    )
+    weight_decay: float | None = option(
+        "AdamW weight decay of the weight matrices (biases and norm gains get none)", default_rule="the workload's",
+        minimum=0, group=OPTIMIZER
+    )
+    clip_grad: float | None = option(
+        "clip the gradients to this global L2 norm; 0: no clipping", default_rule="the workload's", minimum=0,
+        group=OPTIMIZER
+    )
     out: str | None = option("folder for the result file", default="results/runs", accepts="a folder")
     telemetry: bool | None = option("sample power, clocks and temperature during the timed steps", default=True)
     telemetry_interval: float | None = option(
@@ -180,7 +240,8 @@ class RunOptions:
     )
     flops_formula: str | None = option(
         "FLOPs formula for TFLOP/s and MFU (megatron-deepspeed counts the recompute: HFU for a run that "
-        "recomputes); "
+        "recomputes; it also counts every model as GPT-2's shape, multi-head attention and a 4h GELU MLP, "
+        "and the result warns where the model has another); "
         + "; ".join(f"{old} is the old name of {new}" for old, new in FLOPS_FORMULA_ALIASES.items())
         + "; every formula's figures are in the result's metrics.by_formula",
         default=DEFAULT_FLOPS_FORMULA,
@@ -386,26 +447,27 @@ MEGATRON_INSTEAD = {
     "--num-layers": "the model's shape comes from --model (see `hwbench models`; add a workload YAML for another)",
     "--hidden-size": "the model's shape comes from --model (see `hwbench models`)",
     "--num-attention-heads": "the model's shape comes from --model (see `hwbench models`)",
-    "--num-query-groups": "the model's shape comes from --model: its workload YAML's model.num_query_groups (see `hwbench models`)",
+    "--num-query-groups": ("the model's shape comes from --model: "
+                           "its workload YAML's model.num_query_groups (see `hwbench models`)"),
     "--ffn-hidden-size": "the model's shape comes from --model: its workload YAML's model.ffn_hidden_size",
     "--swiglu": "the model's shape comes from --model: its workload YAML's model.swiglu",
     "--normalization": "the model's shape comes from --model: its workload YAML's model.normalization",
     "--norm-epsilon": "the model's shape comes from --model: its workload YAML's model.norm_epsilon",
-    "--position-embedding-type": "the model's shape comes from --model: its workload YAML's model.position_embedding_type",
+    "--position-embedding-type": ("the model's shape comes from --model: "
+                                  "its workload YAML's model.position_embedding_type"),
     "--rotary-base": "the model's shape comes from --model: its workload YAML's model.rotary_base",
     "--use-rope-scaling": "the model's shape comes from --model: its workload YAML's model.rope_scaling",
     "--disable-bias-linear": "the model's shape comes from --model: its workload YAML's model.add_bias_linear (false)",
-    "--untie-embeddings-and-output-weights": "the model's shape comes from --model: its workload YAML's model.untie_embeddings_and_output_weights",
+    "--untie-embeddings-and-output-weights": ("the model's shape comes from --model: "
+                                              "its workload YAML's model.untie_embeddings_and_output_weights"),
     "--group-query-attention": "the model's shape comes from --model: its workload YAML's model.num_query_groups",
     "--sequence-parallel": "sequence parallelism is not supported; drop it",
     "--use-flash-attn": "attention goes through torch's SDPA, which picks the fused kernel itself; drop it",
     "--tokenizer-type": "tokenization happens in `hwbench data prepare --tokenizer-type`",
+    "--tokenizer-model": "tokenization happens in `hwbench data prepare --tokenizer-model`",
     "--distributed-backend": "the process-group backend follows --device (nccl, hccl or gloo)",
-    "--lr-decay-style": "the schedule comes from the workload (its YAML's training.lr_decay_style)",
-    "--lr-decay-iters": "the schedule comes from the workload (its YAML's training.lr_decay_iters)",
-    "--lr-warmup-fraction": "the schedule comes from the workload (its YAML's training.lr_warmup_fraction)",
-    "--weight-decay": "it comes from the workload (its YAML's training.weight_decay)",
-    "--clip-grad": "it comes from the workload (its YAML's training.clip_grad)",
+    "--valid-data-path": "give --valid-data PREFIX: one dataset, whose first sequences every validation reads in "
+                         "order (Megatron-LM reads its --valid-data-path shuffled, moving on at each validation)",
     "--data-impl": "Megatron's mmap format is the one hwbench reads; drop it",
     "--log-interval": "hwbench records every step; drop it",
     "--DDP-impl": "data parallelism is DDP, or FSDP2 with --fsdp",

@@ -5,14 +5,17 @@ torch, no device). docs/planner.md writes the model down with its sources.
 In short, per rank of pipeline stage ``stage`` (P = parameters this rank holds
 after tensor and pipeline parallelism, before data-parallel sharding):
 
-    static  = weights + gradients + optimizer state + persistent buffers
-    working = activations + logits + gathered (FSDP2 / ZeRO-3 unsharded units)
+    static  = weights + optimizer state + persistent buffers (communication, RoPE's tables)
+    working = gradients already there as a backward starts
+              + activations + logits + gathered (FSDP2 / ZeRO-3 unsharded units)
               + autocast's 16-bit weight copies (native engine, bf16/fp16)
-    total   = static + overhead + max(working, step_transient)
+    total   = static + overhead + max(working, gradients + step_transient)
 
 ``step_transient`` is what exists only after the backward (the flat gradient
 all-reduce buffer, foreach AdamW temporaries, DeepSpeed's fp32 gradient copy),
-when the activations are already freed.
+when the activations are already freed. The shape is GPTConfig's: Megatron GPT-2
+or the Llama architecture (grouped-query attention, SwiGLU, RMSNorm, RoPE, an
+untied output layer), each term following the switches.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ class StageParams:
 
     blocks: int  # parameters of this stage's transformer blocks (this TP rank's share)
     block: int  # one block's parameters (this TP rank's share)
-    embedding: int  # word (V*h/t) + position (P*h) embeddings: the first stage
-    head: int  # final LayerNorm, plus the output layer's own weight copy when pp > 1: the last stage
+    embedding: int  # word (V*h/t) + learned position (P*h; none with RoPE) embeddings: the first stage
+    # final norm, plus the output layer's weight where it is not the word embedding's (untied, or
+    # tied with pp > 1: the last stage's own copy): the last stage
+    head: int
     layers: int  # blocks on this stage
     # what this stage's linear layers read (their weights and biases, and the output layer's
     # weight on the last stage): the parameters autocast casts to 16 bits
@@ -65,14 +70,21 @@ class StageParams:
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """Predicted peak memory of one rank (bytes), for pipeline stage ``stage``.
-    total = weights + gradients + optimizer + buffers + overhead
-            + max(activations + logits + gathered + cast_weights, step_transient)."""
+    total = weights + optimizer + buffers + overhead
+            + max(gradients_before_backward + activations + logits + gathered + cast_weights,
+                  gradients + step_transient)."""
 
     stage: int
     weights_bytes: int
     gradients_bytes: int
+    # the gradients that already exist when a backward starts, where the activations peak: all of
+    # them when micro-batches accumulate (or a pipeline interleaves them), none when the one
+    # micro-batch's backward makes them (the native engine sets them to None after each step)
+    gradients_before_backward_bytes: int
     optimizer_bytes: int
-    buffers_bytes: int  # persistent communication buffers (DDP buckets, DeepSpeed's reduce bucket)
+    # persistent buffers: communication (DDP buckets, DeepSpeed's reduce bucket, the pipeline's
+    # receive buffers) and RoPE's tables
+    buffers_bytes: int
     activations_bytes: int  # everything kept for the backward, all micro-batches in flight on this stage
     logits_bytes: int  # last stage only
     gathered_bytes: int  # FSDP2 / ZeRO-3 unsharded parameters (and one unit's gradients) while computing
@@ -93,59 +105,158 @@ def fits(plan: MemoryPlan, capacity_bytes: int, headroom: float = DEFAULT_HEADRO
     return plan.total_bytes <= headroom * capacity_bytes
 
 
+# parameters ---------------------------------------------------------------------
+def norm_parameters(config: GPTConfig) -> int:
+    """One norm's parameters: LayerNorm's gain and bias, RMSNorm's gain."""
+    return 2 * config.hidden_size if config.normalization == "LayerNorm" else config.hidden_size
+
+
+def block_parameters(config: GPTConfig, tp: int) -> int:
+    """One block's parameters on one TP rank (hwbench/engine/parallelize.py's split, Megatron's):
+    q, k, v and fc1 (SwiGLU: gate and up) column-parallel, weights and biases / t; out_proj and
+    fc2 (down) row-parallel, weights / t, biases whole; both norms whole. With f = ffn_size and
+    kv = kv_heads x head size: (2h^2 + 2h*kv + m*h*f [+ h + 2kv + n*f]) / t + 2 norms [+ 2h],
+    m = 2 (GELU) or 3 (SwiGLU), n = 1 or 2, [...] with biases. Megatron GPT-2 (kv = h, f = 4h,
+    biases, LayerNorm): (12h^2 + 7h) / t + 6h, so 12h^2 + 13h at t = 1."""
+    h, f, kv = config.hidden_size, config.ffn_size, config.kv_heads * config.head_dim
+    split = 2 * h * h + 2 * h * kv + (3 if config.swiglu else 2) * h * f
+    whole = 2 * norm_parameters(config)
+    if config.add_bias_linear:
+        split += h + 2 * kv + (2 if config.swiglu else 1) * f
+        whole += 2 * h
+    return split // tp + whole
+
+
 def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StageParams:
     """Exact per-rank parameter counts (hwbench/engine/parallelize.py's split).
 
-    Per block, one TP rank: q, k, v, fc1 column-parallel (weights and biases / t),
-    out_proj and fc2 row-parallel (weights / t, biases replicated), both LayerNorms
-    replicated: (3h^2 + 3h + h^2 + 4h^2 + 4h + 4h^2) / t + (h + h + 4h)
-    = (12h^2 + 7h) / t + 6h   (t = 1: 12h^2 + 13h, as params.count_parameters).
-    The word embedding and the output layer are vocab-parallel (V/t rows).
-    Linear layers' parameters: the block less its two LayerNorms (4h), and the output
-    layer's weight (V/t rows; at pp = 1 it is the word embedding's)."""
-
+    Blocks: ``block_parameters``. The word embedding and the output layer are vocab-parallel
+    (V/t rows); learned positions (none with RoPE) are whole, on the first stage. The output
+    layer lives on the last stage: its weight is the word embedding's when tied and pp = 1,
+    else a weight of its own (untied: Llama 3.1 8B, 70B; tied with pp > 1: a copy).
+    Linear layers' parameters: the block less its two norms, and the output layer's weight."""
     h = config.hidden_size
     vocab = config.padded_vocab_size(tp)
-    block = (12 * h * h + 7 * h) // tp + 6 * h
+    block = block_parameters(config, tp)
     layers = len(stage_layers(config.num_layers, pp, stage))
-    embedding = vocab * h // tp + config.max_position_embeddings * h if stage == 0 else 0
-    head = 0
-    output = 0
+    embedding = 0
+    if stage == 0:
+        embedding = vocab * h // tp + (0 if config.rope else config.max_position_embeddings * h)
+    head = output = 0
     if stage == pp - 1:
         output = vocab * h // tp
-        head = 2 * h + (output if pp > 1 else 0)  # pp = 1: the output weight is wte itself
-    linear = layers * (block - 4 * h) + output
+        own_output = pp > 1 or config.untie_embeddings_and_output_weights
+        head = norm_parameters(config) + (output if own_output else 0)
+    linear = layers * (block - 2 * norm_parameters(config)) + output
     return StageParams(blocks=layers * block, block=block, embedding=embedding, head=head, layers=layers,
                        linear=linear)
 
 
-def activation_bytes_per_layer(s: int, b: int, h: int, tp: int, act: int, residual: int,
-                               qkv_input_copies: int = 1) -> int:
-    """Bytes one block keeps for its backward (Korthikanti et al. 2022, Table 2 /
-    eq. 2 without sequence parallelism), for hwbench's block: SDPA fused attention
-    keeps no (a, s, s) scores, so the 5as/h term is gone; no dropout, so the two
-    s*b*h dropout masks are gone. ``act``: bytes of the autocast dtype, ``residual``:
-    bytes of the residual stream (fp32 under hwbench's autocast, fp32 weights).
-    ``qkv_input_copies``: how many copies of the first LayerNorm's output the attention's
-    input projections keep (``qkv_input_copies``, below).
+# activations ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class SaveRules:
+    """What decides the bytes a block keeps for its backward, beside the shape: the dtypes
+    (``act``: what the linear layers and attention produce, the autocast dtype; ``residual``:
+    the residual stream's, fp32 under hwbench's autocast over fp32 weights), how many copies of
+    each norm's output its projections keep, and whether the device runs RMSNorm fused."""
 
-    replicated: two LayerNorm inputs 2*residual*sbh, the q/k/v input (qkv_input_copies
-    copies) and fc1 input (the autocast copies of the LayerNorm outputs) act*sbh each;
-    per TP rank: q, k 2*act, v act, out_proj input act, GELU input 4*act,
-    fc2 input 4*act = 12*act*sbh / t.
-    act = residual = 2, one copy: s*b*h*(8 + 24/t), the paper's 10 + 24/t less the masks."""
-    sbh = s * b * h
-    return sbh * (2 * residual + (qkv_input_copies + 1) * act) + sbh * 12 * act // tp
+    act: int
+    residual: int
+    attention_input_copies: int = 1
+    mlp_input_copies: int = 1
+    fused_qkv: bool = False
+    fused_rms_norm: bool = False
 
 
-def qkv_input_copies(spec: RunSpec) -> int:
-    """Copies of the first LayerNorm's output that a block keeps for its q/k/v projections'
-    backward. Autocast caches the 16-bit casts of leaf tensors (parameters) only, so with
-    separate q_proj, k_proj and v_proj each casts the fp32 LayerNorm output again and keeps
-    its own copy: 3 (measured on the model, tests/test_planner.py). One fused projection, or a
-    run without autocast (fp32; DeepSpeed's 16-bit module), reads one tensor: 1."""
+def save_rules(spec: RunSpec, backend_name: str, config: GPTConfig) -> SaveRules:
+    """The rules of ``spec`` on a device kind. Autocast caches its 16-bit casts of parameters
+    only, so each projection reading a norm's fp32 output casts it again and keeps its own copy
+    for its weight gradient: separate q, k and v keep 3 copies, SwiGLU's separate gate and up 2
+    (measured, tests/test_planner.py). One fused projection, or no autocast (fp32; DeepSpeed's
+    16-bit module), reads one tensor."""
+    _, _, act, residual = _dtype_bytes(spec)
     autocast = spec.precision != "fp32" and spec.engine != "deepspeed"
-    return 3 if autocast and not spec.fused_qkv else 1
+    return SaveRules(act=act, residual=residual,
+                     attention_input_copies=3 if autocast and not spec.fused_qkv else 1,
+                     mlp_input_copies=2 if autocast and config.swiglu else 1,
+                     fused_qkv=spec.fused_qkv, fused_rms_norm=KINDS[backend_name].fused_rms_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedPerToken:
+    """Bytes one block keeps for its backward per token, by term (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models", §4, for hwbench's block:
+    SDPA keeps no (a, s, s) scores, no dropout masks). The first three are whole on every TP
+    rank, the rest this rank's share."""
+
+    norms: int  # both norms: input and statistics (``norm_saved_per_token``)
+    attention_inputs: int  # copies of the first norm's output that q, k and v keep
+    mlp_inputs: int  # copies of the second norm's output that fc1 (gate and up) keep
+    qkv: int  # what attention keeps of q, k and v (``qkv_saved_per_token``)
+    attention: int  # SDPA's output (out_proj's input) and its fp32 log-sum-exp per head
+    mlp: int  # GELU: fc1's output, GELU's; SwiGLU: gate's and up's outputs, SiLU's, their product
+
+    @property
+    def total(self) -> int:
+        return self.norms + self.attention_inputs + self.mlp_inputs + self.qkv + self.attention + self.mlp
+
+
+def norm_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
+    """What one norm keeps per token. LayerNorm: its input and the fp32 mean and rstd.
+    RMSNorm fused (``SaveRules.fused_rms_norm``): its input and the fp32 rstd; torch's
+    composite: the input upcast to fp32, the fp32 normalised output (for the gain's gradient)
+    and rstd."""
+    h = config.hidden_size
+    if config.normalization == "LayerNorm":
+        return rules.residual * h + 2 * FP32
+    if rules.fused_rms_norm:
+        return rules.residual * h + FP32
+    return 2 * FP32 * h + FP32
+
+
+def qkv_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
+    """What attention keeps of q (h wide) and k, v (kv = kv_heads x head size wide each), before
+    tensor parallelism. Separate projections: the (rotated) q and k and v, ``act x (h + 2kv)``:
+    grouped-query attention narrows k and v, and RoPE keeps its tables, not q and k before the
+    rotation. One fused projection: its whole output, which the views attention keeps hold alive,
+    and the copies made of it: q when rotated or gathered from its groups (GQA), k when rotated."""
+    h, kv, c = config.hidden_size, config.kv_heads * config.head_dim, rules.act
+    saved = c * (h + 2 * kv)
+    if rules.fused_qkv:
+        grouped = config.kv_heads < config.num_attention_heads
+        saved += c * h * (config.rope or grouped) + c * kv * config.rope
+    return saved
+
+
+def saved_per_token(config: GPTConfig, tp: int, rules: SaveRules) -> SavedPerToken:
+    h, f, c = config.hidden_size, config.ffn_size, rules.act
+    return SavedPerToken(
+        norms=2 * norm_saved_per_token(config, rules),
+        attention_inputs=rules.attention_input_copies * c * h,
+        mlp_inputs=rules.mlp_input_copies * c * h,
+        qkv=qkv_saved_per_token(config, rules) // tp,
+        attention=(c * h + FP32 * config.num_attention_heads) // tp,
+        mlp=(4 if config.swiglu else 2) * c * f // tp)
+
+
+def rope_saved_per_layer(config: GPTConfig, s: int, rules: SaveRules) -> int:
+    """RoPE's share of a block's saved tensors: the rotation multiplies q and k by the cos and
+    sin tables cast to their dtype, and keeps the casts: four (s, head size) tables per block in
+    16 bits. In fp32 the cast is the table itself, shared by every block (``rope_tables_bytes``)."""
+    return 4 * s * config.head_dim * rules.act if config.rope and rules.act != FP32 else 0
+
+
+def rope_tables_bytes(config: GPTConfig, s: int) -> int:
+    """RoPE's fp32 cos and sin tables, (s, head size) each, made once per device and kept."""
+    return 2 * s * config.head_dim * FP32 if config.rope else 0
+
+
+def activation_bytes_per_layer(s: int, b: int, config: GPTConfig, tp: int, rules: SaveRules) -> int:
+    """Bytes one block keeps for its backward: ``saved_per_token`` for each of the s*b tokens,
+    and RoPE's per-sequence casts. Megatron GPT-2 with act = residual = 2 (DeepSpeed's 16-bit
+    module): s*b*h*(8 + 24/t) plus the norms' and softmax's statistics, Korthikanti's
+    10 + 24/t less the two dropout masks."""
+    return s * b * saved_per_token(config, tp, rules).total + rope_saved_per_layer(config, s, rules)
 
 
 def _dtype_bytes(spec: RunSpec) -> tuple[int, int, int, int]:
@@ -169,31 +280,75 @@ def microbatches_in_flight(spec: RunSpec, stage: int) -> int:
     return min(spec.parallel.pp - stage, m)
 
 
+def gradients_exist_before_backward(spec: RunSpec) -> bool:
+    """Whether the gradients are there when a backward starts (with every activation kept). The
+    native engine sets them to None after each step (zero_grad(set_to_none=True)), so with one
+    micro-batch and no pipeline they are made by the backward as the activations go; with
+    accumulation or a pipeline the earlier micro-batches' gradients are there. DeepSpeed's are
+    counted as there (its ZeRO buffers are not modelled this finely)."""
+    return spec.engine == "deepspeed" or spec.parallel.pp > 1 or spec.gradient_accumulation_steps > 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _States:
+    """Weights, gradients and optimizer state of one rank, and the buffers beside them."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    buffers: int  # persistent communication buffers
+    step_transient: int  # after the backward only
+    notes: tuple[str, ...]
+
+
 def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) -> MemoryPlan:
     """The predicted peak of a rank of pipeline stage ``stage``. ``config`` is the
     workload's shape; the spec's --max-positions is applied to it here."""
     config = spec.model_config(config)
     if backend_name not in OVERHEAD_BYTES:
         raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(DEVICE_KINDS)}")
+    params = stage_parameters(config, spec.parallel.tp, spec.parallel.pp, stage)
+    states = _states(spec, backend_name, params.total)
+    rules = save_rules(spec, backend_name, config)
+    in_flight = microbatches_in_flight(spec, stage)
+    activations, activation_notes = _activations(spec, config, params, stage, in_flight, rules)
+    logits, logits_notes = _logits(spec, config, stage, in_flight)
+    gathered, gathered_notes = _gathered(spec, params)
+    cast_weights, cast_notes = _cast_weights(spec, params)
+    buffers = (states.buffers + rope_tables_bytes(config, spec.seq_length)
+               + pipeline_buffers_bytes(spec, config, stage, in_flight))
+    gradients_there = gradients_exist_before_backward(spec)
+    before_backward = states.gradients if gradients_there else 0
+    overhead = OVERHEAD_BYTES[backend_name]
+    working = before_backward + activations + logits + gathered + cast_weights
+    total = (states.weights + states.optimizer + buffers + overhead
+             + max(working, states.gradients + states.step_transient))
+    notes = (*states.notes, *activation_notes, *cast_notes, *logits_notes, *gathered_notes)
+    if not gradients_there:
+        notes += ("gradients: none yet when the backward starts (one micro-batch; set to None after each step)",)
+    return MemoryPlan(stage=stage, weights_bytes=states.weights, gradients_bytes=states.gradients,
+                      gradients_before_backward_bytes=before_backward, optimizer_bytes=states.optimizer,
+                      buffers_bytes=buffers, activations_bytes=activations, logits_bytes=logits,
+                      gathered_bytes=gathered, cast_weights_bytes=cast_weights,
+                      step_transient_bytes=states.step_transient, overhead_bytes=overhead, total_bytes=total,
+                      parameters=params.total, microbatches_in_flight=in_flight, notes=notes)
+
+
+def _states(spec: RunSpec, backend_name: str, n: int) -> _States:
+    """The states of ``n`` parameters under the engine, precision and sharding of ``spec``."""
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
-    params = stage_parameters(config, tp, pp, stage)
-    n = params.total
-    w_b, g_b, act_b, res_b = _dtype_bytes(spec)
+    w_b, g_b, _, _ = _dtype_bytes(spec)
     notes: list[str] = []
     deepspeed = spec.engine == "deepspeed"
     half = spec.precision != "fp32"
     zero = spec.zero_stage if deepspeed and dp > 1 else 0
-
-    # states ------------------------------------------------------------------
     if deepspeed and half:
         # ZeRO paper: 2 (fp16 weights) + 2 (fp16 grads) + K = 12 (fp32 master, m, v) bytes/param
         opt_per_param = 3 * FP32
         notes.append("deepspeed 16-bit: 2+2+12 bytes/param (ZeRO paper, K=12)")
     else:
         opt_per_param = 2 * FP32  # AdamW: two fp32 moments
-    weights = n * w_b
-    gradients = n * g_b
-    optimizer = n * opt_per_param
+    weights, gradients, optimizer = n * w_b, n * g_b, n * opt_per_param
     sharded = spec.fsdp and dp > 1
     if sharded:  # FSDP2: everything sharded over dp (padding to a multiple of dp ignored)
         weights, gradients, optimizer = _ceil(weights, dp), _ceil(gradients, dp), _ceil(optimizer, dp)
@@ -204,8 +359,7 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     if zero >= 3:
         weights = _ceil(weights, dp)
 
-    buffers = 0
-    step_transient = 0
+    buffers = step_transient = 0
     if not deepspeed and dp > 1 and not spec.fsdp:
         if tp == 1 and pp == 1:
             buffers = n * g_b  # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False)
@@ -221,74 +375,105 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
         local = _ceil(n, dp) if sharded else n
         step_transient = max(step_transient, local * FP32)
         notes.append(f"{backend_name}: foreach AdamW temporaries at the step")
+    return _States(weights, gradients, optimizer, buffers, step_transient, tuple(notes))
 
-    # activations ---------------------------------------------------------------
+
+def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: int, in_flight: int,
+                 rules: SaveRules) -> tuple[int, tuple[str, ...]]:
+    """Everything this stage keeps for its backward, all micro-batches in flight: its blocks'
+    (or with recompute their inputs, and one block's while it is recomputed), and on the last
+    stage the final norm's and the output layer's inputs."""
     s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size
-    in_flight = microbatches_in_flight(spec, stage)
-    full_layer = activation_bytes_per_layer(s, b, h, tp, act_b, res_b, qkv_input_copies(spec))
+    full_layer = activation_bytes_per_layer(s, b, config, spec.parallel.tp, rules)
+    notes: tuple[str, ...] = ()
     if spec.recompute:
-        per_micro = params.layers * s * b * h * res_b  # each block's input only
+        per_micro = params.layers * s * b * h * rules.residual  # each block's input only
         recompute_peak = full_layer if params.layers else 0  # one block's activations while it is recomputed
-        notes.append("recompute: block inputs kept, one block recomputed at a time")
+        notes = ("recompute: block inputs kept, one block recomputed at a time",)
     else:
         per_micro = params.layers * full_layer
         recompute_peak = 0
-    last = stage == pp - 1
-    if last:
-        per_micro += s * b * h * (res_b + act_b)  # final LayerNorm input and the output layer's input
-    activations = in_flight * per_micro + recompute_peak
+    if stage == spec.parallel.pp - 1:
+        per_micro += s * b * (norm_saved_per_token(config, rules) + h * rules.act)
+    elif spec.engine == "native":  # the pipeline keeps the stage's output for its backward (fwd_cache)
+        per_micro += s * b * h * rules.residual
+    return in_flight * per_micro + recompute_peak, notes
 
-    # Autocast casts each fp32 parameter a linear layer reads to 16 bits once and keeps the copy in
-    # its cache until the autocast region ends, after the loss; without recompute the backward keeps
-    # the weights' copies until each layer's own backward too. So at the end of the forward every
-    # copy is alive, even under FSDP2, whose unsharded parameters are what autocast casts: the copies
-    # of every block stay after the block is resharded. DeepSpeed holds 16-bit weights: no casts.
-    cast_weights = params.linear * HALF if half and not deepspeed else 0
-    if cast_weights:
-        notes.append("autocast: 16-bit copies of the linear layers' parameters, 2 bytes/param, to the forward's end")
 
-    logits = 0
-    if last:
-        loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
-        vocab = config.padded_vocab_size(tp) // (tp if loss_parallel else 1)
-        if spec.cross_entropy == "chunked":
-            # per micro-batch in flight: each token's fp32 log-sum-exp; at a time, one chunk's logits
-            # in the activation dtype, its fp32 copy and one fp32 temporary (the exp in the forward,
-            # the gradient in the backward)
-            chunk = min(CROSS_ENTROPY_CHUNK_TOKENS, s * b)
-            logits = in_flight * s * b * FP32 + chunk * vocab * (act_b + 2 * FP32)
-            notes.append(f"chunked cross-entropy: {chunk} tokens' logits at a time")
-        else:
-            sv = s * b * vocab
-            # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward; during
-            # one backward: the logits in the activation dtype and the fp32 gradient
-            logits = in_flight * sv * FP32 + sv * (act_b + FP32)
-        if tp > 1 and not loss_parallel:
-            notes.append("tp with pp: logits gathered over the full vocabulary on the last stage")
+def pipeline_buffers_bytes(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> int:
+    """torch.distributed.pipelining's receive buffers on a stage (native engine): one per
+    micro-batch of the step for the input it receives (stages after the first; those of the
+    micro-batches in flight are the first block's saved input, counted there) and one for the
+    gradient of its output (stages before the last), each (b, s, h) in the residual stream's dtype.
+    An input buffer also keeps the gradient its backward made until the next step clears it
+    (clear_runtime_states): the m - 1 micro-batches done when the last backward starts."""
+    pp, m = spec.parallel.pp, spec.gradient_accumulation_steps
+    if pp == 1 or spec.engine != "native":
+        return 0
+    one = spec.micro_batch_size * spec.seq_length * config.hidden_size * _dtype_bytes(spec)[3]
+    inputs = (m - in_flight + m - 1) * one if stage > 0 else 0
+    gradients = m * one if stage < pp - 1 else 0
+    return inputs + gradients
 
-    gathered = 0
-    if sharded:
-        # FSDP2 units: every block, and the root (embeddings, final LayerNorm, output).
+
+def _cast_weights(spec: RunSpec, params: StageParams) -> tuple[int, tuple[str, ...]]:
+    """Autocast casts each fp32 parameter a linear layer reads to 16 bits once and keeps the copy
+    in its cache until the autocast region ends, after the loss; without recompute the backward
+    keeps the weights' copies until each layer's own backward too. So at the end of the forward
+    every copy is alive, even under FSDP2, whose unsharded parameters are what autocast casts: the
+    copies of every block stay after the block is resharded. DeepSpeed holds 16-bit weights: no casts."""
+    if spec.precision == "fp32" or spec.engine == "deepspeed":
+        return 0, ()
+    return params.linear * HALF, ("autocast: 16-bit copies of the linear layers' parameters, 2 bytes/param, "
+                                  "to the forward's end",)
+
+
+def _logits(spec: RunSpec, config: GPTConfig, stage: int, in_flight: int) -> tuple[int, tuple[str, ...]]:
+    """The loss's share of the last stage (none elsewhere)."""
+    tp, pp = spec.parallel.tp, spec.parallel.pp
+    if stage != pp - 1:
+        return 0, ()
+    loss_parallel = tp > 1 and pp == 1  # hwbench/engine/native.py: else the logits are gathered
+    vocab = config.padded_vocab_size(tp) // (tp if loss_parallel else 1)
+    notes: tuple[str, ...] = ()
+    if tp > 1 and not loss_parallel:
+        notes = ("tp with pp: logits gathered over the full vocabulary on the last stage",)
+    s, b = spec.seq_length, spec.micro_batch_size
+    if spec.cross_entropy == "chunked":
+        # per micro-batch in flight: each token's fp32 log-sum-exp; at a time, one chunk's fp32
+        # logits and log-sum-exp's fp32 temporary (logits less their maximum, exponentiated in
+        # place). The 16-bit product is freed as its fp32 copy is made, and the backward's chunk
+        # (fp32, made the gradient in place, then its 16-bit cast) is smaller (measured on the CPU)
+        chunk = min(CROSS_ENTROPY_CHUNK_TOKENS, s * b)
+        return (in_flight * s * b * FP32 + chunk * vocab * 2 * FP32,
+                (*notes, f"chunked cross-entropy: {chunk} tokens' logits at a time"))
+    # per micro-batch in flight: the fp32 log-softmax kept for the loss's backward, and under the
+    # native engine's pipeline the stage's output, the logits, which it keeps for the backward
+    # (fwd_cache); during one backward, its peak: the fp32 gradient nll_loss hands back and the
+    # fp32 gradient log-softmax's backward makes from it (the forward's 16-bit logits and fp32
+    # copy, 2 + 4, are fewer bytes)
+    kept = FP32 + (_dtype_bytes(spec)[2] if pp > 1 and spec.engine == "native" else 0)
+    return s * b * vocab * (in_flight * kept + 2 * FP32), notes
+
+
+def _gathered(spec: RunSpec, params: StageParams) -> tuple[int, tuple[str, ...]]:
+    """FSDP2's or ZeRO-3's unsharded parameters (and one unit's gradients) while computing."""
+    w_b, g_b, _, _ = _dtype_bytes(spec)
+    dp, pp = spec.parallel.dp, spec.parallel.pp
+    if spec.fsdp and dp > 1:
+        # FSDP2 units: every block, and the root (embeddings, final norm, output).
         # The root stays gathered from its forward to its backward (FSDP2 never
         # reshards the root after forward); blocks: the one computing and the one
         # prefetched, or all of the stage's when pp > 1 (reshard_after_forward=False);
         # plus one block's unsharded gradients before their reduce-scatter.
         kept_blocks = 2 if pp == 1 else params.layers
         root = params.embedding + params.head
-        gathered = (root + min(kept_blocks, params.layers) * params.block) * w_b + params.block * g_b
-    elif zero >= 3:
+        return (root + min(kept_blocks, params.layers) * params.block) * w_b + params.block * g_b, ()
+    if spec.engine == "deepspeed" and dp > 1 and spec.zero_stage >= 3:
         # ZeRO-3 gathers module by module with a prefetch: about two blocks, or the word embedding
-        gathered = max(params.embedding + params.head, 2 * params.block) * w_b + params.block * g_b
-        notes.append("zero-3 gathered units approximated as max(embedding, two blocks)")
-
-    overhead = OVERHEAD_BYTES[backend_name]
-    static = weights + gradients + optimizer + buffers
-    total = static + overhead + max(activations + logits + gathered + cast_weights, step_transient)
-    return MemoryPlan(stage=stage, weights_bytes=weights, gradients_bytes=gradients, optimizer_bytes=optimizer,
-                      buffers_bytes=buffers, activations_bytes=activations, logits_bytes=logits,
-                      gathered_bytes=gathered, cast_weights_bytes=cast_weights, step_transient_bytes=step_transient,
-                      overhead_bytes=overhead,
-                      total_bytes=total, parameters=n, microbatches_in_flight=in_flight, notes=tuple(notes))
+        return (max(params.embedding + params.head, 2 * params.block) * w_b + params.block * g_b,
+                ("zero-3 gathered units approximated as max(embedding, two blocks)",))
+    return 0, ()
 
 
 def plan_for_all_stages(spec: RunSpec, config: GPTConfig, backend_name: str) -> list[MemoryPlan]:

@@ -9,11 +9,11 @@ combination raises UsageError naming the options, the values and what would be a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hwbench.catalog import Catalog, Workload
+from hwbench.catalog import Catalog, TrainingDefaults, Workload
 from hwbench.errors import UsageError
 from hwbench.fields import Count, Positive, Rate
 from hwbench.options import (
@@ -70,17 +70,22 @@ class LaunchSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerSpec:
-    """AdamW with Megatron's schedule: linear warm-up, then decay to min_lr."""
+    """AdamW with Megatron's schedule: linear warm-up, then decay to min_lr. Each field is the run
+    option of its name (hwbench.options), else the workload's training default, else the option's."""
 
     lr: float
     min_lr: float
     weight_decay: float
-    clip_grad: float
+    clip_grad: float  # 0: no clipping, as Megatron-LM's --clip-grad 0
     lr_warmup_iters: int
     lr_decay_iters: int
     lr_decay_style: str
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    # The defaults below are what a result written before these options ran with.
+    lr_warmup_fraction: float | None = None  # the fraction of lr_decay_iters the warm-up is; None: a count
+    lr_warmup_init: float = RUN_OPTIONS["lr_warmup_init"].default
+    adam_beta1: float = RUN_OPTIONS["adam_beta1"].default
+    adam_beta2: float = RUN_OPTIONS["adam_beta2"].default
+    adam_eps: float = RUN_OPTIONS["adam_eps"].default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +141,7 @@ class RunSpec:
     save_interval: Positive | None = None  # --save-interval: also after every step that is a multiple of it
     load: str | None = None  # --load: the checkpoint the run resumes from
     async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
+    valid_data: str | None = None  # --valid-data: the dataset every validation reads from its first sequence
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -161,12 +167,9 @@ class RunSpec:
         """The inverse of to_dict (a result's `spec`): keys it does not know are left out (a
         newer writer's); KeyError or TypeError when a field without a default is missing."""
         fields = _known_fields(cls, data)
-        optimizer = _known_fields(OptimizerSpec, data["optimizer"])
-        if "betas" in optimizer:
-            optimizer["betas"] = tuple(optimizer["betas"])
         fields.update(parallel=ParallelDims(**_known_fields(ParallelDims, data["parallel"])),
                       launch=LaunchSpec(**_known_fields(LaunchSpec, data["launch"])),
-                      optimizer=OptimizerSpec(**optimizer))
+                      optimizer=OptimizerSpec(**_known_fields(OptimizerSpec, data["optimizer"])))
         return cls(**fields)
 
     def model_config(self, workload_model: GPTConfig) -> GPTConfig:
@@ -182,18 +185,28 @@ def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key in names}
 
 
-def check_data(data: str) -> str:
-    if data in DATA_KEYWORDS:
+def check_data(data: str, flag: str = "--data") -> str:
+    """``data`` names a keyword --data takes or a whole Megatron dataset: UsageError naming ``flag`` otherwise."""
+    if data in DATA_KEYWORDS and flag == "--data":
         return data
     missing = [suffix for suffix in (".idx", ".bin") if not Path(data + suffix).is_file()]
     if missing:
         prepared = sorted(str(idx)[:-len(".idx")] for idx in Path(data).parent.glob(Path(data).name + "_*_document.idx")
                           if Path(str(idx)[:-len(".idx")] + ".bin").is_file())
-        hint = (f"`hwbench data prepare --output-prefix {data}` wrote {', '.join(prepared)}: give --data "
+        keywords = f", or one of: {', '.join(DATA_KEYWORDS)}" if flag == "--data" else ""
+        hint = (f"`hwbench data prepare --output-prefix {data}` wrote {', '.join(prepared)}: give {flag} "
                 f"{prepared[0]}" if prepared else "give the prefix of a Megatron dataset (as `hwbench data "
-                f"prepare` writes), or one of: {', '.join(DATA_KEYWORDS)}")
-        raise UsageError(f"--data {data!r}: no {' or '.join(data + m for m in missing)}; {hint}")
+                f"prepare` writes){keywords}")
+        raise UsageError(f"{flag} {data!r}: no {' or '.join(data + m for m in missing)}; {hint}")
     return data
+
+
+def _check_valid_data(options: RunOptions) -> None:
+    """--valid-data validates a Megatron --data PREFIX; the keywords make their own validation samples."""
+    data = options.value("data")
+    if options.valid_data is not None and data in DATA_KEYWORDS:
+        raise UsageError(f"--valid-data is a dataset to validate --data PREFIX on, and --data {data} makes its own "
+                         "validation samples; leave --valid-data out, or give --data PREFIX")
 
 
 def _check_checkpoint_options(options: RunOptions, engine: str, launch: LaunchSpec) -> None:
@@ -410,6 +423,63 @@ def _check_engine_layout(engine: str, parallel: ParallelDims, zero_stage: int, p
         )
 
 
+def _warmup(options: RunOptions, training: TrainingDefaults, decay_iters: int) -> dict[str, Any]:
+    """lr_warmup_iters and the lr_warmup_fraction it came from (None: a count), as Megatron-LM
+    resolves them: one of the two, a fraction being of the decay iterations (--lr-decay-iters
+    when given, so a workload's fraction follows it)."""
+    iters, fraction = options.lr_warmup_iters, options.lr_warmup_fraction
+    if iters is not None and fraction is not None:
+        raise UsageError(f"--lr-warmup-iters {iters} and --lr-warmup-fraction {fraction!r} both set the warm-up; "
+                         "give one of them")
+    if iters is None and fraction is None:
+        iters, fraction = training.lr_warmup_iters, training.lr_warmup_fraction  # the fraction: None beside a count
+    if fraction is not None:
+        iters = round(fraction * decay_iters)
+    return {"lr_warmup_iters": iters, "lr_warmup_fraction": fraction}
+
+
+def _check_schedule(optimizer: OptimizerSpec, options: RunOptions) -> None:
+    """What spans several optimizer options, as Megatron-LM's OptimizerParamScheduler asserts it:
+    min_lr <= lr, lr_warmup_init <= lr, and the warm-up ends before the decay does."""
+
+    def named(name: str) -> str:
+        text = f"{RUN_OPTIONS[name].flag} {getattr(optimizer, name)!r}"
+        return text if getattr(options, name) is not None else f"{text} (the workload's)"
+
+    for low in ("min_lr", "lr_warmup_init"):
+        if getattr(optimizer, low) > optimizer.lr:
+            raise UsageError(f"{named(low)} is above {named('lr')}; give {RUN_OPTIONS[low].flag} at most "
+                             f"{optimizer.lr!r}, or a larger --lr")
+    if optimizer.lr_warmup_iters >= optimizer.lr_decay_iters:
+        warmup = named("lr_warmup_iters") if optimizer.lr_warmup_fraction is None else (
+            f"{named('lr_warmup_fraction')} ({optimizer.lr_warmup_iters} steps)")
+        raise UsageError(f"{warmup} is not below {named('lr_decay_iters')}, where the decay ends; give a shorter "
+                         "warm-up or a later --lr-decay-iters")
+
+
+def _check_no_clipping(optimizer: OptimizerSpec, engine: str, parallel: ParallelDims, zero_stage: int,
+                       precision: str) -> None:
+    """--clip-grad 0 turns clipping off; DeepSpeed's pipeline engine in fp32 with ZeRO 0 measures the
+    gradient norm only in the clipping hwbench gives it (hwbench.engine.deepspeed_pipeline), so
+    there each step would lack its norm."""
+    if optimizer.clip_grad == 0 and _deepspeed_pipeline(engine, parallel) and precision == "fp32" and not zero_stage:
+        raise UsageError(f"--clip-grad 0 with --engine deepspeed --tp {parallel.tp} --pp {parallel.pp} in fp32 "
+                         "with ZeRO 0: DeepSpeed's pipeline engine takes the gradient norm only while it clips; "
+                         "accepted: --clip-grad > 0, --zero 1, --precision bf16 or fp16, or --engine native")
+
+
+def _build_optimizer(options: RunOptions, training: TrainingDefaults,
+                     given_or_default: Callable[[str], Any]) -> OptimizerSpec:
+    """The OptimizerSpec: each field the option of its name, else the workload's training default,
+    else the option's default (a new optimizer option is its RunOptions field and its OptimizerSpec
+    field); the warm-up resolved as Megatron-LM does (``_warmup``)."""
+    warmup = _warmup(options, training, given_or_default("lr_decay_iters"))
+    optimizer = OptimizerSpec(**{name: given_or_default(name) for name in _OPTIMIZER_FIELDS - warmup.keys()},
+                              **warmup)
+    _check_schedule(optimizer, options)
+    return optimizer
+
+
 def _target(options: RunOptions, workload: Workload, data: str, seed: int, split: str) -> tuple[Target | None, int]:
     """(the run's target, --eval-interval): a target needs validations, TARGET_EVAL_INTERVAL
     steps apart unless --eval-interval says otherwise."""
@@ -428,10 +498,10 @@ def _target(options: RunOptions, workload: Workload, data: str, seed: int, split
         raise UsageError(
             f"{flag} is checked at validations, and --eval-iters 0 turns them off; give --eval-iters 1 or more"
         )
-    if data not in ("builtin", "synthetic") and not parse_split(split)[1]:
+    if data not in ("builtin", "synthetic") and not parse_split(split)[1] and options.valid_data is None:
         raise UsageError(
             f"{flag} is checked at validations, and --split {split} leaves no validation documents; "
-            "give the validation part a weight"
+            "give the validation part a weight, or --valid-data PREFIX"
         )
     if options.eval_interval == 0:
         raise UsageError(
@@ -495,8 +565,11 @@ def build_run_spec(
     positions = _max_positions(options, workload, seq)
     target, eval_interval = _target(options, workload, value("data"), seed, value("split"))
     _check_checkpoint_options(options, engine, launch)
+    _check_valid_data(options)
     if check_paths:
         check_data(value("data"))
+        if options.valid_data is not None:
+            check_data(options.valid_data, "--valid-data")
         check_output_folder(value("out"))
         if options.save is not None:
             check_output_folder(options.save, "--save")
@@ -511,7 +584,7 @@ def build_run_spec(
         zero_stage=zero_stage,
         pp_schedule=pp_schedule,
         launch=launch,
-        optimizer=OptimizerSpec(**{name: given_or_default(name) for name in _OPTIMIZER_FIELDS & training.keys()}),
+        optimizer=_build_optimizer(options, defaults, given_or_default),
         eval_interval=eval_interval,
         telemetry_interval_s=value("telemetry_interval"),
         flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
@@ -528,6 +601,7 @@ def build_run_spec(
     # kind is its RunOptions field and its RunSpec field, a new workload default its TrainingDefaults field.
     kept = {name: given_or_default(name) for name in _SPEC_FIELDS & (RUN_OPTIONS.keys() | training.keys())
             - resolved.keys()}
+    _check_no_clipping(resolved["optimizer"], engine, parallel, zero_stage, kept["precision"])
     return RunSpec(**kept, **resolved)
 
 

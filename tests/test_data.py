@@ -114,3 +114,55 @@ def test_gpt_samples_run_across_documents_by_hand(monkeypatch):
     for i in range(4):
         j = shuffle[i]
         assert samples[i].tolist() == stream[j * 4: j * 4 + 5].tolist()
+
+
+# --- data at Llama 3's vocabulary (128256 ids) --------------------------------------------------
+
+LLAMA3_VOCAB = 128_256
+
+
+def _llama_data(kind: str):
+    """The --data source `hwbench run --model llama-tiny` trains on, made as the worker makes it
+    (data only: no model is built)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import parse_run_spec
+    from hwbench.device_check import checked_backend
+    from hwbench.engine.distributed import single_process
+    from hwbench.harness.worker import make_data_source
+
+    spec = parse_run_spec(["--model", "llama-tiny", "--data", kind, "--device", "cpu", "--seq-length", "64",
+                           "--micro-batch-size", "8", "--global-batch-size", "8"])
+    workload = load_catalog().workloads[spec.model]
+    assert workload.model.vocab_size == LLAMA3_VOCAB
+    return spec, make_data_source(spec, workload, checked_backend(spec), single_process(spec.parallel))
+
+
+def test_synthetic_data_covers_llama3s_vocabulary_with_its_own_floor():
+    spec, data = _llama_data("synthetic")
+    assert data.vocab_size == LLAMA3_VOCAB
+    tokens = np.concatenate([data.train_batch()[0].numpy().ravel() for _ in range(16)])
+    assert tokens.dtype == np.int64 and 0 <= tokens.min() and tokens.max() < LLAMA3_VOCAB
+    # ids past uint16 drawn as often as Zipf(1) over 128256 ids says: 5.44 % of them
+    beyond_uint16 = float(data.probabilities[65_536:].sum())
+    assert beyond_uint16 == pytest.approx(0.0544, abs=5e-4)
+    assert np.mean(tokens >= 65_536) == pytest.approx(beyond_uint16, abs=0.012)
+    # the floor, from the definition H = ln(H_N) + sum(ln k / k) / H_N of Zipf(1) over N ids
+    harmonic = math.fsum(1 / k for k in range(1, LLAMA3_VOCAB + 1))
+    entropy = math.log(harmonic) + math.fsum(math.log(k) / k for k in range(1, LLAMA3_VOCAB + 1)) / harmonic
+    assert data.entropy_nats == pytest.approx(entropy, rel=1e-12)
+    assert round(data.entropy_nats, 3) == 8.113 and round(data.describe()["perplexity_floor"]) == 3336  # docs/data.md
+    # --target-ppl floor*1.2 resolves against that floor, not GPT-2's 1931
+    from hwbench.commands.run import parse_run_spec
+
+    target = parse_run_spec(["--model", "llama-tiny", "--data", "synthetic", "--target-ppl", "floor*1.2"])
+    assert target.target_ppl == pytest.approx(1.2 * math.exp(entropy))
+
+
+def test_the_builtin_language_is_the_same_at_llama3s_vocabulary():
+    """The built-in language uses 512 ids whatever the vocabulary: the same tokens and floor as
+    for a GPT-2-vocabulary model, every id inside both."""
+    _, llama = _llama_data("builtin")
+    gpt = BuiltinCorpus(64, 8, 8, seed=llama.seed)
+    tokens = llama.train_batch()[0]
+    assert torch.equal(tokens, gpt.train_batch()[0]) and int(tokens.max()) < 512
+    assert llama.describe()["entropy_nats"] == pytest.approx(1.439, abs=5e-4)

@@ -199,7 +199,9 @@ def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
     # cold cache); it serves inference all-reduce only, so leave it out here.
     monkeypatch.setattr(ds_comm, "build_shm_op", lambda: None)
     assert not dist.is_initialized()
-    spec = _spec("--zero", "2", "--global-batch-size", "4", "--micro-batch-size", "2", "--seq-length", "32")
+    # AdamW's constants and the warm-up from the run options: both engines train with them
+    spec = _spec("--zero", "2", "--global-batch-size", "4", "--micro-batch-size", "2", "--seq-length", "32",
+                 "--adam-beta2", "0.95", "--adam-eps", "1e-5", "--lr-warmup-iters", "1")
     backend = select_backend("cpu")
     from hwbench.catalog import load_catalog
 
@@ -217,6 +219,10 @@ def test_zero2_single_process_matches_native(monkeypatch, fresh_patches):
     native = losses(NativeEngine(config, spec, backend))  # builds the same seed-determined model itself
     engine = build_engine(config, dataclasses_replace(spec, fused_qkv=True), backend, single_process(ParallelDims()))
     assert hasattr(engine.engine.module.blocks["0"].attn, "qkv_proj")
+    # ZeRO's optimizer wraps hwbench's AdamW, which DeepSpeed's config leaves to hwbench (no "optimizer" section)
+    assert "optimizer" not in engine.config
+    adamw = engine.optimizer.optimizer
+    assert {(group["betas"], group["eps"]) for group in adamw.param_groups} == {((0.9, 0.95), 1e-5)}
     ds = losses(engine)
     assert not dist.is_initialized()
     assert ds == pytest.approx(native, rel=1e-4)

@@ -18,6 +18,7 @@ from hwbench.spec import build_run_spec
 from hwbench.units import GIB
 from hwbench.workload.config import CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig
 from hwbench.workload.model import QKV_PARTS, build_model, chunked_lm_loss, lm_loss
+from tests.allocator_peak import peak_allocated_bytes
 
 # Small enough to train in milliseconds; 32 tokens a batch, in chunks of 12, 12 and 8.
 CONFIG = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, max_position_embeddings=32, vocab_size=1000)
@@ -113,22 +114,6 @@ def test_the_chunked_loss_of_an_untied_output_layer_projects_with_that_layers_we
                         grads_of_other=lambda model: {name: p.grad for name, p in model.named_parameters()})
 
 
-def _peak_allocated_bytes(work) -> int:
-    """The most bytes the CPU allocator held at once while ``work`` ran, beyond what was
-    held before: the running sum of the profiler's allocation and free records."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
-        work()
-    records = sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
-                     key=lambda e: e.start_ns())
-    live = peak = 0
-    for record in records:
-        live += record.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
 def test_the_chunked_loss_never_holds_the_whole_logits():
     """Forward and backward of the loss of 1,024 tokens over GPT-2's padded vocabulary: the
     standard loss holds at least the fp32 logits (206 MB); the chunked one, in chunks of
@@ -146,7 +131,7 @@ def test_the_chunked_loss_never_holds_the_whole_logits():
         chunked_lm_loss(hidden, weight, labels, chunk).backward()
 
     logits_bytes = tokens * vocab * 4
-    standard_peak, chunked_peak = _peak_allocated_bytes(standard), _peak_allocated_bytes(chunked)
+    standard_peak, chunked_peak = peak_allocated_bytes(standard), peak_allocated_bytes(chunked)
     assert standard_peak >= logits_bytes
     assert chunked_peak < logits_bytes
     assert chunked_peak < standard_peak / 3, (standard_peak, chunked_peak)
@@ -161,8 +146,10 @@ def test_the_planner_counts_one_chunk_of_logits_instead_of_all_of_them():
     chunked = plan_memory(build_run_spec({**options, "cross_entropy": "chunked"}, catalog, check_paths=False),
                           config, "cuda")
     tokens, vocab = 16 * 1024, 50304
-    assert standard.logits_bytes == tokens * vocab * (4 + 2 + 4)  # log-softmax, bf16 logits, fp32 gradient
-    assert chunked.logits_bytes == tokens * 4 + CROSS_ENTROPY_CHUNK_TOKENS * vocab * (2 + 4 + 4)
+    # the fp32 log-softmax kept, and in its backward the fp32 gradient it gets and the one it makes
+    assert standard.logits_bytes == tokens * vocab * (4 + 4 + 4)
+    # each token's fp32 log-sum-exp; one chunk's fp32 logits and log-sum-exp's fp32 temporary
+    assert chunked.logits_bytes == tokens * 4 + CROSS_ENTROPY_CHUNK_TOKENS * vocab * (4 + 4)
     assert standard.total_bytes - chunked.total_bytes == standard.logits_bytes - chunked.logits_bytes
 
 

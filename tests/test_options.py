@@ -102,6 +102,8 @@ def _sample(option):
         return not option.default
     if option.choices:
         return next(c for c in reversed(option.choices) if c != option.default)
+    if option.name in ("adam_beta1", "adam_beta2"):  # a range no minimum and maximum state: 0 up to 1
+        return 0.5
     if option.type in (int, float):
         return option.type(option.maximum if option.maximum is not None else (option.minimum or 0) + 3)
     return {"split": "98,2,0", "rdzv_endpoint": "node0:29400", "device_memory": "24GiB", "target_ppl": "floor*1.2"}.get(
@@ -141,7 +143,7 @@ def test_the_help_shows_each_default_from_the_definition(capsys):
         ({"recompute": "false"}, "--recompute 'false' is not accepted; give true or false"),
         ({"lr": float("nan")}, "--lr nan is not accepted; give a number > 0"),
         ({"zero": 4}, "--zero 4 is not accepted; give one of 0, 1, 2, 3"),
-        ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: async_save, compile, cross_entropy, data"),
+        ({"tpp": 2}, "`tpp` is not a `hwbench run` option; accepted: adam_beta1, adam_beta2, adam_eps, async_save"),
     ],
 )
 def test_the_api_refuses_a_python_value_of_the_wrong_type_or_range(values, message):

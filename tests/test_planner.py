@@ -10,6 +10,7 @@ from hwbench.errors import UsageError
 from hwbench.planner import (
     GIB,
     OVERHEAD_BYTES,
+    SaveRules,
     activation_bytes_per_layer,
     fits,
     microbatches_in_flight,
@@ -17,7 +18,7 @@ from hwbench.planner import (
     plan_for_all_stages,
     plan_memory,
     plan_stage,
-    qkv_input_copies,
+    save_rules,
     stage_parameters,
 )
 from hwbench.spec import ParallelDims
@@ -41,7 +42,11 @@ LN_F = 2 * 64
 N = EMBEDDING + 2 * BLOCK + LN_F  # 110_336; the output layer is tied to wte
 S, B, H = 16, 2, 64
 SBH = S * B * H  # 2048
+TOKENS = S * B  # 32
+# per token and block: two LayerNorms' fp32 mean and rstd (16 bytes), SDPA's fp32 log-sum-exp per head (16)
+STATS = 2 * 2 * 4 + 4 * 4
 CPU = OVERHEAD_BYTES["cpu"]
+FP32_RULES = SaveRules(act=4, residual=4)
 
 
 def spec_for(tp=1, pp=1, dp=1, precision="fp32", recompute=False, engine="native", zero=0, fsdp=False,
@@ -59,16 +64,23 @@ def test_single_device_fp32_breakdown_by_hand():
     assert plan.weights_bytes == 4 * N and plan.gradients_bytes == 4 * N
     assert plan.optimizer_bytes == 8 * N  # AdamW: two fp32 moments
     # per layer, fp32 (act = residual = 4 bytes): LN inputs 2*4 + qkv/fc1 inputs 2*4
-    # + (q,k 8 + v 4 + proj in 4 + gelu in 16 + fc2 in 16) = 16 + 48 = 64 bytes per s*b*h
-    assert activation_bytes_per_layer(S, B, H, 1, 4, 4) == SBH * 64 == 131_072
-    head = SBH * (4 + 4)  # final LN input (fp32) + output layer input
-    assert plan.activations_bytes == 2 * SBH * 64 + head == 278_528
+    # + (q,k 8 + v 4 + proj in 4 + gelu in 16 + fc2 in 16) = 16 + 48 = 64 bytes per s*b*h,
+    # and 32 bytes per token of statistics
+    assert activation_bytes_per_layer(S, B, CONFIG, 1, FP32_RULES) == SBH * 64 + TOKENS * STATS == 132_096
+    head = SBH * (4 + 4) + TOKENS * 8  # final LN input (fp32) and its mean and rstd + output layer input
+    assert plan.activations_bytes == 2 * 132_096 + head == 280_832
     sv = S * B * 128
-    assert plan.logits_bytes == sv * 4 + sv * (4 + 4) == 49_152  # log-softmax kept; logits + gradient
+    # the fp32 log-softmax kept; in its backward the fp32 gradient nll_loss gives it and the one it makes
+    assert plan.logits_bytes == sv * 4 + sv * (4 + 4) == 49_152
     assert plan.buffers_bytes == plan.gathered_bytes == plan.step_transient_bytes == 0
     assert plan.overhead_bytes == CPU
-    assert plan.total_bytes == 16 * N + 278_528 + 49_152 + CPU
+    # one micro-batch: no gradients yet when the backward starts, all of them when it ends
+    assert plan.gradients_before_backward_bytes == 0
+    assert plan.total_bytes == 12 * N + max(280_832 + 49_152, 4 * N) + CPU == 16 * N + CPU
     assert plan.stage == 0 and plan.microbatches_in_flight == 1
+    accumulating = plan_memory(spec_for(global_batch=2 * B), CONFIG, "cpu")  # two micro-batches: the gradients stay
+    assert accumulating.gradients_before_backward_bytes == 4 * N
+    assert accumulating.total_bytes == 16 * N + 280_832 + 49_152 + CPU
 
 
 def test_autocast_activations_keep_an_fp32_residual_stream():
@@ -76,32 +88,30 @@ def test_autocast_activations_keep_an_fp32_residual_stream():
     assert plan.weights_bytes == 4 * N and plan.optimizer_bytes == 8 * N  # fp32 weights and states
     # act 2, residual 4, separate q/k/v: 2*4 + (3 + 1)*2 + 12*2 = 40 per s*b*h (Korthikanti's 34 - 2 masks
     # + 4 for fp32 LN inputs + 4 for the two more 16-bit copies of the first LN's output q, k and v keep)
-    assert plan.activations_bytes == 2 * SBH * 40 + SBH * (4 + 2)
+    head = SBH * (4 + 2) + TOKENS * 8
+    assert plan.activations_bytes == 2 * (SBH * 40 + TOKENS * STATS) + head
     # one fused q/k/v projection reads one copy: 2*4 + 2*2 + 12*2 = 36
     fused = plan_memory(dataclasses.replace(spec_for(precision="bf16"), fused_qkv=True), CONFIG, "cpu")
-    assert fused.activations_bytes == 2 * SBH * 36 + SBH * (4 + 2)
-    # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks)
-    assert activation_bytes_per_layer(S, B, H, 1, 2, 2) == SBH * 32
-    assert activation_bytes_per_layer(S, B, H, 2, 2, 2) == SBH * (8 + 12)
+    assert fused.activations_bytes == 2 * (SBH * 36 + TOKENS * STATS) + head
+    # deepspeed converts the model: all 16-bit, the paper's 8 + 24/t (no dropout masks); the statistics stay fp32
+    half = SaveRules(act=2, residual=2)
+    assert activation_bytes_per_layer(S, B, CONFIG, 1, half) == SBH * 32 + TOKENS * STATS
+    assert activation_bytes_per_layer(S, B, CONFIG, 2, half) == SBH * (8 + 12) + TOKENS * (16 + 16 // 2)
 
 
-@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
-def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precision, fused_qkv):
-    """Every tensor one real block saves for its backward (autograd's saved-tensor hooks, each
-    storage once; parameters and autocast's copies of them are counted apart, as cast_weights),
-    on the CPU under bf16 autocast or in fp32, against activation_bytes_per_layer. Separate q, k
-    and v projections under autocast each cast the LayerNorm output again (autocast caches the
-    casts of parameters only): three 16-bit copies of it are kept, one with the fused projection.
-    The block's input counts (the first LayerNorm keeps it); what the planner leaves out is the
-    LayerNorms' per-token statistics and attention's log-sum-exp, under 1 s*b*h byte."""
-    torch = pytest.importorskip("torch")
+def saved_by_one_block(config, precision, fused_qkv, batch, seq, rotary=None):
+    """The bytes one real block saves for its backward (autograd's saved-tensor hooks, each
+    storage once), on the CPU under bf16 autocast or in fp32. Parameters and autocast's copies
+    of them are left out: the planner counts those apart (weights, cast_weights). The block's
+    input counts (the first norm keeps it)."""
+    import torch
+
     from hwbench.workload.model import Block
     from tests.autocast_copies import ParameterCasts
 
-    batch, seq = 2, 48  # batch x seq apart from h and 4h, so no activation has a weight's shape
     torch.manual_seed(0)
-    block = Block(CONFIG, fused_qkv=fused_qkv)
-    x = torch.randn(batch, seq, H, requires_grad=True)
+    block = Block(config, fused_qkv=fused_qkv)
+    x = torch.randn(batch, seq, config.hidden_size, requires_grad=True)
     saved: dict[int, int] = {}
 
     def pack(tensor):
@@ -112,17 +122,47 @@ def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precis
     casts = ParameterCasts()
     with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            out = block(x)
+            out = block(x) if rotary is None else block(x, rotary)
         weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
         weights |= {copy().untyped_storage().data_ptr() for copy, _ in casts.copies if copy() is not None}
         kept = sum(size for pointer, size in saved.items() if pointer not in weights)
     out.float().sum().backward()  # the graph was whole
-    sbh = batch * seq * H
+    return kept
+
+
+@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
+def test_a_planned_block_keeps_what_the_real_block_saves_for_its_backward(precision, fused_qkv):
+    """Every byte one real GPT block saves for its backward, to the byte, against
+    activation_bytes_per_layer. Separate q, k and v projections under autocast each cast the
+    LayerNorm output again (autocast caches the casts of parameters only): three 16-bit copies
+    of it are kept, one with the fused projection."""
+    pytest.importorskip("torch")
+    batch, seq = 2, 48  # batch x seq apart from h and 4h, so no activation has a weight's shape
+    kept = saved_by_one_block(CONFIG, precision, fused_qkv, batch, seq)
     spec = dataclasses.replace(spec_for(precision=precision), fused_qkv=fused_qkv)
-    act, residual = (2, 4) if precision == "bf16" else (4, 4)
-    planned = activation_bytes_per_layer(seq, batch, H, 1, act, residual, qkv_input_copies(spec))
-    assert qkv_input_copies(spec) == (3 if precision == "bf16" and not fused_qkv else 1)
-    assert planned <= kept <= planned + sbh
+    rules = save_rules(spec, "cpu", CONFIG)
+    assert rules.attention_input_copies == (3 if precision == "bf16" and not fused_qkv else 1)
+    assert kept == activation_bytes_per_layer(seq, batch, CONFIG, 1, rules)
+
+
+@pytest.mark.parametrize("precision,fused_qkv", [("fp32", False), ("bf16", False), ("bf16", True)])
+@pytest.mark.parametrize("groups", [2, 4], ids=["gqa", "mha"])
+def test_a_planned_llama_block_keeps_what_the_real_block_saves(precision, fused_qkv, groups):
+    """The same for a Llama block (RMSNorm, RoPE, SwiGLU; grouped-query or multi-head attention):
+    every byte it saves, to the byte. RMSNorm runs torch's composite on the CPU; the rotation keeps
+    the tables (fp32: the shared tables themselves, in buffers; bf16: their casts, per block)."""
+    torch = pytest.importorskip("torch")
+    from hwbench.planner import rope_tables_bytes
+    from hwbench.workload.layers import RotaryEmbedding
+
+    config = dataclasses.replace(LLAMA, num_query_groups=groups)
+    batch, seq = 2, 48
+    rotary = RotaryEmbedding(config).tables(seq, torch.device("cpu"))
+    kept = saved_by_one_block(config, precision, fused_qkv, batch, seq, rotary)
+    rules = save_rules(dataclasses.replace(spec_for(precision=precision), fused_qkv=fused_qkv), "cpu", config)
+    assert (rules.mlp_input_copies, rules.fused_rms_norm) == ((2 if precision == "bf16" else 1), False)
+    shared_tables = rope_tables_bytes(config, seq) if precision == "fp32" else 0
+    assert kept == activation_bytes_per_layer(seq, batch, config, 1, rules) + shared_tables
 
 
 # what the linear layers read at TP1: a block less its two LayerNorms, and the output weight (wte)
@@ -132,8 +172,9 @@ LINEAR = 2 * (BLOCK - 4 * 64) + 128 * 64
 def test_autocast_16bit_copies_of_the_linear_parameters_are_counted_once_per_rank():
     bf16 = plan_memory(spec_for(precision="bf16"), CONFIG, "cpu")
     assert bf16.cast_weights_bytes == 2 * LINEAR
-    assert bf16.total_bytes == (bf16.weights_bytes + bf16.gradients_bytes + bf16.optimizer_bytes + CPU
-                                + bf16.activations_bytes + bf16.logits_bytes + 2 * LINEAR)
+    working = bf16.activations_bytes + bf16.logits_bytes + 2 * LINEAR  # the copies are alive as the backward starts
+    assert bf16.total_bytes == (bf16.weights_bytes + bf16.optimizer_bytes + CPU
+                                + max(working, bf16.gradients_bytes))
     assert plan_memory(spec_for(), CONFIG, "cpu").cast_weights_bytes == 0  # fp32: nothing is cast
     # DeepSpeed holds the weights in 16 bits itself: no copies
     assert plan_memory(spec_for(precision="bf16", engine="deepspeed"), CONFIG, "cuda").cast_weights_bytes == 0
@@ -227,13 +268,22 @@ def test_in_flight_microbatches_1f1b_vs_gpipe():
     assert [microbatches_in_flight(gpipe, s) for s in (0, 1)] == [4, 4]
     assert microbatches_in_flight(spec_for(global_batch=4 * B), 0) == 1  # accumulation, no pipeline
     plan = plan_stage(gpipe, CONFIG, "cpu", 0)
-    assert plan.activations_bytes == 4 * SBH * 64  # one block on stage 0, 4 micro-batches
-    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * SBH * 64
+    # one block on stage 0, and the stage's output the pipeline keeps for the backward, 4 micro-batches
+    assert plan.activations_bytes == 4 * (SBH * 64 + TOKENS * STATS + SBH * 4)
+    assert plan_stage(one_f, CONFIG, "cpu", 0).activations_bytes == 2 * (SBH * 64 + TOKENS * STATS + SBH * 4)
+    # receive buffers, fp32 (b, s, h): stage 0 one for each micro-batch's output gradient; stage 1 one
+    # for each micro-batch's input, less the one in flight (the first block's saved input), and the
+    # 3 input gradients the micro-batches done keep until the next step
+    assert [plan_stage(one_f, CONFIG, "cpu", stage).buffers_bytes for stage in (0, 1)] == [4 * SBH * 4,
+                                                                                           (3 + 3) * SBH * 4]
+    # a pipeline interleaves micro-batches: the earlier ones' gradients are there as a backward starts
+    assert plan.gradients_before_backward_bytes == plan.gradients_bytes > 0
 
 
 def test_recompute_keeps_block_inputs_and_one_block():
     plan = plan_memory(spec_for(recompute=True), CONFIG, "cpu")
-    assert plan.activations_bytes == 2 * SBH * 4 + SBH * 64 + SBH * 8
+    # two block inputs, one block recomputed, the final LN's input and statistics and the output layer's input
+    assert plan.activations_bytes == 2 * SBH * 4 + (SBH * 64 + TOKENS * STATS) + SBH * 8 + TOKENS * 8
     assert plan.activations_bytes < plan_memory(spec_for(), CONFIG, "cpu").activations_bytes
 
 
@@ -249,7 +299,8 @@ def test_zero_stages_divide_the_right_states():
                                                                                 12 * N // dp)
     assert z[3].gathered_bytes > 0 and z[2].gathered_bytes == 0
     # 16-bit deepspeed activations: everything 2 bytes
-    assert z[0].activations_bytes == 2 * SBH * 32 + SBH * 4
+    assert z[0].activations_bytes == 2 * (SBH * 32 + TOKENS * STATS) + SBH * 4 + TOKENS * 8
+    assert z[0].gradients_before_backward_bytes == z[0].gradients_bytes  # DeepSpeed's counted as there
 
 
 def test_fsdp_shards_everything_and_gathers_units():
@@ -265,8 +316,10 @@ def test_fsdp_shards_everything_and_gathers_units():
 def test_flat_gradient_allreduce_is_a_transient_after_backward():
     plan = plan_memory(spec_for(tp=2, dp=2), CONFIG, "cuda")
     assert plan.step_transient_bytes == plan.gradients_bytes
-    static = plan.weights_bytes + plan.gradients_bytes + plan.optimizer_bytes + plan.overhead_bytes
-    assert plan.total_bytes == static + max(plan.activations_bytes + plan.logits_bytes, plan.step_transient_bytes)
+    static = plan.weights_bytes + plan.optimizer_bytes + plan.overhead_bytes
+    # after the backward: every gradient and the flat buffer; before it, no gradient yet (one micro-batch)
+    assert plan.total_bytes == static + max(plan.activations_bytes + plan.logits_bytes,
+                                            plan.gradients_bytes + plan.step_transient_bytes)
 
 
 def test_stage_parameters_match_the_real_model():
@@ -374,3 +427,236 @@ def test_bad_input_is_one_line(argv, option):
     with pytest.raises(UsageError) as error:
         main(argv)
     assert option in str(error.value) and "\n" not in str(error.value)
+
+
+# --- the Llama architecture ----------------------------------------------------------------
+# GQA (4 query heads, 2 key/value heads of 16), SwiGLU of width 192, RMSNorm, RoPE, no biases
+LLAMA = dataclasses.replace(CONFIG, num_query_groups=2, ffn_hidden_size=192, swiglu=True, normalization="RMSNorm",
+                            position_embedding_type="rope", add_bias_linear=False)
+KV = 2 * 16  # key/value width: kv_heads x head size
+
+
+def test_llama_block_and_stage_parameters_by_hand():
+    # RMSNorms 2*64; q and out_proj 64*64 each; k and v 64*32 each; gate, up, down 64*192 each; no biases
+    block = 2 * 64 + 2 * 64 * 64 + 2 * 64 * KV + 3 * 64 * 192
+    assert stage_parameters(LLAMA, 1, 1, 0).block == block == 49_280
+    # TP2 splits every projection (k and v by key/value heads), the norms stay whole
+    assert stage_parameters(LLAMA, 2, 1, 0).block == (block - 128) // 2 + 128
+    tied = stage_parameters(LLAMA, 1, 1, 0)
+    assert tied.embedding == 128 * 64  # no position table with RoPE
+    assert tied.head == 64  # the final RMSNorm; the tied output layer is the word embedding
+    assert tied.total == count_parameters(LLAMA).total
+    assert tied.linear == 2 * (block - 128) + 128 * 64
+    untied = dataclasses.replace(LLAMA, untie_embeddings_and_output_weights=True)
+    assert stage_parameters(untied, 1, 1, 0).head == 64 + 128 * 64  # an output weight of its own
+    assert stage_parameters(untied, 1, 1, 0).total == count_parameters(untied).total
+    # pp 2: the untied output layer is the last stage's, vocab-parallel over TP (V/t rows)
+    first, last = (stage_parameters(untied, 2, 2, stage) for stage in (0, 1))
+    assert first.embedding == 256 * 64 // 2 and first.head == 0
+    assert last.embedding == 0 and last.head == 64 + 256 * 64 // 2
+
+
+@pytest.mark.parametrize("name", ["llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "llama-tiny",
+                                  "llama-small", "1.3b"])
+def test_every_stage_split_adds_up_to_the_model_cards_count(name):
+    """One rank at TP1 holds the whole model (count_parameters: the model cards' figures); a
+    pipeline's stages hold it once, and a tied output layer's copy on the last stage once more."""
+    from hwbench.catalog import load_catalog
+
+    config = load_catalog().workloads[name].model
+    total = count_parameters(config).total
+    assert stage_parameters(config, 1, 1, 0).total == total
+    stages = [stage_parameters(config, 1, 4, stage) for stage in range(4)]
+    copy = 0 if config.untie_embeddings_and_output_weights else config.padded_vocab_size() * config.hidden_size
+    assert sum(stage.total for stage in stages) == total + copy
+
+
+def test_llama_8b_parameters_per_tp_rank_by_hand():
+    from hwbench.catalog import load_catalog
+
+    config = load_catalog().workloads["llama3.1-8b"].model
+    assert count_parameters(config).total == 8_030_261_248  # the model card's
+    h, kv, f = 4096, 8 * 128, 14336
+    assert stage_parameters(config, 8, 1, 0).block == (2 * h * h + 2 * h * kv + 3 * h * f) // 8 + 2 * h == 27_271_168
+    whole = stage_parameters(config, 8, 1, 0)
+    # the vocabulary padded to a multiple of 128 x 8 = 129,024; the word embedding and the untied
+    # output layer (on the last stage) hold V/8 rows each
+    assert config.padded_vocab_size(8) == 129_024
+    assert whole.embedding == whole.head - h == 129_024 * h // 8
+
+
+def test_gqa_keeps_narrower_keys_and_values():
+    """Per token, fp32: q 4 x 64 and k, v 4 x 32 each (2 key/value heads of 16), against 4 x 64 each
+    with multi-head attention; a fused projection keeps its whole output (the views of v hold it) and
+    the copies made of it: q (rotated, or gathered from its groups) and k (rotated)."""
+    from hwbench.planner import qkv_saved_per_token
+
+    assert qkv_saved_per_token(LLAMA, FP32_RULES) == 4 * (64 + 2 * KV) == 512
+    mha = dataclasses.replace(LLAMA, num_query_groups=None)
+    assert qkv_saved_per_token(mha, FP32_RULES) == 4 * 3 * 64
+    fused = dataclasses.replace(FP32_RULES, fused_qkv=True)
+    assert qkv_saved_per_token(LLAMA, fused) == 4 * (64 + 2 * KV) + 4 * 64 + 4 * KV
+    no_rope = dataclasses.replace(LLAMA, position_embedding_type="learned_absolute")
+    assert qkv_saved_per_token(no_rope, fused) == 4 * (64 + 2 * KV) + 4 * 64  # q gathered from the groups
+    assert qkv_saved_per_token(CONFIG, fused) == 4 * 3 * 64  # GPT: q, k, v are views of the one output
+
+
+def test_swiglu_rmsnorm_and_rope_terms_by_hand():
+    from hwbench.planner import norm_saved_per_token, rope_saved_per_layer, rope_tables_bytes, saved_per_token
+
+    bf16 = save_rules(spec_for(precision="bf16"), "cpu", LLAMA)
+    assert (bf16.act, bf16.residual, bf16.attention_input_copies, bf16.mlp_input_copies) == (2, 4, 3, 2)
+    per_token = saved_per_token(LLAMA, 1, bf16)
+    # SwiGLU: gate's output (SiLU's input), SiLU's output, up's output, their product (down's input)
+    assert per_token.mlp == 4 * 2 * 192
+    assert per_token.mlp_inputs == 2 * 2 * 64  # gate and up each cast the fp32 norm output
+    assert per_token.attention == 2 * 64 + 4 * 4  # SDPA's output, and its fp32 log-sum-exp for 4 heads
+    # RMSNorm: composite on the CPU (fp32 input, fp32 normalised output, rstd), fused on CUDA (input, rstd)
+    assert norm_saved_per_token(LLAMA, bf16) == 2 * 4 * 64 + 4
+    assert norm_saved_per_token(LLAMA, save_rules(spec_for(precision="bf16"), "cuda", LLAMA)) == 4 * 64 + 4
+    assert norm_saved_per_token(CONFIG, bf16) == 4 * 64 + 8  # LayerNorm: input, mean, rstd
+    # RoPE: the cos and sin tables (s, 16) in fp32, once; in bf16 each block keeps q's and k's casts of both
+    assert rope_tables_bytes(LLAMA, S) == 2 * S * 16 * 4
+    assert rope_saved_per_layer(LLAMA, S, bf16) == 4 * S * 16 * 2
+    assert rope_saved_per_layer(LLAMA, S, FP32_RULES) == rope_saved_per_layer(CONFIG, S, bf16) == 0
+    plan = plan_memory(spec_for(precision="bf16"), LLAMA, "cpu")
+    assert plan.buffers_bytes == 2 * S * 16 * 4
+    assert plan.activations_bytes == (2 * (TOKENS * per_token.total + 4 * S * 16 * 2)
+                                      + TOKENS * ((2 * 4 * 64 + 4) + 2 * 64))  # final norm, output layer's input
+
+
+def test_llama_8b_logits_over_the_llama_3_vocabulary():
+    """8192 tokens x 128256 x 4 bytes = 4.2 GB a copy: the kept fp32 log-softmax and, in its
+    backward, the two fp32 gradients: 12.6 GB on the last stage."""
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    spec = build_run_spec({"model": "llama3.1-8b", "device": "cuda"}, catalog, check_paths=False)
+    plan = plan_memory(spec, catalog.workloads["llama3.1-8b"].model, "cuda")
+    assert (spec.seq_length, spec.micro_batch_size, spec.precision) == (8192, 1, "bf16")
+    assert plan.logits_bytes == 8192 * 128256 * 12 == 12_608_077_824
+
+
+def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
+    """8.03e9 parameters x 16 bytes (fp32 weights, gradients, two moments) are 128 GB: no
+    layout without sharding fits an 80 GiB card, ZeRO-3 over 8 does (FSDP2 too with recompute),
+    and the lines under the table say what each layout that does not fit would need."""
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    fitting = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
+    assert fitting[("1x1x8", "native")] == fitting[("1x1x8", "deepspeed zero0")] == "no"
+    assert fitting[("1x1x8", "deepspeed zero3")] == "yes"
+    # tensor and pipeline parallelism run the Llama layers: planned as the rest, none skipped; TP8 (one of
+    # the 8 key/value heads a rank) fits with the least, no pipeline does at this micro batch
+    assert "skipped" not in out and len({name for name, _ in fitting}) == 10
+    assert fitting[("8x1x1", "native")] == "yes" and _rows(out)[0][:2] == ["8x1x1", "native"]
+    assert all(fit == "no" for (name, _), fit in fitting.items() if name.split("x")[1] != "1")
+    # seq 8192 without recompute: 51 GiB of activations a rank leave FSDP2 over 8 out
+    assert fitting[("1x1x8", "native fsdp")] == "no"
+    lines = {line.split(":")[1].split(" stage")[0].strip(): line for line in out.splitlines()
+             if line.startswith("does not fit: ")}
+    assert set(lines) == {f"{name} {variant}" for (name, variant), fit in fitting.items() if fit == "no"}
+    # 8 bytes x 8.03e9 of moments, 51 GiB of activations, DDP's buckets: a second copy of the gradients
+    assert lines["1x1x8 native"] == ("does not fit: 1x1x8 native: 227.77 GiB > 72.00 GiB usable; largest: "
+                                     "optimizer 59.83, activations 51.47, buffers 29.92")
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda",
+                 "--recompute"]) == 0
+    fitting = {(r[0], _variant(r)): r[-1] for r in _rows(capsys.readouterr().out)}
+    assert fitting[("1x1x8", "native fsdp")] == "yes" and fitting[("1x1x8", "native")] == "no"
+
+
+# --- the prediction against whole training steps --------------------------------------------
+def _cpu_point(model, config=None, **options):
+    """A single-process CPU point of ``model``'s workload (``config``: another shape trained
+    under its settings), as `hwbench run` resolves it."""
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    catalog = load_catalog()
+    spec = build_run_spec({"model": model, "device": "cpu", "data": "synthetic", **options}, catalog,
+                          check_paths=False)
+    return spec, config or catalog.workloads[model].model
+
+
+# A shape where the blocks' activations outweigh the logits (100 tokens in the vocabulary): the
+# block terms are held to the measurement here, the logits and the states in the catalog sizes.
+GPT_SMALL_VOCAB = dataclasses.replace(CONFIG, num_layers=4, max_position_embeddings=128)
+LLAMA_SMALL_VOCAB = dataclasses.replace(LLAMA, num_layers=4)
+UNTIED_SMALL_VOCAB = dataclasses.replace(LLAMA_SMALL_VOCAB, untie_embeddings_and_output_weights=True)
+
+
+# Each point trains two steps: the default run takes one of each kind, -m heavy the rest.
+def _heavy(*values, id):
+    return pytest.param(*values, id=id, marks=pytest.mark.heavy)
+
+
+@pytest.mark.parametrize("model, config, options", [
+    _heavy("tiny", None, {"precision": "fp32", "micro_batch_size": 2, "global_batch_size": 2, "seq_length": 64},
+           id="gpt-fp32"),
+    pytest.param("tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 4,
+                                "seq_length": 64}, id="gpt-bf16-accumulating"),
+    _heavy("tiny", GPT_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4, "global_batch_size": 4,
+                                     "seq_length": 128, "fused_qkv": True}, id="gpt-activations-bf16-fused"),
+    pytest.param("tiny", GPT_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
+                                           "seq_length": 128}, id="gpt-activations-fp32"),
+    pytest.param("llama-tiny", None, {"precision": "bf16", "micro_batch_size": 2, "global_batch_size": 2,
+                                      "seq_length": 64}, id="llama-bf16"),
+    pytest.param("llama-tiny", LLAMA_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4,
+                                                   "global_batch_size": 8, "seq_length": 128},
+                 id="llama-activations-bf16-accumulating"),
+    _heavy("llama-tiny", LLAMA_SMALL_VOCAB, {"precision": "fp32", "micro_batch_size": 4, "global_batch_size": 4,
+                                             "seq_length": 128, "fused_qkv": True}, id="llama-activations-fp32-fused"),
+    pytest.param("llama-tiny", UNTIED_SMALL_VOCAB, {"precision": "bf16", "micro_batch_size": 4,
+                                                    "global_batch_size": 4, "seq_length": 128,
+                                                    "cross_entropy": "chunked"}, id="llama-untied-chunked"),
+])
+def test_the_planner_is_within_a_few_percent_of_a_whole_steps_measured_peak(model, config, options):
+    """hwbench's native engine trains two steps on the CPU from an empty allocator; the most
+    bytes the allocator held at once is the planner's total less its overhead (which is no
+    tensor of the run), within 3 % (the project's goal is 10 %; every term counted, it is
+    within 0.3 % on these points). GPT-2 and Llama (GQA, SwiGLU, RMSNorm, RoPE, tied and
+    untied), one micro-batch or two, fp32 or bf16 autocast, fused q/k/v, the chunked loss."""
+    pytest.importorskip("torch")
+    from tests.allocator_peak import measured_step_peak
+
+    peak = measured_step_peak(*_cpu_point(model, config, **options))
+    assert abs(peak.error) < 0.03, (peak.measured, peak.planned, peak.plan)
+
+
+def _ranks_peaks(tmp_path, *point):
+    """Two torchrun ranks of tests/step_peak_ranks.py: each rank's measured peak and prediction."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                           str(root / "tests" / "step_peak_ranks.py"), str(tmp_path), *map(str, point)],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("model, tp, pp, dp, variant, precision", [
+    ("tiny", 1, 1, 2, "plain", "bf16"),
+    ("tiny", 1, 1, 2, "fsdp", "bf16"),
+    ("tiny", 2, 1, 1, "plain", "fp32"),
+    ("tiny", 1, 2, 1, "plain", "bf16"),
+    ("llama-tiny", 1, 1, 2, "plain", "bf16"),
+    ("llama-tiny", 1, 1, 2, "fsdp", "bf16"),
+], ids=["gpt-ddp", "gpt-fsdp", "gpt-tp", "gpt-pp", "llama-ddp", "llama-fsdp"])
+def test_every_rank_of_a_layout_within_10_percent_of_its_measured_peak(tmp_path, model, tp, pp, dp, variant,
+                                                                       precision):
+    """Two real ranks (gloo) of hwbench's native engine, two steps each on a small-vocabulary shape
+    of the workload: each rank's peak against its stage's prediction, within the project's 10 %.
+    DDP within 1 %, but at times gloo's all-reduce holds one more copy of a gradient bucket as
+    the backward starts (then the prediction with one more copy of the gradients is close); FSDP2
+    within 4 %; tensor and pipeline parallelism a few % under (docs/planner.md, "Checking it")."""
+    for rank in _ranks_peaks(tmp_path, model, tp, pp, dp, variant, precision, "small-vocab"):
+        errors = [(rank["planned"] - rank["measured"]) / rank["measured"]]
+        if variant == "plain" and dp > 1:
+            errors.append((rank["planned"] + rank["gradients"] - rank["measured"]) / rank["measured"])
+        assert min(abs(error) for error in errors) < 0.10, rank

@@ -409,7 +409,8 @@ def test_tinyshakespeare_with_gpt2(tmp_path, gpt2):
 
 
 @pytest.mark.parametrize("option, expected", [
-    ({"tokenizer": "sentencepiece"}, "--tokenizer 'sentencepiece' is not accepted; give one of gpt2-bpe, byte"),
+    ({"tokenizer": "sentencepiece"},
+     "--tokenizer 'sentencepiece' is not accepted; give one of gpt2-bpe, huggingface, byte"),
     ({"input_format": "csv"}, "--input-format 'csv' is not accepted; give one of json, text"),
     ({"json_keys": ["text", "text"]}, "--json-keys text text is not accepted; give distinct keys"),
     ({"json_keys": ["a/b"]}, "--json-keys a/b is not accepted; give distinct keys, each usable in a file name"),

@@ -117,7 +117,7 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
     # the old name is taken, and the canonical one recorded; every formula's figures beside it
     assert result.spec.flops_formula == result.metrics.flops_formula == "megatron-core-v0.7"
     by_formula = result.metrics.by_formula
-    assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"}
+    assert set(by_formula) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm", "torchtitan"}
     chosen = by_formula["megatron-core-v0.7"]
     assert (chosen.flops_per_iteration, chosen.tflops_per_device, chosen.mfu) == (
         result.metrics.flops_per_iteration,

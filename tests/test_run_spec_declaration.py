@@ -17,14 +17,16 @@ from hwbench.fields import validation_problem
 from hwbench.options import RUN_OPTIONS, RunOptions
 from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
 from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
-from hwbench.spec import LaunchSpec, ParallelDims, RunSpec, build_run_spec
+from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec, build_run_spec
 
 # What the result's spec holds beyond RunSpec: a sweep's record of a point whose options were refused.
 RESULT_ONLY = {"run_args"}
 # Sections the result keeps as a plain mapping (the optimizer's keys are the workload's).
 AS_MAPPING = {"optimizer"}
 # Run options the RunSpec holds under another name or in one of its parts, or that are used before it:
-# option -> where the spec holds it (None: nowhere). Every other option is a RunSpec field of its own name.
+# option -> where the spec holds it (None: nowhere). Every other option is a RunSpec field of its own name,
+# or an OptimizerSpec field of its own name (OPTIMIZER_OPTIONS: the spec's optimizer holds it).
+OPTIMIZER_OPTIONS = {field.name for field in dataclasses.fields(OptimizerSpec)} & RUN_OPTIONS.keys()
 ELSEWHERE = {
     "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
     "device_memory": "device_memory_bytes",
@@ -32,9 +34,8 @@ ELSEWHERE = {
     "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
     "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
     "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",
-    "lr": "optimizer.lr", "min_lr": "optimizer.min_lr",
     "preflight": None,  # the harness checks the machine before the run (hwbench.harness.run)
-}
+} | {name: f"optimizer.{name}" for name in OPTIMIZER_OPTIONS}
 
 
 def _base_type(annotation):
@@ -130,6 +131,24 @@ def test_an_option_kept_as_given_arrives_in_the_run_spec():
     spec = build_run_spec(RunOptions(**given), load_catalog(), check_paths=False)
     assert {name: getattr(spec, name) for name in given if name not in ELSEWHERE} == {
         name: value for name, value in given.items() if name not in ELSEWHERE}
+
+
+def test_every_optimizer_field_is_a_run_option():
+    """So build_run_spec's one copy fills the optimizer: a new optimizer option is its RunOptions
+    field and its OptimizerSpec field, nothing more."""
+    assert OPTIMIZER_OPTIONS == {field.name for field in dataclasses.fields(OptimizerSpec)}
+
+
+def test_an_optimizer_option_given_arrives_in_the_specs_optimizer():
+    given = dict(lr=5e-4, min_lr=5e-5, lr_warmup_iters=3, lr_warmup_init=1e-5, lr_decay_iters=50,
+                 lr_decay_style="linear", adam_beta1=0.8, adam_beta2=0.95, adam_eps=1e-5, weight_decay=0.2,
+                 clip_grad=0.5)
+    assert given.keys() | {"lr_warmup_fraction"} == OPTIMIZER_OPTIONS  # every one, the fraction below
+    optimizer = build_run_spec(RunOptions(model="tiny", **given), load_catalog(), check_paths=False).optimizer
+    assert {name: getattr(optimizer, name) for name in given} == given and optimizer.lr_warmup_fraction is None
+    fraction = build_run_spec(RunOptions(model="tiny", lr_warmup_fraction=0.1, lr_decay_iters=50), load_catalog(),
+                              check_paths=False).optimizer
+    assert (fraction.lr_warmup_fraction, fraction.lr_warmup_iters) == (0.1, 5)  # Megatron's: of the decay iters
 
 
 def test_runspec_fields_are_its_dataclass_fields():

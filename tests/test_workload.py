@@ -121,7 +121,7 @@ def test_every_formula_is_computed_by_its_canonical_name():
     config = GPTConfig(24, 1024, 16, 1024)
     every = flops_by_formula(config, 16, 1024, recompute=True)
     assert set(every) == set(FLOPS_FORMULAS) == {"megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed",
-                                                  "palm"}
+                                                  "palm", "torchtitan"}
     for name, flops in every.items():
         assert flops == model_flops_per_iteration(config, 16, 1024, recompute=True, formula=name)
     assert canonical_formula("megatron-lm") == "megatron-core-v0.7"
@@ -138,7 +138,8 @@ def test_model_flops_ignore_recompute_but_hardware_flops_count_it():
     assert hw4 / hw3 == pytest.approx(4 / 3)
 
 
-@pytest.mark.parametrize("name", ["megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm"])
+@pytest.mark.parametrize("name", ["megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "palm",
+                                  "torchtitan"])
 def test_each_formula_says_whether_it_counts_recompute_as_its_count_does(name):
     """FlopsFormula.counts_recompute (what labels a figure HFU) agrees with the formula's own count:
     only megatron-deepspeed rises with recompute (x4/3, Megatron-DeepSpeed's

@@ -20,6 +20,12 @@ HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "g
            "logits", "16-bit casts", "buffers+gathered", "step transient", "overhead", "total GiB", "fits"]
 
 
+# The terms of a plan as the table names them, for the lines that say why a layout does not fit.
+TERMS = (("weights", "weights_bytes"), ("grads", "gradients_bytes"), ("optimizer", "optimizer_bytes"),
+         ("activations", "activations_bytes"), ("logits", "logits_bytes"), ("16-bit casts", "cast_weights_bytes"),
+         ("buffers", "buffers_bytes"), ("gathered", "gathered_bytes"), ("step transient", "step_transient_bytes"))
+
+
 # `hwbench run` options that shape the memory a layout needs; --fsdp and --zero (with
 # --layout) and --engine (a filter) are plan's own.
 RUN_OPTIONS_TAKEN = ("model", "precision", "recompute", "micro_batch_size", "global_batch_size", "seq_length",
@@ -81,15 +87,27 @@ def main(args: argparse.Namespace) -> int:
     rows = [_row(planned, plan, found.capacity_bytes, found.headroom) for planned in found.layouts
             for plan in (planned.stages if layout else [planned.peak])]  # --layout: every stage
     print(tabulate(rows, headers=HEADERS))
+    too_big = [_why_not(planned, plan, found.capacity_bytes, found.headroom) for planned in found.layouts
+               for plan in (planned.stages if layout else [planned.peak])
+               if not plan.fits(found.capacity_bytes, found.headroom)]
     skipped = list(dict.fromkeys(f"{refused.name}: {refused.refused}" for refused in found.refused))
     notes = [*filter(None, [decimal_size_note(args.device_memory, "--device-memory")]),
              *(found.layouts[0].peak.notes if layout else ())]
     _print_footer(found.layouts[-1].spec if found.layouts else None, found.capacity_bytes, found.headroom,
-                  found.device_kind, notes, skipped)
+                  found.device_kind, notes, too_big, skipped)
     return 0
 
 
-def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequence[str], skipped: list[str]) -> None:
+def _why_not(layout, plan, capacity: int, headroom: float) -> str:
+    """One line: what a layout that does not fit needs, against what may be used, and its three largest terms."""
+    largest = sorted(TERMS, key=lambda term: -getattr(plan, term[1]))[:3]
+    stage = f" stage {plan.stage}" if layout.pp > 1 else ""
+    return (f"{layout.name} {layout.variant}{stage}: {gib(plan.total_bytes)} GiB > {gib(headroom * capacity)} GiB "
+            "usable; largest: " + ", ".join(f"{label} {gib(getattr(plan, field))}" for label, field in largest))
+
+
+def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequence[str], too_big: list[str],
+                  skipped: list[str]) -> None:
     print(f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
           f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
           "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
@@ -98,6 +116,8 @@ def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequen
               f"global batch {spec.global_batch_size}")
     for note in notes:
         print(f"note: {note}")
+    for line in too_big:
+        print(f"does not fit: {line}")
     for line in skipped:
         print(f"skipped {line}")
     sys.stdout.flush()

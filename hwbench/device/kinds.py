@@ -108,6 +108,11 @@ class DeviceKind:
     # torch has a fused AdamW kernel here (CPU since torch 2.4, CUDA); elsewhere AdamW runs
     # foreach, whose sqrt(v) temporaries the planner counts at the step.
     fused_adamw: bool
+    # torch.nn.RMSNorm runs a fused kernel here that keeps only its input and the per-token
+    # rstd for the backward (aten's _fused_rms_norm: CUDA and ROCm builds); elsewhere torch's
+    # composite keeps the fp32 input and the normalised output too (the CPU: measured,
+    # tests/test_planner.py). Kinds not yet checked on the device say False: the larger figure.
+    fused_rms_norm: bool = False
     calibration: CalibrationDefaults = _ACCELERATOR_CALIBRATION
     k8s_resource: str | None = None  # the extended resource a pod requests per device
     # environment variables that tune this kind's collectives and runtime
@@ -154,6 +159,7 @@ KINDS = {
         framework_overhead_bytes=1 * GIB,
         k8s_resource="nvidia.com/gpu",
         fused_adamw=True,
+        fused_rms_norm=True,
         slurm_gres="gpu",
         allocator=_CUDA_EXPANDABLE_SEGMENTS,
         device_plugin_env=("CUDA_VISIBLE_DEVICES",),
@@ -171,6 +177,7 @@ KINDS = {
         k8s_resource="amd.com/gpu",
         env_prefixes=(*_COMMUNICATION, "RCCL_", "HIP_", "ROCR_", "HSA_"),
         fused_adamw=True,
+        fused_rms_norm=True,
         slurm_gres="gpu",
     ),
     # Ascend through torch_npu; auto tries it first

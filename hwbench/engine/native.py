@@ -242,7 +242,8 @@ class NativeEngine:
         return StepOutcome(loss=loss, grad_norm=grad_norm.detach(), lr=lr, loss_scale=scale, skipped=skipped)
 
     def _clip_and_step(self, grad_norm: torch.Tensor) -> None:
-        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
+        if self.spec.optimizer.clip_grad > 0:  # 0: no clipping (Megatron-LM's and DeepSpeed's meaning)
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.spec.optimizer.clip_grad, grad_norm)
         self.optimizer.step()
 
     def _step_unless_overflowed(self, grad_norm: torch.Tensor, found_inf: torch.Tensor) -> torch.Tensor | bool:

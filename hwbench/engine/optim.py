@@ -12,10 +12,10 @@ from hwbench.spec import OptimizerSpec
 
 def learning_rate(spec: OptimizerSpec, iteration: int) -> float:
     """Megatron's schedule (``OptimizerParamScheduler.get_lr``) after ``iteration`` steps:
-    linear warm-up from 0 to lr over lr_warmup_iters, then cosine (or linear) decay to
-    min_lr at lr_decay_iters."""
+    linear warm-up from lr_warmup_init to lr over lr_warmup_iters, then cosine (or linear)
+    decay to min_lr at lr_decay_iters."""
     if spec.lr_warmup_iters > 0 and iteration <= spec.lr_warmup_iters:
-        return spec.lr * iteration / spec.lr_warmup_iters
+        return spec.lr_warmup_init + (spec.lr - spec.lr_warmup_init) * iteration / spec.lr_warmup_iters
     if spec.lr_decay_style == "constant":
         return spec.lr
     if iteration >= spec.lr_decay_iters:
@@ -47,4 +47,5 @@ def build_optimizer(model: nn.Module, spec: OptimizerSpec, options: dict) -> tor
         {"params": decay, "weight_decay": spec.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=step_learning_rate(spec, 1), betas=spec.betas, eps=spec.eps, **options)
+    return torch.optim.AdamW(groups, lr=step_learning_rate(spec, 1), betas=(spec.adam_beta1, spec.adam_beta2),
+                             eps=spec.adam_eps, **options)

@@ -144,7 +144,8 @@ def _hyperparameters(run: RunResult) -> dict[str, Any]:
              "gradient_accumulation_steps": spec.gradient_accumulation_steps, "max_sequence_length": spec.seq_length,
              "opt_name": "adamw", "opt_base_learning_rate": optimizer.get("lr"),
              "opt_end_learning_rate": optimizer.get("min_lr"), "opt_adamw_weight_decay": optimizer.get("weight_decay"),
-             "opt_adamw_epsilon": optimizer.get("eps"), "opt_gradient_clip_norm": optimizer.get("clip_grad"),
+             "opt_adamw_beta_1": optimizer.get("adam_beta1"), "opt_adamw_beta_2": optimizer.get("adam_beta2"),
+             "opt_adamw_epsilon": optimizer.get("adam_eps"), "opt_gradient_clip_norm": optimizer.get("clip_grad"),
              "opt_learning_rate_warmup_steps": optimizer.get("lr_warmup_iters"),
              "tensor_parallelism": parallel.tp, "pipeline_parallelism": parallel.pp,
              "train_samples": _train_samples(spec)}

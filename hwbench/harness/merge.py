@@ -44,7 +44,7 @@ from hwbench.result.model import (
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
-from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula
+from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula, shape_caveat
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -197,6 +197,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
                          lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index])
                     for index in range(len(losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
+    caveat = shape_caveat(spec.flops_formula, spec.model_config(workload.model))  # e.g. megatron-deepspeed on Llama
+    if caveat:
+        result.warnings.append(caveat)
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
         step_time_s=StepTime.model_validate(finite(summarize(r.step_times_s))),

@@ -85,7 +85,12 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     plan = resume_plan(spec, ctx, run_dir, previous_beat)
     # Opening the data checks it (a bad .idx, a split with no training documents):
     # bad input, so it fails here, before a result exists.
-    data = make_data_source(spec, workload, backend, ctx, plan)
+    try:
+        data = make_data_source(spec, workload, backend, ctx, plan)
+    except UsageError as error:
+        # as a plain UsageError, which is how the launcher knows a rank's refusal of bad input (by the
+        # class name torchrun records): exit 2 and no result, as in one process, not a failed run
+        raise UsageError(str(error)) from error
     result = RunResult(run_id=new_run_id(spec.model, backend.name), status="failed", spec=spec.to_dict(),
                        started_at=utc_now())
     progress = Progress(f"{spec.model} on {backend.name}" + (f" x{ctx.world_size}" if ctx.distributed else ""),
@@ -198,8 +203,8 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
 
     train_steps = plan.end_iteration if plan else spec.warmup + spec.steps
     return MegatronData(spec.data, spec.split, train_steps=train_steps, eval_iters=spec.eval_iters,
-                        eval_interval=spec.eval_interval,
-                        vocab_size=workload.model.padded_vocab_size(spec.parallel.tp), **batching)
+                        eval_interval=spec.eval_interval, valid_prefix=spec.valid_data,
+                        vocab_size=workload.model.vocab_size, **batching)
 
 
 def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> ValidationPoint:

@@ -279,7 +279,7 @@ def _also_utilisation(run: pd.Series, formula: str) -> tuple[Any, bool]:
     by_formula = run["mfu_by_formula"] or {}
     if formula not in by_formula:
         hardware = counts_hardware_flops(formula, bool(run["recompute"]))
-        why = f"no {formula} figures in the result (written before metrics.by_formula)"
+        why = f"no {formula} figures in the result (written before hwbench counted that formula)"
         return percent(None, note=why), hardware
     return _utilisation(run, formula, by_formula[formula], run["mfu_reason"])
 

@@ -90,4 +90,20 @@ def _held(data: Any, key: str, kind: type[dict] | type[list]) -> Any:
     return value if isinstance(value, kind) else kind()
 
 
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: v1_to_v2}
+# --- 2 -> 3 ------------------------------------------------------------------------------------
+
+
+def v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 names AdamW's constants in spec.optimizer as the run options that set them
+    (Megatron-LM's --adam-beta1, --adam-beta2, --adam-eps): betas [b1, b2] -> adam_beta1,
+    adam_beta2; eps -> adam_eps."""
+    optimizer = _held(_held(data, "spec", dict), "optimizer", dict)
+    betas = optimizer.get("betas")
+    if isinstance(betas, list) and len(betas) == 2:
+        optimizer["adam_beta1"], optimizer["adam_beta2"] = optimizer.pop("betas")
+    if "eps" in optimizer:
+        optimizer["adam_eps"] = optimizer.pop("eps")
+    return data
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: v1_to_v2, 2: v2_to_v3}

@@ -19,7 +19,8 @@ tokens a run trains on depend on the seed and the global batch alone, not on the
 micro batch or the parallel layout, and runs of different layouts can be
 compared step by step. Validation reads the validation split the same way and
 moves on from one evaluation to the next, as Megatron's validation iterator
-does. A run resumed from a checkpoint continues at the sample index it saved
+does (or, with --valid-data, reads that dataset's first samples at every one).
+A run resumed from a checkpoint continues at the sample index it saved
 (``seek``: Megatron-LM's consumed samples), so it trains on the samples an
 uninterrupted run would have. Batches are made on the host, so every device sees the
 same tokens for the same seed, and then moved with the backend's copy.
@@ -58,17 +59,20 @@ def sample_range(step: int, micro_step: int, dp_rank: int, dp_size: int, micro: 
 
 
 def check_token_range(sample: np.ndarray, vocab_size: int, where: str) -> None:
-    """Token ids beyond the model's vocabulary would index past the embedding
-    (a device-side assert on GPUs): refuse them with the place named."""
+    """Token ids beyond the model's vocabulary (its tokenizer's, unpadded) would index past the
+    embedding (a device-side assert on GPUs) or train the padding rows: refuse them with the
+    place named."""
     top = int(sample.max()) if sample.size else 0
     if top >= vocab_size:
-        raise DataError(f"{where}: token id {top} is outside the model's vocabulary of {vocab_size}")
+        raise DataError(f"{where}: token id {top} is outside the model's vocabulary of {vocab_size}; "
+                        "prepare the data with the model's tokenizer, or train a model of the data's vocabulary")
 
 
 class SampledData(abc.ABC):
     """Micro-batching over samples addressed by index (see the module docstring)."""
 
     kind = "abstract"
+    restart_validation = False  # True: every validation reads the same first samples (a fixed validation set)
 
     def __init__(self, seq_length: int, micro_batch_size: int, global_batch_size: int,
                  to_device: ToDevice = lambda t: t, dp_rank: int = 0, dp_size: int = 1) -> None:
@@ -101,7 +105,8 @@ class SampledData(abc.ABC):
 
     def seek(self, consumed_train_samples: int, consumed_valid_samples: int) -> None:
         """Read on from a checkpoint's data position: the samples of each split consumed so far."""
-        self._first_sample = {"train": consumed_train_samples, "valid": consumed_valid_samples}
+        self._first_sample = {"train": consumed_train_samples,
+                              "valid": 0 if self.restart_validation else consumed_valid_samples}
         self._train_calls = 0
         self._valid_start = self._valid_next = 0
 
@@ -120,7 +125,10 @@ class SampledData(abc.ABC):
     def valid_batch(self, index: int) -> Batch:
         """The ``index``-th micro-batch of this evaluation. Validation moves on
         as Megatron's validation iterator does: an evaluation (``index`` 0 starts
-        one) begins after the last micro-batch the previous evaluation read."""
+        one) begins after the last micro-batch the previous evaluation read; or, with
+        ``restart_validation``, every evaluation reads the same first micro-batches."""
+        if self.restart_validation:
+            return self._batch("valid", index)
         if index == 0:
             self._valid_start = self._valid_next
         position = self._valid_start + index

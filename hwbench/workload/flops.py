@@ -3,7 +3,9 @@
 TFLOP/s and MFU everywhere in hwbench come from ``model_flops_per_iteration``;
 the result records which formula was used, and every known formula's figures
 beside it (``metrics.by_formula``), so a run compares with a Megatron-LM log of
-either generation or with Megatron-DeepSpeed (docs/methodology.md, "FLOPs"). A formula that
+either generation, with Megatron-DeepSpeed or with torchtitan (docs/methodology.md, "FLOPs").
+Each formula counts by term (``FlopsTerms``: attention projections, scores, MLP, logits), so each
+term is held to a count of a real training step (tests/test_flops_counted.py). A formula that
 counts the recompute's extra forward (``counts_recompute``) counts hardware FLOPs for a run that
 recomputes: its utilisation is shown as HFU there (``utilisation_label``), MFU elsewhere.
 """
@@ -18,72 +20,185 @@ from hwbench.workload.params import count_parameters
 
 
 @dataclasses.dataclass(frozen=True)
+class FlopsTerms:
+    """One iteration's FLOPs (forward and backward over the global batch) as a formula counts
+    them, by the part of the model they are in, so that each part can be held to a count of a
+    real step (torch's FlopCounterMode, module by module)."""
+
+    attention_projections: float  # q, k, v and the attention's output projection, every layer
+    attention_scores: float  # q·kᵀ and the scores times v, every layer
+    mlp: float  # the MLP's matrix products, every layer
+    output_layer: float  # the projection onto the (padded) vocabulary: the logits
+    outside_matmuls: float = 0.0  # 6 x the parameters in no matrix product (norms, biases): 6N counts them
+
+    @property
+    def total(self) -> float:
+        return (self.attention_projections + self.attention_scores + self.mlp + self.output_layer
+                + self.outside_matmuls)
+
+
+# (config, global batch, seq length, tensor parallel (it pads the vocabulary), recompute counted) -> terms
+TermsFunction = Callable[[GPTConfig, int, int, int, bool], FlopsTerms]
+
+
+@dataclasses.dataclass(frozen=True)
 class FlopsFormula:
     name: str
     source: str
     expression: str
-    # (config, global batch, seq length, padded vocab, recompute counted) -> FLOPs per iteration
-    compute: Callable[[GPTConfig, int, int, int, bool], float]
+    terms: TermsFunction
     # Whether the count includes activation recomputation's extra forward pass: then, for a run
     # that recomputes, it counts hardware FLOPs and its utilisation is HFU, not MFU (model FLOPs
     # utilisation, which recomputation does not raise). Every formula says so here, the one place.
     counts_recompute: bool
+    # Whether the score term counts half the s x s matrix for the causal mask (what a kernel that
+    # skips the masked half computes) or the whole of it (what a dense product computes).
+    halves_causal_scores: bool
+    # Whether the formula reads L, h, s and V alone and counts every model as Megatron GPT-2's
+    # shape (multi-head attention, a 4h GELU MLP): for another shape its figure is what that tool
+    # prints, not the model's FLOPs (``shape_caveat``).
+    assumes_gpt2_shape: bool = False
 
 
-def _megatron(attention: int, output: int) -> Callable[[GPTConfig, int, int, int, bool], float]:
-    """Megatron's count, 24*f*B*s*L*h^2*(1 + s/(attention*h) + V/(output*L*h)): f = 3 passes (forward,
-    wgrad, dgrad), 4 with the recomputed forward where the formula counts it (Megatron-DeepSpeed's
-    megatron/utils.py throughput_calculator: checkpoint_activations_factor = 4 if
-    args.checkpoint_activations else 3). ``attention`` 12: causal attention computes only half the
-    score matrix and multiplies it with V; 6: the full matrix."""
+# 3 passes (forward, the backward's data and weight gradients) x 2 (a multiply and an add): the
+# FLOPs per token of each weight in a training step, 6N's 6 (Megatron's 12 is this x 2 GEMMs).
+TRAINING_FLOPS_PER_WEIGHT = 6
 
-    def compute(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
+
+def _megatron_core(halves_causal_scores: bool) -> TermsFunction:
+    """Megatron-LM's num_floating_point_operations for a dense transformer, term by term: q and
+    the output projection (h x query size each), k and v (h x num_query_groups x kv_channels each:
+    grouped-query attention's smaller projections), the scores (2 x query size x s per token: q·kᵀ
+    and times v; halved for the causal mask from core_v0.12.0), the MLP (2 x h x ffn_hidden_size,
+    x 3/2 for SwiGLU's gate: gated_linear_multiplier) and the logits (h x padded vocabulary), each
+    x 6. kv_channels is h / heads in every shape hwbench builds, so Megatron's
+    query_projection_to_hidden_size_ratio is 1. Biases and norms are not counted; the output layer
+    is counted once whether tied or not: the logits are one product either way."""
+
+    def terms(config: GPTConfig, batch: int, seq: int, tensor_parallel: int, recompute: bool) -> FlopsTerms:
         L, h = config.num_layers, config.hidden_size
-        return 24.0 * (4 if recompute else 3) * batch * seq * L * h * h * (1 + seq / (attention * h)
-                                                                            + vocab / (output * L * h))
+        query = config.num_attention_heads * config.head_dim  # Megatron's query_projection_size
+        key_value = config.kv_heads * config.head_dim  # k's and v's projection size, each
+        scores = 2 * query * seq // (2 if halves_causal_scores else 1)  # per token and layer
+        mlp = (3 if config.swiglu else 2) * h * config.ffn_size
+        per_weight = TRAINING_FLOPS_PER_WEIGHT * batch * seq
+        return FlopsTerms(
+            attention_projections=float(per_weight * L * (2 * h * query + 2 * h * key_value)),
+            attention_scores=float(per_weight * L * scores),
+            mlp=float(per_weight * L * mlp),
+            output_layer=float(per_weight * h * config.padded_vocab_size(tensor_parallel)))
 
-    return compute
+    return terms
 
 
-def _palm(config: GPTConfig, batch: int, seq: int, vocab: int, recompute: bool) -> float:
-    n = count_parameters(config).non_embedding
-    L, H, Q = config.num_layers, config.num_attention_heads, config.head_dim
-    return float(batch * seq * (6 * n + 12 * L * H * Q * seq))
+def _megatron_deepspeed(config: GPTConfig, batch: int, seq: int, tensor_parallel: int,
+                        recompute: bool) -> FlopsTerms:
+    """24*f*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)) by term: f passes (3; 4 with the recomputed
+    forward: its checkpoint_activations_factor) of 2 FLOPs a multiply-add over 4h^2 in q, k, v and
+    the output projection, 8h^2 in a 4h MLP, 2hs in the full score matrix per token and layer, and
+    3/4 of the logits' hV (its V/(16Lh)). It reads L, h, s and V alone: GPT-2's shape whatever the
+    model (assumes_gpt2_shape)."""
+    f = 4 if recompute else 3
+    L, h = config.num_layers, config.hidden_size
+    per_weight = 2 * f * batch * seq
+    return FlopsTerms(
+        attention_projections=float(per_weight * L * 4 * h * h),
+        attention_scores=float(per_weight * L * 2 * h * seq),
+        mlp=float(per_weight * L * 8 * h * h),
+        output_layer=per_weight * 3 * h * config.padded_vocab_size(tensor_parallel) / 4)
 
 
+def _six_n(counts_tied_output: bool) -> TermsFunction:
+    """B*s*(6N + 12*L*H*Q*s), N by its parts (hwbench.workload.params.ParameterCount): the attention
+    and MLP weights, the output layer's weight where N holds it (an untied one always, the tied
+    word embedding only where ``counts_tied_output``) and the parameters in no matrix product
+    (norms, biases), which 6N counts too. 12LHQs is the full score matrix: neither convention
+    halves it for the causal mask."""
+
+    def terms(config: GPTConfig, batch: int, seq: int, tensor_parallel: int, recompute: bool) -> FlopsTerms:
+        counts = count_parameters(config, tensor_parallel)
+        tokens = batch * seq
+        per_weight = TRAINING_FLOPS_PER_WEIGHT * tokens
+        output_in_n = config.untie_embeddings_and_output_weights or counts_tied_output
+        L, H, Q = config.num_layers, config.num_attention_heads, config.head_dim
+        return FlopsTerms(
+            attention_projections=float(per_weight * counts.attention_weights),
+            attention_scores=float(12 * tokens * L * H * Q * seq),
+            mlp=float(per_weight * counts.mlp_weights),
+            output_layer=float(per_weight * counts.output_weights if output_in_n else 0),
+            outside_matmuls=float(per_weight * counts.outside_matmuls))
+
+    return terms
+
+
+MEGATRON_LM = "NVIDIA/Megatron-LM, num_floating_point_operations in megatron/training/training.py"
 FLOPS_FORMULAS: dict[str, FlopsFormula] = {
     f.name: f
     for f in (
         FlopsFormula(
             name="megatron-core-v0.12",
-            source="Megatron-LM core_v0.12.0 and later (main included), num_floating_point_operations in "
-                   "megatron/training/training.py, plain GPT: the attention scores counted once for the causal "
-                   "mask (s/(2h) in its general form)",
-            expression="72*B*s*L*h^2*(1 + s/(12h) + V/(12*L*h))",
-            compute=_megatron(12, 12),
+            source=f"{MEGATRON_LM}, tag core_v0.12.0 (d580efc, 2025-05-06) and main (d98e8a6, 2026-08-22: "
+                   "written term by term, the same figure for a dense model of unpacked sequences), read "
+                   "2026-11-29: grouped-query attention's k and v projections (num_query_groups), SwiGLU "
+                   "(gated_linear_multiplier 3/2), ffn_hidden_size, the attention scores halved for the causal "
+                   "mask (s/(2h) in its general form), the logits once, tied output layer or not",
+            expression="6*B*s*(L*(2h*(q + kv) + q*s + m*h*f) + h*V), q = H*Q, kv = kv_heads*Q, m = 3 with "
+                       "SwiGLU else 2; GPT-2: 72*B*s*L*h^2*(1 + s/(12h) + V/(12*L*h))",
+            terms=_megatron_core(halves_causal_scores=True),
             counts_recompute=False,  # expansion factor 3 (forward, wgrad, dgrad): no recompute term
+            halves_causal_scores=True,
         ),
         FlopsFormula(
             name="megatron-core-v0.7",
-            source="Megatron-LM core_v0.5.0 to core_v0.11.x, num_floating_point_operations in megatron/training.py "
-                   "(from core_v0.6.0 megatron/training/training.py), plain GPT: the full attention-score matrix",
-            expression="72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
-            compute=_megatron(6, 12),
+            source=f"{MEGATRON_LM}, tag core_v0.7.0 (a645f89, 2024-05-30), read 2026-11-29, and the same "
+                   "figure from core_v0.6.0 to core_v0.11.x for every shape hwbench builds: grouped-query "
+                   "attention (num_query_groups), SwiGLU (gated_linear_multiplier 3/2) and ffn_hidden_size "
+                   "counted, the full attention-score matrix. core_v0.5.0 (megatron/training.py) counts "
+                   "grouped-query attention but a 4h GELU MLP, so its log differs for SwiGLU or another "
+                   "ffn size",
+            expression="6*B*s*(L*(2h*(q + kv) + 2q*s + m*h*f) + h*V), q = H*Q, kv = kv_heads*Q, m = 3 with "
+                       "SwiGLU else 2; GPT-2: 72*B*s*L*h^2*(1 + s/(6h) + V/(12*L*h))",
+            terms=_megatron_core(halves_causal_scores=False),
             counts_recompute=False,
+            halves_causal_scores=False,
         ),
         FlopsFormula(
             name="megatron-deepspeed",
-            source="Megatron-DeepSpeed throughput_calculator (hardware FLOPs when recomputing)",
+            source="microsoft/Megatron-DeepSpeed, throughput_calculator in megatron/utils.py before commit "
+                   "b7b2d5e (2024-08-19), read 2026-11-29 (hardware FLOPs when recomputing). It reads L, h, s "
+                   "and V alone, so it counts multi-head attention and a 4h GELU MLP whatever the model: for "
+                   "grouped-query attention, SwiGLU or another ffn size its figure is what that code prints, "
+                   "not the model's FLOPs. From b7b2d5e (master at f4157be, 2024-12-24) it counts SwiGLU, "
+                   "ffn_hidden_size, k and v as 2 // (heads / kv_heads) x h^2 and the logits as hV a pass: "
+                   "another figure than this one",
             expression="24*f*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)), f = 4 with recompute else 3",
-            compute=_megatron(6, 16),
+            terms=_megatron_deepspeed,
             counts_recompute=True,
+            halves_causal_scores=False,
+            assumes_gpt2_shape=True,
         ),
         FlopsFormula(
             name="palm",
-            source="PaLM appendix B / nanoGPT estimate_mfu",
-            expression="B*s*(6*N + 12*L*H*Q*s), N = non-embedding parameters",
-            compute=_palm,
+            source="PaLM (Chowdhery et al. 2022, arXiv:2204.02311) appendix B, N without the embedding "
+                   "table: an untied output layer is in N, a tied one is not (nanoGPT's estimate_mfu has the "
+                   "same expression with the tied word embedding kept in N)",
+            expression="B*s*(6*N + 12*L*H*Q*s), N = non-embedding parameters (an untied output layer included)",
+            terms=_six_n(counts_tied_output=False),
             counts_recompute=False,  # PaLM's MFU leaves rematerialisation out by definition
+            halves_causal_scores=False,
+        ),
+        FlopsFormula(
+            name="torchtitan",
+            source="pytorch/torchtitan, get_dense_model_nparams_and_flops in torchtitan/models/utils.py as "
+                   "torchtitan/models/llama3/model.py calls it (head_dims 2Q), main at b5bcd76 (2026-08-21), "
+                   "read 2026-11-29: N is every parameter but the nn.Embedding tables, the tied word embedding "
+                   "kept as the output layer's weight (since 4ed3c53, 2026-05-08), and the score term is not "
+                   "halved for the causal mask. torchtitan's models have no learned position table; hwbench "
+                   "leaves GPT-2's out of N, as it is in no matrix product",
+            expression="B*s*(6*N + 12*L*H*Q*s), N = non-embedding parameters + the output layer, tied or not",
+            terms=_six_n(counts_tied_output=True),
+            counts_recompute=False,  # its comment: recomputation is not counted in MFU
+            halves_causal_scores=False,
         ),
     )
 }
@@ -127,6 +242,21 @@ def hfu_reason(formula: str) -> str:
             "HFU, not with MFU")
 
 
+def flops_terms(
+    config: GPTConfig,
+    global_batch_size: int,
+    seq_length: int,
+    *,
+    tensor_parallel: int = 1,
+    recompute: bool = False,
+    formula: str = DEFAULT_FLOPS_FORMULA,
+) -> FlopsTerms:
+    """One training iteration's FLOPs (forward and backward over the global batch) by term, as
+    ``formula`` counts them; their total is ``model_flops_per_iteration``."""
+    counted = FLOPS_FORMULAS[canonical_formula(formula)]
+    return counted.terms(config, global_batch_size, seq_length, tensor_parallel, recompute and counted.counts_recompute)
+
+
 def model_flops_per_iteration(
     config: GPTConfig,
     global_batch_size: int,
@@ -138,13 +268,31 @@ def model_flops_per_iteration(
 ) -> float:
     """FLOPs of one training iteration (forward and backward over the global batch).
 
-    The Megatron-LM formulas (the default among them) and palm count model FLOPs: recomputation
-    does not add to them, so MFU stays comparable with and without activation checkpointing.
-    megatron-deepspeed counts the recompute (``FlopsFormula.counts_recompute``): hardware FLOPs.
+    The Megatron-LM formulas (the default among them), palm and torchtitan count model FLOPs:
+    recomputation does not add to them, so MFU stays comparable with and without activation
+    checkpointing. megatron-deepspeed counts the recompute (``FlopsFormula.counts_recompute``):
+    hardware FLOPs.
     """
-    counted = FLOPS_FORMULAS[canonical_formula(formula)]
-    vocab = config.padded_vocab_size(tensor_parallel)
-    return counted.compute(config, global_batch_size, seq_length, vocab, recompute and counted.counts_recompute)
+    return flops_terms(config, global_batch_size, seq_length, tensor_parallel=tensor_parallel, recompute=recompute,
+                       formula=formula).total
+
+
+def shape_caveat(formula: str, config: GPTConfig) -> str | None:
+    """Why ``formula``'s figure is not the FLOPs of a model of ``config``'s shape, or None when it
+    counts that shape: a formula that assumes Megatron GPT-2's shape, for a model of another."""
+    name = canonical_formula(formula)
+    if not FLOPS_FORMULAS[name].assumes_gpt2_shape:
+        return None
+    differences = [what for what, differs in (
+        (f"grouped-query attention with {config.kv_heads} KV heads", config.kv_heads != config.num_attention_heads),
+        ("a SwiGLU MLP", config.swiglu),
+        (f"an MLP {config.ffn_size} wide, not {4 * config.hidden_size}", config.ffn_size != 4 * config.hidden_size),
+    ) if differs]
+    if not differences:
+        return None
+    return (f"the {name} FLOPs formula counts multi-head attention and a 4h GELU MLP, not this model's shape "
+            f"({'; '.join(differences)}): its TFLOP/s and MFU are what that tool prints for this model, not the "
+            f"model's FLOPs ({DEFAULT_FLOPS_FORMULA} counts them)")
 
 
 def flops_by_formula(config: GPTConfig, global_batch_size: int, seq_length: int, *, tensor_parallel: int = 1,

@@ -30,6 +30,7 @@ import itertools
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,52 @@ def sample_shuffle(total: int, before_final: int | None, rng: np.random.RandomSt
     return np.concatenate([first, last]).astype(np.int64)
 
 
-class GPTSamples:
+class _Samples:
+    """Samples of seq+1 tokens read through three index arrays, as megatron-core's:
+    ``doc_idx`` (the documents in stream order), ``sample_idx`` (where each sample of
+    that stream starts) and ``shuffle_idx`` (the order the samples are served in)."""
+
+    dataset: Any
+    doc_idx: np.ndarray
+    sample_idx: np.ndarray
+    shuffle_idx: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.shuffle_idx)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        """Sample ``index``; past the last one it starts again from the first (as
+        Megatron's cyclic validation iterator does)."""
+        j = int(self.shuffle_idx[index % len(self.shuffle_idx)])
+        (d0, o0), (d1, o1) = self.sample_idx[j], self.sample_idx[j + 1]
+        if d0 == d1:
+            return np.asarray(self.dataset.get(int(self.doc_idx[d0]), int(o0), int(o1 - o0 + 1)), dtype=np.int64)
+        parts = [self.dataset.get(int(self.doc_idx[d0]), int(o0))]
+        parts += [self.dataset.get(int(self.doc_idx[d])) for d in range(d0 + 1, d1)]
+        parts.append(self.dataset.get(int(self.doc_idx[d1]), 0, int(o1 + 1)))
+        return np.concatenate(parts).astype(np.int64)
+
+
+class InOrderSamples(_Samples):
+    """The first ``count`` samples of a whole dataset: its documents in file order as one token
+    stream, sample i its tokens i*seq to (i+1)*seq, unshuffled and without epochs. MLPerf
+    Training's Llama 3.1 8B reference validates so, on the first 1,024 sequences of its C4
+    validation file (--valid-data)."""
+
+    def __init__(self, dataset, seq_length: int, count: int) -> None:
+        self.dataset = dataset
+        self.doc_idx = np.arange(len(dataset), dtype=np.int64)
+        self.sample_idx = sample_starts(np.asarray(dataset.sequence_lengths, dtype=np.int64), self.doc_idx,
+                                        seq_length)
+        whole = len(self.sample_idx) - 1
+        if whole < count:
+            raise UsageError(f"--valid-data {dataset.path_prefix}: {whole} sequences of {seq_length + 1} tokens, "
+                             f"and a validation reads --eval-iters x --global-batch-size = {count}; give a larger "
+                             "dataset, or fewer --eval-iters")
+        self.shuffle_idx = np.arange(count, dtype=np.int64)
+
+
+class GPTSamples(_Samples):
     """Samples of seq+1 tokens over some documents of an indexed dataset, in
     megatron-core's order (module docstring). ``num_samples`` is how many a run
     asks for; it decides the number of epochs, and the dataset holds every whole
@@ -167,21 +213,6 @@ class GPTSamples:
         except OSError as error:  # a read-only data folder: work without the cache
             self.cache_state = f"built (not cached: {error})"
 
-    def __len__(self) -> int:
-        return len(self.shuffle_idx)
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        """Sample ``index``; past the last one it starts again from the first (as
-        Megatron's cyclic validation iterator does)."""
-        j = int(self.shuffle_idx[index % len(self.shuffle_idx)])
-        (d0, o0), (d1, o1) = self.sample_idx[j], self.sample_idx[j + 1]
-        if d0 == d1:
-            return np.asarray(self.dataset.get(int(self.doc_idx[d0]), int(o0), int(o1 - o0 + 1)), dtype=np.int64)
-        parts = [self.dataset.get(int(self.doc_idx[d0]), int(o0))]
-        parts += [self.dataset.get(int(self.doc_idx[d])) for d in range(d0 + 1, d1)]
-        parts.append(self.dataset.get(int(self.doc_idx[d1]), 0, int(o1 + 1)))
-        return np.concatenate(parts).astype(np.int64)
-
 
 def validation_samples(train_steps: int, eval_interval: int, eval_iters: int, global_batch_size: int) -> int:
     """The validation samples Megatron asks its dataset for: enough for an
@@ -193,37 +224,52 @@ def validation_samples(train_steps: int, eval_interval: int, eval_iters: int, gl
 
 
 class MegatronData(SampledData):
-    """Training and validation micro-batches from a Megatron indexed dataset."""
+    """Training and validation micro-batches from a Megatron indexed dataset; with
+    ``valid_prefix`` (--valid-data), validation reads that dataset's first samples in
+    order at every validation, instead of the split's validation part."""
 
     kind = "megatron-indexed"
 
     def __init__(self, prefix: str, split: str, seq_length: int, micro_batch_size: int, global_batch_size: int,
                  train_steps: int, eval_iters: int, seed: int, vocab_size: int, to_device: ToDevice = lambda t: t,
-                 dp_rank: int = 0, dp_size: int = 1, eval_interval: int = 0) -> None:
+                 dp_rank: int = 0, dp_size: int = 1, eval_interval: int = 0, valid_prefix: str | None = None) -> None:
         from hwbench.workload.indexed import IndexedDataset
 
         super().__init__(seq_length, micro_batch_size, global_batch_size, to_device, dp_rank, dp_size)
         self.dataset = IndexedDataset(prefix)
-        self.prefix, self.split, self.vocab_size = prefix, split, vocab_size
+        self.prefix, self.split, self.vocab_size, self.valid_prefix = prefix, split, vocab_size, valid_prefix
         self.bounds = dict(zip(SPLIT_NAMES, split_boundaries(split, len(self.dataset))))
         first, end = self.bounds["train"]
         if end <= first:
             raise UsageError(f"--split {split} leaves no training documents in --data {prefix} "
                              f"({len(self.dataset)} documents)")
-        self.splits = {"train": GPTSamples(self.dataset, np.arange(first, end), seq_length,
-                                           train_steps * global_batch_size, seed, "train")}
+        self.train = GPTSamples(self.dataset, np.arange(first, end), seq_length, train_steps * global_batch_size,
+                                seed, "train")
+        self.splits: dict[str, _Samples] = {"train": self.train}
         first, end = self.bounds["valid"]
-        if eval_iters and end > first:
+        if eval_iters and valid_prefix is not None:
+            self.splits["valid"] = InOrderSamples(IndexedDataset(valid_prefix), seq_length,
+                                                  eval_iters * global_batch_size)
+            self.restart_validation = True  # a fixed validation set
+        elif eval_iters and end > first:
             self.splits["valid"] = GPTSamples(self.dataset, np.arange(first, end), seq_length,
                                               validation_samples(train_steps, eval_interval, eval_iters,
                                                                  global_batch_size), seed, "valid")
+        self._check_first_batches()
+
+    def _check_first_batches(self) -> None:
+        """Data of another tokenizer (Llama 3's ids for a GPT-2 model) is refused while the data is
+        opened, before anything starts, by the first global batch of each split: the ids of such
+        data reach past the vocabulary in any batch. ``samples`` still checks every batch read."""
+        for name, samples in self.splits.items():
+            self.samples(name, range(min(self.global_batch, len(samples))))
 
     @property
     def has_validation(self) -> bool:
         return "valid" in self.splits
 
     def describe(self) -> dict:
-        train = self.splits["train"]
+        train = self.train
         return {
             "kind": self.kind,
             "prefix": str(self.prefix),
@@ -232,6 +278,7 @@ class MegatronData(SampledData):
             "documents": len(self.dataset),
             "tokens": int(self.dataset.num_tokens),
             "split": self.split,
+            "valid_prefix": None if self.valid_prefix is None else str(self.valid_prefix),
             "split_documents": {name: end - first for name, (first, end) in self.bounds.items()},
             "train_epochs": train.epochs,
             "index_cache": train.cache_state,
@@ -241,5 +288,7 @@ class MegatronData(SampledData):
 
     def samples(self, split: str, indices: range) -> np.ndarray:
         sample = np.stack([self.splits[split][i] for i in indices])
-        check_token_range(sample, self.vocab_size, f"--data {self.prefix} ({split} split)")
+        where = (f"--valid-data {self.valid_prefix}" if split == "valid" and self.valid_prefix is not None
+                 else f"--data {self.prefix} ({split} split)")
+        check_token_range(sample, self.vocab_size, where)
         return sample

@@ -4,7 +4,10 @@ What Megatron's ``tools/preprocess_data.py`` does (without --split-sentences),
 with its option names, and the same output: ``{PREFIX}_{key}_document.bin/.idx``
 per JSON key, one sequence per document, ``--append-eod`` adding the tokenizer's
 end-of-document id to every non-empty document, the token dtype chosen from the
-vocabulary size (hwbench.workload.indexed.dtype_for_vocab).
+vocabulary size (hwbench.workload.indexed.dtype_for_vocab: int32 for Llama 3's
+128256 ids). The tokenizer: GPT-2's BPE from its vocab and merges files, a
+Hugging Face tokenizer.json (``--tokenizer-model``, Megatron's
+HuggingFaceTokenizer), or bytes.
 
 Input (``--input``, optionally ``.gz``, ``.xz`` or ``.bz2`` compressed):
 
@@ -64,8 +67,9 @@ from hwbench.workload.in_order import in_order
 from hwbench.workload.indexed import IndexedDatasetWriter, dtype_for_vocab
 from hwbench.workload.tokenizer import Tokenizer, build_tokenizer, single_threaded
 
-TOKENIZERS = ("gpt2-bpe", "byte")
-TOKENIZER_ALIASES = {"GPT2BPETokenizer": "gpt2-bpe"}  # Megatron's --tokenizer-type name
+TOKENIZERS = ("gpt2-bpe", "huggingface", "byte")
+# Megatron's --tokenizer-type names
+TOKENIZER_ALIASES = {"GPT2BPETokenizer": "gpt2-bpe", "HuggingFaceTokenizer": "huggingface"}
 INPUT_FORMATS = ("json", "text")
 TEXT_DOCUMENTS = ("paragraph", "line", "file")
 Opener = Callable[[str, Literal["rb"]], io.BufferedIOBase]
@@ -97,9 +101,11 @@ class PrepareOptions:
 
     input_path: str
     output_prefix: str
-    tokenizer: str = "gpt2-bpe"
+    tokenizer: str | None = None  # None: huggingface with a tokenizer_model, else gpt2-bpe
     vocab_file: str | None = None
     merge_file: str | None = None
+    tokenizer_model: str | None = None  # a Hugging Face tokenizer.json, or its folder
+    eod_token: str | None = None  # None: the tokenizer's own end-of-document token
     json_keys: tuple[str, ...] | None = None  # None: ('text',) for JSON input
     input_format: str | None = None  # None: from the file name
     text_document: str | None = None  # None: 'paragraph' for text input
@@ -112,14 +118,28 @@ class PrepareOptions:
         input_format = _INPUT_FORMAT.check(self.input_format or _format_from_name(self.input_path))
         self._check_combination(input_format)
         keys = tuple(self.json_keys) if self.json_keys is not None else (TEXT_KEY,)
+        tokenizer = self.tokenizer or ("huggingface" if self.tokenizer_model else "gpt2-bpe")
         validated = dataclasses.replace(
             self, input_format=input_format, text_document=_TEXT_DOCUMENT.check(self.text_document or "paragraph"),
-            json_keys=_JSON_KEYS.check(keys, shown=" ".join(keys)), tokenizer=_TOKENIZER.check(self.tokenizer),
+            json_keys=_JSON_KEYS.check(keys, shown=" ".join(keys)), tokenizer=_TOKENIZER.check(tokenizer),
             workers=_workers().check(self.workers))
-        if validated.tokenizer == "byte" and (self.vocab_file or self.merge_file):
-            raise UsageError("--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only")
+        validated._check_tokenizer_files()
         _check_outputs(validated)
         return validated
+
+    def _check_tokenizer_files(self) -> None:
+        """Each tokenizer's files and no other: two tokenizers given at once are refused, not one
+        of them silently used."""
+        if self.tokenizer != "gpt2-bpe" and (self.vocab_file or self.merge_file):
+            instead = "; --tokenizer-model is the whole tokenizer" if self.tokenizer == "huggingface" else ""
+            raise UsageError(f"--vocab-file and --merge-file apply to --tokenizer gpt2-bpe only, not "
+                             f"{self.tokenizer}{instead}")
+        if self.tokenizer != "huggingface" and self.tokenizer_model:
+            raise UsageError(f"--tokenizer-model applies to --tokenizer huggingface (a Hugging Face tokenizer.json), "
+                             f"not {self.tokenizer}; give one tokenizer")
+        if self.tokenizer != "huggingface" and self.eod_token is not None:
+            raise UsageError(f"--eod-token applies to --tokenizer huggingface; {self.tokenizer}'s end of a "
+                             "document is fixed")
 
     def _check_combination(self, input_format: str) -> None:
         """An option of the other input format is refused rather than ignored."""
@@ -319,7 +339,9 @@ class ChunkEncoder:
         self.tokenizer, self.dtype = tokenizer, dtype
         assert options.input_format is not None and options.json_keys is not None, "validate() fills these in"
         self.input_path, self.input_format = options.input_path, options.input_format
-        self.keys, self.append_eod = options.json_keys, options.append_eod
+        self.keys = options.json_keys
+        # the id every document ends with, or None (prepare() refuses --append-eod without one)
+        self.eod_id = tokenizer.eod_id if options.append_eod else None
 
     def __call__(self, chunk: Chunk) -> EncodedChunk:
         texts_per_key = self._texts(chunk)
@@ -330,8 +352,8 @@ class ChunkEncoder:
             except (TypeError, ValueError):  # e.g. a lone surrogate from a JSON escape
                 self._find_unencodable(chunk, texts)
                 raise
-            if self.append_eod:
-                ids, counts = _append_eod(ids, counts, self.tokenizer.eod_id)
+            if self.eod_id is not None:
+                ids, counts = _append_eod(ids, counts, self.eod_id)
             tokens.append(ids)
             lengths.append(counts)
         return EncodedChunk(len(chunk.texts), tokens, lengths)
@@ -492,26 +514,36 @@ class PrepareProgress:
             self._drawn = False
 
 
-def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, tokenizer: str = "gpt2-bpe",
+def prepare(input_path: str | os.PathLike, output_prefix: str | os.PathLike, *, tokenizer: str | None = None,
             vocab_file: str | os.PathLike | None = None, merge_file: str | os.PathLike | None = None,
+            tokenizer_model: str | os.PathLike | None = None, eod_token: str | None = None,
             json_keys: Sequence[str] | None = None, input_format: str | None = None,
             text_document: str | None = None, append_eod: bool = False, workers: int = 1,
             progress: bool = False, progress_stream: TextIO | None = None) -> dict:
     """Tokenize ``input_path`` into ``{output_prefix}_{key}_document.bin/.idx``
     and return a summary: documents, tokens, seconds, tokens_per_second,
-    tokens_per_second_per_worker, workers, tokenizer, dtype, outputs (key ->
-    path prefix), files. UsageError (one line) on bad input or options; on any
-    failure or interruption no output is left under the final names."""
+    tokens_per_second_per_worker, workers, tokenizer, vocab_size, eod_id, dtype,
+    outputs (key -> path prefix), files. ``tokenizer`` None: 'huggingface' when
+    ``tokenizer_model`` is given, else 'gpt2-bpe'. UsageError (one line) on bad
+    input or options; on any failure or interruption no output is left under the
+    final names."""
     options = PrepareOptions(
         input_path=os.fspath(input_path), output_prefix=os.fspath(output_prefix), tokenizer=tokenizer,
         vocab_file=None if vocab_file is None else os.fspath(vocab_file),
         merge_file=None if merge_file is None else os.fspath(merge_file),
+        tokenizer_model=None if tokenizer_model is None else os.fspath(tokenizer_model), eod_token=eod_token,
         json_keys=None if json_keys is None else tuple(json_keys), input_format=input_format,
         text_document=text_document, append_eod=append_eod, workers=workers,
     ).validate()
     loading = time.perf_counter()
-    encoder_tokenizer = build_tokenizer(options.tokenizer, options.vocab_file, options.merge_file)
+    assert options.tokenizer is not None, "validate() fills it in"
+    encoder_tokenizer = build_tokenizer(options.tokenizer, options.vocab_file, options.merge_file,
+                                        options.tokenizer_model, options.eod_token)
     load_seconds = time.perf_counter() - loading
+    if options.append_eod and encoder_tokenizer.eod_id is None:
+        raise UsageError(f"--append-eod: --tokenizer-model {options.tokenizer_model} does not say which token ends a "
+                         "document (no eos_token in a tokenizer_config.json beside it); name it with --eod-token, "
+                         "as --eod-token '<|end_of_text|>' for Llama 3")
     dtype = dtype_for_vocab(encoder_tokenizer.vocab_size)
     prefixes = options.output_prefixes()
     meter = PrepareProgress(progress_stream, enabled=progress)
@@ -569,7 +601,8 @@ def summary_table(summary: dict) -> str:
         ["tokens/s", f"{summary['tokens_per_second']:,.0f}"],
         ["tokens/s per worker", f"{summary['tokens_per_second_per_worker']:,.0f} "
                                 f"({summary['workers']} worker{'s' if summary['workers'] > 1 else ''})"],
-        ["tokenizer", f"{summary['tokenizer']} (vocab {summary['vocab_size']}, eod {summary['eod_id']}"
+        ["tokenizer", f"{summary['tokenizer']} (vocab {summary['vocab_size']:,}, "
+                      f"eod {'not named' if summary['eod_id'] is None else summary['eod_id']}"
                       f"{', appended' if summary['append_eod'] else ''})"],
         ["dtype", summary["dtype"]],
     ]

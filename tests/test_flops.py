@@ -1,0 +1,168 @@
+"""The FLOPs formulas for the Llama 3 shape (grouped-query attention, SwiGLU, an untied output
+layer): each against its source's own expression, written out here as that source writes it,
+and against figures worked by hand. No model is built (tests/test_flops_counted.py counts a real step)."""
+
+import dataclasses
+
+import pytest
+
+from hwbench.catalog import load_catalog
+from hwbench.workload import GPTConfig, count_parameters
+from hwbench.workload.flops import (
+    FLOPS_FORMULAS,
+    flops_by_formula,
+    flops_terms,
+    model_flops_per_iteration,
+    shape_caveat,
+)
+
+CATALOG = load_catalog()
+# GPT-2 shapes, Llama 3 shapes (tied: 1B, 3B; untied: 8B, 70B), and the small sizes of both.
+MODELS = ["345m", "1.3b", "tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "llama-tiny"]
+
+
+def megatron_v0_12(config: GPTConfig, batch: int, seq: int) -> float:
+    """transformer_flops() of num_floating_point_operations, Megatron-LM core_v0.12.0
+    (megatron/training/training.py), for a dense model without MTP, as it is written there."""
+    kv_channels = config.hidden_size // config.num_attention_heads
+    query_projection_size = kv_channels * config.num_attention_heads
+    query_projection_to_hidden_size_ratio = query_projection_size / config.hidden_size
+    num_query_groups = config.kv_heads
+    gated_linear_multiplier = 3 / 2 if config.swiglu else 1
+    expansion_factor = 3 * 2 * 2
+    h, L = config.hidden_size, config.num_layers
+    self_attn_term = expansion_factor * L * h * h * (
+        (1 + num_query_groups / config.num_attention_heads + seq / h / 2) * query_projection_to_hidden_size_ratio)
+    return batch * seq * (expansion_factor * L * h * (config.ffn_size * gated_linear_multiplier)
+                          + self_attn_term + 3 * 2 * h * config.padded_vocab_size())
+
+
+def megatron_v0_7(config: GPTConfig, batch: int, seq: int) -> float:
+    """num_floating_point_operations of Megatron-LM core_v0.7.0 (megatron/training/training.py),
+    as it is written there (no MoE)."""
+    kv_channels = config.hidden_size // config.num_attention_heads
+    query_projection_to_hidden_size_ratio = kv_channels * config.num_attention_heads / config.hidden_size
+    gated_linear_multiplier = 3 / 2 if config.swiglu else 1
+    h, L = config.hidden_size, config.num_layers
+    return 12 * batch * seq * L * h * h * (
+        ((1 + config.kv_heads / config.num_attention_heads + seq / h) * query_projection_to_hidden_size_ratio)
+        + (config.ffn_size / h) * 1 * gated_linear_multiplier
+        + config.padded_vocab_size() / (2 * L * h))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("formula, megatron", [("megatron-core-v0.12", megatron_v0_12),
+                                               ("megatron-core-v0.7", megatron_v0_7)])
+def test_megatron_formulas_are_megatrons_own_expressions(name, formula, megatron):
+    config = CATALOG.workloads[name].model
+    for batch, seq in ((8, 1024), (1, 8192)):
+        assert model_flops_per_iteration(config, batch, seq, formula=formula) == pytest.approx(
+            megatron(config, batch, seq), rel=1e-12)
+
+
+def test_llama_3_2_1b_by_hand():
+    """Llama 3.2 1B: L 16, h 2048, 32 heads of 64, 8 KV heads (k and v 512 wide), SwiGLU f 8192,
+    V 128,256 (a multiple of 128: no padding), tied output; B 1, s 8192."""
+    config = CATALOG.workloads["llama3.2-1b"].model
+    tokens, s = 8192, 8192
+    # per token and layer, forward: q and o 2 x 2048^2, k and v 2 x 2048 x 512 = 10,485,760 weights;
+    # scores 2 x 2048 x s (v0.12 halves it); MLP 3 x 2048 x 8192 = 50,331,648; logits 2048 x 128,256
+    projections, mlp, logits = 10_485_760, 50_331_648, 262_668_288
+    v0_12 = 6 * tokens * (16 * (projections + 2048 * s + mlp) + logits)
+    v0_7 = 6 * tokens * (16 * (projections + 2 * 2048 * s + mlp) + logits)
+    # v0.12: 6 x 8192 x (16 x (10,485,760 + 16,777,216 + 50,331,648) + 262,668,288) = 49,152 x 1,504,182,272
+    assert model_flops_per_iteration(config, 1, s) == v0_12 == 73_933_567_033_344
+    assert model_flops_per_iteration(config, 1, s, formula="megatron-core-v0.7") == v0_7
+    # 6N: non-embedding 16 x (10,485,760 + 50,331,648 + 2 x 2048 RMSNorm gains) + 2048 = 973,146,112;
+    # torchtitan keeps the tied embedding: every parameter, 1,235,814,400 (the model's count)
+    assert count_parameters(config).non_embedding == 973_146_112
+    assert count_parameters(config).total == 1_235_814_400
+    attention = 12 * 16 * 32 * 64 * s
+    assert model_flops_per_iteration(config, 1, s, formula="palm") == tokens * (6 * 973_146_112 + attention)
+    assert model_flops_per_iteration(config, 1, s, formula="torchtitan") == tokens * (6 * 1_235_814_400 + attention)
+
+
+def test_untied_output_layer_is_in_n_for_palm_and_counted_once_everywhere():
+    """Llama 3.1 8B unties its output layer: palm's non-embedding N holds it, so palm and torchtitan
+    agree; the Megatron counts do not change with tying (the logits are one product either way)."""
+    untied = CATALOG.workloads["llama3.1-8b"].model
+    tied = dataclasses.replace(untied, untie_embeddings_and_output_weights=False)
+    output = 128_256 * 4096
+    assert count_parameters(untied).non_embedding - count_parameters(tied).non_embedding == output
+    every_untied, every_tied = flops_by_formula(untied, 4, 2048), flops_by_formula(tied, 4, 2048)
+    assert every_untied["palm"] == every_untied["torchtitan"]
+    assert every_untied["palm"] - every_tied["palm"] == 6 * 4 * 2048 * output  # palm: only the untied one
+    assert every_tied["torchtitan"] - every_tied["palm"] == 6 * 4 * 2048 * output  # torchtitan: tied or not
+    for name in ("megatron-core-v0.12", "megatron-core-v0.7", "megatron-deepspeed", "torchtitan"):
+        assert every_untied[name] == every_tied[name], name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_terms_add_up_and_six_n_is_the_parameter_count(name):
+    config = CATALOG.workloads[name].model
+    counts = count_parameters(config)
+    untied = counts.output_weights if config.untie_embeddings_and_output_weights else 0
+    assert counts.attention_weights + counts.mlp_weights + counts.outside_matmuls + untied == counts.non_embedding
+    for formula in FLOPS_FORMULAS:
+        terms = flops_terms(config, 2, 512, formula=formula)
+        assert terms.total == model_flops_per_iteration(config, 2, 512, formula=formula)
+    palm = flops_terms(config, 2, 512, formula="palm")
+    assert palm.total - palm.attention_scores == 6 * 2 * 512 * counts.non_embedding
+
+
+def test_grouped_query_attention_and_swiglu_move_the_megatron_counts_as_their_terms_say():
+    """One switch at a time on a GPT-2 shape: fewer KV heads shrink only the projections
+    (k and v by the group factor), SwiGLU adds the gate (MLP x 3/2), a narrower MLP shrinks it."""
+    base = GPTConfig(4, 512, 8, 1024)
+    gqa = dataclasses.replace(base, num_query_groups=2)
+    swiglu = dataclasses.replace(base, swiglu=True)
+    narrow = dataclasses.replace(base, ffn_hidden_size=1024)
+    for formula in ("megatron-core-v0.12", "megatron-core-v0.7"):
+        terms = {c: flops_terms(c, 2, 256, formula=formula) for c in (base, gqa, swiglu, narrow)}
+        # q and o unchanged, k and v at 2 of 8 heads: (2 + 2/4) / 4 of the projections
+        assert terms[gqa].attention_projections == terms[base].attention_projections * (2 + 2 / 4) / 4
+        assert terms[swiglu].mlp == terms[base].mlp * 3 / 2 and terms[narrow].mlp == terms[base].mlp / 2
+        for changed in (gqa, swiglu, narrow):
+            assert terms[changed].attention_scores == terms[base].attention_scores
+            assert terms[changed].output_layer == terms[base].output_layer
+
+
+def test_megatron_deepspeed_counts_gpt2s_shape_and_says_so():
+    """Its throughput_calculator (before 2024-08) reads L, h, s and V alone: a Llama shape counts as
+    the GPT-2 shape of the same L, h and V, and the run is told so (shape_caveat)."""
+    llama = CATALOG.workloads["llama3.1-8b"].model
+    gpt2 = GPTConfig(llama.num_layers, llama.hidden_size, llama.num_attention_heads, 8192,
+                     vocab_size=llama.vocab_size)
+    assert model_flops_per_iteration(llama, 4, 2048, formula="megatron-deepspeed") == model_flops_per_iteration(
+        gpt2, 4, 2048, formula="megatron-deepspeed")
+    assert shape_caveat("megatron-deepspeed", gpt2) is None
+    caveat = shape_caveat("megatron-deepspeed", llama)
+    assert caveat is not None
+    for said in ("grouped-query attention with 8 KV heads", "a SwiGLU MLP", "an MLP 14336 wide, not 16384",
+                 "megatron-core-v0.12 counts them"):
+        assert said in caveat
+    # the formulas that count these shapes have nothing to say
+    assert all(shape_caveat(name, llama) is None for name in FLOPS_FORMULAS if name != "megatron-deepspeed")
+
+
+def test_a_run_counted_by_a_gpt2_formula_on_a_llama_model_is_warned():
+    from hwbench.device.base import MemoryStats
+    from hwbench.harness.merge import RankReport, merge_ranks
+    from hwbench.result.model import RunResult
+    from hwbench.spec import build_run_spec, find_workload
+
+    no_memory = MemoryStats(None, None, None, None, None, source="test")
+
+    def warnings(formula: str) -> list[str]:
+        spec = build_run_spec({"model": "llama-tiny", "device": "cpu", "steps": 2, "warmup": 1, "telemetry": False,
+                               "flops_formula": formula}, CATALOG, check_paths=False)
+        steps = spec.warmup + spec.steps
+        report = RankReport(rank=0, step_times_s=[0.1] * spec.steps, memory=no_memory, losses=[3.0] * steps,
+                            grad_norms=[1.0] * steps, lrs=[1e-4] * steps, loss_scales=[None] * steps,
+                            skipped=[False] * steps, wall_time_s=0.2)
+        result = RunResult(run_id="r", status="ok", spec={}, device={})
+        merge_ranks(result, spec, find_workload(CATALOG, "llama-tiny"), [report])
+        return result.warnings
+
+    assert any(w.startswith("the megatron-deepspeed FLOPs formula counts") for w in warnings("megatron-deepspeed"))
+    assert not any("FLOPs formula counts" in w for w in warnings("megatron-core-v0.12"))
