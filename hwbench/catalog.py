@@ -302,18 +302,23 @@ class _RopeScaling(_Entry):
 
 def _shape_field(field: dataclasses.Field) -> tuple[Any, Any]:
     """A workload file's type of one GPTConfig field: an integer >= 1, a switch, a name of the
-    field's choices, a positive number, or the rope scaling mapping; a field with a default may
-    be left out (Megatron GPT-2's)."""
+    field's choices, a positive number (or one at least the field's ``minimum``), or the rope
+    scaling mapping; ``| None`` fields may be null; a field with a default may be left out
+    (Megatron GPT-2's)."""
     kind = str(field.type)
+    optional = kind.endswith("| None")
     if kind.startswith("RopeScaling"):
         typed: Any = Annotated[_RopeScaling | None, AfterValidator(lambda given: given and RopeScaling(
             **given.model_dump()))]
     elif kind.startswith("int"):
-        typed = Wanted | None if "None" in kind else Wanted
+        typed = Wanted | None if optional else Wanted
     elif kind == "bool":
         typed = Flag
-    elif kind == "float":
-        typed = Annotated[float, BeforeValidator(_yaml_number), Strict(), Field(gt=0, allow_inf_nan=False)]
+    elif kind.startswith("float"):
+        bound = Field(ge=field.metadata["minimum"], allow_inf_nan=False) if "minimum" in field.metadata else Field(
+            gt=0, allow_inf_nan=False)
+        typed = Annotated[float, BeforeValidator(_yaml_number), Strict(), bound]
+        typed = typed | None if optional else typed
     else:
         typed = Annotated[str, Strict(), AfterValidator(_one_of(field.metadata["choices"]))]
     required = field.default is dataclasses.MISSING

@@ -299,7 +299,28 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         dp = world // (tp * pp)
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
+    _check_moe_layout(workload, engine, bool(options.value("fsdp")), tp, pp)
+    if tp > 1 and model.qk_layernorm:
+        # the query/key norms' gain is shared by every head, and each rank would see only its own heads'
+        # part of its gradient: the engines' plans do not sum it over the tensor-parallel ranks yet
+        raise UsageError(f"--tp {tp} with --model {workload.name}: its per-head query and key norms "
+                         "(qk_layernorm) are not split over tensor-parallel ranks yet; accepted: --tp 1 "
+                         "(pipeline and data parallelism run it)")
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
+
+
+def _check_moe_layout(workload: Workload, engine: str, fsdp: bool, tp: int, pp: int) -> None:
+    """A mixture-of-experts model runs on the native engine in one process or over DDP ranks so
+    far: tensor, pipeline and expert parallelism, FSDP2's sharding of the [E, out, in] expert
+    weights and DeepSpeed's engines are not built for its layers yet."""
+    if not workload.model.moe:
+        return
+    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"), ("--fsdp", fsdp),
+                                     (f"--tp {tp}", tp > 1), (f"--pp {pp}", pp > 1)) if used]
+    if given:
+        raise UsageError(f"{' '.join(given)} with --model {workload.name}: a mixture-of-experts model runs on the "
+                         "native engine, alone or over data-parallel ranks (DDP), so far; accepted: --engine native "
+                         "--tp 1 --pp 1 without --fsdp")
 
 
 def find_workload(catalog: Catalog, name: str) -> Workload:

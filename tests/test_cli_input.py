@@ -226,6 +226,28 @@ def test_an_unknown_catalog_field_is_named_with_the_known_ones(tmp_path, capsys,
     assert ("bf16" if "." in field else "price_usd_per_hour") in lines[0]  # what would be accepted
 
 
+def test_tensor_parallelism_of_per_head_query_key_norms_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """A dense model with --qk-layernorm (Qwen3's q_norm, k_norm): PP2 is accepted, TP2 is refused
+    before anything runs (each rank would hold only its heads' part of the norms' gradient)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import parse_run_spec
+
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    text = Path(load_catalog().workloads["llama-tiny"].path).read_text()
+    assert "name: llama-tiny\n" in text and "  swiglu: true\n" in text
+    (workloads / "qk-tiny.yaml").write_text(text.replace("name: llama-tiny\n", "name: qk-tiny\n").replace(
+        "  swiglu: true\n", "  swiglu: true\n  qk_layernorm: true\n"))
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert parse_run_spec(["--model", "qk-tiny", "--nproc-per-node", "2", "--pp", "2"]).parallel.pp == 2
+    out = tmp_path / "out"
+    assert main(["run", "--quiet", "--model", "qk-tiny", "--nproc-per-node", "2", "--tp", "2", "--out",
+                 str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--tp 2 with --model qk-tiny" in lines[0] and "qk_layernorm" in lines[0]
+    assert "accepted: --tp 1" in lines[0] and not out.exists()
+
+
 def test_a_closed_pipe_ends_the_output_quietly():
     """`hwbench models | head -1`: no BrokenPipeError traceback, the SIGPIPE exit status."""
     child = subprocess.Popen([sys.executable, "-m", "hwbench", "models"], stdout=subprocess.PIPE,
@@ -243,7 +265,10 @@ def test_models_lists_every_size_with_counts(capsys):
         row = next(line for line in text.splitlines() if line.startswith(name + " "))
         assert count in row, row
     llama = next(line for line in text.splitlines() if line.startswith("llama3.1-70b ")).split()
-    assert llama[1] == "Llama" and llama[7] == "8" and llama[8] == "128,256"  # architecture, kv heads, vocabulary
+    assert llama[1] == "Llama" and llama[9] == "8" and llama[10] == "128,256"  # architecture, kv heads, vocabulary
+    assert llama[3] == "-" and llama[5] == "-"  # dense: no active count or experts apart
+    mixtral = next(line for line in text.splitlines() if line.startswith("mixtral-8x7b ")).split()
+    assert mixtral[2:7] == ["46,702,792,704", "12,879,925,248", "46,571,720,704", "8", "top-2"]
     assert next(line for line in text.splitlines() if line.startswith("345m ")).split()[1] == "GPT-2"
     assert "Llama 3's 128,256" in text  # the footer names each vocabulary
 

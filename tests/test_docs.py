@@ -37,7 +37,9 @@ def key_paths(value, prefix=""):
 
 
 @pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic",
-                                    "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2"]])
+                                    "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2"],
+                                   ["--model", "moe-tiny", "--micro-batch-size", "2", "--global-batch-size", "2"]],
+                         ids=["tiny", "tiny-fp16", "moe-tiny"])
 def test_every_result_field_is_documented(tmp_path, extra):
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
                  "--eval-iters", "1", "--out", str(tmp_path), *extra]) == 0

@@ -189,12 +189,19 @@ class ParallelAttention(nn.Module):
         self.k_proj = ColumnParallelLinear(h, kv_size, tp, bias)
         self.v_proj = ColumnParallelLinear(h, kv_size, tp, bias)
         self.out_proj = RowParallelLinear(q_size, h, tp, bias)
+        # --qk-layernorm's per-head norms: whole on every rank (the spec runs them at TP1 only: each
+        # rank's gradient of their gain would hold its own heads' part alone)
+        self.q_norm = norm(config, self.head_dim) if config.qk_layernorm else None
+        self.k_norm = norm(config, self.head_dim) if config.qk_layernorm else None
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, H / TP, S, D)
-        k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)  # (B, KV / TP, S, D)
-        v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, S, -1, self.head_dim)  # (B, S, H / TP, D)
+        k = self.k_proj(x).view(B, S, -1, self.head_dim)  # (B, S, KV / TP, D)
+        v = self.v_proj(x).view(B, S, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, D)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group_size > 1)

@@ -80,6 +80,7 @@ def describe_workload(workload: Workload, spec: RunSpec) -> WorkloadDescription:
             "parameters": counts.total,
             "parameters_embedding": counts.embedding,
             "parameters_non_embedding": counts.non_embedding,
+            "parameters_active": counts.active,
             "published": workload.published.model_dump() if workload.published else None,
         }
     )

@@ -18,6 +18,7 @@ from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.harness.routing import routing_summary, step_routing
 from hwbench.harness.stand_in import SIMULATED_PRICE
 from hwbench.plausibility import implausible_throughput
 from hwbench.result.model import (
@@ -79,6 +80,9 @@ class RankReport:
     init_s: float | None = None  # from run_point's start to the first training step
     checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
+    # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
+    # ranks: [assignments per expert..., dropped, mean load-balancing loss]; None for a dense model
+    routing: list[list[list[float]]] | None = None
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -194,11 +198,16 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.steps = [Step(step=source.first_iteration + index + 1, phase="timed" if index >= spec.warmup else "warmup",
                          time_s=times[index - spec.warmup] if index >= spec.warmup else None,
                          loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
-                         lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index])
+                         lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index],
+                         **_step_routing(source, index))
                     for index in range(len(losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
+    if source.routing is not None:
+        result.metrics.routing = routing_summary(source.routing, spec.warmup, spec.model_config(workload.model))
     caveat = shape_caveat(spec.flops_formula, spec.model_config(workload.model))  # e.g. megatron-deepspeed on Llama
-    if caveat:
+    if spec.model_config(workload.model).moe:  # no formula counts it yet: null figures, no caveat on them
+        _without_dense_flops(result.metrics)
+    elif caveat:
         result.warnings.append(caveat)
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
@@ -217,6 +226,29 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.metrics.time_to_target = time_to_target(result, spec, reports)
     result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
+
+
+MOE_FLOPS_UNMEASURED = ("the FLOPs formulas count a dense MLP in every layer; a mixture-of-experts layer's work "
+                        "(its top-k experts, router and shared experts) is not in them yet")
+
+
+def _without_dense_flops(metrics: Metrics) -> None:
+    """An MoE model's TFLOP/s and MFU null, with the reason: the formulas would count its
+    ffn_hidden_size MLP (and the PaLM one every expert's parameters), not the experts a token runs."""
+    for figure in ("flops_per_iteration", "tflops_per_device", "mfu", "mfu_measured_ceiling"):
+        setattr(metrics, figure, None)
+    metrics.by_formula = None
+    metrics.unmeasured = {**(metrics.unmeasured or {}), "tflops_per_device": MOE_FLOPS_UNMEASURED,
+                          "mfu": MOE_FLOPS_UNMEASURED, "mfu_measured_ceiling": MOE_FLOPS_UNMEASURED}
+
+
+def _step_routing(source: RankReport, index: int) -> dict[str, Any]:
+    """Step ``index``'s MoE figures (Step's moe_* fields); nothing for a dense model."""
+    if source.routing is None:
+        return {}
+    figures = step_routing(source.routing[index])
+    return {"moe_aux_loss": figures.aux_loss, "moe_imbalance": figures.imbalance,
+            "moe_dropped_tokens": figures.dropped_tokens}
 
 
 def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport], source: RankReport,

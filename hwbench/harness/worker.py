@@ -52,6 +52,7 @@ from hwbench.result.store import new_run_id, utc_now
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none
 from hwbench.workload.data import Batch, BuiltinCorpus, SampledData, SyntheticTokens
+from hwbench.workload.moe import RoutingRecorder
 
 
 def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
@@ -207,6 +208,14 @@ def make_data_source(spec: RunSpec, workload: Workload, backend: Backend, ctx: D
                         vocab_size=workload.model.vocab_size, **batching)
 
 
+def global_routing(routing: RoutingRecorder, ctx: DistContext) -> list[list[list[float]]]:
+    """Every step's routing over the data-parallel ranks (one collective after the timed loop,
+    as the losses): assignments and drops summed, the load-balancing loss averaged."""
+    steps = ctx.all_reduce(routing.steps(), "dp")
+    steps[..., -1] /= ctx.dims.dp
+    return steps.cpu().tolist()
+
+
 def validate(engine: Engine, data: SampledData, spec: RunSpec, step: int) -> ValidationPoint:
     """Validation loss over eval_iters global batches and PPL = exp(min(20, loss)), as Megatron."""
     batches = (data.valid_batch(i) for i in range(spec.eval_iters * spec.gradient_accumulation_steps))
@@ -280,6 +289,8 @@ def measure(
     ``setup_started``: perf_counter() when run_point started, for the report's ``init_s``."""
     validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
+    # an MoE model's routing, step by step (the engines hold their model as ``model``)
+    routing = RoutingRecorder.of(getattr(engine, "model", None))
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
     progress.training_started(spec.gradient_accumulation_steps)
@@ -290,6 +301,8 @@ def measure(
         first = step == 1 and step <= spec.warmup  # a warm-up step: it may sync to time its first micro-batch
         outcomes.append(engine.train_step(_pace_of_first_micro_batch(spec, backend, progress, data.train_batch)
                                           if first else data.train_batch))
+        if routing is not None:
+            routing.step_done()
         backend.step_done()
 
     def validate_reached(iteration: int) -> bool:
@@ -374,6 +387,7 @@ def measure(
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
     return RankReport(
+        routing=None if routing is None else global_routing(routing, ctx),
         rank=ctx.rank,
         local_rank=ctx.local_rank,
         node_rank=ctx.node_rank,

@@ -175,10 +175,23 @@ class Workload(Section):
     rope_scaling: dict[str, float] | None = None
     add_bias_linear: bool | None = None
     untie_embeddings_and_output_weights: bool | None = None
+    # QK-norm, the head size and the mixture of experts (absent before them: none, h / heads, a dense MLP)
+    kv_channels: Positive | None = None
+    qk_layernorm: bool | None = None
+    num_experts: Positive | None = None
+    moe_router_topk: Positive | None = None
+    moe_ffn_hidden_size: Positive | None = None
+    moe_shared_expert_intermediate_size: Positive | None = None
+    moe_router_score_function: Text | None = None
+    moe_router_pre_softmax: bool | None = None
+    moe_aux_loss_coeff: Rate | None = None
+    moe_expert_capacity_factor: Rate | None = None
+    moe_layer_freq: Positive | None = None
     padded_vocab_size: Positive | None = None
     parameters: Count | None = None
     parameters_embedding: Count | None = None
     parameters_non_embedding: Count | None = None
+    parameters_active: Count | None = None
 
 
 class MeasuredCeiling(Section):
@@ -415,6 +428,20 @@ class FormulaFigures(Section):
     mfu: Rate | None = None
 
 
+class MoeRouting(Section):
+    """A mixture-of-experts run's routing over its timed steps (every data-parallel rank's tokens)."""
+
+    moe_layers: Positive | None = None
+    experts: Positive | None = None
+    top_k: Positive | None = None
+    tokens_per_expert: list[list[Count]] | None = None  # per MoE layer, per expert: assignments received
+    imbalance_median: Rate | None = None  # per step: the busiest expert's assignments / the mean, worst layer
+    imbalance_max: Rate | None = None
+    dropped_tokens: Count | None = None  # assignments over an expert's capacity
+    dropped_fraction: Rate | None = None
+    aux_loss_mean: Rate | None = None  # the load-balancing loss added to the objective, per step
+
+
 class Metrics(WithReasons):
     """The figures of the timed steps."""
 
@@ -448,6 +475,7 @@ class Metrics(WithReasons):
     host_syncs: HostSyncs | None = None
     telemetry: Telemetry | None = None
     data: dict[str, Any] | None = None
+    routing: MoeRouting | None = None
     unmeasured: REASONS | None = None
 
 
@@ -462,6 +490,10 @@ class Step(Section):
     grad_norm: Figure | None = None
     lr: Figure | None = None
     loss_scale: Figure | None = None
+    # a mixture-of-experts model's routing in this step (hwbench.harness.routing)
+    moe_aux_loss: Rate | None = None
+    moe_imbalance: Rate | None = None
+    moe_dropped_tokens: Count | None = None
 
 
 class CheckpointRank(Section):

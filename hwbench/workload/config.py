@@ -5,7 +5,9 @@ Megatron's own switches (--num-query-groups, --swiglu, --normalization RMSNorm,
 --position-embedding-type rope, --ffn-hidden-size, --disable-bias-linear,
 --untie-embeddings-and-output-weights); the loss choices every layer agrees on without
 importing torch, and the batch arithmetic they share (one step's micro-batches per
-data-parallel replica: ``accumulation_steps``)."""
+data-parallel replica: ``accumulation_steps``). A mixture-of-experts MLP (Mixtral, Qwen3-MoE)
+replaces the dense one through Megatron's MoE switches (--num-experts, --moe-router-topk,
+--moe-ffn-hidden-size, ...; hwbench.workload.moe)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ CROSS_ENTROPY_CHUNK_TOKENS = 2048
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")  # Megatron's --normalization
 POSITION_EMBEDDINGS = ("learned_absolute", "rope")  # Megatron's --position-embedding-type
+ROUTER_SCORE_FUNCTIONS = ("softmax", "sigmoid")  # Megatron's --moe-router-score-function
+# F.grouped_mm, which runs the experts, needs rows aligned to 16 bytes: 8 elements in 16 bits
+GROUPED_GEMM_ALIGNMENT = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,19 @@ class GPTConfig:
     rope_scaling: RopeScaling | None = None
     add_bias_linear: bool = True  # biases on every linear layer (Megatron's --disable-bias-linear: False)
     untie_embeddings_and_output_weights: bool = False  # an output layer of its own (Llama 3.1 8B, 70B)
+    kv_channels: int | None = None  # the head size (Megatron's --kv-channels; Qwen3's head_dim); None: h / heads
+    qk_layernorm: bool = False  # queries and keys normalised per head before RoPE (Qwen3)
+    # Mixture of experts (Megatron's --num-experts and --moe-* switches); None: a dense MLP
+    num_experts: int | None = None  # routed experts in each MoE layer
+    moe_router_topk: int = 2  # experts each token is routed to
+    moe_ffn_hidden_size: int | None = None  # each expert's inner width; None: ffn_size
+    moe_shared_expert_intermediate_size: int | None = None  # shared experts' total width, every token; None: none
+    moe_router_score_function: str = dataclasses.field(default="softmax",
+                                                       metadata={"choices": ROUTER_SCORE_FUNCTIONS})
+    moe_router_pre_softmax: bool = False  # softmax's top-k probabilities as they are, not renormalised (OLMoE)
+    moe_aux_loss_coeff: float = dataclasses.field(default=0.0, metadata={"minimum": 0.0})  # load-balancing loss
+    moe_expert_capacity_factor: float | None = None  # tokens over capacity dropped; None: dropless
+    moe_layer_freq: int = 1  # every n-th layer (from layer 0) is an MoE layer, the others dense
 
     @property
     def kv_heads(self) -> int:
@@ -73,6 +91,25 @@ class GPTConfig:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     @property
+    def moe(self) -> bool:
+        """Whether MoE layers replace (some of) the dense MLPs."""
+        return self.num_experts is not None
+
+    @property
+    def moe_ffn_size(self) -> int:
+        """Each routed expert's inner width: moe_ffn_hidden_size, else ffn_size (Megatron's default)."""
+        return self.moe_ffn_hidden_size or self.ffn_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer ``layer`` (from 0) has the MoE MLP: Megatron's --moe-layer-freq n makes every
+        n-th layer one, layer 0 first."""
+        return self.moe and layer % self.moe_layer_freq == 0
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(layer) for layer in range(self.num_layers))
+
+    @property
     def rope(self) -> bool:
         return self.position_embedding_type == "rope"
 
@@ -80,9 +117,11 @@ class GPTConfig:
     def architecture(self) -> str:
         """"GPT-2" (Megatron GPT-2's switches: multi-head attention, GELU, LayerNorm, learned
         positions, biases, a tied output layer), "Llama" (Llama 3's: RMSNorm, RoPE, SwiGLU, no
-        biases; grouped-query attention and an untied output layer or not), else "custom"."""
+        biases; grouped-query attention, QK-norm, MoE MLPs and an untied output layer or not), else
+        "custom"."""
         if (not self.swiglu and self.normalization == "LayerNorm" and not self.rope and self.add_bias_linear
-                and self.kv_heads == self.num_attention_heads and not self.untie_embeddings_and_output_weights):
+                and self.kv_heads == self.num_attention_heads and not self.untie_embeddings_and_output_weights
+                and not self.moe and not self.qk_layernorm and self.kv_channels is None):
             return "GPT-2"
         if self.swiglu and self.normalization == "RMSNorm" and self.rope and not self.add_bias_linear:
             return "Llama"
@@ -90,7 +129,8 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """The head size: kv_channels, else h / heads (Megatron's default)."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     def padded_vocab_size(self, tensor_parallel: int = 1) -> int:
         """Megatron pads the vocabulary to a multiple of
@@ -102,7 +142,7 @@ class GPTConfig:
         """What makes this shape unbuildable, as sentences (empty when fine). Each field is a positive
         integer already: the catalog's schema (hwbench.catalog) refuses any other value."""
         problems = []
-        if self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             problems.append(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                             f"{self.num_attention_heads}")
         if self.num_attention_heads % self.kv_heads:
@@ -110,6 +150,27 @@ class GPTConfig:
                             f"{self.kv_heads}")
         if self.rope and self.head_dim % 2:
             problems.append(f"rotary embeddings need an even head size, not {self.head_dim}")
+        return problems + self._moe_problems()
+
+    def _moe_problems(self) -> list[str]:
+        if self.num_experts is None:
+            return []
+        problems = []
+        if self.moe_router_topk > self.num_experts:
+            problems.append(f"moe_router_topk {self.moe_router_topk} is above num_experts {self.num_experts}; "
+                            f"accepted: 1 to {self.num_experts}")
+        if not self.swiglu or self.add_bias_linear:
+            problems.append("num_experts needs swiglu true and add_bias_linear false: the experts are SwiGLU MLPs "
+                            "without biases (Mixtral's, Qwen3-MoE's)")
+        if self.moe_router_pre_softmax and self.moe_router_score_function != "softmax":
+            problems.append("moe_router_pre_softmax is the softmax score function's; accepted with "
+                            "moe_router_score_function softmax, or moe_router_pre_softmax false")
+        widths = {"hidden_size": self.hidden_size, "the experts' width": self.moe_ffn_size,
+                  "moe_shared_expert_intermediate_size": self.moe_shared_expert_intermediate_size or 0}
+        unaligned = [f"{name} {width}" for name, width in widths.items() if width % GROUPED_GEMM_ALIGNMENT]
+        if unaligned:
+            problems.append(f"{', '.join(unaligned)}: an MoE model's widths must be multiples of "
+                            f"{GROUPED_GEMM_ALIGNMENT} (the grouped GEMM's 16-byte rows)")
         return problems
 
 

@@ -1,7 +1,7 @@
 """The layers in which Megatron GPT-2 and Llama 3 differ, chosen by GPTConfig's switches as
 Megatron-LM's GPTModel chooses them: the norm (LayerNorm or RMSNorm), the MLP (GELU of width
-ffn_size, or SwiGLU) and the rotary position embedding (RoPE, with Llama 3.1's frequency
-scaling) that replaces the learned position table.
+ffn_size, SwiGLU, or a mixture of SwiGLU experts: hwbench.workload.moe) and the rotary position
+embedding (RoPE, with Llama 3.1's frequency scaling) that replaces the learned position table.
 
 Parameter names follow transformers' Llama where Llama has the layer (gate_proj, up_proj,
 down_proj), so weights copy across by name; the norms keep hwbench's ln_1/ln_2/ln_f names in
@@ -18,13 +18,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from hwbench.workload.config import GPTConfig, RopeScaling
+from hwbench.workload.moe import MoE
 
 
-def norm(config: GPTConfig) -> nn.Module:
-    """Megatron's --normalization: LayerNorm (gain and bias) or RMSNorm (gain only), eps norm_epsilon."""
+def norm(config: GPTConfig, size: int | None = None) -> nn.Module:
+    """Megatron's --normalization: LayerNorm (gain and bias) or RMSNorm (gain only), eps norm_epsilon,
+    over ``size`` features (the hidden size; the head size for --qk-layernorm)."""
+    size = size or config.hidden_size
     if config.normalization == "RMSNorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.norm_epsilon)
-    return nn.LayerNorm(config.hidden_size, eps=config.norm_epsilon)
+        return nn.RMSNorm(size, eps=config.norm_epsilon)
+    return nn.LayerNorm(size, eps=config.norm_epsilon)
 
 
 class MLP(nn.Module):
@@ -57,7 +60,11 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def mlp(config: GPTConfig) -> nn.Module:
+def mlp(config: GPTConfig, layer: int = 0) -> nn.Module:
+    """Layer ``layer``'s MLP: the mixture of experts where the config puts one (--num-experts,
+    --moe-layer-freq), else SwiGLU or GELU."""
+    if config.is_moe_layer(layer):
+        return MoE(config)
     return SwiGLU(config) if config.swiglu else MLP(config)
 
 

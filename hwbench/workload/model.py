@@ -6,13 +6,14 @@ every linear layer, a final LayerNorm and an output layer tied to the word embed
 the padded vocabulary. Llama 3: RMSNorm, rotary positions (with Llama 3.1's frequency
 scaling) instead of a position table, grouped-query attention (kv_heads key/value heads
 shared by the query heads), a SwiGLU MLP, no biases, and an output layer tied or untied
-(hwbench.workload.layers). q, k and v are separate projections, or one fused projection in
-Megatron's per-group layout (``fused_qkv``); the blocks sit in one dict keyed by layer
-number, so tensor-parallel plans can split them and pipelining can cut them without
-changing this file.
+(hwbench.workload.layers). Mixtral and Qwen3-MoE: that architecture with a mixture of SwiGLU
+experts for the MLP (hwbench.workload.moe), Qwen3 with its queries and keys normalised per head.
+q, k and v are separate projections, or one fused projection in Megatron's per-group layout
+(``fused_qkv``); the blocks sit in one dict keyed by layer number, so tensor-parallel plans can
+split them and pipelining can cut them without changing this file.
 
 Shapes: B batch, S sequence, h hidden, H heads, KV key/value heads, G = H / KV query heads
-per key/value head, D = h / H head size, V padded vocab.
+per key/value head, D = h / H head size (or kv_channels), V padded vocab.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from torch.utils.checkpoint import checkpoint
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig
 from hwbench.workload.in_order import in_order
 from hwbench.workload.layers import RotaryEmbedding, apply_rotary, mlp, norm
+from hwbench.workload.moe import MoE
 
 INIT_STD = 0.02  # Megatron --init-method-std default
 QKV_PARTS = ("q_proj", "k_proj", "v_proj")  # the separate projections a fused qkv_proj stands for
 # Each block's projections back onto the residual stream: Megatron scales their init by 1/sqrt(2L).
-OUTPUT_PROJECTIONS = ("out_proj.weight", "fc2.weight", "down_proj.weight")
+OUTPUT_PROJECTIONS = ("out_proj.weight", "fc2.weight", "down_proj.weight")  # the MoE experts' down_proj too
+QK_NORMS = ("q_norm.weight", "k_norm.weight")  # --qk-layernorm's gains
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # RoPE's (cos, sin) tables, (S, D) each
 
@@ -61,6 +64,10 @@ class Attention(nn.Module):
             self.k_proj = nn.Linear(h, kv_size, bias=bias)
             self.v_proj = nn.Linear(h, kv_size, bias=bias)
         self.out_proj = nn.Linear(q_size, h, bias=bias)
+        # Megatron's --qk-layernorm (Qwen3's q_norm, k_norm): each head's query and key normalised
+        # over the head size, before RoPE
+        self.q_norm = norm(config, self.head_dim) if config.qk_layernorm else None
+        self.k_norm = norm(config, self.head_dim) if config.qk_layernorm else None
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         B, S, _ = x.shape
@@ -75,6 +82,8 @@ class Attention(nn.Module):
             q = self.q_proj(x).view(B, S, -1, D)
             k = self.k_proj(x).view(B, S, -1, D)
             v = self.v_proj(x).view(B, S, -1, D)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H or KV, S, D)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
@@ -87,12 +96,12 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, fused_qkv: bool = False):
+    def __init__(self, config: GPTConfig, fused_qkv: bool = False, layer: int = 0):
         super().__init__()
         self.ln_1 = norm(config)
         self.attn = Attention(config, fused_qkv)
         self.ln_2 = norm(config)
-        self.mlp = mlp(config)
+        self.mlp = mlp(config, layer)  # layer: which MLP, dense or MoE (--moe-layer-freq)
 
     def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), rotary)
@@ -127,7 +136,7 @@ class GPT(nn.Module):
         self.wpe: nn.Embedding | None = (
             None if config.rope else nn.Embedding(config.max_position_embeddings, config.hidden_size))
         self.rotary = RotaryEmbedding(config) if config.rope else None
-        self.blocks = nn.ModuleDict({str(i): Block(config, fused_qkv) for i in range(config.num_layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(config, fused_qkv, i) for i in range(config.num_layers)})
         self.ln_f: nn.Module | None = norm(config)
         self.output: nn.Linear | None = nn.Linear(config.hidden_size, self.vocab_size, bias=False)
         self.tie_output_to_embedding()
@@ -169,11 +178,32 @@ class GPT(nn.Module):
         return output if labels is None else self.loss(output, labels)
 
     def loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of what forward returned without labels."""
+        """Mean next-token cross-entropy of what forward returned without labels; in training, with
+        the MoE layers' load-balancing losses in its gradient (``with_aux_losses``)."""
         if self.cross_entropy == "chunked":
             assert self.output is not None, "the loss is the last stage's"
-            return chunked_lm_loss(output, self.output.weight, labels, self.chunk_tokens)
-        return lm_loss(output, labels)
+            loss = chunked_lm_loss(output, self.output.weight, labels, self.chunk_tokens)
+        else:
+            loss = lm_loss(output, labels)
+        return self.with_aux_losses(loss)
+
+    def with_aux_losses(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` whose backward also takes the gradient of every MoE layer's load-balancing
+        loss of this forward, as one objective loss + sum of the layers' losses, while its value
+        stays the language-model loss. Megatron does the same (MoEAuxLossAutoScaler: the loss it
+        reports is the LM loss, the auxiliary losses only add gradients); adding ``aux - aux``
+        (the second detached) to the loss scales the auxiliary gradient by whatever scales the
+        loss (gradient accumulation, fp16 loss scaling) with no scale to keep in step. The values
+        are recorded apart (RoutingFigures). Only this stage's layers: a pipeline stage without
+        the loss would drop its layers' gradient (pipelining refuses MoE models: hwbench.spec)."""
+        layers = [block.mlp for block in self.blocks.values() if isinstance(block.mlp, MoE)]
+        pending = [layer.aux_loss for layer in layers if layer.aux_loss is not None]
+        for layer in layers:
+            layer.aux_loss = None  # taken: its graph is freed with the loss's
+        if not pending:
+            return loss
+        aux = torch.stack(pending).sum()
+        return loss + (aux - aux.detach())
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -257,9 +287,10 @@ def _stream(name: str, config: GPTConfig) -> str:
 
 def host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTConfig, seed: int) -> torch.Tensor:
     """Megatron's init of one parameter, drawn on the host: N(0, 0.02) weights (the word
-    embedding and the output layer, tied or not, too), each block's two output projections
-    (attention's out_proj, the MLP's fc2 or down_proj) scaled by 1/sqrt(2L), zero biases,
-    unit norm gains (LayerNorm's and RMSNorm's). Rows of the word embedding or output layer
+    embedding and the output layer, tied or not, the MoE router and the experts' [E, out, in]
+    weights too), each block's two output projections (attention's out_proj, the MLP's fc2 or
+    down_proj, every expert's down_proj) scaled by 1/sqrt(2L), zero biases, unit norm gains
+    (LayerNorm's, RMSNorm's, QK-norm's). Rows of the word embedding or output layer
     past the real vocabulary (the tensor-parallel padding) draw from a second stream, so
     the real rows do not depend on the padding. A fused qkv_proj gets exactly the values
     of the separate q, k and v projections, interleaved per key/value group."""
@@ -267,7 +298,7 @@ def host_values(name: str, shape: torch.Size, dtype: torch.dtype, config: GPTCon
         return _fused_qkv_values(name, shape, dtype, config, seed)
     if name.endswith(".bias"):
         return torch.zeros(shape, dtype=dtype)
-    if name.startswith("ln_") or ".ln_" in name:
+    if name.startswith("ln_") or ".ln_" in name or name.endswith(QK_NORMS):
         return torch.ones(shape, dtype=dtype)
     std = INIT_STD / math.sqrt(2.0 * config.num_layers) if name.endswith(OUTPUT_PROJECTIONS) else INIT_STD
     stream = _stream(name, config)
