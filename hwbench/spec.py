@@ -271,7 +271,7 @@ def _divisors(n: int) -> str:
 
 def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec, engine: str) -> ParallelDims:
     """tp, pp and dp for the world size, checked against the model: tp divides the
-    heads (and so the hidden size and the padded vocabulary), pp does not exceed
+    heads and the key/value heads (and so the hidden size and the padded vocabulary), pp does not exceed
     the layers, tp x pp x dp is the world size."""
     world = launch.world_size
     where = (f"the world size {world} (--nnodes {launch.nnodes} x --nproc-per-node {launch.nproc_per_node})"
@@ -287,6 +287,10 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
     if heads % tp:
         raise UsageError(f"--tp {tp} does not divide the {heads} attention heads of --model {workload.name}; "
                          f"accepted: {_divisors(heads)}")
+    if model.kv_heads % tp:  # grouped-query attention: each rank holds whole key/value heads and their query groups
+        raise UsageError(f"--tp {tp} does not divide the {model.kv_heads} key/value heads (num_query_groups) of "
+                         f"--model {workload.name}; tensor parallelism gives each rank whole key/value heads; "
+                         f"accepted: {_divisors(model.kv_heads)}")
     if pp > model.num_layers:
         raise UsageError(f"--pp {pp} exceeds the {model.num_layers} layers of --model {workload.name}; "
                          f"accepted: 1 to {model.num_layers}")
@@ -298,12 +302,12 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
     if tp * pp * dp != world:
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
     _check_moe_layout(workload, engine, bool(options.value("fsdp")), tp, pp)
-    if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
-        # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
-        # positions, the tied output) only so far
-        raise UsageError(f"--tp {tp} --pp {pp} with --model {workload.name}: tensor and pipeline parallelism run "
-                         f"the GPT-2 architecture only so far, and {workload.name} is {model.architecture}; "
-                         "accepted: --tp 1 --pp 1 (data parallelism: DDP, --fsdp, or --engine deepspeed --zero N)")
+    if tp > 1 and model.qk_layernorm:
+        # the query/key norms' gain is shared by every head, and each rank would see only its own heads'
+        # part of its gradient: the engines' plans do not sum it over the tensor-parallel ranks yet
+        raise UsageError(f"--tp {tp} with --model {workload.name}: its per-head query and key norms "
+                         "(qk_layernorm) are not split over tensor-parallel ranks yet; accepted: --tp 1 "
+                         "(pipeline and data parallelism run it)")
     return ParallelDims(tp=tp, pp=pp, dp=dp, source=source)
 
 

@@ -62,7 +62,9 @@ class NativeEngine:
             dynamic = spec.loss_scale is None
             initial = 2.0 ** spec.initial_scale_power if spec.loss_scale is None else spec.loss_scale
             self.scaler = LossScaler(initial, dynamic, backend.torch_device)
-        self._tied_group = self._tied_embedding_group() if dims.pp > 1 else None
+        # a tied output layer's copy on the last stage: summed with the first stage's embedding
+        self.tied_copies = dims.pp > 1 and not config.untie_embeddings_and_output_weights
+        self._tied_group = self._tied_embedding_group() if self.tied_copies else None
         self.schedule = self._pipeline_schedule() if dims.pp > 1 else None
         self.iteration = 0
 
@@ -180,7 +182,8 @@ class NativeEngine:
     def _reduce_gradients(self) -> None:
         """What DDP or FSDP do not: the dp average when tensor or pipeline
         parallelism is on (one flat all-reduce), and the sum of the two tied
-        embedding copies of the first and last pipeline stage."""
+        embedding copies of the first and last pipeline stage (an untied output
+        layer is a weight of its own: nothing to sum)."""
         dims = self.ctx.dims
         if self.data_parallel == "all-reduce":
             grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
@@ -212,9 +215,10 @@ class NativeEngine:
     def _global_grad_norm(self) -> torch.Tensor:
         """The L2 norm of all gradients of the model, the same on every rank:
         DTensor shards reduced over their mesh, pipeline stages summed, and the
-        last stage's copy of the tied embedding left out (counted once, as on one device)."""
+        last stage's copy of a tied embedding left out (counted once, as on one device;
+        an untied output layer is counted, on the last stage, like any other weight)."""
         grads = [p.grad for name, p in self.gpt.named_parameters()
-                 if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
+                 if p.grad is not None and not (self.tied_copies and name == "output.weight")]
         norm = total_grad_norm(grads, self.backend.grad_norm_dtype)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
