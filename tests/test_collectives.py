@@ -1,0 +1,156 @@
+"""`hwbench collectives`: the collectives measured by real torchrun ranks over gloo, reported as
+nccl-tests reports them (busbw factors, the check), bad input refused in one line, a hung rank
+named, and the slow link of a ring found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, message_elements
+from hwbench.fabric.launch import laggard, timeout_message
+from hwbench.fabric.result import CollectivesFormatError, load_collectives
+from hwbench.fabric.ring import slowest_link
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def collectives(out: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hwbench", "collectives", "--device", "cpu", "--out", str(out),
+                           *options], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+
+
+def test_bus_factors_are_nccl_tests():
+    """doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
+    all-to-all (n-1)/n; broadcast and send/recv 1."""
+    for n in (2, 4, 8):
+        assert COLLECTIVES["all_reduce"].bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+        for name in ("all_gather", "reduce_scatter", "all_to_all"):
+            assert COLLECTIVES[name].bus_factor(n) == pytest.approx((n - 1) / n)
+        assert COLLECTIVES["broadcast"].bus_factor(n) == COLLECTIVES["send_recv"].bus_factor(n) == 1
+
+
+def test_sizes_double_and_shares_are_whole():
+    settings = CollectiveSettings(("all_gather",), 8, 64 * 2 ** 20, 1, 1, True, 60)
+    sizes = settings.sizes()
+    assert sizes[0] == 8 and sizes[-1] == 64 * 2 ** 20 and len(sizes) == 24
+    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    # 8 bytes are 2 float32: no whole share for 4 ranks, kept whole for all-reduce
+    assert message_elements(COLLECTIVES["all_gather"], 8, 4) == 0
+    assert message_elements(COLLECTIVES["all_reduce"], 8, 4) == 2
+    assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
+
+
+def test_the_check_counts_wrong_values():
+    """A call that did nothing leaves each rank's own pattern where the sum of both must be."""
+    import torch
+
+    from hwbench.device import select_backend
+    from hwbench.fabric.measure import check_call, pattern, prepare_call
+
+    call = prepare_call(COLLECTIVES["all_reduce"], True, 1000, 0, 2, torch.device("cpu"))
+    call.run = lambda: None
+    assert check_call(call, select_backend("cpu")) == int((pattern(1, 1000) != 0).sum()) > 900
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    (["--min-bytes", "lots"], ["--min-bytes", "'lots'", "not a size"]),
+    (["--max-bytes", "8", "--min-bytes", "1KiB"], ["--max-bytes", "below --min-bytes"]),
+    (["--collectives", "all_reduce,allgather"], ["--collectives", "'allgather'", "all_gather"]),
+    (["--nproc-per-node", "1"], ["--nproc-per-node 1", "at least 2 ranks"]),
+    (["--slow-link", "--slow-threshold", "half"], ["--slow-threshold", "'half'"]),
+])
+def test_bad_input_is_one_line_and_nothing_written(tmp_path, capsys, options, words):
+    out = tmp_path / "out"
+    assert main(["collectives", "--device", "cpu", "--out", str(out), *options]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and all(word in error for word in words), error
+    assert not out.exists()
+
+
+def test_two_ranks_measure_every_collective(tmp_path):
+    """Real torchrun ranks over gloo: every collective at every size, busbw from algbw by
+    nccl-tests' factor, every value checked, the file read back; the ring of the slow-link check
+    measured (its verdict on two ranks of a shared CPU is noise: the four-rank test judges it)."""
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--min-bytes", "256KiB", "--max-bytes", "1MiB",
+                      "--warmup", "1", "--iters", "2", "--slow-link", "--ring-bytes", "4KiB")
+    assert run.returncode == 0, run.stderr
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert (result.status, result.world_size, result.dist_backend, result.check_passed) == ("ok", 2, "gloo", True)
+    assert [r.rank for r in result.ranks] == [0, 1]
+    sizes = [2 ** k for k in range(18, 21)]
+    for name, collective in COLLECTIVES.items():
+        rows = [row for row in result.rows if row.collective == name]
+        forms = collective.in_place + collective.out_of_place
+        assert sorted({row.size_bytes for row in rows}) == sizes and len(rows) == forms * len(sizes), name
+        for row in rows:
+            assert row.wrong == 0 and row.time_us_min <= row.time_us <= row.time_us_max
+            assert row.algbw_gbs == pytest.approx(row.size_bytes / row.time_us / 1e3)
+            assert row.busbw_gbs == pytest.approx(row.algbw_gbs * collective.bus_factor(2))
+    assert "## all_reduce (busbw = algbw x 2(n-1)/n)" in run.stdout
+    assert "check: every value as expected" in run.stdout
+    assert result.slow_link is not None and [(link.sender, link.receiver) for link in result.slow_link.links] == [
+        (0, 1), (1, 0)]
+    assert all(link.time_us > 0 and link.busbw_gbs == pytest.approx(4096 / link.time_us / 1e3)
+               for link in result.slow_link.links)
+
+
+def test_a_result_of_another_kind_is_refused(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run_id": "x", "status": "ok", "spec": {}}))
+    with pytest.raises(CollectivesFormatError, match="not a collectives result"):
+        load_collectives(path)
+    path.write_text(json.dumps({"kind": "collectives", "schema_version": 99}))
+    with pytest.raises(CollectivesFormatError, match="schema_version 99"):
+        load_collectives(path)
+
+
+def test_a_timeout_names_the_rank_behind():
+    beats = {0: {"step": 3, "phase": "all_gather in place, 256 elements", "host": "a"},
+             1: {"step": 2, "phase": "all_gather out of place, 256 elements", "host": "b"},
+             2: {"step": 3, "phase": "all_gather in place, 256 elements", "host": "a"}}
+    assert laggard(beats) == 1
+    message = timeout_message(beats, 30)
+    assert "rank 1 (host b) stopped before all_gather in place" in message
+    assert laggard({0: {"step": 3}, 1: {"step": 3}}) is None
+
+
+def test_the_slowest_pair_is_named_past_the_threshold():
+    assert slowest_link([1.0, 1.1, 1.6, 0.9], 0.25)[:2] == (2, pytest.approx(1.6 / 1.0 - 1))
+    named, slowdown, median = slowest_link([1.0, 1.1, 1.2, 0.9], 0.25)
+    assert named is None and slowdown == pytest.approx(1.2 / 1.0 - 1) and median == pytest.approx(1.05)
+
+
+@pytest.mark.heavy
+def test_a_hung_rank_is_a_timeout_naming_it(tmp_path):
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--collectives", "all_reduce", "--max-bytes", "64",
+                      "--iters", "2", "--timeout", "20", env={"HWBENCH_FAULT": "1:2:hang"})
+    assert run.returncode == 1
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert result.status == "timeout" and result.error is not None and result.error.rank == 1
+    assert "rank 1" in result.error.message and "rank 1" in run.stderr
+
+
+@pytest.mark.heavy
+def test_four_ranks_name_the_slowed_link(tmp_path):
+    """HWBENCH_FAULT's slow rank sleeps inside its timed sends: its link to the next rank is named."""
+    run = collectives(tmp_path, "--nproc-per-node", "4", "--collectives", "send_recv", "--min-bytes", "4KiB",
+                      "--max-bytes", "4KiB", "--warmup", "1", "--iters", "4", "--slow-link", "--ring-bytes", "4KiB",
+                      env={"HWBENCH_FAULT": "2:2:slow"})
+    assert run.returncode == 0, run.stderr
+    [path] = tmp_path.glob("*.json")
+    ring = load_collectives(path).slow_link
+    assert ring is not None and [(link.sender, link.receiver) for link in ring.links] == [(0, 1), (1, 2), (2, 3),
+                                                                                          (3, 0)]
+    assert ring.slowest is not None and (ring.slowest.sender, ring.slowest.receiver) == (2, 3)
+    assert ring.slowdown is not None and ring.slowdown > ring.threshold
+    assert "slow link: rank 2 (" in run.stdout and ") -> rank 3 (" in run.stdout
