@@ -154,3 +154,55 @@ def test_four_ranks_name_the_slowed_link(tmp_path):
     assert ring.slowest is not None and (ring.slowest.sender, ring.slowest.receiver) == (2, 3)
     assert ring.slowdown is not None and ring.slowdown > ring.threshold
     assert "slow link: rank 2 (" in run.stdout and ") -> rank 3 (" in run.stdout
+
+
+# --- report and compare -------------------------------------------------------
+
+
+def _result_file(folder: Path, run_id: str, busbw: float, wrong: int = 0) -> Path:
+    """A collectives result of two ranks with one all-reduce row of the given busbw (algbw and time
+    follow from it, as the launcher computes them)."""
+    from hwbench.fabric.result import CollectivesResult, Row, Settings, write_collectives
+
+    size, factor = 2 ** 20, COLLECTIVES["all_reduce"].bus_factor(2)
+    algbw = busbw / factor
+    time_us = size / algbw / 1e3
+    row = Row(collective="all_reduce", in_place=True, size_bytes=size, elements=size // 4, time_us=time_us,
+              time_us_min=time_us, time_us_max=time_us, algbw_gbs=algbw, busbw_gbs=busbw, bus_factor=factor,
+              wrong=wrong)
+    settings = Settings(collectives=["all_reduce"], min_bytes=size, max_bytes=size, warmup=1, iterations=2,
+                        check=True, timeout_s=60)
+    result = CollectivesResult(run_id=run_id, status="ok", device="cpu", device_model="test cpu", dist_backend="gloo",
+                               world_size=2, settings=settings, rows=[row], check_passed=wrong == 0)
+    return write_collectives(result, folder)
+
+
+def test_run_readers_pass_over_collectives_files(tmp_path):
+    from hwbench.fabric.result import KIND
+    from hwbench.result.store import OTHER_KINDS, read_results
+
+    _result_file(tmp_path, "c1", 10.0)
+    assert KIND in OTHER_KINDS
+    assert read_results(tmp_path) == ([], [])  # not a damaged run
+
+
+@pytest.mark.parametrize(("current", "wrong", "status", "verdict"), [
+    (10.2, 0, 0, "within threshold"), (5.0, 0, 3, "regression"), (20.0, 0, 0, "improvement"),
+    (10.0, 3, 3, "regression: wrong values in current")])
+def test_compare_judges_busbw_a_fall_is_a_regression(tmp_path, capsys, current, wrong, status, verdict):
+    _result_file(tmp_path / "base", "b1", 10.0)
+    _result_file(tmp_path / "cur", "c1", current, wrong)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == status
+    out = capsys.readouterr().out
+    assert "collectives: busbw (higher is better), threshold 5%" in out and "all_reduce in place 1048576 B" in out
+    if verdict != "within threshold":
+        assert verdict in out
+    assert ("1 regression(s)" in out) == (status == 3)
+
+
+def test_report_shows_collectives(tmp_path, capsys):
+    path = _result_file(tmp_path, "c1", 10.0)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "## Collectives" in out and f"c1: test cpu, gloo, 2 ranks ({path})" in out
+    assert "| all_reduce   | in place | 1048576" in out

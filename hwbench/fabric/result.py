@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hwbench import __version__
 from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
+from hwbench.paths import result_files
 from hwbench.result.model import Environment
 
 KIND: Literal["collectives"] = "collectives"
@@ -151,3 +152,23 @@ def write_collectives(result: CollectivesResult, out_dir: str | os.PathLike) -> 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(folder / f"{result.run_id}.json", result.model_dump(mode="json", exclude_none=False))
+
+
+def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[CollectivesResult, Path]],
+                                                            list[tuple[Path, str]]]:
+    """(result, file) of every collectives result under ``paths``, and (file, reason) of each file
+    that says it is one and cannot be read; files of other kinds are passed over (their readers
+    name them)."""
+    found, skipped = [], []
+    for path in result_files(paths):
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError, RecursionError):
+            continue  # the run reader names a file that is no JSON
+        if not is_collectives_file(data):
+            continue
+        try:
+            found.append((from_data(data, str(path)), Path(path)))
+        except CollectivesFormatError as error:
+            skipped.append((Path(path), str(error)))
+    return found, skipped
