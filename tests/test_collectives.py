@@ -66,6 +66,9 @@ def test_the_check_counts_wrong_values():
     (["--collectives", "all_reduce,allgather"], ["--collectives", "'allgather'", "all_gather"]),
     (["--nproc-per-node", "1"], ["--nproc-per-node 1", "at least 2 ranks"]),
     (["--slow-link", "--slow-threshold", "half"], ["--slow-threshold", "'half'"]),
+    (["--max-bytes", "2", "--min-bytes", "1"], ["--max-bytes 2 B", "no float32 element"]),
+    (["--slow-link", "--ring-bytes", "3"], ["--ring-bytes 3 B", "no float32 element"]),
+    (["--warmup", "-1"], ["--warmup -1", "from 0 to 100000"]),
 ])
 def test_bad_input_is_one_line_and_nothing_written(tmp_path, capsys, options, words):
     out = tmp_path / "out"
@@ -138,6 +141,17 @@ def test_a_hung_rank_is_a_timeout_naming_it(tmp_path):
     result = load_collectives(path)
     assert result.status == "timeout" and result.error is not None and result.error.rank == 1
     assert "rank 1" in result.error.message and "rank 1" in run.stderr
+
+
+@pytest.mark.heavy
+def test_a_rank_that_raises_is_a_failed_result_naming_it(tmp_path):
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--collectives", "broadcast", "--max-bytes", "64",
+                      "--iters", "2", env={"HWBENCH_FAULT": "1:1:raise"})
+    assert run.returncode == 1
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert result.status == "failed" and result.error is not None and result.error.rank == 1
+    assert "injected fault: rank 1 raised at step 1" in result.error.message and not result.rows
 
 
 @pytest.mark.heavy

@@ -51,7 +51,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hwbench.fabric.collectives import CollectiveSettings, check_sizes, check_world_size, parse_collectives
+    from hwbench.fabric.collectives import (
+        CollectiveSettings,
+        check_ring_bytes,
+        check_sizes,
+        check_world_size,
+        parse_collectives,
+    )
     from hwbench.judge.compare import parse_threshold
     from hwbench.units import parse_size
 
@@ -64,8 +70,10 @@ def main(args: argparse.Namespace) -> int:
     if args.slow_link:
         from hwbench.fabric.ring import RingSettings
 
-        ring = RingSettings(parse_size(args.ring_bytes, "--ring-bytes"), args.warmup, args.iters,
-                            parse_threshold(args.slow_threshold, "--slow-threshold"))
+        ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
+        check_ring_bytes(ring_bytes)
+        ring = RingSettings(ring_bytes, args.warmup, args.iters, parse_threshold(args.slow_threshold,
+                                                                                 "--slow-threshold"))
     from hwbench.fabric.launch import CollectivesJob, run_collectives
     from hwbench.fabric.result import write_collectives
     from hwbench.fabric.table import collectives_table

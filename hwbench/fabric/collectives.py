@@ -95,9 +95,18 @@ def parse_collectives(text: str) -> tuple[str, ...]:
 
 
 def check_sizes(min_bytes: int, max_bytes: int) -> None:
+    if max_bytes < ELEMENT_BYTES:
+        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} holds no float32 element; accepted: a size of at "
+                         f"least {ELEMENT_BYTES} B")
     if max_bytes < min_bytes:
         raise UsageError(f"--max-bytes {human_bytes(max_bytes)} is below --min-bytes {human_bytes(min_bytes)}; "
                          "accepted: a size at least --min-bytes")
+
+
+def check_ring_bytes(size: int) -> None:
+    if size < ELEMENT_BYTES:
+        raise UsageError(f"--ring-bytes {human_bytes(size)} holds no float32 element; accepted: a size of at least "
+                         f"{ELEMENT_BYTES} B")
 
 
 def check_world_size(world_size: int, option: str = "--nproc-per-node") -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from hwbench.device import select_backend
 from hwbench.device.fingerprint import environment_fingerprint
-from hwbench.errors import UsageError
+from hwbench.errors import SetupError, UsageError
 from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size
 from hwbench.fabric.rank import SETTINGS_FILE
 from hwbench.fabric.result import (
@@ -63,6 +63,9 @@ def run_collectives(job: CollectivesJob) -> CollectivesResult:
     check_world_size(job.nproc_per_node)
     Fault.from_environ(job.nproc_per_node)  # a fault for a rank the job has not is refused before it starts
     backend = select_backend(job.device)
+    if backend.simulated:  # a stand-in runtime on the host CPU has no collective backend of its vendor's
+        raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
+                         "there is no fabric to measure: give --device cpu, or run on the real device")
     if backend.name != "cpu" and backend.device_count() < job.nproc_per_node:
         raise UsageError(f"--nproc-per-node {job.nproc_per_node} needs that many {backend.name} devices; "
                          f"this node has {backend.device_count()}")

@@ -63,6 +63,11 @@ def rank_main() -> None:
         dist.gather_object(mine, gathered, dst=0)
         if gathered is not None:
             write_json_atomic(run_dir / RESULT_FILE, {"ranks": gathered, "device_names": backend.device_names()})
+    except Exception as error:
+        # the moment this rank failed: the launcher names the first to fail (its peers fail after it,
+        # their collective broken), as for runs (harness/launcher.py root_cause)
+        heartbeat.fail("failed", f"{type(error).__name__}: {error}")
+        raise
     finally:
         dist.destroy_process_group()
 
