@@ -141,6 +141,17 @@ def test_a_hung_rank_is_a_timeout_naming_it(tmp_path):
     result = load_collectives(path)
     assert result.status == "timeout" and result.error is not None and result.error.rank == 1
     assert "rank 1" in result.error.message and "rank 1" in run.stderr
+    assert [rank.rank for rank in result.ranks] == [0, 1]
+    alive = [rank.pid for rank in result.ranks if rank.pid and _running(rank.pid)]
+    assert not alive, f"ranks left behind: {alive}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.heavy
@@ -220,3 +231,14 @@ def test_report_shows_collectives(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "## Collectives" in out and f"c1: test cpu, gloo, 2 ranks ({path})" in out
     assert "| all_reduce   | in place | 1048576" in out
+
+
+def test_every_field_of_the_file_is_documented():
+    from hwbench.fabric import result as model
+
+    doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
+    sections = (model.CollectivesResult, model.Settings, model.Row, model.RankHost, model.SlowLink, model.Link,
+                model.CollectivesError)
+    missing = [f"{section.__name__}.{name}" for section in sections for name in section.model_fields
+               if f"`{name}`" not in doc]
+    assert not missing, f"docs/collectives.md does not describe: {missing}"
