@@ -242,3 +242,26 @@ def test_every_field_of_the_file_is_documented():
     missing = [f"{section.__name__}.{name}" for section in sections for name in section.model_fields
                if f"`{name}`" not in doc]
     assert not missing, f"docs/collectives.md does not describe: {missing}"
+
+
+def test_runs_on_one_side_only_are_refused_as_without_collectives(tmp_path, capsys):
+    import shutil
+
+    _result_file(tmp_path / "base", "b1", 10.0)
+    _result_file(tmp_path / "cur", "c1", 10.0)
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    shutil.copy(run, tmp_path / "base" / run.name)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 2
+    assert "CURRENT" in capsys.readouterr().err
+
+
+def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
+    import shutil
+
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    for side, busbw in (("base", 10.0), ("cur", 5.0)):
+        _result_file(tmp_path / side, f"{side}1", busbw)
+        shutil.copy(run, tmp_path / side / run.name)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 3
+    out = capsys.readouterr().out
+    assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out

@@ -52,8 +52,8 @@ def main(args: argparse.Namespace) -> int:
         baseline, base_unreadable = load_side("BASELINE", args.baseline)
         current, cur_unreadable = load_side("CURRENT", args.current)
     except UsageError:
-        if collectives is None:
-            raise
+        if collectives is None or _has_runs(args.baseline) or _has_runs(args.current):
+            raise  # runs on one side only: as without collectives
         return _finish_collectives_only(args, *collectives)
     unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
     for side, _path, reason in unreadable:
@@ -125,3 +125,9 @@ def _worse(first: int, second: int) -> int:
 
     order = (REGRESSION_EXIT, REPEATS_EXIT, MISSING_EXIT)
     return min((first, second), key=lambda code: order.index(code) if code in order else len(order))
+
+
+def _has_runs(path: str) -> bool:
+    from hwbench.result.store import read_results
+
+    return bool(read_results(path)[0])
