@@ -80,7 +80,7 @@ def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
     return args
 
 
-def _become_subreaper() -> bool:
+def become_subreaper() -> bool:
     """Orphans of our tree (a rank whose torchrun died) are re-parented to us,
     not to init, so the launcher can still find and reap them (Linux only)."""
     try:
@@ -187,7 +187,7 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     # torchrun would set 1 and warn; the CPU backend sets its threads per rank itself. The
     # usable cores, not os.cpu_count(): under a cpuset or quota the host's count oversubscribes.
     environment.setdefault("OMP_NUM_THREADS", str(share_of_cores(spec.launch.nproc_per_node)))
-    _become_subreaper()
+    become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
     try:
         with stop_signals():  # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C
@@ -220,11 +220,6 @@ def wait_for_agent(agent: subprocess.Popen, run_dir: Path, timeout_s: float) -> 
         return agent.returncode, True, killed
     _reap()
     return agent.returncode, False, []
-
-
-def become_subreaper() -> bool:
-    """What launch() does before starting torchrun's agent, for other launchers of a job."""
-    return _become_subreaper()
 
 
 def _start_time(pid: int) -> int | None:
