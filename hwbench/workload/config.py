@@ -12,7 +12,6 @@ replaces the dense one through Megatron's MoE switches (--num-experts, --moe-rou
 from __future__ import annotations
 
 import dataclasses
-import math
 
 # --cross-entropy: `standard` projects every token onto the vocabulary at once (the
 # [tokens, vocab] logits and their fp32 copy exist together); `chunked` does the output
@@ -173,12 +172,6 @@ class GPTConfig:
             problems.append(f"{', '.join(unaligned)}: an MoE model's widths must be multiples of "
                             f"{GROUPED_GEMM_ALIGNMENT} (the grouped GEMM's 16-byte rows)")
         return problems
-
-
-def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
-    """Assignments one expert takes from ``tokens`` tokens: Megatron's get_capacity(T k, E, factor).
-    Here, without torch, for the MoE layer (hwbench.workload.moe) and the memory planner alike."""
-    return math.ceil(tokens * top_k / num_experts * capacity_factor)
 
 
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:

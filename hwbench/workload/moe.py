@@ -24,12 +24,13 @@ Shapes: T tokens of the micro-batch (B x S), h hidden, E experts, k top-k, f an 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hwbench.workload.config import GPTConfig, expert_capacity
+from hwbench.workload.config import GPTConfig
 
 
 @dataclasses.dataclass
@@ -94,6 +95,11 @@ class Router(nn.Module):
         _, keep = gates.topk(capacity, dim=0, sorted=False)  # (capacity, E): each expert's highest weights
         kept_map = torch.zeros_like(gates, dtype=torch.bool).scatter(0, keep, True)
         return kept_map.gather(1, experts)  # an assignment's weight is > 0, so it outranks every token not routed
+
+
+def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Assignments one expert takes from ``tokens`` tokens: Megatron's get_capacity(T k, E, factor)."""
+    return math.ceil(tokens * top_k / num_experts * capacity_factor)
 
 
 def load_balancing_loss(scores: torch.Tensor, routed: torch.Tensor, top_k: int, coeff: float) -> torch.Tensor:
