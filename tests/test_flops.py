@@ -325,6 +325,10 @@ def test_an_moe_run_has_tflops_and_mfu_on_active_parameters_where_the_formula_co
     assert metrics.mfu == pytest.approx(expected / 0.1 / 1e15)
     assert metrics.flops_counts.startswith("active parameters: each token's 2 of 4 routed experts")
     assert metrics.why("mfu") is None and result.status == "ok"
+    from hwbench.report.summary import run_summary_rows
+
+    assert dict(run_summary_rows(result))["TFLOP/s per device"].endswith(
+        "(FLOPs formula: megatron-core-v0.12, active parameters)")
     # the formula without expert terms: its figures null, with its reason, beside the others
     figures = metrics.by_formula["megatron-deepspeed"]
     assert (figures.flops_per_iteration, figures.tflops_per_device, figures.mfu) == (None, None, None)
@@ -341,3 +345,7 @@ def test_an_moe_run_under_a_formula_without_expert_terms_has_null_figures_with_t
         assert "no mixture-of-experts term" in metrics.why(figure), figure
     assert not any("FLOPs formula counts" in w for w in result.warnings)  # null, not a figure with a caveat
     assert result.status == "ok" and metrics.by_formula["megatron-core-v0.12"].mfu > 0
+    from hwbench.report.summary import run_summary_rows
+
+    row = dict(run_summary_rows(result))["TFLOP/s per device"]
+    assert row.startswith("null: the megatron-deepspeed FLOPs formula") and "no mixture-of-experts term" in row
