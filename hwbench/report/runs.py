@@ -75,6 +75,8 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         # (megatron-deepspeed) and the run recomputes, else MFU
         "mfu_kind": utilisation_label(own_formula(metrics), spec.recompute),
         "mfu_by_formula": mfu_by_formula(metrics),
+        # why a formula's MFU is null where it is its own (a mixture of experts it has no term for)
+        "mfu_reason_by_formula": {name: entry.why("mfu") for name, entry in (metrics.by_formula or {}).items()},
         "mfu_measured_ceiling": metrics.mfu_measured_ceiling,
         "mfu_measured_ceiling_reason": metrics.why("mfu_measured_ceiling"),
         "peak_allocated_bytes": memory.peak_allocated_bytes,

@@ -281,7 +281,8 @@ def _also_utilisation(run: pd.Series, formula: str) -> tuple[Any, bool]:
         hardware = counts_hardware_flops(formula, bool(run["recompute"]))
         why = f"no {formula} figures in the result (written before hwbench counted that formula)"
         return percent(None, note=why), hardware
-    return _utilisation(run, formula, by_formula[formula], run["mfu_reason"])
+    reason = (run["mfu_reason_by_formula"] or {}).get(formula) or run["mfu_reason"]
+    return _utilisation(run, formula, by_formula[formula], reason)
 
 
 def _utilisation_columns(suffix: str, figures: list[tuple[Any, bool]]) -> tuple[list[str], list[list[Any]]]:

@@ -28,6 +28,16 @@ def fp8_layers_text(result: RunResult) -> str:
     return f"{fp8.converted_layers} linear layers in FP8 ({converted})" + (f"; not: {kept}" if kept else "")
 
 
+def _flops_text(result: RunResult) -> str:
+    """TFLOP/s per device and the formula that counted it (for a mixture of experts, that it counts
+    the active parameters: metrics.flops_counts); why it is null where the formula cannot count."""
+    metrics = result.metrics
+    if metrics.tflops_per_device is None and metrics.why("tflops_per_device"):
+        return _why(result, "tflops_per_device")
+    active = ", active parameters" if (metrics.flops_counts or "").startswith("active parameters") else ""
+    return _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula}{active})"
+
+
 def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[str, str]]:
     spec, metrics, device, workload = result.spec, result.metrics, result.device, result.workload
     rows: list[tuple[str, str]] = [
@@ -52,8 +62,7 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("steps", f"{metrics.timed_steps} timed after {spec.warmup} warm-up"),
         (METRICS["samples_per_s"].label, _number(metrics.samples_per_s)),
         (METRICS["tokens_per_s"].label, _number(metrics.tokens_per_s, 0)),
-        (METRICS["tflops_per_device"].label,
-         _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
+        (METRICS["tflops_per_device"].label, _flops_text(result)),
         (kind + (f" ({device.peak_flops_precision} peak)" if spec.fp8_recipe else ""),
          METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
         *([(f"{kind}, FP8 peak", METRICS["mfu"].text(metrics.mfu_fp8_peak) if metrics.mfu_fp8_peak is not None

@@ -447,12 +447,14 @@ class Straggler(Section):
     ratio: Rate | None = None
 
 
-class FormulaFigures(Section):
-    """The figures of one FLOPs formula (metrics.by_formula)."""
+class FormulaFigures(WithReasons):
+    """The figures of one FLOPs formula (metrics.by_formula); null, with the reason, where the
+    formula cannot count the model (hwbench.workload.flops.uncounted)."""
 
     flops_per_iteration: Rate | None = None
     tflops_per_device: Rate | None = None
     mfu: Rate | None = None
+    unmeasured: REASONS | None = None
 
 
 class MoeRouting(Section):
@@ -483,6 +485,7 @@ class Metrics(WithReasons):
     timed_wall_time_s: Rate | None = None
     flops_formula: Text | None = None
     flops_formula_expression: Text | None = None
+    flops_counts: Text | None = None  # what the FLOPs count: every weight, or an MoE model's active parameters
     by_formula: dict[str, FormulaFigures] | None = None
     world_size: Positive | None = None
     timed_steps: Count | None = None
