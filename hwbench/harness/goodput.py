@@ -18,9 +18,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-# The phases, in the order the result lists them. "other" is what no boundary names:
-# the telemetry sampler's start and stop, the memory reading, the loss curve's reduction.
-PHASES = ("init", "checkpoint_load", "warmup", "timed_steps", "eval", "checkpoint_save", "other")
+from hwbench.result.model import GOODPUT_PHASES
+
+# The phases a rank's clock charges (restarts happen before it starts). "other" is what no
+# boundary names: the telemetry sampler's start and stop, the memory reading, the loss curve's reduction.
+PHASES = tuple(phase for phase in GOODPUT_PHASES if phase != "restarts")
 TRAINING = ("warmup", "timed_steps")  # the goodput: time that trains the model
 
 

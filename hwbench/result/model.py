@@ -423,6 +423,12 @@ class TimeToTarget(WithReasons):
     unmeasured: REASONS | None = None
 
 
+# The phases of metrics.goodput, in order, with the label the summary and the report give each:
+# hwbench/harness/goodput.py charges every moment of a run to one of them.
+GOODPUT_PHASES = {"init": "init", "checkpoint_load": "load", "warmup": "warm-up", "timed_steps": "timed steps",
+                  "eval": "validation", "checkpoint_save": "saves", "restarts": "restarts", "other": "rest"}
+
+
 class Goodput(Section):
     """Where the run's wall time went, on one rank's host clock: the training steps (warm-up and
     timed) against initialisation, checkpoint loads and saves, validation, restarts and the rest."""
