@@ -201,6 +201,10 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert restart["attempt"] == 1 and restart["resumed_from_iteration"] == 2
     assert restart["reached_iteration"] == 2 and restart["steps_lost"] == 0  # killed before step 3 finished
     assert restart["time_lost_s"] > 0
+    # the goodput counts the restart's lost time once: less what the new attempt's own clock holds
+    goodput = result["metrics"]["goodput"]
+    assert 0 < goodput["restarts_s"] < restart["time_lost_s"]
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=1e-9)
     assert any(w.startswith("restart 1: a rank failed; resumed from step 2") for w in result["warnings"])
     # the last attempt's steps only: step 3, the uninterrupted run's
     assert _steps(result) == _steps(native_tp2_run)[2:]
