@@ -102,6 +102,11 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, 
     assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
     median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]
     assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
+    # the goodput charges the saves' time to the saves, apart from the training steps
+    goodput = result["metrics"]["goodput"]
+    assert goodput["checkpoint_save_s"] >= sum(s["stall_s"] for s in checkpoint["saves"]) * 0.9
+    assert goodput["timed_steps_s"] < result["metrics"]["timed_wall_time_s"]
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=1e-9)
     # the run summary and the report carry them
     assert "2 saved" in summary and f"{checkpoint['stall_s_per_hour']:,.1f} s per hour at --save-interval 2" in summary
     per_hour = f"{checkpoint['stall_s_per_hour']:,.1f}"
@@ -196,6 +201,10 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert restart["attempt"] == 1 and restart["resumed_from_iteration"] == 2
     assert restart["reached_iteration"] == 2 and restart["steps_lost"] == 0  # killed before step 3 finished
     assert restart["time_lost_s"] > 0
+    # the goodput counts the restart's lost time once: less what the new attempt's own clock holds
+    goodput = result["metrics"]["goodput"]
+    assert 0 < goodput["restarts_s"] < restart["time_lost_s"]
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=1e-9)
     assert any(w.startswith("restart 1: a rank failed; resumed from step 2") for w in result["warnings"])
     # the last attempt's steps only: step 3, the uninterrupted run's
     assert _steps(result) == _steps(native_tp2_run)[2:]

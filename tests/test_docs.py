@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Keys under these paths are data (variable names, per-field reasons), not schema.
 OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
              "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents",
-             "metrics.time_to_target.unmeasured", "metrics.steady_state.unmeasured",
+             "metrics.time_to_target.unmeasured", "metrics.steady_state.unmeasured", "metrics.goodput.shares",
              "metrics.by_formula",  # keyed by formula name; its fields documented as metrics.by_formula.<name>.x
              # documented as "fields as <the top-level object>"
              "nodes[].environment", "ranks[].telemetry", "engine.config", "error.plan")

@@ -17,6 +17,7 @@ from hwbench.catalog import Workload
 from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
+from hwbench.harness.goodput import goodput_figures, restart_time_before
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.routing import routing_summary, step_routing
 from hwbench.harness.stand_in import STAND_IN_PRICE
@@ -25,6 +26,7 @@ from hwbench.precision import FP8
 from hwbench.result.model import (
     Checkpoints,
     Environment,
+    Goodput,
     HostSyncs,
     Memory,
     Metrics,
@@ -86,6 +88,7 @@ class RankReport:
     environment: Environment = dataclasses.field(default_factory=Environment)
     placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
+    phases_s: dict[str, float] | None = None  # PhaseClock.stop(): this rank's wall time per phase
     checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
     # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
@@ -231,6 +234,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
+    result.metrics.goodput = merged_goodput(reports)
     result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
 
@@ -347,6 +351,18 @@ def _formula_figures(flops: float | None, steps_per_s_per_device: float, peak: f
                 "unmeasured": dict.fromkeys(("flops_per_iteration", "tflops_per_device", "mfu"), not_counted)}
     rate = flops * steps_per_s_per_device  # FLOP/s per device
     return {"flops_per_iteration": flops, "tflops_per_device": rate / 1e12, "mfu": rate / peak if peak else None}
+
+
+def merged_goodput(reports: list[RankReport]) -> Goodput | None:
+    """The run's goodput, on rank 0's clock: the ranks step together (every step ends in a
+    collective), so one rank's phases are the job's; None where rank 0 kept no clock (a probe)."""
+    first = min(reports, key=lambda r: r.rank)
+    if first.phases_s is None:
+        return None
+    checkpoints = first.checkpoints or {}
+    restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
+                                     first.init_s or 0.0)
+    return Goodput.model_validate(finite({**goodput_figures(first.phases_s, restarts_s), "rank": first.rank}))
 
 
 def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) -> TimeToTarget | None:

@@ -24,6 +24,7 @@ from hwbench.report.sections import (
     checkpoint_section,
     convergence_section,
     environment_section,
+    goodput_section,
     model_section,
     procurement_section,
     published_section,
@@ -65,6 +66,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     candidates = [decision, runs_section(runs), published_section(runs, comparison, published, published_note),
                   model_section(runs, images, also_formula), procurement_section(runs, devices, notes),
                   convergence_section(runs, images), time_to_target_section(runs), checkpoint_section(runs),
+                  goodput_section(runs),
                   environment_section(runs, warnings_found), collectives_section(collectives or []),
                   skipped_section(skipped)]
     sections = [section for section in candidates if section is not None]

@@ -20,7 +20,7 @@ from hwbench.result.environment import (
     environment_differences,
     performance_fingerprint,
 )
-from hwbench.result.model import Memory, Metrics, RunResult
+from hwbench.result.model import GOODPUT_PHASES, Memory, Metrics, RunResult
 from hwbench.workload.flops import FLOPS_FORMULA_ALIASES, utilisation_label
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.
@@ -107,7 +107,17 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
     row.update(procurement_figures(result, row, prices, tokens))
     row.update(target_figures(result, row["price_usd_per_hour"]))
     row.update(checkpoint_figures(result))
+    row.update(goodput_columns(result))
     return row
+
+
+def goodput_columns(result: RunResult) -> dict[str, Any]:
+    """The run's goodput (metrics.goodput) as report columns: the training share, the total and each
+    phase's share; None where the run kept no phase clock."""
+    goodput = result.metrics.goodput
+    shares = (goodput.shares if goodput else None) or {}
+    return {"goodput": goodput.goodput if goodput else None, "goodput_total_s": goodput.total_s if goodput else None,
+            **{f"goodput_share_{phase}": shares.get(phase) for phase in GOODPUT_PHASES}}
 
 
 def checkpoint_figures(result: RunResult) -> dict[str, Any]:

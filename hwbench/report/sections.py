@@ -11,6 +11,7 @@ import pandas as pd
 from hwbench.metrics import METRICS
 from hwbench.report.against_published import NORMALISATION, published_layout
 from hwbench.report.cells import (
+    Cell,
     device_text,
     figure,
     fmt,
@@ -26,6 +27,7 @@ from hwbench.report.cells import (
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.report.published import publishes_tokens, table_title, tokens_per_s_per_device
+from hwbench.result.model import GOODPUT_PHASES
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
@@ -419,6 +421,29 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
          f"{fmt(run['restart_time_lost_s'], 1)} s)" if run["restarts"] else "-"),
     ], _rows(saved))))
     return section
+
+
+def goodput_section(runs: pd.DataFrame) -> Section | None:
+    """Where each run's wall time went: the share in training steps against initialisation, loads,
+    validation, saves, restarts and the rest; None when no run kept a phase clock."""
+    measured = runs[runs["goodput"].notna()] if "goodput" in runs else runs.iloc[:0]
+    if measured.empty:
+        return None
+    section = Section("Goodput")
+    section.blocks.append(("p", "Each run's wall time on rank 0's host clock, from the start of the run to the end of "
+                                "its measurement, charged phase by phase (docs/methodology.md, Goodput): goodput is "
+                                "the share in training steps, warm-up included. The shares of a run sum to 1."))
+    section.blocks.append(("table", Table.of([
+        ("run", lambda run: run["run_id"]), ("model", lambda run: run["model"]), ("layout", lambda run: run["layout"]),
+        ("wall s", lambda run: fmt(run["goodput_total_s"], 1)),
+        ("goodput", lambda run: percent(run["goodput"])),
+        *[(label, _share_cell(phase)) for phase, label in GOODPUT_PHASES.items()],
+    ], _rows(measured))))
+    return section
+
+
+def _share_cell(phase: str) -> Callable[[dict[str, Any]], Cell]:
+    return lambda run: percent(run[f"goodput_share_{phase}"])
 
 
 def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hwbench.metrics import METRICS
 from hwbench.report.terminal import text_table
-from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
+from hwbench.result.model import GOODPUT_PHASES, Checkpoints, Goodput, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason, utilisation_label
 
@@ -91,6 +91,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if spec.precision == "fp16":
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
+    if metrics.goodput is not None:
+        rows.append(("goodput", goodput_text(metrics.goodput)))
     if result.checkpoint is not None:
         rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
     rows += [("warning", warning) for warning in result.warnings]
@@ -144,6 +146,15 @@ def time_to_target_text(figures: TimeToTarget) -> str:
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
     return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
             f"{figures.device_hours:.3g} device-hours{energy}{cost}")
+
+
+def goodput_text(goodput: Goodput) -> str:
+    """ "62.1% of 14.2 s in training steps; init 20.3%, warm-up 9.8%, timed steps 52.3%, saves 17.0%, rest 0.6%"
+    (the phases that took any time)."""
+    shares = goodput.shares or {}
+    phases = ", ".join(f"{label} {_percent(shares[phase])}" for phase, label in GOODPUT_PHASES.items()
+                       if shares.get(phase))
+    return f"{_percent(goodput.goodput)} of {_number(goodput.total_s, 1)} s in training steps; {phases}"
 
 
 def checkpoint_text(checkpoint: Checkpoints) -> str:

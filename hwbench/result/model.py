@@ -423,6 +423,30 @@ class TimeToTarget(WithReasons):
     unmeasured: REASONS | None = None
 
 
+# The phases of metrics.goodput, in order, with the label the summary and the report give each:
+# hwbench/harness/goodput.py charges every moment of a run to one of them.
+GOODPUT_PHASES = {"init": "init", "checkpoint_load": "load", "warmup": "warm-up", "timed_steps": "timed steps",
+                  "eval": "validation", "checkpoint_save": "saves", "restarts": "restarts", "other": "rest"}
+
+
+class Goodput(Section):
+    """Where the run's wall time went, on one rank's host clock: the training steps (warm-up and
+    timed) against initialisation, checkpoint loads and saves, validation, restarts and the rest."""
+
+    rank: Count | None = None
+    total_s: Rate | None = None
+    goodput: Rate | None = None
+    init_s: Rate | None = None
+    checkpoint_load_s: Rate | None = None
+    warmup_s: Rate | None = None
+    timed_steps_s: Rate | None = None
+    eval_s: Rate | None = None
+    checkpoint_save_s: Rate | None = None
+    restarts_s: Rate | None = None
+    other_s: Rate | None = None
+    shares: dict[str, Rate | None] | None = None
+
+
 class SteadyState(WithReasons):
     """How the step time settled and drifted over the timed window."""
 
@@ -501,6 +525,7 @@ class Metrics(WithReasons):
     ppl_floor: Figure | None = None
     validation: list[ValidationPoint] | None = None
     time_to_target: TimeToTarget | None = None
+    goodput: Goodput | None = None
     steady_state: SteadyState | None = None
     straggler: Straggler | None = None
     host_syncs: HostSyncs | None = None
