@@ -52,7 +52,7 @@ from hwbench.fast import resolve_settings  # noqa: E402
 from hwbench.options import SETTINGS  # noqa: E402
 from hwbench.spec import RunSpec, build_run_spec, find_workload  # noqa: E402
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES  # noqa: E402
-from hwbench.workload.flops import model_flops_per_iteration  # noqa: E402
+from hwbench.workload.flops import model_flops_per_iteration, uncounted  # noqa: E402
 from hwbench.workload.params import count_parameters  # noqa: E402
 
 
@@ -249,8 +249,9 @@ def train(spec: RunSpec, device) -> dict:
     times = clock.step_times_s()
     peak, peak_source = peak_memory(device)
     median = statistics.median(times)
-    flops = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length, recompute=spec.recompute,
-                                      formula=spec.flops_formula)
+    not_counted = uncounted(spec.flops_formula, config)  # an MoE model under a formula without expert terms
+    flops = None if not_counted else model_flops_per_iteration(
+        config, spec.global_batch_size, spec.seq_length, recompute=spec.recompute, formula=spec.flops_formula)
     loss_values = [float(loss) for loss in losses]
     return {
         "tool": "benchmarks/bare_loop.py",
@@ -267,8 +268,8 @@ def train(spec: RunSpec, device) -> dict:
         "step_time_s": {"median": median, "mean": statistics.fmean(times), "min": min(times), "max": max(times),
                         "all": times},
         "tokens_per_s": spec.tokens_per_iteration / median,
-        "flops_per_iteration": flops, "flops_formula": spec.flops_formula,
-        "tflops_per_device": flops / median / 1e12,
+        "flops_per_iteration": flops, "flops_formula": spec.flops_formula, "flops_unmeasured": not_counted,
+        "tflops_per_device": flops / median / 1e12 if flops is not None else None,
         "peak_memory_bytes": peak, "peak_memory_source": peak_source,
         "loss_start": loss_values[0], "loss_end": loss_values[-1],
     }
@@ -289,7 +290,9 @@ def summary(figures: dict) -> str:
             f"micro {figures['micro_batch_size']} x {figures['gradient_accumulation_steps']} = global "
             f"{figures['global_batch_size']}, seq {figures['seq_length']}; median step "
             f"{figures['step_time_s']['median'] * 1000:.1f} ms over {figures['steps']}, "
-            f"{figures['tokens_per_s']:,.0f} tokens/s, {figures['tflops_per_device']:.1f} TFLOP/s, peak memory "
+            f"{figures['tokens_per_s']:,.0f} tokens/s, "
+            + (f"{figures['tflops_per_device']:.1f} TFLOP/s" if figures["tflops_per_device"] is not None
+               else f"TFLOP/s not counted ({figures['flops_formula']})") + ", peak memory "
             + (f"{peak / 2**30:.2f} GiB" if peak is not None else "not measured"))
 
 

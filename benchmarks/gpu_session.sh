@@ -15,10 +15,13 @@
 #           one device; the planner skips what does not fit)
 #   batch   `hwbench sweep speed-1.3b` (HWBENCH_BATCH_SUITE): 1.3B at seq 2048, bf16, micro batch
 #           candidates with and without recompute
+#   fp8     `hwbench sweep fp8` (HWBENCH_FP8_SUITE): Llama 3.2 1B and 3B at seq 8192 on one card, bf16
+#           beside FP8 tensorwise and rowwise, compiled: the FP8 speed-up, its MFU against the BF16
+#           peak, and the loss beside the BF16 run's
 #   report  `hwbench report` of this folder's results and of HWBENCH_EARLIER (earlier loans'
 #           result folders, space-separated) against results/published (report.md, report.html:
 #           per-device ratios to the published rows, the planner's prediction beside every peak)
-#   all     probe fast run sweep batch report (a machine without a per-call limit)
+#   all     probe fast run sweep batch fp8 report (a machine without a per-call limit)
 # Every stage resumes: a sweep keeps its finished points, the side-by-side its finished repeats,
 # the probe its calibration and run. Results stay in SESSION (default: gpu-session/ in this
 # checkout, git-ignored), which a warm device machine keeps between calls. After every step the
@@ -44,7 +47,7 @@
 # gpu-site/ (HWBENCH_WHEELS, HWBENCH_SITE name others), which goes on PYTHONPATH.
 set -uo pipefail
 
-STAGES="probe, fast, run, sweep, batch, report, all"
+STAGES="probe, fast, run, sweep, batch, fp8, report, all"
 usage() { echo "usage: gpu_session.sh [--dest DIR] STAGE... (stages: $STAGES)" >&2; exit 2; }
 here="$(cd "$(dirname "$0")/.." && pwd)"
 dest="${OUT:-}"
@@ -52,8 +55,8 @@ stages=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dest) [ $# -ge 2 ] || usage; dest="$2"; shift 2 ;;
-    probe|fast|run|sweep|batch|report) stages+=("$1"); shift ;;
-    all) stages+=(probe fast run sweep batch report); shift ;;
+    probe|fast|run|sweep|batch|fp8|report) stages+=("$1"); shift ;;
+    all) stages+=(probe fast run sweep batch fp8 report); shift ;;
     *) echo "gpu_session.sh: stage '$1' is not known; accepted: $STAGES" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +92,7 @@ precision="${HWBENCH_PRECISION:-bf16}"
 suite="${HWBENCH_SUITE:-published-1dev}"
 fast_suite="${HWBENCH_FAST_SUITE:-fast}"
 batch_suite="${HWBENCH_BATCH_SUITE:-speed-1.3b}"
+fp8_suite="${HWBENCH_FP8_SUITE:-fp8}"
 read -r -a run_args <<< "${HWBENCH_RUN_ARGS:-}"  # extra options for the run stage (both sides)
 py="${HWBENCH_PYTHON:-python3}"  # the Python that has torch (the device image's python3)
 wheels="${HWBENCH_WHEELS:-$here/gpu-wheels}"
@@ -233,14 +237,17 @@ stage_fast() { step fast "${hw[@]}" sweep "$fast_suite" --device "$device" --out
 
 stage_batch() { step batch "${hw[@]}" sweep "$batch_suite" --device "$device" --out "$session/batch"; }
 
+stage_fp8() { step fp8 "${hw[@]}" sweep "$fp8_suite" --device "$device" --out "$session/fp8"; }
+
 stage_report() {
   local inputs=()
   local folder
-  for folder in "$session"/side-by-side/r*/hwbench "$session/fast" "$session/sweep" "$session/batch" "${earlier[@]}"; do
+  for folder in "$session"/side-by-side/r*/hwbench "$session/fast" "$session/sweep" "$session/batch" "$session/fp8" \
+      "${earlier[@]}"; do
     [ -d "$folder" ] && inputs+=("$folder")  # an unmatched glob stays as written: not a folder
   done
   if [ ${#inputs[@]} -eq 0 ]; then
-    say "== report: no results yet (run the fast, run, sweep or batch stage first)"
+    say "== report: no results yet (run the fast, run, sweep, batch or fp8 stage first)"
     status=1
     return
   fi

@@ -66,7 +66,8 @@ def result_rows(folder: Path) -> list[tuple[str, ...]]:
         hfu = " HFU" if counts_hardware_flops(metrics.flops_formula, spec.recompute) else ""
         rows.append(
             (
-                f"{path.parent.relative_to(folder)}: {spec.model} {spec.precision}",
+                f"{path.parent.relative_to(folder)}: {spec.model} {spec.precision}"
+                + (f" {spec.fp8_recipe} (MFU vs bf16 peak)" if spec.fp8_recipe else ""),
                 result.status,
                 f"{spec.micro_batch_size}/{spec.global_batch_size} x {spec.seq_length}",
                 "y" if spec.recompute else "n",
@@ -106,7 +107,7 @@ ENDED_WITHOUT_FAULT = {"ok", "skipped"}  # skipped: the planner said it does not
 def on_a_real_accelerator(result) -> bool:
     """The goals judge an accelerator's own results: a stand-in's figures describe no card, and a
     CPU (the mechanics rehearsed here) is held to none of them."""
-    return result.device.backend not in (None, "cpu") and not result.device.simulated
+    return result.device.backend not in (None, "cpu") and not result.stand_in  # simulated, or FP8 emulated
 
 
 def _name(path: Path, folder: Path) -> str:

@@ -41,9 +41,10 @@ from pydantic_core import PydanticCustomError
 from hwbench.device.kinds import DEVICE_KINDS
 from hwbench.errors import SetupError
 from hwbench.fields import MAX_COUNT, Flag, problem_text
+from hwbench.precision import FP8, PRECISIONS
 from hwbench.workload.config import GPTConfig, RopeScaling
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PEAK_PRECISIONS = (*PRECISIONS, FP8)  # an entry's peaks: fp8 optional (docs/catalog.md)
 LR_DECAY_STYLES = ("cosine", "linear", "constant")  # Megatron-LM's --lr-decay-style choices hwbench runs
 BACKENDS = DEVICE_KINDS  # an entry's backend: a kind of the registry
 # dense = listed / 2 when the source lists the figure with 2:4 structured sparsity; compared
@@ -191,11 +192,16 @@ def _peak(value: Any) -> PeakFigure:
 
 
 class _PeakTable(_Entry):
-    """peak_flops as a file gives it; an entry holds it as {precision: PeakFigure}, in PRECISIONS' order."""
+    """peak_flops as a file gives it; an entry holds it as {precision: PeakFigure}, in PEAK_PRECISIONS'
+    order. fp8 may be left out (an entry written before it): its peak is then not listed."""
 
     bf16: Annotated[PeakFigure, BeforeValidator(_peak)]
     fp16: Annotated[PeakFigure, BeforeValidator(_peak)]
     fp32: Annotated[PeakFigure, BeforeValidator(_peak)]
+    fp8: Annotated[PeakFigure | None, BeforeValidator(_peak)] = None
+
+    def by_precision(self) -> dict[str, PeakFigure]:
+        return {p: getattr(self, p) for p in PEAK_PRECISIONS if getattr(self, p) is not None}
 
 
 class PowerLimitMatch(_Entry):
@@ -240,7 +246,7 @@ class DeviceModel(_FromFile):
     if TYPE_CHECKING:
         peak_flops: dict[str, PeakFigure]
     else:  # the file's table, held as {precision: PeakFigure}
-        peak_flops: Annotated[_PeakTable, AfterValidator(lambda table: {p: getattr(table, p) for p in PRECISIONS}),
+        peak_flops: Annotated[_PeakTable, AfterValidator(_PeakTable.by_precision),
                               PlainSerializer(lambda peaks: {p: figure.model_dump() for p, figure in peaks.items()})]
     compute_units: Wanted | None = None  # compute units (CUs, SMs) the peak figures count
     match_by_power_limit: PowerLimitMatch | None = None

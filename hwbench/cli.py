@@ -39,6 +39,7 @@ COMMANDS = {
                 "DIR` for `hwbench compare`",
     "history": "keep every result in a database; change points per series, exit 3 on an open regression",
     "parity": "compare the loss curves of two runs; exit 1 when they diverge",
+    "collectives": "all-reduce, all-gather, ... between the ranks of this node, as nccl-tests reports them",
     "calibrate": "measure the GEMM rate and copy bandwidth this device reaches; runs then report MFU against it",
     "system": "an MLPerf-style system description of the machine a result ran on",
     "preflight": "check the machine before measuring: other processes, clocks, governor, swap, quota, ...; "

@@ -4,9 +4,12 @@ without importing the training loop."""
 
 from __future__ import annotations
 
-from hwbench.catalog import Catalog, DeviceMatch, DeviceModel
+import importlib.util
+
+from hwbench.catalog import Catalog, DeviceMatch, DeviceModel, load_catalog
 from hwbench.device import Backend, select_backend
-from hwbench.errors import UsageError
+from hwbench.errors import SetupError, UsageError
+from hwbench.precision import BLOCK_SCALED_RECIPES, DEFAULT_FP8_RECIPE, FP8
 from hwbench.spec import RunSpec
 
 
@@ -16,7 +19,36 @@ def checked_backend(spec: RunSpec) -> Backend:
     problem = backend.precision_problem(spec.precision)
     if problem:
         raise UsageError(f"--precision {spec.precision}: {problem}")
+    if spec.precision == FP8:
+        if importlib.util.find_spec("torchao") is None:
+            raise SetupError("--precision fp8 trains through torchao, which is not installed: pip install "
+                             "'hwbench[fp8]' (torchao 0.18 or later, built for this torch)")
+        problem = fp8_problem(backend, spec.fp8_recipe or DEFAULT_FP8_RECIPE)
+        if problem:
+            raise UsageError(f"--precision fp8 --fp8-recipe {spec.fp8_recipe}: {problem}; accepted here: "
+                             "--precision bf16")
     return backend
+
+
+def fp8_problem(backend: Backend, recipe: str, catalog: Catalog | None = None) -> str | None:
+    """Why this device cannot train with FP8 ``recipe``, or None: it has the matrix units, or it
+    emulates FP8 (the CPU). The backend says where it can tell (a GPU's compute capability or
+    architecture); elsewhere the device's catalog entry does: an entry without an fp8 peak
+    lists no FP8 units, and neither does a device without an entry."""
+    if backend.fp8_emulation():
+        return None
+    has, why = backend.fp8_units(block_scaled=recipe in BLOCK_SCALED_RECIPES)
+    if has is not None:
+        return None if has else why
+    _, found = identify_device(backend, catalog or load_catalog())
+    if found.entry is None:
+        return f"nothing says this device has FP8 matrix units ({why}; {found.why})"
+    figure = found.entry.peak_flops.get(FP8)
+    if figure is None or figure.dense is None:
+        listed = f"null: {figure.unavailable}" if figure else "not listed"
+        return (f"nothing says this device has FP8 matrix units ({why}; its catalog entry {found.entry.name!r} has "
+                f"no fp8 peak, {listed})")
+    return None
 
 
 def device_model_name(backend: Backend) -> str:

@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hwbench.arguments import Option
-from hwbench.catalog import LR_DECAY_STYLES, PRECISIONS
+from hwbench.catalog import LR_DECAY_STYLES
 from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
+from hwbench.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES, RUN_PRECISIONS
 from hwbench.target import number_as_text, valid_target_ppl
 from hwbench.units import parse_size
 from hwbench.workload.config import CROSS_ENTROPY_CHOICES, CROSS_ENTROPY_CHUNK_TOKENS
@@ -110,7 +111,18 @@ class RunOptions:
         accepts=f"an integer from --seq-length to {MAX_POSITIONS}",
         megatron=("--max-position-embeddings",),
     )  # its range spans --seq-length: hwbench.spec checks it
-    precision: str | None = option("fp32, or bf16/fp16 autocast", default_rule="the workload's", choices=PRECISIONS)
+    precision: str | None = option(
+        "fp32, bf16/fp16 autocast, or fp8: torchao's float8 training of the transformer blocks' linear layers, "
+        "the rest as a bf16 run (docs/methodology.md, 'FP8 training')",
+        default_rule="the workload's",
+        choices=RUN_PRECISIONS,
+    )
+    fp8_recipe: str | None = option(
+        "how --precision fp8 scales its tensors: tensorwise (one scale per tensor), rowwise (one per row, powers "
+        "of 2), mxfp8 (one per 32 elements; the matrix units of NVIDIA Blackwell)",
+        default_rule=f"{DEFAULT_FP8_RECIPE} with --precision fp8",
+        choices=FP8_RECIPES,
+    )
     recompute: bool | None = option("activation checkpointing of every block", default_rule="the workload's")
     compile: bool | None = option(
         "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on"

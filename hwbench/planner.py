@@ -15,7 +15,10 @@ after tensor and pipeline parallelism, before data-parallel sharding):
 all-reduce buffer, foreach AdamW temporaries, DeepSpeed's fp32 gradient copy),
 when the activations are already freed. The shape is GPTConfig's: Megatron GPT-2
 or the Llama architecture (grouped-query attention, SwiGLU, RMSNorm, RoPE, an
-untied output layer), each term following the switches.
+untied output layer, Qwen3's head size and QK-norm), each term following the
+switches; a mixture of experts adds its router, every expert's weights (their
+share on this rank with expert parallelism: ``expert_parallel``) with their
+gradients and AdamW state, and what the routed tokens keep for the backward.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from hwbench.errors import UsageError
 from hwbench.spec import ENGINES, RunSpec
 from hwbench.units import GIB, parse_size  # noqa: F401  (parse_size: planner.parse_size, as before)
 from hwbench.workload.config import CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig, stage_layers
+from hwbench.workload.params import count_parameters
 
 # Fixed per-device framework memory outside the tensors counted here: the device
 # kind's estimate (hwbench/device/kinds.py; docs/planner.md).
@@ -46,13 +50,19 @@ FP32 = 4
 HALF = 2
 
 
+def expert_parallel(spec: RunSpec) -> int:
+    """The expert-parallel degree of ``spec`` (--ep, Megatron's --expert-model-parallel-size): the
+    data-parallel ranks each layer's routed experts are split over; 1 where the spec has none."""
+    return int(getattr(spec.parallel, "ep", 1) or 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class StageParams:
-    """Parameters one rank of a pipeline stage holds, after tensor parallelism and
+    """Parameters one rank of a pipeline stage holds, after tensor and expert parallelism and
     before any data-parallel sharding."""
 
     blocks: int  # parameters of this stage's transformer blocks (this TP rank's share)
-    block: int  # one block's parameters (this TP rank's share)
+    block: int  # the largest of its blocks (an MoE one where there is one; this TP rank's share)
     embedding: int  # word (V*h/t) + learned position (P*h; none with RoPE) embeddings: the first stage
     # final norm, plus the output layer's weight where it is not the word embedding's (untied, or
     # tied with pp > 1: the last stage's own copy): the last stage
@@ -61,6 +71,9 @@ class StageParams:
     # what this stage's linear layers read (their weights and biases, and the output layer's
     # weight on the last stage): the parameters autocast casts to 16 bits
     linear: int = 0
+    # this rank's routed experts' weights (in ``blocks``): sharded over the expert-data-parallel
+    # ranks (dp / ep) where the others are sharded over dp
+    experts: int = 0
 
     @property
     def total(self) -> int:
@@ -111,34 +124,64 @@ def norm_parameters(config: GPTConfig) -> int:
     return 2 * config.hidden_size if config.normalization == "LayerNorm" else config.hidden_size
 
 
-def block_parameters(config: GPTConfig, tp: int) -> int:
-    """One block's parameters on one TP rank (hwbench/engine/parallelize.py's split, Megatron's):
-    q, k, v and fc1 (SwiGLU: gate and up) column-parallel, weights and biases / t; out_proj and
-    fc2 (down) row-parallel, weights / t, biases whole; both norms whole. With f = ffn_size and
-    kv = kv_heads x head size: (2h^2 + 2h*kv + m*h*f [+ h + 2kv + n*f]) / t + 2 norms [+ 2h],
-    m = 2 (GELU) or 3 (SwiGLU), n = 1 or 2, [...] with biases. Megatron GPT-2 (kv = h, f = 4h,
-    biases, LayerNorm): (12h^2 + 7h) / t + 6h, so 12h^2 + 13h at t = 1."""
+def qk_norm_parameters(config: GPTConfig) -> int:
+    """QK-norm's two norms over the head size (Qwen3's q_norm and k_norm), whole on every rank."""
+    if not config.qk_layernorm:
+        return 0
+    return 2 * config.head_dim * (2 if config.normalization == "LayerNorm" else 1)
+
+
+def routed_expert_parameters(config: GPTConfig, tp: int, layer: int, ep: int) -> int:
+    """One rank's routed experts in layer ``layer``: E / ep SwiGLU experts of width f_e (3 h f_e
+    each), their width split over tp as the dense MLP's (Megatron's expert tensor parallelism
+    defaults to tp); 0 in a dense layer."""
+    if not config.is_moe_layer(layer):
+        return 0
+    assert config.num_experts is not None
+    return (config.num_experts // ep) * 3 * config.hidden_size * config.moe_ffn_size // tp
+
+
+def block_parameters(config: GPTConfig, tp: int, layer: int = 0, ep: int = 1) -> int:
+    """Block ``layer``'s parameters on one TP rank (hwbench/engine/parallelize.py's split,
+    Megatron's): q, k, v and fc1 (SwiGLU: gate and up) column-parallel, weights and biases / t;
+    out_proj and fc2 (down) row-parallel, weights / t, biases whole; the norms (QK-norm's too)
+    whole. With f = ffn_size, q = heads x head size and kv = kv_heads x head size:
+    (2h*q + 2h*kv + m*h*f [+ q + 2kv + n*f]) / t + 2 norms [+ 2h], m = 2 (GELU) or 3 (SwiGLU),
+    n = 1 or 2, [...] with biases. Megatron GPT-2 (q = kv = h, f = 4h, biases, LayerNorm):
+    (12h^2 + 7h) / t + 6h, so 12h^2 + 13h at t = 1. An MoE layer's MLP: the router (E x h,
+    whole), this rank's routed experts (``routed_expert_parameters``) and the shared experts
+    (3 h f_s / t)."""
     h, f, kv = config.hidden_size, config.ffn_size, config.kv_heads * config.head_dim
-    split = 2 * h * h + 2 * h * kv + (3 if config.swiglu else 2) * h * f
-    whole = 2 * norm_parameters(config)
-    if config.add_bias_linear:
-        split += h + 2 * kv + (2 if config.swiglu else 1) * f
+    q = config.num_attention_heads * config.head_dim
+    split = 2 * h * q + 2 * h * kv
+    whole = 2 * norm_parameters(config) + qk_norm_parameters(config)
+    if config.is_moe_layer(layer):
+        assert config.num_experts is not None
+        whole += config.num_experts * h
+        split += 3 * h * (config.moe_shared_expert_intermediate_size or 0)
+    else:
+        split += (3 if config.swiglu else 2) * h * f
+    if config.add_bias_linear:  # never with experts (GPTConfig refuses it)
+        split += q + 2 * kv + (2 if config.swiglu else 1) * f
         whole += 2 * h
-    return split // tp + whole
+    return split // tp + whole + routed_expert_parameters(config, tp, layer, ep)
 
 
-def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StageParams:
+def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int, ep: int = 1) -> StageParams:
     """Exact per-rank parameter counts (hwbench/engine/parallelize.py's split).
 
-    Blocks: ``block_parameters``. The word embedding and the output layer are vocab-parallel
-    (V/t rows); learned positions (none with RoPE) are whole, on the first stage. The output
-    layer lives on the last stage: its weight is the word embedding's when tied and pp = 1,
-    else a weight of its own (untied: Llama 3.1 8B, 70B; tied with pp > 1: a copy).
-    Linear layers' parameters: the block less its two norms, and the output layer's weight."""
+    Blocks: ``block_parameters`` of each of the stage's layers (dense and MoE ones alike). The
+    word embedding and the output layer are vocab-parallel (V/t rows); learned positions (none
+    with RoPE) are whole, on the first stage. The output layer lives on the last stage: its
+    weight is the word embedding's when tied and pp = 1, else a weight of its own (untied: Llama
+    3.1 8B, 70B, Mixtral; tied with pp > 1: a copy). Linear layers' parameters: the blocks less
+    their norms, and the output layer's weight."""
     h = config.hidden_size
     vocab = config.padded_vocab_size(tp)
-    block = block_parameters(config, tp)
-    layers = len(stage_layers(config.num_layers, pp, stage))
+    indices = stage_layers(config.num_layers, pp, stage)
+    blocks = [block_parameters(config, tp, layer, ep) for layer in indices]
+    norms = 2 * norm_parameters(config) + qk_norm_parameters(config)
+    layers = len(indices)
     embedding = 0
     if stage == 0:
         embedding = vocab * h // tp + (0 if config.rope else config.max_position_embeddings * h)
@@ -147,9 +190,10 @@ def stage_parameters(config: GPTConfig, tp: int, pp: int, stage: int) -> StagePa
         output = vocab * h // tp
         own_output = pp > 1 or config.untie_embeddings_and_output_weights
         head = norm_parameters(config) + (output if own_output else 0)
-    linear = layers * (block - 2 * norm_parameters(config)) + output
-    return StageParams(blocks=layers * block, block=block, embedding=embedding, head=head, layers=layers,
-                       linear=linear)
+    linear = sum(blocks) - layers * norms + output
+    return StageParams(blocks=sum(blocks), block=max(blocks, default=0), embedding=embedding, head=head,
+                       layers=layers, linear=linear,
+                       experts=sum(routed_expert_parameters(config, tp, layer, ep) for layer in indices))
 
 
 # activations ------------------------------------------------------------------------
@@ -191,14 +235,20 @@ class SavedPerToken:
 
     norms: int  # both norms: input and statistics (``norm_saved_per_token``)
     attention_inputs: int  # copies of the first norm's output that q, k and v keep
-    mlp_inputs: int  # copies of the second norm's output that fc1 (gate and up) keep
+    # copies of the second norm's output that fc1 (gate and up; an MoE layer's router, shared experts) keep
+    mlp_inputs: int
     qkv: int  # what attention keeps of q, k and v (``qkv_saved_per_token``)
     attention: int  # SDPA's output (out_proj's input) and its fp32 log-sum-exp per head
-    mlp: int  # GELU: fc1's output, GELU's; SwiGLU: gate's and up's outputs, SiLU's, their product
+    # GELU: fc1's output, GELU's; SwiGLU: gate's and up's outputs, SiLU's, their product (MoE: the shared experts')
+    mlp: int
+    qk_norms: int = 0  # QK-norm's inputs and statistics (``qk_norm_saved_per_token``)
+    router: int = 0  # an MoE layer's routing: scores, each token's experts and weights, the dispatch order
+    experts: int = 0  # an MoE layer's routed rows: the grouped GEMMs' inputs and outputs, each top-k assignment
 
     @property
     def total(self) -> int:
-        return self.norms + self.attention_inputs + self.mlp_inputs + self.qkv + self.attention + self.mlp
+        return (self.norms + self.attention_inputs + self.mlp_inputs + self.qkv + self.attention + self.mlp
+                + self.qk_norms + self.router + self.experts)
 
 
 def norm_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
@@ -215,28 +265,105 @@ def norm_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
 
 
 def qkv_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
-    """What attention keeps of q (h wide) and k, v (kv = kv_heads x head size wide each), before
-    tensor parallelism. Separate projections: the (rotated) q and k and v, ``act x (h + 2kv)``:
-    grouped-query attention narrows k and v, and RoPE keeps its tables, not q and k before the
-    rotation. One fused projection: its whole output, which the views attention keeps hold alive,
-    and the copies made of it: q when rotated or gathered from its groups (GQA), k when rotated."""
-    h, kv, c = config.hidden_size, config.kv_heads * config.head_dim, rules.act
-    saved = c * (h + 2 * kv)
+    """What attention keeps of q (q = heads x head size wide: h unless kv_channels says) and k, v
+    (kv = kv_heads x head size wide each), before tensor parallelism. Separate projections: the
+    (rotated) q and k and v, ``act x (q + 2kv)``: grouped-query attention narrows k and v, and
+    RoPE keeps its tables, not q and k before the rotation. One fused projection: its whole
+    output, which the views attention keeps hold alive, and the copies made of it: q when rotated
+    or gathered from its groups (GQA), k when rotated."""
+    q, kv, c = config.num_attention_heads * config.head_dim, config.kv_heads * config.head_dim, rules.act
+    saved = c * (q + 2 * kv)
     if rules.fused_qkv:
         grouped = config.kv_heads < config.num_attention_heads
-        saved += c * h * (config.rope or grouped) + c * kv * config.rope
+        saved += c * q * (config.rope or grouped) + c * kv * config.rope
     return saved
 
 
-def saved_per_token(config: GPTConfig, tp: int, rules: SaveRules) -> SavedPerToken:
-    h, f, c = config.hidden_size, config.ffn_size, rules.act
+def qk_norm_saved_per_token(config: GPTConfig, rules: SaveRules) -> int:
+    """What QK-norm (Qwen3) keeps per token, before tensor parallelism: for each query and key
+    head, what ``norm_saved_per_token`` keeps of a norm over the head size D. Its input is the
+    projection's output in the activation dtype, so the fused RMSNorm runs only where that is the
+    weights' dtype (fp32; DeepSpeed's 16-bit module): input and fp32 rstd, ``act x D + 4``.
+    Under autocast (bf16 input, fp32 gain) torch falls back to the composite on every device:
+    the fp32 input and normalised output and rstd, ``8D + 4`` (measured on the CPU)."""
+    if not config.qk_layernorm:
+        return 0
+    heads, D = config.num_attention_heads + config.kv_heads, config.head_dim
+    if config.normalization == "LayerNorm":
+        return heads * (rules.act * D + 2 * FP32)
+    fused = rules.fused_rms_norm and rules.act == rules.residual  # one dtype: no autocast
+    saved = heads * ((rules.act * D if fused else 2 * FP32 * D) + FP32)
+    if rules.fused_qkv and (fused or rules.act == FP32):
+        # the input kept is the projection's output itself (not an fp32 upcast): for k a view of
+        # the fused output, which qkv_saved_per_token counts; for q too without groups to gather
+        grouped = config.kv_heads < config.num_attention_heads
+        saved -= rules.act * D * (config.kv_heads + (0 if grouped else config.num_attention_heads))
+    return saved
+
+
+def router_saved_per_token(config: GPTConfig) -> int:
+    """What an MoE layer's routing keeps per token (hwbench.workload.moe, measured): the fp32
+    scores (E), the top k experts (int64) and the k weights combine multiplies by (fp32); where
+    they are renormalised (softmax but moe_router_pre_softmax; sigmoid with k > 1), also the k
+    unnormalised ones and their sum; sigmoid's load-balancing scores keep their sum; the dispatch
+    keeps the sorted order and each row's token (int64, k each); a capacity keeps two masks of the
+    kept assignments (bool, k each)."""
+    k, E = config.moe_router_topk, config.num_experts or 0
+    saved = FP32 * E + 8 * k + FP32 * k + 2 * 8 * k
+    sigmoid = config.moe_router_score_function == "sigmoid"
+    if (not sigmoid and not config.moe_router_pre_softmax) or (sigmoid and k > 1):
+        saved += FP32 * k + FP32
+    if sigmoid:
+        saved += FP32
+    if config.moe_expert_capacity_factor is not None:
+        saved += 2 * k
+    return saved
+
+
+def experts_saved_per_token(config: GPTConfig, tp: int, ep: int, rules: SaveRules) -> int:
+    """What an MoE layer's routed experts keep per token, each of its k assignments a row: the
+    grouped GEMMs' input (the token's row, one copy per projection that casts it under
+    autocast: ``mlp_input_copies``), gate's and up's outputs, SiLU's and their product (4 f_e,
+    f_e / t), down's output (combine's index_copy keeps its source) and the unsorted rows combine
+    weights. Balanced routing: each rank runs as many rows as its tokens have assignments. With
+    expert parallelism (ep > 1) the all-to-all's receive buffers each way, dispatch's and
+    combine's, k x h each (planned, not yet measured: docs/planner.md)."""
+    k, h, c = config.moe_router_topk, config.hidden_size, rules.act
+    saved = k * (rules.mlp_input_copies * c * h + 4 * c * config.moe_ffn_size // tp + 2 * c * h)
+    return saved + (2 * k * c * h if ep > 1 else 0)
+
+
+def moe_saved_per_layer(config: GPTConfig) -> int:
+    """An MoE layer's saved tensors of a fixed size per micro-batch: the grouped GEMMs' offsets
+    (int32, E) and, with a load-balancing loss, the assignments per expert (int64, E). (A
+    capacity's choice of each expert's tokens is saved by a branch the forward drops: freed.)"""
+    assert config.num_experts is not None
+    return 4 * config.num_experts + (8 * config.num_experts if config.moe_aux_loss_coeff > 0 else 0)
+
+
+def saved_per_token(config: GPTConfig, tp: int, rules: SaveRules, layer: int = 0, ep: int = 1) -> SavedPerToken:
+    """What block ``layer`` keeps per token. An MoE layer's MLP: the router reads the norm's
+    output (under autocast its own 16-bit cast; in fp32 the output itself, which the shared
+    experts read too, one copy), the shared experts' gate and up cast it again under autocast,
+    and keep a SwiGLU's 4 f_s; the routing and the routed rows as ``router_saved_per_token`` and
+    ``experts_saved_per_token``."""
+    h, c = config.hidden_size, rules.act
+    q = config.num_attention_heads * config.head_dim
+    shared = 0 if config.is_moe_layer(layer) else config.ffn_size  # the dense MLP, or the shared experts
+    mlp_inputs = rules.mlp_input_copies
+    if config.is_moe_layer(layer):
+        shared = config.moe_shared_expert_intermediate_size or 0
+        mlp_inputs = 1 if rules.mlp_input_copies == 1 else 1 + (rules.mlp_input_copies if shared else 0)
     return SavedPerToken(
         norms=2 * norm_saved_per_token(config, rules),
         attention_inputs=rules.attention_input_copies * c * h,
-        mlp_inputs=rules.mlp_input_copies * c * h,
+        mlp_inputs=mlp_inputs * c * h,
         qkv=qkv_saved_per_token(config, rules) // tp,
-        attention=(c * h + FP32 * config.num_attention_heads) // tp,
-        mlp=(4 if config.swiglu else 2) * c * f // tp)
+        attention=(c * q + FP32 * config.num_attention_heads) // tp,
+        mlp=(4 if config.swiglu else 2) * c * shared // tp,
+        qk_norms=qk_norm_saved_per_token(config, rules) // tp,
+        router=router_saved_per_token(config) if config.is_moe_layer(layer) else 0,
+        experts=experts_saved_per_token(config, tp, ep, rules) if config.is_moe_layer(layer) else 0)
 
 
 def rope_saved_per_layer(config: GPTConfig, s: int, rules: SaveRules) -> int:
@@ -251,12 +378,14 @@ def rope_tables_bytes(config: GPTConfig, s: int) -> int:
     return 2 * s * config.head_dim * FP32 if config.rope else 0
 
 
-def activation_bytes_per_layer(s: int, b: int, config: GPTConfig, tp: int, rules: SaveRules) -> int:
-    """Bytes one block keeps for its backward: ``saved_per_token`` for each of the s*b tokens,
-    and RoPE's per-sequence casts. Megatron GPT-2 with act = residual = 2 (DeepSpeed's 16-bit
-    module): s*b*h*(8 + 24/t) plus the norms' and softmax's statistics, Korthikanti's
-    10 + 24/t less the two dropout masks."""
-    return s * b * saved_per_token(config, tp, rules).total + rope_saved_per_layer(config, s, rules)
+def activation_bytes_per_layer(s: int, b: int, config: GPTConfig, tp: int, rules: SaveRules, layer: int = 0,
+                               ep: int = 1) -> int:
+    """Bytes block ``layer`` keeps for its backward: ``saved_per_token`` for each of the s*b
+    tokens, RoPE's per-sequence casts and an MoE layer's fixed-size ones. Megatron GPT-2 with
+    act = residual = 2 (DeepSpeed's 16-bit module): s*b*h*(8 + 24/t) plus the norms' and
+    softmax's statistics, Korthikanti's 10 + 24/t less the two dropout masks."""
+    moe = moe_saved_per_layer(config) if config.is_moe_layer(layer) else 0
+    return s * b * saved_per_token(config, tp, rules, layer, ep).total + rope_saved_per_layer(config, s, rules) + moe
 
 
 def _dtype_bytes(spec: RunSpec) -> tuple[int, int, int, int]:
@@ -307,8 +436,8 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     config = spec.model_config(config)
     if backend_name not in OVERHEAD_BYTES:
         raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(DEVICE_KINDS)}")
-    params = stage_parameters(config, spec.parallel.tp, spec.parallel.pp, stage)
-    states = _states(spec, backend_name, params.total)
+    params = stage_parameters(config, spec.parallel.tp, spec.parallel.pp, stage, expert_parallel(spec))
+    states = _states(spec, backend_name, params.total, params.experts)
     rules = save_rules(spec, backend_name, config)
     in_flight = microbatches_in_flight(spec, stage)
     activations, activation_notes = _activations(spec, config, params, stage, in_flight, rules)
@@ -334,30 +463,34 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
                       parameters=params.total, microbatches_in_flight=in_flight, notes=notes)
 
 
-def _states(spec: RunSpec, backend_name: str, n: int) -> _States:
-    """The states of ``n`` parameters under the engine, precision and sharding of ``spec``."""
+def _states(spec: RunSpec, backend_name: str, n: int, experts: int = 0) -> _States:
+    """The states of ``n`` parameters under the engine, precision and sharding of ``spec``; the
+    ``experts`` among them (this rank's routed experts) are sharded over the expert-data-parallel
+    ranks (dp / ep, those holding the same experts), the others over dp."""
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
+    expert_dp = max(1, dp // expert_parallel(spec))
+
+    def shard(bytes_per_parameter: int) -> int:
+        return _ceil((n - experts) * bytes_per_parameter, dp) + _ceil(experts * bytes_per_parameter, expert_dp)
+
     w_b, g_b, _, _ = _dtype_bytes(spec)
     notes: list[str] = []
     deepspeed = spec.engine == "deepspeed"
     half = spec.precision != "fp32"
     zero = spec.zero_stage if deepspeed and dp > 1 else 0
+    opt_per_param = _optimizer_bytes_per_parameter(spec)
     if deepspeed and half:
-        # ZeRO paper: 2 (fp16 weights) + 2 (fp16 grads) + K = 12 (fp32 master, m, v) bytes/param
-        opt_per_param = 3 * FP32
         notes.append("deepspeed 16-bit: 2+2+12 bytes/param (ZeRO paper, K=12)")
-    else:
-        opt_per_param = 2 * FP32  # AdamW: two fp32 moments
     weights, gradients, optimizer = n * w_b, n * g_b, n * opt_per_param
     sharded = spec.fsdp and dp > 1
     if sharded:  # FSDP2: everything sharded over dp (padding to a multiple of dp ignored)
-        weights, gradients, optimizer = _ceil(weights, dp), _ceil(gradients, dp), _ceil(optimizer, dp)
+        weights, gradients, optimizer = shard(w_b), shard(g_b), shard(opt_per_param)
     if zero >= 1:
-        optimizer = _ceil(optimizer, dp)
+        optimizer = shard(opt_per_param)
     if zero >= 2:
-        gradients = _ceil(gradients, dp)
+        gradients = shard(g_b)
     if zero >= 3:
-        weights = _ceil(weights, dp)
+        weights = shard(w_b)
 
     buffers = step_transient = 0
     if not deepspeed and dp > 1 and not spec.fsdp:
@@ -372,10 +505,24 @@ def _states(spec: RunSpec, backend_name: str, n: int) -> _States:
         step_transient = max(step_transient, _ceil(n * FP32, dp if zero >= 1 else 1))
     if not deepspeed and not KINDS[backend_name].fused_adamw:
         # foreach AdamW (no fused kernel): sqrt(v) temporaries the size of the local parameters
-        local = _ceil(n, dp) if sharded else n
+        local = shard(1) if sharded else n
         step_transient = max(step_transient, local * FP32)
         notes.append(f"{backend_name}: foreach AdamW temporaries at the step")
     return _States(weights, gradients, optimizer, buffers, step_transient, tuple(notes))
+
+
+def _optimizer_bytes_per_parameter(spec: RunSpec) -> int:
+    """AdamW's state per parameter: two fp32 moments, and DeepSpeed's fp32 master weight beside
+    them under 16 bits (the ZeRO paper's K = 12: 2 + 2 + 12 bytes per parameter)."""
+    return 3 * FP32 if spec.engine == "deepspeed" and spec.precision != "fp32" else 2 * FP32
+
+
+def state_bytes(spec: RunSpec, config: GPTConfig) -> int:
+    """Every parameter's weight, gradient and optimizer state under ``spec``'s engine and
+    precision (16 bytes a parameter for each engine and precision hwbench runs): what a job's
+    devices hold together at the least, since sharding divides it among them and removes none."""
+    w_b, g_b, _, _ = _dtype_bytes(spec)
+    return count_parameters(spec.model_config(config)).total * (w_b + g_b + _optimizer_bytes_per_parameter(spec))
 
 
 def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: int, in_flight: int,
@@ -384,15 +531,19 @@ def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: i
     (or with recompute their inputs, and one block's while it is recomputed), and on the last
     stage the final norm's and the output layer's inputs."""
     s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size
-    full_layer = activation_bytes_per_layer(s, b, config, spec.parallel.tp, rules)
+    layers = [activation_bytes_per_layer(s, b, config, spec.parallel.tp, rules, layer, expert_parallel(spec))
+              for layer in stage_layers(config.num_layers, spec.parallel.pp, stage)]
     notes: tuple[str, ...] = ()
     if spec.recompute:
         per_micro = params.layers * s * b * h * rules.residual  # each block's input only
-        recompute_peak = full_layer if params.layers else 0  # one block's activations while it is recomputed
+        recompute_peak = max(layers, default=0)  # one block's activations while it is recomputed
         notes = ("recompute: block inputs kept, one block recomputed at a time",)
     else:
-        per_micro = params.layers * full_layer
+        per_micro = sum(layers)
         recompute_peak = 0
+    if expert_parallel(spec) > 1:
+        notes += ("expert parallelism: balanced routing assumed; the all-to-all buffers are planned, not yet "
+                  "measured",)
     if stage == spec.parallel.pp - 1:
         per_micro += s * b * (norm_saved_per_token(config, rules) + h * rules.act)
     elif spec.engine == "native":  # the pipeline keeps the stage's output for its backward (fwd_cache)

@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 
 def implausible_throughput(achieved_flops: float, device: Device) -> str | None:
     """Why ``achieved_flops`` (model FLOP/s per device) cannot be right on ``device`` (the
-    result's device section), or None when it can."""
-    peak = device.peak_flops
+    result's device section), or None when it can. An FP8 run (its device section has an FP8 peak
+    or says why not) is held to the FP8 peak, which its FP8 GEMMs may approach, not the BF16 one
+    its MFU is stated against; without an FP8 figure, to none."""
+    fp8 = device.fp8_peak_flops is not None or device.fp8_peak_flops_unmeasured is not None
+    peak, precision = (device.fp8_peak_flops, "fp8") if fp8 else (device.peak_flops, device.peak_flops_precision)
     if peak and achieved_flops > peak:
         return (f"{achieved_flops / 1e12:.4g} TFLOP/s per device is {achieved_flops / peak:.0%} of the data sheet's "
-                f"dense {device.peak_flops_precision} peak ({peak / 1e12:.4g} TFLOP/s, "
+                f"dense {precision} peak ({peak / 1e12:.4g} TFLOP/s, "
                 f"{device.catalog_entry}): more than the device can do, so the peak or the FLOP count is wrong")
     ceiling = device.measured_ceiling
     if ceiling is None or not ceiling.flops:

@@ -25,6 +25,7 @@ def data_kind(data: Any) -> Any:
 
 
 SIMULATED = "simulated"  # PointKey.stand_in of a point a stand-in device ran (hwbench/device/base.py)
+EMULATED = "emulated"  # PointKey.stand_in of an FP8 point computed without FP8 units (the CPU: Backend.fp8_emulation)
 
 
 # The key is a projection of the run spec: each field below that the spec holds, where the
@@ -34,6 +35,7 @@ SIMULATED = "simulated"  # PointKey.stand_in of a point a stand-in device ran (h
 FROM_SPEC = {name: name for name in (
     "model", "precision", "micro_batch_size", "global_batch_size", "seq_length", "max_positions", "recompute",
     "compile", "engine", "zero_stage", "fsdp", "pp_schedule", "data", "steps", "fused_qkv", "cross_entropy",
+    "fp8_recipe",
 )} | {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep", "nnodes": "launch.nnodes"}
 FROM_RUN = ("backend", "device_model", "stand_in")
 
@@ -41,7 +43,8 @@ FROM_RUN = ("backend", "device_model", "stand_in")
 @dataclasses.dataclass(frozen=True)
 class PointKey:
     """The settings that define a benchmark point, in this order (stored in this order too):
-    FROM_SPEC's and FROM_RUN's fields."""
+    FROM_SPEC's and FROM_RUN's fields; fp8_recipe last, as the field added last (the history
+    stores keys as lists)."""
 
     model: str
     backend: str | None
@@ -65,11 +68,11 @@ class PointKey:
     steps: int | None
     fused_qkv: bool = False
     cross_entropy: str = "standard"
-    ep: int = 1  # expert parallelism, within dp (a default: keys stored before it had none)
-    # None: the device itself ran the point; SIMULATED: a stand-in ran its code path on the host.
-    # Text, not a flag, so that another kind of stand-in (FP8 emulated on a device without FP8)
-    # joins the key as a value, without another change of the key and of the stored keys.
+    # None: the device itself ran the point; SIMULATED: a stand-in ran its code path on the host;
+    # EMULATED: FP8 computed on a device without FP8 units (RunResult.stand_in).
     stand_in: str | None = None
+    fp8_recipe: str | None = None  # --precision fp8's recipe; None for every other precision
+    ep: int = 1  # expert parallelism, within dp (1: keys stored before it, none could have had more)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.pp, int) and self.pp > 1):
@@ -95,10 +98,14 @@ class PointKey:
         )
         flags, details = self._flags(), self._details(among)
         return (
-            f"{self.model} on {self.device_model or self.backend}{self.stand_in_mark()}{layout} {self.precision}"
+            f"{self.model} on {self.device_model or self.backend}{self.stand_in_mark()}{layout} {self.precision_text()}"
             + (f" {flags}" if flags else "")
             + "".join(f", {detail}" for detail in details)
         )
+
+    def precision_text(self) -> str:
+        """'bf16', or 'fp8 tensorwise': an FP8 point's recipe is part of its precision."""
+        return f"{self.precision} {self.fp8_recipe}" if self.fp8_recipe else str(self.precision)
 
     def stand_in_mark(self) -> str:
         """' [simulated]' for a point a stand-in ran, '' for the device's own."""

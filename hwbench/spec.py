@@ -25,6 +25,7 @@ from hwbench.options import (
     RunOptions,
 )
 from hwbench.paths import check_output_folder
+from hwbench.precision import DEFAULT_FP8_RECIPE, FP8
 from hwbench.target import Target, resolve_target
 from hwbench.units import parse_size
 from hwbench.workload.config import GPTConfig, accumulation_steps
@@ -151,6 +152,7 @@ class RunSpec:
     load: str | None = None  # --load: the checkpoint the run resumes from
     async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
     valid_data: str | None = None  # --valid-data: the dataset every validation reads from its first sequence
+    fp8_recipe: str | None = None  # --fp8-recipe of a --precision fp8 run (hwbench.engine.float8); None otherwise
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -278,7 +280,7 @@ def _divisors(n: int) -> str:
 
 def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec, engine: str) -> ParallelDims:
     """tp, pp and dp for the world size, checked against the model: tp divides the
-    heads (and so the hidden size and the padded vocabulary), pp does not exceed
+    heads and the key/value heads (and so the hidden size and the padded vocabulary), pp does not exceed
     the layers, tp x pp x dp is the world size."""
     world = launch.world_size
     where = (f"the world size {world} (--nnodes {launch.nnodes} x --nproc-per-node {launch.nproc_per_node})"
@@ -294,6 +296,10 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
     if heads % tp:
         raise UsageError(f"--tp {tp} does not divide the {heads} attention heads of --model {workload.name}; "
                          f"accepted: {_divisors(heads)}")
+    if model.kv_heads % tp:  # grouped-query attention: each rank holds whole key/value heads and their query groups
+        raise UsageError(f"--tp {tp} does not divide the {model.kv_heads} key/value heads (num_query_groups) of "
+                         f"--model {workload.name}; tensor parallelism gives each rank whole key/value heads; "
+                         f"accepted: {_divisors(model.kv_heads)}")
     if pp > model.num_layers:
         raise UsageError(f"--pp {pp} exceeds the {model.num_layers} layers of --model {workload.name}; "
                          f"accepted: 1 to {model.num_layers}")
@@ -306,12 +312,12 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
         raise UsageError(f"--tp {tp} x --pp {pp} x --dp {dp} = {tp * pp * dp} is not {where}")
     ep = _expert_parallel(options.value("ep"), workload, dp, tp, pp)
     _check_moe_layout(workload, engine, tp, pp)
-    if (tp > 1 or pp > 1) and model.architecture != "GPT-2":
-        # the engines' tensor-parallel plans and pipeline stages know GPT-2's layers (fc1/fc2, the learned
-        # positions, the tied output) only so far
-        raise UsageError(f"--tp {tp} --pp {pp} with --model {workload.name}: tensor and pipeline parallelism run "
-                         f"the GPT-2 architecture only so far, and {workload.name} is {model.architecture}; "
-                         "accepted: --tp 1 --pp 1 (data parallelism: DDP, --fsdp, or --engine deepspeed --zero N)")
+    if tp > 1 and model.qk_layernorm:
+        # the query/key norms' gain is shared by every head, and each rank would see only its own heads'
+        # part of its gradient: the engines' plans do not sum it over the tensor-parallel ranks yet
+        raise UsageError(f"--tp {tp} with --model {workload.name}: its per-head query and key norms "
+                         "(qk_layernorm) are not split over tensor-parallel ranks yet; accepted: --tp 1 "
+                         "(pipeline and data parallelism run it)")
     return ParallelDims(tp=tp, pp=pp, dp=dp, ep=ep, source=source)
 
 
@@ -445,6 +451,31 @@ def _check_model_options(cross_entropy: str, fused_qkv: bool, engine: str, paral
         raise UsageError(f"--fused-qkv with --engine deepspeed --tp {parallel.tp} --pp {parallel.pp}: DeepSpeed's "
                          "pipeline engine builds separate q, k and v projections; accepted: --no-fused-qkv, "
                          "--engine native, or --tp 1 --pp 1")
+
+
+def _fp8_recipe(options: RunOptions, precision: str, engine: str, parallel: ParallelDims) -> str | None:
+    """--fp8-recipe resolved (None unless --precision fp8), where FP8 runs: torchao's float8 training on the
+    native engine, without tensor parallelism (its Float8ColwiseParallel/RowwiseParallel plans are not wired
+    here), with DDP, FSDP2 and pipelining (tensorwise, rowwise); MXFP8 on one process."""
+    recipe = options.fp8_recipe
+    if precision != FP8:
+        if recipe is not None:
+            raise UsageError(f"--fp8-recipe {recipe} is the recipe of --precision fp8, and this run is --precision "
+                             f"{precision}; give --precision fp8, or leave --fp8-recipe out")
+        return None
+    recipe = recipe or DEFAULT_FP8_RECIPE
+    if engine != "native":
+        raise UsageError(f"--precision fp8 runs on the native engine (torchao's float8 training), not --engine "
+                         f"{engine}; accepted: --engine native, or --precision bf16")
+    if parallel.tp > 1:
+        raise UsageError(f"--precision fp8 with --tp {parallel.tp}: hwbench does not apply torchao's float8 tensor "
+                         "parallel plans; accepted: --tp 1, or --precision bf16")
+    if recipe == "mxfp8" and parallel.world_size > 1:
+        raise UsageError(f"--fp8-recipe mxfp8 with {parallel.world_size} processes: torchao's MXFP8 training wraps "
+                         "the weights in a tensor subclass that DDP does not reduce (and hwbench does not shard or "
+                         "pipeline), so it runs on one process; accepted: --fp8-recipe tensorwise or rowwise, or "
+                         "--nproc-per-node 1")
+    return recipe
 
 
 def _settings(options: RunOptions) -> tuple[str, int | None]:
@@ -603,6 +634,7 @@ def build_run_spec(
     seq, seed = given_or_default("seq_length"), given_or_default("seed")
     cross_entropy, fused_qkv = given_or_default("cross_entropy"), given_or_default("fused_qkv")
     _check_model_options(cross_entropy, fused_qkv, engine, parallel, fsdp)
+    fp8_recipe = _fp8_recipe(options, given_or_default("precision"), engine, parallel)
     micro, global_batch = _batch_sizes(options, defaults, parallel.dp)
     microbatches = accumulation_steps(global_batch, micro, parallel.dp)
     # DeepSpeed's pipeline engine runs 1F1B whatever the microbatch count; the native one falls back
@@ -647,6 +679,7 @@ def build_run_spec(
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
+        fp8_recipe=fp8_recipe,
     )
     # Every other RunSpec field that is an option or a workload's training default of the same name is
     # given_or_default's (--steps, --data, --save, --precision, the loss scale, ...): a new option of that

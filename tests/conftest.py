@@ -149,6 +149,65 @@ def native_tp2_run(tmp_path_factory) -> dict:
     return result
 
 
+# The Llama architecture in the same job: `llama-tiny` (the catalog's, tied output layer as Llama
+# 3.2), and LLAMA_UNTIED, the same with an output layer of its own (as Llama 3.1 8B and 70B), a
+# workload of a test catalog folder (HWBENCH_CATALOG_PATH, set while a test that names it runs).
+# Their vocabulary (128256) needs no padding at TP2, so every Llama layout follows its one process
+# to reduction order.
+LLAMA = "llama-tiny"
+LLAMA_UNTIED = "llama-tiny-untied"
+REFERENCE_RUNS = {"tiny": "single_process_run", LLAMA: "llama_single_process_run",
+                  LLAMA_UNTIED: "llama_untied_single_process_run"}
+
+
+@pytest.fixture(scope="session")
+def llama_untied_catalog(tmp_path_factory) -> Path:
+    """A catalog folder holding LLAMA_UNTIED: llama-tiny's file with its output layer untied."""
+    from hwbench.catalog import load_catalog
+
+    folder = tmp_path_factory.mktemp("llama-untied-catalog")
+    (folder / "workloads").mkdir()
+    text = Path(load_catalog().workloads[LLAMA].path).read_text()
+    tied, untied = "untie_embeddings_and_output_weights: false", "untie_embeddings_and_output_weights: true"
+    assert f"name: {LLAMA}\n" in text and tied in text
+    (folder / "workloads" / f"{LLAMA_UNTIED}.yaml").write_text(
+        text.replace(f"name: {LLAMA}\n", f"name: {LLAMA_UNTIED}\n").replace(tied, untied))
+    return folder
+
+
+@pytest.fixture
+def llama_untied(monkeypatch, llama_untied_catalog) -> str:
+    """LLAMA_UNTIED in the catalog for this test (and the ranks it starts)."""
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(llama_untied_catalog))
+    return LLAMA_UNTIED
+
+
+@pytest.fixture(scope="session")
+def llama_single_process_run(tmp_path_factory) -> dict:
+    """PARITY_BASE with --model llama-tiny on one process."""
+    code, result = parity_run(tmp_path_factory.mktemp("llama-single") / "run", "--model", LLAMA)
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    return result
+
+
+@pytest.fixture(scope="session")
+def llama_untied_single_process_run(tmp_path_factory, llama_untied_catalog) -> dict:
+    """PARITY_BASE with --model LLAMA_UNTIED on one process."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HWBENCH_CATALOG_PATH", str(llama_untied_catalog))
+        code, result = parity_run(tmp_path_factory.mktemp("llama-untied-single") / "run", "--model", LLAMA_UNTIED)
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    return result
+
+
+def reference_run(request: pytest.FixtureRequest, model: str) -> dict:
+    """The single-process run of ``model`` (one of REFERENCE_RUNS); for LLAMA_UNTIED, its catalog
+    folder is set for the rest of the test too."""
+    if model == LLAMA_UNTIED:
+        request.getfixturevalue("llama_untied")
+    return request.getfixturevalue(REFERENCE_RUNS[model])
+
+
 # --- One sweep of three repeats, shared ---------------------------------------
 #
 # tests/test_sweep.py reads the statistics of a point's repeats and tests/test_workflows.py lays

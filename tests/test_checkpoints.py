@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import parity_run
+from conftest import LLAMA_UNTIED, parity_run, reference_run
 
 from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
 from hwbench.judge.parity import LAYOUT_TOLERANCE
@@ -102,6 +102,11 @@ def test_save_interval_saves_in_the_timed_window_and_prices_the_stall(tmp_path, 
     assert result["metrics"]["timed_steps"] == 3 == result["metrics"]["step_time_s"]["n"]
     median, stall = result["metrics"]["step_time_s"]["median"], checkpoint["save_stall_s"]
     assert checkpoint["stall_s_per_hour"] == pytest.approx(3600 * stall / (2 * median + stall))
+    # the goodput charges the saves' time to the saves, apart from the training steps
+    goodput = result["metrics"]["goodput"]
+    assert goodput["checkpoint_save_s"] >= sum(s["stall_s"] for s in checkpoint["saves"]) * 0.9
+    assert goodput["timed_steps_s"] < result["metrics"]["timed_wall_time_s"]
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=1e-9)
     # the run summary and the report carry them
     assert "2 saved" in summary and f"{checkpoint['stall_s_per_hour']:,.1f} s per hour at --save-interval 2" in summary
     per_hour = f"{checkpoint['stall_s_per_hour']:,.1f}"
@@ -146,22 +151,37 @@ def test_async_save_resumes_bit_for_bit(tmp_path, single_process_run):
     assert sorted(p.name for p in save.iterdir()) == ["iter_0000001", "iter_0000002", LATEST_FILE]
 
 
-# heavy (python -m pytest -m heavy): the default run keeps TP2 above; each of these is three
-# torchrun jobs (uninterrupted, saved, resumed) and a load into one process.
-LAYOUTS = [pytest.param(["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
-           pytest.param(["--nproc-per-node", "2", "--fsdp"], id="fsdp2", marks=pytest.mark.heavy)]
+def test_llama_resumes_bit_for_bit_on_one_process(tmp_path, llama_untied, llama_untied_single_process_run):
+    """The Llama architecture with an untied output layer (its own weight and AdamW moments in the
+    checkpoint, beside the word embedding's): steps 1-2 saved, step 3 resumed, the single-process
+    run's bit for bit."""
+    first, resumed, save = save_then_resume(tmp_path, "--model", llama_untied)
+    assert_exact(first, resumed, llama_untied_single_process_run)
+    manifest = json.loads((save / "iter_0000002" / MANIFEST_FILE).read_text())
+    assert manifest["model"] == llama_untied and manifest["iteration"] == 2
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, layout, single_process_run):
+# heavy (python -m pytest -m heavy): the default run keeps TP2 above and Llama on one process; each of
+# these is three torchrun jobs (uninterrupted, saved, resumed) and a load into one process. The Llama
+# one: TP2's shards of q/k/v split by key/value heads, SwiGLU, and the untied output layer.
+LAYOUTS = [pytest.param("tiny", ["--nproc-per-node", "2", "--pp", "2"], id="pp2", marks=pytest.mark.heavy),
+           pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], id="fsdp2", marks=pytest.mark.heavy),
+           pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "2", "--tp", "2"], id="llama-untied-tp2",
+                        marks=pytest.mark.heavy)]
+
+
+@pytest.mark.parametrize("model,layout", LAYOUTS)
+def test_layout_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, request, model, layout):
+    reference = reference_run(request, model)
+    layout = ["--model", model, *layout]
     code, uninterrupted = parity_run(tmp_path / "uninterrupted", *layout)
     assert code == 0, uninterrupted.get("error")
     first, resumed, save = save_then_resume(tmp_path, *layout)
     assert_exact(first, resumed, uninterrupted)
-    code, single = parity_run(tmp_path / "one", *THIRD, "--load", str(save))
+    code, single = parity_run(tmp_path / "one", "--model", model, *THIRD, "--load", str(save))
     assert code == 0 and single["status"] == "ok", single.get("error")
     (step, loss, norm, lr), = _steps(single)
-    (_step, want, want_norm, want_lr), = _steps(single_process_run)[2:]
+    (_step, want, want_norm, want_lr), = _steps(reference)[2:]
     assert step == 3 and lr == want_lr
     assert abs(loss - want) / want < LAYOUT_TOLERANCE and abs(norm - want_norm) / want_norm < LAYOUT_TOLERANCE
 
@@ -181,6 +201,10 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert restart["attempt"] == 1 and restart["resumed_from_iteration"] == 2
     assert restart["reached_iteration"] == 2 and restart["steps_lost"] == 0  # killed before step 3 finished
     assert restart["time_lost_s"] > 0
+    # the goodput counts the restart's lost time once: less what the new attempt's own clock holds
+    goodput = result["metrics"]["goodput"]
+    assert 0 < goodput["restarts_s"] < restart["time_lost_s"]
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=1e-9)
     assert any(w.startswith("restart 1: a rank failed; resumed from step 2") for w in result["warnings"])
     # the last attempt's steps only: step 3, the uninterrupted run's
     assert _steps(result) == _steps(native_tp2_run)[2:]

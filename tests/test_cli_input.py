@@ -12,7 +12,7 @@ from hwbench.cli import main
 BAD_RUNS = [
     (["--model", "gpt5"], ["--model", "'gpt5'", "accepted", "345m"]),
     (["--device", "tpu"], ["--device", "'tpu'", "cuda"]),
-    (["--precision", "fp8"], ["--precision", "'fp8'", "bf16"]),
+    (["--precision", "fp4"], ["--precision", "'fp4'", "fp8"]),
     (["--model", "tiny", "--micro-batch-size", "4", "--global-batch-size", "10"],
      ["--global-batch-size 10", "--micro-batch-size 4", "accepted: 4, 8"]),
     (["--model", "tiny", "--seq-length", "4096"], ["--seq-length 4096", "128 positions", "1 to 128",
@@ -59,14 +59,15 @@ BAD_RUNS = [
      ["--cross-entropy chunked with --fsdp and --pp 2", "--fsdp without --pp"]),
     (["--model", "tiny", "--nproc-per-node", "2", "--tp", "2", "--engine", "deepspeed", "--fused-qkv"],
      ["--fused-qkv with --engine deepspeed --tp 2 --pp 1", "--no-fused-qkv"]),
-    # the Llama architecture: no position table to lengthen; tensor and pipeline parallelism not yet
+    # the Llama architecture: no position table to lengthen; tensor parallelism splits whole key/value
+    # heads (llama-tiny: 4 query heads, so --tp 4 divides them, over 2 key/value heads)
     (["--model", "llama-tiny", "--max-positions", "4096"],
      ["--max-positions 4096 with --model llama-tiny", "rotary", "leave it out"]),
     (["--model", "llama-tiny", "--seq-length", "200000"], ["--seq-length 200000", "accepted: 1 to 131072"]),
-    (["--model", "llama-tiny", "--nproc-per-node", "2", "--tp", "2"],
-     ["--tp 2 --pp 1 with --model llama-tiny", "GPT-2 architecture only", "accepted: --tp 1 --pp 1"]),
-    (["--model", "llama-tiny", "--nproc-per-node", "2", "--pp", "2", "--engine", "deepspeed"],
-     ["--tp 1 --pp 2 with --model llama-tiny", "llama-tiny is Llama"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "4", "--tp", "4"],
+     ["--tp 4 does not divide the 2 key/value heads (num_query_groups) of --model llama-tiny", "accepted: 1, 2"]),
+    (["--model", "llama-tiny", "--nproc-per-node", "4", "--tp", "4", "--engine", "deepspeed"],
+     ["--tp 4 does not divide the 2 key/value heads", "accepted: 1, 2"]),
     (["--nnodes", "2", "--node-rank", "2"], ["--node-rank 2", "--nnodes 2", "0 to 1"]),
     (["--nproc-per-node", "0"], ["--nproc-per-node 0", "from 1 to 1024"]),
     (["--threads-per-rank", "0"], ["--threads-per-rank 0", "from 1 to 4096"]),
@@ -223,6 +224,28 @@ def test_an_unknown_catalog_field_is_named_with_the_known_ones(tmp_path, capsys,
     assert len(lines) == 1 and "mychip.yaml" in lines[0]
     assert f"field {field}: is not a field here; the fields here are:" in lines[0]
     assert ("bf16" if "." in field else "price_usd_per_hour") in lines[0]  # what would be accepted
+
+
+def test_tensor_parallelism_of_per_head_query_key_norms_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """A dense model with --qk-layernorm (Qwen3's q_norm, k_norm): PP2 is accepted, TP2 is refused
+    before anything runs (each rank would hold only its heads' part of the norms' gradient)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.commands.run import parse_run_spec
+
+    workloads = tmp_path / "workloads"
+    workloads.mkdir()
+    text = Path(load_catalog().workloads["llama-tiny"].path).read_text()
+    assert "name: llama-tiny\n" in text and "  swiglu: true\n" in text
+    (workloads / "qk-tiny.yaml").write_text(text.replace("name: llama-tiny\n", "name: qk-tiny\n").replace(
+        "  swiglu: true\n", "  swiglu: true\n  qk_layernorm: true\n"))
+    monkeypatch.setenv("HWBENCH_CATALOG_PATH", str(tmp_path))
+    assert parse_run_spec(["--model", "qk-tiny", "--nproc-per-node", "2", "--pp", "2"]).parallel.pp == 2
+    out = tmp_path / "out"
+    assert main(["run", "--quiet", "--model", "qk-tiny", "--nproc-per-node", "2", "--tp", "2", "--out",
+                 str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--tp 2 with --model qk-tiny" in lines[0] and "qk_layernorm" in lines[0]
+    assert "accepted: --tp 1" in lines[0] and not out.exists()
 
 
 def test_a_closed_pipe_ends_the_output_quietly():

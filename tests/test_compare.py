@@ -494,7 +494,8 @@ def test_a_simulated_point_beside_compared_ones_is_named_not_compared(tmp_path, 
     label = "tiny on Intel(R) Xeon(R) Processor fp32, seq 128"
     assert (f"warning: not compared: nightly/one-rank ({label}) (baseline) with nightly/one-rank "
             f"(tiny on Intel(R) Xeon(R) Processor [simulated] fp32, seq 128) (current): measured on the device in "
-            "baseline, simulated in current; a stand-in's figures measure this host, not the device") in err
+            "baseline, simulated in current; a stand-in's figures are not the device's own (simulated: this host's; "
+            "emulated: FP8 computed without FP8 units)") in err
     assert "only in current:\n  nightly/one-rank (tiny on Intel(R) Xeon(R) Processor [simulated] fp32" in out
 
 

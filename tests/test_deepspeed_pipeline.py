@@ -8,7 +8,8 @@ issue set and fails on any real error (a wrong tied gradient, a norm counted
 twice or a shard missed moves the loss by 1e-3 or more after one step).
 Tensor-parallel layouts pad the vocabulary (50304 -> 50432 rows), so they are
 compared with the native engine's TP2 run, which pads the same; PP2 alone with
-the single-process run.
+the single-process run. The Llama architecture (conftest: llama-tiny and its
+untied copy, whose vocabulary TP2 does not pad) against its single-process run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import PARITY_BASE, parity_run
+from conftest import LLAMA, LLAMA_UNTIED, PARITY_BASE, parity_run, reference_run
 
 from hwbench.cli import main
 
@@ -112,6 +113,24 @@ def test_tp2_pp2_dp2_on_eight_ranks_follows_the_native_tp2_curve(tmp_path, nativ
     result = _run(tmp_path, "--engine", "deepspeed", "--nproc-per-node", "8", "--tp", "2", "--pp", "2")
     _assert_pipeline_engine(result, tp=2, pp=2, dp=2)
     _assert_same_curve(result, native_tp2)
+
+
+# The Llama architecture: Megatron-style blocks with RMSNorm, rotary positions, SwiGLU and q/k/v split
+# by key/value heads. The default run has the untied output layer (a column-parallel layer of its own)
+# on TP2; heavy: llama-tiny's tied one on PP2 (the tied copy's sum without a position table), and TP2 x
+# PP2 untied with recompute and ZeRO 1 (the untied layer on the last stage alone).
+@pytest.mark.parametrize("model, options, layout", [
+    pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "2", "--tp", "2"], (2, 1, 1), id="llama-untied-tp2"),
+    pytest.param(LLAMA, ["--nproc-per-node", "2", "--pp", "2"], (1, 2, 1), id="llama-pp2", marks=pytest.mark.heavy),
+    pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--recompute", "--zero", "1"],
+                 (2, 2, 1), id="llama-untied-tp2xpp2", marks=pytest.mark.heavy),
+])
+def test_llama_follows_its_single_process_curve(tmp_path, request, model, options, layout):
+    reference = reference_run(request, model)
+    result = _run(tmp_path, "--model", model, "--engine", "deepspeed", *options)
+    assert result["spec"]["model"] == model
+    _assert_pipeline_engine(result, *layout, zero=1 if "--zero" in options else 0)
+    _assert_same_curve(result, reference)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Keys under these paths are data (variable names, per-field reasons), not schema.
 OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
              "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents",
-             "metrics.time_to_target.unmeasured", "metrics.steady_state.unmeasured",
+             "metrics.time_to_target.unmeasured", "metrics.steady_state.unmeasured", "metrics.goodput.shares",
              "metrics.by_formula",  # keyed by formula name; its fields documented as metrics.by_formula.<name>.x
              # documented as "fields as <the top-level object>"
              "nodes[].environment", "ranks[].telemetry", "engine.config", "error.plan")
@@ -38,8 +38,9 @@ def key_paths(value, prefix=""):
 
 @pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic",
                                     "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2"],
-                                   ["--model", "moe-tiny", "--micro-batch-size", "2", "--global-batch-size", "2"]],
-                         ids=["tiny", "tiny-fp16", "moe-tiny"])
+                                   ["--model", "moe-tiny", "--micro-batch-size", "2", "--global-batch-size", "2"],
+                                   ["--precision", "fp8", "--eval-iters", "0"]],  # engine.fp8, device.fp8_*
+                         ids=["tiny", "tiny-fp16", "moe-tiny", "fp8"])
 def test_every_result_field_is_documented(tmp_path, extra):
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
                  "--eval-iters", "1", "--out", str(tmp_path), *extra]) == 0

@@ -95,6 +95,25 @@ def test_without_labels_the_chunked_model_returns_the_hidden_states_its_loss_pro
     assert model.loss(hidden, labels).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
+# Llama with its own output layer (Llama 3.1 8B and 70B): GQA, SwiGLU, RMSNorm, RoPE, no biases.
+LLAMA_UNTIED_CONFIG = dataclasses.replace(
+    CONFIG, num_query_groups=2, ffn_hidden_size=96, swiglu=True, normalization="RMSNorm",
+    position_embedding_type="rope", rotary_base=500000.0, add_bias_linear=False,
+    untie_embeddings_and_output_weights=True)
+
+
+def test_the_chunked_loss_of_an_untied_output_layer_projects_with_that_layers_weight():
+    """Losses and every gradient as the standard loss's, step by step: the chunked projection uses
+    the output layer's own weight (a run that used the word embedding's would part at step 1), and
+    its gradient lands there, not on the embedding."""
+    standard = build_model(LLAMA_UNTIED_CONFIG, device=CPU, seed=7)
+    chunked = build_model(LLAMA_UNTIED_CONFIG, device=CPU, seed=7, cross_entropy="chunked")
+    chunked.chunk_tokens = CHUNK
+    assert not torch.equal(chunked.output.weight, chunked.wte.weight)
+    _train_side_by_side(standard, chunked, steps=3,
+                        grads_of_other=lambda model: {name: p.grad for name, p in model.named_parameters()})
+
+
 def test_the_chunked_loss_never_holds_the_whole_logits():
     """Forward and backward of the loss of 1,024 tokens over GPT-2's padded vocabulary: the
     standard loss holds at least the fp32 logits (206 MB); the chunked one, in chunks of
@@ -278,6 +297,21 @@ def test_fast_leaves_out_what_the_engine_or_layout_cannot_run():
     assert (spec.cross_entropy, spec.fused_qkv, spec.compile) == ("standard", False, False)
 
 
+def test_fast_gives_llama_the_fused_gqa_projection_and_the_chunked_loss_where_they_run():
+    """Llama 3.1 8B (8 key/value heads, untied output layer): fused q/k/v (Megatron's per-group
+    layout, whole groups per rank) on one device and at TP8, the chunked loss at TP1 only; DeepSpeed's
+    pipeline engine keeps separate projections."""
+    one = _fast({"model": "llama3.1-8b", "precision": "bf16"}, 141)
+    assert (one.cross_entropy, one.fused_qkv, one.compile) == ("chunked", True, True)
+    tp8 = _fast({"model": "llama3.1-8b", "precision": "bf16", "nproc_per_node": 8, "tp": 8}, 80)
+    assert tp8.parallel.tp == 8 and (tp8.cross_entropy, tp8.fused_qkv) == ("standard", True)
+    assert "micro batch 2, the largest" in tp8.settings_choice
+    pipeline = _fast({"model": "llama3.1-8b", "precision": "bf16", "nproc_per_node": 8, "tp": 2, "pp": 4,
+                      "engine": "deepspeed"}, 80)
+    assert (pipeline.cross_entropy, pipeline.fused_qkv) == ("standard", False)
+    assert "fused QKV off (DeepSpeed's pipeline engine has separate projections)" in pipeline.settings_choice
+
+
 def test_every_rank_makes_the_parents_choice_without_asking_its_device(monkeypatch):
     """The launcher passes the memory it found as --device-memory: a rank resolves the same
     spec before binding its device, and asks no device for it."""
@@ -324,6 +358,24 @@ def test_hwbench_run_fast_trains_the_published_curve_and_records_its_choice(tmp_
     from test_docs import undocumented
 
     assert not undocumented(result)
+
+
+@pytest.mark.heavy  # the default run keeps Llama's chunked loss and fused GQA projection in process, above
+def test_hwbench_run_fast_trains_llama_on_pp2_to_its_single_process_curve(tmp_path, llama_untied,
+                                                                        llama_untied_single_process_run):
+    """The untied Llama on PP2 with fast's choices: the fused per-group q/k/v, and the chunked loss on
+    the last stage (outside forward, through the output layer's own weight); the micro batch kept
+    under pipelining. The same losses and norms as one process with the standard settings."""
+    code, result = parity_run(tmp_path / "run", "--model", llama_untied, "--nproc-per-node", "2", "--pp", "2",
+                              "--settings", "fast", "--device-memory", "8GiB", "--no-compile")
+    assert code == 0, result.get("error")
+    spec = result["spec"]
+    assert (spec["cross_entropy"], spec["fused_qkv"], spec["micro_batch_size"]) == ("chunked", True, 4)
+    reference = llama_untied_single_process_run
+    for step, (got, want) in enumerate(zip(result["steps"], reference["steps"], strict=True), start=1):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), f"step {step}"
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), f"step {step}"
+    assert result["metrics"]["valid_loss"] == pytest.approx(reference["metrics"]["valid_loss"], rel=1e-5)
 
 
 # The chunked loss in the layouts whose last stage or data parallelism it meets (heavy: python -m

@@ -1,6 +1,7 @@
 """The FLOPs formulas for the Llama 3 shape (grouped-query attention, SwiGLU, an untied output
-layer): each against its source's own expression, written out here as that source writes it,
-and against figures worked by hand. No model is built (tests/test_flops_counted.py counts a real step)."""
+layer) and the mixtures of experts (Mixtral, Qwen3-MoE): each against its source's own expression,
+written out here as that source writes it, and against figures worked by hand. No model is built
+(tests/test_flops_counted.py counts a real step)."""
 
 import dataclasses
 
@@ -10,15 +11,19 @@ from hwbench.catalog import load_catalog
 from hwbench.workload import GPTConfig, count_parameters
 from hwbench.workload.flops import (
     FLOPS_FORMULAS,
+    FlopsNotCounted,
     flops_by_formula,
+    flops_counts,
     flops_terms,
     model_flops_per_iteration,
     shape_caveat,
+    uncounted,
 )
 
 CATALOG = load_catalog()
 # GPT-2 shapes, Llama 3 shapes (tied: 1B, 3B; untied: 8B, 70B), and the small sizes of both.
 MODELS = ["345m", "1.3b", "tiny", "llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "llama-tiny"]
+MOE_MODELS = ["mixtral-8x7b", "qwen3-30b-a3b", "moe-tiny", "moe-small"]
 
 
 def megatron_v0_12(config: GPTConfig, batch: int, seq: int) -> float:
@@ -50,14 +55,137 @@ def megatron_v0_7(config: GPTConfig, batch: int, seq: int) -> float:
         + config.padded_vocab_size() / (2 * L * h))
 
 
+def megatron_main(config: GPTConfig, batch: int, seq: int) -> float:
+    """transformer_flops() of num_floating_point_operations, Megatron-LM main at d98e8a6 (2026-08-22,
+    megatron/training/training.py), for multi-head or grouped-query attention without an output
+    gate, MTP, a latent MoE or linear attention, as it is written there: the dense layers'
+    ffn_hidden_size, the MoE layers' routed experts (moe_ffn_hidden_size x moe_router_topk) and
+    shared experts, the router not counted."""
+    num_layers = config.num_layers
+    if config.num_experts is None:
+        num_dense_layers, num_moe_layers, num_experts_routed_to = num_layers, 0, 0
+    else:
+        moe_layer_pattern = [1 if (i % config.moe_layer_freq == 0) else 0 for i in range(num_layers)]
+        num_moe_layers = sum(moe_layer_pattern)
+        num_dense_layers = num_layers - num_moe_layers
+        num_experts_routed_to = config.moe_router_topk
+    moe_ffn_hidden_size = config.moe_ffn_hidden_size if config.moe_ffn_hidden_size is not None else config.ffn_size
+    shared_expert_ffn_hidden_size = config.moe_shared_expert_intermediate_size or 0
+    forward_backward_expansion_factor, fma_expansion_factor = 3, 2
+    ffn_expansion_factor = 3 if config.swiglu else 2
+    query_projection_size = config.head_dim * config.num_attention_heads
+    key_projection_size = value_projection_size = config.head_dim * config.kv_heads
+    h = config.hidden_size
+    standard_self_attn_term = forward_backward_expansion_factor * fma_expansion_factor * (
+        h * (query_projection_size + key_projection_size + value_projection_size)
+        + query_projection_size * seq / 2 * 2
+        + query_projection_size * h)
+    self_attn_term = standard_self_attn_term * num_layers
+    return batch * seq * (
+        forward_backward_expansion_factor * fma_expansion_factor * h * (
+            (config.ffn_size * ffn_expansion_factor) * num_dense_layers
+            + (moe_ffn_hidden_size * num_experts_routed_to * ffn_expansion_factor) * num_moe_layers
+            + (shared_expert_ffn_hidden_size * ffn_expansion_factor) * num_moe_layers)
+        + self_attn_term
+        + forward_backward_expansion_factor * fma_expansion_factor * h * config.padded_vocab_size())
+
+
+def megatron_v0_7_moe(config: GPTConfig, batch: int, seq: int) -> float:
+    """num_floating_point_operations of Megatron-LM core_v0.7.0 with its MoE factor, as it is
+    written there: num_experts_routed_to = moe_router_topk multiplies the MLP of every layer, whose
+    --ffn-hidden-size is the experts' width in that version (no --moe-ffn-hidden-size yet)."""
+    ffn_hidden_size = config.moe_ffn_size
+    num_experts_routed_to = 1 if config.num_experts is None else config.moe_router_topk
+    query_projection_to_hidden_size_ratio = config.head_dim * config.num_attention_heads / config.hidden_size
+    gated_linear_multiplier = 3 / 2 if config.swiglu else 1
+    h, L = config.hidden_size, config.num_layers
+    return 12 * batch * seq * L * h * h * (
+        ((1 + config.kv_heads / config.num_attention_heads + seq / h) * query_projection_to_hidden_size_ratio)
+        + (ffn_hidden_size / h) * num_experts_routed_to * gated_linear_multiplier
+        + config.padded_vocab_size() / (2 * L * h))
+
+
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("formula, megatron", [("megatron-core-v0.12", megatron_v0_12),
+                                               ("megatron-core-v0.12", megatron_main),
                                                ("megatron-core-v0.7", megatron_v0_7)])
 def test_megatron_formulas_are_megatrons_own_expressions(name, formula, megatron):
     config = CATALOG.workloads[name].model
     for batch, seq in ((8, 1024), (1, 8192)):
         assert model_flops_per_iteration(config, batch, seq, formula=formula) == pytest.approx(
             megatron(config, batch, seq), rel=1e-12)
+
+
+# moe-tiny with what only Megatron's later MoE switches build: shared experts and dense layers between
+MOE_SHARED_DENSE = dataclasses.replace(CATALOG.workloads["moe-tiny"].model, num_layers=4, moe_layer_freq=2,
+                                       moe_shared_expert_intermediate_size=512)
+
+
+@pytest.mark.parametrize("config", [*(CATALOG.workloads[name].model for name in MOE_MODELS), MOE_SHARED_DENSE],
+                         ids=[*MOE_MODELS, "shared-and-dense-layers"])
+def test_moe_counts_are_megatrons_own_expressions(config):
+    """Megatron-LM main's MoE terms (those of core_v0.12.0 too) for every MoE shape; core_v0.7.0's
+    for the shapes it could build (every layer MoE, no shared experts), a refusal for the others."""
+    for batch, seq in ((8, 1024), (1, 4096)):
+        assert model_flops_per_iteration(config, batch, seq) == pytest.approx(megatron_main(config, batch, seq),
+                                                                            rel=1e-12)
+        if config.moe_layer_freq == 1 and not config.moe_shared_expert_intermediate_size:
+            assert model_flops_per_iteration(config, batch, seq, formula="megatron-core-v0.7") == pytest.approx(
+                megatron_v0_7_moe(config, batch, seq), rel=1e-12)
+    if config is MOE_SHARED_DENSE:
+        reason = uncounted("megatron-core-v0.7", config)
+        assert reason is not None and "--moe-layer-freq 2" in reason and "shared experts (512 wide)" in reason
+        with pytest.raises(FlopsNotCounted, match="megatron-core-v0.7"):
+            model_flops_per_iteration(config, 1, 1024, formula="megatron-core-v0.7")
+
+
+def test_mixtral_8x7b_by_hand():
+    """Mixtral 8x7B, B 1, s 4096, megatron-core-v0.12: per token and layer, forward, q and o 2 x 4096^2
+    and k, v 2 x 4096 x 1024 = 41,943,040; the scores halved, 4096 x 4096 = 16,777,216; the top 2 of
+    8 SwiGLU experts 2 x 3 x 4096 x 14336 = 352,321,536 (the router's 4096 x 8 not counted); the
+    logits 4096 x 32,000 (a multiple of 128: no padding) = 131,072,000; x 6 x 4096 tokens."""
+    config = CATALOG.workloads["mixtral-8x7b"].model
+    assert model_flops_per_iteration(config, 1, 4096) == 6 * 4096 * (
+        32 * (41_943_040 + 16_777_216 + 352_321_536) + 131_072_000) == 326_477_644_038_144
+    # torchtitan's N: the card's 12,879,925,248 active parameters less the untied word embedding
+    # (32,000 x 4096), the router kept; and the unhalved scores, 12 x L x H x Q x s a token
+    assert model_flops_per_iteration(config, 1, 4096, formula="torchtitan") == 4096 * (
+        6 * (12_879_925_248 - 32_000 * 4096) + 12 * 32 * 32 * 128 * 4096)
+
+
+def test_qwen3_30b_a3b_on_its_active_parameters_by_hand():
+    """Qwen3-30B-A3B: torchtitan's N is the card's 3,353,032,704 active parameters (8 of 128 experts)
+    less the untied word embedding (151,936 x 2048); the score term 12 x 48 layers x 32 heads x 128 x s.
+    palm counts the same N (the untied output layer is in it): the same figure."""
+    config = CATALOG.workloads["qwen3-30b-a3b"].model
+    by_hand = 4096 * (6 * (3_353_032_704 - 151_936 * 2048) + 12 * 48 * 32 * 128 * 4096)
+    assert by_hand == 114_339_361_062_912
+    for formula in ("torchtitan", "palm"):
+        assert model_flops_per_iteration(config, 1, 4096, formula=formula) == by_hand, formula
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_an_moe_model_is_counted_on_its_active_parameters_and_says_so(name):
+    """Every formula that counts an MoE model counts the experts a token runs, not all of them (the
+    6N ones: N the active parameters); megatron-deepspeed, which has no expert term, refuses it."""
+    config = CATALOG.workloads[name].model
+    counts = count_parameters(config)
+    every = flops_by_formula(config, 2, 512)
+    assert every["megatron-deepspeed"] is None
+    reason = uncounted("megatron-deepspeed", config)
+    assert reason is not None and "no mixture-of-experts term" in reason
+    palm = flops_terms(config, 2, 512, formula="palm")
+    assert palm.total - palm.attention_scores == 6 * 2 * 512 * (counts.non_embedding - (counts.total - counts.active))
+    assert palm.router == 6 * 2 * 512 * config.num_experts * config.hidden_size * config.moe_layers
+    megatron = flops_terms(config, 2, 512)
+    assert megatron.router == 0 and megatron.routed_experts == palm.routed_experts
+    for formula in ("megatron-core-v0.12", "torchtitan", "palm"):
+        said = flops_counts(formula, config)
+        assert said is not None and said.startswith(
+            f"active parameters: each token's {config.moe_router_topk} of {config.num_experts} routed experts")
+        assert said.endswith("the router" if FLOPS_FORMULAS[formula].counts_router else "not the router")
+    assert flops_counts("megatron-deepspeed", config) is None
+    assert flops_counts("megatron-core-v0.12", CATALOG.workloads["llama3.1-8b"].model) == "every weight (a dense model)"
 
 
 def test_llama_3_2_1b_by_hand():
@@ -166,3 +294,58 @@ def test_a_run_counted_by_a_gpt2_formula_on_a_llama_model_is_warned():
 
     assert any(w.startswith("the megatron-deepspeed FLOPs formula counts") for w in warnings("megatron-deepspeed"))
     assert not any("FLOPs formula counts" in w for w in warnings("megatron-core-v0.12"))
+
+
+def merged_moe_metrics(formula: str):
+    """A moe-tiny run's metrics as merge_ranks makes them (one rank, 0.1 s steps) under ``formula``."""
+    from hwbench.device.base import MemoryStats
+    from hwbench.harness.merge import RankReport, merge_ranks
+    from hwbench.result.model import RunResult
+    from hwbench.spec import build_run_spec, find_workload
+
+    spec = build_run_spec({"model": "moe-tiny", "device": "cpu", "steps": 2, "warmup": 1, "telemetry": False,
+                           "flops_formula": formula}, CATALOG, check_paths=False)
+    steps = spec.warmup + spec.steps
+    report = RankReport(rank=0, step_times_s=[0.1] * spec.steps, memory=MemoryStats(None, None, None, None, None,
+                                                                                      source="test"),
+                        losses=[3.0] * steps, grad_norms=[1.0] * steps, lrs=[1e-4] * steps,
+                        loss_scales=[None] * steps, skipped=[False] * steps, wall_time_s=0.2)
+    result = RunResult(run_id="r", status="ok", spec={}, device={"peak_flops": 1e15})
+    merge_ranks(result, spec, find_workload(CATALOG, "moe-tiny"), [report])
+    return spec, result
+
+
+def test_an_moe_run_has_tflops_and_mfu_on_active_parameters_where_the_formula_counts_it():
+    spec, result = merged_moe_metrics("megatron-core-v0.12")
+    metrics = result.metrics
+    expected = model_flops_per_iteration(spec.model_config(CATALOG.workloads["moe-tiny"].model),
+                                         spec.global_batch_size, spec.seq_length)
+    assert metrics.flops_per_iteration == expected
+    assert metrics.tflops_per_device == pytest.approx(expected / 0.1 / 1e12)
+    assert metrics.mfu == pytest.approx(expected / 0.1 / 1e15)
+    assert metrics.flops_counts.startswith("active parameters: each token's 2 of 4 routed experts")
+    assert metrics.why("mfu") is None and result.status == "ok"
+    from hwbench.report.summary import run_summary_rows
+
+    assert dict(run_summary_rows(result))["TFLOP/s per device"].endswith(
+        "(FLOPs formula: megatron-core-v0.12, active parameters)")
+    # the formula without expert terms: its figures null, with its reason, beside the others
+    figures = metrics.by_formula["megatron-deepspeed"]
+    assert (figures.flops_per_iteration, figures.tflops_per_device, figures.mfu) == (None, None, None)
+    assert "no mixture-of-experts term" in figures.why("mfu")
+    assert metrics.by_formula["torchtitan"].mfu > 0
+
+
+def test_an_moe_run_under_a_formula_without_expert_terms_has_null_figures_with_the_reason():
+    _, result = merged_moe_metrics("megatron-deepspeed")
+    metrics = result.metrics
+    assert (metrics.flops_per_iteration, metrics.tflops_per_device, metrics.mfu, metrics.flops_counts) == (
+        None, None, None, None)
+    for figure in ("tflops_per_device", "mfu", "mfu_measured_ceiling"):
+        assert "no mixture-of-experts term" in metrics.why(figure), figure
+    assert not any("FLOPs formula counts" in w for w in result.warnings)  # null, not a figure with a caveat
+    assert result.status == "ok" and metrics.by_formula["megatron-core-v0.12"].mfu > 0
+    from hwbench.report.summary import run_summary_rows
+
+    row = dict(run_summary_rows(result))["TFLOP/s per device"]
+    assert row.startswith("null: the megatron-deepspeed FLOPs formula") and "no mixture-of-experts term" in row

@@ -35,7 +35,7 @@ def test_an_unknown_stage_is_one_line_and_exit_2(tmp_path):
     done = session(tmp_path, "probe", "measure")
     assert done.returncode == 2
     assert done.stderr.strip() == ("gpu_session.sh: stage 'measure' is not known; accepted: probe, fast, run, sweep, "
-                                   "batch, report, all")
+                                   "batch, fp8, report, all")
     done = session(tmp_path, "sweep", budget="9m")
     assert done.returncode == 2 and "HWBENCH_CALL_BUDGET '9m'" in done.stderr
     done = session(tmp_path, "sweep", step_min="0")

@@ -213,9 +213,12 @@ def test_a_version_2_database_keeps_its_runs_and_sets_its_simulated_runs_apart(t
         keys = dict(connection.execute("SELECT run_id, point_key FROM runs").fetchall())
         assert connection.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
     assert len(keys) == 54
-    assert {run_id for run_id, key in keys.items() if json.loads(key)[-1] == "simulated"} == \
+    stand_in = len(store.V2_POINT_FIELDS)  # version 3 appended it; version 4 fp8_recipe after it, version 5 ep
+    assert all(json.loads(key)[stand_in + 1:] == [None, 1] for key in keys.values())
+    assert {run_id for run_id, key in keys.items() if json.loads(key)[stand_in] == "simulated"} == \
         {f"night{night}-{repeat}" for night in range(12, 18) for repeat in range(3)}
-    assert all(json.loads(key)[-1] is None for run_id, key in keys.items() if int(run_id[5:].split("-")[0]) < 12)
+    assert all(json.loads(key)[stand_in] is None for run_id, key in keys.items()
+               if int(run_id[5:].split("-")[0]) < 12)
 
 
 # --- changes, show, report --------------------------------------------------------

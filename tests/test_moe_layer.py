@@ -246,7 +246,8 @@ def test_layouts_the_moe_layers_do_not_run_yet_are_refused_in_one_line(tmp_path,
 def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
     """`hwbench run --model moe-tiny` end to end, 2 micro-batches a step: each step's routing
     (every token's top-2 in each layer counted once), the timed steps' summary, the load-balancing
-    loss beside the LM loss, and MFU null with its reason (the FLOPs formulas are dense ones)."""
+    loss beside the LM loss, and TFLOP/s on its active parameters (megatron-deepspeed's, which has
+    no expert term, null with its reason)."""
     import json
 
     from hwbench.cli import main
@@ -268,8 +269,15 @@ def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
     assert routing["dropped_tokens"] == 0 and routing["dropped_fraction"] == 0.0
     assert routing["aux_loss_mean"] == pytest.approx(sum(step["moe_aux_loss"] for step in steps[1:]) / 2)
     metrics = result["metrics"]
-    assert metrics["mfu"] is None and metrics["tflops_per_device"] is None
-    assert "mixture-of-experts" in metrics["unmeasured"]["mfu"]
+    from hwbench.catalog import load_catalog
+    from hwbench.workload.flops import model_flops_per_iteration
+
+    config = load_catalog().workloads["moe-tiny"].model  # global batch 4 of 32 tokens
+    assert metrics["flops_per_iteration"] == model_flops_per_iteration(config, 4, 32) > 0
+    assert metrics["tflops_per_device"] > 0
+    assert metrics["flops_counts"].startswith("active parameters: each token's 2 of 4 routed experts")
+    assert metrics["by_formula"]["megatron-deepspeed"]["mfu"] is None
+    assert "no mixture-of-experts term" in metrics["by_formula"]["megatron-deepspeed"]["unmeasured"]["mfu"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-autocast"])

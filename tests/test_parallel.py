@@ -4,7 +4,9 @@ Same numbers, any layout: with the same seed and data, the loss of every step
 of each layout matches the single-process run within LAYOUT_TOLERANCE.
 Tensor-parallel layouts pad the vocabulary to a multiple of 128 x TP (as
 Megatron does), which adds a few never-used rows to the softmax: about 2e-4
-relative at the first step of `tiny`, inside the tolerance.
+relative at the first step of `tiny`, inside the tolerance. The Llama
+architecture runs the same layouts (conftest: `llama-tiny`, tied output layer,
+and LLAMA_UNTIED, untied); its vocabulary needs no padding at TP2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PARITY_BASE, kill_tree, parity_run, sigint_as_usual, without_preflight
+from conftest import (
+    LLAMA,
+    LLAMA_UNTIED,
+    PARITY_BASE,
+    kill_tree,
+    parity_run,
+    reference_run,
+    sigint_as_usual,
+    without_preflight,
+)
 
 from hwbench.harness.launcher import free_port
 from hwbench.judge.parity import LAYOUT_TOLERANCE
@@ -30,12 +41,6 @@ BASE = PARITY_BASE
 
 def _run(tmp_path: Path, *options: str, name: str = "run") -> tuple[int, dict]:
     return parity_run(tmp_path / name, *options)
-
-
-@pytest.fixture
-def reference(single_process_run) -> dict:
-    """The single-process run (conftest: one per session, shared with test_deepspeed_pipeline)."""
-    return single_process_run
 
 
 # Gradient norms agree to rounding in every layout that does not pad the vocabulary: measured
@@ -59,38 +64,66 @@ def _assert_same_curve(result: dict, reference: dict, tolerance: float = LAYOUT_
 
 
 TP2 = ["--nproc-per-node", "2", "--tp", "2"]  # conftest's native_tp2_run, the TP2 reference below
+PP2 = ["--nproc-per-node", "2", "--pp", "2"]
+PP2XDP2 = ["--nproc-per-node", "4", "--pp", "2", "--micro-batch-size", "2", "--pp-schedule", "gpipe"]
+HEAVY = pytest.mark.heavy
 LAYOUTS = [
-    pytest.param(TP2, (2, 1, 1), None, None, id="tp2"),
-    pytest.param(["--nproc-per-node", "2", "--pp", "2"], (1, 2, 1), None, "1f1b", id="pp2-1f1b"),
+    pytest.param("tiny", TP2, (2, 1, 1), None, None, id="tp2"),
+    pytest.param("tiny", PP2, (1, 2, 1), None, "1f1b", id="pp2-1f1b"),
     # heavy (python -m pytest -m heavy): GPipe on 2 ranks; the default run's pp2xdp2 runs GPipe over
     # two microbatches of 2 per data-parallel rank and step (the same global batch of 8)
-    pytest.param(["--nproc-per-node", "2", "--pp", "2", "--pp-schedule", "gpipe"], (1, 2, 1), None, "gpipe",
-                 id="pp2-gpipe", marks=pytest.mark.heavy),
-    pytest.param(["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="dp2-ddp"),
-    pytest.param(["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp"),
+    pytest.param("tiny", [*PP2, "--pp-schedule", "gpipe"], (1, 2, 1), None, "gpipe", id="pp2-gpipe", marks=HEAVY),
+    pytest.param("tiny", ["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="dp2-ddp"),
+    pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp"),
     # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
     # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
     # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
-    pytest.param(["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", None, id="tp2xdp2",
-                 marks=pytest.mark.heavy),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--micro-batch-size", "2", "--pp-schedule", "gpipe"],
-                 (1, 2, 2), "all-reduce", "gpipe", id="pp2xdp2"),
-    pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", None, id="tp2xfsdp2"),
-    pytest.param(["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", "gpipe", id="pp2xfsdp2",
-                 marks=pytest.mark.heavy),
+    pytest.param("tiny", ["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", None, id="tp2xdp2",
+                 marks=HEAVY),
+    pytest.param("tiny", PP2XDP2, (1, 2, 2), "all-reduce", "gpipe", id="pp2xdp2"),
+    pytest.param("tiny", ["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", None, id="tp2xfsdp2"),
+    pytest.param("tiny", ["--nproc-per-node", "4", "--pp", "2", "--fsdp"], (1, 2, 2), "fsdp2", "gpipe", id="pp2xfsdp2",
+                 marks=HEAVY),
+    # The Llama architecture. The default run: the untied output layer on TP2 (column-parallel over the
+    # vocabulary, beside q/k/v split by key/value heads and SwiGLU) and on PP2 (on the last stage alone,
+    # no gradient sum with the embedding), llama-tiny's tied one under FSDP2. Heavy: the other kinds of
+    # each (tied TP2 and PP2: the tied copy's sum with rotary positions; DDP), and the 4-rank layouts.
+    pytest.param(LLAMA_UNTIED, TP2, (2, 1, 1), None, None, id="llama-untied-tp2"),
+    pytest.param(LLAMA_UNTIED, PP2, (1, 2, 1), None, "1f1b", id="llama-untied-pp2-1f1b"),
+    pytest.param(LLAMA, ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="llama-dp2-fsdp"),
+    pytest.param(LLAMA, TP2, (2, 1, 1), None, None, id="llama-tp2", marks=HEAVY),
+    pytest.param(LLAMA, PP2, (1, 2, 1), None, "1f1b", id="llama-pp2-1f1b", marks=HEAVY),
+    pytest.param(LLAMA, ["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="llama-dp2-ddp", marks=HEAVY),
+    pytest.param(LLAMA, ["--nproc-per-node", "4", "--tp", "2", "--pp", "2"], (2, 2, 1), None, "1f1b",
+                 id="llama-tp2xpp2", marks=HEAVY),
+    pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "4", "--tp", "2", "--pp", "2"], (2, 2, 1), None, "1f1b",
+                 id="llama-untied-tp2xpp2", marks=HEAVY),
+    pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "4", "--tp", "2"], (2, 1, 2), "all-reduce", None,
+                 id="llama-untied-tp2xdp2", marks=HEAVY),
+    pytest.param(LLAMA_UNTIED, PP2XDP2, (1, 2, 2), "all-reduce", "gpipe", id="llama-untied-pp2xdp2", marks=HEAVY),
+    pytest.param(LLAMA_UNTIED, ["--nproc-per-node", "4", "--tp", "2", "--fsdp"], (2, 1, 2), "fsdp2", None,
+                 id="llama-untied-tp2xfsdp2", marks=HEAVY),
 ]
 
 
-@pytest.mark.parametrize("options,layout,data_parallel,schedule", LAYOUTS)
-def test_layout_follows_the_single_process_loss_curve(tmp_path, request, reference, options, layout, data_parallel,
+def _pads_the_vocabulary(model: str, tp: int) -> bool:
+    from hwbench.catalog import load_catalog
+
+    config = load_catalog().workloads[model].model
+    return config.padded_vocab_size(tp) != config.padded_vocab_size(1)
+
+
+@pytest.mark.parametrize("model,options,layout,data_parallel,schedule", LAYOUTS)
+def test_layout_follows_the_single_process_loss_curve(tmp_path, request, model, options, layout, data_parallel,
                                                       schedule):
-    if options == TP2:  # the same run as the TP2 reference: run once per session (status checked there)
+    reference = reference_run(request, model)
+    if model == "tiny" and options == TP2:  # the TP2 reference's run: once per session (status checked there)
         code, result = 0, request.getfixturevalue("native_tp2_run")
     else:
-        code, result = _run(tmp_path, *options)
+        code, result = _run(tmp_path, "--model", model, *options)
     assert code == 0, result.get("error")
     tp, pp, dp = layout
-    assert result["status"] == "ok"
+    assert result["status"] == "ok" and result["spec"]["model"] == model
     assert (
         result["spec"]["parallel"]["tp"],
         result["spec"]["parallel"]["pp"],
@@ -104,8 +137,9 @@ def test_layout_follows_the_single_process_loss_curve(tmp_path, request, referen
     assert sorted(r["rank"] for r in result["ranks"]) == list(range(tp * pp * dp))
     assert result["nodes"][0]["ranks"] == list(range(tp * pp * dp))
     assert result["metrics"]["straggler"]["rank"] in range(tp * pp * dp)
-    # TP pads the vocabulary (50304 -> 50432 rows): losses and norms move by about 2e-4
-    _assert_same_curve(result, reference, norm_tolerance=NORM_TOLERANCE if tp == 1 else LAYOUT_TOLERANCE)
+    # TP pads tiny's vocabulary (50304 -> 50432 rows): losses and norms move by about 2e-4
+    padded = _pads_the_vocabulary(model, tp)
+    _assert_same_curve(result, reference, norm_tolerance=LAYOUT_TOLERANCE if padded else NORM_TOLERANCE)
     from test_docs import undocumented
 
     assert not undocumented(result)
@@ -141,13 +175,21 @@ def test_tp2xpp2_follows_the_native_tp2_curve(tmp_path, native_tp2):
 
 # ZeRO 2 on 2 ranks is heavy (python -m pytest -m heavy): stages 1 and 2 are one DeepSpeed optimizer
 # (stage_1_and_2.DeepSpeedZeroOptimizer) and one path through hwbench's engine; 1 and 3 run here by
-# default, and ZeRO 2 itself against the native engine in test_deepspeed.py (one process).
-@pytest.mark.parametrize("stage", [1, pytest.param(2, marks=pytest.mark.heavy), 3])
-def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, reference, stage):
+# default, and ZeRO 2 itself against the native engine in test_deepspeed.py (one process). The Llama
+# architecture: ZeRO 3 (parameters partitioned, the tied output layer among them) by default, the
+# untied output layer on ZeRO 1 and 2 heavy.
+@pytest.mark.parametrize("model,stage", [
+    ("tiny", 1), pytest.param("tiny", 2, marks=HEAVY), ("tiny", 3), (LLAMA, 3),
+    pytest.param(LLAMA_UNTIED, 1, marks=HEAVY), pytest.param(LLAMA_UNTIED, 2, marks=HEAVY),
+])
+def test_deepspeed_zero_follows_the_single_process_loss_curve(tmp_path, request, model, stage):
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'hwbench[deepspeed]')")
-    code, result = _run(tmp_path, "--nproc-per-node", "2", "--engine", "deepspeed", "--zero", str(stage))
+    reference = reference_run(request, model)
+    code, result = _run(tmp_path, "--model", model, "--nproc-per-node", "2", "--engine", "deepspeed", "--zero",
+                        str(stage))
     assert code == 0, result.get("error")
     assert result["engine"]["name"] == "deepspeed" and result["engine"]["zero_stage"] == stage
+    assert result["spec"]["model"] == model
     assert any(p["patch"].startswith("DS_ACCELERATOR") for p in result["engine"]["patches"])
     _assert_same_curve(result, reference)
 

@@ -115,3 +115,67 @@ def test_the_cpu_gradient_norm_is_reduced_in_fp64():
     got = total_grad_norm(grads, CpuBackend.grad_norm_dtype)
     assert got.dtype == torch.float32 and abs(got.item() - exact) / exact < 1e-6
     assert total_grad_norm([], CpuBackend.grad_norm_dtype).item() == 0.0
+
+
+# --- the tensor-parallel plan of the Llama block, each rank's shard computed alone ---------------
+
+def _llama_config(heads: int, kv_heads: int):
+    from hwbench.workload import GPTConfig
+
+    return GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=heads, max_position_embeddings=64,
+                     vocab_size=256, num_query_groups=kv_heads, ffn_hidden_size=96, swiglu=True,
+                     normalization="RMSNorm", position_embedding_type="rope", rotary_base=500000.0,
+                     add_bias_linear=False)
+
+
+def _rank_shard(block: torch.nn.Module, plan: dict, rank: int, tp: int) -> torch.nn.Module:
+    """``block`` as rank ``rank`` of ``tp`` holds it under ``plan``: DTensor's Shard of a
+    ColwiseParallel weight is torch.chunk over the output features, of a RowwiseParallel one over
+    the input features."""
+    import copy
+
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    shard = copy.deepcopy(block)
+    for name, style in plan.items():
+        linear = shard.get_submodule(name)
+        assert isinstance(style, ColwiseParallel | RowwiseParallel) and linear.bias is None
+        dim = 0 if isinstance(style, ColwiseParallel) else 1
+        linear.weight = torch.nn.Parameter(linear.weight.detach().chunk(tp, dim=dim)[rank].clone())
+    return shard
+
+
+@pytest.mark.parametrize("heads,kv_heads,tp", [(8, 4, 2), (8, 2, 2), (8, 4, 4), (4, 4, 2)],
+                         ids=["gqa-g2-tp2", "gqa-g4-tp2", "gqa-g2-tp4", "mha-tp2"])
+@pytest.mark.parametrize("fused_qkv", [False, True], ids=["qkv", "fused-qkv"])
+def test_each_rank_of_the_llama_tp_plan_pairs_its_query_heads_with_their_key_value_heads(heads, kv_heads, tp,
+                                                                                         fused_qkv):
+    """The engine's plan (parallelize.block_plan) split over ``tp`` ranks: q_proj by query heads,
+    k_proj/v_proj (or the fused per-group qkv_proj) by key/value heads, SwiGLU's gate/up by
+    columns and down by rows. Each rank's attention and MLP computed alone, on its shard, sum to
+    the whole block's: a rank's query heads read exactly the key/value heads it holds (query head
+    i reads head i // G), with rotary positions applied per rank. Trained-scale weights, so a
+    query head paired with another head's keys and values would show."""
+    from hwbench.engine.parallelize import block_plan
+    from hwbench.workload.layers import RotaryEmbedding
+    from hwbench.workload.model import Block
+
+    config = _llama_config(heads, kv_heads)
+    torch.manual_seed(0)
+    block = Block(config, fused_qkv=fused_qkv)
+    with torch.no_grad():
+        for parameter in block.parameters():
+            if parameter.ndim == 2:
+                parameter.normal_(0.0, parameter.shape[1] ** -0.5)
+    plan = block_plan(block, swiglu=True)
+    assert set(plan) == {*(("attn.qkv_proj",) if fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")),
+                         "attn.out_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    x = torch.randn(2, 12, 64)
+    rotary = RotaryEmbedding(config).tables(12, x.device)
+    shards = [_rank_shard(block, plan, rank, tp) for rank in range(tp)]
+    with torch.no_grad():
+        attention = sum(shard.attn(x, rotary) for shard in shards)  # out_proj's all-reduce
+        mlp = sum(shard.mlp(x) for shard in shards)  # down_proj's all-reduce
+        torch.testing.assert_close(attention, block.attn(x, rotary), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mlp, block.mlp(x), rtol=1e-5, atol=1e-5)
+        assert block.attn(x, rotary).abs().mean() > 0.1  # outputs of trained scale, not near zero

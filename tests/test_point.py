@@ -103,7 +103,7 @@ def test_a_label_alone_names_no_detail_and_a_set_names_only_what_differs():
     other = RunResult.from_dict(result("b", 1.0, seq_length=64, micro_batch_size=2)).point_key
     assert other.label([key, other]) == "tiny on Intel(R) Xeon(R) Processor fp32, micro batch 2, seq 64"
     assert key.label([key, other]) == "tiny on Intel(R) Xeon(R) Processor fp32, micro batch 4, seq 128"
-    assert PointKey(*key.values()) == key and len(key.values()) == len(PointKey.fields()) == 24
+    assert PointKey(*key.values()) == key and len(key.values()) == len(PointKey.fields()) == 25
 
 
 def test_the_dataset_is_named_not_where_it_is_kept():
@@ -152,10 +152,11 @@ def test_a_version_1_history_database_keeps_its_series(tmp_path, capsys):
         version = connection.execute("PRAGMA user_version").fetchone()[0]
     finally:
         connection.close()
-    assert version == store.SCHEMA_VERSION == 4
+    assert version == store.SCHEMA_VERSION == 5
     assert len(runs) == 4 and len({run.point for run in runs}) == 1  # one series: old nights and tonight
     assert runs[0].point.max_positions == 128 and runs[0].point.cross_entropy == "standard"
-    assert runs[0].point.ep == 1 and runs[0].point.stand_in is None  # version 4 put ep before stand_in
+    assert runs[0].point.stand_in is None and runs[0].point.fp8_recipe is None  # versions 3 and 4: not FP8
+    assert runs[0].point.ep == 1  # version 5: no expert parallelism
     code, out, _ = (run_command("history", ["show", "--db", str(db)]), *capsys.readouterr())
     assert code == 0 and "tokens/s of tiny on Intel(R) Xeon(R) Processor fp32" in out
 

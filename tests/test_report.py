@@ -504,6 +504,23 @@ def test_also_formula_shows_another_formulas_mfu_beside_each_runs_own(tmp_path):
         main([str(GOOD), "--also-formula", "flops"])
 
 
+def test_also_formula_says_why_a_formula_could_not_count_a_run(tmp_path):
+    """A formula with no term for a model (megatron-deepspeed for a mixture of experts) leaves its
+    figures null with its own reason in metrics.by_formula: the report's note gives that reason,
+    not the run's own MFU's."""
+    shutil.copytree(GOOD, tmp_path / "runs")
+    path = tmp_path / "runs" / "a-345m-h100x2.json"
+    result = json.loads(path.read_text())
+    why = "the megatron-deepspeed FLOPs formula ... has no mixture-of-experts term"
+    result["metrics"]["by_formula"] = {"megatron-deepspeed": {
+        "flops_per_iteration": None, "tflops_per_device": None, "mfu": None,
+        "unmeasured": dict.fromkeys(("flops_per_iteration", "tflops_per_device", "mfu"), why)}}
+    path.write_text(json.dumps(result))
+    text = run_report(str(tmp_path / "runs"), "--also-formula", "megatron-deepspeed")
+    assert re.fullmatch(r"- \[\d+\]", _per_model_cells(text, A)["MFU (megatron-deepspeed)"])
+    assert f"MFU not measured: {why}" in text
+
+
 def _per_model_cells(text: str, run_id: str) -> dict[str, str]:
     """The cells of ``run_id``'s row in the first per-model table, by column header (Markdown)."""
     lines = text[text.index("## Per model") :].splitlines()

@@ -23,6 +23,34 @@ def test_candidates_cover_every_split_and_try_each_layout_early():
     assert all(not c.recompute and c.micro_batch == c.per_rank_batch for c in first_six)
 
 
+def test_llama_candidates_take_every_layout_its_key_value_heads_allow():
+    """llama-tiny (4 query heads over 2 key/value heads, 2 layers) on 4 devices: tensor and pipeline
+    parallelism are candidates as for GPT-2; TP4 is pruned with `hwbench run`'s reason (it would
+    split a key/value head), PP4 with the layers'."""
+    base = RunOptions(model="llama-tiny", device="cpu", data="synthetic")
+    runnable, pruned = candidates(base, 4, None, ["native", "deepspeed"])
+    assert {(c.tp, c.pp, c.dp) for c, _layout in runnable} == {(1, 1, 4), (1, 2, 2), (2, 1, 2), (2, 2, 1)}
+    assert {c.variant for c, _layout in runnable if (c.tp, c.pp) == (1, 1)} == {"plain", "fsdp", "zero1", "zero2",
+                                                                               "zero3"}
+    reasons = {(t.candidate.tp, t.candidate.pp): t.note for t in pruned}
+    assert set(reasons) == {(4, 1), (1, 4)} and all(t.status == "invalid" for t in pruned)
+    assert "--tp 4 does not divide the 2 key/value heads (num_query_groups)" in reasons[(4, 1)]
+    assert "--pp 4 exceeds the 2 layers" in reasons[(1, 4)]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # the default run enumerates Llama's candidates (above) and tunes tiny (below)
+def test_tune_runs_llamas_layouts_and_ranks_them(tmp_path):
+    """`hwbench tune --model llama-tiny --devices 2`: DDP, TP2 and PP2 each measured and ranked."""
+    assert main(["tune", "--model", "llama-tiny", "--devices", "2", "--device", "cpu", "--steps", "2", "--warmup",
+                 "1", "--seq-length", "32", "--max-trials", "3", "--patience", "3", "--quiet", "--out",
+                 str(tmp_path)]) == 0
+    ranking = json.loads((tmp_path / "llama-tiny-2" / "ranking.json").read_text())
+    measured = [t for t in ranking["trials"] if t["samples_per_s"]]
+    assert {(t["tp"], t["pp"], t["dp"]) for t in measured} == {(1, 1, 2), (2, 1, 1), (1, 2, 1)}
+    assert all(t["status"] == "ok" for t in measured) and len(ranking["ranking"]) == 3
+
+
 @pytest.mark.slow
 def test_tune_on_cpu_ranks_measured_layouts(tmp_path, capsys):
     code = main(["tune", "--model", "tiny", "--devices", "2", "--device", "cpu", "--steps", "2", "--warmup", "1",

@@ -47,8 +47,14 @@ def main(args: argparse.Namespace) -> int:
     threshold = parse_threshold(args.threshold)
     if args.junit is not None:  # "" is refused, not taken as no --junit
         check_output_file(args.junit, "--junit", [args.baseline, args.current])
-    baseline, base_unreadable = load_side("BASELINE", args.baseline)
-    current, cur_unreadable = load_side("CURRENT", args.current)
+    collectives = _compare_collectives(args, threshold)
+    try:
+        baseline, base_unreadable = load_side("BASELINE", args.baseline)
+        current, cur_unreadable = load_side("CURRENT", args.current)
+    except UsageError:
+        if collectives is None or _has_runs(args.baseline) or _has_runs(args.current):
+            raise  # runs on one side only: as without collectives
+        return _finish_collectives_only(args, *collectives)
     unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
     for side, _path, reason in unreadable:
         print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
@@ -63,9 +69,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"hwbench compare: warning: {line}", file=sys.stderr)
     if args.junit is not None:
         write_output(args.junit, "--junit", junit_xml("hwbench compare", compare_cases(report, args.allow_missing)))
-    print(as_json(report_data(report, args.allow_missing)) if args.format == "json" else format_report(report),
+    data = report_data(report, args.allow_missing)
+    if collectives is not None:
+        data["collectives"] = collectives[1]
+        if args.format == "text":
+            print(collectives[2] + "\n")
+    print(as_json(data) if args.format == "json" else format_report(report),
           end="\n" if args.format == "text" else "")
     status = exit_status(report, args.allow_missing)
+    if collectives is not None:
+        status = _worse(status, collectives[0])
     if status == REPEATS_EXIT:
         failed = sum(p.repeats_failed for p in report["points"])
         print(f"hwbench compare: {failed} point(s) have fewer ok repeats than asked or than the baseline had; "
@@ -74,3 +87,47 @@ def main(args: argparse.Namespace) -> int:
         print(f"hwbench compare: {len(report['only_baseline'])} baseline point(s) have no result in CURRENT; "
               "the gate fails (give --allow-missing to accept that)", file=sys.stderr)
     return status
+
+
+def _compare_collectives(args: argparse.Namespace, threshold: float) -> tuple[int, dict, str] | None:
+    """Collectives results on both sides compared by busbw; (their exit status, their data for --format
+    json, their table), or None when neither side has any."""
+    from hwbench.fabric.result import read_collectives
+    from hwbench.judge.collectives import as_data, collectives_exit, compare_collectives, format_collectives
+
+    base, base_bad = read_collectives([args.baseline])
+    cur, cur_bad = read_collectives([args.current])
+    for side, skipped in (("BASELINE", base_bad), ("CURRENT", cur_bad)):
+        for _path, reason in skipped:
+            print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
+    if not base and not cur:
+        return None
+    report = compare_collectives([r for r, _ in base], [r for r, _ in cur], threshold)
+    return collectives_exit(report, args.allow_missing), as_data(report), format_collectives(report)
+
+
+def _finish_collectives_only(args: argparse.Namespace, status: int, data: dict, table: str) -> int:
+    """Only collectives results (no run on one side or both): their verdict is the exit status."""
+    from hwbench.judge.ci_output import as_json
+
+    if args.junit is not None:
+        raise UsageError("--junit: the JUnit output covers runs; these inputs hold collectives results only")
+    if not data["points"]:
+        raise UsageError(f"no collectives point in common between BASELINE {args.baseline!r} and CURRENT "
+                         f"{args.current!r}; points match on device, backend, ranks, hosts, type, collective and size")
+    print(as_json({"collectives": data}) if args.format == "json" else table, end="" if args.format == "json" else "\n")
+    return status
+
+
+def _worse(first: int, second: int) -> int:
+    """The exit status that fails the gate harder: a regression, then failed repeats, then missing points."""
+    from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT, REPEATS_EXIT
+
+    order = (REGRESSION_EXIT, REPEATS_EXIT, MISSING_EXIT)
+    return min((first, second), key=lambda code: order.index(code) if code in order else len(order))
+
+
+def _has_runs(path: str) -> bool:
+    from hwbench.result.store import read_results
+
+    return bool(read_results(path)[0])

@@ -96,6 +96,9 @@ def add(args: argparse.Namespace) -> int:
     if outcome.simulated:
         print(f"{outcome.simulated} of the runs added are simulated (a stand-in ran the device's code path on the "
               "host): they form their own series, marked [simulated], apart from the device's")
+    if outcome.emulated:
+        print(f"{outcome.emulated} of the runs added ran FP8 emulated (computed without FP8 matrix units): they form "
+              "their own series, marked [emulated], apart from the device's")
     return 0
 
 

@@ -7,6 +7,7 @@ import argparse
 import re
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from hwbench.commands.run import add_run_options
 from hwbench.device.kinds import DEVICE_KINDS
@@ -14,6 +15,9 @@ from hwbench.errors import UsageError
 from hwbench.options import ENGINES, RUN_OPTIONS, RunOptions
 from hwbench.planner import DEFAULT_HEADROOM, OVERHEAD_BYTES
 from hwbench.units import decimal_size_note, gib
+
+if TYPE_CHECKING:
+    from hwbench.layouts import LayoutPlan
 
 DESCRIPTION = "Predict the per-rank peak memory of training layouts and which fit a device (docs/planner.md)."
 HEADERS = ["layout tp x pp x dp", "variant", "precision", "stage", "weights", "grads", "optimizer", "activations",
@@ -93,9 +97,30 @@ def main(args: argparse.Namespace) -> int:
     skipped = list(dict.fromkeys(f"{refused.name}: {refused.refused}" for refused in found.refused))
     notes = [*filter(None, [decimal_size_note(args.device_memory, "--device-memory")]),
              *(found.layouts[0].peak.notes if layout else ())]
+    none_fits = _none_fits(found) if found.layouts and not any(planned.fits for planned in found.layouts) else None
     _print_footer(found.layouts[-1].spec if found.layouts else None, found.capacity_bytes, found.headroom,
-                  found.device_kind, notes, too_big, skipped)
+                  found.device_kind, notes, too_big, skipped, none_fits)
     return 0
+
+
+def _none_fits(found: LayoutPlan) -> str:
+    """Why no layout fits, where the states alone say it: every parameter's weight, gradient and
+    optimizer state, which sharding divides but never removes, against the usable memory of all
+    the devices; and the devices they would need at the least."""
+    from hwbench.catalog import load_catalog
+    from hwbench.planner import state_bytes
+
+    specs = [planned.spec for planned in found.layouts if planned.spec is not None]  # a planned layout has one
+    spec = specs[0]
+    states = min(state_bytes(planned, load_catalog().workloads[spec.model].model) for planned in specs)
+    usable = found.headroom * found.capacity_bytes
+    devices = spec.parallel.world_size
+    line = f"no layout fits: the weights, gradients and optimizer state alone are {gib(states)} GiB"
+    if states > devices * usable:
+        return (f"{line}, more than the {devices} devices' {gib(devices * usable)} GiB usable; fully sharded they "
+                f"need at least {-(-states // int(usable))} devices, before any activation")
+    return (f"{line}, within the {devices} devices' {gib(devices * usable)} GiB usable: the largest terms above say "
+            "what else each layout needs")
 
 
 def _why_not(layout, plan, capacity: int, headroom: float) -> str:
@@ -107,7 +132,7 @@ def _why_not(layout, plan, capacity: int, headroom: float) -> str:
 
 
 def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequence[str], too_big: list[str],
-                  skipped: list[str]) -> None:
+                  skipped: list[str], none_fits: str | None = None) -> None:
     print(f"\ndevice memory {gib(capacity)} GiB; fits: total <= {headroom:g} x that; overhead for {kind}: "
           f"{gib(OVERHEAD_BYTES[kind])} GiB (an estimate). GiB = 2^30 bytes; the stage shown is the "
           "rank with the largest prediction. Not yet checked against a GPU (docs/planner.md).")
@@ -118,6 +143,8 @@ def _print_footer(spec, capacity: int, headroom: float, kind: str, notes: Sequen
         print(f"note: {note}")
     for line in too_big:
         print(f"does not fit: {line}")
+    if none_fits:
+        print(none_fits)
     for line in skipped:
         print(f"skipped {line}")
     sys.stdout.flush()

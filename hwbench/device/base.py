@@ -20,6 +20,9 @@ from hwbench.device.host import allowed_cpus, share_of_cores, usable_cores
 from hwbench.device.telemetry import TelemetrySampler
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# autocast's dtype of each --precision: fp8 (torchao's float8 GEMMs, hwbench.engine.float8) runs the
+# rest of the step in bf16 autocast, as a bf16 run
+AUTOCAST_DTYPES = {**PRECISION_DTYPES, "fp8": torch.bfloat16}
 
 
 @dataclasses.dataclass
@@ -223,7 +226,19 @@ class Backend(abc.ABC):
     def autocast(self, precision: str) -> contextlib.AbstractContextManager:
         if precision == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(self.torch_device.type, dtype=PRECISION_DTYPES[precision])
+        return torch.autocast(self.torch_device.type, dtype=AUTOCAST_DTYPES[precision])
+
+    # FP8 ------------------------------------------------------------------
+    def fp8_units(self, block_scaled: bool) -> tuple[bool | None, str]:
+        """Whether this device has the matrix units FP8 training needs (``block_scaled``: those of the
+        MX formats, scales per block of 32 elements): (True, which), (False, why not), or (None, why
+        this backend cannot tell: then the device's catalog entry decides, hwbench.device_check)."""
+        return None, f"the {self.name} backend does not read FP8 support from the device"
+
+    def fp8_emulation(self) -> str | None:
+        """Why FP8 runs emulated here (a device without FP8 units whose FP8 GEMMs torch computes
+        anyway: the CPU), else None. An emulated run's result is marked so and has no MFU."""
+        return None
 
     def optimizer_options(self) -> dict[str, Any]:
         """Keyword arguments for torch.optim.AdamW that run fastest here (device/kinds.py): kwargs, open."""

@@ -221,11 +221,22 @@ class CpuBackend(Backend):
         return None  # autocast runs bf16 and fp16 on any CPU, slowly without bf16/fp16 units
 
     def slow_precision(self, precision: str) -> str | None:
+        if precision == "fp8":
+            return self.fp8_emulation()
         units = _FAST_UNITS.get(precision)
         if units is None or set(units) & _cpu_flags():
             return None
         return (f"this CPU ({_cpu_model()}) has no {precision} matrix units ({', '.join(units)}), so torch emulates "
                 f"{precision}: about 13x slower than fp32 where measured (an AMD EPYC with AVX2 only)")
+
+    def fp8_units(self, block_scaled: bool) -> tuple[bool | None, str]:
+        return False, f"this CPU ({_cpu_model()}) has no FP8 matrix units"
+
+    def fp8_emulation(self) -> str | None:
+        # torch._scaled_mm has a CPU kernel taking float8_e4m3fn/e5m2 tensors: torchao's float8 training
+        # runs its own code path to the GEMM, which the CPU then computes in software
+        return (f"FP8 emulated on the CPU ({_cpu_model()}): no FP8 matrix units, torch computes the FP8 GEMMs in "
+                "software, so the loss is FP8's and the speed no FP8 device's")
 
     def step_done(self) -> None:
         if self._heap is not None:

@@ -195,6 +195,17 @@ class CudaBackend(AcceleratorBackend):
         return (f"this GPU (compute capability {capability[0]}.{capability[1]}) runs fp16 arithmetic at a "
                 "fraction of its fp32 rate")
 
+    def fp8_units(self, block_scaled: bool) -> tuple[bool | None, str]:
+        # FP8 tensor cores from compute capability 8.9 (Ada) and 9.0 (Hopper); the MX formats' block-scaled
+        # GEMMs on the data-centre Blackwell GPUs, compute capability 10.x (torchtitan's and torchao's checks)
+        major, minor = torch.cuda.get_device_capability(self.local_index)
+        where = f"this GPU (compute capability {major}.{minor})"
+        if block_scaled:
+            return (True, f"{where} has MXFP8 tensor cores") if major == 10 else (
+                False, f"{where} has no MXFP8 tensor cores (compute capability 10.x: B200, GB200)")
+        return (True, f"{where} has FP8 tensor cores") if (major, minor) >= (8, 9) else (
+            False, f"{where} has no FP8 tensor cores (compute capability 8.9 or more: L40S, H100, H200, B200)")
+
     def bus_id(self) -> str | None:
         props = torch.cuda.get_device_properties(self.local_index)
         return pci_bus_id(*(getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")))

@@ -83,6 +83,13 @@ class RocmBackend(CudaBackend):
     def slow_precision(self, precision: str) -> str | None:
         return None  # the CUDA backend's compute capabilities are NVIDIA's; AMD GPUs run fp16 in their matrix cores
 
+    def fp8_units(self, block_scaled: bool) -> tuple[bool | None, str]:
+        # FP8 matrix cores from CDNA 3 (gfx942: MI300X, MI325X); the MX formats from CDNA 4 (gfx950: MI355X)
+        arch = self.gfx_arch()
+        has = (arch == "gfx950") if block_scaled else arch in ("gfx942", "gfx950")
+        kind = "MXFP8" if block_scaled else "FP8"
+        return has, f"this GPU ({arch}) {'has' if has else 'has no'} {kind} matrix cores"
+
     def power_limit_watts(self) -> tuple[float | None, str]:
         return Backend.power_limit_watts(self)  # not NVML's: no AMD name is shared between models
 

@@ -3,10 +3,14 @@ Megatron-DeepSpeed trained the published Table 2 (the Ascend ModelZoo GPT-2 READ
 
 The GPT is a list of layer specs for deepspeed.pipe.PipelineModule, as
 Megatron-DeepSpeed's GPTModelPipe builds it: the embedding (a TiedLayerSpec),
-one spec per transformer block, the final LayerNorm, and the output layer as
+one spec per transformer block, the final norm, and the output layer as
 the same tied embedding module applied through its word-embedding weight, so
 the first and last stage each hold a copy whose gradients DeepSpeed sums
-(``_exec_reduce_tied_grads``). Blocks are split over the stages by type
+(``_exec_reduce_tied_grads``). An untied output layer (Llama 3.1 8B, 70B) is a
+layer of its own on the last stage, column-parallel over the vocabulary, with
+nothing to sum. Llama's blocks (RMSNorm, rotary positions, SwiGLU, grouped-query
+attention split by key/value heads) are hwbench.engine.tensor_parallel's as GPT-2's
+are; with rotary positions the embedding has no position table. Blocks are split over the stages by type
 (``partition_method='type:ParallelBlockPipe'``, Megatron-DeepSpeed's
 ``type:transformer``). Tensor parallelism is Megatron's column/row parallel
 layers (hwbench.engine.tensor_parallel) on the ``model`` axis of DeepSpeed's
@@ -41,6 +45,7 @@ from hwbench.engine.base import StepOutcome, total_grad_norm
 from hwbench.engine.deepspeed import DeepSpeedCommon, accelerator_name
 from hwbench.engine.distributed import DistContext
 from hwbench.engine.tensor_parallel import (
+    ColumnParallelLinear,
     ParallelBlock,
     TensorGroup,
     VocabParallelEmbedding,
@@ -51,33 +56,50 @@ from hwbench.engine.tensor_parallel import (
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
-from hwbench.workload.model import LAYERNORM_EPS, lm_loss
+from hwbench.workload.model import lm_loss
 
 TIED_KEY = "embed"  # the TiedLayerSpec key of the word embedding (first stage) and output layer (last stage)
 BLOCK_TYPE = "ParallelBlockPipe"  # what partition_method 'type:' and checkpointable_layers match
 
 
 class EmbeddingPipe(nn.Module):
-    """Token ids -> word + position embeddings (B, S, h). The last stage holds a
-    second instance only for its word embedding, the output layer's weight."""
+    """Token ids -> word (+ learned position) embeddings (B, S, h). With a tied output layer
+    the last stage holds a second instance only for its word embedding, the output layer's weight."""
 
     def __init__(self, config: GPTConfig, tp: TensorGroup, seed: int) -> None:
         super().__init__()
         self.wte = VocabParallelEmbedding(config.padded_vocab_size(tp.size), config.hidden_size, tp)
-        self.wpe = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        # rotary positions (Llama) rotate q and k inside each block: no table here
+        self.wpe = None if config.rope else nn.Embedding(config.max_position_embeddings, config.hidden_size)
         load_host_values(self, "", config, seed, tp)
         self.tp = tp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.wte(tokens) + self.wpe(positions)
+        embedded = self.wte(tokens)
+        if self.wpe is None:
+            return embedded
+        return embedded + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
 
 
 def output_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
-    """The output layer: hidden states times this rank's vocabulary rows of the
+    """The tied output layer: hidden states times this rank's vocabulary rows of the
     tied word embedding, the slices gathered into (B, S, V) logits."""
     local = torch.nn.functional.linear(copy_to_group(hidden, embedding.tp), embedding.wte.weight)
     return gather_last_dim(local, embedding.tp)
+
+
+class OutputPipe(nn.Module):
+    """An untied output layer (hwbench.workload.model.GPT's ``output``): this rank's rows of the
+    vocabulary, the same rows its word embedding holds, the slices gathered into (B, S, V) logits."""
+
+    def __init__(self, config: GPTConfig, tp: TensorGroup, seed: int) -> None:
+        super().__init__()
+        self.output = ColumnParallelLinear(config.hidden_size, config.padded_vocab_size(tp.size), tp, bias=False)
+        load_host_values(self, "", config, seed, tp)
+        self.tp = tp
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return gather_last_dim(self.output(hidden), self.tp)
 
 
 class ParallelBlockPipe(ParallelBlock):
@@ -88,21 +110,32 @@ class ParallelBlockPipe(ParallelBlock):
         load_host_values(self, f"blocks.{number}.", config, seed, tp)
 
 
-class FinalNormPipe(nn.LayerNorm):
+class FinalLayerNormPipe(nn.LayerNorm):
     def __init__(self, config: GPTConfig) -> None:
-        super().__init__(config.hidden_size, eps=LAYERNORM_EPS)  # ones and zeros, as host_values gives
+        super().__init__(config.hidden_size, eps=config.norm_epsilon)  # ones and zeros, as host_values gives
+
+
+class FinalRMSNormPipe(nn.RMSNorm):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config.hidden_size, eps=config.norm_epsilon)  # unit gains, as host_values gives
 
 
 def layer_specs(config: GPTConfig, tp: TensorGroup, seed: int) -> list:
-    """GPTModelPipe's layer list: embedding, blocks, final LayerNorm, tied output layer."""
+    """GPTModelPipe's layer list: embedding, blocks, final norm, the output layer (tied: the
+    embedding's module again; untied: its own)."""
     from deepspeed.pipe import LayerSpec, TiedLayerSpec
 
+    final_norm = FinalRMSNormPipe if config.normalization == "RMSNorm" else FinalLayerNormPipe
+    if config.untie_embeddings_and_output_weights:
+        output = LayerSpec(OutputPipe, config, tp, seed)
+    else:
+        output = TiedLayerSpec(TIED_KEY, EmbeddingPipe, config, tp, seed, forward_fn=output_logits,
+                               tied_weight_attr="wte.weight")
     return [
         TiedLayerSpec(TIED_KEY, EmbeddingPipe, config, tp, seed, tied_weight_attr="wte.weight"),
         *[LayerSpec(ParallelBlockPipe, config, tp, seed, number) for number in range(config.num_layers)],
-        LayerSpec(FinalNormPipe, config),
-        TiedLayerSpec(TIED_KEY, EmbeddingPipe, config, tp, seed, forward_fn=output_logits,
-                      tied_weight_attr="wte.weight"),
+        LayerSpec(final_norm, config),
+        output,
     ]
 
 

@@ -40,9 +40,12 @@ from hwbench.engine.expert_parallel import (
     apply_expert_parallel,
     expert_parameter_names,
 )
+from hwbench.engine.float8 import convert as convert_to_fp8
+from hwbench.engine.float8 import converts_on_meta, plan_layers
 from hwbench.engine.loss_scale import LossScaler, overflow_flag
 from hwbench.engine.optim import build_optimizer, step_learning_rate
 from hwbench.engine.parallelize import apply_fsdp, apply_tensor_parallel, cut_pipeline_stage, stage_layers
+from hwbench.precision import DEFAULT_FP8_RECIPE, FP8
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
 from hwbench.workload.data import Batch
@@ -71,18 +74,25 @@ class NativeEngine:
             dynamic = spec.loss_scale is None
             initial = 2.0 ** spec.initial_scale_power if spec.loss_scale is None else spec.loss_scale
             self.scaler = LossScaler(initial, dynamic, backend.torch_device)
-        self._tied_group = self._tied_embedding_group() if dims.pp > 1 else None
+        # a tied output layer's copy on the last stage: summed with the first stage's embedding
+        self.tied_copies = dims.pp > 1 and not config.untie_embeddings_and_output_weights
+        self._tied_group = self._tied_embedding_group() if self.tied_copies else None
         self.schedule = self._pipeline_schedule() if dims.pp > 1 else None
         self.iteration = 0
 
     # construction -----------------------------------------------------------
     def _build(self, config: GPTConfig) -> nn.Module:
-        """Meta model -> stage cut -> TP -> EP -> FSDP -> storage -> seed-determined weights
-        -> DDP (pure data parallelism only)."""
+        """Meta model -> FP8 layers (tensorwise, rowwise) -> stage cut -> TP -> EP -> FSDP -> storage ->
+        seed-determined weights -> FP8 layers (mxfp8) -> DDP (pure data parallelism only)."""
         spec, ctx, dims = self.spec, self.ctx, self.ctx.dims
         with torch.device("meta"):
             model = GPT(config, tensor_parallel=dims.tp, recompute=spec.recompute, cross_entropy=spec.cross_entropy,
                         fused_qkv=spec.fused_qkv)
+        # FP8: the whole model's layers chosen before the stage cut, converted before any wrapping
+        self.fp8 = plan_layers(model, spec.fp8_recipe or DEFAULT_FP8_RECIPE) if spec.precision == FP8 else None
+        emulated = self.backend.fp8_emulation() is not None
+        if self.fp8 and converts_on_meta(self.fp8.recipe):
+            convert_to_fp8(model, self.fp8, emulated)
         if dims.pp > 1:
             cut_pipeline_stage(model, ctx.pp_rank, dims.pp)
         if dims.tp > 1:
@@ -98,6 +108,8 @@ class NativeEngine:
         model.to_empty(device=self.backend.torch_device)
         model.tie_output_to_embedding()
         init_parameters(model, spec.seed)
+        if self.fp8 and not converts_on_meta(self.fp8.recipe):
+            convert_to_fp8(model, self.fp8, emulated)
         self.gpt = model
         if spec.compile:
             for block in model.blocks.values():
@@ -190,7 +202,8 @@ class NativeEngine:
         """What DDP or FSDP do not: the dp average when tensor or pipeline
         parallelism is on (one flat all-reduce), the experts' gradients beside DDP
         under expert parallelism, and the sum of the two tied embedding copies of
-        the first and last pipeline stage."""
+        the first and last pipeline stage (an untied output layer is a weight of its
+        own: nothing to sum)."""
         dims = self.ctx.dims
         if dims.ep > 1:
             self._reduce_expert_gradients()
@@ -240,9 +253,10 @@ class NativeEngine:
     def _global_grad_norm(self) -> torch.Tensor:
         """The L2 norm of all gradients of the model, the same on every rank:
         DTensor shards reduced over their mesh, pipeline stages summed, and the
-        last stage's copy of the tied embedding left out (counted once, as on one device)."""
+        last stage's copy of a tied embedding left out (counted once, as on one device;
+        an untied output layer is counted, on the last stage, like any other weight)."""
         grads = [p.grad for name, p in self.gpt.named_parameters()
-                 if p.grad is not None and not (self.ctx.dims.pp > 1 and name == "output.weight")]
+                 if p.grad is not None and not (self.tied_copies and name == "output.weight")]
         # one norm per mesh (expert parallelism's experts are sharded on another mesh than the rest,
         # and DTensor reduces one mesh at a time), their squares added
         norms = [total_grad_norm(together, self.backend.grad_norm_dtype) for together in by_mesh(grads)]
@@ -359,6 +373,7 @@ class NativeEngine:
             "loss_scaling": None if not self.scaler else ("dynamic" if self.scaler.dynamic else "fixed"),
             "compile": self.spec.compile,
             "recompute": self.spec.recompute,
+            **({"fp8": self.fp8.describe(self.backend.fp8_emulation())} if self.fp8 else {}),
         }
 
     # checkpoints ----------------------------------------------------------------

@@ -19,10 +19,12 @@ from hwbench.workload.model import GPT
 
 def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:
     """Keep what pipeline ``stage`` of ``stages`` computes: the embeddings on the
-    first, its blocks, the final LayerNorm and output layer on the last. The
-    last stage's output layer gets its own weight (the first stage holds the
-    word embedding it is tied to); the engine keeps the two equal by summing
-    their gradients, as Megatron does."""
+    first (the word embedding alone with rotary positions: there is no position
+    table), its blocks, the final norm and output layer on the last. A tied output
+    layer on a last stage other than the first gets its own copy of the weight (the
+    first stage holds the word embedding it is tied to); the engine keeps the two
+    equal by summing their gradients, as Megatron does. An untied output layer has a
+    weight of its own already: it lives on the last stage alone, with no sum."""
     keep = {str(i) for i in stage_layers(len(model.blocks), stages, stage)}
     for name in [n for n in model.blocks if n not in keep]:
         del model.blocks[name]
@@ -32,14 +34,14 @@ def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:
     if stage < stages - 1:
         model.ln_f = None
         model.output = None
-    elif stage > 0:
+    elif stage > 0 and not model.config.untie_embeddings_and_output_weights:
         assert model.output is not None
         model.output.weight = nn.Parameter(model.output.weight.detach().clone())
     return model
 
 
 def _replicate(module: nn.Module, mesh) -> None:
-    """Parameters that tensor parallelism does not split (LayerNorms, positions)
+    """Parameters that tensor parallelism does not split (norms, positions)
     become replicated DTensors, so every parameter of the model is a DTensor on
     one mesh (optimizer and gradient-norm code then need no special cases); the
     module still takes and returns plain tensors."""
@@ -55,37 +57,52 @@ def _replicate(module: nn.Module, mesh) -> None:
     distribute_module(module, mesh, input_fn=inputs_to_dtensor, output_fn=output_to_local)
 
 
+def block_plan(block: nn.Module, swiglu: bool) -> dict[str, Any]:
+    """One block's DTensor plan, Megatron's split: the attention's input projections
+    column-parallel and out_proj row-parallel; the MLP's input projections (fc1, or
+    SwiGLU's gate and up) column-parallel and its output projection (fc2, down)
+    row-parallel. One all-reduce after attention and one after the MLP.
+
+    Column-parallel q_proj keeps this rank's H / TP query heads and k_proj, v_proj its
+    KV / TP key/value heads (the spec refuses a TP that does not divide KV): rank r holds
+    query heads r H/TP .. (r+1) H/TP - 1, whose groups (query head i reads key/value head
+    i // G) are exactly its key/value heads r KV/TP .., so the local grouped-query
+    attention pairs them as the whole model does. A fused qkv_proj is laid out per
+    key/value group, so its column split gives each rank whole groups the same way."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    attention: Any = block.get_submodule("attn")  # nn.Module's attributes are typed Tensor | Module
+    qkv = ("attn.qkv_proj",) if attention.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
+    mlp_in, mlp_out = (("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj") if swiglu else (("mlp.fc1",), "mlp.fc2")
+    return {**{name: ColwiseParallel() for name in (*qkv, *mlp_in)},
+            "attn.out_proj": RowwiseParallel(), mlp_out: RowwiseParallel()}
+
+
 def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
-    """Megatron's split with DTensor: q, k, v (or the fused qkv) and fc1 column-parallel, out_proj and
-    fc2 row-parallel (one all-reduce after attention and one after the MLP);
-    the word embedding vocab-parallel. The output layer is column-parallel over
-    the vocabulary: with ``loss_parallel`` its logits stay sharded and the loss
-    is computed on the shards (hwbench.workload.model.lm_loss under
-    torch.distributed.tensor.parallel.loss_parallel), otherwise they are gathered."""
+    """Megatron's split with DTensor: each block by ``block_plan``, its norms (LayerNorm or
+    RMSNorm) replicated; the word embedding vocab-parallel, a position table replicated
+    (rotary positions have none: their tables are made on each rank, like any activation).
+    The output layer, tied or untied, is column-parallel over the vocabulary: with
+    ``loss_parallel`` its logits stay sharded and the loss is computed on the shards
+    (hwbench.workload.model.lm_loss under torch.distributed.tensor.parallel.loss_parallel),
+    otherwise they are gathered."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     for block in model.blocks.values():
-        # a fused qkv_proj is laid out per head, so its column split gives each rank whole heads
-        attention: Any = block.attn  # nn.Module's attributes are typed Tensor | Module
-        qkv = ("attn.qkv_proj",) if attention.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
-        parallelize_module(block, tp_mesh, {
-            **{name: ColwiseParallel() for name in qkv},
-            "attn.out_proj": RowwiseParallel(),
-            "mlp.fc1": ColwiseParallel(),
-            "mlp.fc2": RowwiseParallel(),
-        })
+        parallelize_module(block, tp_mesh, block_plan(block, model.config.swiglu))
         _replicate(block.get_submodule("ln_1"), tp_mesh)
         _replicate(block.get_submodule("ln_2"), tp_mesh)
-    if model.wte is not None and model.wpe is not None:
+    if model.wte is not None:
         parallelize_module(model.wte, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    if model.wpe is not None:
         _replicate(model.wpe, tp_mesh)
     if model.output is not None and model.ln_f is not None:
         _replicate(model.ln_f, tp_mesh)
         parallelize_module(model.output, tp_mesh, ColwiseParallel(
             input_layouts=Replicate(), output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel))
-    # both are the (vocab, hidden) weight sharded on the vocabulary: one parameter again
+    # tied: both are the (vocab, hidden) weight sharded on the vocabulary: one parameter again
     model.tie_output_to_embedding()
 
 

@@ -10,7 +10,13 @@ features (its output all-reduced forward, identity backward), the word
 embedding a slice of the vocabulary (rows outside the slice give zeros, then
 one all-reduce). Sliced parameters carry ``tensor_model_parallel = True``, so
 DeepSpeed's gradient norms count them on every rank and the replicated ones
-(LayerNorms, row-parallel biases, positions) on tensor rank 0 only.
+(norms, row-parallel biases, positions) on tensor rank 0 only.
+
+Both architectures of hwbench.workload.model: Megatron GPT-2's block, and Llama's with
+the layers module's RMSNorm, rotary tables (made on each rank, nothing to split) and
+SwiGLU, no biases, and grouped-query attention split by key/value heads (q_proj keeps
+this rank's H / TP query heads, k_proj and v_proj its KV / TP key/value heads: the groups
+of those query heads, since query head i reads key/value head i // G).
 
 Every parameter is filled with its slice of the values the whole model has on
 one device (hwbench.workload.model.host_values), so a layout starts from the
@@ -27,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hwbench.workload.config import GPTConfig
-from hwbench.workload.model import LAYERNORM_EPS, host_values
+from hwbench.workload.layers import RotaryEmbedding, apply_rotary, norm
+from hwbench.workload.model import Rotary, host_values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,15 +143,16 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = x A^T + b with A sliced on the input features, x already sliced so; y whole (one all-reduce)."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorGroup) -> None:
+    def __init__(self, in_features: int, out_features: int, tp: TensorGroup, bias: bool = True) -> None:
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
         _mark_sliced(self.weight, 1)
-        self.bias = nn.Parameter(torch.empty(out_features))  # added once, after the sum
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None  # added once, after the sum
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_group(F.linear(x, self.weight), self.tp) + self.bias
+        y = reduce_from_group(F.linear(x, self.weight), self.tp)
+        return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -168,46 +176,81 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelAttention(nn.Module):
-    """hwbench.workload.model.Attention with q, k, v column-parallel (this rank's heads) and out_proj row-parallel."""
+    """hwbench.workload.model.Attention with q, k, v column-parallel (this rank's query heads
+    and the key/value heads of their groups) and out_proj row-parallel."""
 
     def __init__(self, config: GPTConfig, tp: TensorGroup) -> None:
         super().__init__()
-        h = config.hidden_size
+        h, bias = config.hidden_size, config.add_bias_linear
         self.head_dim = config.head_dim
-        self.q_proj = ColumnParallelLinear(h, h, tp)
-        self.k_proj = ColumnParallelLinear(h, h, tp)
-        self.v_proj = ColumnParallelLinear(h, h, tp)
-        self.out_proj = RowParallelLinear(h, h, tp)
+        self.group_size = config.num_attention_heads // config.kv_heads  # G
+        q_size, kv_size = config.num_attention_heads * self.head_dim, config.kv_heads * self.head_dim
+        self.q_proj = ColumnParallelLinear(h, q_size, tp, bias)
+        self.k_proj = ColumnParallelLinear(h, kv_size, tp, bias)
+        self.v_proj = ColumnParallelLinear(h, kv_size, tp, bias)
+        self.out_proj = RowParallelLinear(q_size, h, tp, bias)
+        # --qk-layernorm's per-head norms: whole on every rank (the spec runs them at TP1 only: each
+        # rank's gradient of their gain would hold its own heads' part alone)
+        self.q_norm = norm(config, self.head_dim) if config.qk_layernorm else None
+        self.k_norm = norm(config, self.head_dim) if config.qk_layernorm else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Rotary | None = None) -> torch.Tensor:
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, -1, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q = self.q_proj(x).view(B, S, -1, self.head_dim)  # (B, S, H / TP, D)
+        k = self.k_proj(x).view(B, S, -1, self.head_dim)  # (B, S, KV / TP, D)
+        v = self.v_proj(x).view(B, S, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, S, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.group_size > 1)
         return self.out_proj(y.transpose(1, 2).reshape(B, S, -1))
 
 
 class ParallelMLP(nn.Module):
+    """Megatron GPT-2's MLP: fc1 column-parallel, fc2 row-parallel."""
+
     def __init__(self, config: GPTConfig, tp: TensorGroup) -> None:
         super().__init__()
-        self.fc1 = ColumnParallelLinear(config.hidden_size, config.ffn_size, tp)
-        self.fc2 = RowParallelLinear(config.ffn_size, config.hidden_size, tp)
+        bias = config.add_bias_linear
+        self.fc1 = ColumnParallelLinear(config.hidden_size, config.ffn_size, tp, bias)
+        self.fc2 = RowParallelLinear(config.ffn_size, config.hidden_size, tp, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-class ParallelBlock(nn.Module):
-    """hwbench.workload.model.Block with tensor-parallel attention and MLP; the same parameter names."""
+class ParallelSwiGLU(nn.Module):
+    """hwbench.workload.layers.SwiGLU: gate and up column-parallel (the same slice of the inner
+    width on each, so the product stays local), down row-parallel."""
 
     def __init__(self, config: GPTConfig, tp: TensorGroup) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
-        self.attn = ParallelAttention(config, tp)
-        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=LAYERNORM_EPS)
-        self.mlp = ParallelMLP(config, tp)
+        h, f, bias = config.hidden_size, config.ffn_size, config.add_bias_linear
+        self.gate_proj = ColumnParallelLinear(h, f, tp, bias)
+        self.up_proj = ColumnParallelLinear(h, f, tp, bias)
+        self.down_proj = RowParallelLinear(f, h, tp, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ParallelBlock(nn.Module):
+    """hwbench.workload.model.Block with tensor-parallel attention and MLP (GELU or SwiGLU), the
+    config's norm replicated; the same parameter names. With rotary positions the block makes
+    (once per length, then keeps) the tables itself: DeepSpeed's pipeline passes it the hidden
+    states alone."""
+
+    def __init__(self, config: GPTConfig, tp: TensorGroup) -> None:
+        super().__init__()
+        self.ln_1 = norm(config)
+        self.attn = ParallelAttention(config, tp)
+        self.ln_2 = norm(config)
+        self.mlp: nn.Module = ParallelSwiGLU(config, tp) if config.swiglu else ParallelMLP(config, tp)
+        self.rotary = RotaryEmbedding(config) if config.rope else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rotary = self.rotary.tables(x.shape[1], x.device) if self.rotary is not None else None
+        x = x + self.attn(self.ln_1(x), rotary)
         return x + self.mlp(self.ln_2(x))

@@ -6,7 +6,8 @@ figures (the action's src/extract.ts `BenchmarkResult`); Bencher Metric Format: 
 {measure: {"value", "lower_value", "upper_value"}}}`` (bencher.dev/docs/reference/
 bencher-metric-format). One benchmark per point, its value the median of the repeats, the range
 or bounds their lowest and highest (hwbench.exports.figures). A simulated point's benchmark name
-ends with ` [simulated]`, so each tool keeps it in a series of its own, never in the real device's.
+ends with ` [simulated]` (an emulated FP8 point's with ` [emulated]`), so each tool keeps it in a series
+of its own, never in the real device's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.exports.figures import SIMULATED_NOTE, flops_formula, point_figures
+from hwbench.exports.figures import flops_formula, point_figures
 from hwbench.metrics import METRICS
 
 
@@ -41,8 +42,8 @@ def action_benchmarks(runs: list, higher_is_better: bool) -> list[dict[str, Any]
             extra = [f"runs: {', '.join(point.run_ids)}", f"point: {point.key.text()}"]
             if metric.per_formula:
                 extra.append(f"FLOPs formula: {flops_formula()}")
-            if point.simulated:
-                extra.append(SIMULATED_NOTE)
+            if point.stand_in_note:
+                extra.append(point.stand_in_note)
             entry = {"name": f"{point.name}: {metric.label}", "unit": metric.unit.name, "value": figure.value}
             if figure.runs > 1:
                 entry["range"] = f"{figure.lower:.6g} to {figure.upper:.6g} over {figure.runs} runs"

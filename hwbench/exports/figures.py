@@ -12,7 +12,7 @@ import datetime
 import statistics
 
 from hwbench.metrics import Metric
-from hwbench.point import PointKey
+from hwbench.point import EMULATED, SIMULATED, PointKey
 from hwbench.result.model import RunResult
 
 
@@ -24,19 +24,25 @@ class Figure:
     runs: int
 
 
-SIMULATED_NOTE = "simulated: a stand-in ran the device's code path on the host; not a hardware figure"
+# the note beside a stand-in's point (PointKey.stand_in), by kind
+STAND_IN_NOTES = {
+    SIMULATED: "simulated: a stand-in ran the device's code path on the host; not a hardware figure",
+    EMULATED: "emulated: FP8 computed without FP8 matrix units; not an FP8 device's figure",
+}
 
 
 @dataclasses.dataclass
 class PointFigures:
     key: PointKey
-    name: str  # the report's label of the point, distinct among the points exported together ('[simulated]' in it)
+    name: str  # the report's label of the point, distinct among the points exported together ('[simulated]',
+    #            '[emulated]' in it)
     runs: list[RunResult]
 
     @property
-    def simulated(self) -> bool:
-        """Whether a stand-in ran the point (its key says so; the device reports the real name all the same)."""
-        return self.key.stand_in is not None
+    def stand_in_note(self) -> str | None:
+        """What ran in place of the device's own path, where something did (its key says so; the device
+        reports the real name all the same), else None."""
+        return STAND_IN_NOTES[self.key.stand_in] if self.key.stand_in else None
 
     def figure(self, metric: Metric) -> Figure | None:
         """``metric`` over the repeats, or None when no run has it."""
@@ -76,4 +82,4 @@ def flops_formula() -> str:
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["SIMULATED_NOTE", "Figure", "PointFigures", "flops_formula", "point_figures", "unix_time"]
+__all__ = ["STAND_IN_NOTES", "Figure", "PointFigures", "flops_formula", "point_figures", "unix_time"]

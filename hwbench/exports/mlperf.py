@@ -53,6 +53,10 @@ def render(fmt: str, runs: list[RunResult], files: list, request: ExportRequest)
         raise UsageError(f"{fmt}: run {run.run_id} ({files[0]}) ran on a simulated {run.device_model or 'device'} "
                          "(a stand-in ran its code path on the host): not a result in MLPerf's terms, so no MLPerf "
                          "file is written; export it as csv or parquet, which mark it (device.simulated)")
+    if run.stand_in:
+        raise UsageError(f"{fmt}: run {run.run_id} ({files[0]}) ran FP8 emulated on {run.device_model or 'its device'} "
+                         "(computed without FP8 matrix units): not a result in MLPerf's terms, so no MLPerf file is "
+                         "written; export it as csv or parquet, which mark it (device.fp8_emulated)")
     if fmt == "mlperf-system":
         return json.dumps(system_description(run, request), indent=2) + "\n"
     return "".join(mllog_line(*event) + "\n" for event in mllog_events(run, request))

@@ -1,5 +1,6 @@
 """TensorBoard scalars of each run, a folder per run under the log folder (OUT/<run id>/, and
-OUT/<run id>-simulated/ for a run a stand-in ran, so TensorBoard's run name says it), so
+OUT/<run id>-simulated/ for a run a stand-in ran and OUT/<run id>-emulated/ for FP8 computed without
+FP8 units, so TensorBoard's run name says it), so
 `tensorboard --logdir OUT` shows runs side by side. Written with torch's SummaryWriter (the
 `tensorboard` extra: pip install 'hwbench[tensorboard]'). Exporting a run again replaces its
 folder, and only a folder this export made: one holding MARKER_FILE with the run's id. A folder
@@ -38,9 +39,9 @@ def write_folder(runs: list[RunResult], out: Path) -> list[Path]:
 
 
 def run_folder(run: RunResult, out: Path) -> Path:
-    """OUT/<run id>, `-simulated` after it for a stand-in's run (the model holds the run id to one
-    file name: never `..`, `.` or a path)."""
-    return out / (run.run_id + ("-simulated" if run.simulated else ""))
+    """OUT/<run id>, `-simulated` or `-emulated` after it for a stand-in's run (RunResult.stand_in; the
+    model holds the run id to one file name: never `..`, `.` or a path)."""
+    return out / (run.run_id + (f"-{run.stand_in}" if run.stand_in else ""))
 
 
 def _made_by_export(folder: Path, run: RunResult) -> bool:

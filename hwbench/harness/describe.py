@@ -4,11 +4,13 @@ ceiling) and the workload (its shape as trained, its parameter counts)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hwbench.calibration.store import default_store_path, lookup_ceiling
-from hwbench.catalog import Catalog, Workload
+from hwbench.catalog import Catalog, DeviceModel, Workload
 from hwbench.device import Backend
 from hwbench.device_check import capacity_bytes, device_peak, identify_device
+from hwbench.precision import FP8, peak_precision
 from hwbench.result.model import Device, MeasuredCeiling
 from hwbench.result.model import Workload as WorkloadDescription
 from hwbench.spec import RunSpec
@@ -16,10 +18,13 @@ from hwbench.workload.params import count_parameters
 
 
 def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Device:
+    """The device as the result records it, with the peak the run's MFU is stated against: the
+    catalog's dense peak of ``precision``, or for FP8 the BF16 one, with the FP8 peak beside it."""
     model_name, found = identify_device(backend, catalog)
     entry = found.entry
-    peak, reason, basis = device_peak(backend, entry, precision, found.why)
-    figure = entry.peak_flops.get(precision) if entry and peak else None
+    basis_precision = peak_precision(precision)
+    peak, reason, basis = device_peak(backend, entry, basis_precision, found.why)
+    figure = entry.peak_flops.get(basis_precision) if entry and peak else None
     ceiling, ceiling_reason = measured_ceiling(backend, model_name, precision)
     return Device(
         backend=backend.name,
@@ -32,7 +37,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Devic
         catalog_path=entry.path if entry else None,
         catalog_match=found.why,
         peak_flops=peak,
-        peak_flops_precision=precision,
+        peak_flops_precision=basis_precision,
         peak_flops_unmeasured=reason,
         peak_flops_source=figure.source if figure else None,
         peak_flops_read=figure.read if figure else None,
@@ -48,8 +53,17 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Devic
         },
         tuning=backend.tuning,
         auto_passed_over=list(backend.passed_over) or None,
+        **(_fp8_figures(backend, entry, found.why) if precision == FP8 else {}),
         **backend.device_identity(),
     )
+
+
+def _fp8_figures(backend: Backend, entry: DeviceModel | None, why_no_entry: str) -> dict[str, Any]:
+    """An FP8 run's device fields: whether FP8 ran emulated, and the FP8 dense peak beside the BF16
+    one its MFU is stated against (metrics.mfu_fp8_peak)."""
+    peak, reason, basis = device_peak(backend, entry, FP8, why_no_entry)
+    return {"fp8_emulated": backend.fp8_emulation(), "fp8_peak_flops": peak, "fp8_peak_flops_basis": basis,
+            "fp8_peak_flops_unmeasured": reason}
 
 
 def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple[MeasuredCeiling | None, str | None]:
@@ -58,6 +72,9 @@ def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple
     result is assembled, so the result carries the ceiling it was compared with."""
     if backend.simulated:
         return None, "the device is simulated: there is no ceiling to compare host-CPU work with"
+    if precision == FP8:
+        return None, ("no measured FP8 ceiling: the calibration measures fp32, bf16 and fp16 GEMMs, and an FP8 run is "
+                      "not held to the 16-bit one its FP8 GEMMs may exceed")
     driver, problem = backend.driver()
     try:
         path = default_store_path()

@@ -47,14 +47,20 @@ class Work:
 
 def run_work(spec: RunSpec, catalog: Catalog, backend: Backend) -> Work:
     """The FLOPs the device computes in ``spec``'s warm-up and timed steps: the model FLOPs of the
-    formula the run reports, and the recomputed forward of a run that recomputes."""
-    from hwbench.workload.flops import counts_hardware_flops, model_flops_per_iteration
+    formula the run reports (the default's where that one cannot count the model: the device does
+    the same work whatever a formula counts), and the recomputed forward of a run that recomputes."""
+    from hwbench.workload.flops import (
+        DEFAULT_FLOPS_FORMULA,
+        counts_hardware_flops,
+        model_flops_per_iteration,
+        uncounted,
+    )
 
     config = spec.model_config(catalog.workloads[spec.model].model)
+    formula = DEFAULT_FLOPS_FORMULA if uncounted(spec.flops_formula, config) else spec.flops_formula
     per_step = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length,
-                                         tensor_parallel=spec.parallel.tp, recompute=spec.recompute,
-                                         formula=spec.flops_formula)
-    if spec.recompute and not counts_hardware_flops(spec.flops_formula, spec.recompute):
+                                         tensor_parallel=spec.parallel.tp, recompute=spec.recompute, formula=formula)
+    if spec.recompute and not counts_hardware_flops(formula, spec.recompute):
         per_step *= 4 / 3  # forward 1 + backward 2, and the recompute's forward 1 more: a floor counts it
     devices = spec.launch.world_size if backend.exclusive_devices else spec.launch.nnodes
     return Work(per_step * (spec.warmup + spec.steps), spec.precision, max(1, devices))

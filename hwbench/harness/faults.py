@@ -6,7 +6,10 @@ HWBENCH_FAULT (hidden: for tests and for drills) names one fault:
 or slow (the rank sleeps SLOW_STEP_S at the start of that step and of every later
 one: a device whose clock fell, for the steady-state drift check). The rank meets
 it at the start of that step (1-based, warm-up included), in the first attempt of a
-torchrun job only (a restart, --max-restarts, runs clean).
+torchrun job only (a restart, --max-restarts, runs clean). In `hwbench collectives`
+(hwbench/fabric/rank.py) a step is one measurement (a collective, form and size; then
+each pair of the --slow-link ring), and a slow rank sleeps inside its timed sends of
+the ring, so that its own link is the slow one.
 
 HWBENCH_RUN_DIR, set by the launcher, is where each rank writes its heartbeat:
 ``rank<R>.json`` with its pid, host and last completed step, replaced after

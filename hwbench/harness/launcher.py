@@ -80,7 +80,7 @@ def torchrun_arguments(spec: RunSpec, log_dir: str) -> list[str]:
     return args
 
 
-def _become_subreaper() -> bool:
+def become_subreaper() -> bool:
     """Orphans of our tree (a rank whose torchrun died) are re-parented to us,
     not to init, so the launcher can still find and reap them (Linux only)."""
     try:
@@ -187,18 +187,12 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
     # torchrun would set 1 and warn; the CPU backend sets its threads per rank itself. The
     # usable cores, not os.cpu_count(): under a cpuset or quota the host's count oversubscribes.
     environment.setdefault("OMP_NUM_THREADS", str(share_of_cores(spec.launch.nproc_per_node)))
-    _become_subreaper()
+    become_subreaper()
     agent = subprocess.Popen(command, env=environment, start_new_session=True)
     try:
         with stop_signals():  # a pod deleted, a sweep stopping, a terminal closed: as Ctrl-C
-            try:
-                agent.wait(timeout=spec.launch.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                killed = end_tree(agent, run_dir)
-            _reap()
-            result = _collect(spec, run_dir, agent.returncode, timed_out, killed if timed_out else [])
+            returncode, timed_out, killed = wait_for_agent(agent, run_dir, spec.launch.timeout_s)
+            result = _collect(spec, run_dir, returncode, timed_out, killed)
             if result is None:
                 return None
             if not result.device:  # no rank got as far as describing itself: the launcher does
@@ -212,6 +206,20 @@ def launch(spec: RunSpec, run_argv: list[str], catalog: Catalog) -> RunResult | 
         raise
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def wait_for_agent(agent: subprocess.Popen, run_dir: Path, timeout_s: float) -> tuple[int | None, bool, list[int]]:
+    """Wait for torchrun's agent up to ``timeout_s``; past it, end the whole tree. Returns (its exit
+    status, whether it timed out, the pids that needed SIGKILL). The caller ends the tree on
+    any exception (Ctrl-C) and starts the agent after ``become_subreaper``."""
+    try:
+        agent.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        killed = end_tree(agent, run_dir)
+        _reap()
+        return agent.returncode, True, killed
+    _reap()
+    return agent.returncode, False, []
 
 
 def _start_time(pid: int) -> int | None:
@@ -279,7 +287,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         return None  # this node's ranks finished; node 0 writes the result
     agent = _load_json(run_dir / AGENT_FILE) or {}
     failures = [AgentFailure(**failure) for failure in agent.get("failures", [])]
-    _raise_setup_problem(failures)
+    raise_setup_problem(failures)
     beats = read_heartbeats(run_dir)
     result = RunResult(
         run_id=new_run_id(spec.model, spec.device if spec.device != "auto" else "device"),
@@ -296,7 +304,7 @@ def _collect(spec: RunSpec, run_dir: Path, returncode: int | None, timed_out: bo
         error = RunError(type="Timeout", rank=None, traceback=None, signal=None, killed_pids=killed,
                          message=f"no result after --timeout {spec.launch.timeout_s:g}s; last completed steps: {where}")
     elif failures:
-        result.status, error = _describe_rank_failure(failures, beats)
+        result.status, error = describe_rank_failure(failures, beats)
         error.log_tail = log_tail(run_dir, error.local_rank)
         by_rank = {f.rank: f for f in failures}
         for entry in ranks:
@@ -348,7 +356,7 @@ def log_tail(run_dir: Path, local_rank: int | None) -> str | None:
     return "\n".join(lines[-LOG_TAIL_LINES:]) or None
 
 
-def _raise_setup_problem(failures: list[AgentFailure]) -> None:
+def raise_setup_problem(failures: list[AgentFailure]) -> None:
     """A rank that stopped on bad input or a missing device says so as the
     launcher would have: one line, exit 2, no result."""
     for failure in failures:
@@ -374,7 +382,7 @@ def root_cause(failures: list[AgentFailure], beats: dict[int, dict]) -> AgentFai
     return min(failures, key=order)
 
 
-def _describe_rank_failure(failures: list[AgentFailure],
+def describe_rank_failure(failures: list[AgentFailure],
                            beats: dict[int, dict]) -> tuple[Status, RunError]:
     """Status and error of the root-cause failure."""
     first = root_cause(failures, beats)

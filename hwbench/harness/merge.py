@@ -17,13 +17,16 @@ from hwbench.catalog import Workload
 from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
+from hwbench.harness.goodput import goodput_figures, restart_time_before
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.routing import expert_parallel_figures, routing_summary, step_all_to_all_s, step_routing
-from hwbench.harness.stand_in import SIMULATED_PRICE
+from hwbench.harness.stand_in import STAND_IN_PRICE
 from hwbench.plausibility import implausible_throughput
+from hwbench.precision import FP8
 from hwbench.result.model import (
     Checkpoints,
     Environment,
+    Goodput,
     HostSyncs,
     Memory,
     Metrics,
@@ -45,7 +48,14 @@ from hwbench.result.model import (
 from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
-from hwbench.workload.flops import FLOPS_FORMULAS, flops_by_formula, shape_caveat
+from hwbench.workload.flops import (
+    DEFAULT_FLOPS_FORMULA,
+    FLOPS_FORMULAS,
+    flops_by_formula,
+    flops_counts,
+    shape_caveat,
+    uncounted,
+)
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
 FEW_TIMED_STEPS = 10
@@ -78,6 +88,7 @@ class RankReport:
     environment: Environment = dataclasses.field(default_factory=Environment)
     placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
+    phases_s: dict[str, float] | None = None  # PhaseClock.stop(): this rank's wall time per phase
     checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
     # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
@@ -215,10 +226,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         result.metrics.expert_parallel = expert_parallel_figures(
             spec.parallel.ep, [r.all_to_all_s or [] for r in in_order], [r.step_times_s for r in in_order],
             spec.warmup)
-    caveat = shape_caveat(spec.flops_formula, spec.model_config(workload.model))  # e.g. megatron-deepspeed on Llama
-    if spec.model_config(workload.model).moe:  # no formula counts it yet: null figures, no caveat on them
-        _without_dense_flops(result.metrics)
-    elif caveat:
+    config = spec.model_config(workload.model)
+    caveat = shape_caveat(spec.flops_formula, config)  # e.g. megatron-deepspeed on Llama
+    if caveat and not uncounted(spec.flops_formula, config):  # an uncounted model's figures are null, said there
         result.warnings.append(caveat)
     result.ranks = [RankSummary(
         rank=r.rank, node_rank=r.node_rank, local_rank=r.local_rank, host=r.host, coordinates=r.coordinates,
@@ -235,22 +245,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
+    result.metrics.goodput = merged_goodput(reports)
     result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
-
-
-MOE_FLOPS_UNMEASURED = ("the FLOPs formulas count a dense MLP in every layer; a mixture-of-experts layer's work "
-                        "(its top-k experts, router and shared experts) is not in them yet")
-
-
-def _without_dense_flops(metrics: Metrics) -> None:
-    """An MoE model's TFLOP/s and MFU null, with the reason: the formulas would count its
-    ffn_hidden_size MLP (and the PaLM one every expert's parameters), not the experts a token runs."""
-    for figure in ("flops_per_iteration", "tflops_per_device", "mfu", "mfu_measured_ceiling"):
-        setattr(metrics, figure, None)
-    metrics.by_formula = None
-    metrics.unmeasured = {**(metrics.unmeasured or {}), "tflops_per_device": MOE_FLOPS_UNMEASURED,
-                          "mfu": MOE_FLOPS_UNMEASURED, "mfu_measured_ceiling": MOE_FLOPS_UNMEASURED}
 
 
 def _step_routing(source: RankReport, index: int) -> dict[str, Any]:
@@ -269,28 +266,42 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     total_time = sum(times)
     samples_per_s = spec.global_batch_size * len(times) / total_time
     peak = result.device.peak_flops
-    formulas = flops_by_formula(spec.model_config(workload.model), spec.global_batch_size, spec.seq_length,
-                                tensor_parallel=spec.parallel.tp, recompute=spec.recompute)
-    by_formula: dict[str, dict[str, float | None]] = {}
-    for name, formula_flops in formulas.items():
-        rate = formula_flops * len(times) / total_time / world  # FLOP/s per device
-        by_formula[name] = {"flops_per_iteration": formula_flops, "tflops_per_device": rate / 1e12,
-                            "mfu": rate / peak if peak else None}
-    flops = formulas[spec.flops_formula]
-    achieved = flops * len(times) / total_time / world
-    implausible = implausible_throughput(achieved, result.device)
+    config = spec.model_config(workload.model)
+    formulas = flops_by_formula(config, spec.global_batch_size, spec.seq_length, tensor_parallel=spec.parallel.tp,
+                                recompute=spec.recompute)
+    steps_per_s_per_device = len(times) / total_time / world
+    by_formula = {name: _formula_figures(formula_flops, steps_per_s_per_device, peak, uncounted(name, config))
+                  for name, formula_flops in formulas.items()}
+    flops = formulas[spec.flops_formula]  # None: the formula cannot count this model (an MoE switch)
+    achieved = flops * steps_per_s_per_device if flops is not None else None
+    # where the chosen formula has no count, the speed is judged on the default's, which counts every model
+    judged = flops if flops is not None else formulas[DEFAULT_FLOPS_FORMULA]
+    assert judged is not None, f"{DEFAULT_FLOPS_FORMULA} counts every model hwbench builds"
+    implausible = implausible_throughput(judged * steps_per_s_per_device, result.device)
     ceiling = result.device.measured_ceiling.flops if result.device.measured_ceiling else None
     unmeasured: dict[str, str] = {}
+    not_counted = uncounted(spec.flops_formula, config)
     if implausible:  # a figure the device cannot reach: no MFU against anything (the status says why)
         peak = ceiling = None
         unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)
         for figures in by_formula.values():
             figures["mfu"] = None
-    if peak is None and not implausible:
+    elif not_counted:  # no FLOPs, so no rate and no utilisation: each null with the formula's reason
+        peak = ceiling = None
+        unmeasured.update(tflops_per_device=not_counted, mfu=not_counted, mfu_measured_ceiling=not_counted)
+    emulated = result.device.fp8_emulated
+    if emulated and not implausible and not not_counted:  # FP8 computed without FP8 units: no peak to use
+        peak = ceiling = None
+        unmeasured.update(mfu=emulated, mfu_measured_ceiling=emulated)
+        for figures in by_formula.values():
+            figures["mfu"] = None
+    explained = implausible or not_counted or emulated
+    if peak is None and not explained:
         unmeasured["mfu"] = result.device.peak_flops_unmeasured or "no peak FLOP/s"
-    if not ceiling and not implausible:
+    if not ceiling and not explained:
         unmeasured["mfu_measured_ceiling"] = (result.device.measured_ceiling_unmeasured
                                               or "no measured ceiling: run hwbench calibrate")
+    fp8 = _fp8_utilisation(result, spec, achieved, implausible, unmeasured)
     validation = reports[0].validation
     telemetry = merge_telemetry(reports)
     host_syncs = merge_host_syncs(reports)
@@ -308,11 +319,15 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
     last = validation[-1] if validation else None
     return implausible, Metrics.model_validate(finite({
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * spec.seq_length,
-        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world, "tflops_per_device": achieved / 1e12,
-        "mfu": achieved / peak if peak else None,  # against the data sheet (the catalog's peak)
-        "mfu_measured_ceiling": achieved / ceiling if ceiling else None,  # against hwbench calibrate's GEMM rate
+        "tokens_per_s_per_device": samples_per_s * spec.seq_length / world,
+        "tflops_per_device": achieved / 1e12 if achieved is not None else None,
+        # against the data sheet (the catalog's peak)
+        "mfu": achieved / peak if peak and achieved is not None else None,
+        # against hwbench calibrate's GEMM rate
+        "mfu_measured_ceiling": achieved / ceiling if ceiling and achieved is not None else None,
         "flops_per_iteration": flops, "flops_formula": spec.flops_formula,
         "flops_formula_expression": FLOPS_FORMULAS[spec.flops_formula].expression,
+        "flops_counts": flops_counts(spec.flops_formula, config),  # an MoE model: its active parameters, named
         "by_formula": by_formula,  # every known formula's figures, for comparing with other tools' logs
         "world_size": world, "timed_steps": len(times), "step_time_s": summarize(times),
         "timed_wall_time_s": max(r.wall_time_s for r in reports), "memory": merge_memory(reports),
@@ -321,7 +336,44 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         "valid_loss": last.loss if last else None, "valid_ppl": last.ppl if last else None,
         "valid_ppl_step": last.step if last else None, "ppl_floor": source.data.get("perplexity_floor"),
         "skipped_steps": sum(source.skipped), "straggler": straggler(reports), "host_syncs": host_syncs,
-        "telemetry": telemetry, "data": source.data, "unmeasured": unmeasured}))
+        "telemetry": telemetry, "data": source.data, **fp8, "unmeasured": unmeasured}))
+
+
+def _fp8_utilisation(result: RunResult, spec: RunSpec, achieved: float | None, implausible: str | None,
+                     unmeasured: dict[str, str]) -> dict[str, float | None]:
+    """An FP8 run's model FLOP/s against the FP8 dense peak (``mfu_fp8_peak``; ``mfu`` is against the
+    BF16 one), or null with why in ``unmeasured``; nothing for other precisions."""
+    if spec.precision != FP8:
+        return {}
+    device = result.device
+    peak = device.fp8_peak_flops if not (implausible or device.fp8_emulated or achieved is None) else None
+    if peak is None or achieved is None:
+        unmeasured["mfu_fp8_peak"] = (implausible or device.fp8_emulated or device.fp8_peak_flops_unmeasured
+                                      or "no FP8 peak FLOP/s")
+    return {"mfu_fp8_peak": achieved / peak if peak and achieved is not None else None}
+
+
+def _formula_figures(flops: float | None, steps_per_s_per_device: float, peak: float | None,
+                     not_counted: str | None) -> dict[str, Any]:
+    """One formula's figures in metrics.by_formula: its FLOPs, TFLOP/s and MFU per device, or each
+    null with why the formula cannot count the model."""
+    if flops is None:
+        return {"flops_per_iteration": None, "tflops_per_device": None, "mfu": None,
+                "unmeasured": dict.fromkeys(("flops_per_iteration", "tflops_per_device", "mfu"), not_counted)}
+    rate = flops * steps_per_s_per_device  # FLOP/s per device
+    return {"flops_per_iteration": flops, "tflops_per_device": rate / 1e12, "mfu": rate / peak if peak else None}
+
+
+def merged_goodput(reports: list[RankReport]) -> Goodput | None:
+    """The run's goodput, on rank 0's clock: the ranks step together (every step ends in a
+    collective), so one rank's phases are the job's; None where rank 0 kept no clock (a probe)."""
+    first = min(reports, key=lambda r: r.rank)
+    if first.phases_s is None:
+        return None
+    checkpoints = first.checkpoints or {}
+    restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
+                                     first.init_s or 0.0)
+    return Goodput.model_validate(finite({**goodput_figures(first.phases_s, restarts_s), "rank": first.rank}))
 
 
 def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) -> TimeToTarget | None:
@@ -353,12 +405,12 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
 
-    price = None if result.simulated else result.device.price_usd_per_hour  # a stand-in's hours are this host's
+    price = None if result.stand_in else result.device.price_usd_per_hour  # a stand-in's hours are this host's
     figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
                    scored_time_s=scored, device_hours=device_hours,
                    cost_usd=device_hours * price if price is not None else None)
     if price is None:
-        unmeasured["cost_usd"] = (SIMULATED_PRICE if result.simulated else
+        unmeasured["cost_usd"] = (STAND_IN_PRICE[result.stand_in] if result.stand_in else
                                   "no price per device-hour in the device's catalog entry (the report takes --price)")
     telemetry = result.metrics.telemetry
     energy = telemetry.total_energy_j if telemetry and telemetry.available else None

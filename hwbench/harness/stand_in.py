@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from hwbench.point import EMULATED, SIMULATED
+
 if TYPE_CHECKING:
     from hwbench.device import MemoryStats
 
@@ -25,6 +27,15 @@ SIMULATED_PRICE = "not priced: a simulated device (a stand-in ran its code path 
 SIMULATED_ENERGY = "not counted: a simulated device (its power and energy are a stand-in's fixed values)"
 SIMULATED_PROJECTION = "not projected: a simulated device (a stand-in's figures measure this host, not the device)"
 SIMULATED_SENSORS = "the device is simulated: a stand-in answers its sensors with fixed values, recorded as none"
+# An emulated FP8 run (FP8 computed without FP8 units: the CPU) is a real run of this device, at a speed
+# that says nothing of an FP8 device: no price, energy or projection is made of it either
+EMULATED_PRICE = "not priced: FP8 emulated (computed without FP8 matrix units), so its speed is no FP8 device's"
+EMULATED_ENERGY = "not counted: FP8 emulated (computed without FP8 matrix units), so its energy is no FP8 device's"
+EMULATED_PROJECTION = "not projected: FP8 emulated (computed without FP8 matrix units), so its speed is no FP8 device's"
+# why a stand-in's run (RunResult.stand_in) has no price, energy or projection, by kind
+STAND_IN_PRICE = {SIMULATED: SIMULATED_PRICE, EMULATED: EMULATED_PRICE}
+STAND_IN_ENERGY = {SIMULATED: SIMULATED_ENERGY, EMULATED: EMULATED_ENERGY}
+STAND_IN_PROJECTION = {SIMULATED: SIMULATED_PROJECTION, EMULATED: EMULATED_PROJECTION}
 
 
 def stand_in_value(value: Any) -> str:

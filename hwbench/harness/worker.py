@@ -33,6 +33,7 @@ from hwbench.files import finite, write_json_atomic
 from hwbench.harness.checkpointing import Checkpointer, CheckpointSaveError, ResumePlan, restart_attempt, resume_plan
 from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
+from hwbench.harness.goodput import PhaseClock
 from hwbench.harness.merge import RankReport, merge_ranks
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
@@ -65,7 +66,7 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
     failed, invalid, numerics). As a rank, it is raised (RankFailure): torchrun
     then stops the other ranks, which would otherwise wait in a collective, and
     records the traceback for the launcher."""
-    setup_started = time.perf_counter()  # initialisation: from here to the first step (time to target)
+    clock = PhaseClock()  # initialisation from here to the first step (time to target), then the run's phases
     backend = checked_backend(spec)
     workload = catalog.workloads[spec.model]
     local_rank, local_world = (rank_env.local_rank, rank_env.local_world_size) if rank_env else (0, 1)
@@ -109,10 +110,11 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         try:
             result.engine = EngineSection.model_validate(engine.describe())
             checkpoints = Checkpointer(spec, model_config, engine, data, ctx, backend, plan, run_dir)
-            checkpoints.load()
+            with clock.within("checkpoint_load"):
+                checkpoints.load()
             checkpoints.started_training()
             report = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
-                             plan.start_iteration, setup_started)
+                             plan.start_iteration, clock)
             report.environment, report.placement = result.environment, placement
         finally:
             engine.close()
@@ -131,6 +133,9 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
         if reports is not None:
             merge_ranks(result, attempt, workload, reports)
     result.finished_at = utc_now()
+    if result.device.fp8_emulated:
+        result.warnings.insert(0, f"{result.device.fp8_emulated}; the result is marked emulated and kept apart from "
+                                  "the device's own figures")
     if backend.simulated:
         result.warnings.insert(0, f"device simulated: a stand-in ran the {backend.name} code path on the host "
                                   f"CPU; no figure here describes a {backend.name} device")
@@ -271,7 +276,7 @@ def measure(
     fault: Fault | None,
     checkpoints: Checkpointer | None = None,
     first_iteration: int = 0,
-    setup_started: float | None = None,
+    clock: PhaseClock | None = None,
 ) -> RankReport:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval and checkpoint saves at --save-interval run
@@ -286,7 +291,10 @@ def measure(
     validation makes it anyway.
 
     Returns this rank's figures for rank 0 to merge (run_point adds its environment and placement);
-    ``setup_started``: perf_counter() when run_point started, for the report's ``init_s``."""
+    ``clock``: run_point's, started with it, for the report's ``init_s`` and the goodput's phases
+    (without one, a clock from the first step: no initialisation measured)."""
+    measured_init = clock is not None
+    clock = clock if clock is not None else PhaseClock(phase="other")
     validation: list[ValidationPoint] = []
     outcomes: list[StepOutcome] = []
     # an MoE model's routing, step by step (the engines hold their model as ``model``), and the time
@@ -295,6 +303,7 @@ def measure(
     all_to_all = getattr(engine, "all_to_all_clock", None)
     target = spec.target
     training_started = time.perf_counter()  # the clock of time to target starts at the first step
+    clock.switch("warmup")
     progress.training_started(spec.gradient_accumulation_steps)
 
     def train(step: int) -> None:
@@ -311,7 +320,8 @@ def measure(
 
     def validate_reached(iteration: int) -> bool:
         """Validate; whether the target is reached (the same on every rank: the loss is reduced)."""
-        point = validate(engine, data, spec, iteration)
+        with clock.within("eval"):
+            point = validate(engine, data, spec, iteration)
         point.elapsed_s = time.perf_counter() - training_started  # the loss was read: the device is done
         validation.append(point)
         return target is not None and target.met(getattr(point, target.metric))
@@ -330,9 +340,11 @@ def measure(
         if _eval_due(spec, data, step, iteration):
             validate_reached(iteration)  # a target met here stops the run at the first validation after the warm-up
         if checkpoints is not None and saving(iteration):
-            checkpoints.save(iteration, timed=False)
+            with clock.within("checkpoint_save"):
+                checkpoints.save(iteration, timed=False)
     backend.synchronize()
     ctx.barrier()  # every rank starts the timed window together
+    clock.switch("other")
 
     backend.reset_peak_memory()
     sampler = backend.telemetry_sampler(spec.telemetry_interval_s) if spec.telemetry else None
@@ -340,6 +352,7 @@ def measure(
     interval_is_step: list[bool] = []  # one entry per interval between marks
     if sampler:
         sampler.start()
+    clock.switch("timed_steps")  # no wait for the device: the host's clock only
     wall_start = time.perf_counter()
     last = done = spec.warmup + spec.steps
     with backend.measuring(), backend.counting_host_syncs() as host_syncs:
@@ -358,7 +371,8 @@ def measure(
                 reached = validate_reached(iteration)
                 between = True
             if checkpoints is not None and step < last and not reached and saving(iteration):
-                checkpoints.save(iteration, timed=True)
+                with clock.within("checkpoint_save"):
+                    checkpoints.save(iteration, timed=True)
                 between = True
             if between:
                 timer.mark()
@@ -368,6 +382,7 @@ def measure(
                 progress.note(f"target {target.text() if target else ''} reached at step {step}")
                 break
     wall_time = time.perf_counter() - wall_start
+    clock.switch("other")
     telemetry = sampler.stop() if sampler else None
     memory = backend.memory_stats()
     if backend.simulated:  # a stand-in's memory statistics and sensors are fixed values: recorded as none
@@ -377,9 +392,11 @@ def measure(
         validate_reached(end)
     if checkpoints is not None and checkpoints.save_dir is not None:
         progress.note(f"timed steps done; saving the checkpoint of step {end}")
-        checkpoints.save(end, timed=False)
+        with clock.within("checkpoint_save"):
+            checkpoints.save(end, timed=False)
     if checkpoints is not None:
-        checkpoints.finish()  # an async save still writing
+        with clock.within("checkpoint_save"):
+            checkpoints.finish()  # an async save still writing
     if target is None and _eval_due(spec, data, last, end) and not _periodic_eval(spec, end):  # after the window
         progress.note(f"timed steps done; validating ({spec.eval_iters} batches)")
         validate_reached(end)
@@ -390,6 +407,7 @@ def measure(
     losses = torch.stack([o.loss.detach().float().reshape(()) for o in outcomes])
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
+    phases_s = clock.stop()
     return RankReport(
         routing=None if routing is None else global_routing(routing, ctx),
         all_to_all_s=None if all_to_all is None else all_to_all.step_seconds(),
@@ -414,5 +432,6 @@ def measure(
         checkpoints=checkpoints.describe() if checkpoints is not None else None,
         first_iteration=first_iteration,
         # the checkpoint's load included
-        init_s=None if setup_started is None else training_started - setup_started,
+        init_s=training_started - clock.started if measured_init else None,
+        phases_s=phases_s if measured_init else None,  # without the initialisation, no run's whole
     )

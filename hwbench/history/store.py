@@ -30,7 +30,7 @@ from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.files import umask
-from hwbench.point import SIMULATED, PointKey
+from hwbench.point import EMULATED, SIMULATED, PointKey
 from hwbench.result.environment import performance_fingerprint
 from hwbench.result.model import RunResult
 from hwbench.temporaries import remove_stale_temporaries, signals_held, writer_temporary
@@ -83,17 +83,26 @@ def _point_keys_with_stand_in(connection) -> None:
         connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
 
 
-def _point_keys_with_expert_parallelism(connection) -> None:
-    """Version 4: every stored point key holds ep (before stand_in, PointKey's order), 1 for every run
-    stored before it: expert parallelism came with the field."""
-    fields = len(V2_POINT_FIELDS) + 1  # version 3's: stand_in last
+def _point_keys_with_fp8_recipe(connection) -> None:
+    """Version 4: every stored point key ends with fp8_recipe, null: every run stored before it was
+    not an FP8 run (--precision fp8 came with the field)."""
     rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
     for run_id, text in rows:
         old = _json_column(text)
-        if not (isinstance(old, list) and len(old) == fields):
+        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 1):
             continue  # damaged: runs_with_metric names it
-        key = [*old[:-1], 1, old[-1]]
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, None]), run_id))
+
+
+def _point_keys_with_expert_parallelism(connection) -> None:
+    """Version 5: every stored point key ends with ep, 1 for every run stored before it (expert
+    parallelism, --ep, came with the field)."""
+    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text in rows:
+        old = _json_column(text)
+        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 2):  # version 4's: fp8_recipe last
+            continue  # damaged: runs_with_metric names it
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, 1]), run_id))
 
 
 # MIGRATIONS[v]: the steps that take a database from version v - 1 to version v.
@@ -121,7 +130,8 @@ MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the con
     ),
     2: (_point_keys_with_positions,),
     3: (_point_keys_with_stand_in,),
-    4: (_point_keys_with_expert_parallelism,),
+    4: (_point_keys_with_fp8_recipe,),
+    5: (_point_keys_with_expert_parallelism,),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 
@@ -491,6 +501,7 @@ class AddOutcome:
     # runs already there whose new file holds other figures: kept as they were, each said why
     conflicting: list[str] = dataclasses.field(default_factory=list)
     simulated: int = 0  # of the runs added, those a stand-in ran: their own series, apart from the device's
+    emulated: int = 0  # of the runs added, FP8 computed without FP8 units: their own series too
 
 
 def _conflict(connection, result: RunResult, source: Path) -> str | None:
@@ -534,6 +545,7 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
                 continue
             known.add(result.run_id)
             outcome.simulated += result.simulated
+            outcome.emulated += result.stand_in == EMULATED
             runs.append(_run_row(result, source, now))
             metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics.dump())]
         _insert_new(connection, "runs", runs)

@@ -238,7 +238,8 @@ def stand_in_notes(base_keys: list[PointKey], cur_keys: list[PointKey], labels: 
             if dataclasses.replace(base, stand_in=None) == dataclasses.replace(cur, stand_in=None):
                 lines.append(f"not compared: {labels[base]} (baseline) with {labels[cur]} (current): "
                              f"{_stand_in_text(base.stand_in)} in baseline, {_stand_in_text(cur.stand_in)} in "
-                             "current; a stand-in's figures measure this host, not the device")
+                             "current; a stand-in's figures are not the device's own (simulated: this host's; "
+                             "emulated: FP8 computed without FP8 units)")
     return lines
 
 

@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from hwbench.errors import UsageError
 from hwbench.point import PointKey
+from hwbench.precision import FP8, FP8_HIGH_PRECISION
 from hwbench.result.model import RunResult
 
 DEFAULT_TOLERANCE = 0.02  # docs/parity.md
@@ -90,20 +91,38 @@ def convergence_check(run: RunResult, reference: RunResult) -> ConvergenceCheck:
     return ConvergenceCheck(tiers, correlation, final_ppl, reference_ppl, failures)
 
 
-REFERENCE_MATCH = ("model", "precision", "seed", "global_batch_size", "seq_length", "data")  # a reference's identity
+REFERENCE_MATCH = ("model", "seed", "global_batch_size", "seq_length", "data")  # a reference's identity, with precision
 DIFFERENT = "numerically different"  # the report's status of a run that fails its reference's check
 
 
+def reference_precisions(precision: str | None) -> tuple[str | None, ...]:
+    """The precisions a run's reference may have, first the one it is held to: its own, and for an
+    FP8 run the BF16 run it stands in for first (a speed-up bought with a worse loss must show)."""
+    return (FP8_HIGH_PRECISION, FP8) if precision == FP8 else (precision,)
+
+
+def reference_of(result: RunResult, references: list[RunResult]) -> RunResult | None:
+    """The first reference of ``result``'s workload, seed, global batch, sequence length and data in
+    the first precision of reference_precisions that one has; None when there is none."""
+    same = [ref for ref in references if ref.run_id != result.run_id and all(
+        getattr(ref.spec, key) == getattr(result.spec, key) for key in REFERENCE_MATCH)]
+    for precision in reference_precisions(result.spec.precision):
+        found = next((ref for ref in same if ref.spec.precision == precision), None)
+        if found is not None:
+            return found
+    return None
+
+
 def check_against_references(results: list[RunResult], references: list[RunResult]) -> dict[str, str]:
-    """run_id -> why, for each ok result that fails the convergence check against the first
-    reference of its workload, precision, seed, global batch, sequence length and data (the
-    report's --reference); a result without a reference, or the reference itself, is not checked."""
+    """run_id -> why, for each ok result that fails the convergence check against its reference
+    (reference_of: its workload, precision, seed, global batch, sequence length and data; an FP8
+    run's the BF16 run's; the report's --reference); a result without a reference, or the reference
+    itself, is not checked."""
     different: dict[str, str] = {}
     for result in results:
         if result.status != "ok":
             continue
-        reference = next((ref for ref in references if ref.run_id != result.run_id and all(
-            getattr(ref.spec, key) == getattr(result.spec, key) for key in REFERENCE_MATCH)), None)
+        reference = reference_of(result, references)
         if reference is None:
             continue
         try:

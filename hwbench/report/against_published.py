@@ -44,7 +44,7 @@ def match_published(runs: pd.DataFrame, published: pd.DataFrame | None) -> pd.Da
                 "seq_length": run["seq_length"], "timed_steps": run["timed_steps"],
                 "measured_precision": run["precision"], "measured_micro_batch_size": run["micro_batch_size"],
                 "measured_global_batch_size": run["global_batch_size"], "measured_fsdp": run["fsdp"],
-                "device_model": run["device_model"], "simulated": run["simulated"], "backend": run["backend"],
+                "device_model": run["device_model"], "stand_in": run["stand_in"], "backend": run["backend"],
                 **(_tokens_figures(run, pub) if publishes_tokens(pub) else _samples_figures(run, pub)),
             })
     return pd.DataFrame(rows, dtype=object)

@@ -10,7 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from hwbench.fabric.result import CollectivesResult
 from hwbench.report.against_published import match_published
+from hwbench.report.collectives import collectives_section
 from hwbench.report.decision import decision_section
 from hwbench.report.document import Report
 from hwbench.report.prices import Price
@@ -22,6 +24,7 @@ from hwbench.report.sections import (
     checkpoint_section,
     convergence_section,
     environment_section,
+    goodput_section,
     model_section,
     procurement_section,
     published_section,
@@ -35,7 +38,8 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
                  published: pd.DataFrame | None, published_note: str | None,
                  prices: dict[str, Price], tokens: float | None, devices: int, with_plots: bool = True,
                  also_formula: str | None = None, references: list[RunResult] | None = None,
-                 keep_different: bool = False) -> Report:
+                 keep_different: bool = False,
+                 collectives: list[tuple[CollectivesResult, str]] | None = None) -> Report:
     """The report of the ``loaded`` (result, file) pairs; ``skipped`` (file, reason) pairs are listed
     in it; ``published`` is None when no tables were found (``published_note`` says why). ``tokens``
     None: each workload's budget is 20 tokens per parameter. ``also_formula``: a FLOPs formula whose
@@ -55,12 +59,16 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     decision = decision_section(runs, fits, published, prices, tokens, devices, images if with_plots else None)
     decision.blocks += checkpoint_policy_blocks(runs)
     if runs.empty:  # the published tables alone
-        sections = [decision, published_section(runs, comparison, published, published_note), skipped_section(skipped)]
+        sections = [section for section in (decision, published_section(runs, comparison, published, published_note),
+                                            collectives_section(collectives or []), skipped_section(skipped))
+                    if section is not None]
         return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
     candidates = [decision, runs_section(runs), published_section(runs, comparison, published, published_note),
                   model_section(runs, images, also_formula), procurement_section(runs, devices, notes),
                   convergence_section(runs, images), time_to_target_section(runs), checkpoint_section(runs),
-                  environment_section(runs, warnings_found), skipped_section(skipped)]
+                  goodput_section(runs),
+                  environment_section(runs, warnings_found), collectives_section(collectives or []),
+                  skipped_section(skipped)]
     sections = [section for section in candidates if section is not None]
     return Report("hwbench report", sections, runs, comparison, skipped, warnings_found, notes, images)
 
@@ -151,6 +159,7 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
     no file could be read."""
     from hwbench.errors import UsageError
+    from hwbench.fabric.result import read_collectives
     from hwbench.report.cost import check_projection
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
@@ -161,16 +170,19 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     found, unreadable = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
     loaded = [(result, str(path)) for result, path in found]
     skipped = [(str(path), reason) for path, reason in unreadable]
-    if paths and not loaded:
+    found_collectives, unreadable_collectives = read_collectives(list(paths))
+    collectives = [(result, str(path)) for result, path in found_collectives]
+    skipped += [(str(path), reason) for path, reason in unreadable_collectives]
+    if paths and not loaded and not collectives:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")
     reference_results = _load_references(references)
     published, note = published_tables(None if against is None else str(against))
-    if not loaded and published is None:
+    if not loaded and not collectives and published is None:
         raise UsageError(f"RESULTS: none given and no published tables: {note}")
     report = build_report(loaded, skipped, published, note, checked_prices, tokens, projection_devices,
                           with_plots=format == "html", also_formula=also_formula, references=reference_results,
-                          keep_different=keep_different)
+                          keep_different=keep_different, collectives=collectives)
     if format == "html":
         from hwbench.report.html import render_html
 

@@ -171,8 +171,8 @@ def device_text(run: Any) -> str:
     text = f"{run['device_model']} x{charged}"
     if charged != run["world_size"]:  # ranks sharing one device (a CPU socket): the devices are what is charged
         text += f" ({run['world_size']} ranks)"
-    if run["simulated"]:
-        text += " [simulated]"
+    if run["stand_in"]:
+        text += f" [{run['stand_in']}]"
     elif run["backend"] == "cpu":
         text += " [CPU]"
     return text

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.harness.stand_in import SIMULATED_ENERGY, SIMULATED_PRICE
+from hwbench.harness.stand_in import STAND_IN_ENERGY, STAND_IN_PRICE
 from hwbench.report.cells import number
 from hwbench.report.prices import Price, device_price
 from hwbench.result.model import RunResult
@@ -110,12 +110,12 @@ def procurement_figures(result: RunResult, row: dict[str, Any], prices: dict[str
     tps = row["tokens_per_s"]
     figures["tokens_per_s_per_device_charged"] = tps / charged if tps else None
     price, why = device_price(result.device.catalog_entry, result.device.device_model, result.device, prices) \
-        if not result.simulated else (None, SIMULATED_PRICE)
+        if not result.stand_in else (None, STAND_IN_PRICE[result.stand_in])
     figures["price_usd_per_hour"] = price.usd_per_hour if price else None
     figures["price_source"] = price.source if price else why
     figures["price_date"] = price.date if price else None
     figures["cost_per_million_tokens_usd"] = cost_per_million_tokens(price, charged, tps)
-    energy, power, energy_reason = (None, None, SIMULATED_ENERGY) if result.simulated \
+    energy, power, energy_reason = (None, None, STAND_IN_ENERGY[result.stand_in]) if result.stand_in \
         else measured_energy(result, charged) if result.status == "ok" else (None, None, f"status {result.status}")
     steps = row["timed_steps"]
     timed_tokens = (row["global_batch_size"] * row["seq_length"] * steps) \

@@ -13,8 +13,10 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.harness.stand_in import SIMULATED_PROJECTION
+from hwbench.harness.stand_in import STAND_IN_PROJECTION
 from hwbench.judge.compare import DEFAULT_THRESHOLD, INCONCLUSIVE, PointComparison, compare_point
+from hwbench.point import EMULATED, SIMULATED
+from hwbench.precision import peak_precision
 from hwbench.report.against_published import published_layout
 from hwbench.report.cells import figure, fmt, fmt_ratio, is_number, percent, tokens_text, usd
 from hwbench.report.cost import cost_per_million_tokens, token_budget, training_time_and_cost
@@ -55,7 +57,9 @@ class Candidate:
     catalog: str = ""  # the catalog entry the device matched, with its title
     peak: str = ""  # its peak for the workload's precision, with the source, or why there is none
     mfu_note: str = ""  # whether the run's MFU is measured against that peak, and why not
-    simulated: bool = False  # a stand-in ran the vendor's code path: shown, never named faster or cheaper
+    # a stand-in ran the vendor's code path (simulated) or FP8 ran without FP8 units (emulated): shown, never
+    # named faster or cheaper, never projected
+    stand_in: str | None = None
 
     @property
     def median(self) -> float:
@@ -145,7 +149,7 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
         first = runs[0]
         catalog, peak, mfu_note = _peak_texts(first)
         price = Price(first["price_usd_per_hour"], first["price_source"], first["price_date"]) \
-            if is_number(first["price_usd_per_hour"]) else None  # a simulated run has none (report.cost)
+            if is_number(first["price_usd_per_hour"]) else None  # a stand-in's run has none (report.cost)
         energy = [row["energy_per_token_j"] for row in runs if is_number(row["energy_per_token_j"])]
         candidates.append(Candidate(
             device=device,
@@ -154,7 +158,7 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
             devices=first["devices_charged"], per_device=[row["tokens_per_s_per_device_charged"] for row in runs],
             costs=[row["cost_per_million_tokens_usd"] for row in runs if is_number(row["cost_per_million_tokens_usd"])],
             energy=energy, price=price, price_why=None if price else first["price_source"],
-            simulated=bool(first["simulated"]), fit=fits.get(group_key(first)) or fit_scaling([]),
+            stand_in=first["stand_in"], fit=fits.get(group_key(first)) or fit_scaling([]),
             energy_why=None if energy else first["energy_reason"], variant=first.get("point_variant") or "",
             seq_length=first.get("seq_length"), catalog=catalog, peak=peak, mfu_note=mfu_note))
     return candidates
@@ -162,7 +166,7 @@ def _measured(rows: pd.DataFrame, fits: dict[tuple, ScalingFit]) -> list[Candida
 
 def _device(row: dict[str, Any]) -> str:
     """The device model a candidate stands for; a stand-in's runs are a candidate of their own."""
-    return str(row["device_model"]) + (" [simulated]" if row["simulated"] else "")
+    return str(row["device_model"]) + (f" [{row['stand_in']}]" if row["stand_in"] else "")
 
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -208,7 +212,7 @@ def _peak_texts(row: dict[str, Any]) -> tuple[str, str, str]:
     it (a simulated run, or one without a figure), and whether MFU was measured against it, or why not."""
     from hwbench.catalog import load_catalog
 
-    precision = row["precision"]
+    precision = peak_precision(row["precision"])  # an FP8 run's MFU is against the BF16 peak
     entry = load_catalog().devices.get(row["catalog_entry"] or "")
     mfu = "MFU measured against this peak" if is_number(row["mfu"]) else f"no MFU: {row['mfu_reason']}"
     if entry is None:
@@ -256,7 +260,7 @@ def _workload_blocks(model: str, precision: str, measured: list[Candidate], publ
     everyone = measured + published
     if not everyone:
         return blocks + [("p", "No usable run (all oversubscribed or without a throughput).")]
-    fastest = max([c for c in everyone if not c.simulated] or everyone, key=lambda c: c.median)
+    fastest = max([c for c in everyone if not c.stand_in] or everyone, key=lambda c: c.median)
     blocks.append(("table", _candidates_table(everyone, fastest, projection)))
     if measured:
         blocks.append(("table", _peaks_table(measured, precision)))
@@ -315,15 +319,15 @@ def _scaling_cell(candidate: Candidate) -> str:
 
 
 def _train(candidate: Candidate, projection: Projection) -> tuple[float | None, float | None]:
-    if candidate.simulated:  # a stand-in's throughput is this host's
+    if candidate.stand_in:  # a stand-in's throughput is this host's, an emulated one no FP8 device's
         return None, None
     tokens_per_s = candidate.fit.project(candidate.median * candidate.devices, candidate.devices, projection.devices)
     return training_time_and_cost(projection.tokens, tokens_per_s, projection.devices, candidate.price)
 
 
 def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
-    if candidate.simulated:
-        return f"{candidate.device}: {SIMULATED_PROJECTION}."
+    if candidate.stand_in:
+        return f"{candidate.device}: {STAND_IN_PROJECTION[candidate.stand_in]}."
     days, cost = _train(candidate, projection)
     if days is None or projection.tokens is None:  # no tokens: no days either
         return f"{candidate.device}: no projection ({projection.basis})."
@@ -334,13 +338,17 @@ def _projection_sentence(candidate: Candidate, projection: Projection) -> str:
 
 def _verdicts(measured: list[Candidate], published: list[Candidate]) -> list[str]:
     """The faster, the cheaper and the published comparison; a simulated device is left out of
-    each: its figures are this host's, not the device's."""
-    simulated = [c.device for c in measured if c.simulated]
-    measured = [c for c in measured if not c.simulated]
+    each (its figures are this host's, not the device's), and so is an emulated FP8 run."""
+    simulated = [c.device for c in measured if c.stand_in == SIMULATED]
+    emulated = [c.device for c in measured if c.stand_in == EMULATED]
+    measured = [c for c in measured if not c.stand_in]
     lines = _measured_verdicts(measured, published)
     if simulated:
         lines.append(f"Left out of every verdict: {', '.join(simulated)}: a stand-in ran the vendor's code path on "
                      "this host, so its figures measure this host, not the device.")
+    if emulated:
+        lines.append(f"Left out of every verdict: {', '.join(emulated)}: FP8 ran emulated (computed without FP8 "
+                     "matrix units), so its speed describes no FP8 device.")
     return lines
 
 

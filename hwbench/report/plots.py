@@ -20,7 +20,7 @@ def run_label(row: dict[str, Any]) -> str:
     device = str(row.get("device_model") or "?")
     device = device if len(device) <= 24 else device[:23] + "…"
     variant = f", {row['point_variant']}" if row.get("point_variant") else ""
-    flags = " [simulated]" if row.get("simulated") else ""
+    flags = f" [{row['stand_in']}]" if row.get("stand_in") else ""
     flags += " [oversubscribed]" if row.get("oversubscribed") is True else ""
     return f"{device}, {row['layout']}, {row['precision']}{variant}{flags}"
 
@@ -38,7 +38,7 @@ def _by_device(rows: Sequence[dict[str, Any]]) -> tuple[list[str], dict[str, dic
                     + ("\noversubscribed" if row["oversubscribed"] is True else ""))
         if category not in categories:
             categories.append(category)
-        device = str(row["device_model"]) + (" [simulated]" if row.get("simulated") else "")
+        device = str(row["device_model"]) + (f" [{row['stand_in']}]" if row.get("stand_in") else "")
         by_device.setdefault(device, {}).setdefault(category, []).append(row)
     return categories, by_device
 
@@ -97,10 +97,10 @@ def scaling(model: str, fits: dict[tuple, ScalingFit]) -> str | None:
     smallest count), for each device model of ``model`` measured at two or more counts."""
     series: list[Series] = []
     lengths = {key[3] for key in fits if key[0] == model}
-    for (fit_model, precision, device, seq, simulated), fit in sorted(fits.items(), key=lambda item: str(item[0])):
+    for (fit_model, precision, device, seq, stand_in), fit in sorted(fits.items(), key=lambda item: str(item[0])):
         if fit_model != model or not fit.fitted:
             continue
-        name = f"{device}{' [simulated]' if simulated else ''}, {precision}" + (f", seq {seq}" if len(lengths) > 1
+        name = f"{device}{f' [{stand_in}]' if stand_in else ''}, {precision}" + (f", seq {seq}" if len(lengths) > 1
                                                                                 else "")
         series += [
             Series(f"{name}: measured", [Point(p.devices, p.tokens_per_s, f"{p.devices} devices: {p.tokens_per_s:,.1f} "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hwbench.harness.stand_in import SIMULATED_PROJECTION
+from hwbench.harness.stand_in import STAND_IN_PROJECTION
 from hwbench.report.cells import number
 from hwbench.report.cost import training_time_and_cost
 from hwbench.report.prices import Price
@@ -15,8 +15,8 @@ from hwbench.report.scaling import ScalingFit, best_per_count, fit_scaling
 
 # A workload on a device model: what a scaling fit is about. The sequence length is part of the
 # workload (its FLOPs per token differ): runs at seq 64 and at seq 128 are never fitted as one curve;
-# a stand-in's runs (simulated) are never fitted with the device's.
-GROUP_FIELDS = ("model", "precision", "device_model", "seq_length", "simulated")
+# a stand-in's runs (simulated, emulated) are never fitted with the device's.
+GROUP_FIELDS = ("model", "precision", "device_model", "seq_length", "stand_in")
 
 
 def group_key(row: dict[str, Any]) -> tuple:
@@ -44,9 +44,9 @@ def apply_projections(rows: list[dict[str, Any]], fits: dict[tuple, ScalingFit],
     budget, and the sentence of the scaling assumption."""
     _one_budget_per_model(rows)
     for row in rows:
-        if row["simulated"]:
+        if row["stand_in"]:
             row["projected_tokens_per_s"] = row["projected_days"] = row["projected_cost_usd"] = None
-            row["projection_basis"] = SIMULATED_PROJECTION
+            row["projection_basis"] = STAND_IN_PROJECTION[row["stand_in"]]
             continue
         fit = fits.get(group_key(row))
         tps = number(row["tokens_per_s"])

@@ -20,7 +20,7 @@ from hwbench.result.environment import (
     environment_differences,
     performance_fingerprint,
 )
-from hwbench.result.model import Memory, Metrics, RunResult
+from hwbench.result.model import GOODPUT_PHASES, Memory, Metrics, RunResult
 from hwbench.workload.flops import FLOPS_FORMULA_ALIASES, utilisation_label
 
 # What the runs of one report must agree on to be compared: the environment, the commit, the precision.
@@ -59,7 +59,7 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         "error": result.error.message if result.error else None,
         "model": spec.model, "parameters": result.workload.parameters,
         "device_model": device.device_model, "backend": device.backend,
-        "simulated": result.simulated, "catalog_entry": device.catalog_entry,
+        "stand_in": result.stand_in, "catalog_entry": device.catalog_entry,
         "peak_flops": device.peak_flops, "peak_flops_basis": device.peak_flops_basis,
         "world_size": result.world_size, "tp": tp, "pp": pp, "dp": dp, "ep": spec.parallel.ep,
         "layout": spec.parallel.layout,
@@ -76,6 +76,8 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
         # (megatron-deepspeed) and the run recomputes, else MFU
         "mfu_kind": utilisation_label(own_formula(metrics), spec.recompute),
         "mfu_by_formula": mfu_by_formula(metrics),
+        # why a formula's MFU is null where it is its own (a mixture of experts it has no term for)
+        "mfu_reason_by_formula": {name: entry.why("mfu") for name, entry in (metrics.by_formula or {}).items()},
         "mfu_measured_ceiling": metrics.mfu_measured_ceiling,
         "mfu_measured_ceiling_reason": metrics.why("mfu_measured_ceiling"),
         "peak_allocated_bytes": memory.peak_allocated_bytes,
@@ -109,7 +111,17 @@ def run_row(result: RunResult, file: str, prices: dict[str, Price], tokens: floa
     row.update(procurement_figures(result, row, prices, tokens))
     row.update(target_figures(result, row["price_usd_per_hour"]))
     row.update(checkpoint_figures(result))
+    row.update(goodput_columns(result))
     return row
+
+
+def goodput_columns(result: RunResult) -> dict[str, Any]:
+    """The run's goodput (metrics.goodput) as report columns: the training share, the total and each
+    phase's share; None where the run kept no phase clock."""
+    goodput = result.metrics.goodput
+    shares = (goodput.shares if goodput else None) or {}
+    return {"goodput": goodput.goodput if goodput else None, "goodput_total_s": goodput.total_s if goodput else None,
+            **{f"goodput_share_{phase}": shares.get(phase) for phase in GOODPUT_PHASES}}
 
 
 def checkpoint_figures(result: RunResult) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.harness.stand_in import SIMULATED_ENERGY
+from hwbench.harness.stand_in import STAND_IN_ENERGY
 from hwbench.report.cells import fmt, is_number, number, usd
 from hwbench.report.document import Section, Table
 from hwbench.report.summary import target_text
@@ -30,7 +30,8 @@ def target_figures(result: RunResult, price_usd_per_hour: float | None) -> dict[
                               "samples_to_target", "device_hours_to_target", "energy_to_target_j",
                               "energy_to_target_reason", "cost_to_target_usd"))
     hours, price = figures.device_hours, number(price_usd_per_hour)
-    energy, energy_why = (None, SIMULATED_ENERGY) if result.simulated else (figures.energy_j, figures.why("energy_j"))
+    energy, energy_why = (None, STAND_IN_ENERGY[result.stand_in]) if result.stand_in \
+        else (figures.energy_j, figures.why("energy_j"))
     return {"target": target_text(figures), "target_given": figures.given,
             "target_reached": figures.reached, "time_to_target_s": figures.scored_time_s,
             "steps_to_target": figures.step, "samples_to_target": figures.samples, "device_hours_to_target": hours,
@@ -143,7 +144,7 @@ def target_scores(runs: pd.DataFrame) -> list[TargetScore]:
             continue
         key = (row["point"], row["target_given"])
         if key not in groups:
-            device = str(row["device_model"]) + (" [simulated]" if row["simulated"] else "")
+            device = str(row["device_model"]) + (f" [{row['stand_in']}]" if row["stand_in"] else "")
             groups[key] = TargetScore(row["model"], row["precision"], device, row["layout"], row["target"], [])
         groups[key].rows.append(row)
     return sorted(groups.values(), key=lambda s: (s.model, s.precision, s.target, s.device, s.point))

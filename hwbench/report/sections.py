@@ -11,6 +11,7 @@ import pandas as pd
 from hwbench.metrics import METRICS
 from hwbench.report.against_published import NORMALISATION, published_layout
 from hwbench.report.cells import (
+    Cell,
     device_text,
     figure,
     fmt,
@@ -26,6 +27,7 @@ from hwbench.report.cells import (
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.report.published import publishes_tokens, table_title, tokens_per_s_per_device
+from hwbench.result.model import GOODPUT_PHASES
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
@@ -165,7 +167,7 @@ def _tokens_published_row(pub: pd.Series, common: list[str]) -> list[Any]:
 def _tokens_measured_row(c: pd.Series) -> list[Any]:
     """A measured run under a published Llama row: its tokens/s per device against the published
     figure per GPU, and every setting that differs said in words."""
-    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
              else ["CPU run"] if c["backend"] == "cpu" else [])
     if c["differences"]:
         notes.append("differs: " + ", ".join(c["differences"]))
@@ -187,7 +189,7 @@ def _published_global(pub: pd.Series) -> str:
 def _measured_row(pub: pd.Series, c: pd.Series) -> list[Any]:
     """A measured run's row under the published row it is compared with."""
     ppl = f"{fmt_g(c['measured_ppl'])} (step {c['measured_ppl_step']})" if is_number(c["measured_ppl"]) else "-"
-    notes = (["simulated device: not a hardware figure"] if c["simulated"]
+    notes = ([f"{c['stand_in']}: not a hardware figure"] if c["stand_in"]
              else ["CPU run"] if c["backend"] == "cpu" else [])
     if c["differences"]:
         notes.append("differs: " + ", ".join(c["differences"]))
@@ -304,7 +306,8 @@ def _also_utilisation(run: pd.Series, formula: str) -> tuple[Any, bool]:
         hardware = counts_hardware_flops(formula, bool(run["recompute"]))
         why = f"no {formula} figures in the result (written before hwbench counted that formula)"
         return percent(None, note=why), hardware
-    return _utilisation(run, formula, by_formula[formula], run["mfu_reason"])
+    reason = (run["mfu_reason_by_formula"] or {}).get(formula) or run["mfu_reason"]
+    return _utilisation(run, formula, by_formula[formula], reason)
 
 
 def _utilisation_columns(suffix: str, figures: list[tuple[Any, bool]]) -> tuple[list[str], list[list[Any]]]:
@@ -443,6 +446,29 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
     return section
 
 
+def goodput_section(runs: pd.DataFrame) -> Section | None:
+    """Where each run's wall time went: the share in training steps against initialisation, loads,
+    validation, saves, restarts and the rest; None when no run kept a phase clock."""
+    measured = runs[runs["goodput"].notna()] if "goodput" in runs else runs.iloc[:0]
+    if measured.empty:
+        return None
+    section = Section("Goodput")
+    section.blocks.append(("p", "Each run's wall time on rank 0's host clock, from the start of the run to the end of "
+                                "its measurement, charged phase by phase (docs/methodology.md, Goodput): goodput is "
+                                "the share in training steps, warm-up included. The shares of a run sum to 1."))
+    section.blocks.append(("table", Table.of([
+        ("run", lambda run: run["run_id"]), ("model", lambda run: run["model"]), ("layout", lambda run: run["layout"]),
+        ("wall s", lambda run: fmt(run["goodput_total_s"], 1)),
+        ("goodput", lambda run: percent(run["goodput"])),
+        *[(label, _share_cell(phase)) for phase, label in GOODPUT_PHASES.items()],
+    ], _rows(measured))))
+    return section
+
+
+def _share_cell(phase: str) -> Callable[[dict[str, Any]], Cell]:
+    return lambda run: percent(run[f"goodput_share_{phase}"])
+
+
 def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:
     """For the decision section: what each measured --save-interval policy costs, in seconds of
     every training hour spent stalled and, where the device is priced, in dollars per hour."""
@@ -468,7 +494,7 @@ def environment_section(runs: pd.DataFrame, found: list[str]) -> Section:
     versions = ("driver_version", "cuda_version", "cann_version", "torch_version", "deepspeed_version")
     section.blocks.append(("table", Table.of([
         ("run", lambda run: run["run_id"]),
-        ("device", lambda run: f"{run['device_model']}" + (" [simulated]" if run["simulated"] else "")),
+        ("device", lambda run: f"{run['device_model']}" + (f" [{run['stand_in']}]" if run["stand_in"] else "")),
         ("count", lambda run: fmt(run["device_count"], 0)),
         *((header, lambda run, key=key: str(run[key] or "-"))
           for header, key in zip(("driver", "CUDA", "CANN", "torch", "deepspeed"), versions)),

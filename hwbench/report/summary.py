@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hwbench.metrics import METRICS
 from hwbench.report.terminal import text_table
-from hwbench.result.model import Checkpoints, Memory, RunResult, StepTime, TimeToTarget
+from hwbench.result.model import GOODPUT_PHASES, Checkpoints, Goodput, Memory, RunResult, StepTime, TimeToTarget
 from hwbench.units import flops_rate_text, human_bytes
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason, utilisation_label
 
@@ -18,15 +18,36 @@ def _why(result: RunResult, key: str) -> str:
     return f"null: {reason}" if reason else "-"
 
 
+def fp8_layers_text(result: RunResult) -> str:
+    """'12 linear layers in FP8 (blocks.*.attn.q_proj, ...); in bf16: output (the output layer ...)'."""
+    fp8 = result.engine.fp8
+    if fp8 is None:
+        return "not recorded (the run failed before its model was built)"
+    converted = ", ".join(group.layers or "?" for group in fp8.converted or [])
+    kept = "; ".join(f"{group.layers} ({group.why})" for group in fp8.high_precision or [])
+    return f"{fp8.converted_layers} linear layers in FP8 ({converted})" + (f"; not: {kept}" if kept else "")
+
+
+def _flops_text(result: RunResult) -> str:
+    """TFLOP/s per device and the formula that counted it (for a mixture of experts, that it counts
+    the active parameters: metrics.flops_counts); why it is null where the formula cannot count."""
+    metrics = result.metrics
+    if metrics.tflops_per_device is None and metrics.why("tflops_per_device"):
+        return _why(result, "tflops_per_device")
+    active = ", active parameters" if (metrics.flops_counts or "").startswith("active parameters") else ""
+    return _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula}{active})"
+
+
 def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[str, str]]:
     spec, metrics, device, workload = result.spec, result.metrics, result.device, result.workload
     rows: list[tuple[str, str]] = [
         ("status", result.status + (f" ({result.error.message})" if result.error else "")),
         ("model", f"{workload.name or spec.model}: {(workload.parameters or 0) / 1e6:,.1f}M parameters"),
         ("device", f"{device.backend or '?'}: {device.device_model or '?'}"
-                   + (" [SIMULATED]" if device.simulated else "")),
+                   + (" [SIMULATED]" if device.simulated else "") + (" [FP8 EMULATED]" if device.fp8_emulated else "")),
         ("batch", f"micro {spec.micro_batch_size}, global {spec.global_batch_size}, seq {spec.seq_length}, "
-                  f"{spec.precision}" + (", recompute" if spec.recompute else "")
+                  f"{spec.precision}" + (f" {spec.fp8_recipe}" if spec.fp8_recipe else "")
+                  + (", recompute" if spec.recompute else "")
                   + (", compiled" if spec.compile else "")),
         ("layout", layout_text(result)),
     ]
@@ -41,9 +62,11 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         ("steps", f"{metrics.timed_steps} timed after {spec.warmup} warm-up"),
         (METRICS["samples_per_s"].label, _number(metrics.samples_per_s)),
         (METRICS["tokens_per_s"].label, _number(metrics.tokens_per_s, 0)),
-        (METRICS["tflops_per_device"].label,
-         _number(metrics.tflops_per_device, 3) + f"  (FLOPs formula: {metrics.flops_formula})"),
-        (kind, METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
+        (METRICS["tflops_per_device"].label, _flops_text(result)),
+        (kind + (f" ({device.peak_flops_precision} peak)" if spec.fp8_recipe else ""),
+         METRICS["mfu"].text(metrics.mfu) if metrics.mfu is not None else _why(result, "mfu")),
+        *([(f"{kind}, FP8 peak", METRICS["mfu"].text(metrics.mfu_fp8_peak) if metrics.mfu_fp8_peak is not None
+            else _why(result, "mfu_fp8_peak")), ("FP8 layers", fp8_layers_text(result))] if spec.fp8_recipe else []),
         (f"{kind}, measured ceiling", _measured_ceiling_text(result)),
         *([("", hfu_reason(metrics.flops_formula or ""))] if kind == "HFU" else []),
         ("step time", f"median {_ms(step.median)} ms, p10 {_ms(step.p10)}, p90 {_ms(step.p90)}, "
@@ -72,6 +95,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
     if spec.precision == "fp16":
         rows.append(("fp16 skipped steps", str(metrics.skipped_steps)))
     rows.append(("telemetry", _telemetry_text(result)))
+    if metrics.goodput is not None:
+        rows.append(("goodput", goodput_text(metrics.goodput)))
     if result.checkpoint is not None:
         rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
     rows += [("warning", warning) for warning in result.warnings]
@@ -147,6 +172,15 @@ def time_to_target_text(figures: TimeToTarget) -> str:
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
     return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
             f"{figures.device_hours:.3g} device-hours{energy}{cost}")
+
+
+def goodput_text(goodput: Goodput) -> str:
+    """ "62.1% of 14.2 s in training steps; init 20.3%, warm-up 9.8%, timed steps 52.3%, saves 17.0%, rest 0.6%"
+    (the phases that took any time)."""
+    shares = goodput.shares or {}
+    phases = ", ".join(f"{label} {_percent(shares[phase])}" for phase, label in GOODPUT_PHASES.items()
+                       if shares.get(phase))
+    return f"{_percent(goodput.goodput)} of {_number(goodput.total_s, 1)} s in training steps; {phases}"
 
 
 def checkpoint_text(checkpoint: Checkpoints) -> str:

@@ -40,7 +40,7 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     problem_text,
     validation_problem,
 )
-from hwbench.point import FROM_SPEC, SIMULATED, PointKey
+from hwbench.point import EMULATED, FROM_SPEC, SIMULATED, PointKey
 from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec
 from hwbench.workload.config import accumulation_steps
 
@@ -243,9 +243,35 @@ class Device(Section):
     device_count: Count | None = None
     memory_capacity_bytes: Count | None = None
     simulated: Flag | None = None
+    # --precision fp8: why FP8 ran emulated on this device (the CPU), None on FP8 units; and the FP8 dense peak
+    # beside the BF16 one its MFU is stated against (peak_flops), with its provenance or why there is none
+    fp8_emulated: Text | None = None
+    fp8_peak_flops: Rate | None = None
+    fp8_peak_flops_basis: Text | None = None
+    fp8_peak_flops_unmeasured: Text | None = None
     measured_ceiling: MeasuredCeiling | None = None
     tuning: dict[str, Any] | None = None
     auto_passed_over: list[Text] | None = None
+
+
+class Fp8LayerGroup(Section):
+    """Linear layers of one name pattern (``blocks.*.mlp.fc1``), and why they stayed in high precision."""
+
+    layers: Text | None = None
+    count: Count | None = None
+    why: Text | None = None
+
+
+class Fp8Conversion(Section):
+    """Which GEMMs of a --precision fp8 run ran in FP8 (hwbench.engine.float8)."""
+
+    recipe: Text | None = None
+    emulated: Text | None = None  # why FP8 ran emulated (the CPU); None: on the device's FP8 units
+    converted_layers: Count | None = None
+    converted: list[Fp8LayerGroup] | None = None
+    high_precision_layers: Count | None = None
+    high_precision: list[Fp8LayerGroup] | None = None
+    gemms: Text | None = None
 
 
 class Engine(Section):
@@ -255,6 +281,7 @@ class Engine(Section):
     data_parallel: Text | None = None
     pipeline_schedule: Text | None = None
     zero_stage: Count | None = None
+    fp8: Fp8Conversion | None = None
 
 
 class Launch(Section):
@@ -401,6 +428,30 @@ class TimeToTarget(WithReasons):
     unmeasured: REASONS | None = None
 
 
+# The phases of metrics.goodput, in order, with the label the summary and the report give each:
+# hwbench/harness/goodput.py charges every moment of a run to one of them.
+GOODPUT_PHASES = {"init": "init", "checkpoint_load": "load", "warmup": "warm-up", "timed_steps": "timed steps",
+                  "eval": "validation", "checkpoint_save": "saves", "restarts": "restarts", "other": "rest"}
+
+
+class Goodput(Section):
+    """Where the run's wall time went, on one rank's host clock: the training steps (warm-up and
+    timed) against initialisation, checkpoint loads and saves, validation, restarts and the rest."""
+
+    rank: Count | None = None
+    total_s: Rate | None = None
+    goodput: Rate | None = None
+    init_s: Rate | None = None
+    checkpoint_load_s: Rate | None = None
+    warmup_s: Rate | None = None
+    timed_steps_s: Rate | None = None
+    eval_s: Rate | None = None
+    checkpoint_save_s: Rate | None = None
+    restarts_s: Rate | None = None
+    other_s: Rate | None = None
+    shares: dict[str, Rate | None] | None = None
+
+
 class SteadyState(WithReasons):
     """How the step time settled and drifted over the timed window."""
 
@@ -425,12 +476,14 @@ class Straggler(Section):
     ratio: Rate | None = None
 
 
-class FormulaFigures(Section):
-    """The figures of one FLOPs formula (metrics.by_formula)."""
+class FormulaFigures(WithReasons):
+    """The figures of one FLOPs formula (metrics.by_formula); null, with the reason, where the
+    formula cannot count the model (hwbench.workload.flops.uncounted)."""
 
     flops_per_iteration: Rate | None = None
     tflops_per_device: Rate | None = None
     mfu: Rate | None = None
+    unmeasured: REASONS | None = None
 
 
 class MoeRouting(Section):
@@ -467,10 +520,12 @@ class Metrics(WithReasons):
     tflops_per_device: Rate | None = None
     mfu: Rate | None = None
     mfu_measured_ceiling: Rate | None = None
+    mfu_fp8_peak: Rate | None = None  # --precision fp8: against the FP8 dense peak (mfu: the BF16 one)
     flops_per_iteration: Rate | None = None
     timed_wall_time_s: Rate | None = None
     flops_formula: Text | None = None
     flops_formula_expression: Text | None = None
+    flops_counts: Text | None = None  # what the FLOPs count: every weight, or an MoE model's active parameters
     by_formula: dict[str, FormulaFigures] | None = None
     world_size: Positive | None = None
     timed_steps: Count | None = None
@@ -486,6 +541,7 @@ class Metrics(WithReasons):
     ppl_floor: Figure | None = None
     validation: list[ValidationPoint] | None = None
     time_to_target: TimeToTarget | None = None
+    goodput: Goodput | None = None
     steady_state: SteadyState | None = None
     straggler: Straggler | None = None
     host_syncs: HostSyncs | None = None
@@ -809,8 +865,17 @@ class RunResult(Section):
             **{name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()},
             backend=self.backend,
             device_model=self.device_model,
-            stand_in=SIMULATED if self.simulated else None,
+            stand_in=self.stand_in,
         )
+
+    @property
+    def stand_in(self) -> str | None:
+        """What ran in place of the device's own path (PointKey.stand_in): SIMULATED (a stand-in
+        runtime on the host), EMULATED (FP8 computed without FP8 units), or None. Either keeps the
+        run out of every comparison, price, projection and history series of the real device's."""
+        if self.simulated:
+            return SIMULATED
+        return EMULATED if self.device.fp8_emulated else None
 
     @property
     def simulated(self) -> bool:

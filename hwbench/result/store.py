@@ -30,6 +30,14 @@ class ResultFormatError(ValueError):
     mapping, of a schema version this hwbench does not read, or a field that does not fit."""
 
 
+class OtherKindOfResult(ResultFormatError):
+    """A readable hwbench file of another kind than a run's (``kind``: collectives): its own
+    reader takes it (hwbench.fabric.result.read_collectives); readers of runs pass over it."""
+
+
+OTHER_KINDS = ("collectives",)  # hwbench.fabric.result.KIND
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -123,6 +131,8 @@ def load_result(path: str | os.PathLike) -> RunResult:
         raise ResultFormatError(f"{path}: cannot be read: {getattr(error, 'strerror', None) or error}") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
+    if data.get("kind") in OTHER_KINDS:
+        raise OtherKindOfResult(f"{path}: a {data['kind']} result, not a run's")
     try:
         return RunResult.from_dict(data)
     except UpgradeError as error:
@@ -146,6 +156,8 @@ def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple
     for path in result_files(paths):
         try:
             result = load_result(path)
+        except OtherKindOfResult:
+            continue  # read by that kind's reader: not a damaged run
         except ResultFormatError as error:
             skipped.append((path, str(error)))
             continue

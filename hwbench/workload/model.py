@@ -34,7 +34,6 @@ from hwbench.workload.layers import RotaryEmbedding, apply_rotary, mlp, norm
 from hwbench.workload.moe import MoE
 
 INIT_STD = 0.02  # Megatron --init-method-std default
-LAYERNORM_EPS = 1e-5  # Megatron's --norm-epsilon default (GPTConfig.norm_epsilon); DeepSpeed's pipeline layers use it
 QKV_PARTS = ("q_proj", "k_proj", "v_proj")  # the separate projections a fused qkv_proj stands for
 # Each block's projections back onto the residual stream: Megatron scales their init by 1/sqrt(2L).
 OUTPUT_PROJECTIONS = ("out_proj.weight", "fc2.weight", "down_proj.weight")  # the MoE experts' down_proj too

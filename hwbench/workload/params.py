@@ -18,6 +18,15 @@ class ParameterCount:
     output_weights: int  # the output layer, V x h: its own when untied, the word embedding when tied
     outside_matmuls: int  # norm gains and biases (QK-norm's too), linear biases: in no matrix product
     active: int  # what one token passes through: all but the routed experts it is not sent to (= total when dense)
+    # The MoE layers' parts of mlp_weights (0 for a dense model): what the FLOPs formulas count apart
+    router_weights: int = 0  # every MoE layer's router, E x h
+    routed_expert_weights: int = 0  # every MoE layer's E routed experts, 3 h f_e each
+    shared_expert_weights: int = 0  # every MoE layer's shared experts, 3 h f_s
+
+    @property
+    def dense_mlp_weights(self) -> int:
+        """The dense layers' MLPs: mlp_weights less the MoE layers' parts."""
+        return self.mlp_weights - self.router_weights - self.routed_expert_weights - self.shared_expert_weights
 
 
 def count_parameters(config: GPTConfig, tensor_parallel: int = 1) -> ParameterCount:
@@ -42,11 +51,11 @@ def count_parameters(config: GPTConfig, tensor_parallel: int = 1) -> ParameterCo
     dense_mlp = (3 if config.swiglu else 2) * h * f
     biases = (q + 2 * kv + h) + ((2 if config.swiglu else 1) * f + h) if config.add_bias_linear else 0
     moe_layers = config.moe_layers
+    experts = config.num_experts or 0
     routed_expert = 3 * h * config.moe_ffn_size
-    moe_mlp = ((config.num_experts or 0) * (h + routed_expert)  # each expert's router row and weights
-               + 3 * h * (config.moe_shared_expert_intermediate_size or 0))
-    idle_experts = ((config.num_experts or 0) - config.moe_router_topk) * routed_expert if config.moe else 0
-    mlp_weights = (L - moe_layers) * dense_mlp + moe_layers * moe_mlp
+    router, shared = experts * h, 3 * h * (config.moe_shared_expert_intermediate_size or 0)
+    idle_experts = (experts - config.moe_router_topk) * routed_expert if config.moe else 0
+    mlp_weights = (L - moe_layers) * dense_mlp + moe_layers * (router + experts * routed_expert + shared)
     positions = 0 if config.rope else config.max_position_embeddings * h
     embedding = vocab * h + positions
     output = vocab * h if config.untie_embeddings_and_output_weights else 0
@@ -55,4 +64,6 @@ def count_parameters(config: GPTConfig, tensor_parallel: int = 1) -> ParameterCo
     total = embedding + non_embedding
     return ParameterCount(total=total, embedding=embedding, non_embedding=non_embedding,
                           attention_weights=L * attention, mlp_weights=mlp_weights, output_weights=vocab * h,
-                          outside_matmuls=outside_matmuls, active=total - moe_layers * idle_experts)
+                          outside_matmuls=outside_matmuls, active=total - moe_layers * idle_experts,
+                          router_weights=moe_layers * router, shared_expert_weights=moe_layers * shared,
+                          routed_expert_weights=moe_layers * experts * routed_expert)

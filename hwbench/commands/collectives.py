@@ -1,0 +1,89 @@
+"""`hwbench collectives`: all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and
+send/recv between N ranks of this node, measured and reported as nccl-tests does
+(docs/collectives.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hwbench.arguments import argument
+from hwbench.device.kinds import DEVICE_CHOICES
+
+DESCRIPTION = ("Measure collectives between the ranks of this node on the device's collective backend (gloo on the "
+               "CPU, NCCL, RCCL, HCCL): for each message size from --min-bytes doubling to --max-bytes, in and out "
+               "of place, the time per call, algbw and busbw as nccl-tests reports them, and a check of every "
+               "value; with --slow-link, a ring of send/recv pairs that names a link slower than the others "
+               "(docs/collectives.md). Writes one result file to --out.")
+DEFAULT_RING_BYTES = "1MiB"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", type=argument("--device", choices=DEVICE_CHOICES),
+                        help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
+    parser.add_argument("--nproc-per-node", default="2", type=argument("--nproc-per-node", int, minimum=1),
+                        help="ranks on this node, one per device (default 2; at least 2)")
+    parser.add_argument("--collectives", default="all",
+                        help="all (default), or comma-separated of all_reduce, all_gather, reduce_scatter, "
+                             "all_to_all, broadcast, send_recv")
+    parser.add_argument("--min-bytes", default="8", help="smallest message, e.g. 8 or 1KiB (default 8)")
+    parser.add_argument("--max-bytes", default="64MiB", help="largest message, e.g. 64MiB (default 64MiB)")
+    parser.add_argument("--warmup", default="5", type=argument("--warmup", int, minimum=0, maximum=100_000),
+                        help="untimed calls before each size (default 5)")
+    parser.add_argument("--iters", default="20", type=argument("--iters", int, minimum=1, maximum=100_000),
+                        help="timed calls of each size; the time is their mean (default 20)")
+    parser.add_argument("--no-check", dest="check", action="store_false",
+                        help="leave out the check of the values (nccl-tests' -c 0)")
+    parser.add_argument("--slow-link", action="store_true",
+                        help="also measure a ring of send/recv pairs (rank i to i+1) and name the slowest pair "
+                             "when it is slower than the median of the others by more than --slow-threshold")
+    parser.add_argument("--ring-bytes", default=DEFAULT_RING_BYTES,
+                        help=f"the message each pair of the ring exchanges (default {DEFAULT_RING_BYTES})")
+    parser.add_argument("--slow-threshold", default="25%",
+                        help="how much slower than the median of the other pairs a pair is named: 25%% or 0.25 "
+                             "(default 25%%)")
+    parser.add_argument("--timeout", default="600", type=argument("--timeout", float, minimum=0, above_minimum=True,
+                                                                  accepts="seconds"),
+                        help="seconds before the ranks are ended and the result says which rank was behind "
+                             "(default 600)")
+    parser.add_argument("--out", default="results/collectives", help="folder of the result file "
+                                                                      "(default results/collectives)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from hwbench.fabric.collectives import (
+        CollectiveSettings,
+        check_ring_bytes,
+        check_sizes,
+        check_world_size,
+        parse_collectives,
+    )
+    from hwbench.judge.compare import parse_threshold
+    from hwbench.units import parse_size
+
+    names = parse_collectives(args.collectives)
+    min_bytes, max_bytes = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
+    check_sizes(min_bytes, max_bytes)
+    check_world_size(args.nproc_per_node)
+    ring = None
+    settings = CollectiveSettings(names, min_bytes, max_bytes, args.warmup, args.iters, args.check, args.timeout)
+    if args.slow_link:
+        from hwbench.fabric.ring import RingSettings
+
+        ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
+        check_ring_bytes(ring_bytes)
+        ring = RingSettings(ring_bytes, args.warmup, args.iters, parse_threshold(args.slow_threshold,
+                                                                                 "--slow-threshold"))
+    from hwbench.fabric.launch import CollectivesJob, run_collectives
+    from hwbench.fabric.result import write_collectives
+    from hwbench.fabric.table import collectives_table
+
+    result = run_collectives(CollectivesJob(args.device, args.nproc_per_node, settings, ring))
+    path = write_collectives(result, args.out)
+    if result.status != "ok":
+        print(f"hwbench collectives: {result.status}: {result.error.message if result.error else ''}", file=sys.stderr)
+        print(f"result written to {path}", file=sys.stderr)
+        return 1
+    sys.stdout.write(collectives_table(result))
+    print(f"result written to {path}", file=sys.stderr)
+    return 0 if result.check_passed is not False else 1

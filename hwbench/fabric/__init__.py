@@ -1,0 +1,1 @@
+"""Collectives between ranks, measured as nccl-tests measures them (docs/collectives.md)."""

@@ -1,0 +1,124 @@
+"""What `hwbench collectives` measures, as nccl-tests measures it: the collectives, the message
+sizes, and the bus-bandwidth factor of each (nccl-tests' doc/PERFORMANCE.md; docs/collectives.md).
+Torch-free: the command checks its input with this before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hwbench.errors import UsageError
+from hwbench.units import human_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective. ``size`` is nccl-tests' size: the bytes of the largest buffer a rank holds
+    (all-gather's output, reduce-scatter's input). ``divides``: the size is cut to a multiple of
+    the world size's elements (each rank's share is whole). ``in_place``: torch has an in-place
+    form of it; ``out_of_place``: an out-of-place one."""
+
+    name: str
+    divides: bool
+    in_place: bool
+    out_of_place: bool
+    bus_factor_text: str  # as docs/collectives.md writes it
+
+    def bus_factor(self, world_size: int) -> float:
+        """busbw / algbw (nccl-tests' doc/PERFORMANCE.md)."""
+        n = world_size
+        if self.name == "all_reduce":
+            return 2 * (n - 1) / n
+        if self.name in ("all_gather", "reduce_scatter", "all_to_all"):
+            return (n - 1) / n
+        return 1.0
+
+
+COLLECTIVES = {c.name: c for c in (
+    # torch's all_reduce, all_to_all_single, broadcast and batched send/recv have one form each
+    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, bus_factor_text="2(n-1)/n"),
+    Collective("all_gather", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
+    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
+    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, bus_factor_text="(n-1)/n"),
+    Collective("broadcast", divides=False, in_place=True, out_of_place=False, bus_factor_text="1"),
+    Collective("send_recv", divides=False, in_place=False, out_of_place=True, bus_factor_text="1"),
+)}
+NO_FORM = {  # why a collective has no figure in one of the two columns
+    "all_reduce": "torch's all_reduce has no out-of-place form (it reduces into the buffer it is given)",
+    "all_to_all": "torch's all_to_all_single has no in-place form",
+    "broadcast": "torch's broadcast has no out-of-place form (it writes the buffer it is given)",
+    "send_recv": "torch's send and recv have no in-place form (a rank sends one buffer and receives into another)",
+}
+ELEMENT_BYTES = 4  # float32, nccl-tests' default data type
+DEFAULT_MIN_BYTES = 8
+DEFAULT_MAX_BYTES = 64 * 2 ** 20
+MIN_WORLD_SIZE = 2  # every collective here moves data between ranks: one rank measures a copy
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveSettings:
+    """What the ranks measure (rank 0 checks it, every rank reads it from the launcher)."""
+
+    collectives: tuple[str, ...]
+    min_bytes: int
+    max_bytes: int
+    warmup: int
+    iterations: int
+    check: bool
+    timeout_s: float
+
+    def sizes(self) -> list[int]:
+        """min_bytes, doubling, up to max_bytes (nccl-tests' -b/-e/-f 2)."""
+        sizes, size = [], self.min_bytes
+        while size <= self.max_bytes:
+            sizes.append(size)
+            size *= 2
+        return sizes
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CollectiveSettings:
+        return cls(**{**data, "collectives": tuple(data["collectives"])})
+
+
+def parse_collectives(text: str) -> tuple[str, ...]:
+    """'all_reduce,broadcast' or 'all' as collective names (a dash reads as an underscore)."""
+    if text.strip() == "all":
+        return tuple(COLLECTIVES)
+    names = tuple(dict.fromkeys(part.strip().replace("-", "_") for part in text.split(",")))
+    unknown = [name for name in names if name not in COLLECTIVES]
+    if unknown or not names:
+        raise UsageError(f"--collectives {text!r}: {', '.join(map(repr, unknown)) or 'nothing'} is not a collective; "
+                         f"accepted: all, or comma-separated names of {', '.join(COLLECTIVES)}")
+    return names
+
+
+def check_sizes(min_bytes: int, max_bytes: int) -> None:
+    if max_bytes < ELEMENT_BYTES:
+        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} holds no float32 element; accepted: a size of at "
+                         f"least {ELEMENT_BYTES} B")
+    if max_bytes < min_bytes:
+        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} is below --min-bytes {human_bytes(min_bytes)}; "
+                         "accepted: a size at least --min-bytes")
+
+
+def check_ring_bytes(size: int) -> None:
+    if size < ELEMENT_BYTES:
+        raise UsageError(f"--ring-bytes {human_bytes(size)} holds no float32 element; accepted: a size of at least "
+                         f"{ELEMENT_BYTES} B")
+
+
+def check_world_size(world_size: int, option: str = "--nproc-per-node") -> None:
+    if world_size < MIN_WORLD_SIZE:
+        raise UsageError(f"{option} {world_size}: the collectives need at least {MIN_WORLD_SIZE} ranks (one rank "
+                         f"moves no data between ranks); accepted: an integer >= {MIN_WORLD_SIZE}")
+
+
+def message_elements(collective: Collective, size: int, world_size: int) -> int:
+    """Elements of the size's buffer: whole elements, a multiple of the world size where each rank
+    holds a share (nccl-tests rounds so too); 0 when the size holds none."""
+    elements = size // ELEMENT_BYTES
+    if collective.divides:
+        elements -= elements % world_size
+    return elements

@@ -1,0 +1,174 @@
+"""The result of one `hwbench collectives` run (`CollectivesResult`), typed and versioned like a
+run's RunResult, with its own ``kind`` so that readers tell the two apart; written atomically,
+read back with every field checked (a damaged file is named with its reason)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hwbench import __version__
+from hwbench.fields import problem_text
+from hwbench.files import write_json_atomic
+from hwbench.paths import result_files
+from hwbench.result.model import Environment
+
+KIND: Literal["collectives"] = "collectives"
+SCHEMA_VERSION: Literal[1] = 1
+CollectivesStatus = Literal["ok", "failed", "timeout"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class Settings(_Section):
+    collectives: list[str]
+    min_bytes: int = Field(ge=1)
+    max_bytes: int = Field(ge=1)
+    warmup: int = Field(ge=0)
+    iterations: int = Field(ge=1)
+    check: bool
+    dtype: str = "float32"
+    timeout_s: float = Field(gt=0)
+
+
+class Row(_Section):
+    """One line of nccl-tests' table: one collective, size and placement (in or out of place)."""
+
+    collective: str
+    in_place: bool
+    size_bytes: int = Field(ge=1)
+    elements: int = Field(ge=1)
+    time_us: float = Field(ge=0)  # the mean over ranks of each rank's mean time per call (nccl-tests' -a 1)
+    time_us_min: float = Field(ge=0)  # the fastest rank's
+    time_us_max: float = Field(ge=0)  # the slowest rank's
+    algbw_gbs: float | None = Field(ge=0)  # size / time_us, GB/s (10^9); None for a time of 0
+    busbw_gbs: float | None = Field(ge=0)  # algbw x bus_factor
+    bus_factor: float = Field(ge=0)
+    wrong: int | None = Field(ge=0)  # elements wrong, all ranks together (nccl-tests' #wrong); None: not checked
+
+
+class RankHost(_Section):
+    rank: int = Field(ge=0)
+    host: str
+    pid: int | None = None
+
+
+class Link(_Section):
+    """One pair of the ring: ``sender`` sends to ``receiver``, who sends it back."""
+
+    sender: int = Field(ge=0)
+    receiver: int = Field(ge=0)
+    sender_host: str
+    receiver_host: str
+    time_us: float = Field(ge=0)  # one way: half the mean round trip
+    busbw_gbs: float | None = Field(ge=0)
+
+
+class SlowLink(_Section):
+    """The ring of pairwise send/recv and its verdict: the slowest pair, named when it is slower than
+    the median pair by more than the threshold."""
+
+    size_bytes: int = Field(ge=1)
+    threshold: float = Field(ge=0)
+    links: list[Link]
+    median_time_us: float = Field(ge=0)
+    slowest: Link | None  # None: no pair is slower than the median by more than the threshold
+    slowdown: float | None  # the slowest pair's time over the median's, minus 1 (0.25: 25% slower)
+
+
+class CollectivesError(_Section):
+    type: str
+    message: str
+    rank: int | None = None
+    killed_pids: list[int] = Field(default_factory=list)
+
+
+class CollectivesResult(_Section):
+    kind: Literal["collectives"] = KIND
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str = Field(min_length=1)
+    status: CollectivesStatus
+    hwbench_version: str = __version__
+    started_at: str | None = None
+    finished_at: str | None = None
+    device: str  # the device kind: cpu, cuda, npu, ...
+    device_model: str | None = None
+    dist_backend: str  # gloo, nccl, hccl, ...
+    world_size: int = Field(ge=1)
+    settings: Settings
+    ranks: list[RankHost] = Field(default_factory=list)
+    rows: list[Row] = Field(default_factory=list)
+    check_passed: bool | None = None  # None: --no-check
+    slow_link: SlowLink | None = None
+    environment: Environment | None = None
+    error: CollectivesError | None = None
+
+    @property
+    def point_key(self) -> tuple:
+        """What two results must share for their figures to be compared: the device, the number of
+        ranks, how they are spread over hosts, and the element type."""
+        hosts = len({rank.host for rank in self.ranks}) or 1
+        return (self.device, self.device_model, self.dist_backend, self.world_size, hosts, self.settings.dtype)
+
+
+class CollectivesFormatError(ValueError):
+    """A file that is not a readable collectives result; the message names it and why."""
+
+
+def is_collectives_file(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == KIND
+
+
+def from_data(data: object, where: str) -> CollectivesResult:
+    if not is_collectives_file(data):
+        raise CollectivesFormatError(f"{where}: not a collectives result (its kind is not {KIND!r})")
+    assert isinstance(data, dict)
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise CollectivesFormatError(f"{where}: collectives schema_version {version!r} is not one this hwbench "
+                                     f"{__version__} reads (it reads {SCHEMA_VERSION}); upgrade hwbench")
+    try:
+        return CollectivesResult.model_validate(data, strict=False)
+    except ValidationError as error:
+        raise CollectivesFormatError(f"{where}: {problem_text(error)}") from None
+
+
+def load_collectives(path: str | os.PathLike) -> CollectivesResult:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise CollectivesFormatError(f"{path}: unreadable ({error})") from None
+    return from_data(data, str(path))
+
+
+def write_collectives(result: CollectivesResult, out_dir: str | os.PathLike) -> Path:
+    """``out_dir/<run_id>.json``, whole or not at all."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(folder / f"{result.run_id}.json", result.model_dump(mode="json", exclude_none=False))
+
+
+def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[CollectivesResult, Path]],
+                                                            list[tuple[Path, str]]]:
+    """(result, file) of every collectives result under ``paths``, and (file, reason) of each file
+    that says it is one and cannot be read; files of other kinds are passed over (their readers
+    name them)."""
+    found, skipped = [], []
+    for path in result_files(paths):
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError, RecursionError):
+            continue  # the run reader names a file that is no JSON
+        if not is_collectives_file(data):
+            continue
+        try:
+            found.append((from_data(data, str(path)), Path(path)))
+        except CollectivesFormatError as error:
+            skipped.append((Path(path), str(error)))
+    return found, skipped

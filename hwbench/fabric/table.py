@@ -1,0 +1,61 @@
+"""A collectives result as nccl-tests prints it: one line per size, the out-of-place figures then
+the in-place ones, time in microseconds, algbw and busbw in GB/s (10^9), #wrong from the check;
+then the ring of pairwise send/recv and the slow link, when measured. Text only: the command prints it."""
+
+from __future__ import annotations
+
+from hwbench.fabric.collectives import COLLECTIVES, NO_FORM
+from hwbench.fabric.result import CollectivesResult, Row
+
+
+def _figures(row: Row | None) -> str:
+    if row is None:
+        return f"{'-':>10} {'-':>8} {'-':>8} {'-':>7} {'-':>10} {'-':>10}"
+    wrong = "n/a" if row.wrong is None else str(row.wrong)
+    algbw = "-" if row.algbw_gbs is None else f"{row.algbw_gbs:.3f}"
+    busbw = "-" if row.busbw_gbs is None else f"{row.busbw_gbs:.3f}"
+    return f"{row.time_us:>10.1f} {algbw:>8} {busbw:>8} {wrong:>7} {row.time_us_min:>10.1f} {row.time_us_max:>10.1f}"
+
+
+def collectives_table(result: CollectivesResult) -> str:
+    lines = [f"# {result.device} ({result.device_model or 'unknown model'}), {result.dist_backend}, "
+             f"{result.world_size} ranks; time: mean over ranks (us), min and max rank; bandwidths in GB/s"]
+    header = f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'min':>10} {'max':>10}"
+    for name in dict.fromkeys(row.collective for row in result.rows):
+        lines += ["", f"## {name} (busbw = algbw x {COLLECTIVES[name].bus_factor_text})",
+                  f"{'':23}| {'out-of-place':^58} | {'in-place':^58}",
+                  f"{'size (B)':>12} {'count':>10} | {header} | {header}"]
+        sizes: dict[int, dict[bool, Row]] = {}
+        for row in result.rows:
+            if row.collective == name:
+                sizes.setdefault(row.size_bytes, {})[row.in_place] = row
+        for size, placed in sizes.items():
+            any_row = next(iter(placed.values()))
+            out_of_place, in_place = _figures(placed.get(False)), _figures(placed.get(True))
+            lines.append(f"{size:>12} {any_row.elements:>10} | {out_of_place} | {in_place}")
+        if name in NO_FORM:
+            lines.append(f"  ('-': {NO_FORM[name]})")
+    if result.check_passed is not None:
+        lines += ["", "check: " + ("every value as expected" if result.check_passed else "WRONG VALUES (see #wrong)")]
+    if result.slow_link:
+        lines += ["", *ring_lines(result)]
+    return "\n".join(lines) + "\n"
+
+
+def ring_lines(result: CollectivesResult) -> list[str]:
+    ring = result.slow_link
+    assert ring is not None
+    lines = [f"## ring of send/recv pairs, {ring.size_bytes} B each way (time one way, us)"]
+    for link in ring.links:
+        busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:.3f} GB/s"
+        lines.append(f"  rank {link.sender} ({link.sender_host}) -> rank {link.receiver} ({link.receiver_host}): "
+                     f"{link.time_us:.1f} us, {busbw}")
+    if ring.slowest is not None and ring.slowdown is not None:
+        s = ring.slowest
+        lines.append(f"slow link: rank {s.sender} ({s.sender_host}) -> rank {s.receiver} ({s.receiver_host}), "
+                     f"{ring.slowdown:.0%} slower than the median of the other pairs (threshold {ring.threshold:.0%})")
+    else:
+        slowdown = "" if ring.slowdown is None else f" (the slowest {ring.slowdown:.0%})"
+        lines.append(f"no slow link: no pair is slower than the median of the others by more than "
+                     f"{ring.threshold:.0%}{slowdown}")
+    return lines

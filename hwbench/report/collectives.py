@@ -1,0 +1,45 @@
+"""The report's section of `hwbench collectives` results: per result, nccl-tests' figures (time,
+algbw, busbw, #wrong) of each collective, form and size, and the ring's slow link when measured."""
+
+from __future__ import annotations
+
+from hwbench.fabric.result import CollectivesResult
+from hwbench.report.document import Section, Table
+
+HEADERS = ["collective", "form", "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong",
+           "slowest rank (us)"]
+
+
+def collectives_section(results: list[tuple[CollectivesResult, str]]) -> Section | None:
+    """None without collectives results."""
+    if not results:
+        return None
+    section = Section("Collectives")
+    section.blocks.append(("p", "Measured as nccl-tests measures them (docs/collectives.md): time is the mean over "
+                                "ranks; busbw = algbw x the collective's factor (nccl-tests' doc/PERFORMANCE.md); "
+                                "#wrong counts the values the check found wrong."))
+    for result, file in results:
+        section.blocks.append(("h", f"{result.run_id}: {result.device_model or result.device}, {result.dist_backend}, "
+                                    f"{result.world_size} ranks ({file})"))
+        if result.status != "ok":
+            section.blocks.append(("p", f"status {result.status}: {result.error.message if result.error else ''}"))
+            continue
+        rows = [[row.collective, "in place" if row.in_place else "out of place", row.size_bytes,
+                 round(row.time_us, 1), row.algbw_gbs, row.busbw_gbs, "n/a" if row.wrong is None else row.wrong,
+                 round(row.time_us_max, 1)] for row in result.rows]
+        section.blocks.append(("table", Table(HEADERS, rows)))
+        if result.slow_link is not None:
+            section.blocks.append(("p", _slow_link_text(result)))
+    return section
+
+
+def _slow_link_text(result: CollectivesResult) -> str:
+    ring = result.slow_link
+    assert ring is not None
+    slowest = ring.slowest
+    if slowest is None:
+        return (f"Ring of send/recv pairs: no pair slower than the median of the others by more than "
+                f"{ring.threshold:.0%}.")
+    return (f"Slow link: rank {slowest.sender} ({slowest.sender_host}) -> rank {slowest.receiver} "
+            f"({slowest.receiver_host}), {slowest.time_us:.1f} us one way, "
+            f"{ring.slowdown or 0:.0%} slower than the median of the other pairs.")

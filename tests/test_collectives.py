@@ -1,0 +1,267 @@
+"""`hwbench collectives`: the collectives measured by real torchrun ranks over gloo, reported as
+nccl-tests reports them (busbw factors, the check), bad input refused in one line, a hung rank
+named, and the slow link of a ring found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, message_elements
+from hwbench.fabric.launch import laggard, timeout_message
+from hwbench.fabric.result import CollectivesFormatError, load_collectives
+from hwbench.fabric.ring import slowest_link
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def collectives(out: Path, *options: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hwbench", "collectives", "--device", "cpu", "--out", str(out),
+                           *options], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+
+
+def test_bus_factors_are_nccl_tests():
+    """doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
+    all-to-all (n-1)/n; broadcast and send/recv 1."""
+    for n in (2, 4, 8):
+        assert COLLECTIVES["all_reduce"].bus_factor(n) == pytest.approx(2 * (n - 1) / n)
+        for name in ("all_gather", "reduce_scatter", "all_to_all"):
+            assert COLLECTIVES[name].bus_factor(n) == pytest.approx((n - 1) / n)
+        assert COLLECTIVES["broadcast"].bus_factor(n) == COLLECTIVES["send_recv"].bus_factor(n) == 1
+
+
+def test_sizes_double_and_shares_are_whole():
+    settings = CollectiveSettings(("all_gather",), 8, 64 * 2 ** 20, 1, 1, True, 60)
+    sizes = settings.sizes()
+    assert sizes[0] == 8 and sizes[-1] == 64 * 2 ** 20 and len(sizes) == 24
+    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    # 8 bytes are 2 float32: no whole share for 4 ranks, kept whole for all-reduce
+    assert message_elements(COLLECTIVES["all_gather"], 8, 4) == 0
+    assert message_elements(COLLECTIVES["all_reduce"], 8, 4) == 2
+    assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
+
+
+def test_the_check_counts_wrong_values():
+    """A call that did nothing leaves each rank's own pattern where the sum of both must be."""
+    import torch
+
+    from hwbench.device import select_backend
+    from hwbench.fabric.measure import check_call, pattern, prepare_call
+
+    call = prepare_call(COLLECTIVES["all_reduce"], True, 1000, 0, 2, torch.device("cpu"))
+    call.run = lambda: None
+    assert check_call(call, select_backend("cpu")) == int((pattern(1, 1000) != 0).sum()) > 900
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    (["--min-bytes", "lots"], ["--min-bytes", "'lots'", "not a size"]),
+    (["--max-bytes", "8", "--min-bytes", "1KiB"], ["--max-bytes", "below --min-bytes"]),
+    (["--collectives", "all_reduce,allgather"], ["--collectives", "'allgather'", "all_gather"]),
+    (["--nproc-per-node", "1"], ["--nproc-per-node 1", "at least 2 ranks"]),
+    (["--slow-link", "--slow-threshold", "half"], ["--slow-threshold", "'half'"]),
+    (["--max-bytes", "2", "--min-bytes", "1"], ["--max-bytes 2 B", "no float32 element"]),
+    (["--slow-link", "--ring-bytes", "3"], ["--ring-bytes 3 B", "no float32 element"]),
+    (["--warmup", "-1"], ["--warmup -1", "from 0 to 100000"]),
+])
+def test_bad_input_is_one_line_and_nothing_written(tmp_path, capsys, options, words):
+    out = tmp_path / "out"
+    assert main(["collectives", "--device", "cpu", "--out", str(out), *options]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and all(word in error for word in words), error
+    assert not out.exists()
+
+
+def test_two_ranks_measure_every_collective(tmp_path):
+    """Real torchrun ranks over gloo: every collective at every size, busbw from algbw by
+    nccl-tests' factor, every value checked, the file read back; the ring of the slow-link check
+    measured (its verdict on two ranks of a shared CPU is noise: the four-rank test judges it)."""
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--min-bytes", "256KiB", "--max-bytes", "1MiB",
+                      "--warmup", "1", "--iters", "2", "--slow-link", "--ring-bytes", "4KiB")
+    assert run.returncode == 0, run.stderr
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert (result.status, result.world_size, result.dist_backend, result.check_passed) == ("ok", 2, "gloo", True)
+    assert [r.rank for r in result.ranks] == [0, 1]
+    sizes = [2 ** k for k in range(18, 21)]
+    for name, collective in COLLECTIVES.items():
+        rows = [row for row in result.rows if row.collective == name]
+        forms = collective.in_place + collective.out_of_place
+        assert sorted({row.size_bytes for row in rows}) == sizes and len(rows) == forms * len(sizes), name
+        for row in rows:
+            assert row.wrong == 0 and row.time_us_min <= row.time_us <= row.time_us_max
+            assert row.algbw_gbs == pytest.approx(row.size_bytes / row.time_us / 1e3)
+            assert row.busbw_gbs == pytest.approx(row.algbw_gbs * collective.bus_factor(2))
+    assert "## all_reduce (busbw = algbw x 2(n-1)/n)" in run.stdout
+    assert "check: every value as expected" in run.stdout
+    assert result.slow_link is not None and [(link.sender, link.receiver) for link in result.slow_link.links] == [
+        (0, 1), (1, 0)]
+    assert all(link.time_us > 0 and link.busbw_gbs == pytest.approx(4096 / link.time_us / 1e3)
+               for link in result.slow_link.links)
+
+
+def test_a_result_of_another_kind_is_refused(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run_id": "x", "status": "ok", "spec": {}}))
+    with pytest.raises(CollectivesFormatError, match="not a collectives result"):
+        load_collectives(path)
+    path.write_text(json.dumps({"kind": "collectives", "schema_version": 99}))
+    with pytest.raises(CollectivesFormatError, match="schema_version 99"):
+        load_collectives(path)
+
+
+def test_a_timeout_names_the_rank_behind():
+    beats = {0: {"step": 3, "phase": "all_gather in place, 256 elements", "host": "a"},
+             1: {"step": 2, "phase": "all_gather out of place, 256 elements", "host": "b"},
+             2: {"step": 3, "phase": "all_gather in place, 256 elements", "host": "a"}}
+    assert laggard(beats) == 1
+    message = timeout_message(beats, 30)
+    assert "rank 1 (host b) stopped before all_gather in place" in message
+    assert laggard({0: {"step": 3}, 1: {"step": 3}}) is None
+
+
+def test_the_slowest_pair_is_named_past_the_threshold():
+    assert slowest_link([1.0, 1.1, 1.6, 0.9], 0.25)[:2] == (2, pytest.approx(1.6 / 1.0 - 1))
+    named, slowdown, median = slowest_link([1.0, 1.1, 1.2, 0.9], 0.25)
+    assert named is None and slowdown == pytest.approx(1.2 / 1.0 - 1) and median == pytest.approx(1.05)
+
+
+@pytest.mark.heavy
+def test_a_hung_rank_is_a_timeout_naming_it(tmp_path):
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--collectives", "all_reduce", "--max-bytes", "64",
+                      "--iters", "2", "--timeout", "20", env={"HWBENCH_FAULT": "1:2:hang"})
+    assert run.returncode == 1
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert result.status == "timeout" and result.error is not None and result.error.rank == 1
+    assert "rank 1" in result.error.message and "rank 1" in run.stderr
+    assert [rank.rank for rank in result.ranks] == [0, 1]
+    alive = [rank.pid for rank in result.ranks if rank.pid and _running(rank.pid)]
+    assert not alive, f"ranks left behind: {alive}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.heavy
+def test_a_rank_that_raises_is_a_failed_result_naming_it(tmp_path):
+    run = collectives(tmp_path, "--nproc-per-node", "2", "--collectives", "broadcast", "--max-bytes", "64",
+                      "--iters", "2", env={"HWBENCH_FAULT": "1:1:raise"})
+    assert run.returncode == 1
+    [path] = tmp_path.glob("*.json")
+    result = load_collectives(path)
+    assert result.status == "failed" and result.error is not None and result.error.rank == 1
+    assert "injected fault: rank 1 raised at step 1" in result.error.message and not result.rows
+
+
+@pytest.mark.heavy
+def test_four_ranks_name_the_slowed_link(tmp_path):
+    """HWBENCH_FAULT's slow rank sleeps inside its timed sends: its link to the next rank is named."""
+    run = collectives(tmp_path, "--nproc-per-node", "4", "--collectives", "send_recv", "--min-bytes", "4KiB",
+                      "--max-bytes", "4KiB", "--warmup", "1", "--iters", "4", "--slow-link", "--ring-bytes", "4KiB",
+                      env={"HWBENCH_FAULT": "2:2:slow"})
+    assert run.returncode == 0, run.stderr
+    [path] = tmp_path.glob("*.json")
+    ring = load_collectives(path).slow_link
+    assert ring is not None and [(link.sender, link.receiver) for link in ring.links] == [(0, 1), (1, 2), (2, 3),
+                                                                                          (3, 0)]
+    assert ring.slowest is not None and (ring.slowest.sender, ring.slowest.receiver) == (2, 3)
+    assert ring.slowdown is not None and ring.slowdown > ring.threshold
+    assert "slow link: rank 2 (" in run.stdout and ") -> rank 3 (" in run.stdout
+
+
+# --- report and compare -------------------------------------------------------
+
+
+def _result_file(folder: Path, run_id: str, busbw: float, wrong: int = 0) -> Path:
+    """A collectives result of two ranks with one all-reduce row of the given busbw (algbw and time
+    follow from it, as the launcher computes them)."""
+    from hwbench.fabric.result import CollectivesResult, Row, Settings, write_collectives
+
+    size, factor = 2 ** 20, COLLECTIVES["all_reduce"].bus_factor(2)
+    algbw = busbw / factor
+    time_us = size / algbw / 1e3
+    row = Row(collective="all_reduce", in_place=True, size_bytes=size, elements=size // 4, time_us=time_us,
+              time_us_min=time_us, time_us_max=time_us, algbw_gbs=algbw, busbw_gbs=busbw, bus_factor=factor,
+              wrong=wrong)
+    settings = Settings(collectives=["all_reduce"], min_bytes=size, max_bytes=size, warmup=1, iterations=2,
+                        check=True, timeout_s=60)
+    result = CollectivesResult(run_id=run_id, status="ok", device="cpu", device_model="test cpu", dist_backend="gloo",
+                               world_size=2, settings=settings, rows=[row], check_passed=wrong == 0)
+    return write_collectives(result, folder)
+
+
+def test_run_readers_pass_over_collectives_files(tmp_path):
+    from hwbench.fabric.result import KIND
+    from hwbench.result.store import OTHER_KINDS, read_results
+
+    _result_file(tmp_path, "c1", 10.0)
+    assert KIND in OTHER_KINDS
+    assert read_results(tmp_path) == ([], [])  # not a damaged run
+
+
+@pytest.mark.parametrize(("current", "wrong", "status", "verdict"), [
+    (10.2, 0, 0, "within threshold"), (5.0, 0, 3, "regression"), (20.0, 0, 0, "improvement"),
+    (10.0, 3, 3, "regression: wrong values in current")])
+def test_compare_judges_busbw_a_fall_is_a_regression(tmp_path, capsys, current, wrong, status, verdict):
+    _result_file(tmp_path / "base", "b1", 10.0)
+    _result_file(tmp_path / "cur", "c1", current, wrong)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == status
+    out = capsys.readouterr().out
+    assert "collectives: busbw (higher is better), threshold 5%" in out and "all_reduce in place 1048576 B" in out
+    if verdict != "within threshold":
+        assert verdict in out
+    assert ("1 regression(s)" in out) == (status == 3)
+
+
+def test_report_shows_collectives(tmp_path, capsys):
+    path = _result_file(tmp_path, "c1", 10.0)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "## Collectives" in out and f"c1: test cpu, gloo, 2 ranks ({path})" in out
+    assert "| all_reduce   | in place | 1048576" in out
+
+
+def test_every_field_of_the_file_is_documented():
+    from hwbench.fabric import result as model
+
+    doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
+    sections = (model.CollectivesResult, model.Settings, model.Row, model.RankHost, model.SlowLink, model.Link,
+                model.CollectivesError)
+    missing = [f"{section.__name__}.{name}" for section in sections for name in section.model_fields
+               if f"`{name}`" not in doc]
+    assert not missing, f"docs/collectives.md does not describe: {missing}"
+
+
+def test_runs_on_one_side_only_are_refused_as_without_collectives(tmp_path, capsys):
+    import shutil
+
+    _result_file(tmp_path / "base", "b1", 10.0)
+    _result_file(tmp_path / "cur", "c1", 10.0)
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    shutil.copy(run, tmp_path / "base" / run.name)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 2
+    assert "CURRENT" in capsys.readouterr().err
+
+
+def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
+    import shutil
+
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    for side, busbw in (("base", 10.0), ("cur", 5.0)):
+        _result_file(tmp_path / side, f"{side}1", busbw)
+        shutil.copy(run, tmp_path / side / run.name)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 3
+    out = capsys.readouterr().out
+    assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out

@@ -1,0 +1,91 @@
+"""Goodput: where a run's wall time went, phase by phase, on the host clock."""
+
+import io
+import json
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from hwbench.cli import main
+from hwbench.harness.goodput import PHASES, PhaseClock, goodput_figures, restart_time_before
+from hwbench.report.summary import run_summary_rows
+from hwbench.result.store import load_result
+
+REPORT_DATA = Path(__file__).resolve().parent / "data" / "report" / "good"
+
+SHARE_TOLERANCE = 1e-9  # the phases partition one clock: only float rounding may separate their sum from 1
+
+
+def test_the_clock_charges_each_moment_to_one_phase_and_returns_to_the_interrupted_one():
+    clock = PhaseClock()
+    clock.switch("warmup")
+    with clock.within("eval"):
+        time.sleep(0.02)
+    assert clock.phase == "warmup"
+    time.sleep(0.01)
+    seconds = clock.stop()
+    assert seconds["eval"] >= 0.02 and seconds["warmup"] >= 0.01
+    assert sum(seconds.values()) == pytest.approx(clock.ended - clock.started, abs=1e-9)
+    with pytest.raises(ValueError, match="unknown phase 'compile'"):
+        PhaseClock().switch("compile")
+
+
+def test_restart_time_leaves_out_what_this_attempt_already_counts():
+    earlier = [{"time_lost_s": 5.0}, {"time_lost_s": None}]
+    assert restart_time_before({"time_lost_s": 3.0}, earlier, attempt_s=1.0) == pytest.approx(7.0)
+    assert restart_time_before({"time_lost_s": 0.5}, [], attempt_s=1.0) == 0.0  # never below zero
+    figures = goodput_figures(dict.fromkeys(PHASES, 1.0), restarts_s=1.0)
+    assert figures["total_s"] == pytest.approx(8.0) and figures["goodput"] == pytest.approx(2 / 8)
+
+
+@pytest.mark.heavy  # about 5 s on 2 idle cores; test_save_interval_saves_in_the_timed_window_... takes the path
+def test_a_run_with_saves_and_validations_shows_them_apart_from_training(tmp_path):
+    """A save and a validation between timed steps and after them: each takes time of its own, out of
+    the training phases, and the shares sum to 1."""
+    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "16", "--micro-batch-size", "1",
+                 "--global-batch-size", "1", "--steps", "2", "--warmup", "1", "--eval-iters", "1",
+                 "--eval-interval", "2", "--save", str(tmp_path / "ckpt"), "--save-interval", "2",
+                 "--out", str(tmp_path / "runs")]) == 0
+    result = json.loads(next((tmp_path / "runs").glob("*.json")).read_text())
+    goodput = result["metrics"]["goodput"]
+    for phase in ("init", "warmup", "timed_steps", "eval", "checkpoint_save"):
+        assert goodput[f"{phase}_s"] > 0, phase
+    assert goodput["restarts_s"] == 0.0
+    assert goodput["checkpoint_load_s"] < 0.05  # nothing to load: only the check that there is none
+    assert sum(goodput["shares"].values()) == pytest.approx(1.0, abs=SHARE_TOLERANCE)
+    assert goodput["goodput"] == pytest.approx(goodput["shares"]["warmup"] + goodput["shares"]["timed_steps"])
+    # the timed phase is the timed window less the saves and validations between its steps
+    assert goodput["timed_steps_s"] < result["metrics"]["timed_wall_time_s"]
+    assert goodput["timed_steps_s"] >= sum(step["time_s"] for step in result["steps"] if step["time_s"]) * 0.9
+
+
+GOODPUT = {"init_s": 2.0, "checkpoint_load_s": 0.0, "warmup_s": 1.0, "timed_steps_s": 5.0,
+           "eval_s": 0.5, "checkpoint_save_s": 1.0, "restarts_s": 0.0, "other_s": 0.5}
+
+
+def _with_goodput(tmp_path: Path) -> Path:
+    """A recorded result of a tiny CPU run, with the goodput that goodput_figures makes of GOODPUT's phases."""
+    result = json.loads((REPORT_DATA / "b-tiny-cpu.json").read_text())
+    phases = {name.removesuffix("_s"): value for name, value in GOODPUT.items() if name.endswith("_s")}
+    figures = goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, restarts_s=0.0)
+    result["metrics"]["goodput"] = {**figures, "rank": 0}
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "b-tiny-cpu.json").write_text(json.dumps(result))
+    return folder
+
+
+def test_the_summary_and_the_report_show_where_the_time_went(tmp_path):
+    folder = _with_goodput(tmp_path)
+    result = load_result(next(folder.glob("*.json")))
+    row = dict(run_summary_rows(result))["goodput"]
+    # 6 of 10 s in training steps; init 2 s, saves 1 s, validation and the rest 0.5 s each; nothing loaded
+    assert row == "60.0% of 10.0 s in training steps; init 20.0%, warm-up 10.0%, timed steps 50.0%, validation 5.0%, " \
+                  "saves 10.0%, rest 5.0%"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["report", str(folder)]) == 0
+    section = out.getvalue().split("## Goodput", 1)[1].split("\n## ", 1)[0]
+    assert "| 60.0% " in section and "| 20.0% " in section and "| 10.0 " in section
