@@ -265,3 +265,55 @@ def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 3
     out = capsys.readouterr().out
     assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out
+
+
+# --- baselines and acceptance ------------------------------------------------
+
+
+def test_baseline_save_keeps_busbw_of_ok_collectives_only(tmp_path, capsys):
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    _result_file(tmp_path / "ref", "r2", 12.0)
+    _result_file(tmp_path / "ref", "r3", 50.0, wrong=2)  # its check failed: no baseline figure
+    out = tmp_path / "baseline.json"
+    assert main(["baseline", "save", str(tmp_path / "ref"), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "collectives result r3" in captured.err and "wrong values" in captured.err
+    assert "0 point(s) from 0 result(s), 1 collective(s) from 3 collectives result(s)" in captured.out
+    [entry] = json.loads(out.read_text())["collectives"]
+    assert entry["key"] == {"device": "cpu", "device_model": "test cpu", "dist_backend": "gloo", "world_size": 2,
+                            "hosts": 1, "dtype": "float32"}
+    assert (entry["collective"], entry["in_place"], entry["size_bytes"]) == ("all_reduce", True, 2 ** 20)
+    assert entry["busbw_gbs"] == {"median": 11.0, "min": 10.0, "max": 12.0, "n": 2}
+    assert entry["run_ids"] == ["r1", "r2"]
+
+
+@pytest.mark.parametrize(("busbw", "wrong", "failed"), [(9.6, 0, None), (9.4, 0, "94.0% of its baseline 10.000"),
+                                                        (20.0, 3, "wrong values")])
+def test_a_busbw_below_min_ratio_of_the_baseline_fails_naming_it(tmp_path, busbw, wrong, failed):
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.judge.collectives_baseline import judge_collectives
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    out = tmp_path / "baseline.json"
+    assert main(["baseline", "save", str(tmp_path / "ref"), "--out", str(out)]) == 0
+    baseline = load_baseline(str(out))
+    current = load_collectives(_result_file(tmp_path / "cur", "c1", busbw, wrong))
+    outcome = judge_collectives([current], baseline.collectives, 0.95)
+    assert outcome.missing == []
+    if failed is None:
+        assert outcome.failures == [] and outcome.compared[0][3] == pytest.approx(0.96)
+    else:
+        [line] = outcome.failures
+        assert failed in line and "all_reduce in place 1048576 B, 2 ranks on 1 host" in line
+
+
+def test_a_collective_the_baseline_lacks_is_missing(tmp_path):
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.judge.collectives_baseline import judge_collectives
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    baseline = load_baseline(str(tmp_path / "ref"))  # a folder: made into a baseline on the fly
+    current = load_collectives(_result_file(tmp_path / "cur", "c1", 10.0)).model_copy(update={"world_size": 4})
+    outcome = judge_collectives([current], baseline.collectives, 0.95)
+    assert outcome.failures == [] and outcome.missing == [
+        "all_reduce in place 1048576 B, 4 ranks on 1 host (cpu test cpu, gloo, float32)"]
