@@ -317,3 +317,38 @@ def test_a_collective_the_baseline_lacks_is_missing(tmp_path):
     outcome = judge_collectives([current], baseline.collectives, 0.95)
     assert outcome.failures == [] and outcome.missing == [
         "all_reduce in place 1048576 B, 4 ranks on 1 host (cpu test cpu, gloo, float32)"]
+
+
+def _with_ring(path: Path, slow: bool) -> Path:
+    """The result at ``path`` given a ring of four ranks, its link 2 -> 3 named slow when ``slow``."""
+    from hwbench.fabric.result import Link, SlowLink, write_collectives
+
+    result = load_collectives(path)
+    times = [10.0, 10.0, 40.0 if slow else 10.5, 10.0]
+    links = [Link(sender=i, receiver=(i + 1) % 4, sender_host="h", receiver_host="h", time_us=t,
+                  busbw_gbs=4096 / t / 1e3) for i, t in enumerate(times)]
+    ring = SlowLink(size_bytes=4096, threshold=0.25, links=links, median_time_us=10.0,
+                    slowest=links[2] if slow else None, slowdown=3.0 if slow else 0.05)
+    return write_collectives(result.model_copy(update={"slow_link": ring}), path.parent)
+
+
+@pytest.mark.parametrize(("busbw", "slow", "passed"), [(10.0, False, True), (10.0, True, False), (5.0, False, False)])
+def test_accept_judges_the_fabric_against_the_baseline_and_names_a_slow_link(tmp_path, busbw, slow, passed):
+    """The judgement and page of `hwbench accept` with a fabric baseline, on stored result files
+    (the heavy test in test_accept.py measures them with real gloo ranks)."""
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.report.accept import render
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    current = load_collectives(_with_ring(_result_file(tmp_path / "cur", "c1", busbw), slow))
+    acceptance = judge([], [], load_baseline(str(tmp_path / "ref")), 0.95, 0.05, None, [current])
+    assert (acceptance.passed, acceptance.exit_status) == (passed, 0 if passed else 3)
+    page = render(acceptance, "md")
+    assert "Fabric against the baseline" in page and "rank 2 (h) -> rank 3 (h)" in page
+    named = [line for line in acceptance.failures if line.startswith("slow link: rank 2 (h) -> rank 3 (h): 40.0 us")]
+    assert len(named) == slow and all("300% slower" in line for line in named)
+    below = [line for line in acceptance.failures if line.startswith("collective all_reduce in place 1048576 B")]
+    assert len(below) == (busbw < 9.5)
+    if passed:
+        assert "every collective too, and no slow link" in page

@@ -152,3 +152,20 @@ def judge_collectives(results: list[CollectivesResult], baseline: list[Collectiv
                 outcome.failures.append(f"collective {row_label(key)}: busbw {busbw:,.3f} GB/s is {ratio:.1%} of its "
                                         f"baseline {base:,.3f} GB/s, below {min_ratio:.0%}")
     return outcome
+
+
+def slow_link_failures(results: list[CollectivesResult]) -> list[str]:
+    """The slow link each result's ring named, with its figure: a FAIL (a link slower than the others
+    slows every collective that crosses it)."""
+    lines = []
+    for result in results:
+        ring = result.slow_link
+        if ring is None or ring.slowest is None or ring.slowdown is None:
+            continue
+        link = ring.slowest
+        busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:,.3f} GB/s"
+        lines.append(f"slow link: rank {link.sender} ({link.sender_host}) -> rank {link.receiver} "
+                     f"({link.receiver_host}): {link.time_us:,.1f} us one way for {ring.size_bytes} B ({busbw}), "
+                     f"{ring.slowdown:.0%} slower than the median of the other pairs {ring.median_time_us:,.1f} us "
+                     f"(threshold {ring.threshold:.0%})")
+    return lines
