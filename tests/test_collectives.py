@@ -352,3 +352,39 @@ def test_accept_judges_the_fabric_against_the_baseline_and_names_a_slow_link(tmp
     assert len(below) == (busbw < 9.5)
     if passed:
         assert "every collective too, and no slow link" in page
+
+
+def test_the_table_shows_busbw_as_a_fraction_of_the_catalog_s_link():
+    """H100 SXM's NVLink 4, 900 GB/s both ways: a busbw of 225 GB/s is 50% of the 450 each way; a device
+    the catalog has no link figure for says why and shows '-'."""
+    from hwbench.fabric.table import collectives_table
+
+    with_link = _result_file_data("NVIDIA H100 80GB HBM3", "cuda", 225.0)
+    table = collectives_table(with_link)
+    assert "# link: h100-sxm NVLink 4 (18 links), 450 GB/s each way (half of 900 GB/s both ways;" in table
+    assert " 225.000  50.0% " in table
+    table = collectives_table(_result_file_data("AMD Instinct MI300X", "rocm", 225.0))
+    assert "# no link figure for mi300x: not yet read from a data sheet" in table and "50.0%" not in table
+
+
+def _result_file_data(device_model: str, device: str, busbw: float):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        result = load_collectives(_result_file(Path(folder), "x", busbw))
+    return result.model_copy(update={"device": device, "device_model": device_model})
+
+
+def test_a_link_figure_without_its_source_is_refused_and_the_old_text_still_loads():
+    from pydantic import ValidationError
+
+    from hwbench.catalog import LinkBandwidth, load_catalog
+
+    with pytest.raises(ValidationError, match="must be given with link, source and read"):
+        LinkBandwidth(bidirectional_bytes_per_s=900e9)
+    with pytest.raises(ValidationError, match="give unavailable"):
+        LinkBandwidth()
+    for entry in load_catalog().devices.values():  # each shipped entry: its text and a figure or the reason
+        assert entry.interconnect and entry.link_bandwidth is not None, entry.name
+        link = entry.link_bandwidth
+        assert (link.bidirectional_bytes_per_s is None) == bool(link.unavailable), entry.name
