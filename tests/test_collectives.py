@@ -388,3 +388,11 @@ def test_a_link_figure_without_its_source_is_refused_and_the_old_text_still_load
         assert entry.interconnect and entry.link_bandwidth is not None, entry.name
         link = entry.link_bandwidth
         assert (link.bidirectional_bytes_per_s is None) == bool(link.unavailable), entry.name
+
+
+def test_the_python_api_saves_the_collectives_in_the_baseline_too(tmp_path):
+    from hwbench import api
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    content = api.baseline_save(tmp_path / "ref", out=tmp_path / "b.json")
+    assert [entry["busbw_gbs"]["median"] for entry in content["collectives"]] == [10.0]
