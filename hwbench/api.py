@@ -218,9 +218,11 @@ def accept(*, suite: str | os.PathLike, baseline: str | os.PathLike, out: str | 
 
 
 def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out: str | os.PathLike) -> dict:
-    """A baseline file from results, as `hwbench baseline save`: its content (points, machine, software, date)."""
+    """A baseline file from results, as `hwbench baseline save`: its content (points, collectives, machine,
+    software, date)."""
     from pathlib import Path
 
+    from hwbench.fabric.result import read_collectives
     from hwbench.judge.baseline import save_baseline
     from hwbench.paths import check_output_file
     from hwbench.result.store import read_inputs
@@ -229,4 +231,5 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     out = _path("out", out, "a file path")
     check_output_file(out, "--out", inputs)  # as the command: "" and a path under a file refused before reading
     found, _skipped = read_inputs(inputs, "RESULTS")
-    return save_baseline([result for result, _ in found], Path(out))
+    fabric, _ = read_collectives(list(inputs))
+    return save_baseline([result for result, _ in found], Path(out), [result for result, _ in fabric])

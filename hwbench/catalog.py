@@ -224,6 +224,33 @@ class PowerLimitMatch(_Entry):
         return self.over_watts < watts <= self.up_to_watts
 
 
+class LinkBandwidth(_Entry):
+    """The device's own link to its peers (NVLink, Infinity Fabric, HCCS, PCIe) as a figure: the
+    total both ways per device as its data sheet lists it, where it comes from and when it was read;
+    or null with the reason. A collective's busbw (nccl-tests) moves each way at once, so it is held
+    against half of it (``per_direction_bytes_per_s``)."""
+
+    bidirectional_bytes_per_s: Peak | None = None  # bytes/s per device, both directions together
+    link: Words | None = None  # which link: "NVLink 4 (18 links)"
+    source: Words | None = None  # document name or URL
+    read: Day | None = None  # the day the figure was read there (YYYY-MM-DD)
+    unavailable: Words | None = None  # why there is no figure
+
+    @model_validator(mode="after")
+    def _a_figure_says_where_and_when(self) -> LinkBandwidth:
+        if self.bidirectional_bytes_per_s is None and not self.unavailable:
+            raise PydanticCustomError("link_unavailable", "bidirectional_bytes_per_s is null: give unavailable, "
+                                      "the reason")
+        if self.bidirectional_bytes_per_s is not None and not (self.source and self.read and self.link):
+            raise PydanticCustomError("link_provenance", "bidirectional_bytes_per_s must be given with link, source "
+                                      "and read (what link, where the figure comes from and when)")
+        return self
+
+    @property
+    def per_direction_bytes_per_s(self) -> float | None:
+        return None if self.bidirectional_bytes_per_s is None else self.bidirectional_bytes_per_s / 2
+
+
 class _FromFile(_Entry):
     """A catalog entry: one file, named as its file is, whose path it keeps (not a field of the file)."""
 
@@ -242,7 +269,8 @@ class DeviceModel(_FromFile):
     match: Patterns
     memory_bytes: Wanted | None = None
     tdp_watts: Number | None = None
-    interconnect: Words | None = None
+    interconnect: Words | None = None  # in words, as entries have always had it
+    link_bandwidth: LinkBandwidth | None = None  # the same as a figure, with its source
     if TYPE_CHECKING:
         peak_flops: dict[str, PeakFigure]
     else:  # the file's table, held as {precision: PeakFigure}

@@ -265,3 +265,134 @@ def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 3
     out = capsys.readouterr().out
     assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out
+
+
+# --- baselines and acceptance ------------------------------------------------
+
+
+def test_baseline_save_keeps_busbw_of_ok_collectives_only(tmp_path, capsys):
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    _result_file(tmp_path / "ref", "r2", 12.0)
+    _result_file(tmp_path / "ref", "r3", 50.0, wrong=2)  # its check failed: no baseline figure
+    out = tmp_path / "baseline.json"
+    assert main(["baseline", "save", str(tmp_path / "ref"), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "collectives result r3" in captured.err and "wrong values" in captured.err
+    assert "0 point(s) from 0 result(s), 1 collective(s) from 3 collectives result(s)" in captured.out
+    [entry] = json.loads(out.read_text())["collectives"]
+    assert entry["key"] == {"device": "cpu", "device_model": "test cpu", "dist_backend": "gloo", "world_size": 2,
+                            "hosts": 1, "dtype": "float32"}
+    assert (entry["collective"], entry["in_place"], entry["size_bytes"]) == ("all_reduce", True, 2 ** 20)
+    assert entry["busbw_gbs"] == {"median": 11.0, "min": 10.0, "max": 12.0, "n": 2}
+    assert entry["run_ids"] == ["r1", "r2"]
+
+
+@pytest.mark.parametrize(("busbw", "wrong", "failed"), [(9.6, 0, None), (9.4, 0, "94.0% of its baseline 10.000"),
+                                                        (20.0, 3, "wrong values")])
+def test_a_busbw_below_min_ratio_of_the_baseline_fails_naming_it(tmp_path, busbw, wrong, failed):
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.judge.collectives_baseline import judge_collectives
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    out = tmp_path / "baseline.json"
+    assert main(["baseline", "save", str(tmp_path / "ref"), "--out", str(out)]) == 0
+    baseline = load_baseline(str(out))
+    current = load_collectives(_result_file(tmp_path / "cur", "c1", busbw, wrong))
+    outcome = judge_collectives([current], baseline.collectives, 0.95)
+    assert outcome.missing == []
+    if failed is None:
+        assert outcome.failures == [] and outcome.compared[0][3] == pytest.approx(0.96)
+    else:
+        [line] = outcome.failures
+        assert failed in line and "all_reduce in place 1048576 B, 2 ranks on 1 host" in line
+
+
+def test_a_collective_the_baseline_lacks_is_missing(tmp_path):
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.judge.collectives_baseline import judge_collectives
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    baseline = load_baseline(str(tmp_path / "ref"))  # a folder: made into a baseline on the fly
+    current = load_collectives(_result_file(tmp_path / "cur", "c1", 10.0)).model_copy(update={"world_size": 4})
+    outcome = judge_collectives([current], baseline.collectives, 0.95)
+    assert outcome.failures == [] and outcome.missing == [
+        "all_reduce in place 1048576 B, 4 ranks on 1 host (cpu test cpu, gloo, float32)"]
+
+
+def _with_ring(path: Path, slow: bool) -> Path:
+    """The result at ``path`` given a ring of four ranks, its link 2 -> 3 named slow when ``slow``."""
+    from hwbench.fabric.result import Link, SlowLink, write_collectives
+
+    result = load_collectives(path)
+    times = [10.0, 10.0, 40.0 if slow else 10.5, 10.0]
+    links = [Link(sender=i, receiver=(i + 1) % 4, sender_host="h", receiver_host="h", time_us=t,
+                  busbw_gbs=4096 / t / 1e3) for i, t in enumerate(times)]
+    ring = SlowLink(size_bytes=4096, threshold=0.25, links=links, median_time_us=10.0,
+                    slowest=links[2] if slow else None, slowdown=3.0 if slow else 0.05)
+    return write_collectives(result.model_copy(update={"slow_link": ring}), path.parent)
+
+
+@pytest.mark.parametrize(("busbw", "slow", "passed"), [(10.0, False, True), (10.0, True, False), (5.0, False, False)])
+def test_accept_judges_the_fabric_against_the_baseline_and_names_a_slow_link(tmp_path, busbw, slow, passed):
+    """The judgement and page of `hwbench accept` with a fabric baseline, on stored result files
+    (the heavy test in test_accept.py measures them with real gloo ranks)."""
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import load_baseline
+    from hwbench.report.accept import render
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    current = load_collectives(_with_ring(_result_file(tmp_path / "cur", "c1", busbw), slow))
+    acceptance = judge([], [], load_baseline(str(tmp_path / "ref")), 0.95, 0.05, None, [current])
+    assert (acceptance.passed, acceptance.exit_status) == (passed, 0 if passed else 3)
+    page = render(acceptance, "md")
+    assert "Fabric against the baseline" in page and "rank 2 (h) -> rank 3 (h)" in page
+    named = [line for line in acceptance.failures if line.startswith("slow link: rank 2 (h) -> rank 3 (h): 40.0 us")]
+    assert len(named) == slow and all("300% slower" in line for line in named)
+    below = [line for line in acceptance.failures if line.startswith("collective all_reduce in place 1048576 B")]
+    assert len(below) == (busbw < 9.5)
+    if passed:
+        assert "every collective too, and no slow link" in page
+
+
+def test_the_table_shows_busbw_as_a_fraction_of_the_catalog_s_link():
+    """H100 SXM's NVLink 4, 900 GB/s both ways: a busbw of 225 GB/s is 50% of the 450 each way; a device
+    the catalog has no link figure for says why and shows '-'."""
+    from hwbench.fabric.table import collectives_table
+
+    with_link = _result_file_data("NVIDIA H100 80GB HBM3", "cuda", 225.0)
+    table = collectives_table(with_link)
+    assert "# link: h100-sxm NVLink 4 (18 links), 450 GB/s each way (half of 900 GB/s both ways;" in table
+    assert " 225.000  50.0% " in table
+    table = collectives_table(_result_file_data("AMD Instinct MI300X", "rocm", 225.0))
+    assert "# no link figure for mi300x: not yet read from a data sheet" in table and "50.0%" not in table
+
+
+def _result_file_data(device_model: str, device: str, busbw: float):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        result = load_collectives(_result_file(Path(folder), "x", busbw))
+    return result.model_copy(update={"device": device, "device_model": device_model})
+
+
+def test_a_link_figure_without_its_source_is_refused_and_the_old_text_still_loads():
+    from pydantic import ValidationError
+
+    from hwbench.catalog import LinkBandwidth, load_catalog
+
+    with pytest.raises(ValidationError, match="must be given with link, source and read"):
+        LinkBandwidth(bidirectional_bytes_per_s=900e9)
+    with pytest.raises(ValidationError, match="give unavailable"):
+        LinkBandwidth()
+    for entry in load_catalog().devices.values():  # each shipped entry: its text and a figure or the reason
+        assert entry.interconnect and entry.link_bandwidth is not None, entry.name
+        link = entry.link_bandwidth
+        assert (link.bidirectional_bytes_per_s is None) == bool(link.unavailable), entry.name
+
+
+def test_the_python_api_saves_the_collectives_in_the_baseline_too(tmp_path):
+    from hwbench import api
+
+    _result_file(tmp_path / "ref", "r1", 10.0)
+    content = api.baseline_save(tmp_path / "ref", out=tmp_path / "b.json")
+    assert [entry["busbw_gbs"]["median"] for entry in content["collectives"]] == [10.0]

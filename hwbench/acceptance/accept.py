@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hwbench.acceptance.device_probe import MAX_PROBE_TIME_S
+from hwbench.acceptance.fabric import FabricOptions
 from hwbench.errors import UsageError
 from hwbench.harness.preflight import PreflightReport
 from hwbench.judge.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge
@@ -36,6 +37,7 @@ class AcceptOptions:
     probe_time_s: float = DEFAULT_PROBE_TIME_S
     page_format: str = "md"
     preflight: bool = True
+    fabric: FabricOptions = FabricOptions()  # used when the baseline holds collectives
 
     def __post_init__(self) -> None:
         if not isinstance(self.out_dir, (str, os.PathLike)) or not os.fspath(self.out_dir).strip():
@@ -94,8 +96,10 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
            before: Callable[[], PreflightReport | None] = lambda: None) -> tuple[Acceptance, Path]:
     """The acceptance, and the page written; UsageError or SetupError before anything is measured
     or written. ``before``: called once the input is checked, before the first measurement (the
-    command's preflight: the report it made, whose warnings the page shows, or None)."""
+    command's preflight: the report it made, whose warnings the page shows, or None). When the
+    baseline holds collectives, they are measured on this node after the probes (acceptance/fabric.py)."""
     from hwbench.acceptance.device_probe import probe_devices
+    from hwbench.acceptance.fabric import fabric_jobs, measure_fabric
     from hwbench.acceptance.node_probes import check_node_devices, partition_nodes, probe_nodes
     from hwbench.device import select_backend
     from hwbench.judge.baseline import load_baseline
@@ -108,6 +112,10 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     sweep = SweepOptions(out_dir=options.out_dir, device=options.device, repeats=options.repeats,
                          preflight=options.preflight)
     check_output_folder(options.out_dir)
+    jobs = fabric_jobs(baseline.collectives, options.device, options.fabric)
+    if jobs and slurm is not None:  # they would run on this host, not on the partition's nodes
+        raise UsageError("--executor slurm with a baseline that holds collectives: hwbench accept measures the "
+                         "collectives on this node only; give a baseline without them, or run locally")
     if slurm is None:
         backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
         check_devices_per_node(options.devices_per_node, backend)
@@ -124,8 +132,9 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     else:
         count = options.devices_per_node or backend.device_count()
         probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
+    fabric = measure_fabric(jobs, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
-                       options.min_ratio, options.outlier, checked_first)
+                       options.min_ratio, options.outlier, checked_first, fabric)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page

@@ -16,7 +16,9 @@ from hwbench.suites.suite import shipped_suite_names
 DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "
                "training point; under --executor slurm each device of every node of the partition, a job a node), "
                "a device or node more than --outlier below its peers named; then every point of a suite against a "
-               "baseline (hwbench baseline save), PASS when each is at or above --min-ratio of it. Writes "
+               "baseline (hwbench baseline save), PASS when each is at or above --min-ratio of it; when the baseline "
+               "holds collectives, they and a ring of send/recv pairs are measured on this node and judged alike, a "
+               "slow link named. Writes "
                "OUT/accept.md (or .html), PASS or FAIL first. Exit 0 PASS, 3 FAIL, 4 points missing from the "
                "baseline (docs/accept.md).")
 
@@ -46,6 +48,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="OUT/accept.md (or .html), the suite's results in "
                         "OUT/<suite>/, the probes in OUT/probes.jsonl (one device a line; under Slurm each node's job "
                         "in OUT/probes/)")
+    parser.add_argument("--fabric-min-bytes", default="4KiB", help="with a baseline that holds collectives "
+                        "(hwbench baseline save of hwbench collectives results): the smallest message measured, "
+                        "e.g. 8 or 4KiB (default 4KiB)")
+    parser.add_argument("--fabric-max-bytes", default="1MiB", help="with such a baseline: the largest message, "
+                        "doubling from --fabric-min-bytes (default 1MiB)")
+    parser.add_argument("--ring-bytes", default="1MiB", help="with such a baseline: the message each pair of the "
+                        "slow-link ring exchanges (default 1MiB)")
+    parser.add_argument("--slow-threshold", default="25%", help="with such a baseline: a pair of the ring this much "
+                        "slower than the median of the others is a slow link and fails: 25%% or 0.25 (default 25%%)")
     parser.add_argument("--format", choices=("md", "html"), default="md", help="the page (default md)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",
@@ -55,14 +66,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from hwbench.acceptance.accept import AcceptOptions, accept
+    from hwbench.acceptance.fabric import FabricOptions
     from hwbench.judge.compare import parse_threshold
+    from hwbench.units import parse_size
 
+    fabric = FabricOptions(parse_size(args.fabric_min_bytes, "--fabric-min-bytes"),
+                           parse_size(args.fabric_max_bytes, "--fabric-max-bytes"),
+                           parse_size(args.ring_bytes, "--ring-bytes"),
+                           parse_threshold(args.slow_threshold, "--slow-threshold"))
     options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
                             min_ratio=args.min_ratio,
                             outlier=parse_threshold(args.outlier, "--outlier"), repeats=args.repeats,
                             device=args.device, devices_per_node=args.devices_per_node,
                             probe_time_s=args.probe_time,
-                            page_format=args.format, preflight=args.preflight)
+                            page_format=args.format, preflight=args.preflight, fabric=fabric)
     settings = slurm_settings(args)
     from hwbench.suites.executor import SweepInterrupted
 

@@ -1,5 +1,5 @@
 """`hwbench baseline save RESULTS... --out FILE`: a baseline file for `hwbench accept` from a set
-of results: per point its tokens/s (median, min, max, n), and the machine, software and date
+of results: per point its tokens/s (median, min, max, n), per collective its busbw, and the machine, software and date
 they came from (docs/accept.md). `hwbench baseline copy RESULTS... --out DIR`: the ok result files
 copied into a folder, a baseline for `hwbench compare` (docs/compare.md). Both leave out every run
 that is not ok, a line each saying which and why."""
@@ -10,8 +10,9 @@ import argparse
 import sys
 
 DESCRIPTION = ("Baselines from ok runs only: `hwbench baseline save RESULTS... --out FILE` keeps each point's "
-               "tokens/s (median, min, max, n) with the machine, software and date of the results, for `hwbench "
-               "accept`; `hwbench baseline copy RESULTS... --out DIR` copies the ok result files into a folder, for "
+               "tokens/s (median, min, max, n), and each collective's busbw of `hwbench collectives` results, with the "
+               "machine, software and date of the results, for `hwbench accept`; `hwbench baseline copy RESULTS... "
+               "--out DIR` copies the ok result files into a folder, for "
                "`hwbench compare`. A run that is not ok is left out with a line saying why.")
 
 
@@ -30,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from hwbench.fabric.result import read_collectives
     from hwbench.judge.baseline import copy_ok_results, save_baseline
     from hwbench.paths import check_output_file
     from hwbench.result.store import read_inputs
@@ -37,24 +39,30 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "save":
         check_output_file(args.out, "--out", args.results)
     found, skipped = read_inputs(args.results, "RESULTS")
-    for _path, reason in skipped:  # the reason names the file
+    fabric, fabric_skipped = read_collectives(args.results)
+    for _path, reason in skipped + fabric_skipped:  # the reason names the file
         print(f"hwbench baseline: warning: left out {reason}", file=sys.stderr)
     if args.action == "copy":
         written = copy_ok_results(found, args.results, args.out)
         _say_left_out(found)
         print(f"{args.out}: {len(written)} ok result file(s) of {len(found)} copied")
         return 0
-    content = save_baseline([result for result, _ in found], Path(args.out))
-    _say_left_out(found)
-    print(f"{args.out}: {len(content['points'])} point(s) from {len(found)} result(s)")
+    content = save_baseline([result for result, _ in found], Path(args.out), [result for result, _ in fabric])
+    _say_left_out(found, fabric)
+    print(f"{args.out}: {len(content['points'])} point(s) from {len(found)} result(s), "
+          f"{len(content['collectives'])} collective(s) from {len(fabric)} collectives result(s)")
     for point in content["points"]:
         figure = point["tokens_per_s"]
         print(f"  {point['label']}: {figure['median']:,.1f} tokens/s (n={figure['n']})")
+    for entry in content["collectives"]:
+        figure = entry["busbw_gbs"]
+        print(f"  {entry['label']}: busbw {figure['median']:,.3f} GB/s (n={figure['n']})")
     return 0
 
 
-def _say_left_out(found) -> None:
+def _say_left_out(found, fabric=()) -> None:
+    from hwbench.judge import collectives_baseline
     from hwbench.judge.baseline import left_out
 
-    for line in left_out(found):
+    for line in left_out(found) + collectives_baseline.left_out(list(fabric)):
         print(f"hwbench baseline: left out {line}", file=sys.stderr)

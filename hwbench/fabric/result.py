@@ -20,6 +20,8 @@ from hwbench.result.model import Environment
 KIND: Literal["collectives"] = "collectives"
 SCHEMA_VERSION: Literal[1] = 1
 CollectivesStatus = Literal["ok", "failed", "timeout"]
+# the names of CollectivesResult.point_key's values, in its order (a baseline file writes the key by them)
+POINT_FIELDS = ("device", "device_model", "dist_backend", "world_size", "hosts", "dtype")
 
 
 class _Section(BaseModel):

@@ -5,25 +5,32 @@ then the ring of pairwise send/recv and the slow link, when measured. Text only:
 from __future__ import annotations
 
 from hwbench.fabric.collectives import COLLECTIVES, NO_FORM
+from hwbench.fabric.link import LinkFigure, link_figure, link_fraction
 from hwbench.fabric.result import CollectivesResult, Row
 
 
-def _figures(row: Row | None) -> str:
+def _figures(row: Row | None, link: LinkFigure) -> str:
     if row is None:
-        return f"{'-':>10} {'-':>8} {'-':>8} {'-':>7} {'-':>10} {'-':>10}"
+        return f"{'-':>10} {'-':>8} {'-':>8} {'-':>6} {'-':>7} {'-':>10} {'-':>10}"
     wrong = "n/a" if row.wrong is None else str(row.wrong)
     algbw = "-" if row.algbw_gbs is None else f"{row.algbw_gbs:.3f}"
     busbw = "-" if row.busbw_gbs is None else f"{row.busbw_gbs:.3f}"
-    return f"{row.time_us:>10.1f} {algbw:>8} {busbw:>8} {wrong:>7} {row.time_us_min:>10.1f} {row.time_us_max:>10.1f}"
+    fraction = link_fraction(row.busbw_gbs, link)
+    of_link = "-" if fraction is None else f"{fraction:.1%}"
+    return (f"{row.time_us:>10.1f} {algbw:>8} {busbw:>8} {of_link:>6} {wrong:>7} {row.time_us_min:>10.1f} "
+            f"{row.time_us_max:>10.1f}")
 
 
 def collectives_table(result: CollectivesResult) -> str:
+    link = link_figure(result)
     lines = [f"# {result.device} ({result.device_model or 'unknown model'}), {result.dist_backend}, "
-             f"{result.world_size} ranks; time: mean over ranks (us), min and max rank; bandwidths in GB/s"]
-    header = f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7} {'min':>10} {'max':>10}"
+             f"{result.world_size} ranks; time: mean over ranks (us), min and max rank; bandwidths in GB/s; "
+             "link: busbw as a fraction of the catalog's link bandwidth each way",
+             f"# {link.text}"]
+    header = f"{'time':>10} {'algbw':>8} {'busbw':>8} {'link':>6} {'#wrong':>7} {'min':>10} {'max':>10}"
     for name in dict.fromkeys(row.collective for row in result.rows):
         lines += ["", f"## {name} (busbw = algbw x {COLLECTIVES[name].bus_factor_text})",
-                  f"{'':23}| {'out-of-place':^58} | {'in-place':^58}",
+                  f"{'':23}| {'out-of-place':^65} | {'in-place':^65}",
                   f"{'size (B)':>12} {'count':>10} | {header} | {header}"]
         sizes: dict[int, dict[bool, Row]] = {}
         for row in result.rows:
@@ -31,7 +38,7 @@ def collectives_table(result: CollectivesResult) -> str:
                 sizes.setdefault(row.size_bytes, {})[row.in_place] = row
         for size, placed in sizes.items():
             any_row = next(iter(placed.values()))
-            out_of_place, in_place = _figures(placed.get(False)), _figures(placed.get(True))
+            out_of_place, in_place = _figures(placed.get(False), link), _figures(placed.get(True), link)
             lines.append(f"{size:>12} {any_row.elements:>10} | {out_of_place} | {in_place}")
         if name in NO_FORM:
             lines.append(f"  ('-': {NO_FORM[name]})")

@@ -26,7 +26,9 @@ import dataclasses
 import statistics
 from typing import Any
 
+from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.baseline import METRIC, Baseline
+from hwbench.judge.collectives_baseline import FabricOutcome, judge_collectives, slow_link_failures
 from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT
 from hwbench.metrics import METRICS
 from hwbench.point import PointKey
@@ -72,6 +74,8 @@ class Acceptance:
     outlier: float
     preflight: list[str] = dataclasses.field(default_factory=list)  # the checks' warnings and failures, once each
     notes: list[str] = dataclasses.field(default_factory=list)  # points far above their baseline
+    fabric: FabricOutcome | None = None  # the collectives against the baseline's, when it holds them
+    fabric_results: list[CollectivesResult] = dataclasses.field(default_factory=list)
 
     @property
     def single_devices(self) -> list[str]:
@@ -211,9 +215,9 @@ def preflight_findings(checked_first: Any, records: list[tuple[str, list[Any]]])
 
 def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
           baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER,
-          checked_first: Any = None) -> Acceptance:
-    """The acceptance of ``probes`` and the suite's ``records`` against ``baseline``;
-    ``checked_first``: the machine's check before the probes (a PreflightReport), when made."""
+          checked_first: Any = None, fabric: list[CollectivesResult] | None = None) -> Acceptance:
+    """The acceptance of ``probes``, the suite's ``records`` and the ``fabric``'s collectives results
+    against ``baseline``; ``checked_first``: the machine's check before the probes (a PreflightReport), when made."""
     outliers = device_outliers(probes, outlier)
     points, missing = judge_points(records, baseline, min_ratio)
     failures = [f"{_device_name(p)}: its probe failed: {p['error']}" for p in probes if p.get("error")]
@@ -225,7 +229,11 @@ def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
             failures.append(f"point {point.name}: {point.ratio:.1%} of its baseline "
                             f"({METRICS[METRIC].text(statistics.median(point.values))} against "
                             f"{METRICS[METRIC].text(point.baseline)}), below {min_ratio:.0%}")
+    fabric_outcome = judge_collectives(fabric, baseline.collectives, min_ratio) if fabric else None
+    if fabric_outcome is not None:
+        failures += fabric_outcome.failures + slow_link_failures(fabric or [])
+        missing = missing + fabric_outcome.missing
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
     return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
                       baseline, min_ratio, outlier, preflight_findings(checked_first, records),
-                      [point.note for point in points if point.note])
+                      [point.note for point in points if point.note], fabric_outcome, fabric or [])

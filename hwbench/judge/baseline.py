@@ -24,14 +24,27 @@ import math
 import os
 import statistics
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from hwbench.errors import UsageError
+from hwbench.fabric.result import CollectivesResult
 from hwbench.fields import Positive, Text, problem_text
 from hwbench.files import write_json_atomic
+from hwbench.judge.collectives_baseline import CollectivesBaselinePoint, build_points
 from hwbench.metrics import METRICS
 from hwbench.point import PointKey
 from hwbench.result.model import RunResult
@@ -90,7 +103,15 @@ class BaselineFile(BaseModel):
     metric: Literal["tokens_per_s"] = "tokens_per_s"  # METRIC, the one figure a baseline holds
     machine: dict[Text, list[Text]] = {}  # hosts, device_models, drivers: every value seen
     software: dict[Text, list[Text]] = {}
-    points: list[_Point] = Field(min_length=1)
+    collectives: list[CollectivesBaselinePoint] = []  # busbw of `hwbench collectives` results
+    points: list[_Point] = Field(default=[], validate_default=True)  # after collectives: its check reads them
+
+    @field_validator("points")
+    @classmethod
+    def _not_empty(cls, points: list[_Point], info: ValidationInfo) -> list[_Point]:
+        if not points and not info.data.get("collectives"):  # a baseline of collectives alone holds no point
+            raise PydanticCustomError("empty_baseline", "must hold at least 1, not 0 (or give collectives)")
+        return points
 
 
 @dataclasses.dataclass
@@ -123,6 +144,7 @@ class Baseline:
     machine: dict[str, Any]
     software: dict[str, Any]
     created_at: str | None
+    collectives: list[CollectivesBaselinePoint] = dataclasses.field(default_factory=list)
 
     def figure(self, key: PointKey) -> BaselinePoint | None:
         """The baseline figure of ``key``: the most specific matching entry (a result's key matches whole)."""
@@ -160,8 +182,9 @@ def left_out(found: list[tuple[RunResult, Path]]) -> list[str]:
     return lines
 
 
-def build_baseline(results: list[RunResult]) -> dict[str, Any]:
-    """The baseline file's content from ``results``: every point with an ok tokens/s figure."""
+def build_baseline(results: list[RunResult], collectives: Sequence[CollectivesResult] = ()) -> dict[str, Any]:
+    """The baseline file's content from ``results``: every point with an ok tokens/s figure, and
+    every collective of an ok ``collectives`` result with its busbw."""
     from hwbench.judge.compare import group, point_label
 
     by_key, names, _ = group(results)
@@ -175,23 +198,30 @@ def build_baseline(results: list[RunResult]) -> dict[str, Any]:
         points.append({"key": dataclasses.asdict(key), "label": point_label(key, names[key], keys),
                        METRIC: {"median": statistics.median(values), "min": min(values), "max": max(values),
                                 "n": len(values)}, "run_ids": [r.run_id for r, _ in ok]})
-    if not points:
-        raise UsageError("RESULTS: no ok result with a tokens/s figure; a baseline needs at least one")
+    fabric = build_points(list(collectives))
+    if not points and not fabric:
+        raise UsageError("RESULTS: no ok result with a tokens/s figure and no ok collectives result; a baseline "
+                         "needs at least one")
     environments = [r.environment for r in results if r.status == "ok"]
+    environments += [c.environment for c in collectives if c.status == "ok" and c.environment is not None]
+    device_models = [r.device_model for r in results if r.status == "ok"]
+    device_models += [c.device_model for c in collectives if c.status == "ok"]
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "created_at": utc_now(), "metric": METRIC,
         "machine": {"hosts": _seen(e.host for e in environments),
-                    "device_models": _seen(r.device_model for r in results if r.status == "ok"),
+                    "device_models": _seen(device_models),
                     "drivers": _seen(e.driver_version for e in environments)},
         "software": {"torch": _seen(e.torch_version for e in environments),
                      "hwbench": _seen(e.hwbench_version for e in environments),
                      "python": _seen(e.python for e in environments)},
         "points": sorted(points, key=lambda p: p["label"]),
+        "collectives": fabric,
     }
 
 
-def save_baseline(results: list[RunResult], out: Path) -> dict[str, Any]:
-    content = build_baseline(results)
+def save_baseline(results: list[RunResult], out: Path, collectives: Sequence[CollectivesResult] = ()
+                  ) -> dict[str, Any]:
+    content = build_baseline(results, collectives)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)  # as archive and export: its folder is made
         write_json_atomic(out, content)
@@ -244,13 +274,15 @@ def load_baseline(path: str) -> Baseline:
     """A baseline file, a folder of results or a CSV; UsageError (one line) when it is none of them."""
     where = Path(path)
     if where.is_dir():
+        from hwbench.fabric.result import read_collectives
         from hwbench.result.store import read_inputs
 
         found, _skipped = read_inputs([path], "--baseline")
-        if not found:
+        fabric, _ = read_collectives([path])
+        if not found and not fabric:
             raise UsageError(f"--baseline {path!r}: the folder holds no hwbench result files; give a baseline file, "
                              "a folder of results or a CSV")
-        return _from_content(build_baseline([r for r, _ in found]), path)
+        return _from_content(build_baseline([r for r, _ in found], [c for c, _ in fabric]), path)
     if not where.is_file():  # a FIFO would block the read; it exists, so it is no "no such file"
         what = "not a regular file" if where.exists() else "no such file or folder"
         raise UsageError(f"--baseline {path!r}: {what}; give a baseline file (JSON), a folder of results or a CSV")
@@ -284,7 +316,7 @@ def _from_content(content: dict[str, Any], source: str) -> Baseline:
     except ValidationError as error:
         raise UsageError(f"--baseline {source!r}: {problem_text(error)}; give a baseline "
                          "file as `hwbench baseline save` writes it") from None
-    return Baseline(source, points, read.machine, read.software, read.created_at)
+    return Baseline(source, points, read.machine, read.software, read.created_at, read.collectives)
 
 
 def _from_csv(text: str, source: str) -> Baseline:

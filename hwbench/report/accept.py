@@ -72,12 +72,31 @@ def acceptance_document(acceptance: Acceptance):
               f"{a.min_ratio:.0%}. Straggler: the slowest rank's median step against the median rank's (every rank "
               "waits for the slowest at each collective, so this is evidence, not a judgement)."),
         ("table", Table(["point", "what", "tokens/s", "repeats", "baseline", "ratio", "straggler", "verdict"], rows))])
+    sections = [verdict, devices, suite, *_fabric_sections(a)]
     base = a.baseline
     source = Section("Baseline", [("list", [f"source: {base.source}", f"created: {base.created_at or '-'}",
                                             *(f"{k}: {(', '.join(map(str, v)) or '-') if isinstance(v, list) else v}"
                                               for k, v in {**base.machine, **base.software}.items())])])
-    return Report(f"hwbench accept: {word}", [verdict, devices, suite, source], pd.DataFrame(), pd.DataFrame(), [],
+    return Report(f"hwbench accept: {word}", [*sections, source], pd.DataFrame(), pd.DataFrame(), [],
                   [], [], {})
+
+
+def _fabric_sections(a: Acceptance) -> list:
+    """The collectives against the baseline's busbw and each ring's pairs: none without a fabric baseline."""
+    from hwbench.fabric.table import ring_lines
+    from hwbench.report.document import Section, Table
+
+    if a.fabric is None:
+        return []
+    rows = [[label, f"{busbw:,.3f}", f"{base:,.3f}", _ratio_text(ratio, 1), "PASS" if ratio >= a.min_ratio else "FAIL"]
+            for label, busbw, base, ratio in a.fabric.compared]
+    blocks: list = [("p", f"busbw (GB/s) of each collective, form and size on this node against the baseline's "
+                          f"median; PASS at or above {a.min_ratio:.0%}. Results in OUT/collectives/."),
+                    ("table", Table(["collective, size, ranks", "busbw", "baseline", "ratio", "verdict"], rows))]
+    for result in a.fabric_results:
+        if result.slow_link is not None:
+            blocks.append(("list", ring_lines(result)))
+    return [Section("Fabric against the baseline", blocks)]
 
 
 def _verdict_cell(point: PointOutcome) -> str:
@@ -107,7 +126,8 @@ def summary_text(a: Acceptance) -> str:
                                                                            if alone else ""))
     cautions = ([f"{len(a.preflight)} warning(s) of the machine's checks"] if a.preflight else []) + (
         [f"{len(a.notes)} point(s) so far above the baseline that it may be wrong"] if a.notes else [])
-    return (f"PASS: {devices}, and every point at or above {a.min_ratio:.0%} of its baseline"
+    fabric = ", every collective too, and no slow link" if a.fabric is not None else ""
+    return (f"PASS: {devices}, and every point at or above {a.min_ratio:.0%} of its baseline{fabric}"
             + (f"; with {' and '.join(cautions)} (below)" if cautions else ""))
 
 

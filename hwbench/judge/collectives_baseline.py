@@ -1,0 +1,171 @@
+"""The collectives part of a baseline file (`hwbench baseline save` of `hwbench collectives`
+results, `hwbench accept --baseline`): per collective point (device, device model, collective
+backend, ranks, hosts, element type; then collective, form and size) its busbw (median, min,
+max, n of its ok results), and the judgement of a fabric against it: a busbw below
+``min_ratio`` of the baseline's is a FAIL naming the collective, the size and the ranks.
+
+A result that is not ok, or whose check found wrong values, gives no baseline figure (left out
+with a line saying why) and, measured on the delivered system, is a FAIL whatever its bandwidth."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from hwbench.fabric.result import POINT_FIELDS, CollectivesResult, Row
+from hwbench.fields import Positive, Text
+
+Bandwidth = Annotated[float, Strict(), Field(gt=0)]  # GB/s: a ratio is taken against it
+
+
+class BusbwFigures(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    median: Bandwidth
+    min: Bandwidth | None = None
+    max: Bandwidth | None = None
+    n: Positive | None = None
+
+
+class CollectivesPointKey(BaseModel):
+    """The fields of CollectivesResult.point_key, each of its type, strictly (a world_size of "2" never matches)."""
+
+    model_config = ConfigDict(extra="forbid")
+    device: Annotated[str, Strict()]
+    device_model: Annotated[str | None, Strict()]
+    dist_backend: Annotated[str, Strict()]
+    world_size: Annotated[int, Strict(), Field(ge=1)]
+    hosts: Annotated[int, Strict(), Field(ge=1)]
+    dtype: Annotated[str, Strict()]
+
+
+class CollectivesBaselinePoint(BaseModel):
+    """One collective at one size and form on one point: its baseline busbw."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    key: CollectivesPointKey
+    collective: Text
+    in_place: Annotated[bool, Strict()]
+    size_bytes: Annotated[int, Strict(), Field(ge=1)]
+    busbw_gbs: BusbwFigures
+    run_ids: list[Text] = []
+
+    @property
+    def row_key(self) -> tuple:
+        return (tuple(self.key.model_dump().values()), self.collective, self.in_place, self.size_bytes)
+
+    @property
+    def label(self) -> str:
+        return row_label(self.row_key)
+
+
+def row_label(row_key: tuple) -> str:
+    """'all_reduce in place 1048576 B, 2 ranks on 1 host (cpu test cpu, gloo, float32)'."""
+    (device, model, backend, world, hosts, dtype), collective, in_place, size = row_key
+    where = f"{device} {model}" if model else device
+    return (f"{collective} {'in' if in_place else 'out of'} place {size} B, {world} ranks on {hosts} "
+            f"host{'s' if hosts != 1 else ''} ({where}, {backend}, {dtype})")
+
+
+def _row_key(result: CollectivesResult, row: Row) -> tuple:
+    return (result.point_key, row.collective, row.in_place, row.size_bytes)
+
+
+def why_not(result: CollectivesResult) -> str | None:
+    """Why a collectives result gives no baseline figure (and fails an acceptance); None when it is ok."""
+    if result.status != "ok":
+        message = result.error.message.strip().splitlines()[0][:200] if result.error and result.error.message.strip() \
+            else ""
+        return f"status {result.status}" + (f" ({message})" if message else "")
+    wrong = [row for row in result.rows if row.wrong]
+    if wrong:
+        return (f"its check found wrong values ({sum(row.wrong or 0 for row in wrong)} element(s) in "
+                f"{len(wrong)} row(s), first {row_label(_row_key(result, wrong[0]))})")
+    if not result.rows:
+        return "no rows"
+    return None
+
+
+def left_out(found: list[tuple[CollectivesResult, Path]]) -> list[str]:
+    """A line for each collectives result a baseline leaves out, with why."""
+    return [f"collectives result {result.run_id} ({path}): {reason}; not in the baseline"
+            for result, path in found if (reason := why_not(result)) is not None]
+
+
+def build_points(results: list[CollectivesResult]) -> list[dict[str, Any]]:
+    """The baseline file's ``collectives`` entries: every row of an ok result with a busbw, per row key."""
+    figures: dict[tuple, list[tuple[float, str]]] = {}
+    for result in results:
+        if why_not(result) is not None:
+            continue
+        for row in result.rows:
+            if row.busbw_gbs:  # None or 0 (a time below the clock's step): no ratio can be taken against it
+                figures.setdefault(_row_key(result, row), []).append((row.busbw_gbs, result.run_id))
+    points = []
+    for key, measured in figures.items():
+        values = [value for value, _ in measured]
+        points.append({"key": dict(zip(POINT_FIELDS, key[0])), "collective": key[1], "in_place": key[2],
+                       "size_bytes": key[3], "label": row_label(key),
+                       "busbw_gbs": {"median": statistics.median(values), "min": min(values), "max": max(values),
+                                     "n": len(values)},
+                       "run_ids": list(dict.fromkeys(run_id for _, run_id in measured))})
+    return sorted(points, key=lambda p: (p["label"], p["size_bytes"]))
+
+
+@dataclasses.dataclass
+class FabricOutcome:
+    """A fabric judged against a baseline's collectives: one line per failure, per point missing from
+    the baseline, and per row compared (for the page)."""
+
+    failures: list[str]
+    missing: list[str]
+    compared: list[tuple[str, float, float, float]]  # (label, busbw, baseline busbw, ratio)
+
+
+def judge_collectives(results: list[CollectivesResult], baseline: list[CollectivesBaselinePoint],
+                      min_ratio: float) -> FabricOutcome:
+    """Each row of ``results`` against the baseline's busbw of its row key: below ``min_ratio`` of it is a
+    failure naming the collective, size and ranks; a result not ok or with wrong values fails whole;
+    a row the baseline lacks is missing."""
+    by_key = {point.row_key: point for point in baseline}
+    outcome = FabricOutcome([], [], [])
+    for result in results:
+        reason = why_not(result)
+        if reason is not None:
+            outcome.failures.append(f"collectives {result.run_id}: {reason}")
+            continue
+        measured: dict[tuple, list[float]] = {}
+        for row in result.rows:
+            measured.setdefault(_row_key(result, row), []).append(row.busbw_gbs or 0.0)
+        for key, values in measured.items():
+            point = by_key.get(key)
+            if point is None:
+                outcome.missing.append(row_label(key))
+                continue
+            busbw, base = statistics.median(values), point.busbw_gbs.median
+            ratio = busbw / base
+            outcome.compared.append((row_label(key), busbw, base, ratio))
+            if ratio < min_ratio:
+                outcome.failures.append(f"collective {row_label(key)}: busbw {busbw:,.3f} GB/s is {ratio:.1%} of its "
+                                        f"baseline {base:,.3f} GB/s, below {min_ratio:.0%}")
+    return outcome
+
+
+def slow_link_failures(results: list[CollectivesResult]) -> list[str]:
+    """The slow link each result's ring named, with its figure: a FAIL (a link slower than the others
+    slows every collective that crosses it)."""
+    lines = []
+    for result in results:
+        ring = result.slow_link
+        if ring is None or ring.slowest is None or ring.slowdown is None:
+            continue
+        link = ring.slowest
+        busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:,.3f} GB/s"
+        lines.append(f"slow link: rank {link.sender} ({link.sender_host}) -> rank {link.receiver} "
+                     f"({link.receiver_host}): {link.time_us:,.1f} us one way for {ring.size_bytes} B ({busbw}), "
+                     f"{ring.slowdown:.0%} slower than the median of the other pairs {ring.median_time_us:,.1f} us "
+                     f"(threshold {ring.threshold:.0%})")
+    return lines
