@@ -88,6 +88,15 @@ def sigint_as_usual() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def process_gone(pid: int) -> bool:
+    """No live process has ``pid``: it is gone, or a zombie its parent has yet to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
 def kill_tree(pid: int) -> None:
     """End a child a failed test left running, with every process under it."""
     from hwbench.harness.launcher import kill_tree as kill

@@ -484,7 +484,11 @@ def test_calibrate_beside_other_work_stores_nothing_and_force_stores_it_marked(t
 
     store = tmp_path / "calibration.json"
     monkeypatch.setenv("HWBENCH_CALIBRATION", str(store))
-    judged = [*JUDGED, "--precisions", "fp32", "--sizes", "128", "--min-time", "0.3"]
+    # One intra-op thread, in the calibration and in the run that reads it (the thread count is part of
+    # the CPU's key): two threads among the busy processes wait for each other at every product while one
+    # of them is descheduled, and the --force calibration then took 2 to 5 minutes on a 2-core machine
+    # (seconds with one thread). The judgement read is the same: the other work's share of the CPUs.
+    judged = [*JUDGED, "--precisions", "fp32", "--sizes", "128", "--min-time", "0.3", "--threads", "1"]
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * usable_cores())]
     try:
         assert main(["calibrate", *judged]) == 1
@@ -504,7 +508,7 @@ def test_calibrate_beside_other_work_stores_nothing_and_force_stores_it_marked(t
     assert host["others_cpu_share"] > 0.10 and host["usable_cores"] == usable_cores()
     assert isinstance(host["load_average_1m_end"], float) and "other work took" in gemm["unreliable"]
 
-    assert main([*SMALL_RUN, "--out", str(tmp_path / "run")]) == 0
+    assert main([*SMALL_RUN, "--threads-per-rank", "1", "--out", str(tmp_path / "run")]) == 0
     capsys.readouterr()
     result = json.loads(next((tmp_path / "run").glob("*.json")).read_text())
     reason = result["metrics"]["unmeasured"]["mfu_measured_ceiling"]

@@ -31,6 +31,15 @@ def session(tmp_path, *stages, budget=None, step_min=None, **env):
                           capture_output=True, text=True, timeout=400)
 
 
+def seconds_of_step(log: str, step: str) -> int:
+    """How long a step of the session took, from its last "== STEP: exit N after S s" line."""
+    import re
+
+    found = re.findall(rf"^== {step}: exit \d+ after (\d+) s$", log, flags=re.MULTILINE)
+    assert found, f"no finished {step} step in the session's log"
+    return int(found[-1])
+
+
 def test_an_unknown_stage_is_one_line_and_exit_2(tmp_path):
     done = session(tmp_path, "probe", "measure")
     assert done.returncode == 2
@@ -69,14 +78,17 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
     last = done.stdout.rstrip().splitlines()  # the table of results, then the goals, come last
     assert last[-1].startswith("| planner within 10% of the measured peak | n/a |")  # a CPU is held to no goal
     assert any(line.startswith("| sweep/one/p: tiny fp32 | ok | 1/1 x 32 |") for line in last[-20:])
+    sweep_s = seconds_of_step((back / "session.log").read_text(), "sweep")
 
     again = session(tmp_path, "sweep", **env)  # the next call: the finished point is kept, not run again
     assert again.returncode == 0 and "kept from an earlier sweep" in again.stdout
     assert len(list((tmp_path / "session" / "sweep" / "one" / "p").glob("*.json"))) == 1
 
-    # 28 s: the quick point ends well inside it (a tiny point takes seconds), the slow one is
-    # stopped at it, and the report then has under the 15 s a step is given to be started
-    stopped = session(tmp_path, "fast", "report", budget=28, step_min=15, **env)
+    # The budget from what this machine took for the first call's sweep step (one tiny point): the
+    # fast step's quick point, the same work, ends well inside it, the slow one is stopped at it (5 s
+    # before its end), and the report then has under the 10 s a step is given to be started. A fixed
+    # 28 s was idle time on a quiet machine and too short on a busy one (the quick point stopped too).
+    stopped = session(tmp_path, "fast", "report", budget=3 * sweep_s // 2 + 10, step_min=10, **env)
     assert stopped.returncode == 1
     log = (back / "session.log").read_text()  # published although the call ran out
     assert "== fast: stopped at the call's budget" in log
@@ -115,18 +127,35 @@ def make_wheel(folder, module: str, version: str = "1.0") -> None:
             archive.writestr(name, text)
 
 
-def test_the_wheels_are_installed_offline_once_and_put_on_the_path(tmp_path):
-    wheels, site = tmp_path / "gpu-wheels", tmp_path / "gpu-site"
+@pytest.fixture(scope="module")
+def report_calls(tmp_path_factory) -> dict:
+    """Three calls of the report stage alone, in one session (nothing to report yet: what every call
+    does first is what they show): "first" with a wheel to install, "again" with it installed, "none"
+    with no wheels and an old pydantic first on the path. Shared by the wheels and requirements tests."""
+    base = tmp_path_factory.mktemp("report-calls")
+    wheels, site = base / "gpu-wheels", base / "gpu-site"
     make_wheel(wheels, "hwbench_offline_probe")
     env = {"HWBENCH_WHEELS": str(wheels), "HWBENCH_SITE": str(site), "PIP_INDEX_URL": "http://127.0.0.1:9/none"}
-    first = session(tmp_path, "report", **env)  # report alone: nothing to report yet, but the wheels come first
-    log = (tmp_path / "back" / "session.log").read_text()
-    assert "== wheels: not importable: hwbench_offline_probe (ModuleNotFoundError" in log, first.stdout[-2000:]
+    first = session(base, "report", **env)  # report alone: nothing to report yet, but the wheels come first
+    first_log = (base / "back" / "session.log").read_text()
+    again = session(base, "report", **env)  # the next call: on PYTHONPATH, it imports; nothing installed
+    old_site = base / "old-site"  # the site comes first on the path: an old pydantic there is the one found
+    (old_site / "pydantic-1.0.dist-info").mkdir(parents=True)
+    (old_site / "pydantic-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: pydantic\nVersion: 1.0\n")
+    none = session(base, "report", HWBENCH_WHEELS=str(base / "absent"), HWBENCH_SITE=str(old_site))
+    return {"wheels": wheels, "site": site, "first": first, "first_log": first_log, "again": again, "none": none}
+
+
+def test_the_wheels_are_installed_offline_once_and_put_on_the_path(report_calls):
+    wheels, site, log = report_calls["wheels"], report_calls["site"], report_calls["first_log"]
+    assert "== wheels: not importable: hwbench_offline_probe (ModuleNotFoundError" in log, \
+        report_calls["first"].stdout[-2000:]
     assert "== wheels: exit 0" in log and (site / "hwbench_offline_probe.py").is_file()
-    again = session(tmp_path, "report", **env)  # the next call: on PYTHONPATH, it imports; nothing installed
+    again = report_calls["again"]
     assert f"== wheels: every module of {wheels} imports already" in again.stdout
     assert again.stdout.count("== wheels:") == 1
-    none = session(tmp_path, "report", HWBENCH_WHEELS=str(tmp_path / "absent"))
+    none = report_calls["none"]
     assert "== wheels: none in" in none.stdout and "benchmarks/gpu_wheels.sh" in none.stdout
 
 
@@ -154,13 +183,9 @@ def test_gpu_wheels_lists_the_dependencies_the_image_lacks():
     assert not any(line.startswith(("torch", "numpy", "matplotlib")) for line in every.stdout.split())
 
 
-def test_the_requirements_are_checked_first_and_an_unmet_one_is_named(tmp_path):
-    met = session(tmp_path, "report")
+def test_the_requirements_are_checked_first_and_an_unmet_one_is_named(report_calls):
+    met, unmet = report_calls["first"], report_calls["none"]  # "none" has pydantic 1.0 first on its path
     assert "== requirements: every dependency in pyproject.toml is met" in met.stdout, met.stdout[-2000:]
-    site = tmp_path / "old-site"  # gpu-site comes first on the path: an old pydantic there is the one found
-    (site / "pydantic-1.0.dist-info").mkdir(parents=True)
-    (site / "pydantic-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: pydantic\nVersion: 1.0\n")
-    unmet = session(tmp_path, "report", HWBENCH_SITE=str(site))
     assert "== requirements: NOT MET: pydantic>=2.6 (installed: 1.0)" in unmet.stdout, unmet.stdout[-2000:]
 
 

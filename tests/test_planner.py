@@ -1,6 +1,7 @@
 """hwbench.planner against hand-computed bytes (docs/planner.md has the model)."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -351,23 +352,45 @@ def test_sizes():
                                                                               GIB // 2)
 
 
-@pytest.mark.parametrize("command", [["plan", "--model", "tiny", "--devices", "2"],
-                                     ["tune", "--model", "tiny", "--devices", "2"],
-                                     ["run", "--model", "tiny", "--settings", "fast"]])
+NO_FLOAT_COMMANDS = [["plan", "--model", "tiny", "--devices", "2"], ["tune", "--model", "tiny", "--devices", "2"],
+                     ["run", "--model", "tiny", "--settings", "fast"]]
+
+
+def _no_float_argv(command: list[str], size: str, out: Path) -> list[str]:
+    return [*command, "--device-memory", size, "--out", str(out)][: None if command[0] == "run" else -2]
+
+
+def _assert_refused_in_one_line(code: int, stderr: str, size: str, out: Path) -> None:
+    assert code == 2 and len(stderr.splitlines()) == 1, stderr
+    assert f"--device-memory {size[:30]!r}"[:-1] in stderr and "80GB" in stderr  # an accepted size
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", NO_FLOAT_COMMANDS)
 @pytest.mark.parametrize("size", ["9" * 400 + "GB", "9" * 300 + "TB", "0.1", "\u0668\u0660GB"],
                          ids=["400-digits", "inf-after-the-unit", "under-a-byte", "arabic-indic-digits"])
-def test_a_device_memory_no_float_holds_is_one_line_exit_2_in_a_real_process(tmp_path, command, size):
+def test_a_device_memory_no_float_holds_is_one_line_exit_2(tmp_path, capsys, command, size):
     """400 digits were a float's inf and int() of it an OverflowError traceback (exit 1) in plan,
-    tune and run; under a byte was 0 bytes; digits other than 0-9 were read as a number."""
+    tune and run; under a byte was 0 bytes; digits other than 0-9 were read as a number. Through
+    hwbench's main() (an exception it did not turn into a line would fail the test); a real
+    process of each command below."""
+    from hwbench.cli import main as hwbench_main
+
+    out = tmp_path / "out"
+    code = hwbench_main(_no_float_argv(command, size, out))
+    _assert_refused_in_one_line(code, capsys.readouterr().err, size, out)
+
+
+@pytest.mark.parametrize("command", NO_FLOAT_COMMANDS)
+def test_a_device_memory_no_float_holds_is_one_line_exit_2_in_a_real_process(tmp_path, command):
+    """The 400 digits, which were an OverflowError traceback and exit 1, in a real `hwbench` process."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "hwbench", *command, "--device-memory", size,
-                           "--out", str(tmp_path / "out")][: None if command[0] == "run" else -2],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert f"--device-memory {size[:30]!r}"[:-1] in done.stderr and "80GB" in done.stderr  # an accepted size
-    assert not (tmp_path / "out").exists()
+    size, out = "9" * 400 + "GB", tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "hwbench", *_no_float_argv(command, size, out)], capture_output=True,
+                          text=True, timeout=60)
+    _assert_refused_in_one_line(done.returncode, done.stderr, size, out)
 
 
 def _rows(out):

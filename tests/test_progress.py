@@ -75,21 +75,22 @@ def test_a_run_says_its_pace_from_its_own_first_micro_batch(tmp_path, monkeypatc
 
 def test_while_the_first_micro_batch_runs_a_rising_floor_is_said_and_stops_once_it_is_done():
     """A micro-batch that takes minutes: the time it has taken so far bounds the run from below (if
-    every one takes as long), said after the first wait and again each time it doubles (here 0.05 s,
-    0.1 s, ...: under 5 min for 200 micro-batches until 1.6 s, so only that one is said); nothing
-    after the first micro-batch is done. Real timers, as in a run."""
+    every one takes as long), said after the first wait and again each time it doubles (here 0.02 s,
+    0.04 s, ...: under 5 min for 500 micro-batches until 0.64 s, so only that one is said); nothing
+    after the first micro-batch is done. Real timers, as in a run (short ones: the test sleeps through
+    them, 3 s in all)."""
     import time
 
     out = io.StringIO()
-    shown = progress.Progress("345m on cpu", 50, 5, stream=out, log_interval_s=1e9)
-    waits = [0.05 * 2 ** i for i in range(6)]  # 0.05 ... 1.6 s; floors 10 s ... 320 s for 200 micro-batches
+    shown = progress.Progress("345m on cpu", 125, 5, stream=out, log_interval_s=1e9)
+    waits = [0.02 * 2 ** i for i in range(6)]  # 0.02 ... 0.64 s; floors 10 s ... 320 s for 500 micro-batches
     shown.training_started(4, first_wait_s=waits[0])
-    time.sleep(sum(waits) + 1.5)  # the 3.2 s wait (armed at about 3.15 s) has not passed
+    time.sleep(sum(waits) + 0.6)  # the 1.28 s wait (armed at about 1.26 s) has not passed
     shown.first_work_done(1 / 4, "the first micro-batch (1 of 4 in a step)")
     said = out.getvalue().splitlines()
     floors = [line for line in said if "is not done" in line]
-    assert floors == ["345m on cpu: the first micro-batch is not done after 2 s: if each of the 200 micro-batches "
-                      "(4 a step) takes as long, the run takes more than 5 min"]  # 1.6 s x 200 = 320 s
-    time.sleep(3.5)  # the next wait (3.2 s) has passed: cancelled, nothing more is said
+    assert floors == ["345m on cpu: the first micro-batch is not done after 1 s: if each of the 500 micro-batches "
+                      "(4 a step) takes as long, the run takes more than 5 min"]  # 0.64 s x 500 = 320 s
+    time.sleep(1.4)  # the next wait (1.28 s) has passed: cancelled, nothing more is said
     assert out.getvalue().splitlines() == said
     shown.close()

@@ -269,37 +269,28 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(embedded_def
 
 def test_interrupted_run_exits_130_and_leaves_nothing(tmp_path):
     import signal
-    import time
 
     out = tmp_path / "runs"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hwbench",
-            "run",
-            "--quiet",
-            "--model",
-            "tiny",
-            "--steps",
-            "10000",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "hwbench", "run", "--model", "tiny", "--data", "synthetic", "--seq-length", "32",
+         "--steps", "10000", "--warmup", "0", "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=sigint_as_usual,
     )
     try:
-        time.sleep(8)  # importing torch and a few training steps
-        assert process.poll() is None, process.communicate()
+        said = []  # the progress lines on stderr: interrupted once the first step is done, not at a guessed time
+        for line in process.stderr:
+            said.append(line)
+            if ": step 1/10000 (timed)" in line:
+                break
+        assert process.poll() is None, (said, process.communicate())
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, rest = process.communicate(timeout=60)
     finally:
         kill_tree(process.pid)
+    stderr = "".join(said) + rest
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("hwbench: interrupted")
     assert not out.exists() or list(out.iterdir()) == []
