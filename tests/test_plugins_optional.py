@@ -11,13 +11,21 @@ import sys
 from conftest import REPO_ROOT
 
 # pytest as a machine without hypothesis and pytest-benchmark runs it: no installed plugin
-# loaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD), and `import hypothesis` failing as if absent
+# loaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD), and `import hypothesis` failing as if absent. The finder
+# answers with a spec of no file whose loader refuses, so that importlib.util.find_spec still
+# answers (as it does, with None, for a module that is absent: torch._dynamo's trace rules ask it
+# for every optional module when torch.compiler.disable first runs) while the import fails.
 WITHOUT_PLUGINS = """
-import sys
+import importlib.abc, importlib.machinery, sys
+class Gone(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {spec.name!r}", name=spec.name)
+    def exec_module(self, module):
+        pass
 class Absent:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "hypothesis":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return importlib.machinery.ModuleSpec(name, Gone())
 sys.meta_path.insert(0, Absent())
 import pytest
 sys.exit(pytest.main(sys.argv[1:]))
