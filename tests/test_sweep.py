@@ -89,9 +89,14 @@ def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_sweep_and_the_same_command_resumes(tmp_path, capsys):
-    suite = _suite(tmp_path, [{"name": "first"}, {"name": "second", "env": {"HWBENCH_FAULT": "0:2:hang"}},
-                              {"name": "third"}])
+@pytest.mark.parametrize("after", [
+    pytest.param([], id="stopped-last"),
+    # heavy (python -m pytest -m heavy): a point after the stopped one, never started before the resumption;
+    # the resumption runs it as it runs the stopped point, neither having a finished result
+    pytest.param([{"name": "third"}], id="and-one-after", marks=pytest.mark.heavy),
+])
+def test_sigterm_stops_the_sweep_and_the_same_command_resumes(tmp_path, capsys, after):
+    suite = _suite(tmp_path, [{"name": "first"}, {"name": "second", "env": {"HWBENCH_FAULT": "0:2:hang"}}, *after])
     out = tmp_path / "out"
     command = [sys.executable, "-m", "hwbench", "sweep", str(suite), "--out", str(out)]
     sweep = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -116,7 +121,7 @@ def test_sigterm_stops_the_sweep_and_the_same_command_resumes(tmp_path, capsys):
     stderr = capsys.readouterr().err
     assert again == 0, stderr[-2000:]
     assert "first: ok (kept from an earlier sweep" in stderr
-    assert _statuses(out, "t") == {"first": ["ok"], "second": ["ok"], "third": ["ok"]}
+    assert _statuses(out, "t") == {"first": ["ok"], "second": ["ok"], **{point["name"]: ["ok"] for point in after}}
     assert load_results([out / "t" / "first"])[0][0].run_id == first.run_id  # not run again
 
 
