@@ -127,11 +127,15 @@ def test_a_one_process_run_under_sigterm_ends_as_ctrl_c(tmp_path):
                             "--no-telemetry", "--out", str(out)], env={**_environment(), "CI": "true"},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _wait_until(lambda: _catches(run.pid, sig) or run.poll() is not None, 120, "hwbench to handle the signal")
-        time.sleep(2)  # into the training steps (the tiny model builds in about a second)
-        assert run.poll() is None, run.communicate()
+        said = []  # into the training steps: its progress (stderr) says the first one is done
+        for line in run.stderr:
+            said.append(line)
+            if ": step 1/100000 (timed)" in line:
+                break
+        assert _catches(run.pid, sig) and run.poll() is None, (said, run.communicate())
         run.send_signal(sig)
-        _, err = run.communicate(timeout=60)
+        _, rest = run.communicate(timeout=60)
+        err = "".join(said) + rest
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)

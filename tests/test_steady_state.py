@@ -32,7 +32,9 @@ def test_a_window_that_slows_drifts_and_one_that_never_settles_says_so():
 @pytest.mark.slow
 def test_a_run_whose_device_slows_midway_is_flagged_as_drifting_with_the_throttle_reasons(tmp_path, monkeypatch,
                                                                                           capsys):
-    monkeypatch.setenv(FAULT_ENV, "0:6:slow")  # from the 5th of 8 timed steps on, each step sleeps 2 s
+    # from the 7th of 8 timed steps on, each step sleeps 2 s: the last quarter (the drift's end) slowed,
+    # for 4 s of sleeping
+    monkeypatch.setenv(FAULT_ENV, "0:8:slow")
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "8", "--warmup", "1",
                  "--eval-iters", "0", "--no-telemetry", "--out", str(tmp_path)]) == 0
     result = load_result(next(tmp_path.glob("*.json")))
