@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hwbench.device.base import StepTimer
-from hwbench.workload.moe import GroupedExperts, GroupedLinear, moe_layers
+from hwbench.workload.moe import GroupedExperts, GroupedLinear, moe_layers, outside_compile
 
 
 class AllToAllClock:
@@ -130,7 +130,7 @@ class ExpertParallelDispatch:
 
     # Outside torch.compile (--compile compiles each block): the split sizes are host integers and the
     # clock reads the host's; compiled, they would break the graph anyway, and recompile on every split.
-    @torch.compiler.disable
+    @outside_compile
     def dispatch(self, module: nn.Module, args: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         rows, offsets = args  # (T k, h) sorted by expert; (E,) int32 ends of each expert's rows
         clock = self.clock if module.training else None  # validation's all-to-alls are no step's
@@ -153,7 +153,7 @@ class ExpertParallelDispatch:
         self._sent = _Sent(order=order, send=send, receive=receive, rows=rows.shape[0])
         return routed[order], local_offsets
 
-    @torch.compiler.disable
+    @outside_compile
     def combine(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         sent, self._sent = self._sent, None
         assert sent is not None, "combine follows the dispatch of the same call"

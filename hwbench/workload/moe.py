@@ -24,7 +24,10 @@ Shapes: T tokens of the micro-batch (B x S), h hidden, E experts, k top-k, f an 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,22 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hwbench.workload.config import GPTConfig
+
+
+def outside_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.disable(fn)``, made at the first call: the decorator imports torch._dynamo
+    (about a second), which every process importing the model would pay at import, compiling or not.
+    Under torch.compile the first call happens while tracing; the disabled function then runs eagerly."""
+    disabled: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 
 @dataclasses.dataclass
@@ -135,7 +154,7 @@ class GroupedLinear(nn.Module):
         return _grouped_mm_outside_compile(x, weight_t, offsets)
 
 
-@torch.compiler.disable
+@outside_compile
 def _grouped_mm_outside_compile(x: torch.Tensor, weight_t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """F.grouped_mm in fp32 or fp16, run eagerly under torch.compile: torch's meta function for it
     (what compile traces with) takes bf16 only, while the operator itself takes every float type."""
@@ -240,7 +259,7 @@ class MoE(nn.Module):
             self._record(routing)
         return y.view(B, S, h)
 
-    @torch.compiler.disable
+    @outside_compile
     def _record(self, routing: Routing) -> None:
         """Keep this training forward's load-balancing loss for the model's loss and add its routing
         to the figures, unless the forward is activation checkpointing's recomputation (which runs
