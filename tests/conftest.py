@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -239,10 +241,13 @@ def three_repeats(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("three-repeats")
     suite = root / "gate.yaml"
     suite.write_text(yaml.safe_dump(THREE_REPEATS_SUITE, sort_keys=False))
-    code = main(["sweep", str(suite), "--device", "cpu", "--repeats", "3", "--quiet", "--no-preflight", "--out",
-                 str(root / "out")])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["sweep", str(suite), "--device", "cpu", "--repeats", "3", "--quiet", "--no-preflight", "--out",
+                     str(root / "out")])
     assert code == 0
-    return {"suite": suite, "point": root / "out" / "gate" / "one-rank"}
+    (root / "summary.txt").write_text(printed.getvalue())
+    return {"suite": suite, "point": root / "out" / "gate" / "one-rank", "summary": root / "summary.txt"}
 
 
 # --- One run through the CUDA stand-in, shared ----------------------------------

@@ -89,3 +89,29 @@ def test_the_summary_and_the_report_show_where_the_time_went(tmp_path):
         assert main(["report", str(folder)]) == 0
     section = out.getvalue().split("## Goodput", 1)[1].split("\n## ", 1)[0]
     assert "| 60.0% " in section and "| 20.0% " in section and "| 10.0 " in section
+
+
+def test_a_sweep_sums_the_runs_it_made_and_charges_the_rest_of_their_time_outside_their_clocks(tmp_path):
+    """Two runs of 10 s on their clocks that took 14 s of the sweep's host time, and one kept from an
+    earlier sweep (its time was that sweep's): 12 of 24 s trained; 4 s outside the clocks. A point
+    run as a job elsewhere leaves the time outside unmeasured."""
+    from hwbench.report.summary import sweep_goodput, sweep_goodput_text
+    from hwbench.suites.executor import PointRecord
+    from hwbench.suites.suite import Point
+
+    result = load_result(next(_with_goodput(tmp_path).glob("*.json")))
+    kept = result.model_copy(update={"run_id": "earlier"})
+    record = PointRecord(Point("p", ()), [result, result.model_copy(update={"run_id": "again"}), kept],
+                         kept_ids=["earlier"], wall_s=24.0)
+    summed = sweep_goodput([record])
+    assert summed is not None and summed.runs == 2
+    assert summed.outside_s == pytest.approx(4.0) and summed.total_s == pytest.approx(24.0)
+    assert summed.goodput == pytest.approx(12 / 24)
+    text = sweep_goodput_text(summed)
+    assert text.startswith("goodput over the sweep's 2 runs: 50.0% of 24.0 s in training steps; init 16.7%, ")
+    assert "; outside the runs' clocks 16.7% (" in text
+    record.wall_s = None
+    elsewhere = sweep_goodput([record])
+    assert elsewhere is not None and elsewhere.outside_s is None and elsewhere.goodput == pytest.approx(12 / 20)
+    assert "outside the runs' clocks not measured" in sweep_goodput_text(elsewhere)
+    assert sweep_goodput([PointRecord(Point("p", ()), [kept], kept_ids=["earlier"])]) is None

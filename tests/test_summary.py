@@ -61,9 +61,11 @@ def test_the_sweep_table_marks_an_hfu_figure_and_says_why():
     from types import SimpleNamespace
 
     from hwbench.report.summary import sweep_summary_table
+    from hwbench.suites.executor import PointRecord
+    from hwbench.suites.suite import Point
 
     def record(name, result):
-        return SimpleNamespace(point=SimpleNamespace(name=name), results=[result], aggregate=None, reused=0)
+        return PointRecord(Point(name, ()), [result])
 
     text = sweep_summary_table(SimpleNamespace(name="s"), [record("a", _with(True, "megatron-deepspeed")),
                                                            record("b", _with(False, "megatron-deepspeed", 0.3))])

@@ -136,6 +136,24 @@ def test_repeats_give_distinct_seeds_and_statistics(three_repeats):
     assert isinstance(samples["noisy"], bool)
 
 
+@pytest.mark.slow
+def test_the_sweep_sums_its_runs_goodput_and_the_time_outside_their_clocks(three_repeats):
+    """The line under the sweep's table: the three runs' phases summed, and the time the sweep spent
+    on them outside their own clocks (each `hwbench run` process's start, imports and result writing)."""
+    summary = three_repeats["summary"].read_text()
+    line = next(line for line in summary.splitlines() if line.startswith("goodput over the sweep's 3 runs: "))
+    results = load_results([three_repeats["point"]])[0]
+    clocks = [result.metrics.goodput for result in results]
+    training = sum(clock.warmup_s + clock.timed_steps_s for clock in clocks)
+    in_clocks = sum(clock.total_s for clock in clocks)
+    total = float(line.split(" of ", 1)[1].split(" s in training steps", 1)[0])  # shown to 0.1 s
+    assert total > in_clocks + 1.0  # three process starts, each with torch's import, are outside the runs' clocks
+    goodput = float(line.split(": ", 1)[1].split("%", 1)[0]) / 100
+    outside = float(line.split("outside the runs' clocks ", 1)[1].split("%", 1)[0]) / 100
+    assert goodput == pytest.approx(training / total, abs=0.003)
+    assert outside == pytest.approx((total - in_clocks) / total, abs=0.003)
+
+
 def test_throughput_statistics_by_hand():
     stats = throughput_statistics([10.0, 12.0, 11.0, 30.0])
     assert stats["median"] == 11.5 and stats["olympic_mean"] == 11.5  # 10 and 30 dropped

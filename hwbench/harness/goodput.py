@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from hwbench.result.model import GOODPUT_PHASES
+from hwbench.result.model import GOODPUT_PHASES, Goodput
 
 # The phases a rank's clock charges (restarts happen before it starts). "other" is what no
 # boundary names: the telemetry sampler's start and stop, the memory reading, the loss curve's reduction.
@@ -92,3 +92,38 @@ def restart_time_before(restart: dict[str, Any] | None, earlier: list[dict[str, 
     if restart is not None and restart.get("time_lost_s") is not None:
         lost += max(0.0, float(restart["time_lost_s"]) - attempt_s)
     return lost
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepGoodput:
+    """The runs of a sweep as one clock: each phase summed over the runs' own clocks (rank 0's),
+    and the host time the sweep spent on its runs outside those clocks (``outside_s``: each
+    run's process start and imports, its preflight, the writing of its result, and the whole of
+    a run that kept no clock, as a failed one), which is time no run trained in. ``outside_s``
+    is None where the runs did not run in the sweep's own process tree (Slurm jobs)."""
+
+    runs: int  # the runs that kept a clock
+    phases_s: dict[str, float]
+    outside_s: float | None
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.phases_s.values()) + (self.outside_s or 0.0)
+
+    @property
+    def goodput(self) -> float | None:
+        training = sum(self.phases_s[phase] for phase in TRAINING)
+        return training / self.total_s if self.total_s > 0 else None
+
+    def share(self, seconds: float) -> float | None:
+        return seconds / self.total_s if self.total_s > 0 else None
+
+
+def summed_goodput(clocks: list[Goodput], runs_wall_s: float | None) -> SweepGoodput | None:
+    """The sweep's goodput from its runs' ``metrics.goodput`` and ``runs_wall_s``, the host time
+    the sweep spent running them (None: not measured); None when no run kept a clock."""
+    if not clocks:
+        return None
+    phases = {phase: sum(getattr(clock, f"{phase}_s") or 0.0 for clock in clocks) for phase in GOODPUT_PHASES}
+    outside = None if runs_wall_s is None else max(0.0, runs_wall_s - sum(clock.total_s or 0.0 for clock in clocks))
+    return SweepGoodput(len(clocks), phases, outside)

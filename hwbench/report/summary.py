@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hwbench.harness.goodput import SweepGoodput, summed_goodput
 from hwbench.metrics import METRICS
 from hwbench.report.terminal import text_table
 from hwbench.result.model import GOODPUT_PHASES, Checkpoints, Goodput, Memory, RunResult, StepTime, TimeToTarget
@@ -309,7 +310,31 @@ def sweep_summary_table(suite, records) -> str:
         rows = [row if len(row) == len(headers) else row[:3] + ["-"] + row[3:] for row in rows]
     title = f"sweep {suite.name}: {len(records)} points"
     table = text_table(rows, headers=headers, disable_numparse=True)
-    return title + "\n" + table + (f"\n{hfu_reason(hfu_formula)}" if hfu_formula else "")
+    lines = [title, table] + ([hfu_reason(hfu_formula)] if hfu_formula else [])
+    goodput = sweep_goodput(records)
+    if goodput is not None:
+        lines.append(sweep_goodput_text(goodput))
+    return "\n".join(lines)
+
+
+def sweep_goodput(records) -> SweepGoodput | None:
+    """The goodput of the runs this sweep made (kept results left out: their time was an earlier sweep's)."""
+    clocks = [result.metrics.goodput for record in records for result in record.fresh
+              if result.metrics is not None and result.metrics.goodput is not None]
+    walls = [record.wall_s for record in records]
+    return summed_goodput(clocks, None if None in walls else sum(walls))
+
+
+def sweep_goodput_text(goodput: SweepGoodput) -> str:
+    """ "goodput over the sweep's 4 runs: 48.2% of 61.0 s in training steps; init 9.1%, ...; outside the
+    runs' clocks 21.0% (process starts, imports, preflight, writing results, runs that kept no clock)"."""
+    phases = ", ".join(f"{label} {_percent(goodput.share(goodput.phases_s[phase]))}"
+                       for phase, label in GOODPUT_PHASES.items() if goodput.phases_s[phase])
+    outside = ("; outside the runs' clocks not measured (the runs ran as jobs elsewhere)" if goodput.outside_s is None
+               else f"; outside the runs' clocks {_percent(goodput.share(goodput.outside_s))} (process starts, "
+                    "imports, preflight, writing results, runs that kept no clock)")
+    return (f"goodput over the sweep's {goodput.runs} run{'s' if goodput.runs != 1 else ''}: "
+            f"{_percent(goodput.goodput)} of {_number(goodput.total_s, 1)} s in training steps; {phases}{outside}")
 
 
 def _sweep_time_to_target(record) -> str:

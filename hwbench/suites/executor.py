@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,15 @@ class PointRecord:  # what the sweep knows of one point after running (or not ru
     reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
     jobs: list[str] = dataclasses.field(default_factory=list)  # jobs still out (a detached Slurm sweep)
+    kept_ids: list[str] = dataclasses.field(default_factory=list)  # run ids of the results found from an earlier sweep
+    # the host seconds this sweep spent running the point's runs in its own process tree; None once
+    # one ran as a job elsewhere (Slurm), whose time this host does not see
+    wall_s: float | None = 0.0
+
+    @property
+    def fresh(self) -> list[RunResult]:
+        """The results this sweep made (not kept from an earlier one)."""
+        return [result for result in self.results if result is not None and result.run_id not in self.kept_ids]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +235,12 @@ def _loop(runs: list[PointRun], force: bool, executor: Executor, say: Say,
                 if kept and not executor.again(kept[1]):
                     record.results.append(kept[1])
                     record.reused += 1
+                    record.kept_ids.append(kept[1].run_id)
                     say(f"{run.label}: {kept[1].status} (kept from an earlier sweep; --force runs it again)")
                     continue
+                started = time.perf_counter()
                 outcome = executor.submit(run, kept[0] if kept else None)
+                _charge_wall(record, outcome, time.perf_counter() - started)
                 if outcome is None:
                     continue
                 record.results.append(None)  # filled below, or by a job's result
@@ -245,6 +258,15 @@ def _loop(runs: list[PointRun], force: bool, executor: Executor, say: Say,
     except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP as stop_signals raises them
         raise SweepInterrupted(getattr(stop, "signal_number", signal.SIGINT), [job.job_id for job in jobs]) from None
     return list(records.values())
+
+
+def _charge_wall(record: PointRecord, outcome: RunResult | Job | None, seconds: float) -> None:
+    """Add a run's host time to its point's: a run that ran here (a result back from submit);
+    a job submitted elsewhere makes the point's time unknown here."""
+    if isinstance(outcome, Job):
+        record.wall_s = None
+    elif record.wall_s is not None:
+        record.wall_s += seconds
 
 
 def keyed_results(folder: Path) -> dict[str, tuple[Path, RunResult]]:
