@@ -115,3 +115,27 @@ def test_a_sweep_sums_the_runs_it_made_and_charges_the_rest_of_their_time_outsid
     assert elsewhere is not None and elsewhere.outside_s is None and elsewhere.goodput == pytest.approx(12 / 20)
     assert "outside the runs' clocks not measured" in sweep_goodput_text(elsewhere)
     assert sweep_goodput([PointRecord(Point("p", ()), [kept], kept_ids=["earlier"])]) is None
+
+
+def test_the_report_sums_a_sweeps_runs_into_one_row(tmp_path):
+    """Two runs of one sweep, 10 s and 22 s on their clocks (the second's init 4 s, not 2, and its timed
+    steps 15 s, not 5): the sweep's row has 32 s, training (1 + 5) + (1 + 15) = 22 s of it, init 2 + 4 s."""
+    folder = _with_goodput(tmp_path)
+    first = json.loads(next(folder.glob("*.json")).read_text())
+    second = json.loads(json.dumps(first))
+    phases = {name.removesuffix("_s"): value for name, value in GOODPUT.items() if name.endswith("_s")}
+    phases.update(init=4.0, timed_steps=15.0)
+    second["metrics"]["goodput"] = {**goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, 0.0),
+                                    "rank": 0}
+    second["run_id"] += "-2"
+    for index, result in enumerate((first, second)):
+        result["sweep"] = {"suite": "nightly", "point": "p", "repeat": index, "repeats": 2, "key": f"k{index}"}
+        (folder / f"r{index}.json").write_text(json.dumps(result))
+    next(folder.glob("b-*.json")).unlink()
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["report", str(folder)]) == 0
+    section = out.getvalue().split("## Goodput", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if "sweep nightly (2 runs)" in line)
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[3:6] == ["32.0", f"{22 / 32:.1%}", f"{6 / 32:.1%}"]  # wall s, goodput, init

@@ -455,14 +455,34 @@ def goodput_section(runs: pd.DataFrame) -> Section | None:
     section = Section("Goodput")
     section.blocks.append(("p", "Each run's wall time on rank 0's host clock, from the start of the run to the end of "
                                 "its measurement, charged phase by phase (docs/methodology.md, Goodput): goodput is "
-                                "the share in training steps, warm-up included. The shares of a run sum to 1."))
+                                "the share in training steps, warm-up included. The shares of a run sum to 1. A "
+                                "sweep's row sums its runs' clocks (the time between them, process starts and "
+                                "imports, is in the sweep's own summary, not in result files)."))
     section.blocks.append(("table", Table.of([
         ("run", lambda run: run["run_id"]), ("model", lambda run: run["model"]), ("layout", lambda run: run["layout"]),
         ("wall s", lambda run: fmt(run["goodput_total_s"], 1)),
         ("goodput", lambda run: percent(run["goodput"])),
         *[(label, _share_cell(phase)) for phase, label in GOODPUT_PHASES.items()],
-    ], _rows(measured))))
+    ], _rows(measured) + _sweep_goodput_rows(measured))))
     return section
+
+
+def _sweep_goodput_rows(measured: pd.DataFrame) -> list[pd.Series]:
+    """A row per sweep with more than one run here: each phase's seconds summed over its runs
+    (share x total), as shares of the summed total."""
+    rows = []
+    for suite, runs in measured.groupby("sweep_suite") if "sweep_suite" in measured else []:
+        if len(runs) < 2:
+            continue
+        total = runs["goodput_total_s"].sum()
+        seconds = {phase: (runs[f"goodput_share_{phase}"].fillna(0) * runs["goodput_total_s"]).sum()
+                   for phase in GOODPUT_PHASES}
+        rows.append(pd.Series({"run_id": f"sweep {suite} ({len(runs)} runs)", "model": "", "layout": "",
+                               "goodput_total_s": total,
+                               "goodput": (seconds["warmup"] + seconds["timed_steps"]) / total if total else None,
+                               **{f"goodput_share_{phase}": value / total if total else None
+                                  for phase, value in seconds.items()}}))
+    return rows
 
 
 def _share_cell(phase: str) -> Callable[[dict[str, Any]], Cell]:
