@@ -1,4 +1,5 @@
-"""`hwbench accept`'s flow: each device of this host probed alone (device_probe.py; under Slurm
+"""`hwbench accept`'s flow: each device's health read first (acceptance/health.py: a failing device
+is a FAIL before anything is measured), then each device of this host probed alone (device_probe.py; under Slurm
 each device of every node of the partition, node_probes.py), then every
 point of a suite through the sweep's executors (local, or each point a Slurm job), then the
 judgement against the baseline (hwbench/judge/accept.py) written as one page. Everything is
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from hwbench.acceptance.device_probe import MAX_PROBE_TIME_S
 from hwbench.acceptance.fabric import FabricOptions
+from hwbench.acceptance.health import failing, health_lines, read_node_health
 from hwbench.errors import UsageError
 from hwbench.harness.preflight import PreflightReport
 from hwbench.judge.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge
@@ -126,6 +128,14 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         check_node_devices(nodes, device, options.devices_per_node)
     checked_first = before()
     say = progress_lines(progress)
+    health = [] if slurm is not None else [read_node_health(backend.name)]  # a Slurm node's job reads its own
+    for line in health_lines(health):
+        say(line)
+    if failing(health):  # nothing is measured on a device known faulty: its figures would not be the device's
+        acceptance = judge([], [], baseline, options.min_ratio, options.outlier, checked_first, None, health)
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        options.page.write_text(render(acceptance, options.page_format))
+        return acceptance, options.page
     if slurm is not None:  # every node of the partition, each by a job of its own
         probes = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s, options.out_dir, slurm,
                              say)
@@ -135,6 +145,6 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     fabric = measure_fabric(jobs, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
-                       options.min_ratio, options.outlier, checked_first, fabric)
+                       options.min_ratio, options.outlier, checked_first, fabric, health)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page
