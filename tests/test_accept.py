@@ -557,3 +557,27 @@ def test_a_faulty_gpu_of_the_cuda_stand_in_fails_accept_before_anything_is_measu
     assert done.stdout.startswith("FAIL: ") and named in done.stdout.splitlines()[1]
     assert named in (out / "accept.md").read_text()
     assert not (out / "probes.jsonl").exists() and not (out / "acc").exists()
+
+
+def test_a_slurm_node_s_job_reads_its_health_first_and_a_failing_node_is_named_not_probed(tmp_path, monkeypatch):
+    """The node's job (node_probes.main, here in this process with the NVML stand-in reporting a
+    PCIe link at x8) keeps its health read beside its records and probes nothing; the gathering
+    names the GPU of that node, and the node is no 'wrote no record' failure."""
+    from test_preflight_health import FAKES, standin
+
+    from hwbench.acceptance import node_probes
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import load_baseline
+
+    nvml = standin("pynvml", FAKES / "cuda" / "pynvml" / "__init__.py", monkeypatch)
+    monkeypatch.setenv(nvml.HEALTH_ENV, "pcie_width=8")
+    folder = tmp_path / "out" / node_probes.PROBE_FOLDER
+    folder.mkdir(parents=True)
+    assert node_probes.main(["cuda", "0.3", str(folder / "n7.jsonl"), "1"]) == 0
+    assert (folder / "n7.health.json").is_file() and not (folder / "n7.jsonl").exists()
+    records, health = node_probes._gather(folder, tmp_path / "out", ["n7"], {}, "cuda")
+    assert records == [] and [node.node for node in health] == ["n7"] and health[0].failed
+    _suite_path, baseline = _health_inputs(tmp_path)
+    acceptance = judge(records, [], load_baseline(str(baseline)), health=health)
+    assert acceptance.exit_status == 3 and len(acceptance.failures) == 1
+    assert acceptance.failures[0].startswith("gpu 0 (GPU-") and " of n7: PCIe x8 of x16" in acceptance.failures[0]
