@@ -1,8 +1,10 @@
 """What a device's own management library says of it before a run (`hwbench preflight`): other
-processes on each device, its free memory, ECC errors, clocks and throttle reasons, persistence
-mode. Read without torch: the check runs in the launcher before any rank starts, and a device
-initialised there (a CUDA context) would itself be another process on the GPU holding memory;
-and `hwbench preflight` starts quickly. A reading a device or library does not give is None,
+processes on each device, its free memory, ECC errors, retired pages and remapped rows, its links
+to its peers and to the host (PCIe), clocks and throttle reasons, persistence mode; and the one
+judgement of the device's health (`judge_health`), which `hwbench preflight` shows and `hwbench
+accept` fails on before any timing. Read without torch: the check runs in the launcher before
+any rank starts, and a device initialised there (a CUDA context) would itself be another process
+on the GPU holding memory; and `hwbench preflight` starts quickly. A reading a device or library does not give is None,
 with the reason in ``unread``.
 
 The shape each reader fills (`DeviceHealth`), the CPU's reader (the kernel's /proc and /sys),
@@ -80,52 +82,6 @@ class DeviceReadings:
     reason: str | None = None  # why no device could be read
 
 
-def readings_to_dict(readings: DeviceReadings) -> dict:
-    """As JSON keeps it (a Slurm node's probe job hands its read to `hwbench accept` so)."""
-    return dataclasses.asdict(readings)
-
-
-def readings_from_dict(data: dict) -> DeviceReadings:
-    """What readings_to_dict wrote; ValueError when it is not that."""
-    try:
-        devices = [DeviceHealth(**{**device, "links": None if device.get("links") is None
-                                   else [LinkHealth(**link) for link in device["links"]]})
-                   for device in data["devices"]]
-        return DeviceReadings(data["kind"], data["source"], devices, data.get("reason"))
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"not a device health read: {type(error).__name__}: {error}") from error
-
-
-@dataclasses.dataclass
-class NodeHealth:
-    """One node's devices as their management library read them (hwbench accept, before timing)."""
-
-    node: str  # the host name, or the Slurm node's
-    readings: DeviceReadings
-
-    @property
-    def findings(self) -> list[HealthFinding]:
-        return [finding for device in self.readings.devices for finding in judge_health(device)]
-
-    def where(self, finding: HealthFinding) -> str:
-        return f"{finding.device} of {self.node}: {finding.reading} ({finding.why})"
-
-    @property
-    def failed(self) -> bool:
-        return any(finding.severity == FAIL for finding in self.findings)
-
-    def lines(self) -> list[str]:
-        """Each failure and warning, failures first; else that every device read has no fault, or
-        why none was read."""
-        if not self.readings.devices:
-            return [f"device health of {self.node} not read: {self.readings.reason or 'no device listed'}"]
-        found = sorted((finding for finding in self.findings if finding.severity != INFO),
-                       key=lambda finding: finding.severity != FAIL)
-        return [f"{finding.severity}: {self.where(finding)}" for finding in found] or [
-            f"{self.node}: {len(self.readings.devices)} {self.readings.kind} device(s) read from "
-            f"{self.readings.source}, no fault"]
-
-
 # --- the judgement -------------------------------------------------------------------------------
 # One place for what a reading means (preflight's checks and accept's health read both take it):
 # FAIL: the device is faulty or degraded, and what it measures is not the device's figure (or not
@@ -160,10 +116,6 @@ PCIE_GENERATION = ("a GPU at idle trains its link to a lower PCIe generation to 
 def judge_health(device: DeviceHealth) -> list[HealthFinding]:
     """Every finding of ``device``'s readings (a reading not read gives none)."""
     return [*_memory_findings(device), *_link_findings(device), *_pcie_findings(device)]
-
-
-def health_failures(devices: list[DeviceHealth]) -> list[HealthFinding]:
-    return [finding for device in devices for finding in judge_health(device) if finding.severity == FAIL]
 
 
 def _memory_findings(device: DeviceHealth) -> list[HealthFinding]:
@@ -229,6 +181,54 @@ def _pcie_findings(device: DeviceHealth) -> list[HealthFinding]:
         findings.append(HealthFinding(device.name, LINKS, INFO, f"PCIe gen{generation} of gen{highest}",
                                       PCIE_GENERATION))
     return findings
+
+
+# --- a node's read, as accept keeps it --------------------------------------------------------------
+
+def readings_to_dict(readings: DeviceReadings) -> dict:
+    """As JSON keeps it (a Slurm node's probe job hands its read to `hwbench accept` so)."""
+    return dataclasses.asdict(readings)
+
+
+def readings_from_dict(data: dict) -> DeviceReadings:
+    """What readings_to_dict wrote; ValueError when it is not that."""
+    try:
+        devices = [DeviceHealth(**{**device, "links": None if device.get("links") is None
+                                   else [LinkHealth(**link) for link in device["links"]]})
+                   for device in data["devices"]]
+        return DeviceReadings(data["kind"], data["source"], devices, data.get("reason"))
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"not a device health read: {type(error).__name__}: {error}") from error
+
+
+@dataclasses.dataclass
+class NodeHealth:
+    """One node's devices as their management library read them (hwbench accept, before timing)."""
+
+    node: str  # the host name, or the Slurm node's
+    readings: DeviceReadings
+
+    @property
+    def findings(self) -> list[HealthFinding]:
+        return [finding for device in self.readings.devices for finding in judge_health(device)]
+
+    def where(self, finding: HealthFinding) -> str:
+        return f"{finding.device} of {self.node}: {finding.reading} ({finding.why})"
+
+    @property
+    def failed(self) -> bool:
+        return any(finding.severity == FAIL for finding in self.findings)
+
+    def lines(self) -> list[str]:
+        """Each failure and warning, failures first; else that every device read has no fault, or
+        why none was read."""
+        if not self.readings.devices:
+            return [f"device health of {self.node} not read: {self.readings.reason or 'no device listed'}"]
+        found = sorted((finding for finding in self.findings if finding.severity != INFO),
+                       key=lambda finding: finding.severity != FAIL)
+        return [f"{finding.severity}: {self.where(finding)}" for finding in found] or [
+            f"{self.node}: {len(self.readings.devices)} {self.readings.kind} device(s) read from "
+            f"{self.readings.source}, no fault"]
 
 
 # --- the CPU --------------------------------------------------------------------------------------
