@@ -55,7 +55,7 @@ def acceptance_document(acceptance: Acceptance):
         verdict.blocks += [("p", f"Far above the baseline ({FAR_ABOVE:.0%} of it or more):"), ("list", a.notes)]
     health = Section("Device health", [
         ("p", "Each device as its management library reported it before anything was measured (the rules: "
-              "docs/accept.md). A failing device is a FAIL, and nothing is measured on its node."),
+              "docs/accept.md). A failing device is a FAIL, and then nothing is measured: no probe, no suite point."),
         ("list", [line for node in a.health for line in node.lines()])]) if a.health else None
     devices = Section("Devices", [])
     if a.probes:
