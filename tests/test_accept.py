@@ -497,3 +497,87 @@ def test_accept_with_a_fabric_baseline_passes_and_names_a_slowed_rank_s_link(mea
         del os.environ["HWBENCH_FAULT"]
     out = capsys.readouterr().out
     assert "FAIL:" in out and "slow link: rank 2 (" in out and ") -> rank 3 (" in out
+
+
+
+def _health_inputs(folder: Path) -> tuple[Path, Path]:
+    baseline = folder / "published.csv"
+    baseline.write_text("model,device_model,tokens_per_s\ntiny,NVIDIA H100 80GB HBM3,1000\n")
+    return _suite(folder, [{"name": "one"}]), baseline
+
+
+def test_a_gpu_with_a_link_down_fails_accept_named_before_anything_is_measured(tmp_path, monkeypatch, capsys):
+    """The NVML stand-in reports NVLink 3 down; the backend is a stub naming the kind (the test is
+    about the health read; the real stand-in CUDA run is the heavy test below). Accept names the
+    GPU, writes the page with it and measures nothing, exit 3 as any FAIL."""
+    import types
+
+    from test_preflight_health import FAKES, standin
+
+    import hwbench.device
+
+    nvml = standin("pynvml", FAKES / "cuda" / "pynvml" / "__init__.py", monkeypatch)
+    monkeypatch.setenv(nvml.HEALTH_ENV, "nvlink_down=3")
+    monkeypatch.setattr(hwbench.device, "select_backend", lambda kind: types.SimpleNamespace(name="cuda"))
+    suite, baseline = _health_inputs(tmp_path)
+    out = tmp_path / "out"
+    code = main(["accept", "--suite", str(suite), "--baseline", str(baseline), "--out", str(out), "--device",
+                 "cuda", "--no-preflight"])
+    printed, progress = capsys.readouterr()
+    assert code == 3
+    assert "device health: fail: gpu 0 (GPU-5e1d2c3b-4a59-6877-8695-a4b3c2d1e0f9) of " in progress
+    assert "probing device" not in progress  # named before any timing, and nothing timed
+    assert printed.startswith("FAIL: ") and "NVLink 3 down (17 of 18 up)" in printed.splitlines()[1]
+    page = (out / "accept.md").read_text()
+    assert "Device health" in page and "NVLink 3 down" in page
+    assert not (out / "probes.jsonl").exists() and not (out / "acc").exists()
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("fault, named", [("remap_pending", "page retirement or row remap pending"),
+                                          ("pcie_width=8", "PCIe x8 of x16")])
+def test_a_faulty_gpu_of_the_cuda_stand_in_fails_accept_before_anything_is_measured(tmp_path, fault, named):
+    """The same through the stand-in CUDA build in a real process (about 3 s of CPU each)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import standin_path
+
+    suite, baseline = _health_inputs(tmp_path)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": standin_path("cuda"), "HWBENCH_STANDIN_CUDA": "1",
+           "HWBENCH_STANDIN_NVML_HEALTH": fault}
+    done = subprocess.run([sys.executable, "-m", "hwbench", "accept", "--suite", str(suite), "--baseline",
+                           str(baseline), "--out", str(out), "--device", "cuda", "--no-preflight"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "device health: fail: gpu 0 (GPU-5e1d2c3b-4a59-6877-8695-a4b3c2d1e0f9) of " in done.stderr
+    assert "probing device" not in done.stderr
+    assert done.stdout.startswith("FAIL: ") and named in done.stdout.splitlines()[1]
+    assert named in (out / "accept.md").read_text()
+    assert not (out / "probes.jsonl").exists() and not (out / "acc").exists()
+
+
+def test_a_slurm_node_s_job_reads_its_health_first_and_a_failing_node_is_named_not_probed(tmp_path, monkeypatch):
+    """The node's job (node_probes.main, here in this process with the NVML stand-in reporting a
+    PCIe link at x8) keeps its health read beside its records and probes nothing; the gathering
+    names the GPU of that node, and the node is no 'wrote no record' failure."""
+    from test_preflight_health import FAKES, standin
+
+    from hwbench.acceptance import node_probes
+    from hwbench.judge.accept import judge
+    from hwbench.judge.baseline import load_baseline
+
+    nvml = standin("pynvml", FAKES / "cuda" / "pynvml" / "__init__.py", monkeypatch)
+    monkeypatch.setenv(nvml.HEALTH_ENV, "pcie_width=8")
+    folder = tmp_path / "out" / node_probes.PROBE_FOLDER
+    folder.mkdir(parents=True)
+    assert node_probes.main(["cuda", "0.3", str(folder / "n7.jsonl"), "1"]) == 0
+    assert (folder / "n7.health.json").is_file() and not (folder / "n7.jsonl").exists()
+    records, health = node_probes._gather(folder, tmp_path / "out", ["n7"], {}, "cuda")
+    assert records == [] and [node.node for node in health] == ["n7"] and health[0].failed
+    _suite_path, baseline = _health_inputs(tmp_path)
+    acceptance = judge(records, [], load_baseline(str(baseline)), health=health)
+    assert acceptance.exit_status == 3 and len(acceptance.failures) == 1
+    assert acceptance.failures[0].startswith("gpu 0 (GPU-") and " of n7: PCIe x8 of x16" in acceptance.failures[0]

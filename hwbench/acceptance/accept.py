@@ -1,4 +1,5 @@
-"""`hwbench accept`'s flow: each device of this host probed alone (device_probe.py; under Slurm
+"""`hwbench accept`'s flow: each device's health read first (acceptance/health.py: a failing device
+is a FAIL before anything is measured), then each device of this host probed alone (device_probe.py; under Slurm
 each device of every node of the partition, node_probes.py), then every
 point of a suite through the sweep's executors (local, or each point a Slurm job), then the
 judgement against the baseline (hwbench/judge/accept.py) written as one page. Everything is
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from hwbench.acceptance.device_probe import MAX_PROBE_TIME_S
 from hwbench.acceptance.fabric import FabricOptions
+from hwbench.acceptance.health import failing, health_lines, read_node_health
+from hwbench.device.health import NodeHealth
 from hwbench.errors import UsageError
 from hwbench.harness.preflight import PreflightReport
 from hwbench.judge.accept import DEFAULT_MIN_RATIO, DEFAULT_OUTLIER, Acceptance, judge
@@ -98,9 +101,8 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     or written. ``before``: called once the input is checked, before the first measurement (the
     command's preflight: the report it made, whose warnings the page shows, or None). When the
     baseline holds collectives, they are measured on this node after the probes (acceptance/fabric.py)."""
-    from hwbench.acceptance.device_probe import probe_devices
     from hwbench.acceptance.fabric import fabric_jobs, measure_fabric
-    from hwbench.acceptance.node_probes import check_node_devices, partition_nodes, probe_nodes
+    from hwbench.acceptance.node_probes import check_node_devices, partition_nodes
     from hwbench.device import select_backend
     from hwbench.judge.baseline import load_baseline
     from hwbench.suites.slurm import check_script_value
@@ -116,6 +118,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     if jobs and slurm is not None:  # they would run on this host, not on the partition's nodes
         raise UsageError("--executor slurm with a baseline that holds collectives: hwbench accept measures the "
                          "collectives on this node only; give a baseline without them, or run locally")
+    backend, nodes, device = None, [], ""  # this host's backend, or the Slurm nodes and their device kind
     if slurm is None:
         backend = select_backend(options.device or "auto")  # SetupError here when the machine lacks it
         check_devices_per_node(options.devices_per_node, backend)
@@ -126,15 +129,38 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         check_node_devices(nodes, device, options.devices_per_node)
     checked_first = before()
     say = progress_lines(progress)
-    if slurm is not None:  # every node of the partition, each by a job of its own
-        probes = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s, options.out_dir, slurm,
-                             say)
-    else:
-        count = options.devices_per_node or backend.device_count()
-        probes = probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say)
+    probes, health = _health_and_probes(options, slurm, say, backend, nodes, device)
+    if failing(health):  # nothing more is measured on a system with a device known faulty: its figures are not its
+        acceptance = judge(probes, [], baseline, options.min_ratio, options.outlier, checked_first, None, health)
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        options.page.write_text(render(acceptance, options.page_format))
+        return acceptance, options.page
     fabric = measure_fabric(jobs, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
-                       options.min_ratio, options.outlier, checked_first, fabric)
+                       options.min_ratio, options.outlier, checked_first, fabric, health)
     options.page.write_text(render(acceptance, options.page_format))
     return acceptance, options.page
+
+
+def _health_and_probes(options: AcceptOptions, slurm, say, backend, nodes: list, device: str
+                       ) -> tuple[list[dict], list[NodeHealth]]:
+    """Each node's devices' health, read before anything is timed, then each device probed alone:
+    locally, this host read here and probed only when no device fails; under Slurm, each node's job
+    reads its own first and probes only then (acceptance/node_probes.py)."""
+    from hwbench.acceptance.device_probe import probe_devices
+    from hwbench.acceptance.node_probes import probe_nodes
+
+    if slurm is not None:
+        probes, health = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s,
+                                     options.out_dir, slurm, say)
+        for line in health_lines(health):
+            say(line)
+        return probes, health
+    health = [read_node_health(backend.name)]
+    for line in health_lines(health):
+        say(line)
+    if failing(health):
+        return [], health
+    count = options.devices_per_node or backend.device_count()
+    return probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say), health

@@ -5,7 +5,9 @@ The nodes come from ``sinfo``; each gets one exclusive job pinned to it (``--nod
 written as ``OUT/probes/<node>.sbatch`` with its log beside it. The job runs this module on
 the node, which probes each device of the node alone, one after another
 (hwbench/acceptance/device_probe.py: one `python -m hwbench.acceptance.device_probe` a device),
-its records in ``OUT/probes/<node>.jsonl``. They are gathered into OUT/probes.jsonl, each with
+its records in ``OUT/probes/<node>.jsonl``; before that it reads the node's devices' health
+(acceptance/health.py) into ``OUT/probes/<node>.health.json``, and probes nothing when a device
+fails it. They are gathered into OUT/probes.jsonl, each with
 the Slurm node's name (``node``). A node that is down, whose job is refused, fails, or does not
 end in time is a record of the node (``index`` null) with its cause: a FAIL, never a crash, and
 what its devices had measured before is kept. Only Slurm's client tools are used (sinfo,
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.acceptance.device_probe import PROBE_TIMEOUT_S, PROBES_FILE, append_records, failed_record, probe_devices
+from hwbench.device.health import NodeHealth, readings_from_dict
 from hwbench.device.kinds import KINDS
 from hwbench.errors import SetupError, UsageError
 from hwbench.files import write_text_atomic
@@ -114,9 +117,11 @@ def probe_script(node: dict[str, Any], device: str, count: int | None, min_time_
 
 
 def probe_nodes(nodes: list[dict[str, Any]], device: str, count: int | None, min_time_s: float, out_dir: Path,
-                settings: SlurmSettings, say=lambda text: None) -> list[dict[str, Any]]:
+                settings: SlurmSettings, say=lambda text: None) -> tuple[list[dict[str, Any]], list[NodeHealth]]:
     """Every node (partition_nodes) probed by its own job, all at once; their records (and one
-    record with the cause for each node that gave none) appended to OUT/probes.jsonl."""
+    record with the cause for each node that gave none) appended to OUT/probes.jsonl; and each
+    node's devices' health, which its job read before probing (a node with a failing device is
+    not probed: its health names why)."""
     folder = (out_dir / PROBE_FOLDER).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     jobs: dict[str, str] = {}  # node -> job id
@@ -124,6 +129,7 @@ def probe_nodes(nodes: list[dict[str, Any]], device: str, count: int | None, min
     limit_s = max(_time_limit_s(node_devices(node, device, count)) for node in nodes)
     for node in nodes:
         (folder / f"{node['node']}.jsonl").unlink(missing_ok=True)  # an earlier accept's records are not this one's
+        health_file(folder / f"{node['node']}.jsonl").unlink(missing_ok=True)
         job_id, cause = _submit_probe(node, device, count, min_time_s, folder, settings)
         if job_id is None:
             failed[node["node"]] = cause
@@ -178,18 +184,31 @@ def _wait(jobs: dict[str, str], limit_s: float, poll_s: float) -> dict[str, str]
 
 
 def _gather(folder: Path, out_dir: Path, nodes: list[str], failed: dict[str, str], device: str
-            ) -> list[dict[str, Any]]:
+            ) -> tuple[list[dict[str, Any]], list[NodeHealth]]:
     records: list[dict[str, Any]] = []
+    health: list[NodeHealth] = []
     for name in nodes:
+        read = _read_health(name, health_file(folder / f"{name}.jsonl"))
+        health += [read] if read is not None else []
         found = _read_records(folder / f"{name}.jsonl")
         node_records = [{**record, "node": name} for record in found]
-        cause = failed.get(name) or (None if found else "its probe job wrote no record")
+        unprobed = read is not None and read.failed  # not probed by design: its health names the device
+        cause = failed.get(name) or (None if found or unprobed else "its probe job wrote no record")
         if cause:
             node_records.append(failed_record(name, device, None, cause + _log_tail(folder / f"{name}.log"),
                                               node=name))
         append_records(out_dir / PROBES_FILE, node_records)
         records += node_records
-    return records
+    return records, health
+
+
+def _read_health(node: str, path: Path) -> NodeHealth | None:
+    """The health read a node's job kept; None when it kept none (its job did not start, or failed
+    before), or one that cannot be read (the node's records say why)."""
+    try:
+        return NodeHealth(node, readings_from_dict(json.loads(path.read_text())))
+    except (OSError, ValueError):
+        return None
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -230,8 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as error:  # the node lacks the device: the cause in one line, the last the log has
         print(error, file=sys.stderr)
         return 2
+    if not read_health_first(args.device, health_file(args.out)):
+        return 0  # a failing device: named in the health file, nothing measured on this node
     probe_devices(args.device, count, args.min_time_s, args.out.parent, records_file=args.out.name)
     return 0
+
+
+def health_file(records: Path) -> Path:
+    """OUT/probes/<node>.health.json beside the node's records: its devices' health read."""
+    return records.with_name(records.name.removesuffix(".jsonl") + ".health.json")
+
+
+def read_health_first(device: str, path: Path) -> bool:
+    """This node's devices read (acceptance/health.py) and kept in ``path`` for `hwbench accept`,
+    each failure and warning in the job's log; False when a device fails (nothing is to be measured)."""
+    from hwbench.acceptance.health import health_lines, read_node_health
+    from hwbench.device.health import readings_to_dict
+
+    health = read_node_health(device)
+    write_text_atomic(path, json.dumps(readings_to_dict(health.readings)))
+    for line in health_lines([health]):
+        print(line, file=sys.stderr)
+    return not health.failed
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ from hwbench.commands.sweep import add_slurm_options, slurm_settings
 from hwbench.device.kinds import DEVICE_CHOICES
 from hwbench.suites.suite import shipped_suite_names
 
-DESCRIPTION = ("Acceptance of a delivered system: each device probed alone (GEMM rate, copy bandwidth, a short "
+DESCRIPTION = ("Acceptance of a delivered system: each device's health read first from its vendor library "
+               "(uncorrected ECC errors, a pending or failed retirement or row remap, a link down, a PCIe link "
+               "narrower than it allows: FAIL before anything is measured), then each device probed alone (GEMM "
+               "rate, copy bandwidth, a short "
                "training point; under --executor slurm each device of every node of the partition, a job a node), "
                "a device or node more than --outlier below its peers named; then every point of a suite against a "
                "baseline (hwbench baseline save), PASS when each is at or above --min-ratio of it; when the baseline "

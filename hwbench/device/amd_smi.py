@@ -205,6 +205,9 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
         device.ecc_corrected = _count(ecc.get("correctable_count"))
         if device.ecc_uncorrected is None:
             device.unread["ecc_uncorrected"] = "AMD SMI: no ECC counts"
+        _read_bad_pages(smi, handle, device)
+        _read_xgmi(smi, handle, device)
+        _read_pcie(smi, handle, device)
         clock = quietly(lambda: smi.amdsmi_get_clock_info(handle, smi.AmdSmiClkType.GFX)) or {}
         device.clock_mhz, device.max_clock_mhz = _value(clock.get("clk")), _value(clock.get("max_clk"))
         level = quietly(lambda: smi.amdsmi_get_gpu_perf_level(handle))
@@ -222,6 +225,58 @@ def amdsmi_health(environ) -> tuple[list, str | None]:
         device.unread["persistence_mode"] = "AMD GPUs have no persistence mode (the amdgpu driver stays loaded)"
         devices.append(device)
     return devices, None if devices else "AMD SMI lists no GPU"
+
+
+# AMD SMI's amdsmi_pcie_info_t: the current speed in MT/s, by PCIe generation
+PCIE_GENERATIONS = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
+
+
+def _read_bad_pages(smi: Any, handle: Any, device: Any) -> None:
+    """The pages the driver retired (amdsmi_get_gpu_bad_page_info: one record a page, its status
+    RESERVED, PENDING or UNRESERVABLE). amdgpu retires a page on an uncorrectable error, so
+    they count as double-bit retirements; PENDING waits for a reset, UNRESERVABLE could not be
+    retired (a failure like NVML's row remap failure)."""
+    pages = quietly(lambda: smi.amdsmi_get_gpu_bad_page_info(handle))
+    if not isinstance(pages, list):  # older releases say "No bad pages found." as a string
+        if isinstance(pages, str):
+            device.retired_pages_double_bit, device.retirement_pending, device.remap_failed = 0, False, False
+        else:
+            device.unread["retired_pages_double_bit"] = "AMD SMI: no bad page list (it needs root on some releases)"
+        return
+    statuses = [str(getattr(page.get("status"), "name", page.get("status"))).upper() for page in pages]
+    device.retired_pages_double_bit = sum(1 for status in statuses if status.endswith("RESERVED"))
+    device.retirement_pending = any(status.endswith("PENDING") for status in statuses)
+    device.remap_failed = any(status.endswith("UNRESERVABLE") for status in statuses)
+
+
+def _read_xgmi(smi: Any, handle: Any, device: Any) -> None:
+    """Each xGMI link's state (amdsmi_get_gpu_xgmi_link_status: "U" up, "D" down, "X" disabled,
+    a link not in use) and the device's xGMI error status (amdsmi_gpu_xgmi_error_status)."""
+    from hwbench.device.health import LinkHealth
+
+    device.link_kind = "xGMI"
+    status = quietly(lambda: smi.amdsmi_get_gpu_xgmi_link_status(handle))
+    states = status.get("status") if isinstance(status, dict) else None
+    if isinstance(states, list):
+        device.links = [LinkHealth(index, state == "U") for index, state in enumerate(states) if state in ("U", "D")]
+    else:
+        device.unread["links"] = "AMD SMI: no xGMI link status (a GPU without xGMI, or an older AMD SMI)"
+    error = quietly(lambda: smi.amdsmi_gpu_xgmi_error_status(handle))
+    if error is not None:
+        name = str(getattr(error, "name", error)).removeprefix("AMDSMI_XGMI_STATUS_")
+        device.link_errors = None if name in ("NO_ERRORS", "0") else name.lower()
+
+
+def _read_pcie(smi: Any, handle: Any, device: Any) -> None:
+    info = quietly(lambda: smi.amdsmi_get_pcie_info(handle))
+    if not isinstance(info, dict):
+        device.unread["pcie_width"] = "AMD SMI: no PCIe information"
+        return
+    static, metric = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
+    device.pcie_width, device.pcie_max_width = _count(metric.get("pcie_width")), _count(static.get("max_pcie_width"))
+    speed = _count(metric.get("pcie_speed"))
+    device.pcie_generation = PCIE_GENERATIONS.get(speed) if speed is not None else None
+    device.pcie_max_generation = _count(static.get("max_pcie_interface_version"))  # AMD SMI 7.1 and newer
 
 
 def _count(value: Any) -> int | None:

@@ -155,6 +155,46 @@ def _module_health(hl: Any, module: int, handle: Any) -> Any:
     mask = quietly(lambda: hl.hlmlDeviceGetCurrentClocksThrottleReasons(handle))
     if mask is not None:
         device.throttle_reasons = [name for bit, name in THROTTLE_BITS.items() if int(mask) & bit]
-    for field in ("processes", "ecc_uncorrected", "clocks_locked", "persistence_mode"):
+    _read_gaudi_health(hl, handle, device)
+    for field in ("processes", "clocks_locked", "persistence_mode"):
         device.unread[field] = _NOT_READ
     return device
+
+
+# pyhlml's HLML_MEMORY_ERROR (0 corrected, 1 uncorrected), HLML_ECC_COUNTER (0 volatile, 1 aggregate)
+# and HLML_ROW_REPLACEMENT_CAUSE (0 multiple single-bit errors, 1 a double-bit error)
+CORRECTED, UNCORRECTED, VOLATILE, AGGREGATE = 0, 1, 0, 1
+ROWS_SINGLE_BIT, ROWS_DOUBLE_BIT = 0, 1
+NIC_PORT_BITS = 128  # hlmlDeviceGetMacAddrInfo's port mask: two 64-bit words
+
+
+def _read_gaudi_health(hl: Any, handle: Any, device: Any) -> None:
+    """ECC counts, replaced rows, NIC ports and the PCIe link, as habana-pyhlml reads them."""
+    from hwbench.device.health import LinkHealth
+
+    def ecc(kind: int, counter: int) -> int | None:
+        return quietly(lambda: hl.hlmlDeviceGetTotalECCErrors(handle, kind, counter))
+
+    device.ecc_uncorrected, device.ecc_corrected = ecc(UNCORRECTED, VOLATILE), ecc(CORRECTED, VOLATILE)
+    device.ecc_uncorrected_aggregate, device.ecc_corrected_aggregate = ecc(UNCORRECTED, AGGREGATE), ecc(CORRECTED,
+                                                                                                        AGGREGATE)
+    if device.ecc_uncorrected is None:
+        device.unread["ecc_uncorrected"] = "HLML: no ECC counts"
+    device.remapped_rows_corrected = quietly(lambda: hl.hlmlDeviceGetReplacedRowsCount(handle, ROWS_SINGLE_BIT))
+    device.remapped_rows_uncorrected = quietly(lambda: hl.hlmlDeviceGetReplacedRowsCount(handle, ROWS_DOUBLE_BIT))
+    pending = quietly(lambda: hl.hlmlDeviceGetReplacedRowsPendingStatus(handle))
+    device.retirement_pending = bool(pending) if pending is not None else None
+    if device.remapped_rows_uncorrected is None:
+        device.unread["remapped_rows_uncorrected"] = "HLML: no replaced rows (an older driver)"
+    device.unread["remap_failed"] = "HLML reports no row replacement failure"
+    masks = quietly(lambda: hl.hlmlDeviceGetMacAddrInfo(handle))
+    device.link_kind = "NIC port"
+    if masks is not None:
+        ports = [port for port in range(NIC_PORT_BITS) if (masks[0][port // 64] >> (port % 64)) & 1]
+        states = [quietly(lambda: hl.hlmlDeviceNicGetLink(handle, port)) for port in ports]
+        device.links = [LinkHealth(port, None if up is None else bool(up)) for port, up in zip(ports, states)]
+    else:
+        device.unread["links"] = "HLML: no NIC port mask (hlmlDeviceGetMacAddrInfo, an older habana-pyhlml)"
+    device.pcie_width = quietly(lambda: hl.hlmlDeviceGetCurrPCIELinkWidth(handle))
+    device.pcie_generation = quietly(lambda: hl.hlmlDeviceGetCurrPCIELinkGeneration(handle))
+    device.unread["pcie_max_width"] = "HLML gives no maximum PCIe width or generation: the width is shown, not judged"

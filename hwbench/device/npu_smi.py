@@ -200,5 +200,10 @@ def npu_smi_health(environ, command: str = "npu-smi") -> tuple[list, str | None]
             device.memory_total_bytes, device.memory_free_bytes = int(total * 2**20), int((total - used) * 2**20)
         for field in ("ecc_uncorrected", "clocks_locked", "throttle_reasons", "persistence_mode"):
             device.unread[field] = "npu-smi info does not show it"
+        # npu-smi's per-chip queries (info -t ecc, -t health, the HCCS and RoCE link tools) would;
+        # they are not read, since no recorded output of them backs a stand-in here
+        for field in ("remapped_rows_uncorrected", "links", "pcie_width"):
+            device.unread[field] = ("npu-smi info shows no retired memory, link state or PCIe link; its Health "
+                                    "column is the verdict read")
         devices.append(device)
     return devices, None if devices else "npu-smi info lists no chip that ASCEND_RT_VISIBLE_DEVICES names"

@@ -305,6 +305,9 @@ def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
         handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile))
     if device.ecc_uncorrected is None:
         device.unread["ecc_uncorrected"] = "NVML: no ECC counts (ECC off, or a GPU without ECC memory)"
+    _read_memory_health(nv, handle, device)
+    _read_nvlinks(nv, handle, device)
+    _read_pcie(nv, handle, device)
     device.clock_mhz = quietly(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))
     device.max_clock_mhz = quietly(lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM))
     target = quietly(lambda: nv.nvmlDeviceGetApplicationsClock(handle, nv.NVML_CLOCK_SM))
@@ -327,6 +330,74 @@ def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
     else:
         device.persistence_mode = bool(persistence)
     device.fixes["persistence_mode"] = "nvidia-smi -pm 1"
+
+
+# nvmlPageRetirementCause_t and nvmlNvLinkErrorCounter_t (nvml.h), where a pynvml lacks the names
+RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT = 0, 1
+NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of nvml.h (an H100 has 18 links)
+
+
+def _read_memory_health(nv: Any, handle: Any, device: Any) -> None:
+    """Aggregate ECC counts, retired pages (before Ampere) and remapped rows (Ampere and newer):
+    a GPU answers one of the last two, the other is unread with the reason."""
+    aggregate = getattr(nv, "NVML_AGGREGATE_ECC", 1)
+    device.ecc_uncorrected_aggregate = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
+        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, aggregate))
+    device.ecc_corrected_aggregate = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
+        handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, aggregate))
+    if device.ecc_uncorrected_aggregate is None:
+        device.unread["ecc_uncorrected_aggregate"] = "NVML: no aggregate ECC counts on this GPU"
+    rows = quietly(lambda: nv.nvmlDeviceGetRemappedRows(handle))
+    if rows is not None:  # (corrected rows, uncorrected rows, pending, failure occurred)
+        corrected, uncorrected, pending, failed = rows
+        device.remapped_rows_corrected, device.remapped_rows_uncorrected = int(corrected), int(uncorrected)
+        device.retirement_pending, device.remap_failed = bool(pending), bool(failed)
+    else:
+        device.unread["remapped_rows_uncorrected"] = "NVML: no row remapping on this GPU (it is Ampere's and newer)"
+    single = quietly(lambda: nv.nvmlDeviceGetRetiredPages(
+        handle, getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", RETIRED_SINGLE_BIT)))
+    double = quietly(lambda: nv.nvmlDeviceGetRetiredPages(
+        handle, getattr(nv, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", RETIRED_DOUBLE_BIT)))
+    if single is not None and double is not None:
+        device.retired_pages_single_bit, device.retired_pages_double_bit = len(list(single)), len(list(double))
+        pending = quietly(lambda: nv.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+        if pending is not None:
+            device.retirement_pending = bool(device.retirement_pending) or bool(pending)
+    else:
+        device.unread["retired_pages_double_bit"] = ("NVML: no page retirement on this GPU (Ampere and newer remap "
+                                                     "rows instead)")
+
+
+def _read_nvlinks(nv: Any, handle: Any, device: Any) -> None:
+    """Each NVLink the GPU has: its state and error counters; a link number the GPU does not
+    have answers NVMLError (not supported), and so does every one on a GPU without NVLink."""
+    from hwbench.device.health import LinkHealth
+
+    enabled = getattr(nv, "NVML_FEATURE_ENABLED", 1)
+    links = []
+    for index in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS)):
+        state = quietly(lambda: nv.nvmlDeviceGetNvLinkState(handle, index))
+        if state is None:
+            continue
+        errors = {name: quietly(lambda: nv.nvmlDeviceGetNvLinkErrorCounter(handle, index, counter))
+                  for name, counter in NVLINK_COUNTERS.items()}
+        links.append(LinkHealth(index, state == enabled,
+                                {name: int(count) for name, count in errors.items() if count is not None}))
+    device.link_kind = "NVLink"
+    if links:
+        device.links = links
+    else:
+        device.unread["links"] = "NVML: no NVLink on this GPU (a PCIe card without a bridge)"
+
+
+def _read_pcie(nv: Any, handle: Any, device: Any) -> None:
+    device.pcie_width = quietly(lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(handle))
+    device.pcie_max_width = quietly(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(handle))
+    device.pcie_generation = quietly(lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(handle))
+    device.pcie_max_generation = quietly(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+    if device.pcie_width is None:
+        device.unread["pcie_width"] = "NVML: no PCIe link figures (a GPU on another bus, or a virtual GPU)"
 
 
 def _process_text(nv: Any, process: Any) -> str:

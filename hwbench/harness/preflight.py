@@ -21,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hwbench.device.health import DeviceHealth, collective_settings, meminfo
+from hwbench.device.health import FAIL, INFO, LINKS, MEMORY, DeviceHealth, collective_settings, judge_health, meminfo
+from hwbench.device.health import WARNING as HEALTH_WARNING
 from hwbench.device.host import allowed_cpus, share_of_cores
 from hwbench.errors import UsageError
 from hwbench.units import human_bytes
@@ -29,7 +30,8 @@ from hwbench.units import human_bytes
 OK, WARNING, FAILURE = "ok", "warning", "failure"
 SEVERITY = {None: 0, OK: 0, WARNING: 1, FAILURE: 2}
 # The order of the checks in the table and the result.
-CHECKS = ("other_processes", "device_memory", "ecc_errors", "clocks", "persistence_mode", "cpu_governor",
+DEVICE_CHECKS = ("other_processes", "device_memory", "ecc_errors", "device_links", "clocks", "persistence_mode")
+CHECKS = (*DEVICE_CHECKS, "cpu_governor",
           "numa_balancing", "transparent_hugepages", "swap", "cpu_quota", "collective_settings", "disk_space")
 DEVICE_MEMORY_FREE_MIN = 0.9  # below this share free before a run, something else holds the device's memory
 HOST_MEMORY_AVAILABLE_MIN = 0.2
@@ -112,7 +114,7 @@ def preflight(device: str = "auto", out_dir: str | os.PathLike = ".", ranks: int
         checks = device_checks(readings.devices, readings.reason, readings.kind)
     except Exception as error:  # a tool that answers in a way not foreseen: the run goes on
         kind, source = device, "none"
-        checks = [unreadable(name, error) for name in CHECKS[:5]]
+        checks = [unreadable(name, error) for name in DEVICE_CHECKS]
     threads = threads_per_rank or share_of_cores(ranks)
     host_checks = {
         "cpu_governor": lambda: cpu_governor(host),
@@ -149,11 +151,12 @@ def unreadable(name: str, error: Exception) -> Check:
 def device_checks(devices: list[DeviceHealth], reason: str | None, kind: str) -> list[Check]:
     if not devices:
         why = reason or f"no {kind} device found"
-        return [Check(name, None, None, reason=why) for name in CHECKS[:5]]
+        return [Check(name, None, None, reason=why) for name in DEVICE_CHECKS]
     return [
         other_processes(devices),
         device_memory(devices),
         ecc_errors(devices),
+        device_links(devices),
         clocks(devices),
         persistence_mode(devices),
     ]
@@ -223,27 +226,66 @@ def device_memory(devices: list[DeviceHealth]) -> Check:
 
 
 def ecc_errors(devices: list[DeviceHealth]) -> Check:
+    """The device's memory: ECC counts, retired pages, remapped rows, the tool's health verdict
+    (judged by hwbench.device.health.judge_health, as `hwbench accept` judges them)."""
     def judge(device: DeviceHealth):
-        if device.health is not None and device.ecc_uncorrected is None:
-            reading = f"health {device.health}"
-            return (
-                (OK, reading, None, None)
-                if device.health.upper() == "OK"
-                else (FAILURE, reading, None, "the device reports a fault: figures and results may be wrong")
-            )
-        if device.ecc_uncorrected is None:
+        if device.ecc_uncorrected is None and device.health is None and device.remapped_rows_uncorrected is None:
             return None, None, None, device.why("ecc_uncorrected", "not read")
-        reading = f"{device.ecc_uncorrected} uncorrected, {device.ecc_corrected or 0} corrected"
-        if device.ecc_uncorrected > 0:
-            return (
-                FAILURE,
-                reading,
-                None,
-                ("uncorrected memory errors: the memory is failing; figures and results may be wrong"),
-            )
-        return OK, reading, None, None
+        parts = []
+        if device.ecc_uncorrected is not None:
+            parts.append(f"{device.ecc_uncorrected} uncorrected, {device.ecc_corrected or 0} corrected")
+        elif device.health is not None:
+            parts.append(f"health {device.health}")
+        if device.ecc_uncorrected_aggregate is not None:
+            parts.append(f"over its life {device.ecc_uncorrected_aggregate} uncorrected, "
+                         f"{device.ecc_corrected_aggregate or 0} corrected")
+        if device.remapped_rows_uncorrected is not None:
+            parts.append(f"rows remapped {device.remapped_rows_uncorrected} uncorrectable, "
+                         f"{device.remapped_rows_corrected or 0} correctable"
+                         + (", remap pending" if device.retirement_pending else "")
+                         + (", remap failure" if device.remap_failed else ""))
+        if device.retired_pages_double_bit is not None:
+            parts.append(f"pages retired {device.retired_pages_double_bit} double-bit, "
+                         f"{device.retired_pages_single_bit or 0} single-bit"
+                         + (", retirement pending" if device.retirement_pending else ""))
+        return _judged(device, MEMORY, "; ".join(parts))
 
     return _combined("ecc_errors", devices, judge)
+
+
+def device_links(devices: list[DeviceHealth]) -> Check:
+    """The device's links: to its peers (NVLink, xGMI, NIC ports) and to the host (PCIe)."""
+    def judge(device: DeviceHealth):
+        parts = []
+        if device.links is not None:
+            up = sum(1 for link in device.links if link.up)
+            parts.append(f"{device.link_kind or 'links'} {up} of {len(device.links)} up")
+        elif device.link_errors is not None:
+            parts.append(f"{device.link_kind or 'links'} error status {device.link_errors}")
+        if device.pcie_width is not None:
+            most = f" of x{device.pcie_max_width}" if device.pcie_max_width is not None else ""
+            generation = f"gen{device.pcie_generation} " if device.pcie_generation is not None else ""
+            highest = f" (gen{device.pcie_max_generation} at most)" if device.pcie_max_generation is not None else ""
+            parts.append(f"PCIe {generation}x{device.pcie_width}{most}{highest}")
+        if not parts:
+            return None, None, None, device.why("links", device.why("pcie_width", "not read"))
+        return _judged(device, LINKS, "; ".join(parts))
+
+    return _combined("device_links", devices, judge)
+
+
+STATUS_OF = {FAIL: FAILURE, HEALTH_WARNING: WARNING, INFO: OK}
+
+
+def _judged(device: DeviceHealth, area: str, reading: str):
+    """(status, reading, value, reason) of ``device`` from judge_health's findings of ``area``."""
+    found = [finding for finding in judge_health(device) if finding.area == area and finding.severity != INFO]
+    if not found:
+        return OK, reading, None, None
+    status = max((STATUS_OF[finding.severity] for finding in found), key=SEVERITY.__getitem__)
+    reasons = "; ".join(f"{finding.reading}: {finding.why}" for finding in found
+                        if STATUS_OF[finding.severity] == status)
+    return status, reading, None, reasons
 
 
 def clocks(devices: list[DeviceHealth]) -> Check:

@@ -17,6 +17,11 @@ The warnings and failures of the machine's checks (hwbench preflight: before the
 point's own) are shown beside the verdict: a PASS measured on a machine that warned is a PASS
 with those warnings, not a clean one.
 
+Before both, each device's health as its management library reports it (hwbench.device.health's
+judgement, as `hwbench preflight` shows it): a device with uncorrectable memory errors, a pending
+or failed page retirement or row remap, a link down or a PCIe link trained narrower than it
+allows is a FAIL, named first.
+
 Exit status: 0 PASS, 3 FAIL, 4 when the only fault is points missing from the baseline.
 """
 
@@ -26,6 +31,7 @@ import dataclasses
 import statistics
 from typing import Any
 
+from hwbench.device.health import FAIL, NodeHealth
 from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.baseline import METRIC, Baseline
 from hwbench.judge.collectives_baseline import FabricOutcome, judge_collectives, slow_link_failures
@@ -76,6 +82,7 @@ class Acceptance:
     notes: list[str] = dataclasses.field(default_factory=list)  # points far above their baseline
     fabric: FabricOutcome | None = None  # the collectives against the baseline's, when it holds them
     fabric_results: list[CollectivesResult] = dataclasses.field(default_factory=list)
+    health: list[NodeHealth] = dataclasses.field(default_factory=list)  # each node's devices, read before timing
 
     @property
     def single_devices(self) -> list[str]:
@@ -215,12 +222,16 @@ def preflight_findings(checked_first: Any, records: list[tuple[str, list[Any]]])
 
 def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
           baseline: Baseline, min_ratio: float = DEFAULT_MIN_RATIO, outlier: float = DEFAULT_OUTLIER,
-          checked_first: Any = None, fabric: list[CollectivesResult] | None = None) -> Acceptance:
+          checked_first: Any = None, fabric: list[CollectivesResult] | None = None,
+          health: list[NodeHealth] | None = None) -> Acceptance:
     """The acceptance of ``probes``, the suite's ``records`` and the ``fabric``'s collectives results
-    against ``baseline``; ``checked_first``: the machine's check before the probes (a PreflightReport), when made."""
+    against ``baseline``; ``checked_first``: the machine's check before the probes (a PreflightReport), when made;
+    ``health``: each node's devices as their management library read them before any timing (a failing
+    device is a FAIL, named first)."""
     outliers = device_outliers(probes, outlier)
     points, missing = judge_points(records, baseline, min_ratio)
-    failures = [f"{_device_name(p)}: its probe failed: {p['error']}" for p in probes if p.get("error")]
+    failures = [node.where(finding) for node in health or [] for finding in node.findings if finding.severity == FAIL]
+    failures += [f"{_device_name(p)}: its probe failed: {p['error']}" for p in probes if p.get("error")]
     failures += outliers
     for point in points:
         if point.cause:
@@ -236,4 +247,4 @@ def judge(probes: list[dict[str, Any]], records: list[tuple[str, list[Any]]],
     exit_status = FAIL_EXIT if failures else MISSING_EXIT if missing else 0
     return Acceptance(exit_status == 0, exit_status, failures, missing, probes, outliers, points,
                       baseline, min_ratio, outlier, preflight_findings(checked_first, records),
-                      [point.note for point in points if point.note], fabric_outcome, fabric or [])
+                      [point.note for point in points if point.note], fabric_outcome, fabric or [], health or [])

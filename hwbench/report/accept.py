@@ -53,6 +53,10 @@ def acceptance_document(acceptance: Acceptance):
                            ("list", a.preflight)]
     if a.notes:
         verdict.blocks += [("p", f"Far above the baseline ({FAR_ABOVE:.0%} of it or more):"), ("list", a.notes)]
+    health = Section("Device health", [
+        ("p", "Each device as its management library reported it before anything was measured (the rules: "
+              "docs/accept.md). A failing device is a FAIL, and then nothing is measured: no probe, no suite point."),
+        ("list", [line for node in a.health for line in node.lines()])]) if a.health else None
     devices = Section("Devices", [])
     if a.probes:
         devices.blocks.append(("p", f"Each device measured alone, one after another: {PROBED}, "
@@ -72,7 +76,7 @@ def acceptance_document(acceptance: Acceptance):
               f"{a.min_ratio:.0%}. Straggler: the slowest rank's median step against the median rank's (every rank "
               "waits for the slowest at each collective, so this is evidence, not a judgement)."),
         ("table", Table(["point", "what", "tokens/s", "repeats", "baseline", "ratio", "straggler", "verdict"], rows))])
-    sections = [verdict, devices, suite, *_fabric_sections(a)]
+    sections = [verdict, *([health] if health else []), devices, suite, *_fabric_sections(a)]
     base = a.baseline
     source = Section("Baseline", [("list", [f"source: {base.source}", f"created: {base.created_at or '-'}",
                                             *(f"{k}: {(', '.join(map(str, v)) or '-') if isinstance(v, list) else v}"

@@ -16,6 +16,22 @@ device, NVML API reference) are the process bound to the stand-in device (torch.
 with the stand-in's recorded reserved peak as its memory; none before. Under
 HWBENCH_STANDIN_NVML_PID it is listed under that pid, as in a container, where the driver, which
 knows no PID namespaces, gives the host's pid (NVIDIA/nvidia-docker#1483). No graphics processes.
+
+Health before a run (hwbench preflight, hwbench accept), with nvidia-ml-py's names and return
+shapes (nvidia-ml-py's pynvml.py; NVML API reference, "Device Queries"): ECC counts
+(nvmlDeviceGetTotalEccErrors, volatile and aggregate) 0, as the "Volatile Uncorr. ECC" column of
+that nvidia-smi table reads; remapped rows (nvmlDeviceGetRemappedRows: corrected rows,
+uncorrected rows, pending, failure) none; retired pages answer NVMLError (not supported), as on
+every GPU from Ampere on, which remaps rows instead (NVML reference, nvmlDeviceGetRetiredPages);
+18 NVLinks, each enabled (nvmlDeviceGetNvLinkState) with zero error counters
+(nvmlDeviceGetNvLinkErrorCounter), a link number from 18 on not supported: the H100 SXM5 has 18
+NVLink links (NVIDIA H100 Tensor Core GPU Architecture white paper); PCIe gen5 x16 of gen5 x16
+(the H100 SXM5's host interface in the same white paper).
+
+HWBENCH_STANDIN_NVML_HEALTH sets faults for tests, comma-separated: ``ecc_uncorrected=N`` (volatile
+and aggregate), ``ecc_corrected=N``, ``remap_pending``, ``remap_failure``, ``rows_remapped=N``
+(uncorrectable), ``pcie_width=N``, ``pcie_generation=N``, ``nvlink_down=I`` (link I disabled; may
+repeat), ``nvlink_replay=N`` (replays on link 0).
 """
 
 from __future__ import annotations
@@ -134,3 +150,81 @@ def nvmlDeviceGetComputeRunningProcesses(handle) -> list:
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle) -> list:
     return []
+
+
+# --- health (see the module's docstring) -------------------------------------------------------------
+
+NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED = 0, 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC = 0, 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 0, 1
+NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_ERROR_DL_REPLAY, NVML_NVLINK_ERROR_DL_RECOVERY = 0, 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT, NVML_NVLINK_ERROR_DL_CRC_DATA = 2, 3
+H100_NVLINKS = 18
+HEALTH_ENV = "HWBENCH_STANDIN_NVML_HEALTH"
+
+
+def _faults() -> list[tuple[str, int]]:
+    """HWBENCH_STANDIN_NVML_HEALTH as (name, number) pairs; a bare name is (name, 1)."""
+    pairs = []
+    for item in os.environ.get(HEALTH_ENV, "").split(","):
+        name, _, number = item.strip().partition("=")
+        if name:
+            pairs.append((name, int(number) if number else 1))
+    return pairs
+
+
+def _fault(name: str, default: int = 0) -> int:
+    return next((number for fault, number in _faults() if fault == name), default)
+
+
+def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType) -> int:
+    if errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+        return _fault("ecc_uncorrected")
+    return _fault("ecc_corrected")
+
+
+def nvmlDeviceGetRemappedRows(handle):
+    return (0, _fault("rows_remapped"), _fault("remap_pending"), _fault("remap_failure"))
+
+
+def nvmlDeviceGetRetiredPages(handle, sourceFilter):
+    raise NVMLError("Not Supported")
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle):
+    raise NVMLError("Not Supported")
+
+
+def _link(link: int) -> int:
+    if not 0 <= link < H100_NVLINKS:
+        raise NVMLError("Not Supported")
+    return link
+
+
+def nvmlDeviceGetNvLinkState(handle, link) -> int:
+    down = {number for fault, number in _faults() if fault == "nvlink_down"}
+    return NVML_FEATURE_DISABLED if _link(link) in down else NVML_FEATURE_ENABLED
+
+
+def nvmlDeviceGetNvLinkErrorCounter(handle, link, counter) -> int:
+    if _link(link) == 0 and counter == NVML_NVLINK_ERROR_DL_REPLAY:
+        return _fault("nvlink_replay")
+    return 0
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle) -> int:
+    return _fault("pcie_width", 16)
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle) -> int:
+    return 16
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle) -> int:
+    return _fault("pcie_generation", 5)
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle) -> int:
+    return 5

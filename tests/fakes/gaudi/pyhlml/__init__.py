@@ -6,10 +6,23 @@ It answers for two Gaudi 2 cards as hl-smi printed them in optimum-habana issue 
 (HL-SMI hl-1.13.0, driver 1.13.0-ee32e42): module 0 at 0000:33:00.0, 27 C, 75 W of 600 W,
 768 MiB of 98,304 MiB in use, 0 % AIP utilization; module 1 at 0000:9a:00.0, 27 C, 90 W.
 The energy counter grows at those powers with wall-clock time; clocks (SOC 1,800 MHz) and a
-clear throttle mask are fixed test values."""
+clear throttle mask are fixed test values.
+
+Health before a run (hwbench preflight, hwbench accept), with habana-pyhlml's names and return
+shapes (pyhlml/main.py): ECC counts (hlmlDeviceGetTotalECCErrors(device, error_type,
+counter_type)) 0; replaced rows (hlmlDeviceGetReplacedRowsCount(device, cause)) 0, none pending
+(hlmlDeviceGetReplacedRowsPendingStatus); 24 NIC ports (hlmlDeviceGetMacAddrInfo's port mask,
+((mask, mask), (external, external))), each up (hlmlDeviceNicGetLink): a Gaudi 2 has 24 100 GbE
+RoCE ports, 3 of them external (Intel Gaudi 2 AI accelerator white paper); PCIe gen4 x16
+(hlmlDeviceGetCurrPCIELinkGeneration / ...Width), the Gaudi 2 mezzanine card's host interface in
+the same paper.
+
+HWBENCH_STANDIN_HLML_HEALTH sets faults for tests, comma-separated: ``ecc_uncorrected=N``,
+``rows_pending``, ``nic_down=P`` (port P down), ``pcie_width=N``."""
 
 from __future__ import annotations
 
+import os
 import time
 import types
 
@@ -84,3 +97,50 @@ def hlmlDeviceGetTotalEnergyConsumption(handle) -> int:
 
 def hlmlGetDriverVersion() -> bytes:
     return DRIVER
+
+
+# --- health (see the module's docstring) -------------------------------------------------------------
+
+HEALTH_ENV = "HWBENCH_STANDIN_HLML_HEALTH"
+NIC_PORTS = 24
+EXTERNAL_PORTS = (8, 22, 23)  # fixed test values: which three of the 24 are external is not read
+
+
+def _faults() -> dict[str, int]:
+    faults = {}
+    for item in os.environ.get(HEALTH_ENV, "").split(","):
+        name, _, number = item.strip().partition("=")
+        if name:
+            faults[name] = int(number) if number else 1
+    return faults
+
+
+def hlmlDeviceGetTotalECCErrors(device, error_type, counter_type) -> int:
+    return _faults().get("ecc_uncorrected", 0) if error_type == 1 else 0
+
+
+def hlmlDeviceGetReplacedRowsCount(device, cause) -> int:
+    return 0
+
+
+def hlmlDeviceGetReplacedRowsPendingStatus(device) -> int:
+    return _faults().get("rows_pending", 0)
+
+
+def hlmlDeviceGetMacAddrInfo(device):
+    external = sum(1 << port for port in EXTERNAL_PORTS)
+    return ((1 << NIC_PORTS) - 1, 0), (external, 0)
+
+
+def hlmlDeviceNicGetLink(device, port: int) -> bool:
+    if not 0 <= port < NIC_PORTS:
+        raise HLMLError("HLML Error with code 2")
+    return port != _faults().get("nic_down")
+
+
+def hlmlDeviceGetCurrPCIELinkGeneration(device) -> int:
+    return 4
+
+
+def hlmlDeviceGetCurrPCIELinkWidth(device) -> int:
+    return _faults().get("pcie_width", 16)

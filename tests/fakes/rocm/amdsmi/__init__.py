@@ -14,11 +14,25 @@ Figures and where they come from:
   accumulator grows at the 717 W above, with wall-clock time, so energy / window is 717 W.
 * the rest (hotspot 52 C, no edge sensor, GFX clock 2100 MHz, 100 % GFX activity, 61,440 MB of
   VRAM in use, the package-power violation active, amdgpu 6.10.5) are fixed test values.
+
+Health before a run (hwbench preflight, hwbench accept), with amdsmi's names and return shapes
+(amdsmi_interface.py): the processor list (amdsmi_get_processor_handles, this one GPU and its
+BDF), ECC counts (amdsmi_get_gpu_total_ecc_count: correctable, uncorrectable, deferred) 0; no
+bad page (amdsmi_get_gpu_bad_page_info: a list of {"value", "page_address", "page_size",
+"status"}, empty); seven xGMI links up (amdsmi_get_gpu_xgmi_link_status: {"status": ["U", ...],
+"total_links"}): an MI300X of an eight-GPU platform reaches each of its seven peers over its own
+link (AMD Instinct MI300X platform data sheet); xGMI error status NO_ERRORS
+(amdsmi_gpu_xgmi_error_status); PCIe x16 of x16 at 32,000 MT/s (gen5), the MI300X's host
+interface in the same data sheet (amdsmi_get_pcie_info: "pcie_static" and "pcie_metric").
+
+HWBENCH_STANDIN_AMDSMI_HEALTH sets faults for tests, comma-separated: ``ecc_uncorrected=N``,
+``bad_page_pending``, ``xgmi_down=I`` (link I down), ``pcie_width=N``.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import time
 
 __hwbench_stand_in__ = True
@@ -109,3 +123,64 @@ def amdsmi_get_gpu_metrics_info(handle) -> dict:
 
 def amdsmi_get_gpu_driver_info(handle) -> dict:
     return {"driver_name": "amdgpu", "driver_version": "6.10.5", "driver_date": "2015/01/01 00:00"}
+
+
+# --- health (see the module's docstring) -------------------------------------------------------------
+
+HEALTH_ENV = "HWBENCH_STANDIN_AMDSMI_HEALTH"
+XGMI_LINKS = 7
+
+
+class AmdSmiXgmiStatus(enum.IntEnum):
+    NO_ERRORS = 0
+    ERROR = 1
+    MULTIPLE_ERRORS = 2
+
+
+class AmdSmiMemoryPageStatus(enum.IntEnum):
+    RESERVED = 0
+    PENDING = 1
+    UNRESERVABLE = 2
+
+
+def _faults() -> dict[str, int]:
+    faults = {}
+    for item in os.environ.get(HEALTH_ENV, "").split(","):
+        name, _, number = item.strip().partition("=")
+        if name:
+            faults[name] = int(number) if number else 1
+    return faults
+
+
+def amdsmi_get_processor_handles() -> list:
+    return [processor_handle(BUS_ID)]
+
+
+def amdsmi_get_gpu_device_bdf(handle) -> str:
+    return handle.bdf
+
+
+def amdsmi_get_gpu_total_ecc_count(handle) -> dict:
+    return {"correctable_count": 0, "uncorrectable_count": _faults().get("ecc_uncorrected", 0), "deferred_count": 0}
+
+
+def amdsmi_get_gpu_bad_page_info(handle) -> list:
+    if "bad_page_pending" in _faults():
+        return [{"value": 0, "page_address": 0x1F0000, "page_size": 4096, "status": AmdSmiMemoryPageStatus.PENDING}]
+    return []
+
+
+def amdsmi_get_gpu_xgmi_link_status(handle) -> dict:
+    down = _faults().get("xgmi_down")
+    return {"status": ["D" if index == down else "U" for index in range(XGMI_LINKS)], "total_links": XGMI_LINKS}
+
+
+def amdsmi_gpu_xgmi_error_status(handle) -> AmdSmiXgmiStatus:
+    return AmdSmiXgmiStatus.NO_ERRORS
+
+
+def amdsmi_get_pcie_info(handle) -> dict:
+    return {"pcie_static": {"max_pcie_width": 16, "max_pcie_speed": 32, "pcie_interface_version": 5,
+                            "slot_type": "OAM"},
+            "pcie_metric": {"pcie_width": _faults().get("pcie_width", 16), "pcie_speed": 32000,
+                            "pcie_bandwidth": "N/A", "pcie_replay_count": 0}}
