@@ -217,6 +217,19 @@ def test_the_profiler_hook_writes_a_gzip_trace_per_rank_and_reads_it_back(tmp_pa
     assert sums_to_step(figures) and figures.matmul_s > 0 and figures.optimizer_s > 0 and figures.data_loading_s > 0
 
 
+def test_a_trace_that_cannot_be_written_is_a_reason_not_a_lost_run(tmp_path):
+    """The result's folder is a file: the steps still train, and the breakdown says why it has no figures."""
+    from hwbench.harness.profile import ProfilePlan, profile_steps
+
+    blocked = tmp_path / "out"
+    blocked.write_text("a file where the folder should be")
+    trained: list[int] = []
+    figures = profile_steps(ProfilePlan(out_dir=str(blocked), folder="run.profile", steps=1, rank=2), "cpu", 1,
+                            trained.append)
+    assert trained == [1, 2] and figures.rank == 2 and figures.step_s is None and figures.trace is None
+    assert figures.why("breakdown").startswith(f"the trace could not be written to {blocked}/run.profile/rank-2")
+
+
 @pytest.mark.heavy  # a whole run, about 5 s on 2 idle cores (13-17 s on this shared machine); the hook test above
 def test_a_profiled_run_keeps_its_profiled_steps_out_of_the_timed_figures(tmp_path):
     """One process: the profiled steps come after the timed ones, a gzip'd trace per rank beside the

@@ -69,13 +69,13 @@ def profile_steps(plan: ProfilePlan, device_kind: str, first_step: int, train: C
     ``first_step``) under torch.profiler, write the trace and read it back. A failure of training
     is raised as any step's; one of writing or reading the trace is the breakdown's unmeasured reason."""
     path = Path(plan.out_dir) / plan.trace
-    path.parent.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
 
     def export(profiler: profile) -> None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             profiler.export_chrome_trace(str(path))  # gzip'd: the name ends in .gz
-        except OSError as error:
+        except (OSError, RuntimeError) as error:  # a folder that is a file, a full disk, no permission
             problems.append(f"the trace could not be written to {path}: {error}")
 
     wait = schedule(wait=0, warmup=PROFILER_WARMUP_STEPS, active=plan.steps, repeat=1)
