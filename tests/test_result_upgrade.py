@@ -2,8 +2,9 @@
 
 The inputs are real version 1 files: tests/data/results-v1/ (a run with validation, 2 ranks,
 a failed 2-rank run, a sweep's ok, invalid and skipped records, made with the hwbench before
-version 2; its README says how), tests/data/compare/tiny-cpu.json and tests/data/report/; and a
-real version 2 file, tests/data/results-v2/ (made with the hwbench before version 3).
+version 2; its README says how), tests/data/compare/tiny-cpu.json and tests/data/report/; a
+real version 2 file, tests/data/results-v2/ (made with the hwbench before version 3), and a real
+version 3 file, tests/data/results-v3/ (made with the hwbench before version 4).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ DATA = Path(__file__).parent / "data"
 V1_FILES = sorted([*(DATA / "results-v1").glob("*.json"), DATA / "compare" / "tiny-cpu.json",
                    *(DATA / "report" / "good").glob("*.json"), DATA / "report" / "bad" / "b-tiny-cpu.json"])
 V2_FILE = DATA / "results-v2" / "tiny-cpu-eval.json"
+V3_FILE = DATA / "results-v3" / "tiny-cpu-eval.json"
 
 
 def test_the_inputs_are_version_1_files():
     assert len(V1_FILES) == 13
     assert {json.loads(path.read_text())["schema_version"] for path in V1_FILES} == {1}
     assert json.loads(V2_FILE.read_text())["schema_version"] == 2
+    assert json.loads(V3_FILE.read_text())["schema_version"] == 3
     assert RESULT_SCHEMA_VERSION == 4
 
 
@@ -94,6 +97,19 @@ def test_a_version_2_file_loads_with_adamws_constants_under_their_option_names(t
     _renamed_adamw_constants(written["spec"]["optimizer"], original["spec"]["optimizer"])
     _not_profiled(written, original)
     assert written == original  # nothing else changes
+    assert load_result(write_result(result, tmp_path)) == result
+
+
+def test_a_version_3_file_loads_as_not_profiled(tmp_path):
+    """Version 4 adds --profile: a version 3 run was not profiled, and nothing else changes."""
+    original = json.loads(V3_FILE.read_text())
+    result = load_result(V3_FILE)
+    assert result.schema_version == 4 and result.profile is None and result.spec.profile is False
+    assert result.spec.run_spec().profile is False and result.spec.run_spec().profile_steps is None
+    written = result.to_dict()
+    assert (written.pop("schema_version"), original.pop("schema_version")) == (4, 3)
+    _not_profiled(written, original)
+    assert written == original
     assert load_result(write_result(result, tmp_path)) == result
 
 
