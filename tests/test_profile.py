@@ -230,6 +230,21 @@ def test_a_trace_that_cannot_be_written_is_a_reason_not_a_lost_run(tmp_path):
     assert figures.why("breakdown").startswith(f"the trace could not be written to {blocked}/run.profile/rank-2")
 
 
+def test_a_failed_profiled_step_keeps_the_run_alone_and_is_raised_as_a_rank(tmp_path):
+    from hwbench.harness.profile import ProfilePlan, profile_or_reason
+
+    def train(step: int) -> None:
+        if step == 2:
+            raise RuntimeError("out of memory under the profiler\nmore")
+
+    plan = ProfilePlan(out_dir=str(tmp_path), folder="run.profile", steps=1, rank=0)
+    figures = profile_or_reason(plan, "cpu", 1, False, train)
+    assert figures.step_s is None
+    assert figures.why("breakdown") == "a profiled step failed: RuntimeError: out of memory under the profiler"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        profile_or_reason(plan, "cpu", 1, True, train)
+
+
 @pytest.mark.heavy  # a whole run, about 5 s on 2 idle cores (13-17 s on this shared machine); the hook test above
 def test_a_profiled_run_keeps_its_profiled_steps_out_of_the_timed_figures(tmp_path):
     """One process: the profiled steps come after the timed ones, a gzip'd trace per rank beside the

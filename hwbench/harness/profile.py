@@ -89,3 +89,18 @@ def profile_steps(plan: ProfilePlan, device_kind: str, first_step: int, train: C
         return breakdown(read_trace(path), plan.rank, plan.trace)
     except TraceError as error:
         return TimeBreakdown(rank=plan.rank, trace=plan.trace, unmeasured={"breakdown": str(error)})
+
+
+def profile_or_reason(plan: ProfilePlan, device_kind: str, first_step: int, distributed: bool,
+                      train: Callable[[int], None]) -> TimeBreakdown:
+    """profile_steps; alone, a step that fails under the profiler (the profiler's own memory can run a
+    device out) is the breakdown's reason, and the timed figures already taken are kept. As a rank
+    it is raised: the other ranks would wait for this one in the step's collectives."""
+    try:
+        return profile_steps(plan, device_kind, first_step, train)
+    except Exception as error:
+        if distributed:
+            raise
+        message = (str(error).strip().splitlines() or [""])[0]
+        return TimeBreakdown(rank=plan.rank, trace=None,
+                             unmeasured={"breakdown": f"a profiled step failed: {type(error).__name__}: {message}"})

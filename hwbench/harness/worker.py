@@ -35,7 +35,7 @@ from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.goodput import PhaseClock
 from hwbench.harness.merge import RankReport, merge_ranks
-from hwbench.harness.profile import ProfilePlan, profile_steps, trace_folder, with_data_annotation
+from hwbench.harness.profile import ProfilePlan, profile_or_reason, trace_folder, with_data_annotation
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
@@ -449,8 +449,9 @@ def measure(
     )
     if profiling is not None:
         progress.note(f"timed steps done; profiling {profiling.steps} more steps (--profile)")
-        report.profile = profile_steps(profiling, backend.name, last + 1,
-                                       lambda step: _profiled_step(step, engine, data, backend, ctx, fault, heartbeat))
+        report.profile = profile_or_reason(profiling, backend.name, last + 1, ctx.distributed,
+                                           lambda step: _profiled_step(step, engine, data, backend, ctx, fault,
+                                                                       heartbeat))
     return report
 
 
