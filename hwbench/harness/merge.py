@@ -389,7 +389,9 @@ def merged_profile(spec: RunSpec, reports: list[RankReport]) -> Profile | None:
     if not spec.profile or not breakdowns:
         return None
     traces = [b.trace for b in breakdowns if b.trace is not None]
-    first = spec.warmup + spec.steps + PROFILER_WARMUP_STEPS + 1  # after the timed steps and the profiler's warm-up
+    # numbered as result.steps are (a resumed run's from its checkpoint's iteration), after the timed
+    # steps and the profiler's warm-up step
+    first = reports[0].first_iteration + spec.warmup + spec.steps + PROFILER_WARMUP_STEPS + 1
     return Profile(steps=list(range(first, first + (spec.profile_steps or 0))),
                    profiler_warmup_steps=PROFILER_WARMUP_STEPS,
                    trace_dir=os.path.dirname(traces[0]) if traces else None, traces=traces,
