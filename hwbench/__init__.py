@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 # Version of the result-file layout (docs/results.md). Bump on any incompatible change, with
 # the step that brings older files to it (hwbench.result.upgrade.UPGRADES).
-RESULT_SCHEMA_VERSION = 3
+RESULT_SCHEMA_VERSION = 4
 
 # The Python API (hwbench.api, docs/api.md), imported on first use so that `import hwbench`
 # and the command line stay quick.

@@ -43,6 +43,8 @@ TARGET_EVAL_INTERVAL = 10  # --eval-interval when a target is given and none is
 CHECKPOINTS = "checkpoints"
 OPTIMIZER = "optimizer: AdamW and Megatron-LM's learning-rate schedule"
 BETA = "a number from 0 up to, not including, 1"
+PROFILE = "profile (where a step's time goes)"
+MAX_PROFILE_STEPS = 50  # each profiled step is a trace of every op: a few show the pattern, many fill the disk
 MAX_RESTARTS = 100  # torchrun restarts every rank each time: more than this is a crash loop, not a run
 
 MAX_STEPS = 1_000_000  # every step is kept in the result: a million is already a 100 MB file
@@ -382,6 +384,20 @@ class RunOptions:
         "training stalls only while the state is copied to host memory",
         default=False,
         group=CHECKPOINTS,
+    )
+    profile: bool | None = option(
+        "torch.profiler over --profile-steps extra steps after the timed ones (kept out of every timed figure): "
+        "a trace per rank beside the result (<run id>.profile/rank-N.json.gz, Chrome/Perfetto JSON), where each "
+        "rank's step time goes, and the rank the others wait for (docs/methodology.md, 'Where the time goes')",
+        default=False,
+        group=PROFILE,
+    )
+    profile_steps: int | None = option(
+        "steps --profile records, after one more it discards (the profiler's warm-up)",
+        default=2,
+        minimum=1,
+        maximum=MAX_PROFILE_STEPS,
+        group=PROFILE,
     )
 
     def __post_init__(self) -> None:

@@ -153,6 +153,8 @@ class RunSpec:
     async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
     valid_data: str | None = None  # --valid-data: the dataset every validation reads from its first sequence
     fp8_recipe: str | None = None  # --fp8-recipe of a --precision fp8 run (hwbench.engine.float8); None otherwise
+    profile: bool = False  # --profile: extra steps after the timed ones under torch.profiler (hwbench.harness.profile)
+    profile_steps: Positive | None = None  # --profile-steps of a profiled run; None otherwise
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -218,6 +220,16 @@ def _check_valid_data(options: RunOptions) -> None:
     if options.valid_data is not None and data in DATA_KEYWORDS:
         raise UsageError(f"--valid-data is a dataset to validate --data PREFIX on, and --data {data} makes its own "
                          "validation samples; leave --valid-data out, or give --data PREFIX")
+
+
+def _profile_steps(options: RunOptions) -> int | None:
+    """--profile-steps of a --profile run (None without one); given alone, refused."""
+    if not options.value("profile"):
+        if options.profile_steps is not None:
+            raise UsageError(f"--profile-steps {options.profile_steps} sets how many steps --profile records, and "
+                             "--profile is not given; add --profile, or leave --profile-steps out")
+        return None
+    return int(options.value("profile_steps"))
 
 
 def _check_checkpoint_options(options: RunOptions, engine: str, launch: LaunchSpec) -> None:
@@ -680,6 +692,7 @@ def build_run_spec(
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
         fp8_recipe=fp8_recipe,
+        profile_steps=_profile_steps(options),
     )
     # Every other RunSpec field that is an option or a workload's training default of the same name is
     # given_or_default's (--steps, --data, --save, --precision, the loss scale, ...): a new option of that

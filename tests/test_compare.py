@@ -435,7 +435,7 @@ def _unreadable_variants():
         "a list": ("[1, 2, 3]", "not an hwbench result"),
         "unknown schema": (
             json.dumps({**data, "schema_version": 99}),
-            "schema_version 99 is newer than this hwbench reads (3); upgrade hwbench",
+            "schema_version 99 is newer than this hwbench reads (4); upgrade hwbench",
         ),
         "null spec": (json.dumps({**data, "spec": None}), "field spec: must be a mapping, not null"),
         "deep nesting": (nested, "nested too deeply"),

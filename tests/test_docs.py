@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OPEN_MAPS = ("environment.env", "metrics.unmeasured", "metrics.memory.unmeasured", "ranks[].memory.unmeasured",
              "metrics.telemetry.devices[].unmeasured", "metrics.data.split_documents",
              "metrics.time_to_target.unmeasured", "metrics.steady_state.unmeasured", "metrics.goodput.shares",
+             "profile.ranks[].shares",  # keyed by category, each named in its row
              "metrics.by_formula",  # keyed by formula name; its fields documented as metrics.by_formula.<name>.x
              # documented as "fields as <the top-level object>"
              "nodes[].environment", "ranks[].telemetry", "engine.config", "error.plan")
@@ -47,6 +48,14 @@ def test_every_result_field_is_documented(tmp_path, extra):
     result = json.loads(next(tmp_path.glob("*.json")).read_text())
     doc = (ROOT / "docs" / "results.md").read_text()
     missing = sorted({p for p in key_paths(result) if f"`{p}`" not in doc})
+    assert not missing, f"docs/results.md does not describe: {missing}"
+
+
+def test_every_profile_field_is_documented():
+    """--profile's section, of a stored profiled run (tests/data/profile): a run costs more than this check."""
+    result = json.loads((ROOT / "tests" / "data" / "profile" / "dp2-slow-rank1.json").read_text())
+    assert result["profile"]["ranks"] and result["profile"]["straggler"]
+    missing = undocumented(result)
     assert not missing, f"docs/results.md does not describe: {missing}"
 
 

@@ -442,7 +442,7 @@ def test_truncated_and_unknown_schema_are_listed_as_skipped(tmp_path):
     text = run_report(str(BAD))
     skipped = text.split("## Skipped input files")[1]
     assert "truncated.json" in skipped and "not a complete JSON document" in skipped
-    assert "future.json" in skipped and "schema_version 99 is newer than this hwbench reads (3)" in skipped
+    assert "future.json" in skipped and "schema_version 99 is newer than this hwbench reads (4)" in skipped
     assert B in text  # the good file is reported
     both = run_report(str(GOOD), str(BAD))  # the same run twice: reported once, the copy listed as skipped
     assert both.split("## Skipped input files")[1].count("already read from") == 1

@@ -2,8 +2,9 @@
 
 The inputs are real version 1 files: tests/data/results-v1/ (a run with validation, 2 ranks,
 a failed 2-rank run, a sweep's ok, invalid and skipped records, made with the hwbench before
-version 2; its README says how), tests/data/compare/tiny-cpu.json and tests/data/report/; and a
-real version 2 file, tests/data/results-v2/ (made with the hwbench before version 3).
+version 2; its README says how), tests/data/compare/tiny-cpu.json and tests/data/report/; a
+real version 2 file, tests/data/results-v2/ (made with the hwbench before version 3), and a real
+version 3 file, tests/data/results-v3/ (made with the hwbench before version 4).
 """
 
 from __future__ import annotations
@@ -25,20 +26,22 @@ DATA = Path(__file__).parent / "data"
 V1_FILES = sorted([*(DATA / "results-v1").glob("*.json"), DATA / "compare" / "tiny-cpu.json",
                    *(DATA / "report" / "good").glob("*.json"), DATA / "report" / "bad" / "b-tiny-cpu.json"])
 V2_FILE = DATA / "results-v2" / "tiny-cpu-eval.json"
+V3_FILE = DATA / "results-v3" / "tiny-cpu-eval.json"
 
 
 def test_the_inputs_are_version_1_files():
     assert len(V1_FILES) == 13
     assert {json.loads(path.read_text())["schema_version"] for path in V1_FILES} == {1}
     assert json.loads(V2_FILE.read_text())["schema_version"] == 2
-    assert RESULT_SCHEMA_VERSION == 3
+    assert json.loads(V3_FILE.read_text())["schema_version"] == 3
+    assert RESULT_SCHEMA_VERSION == 4
 
 
 @pytest.mark.parametrize("path", V1_FILES, ids=lambda path: f"{path.parent.name}/{path.name}")
 def test_every_version_1_file_loads_through_the_chain(path, tmp_path):
     original = json.loads(path.read_text())
     result = load_result(path)
-    assert result.schema_version == 3 and result.run_id == original["run_id"] and result.status == original["status"]
+    assert result.schema_version == 4 and result.run_id == original["run_id"] and result.status == original["status"]
     spec = original["spec"]
     if "model" in spec:  # a resolved spec: the formula renamed, the positions recorded
         assert result.spec.flops_formula == "megatron-core-v0.7" and spec["flops_formula"] == "megatron-lm"
@@ -47,23 +50,31 @@ def test_every_version_1_file_loads_through_the_chain(path, tmp_path):
         assert result.point_key is not None and result.point_key.max_positions == positions
     else:  # a sweep's record of a point whose options were refused
         assert result.spec.run_args == spec["run_args"] and result.point_key is None
-    # written back at version 3, it reads as the same result
+    # written back at version 4, it reads as the same result
     written = json.loads(write_result(result, tmp_path).read_text())
-    assert written["schema_version"] == 3 and list(written)[0] == "schema_version"
+    assert written["schema_version"] == 4 and list(written)[0] == "schema_version"
     assert load_result(tmp_path / f"{result.run_id}.json") == result
 
 
-def test_the_chain_changes_only_what_versions_2_and_3_rename(tmp_path):
+def test_the_chain_changes_only_what_versions_2_to_4_rename_and_add(tmp_path):
     path = DATA / "results-v1" / "tiny-cpu-eval.json"
     original = json.loads(path.read_text())
     written = load_result(path).to_dict()
-    assert (written.pop("schema_version"), original.pop("schema_version")) == (3, 1)
+    assert (written.pop("schema_version"), original.pop("schema_version")) == (4, 1)
     for section in ("spec", "metrics"):
         assert (written[section].pop("flops_formula"), original[section].pop("flops_formula")) == \
             ("megatron-core-v0.7", "megatron-lm")
     _renamed_adamw_constants(written["spec"]["optimizer"], original["spec"]["optimizer"])
     assert "checkpoint" not in original and written.pop("checkpoint") is None  # a newer section: written null
+    _not_profiled(written, original)
     assert written == original  # every other value, nested extras included, as the file had it
+
+
+def _not_profiled(written: dict, original: dict) -> None:
+    """Version 4's additions, popped: a run before --profile was not profiled, and has no profile section."""
+    assert "profile" not in original and written.pop("profile") is None
+    assert "profile" not in original["spec"] and written["spec"].pop("profile") is False
+    assert written["spec"].pop("profile_steps") is None
 
 
 def _renamed_adamw_constants(written: dict, original: dict) -> None:
@@ -75,16 +86,30 @@ def _renamed_adamw_constants(written: dict, original: dict) -> None:
 def test_a_version_2_file_loads_with_adamws_constants_under_their_option_names(tmp_path):
     original = json.loads(V2_FILE.read_text())
     result = load_result(V2_FILE)
-    assert result.schema_version == 3 and result.run_id == original["run_id"]
+    assert result.schema_version == 4 and result.run_id == original["run_id"]
     optimizer = result.spec.run_spec().optimizer  # the typed spec reads the constants the run trained with
     assert (optimizer.adam_beta1, optimizer.adam_beta2, optimizer.adam_eps) == (0.9, 0.999, 1e-8)
     # written before the warm-up options: the fields' defaults are what the run had
     assert (optimizer.lr_warmup_init, optimizer.lr_warmup_fraction) == (0.0, None) == (
         OptimizerSpec.lr_warmup_init, OptimizerSpec.lr_warmup_fraction)
     written = result.to_dict()
-    assert (written.pop("schema_version"), original.pop("schema_version")) == (3, 2)
+    assert (written.pop("schema_version"), original.pop("schema_version")) == (4, 2)
     _renamed_adamw_constants(written["spec"]["optimizer"], original["spec"]["optimizer"])
+    _not_profiled(written, original)
     assert written == original  # nothing else changes
+    assert load_result(write_result(result, tmp_path)) == result
+
+
+def test_a_version_3_file_loads_as_not_profiled(tmp_path):
+    """Version 4 adds --profile: a version 3 run was not profiled, and nothing else changes."""
+    original = json.loads(V3_FILE.read_text())
+    result = load_result(V3_FILE)
+    assert result.schema_version == 4 and result.profile is None and result.spec.profile is False
+    assert result.spec.run_spec().profile is False and result.spec.run_spec().profile_steps is None
+    written = result.to_dict()
+    assert (written.pop("schema_version"), original.pop("schema_version")) == (4, 3)
+    _not_profiled(written, original)
+    assert written == original
     assert load_result(write_result(result, tmp_path)) == result
 
 
@@ -130,8 +155,8 @@ def test_derived_facts_of_files_that_did_not_record_them():
 
 
 @pytest.mark.parametrize("version, line", [
-    (7, "schema_version 7 is newer than this hwbench reads (3); upgrade hwbench"),
-    (0, "schema_version 0 was never written by hwbench (it reads 1 to 3)"),
+    (7, "schema_version 7 is newer than this hwbench reads (4); upgrade hwbench"),
+    (0, "schema_version 0 was never written by hwbench (it reads 1 to 4)"),
     ("2", "schema_version must be an integer, not '2'"),
     (True, "schema_version must be an integer, not 'True'"),
 ])

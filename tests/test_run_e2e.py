@@ -256,13 +256,14 @@ def test_result_file_is_valid_json_with_documented_top_level_fields(embedded_def
         "nodes",
         "sweep",
         "checkpoint",
+        "profile",
         "error",
         "warnings",
         "started_at",
         "finished_at",
         "hwbench_version",
     }
-    assert data["error"] is None and data["ranks"][0]["rank"] == 0
+    assert data["error"] is None and data["profile"] is None and data["ranks"][0]["rank"] == 0
     assert data["engine"]["name"] == "native" and data["launch"] == {}  # one process: nothing launched
     assert [n["node_rank"] for n in data["nodes"]] == [0]
 

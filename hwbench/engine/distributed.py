@@ -131,6 +131,14 @@ class DistContext:
         dist.gather_object(value, gathered, dst=0)
         return gathered
 
+    def broadcast_object(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (a name every rank must agree on)."""
+        if self.mesh is None:
+            return value
+        held = [value]
+        dist.broadcast_object_list(held, src=0)
+        return held[0]
+
     def barrier(self) -> None:
         if self.mesh is not None:
             dist.barrier()

@@ -10,6 +10,7 @@ figures stay in ``ranks``; the slowest rank is named as the straggler.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from typing import Any
 
@@ -19,10 +20,12 @@ from hwbench.files import finite
 from hwbench.harness.checkpointing import merge_checkpoints
 from hwbench.harness.goodput import goodput_figures, restart_time_before
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.harness.profile import PROFILER_WARMUP_STEPS
 from hwbench.harness.routing import expert_parallel_figures, routing_summary, step_all_to_all_s, step_routing
 from hwbench.harness.stand_in import STAND_IN_PRICE
 from hwbench.plausibility import implausible_throughput
 from hwbench.precision import FP8
+from hwbench.result.breakdown import STRAGGLER_WAIT_SHARE, SUM_TOLERANCE, waiting_straggler
 from hwbench.result.model import (
     Checkpoints,
     Environment,
@@ -31,6 +34,7 @@ from hwbench.result.model import (
     Memory,
     Metrics,
     NodeSummary,
+    Profile,
     RankPlacement,
     RankSummary,
     RunError,
@@ -41,6 +45,7 @@ from hwbench.result.model import (
     Straggler,
     Telemetry,
     TelemetryDevice,
+    TimeBreakdown,
     TimeToTarget,
     ValidationPoint,
     sum_known,
@@ -96,6 +101,7 @@ class RankReport:
     routing: list[list[list[float]]] | None = None
     # expert parallelism: this rank's seconds in the all-to-alls per step (warm-up included); None without
     all_to_all_s: list[float] | None = None
+    profile: TimeBreakdown | None = None  # --profile: this rank's profiled steps (hwbench.harness.profile)
 
 
 def _loss_rank(reports: list[RankReport], spec: RunSpec) -> RankReport:
@@ -246,6 +252,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         {**result.environment.dump(), **placement_environment(host_placements(reports))})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
     result.metrics.goodput = merged_goodput(reports)
+    result.profile = merged_profile(spec, reports)
     result.metrics.steady_state = measured_steady_state(times, result.metrics.telemetry)
     _judge(result, spec, times, implausible)
 
@@ -374,6 +381,22 @@ def merged_goodput(reports: list[RankReport]) -> Goodput | None:
     restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
                                      first.init_s or 0.0)
     return Goodput.model_validate(finite({**goodput_figures(first.phases_s, restarts_s), "rank": first.rank}))
+
+
+def merged_profile(spec: RunSpec, reports: list[RankReport]) -> Profile | None:
+    """--profile: every rank's breakdown, in rank order, and the rank the others waited for."""
+    breakdowns = sorted((r.profile for r in reports if r.profile is not None), key=lambda b: b.rank or 0)
+    if not spec.profile or not breakdowns:
+        return None
+    traces = [b.trace for b in breakdowns if b.trace is not None]
+    # numbered as result.steps are (a resumed run's from its checkpoint's iteration), after the timed
+    # steps and the profiler's warm-up step
+    first = reports[0].first_iteration + spec.warmup + spec.steps + PROFILER_WARMUP_STEPS + 1
+    return Profile(steps=list(range(first, first + (spec.profile_steps or 0))),
+                   profiler_warmup_steps=PROFILER_WARMUP_STEPS,
+                   trace_dir=os.path.dirname(traces[0]) if traces else None, traces=traces,
+                   sum_tolerance=SUM_TOLERANCE, ranks=breakdowns, straggler_threshold=STRAGGLER_WAIT_SHARE,
+                   straggler=waiting_straggler(breakdowns))
 
 
 def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) -> TimeToTarget | None:

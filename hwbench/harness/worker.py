@@ -35,6 +35,7 @@ from hwbench.harness.describe import describe_device, describe_workload
 from hwbench.harness.faults import RESULT_FILE, RUN_DIR_ENV, SWEEP_ENV, Fault, Heartbeat, read_heartbeats
 from hwbench.harness.goodput import PhaseClock
 from hwbench.harness.merge import RankReport, merge_ranks
+from hwbench.harness.profile import ProfilePlan, profile_or_reason, trace_folder, with_data_annotation
 from hwbench.harness.progress import Progress
 from hwbench.harness.slurm_env import SLURM_RUN_PREFIX, slurm_record
 from hwbench.harness.stand_in import stand_in_readings
@@ -113,8 +114,9 @@ def run_point(spec: RunSpec, catalog: Catalog, *, show_progress: bool = True,
             with clock.within("checkpoint_load"):
                 checkpoints.load()
             checkpoints.started_training()
+            profiling = profile_plan(spec, ctx, result.run_id)
             report = measure(attempt, backend, data, progress, engine, ctx, heartbeat, fault, checkpoints,
-                             plan.start_iteration, clock)
+                             plan.start_iteration, clock, profiling)
             report.environment, report.placement = result.environment, placement
         finally:
             engine.close()
@@ -171,6 +173,14 @@ def run_as_rank(spec: RunSpec, catalog: Catalog, rank_env: RankEnvironment, *,
         return result
 
     return rank_main()
+
+
+def profile_plan(spec: RunSpec, ctx: DistContext, run_id: str) -> ProfilePlan | None:
+    """Where this rank's --profile trace goes: beside rank 0's result, whose run id every rank learns."""
+    if not spec.profile or spec.profile_steps is None:
+        return None
+    return ProfilePlan(out_dir=spec.out_dir, folder=trace_folder(ctx.broadcast_object(run_id)),
+                       steps=spec.profile_steps, rank=ctx.rank)
 
 
 def with_sweep_record(result: RunResult) -> RunResult:
@@ -277,6 +287,7 @@ def measure(
     checkpoints: Checkpointer | None = None,
     first_iteration: int = 0,
     clock: PhaseClock | None = None,
+    profiling: ProfilePlan | None = None,
 ) -> RankReport:
     """Warm-up steps (excluded), then timed steps bracketed by device syncs.
     Validation at --eval-interval and checkpoint saves at --save-interval run
@@ -292,7 +303,8 @@ def measure(
 
     Returns this rank's figures for rank 0 to merge (run_point adds its environment and placement);
     ``clock``: run_point's, started with it, for the report's ``init_s`` and the goodput's phases
-    (without one, a clock from the first step: no initialisation measured)."""
+    (without one, a clock from the first step: no initialisation measured). ``profiling``: --profile's
+    extra steps, after all of that and after this rank's figures are taken (hwbench.harness.profile)."""
     measured_init = clock is not None
     clock = clock if clock is not None else PhaseClock(phase="other")
     validation: list[ValidationPoint] = []
@@ -408,7 +420,7 @@ def measure(
     ctx.all_reduce(losses, "dp")
     losses /= ctx.dims.dp
     phases_s = clock.stop()
-    return RankReport(
+    report = RankReport(
         routing=None if routing is None else global_routing(routing, ctx),
         all_to_all_s=None if all_to_all is None else all_to_all.step_seconds(),
         rank=ctx.rank,
@@ -435,3 +447,20 @@ def measure(
         init_s=training_started - clock.started if measured_init else None,
         phases_s=phases_s if measured_init else None,  # without the initialisation, no run's whole
     )
+    if profiling is not None:
+        progress.note(f"timed steps done; profiling {profiling.steps} more steps (--profile)")
+        report.profile = profile_or_reason(profiling, backend.name, last + 1, ctx.distributed,
+                                           lambda step: _profiled_step(step, engine, data, backend, ctx, fault,
+                                                                       heartbeat))
+    return report
+
+
+def _profiled_step(step: int, engine: Engine, data: SampledData, backend: Backend, ctx: DistContext,
+                   fault: Fault | None, heartbeat: Heartbeat) -> None:
+    """One --profile step: trained as any other (a drill's slow rank sleeps in it too), its batch
+    fetch marked as data loading; its outcome is left out of the run's losses and step times."""
+    if fault:
+        fault.maybe_trigger(ctx.rank, step)
+    engine.train_step(with_data_annotation(data.train_batch))
+    backend.step_done()
+    heartbeat.step(step, "profile")

@@ -27,6 +27,7 @@ from hwbench.report.sections import (
     goodput_section,
     model_section,
     procurement_section,
+    profile_section,
     published_section,
     runs_section,
     skipped_section,
@@ -67,6 +68,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
                   model_section(runs, images, also_formula), procurement_section(runs, devices, notes),
                   convergence_section(runs, images), time_to_target_section(runs), checkpoint_section(runs),
                   goodput_section(runs),
+                  profile_section([result for result, _ in loaded]),
                   environment_section(runs, warnings_found), collectives_section(collectives or []),
                   skipped_section(skipped)]
     sections = [section for section in candidates if section is not None]

@@ -27,7 +27,8 @@ from hwbench.report.cells import (
 from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.report.published import publishes_tokens, table_title, tokens_per_s_per_device
-from hwbench.result.model import GOODPUT_PHASES
+from hwbench.report.summary import wait_straggler_text
+from hwbench.result.model import BREAKDOWN_CATEGORIES, GOODPUT_PHASES, RunResult, TimeBreakdown
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
@@ -487,6 +488,39 @@ def _sweep_goodput_rows(measured: pd.DataFrame) -> list[pd.Series]:
 
 def _share_cell(phase: str) -> Callable[[dict[str, Any]], Cell]:
     return lambda run: percent(run[f"goodput_share_{phase}"])
+
+
+def profile_section(results: list[RunResult]) -> Section | None:
+    """Where the time goes: each profiled run's ranks, a row each (seconds per profiled step and each
+    category's share), and the rank the others waited for; None when no run was profiled (--profile)."""
+    profiled = [(result.run_id, result.profile) for result in results
+                if result.profile is not None and result.profile.ranks]
+    if not profiled:
+        return None
+    section = Section("Where the time goes")
+    section.blocks.append(("p", "--profile's extra steps after the timed window, each rank's timeline charged category "
+                                "by category (docs/methodology.md, 'Where the time goes'): the shares of a rank sum to "
+                                "its step; communication counts all of it, exposed the part nothing else hid."))
+    rows = [(run_id, figures) for run_id, profile in profiled for figures in profile.ranks or []]
+    section.blocks.append(("table", Table.of([
+        ("run", lambda row: row[0]), ("rank", lambda row: row[1].rank),
+        ("step ms", lambda row: fmt(_ms(row[1].step_s), 1)),
+        *[(label, _category_cell(category)) for category, label in BREAKDOWN_CATEGORIES.items()],
+        ("comm. ms", lambda row: fmt(_ms(row[1].communication_s), 1)),
+        ("timeline", lambda row: row[1].timeline or row[1].why("breakdown") or "-"),
+    ], rows)))
+    for run_id, profile in profiled:
+        if len(profile.ranks or []) > 1:
+            section.blocks.append(("p", f"{run_id}: waiting for {wait_straggler_text(profile)}."))
+    return section
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _category_cell(category: str) -> Callable[[tuple[str, TimeBreakdown]], Cell]:
+    return lambda row: percent((row[1].shares or {}).get(category))
 
 
 def checkpoint_policy_blocks(runs: pd.DataFrame) -> list[tuple]:

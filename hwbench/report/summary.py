@@ -5,7 +5,18 @@ from __future__ import annotations
 from hwbench.harness.goodput import SweepGoodput, summed_goodput
 from hwbench.metrics import METRICS
 from hwbench.report.terminal import text_table
-from hwbench.result.model import GOODPUT_PHASES, Checkpoints, Goodput, Memory, RunResult, StepTime, TimeToTarget
+from hwbench.result.model import (
+    BREAKDOWN_CATEGORIES,
+    GOODPUT_PHASES,
+    Checkpoints,
+    Goodput,
+    Memory,
+    Profile,
+    RunResult,
+    StepTime,
+    TimeBreakdown,
+    TimeToTarget,
+)
 from hwbench.units import flops_rate_text, human_bytes
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason, utilisation_label
 
@@ -100,6 +111,8 @@ def run_summary_rows(result: RunResult, path: str | None = None) -> list[tuple[s
         rows.append(("goodput", goodput_text(metrics.goodput)))
     if result.checkpoint is not None:
         rows.append(("checkpoints", checkpoint_text(result.checkpoint)))
+    if result.profile is not None:
+        rows += profile_rows(result.profile)
     rows += [("warning", warning) for warning in result.warnings]
     return rows + ([("result file", path)] if path else [])
 
@@ -173,6 +186,39 @@ def time_to_target_text(figures: TimeToTarget) -> str:
     cost = f", ${figures.cost_usd:,.4g}" if figures.cost_usd is not None else ""
     return (f"{target}: {figures.time_s:,.1f} s ({init}), step {figures.step}, {figures.samples:,} samples, "
             f"{figures.device_hours:.3g} device-hours{energy}{cost}")
+
+
+def profile_rows(profile: Profile) -> list[tuple[str, str]]:
+    """--profile's lines: which steps, where the traces are, each rank's breakdown, who held the others back."""
+    steps = profile.steps or []
+    where = f"steps {steps[0]}-{steps[-1]}" if steps else "no step"
+    rows = [("profile", f"{where}, after the timed ones (not in their figures); traces in {profile.trace_dir}")]
+    rows += [(f"rank {figures.rank} time", breakdown_text(figures)) for figures in profile.ranks or []]
+    if len(profile.ranks or []) > 1:
+        rows.append(("waiting for", wait_straggler_text(profile)))
+    return rows
+
+
+def breakdown_text(figures: TimeBreakdown) -> str:
+    """ "step 41.2 ms: GEMMs 52.1%, attention 8.0%, ... (communication 3.1 ms, 1.2 ms exposed)"."""
+    if figures.step_s is None:
+        return f"null: {figures.why('breakdown') or 'not measured'}"
+    shares = figures.shares or {}
+    parts = ", ".join(f"{label} {_percent(shares.get(category))}" for category, label in BREAKDOWN_CATEGORIES.items()
+                      if shares.get(category))
+    return (f"step {_ms(figures.step_s)} ms: {parts} (communication {_ms(figures.communication_s)} ms, "
+            f"{_ms(figures.exposed_communication_s)} exposed)")
+
+
+def wait_straggler_text(profile: Profile) -> str:
+    """The rank the others waited for in the profiled steps, with the figures; or nobody, with the threshold."""
+    threshold = _percent(profile.straggler_threshold)
+    lagging = profile.straggler
+    if lagging is None:
+        return f"nobody: no rank's peers waited for it more than {threshold} of a step in collectives"
+    return (f"rank {lagging.rank}: it waited {_ms(lagging.wait_s)} ms a step in collectives, its peers "
+            f"{_ms(lagging.peers_wait_s)} ms (median): {_percent(lagging.lag_share)} of a step lost to it "
+            f"(threshold {threshold})")
 
 
 def goodput_text(goodput: Goodput) -> str:

@@ -134,7 +134,8 @@ class SpecLaunch(_optional_fields(LaunchSpec, {"nnodes": 1, "nproc_per_node": 1,
 
 
 class Spec(_optional_fields(  # type: ignore[misc]
-        RunSpec, {"engine": "native", "zero_stage": 0, "fsdp": False, "fused_qkv": False, "cross_entropy": "standard"},
+        RunSpec, {"engine": "native", "zero_stage": 0, "fsdp": False, "fused_qkv": False, "cross_entropy": "standard",
+                  "profile": False},
         {ParallelDims: Parallel, LaunchSpec: SpecLaunch, OptimizerSpec: dict[str, Any]})):
     """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
 
@@ -781,6 +782,70 @@ class RunError(Section):
     slurm_job_id: Text | None = None
 
 
+# --- the profile (--profile) -------------------------------------------------------------------
+
+# The categories of a profiled step (hwbench.result.breakdown), in order, with the label the summary
+# and the report give each. Every moment of a profiled step on the rank's timeline is charged to
+# exactly one: communication here is the exposed part (nothing else ran); the whole of it, hidden
+# under compute or not, is TimeBreakdown.communication_s.
+BREAKDOWN_CATEGORIES = {"matmul": "GEMMs", "attention": "attention", "other_compute": "other compute",
+                        "exposed_communication": "exposed comm.", "memory_copy": "copies",
+                        "optimizer": "optimizer", "data_loading": "data", "host_idle": "host/idle"}
+
+
+class TimeBreakdown(WithReasons):
+    """One rank's profiled steps: seconds per step (the mean over the profiled steps) in each
+    category of BREAKDOWN_CATEGORIES, which sum to step_s; and each one's share of the step."""
+
+    rank: Count | None = None
+    timeline: Text | None = None  # what the categories partition: the main thread's CPU ops, or device kernels
+    trace: Text | None = None  # the rank's trace file, relative to the result's folder
+    steps: Count | None = None
+    step_s: Rate | None = None
+    matmul_s: Rate | None = None
+    attention_s: Rate | None = None
+    other_compute_s: Rate | None = None
+    exposed_communication_s: Rate | None = None
+    memory_copy_s: Rate | None = None
+    optimizer_s: Rate | None = None
+    data_loading_s: Rate | None = None
+    host_idle_s: Rate | None = None
+    communication_s: Rate | None = None  # all of it, hidden under compute or not (>= exposed)
+    shares: dict[str, Rate] | None = None  # category -> its seconds / step_s
+    unmeasured: REASONS | None = None
+
+    def seconds(self, category: str) -> float | None:
+        """The seconds per step of one of BREAKDOWN_CATEGORIES."""
+        value = getattr(self, f"{category}_s")
+        return None if value is None else float(value)
+
+
+class WaitStraggler(Section):
+    """The rank the others wait for in the profiled steps: the one that spent least time waiting in
+    collectives, when the other ranks' median wait exceeds its own by more than the threshold."""
+
+    rank: Count | None = None
+    wait_s: Rate | None = None  # its exposed communication per profiled step
+    peers_wait_s: Rate | None = None  # the median of the other ranks'
+    lag_s: Rate | None = None  # peers_wait_s - wait_s: what the others lose to it per step
+    lag_share: Rate | None = None  # lag_s over the median profiled step
+
+
+class Profile(WithReasons):
+    """--profile: torch.profiler over extra steps after the timed window (never in the timed
+    statistics), a trace per rank beside the result, each rank's breakdown and the straggler."""
+
+    steps: list[Count] | None = None  # the profiled steps' numbers (after the timed ones)
+    profiler_warmup_steps: Count | None = None  # run under the profiler before them, discarded
+    trace_dir: Text | None = None  # relative to the result's folder
+    traces: list[Text] | None = None  # one per rank, relative to the result's folder
+    sum_tolerance: Rate | None = None  # the categories sum to the step within this fraction
+    ranks: list[TimeBreakdown] | None = None
+    straggler_threshold: Rate | None = None  # lag_share above which a rank is named
+    straggler: WaitStraggler | None = None  # None: nobody held the others back (or one rank)
+    unmeasured: REASONS | None = None
+
+
 class SweepRecord(Section):
     """The sweep that ran the point: suite, point, repeat, resume key."""
 
@@ -815,6 +880,7 @@ class RunResult(Section):
     nodes: list[NodeSummary] = Field(default_factory=list)
     sweep: SweepRecord | None = None
     checkpoint: Checkpoints | None = None  # saves, loads and restarts (--save, --load, --max-restarts)
+    profile: Profile | None = None  # --profile: where a step's time goes, per rank (docs/methodology.md)
     error: RunError | None = None
     warnings: list[Text] = []
     started_at: Text = ""

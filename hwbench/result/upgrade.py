@@ -106,4 +106,20 @@ def v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: v1_to_v2, 2: v2_to_v3}
+# --- 3 -> 4 ------------------------------------------------------------------------------------
+
+
+def v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 adds --profile: the spec's profile and profile_steps and the result's profile
+    section (hwbench.result.model.Profile). A file before it was never profiled: profile false,
+    no steps, and a null section, so that readers tell "not profiled" from a profile that failed."""
+    spec = _held(data, "spec", dict)
+    if spec.get("model") is not None:  # a resolved spec, not a refused point's run_args
+        spec.setdefault("profile", False)
+        spec.setdefault("profile_steps", None)
+    if isinstance(data, dict):
+        data.setdefault("profile", None)
+    return data
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: v1_to_v2, 2: v2_to_v3, 3: v3_to_v4}
