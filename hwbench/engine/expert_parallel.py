@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hwbench.device.base import StepTimer
-from hwbench.workload.moe import GroupedExperts, GroupedLinear, moe_layers, outside_compile
+from hwbench.workload.moe import GroupedExperts, GroupedLinear, MoE, moe_layers, outside_compile
 
 
 class AllToAllClock:
@@ -217,7 +217,7 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
-def apply_expert_tensor_parallel(layer: nn.Module, tp_mesh: Any) -> None:
+def apply_expert_tensor_parallel(layer: MoE, tp_mesh: Any) -> None:
     """Tensor parallelism of one MoE layer (Megatron's expert tensor parallelism at the TP degree,
     torchtitan's TP of GroupedExperts), on the meta model: every rank holds every expert, each
     expert's width f split over the tp ranks as a dense MLP's is (gate and up column-parallel:
@@ -233,15 +233,15 @@ def apply_expert_tensor_parallel(layer: nn.Module, tp_mesh: Any) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     group = tp_mesh.get_group()
-    experts = layer.get_submodule("experts")
-    for linear, placement in zip(expert_weights(experts), (Shard(1), Shard(1), Shard(2)), strict=True):
-        linear.weight = nn.Parameter(distribute_tensor(linear.weight, tp_mesh, [placement]))
-    router = layer.get_submodule("router")
-    router.weight = nn.Parameter(distribute_tensor(router.weight, tp_mesh, [Replicate()]))
+    for linear, placement in zip(expert_weights(layer.experts), (Shard(1), Shard(1), Shard(2)), strict=True):
+        weight: torch.Tensor = linear.weight
+        linear.weight = nn.Parameter(distribute_tensor(weight, tp_mesh, [placement]))
+    router_weight: torch.Tensor = layer.router.weight
+    layer.router.weight = nn.Parameter(distribute_tensor(router_weight, tp_mesh, [Replicate()]))
     layer.to_experts = _tensor_parallel_copy(group)
     layer.from_experts = _tensor_parallel_sum(group)
-    if getattr(layer, "shared_experts", None) is not None:
-        parallelize_module(layer.get_submodule("shared_experts"), tp_mesh, {
+    if layer.shared_experts is not None:
+        parallelize_module(layer.shared_experts, tp_mesh, {
             "gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()})
 
 

@@ -95,8 +95,9 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
 
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, model.config.swiglu))
-        if isinstance(block.get_submodule("mlp"), MoE):
-            apply_expert_tensor_parallel(block.get_submodule("mlp"), tp_mesh)
+        layer = block.get_submodule("mlp")
+        if isinstance(layer, MoE):
+            apply_expert_tensor_parallel(layer, tp_mesh)
         _replicate(block.get_submodule("ln_1"), tp_mesh)
         _replicate(block.get_submodule("ln_2"), tp_mesh)
     if model.wte is not None:
