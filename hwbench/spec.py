@@ -9,6 +9,7 @@ combination raises UsageError naming the options, the values and what would be a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -334,17 +335,24 @@ def _build_parallel(options: RunOptions, workload: Workload, launch: LaunchSpec,
 
 
 def _check_moe_layout(workload: Workload, engine: str, tp: int, pp: int) -> None:
-    """A mixture-of-experts model runs on the native engine over data-parallel ranks (DDP or FSDP2)
-    and expert-parallel ones so far: tensor and pipeline parallelism and DeepSpeed's engines are not
-    built for its layers yet."""
+    """A mixture-of-experts model runs on the native engine over data-parallel ranks (DDP or FSDP2),
+    expert-parallel ones, or tensor-parallel ones (each expert's width split) so far: pipeline
+    parallelism and DeepSpeed's engines are not built for its layers yet."""
     if not workload.model.moe:
         return
-    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"),
-                                     (f"--tp {tp}", tp > 1), (f"--pp {pp}", pp > 1)) if used]
+    given = [flag for flag, used in (("--engine deepspeed", engine == "deepspeed"), (f"--pp {pp}", pp > 1)) if used]
     if given:
         raise UsageError(f"{' '.join(given)} with --model {workload.name}: a mixture-of-experts model runs on the "
-                         "native engine, over data-parallel ranks (DDP or --fsdp) and expert-parallel ones (--ep), "
-                         "so far; accepted: --engine native --tp 1 --pp 1")
+                         "native engine, over data-parallel ranks (DDP or --fsdp), expert-parallel ones (--ep) or "
+                         "tensor-parallel ones (--tp), so far; accepted: --engine native --pp 1")
+    model = workload.model
+    for what, width, field in (("experts'", model.moe_ffn_size, "moe_ffn_hidden_size"),
+                               ("shared experts'", model.moe_shared_expert_intermediate_size,
+                                "moe_shared_expert_intermediate_size")):
+        if width and width % tp:  # each tensor-parallel rank holds an equal share of every expert's width
+            raise UsageError(f"--tp {tp} does not divide the {what} width {width} ({field}) of --model "
+                             f"{workload.name}; accepted: "
+                             f"{_divisors(math.gcd(width, model.num_attention_heads, model.kv_heads))}")
 
 
 def _expert_parallel(ep: int, workload: Workload, dp: int, tp: int, pp: int) -> int:

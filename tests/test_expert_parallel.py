@@ -1,5 +1,6 @@
-"""Expert parallelism (--ep): the all-to-all dispatch against one process, real torchrun runs of
-moe-tiny against one process (EP2 in the default run; EP2 x DP2, FSDP2 and EP2 x FSDP2 heavy),
+"""Expert parallelism (--ep) and the experts under tensor parallelism (--tp): the all-to-all dispatch
+and the split experts against one process, real torchrun runs of moe-tiny against one process (EP2 in
+the default run; EP2 x DP2, FSDP2, EP2 x FSDP2, TP2 and TP2 x FSDP2 heavy),
 the all-to-all figures in the result, the summary and the report, and bad --ep values refused."""
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ TOKENS = 24  # per rank
 # --- the dispatch: two gloo ranks against one process ---------------------------------------------
 
 
-def _layer(capacity_factor: float | None) -> MoE:
+def _layer(capacity_factor: float | None, shared: int | None = None) -> MoE:
     torch.manual_seed(0)
-    layer = MoE(dataclasses.replace(MIXTRAL, moe_expert_capacity_factor=capacity_factor))
+    layer = MoE(dataclasses.replace(MIXTRAL, moe_expert_capacity_factor=capacity_factor,
+                                    moe_shared_expert_intermediate_size=shared))
     for parameter in layer.parameters():
         torch.nn.init.normal_(parameter, std=0.2)
     return layer
@@ -58,7 +60,7 @@ def _ep2_rank(rank: int, folder: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from hwbench.engine.expert_parallel import apply_expert_parallel
+    from hwbench.engine.expert_parallel import apply_expert_parallel, apply_expert_tensor_parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
@@ -74,6 +76,13 @@ def _ep2_rank(rank: int, folder: str) -> None:
             saved[name] = {**step, "router_grad": layer.router.weight.grad,
                            "expert_grads": [p.grad.to_local() for p in layer.experts.parameters()],
                            "kept": layer.figures.take(4, torch.device("cpu")), "seconds": clock.step_seconds()}
+        for name, capacity in (("tp-dropless", None), ("tp-capacity", 1.0)):
+            layer = _layer(capacity, shared=32)  # with shared experts, split as a dense MLP
+            apply_expert_tensor_parallel(layer, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+            x, grad = _inputs()
+            step = _train_step(layer, x[:1], grad[:1])  # tensor parallelism: both ranks take the same tokens
+            saved[name] = {**step, "grads": {n: p.grad.to_local() for n, p in layer.named_parameters()},
+                           "kept": layer.figures.take(4, torch.device("cpu"))}
         torch.save(saved, f"{folder}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -113,6 +122,34 @@ def test_the_all_to_all_dispatch_computes_what_one_process_does(ep2_ranks, name,
     for saved in ranks:  # the clock timed this training step's all-to-alls
         (seconds,) = saved["seconds"]
         assert seconds > 0
+
+
+# the dimension of each weight that tensor parallelism splits (None: replicated)
+TP_SPLIT = {"router.weight": None, "experts.gate_proj.weight": 1, "experts.up_proj.weight": 1,
+            "experts.down_proj.weight": 2, "shared_experts.gate_proj.weight": 0,
+            "shared_experts.up_proj.weight": 0, "shared_experts.down_proj.weight": 1}
+
+
+@pytest.mark.parametrize("capacity", [None, 1.0], ids=["dropless", "capacity"])
+def test_tensor_parallel_experts_compute_what_one_process_does(ep2_ranks, capacity):
+    """TP2: both ranks take the same tokens, each holds half of every expert's width (and of the
+    shared experts'); the output and the input's gradient are the one-process layer's, each rank's
+    weight gradients its half of the one-process ones, the replicated router's whole, and every rank
+    routes alike."""
+    layer = _layer(capacity, shared=32)
+    x, grad = _inputs()
+    step = _train_step(layer, x[:1], grad[:1])
+    figures = layer.figures.take(4, torch.device("cpu"))
+    for rank, saved in enumerate(ep2_ranks):
+        ours = saved["tp-dropless" if capacity is None else "tp-capacity"]
+        torch.testing.assert_close(ours["out"], step["out"])
+        torch.testing.assert_close(ours["input_grad"], step["input_grad"])
+        torch.testing.assert_close(ours["kept"], figures)
+        assert set(ours["grads"]) == set(TP_SPLIT)
+        for name, dim in TP_SPLIT.items():
+            whole = layer.get_parameter(name).grad
+            expected = whole if dim is None else whole.chunk(2, dim=dim)[rank]
+            torch.testing.assert_close(ours["grads"][name], expected, msg=name)
 
 
 # --- the clock ------------------------------------------------------------------------------------
@@ -250,6 +287,10 @@ LAYOUTS = [
     pytest.param(["--nproc-per-node", "4", "--ep", "2", "--fsdp"], 2, "fsdp2", id="dp2xep2-fsdp",
                  marks=pytest.mark.heavy),
     pytest.param(["--nproc-per-node", "2", "--fsdp"], 1, "fsdp2", id="ep1-fsdp", marks=pytest.mark.heavy),
+    # tensor parallelism: every expert's width split (the default run's layer test takes its path)
+    pytest.param(["--nproc-per-node", "2", "--tp", "2"], 1, None, id="tp2", marks=pytest.mark.heavy),
+    pytest.param(["--nproc-per-node", "4", "--tp", "2", "--fsdp"], 1, "fsdp2", id="tp2xdp2-fsdp",
+                 marks=pytest.mark.heavy),
 ]
 
 
@@ -257,8 +298,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("options, ep, data_parallel", LAYOUTS)
 def test_expert_parallel_layouts_train_as_one_process(tmp_path, one_process, options, ep, data_parallel):
     """EP2 beside a second expert-data-parallel rank (the experts' gradients all-reduced over it),
-    EP2 with FSDP2 (the experts sharded over the ranks holding them, the rest over dp), and MoE on
-    FSDP2 without EP: the one-process losses."""
+    EP2 with FSDP2 (the experts sharded over the ranks holding them, the rest over dp), MoE on
+    FSDP2 without EP, and TP2 (alone and beside FSDP2): the one-process losses."""
     result = _run(tmp_path, *options)
     _assert_trains_as_one_process(result, one_process)
     assert result["engine"]["data_parallel"] == data_parallel and result["spec"]["parallel"]["ep"] == ep

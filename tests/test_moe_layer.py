@@ -226,21 +226,46 @@ def test_a_capacity_factor_and_a_zero_coefficient_are_accepted(tmp_path, monkeyp
 # --- a run: refused layouts, the figures the result records -------------------------------------
 
 
-@pytest.mark.parametrize("options, given", [
-    (["--nproc-per-node", "2", "--engine", "deepspeed"], "--engine deepspeed"),
-    (["--nproc-per-node", "2", "--tp", "2"], "--tp 2"),
-    (["--nproc-per-node", "2", "--pp", "2"], "--pp 2"),
-], ids=["deepspeed", "tp", "pp"])
-def test_layouts_the_moe_layers_do_not_run_yet_are_refused_in_one_line(tmp_path, capsys, options, given):
+@pytest.mark.parametrize("options, line", [
+    (["--nproc-per-node", "2", "--engine", "deepspeed"],
+     "--engine deepspeed with --model moe-tiny: a mixture-of-experts model runs on the native engine, over "
+     "data-parallel ranks (DDP or --fsdp), expert-parallel ones (--ep) or tensor-parallel ones (--tp), so far; "
+     "accepted: --engine native --pp 1"),
+    (["--nproc-per-node", "2", "--pp", "2"],
+     "--pp 2 with --model moe-tiny: a mixture-of-experts model runs on the native engine, over data-parallel ranks "
+     "(DDP or --fsdp), expert-parallel ones (--ep) or tensor-parallel ones (--tp), so far; accepted: --engine "
+     "native --pp 1"),
+], ids=["deepspeed", "pp"])
+def test_layouts_the_moe_layers_do_not_run_yet_are_refused_in_one_line(tmp_path, capsys, options, line):
     from hwbench.cli import main
 
     code = main(["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--out", str(tmp_path), *options])
     assert code == 2
     error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and error.endswith(
-        f"{given} with --model moe-tiny: a mixture-of-experts model runs on the native engine, over data-parallel "
-        "ranks (DDP or --fsdp) and expert-parallel ones (--ep), so far; accepted: --engine native --tp 1 --pp 1")
+    assert error.count("\n") == 0 and error.endswith(line)
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_tensor_parallel_size_that_does_not_split_every_experts_width_is_refused():
+    """Each tensor-parallel rank holds an equal share of every expert's width: a width of 255 takes
+    no --tp but 1 (the heads would take 2)."""
+    import copy
+
+    from hwbench.catalog import load_catalog
+    from hwbench.errors import UsageError
+    from hwbench.options import RunOptions
+    from hwbench.spec import build_run_spec
+
+    catalog = copy.deepcopy(load_catalog())  # the loaded catalog is shared: a copy to change
+    tiny = catalog.workloads["moe-tiny"]
+    odd = tiny.model_copy(update={"model": dataclasses.replace(tiny.model, moe_ffn_hidden_size=255)})
+    catalog.workloads["moe-tiny"] = odd
+    with pytest.raises(UsageError) as error:
+        build_run_spec(RunOptions(model="moe-tiny", nproc_per_node=2, tp=2), catalog, check_paths=False)
+    assert str(error.value) == ("--tp 2 does not divide the experts' width 255 (moe_ffn_hidden_size) of --model "
+                                "moe-tiny; accepted: 1")
+    spec = build_run_spec(RunOptions(model="moe-tiny", nproc_per_node=2, tp=2), load_catalog(), check_paths=False)
+    assert (spec.parallel.tp, spec.parallel.ep) == (2, 1)
 
 
 def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):

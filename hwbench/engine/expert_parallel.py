@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hwbench.device.base import StepTimer
-from hwbench.workload.moe import GroupedExperts, GroupedLinear, moe_layers, outside_compile
+from hwbench.workload.moe import GroupedExperts, GroupedLinear, MoE, moe_layers, outside_compile
 
 
 class AllToAllClock:
@@ -183,6 +183,80 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: Any, clock: AllToAllClock |
         hooks = ExpertParallelDispatch(group, ep, layer.router.num_experts, clock)
         experts.register_forward_pre_hook(hooks.dispatch)
         experts.register_forward_hook(hooks.combine)
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: the identity forward; the backward sums the
+    input's gradient over the tensor-parallel ranks (each holds the part its share of every
+    expert's width contributes)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: the forward sums the ranks' partial
+    outputs; the backward is the identity (each rank's part needs the whole output's gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        x = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return grad, None
+
+
+def apply_expert_tensor_parallel(layer: MoE, tp_mesh: Any) -> None:
+    """Tensor parallelism of one MoE layer (Megatron's expert tensor parallelism at the TP degree,
+    torchtitan's TP of GroupedExperts), on the meta model: every rank holds every expert, each
+    expert's width f split over the tp ranks as a dense MLP's is (gate and up column-parallel:
+    Shard(1) of [E, f, h]; down row-parallel: Shard(2) of [E, h, f]). The layer's input is whole on
+    every tp rank (the attention's row-parallel output), so the router, replicated, routes every
+    token alike on each. The experts' partial outputs (T k rows) are summed over tp before the
+    combine weighs them by the router's probabilities, as Megatron's token dispatcher reduces them
+    before unpermuting: summed after, each rank's gradient of the probabilities, and so of the
+    router and of the input through it, would be its part's alone. Their input's gradient is summed
+    once in the backward (T x h). The shared experts are a dense MLP: Megatron's split, with its
+    own all-reduce."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    group = tp_mesh.get_group()
+    for linear, placement in zip(expert_weights(layer.experts), (Shard(1), Shard(1), Shard(2)), strict=True):
+        weight: torch.Tensor = linear.weight
+        linear.weight = nn.Parameter(distribute_tensor(weight, tp_mesh, [placement]))
+    router_weight: torch.Tensor = layer.router.weight
+    layer.router.weight = nn.Parameter(distribute_tensor(router_weight, tp_mesh, [Replicate()]))
+    layer.to_experts = _tensor_parallel_copy(group)
+    layer.from_experts = _tensor_parallel_sum(group)
+    if layer.shared_experts is not None:
+        parallelize_module(layer.shared_experts, tp_mesh, {
+            "gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()})
+
+
+def _tensor_parallel_copy(group: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    @outside_compile  # a collective in an autograd function: eager, as the expert-parallel dispatch
+    def copy(x: torch.Tensor) -> torch.Tensor:
+        return _CopyToTensorParallel.apply(x, group)
+    return copy
+
+
+def _tensor_parallel_sum(group: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    @outside_compile
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return _ReduceFromTensorParallel.apply(x, group)
+    return total
 
 
 def expert_parameter_names(model: nn.Module) -> list[str]:

@@ -13,8 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from hwbench.engine.expert_parallel import apply_expert_tensor_parallel
 from hwbench.workload.config import stage_layers  # noqa: F401  (the engines and planner share it)
 from hwbench.workload.model import GPT
+from hwbench.workload.moe import MoE
 
 
 def cut_pipeline_stage(model: GPT, stage: int, stages: int) -> GPT:
@@ -73,9 +75,11 @@ def block_plan(block: nn.Module, swiglu: bool) -> dict[str, Any]:
 
     attention: Any = block.get_submodule("attn")  # nn.Module's attributes are typed Tensor | Module
     qkv = ("attn.qkv_proj",) if attention.fused_qkv else ("attn.q_proj", "attn.k_proj", "attn.v_proj")
+    plan = {**{name: ColwiseParallel() for name in qkv}, "attn.out_proj": RowwiseParallel()}
+    if isinstance(block.get_submodule("mlp"), MoE):  # its own split: apply_expert_tensor_parallel
+        return plan
     mlp_in, mlp_out = (("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj") if swiglu else (("mlp.fc1",), "mlp.fc2")
-    return {**{name: ColwiseParallel() for name in (*qkv, *mlp_in)},
-            "attn.out_proj": RowwiseParallel(), mlp_out: RowwiseParallel()}
+    return {**plan, **{name: ColwiseParallel() for name in mlp_in}, mlp_out: RowwiseParallel()}
 
 
 def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
@@ -91,6 +95,9 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
 
     for block in model.blocks.values():
         parallelize_module(block, tp_mesh, block_plan(block, model.config.swiglu))
+        layer = block.get_submodule("mlp")
+        if isinstance(layer, MoE):
+            apply_expert_tensor_parallel(layer, tp_mesh)
         _replicate(block.get_submodule("ln_1"), tp_mesh)
         _replicate(block.get_submodule("ln_2"), tp_mesh)
     if model.wte is not None:

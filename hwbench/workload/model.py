@@ -202,7 +202,11 @@ class GPT(nn.Module):
             layer.aux_loss = None  # taken: its graph is freed with the loss's
         if not pending:
             return loss
+        from torch.distributed.tensor import DTensor, Replicate
+
         aux = torch.stack(pending).sum()
+        if isinstance(loss, DTensor):  # tensor parallelism's loss_parallel: every tp rank routed alike
+            aux = DTensor.from_local(aux, loss.device_mesh, [Replicate()] * loss.device_mesh.ndim, run_check=False)
         return loss + (aux - aux.detach())
 
 

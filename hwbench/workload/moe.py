@@ -15,8 +15,11 @@ Stages, each a function of plain tensors so that expert parallelism can put its 
 
 The experts' weights are one [E, out, in] tensor per projection (gate_proj, up_proj, down_proj, as
 torchtitan's GroupedExperts holds them), so sharding experts over ranks is a Shard(0) of each, for
-expert parallelism and FSDP2 alike. Nothing here waits for the host: counts and offsets stay on
-the device (the figures a run records are read after its timed loop: ``RoutingFigures``).
+expert parallelism and FSDP2 alike, and splitting each expert's width over tensor-parallel ranks a
+Shard of its f dimension. The tokens the routed experts take and the rows they return pass through
+``to_experts`` and ``from_experts``, the identity unless tensor parallelism makes them Megatron's conjugate pair
+(hwbench.engine.expert_parallel.apply_expert_tensor_parallel). Nothing here waits for the host:
+counts and offsets stay on the device (the figures a run records are read after its timed loop: ``RoutingFigures``).
 
 Shapes: T tokens of the micro-batch (B x S), h hidden, E experts, k top-k, f an expert's width.
 """
@@ -81,7 +84,7 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
 
     def forward(self, x: torch.Tensor) -> Routing:  # x (T, h)
-        logits = F.linear(x, self.weight).float()  # (T, E)
+        logits = F.linear(x, local(self.weight)).float()  # (T, E)
         if self.score_function == "softmax":
             scores = torch.softmax(logits, dim=-1)
             weights, experts = scores.topk(self.top_k, dim=-1)
@@ -142,8 +145,9 @@ class GroupedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         # under expert parallelism a DTensor sharded on the experts: this rank's experts, whose rows
-        # the dispatch (hwbench.engine.expert_parallel) gives this module
-        weight: torch.Tensor = self.weight.to_local() if isinstance(self.weight, DTensor) else self.weight
+        # the dispatch (hwbench.engine.expert_parallel) gives this module; under tensor parallelism
+        # sharded on each expert's width: this rank's part of every expert
+        weight = local(self.weight)
         if torch.is_autocast_enabled(x.device.type):  # grouped_mm takes one dtype; autocast does not cast it
             dtype = torch.get_autocast_dtype(x.device.type)
             x, weight = x.to(dtype), weight.to(dtype)
@@ -152,6 +156,17 @@ class GroupedLinear(nn.Module):
         if weight.dtype == torch.bfloat16:
             return F.grouped_mm(x, weight_t, offs=offsets)
         return _grouped_mm_outside_compile(x, weight_t, offsets)
+
+
+def local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a weight that expert or tensor parallelism made a DTensor (replicated for
+    the router: the whole); the weight itself otherwise. The MoE layer computes on local tensors;
+    the parallel layouts say what the parts mean (hwbench.engine.expert_parallel)."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 @outside_compile
@@ -240,16 +255,20 @@ class MoE(nn.Module):
         self.shared_experts = SharedExperts(config.hidden_size, shared) if shared else None
         self.aux_loss: torch.Tensor | None = None
         self.figures = RoutingFigures()
+        # the routed experts' input and output (module doc): the identity on one rank's whole experts
+        self.to_experts: Callable[[torch.Tensor], torch.Tensor] = identity
+        self.from_experts: Callable[[torch.Tensor], torch.Tensor] = identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, h = x.shape
         tokens = x.reshape(B * S, h)
         routing = self.router(tokens)
         sorted_rows = dispatch(routing)
-        rows = tokens[sorted_rows.order // self.top_k]  # (T k, h): each assignment's token, by expert
+        # (T k, h): each assignment's token, by expert
+        rows = self.to_experts(tokens)[sorted_rows.order // self.top_k]
         if sorted_rows.kept is not None:  # dropped rows: zero in, and their undefined outputs zeroed
             rows = torch.where(sorted_rows.kept.unsqueeze(-1), rows, 0.0)
-        expert_rows = self.experts(rows, sorted_rows.offsets)
+        expert_rows = self.from_experts(self.experts(rows, sorted_rows.offsets))
         if sorted_rows.kept is not None:
             expert_rows = torch.where(sorted_rows.kept.unsqueeze(-1), expert_rows, 0.0)
         y = combine(expert_rows, sorted_rows, routing)
