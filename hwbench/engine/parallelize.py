@@ -59,6 +59,34 @@ def _replicate(module: nn.Module, mesh) -> None:
     distribute_module(module, mesh, input_fn=inputs_to_dtensor, output_fn=output_to_local)
 
 
+class _Finished(torch.autograd.Function):
+    """An async collective's output as the plain tensor it becomes once waited on, the gradient
+    passed through unchanged: a tensor-parallel style's output (to_local of a redistribute with
+    async_op=True) is an AsyncCollectiveTensor, which torch.compile mishandles as a graph input.
+    Tracing records it as a subclass input, and the compiled block's backward then hands the
+    collective's backward a plain gradient where a DTensor belongs (AttributeError:
+    '_local_tensor'); at run time a compiled kernel can read it without waiting
+    (both described in https://github.com/pytorch/pytorch/pull/179849, read 2026-11-29)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        value = x.trigger_wait() if isinstance(x, AsyncCollectiveTensor) else x
+        return value.view_as(value)  # a new tensor object for autograd to mark, as DTensor.to_local does
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _finish_output(module: nn.Module) -> None:
+    """``module`` returns its collective's finished output (``_Finished``): the embedding feeds
+    the first block directly when there is no position table to add (rotary positions), and a
+    compiled block must get a plain tensor."""
+    module.register_forward_hook(lambda _module, _inputs, output: _Finished.apply(output))
+
+
 def block_plan(block: nn.Module, swiglu: bool) -> dict[str, Any]:
     """One block's DTensor plan, Megatron's split: the attention's input projections
     column-parallel and out_proj row-parallel; the MLP's input projections (fc1, or
@@ -84,8 +112,10 @@ def block_plan(block: nn.Module, swiglu: bool) -> dict[str, Any]:
 
 def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
     """Megatron's split with DTensor: each block by ``block_plan``, its norms (LayerNorm or
-    RMSNorm) replicated; the word embedding vocab-parallel, a position table replicated
-    (rotary positions have none: their tables are made on each rank, like any activation).
+    RMSNorm) replicated; the word embedding vocab-parallel, its all-reduced output handed on
+    finished (``_finish_output``: with rotary positions it is the first block's input, and a
+    compiled block needs a plain tensor), a position table replicated (rotary positions have
+    none: their tables are made on each rank, like any activation).
     The output layer, tied or untied, is column-parallel over the vocabulary: with
     ``loss_parallel`` its logits stay sharded and the loss is computed on the shards
     (hwbench.workload.model.lm_loss under torch.distributed.tensor.parallel.loss_parallel),
@@ -102,6 +132,7 @@ def apply_tensor_parallel(model: GPT, tp_mesh, loss_parallel: bool) -> None:
         _replicate(block.get_submodule("ln_2"), tp_mesh)
     if model.wte is not None:
         parallelize_module(model.wte, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+        _finish_output(model.wte)
     if model.wpe is not None:
         _replicate(model.wpe, tp_mesh)
     if model.output is not None and model.ln_f is not None:
