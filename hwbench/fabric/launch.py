@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.device import select_backend
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
-from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size, judge_pairs
 from hwbench.fabric.rank import SETTINGS_FILE
 from hwbench.fabric.result import (
     CollectivesError,
@@ -28,7 +28,7 @@ from hwbench.fabric.result import (
     Settings,
     SlowLink,
 )
-from hwbench.fabric.ring import RingSettings, pairs, slowest_link
+from hwbench.fabric.ring import RingSettings, pairs
 from hwbench.files import write_json_atomic
 from hwbench.harness.agent import AgentFailure
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, Fault, read_heartbeats
@@ -177,13 +177,14 @@ def merge_rows(ranks: list[dict], world: int) -> list[Row]:
 
 
 def judge_ring(ranks: list[dict], ring: RingSettings, world: int) -> SlowLink:
+    """Each pair of the ring with its time, bandwidth and slowdown; every slow pair named."""
     hosts = {rank["rank"]: rank["host"] for rank in ranks}
     times = {int(index): seconds for rank in ranks for index, seconds in rank["ring"].items()}
-    links = []
-    for index, (sender, receiver) in enumerate(pairs(world)):
-        seconds = times[index]
-        links.append(Link(sender=sender, receiver=receiver, sender_host=hosts[sender], receiver_host=hosts[receiver],
-                          time_us=seconds * 1e6, busbw_gbs=ring.size_bytes / seconds / 1e9 if seconds > 0 else None))
-    named, slowdown, median_s = slowest_link([link.time_us / 1e6 for link in links], ring.threshold)
-    return SlowLink(size_bytes=ring.size_bytes, threshold=ring.threshold, links=links, median_time_us=median_s * 1e6,
-                    slowest=links[named] if named is not None else None, slowdown=slowdown)
+    seconds = [times[index] for index in range(len(pairs(world)))]
+    verdict = judge_pairs(seconds, ring.threshold)
+    links = [Link(sender=sender, receiver=receiver, sender_host=hosts[sender], receiver_host=hosts[receiver],
+                  time_us=pair_s * 1e6, busbw_gbs=ring.size_bytes / pair_s / 1e9 if pair_s > 0 else None,
+                  slowdown=slowdown)
+             for (sender, receiver), pair_s, slowdown in zip(pairs(world), seconds, verdict.slowdowns, strict=True)]
+    return SlowLink(size_bytes=ring.size_bytes, threshold=ring.threshold, links=links,
+                    median_time_us=verdict.median_s * 1e6, slow=[links[index] for index in verdict.slow])

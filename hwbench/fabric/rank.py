@@ -80,7 +80,7 @@ def _ring(ring: dict, backend, rank: int, world: int, steps_before: int, heartbe
             fault.maybe_trigger(rank, steps_before + index + 1)
         heartbeat.step(steps_before + index + 1, f"ring pair {index} -> {(index + 1) % world}")
 
-    def inside_timing(index: int) -> None:  # a slowed rank is slow where it sends: its own link is named
+    def inside_timing(index: int) -> None:  # a slowed rank is slow on both its pairs, as it sends and as it answers
         if fault and fault.kind == "slow":
             fault.maybe_trigger(rank, steps_before + index + 1)
 

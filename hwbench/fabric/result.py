@@ -18,7 +18,7 @@ from hwbench.paths import result_files
 from hwbench.result.model import Environment
 
 KIND: Literal["collectives"] = "collectives"
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2
 CollectivesStatus = Literal["ok", "failed", "timeout"]
 # the names of CollectivesResult.point_key's values, in its order (a baseline file writes the key by them)
 POINT_FIELDS = ("device", "device_model", "dist_backend", "world_size", "hosts", "dtype")
@@ -70,18 +70,23 @@ class Link(_Section):
     receiver_host: str
     time_us: float = Field(ge=0)  # one way: half the mean round trip
     busbw_gbs: float | None = Field(ge=0)
+    slowdown: float | None  # its time over the median of the other pairs', minus 1 (0.25: 25% slower)
+
+    @property
+    def inter_node(self) -> bool:
+        """The pair crosses between hosts (the network), not within one (NVLink, PCIe, shared memory)."""
+        return self.sender_host != self.receiver_host
 
 
 class SlowLink(_Section):
-    """The ring of pairwise send/recv and its verdict: the slowest pair, named when it is slower than
-    the median pair by more than the threshold."""
+    """The ring of pairwise send/recv and its verdict: every pair slower than the median of the other
+    pairs by more than the threshold, in ring order."""
 
     size_bytes: int = Field(ge=1)
     threshold: float = Field(ge=0)
     links: list[Link]
     median_time_us: float = Field(ge=0)
-    slowest: Link | None  # None: no pair is slower than the median by more than the threshold
-    slowdown: float | None  # the slowest pair's time over the median's, minus 1 (0.25: 25% slower)
+    slow: list[Link]  # []: no pair is slower than the others' median by more than the threshold
 
 
 class CollectivesError(_Section):
@@ -93,7 +98,7 @@ class CollectivesError(_Section):
 
 class CollectivesResult(_Section):
     kind: Literal["collectives"] = KIND
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     status: CollectivesStatus
     hwbench_version: str = __version__
@@ -132,13 +137,38 @@ def from_data(data: object, where: str) -> CollectivesResult:
         raise CollectivesFormatError(f"{where}: not a collectives result (its kind is not {KIND!r})")
     assert isinstance(data, dict)
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in UPGRADES and version != SCHEMA_VERSION:
         raise CollectivesFormatError(f"{where}: collectives schema_version {version!r} is not one this hwbench "
-                                     f"{__version__} reads (it reads {SCHEMA_VERSION}); upgrade hwbench")
+                                     f"{__version__} reads (it reads 1 to {SCHEMA_VERSION}); upgrade hwbench")
     try:
+        while data["schema_version"] != SCHEMA_VERSION:
+            data = UPGRADES[data["schema_version"]](data)
         return CollectivesResult.model_validate(data, strict=False)
     except ValidationError as error:
         raise CollectivesFormatError(f"{where}: {problem_text(error)}") from None
+    except (KeyError, TypeError, ValueError) as error:  # an old file too damaged to upgrade
+        raise CollectivesFormatError(f"{where}: its schema_version {version} ring cannot be read ({error!r})") from None
+
+
+def _v1_to_v2(data: dict) -> dict:
+    """Version 1's ring named only its slowest pair (``slowest``, ``slowdown``); version 2 names every
+    slow pair, each link with its own slowdown: judged again from the times version 1 recorded, by
+    the rule `hwbench collectives` now applies (hwbench/fabric/collectives.py ``judge_pairs``)."""
+    from hwbench.fabric.collectives import judge_pairs
+
+    data = {**data, "schema_version": 2}
+    ring = data.get("slow_link")
+    if isinstance(ring, dict) and isinstance(ring.get("links"), list):
+        ring = {key: value for key, value in ring.items() if key not in ("slowest", "slowdown")}
+        links = [dict(link) for link in ring["links"]]
+        verdict = judge_pairs([float(link["time_us"]) for link in links], float(ring["threshold"]))
+        for link, slowdown in zip(links, verdict.slowdowns, strict=True):
+            link["slowdown"] = slowdown
+        data["slow_link"] = {**ring, "links": links, "slow": [links[index] for index in verdict.slow]}
+    return data
+
+
+UPGRADES = {1: _v1_to_v2}  # schema_version -> the step to the next: old files still load
 
 
 def load_collectives(path: str | os.PathLike) -> CollectivesResult:

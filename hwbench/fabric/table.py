@@ -1,12 +1,12 @@
 """A collectives result as nccl-tests prints it: one line per size, the out-of-place figures then
 the in-place ones, time in microseconds, algbw and busbw in GB/s (10^9), #wrong from the check;
-then the ring of pairwise send/recv and the slow link, when measured. Text only: the command prints it."""
+then the ring of pairwise send/recv and every slow link, when measured. Text only: the command prints it."""
 
 from __future__ import annotations
 
 from hwbench.fabric.collectives import COLLECTIVES, NO_FORM
 from hwbench.fabric.link import LinkFigure, link_figure, link_fraction
-from hwbench.fabric.result import CollectivesResult, Row
+from hwbench.fabric.result import CollectivesResult, Link, Row
 
 
 def _figures(row: Row | None, link: LinkFigure) -> str:
@@ -52,17 +52,29 @@ def collectives_table(result: CollectivesResult) -> str:
 def ring_lines(result: CollectivesResult) -> list[str]:
     ring = result.slow_link
     assert ring is not None
-    lines = [f"## ring of send/recv pairs, {ring.size_bytes} B each way (time one way, us)"]
+    lines = [f"## ring of send/recv pairs, {ring.size_bytes} B each way (time one way, us; slowdown against the "
+             "median of the other pairs)"]
     for link in ring.links:
         busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:.3f} GB/s"
-        lines.append(f"  rank {link.sender} ({link.sender_host}) -> rank {link.receiver} ({link.receiver_host}): "
-                     f"{link.time_us:.1f} us, {busbw}")
-    if ring.slowest is not None and ring.slowdown is not None:
-        s = ring.slowest
-        lines.append(f"slow link: rank {s.sender} ({s.sender_host}) -> rank {s.receiver} ({s.receiver_host}), "
-                     f"{ring.slowdown:.0%} slower than the median of the other pairs (threshold {ring.threshold:.0%})")
-    else:
-        slowdown = "" if ring.slowdown is None else f" (the slowest {ring.slowdown:.0%})"
+        slowdown = "-" if link.slowdown is None else f"{link.slowdown:+.0%}"
+        lines.append(f"  rank {link.sender} ({link.sender_host}) -> rank {link.receiver} ({link.receiver_host}), "
+                     f"{'inter' if link.inter_node else 'intra'}-node: {link.time_us:.1f} us, {busbw}, {slowdown}"
+                     + (" SLOW" if link in ring.slow else ""))
+    lines += [f"slow link: {slow_link_text(link)}" for link in ring.slow]
+    if not ring.slow:
+        known = [link.slowdown for link in ring.links if link.slowdown is not None]
+        slowest = f" (the slowest {max(known):.0%})" if known else ""
         lines.append(f"no slow link: no pair is slower than the median of the others by more than "
-                     f"{ring.threshold:.0%}{slowdown}")
+                     f"{ring.threshold:.0%}{slowest}")
+    else:
+        lines.append(f"{len(ring.slow)} of {len(ring.links)} pairs slower than the median of the others by more than "
+                     f"{ring.threshold:.0%}")
     return lines
+
+
+def slow_link_text(link: Link) -> str:
+    """One slow pair: its ranks and hosts, time, bandwidth and slowdown."""
+    busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:,.3f} GB/s"
+    return (f"rank {link.sender} ({link.sender_host}) -> rank {link.receiver} ({link.receiver_host}), "
+            f"{'inter' if link.inter_node else 'intra'}-node: {link.time_us:,.1f} us one way ({busbw}), "
+            f"{link.slowdown or 0:.0%} slower than the median of the other pairs")

@@ -1,5 +1,5 @@
 """The report's section of `hwbench collectives` results: per result, nccl-tests' figures (time,
-algbw, busbw, #wrong) of each collective, form and size, and the ring's slow link when measured."""
+algbw, busbw, #wrong) of each collective, form and size, and the ring's slow links when measured."""
 
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ def collectives_section(results: list[tuple[CollectivesResult, str]]) -> Section
 
 
 def _slow_link_text(result: CollectivesResult) -> str:
+    from hwbench.fabric.table import slow_link_text
+
     ring = result.slow_link
     assert ring is not None
-    slowest = ring.slowest
-    if slowest is None:
-        return (f"Ring of send/recv pairs: no pair slower than the median of the others by more than "
-                f"{ring.threshold:.0%}.")
-    return (f"Slow link: rank {slowest.sender} ({slowest.sender_host}) -> rank {slowest.receiver} "
-            f"({slowest.receiver_host}), {slowest.time_us:.1f} us one way, "
-            f"{ring.slowdown or 0:.0%} slower than the median of the other pairs.")
+    if not ring.slow:
+        return (f"Ring of send/recv pairs ({len(ring.links)}): no pair slower than the median of the others by more "
+                f"than {ring.threshold:.0%}.")
+    return (f"Slow links, {len(ring.slow)} of {len(ring.links)} pairs of the ring slower than the median of the "
+            f"others by more than {ring.threshold:.0%}: " + "; ".join(slow_link_text(link) for link in ring.slow) + ".")
