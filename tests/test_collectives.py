@@ -140,6 +140,44 @@ def test_every_pair_past_the_threshold_is_named():
     assert judge_pairs([4.0], 0.25).slowdowns == [None]
 
 
+@pytest.mark.parametrize(("hosts", "intra", "inter", "why"), [
+    (["a", "a"], None, None, None),  # one host: no scopes, every figure is intra-node
+    (["a", "a", "b", "b"], [[0, 1], [2, 3]], [[0, 2]], None),
+    (["a", "b", "a", "b"], [[0, 2], [1, 3]], [[0, 1]], None),  # ranks interleaved over hosts by the scheduler
+    (["a", "b"], [], [[0, 1]], "each node has one rank: no two ranks share a node"),
+    (["a", "a", "b"], [], [[0, 2]], "the nodes hold different numbers of ranks (1, 2)")])
+def test_a_multi_node_run_is_measured_within_and_between_nodes(hosts, intra, inter, why):
+    from hwbench.fabric.collectives import scopes
+
+    found = scopes(hosts)
+    if intra is None:
+        assert found == []
+        return
+    assert [(scope.name, scope.groups, scope.unmeasured) for scope in found] == [
+        ("intra_node", intra, why), ("inter_node", inter, None)]
+
+
+def test_the_scopes_are_merged_over_their_member_ranks():
+    """Each scope's table from its members' rows only (the busbw factor of its group's size); a scope
+    not measured carries its reason and no rows."""
+    from hwbench.fabric.launch import merge_scopes
+
+    def rows(seconds: float) -> list[dict]:
+        return [{"collective": "all_reduce", "in_place": True, "size_bytes": 4096, "elements": 1024,
+                 "time_s": seconds, "wrong": 0}]
+
+    ranks = [{"rank": r, "host": "ab"[r // 2], "scopes": {"intra_node": rows(1e-3 * (r + 1)),
+                                                          "inter_node": rows(5e-3) if r % 2 == 0 else None}}
+             for r in range(4)]
+    intra, inter = merge_scopes(ranks)
+    assert intra.groups == [[0, 1], [2, 3]] and inter.groups == [[0, 2]]
+    [row] = intra.rows
+    assert row.time_us == pytest.approx(2500) and (row.time_us_min, row.time_us_max) == pytest.approx((1000, 4000))
+    assert row.bus_factor == 1.0 and inter.rows[0].time_us == pytest.approx(5000)
+    single = merge_scopes([{"rank": r, "host": "ab"[r], "scopes": {"inter_node": rows(1e-3)}} for r in range(2)])
+    assert single[0].rows == [] and single[0].unmeasured == "each node has one rank: no two ranks share a node"
+
+
 def test_a_schema_1_file_loads_with_every_slow_link_judged_again(tmp_path):
     """Version 1 named the slowest pair only; read now, each link has its slowdown and every slow one is named."""
     data = json.loads(_result_file(tmp_path, "old", 10.0).read_text())

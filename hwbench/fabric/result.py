@@ -89,6 +89,16 @@ class SlowLink(_Section):
     slow: list[Link]  # []: no pair is slower than the others' median by more than the threshold
 
 
+class ScopeRows(_Section):
+    """A multi-node run's collectives measured again on subgroups: ``intra_node`` (each node's ranks,
+    every node's group at once) or ``inter_node`` (one rank per node: the network alone)."""
+
+    scope: Literal["intra_node", "inter_node"]
+    groups: list[list[int]]  # the ranks of each group; [] when not measured
+    rows: list[Row] = Field(default_factory=list)  # time: the mean over every member rank; busbw by the group's size
+    unmeasured: str | None = None  # why the scope has no rows
+
+
 class CollectivesError(_Section):
     type: str
     message: str
@@ -112,6 +122,7 @@ class CollectivesResult(_Section):
     ranks: list[RankHost] = Field(default_factory=list)
     rows: list[Row] = Field(default_factory=list)
     check_passed: bool | None = None  # None: --no-check
+    scopes: list[ScopeRows] = Field(default_factory=list)  # several hosts only: intra_node, then inter_node
     slow_link: SlowLink | None = None
     environment: Environment | None = None
     error: CollectivesError | None = None
@@ -120,8 +131,12 @@ class CollectivesResult(_Section):
     def point_key(self) -> tuple:
         """What two results must share for their figures to be compared: the device, the number of
         ranks, how they are spread over hosts, and the element type."""
-        hosts = len({rank.host for rank in self.ranks}) or 1
-        return (self.device, self.device_model, self.dist_backend, self.world_size, hosts, self.settings.dtype)
+        return (self.device, self.device_model, self.dist_backend, self.world_size, self.hosts, self.settings.dtype)
+
+    @property
+    def hosts(self) -> int:
+        """How many hosts the ranks ran on (1 when no rank is known)."""
+        return len({rank.host for rank in self.ranks}) or 1
 
 
 class CollectivesFormatError(ValueError):
