@@ -4,6 +4,7 @@ read back with every field checked (a damaged file is named with its reason)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import Environment
+from hwbench.units import human_bytes
 
 KIND: Literal["collectives"] = "collectives"
 SCHEMA_VERSION: Literal[2] = 2
@@ -139,6 +141,73 @@ class CollectivesResult(_Section):
         return len({rank.host for rank in self.ranks}) or 1
 
 
+SCOPE_ALL = "all"  # CollectiveKey.scope of a result's own rows: every rank of the run
+SCOPE_TEXT = {SCOPE_ALL: "", "intra_node": " within each node", "inter_node": " between nodes"}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CollectiveKey:
+    """One busbw series: a result's point key (POINT_FIELDS), the ranks measured (``scope``: all of
+    them, or a multi-node run's intra_node or inter_node groups), the collective, its form and size.
+    The history stores the point key of the run, the rest is in the figure's name (``figure_name``)."""
+
+    device: str
+    device_model: str | None
+    dist_backend: str
+    world_size: int
+    hosts: int
+    dtype: str
+    scope: str
+    collective: str
+    in_place: bool
+    size_bytes: int
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    def values(self) -> tuple:
+        return dataclasses.astuple(self)
+
+    def figure_name(self) -> str:
+        """The history's name of this key's busbw: busbw_gbs/SCOPE/COLLECTIVE/FORM/SIZE."""
+        form = "in_place" if self.in_place else "out_of_place"
+        return f"{BUSBW_PREFIX}/{self.scope}/{self.collective}/{form}/{self.size_bytes}"
+
+    @classmethod
+    def from_figure(cls, point: list, name: str) -> CollectiveKey | None:
+        """The key of a stored point key and figure name; None when they are not one's."""
+        parts = name.split("/")
+        if (len(parts) != 5 or parts[0] != BUSBW_PREFIX or parts[1] not in SCOPE_TEXT or not parts[4].isdigit()
+                or parts[3] not in ("in_place", "out_of_place") or len(point) != len(POINT_FIELDS)):
+            return None
+        return cls(**dict(zip(POINT_FIELDS, point, strict=True)), scope=parts[1], collective=parts[2],
+                   in_place=parts[3] == "in_place", size_bytes=int(parts[4]))
+
+    def label(self, among: object = ()) -> str:
+        """'all_reduce in place 1 MiB on NVIDIA H100 nccl, 16 ranks on 2 hosts' (between nodes: the
+        inter-node groups' figure)."""
+        hosts = f" on {self.hosts} hosts" if self.hosts > 1 else ""
+        return (f"{self.collective} {'in place' if self.in_place else 'out of place'} {human_bytes(self.size_bytes)}"
+                f"{SCOPE_TEXT[self.scope]} on {self.device_model or self.device} {self.dist_backend}, "
+                f"{self.world_size} ranks{hosts}")
+
+
+BUSBW_PREFIX = "busbw_gbs"
+
+
+def busbw_figures(result: CollectivesResult) -> list[tuple[CollectiveKey, float]]:
+    """Every busbw of an ok result, its own rows' and its scopes', each with its key; a row whose
+    check found wrong values is no figure (nor is a failed result's, which has no rows)."""
+    if result.status != "ok":
+        return []
+    base = dict(zip(POINT_FIELDS, result.point_key, strict=True))
+    tables = [(SCOPE_ALL, result.rows), *((scope.scope, scope.rows) for scope in result.scopes)]
+    return [(CollectiveKey(**base, scope=scope, collective=row.collective, in_place=row.in_place,
+                           size_bytes=row.size_bytes), row.busbw_gbs)
+            for scope, rows in tables for row in rows if row.busbw_gbs is not None and not row.wrong]
+
+
 class CollectivesFormatError(ValueError):
     """A file that is not a readable collectives result; the message names it and why."""
 
@@ -208,6 +277,8 @@ def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[Collect
     name them)."""
     found, skipped = [], []
     for path in result_files(paths):
+        if not Path(path).is_file():
+            continue  # a FIFO or device is not opened (it could block): the run reader names it
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError, RecursionError):
