@@ -468,3 +468,28 @@ def test_the_python_api_saves_the_collectives_in_the_baseline_too(tmp_path):
     _result_file(tmp_path / "ref", "r1", 10.0)
     content = api.baseline_save(tmp_path / "ref", out=tmp_path / "b.json")
     assert [entry["busbw_gbs"]["median"] for entry in content["collectives"]] == [10.0]
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "hwb-node[1-2]",
+              "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
+
+
+def test_srun_one_task_per_node_places_this_node_and_more_tasks_are_refused(monkeypatch, tmp_path, capsys):
+    """Under srun with one task per node, this node's rank among the nodes and the rendezvous on the job's
+    first host (the port from the job id, as `hwbench run` derives it); more tasks on a node are refused
+    in one line, exit 2, before anything starts or is written."""
+    from hwbench.fabric.launch import NodePlace, nodes_from_slurm
+    from hwbench.harness.slurm_env import rendezvous_port
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert nodes_from_slurm() is None  # outside Slurm: this node alone
+    for name, value in {**SLURM_STEP, "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)"}.items():
+        monkeypatch.setenv(name, value)
+    assert nodes_from_slurm() == NodePlace(2, 1, "hwb-node1", rendezvous_port("4711"))
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
+    assert main(["collectives", "--device", "cpu", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2 tasks on this node; accepted: one task per node" in err
+    assert not (tmp_path / "out").exists()
