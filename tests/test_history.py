@@ -880,3 +880,7 @@ def test_a_falling_busbw_is_an_open_regression_of_its_collective_series(tmp_path
     code, out, _ = history(capsys, "show", "--db", db, "--metric", "busbw")
     assert code == 0 and "bus bandwidth of all_reduce in place 1.0 MiB on test cpu gloo, 2 ranks" in out
     assert re.search(r"2 ranks +18 +1 +" + night_date(17) + r" +c017000 +[78]\.\d{3} GB/s +1 +regression -2", out), out
+    code, _, _ = history(capsys, "report", "--db", db, "--out", tmp_path / "trends.html", "--metric", "busbw")
+    page = (tmp_path / "trends.html").read_text()
+    assert code == 0 and "bus bandwidth of all_reduce in place 1.0 MiB on test cpu gloo, 2 ranks" in page
+    assert "open regression -20." in page and " GB/s" in page
