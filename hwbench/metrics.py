@@ -160,3 +160,17 @@ METRICS: dict[str, Metric] = {
                      "Tokens of the busiest expert over the mean per expert (worst MoE layer, median step; 1: even)")),
     )
 }
+
+# nccl-tests' bus bandwidth of a collective (hwbench collectives, docs/collectives.md), in GB/s (10^9):
+# a figure of collectives results' rows, not of a run's metrics, so apart from METRICS, whose entries
+# every run reader loops over; compare, the history and the exports read it from here
+GBS = Unit("GB/s", lambda value: f"{value:,.3f} GB/s", lambda values: (1.0, " GB/s"))
+BUSBW = Metric("busbw", ("busbw_gbs",), True, GBS, "bus bandwidth", "busbw_gbs",
+               Gauge("hwbench_collective_bus_bandwidth_bytes_per_second", "nccl-tests' busbw of a collective",
+                     "bytes_per_second", factor=1e9))
+COLLECTIVE_METRICS: dict[str, Metric] = {BUSBW.name: BUSBW}
+
+
+def metric_named(name: str) -> Metric:
+    """The registry's entry of ``name``: a run's figure or a collective's."""
+    return METRICS[name] if name in METRICS else COLLECTIVE_METRICS[name]

@@ -1,6 +1,6 @@
 """`hwbench collectives`: the collectives measured by real torchrun ranks over gloo, reported as
 nccl-tests reports them (busbw factors, the check), bad input refused in one line, a hung rank
-named, and the slow link of a ring found."""
+named, and every slow link of a ring found."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import main
-from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, message_elements
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, judge_pairs, message_elements
 from hwbench.fabric.launch import laggard, timeout_message
 from hwbench.fabric.result import CollectivesFormatError, load_collectives
-from hwbench.fabric.ring import slowest_link
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,10 +125,78 @@ def test_a_timeout_names_the_rank_behind():
     assert laggard({0: {"step": 3}, 1: {"step": 3}}) is None
 
 
-def test_the_slowest_pair_is_named_past_the_threshold():
-    assert slowest_link([1.0, 1.1, 1.6, 0.9], 0.25)[:2] == (2, pytest.approx(1.6 / 1.0 - 1))
-    named, slowdown, median = slowest_link([1.0, 1.1, 1.2, 0.9], 0.25)
-    assert named is None and slowdown == pytest.approx(1.2 / 1.0 - 1) and median == pytest.approx(1.05)
+def test_every_pair_past_the_threshold_is_named():
+    one = judge_pairs([1.0, 1.1, 1.6, 0.9], 0.25)
+    assert one.slow == [2] and one.slowdowns[2] == pytest.approx(1.6 / 1.0 - 1)
+    none = judge_pairs([1.0, 1.1, 1.2, 0.9], 0.25)
+    assert none.slow == [] and none.slowdowns[2] == pytest.approx(1.2 / 1.0 - 1)
+    assert none.median_s == pytest.approx(1.05)
+    # a slow rank 2 of four is on pairs 1 -> 2 and 2 -> 3: each held against the others' median (1.0), not
+    # against all four's (2.5, which two slow pairs lift), so both are named
+    two = judge_pairs([1.0, 4.0, 4.0, 1.0], 0.25)
+    assert two.slow == [1, 2] and two.slowdowns == pytest.approx([-0.75, 3.0, 3.0, -0.75])
+    # two ranks: both pairs are between the same two ranks, a slow one slows both alike
+    assert judge_pairs([4.0, 4.1], 0.25).slow == []
+    assert judge_pairs([4.0], 0.25).slowdowns == [None]
+
+
+@pytest.mark.parametrize(("hosts", "intra", "inter", "why"), [
+    (["a", "a"], None, None, None),  # one host: no scopes, every figure is intra-node
+    (["a", "a", "b", "b"], [[0, 1], [2, 3]], [[0, 2]], None),
+    (["a", "b", "a", "b"], [[0, 2], [1, 3]], [[0, 1]], None),  # ranks interleaved over hosts by the scheduler
+    (["a", "b"], [], [[0, 1]], "each node has one rank: no two ranks share a node"),
+    (["a", "a", "b"], [], [[0, 2]], "the nodes hold different numbers of ranks (1, 2)")])
+def test_a_multi_node_run_is_measured_within_and_between_nodes(hosts, intra, inter, why):
+    from hwbench.fabric.collectives import scopes
+
+    found = scopes(hosts)
+    if intra is None:
+        assert found == []
+        return
+    assert [(scope.name, scope.groups, scope.unmeasured) for scope in found] == [
+        ("intra_node", intra, why), ("inter_node", inter, None)]
+
+
+def test_the_scopes_are_merged_over_their_member_ranks():
+    """Each scope's table from its members' rows only (the busbw factor of its group's size); a scope
+    not measured carries its reason and no rows."""
+    from hwbench.fabric.launch import merge_scopes
+
+    def rows(seconds: float) -> list[dict]:
+        return [{"collective": "all_reduce", "in_place": True, "size_bytes": 4096, "elements": 1024,
+                 "time_s": seconds, "wrong": 0}]
+
+    ranks = [{"rank": r, "host": "ab"[r // 2], "scopes": {"intra_node": rows(1e-3 * (r + 1)),
+                                                          "inter_node": rows(5e-3) if r % 2 == 0 else None}}
+             for r in range(4)]
+    intra, inter = merge_scopes(ranks)
+    assert intra.groups == [[0, 1], [2, 3]] and inter.groups == [[0, 2]]
+    [row] = intra.rows
+    assert row.time_us == pytest.approx(2500) and (row.time_us_min, row.time_us_max) == pytest.approx((1000, 4000))
+    assert row.bus_factor == 1.0 and inter.rows[0].time_us == pytest.approx(5000)
+    single = merge_scopes([{"rank": r, "host": "ab"[r], "scopes": {"inter_node": rows(1e-3)}} for r in range(2)])
+    assert single[0].rows == [] and single[0].unmeasured == "each node has one rank: no two ranks share a node"
+
+
+def test_a_schema_1_file_loads_with_every_slow_link_judged_again(tmp_path):
+    """Version 1 named the slowest pair only; read now, each link has its slowdown and every slow one is named."""
+    data = json.loads(_result_file(tmp_path, "old", 10.0).read_text())
+    links = [{"sender": i, "receiver": (i + 1) % 4, "sender_host": "a" if i < 2 else "b",
+              "receiver_host": "a" if (i + 1) % 4 < 2 else "b", "time_us": t, "busbw_gbs": 4096 / t / 1e3}
+             for i, t in enumerate([10.0, 40.0, 40.0, 10.0])]
+    data.update(schema_version=1, slow_link={"size_bytes": 4096, "threshold": 0.25, "links": links,
+                                             "median_time_us": 25.0, "slowest": links[1], "slowdown": 3.0})
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    ring = load_collectives(path).slow_link
+    assert ring is not None and [(link.sender, link.receiver) for link in ring.slow] == [(1, 2), (2, 3)]
+    assert [link.slowdown for link in ring.links] == pytest.approx([-0.75, 3.0, 3.0, -0.75])
+    assert [link.inter_node for link in ring.links] == [False, True, False, True]
+    assert "slowest" not in ring.model_dump() and "slowdown" not in ring.model_dump()
+    data["slow_link"]["links"][0].pop("time_us")
+    path.write_text(json.dumps(data))
+    with pytest.raises(CollectivesFormatError, match="old.json: its schema_version 1 ring cannot be read"):
+        load_collectives(path)
 
 
 @pytest.mark.heavy
@@ -166,8 +233,10 @@ def test_a_rank_that_raises_is_a_failed_result_naming_it(tmp_path):
 
 
 @pytest.mark.heavy
-def test_four_ranks_name_the_slowed_link(tmp_path):
-    """HWBENCH_FAULT's slow rank sleeps inside its timed sends: its link to the next rank is named."""
+def test_four_ranks_name_both_links_of_the_slowed_rank(tmp_path):
+    """HWBENCH_FAULT's slow rank sleeps inside the timed window of both its pairs, as it sends and as
+    it answers: the ring sees its two links slow (1 -> 2 and 2 -> 3) and names both, the others not.
+    (HWBENCH_FAULT names one rank; two slowed ranks would be four such links, or three side by side.)"""
     run = collectives(tmp_path, "--nproc-per-node", "4", "--collectives", "send_recv", "--min-bytes", "4KiB",
                       "--max-bytes", "4KiB", "--warmup", "1", "--iters", "4", "--slow-link", "--ring-bytes", "4KiB",
                       env={"HWBENCH_FAULT": "2:2:slow"})
@@ -176,9 +245,10 @@ def test_four_ranks_name_the_slowed_link(tmp_path):
     ring = load_collectives(path).slow_link
     assert ring is not None and [(link.sender, link.receiver) for link in ring.links] == [(0, 1), (1, 2), (2, 3),
                                                                                           (3, 0)]
-    assert ring.slowest is not None and (ring.slowest.sender, ring.slowest.receiver) == (2, 3)
-    assert ring.slowdown is not None and ring.slowdown > ring.threshold
-    assert "slow link: rank 2 (" in run.stdout and ") -> rank 3 (" in run.stdout
+    assert [(link.sender, link.receiver) for link in ring.slow] == [(1, 2), (2, 3)]
+    assert all(link.slowdown is not None and link.slowdown > ring.threshold for link in ring.slow)
+    assert "slow link: rank 1 (" in run.stdout and "slow link: rank 2 (" in run.stdout
+    assert "2 of 4 pairs slower than the median of the others by more than 25%" in run.stdout
 
 
 # --- report and compare -------------------------------------------------------
@@ -325,10 +395,11 @@ def _with_ring(path: Path, slow: bool) -> Path:
 
     result = load_collectives(path)
     times = [10.0, 10.0, 40.0 if slow else 10.5, 10.0]
+    slowdowns = [0.0, 0.0, 3.0 if slow else 0.05, 0.0]
     links = [Link(sender=i, receiver=(i + 1) % 4, sender_host="h", receiver_host="h", time_us=t,
-                  busbw_gbs=4096 / t / 1e3) for i, t in enumerate(times)]
+                  busbw_gbs=4096 / t / 1e3, slowdown=d) for i, (t, d) in enumerate(zip(times, slowdowns, strict=True))]
     ring = SlowLink(size_bytes=4096, threshold=0.25, links=links, median_time_us=10.0,
-                    slowest=links[2] if slow else None, slowdown=3.0 if slow else 0.05)
+                    slow=[links[2]] if slow else [])
     return write_collectives(result.model_copy(update={"slow_link": ring}), path.parent)
 
 
@@ -346,7 +417,8 @@ def test_accept_judges_the_fabric_against_the_baseline_and_names_a_slow_link(tmp
     assert (acceptance.passed, acceptance.exit_status) == (passed, 0 if passed else 3)
     page = render(acceptance, "md")
     assert "Fabric against the baseline" in page and "rank 2 (h) -> rank 3 (h)" in page
-    named = [line for line in acceptance.failures if line.startswith("slow link: rank 2 (h) -> rank 3 (h): 40.0 us")]
+    named = [line for line in acceptance.failures
+             if line.startswith("slow link: rank 2 (h) -> rank 3 (h), intra-node: 40.0 us one way")]
     assert len(named) == slow and all("300% slower" in line for line in named)
     below = [line for line in acceptance.failures if line.startswith("collective all_reduce in place 1048576 B")]
     assert len(below) == (busbw < 9.5)
@@ -396,3 +468,28 @@ def test_the_python_api_saves_the_collectives_in_the_baseline_too(tmp_path):
     _result_file(tmp_path / "ref", "r1", 10.0)
     content = api.baseline_save(tmp_path / "ref", out=tmp_path / "b.json")
     assert [entry["busbw_gbs"]["median"] for entry in content["collectives"]] == [10.0]
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "hwb-node[1-2]",
+              "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
+
+
+def test_srun_one_task_per_node_places_this_node_and_more_tasks_are_refused(monkeypatch, tmp_path, capsys):
+    """Under srun with one task per node, this node's rank among the nodes and the rendezvous on the job's
+    first host (the port from the job id, as `hwbench run` derives it); more tasks on a node are refused
+    in one line, exit 2, before anything starts or is written."""
+    from hwbench.fabric.launch import NodePlace, nodes_from_slurm
+    from hwbench.harness.slurm_env import rendezvous_port
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert nodes_from_slurm() is None  # outside Slurm: this node alone
+    for name, value in {**SLURM_STEP, "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)"}.items():
+        monkeypatch.setenv(name, value)
+    assert nodes_from_slurm() == NodePlace(2, 1, "hwb-node1", rendezvous_port("4711"))
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "2(x2)")
+    assert main(["collectives", "--device", "cpu", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "2 tasks on this node; accepted: one task per node" in err
+    assert not (tmp_path / "out").exists()

@@ -692,3 +692,83 @@ def test_credentials_in_the_push_url_go_as_basic_auth_and_are_never_shown(result
     assert code == 1 and len(err.strip().splitlines()) == 1 and "HTTP 401" in err and "wrong" not in out + err
     code, out, err = export(capsys, "prometheus", results, "--push", "http://user:s3cret@[::1")
     assert code == 2 and "--push 'http://***@[::1' is not accepted" in err and "s3cret" not in out + err
+
+
+# --- collectives results ---------------------------------------------------------------
+
+
+def collectives_result(folder: Path, run_id: str, busbw: float, status: str = "ok", hosts: int = 1) -> Path:
+    """A `hwbench collectives` result of four ranks with one all-reduce row (1 MiB in place) of the
+    given busbw, and with ``hosts`` 2 its intra-node and inter-node tables (busbw x 2 and / 2)."""
+    from hwbench.fabric.result import CollectivesResult, Row, ScopeRows, Settings, write_collectives
+
+    size = 2 ** 20
+
+    def row(figure: float, ranks: int) -> Row:
+        factor = 2 * (ranks - 1) / ranks
+        time_us = size / (figure / factor) / 1e3
+        return Row(collective="all_reduce", in_place=True, size_bytes=size, elements=size // 4, time_us=time_us,
+                   time_us_min=time_us, time_us_max=time_us, algbw_gbs=figure / factor, busbw_gbs=figure,
+                   bus_factor=factor, wrong=0)
+
+    settings = Settings(collectives=["all_reduce"], min_bytes=size, max_bytes=size, warmup=1, iterations=2,
+                        check=True, timeout_s=60)
+    ranks = [{"rank": r, "host": f"node{r * hosts // 4}"} for r in range(4)]
+    scopes = [ScopeRows(scope="intra_node", groups=[[0, 1], [2, 3]], rows=[row(2 * busbw, 2)]),
+              ScopeRows(scope="inter_node", groups=[[0, 2]], rows=[row(busbw / 2, 2)])] if hosts > 1 else []
+    result = CollectivesResult.model_validate({
+        "run_id": run_id, "status": status, "device": "cpu", "device_model": "test cpu", "dist_backend": "gloo",
+        "world_size": 4, "settings": settings.model_dump(), "ranks": ranks, "check_passed": status == "ok",
+        "rows": [row(busbw, 4).model_dump()] if status == "ok" else [],
+        "scopes": [scope.model_dump() for scope in scopes] if status == "ok" else [],
+        "error": None if status == "ok" else {"type": "RankFailed", "message": "rank 1 failed"}})
+    return write_collectives(result, folder)
+
+
+def test_prometheus_carries_busbw_per_collective_size_and_scope(tmp_path, capsys):
+    """Collectives results alone are exported: busbw per collective, form, size and scope, the median
+    of the results that share it (10 and 12 GB/s: 11), in bytes/s, read back by prometheus_client."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for run_id, busbw in (("c1", 10.0), ("c2", 12.0)):
+        collectives_result(tmp_path / "coll", run_id, busbw, hosts=2)
+    code, text, err = export(capsys, "prometheus", tmp_path / "coll")
+    assert code == 0, err
+    found = {(s.labels["scope"], s.labels["collective"], s.labels["in_place"], s.labels["size_bytes"]): s
+             for s in samples(list(text_string_to_metric_families(text)),
+                              "hwbench_collective_bus_bandwidth_bytes_per_second")}
+    assert {scope: sample.value for (scope, *_), sample in found.items()} == pytest.approx(
+        {"all": 11e9, "intra_node": 22e9, "inter_node": 5.5e9})
+    assert set(found) == {(scope, "all_reduce", "true", "1048576") for scope in ("all", "intra_node", "inter_node")}
+    labels = found["all", "all_reduce", "true", "1048576"].labels
+    assert (labels["device_model"], labels["dist_backend"], labels["world_size"], labels["hosts"]) == (
+        "test cpu", "gloo", "4", "2")
+    code, text, _ = export(capsys, "openmetrics", tmp_path / "coll")
+    family = {f.name: f for f in openmetrics_families(text)}["hwbench_collective_bus_bandwidth_bytes_per_second"]
+    assert code == 0 and family.unit == "bytes_per_second" and len(family.samples) == 3
+
+
+def test_ci_exports_carry_busbw_and_a_failed_collectives_result_fails_the_gate(results, tmp_path, capsys):
+    """Beside the runs' figures: busbw in github-action-benchmark's bigger-is-better file and in
+    Bencher's, with the repeats' range; a failed collectives result is named and exits 5, as a failed run."""
+    folder = tmp_path / "night"
+    folder.mkdir()
+    for path in results.glob("*.json"):
+        (folder / path.name).write_text(path.read_text())
+    for run_id, busbw in (("c1", 10.0), ("c2", 12.0)):
+        collectives_result(folder, run_id, busbw)
+    code, text, err = export(capsys, "customBiggerIsBetter", folder)
+    assert code == 0, err
+    entries = {entry["name"]: entry for entry in json.loads(text)}
+    busbw = entries["all_reduce in place 1.0 MiB on test cpu gloo, 4 ranks: bus bandwidth"]
+    assert (busbw["unit"], busbw["value"], busbw["range"]) == ("GB/s", 11.0, "10 to 12 over 2 runs")
+    assert any(name.endswith(": tokens/s") for name in entries)  # the runs' figures are there too
+    code, text, _ = export(capsys, "customSmallerIsBetter", folder)
+    assert code == 0 and not any("bus bandwidth" in entry["name"] for entry in json.loads(text))
+    code, text, _ = export(capsys, "bencher", folder)
+    assert json.loads(text)["all_reduce in place 1.0 MiB on test cpu gloo, 4 ranks"] == {
+        "busbw": {"value": 11.0, "lower_value": 10.0, "upper_value": 12.0}}
+    collectives_result(folder, "c3", 0.0, status="failed")
+    code, _, err = export(capsys, "bencher", folder)
+    assert code == 5 and "error: left out collectives result c3 (" in err and "status failed (rank 1 failed)" in err

@@ -822,3 +822,65 @@ def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_commi
     code, out, err = history(capsys, "show", "--db", db, "--metric", "tokens_per_s")
     assert code == 0 and err == "" and not hot()
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 20  # the committed add only
+
+
+# --- collectives results -------------------------------------------------------------
+
+
+def write_collectives_nights(folder: Path, levels: list[float], *, seed: int = 3) -> Path:
+    """Three `hwbench collectives` results a night around ``levels[night]`` GB/s of all-reduce busbw (two
+    ranks, 1 MiB in place), with a start time and a commit."""
+    from hwbench.fabric.result import CollectivesResult, Row, Settings, write_collectives
+
+    rng = random.Random(seed)
+    size = 2 ** 20
+    settings = Settings(collectives=["all_reduce"], min_bytes=size, max_bytes=size, warmup=1, iterations=2,
+                        check=True, timeout_s=60)
+    environment = json.loads((DATA / "compare" / "tiny-cpu.json").read_text())["environment"]
+    for night, level in enumerate(levels):
+        environment["hwbench_git"] = {"commit": f"c{night:03d}" + "0" * 36, "dirty": False}
+        for repeat in range(3):
+            busbw = level * (1 + rng.gauss(0, 0.01))
+            time_us = size / busbw / 1e3  # busbw = algbw for two ranks' all-reduce: 2(n-1)/n = 1
+            row = Row(collective="all_reduce", in_place=True, size_bytes=size, elements=size // 4, time_us=time_us,
+                      time_us_min=time_us, time_us_max=time_us, algbw_gbs=busbw, busbw_gbs=busbw, bus_factor=1.0,
+                      wrong=0)
+            result = CollectivesResult.model_validate({
+                "run_id": f"coll{night}-{repeat}", "status": "ok", "device": "cpu", "device_model": "test cpu",
+                "dist_backend": "gloo", "world_size": 2, "settings": settings.model_dump(), "rows": [row.model_dump()],
+                "ranks": [{"rank": 0, "host": "h"}, {"rank": 1, "host": "h"}], "check_passed": True,
+                "started_at": f"{night_date(night)}T03:{10 + repeat:02d}:00+00:00", "environment": environment})
+            write_collectives(result, folder / f"night{night:03d}")
+    return folder
+
+
+def test_a_falling_busbw_is_an_open_regression_of_its_collective_series(tmp_path, capsys):
+    """Collectives results go into the same database as runs (kind collectives), a series per
+    collective, form, size and scope keyed by device, backend, ranks, hosts and dtype; a 20% fall of
+    all-reduce busbw is an open regression, as a run's fall in tokens/s is."""
+    db = tmp_path / "h.sqlite"
+    write_collectives_nights(tmp_path / "coll", [10.0] * 12 + [8.0] * 6)
+    write_nights(tmp_path / "runs", [1000.0] * 6)
+    code, out, _ = history(capsys, "add", tmp_path / "coll", tmp_path / "runs", "--db", db)
+    assert code == 0 and "added 72 run(s)" in out and "54 of the results added are `hwbench collectives`" in out
+    with sqlite3.connect(db) as connection:
+        kinds = dict(connection.execute("SELECT kind, COUNT(*) FROM runs GROUP BY kind").fetchall())
+        names = {row[0] for row in connection.execute(
+            "SELECT DISTINCT name FROM metrics JOIN runs USING (run_id) WHERE kind = 'collectives'")}
+    assert kinds == {"run": 18, "collectives": 54} and names == {"busbw_gbs/all/all_reduce/in_place/1048576"}
+    code, out, _ = history(capsys, "changes", "--db", db)
+    assert code == REGRESSION_EXIT
+    line = next(line for line in out.splitlines() if " fell " in line)
+    assert line.startswith("bus bandwidth of all_reduce in place 1.0 MiB on test cpu gloo, 2 ranks fell ")
+    assert f"at {night_date(12)}, commit c012000" in line
+    assert re.search(r"GB/s -> [78]\.\d{3} GB/s \(regression\)$", line)
+    assert "OPEN REGRESSION: bus bandwidth of all_reduce in place" in out
+    # the runs' series are there and quiet; --metric tokens_per_s leaves the collectives out
+    assert history(capsys, "changes", "--db", db, "--metric", "tokens_per_s")[0] == 0
+    code, out, _ = history(capsys, "show", "--db", db, "--metric", "busbw")
+    assert code == 0 and "bus bandwidth of all_reduce in place 1.0 MiB on test cpu gloo, 2 ranks" in out
+    assert re.search(r"2 ranks +18 +1 +" + night_date(17) + r" +c017000 +[78]\.\d{3} GB/s +1 +regression -2", out), out
+    code, _, _ = history(capsys, "report", "--db", db, "--out", tmp_path / "trends.html", "--metric", "busbw")
+    page = (tmp_path / "trends.html").read_text()
+    assert code == 0 and "bus bandwidth of all_reduce in place 1.0 MiB on test cpu gloo, 2 ranks" in page
+    assert "open regression -20." in page and " GB/s" in page

@@ -107,3 +107,17 @@ def test_an_unreachable_server_is_one_line_without_the_password(tmp_path):
         store.open_history(url, create=True)
     assert "secret" not in str(raised.value) and "ci:***@" in str(raised.value)
     assert store.printable(url) == f"postgresql://ci:***@/hwbench?host={tmp_path}&port=1"
+
+
+def test_collectives_busbw_series_work_alike_on_postgresql(tmp_path, capsys, empty_postgres):
+    """Collectives results in a PostgreSQL history (runs.kind, the busbw figures' names matched by LIKE):
+    the same open regression, figures included, as from an SQLite file."""
+    from test_history import write_collectives_nights
+
+    results = write_collectives_nights(tmp_path / "coll", [10.0] * 12 + [8.0] * 6)
+    code, out, _ = history(capsys, "add", results, "--db", empty_postgres)
+    assert code == 0 and "added 54 run(s)" in out
+    code, out, _ = history(capsys, "changes", "--db", empty_postgres, "--metric", "busbw")
+    assert code == REGRESSION_EXIT and "OPEN REGRESSION: bus bandwidth of all_reduce in place 1.0 MiB" in out
+    history(capsys, "add", results, "--db", tmp_path / "h.sqlite")
+    assert history(capsys, "changes", "--db", tmp_path / "h.sqlite", "--metric", "busbw")[1] == out

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hwbench.fabric.collectives import COLLECTIVES
 from hwbench.harness.slurm_env import first_host, rendezvous_port
 from hwbench.paths import result_files
 from hwbench.result.store import load_result
@@ -270,3 +271,37 @@ def test_accept_probes_each_node_by_its_own_job_and_judges_all_devices_together(
     # is slowed by it (seen: a device other than the slow ones named; in 1 of 8 runs a check that each
     # node's device 1 is named for training failed). On one node, whose devices are probed one after
     # another, tests/test_slurm_local.py holds that the slow device is named for training and no other.
+
+
+def test_collectives_on_two_nodes_apart_within_and_between_them(slurm_env, tmp_path):
+    """`hwbench collectives` under srun, one task per node, two ranks each: node 0 writes the one result
+    of four ranks on two hosts, its collectives measured on all four, again within each node (ranks
+    0-1 and 2-3 at once) and between one rank per node (0 and 2); the ring's pairs classified
+    intra- or inter-node by their hosts. A few small sizes: about 20 s on this machine."""
+    from hwbench.fabric.result import load_collectives
+
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+         *_hwbench("collectives", "--device", "cpu", "--nproc-per-node", "2", "--collectives", "all_reduce,send_recv",
+                   "--min-bytes", "4KiB", "--max-bytes", "8KiB", "--warmup", "1", "--iters", "2", "--slow-link",
+                   "--ring-bytes", "4KiB", "--out", str(out))],
+        env=slurm_env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "node 1: its ranks finished; node 0 writes the result" in done.stderr
+    [path] = list(out.glob("*.json"))
+    result = load_collectives(path)
+    assert (result.status, result.world_size, result.hosts, result.check_passed) == ("ok", 4, 2, True)
+    assert [(rank.rank, rank.host) for rank in result.ranks] == [(rank, NODES[rank // 2]) for rank in range(4)]
+    assert [(scope.scope, scope.groups) for scope in result.scopes] == [("intra_node", [[0, 1], [2, 3]]),
+                                                                          ("inter_node", [[0, 2]])]
+    expected = {(name, size) for name in ("all_reduce", "send_recv") for size in (4096, 8192)}
+    for rows, world in [(result.rows, 4), *((scope.rows, 2) for scope in result.scopes)]:
+        assert {(row.collective, row.size_bytes) for row in rows} == expected
+        assert all(row.wrong == 0 and row.bus_factor == COLLECTIVES[row.collective].bus_factor(world) for row in rows)
+    ring = result.slow_link
+    assert ring is not None and [(link.sender, link.receiver, link.inter_node) for link in ring.links] == [
+        (0, 1, False), (1, 2, True), (2, 3, False), (3, 0, True)]
+    assert "# intra-node: within each node ([0, 1], [2, 3])" in done.stdout
+    assert "# inter-node: between one rank per node ([0, 2])" in done.stdout
+    assert "rank 1 (hwb-node1) -> rank 2 (hwb-node2), inter-node:" in done.stdout

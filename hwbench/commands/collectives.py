@@ -10,11 +10,13 @@ import sys
 from hwbench.arguments import argument
 from hwbench.device.kinds import DEVICE_CHOICES
 
-DESCRIPTION = ("Measure collectives between the ranks of this node on the device's collective backend (gloo on the "
-               "CPU, NCCL, RCCL, HCCL): for each message size from --min-bytes doubling to --max-bytes, in and out "
-               "of place, the time per call, algbw and busbw as nccl-tests reports them, and a check of every "
-               "value; with --slow-link, a ring of send/recv pairs that names a link slower than the others "
-               "(docs/collectives.md). Writes one result file to --out.")
+DESCRIPTION = ("Measure collectives between the ranks of this node (or of several: srun one task per node) on the "
+               "device's collective backend (gloo on the CPU, NCCL, RCCL, HCCL): for each message size from "
+               "--min-bytes doubling to --max-bytes, in and out of place, the time per call, algbw and busbw as "
+               "nccl-tests reports them, and a check of every value; on several nodes, again within each node and "
+               "between one rank per node; with --slow-link, "
+               "a ring of send/recv pairs that names every link slower than the others (docs/collectives.md). "
+               "Writes one result file to --out.")
 DEFAULT_RING_BYTES = "1MiB"
 
 
@@ -22,7 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", type=argument("--device", choices=DEVICE_CHOICES),
                         help=f"one of {', '.join(DEVICE_CHOICES)} (default auto)")
     parser.add_argument("--nproc-per-node", default="2", type=argument("--nproc-per-node", int, minimum=1),
-                        help="ranks on this node, one per device (default 2; at least 2)")
+                        help="ranks on this node, one per device (default 2; the ranks of every node together at "
+                             "least 2)")
     parser.add_argument("--collectives", default="all",
                         help="all (default), or comma-separated of all_reduce, all_gather, reduce_scatter, "
                              "all_to_all, broadcast, send_recv")
@@ -64,7 +67,10 @@ def main(args: argparse.Namespace) -> int:
     names = parse_collectives(args.collectives)
     min_bytes, max_bytes = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
     check_sizes(min_bytes, max_bytes)
-    check_world_size(args.nproc_per_node)
+    from hwbench.fabric.launch import nodes_from_slurm
+
+    nodes = nodes_from_slurm()
+    check_world_size(args.nproc_per_node * (nodes.nnodes if nodes else 1))
     ring = None
     settings = CollectiveSettings(names, min_bytes, max_bytes, args.warmup, args.iters, args.check, args.timeout)
     if args.slow_link:
@@ -74,11 +80,16 @@ def main(args: argparse.Namespace) -> int:
         check_ring_bytes(ring_bytes)
         ring = RingSettings(ring_bytes, args.warmup, args.iters, parse_threshold(args.slow_threshold,
                                                                                  "--slow-threshold"))
-    from hwbench.fabric.launch import CollectivesJob, run_collectives
+    from hwbench.fabric.launch import CollectivesJob, NodeDone, run_on_node
     from hwbench.fabric.result import write_collectives
     from hwbench.fabric.table import collectives_table
 
-    result = run_collectives(CollectivesJob(args.device, args.nproc_per_node, settings, ring))
+    outcome = run_on_node(CollectivesJob(args.device, args.nproc_per_node, settings, ring, nodes))
+    if isinstance(outcome, NodeDone):
+        ended = "its ranks finished" if outcome.returncode == 0 else f"its ranks ended with status {outcome.returncode}"
+        print(f"hwbench collectives: node {outcome.node_rank}: {ended}; node 0 writes the result", file=sys.stderr)
+        return 0 if outcome.returncode == 0 else 1
+    result = outcome
     path = write_collectives(result, args.out)
     if result.status != "ok":
         print(f"hwbench collectives: {result.status}: {result.error.message if result.error else ''}", file=sys.stderr)

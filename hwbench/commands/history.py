@@ -11,15 +11,16 @@ from pathlib import Path
 from hwbench.errors import UsageError
 from hwbench.history.store import DEFAULT_DB
 from hwbench.judge.compare import DEFAULT_THRESHOLD
-from hwbench.metrics import METRICS
+from hwbench.metrics import COLLECTIVE_METRICS, METRICS
 
 DESCRIPTION = ("Keep every result in a history database and find where performance changed: `add` ingests "
                "result files, `changes` reports change points (exit 3 on an open regression beyond the "
                "threshold), `show` lists the series, `report` writes the trend page (docs/history.md).")
 # tokens/s stands for samples/s, TFLOP/s and MFU too: they are fixed multiples of it for a
 # point, so they would repeat its change points.
-# the MoE figures have series only where mixture-of-experts (or expert-parallel) runs were added
-DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory", "all_to_all_share", "moe_imbalance")
+# the MoE figures have series only where mixture-of-experts (or expert-parallel) runs were added, busbw
+# (one series per collective, form, size and scope) where `hwbench collectives` results were
+DEFAULT_METRICS = ("tokens_per_s", "step_time_median", "peak_memory", "all_to_all_share", "moe_imbalance", "busbw")
 THRESHOLD = f"{DEFAULT_THRESHOLD * 100:g}%"  # hwbench compare's
 
 
@@ -28,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     actions = parser.add_subparsers(dest="action", required=True, metavar="{add,changes,show,report}",
                                     parser_class=Parser)
-    add = actions.add_parser("add", help="add result files or folders (sweep folders included) to the database")
+    add = actions.add_parser("add", help="add result files or folders (sweep folders included, `hwbench collectives` "
+                                         "results too) to the database")
     add.add_argument("results", nargs="+", metavar="RESULTS", help="result files or folders (searched recursively)")
     changes = actions.add_parser("changes", help="change points of every series; exit 3 on an open regression")
     changes.add_argument("--since", metavar="DATE", help="only changes from this UTC date on (YYYY-MM-DD) are listed "
@@ -50,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--db", default=DEFAULT_DB, metavar="PATH",
                          help=f"the history database, an SQLite file (default: {DEFAULT_DB})")
     for sub in (changes, show, report):
-        sub.add_argument("--metric", choices=tuple(METRICS), default=None,
+        sub.add_argument("--metric", choices=(*METRICS, *COLLECTIVE_METRICS), default=None,
                          help=f"one metric (default: {', '.join(DEFAULT_METRICS)})")
 
 
@@ -59,14 +61,21 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add(args: argparse.Namespace) -> int:
-    from hwbench.history.store import add_to_history, metrics_problem, printable, start_problem
+    from hwbench.fabric.result import read_collectives
+    from hwbench.history.store import Stored, add_to_history, metrics_problem, printable, start_problem
+    from hwbench.result.model import RunResult
     from hwbench.result.store import read_inputs
 
-    found, skipped = read_inputs(args.results, "RESULTS")
-    reasons, loaded = [reason for _path, reason in skipped], []
+    runs, skipped = read_inputs(args.results, "RESULTS")
+    collectives, skipped_collectives = read_collectives(args.results)
+    found: list[tuple[Stored, Path]] = [*runs, *collectives]
+    reasons, loaded = [reason for _path, reason in skipped + skipped_collectives], []
     for result, path in found:
         problem = start_problem(result.started_at)
-        problem = f"field 'started_at' {problem}" if problem else metrics_problem(result.metrics.dump())
+        if problem:
+            problem = f"field 'started_at' {problem}"
+        elif isinstance(result, RunResult):  # a collectives result's figures were checked when it was read
+            problem = metrics_problem(result.metrics.dump())
         if problem:
             reasons.append(f"{path}: {problem}")
         else:
@@ -93,6 +102,9 @@ def add(args: argparse.Namespace) -> int:
     conflicting = f" ({len(outcome.conflicting)} with other figures, left out)" if outcome.conflicting else ""
     print(f"{printable(args.db)}: added {outcome.added} run(s), {outcome.already_present} already there{conflicting}, "
           f"{unreadable} unreadable file(s) left out; {total} run(s) in all")
+    if outcome.collectives:
+        print(f"{outcome.collectives} of the results added are `hwbench collectives` results: a busbw series per "
+              "collective, form, size and scope (all ranks, within each node, between nodes)")
     if outcome.simulated:
         print(f"{outcome.simulated} of the runs added are simulated (a stand-in ran the device's code path on the "
               "host): they form their own series, marked [simulated], apart from the device's")
@@ -105,13 +117,14 @@ def add(args: argparse.Namespace) -> int:
 def _analyses(args: argparse.Namespace, threshold: float):
     from hwbench.history.changes import series_changes
     from hwbench.history.series import series_of
-    from hwbench.history.store import open_history, runs_with_metric
+    from hwbench.history.store import collectives_with_busbw, open_history, runs_with_metric
 
     connection = open_history(args.db)
     try:
         return [series_changes(series, threshold)
                 for metric in ((args.metric,) if args.metric else DEFAULT_METRICS)
-                for series in series_of(runs_with_metric(connection, METRICS[metric].stored_name), metric)]
+                for series in series_of(collectives_with_busbw(connection) if metric in COLLECTIVE_METRICS
+                                        else runs_with_metric(connection, METRICS[metric].stored_name), metric)]
     finally:
         connection.close()
 
@@ -173,13 +186,14 @@ def show(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from hwbench.history.series import short_commit
+    from hwbench.metrics import metric_named
 
     rows = []
     for analysis in _analyses(args, DEFAULT_THRESHOLD):
         series, last = analysis.series, analysis.series.nights[-1]
         latest = analysis.changes[-1] if analysis.changes else None
         rows.append([series.label, len(series.nights), len(series.segments), last.night, short_commit(last.commit),
-                     METRICS[series.metric].text(last.value), len(analysis.changes),
+                     metric_named(series.metric).text(last.value), len(analysis.changes),
                      f"{latest.kind} {latest.change * 100:+.1f}% at {latest.night.night}" if latest else "-",
                      f"{analysis.open_change * 100:+.1f}%" if analysis.open_regression else "-"])
     print(tabulate(rows, headers=["series", "nights", "segments", "last night", "commit", "last value",

@@ -36,18 +36,21 @@ class ExportFormat:
     folder: bool = False  # --out is a folder (TensorBoard's log folder)
     binary: bool = False  # nothing for standard output: --out is needed
     needs: tuple[str, str] | None = None  # (module it imports, the extra that installs it)
+    collectives: bool = False  # it takes `hwbench collectives` results' busbw too (its writer's ``collectives``)
 
 
 FORMATS = {fmt.name: fmt for fmt in (
     ExportFormat("mllog", "MLPerf logging: one run as :::MLLOG lines", "mlperf", runs="one"),
     ExportFormat("mlperf-system", "MLPerf's system description JSON of the machine one run ran on", "mlperf",
                  runs="one"),
-    ExportFormat("customBiggerIsBetter", "github-action-benchmark's JSON of the higher-is-better figures", "ci"),
+    ExportFormat("customBiggerIsBetter", "github-action-benchmark's JSON of the higher-is-better figures", "ci",
+                 collectives=True),
     ExportFormat("customSmallerIsBetter", "github-action-benchmark's JSON of the lower-is-better figures", "ci"),
-    ExportFormat("bencher", "Bencher Metric Format JSON: each figure with the repeats' lower and upper values", "ci"),
+    ExportFormat("bencher", "Bencher Metric Format JSON: each figure with the repeats' lower and upper values", "ci",
+                 collectives=True),
     ExportFormat("prometheus", "Prometheus text format (node_exporter's textfile collector, a Pushgateway)",
-                 "prometheus"),
-    ExportFormat("openmetrics", "OpenMetrics text format", "prometheus"),
+                 "prometheus", collectives=True),
+    ExportFormat("openmetrics", "OpenMetrics text format", "prometheus", collectives=True),
     ExportFormat("tensorboard", "TensorBoard scalars per step, a folder per run", "tensorboard", runs="all",
                  folder=True, binary=True, needs=("tensorboard", "tensorboard")),
     ExportFormat("parquet", "the results table (hwbench.load_results) as Parquet", "table", runs="all", binary=True,
@@ -161,16 +164,19 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     if out is not None and chosen.folder:  # '' was the working folder; a file, or under one, is refused
         check_output_folder(out, "--out")
     found, skipped = read_inputs(paths, "RESULTS")
-    taken, left_out = _runs_taken(chosen, found, skipped)
+    collectives, left_out_collectives = _collectives_taken(chosen, paths, skipped)
+    taken, left_out = _runs_taken(chosen, found, skipped, bool(collectives))
+    left_out += left_out_collectives
     runs, files = [result for result, _path in taken], [path for _result, path in taken]
     writer = importlib.import_module(f"hwbench.exports.{chosen.module}")
+    given = {"collectives": collectives} if chosen.collectives else {}
     outcome = ExportOutcome(None, [], skipped, left_out)
     try:
         if chosen.folder:
             assert out is not None, "check_request refuses a folder format without --out"
             outcome.written = writer.write_folder(runs, Path(out))
         else:
-            content = writer.render(chosen.name, runs, files, request)
+            content = writer.render(chosen.name, runs, files, request, **given)
             outcome.text = content if isinstance(content, str) else None
             if out is not None:
                 outcome.written = [_write_file(Path(out), content)]
@@ -178,7 +184,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
         raise UsageError(f"--out {out}: cannot be written: {error.strerror or error}") from None
     if request.push is not None:
         try:
-            writer.push(chosen.name, runs, request)
+            writer.push(chosen.name, runs, request, **given)
         except PushError as error:
             error.outcome = outcome  # the runs left out are named all the same
             raise
@@ -186,10 +192,28 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     return outcome
 
 
-def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list, list[str]]:
+def _collectives_taken(chosen: ExportFormat, paths: list[str | os.PathLike], skipped: list) -> tuple[list, list[str]]:
+    """The ok `hwbench collectives` results under ``paths`` for a format that takes them, and a line
+    for each one that is not ok (its figures missing, as a failed run's); an unreadable one is added
+    to ``skipped``."""
+    if not chosen.collectives:
+        return [], []
+    from hwbench.fabric.result import read_collectives
+
+    found, unreadable = read_collectives(paths)
+    skipped += unreadable
+    left_out = [f"collectives result {result.run_id} ({path}): status {result.status}"
+                f"{_error_text(result)}, no figures" for result, path in found if result.status != "ok"]
+    return [result for result, _path in found if result.status == "ok"], left_out
+
+
+def _runs_taken(chosen: ExportFormat, found: list, skipped: list, collectives: bool = False) -> tuple[list, list[str]]:
     """The (run, file) pairs ``chosen`` takes, and a line for each run it leaves out; UsageError
-    when none is left (naming why the first unreadable file was left out)."""
+    when none is left (naming why the first unreadable file was left out), unless ``collectives``:
+    ok collectives results are there for the format to take."""
     results = [result for result, _path in found]
+    if not results and collectives:
+        return [], []
     if not results:
         why = f" ({skipped[0][1]}{f'; {len(skipped) - 1} more left out' if len(skipped) > 1 else ''})" if skipped \
             else ""
@@ -205,7 +229,7 @@ def _runs_taken(chosen: ExportFormat, found: list, skipped: list) -> tuple[list,
     # a point the planner skipped (it would not fit) was never run: no failure, as compare counts it
     left_out = [f"run {result.run_id} ({path}): status {result.status}{_error_text(result)}, no figures"
                 for result, path in found if result.status not in ("ok", "skipped")]
-    if not ok:
+    if not ok and not collectives:
         raise UsageError(f"RESULTS hold no run with status ok ({len(results)} with another status); {chosen.name} "
                          "exports measured figures")
     return ok, left_out

@@ -3,7 +3,9 @@
 hwbench.metrics.METRICS as the median of the repeats with their lowest and highest value.
 TFLOP/s and MFU are read under the default FLOPs formula, so that a series stays under one
 formula whichever formula a run was asked for. A simulated run (a stand-in ran the vendor's code
-path on this host) is never a repeat of a real one: its point is apart and its name says so."""
+path on this host) is never a repeat of a real one: its point is apart and its name says so.
+`hwbench collectives` results give busbw (hwbench.metrics.BUSBW) per collective, form, size and
+scope, by CollectiveKey, as the median of the results that share it."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import dataclasses
 import datetime
 import statistics
 
+from hwbench.fabric.result import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.metrics import Metric
 from hwbench.point import EMULATED, SIMULATED, PointKey
 from hwbench.result.model import RunResult
@@ -58,6 +61,28 @@ class PointFigures:
         return [run.run_id for run in self.runs]
 
 
+@dataclasses.dataclass
+class CollectiveFigure:
+    """One busbw series of the collectives results exported (hwbench.fabric.result.CollectiveKey):
+    the median of the results' busbw in GB/s, their lowest and highest."""
+
+    key: CollectiveKey
+    figure: Figure
+    run_ids: list[str]
+
+
+def collective_figures(results: list[CollectivesResult]) -> list[CollectiveFigure]:
+    """Every busbw of the ok collectives results (a row with wrong values is none), by key, in the
+    order first seen; the repeats of a key are the results that share it."""
+    grouped: dict[CollectiveKey, list[tuple[float, str]]] = {}
+    for result in results:
+        for key, value in busbw_figures(result):
+            grouped.setdefault(key, []).append((value, result.run_id))
+    return [CollectiveFigure(key, Figure(statistics.median(v for v, _ in found), min(v for v, _ in found),
+                                         max(v for v, _ in found), len(found)), [run_id for _, run_id in found])
+            for key, found in grouped.items()]
+
+
 def point_figures(runs: list[RunResult]) -> list[PointFigures]:
     """The runs by point, in the order first seen (a run without a resolved spec has no point; a
     stand-in's run is a point of its own, PointKey.stand_in)."""
@@ -82,4 +107,5 @@ def flops_formula() -> str:
     return DEFAULT_FLOPS_FORMULA
 
 
-__all__ = ["STAND_IN_NOTES", "Figure", "PointFigures", "flops_formula", "point_figures", "unix_time"]
+__all__ = ["STAND_IN_NOTES", "CollectiveFigure", "Figure", "PointFigures", "collective_figures", "flops_formula",
+           "point_figures", "unix_time"]

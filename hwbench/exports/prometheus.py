@@ -3,7 +3,9 @@ figure of hwbench.metrics.METRICS (its entry's `gauge`) in base units, named and
 Prometheus' conventions (prometheus.io/docs/practices/naming: the `hwbench_` prefix, the unit last, `_ratio` for a
 fraction); one sample per benchmark point, labelled with the point's settings (its PointKey),
 the median of its repeats (`stand_in="simulated"` where a stand-in ran the device's code path
-on the host, so that a query for the real device's series can leave it out). Written for
+on the host, so that a query for the real device's series can leave it out); and the busbw of
+`hwbench collectives` results, one sample per collective, form, size and scope, labelled with its
+CollectiveKey, the median of the results that share it. Written for
 node_exporter's textfile collector (Prometheus text format, no timestamps, which that collector
 refuses) or pushed to a Pushgateway.
 """
@@ -14,28 +16,37 @@ from collections.abc import Iterator
 from typing import Any
 
 from hwbench.exports import PushError, redacted, without_credentials
-from hwbench.exports.figures import PointFigures, flops_formula, point_figures, unix_time
-from hwbench.metrics import METRICS, Gauge
+from hwbench.exports.figures import PointFigures, collective_figures, flops_formula, point_figures, unix_time
+from hwbench.fabric.result import CollectiveKey, CollectivesResult
+from hwbench.metrics import BUSBW, METRICS, Gauge
 
 RUNS = Gauge("hwbench_point_runs", "Ok runs of the point the figures are the median of")
 LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the point's latest run finished (Unix time)",
                  "seconds")
 
 
+def _text(value: Any) -> str:
+    return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def label_values(point: PointFigures) -> dict[str, str]:
     """The point's settings as label values (an unknown one empty, which Prometheus treats as
     absent; `stand_in` "simulated" where a stand-in ran the device's code path)."""
-    def text(value: Any) -> str:
-        return "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return {name: _text(value) for name, value in zip(point.key.fields(), point.key.values())}
 
-    return {name: text(value) for name, value in zip(point.key.fields(), point.key.values())}
+
+def collective_labels(key: CollectiveKey) -> dict[str, str]:
+    """A busbw series' key as label values: device, device_model, dist_backend, world_size, hosts,
+    dtype, scope, collective, in_place, size_bytes."""
+    return {name: _text(value) for name, value in zip(key.fields(), key.values())}
 
 
 class PointCollector:
-    """The prometheus_client collector of the points' gauges."""
+    """The prometheus_client collector of the points' gauges, and of the collectives results' busbw."""
 
-    def __init__(self, runs: list) -> None:
+    def __init__(self, runs: list, collectives: list[CollectivesResult] | None = None) -> None:
         self.points = point_figures(runs)
+        self.busbw = collective_figures(collectives or [])
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -61,25 +72,32 @@ class PointCollector:
                 last.add_metric(list(label_values(point).values()), max(t for t in finished if t is not None))
         yield runs
         yield last
+        if self.busbw:
+            gauge = BUSBW.gauge
+            labels = list(collective_labels(self.busbw[0].key))
+            family = GaugeMetricFamily(gauge.name, gauge.help, labels=labels, unit=gauge.unit)
+            for found in self.busbw:
+                family.add_metric(list(collective_labels(found.key).values()), found.figure.value * gauge.factor)
+            yield family
 
 
-def registry_of(runs: list):
+def registry_of(runs: list, collectives: list[CollectivesResult] | None = None):
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PointCollector(runs))
+    registry.register(PointCollector(runs, collectives))
     return registry
 
 
-def render(fmt: str, runs: list, files: list, request: Any) -> str:
+def render(fmt: str, runs: list, files: list, request: Any, collectives: list[CollectivesResult] | None = None) -> str:
     from prometheus_client import exposition
     from prometheus_client.openmetrics import exposition as openmetrics
 
     writer = openmetrics.generate_latest if fmt == "openmetrics" else exposition.generate_latest
-    return writer(registry_of(runs)).decode("utf-8")
+    return writer(registry_of(runs, collectives)).decode("utf-8")
 
 
-def push(fmt: str, runs: list, request: Any) -> None:
+def push(fmt: str, runs: list, request: Any, collectives: list[CollectivesResult] | None = None) -> None:
     """The gauges to the Pushgateway at ``request.push`` under job ``request.job`` (replacing
     what that job pushed before); PushError when it cannot take them. A user and password in
     the URL go as HTTP basic auth and are never shown."""
@@ -93,7 +111,7 @@ def push(fmt: str, runs: list, request: Any) -> None:
     handler = default_handler if user is None else functools.partial(basic_auth_handler, username=user,
                                                                      password=password)
     try:
-        push_to_gateway(url, job=request.job, registry=registry_of(runs), timeout=10, handler=handler)
+        push_to_gateway(url, job=request.job, registry=registry_of(runs, collectives), timeout=10, handler=handler)
     except (OSError, http.client.HTTPException) as error:  # URLError, HTTPError, refused, timed out; not HTTP
         raise PushError(f"--push {redacted(request.push)}: the Pushgateway did not take the metrics "
                         f"({_reason(error, password)}); the result files are unchanged") from None

@@ -5,6 +5,7 @@ Torch-free: the command checks its input with this before anything starts."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from hwbench.errors import UsageError
 from hwbench.units import human_bytes
@@ -122,3 +123,63 @@ def message_elements(collective: Collective, size: int, world_size: int) -> int:
     if collective.divides:
         elements -= elements % world_size
     return elements
+
+
+@dataclasses.dataclass(frozen=True)
+class RingVerdict:
+    """Each pair's slowdown against the median of the other pairs (its time over that median,
+    minus 1; None with one pair or a median of 0), the pairs named slow, the median of all pairs."""
+
+    slowdowns: list[float | None]
+    slow: list[int]
+    median_s: float
+
+
+def judge_pairs(times_s: list[float], threshold: float) -> RingVerdict:
+    """Every pair slower than the median of the other pairs by more than ``threshold`` named. Against
+    the others' median, not all pairs': two slow pairs of four do not lift the figure they are held
+    against. A ring of two ranks has two pairs between the same two ranks: a slow rank slows both
+    alike, and neither is named (its devices are judged by `hwbench accept`'s probes instead)."""
+    slowdowns: list[float | None] = []
+    for index, seconds in enumerate(times_s):
+        others = [t for i, t in enumerate(times_s) if i != index]
+        typical = statistics.median(others) if others else 0.0
+        slowdowns.append(seconds / typical - 1 if typical > 0 else None)
+    slow = [i for i, slowdown in enumerate(slowdowns) if slowdown is not None and slowdown > threshold]
+    return RingVerdict(slowdowns, slow, statistics.median(times_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Collectives measured again on subgroups of a multi-node run: ``intra_node`` on each node's
+    ranks (every node's group at once, as a hierarchical collective's first stage runs them),
+    ``inter_node`` on one rank per node (the network alone). ``groups``: the ranks of each group;
+    ``unmeasured``: why the scope has no figures (then ``groups`` is empty)."""
+
+    name: str
+    groups: list[list[int]]
+    unmeasured: str | None = None
+
+
+def node_ranks(hosts: list[str]) -> list[list[int]]:
+    """Each host's ranks (``hosts[rank]`` is its host name), the hosts in the order of their first rank."""
+    nodes: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        nodes.setdefault(host, []).append(rank)
+    return list(nodes.values())
+
+
+def scopes(hosts: list[str]) -> list[Scope]:
+    """The subgroups a run on these hosts is measured on as well: none on one host (every figure is
+    intra-node there); on several, each node's ranks and one rank per node (its lowest)."""
+    nodes = node_ranks(hosts)
+    if len(nodes) < 2:
+        return []
+    counts = sorted({len(ranks) for ranks in nodes})
+    if counts == [1]:
+        intra = Scope("intra_node", [], "each node has one rank: no two ranks share a node")
+    elif len(counts) > 1:  # one busbw factor per table needs one group size
+        intra = Scope("intra_node", [], f"the nodes hold different numbers of ranks ({', '.join(map(str, counts))})")
+    else:
+        intra = Scope("intra_node", nodes)
+    return [intra, Scope("inter_node", [[ranks[0] for ranks in nodes]])]

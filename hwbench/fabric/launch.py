@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.device import select_backend
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
-from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size, judge_pairs, scopes
 from hwbench.fabric.rank import SETTINGS_FILE
 from hwbench.fabric.result import (
     CollectivesError,
@@ -25,10 +25,11 @@ from hwbench.fabric.result import (
     Link,
     RankHost,
     Row,
+    ScopeRows,
     Settings,
     SlowLink,
 )
-from hwbench.fabric.ring import RingSettings, pairs, slowest_link
+from hwbench.fabric.ring import RingSettings, pairs
 from hwbench.files import write_json_atomic
 from hwbench.harness.agent import AgentFailure
 from hwbench.harness.faults import AGENT_FILE, RESULT_FILE, RUN_DIR_ENV, Fault, read_heartbeats
@@ -47,21 +48,69 @@ from hwbench.result.store import new_run_id, utc_now
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePlace:
+    """This node's place in a run over several nodes (from Slurm: hwbench/harness/slurm_env.py)."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+
+@dataclasses.dataclass(frozen=True)
 class CollectivesJob:
-    """One `hwbench collectives` run on this node."""
+    """One `hwbench collectives` run: on this node, or this node's part of a run over ``nodes``."""
 
     device: str
     nproc_per_node: int
     settings: CollectiveSettings
     ring: RingSettings | None = None
+    nodes: NodePlace | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * (self.nodes.nnodes if self.nodes else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDone:
+    """What a node other than node 0 ends with: its ranks' figures went to rank 0, on node 0, which
+    writes the result; ``returncode``: torchrun's agent's on this node."""
+
+    node_rank: int
+    returncode: int | None
+
+
+def nodes_from_slurm() -> NodePlace | None:
+    """This node's place when srun started one task per node of several (the rendezvous on the job's
+    first host, a port from the job id: hwbench/harness/slurm_env.py); None outside such a step."""
+    from hwbench.harness.slurm_env import SlurmTask
+
+    task = SlurmTask.from_environ()
+    if task is None or not task.in_step or task.ntasks == 1:
+        return None
+    if task.local_tasks != 1:
+        raise UsageError(f"hwbench collectives under srun: {task.local_tasks} tasks on this node; accepted: one task "
+                         "per node (srun --ntasks-per-node=1), each starting --nproc-per-node ranks")
+    address, port = task.master(os.environ)
+    return NodePlace(task.nnodes, task.nodeid, address, port)
 
 
 def run_collectives(job: CollectivesJob) -> CollectivesResult:
     """Measure on ``job.nproc_per_node`` ranks of this node; the result, whatever happened."""
+    outcome = run_on_node(job)
+    if isinstance(outcome, NodeDone):
+        raise RuntimeError("run_collectives runs on one node, or node 0 of several: use run_on_node")
+    return outcome
+
+
+def run_on_node(job: CollectivesJob) -> CollectivesResult | NodeDone:
+    """This node's ranks measured (with the other nodes' when ``job.nodes``): node 0 returns the
+    result, whatever happened; another node what its ranks ended with."""
     import subprocess
 
-    check_world_size(job.nproc_per_node)
-    Fault.from_environ(job.nproc_per_node)  # a fault for a rank the job has not is refused before it starts
+    check_world_size(job.world_size)
+    Fault.from_environ(job.world_size)  # a fault for a rank the job has not is refused before it starts
     backend = select_backend(job.device)
     if backend.simulated:  # a stand-in runtime on the host CPU has no collective backend of its vendor's
         raise SetupError(f"--device {backend.name}: the device is simulated (a stand-in runtime on the host CPU); "
@@ -73,9 +122,11 @@ def run_collectives(job: CollectivesJob) -> CollectivesResult:
     write_json_atomic(run_dir / SETTINGS_FILE, {"device": backend.name, "settings": job.settings.to_dict(),
                                                 "ring": dataclasses.asdict(job.ring) if job.ring else None})
     started = utc_now()
-    torchrun = [f"--nproc-per-node={job.nproc_per_node}", "--nnodes=1", "--max-restarts=0",
-                f"--log-dir={run_dir / 'logs'}", "--tee=3", "--local-ranks-filter=0", "--master-addr=127.0.0.1",
-                f"--master-port={free_port()}", "--module", "hwbench.fabric.rank"]
+    nodes = job.nodes or NodePlace(1, 0, "127.0.0.1", free_port())
+    torchrun = [f"--nproc-per-node={job.nproc_per_node}", f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}",
+                "--max-restarts=0", f"--log-dir={run_dir / 'logs'}", "--tee=3", "--local-ranks-filter=0",
+                f"--master-addr={nodes.master_addr}", f"--master-port={nodes.master_port}", "--module",
+                "hwbench.fabric.rank"]
     command = [sys.executable, "-m", "hwbench.harness.agent", str(run_dir), "--", *torchrun]
     environment = child_environment({**os.environ, RUN_DIR_ENV: str(run_dir)})
     environment.setdefault("OMP_NUM_THREADS", "1")
@@ -83,7 +134,9 @@ def run_collectives(job: CollectivesJob) -> CollectivesResult:
     agent = subprocess.Popen(command, env=environment, start_new_session=True, stdout=subprocess.DEVNULL)
     try:
         with stop_signals():
-            _returncode, timed_out, killed = wait_for_agent(agent, run_dir, job.settings.timeout_s)
+            returncode, timed_out, killed = wait_for_agent(agent, run_dir, job.settings.timeout_s)
+            if nodes.node_rank != 0:
+                return NodeDone(nodes.node_rank, 124 if timed_out else returncode)
             result = _result(job, backend, run_dir, timed_out, killed)
     except BaseException:  # Ctrl-C or anything else: nothing may outlive us
         end_tree(agent, run_dir)
@@ -98,18 +151,20 @@ def run_collectives(job: CollectivesJob) -> CollectivesResult:
 def _result(job: CollectivesJob, backend, run_dir: Path, timed_out: bool, killed: list[int]) -> CollectivesResult:
     settings = Settings.model_validate({**job.settings.to_dict(), "collectives": list(job.settings.collectives)})
     result = CollectivesResult(run_id=new_run_id("collectives", backend.name), status="ok", device=backend.name,
-                               dist_backend=backend.dist_backend, world_size=job.nproc_per_node, settings=settings)
+                               dist_backend=backend.dist_backend, world_size=job.world_size, settings=settings)
     gathered = _load(run_dir / RESULT_FILE)
     if gathered is not None and not timed_out:
         names = gathered.get("device_names") or []
         result.device_model = names[0] if names else None
         ranks = sorted(gathered["ranks"], key=lambda entry: entry["rank"])
         result.ranks = [RankHost(rank=r["rank"], host=r["host"], pid=r["pid"]) for r in ranks]
-        result.rows = merge_rows(ranks, job.nproc_per_node)
+        result.rows = merge_rows([rank["rows"] for rank in ranks], job.world_size)
+        result.scopes = merge_scopes(ranks)
         if job.settings.check:
-            result.check_passed = all(row.wrong == 0 for row in result.rows)
+            rows = result.rows + [row for scope in result.scopes for row in scope.rows]
+            result.check_passed = all(row.wrong == 0 for row in rows)
         if job.ring:
-            result.slow_link = judge_ring(ranks, job.ring, job.nproc_per_node)
+            result.slow_link = judge_ring(ranks, job.ring, job.world_size)
         return result
     beats = read_heartbeats(run_dir)
     result.ranks = [RankHost(rank=rank, host=beat["host"], pid=beat["pid"]) for rank, beat in sorted(beats.items())]
@@ -158,13 +213,27 @@ def timeout_message(beats: dict[int, dict], timeout_s: float) -> str:
             f"{ahead['phase']}, where the other ranks wait for it; its last: {beats[rank]['phase']}")
 
 
-def merge_rows(ranks: list[dict], world: int) -> list[Row]:
-    """nccl-tests' table from every rank's figures: the time averaged over ranks (min and max
-    kept), algbw = size / time, busbw = algbw x the collective's factor, #wrong summed."""
+def merge_scopes(ranks: list[dict]) -> list[ScopeRows]:
+    """A multi-node run's intra-node and inter-node tables, each merged over its member ranks (the
+    busbw factor of its group's size); none on one host."""
+    merged = []
+    for scope in scopes([rank["host"] for rank in ranks]):
+        if not scope.groups:
+            merged.append(ScopeRows(scope=scope.name, groups=[], unmeasured=scope.unmeasured))
+            continue
+        members = [rank["scopes"][scope.name] for rank in ranks if rank["scopes"].get(scope.name) is not None]
+        merged.append(ScopeRows(scope=scope.name, groups=scope.groups, rows=merge_rows(members, len(scope.groups[0]))))
+    return merged
+
+
+def merge_rows(rank_rows: list[list[dict]], world: int) -> list[Row]:
+    """nccl-tests' table from every rank's figures (``rank_rows``: each rank's rows, in one order):
+    the time averaged over ranks (min and max kept), algbw = size / time, busbw = algbw x the
+    collective's factor for ``world`` ranks, #wrong summed."""
     rows = []
-    for position, first in enumerate(ranks[0]["rows"]):
-        times = [rank["rows"][position]["time_s"] for rank in ranks]
-        wrongs = [rank["rows"][position]["wrong"] for rank in ranks]
+    for position, first in enumerate(rank_rows[0]):
+        times = [mine[position]["time_s"] for mine in rank_rows]
+        wrongs = [mine[position]["wrong"] for mine in rank_rows]
         mean_s = statistics.fmean(times)
         factor = COLLECTIVES[first["collective"]].bus_factor(world)
         algbw = first["size_bytes"] / mean_s / 1e9 if mean_s > 0 else None
@@ -177,13 +246,14 @@ def merge_rows(ranks: list[dict], world: int) -> list[Row]:
 
 
 def judge_ring(ranks: list[dict], ring: RingSettings, world: int) -> SlowLink:
+    """Each pair of the ring with its time, bandwidth and slowdown; every slow pair named."""
     hosts = {rank["rank"]: rank["host"] for rank in ranks}
     times = {int(index): seconds for rank in ranks for index, seconds in rank["ring"].items()}
-    links = []
-    for index, (sender, receiver) in enumerate(pairs(world)):
-        seconds = times[index]
-        links.append(Link(sender=sender, receiver=receiver, sender_host=hosts[sender], receiver_host=hosts[receiver],
-                          time_us=seconds * 1e6, busbw_gbs=ring.size_bytes / seconds / 1e9 if seconds > 0 else None))
-    named, slowdown, median_s = slowest_link([link.time_us / 1e6 for link in links], ring.threshold)
-    return SlowLink(size_bytes=ring.size_bytes, threshold=ring.threshold, links=links, median_time_us=median_s * 1e6,
-                    slowest=links[named] if named is not None else None, slowdown=slowdown)
+    seconds = [times[index] for index in range(len(pairs(world)))]
+    verdict = judge_pairs(seconds, ring.threshold)
+    links = [Link(sender=sender, receiver=receiver, sender_host=hosts[sender], receiver_host=hosts[receiver],
+                  time_us=pair_s * 1e6, busbw_gbs=ring.size_bytes / pair_s / 1e9 if pair_s > 0 else None,
+                  slowdown=slowdown)
+             for (sender, receiver), pair_s, slowdown in zip(pairs(world), seconds, verdict.slowdowns, strict=True)]
+    return SlowLink(size_bytes=ring.size_bytes, threshold=ring.threshold, links=links,
+                    median_time_us=verdict.median_s * 1e6, slow=[links[index] for index in verdict.slow])

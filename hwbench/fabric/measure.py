@@ -55,59 +55,65 @@ class Call:
 
 
 def prepare_call(collective: Collective, in_place: bool, elements: int, rank: int, world: int,
-                 device: torch.device) -> Call:
-    """The buffers and call of ``collective`` with ``elements`` elements (nccl-tests' size)."""
+                 device: torch.device, group: dist.ProcessGroup | None = None) -> Call:
+    """The buffers and call of ``collective`` with ``elements`` elements (nccl-tests' size), between
+    the ranks of ``group`` (the whole world when None); ``rank`` and ``world`` are within it."""
     share = elements // world if collective.divides else elements
     everyone = range(world)
+
+    def global_rank(group_rank: int) -> int:  # send, recv and broadcast name their peers by global rank
+        return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
     def buffer(values: torch.Tensor) -> torch.Tensor:
         return values.to(device)
 
     if collective.name == "all_reduce":
         data = buffer(pattern(rank, elements))
-        return Call(lambda: dist.all_reduce(data), lambda: data.copy_(pattern(rank, elements)), data,
+        return Call(lambda: dist.all_reduce(data, group=group), lambda: data.copy_(pattern(rank, elements)), data,
                     torch.stack([pattern(r, elements) for r in everyone]).sum(0))
     if collective.name == "all_gather":
         output = buffer(torch.full((elements,), -1.0))
         given = output.narrow(0, rank * share, share) if in_place else buffer(pattern(rank, share))
-        return Call(lambda: ALL_GATHER(output, given), lambda: given.copy_(pattern(rank, share)),
+        return Call(lambda: ALL_GATHER(output, given, group=group), lambda: given.copy_(pattern(rank, share)),
                     output, torch.cat([pattern(r, share) for r in everyone]))
     if collective.name == "reduce_scatter":
         given = buffer(pattern(rank, elements))
         output = given.narrow(0, rank * share, share) if in_place else buffer(torch.full((share,), -1.0))
-        return Call(lambda: REDUCE_SCATTER(output, given), lambda: given.copy_(pattern(rank, elements)),
+        return Call(lambda: REDUCE_SCATTER(output, given, group=group), lambda: given.copy_(pattern(rank, elements)),
                     output, torch.stack([pattern(r, share, rank * share) for r in everyone]).sum(0))
     if collective.name == "all_to_all":
         given = buffer(pattern(rank, elements))
         output = buffer(torch.full((elements,), -1.0))
         # rank k's chunk j is rank j's chunk k
-        return Call(lambda: dist.all_to_all_single(output, given), lambda: given.copy_(pattern(rank, elements)),
-                    output, torch.cat([pattern(j, share, rank * share) for j in everyone]))
+        return Call(lambda: dist.all_to_all_single(output, given, group=group),
+                    lambda: given.copy_(pattern(rank, elements)), output,
+                    torch.cat([pattern(j, share, rank * share) for j in everyone]))
     if collective.name == "broadcast":
         data = buffer(pattern(rank, elements))
-        return Call(lambda: dist.broadcast(data, src=0), lambda: data.copy_(pattern(rank, elements)), data,
-                    pattern(0, elements))
+        return Call(lambda: dist.broadcast(data, src=global_rank(0), group=group),
+                    lambda: data.copy_(pattern(rank, elements)), data, pattern(0, elements))
     if collective.name == "send_recv":  # nccl-tests' sendrecv: each rank sends to the next, receives from the previous
         given = buffer(pattern(rank, elements))
         output = buffer(torch.full((elements,), -1.0))
         after, before = (rank + 1) % world, (rank - 1) % world
 
         def exchange() -> None:
-            for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, given, after),
-                                                   dist.P2POp(dist.irecv, output, before)]):
+            for request in dist.batch_isend_irecv([dist.P2POp(dist.isend, given, global_rank(after), group),
+                                                   dist.P2POp(dist.irecv, output, global_rank(before), group)]):
                 request.wait()
 
         return Call(exchange, lambda: given.copy_(pattern(rank, elements)), output, pattern(before, elements))
     raise ValueError(f"unknown collective {collective.name!r}")
 
 
-def time_call(call: Call, backend: Backend, warmup: int, iterations: int) -> float:
+def time_call(call: Call, backend: Backend, warmup: int, iterations: int,
+              group: dist.ProcessGroup | None = None) -> float:
     """Seconds per call: the mean of ``iterations`` calls back to back after ``warmup`` untimed ones,
-    every rank starting together."""
+    every rank of the group starting together."""
     for _ in range(warmup):
         call.run()
     backend.synchronize()
-    dist.barrier()
+    dist.barrier(group=group)
     start = time.perf_counter()
     for _ in range(iterations):
         call.run()
@@ -138,8 +144,9 @@ def measurements_to_make(settings: CollectiveSettings, world: int) -> list[tuple
 
 
 def measure(collective: Collective, in_place: bool, elements: int, settings: CollectiveSettings,
-            backend: Backend, rank: int, world: int) -> Measurement:
-    call = prepare_call(collective, in_place, elements, rank, world, backend.torch_device)
-    seconds = time_call(call, backend, settings.warmup, settings.iterations)
+            backend: Backend, rank: int, world: int, group: dist.ProcessGroup | None = None) -> Measurement:
+    """``rank`` and ``world`` within ``group`` (the whole world when None)."""
+    call = prepare_call(collective, in_place, elements, rank, world, backend.torch_device, group)
+    seconds = time_call(call, backend, settings.warmup, settings.iterations, group)
     wrong = check_call(call, backend) if settings.check else -1
     return Measurement(collective.name, in_place, call.result.element_size() * elements, elements, seconds, wrong)

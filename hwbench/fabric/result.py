@@ -4,6 +4,7 @@ read back with every field checked (a damaged file is named with its reason)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -16,9 +17,10 @@ from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import Environment
+from hwbench.units import human_bytes
 
 KIND: Literal["collectives"] = "collectives"
-SCHEMA_VERSION: Literal[1] = 1
+SCHEMA_VERSION: Literal[2] = 2
 CollectivesStatus = Literal["ok", "failed", "timeout"]
 # the names of CollectivesResult.point_key's values, in its order (a baseline file writes the key by them)
 POINT_FIELDS = ("device", "device_model", "dist_backend", "world_size", "hosts", "dtype")
@@ -70,18 +72,33 @@ class Link(_Section):
     receiver_host: str
     time_us: float = Field(ge=0)  # one way: half the mean round trip
     busbw_gbs: float | None = Field(ge=0)
+    slowdown: float | None  # its time over the median of the other pairs', minus 1 (0.25: 25% slower)
+
+    @property
+    def inter_node(self) -> bool:
+        """The pair crosses between hosts (the network), not within one (NVLink, PCIe, shared memory)."""
+        return self.sender_host != self.receiver_host
 
 
 class SlowLink(_Section):
-    """The ring of pairwise send/recv and its verdict: the slowest pair, named when it is slower than
-    the median pair by more than the threshold."""
+    """The ring of pairwise send/recv and its verdict: every pair slower than the median of the other
+    pairs by more than the threshold, in ring order."""
 
     size_bytes: int = Field(ge=1)
     threshold: float = Field(ge=0)
     links: list[Link]
     median_time_us: float = Field(ge=0)
-    slowest: Link | None  # None: no pair is slower than the median by more than the threshold
-    slowdown: float | None  # the slowest pair's time over the median's, minus 1 (0.25: 25% slower)
+    slow: list[Link]  # []: no pair is slower than the others' median by more than the threshold
+
+
+class ScopeRows(_Section):
+    """A multi-node run's collectives measured again on subgroups: ``intra_node`` (each node's ranks,
+    every node's group at once) or ``inter_node`` (one rank per node: the network alone)."""
+
+    scope: Literal["intra_node", "inter_node"]
+    groups: list[list[int]]  # the ranks of each group; [] when not measured
+    rows: list[Row] = Field(default_factory=list)  # time: the mean over every member rank; busbw by the group's size
+    unmeasured: str | None = None  # why the scope has no rows
 
 
 class CollectivesError(_Section):
@@ -93,7 +110,7 @@ class CollectivesError(_Section):
 
 class CollectivesResult(_Section):
     kind: Literal["collectives"] = KIND
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str = Field(min_length=1)
     status: CollectivesStatus
     hwbench_version: str = __version__
@@ -107,6 +124,7 @@ class CollectivesResult(_Section):
     ranks: list[RankHost] = Field(default_factory=list)
     rows: list[Row] = Field(default_factory=list)
     check_passed: bool | None = None  # None: --no-check
+    scopes: list[ScopeRows] = Field(default_factory=list)  # several hosts only: intra_node, then inter_node
     slow_link: SlowLink | None = None
     environment: Environment | None = None
     error: CollectivesError | None = None
@@ -115,8 +133,79 @@ class CollectivesResult(_Section):
     def point_key(self) -> tuple:
         """What two results must share for their figures to be compared: the device, the number of
         ranks, how they are spread over hosts, and the element type."""
-        hosts = len({rank.host for rank in self.ranks}) or 1
-        return (self.device, self.device_model, self.dist_backend, self.world_size, hosts, self.settings.dtype)
+        return (self.device, self.device_model, self.dist_backend, self.world_size, self.hosts, self.settings.dtype)
+
+    @property
+    def hosts(self) -> int:
+        """How many hosts the ranks ran on (1 when no rank is known)."""
+        return len({rank.host for rank in self.ranks}) or 1
+
+
+SCOPE_ALL = "all"  # CollectiveKey.scope of a result's own rows: every rank of the run
+SCOPE_TEXT = {SCOPE_ALL: "", "intra_node": " within each node", "inter_node": " between nodes"}
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CollectiveKey:
+    """One busbw series: a result's point key (POINT_FIELDS), the ranks measured (``scope``: all of
+    them, or a multi-node run's intra_node or inter_node groups), the collective, its form and size.
+    The history stores the point key of the run, the rest is in the figure's name (``figure_name``)."""
+
+    device: str
+    device_model: str | None
+    dist_backend: str
+    world_size: int
+    hosts: int
+    dtype: str
+    scope: str
+    collective: str
+    in_place: bool
+    size_bytes: int
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    def values(self) -> tuple:
+        return dataclasses.astuple(self)
+
+    def figure_name(self) -> str:
+        """The history's name of this key's busbw: busbw_gbs/SCOPE/COLLECTIVE/FORM/SIZE."""
+        form = "in_place" if self.in_place else "out_of_place"
+        return f"{BUSBW_PREFIX}/{self.scope}/{self.collective}/{form}/{self.size_bytes}"
+
+    @classmethod
+    def from_figure(cls, point: list, name: str) -> CollectiveKey | None:
+        """The key of a stored point key and figure name; None when they are not one's."""
+        parts = name.split("/")
+        if (len(parts) != 5 or parts[0] != BUSBW_PREFIX or parts[1] not in SCOPE_TEXT or not parts[4].isdigit()
+                or parts[3] not in ("in_place", "out_of_place") or len(point) != len(POINT_FIELDS)):
+            return None
+        return cls(**dict(zip(POINT_FIELDS, point, strict=True)), scope=parts[1], collective=parts[2],
+                   in_place=parts[3] == "in_place", size_bytes=int(parts[4]))
+
+    def label(self, among: object = ()) -> str:
+        """'all_reduce in place 1 MiB on NVIDIA H100 nccl, 16 ranks on 2 hosts' (between nodes: the
+        inter-node groups' figure)."""
+        hosts = f" on {self.hosts} hosts" if self.hosts > 1 else ""
+        return (f"{self.collective} {'in place' if self.in_place else 'out of place'} {human_bytes(self.size_bytes)}"
+                f"{SCOPE_TEXT[self.scope]} on {self.device_model or self.device} {self.dist_backend}, "
+                f"{self.world_size} ranks{hosts}")
+
+
+BUSBW_PREFIX = "busbw_gbs"
+
+
+def busbw_figures(result: CollectivesResult) -> list[tuple[CollectiveKey, float]]:
+    """Every busbw of an ok result, its own rows' and its scopes', each with its key; a row whose
+    check found wrong values is no figure (nor is a failed result's, which has no rows)."""
+    if result.status != "ok":
+        return []
+    base = dict(zip(POINT_FIELDS, result.point_key, strict=True))
+    tables = [(SCOPE_ALL, result.rows), *((scope.scope, scope.rows) for scope in result.scopes)]
+    return [(CollectiveKey(**base, scope=scope, collective=row.collective, in_place=row.in_place,
+                           size_bytes=row.size_bytes), row.busbw_gbs)
+            for scope, rows in tables for row in rows if row.busbw_gbs is not None and not row.wrong]
 
 
 class CollectivesFormatError(ValueError):
@@ -132,13 +221,38 @@ def from_data(data: object, where: str) -> CollectivesResult:
         raise CollectivesFormatError(f"{where}: not a collectives result (its kind is not {KIND!r})")
     assert isinstance(data, dict)
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in UPGRADES and version != SCHEMA_VERSION:
         raise CollectivesFormatError(f"{where}: collectives schema_version {version!r} is not one this hwbench "
-                                     f"{__version__} reads (it reads {SCHEMA_VERSION}); upgrade hwbench")
+                                     f"{__version__} reads (it reads 1 to {SCHEMA_VERSION}); upgrade hwbench")
     try:
+        while data["schema_version"] != SCHEMA_VERSION:
+            data = UPGRADES[data["schema_version"]](data)
         return CollectivesResult.model_validate(data, strict=False)
     except ValidationError as error:
         raise CollectivesFormatError(f"{where}: {problem_text(error)}") from None
+    except (KeyError, TypeError, ValueError) as error:  # an old file too damaged to upgrade
+        raise CollectivesFormatError(f"{where}: its schema_version {version} ring cannot be read ({error!r})") from None
+
+
+def _v1_to_v2(data: dict) -> dict:
+    """Version 1's ring named only its slowest pair (``slowest``, ``slowdown``); version 2 names every
+    slow pair, each link with its own slowdown: judged again from the times version 1 recorded, by
+    the rule `hwbench collectives` now applies (hwbench/fabric/collectives.py ``judge_pairs``)."""
+    from hwbench.fabric.collectives import judge_pairs
+
+    data = {**data, "schema_version": 2}
+    ring = data.get("slow_link")
+    if isinstance(ring, dict) and isinstance(ring.get("links"), list):
+        ring = {key: value for key, value in ring.items() if key not in ("slowest", "slowdown")}
+        links = [dict(link) for link in ring["links"]]
+        verdict = judge_pairs([float(link["time_us"]) for link in links], float(ring["threshold"]))
+        for link, slowdown in zip(links, verdict.slowdowns, strict=True):
+            link["slowdown"] = slowdown
+        data["slow_link"] = {**ring, "links": links, "slow": [links[index] for index in verdict.slow]}
+    return data
+
+
+UPGRADES = {1: _v1_to_v2}  # schema_version -> the step to the next: old files still load
 
 
 def load_collectives(path: str | os.PathLike) -> CollectivesResult:
@@ -163,6 +277,8 @@ def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[Collect
     name them)."""
     found, skipped = [], []
     for path in result_files(paths):
+        if not Path(path).is_file():
+            continue  # a FIFO or device is not opened (it could block): the run reader names it
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError, RecursionError):

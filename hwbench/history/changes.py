@@ -25,7 +25,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from hwbench.history.series import Night, Segment, Series, power_of_two_scale, short_commit
-from hwbench.metrics import METRICS
+from hwbench.metrics import metric_named
 from hwbench.stats import energy_divisive_split, pooled_t_test
 
 # Significance of a change point. Otava's default is 0.001; the nightly job tests every
@@ -139,7 +139,7 @@ def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
                    min_nights: int = MIN_NIGHTS) -> SeriesChanges:
     """The change points of every segment of ``series`` and the open regression of its
     last segment, if any (an earlier segment ran in another environment)."""
-    higher_is_better = METRICS[series.metric].higher_is_better
+    higher_is_better = metric_named(series.metric).higher_is_better
     changes: list[Change] = []
     offset = 0
     open_index = open_change = None
@@ -177,9 +177,10 @@ def describe_change(change: Change) -> str:
     commits = short_commit(change.night.commit)
     if change.previous.commit != change.night.commit:
         commits += f" (the night before: {short_commit(change.previous.commit)})"
+    write = metric_named(change.series.metric).text
     return (f"{change.series.label} {verb} {abs(change.change) * 100:.1f}% (95% CI {change.ci95_low * 100:+.1f}% to "
             f"{change.ci95_high * 100:+.1f}%, p={change.p:.2g}) at {change.night.night}, commit {commits}, {later}: "
-            f"{METRICS[change.series.metric].text(change.before)} -> {METRICS[change.series.metric].text(change.after)}"
+            f"{write(change.before)} -> {write(change.after)}"
             f" ({change.kind})")
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from hwbench.history.changes import ALPHA, SeriesChanges, describe_change
 from hwbench.history.series import Night, short_commit
-from hwbench.metrics import METRICS
+from hwbench.metrics import COLLECTIVE_METRICS, METRICS, metric_named
 from hwbench.report.html import render_template
 from hwbench.report.svg import Band, Point, Rule, Series, trend_chart
 
@@ -38,7 +38,7 @@ class _Section:
 def trend_page(analyses: list[SeriesChanges], threshold: float) -> str:
     """The whole page: series with an open regression first, then the headline figure's (tokens/s,
     then the others in METRICS' order), those with change points before those without."""
-    order = list(METRICS)
+    order = [*METRICS, *COLLECTIVE_METRICS]
     ordered = sorted(analyses, key=lambda a: (a.open_regression is None, order.index(a.series.metric),
                                               not a.changes, a.series.label))
     return render_template(
@@ -70,7 +70,7 @@ def _chart(analysis: SeriesChanges) -> str:
     ticks fall on round numbers of it; times a power of ten for figures of 1e15 or more, so that
     none near the float limit overflows. Its tooltips give the figures."""
     series = analysis.series
-    write = METRICS[series.metric].text
+    write = metric_named(series.metric).text
     scale, tick_text = _axis(series.metric, [value for night in series.nights for value in night.values])
     nights = [Point(i, night.value / scale, f"{night.night}, commit {short_commit(night.commit)}: "
                                             f"{write(night.value)} (median of {len(night.values)} run(s): "
@@ -89,7 +89,7 @@ def _axis(metric: str, values: list[float]) -> tuple[float, Callable[[float], st
     """(scale, tick text): a figure / scale is its height on the chart, and a tick at that
     height reads as the number the unit shows, with as many decimals as it has (1.04 GiB and
     1.06 GiB, never 1.1 GiB twice)."""
-    factor, unit = METRICS[metric].unit.axis(values)
+    factor, unit = metric_named(metric).unit.axis(values)
     largest = max((abs(value) for value in values if math.isfinite(value)), default=0.0)
     magnitude = math.log10(largest) + math.log10(factor) if largest else 0.0  # no product: it may overflow
     exponent = math.floor(magnitude) if magnitude >= 15 else 0

@@ -19,8 +19,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hwbench.fabric.result import CollectiveKey
 from hwbench.history.store import StoredRun, utc_instant
-from hwbench.metrics import METRICS
+from hwbench.metrics import metric_named
 from hwbench.point import PointKey
 from hwbench.result.environment import SAMPLE_ENVIRONMENT_FIELDS, environment_differences
 
@@ -52,7 +53,7 @@ class Segment:
 @dataclasses.dataclass
 class Series:
     metric: str
-    point: PointKey
+    point: PointKey | CollectiveKey  # a run's point, or a collectives result's busbw figure
     label: str
     segments: list[Segment]
 
@@ -63,11 +64,13 @@ class Series:
 
 def series_of(runs: list[StoredRun], metric: str) -> list[Series]:
     """Every series with at least one ok value of ``metric`` (compare's name), in label order."""
-    by_point: dict[PointKey, list[StoredRun]] = defaultdict(list)
+    by_point: dict[PointKey | CollectiveKey, list[StoredRun]] = defaultdict(list)
     for run in runs:
         if run.status == "ok" and run.value is not None:
             by_point[run.point].append(run)
-    found = [Series(metric, point, f"{METRICS[metric].label} of {point.label(by_point)}",
+    runs_points = [point for point in by_point if isinstance(point, PointKey)]
+    found = [Series(metric, point, f"{metric_named(metric).label} of "
+                                   f"{point.label(runs_points) if isinstance(point, PointKey) else point.label()}",
                     segments_of(nights_of(point_runs)))
              for point, point_runs in by_point.items()]
     return sorted(found, key=lambda series: series.label)

@@ -2,10 +2,11 @@
 database for a team's shared store (hwbench.history.postgres; docs/history.md).
 
 Tables: ``runs`` (one row per result: run id, start time, the night it belongs to,
-git commit, status, the point it measured, its environment fingerprint) and
-``metrics`` (every numeric figure of a result under its dotted name, such as
-``tokens_per_s`` or ``step_time_s.median``). Adding is idempotent by run id, and
-one call of add_results is one transaction: a failure leaves the database as it was.
+git commit, status, the point it measured, its environment fingerprint, its kind: a run's
+or `hwbench collectives`') and ``metrics`` (every numeric figure of a result under its
+dotted name, such as ``tokens_per_s`` or ``step_time_s.median``; a collectives result's
+busbw per scope, collective, form and size, such as ``busbw_gbs/all/all_reduce/in_place/1024``).
+Adding is idempotent by run id, and one call of add_results is one transaction: a failure leaves the database as it was.
 
 The schema version is SQLite's ``user_version`` (a one-row table in PostgreSQL);
 MIGRATIONS[v] takes a database from version v - 1 to v, so an older database is brought
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.fabric.result import POINT_FIELDS as COLLECTIVE_POINT_FIELDS
+from hwbench.fabric.result import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.files import umask
 from hwbench.point import EMULATED, SIMULATED, PointKey
 from hwbench.result.environment import performance_fingerprint
@@ -105,6 +108,16 @@ def _point_keys_with_expert_parallelism(connection) -> None:
         connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, 1]), run_id))
 
 
+def _runs_with_kind(connection) -> None:
+    """Version 6: ``runs.kind``, 'run' for every row stored before it (collectives results came with
+    it). Left as it is where the column is there already (a database whose version was set back)."""
+    column = "kind TEXT NOT NULL DEFAULT 'run'"
+    if not isinstance(connection, sqlite3.Connection):
+        connection.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {column}")
+    elif "kind" not in [row[1] for row in connection.execute("PRAGMA table_info(runs)")]:
+        connection.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+
+
 # MIGRATIONS[v]: the steps that take a database from version v - 1 to version v.
 MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the connection
     1: (
@@ -132,7 +145,11 @@ MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the con
     3: (_point_keys_with_stand_in,),
     4: (_point_keys_with_fp8_recipe,),
     5: (_point_keys_with_expert_parallelism,),
+    # collectives results beside the runs, in the same tables: their point key is CollectiveKey's
+    # (hwbench/fabric/result.py), so every reader of runs asks for kind 'run'
+    6: (_runs_with_kind,),
 }
+RUN_KIND, COLLECTIVES_KIND = "run", "collectives"
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # How long an SQLite command waits for another writer (a concurrent `history add`) to finish.
@@ -236,7 +253,10 @@ def open_history(path: str | os.PathLike, create: bool = False):
     return connection
 
 
-def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, Path]]) -> tuple[AddOutcome, int]:
+Stored = RunResult | CollectivesResult  # what the history takes: a run's result or a collectives result
+
+
+def add_to_history(path: str | os.PathLike, results: Iterable[tuple[Stored, Path]]) -> tuple[AddOutcome, int]:
     """open_history(create=True), add_results and run_count. A new SQLite file is built under a
     temporary name in its folder (``.NAME.HOST-PID-XXXX.tmp``) and linked into place only once
     committed, so an add that fails or is interrupted (Ctrl-C, SIGTERM, SIGHUP) leaves no file
@@ -281,7 +301,7 @@ def add_to_history(path: str | os.PathLike, results: Iterable[tuple[RunResult, P
     return _add_and_count(open_history(path, create=True), results, removed)
 
 
-def _add_and_count(connection, results: list[tuple[RunResult, Path]], removed: list[str]) -> tuple[AddOutcome, int]:
+def _add_and_count(connection, results: list[tuple[Stored, Path]], removed: list[str]) -> tuple[AddOutcome, int]:
     try:
         outcome = add_results(connection, results)
         outcome.stale_removed = removed
@@ -501,14 +521,23 @@ class AddOutcome:
     # runs already there whose new file holds other figures: kept as they were, each said why
     conflicting: list[str] = dataclasses.field(default_factory=list)
     simulated: int = 0  # of the runs added, those a stand-in ran: their own series, apart from the device's
+    collectives: int = 0  # of the results added, `hwbench collectives`' (their busbw series)
     emulated: int = 0  # of the runs added, FP8 computed without FP8 units: their own series too
 
 
-def _conflict(connection, result: RunResult, source: Path) -> str | None:
+def figures_of(result: Stored) -> list[tuple[str, float]]:
+    """What the history stores of a result: a run's every numeric figure by its dotted name, a
+    collectives result's busbw by CollectiveKey.figure_name."""
+    if isinstance(result, CollectivesResult):
+        return [(key.figure_name(), value) for key, value in busbw_figures(result)]
+    return list(flat_metrics(result.metrics.dump()))
+
+
+def _conflict(connection, result: Stored, source: Path) -> str | None:
     """Why ``result`` (from ``source``) is not the run of the same id in the database, or None when
     its figures are those stored: the first figure that differs, or is only on one side."""
     stored = dict(connection.execute("SELECT name, value FROM metrics WHERE run_id = ?", (result.run_id,)))
-    new = dict(flat_metrics(result.metrics.dump()))
+    new = dict(figures_of(result))
     differing = sorted(name for name in stored.keys() | new.keys() if stored.get(name) != new.get(name))
     if not differing:
         return None
@@ -521,7 +550,7 @@ def _conflict(connection, result: RunResult, source: Path) -> str | None:
 
 
 @_guarded
-def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOutcome:
+def add_results(connection, results: Iterable[tuple[Stored, Path]]) -> AddOutcome:
     """Add (result, the file it came from) pairs in one transaction; a run id already in the
     database is left as it is. The runs already there are read inside the write transaction
     (SQLite: BEGIN IMMEDIATE), so concurrent adds count them right."""
@@ -544,10 +573,14 @@ def add_results(connection, results: Iterable[tuple[RunResult, Path]]) -> AddOut
                 outcome.without_start.append(result.run_id)
                 continue
             known.add(result.run_id)
-            outcome.simulated += result.simulated
-            outcome.emulated += result.stand_in == EMULATED
-            runs.append(_run_row(result, source, now))
-            metrics += [(result.run_id, name, value) for name, value in flat_metrics(result.metrics.dump())]
+            if isinstance(result, RunResult):
+                outcome.simulated += result.simulated
+                outcome.emulated += result.stand_in == EMULATED
+                runs.append(_run_row(result, source, now))
+            else:
+                outcome.collectives += 1
+                runs.append(_collectives_row(result, source, now))
+            metrics += [(result.run_id, name, value) for name, value in figures_of(result)]
         _insert_new(connection, "runs", runs)
         _insert_new(connection, "metrics", metrics)
     outcome.added = len(runs)
@@ -561,7 +594,26 @@ def _run_row(result: RunResult, source: Path, now: str) -> tuple:
             None if dirty is None else int(dirty), result.status,
             None if key is None else json.dumps(list(key.values())),
             json.dumps(performance_fingerprint(result), sort_keys=True),
-            json.dumps(result.environment.dump(), sort_keys=True, default=str), os.fspath(source), now)
+            json.dumps(result.environment.dump(), sort_keys=True, default=str), os.fspath(source), now, RUN_KIND)
+
+
+def _collectives_row(result: CollectivesResult, source: Path, now: str) -> tuple:
+    """A collectives result as a row of ``runs``: its point key CollectiveKey's first fields, its
+    fingerprint the device model and the performance fields of its environment, as a run's."""
+    from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, PREFLIGHT_FIELDS
+
+    environment = result.environment
+    git = environment.hwbench_git if environment else None
+    fingerprint: dict[str, str | None] = {"device_model": result.device_model or ""}
+    if environment is not None:
+        fingerprint.update({field: environment.value_text(field) for field in PERFORMANCE_ENVIRONMENT_FIELDS
+                            if field not in PREFLIGHT_FIELDS})
+    assert result.started_at is not None, "add_results leaves out a result without its start"
+    return (result.run_id, result.started_at, night_of(result.started_at), git.commit if git else None,
+            None if git is None or git.dirty is None else int(git.dirty), result.status,
+            json.dumps(list(result.point_key)), json.dumps(fingerprint, sort_keys=True),
+            json.dumps(environment.dump() if environment else {}, sort_keys=True, default=str), os.fspath(source), now,
+            COLLECTIVES_KIND)
 
 
 def _insert_new(connection, table: str, rows: list[tuple]) -> None:
@@ -580,7 +632,7 @@ class StoredRun:
     night: str
     commit: str | None
     status: str
-    point: PointKey
+    point: PointKey | CollectiveKey
     fingerprint: dict[str, str | None]
     value: float | None  # the metric; None when the run has no such figure
 
@@ -592,7 +644,7 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
     rows = connection.execute(
         """SELECT runs.run_id, started_at, night, git_commit, status, point_key, fingerprint, metrics.value
            FROM runs LEFT JOIN metrics ON metrics.run_id = runs.run_id AND metrics.name = ?
-           WHERE point_key IS NOT NULL ORDER BY started_at, runs.run_id""", (metric_name,))
+           WHERE point_key IS NOT NULL AND kind = ? ORDER BY started_at, runs.run_id""", (metric_name, RUN_KIND))
     found = []
     for run_id, started, night, commit, status, key, fingerprint, value in rows:
         point, prints = _json_column(key), _json_column(fingerprint)
@@ -606,10 +658,62 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
     return found
 
 
+@_guarded
+def collectives_with_busbw(connection) -> list[StoredRun]:
+    """Every busbw figure of the collectives results, one StoredRun each (its point the figure's
+    CollectiveKey), oldest first. A failed result has no figures, so no night. A row of the wrong
+    shape is refused with its run id."""
+    rows = connection.execute(
+        """SELECT runs.run_id, started_at, night, git_commit, status, point_key, fingerprint, metrics.name,
+                  metrics.value
+           FROM runs JOIN metrics ON metrics.run_id = runs.run_id
+           WHERE kind = ? AND metrics.name LIKE ? ORDER BY started_at, runs.run_id, metrics.name""",
+        (COLLECTIVES_KIND, "busbw_gbs/%"))
+    found = []
+    for run_id, started, night, commit, status, key, fingerprint, name, value in rows:
+        point, prints = _json_column(key), _json_column(fingerprint)
+        problem = _common_problem(run_id, started, night, commit, status, prints, value, "busbw")
+        stored_key = None if problem else _collective_key(point, name)
+        if problem or stored_key is None:
+            problem = problem or f"point_key or figure name {str(name)[:80]!r} is not a collectives result's"
+            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
+                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
+                             "again into a new file")
+        found.append(StoredRun(run_id, started, night, commit, status, stored_key, prints, float(value)))
+    return found
+
+
+_COLLECTIVE_POINT_TYPES = ((str,), (str, type(None)), (str,), (int,), (int,), (str,))  # POINT_FIELDS'
+
+
+def _collective_key(point: Any, name: Any) -> CollectiveKey | None:
+    if not (isinstance(point, list) and len(point) == len(COLLECTIVE_POINT_FIELDS) and isinstance(name, str)):
+        return None
+    if any(isinstance(item, bool) or not isinstance(item, kinds)
+           for item, kinds in zip(point, _COLLECTIVE_POINT_TYPES, strict=True)):
+        return None
+    return CollectiveKey.from_figure(point, name)
+
+
 def _row_problem(run_id: Any, started: Any, night: Any, commit: Any, status: Any, point: Any, prints: Any,
                  value: Any, metric_name: str) -> str | None:
     """What is wrong with a row as the readers would use it, or None: every column they parse is
     checked here, so a damaged row is named rather than met as a traceback further on."""
+    problem = _common_problem(run_id, started, night, commit, status, prints, value, metric_name)
+    if problem:
+        return problem
+    if not (isinstance(point, list) and len(point) == len(POINT_TYPES)):
+        return f"point_key is not a JSON list of {len(POINT_TYPES)} values"
+    wrong = next((name for (name, kinds), item in zip(POINT_TYPES.items(), point) if not _is_one_of(item, kinds)),
+                 None)
+    if wrong:
+        return f"point_key's {wrong} is not {' or '.join(POINT_TYPES[wrong])}"
+    return None
+
+
+def _common_problem(run_id: Any, started: Any, night: Any, commit: Any, status: Any, prints: Any, value: Any,
+                    metric_name: str) -> str | None:
+    """What is wrong with the columns every stored row has alike (a run's or a collectives result's)."""
     if not all(isinstance(text, str) for text in (run_id, started, night, status)):
         return "run id, started_at, night or status is not text"
     try:
@@ -626,12 +730,6 @@ def _row_problem(run_id: Any, started: Any, night: Any, commit: Any, status: Any
         return f"night {night[:60]!r} is not a date (YYYY-MM-DD)"
     if commit is not None and not isinstance(commit, str):
         return "git_commit is not text"
-    if not (isinstance(point, list) and len(point) == len(POINT_TYPES)):
-        return f"point_key is not a JSON list of {len(POINT_TYPES)} values"
-    wrong = next((name for (name, kinds), item in zip(POINT_TYPES.items(), point) if not _is_one_of(item, kinds)),
-                 None)
-    if wrong:
-        return f"point_key's {wrong} is not {' or '.join(POINT_TYPES[wrong])}"
     if not (isinstance(prints, dict) and all(item is None or isinstance(item, str) for item in prints.values())):
         return "fingerprint is not a JSON mapping of text"
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -16,12 +16,8 @@ from tabulate import tabulate
 
 from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT, PointComparison, compare_point
-from hwbench.metrics import Gauge, Metric, Unit
+from hwbench.metrics import BUSBW
 
-BUSBW = Metric("busbw", ("busbw_gbs",), True, Unit("GB/s", lambda value: f"{value:,.3f} GB/s", lambda v: (1.0, "")),
-               "bus bandwidth", "busbw_gbs",
-               Gauge("hwbench_collective_bus_bandwidth_bytes_per_second", "nccl-tests' busbw of a collective",
-                     "bytes_per_second", factor=1e9))
 RowKey = tuple[tuple, str, bool, int]  # (result point key, collective, in place, size in bytes)
 
 

@@ -155,17 +155,10 @@ def judge_collectives(results: list[CollectivesResult], baseline: list[Collectiv
 
 
 def slow_link_failures(results: list[CollectivesResult]) -> list[str]:
-    """The slow link each result's ring named, with its figure: a FAIL (a link slower than the others
-    slows every collective that crosses it)."""
-    lines = []
-    for result in results:
-        ring = result.slow_link
-        if ring is None or ring.slowest is None or ring.slowdown is None:
-            continue
-        link = ring.slowest
-        busbw = "-" if link.busbw_gbs is None else f"{link.busbw_gbs:,.3f} GB/s"
-        lines.append(f"slow link: rank {link.sender} ({link.sender_host}) -> rank {link.receiver} "
-                     f"({link.receiver_host}): {link.time_us:,.1f} us one way for {ring.size_bytes} B ({busbw}), "
-                     f"{ring.slowdown:.0%} slower than the median of the other pairs {ring.median_time_us:,.1f} us "
-                     f"(threshold {ring.threshold:.0%})")
-    return lines
+    """Every slow link each result's ring named, with its figure: a FAIL each (a link slower than the
+    others slows every collective that crosses it)."""
+    from hwbench.fabric.table import slow_link_text
+
+    rings = [result.slow_link for result in results if result.slow_link is not None]
+    return [f"slow link: {slow_link_text(link)} (for {ring.size_bytes} B; threshold {ring.threshold:.0%})"
+            for ring in rings for link in ring.slow]
