@@ -481,10 +481,11 @@ def test_accept_with_a_fabric_baseline_passes_and_names_a_slowed_rank_s_link(mea
     baseline = tmp_path / "baseline.json"
     assert main(["baseline", "save", str(measured["folder"] / "base"), str(tmp_path / "ref"), "--out",
                  str(baseline)]) == 0
-    # busbw of 4 KiB between processes on a shared 2-core VM swings by several times: the ratio here is
-    # loose, the slowed link (2 s inside its timed sends) is far beyond it
+    # busbw of 4 KiB between processes on a shared 2-core VM swings by several times, and one pair of an
+    # unfaulted ring read 2.9x its peers at load 13: the ratio and the threshold here are loose, the slowed
+    # link (2 s inside its timed sends, hundreds of times its peers) is far beyond both
     argv = ["accept", "--suite", str(measured["suite"]), "--baseline", str(baseline), "--min-ratio", "0.05", *fabric,
-            "--slow-threshold", "90%", *PROBE]
+            "--slow-threshold", "900%", *PROBE]
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "ok")]) == 0, capsys.readouterr()
     page = (tmp_path / "ok" / "accept.md").read_text()

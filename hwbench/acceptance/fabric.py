@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hwbench.errors import UsageError
-from hwbench.fabric.collectives import COLLECTIVES, ELEMENT_BYTES, CollectiveSettings
+from hwbench.fabric.collectives import COLLECTIVES, ELEMENT_BYTES, MAX_SLOW_THRESHOLD, CollectiveSettings
 from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.collectives_baseline import CollectivesBaselinePoint
 from hwbench.units import human_bytes
@@ -39,9 +39,9 @@ class FabricOptions:
         if self.max_bytes < self.min_bytes:
             raise UsageError(f"--fabric-max-bytes {human_bytes(self.max_bytes)} is below --fabric-min-bytes "
                              f"{human_bytes(self.min_bytes)}; accepted: a size at least --fabric-min-bytes")
-        if not isinstance(self.slow_threshold, (int, float)) or not 0 <= self.slow_threshold < 10:
+        if not isinstance(self.slow_threshold, (int, float)) or not 0 <= self.slow_threshold < MAX_SLOW_THRESHOLD:
             raise UsageError(f"--slow-threshold {self.slow_threshold!r} is not accepted; give a fraction such as "
-                             "25% or 0.25")
+                             f"25% or 0.25, below {MAX_SLOW_THRESHOLD:.0%}")
 
 
 def fabric_jobs(entries: list[CollectivesBaselinePoint], device: str | None, options: FabricOptions) -> list:

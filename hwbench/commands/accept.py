@@ -59,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ring-bytes", default="1MiB", help="with such a baseline: the message each pair of the "
                         "slow-link ring exchanges (default 1MiB)")
     parser.add_argument("--slow-threshold", default="25%", help="with such a baseline: a pair of the ring this much "
-                        "slower than the median of the others is a slow link and fails: 25%% or 0.25 (default 25%%)")
+                        "slower than the median of the others is a slow link and fails: 25%% or 0.25, below 1000%% "
+                        "(default 25%%)")
     parser.add_argument("--format", choices=("md", "html"), default="md", help="the page (default md)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--no-preflight", dest="preflight", action="store_false",
@@ -70,13 +71,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from hwbench.acceptance.accept import AcceptOptions, accept
     from hwbench.acceptance.fabric import FabricOptions
+    from hwbench.fabric.collectives import MAX_SLOW_THRESHOLD
     from hwbench.judge.compare import parse_threshold
     from hwbench.units import parse_size
 
     fabric = FabricOptions(parse_size(args.fabric_min_bytes, "--fabric-min-bytes"),
                            parse_size(args.fabric_max_bytes, "--fabric-max-bytes"),
                            parse_size(args.ring_bytes, "--ring-bytes"),
-                           parse_threshold(args.slow_threshold, "--slow-threshold"))
+                           parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD))
     options = AcceptOptions(suite=args.suite, baseline=args.baseline, out_dir=args.out,
                             min_ratio=args.min_ratio,
                             outlier=parse_threshold(args.outlier, "--outlier"), repeats=args.repeats,

@@ -43,8 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ring-bytes", default=DEFAULT_RING_BYTES,
                         help=f"the message each pair of the ring exchanges (default {DEFAULT_RING_BYTES})")
     parser.add_argument("--slow-threshold", default="25%",
-                        help="how much slower than the median of the other pairs a pair is named: 25%% or 0.25 "
-                             "(default 25%%)")
+                        help="how much slower than the median of the other pairs a pair is named: 25%% or 0.25, "
+                             "below 1000%% (default 25%%)")
     parser.add_argument("--timeout", default="600", type=argument("--timeout", float, minimum=0, above_minimum=True,
                                                                   accepts="seconds"),
                         help="seconds before the ranks are ended and the result says which rank was behind "
@@ -74,12 +74,13 @@ def main(args: argparse.Namespace) -> int:
     ring = None
     settings = CollectiveSettings(names, min_bytes, max_bytes, args.warmup, args.iters, args.check, args.timeout)
     if args.slow_link:
+        from hwbench.fabric.collectives import MAX_SLOW_THRESHOLD
         from hwbench.fabric.ring import RingSettings
 
         ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
         check_ring_bytes(ring_bytes)
-        ring = RingSettings(ring_bytes, args.warmup, args.iters, parse_threshold(args.slow_threshold,
-                                                                                 "--slow-threshold"))
+        ring = RingSettings(ring_bytes, args.warmup, args.iters,
+                            parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD))
     from hwbench.fabric.launch import CollectivesJob, NodeDone, run_on_node
     from hwbench.fabric.result import write_collectives
     from hwbench.fabric.table import collectives_table

@@ -135,6 +135,11 @@ class RingVerdict:
     median_s: float
 
 
+# the largest --slow-threshold taken: a pair ten times its peers' median (one link of a ring of a
+# shared CPU can read a few times slower from noise alone; a faulty NIC or link is slower by orders)
+MAX_SLOW_THRESHOLD = 10.0
+
+
 def judge_pairs(times_s: list[float], threshold: float) -> RingVerdict:
     """Every pair slower than the median of the other pairs by more than ``threshold`` named. Against
     the others' median, not all pairs': two slow pairs of four do not lift the figure they are held

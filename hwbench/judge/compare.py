@@ -60,8 +60,9 @@ REPEATS_FAILED = "repeats failed"  # that verdict's first word
 INCONCLUSIVE = "inconclusive"  # the verdict's first word when a change passes the threshold but is not significant
 
 
-def parse_threshold(text: str, option: str = "--threshold") -> float:
-    """``5%`` or ``0.05`` -> 0.05; anything else is a UsageError naming ``option``."""
+def parse_threshold(text: str, option: str = "--threshold", below: float = 1.0) -> float:
+    """``5%`` or ``0.05`` -> 0.05, from 0 up to (not including) ``below`` (a regression threshold: 1,
+    all of the figure; a slowdown's: more); anything else is a UsageError naming ``option``."""
     raw = text.strip()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
@@ -69,9 +70,9 @@ def parse_threshold(text: str, option: str = "--threshold") -> float:
         raise UsageError(f"{option} {text!r}: not a number; give a percentage (5%) or a fraction (0.05)") from None
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"{option} {text!r}: must be 0 or more; give a percentage (5%) or a fraction (0.05)")
-    if value >= 1:
-        raise UsageError(f"{option} {text!r}: must be below 100%; give a percentage (5%) or a fraction "
-                         "below 1 (0.05)")
+    if value >= below:
+        raise UsageError(f"{option} {text!r}: must be below {below:.0%}; give a percentage (5%) or a fraction "
+                         f"below {below:g} (0.05)")
     return value
 
 
