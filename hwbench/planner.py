@@ -495,8 +495,14 @@ def _states(spec: RunSpec, backend_name: str, n: int, experts: int = 0) -> _Stat
     buffers = step_transient = 0
     if not deepspeed and dp > 1 and not spec.fsdp:
         if tp == 1 and pp == 1:
-            buffers = n * g_b  # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False)
-            notes.append("DDP buckets: one more gradient copy")
+            # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False). With expert
+            # parallelism DDP leaves the experts out: their gradients go in one flat all-reduce
+            # over the ranks holding the same experts after the backward (hwbench.engine.native)
+            apart = experts if expert_parallel(spec) > 1 else 0
+            buffers = (n - apart) * g_b
+            step_transient = apart * g_b
+            notes.append("DDP buckets: one more gradient copy" + (" (the experts': a flat all-reduce at the step)"
+                                                                  if apart else ""))
         else:
             step_transient = n * g_b  # native engine: one flat all-reduce buffer of the gradients
     if deepspeed and dp > 1 and zero in (1, 2):
@@ -647,36 +653,46 @@ def _ceil(value: int, divisor: int) -> int:
 # sizes ----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """How a layout's data parallelism is run: the native engine plain or with FSDP2,
+    """How a layout's data parallelism is run: the native engine plain or with FSDP2, either
+    with the routed experts split over ``ep`` of the data-parallel ranks (a mixture of experts),
     or DeepSpeed with a ZeRO stage. `hwbench plan` and `hwbench tune` share these."""
 
     engine: str
     fsdp: bool = False
     zero: int = 0
+    ep: int = 1
 
     @property
     def name(self) -> str:
-        return "native fsdp" if self.fsdp else "native" if self.engine == "native" else f"deepspeed zero{self.zero}"
+        base = "native fsdp" if self.fsdp else "native" if self.engine == "native" else f"deepspeed zero{self.zero}"
+        return base + (f" ep{self.ep}" if self.ep > 1 else "")
 
     @property
     def short(self) -> str:
-        return "fsdp" if self.fsdp else "plain" if self.engine == "native" else f"zero{self.zero}"
+        base = "fsdp" if self.fsdp else "plain" if self.engine == "native" else f"zero{self.zero}"
+        return base + (f"-ep{self.ep}" if self.ep > 1 else "")
 
     def options(self) -> dict:
         """The run options that select this variant."""
         return {"engine": self.engine, "fsdp": self.fsdp or None,
-                "zero": self.zero if self.engine == "deepspeed" else None}
+                "zero": self.zero if self.engine == "deepspeed" else None, "ep": self.ep if self.ep > 1 else None}
 
 
-def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES) -> list[Variant]:
+def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES, experts: int | None = None) -> list[Variant]:
     """The variants a tp x pp x dp layout can run: native plain, FSDP2 when there is
     data parallelism to shard over, DeepSpeed ZeRO 0-3 (0 only without data
-    parallelism) for pure data parallelism."""
+    parallelism) for pure data parallelism. For a mixture of ``experts`` routed experts a
+    layer, also native plain and FSDP2 with every expert-parallel degree above 1 that divides
+    both the experts and dp (hwbench.spec's rule), at tp = pp = 1: the engine runs expert
+    parallelism beside data parallelism only."""
     found = []
     if "native" in engines:
         found.append(Variant("native"))
         if dp > 1:
             found.append(Variant("native", fsdp=True))
+        if experts and tp == 1 and pp == 1:
+            found += [Variant("native", fsdp=fsdp, ep=ep) for ep in range(2, min(experts, dp) + 1)
+                      if experts % ep == 0 and dp % ep == 0 for fsdp in (False, True)]
     if "deepspeed" in engines and tp == 1 and pp == 1:
         found += [Variant("deepspeed", zero=zero) for zero in range(4 if dp > 1 else 1)]
     return found

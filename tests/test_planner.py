@@ -714,6 +714,9 @@ def test_expert_parallelism_shards_the_experts_and_fsdp_over_the_rest():
     assert fsdp_ep2.weights_bytes == fsdp.weights_bytes == 4 * count_parameters(MOE).total // 4
     assert fsdp_ep2.gathered_bytes < fsdp.gathered_bytes  # a gathered MoE block holds this rank's experts
     assert any(note.startswith("expert parallelism: balanced routing assumed") for note in ep2.notes)
+    # DDP leaves the experts out of its buckets; their gradients are one flat all-reduce at the step
+    assert plain.buffers_bytes - ep2.buffers_bytes == 4 * 2 * EXPERTS // 2 + 4 * 2 * EXPERTS // 2
+    assert (plain.step_transient_bytes, ep2.step_transient_bytes) == (0, 4 * 2 * EXPERTS // 2)
     assert not any(note.startswith("expert parallelism") for note in plain.notes)
 
 
@@ -734,6 +737,49 @@ def test_plan_mixtral_on_8_cards_of_80gib(capsys):
     # what `hwbench run` refuses for a mixture of experts is listed with its reason, not planned
     for name, variant in (("2x1x4", "native"), ("1x2x4", "native")):
         assert (name, variant) not in fitting and f"skipped {name}: --" in out
+    # expert parallelism over every degree dividing the 8 experts and the 8 data-parallel ranks, with
+    # DDP and with FSDP2, at tp = pp = 1 only (the engine refuses it beside tensor or pipeline parallelism)
+    assert set(fitting) == {("1x1x8", f"native{fsdp}{ep}") for fsdp in ("", " fsdp") for ep in ("", " ep2", " ep4",
+                                                                                               " ep8")}
+    assert not any(": --ep " in line for line in out.splitlines() if line.startswith("skipped "))
+    lines = [line for line in out.splitlines() if line.startswith("does not fit: ")]
+    assert len(lines) == len(fitting)
+    # FSDP2 with EP8 needs the least, and still twice a card: an eighth of every state, 87 GiB, before the rest
+    assert lines[0] == ("does not fit: 1x1x8 native fsdp ep8: 156.87 GiB > 72.00 GiB usable; largest: activations "
+                        "50.75, optimizer 43.50, weights 21.75")
+    # DDP with EP8: the experts an eighth, attention and the embeddings whole; DDP's buckets hold the rest's
+    # gradients, the experts' go in one flat all-reduce over their edp ranks at the step
+    assert ("does not fit: 1x1x8 native ep8: 180.37 GiB > 72.00 GiB usable; largest: optimizer 53.96, activations "
+            "50.75, weights 26.98\n") in out
+
+
+def test_plan_mixtral_on_16_cards_fits_fsdp2_with_ep8_and_recompute(capsys):
+    """On 16 cards of 80 GiB with recompute the one layout that fits is FSDP2 with EP8 (66.30 GiB a
+    rank): FSDP2 alone casts every expert of a block to 16 bits (86.75 GiB), EP4 two of each layer."""
+    assert main(["--model", "mixtral-8x7b", "--devices", "16", "--device-memory", "80GiB", "--device", "cuda",
+                 "--recompute"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    assert rows[0][:3] == ["1x1x16", "native", "fsdp"] and rows[0][3] == "ep8" and rows[0][-2:] == ["66.3", "yes"]
+    assert [row for row in rows if row[-1] == "yes"] == rows[:1]
+    assert {_variant(row) for row in rows if row[0] == "1x1x16"} == {  # ep16 would divide dp, not the 8 experts
+        f"native{fsdp}{ep}" for fsdp in ("", " fsdp") for ep in ("", " ep2", " ep4", " ep8")}
+
+
+@pytest.mark.parametrize("model, devices, degrees", [
+    ("qwen3-30b-a3b", 8, (2, 4, 8)),  # 128 experts
+    ("moe-small", 6, (2,)),  # 16 experts over 6 ranks: 3 and 6 divide dp, not the experts
+    ("moe-tiny", 4, (2, 4)),  # 4 experts
+])
+def test_plan_offers_every_expert_parallel_degree_dividing_the_experts_and_dp(capsys, model, devices, degrees):
+    assert main(["--model", model, "--devices", str(devices), "--device-memory", "80GiB"]) == 0
+    variants = {_variant(row) for row in _rows(capsys.readouterr().out) if row[0] == f"1x1x{devices}"}
+    assert variants == {f"native{fsdp}{ep}" for fsdp in ("", " fsdp")
+                        for ep in ("", *(f" ep{degree}" for degree in degrees))}
+
+
+def test_a_dense_model_has_no_expert_parallel_layouts(capsys):
+    assert main(["--model", "llama-tiny", "--devices", "4", "--device-memory", "80GiB"]) == 0
+    assert not any(" ep" in _variant(row) for row in _rows(capsys.readouterr().out))
 
 
 def test_mixtral_sharded_over_8_still_needs_more_than_a_card():
