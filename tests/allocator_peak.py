@@ -9,7 +9,9 @@ outlives the Python call by a moment), its free is never recorded and the runnin
 it to the end (up to a fifth of an expert-parallel rank's peak, varying from run to run). Such a
 free shows itself when the allocator hands out the same address again with no free recorded in
 between; it is put at the end of the first collective that ended after the block was made (the
-earliest moment a gloo thread can have dropped it), or at the new allocation if none did."""
+earliest moment a gloo thread can have dropped it), or at the new allocation if none did. A block
+whose address is never used again stays unseen: tests/step_peak_ranks.py keeps each blocking
+collective's tensors a moment after it returns, so that the last reference goes on this thread."""
 
 from __future__ import annotations
 
