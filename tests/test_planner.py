@@ -960,9 +960,9 @@ def test_every_rank_of_an_expert_parallel_layout_within_10_percent_of_its_measur
                                                                                         variant, precision):
     """Real expert-parallel ranks (gloo) of hwbench's native engine, DDP or FSDP2, two steps each on
     a small-vocabulary shape: each rank's peak against the plan, within the project's 10 %, as the
-    dense layouts. The plan assumes balanced routing; each rank's experts here receive up to about
-    9 % more or fewer rows than its tokens' assignments, which moves a rank's figure by a few %
-    either way (docs/planner.md, "Checking it")."""
+    dense layouts. The plan assumes balanced routing; in a forward a rank's experts here receive up
+    to 25 % more rows than its tokens' assignments, which moves a rank's figure by a few % either
+    way (docs/planner.md, "Checking it")."""
     for rank in _ranks_peaks(tmp_path, model, 1, 1, ranks, variant, precision, "small-vocab", f"ep={ep}",
                              ranks=ranks):
         assert abs(rank["planned"] - rank["measured"]) / rank["measured"] < 0.10, rank
