@@ -93,7 +93,10 @@ def plan_layouts(base: RunOptions, devices: Any, *, device_memory: Any = None, d
                              "the ranks of one launch (--nproc-per-node)")
     else:
         devices = check_count("--devices", devices, maximum=MAX_DEVICES)
-    found = each_layout(base, devices, kind, capacity, headroom, engines, catalog, only=layout, expert_parallel=True)
+    # recompute given: as given; else each layout both without and with it (--layout: the workload's)
+    both = None if layout or base.recompute is not None else _without_and_with_recompute
+    found = each_layout(base, devices, kind, capacity, headroom, engines, catalog, only=layout, settings=both,
+                        expert_parallel=True)
     return LayoutPlan(capacity, kind, headroom, sorted((f for f in found if not f.refused), key=lambda f: f.peak_bytes),
                       [f for f in found if f.refused])
 
@@ -125,6 +128,10 @@ def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None,
                                                                    spec.parallel.ep).name,
                                            stages, fit, spec, options))
     return found
+
+
+def _without_and_with_recompute(tp: int, pp: int, dp: int, variant: Variant) -> list[dict[str, Any]]:
+    return [{"recompute": False}, {"recompute": True}]
 
 
 def check_count(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:

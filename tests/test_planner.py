@@ -398,8 +398,9 @@ def _rows(out):
 
 
 def _variant(row):
+    """The row's variant, and "+recompute" after it where the row recomputes."""
     end = next(i for i, word in enumerate(row) if word.split("+")[0] in ("fp32", "bf16", "fp16"))
-    return " ".join(row[1:end])
+    return " ".join(row[1:end]) + ("+recompute" if row[end].endswith("+recompute") else "")
 
 
 def test_main_lists_layouts(capsys):
@@ -574,7 +575,8 @@ def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
     """8.03e9 parameters x 16 bytes (fp32 weights, gradients, two moments) are 128 GB: no
     layout without sharding fits an 80 GiB card, ZeRO-3 over 8 does (FSDP2 too with recompute),
     and the lines under the table say what each layout that does not fit would need."""
-    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]) == 0
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda",
+                 "--no-recompute"]) == 0
     out = capsys.readouterr().out
     fitting = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
     assert fitting[("1x1x8", "native")] == fitting[("1x1x8", "deepspeed zero0")] == "no"
@@ -595,7 +597,14 @@ def test_plan_llama_8b_on_8_cards_of_80gib(capsys):
     assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda",
                  "--recompute"]) == 0
     fitting = {(r[0], _variant(r)): r[-1] for r in _rows(capsys.readouterr().out)}
-    assert fitting[("1x1x8", "native fsdp")] == "yes" and fitting[("1x1x8", "native")] == "no"
+    assert fitting[("1x1x8", "native fsdp+recompute")] == "yes" and fitting[("1x1x8", "native+recompute")] == "no"
+    # given neither, every layout is planned without recompute and with it
+    assert main(["--model", "llama3.1-8b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    both = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
+    assert both == {**fitting, **{key: fit for key, fit in both.items() if not key[1].endswith("+recompute")}}
+    assert len(both) == 2 * len(fitting)
+    assert "does not fit: 1x1x8 native fsdp: " in out and "does not fit: 1x1x8 native fsdp+recompute" not in out
 
 
 # --- the mixture of experts ------------------------------------------------------------------
@@ -727,7 +736,8 @@ def test_plan_mixtral_on_8_cards_of_80gib(capsys):
     """46,702,792,704 parameters x 16 bytes (fp32 weights and gradients, AdamW's two moments) are
     747 GB, 695.93 GiB: more than 8 x 72 GiB usable however they are sharded, so no layout fits
     and the plan says so, with the devices the states alone need."""
-    argv = ["--model", "mixtral-8x7b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda"]
+    argv = ["--model", "mixtral-8x7b", "--devices", "8", "--device-memory", "80GiB", "--device", "cuda",
+            "--no-recompute"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     fitting = {(r[0], _variant(r)): r[-1] for r in _rows(out)}
@@ -757,15 +767,17 @@ def test_plan_mixtral_on_8_cards_of_80gib(capsys):
 
 
 def test_plan_mixtral_on_16_cards_fits_fsdp2_with_ep8_and_recompute(capsys):
-    """On 16 cards of 80 GiB with recompute the one layout that fits is FSDP2 with EP8 (66.24 GiB a
-    rank): FSDP2 alone casts every expert of a block to 16 bits (86.75 GiB), EP4 two of each layer."""
-    assert main(["--model", "mixtral-8x7b", "--devices", "16", "--device-memory", "80GiB", "--device", "cuda",
-                 "--recompute"]) == 0
+    """On 16 cards of 80 GiB the one layout that fits is FSDP2 with EP8 and recompute (66.24 GiB a
+    rank): FSDP2 alone casts every expert of a block to 16 bits (86.75 GiB), EP4 two of each layer;
+    without recompute FSDP2 with EP8 keeps 48.75 GiB of activations. Each layout is planned without
+    recompute and with it, as neither --recompute nor --no-recompute is given."""
+    assert main(["--model", "mixtral-8x7b", "--devices", "16", "--device-memory", "80GiB", "--device", "cuda"]) == 0
     rows = _rows(capsys.readouterr().out)
-    assert rows[0][:3] == ["1x1x16", "native", "fsdp"] and rows[0][3] == "ep8" and rows[0][-2:] == ["66.24", "yes"]
-    assert [row for row in rows if row[-1] == "yes"] == rows[:1]
-    assert {_variant(row) for row in rows if row[0] == "1x1x16"} == {  # ep16 would divide dp, not the 8 experts
-        f"native{fsdp}{ep}" for fsdp in ("", " fsdp") for ep in ("", " ep2", " ep4", " ep8")}
+    assert rows[0][:5] == ["1x1x16", "native", "fsdp", "ep8", "bf16+recompute"]
+    assert rows[0][-2:] == ["66.24", "yes"] and [row for row in rows if row[-1] == "yes"] == rows[:1]
+    assert sorted(_variant(row) for row in rows if row[0] == "1x1x16") == sorted(  # ep16 divides dp, not the experts
+        f"native{fsdp}{ep}{recompute}" for fsdp in ("", " fsdp") for ep in ("", " ep2", " ep4", " ep8")
+        for recompute in ("", "+recompute"))
 
 
 @pytest.mark.parametrize("model, devices, degrees", [
@@ -775,7 +787,8 @@ def test_plan_mixtral_on_16_cards_fits_fsdp2_with_ep8_and_recompute(capsys):
 ])
 def test_plan_offers_every_expert_parallel_degree_dividing_the_experts_and_dp(capsys, model, devices, degrees):
     assert main(["--model", model, "--devices", str(devices), "--device-memory", "80GiB"]) == 0
-    variants = {_variant(row) for row in _rows(capsys.readouterr().out) if row[0] == f"1x1x{devices}"}
+    variants = {_variant(row).removesuffix("+recompute") for row in _rows(capsys.readouterr().out)
+                if row[0] == f"1x1x{devices}"}
     assert variants == {f"native{fsdp}{ep}" for fsdp in ("", " fsdp")
                         for ep in ("", *(f" ep{degree}" for degree in degrees))}
 
