@@ -43,7 +43,7 @@ class PlannedLayout:
     tp: int
     pp: int
     dp: int
-    variant: str  # native, native fsdp, deepspeed zero0-3
+    variant: str  # native, native fsdp, deepspeed zero0-3; native [fsdp] epN with expert parallelism
     stages: list[MemoryPlan]  # none when refused
     fits: bool | None  # every stage fits the device at the headroom; None: no capacity known, or refused
     spec: RunSpec | None = dataclasses.field(repr=False, compare=False)
@@ -93,20 +93,26 @@ def plan_layouts(base: RunOptions, devices: Any, *, device_memory: Any = None, d
                              "the ranks of one launch (--nproc-per-node)")
     else:
         devices = check_count("--devices", devices, maximum=MAX_DEVICES)
-    found = each_layout(base, devices, kind, capacity, headroom, engines, catalog, only=layout)
+    # recompute given: as given; else each layout both without and with it (--layout: the workload's)
+    both = None if layout or base.recompute is not None else _without_and_with_recompute
+    found = each_layout(base, devices, kind, capacity, headroom, engines, catalog, only=layout, settings=both,
+                        expert_parallel=True)
     return LayoutPlan(capacity, kind, headroom, sorted((f for f in found if not f.refused), key=lambda f: f.peak_bytes),
                       [f for f in found if f.refused])
 
 
 def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None, headroom: float,
                 engines: Iterable[str], catalog: Catalog, *, only: tuple[int, int, int] | None = None,
-                settings: Settings | None = None) -> list[PlannedLayout]:
+                settings: Settings | None = None, expert_parallel: bool = False) -> list[PlannedLayout]:
     """Every layout of ``devices`` with every variant of ``engines`` (or only the layout
     ``only``, with the variant of ``base``), each with every mapping ``settings`` gives,
-    resolved and planned (or refused), in enumeration order."""
+    resolved and planned (or refused), in enumeration order. ``expert_parallel``: a mixture
+    of experts' layouts with expert parallelism too (`hwbench plan`'s; `hwbench tune` does
+    not try them yet)."""
     found: list[PlannedLayout] = []
+    experts = find_workload(catalog, base.value("model")).model.num_experts if expert_parallel else None
     for tp, pp, dp in [only] if only else layouts(devices):
-        for variant in [None] if only else variants(tp, pp, dp, tuple(engines)):
+        for variant in [None] if only else variants(tp, pp, dp, tuple(engines), experts):
             for extra in settings(tp, pp, dp, variant) if settings and variant else [{}]:
                 options = base.merged(**(variant.options() if variant else {}), **extra, nproc_per_node=devices,
                                       tp=tp, pp=pp, dp=dp)
@@ -118,9 +124,14 @@ def each_layout(base: RunOptions, devices: int, kind: str, capacity: int | None,
                     continue
                 stages = plan_for_all_stages(spec, catalog.workloads[spec.model].model, kind)
                 fit = None if capacity is None else all(stage.fits(capacity, headroom) for stage in stages)
-                found.append(PlannedLayout(tp, pp, dp, Variant(spec.engine, spec.fsdp, spec.zero_stage).name,
+                found.append(PlannedLayout(tp, pp, dp, Variant(spec.engine, spec.fsdp, spec.zero_stage,
+                                                                   spec.parallel.ep).name,
                                            stages, fit, spec, options))
     return found
+
+
+def _without_and_with_recompute(tp: int, pp: int, dp: int, variant: Variant) -> list[dict[str, Any]]:
+    return [{"recompute": False}, {"recompute": True}]
 
 
 def check_count(option: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:

@@ -326,19 +326,23 @@ def experts_saved_per_token(config: GPTConfig, tp: int, ep: int, rules: SaveRule
     autocast: ``mlp_input_copies``), gate's and up's outputs, SiLU's and their product (4 f_e,
     f_e / t), down's output (combine's index_copy keeps its source) and the unsorted rows combine
     weights. Balanced routing: each rank runs as many rows as its tokens have assignments. With
-    expert parallelism (ep > 1) the all-to-all's receive buffers each way, dispatch's and
-    combine's, k x h each (planned, not yet measured: docs/planner.md)."""
+    expert parallelism (ep > 1, hwbench.engine.expert_parallel) the rows the experts receive are
+    as many, and two more tensors are kept (measured on 2 ranks, tests/test_planner.py): the
+    rows combine's all-to-all brings back, concatenated with the dropped ones (a copy, k x h,
+    which the token order's index_copy keeps), and the order dispatch sorts the received rows
+    by expert in (int64, k)."""
     k, h, c = config.moe_router_topk, config.hidden_size, rules.act
     saved = k * (rules.mlp_input_copies * c * h + 4 * c * config.moe_ffn_size // tp + 2 * c * h)
-    return saved + (2 * k * c * h if ep > 1 else 0)
+    return saved + (k * (c * h + 8) if ep > 1 else 0)
 
 
-def moe_saved_per_layer(config: GPTConfig) -> int:
+def moe_saved_per_layer(config: GPTConfig, ep: int = 1) -> int:
     """An MoE layer's saved tensors of a fixed size per micro-batch: the grouped GEMMs' offsets
-    (int32, E) and, with a load-balancing loss, the assignments per expert (int64, E). (A
-    capacity's choice of each expert's tokens is saved by a branch the forward drops: freed.)"""
+    (int32, one per expert of this rank: E / ep) and, with a load-balancing loss, the
+    assignments per expert (int64, E). (A capacity's choice of each expert's tokens is saved by a
+    branch the forward drops: freed.)"""
     assert config.num_experts is not None
-    return 4 * config.num_experts + (8 * config.num_experts if config.moe_aux_loss_coeff > 0 else 0)
+    return 4 * config.num_experts // ep + (8 * config.num_experts if config.moe_aux_loss_coeff > 0 else 0)
 
 
 def saved_per_token(config: GPTConfig, tp: int, rules: SaveRules, layer: int = 0, ep: int = 1) -> SavedPerToken:
@@ -384,7 +388,7 @@ def activation_bytes_per_layer(s: int, b: int, config: GPTConfig, tp: int, rules
     tokens, RoPE's per-sequence casts and an MoE layer's fixed-size ones. Megatron GPT-2 with
     act = residual = 2 (DeepSpeed's 16-bit module): s*b*h*(8 + 24/t) plus the norms' and
     softmax's statistics, Korthikanti's 10 + 24/t less the two dropout masks."""
-    moe = moe_saved_per_layer(config) if config.is_moe_layer(layer) else 0
+    moe = moe_saved_per_layer(config, ep) if config.is_moe_layer(layer) else 0
     return s * b * saved_per_token(config, tp, rules, layer, ep).total + rope_saved_per_layer(config, s, rules) + moe
 
 
@@ -495,8 +499,14 @@ def _states(spec: RunSpec, backend_name: str, n: int, experts: int = 0) -> _Stat
     buffers = step_transient = 0
     if not deepspeed and dp > 1 and not spec.fsdp:
         if tp == 1 and pp == 1:
-            buffers = n * g_b  # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False)
-            notes.append("DDP buckets: one more gradient copy")
+            # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False). With expert
+            # parallelism DDP leaves the experts out: their gradients go in one flat all-reduce
+            # over the ranks holding the same experts after the backward (hwbench.engine.native)
+            apart = experts if expert_parallel(spec) > 1 else 0
+            buffers = (n - apart) * g_b
+            step_transient = apart * g_b
+            notes.append("DDP buckets: one more gradient copy" + (" (the experts': a flat all-reduce at the step)"
+                                                                  if apart else ""))
         else:
             step_transient = n * g_b  # native engine: one flat all-reduce buffer of the gradients
     if deepspeed and dp > 1 and zero in (1, 2):
@@ -542,8 +552,8 @@ def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: i
         per_micro = sum(layers)
         recompute_peak = 0
     if expert_parallel(spec) > 1:
-        notes += ("expert parallelism: balanced routing assumed; the all-to-all buffers are planned, not yet "
-                  "measured",)
+        notes += ("expert parallelism: balanced routing assumed (each rank's experts receive as many rows as its "
+                  "tokens' assignments)",)
     if stage == spec.parallel.pp - 1:
         per_micro += s * b * (norm_saved_per_token(config, rules) + h * rules.act)
     elif spec.engine == "native":  # the pipeline keeps the stage's output for its backward (fwd_cache)
@@ -647,36 +657,46 @@ def _ceil(value: int, divisor: int) -> int:
 # sizes ----------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """How a layout's data parallelism is run: the native engine plain or with FSDP2,
+    """How a layout's data parallelism is run: the native engine plain or with FSDP2, either
+    with the routed experts split over ``ep`` of the data-parallel ranks (a mixture of experts),
     or DeepSpeed with a ZeRO stage. `hwbench plan` and `hwbench tune` share these."""
 
     engine: str
     fsdp: bool = False
     zero: int = 0
+    ep: int = 1
 
     @property
     def name(self) -> str:
-        return "native fsdp" if self.fsdp else "native" if self.engine == "native" else f"deepspeed zero{self.zero}"
+        base = "native fsdp" if self.fsdp else "native" if self.engine == "native" else f"deepspeed zero{self.zero}"
+        return base + (f" ep{self.ep}" if self.ep > 1 else "")
 
     @property
     def short(self) -> str:
-        return "fsdp" if self.fsdp else "plain" if self.engine == "native" else f"zero{self.zero}"
+        base = "fsdp" if self.fsdp else "plain" if self.engine == "native" else f"zero{self.zero}"
+        return base + (f"-ep{self.ep}" if self.ep > 1 else "")
 
     def options(self) -> dict:
         """The run options that select this variant."""
         return {"engine": self.engine, "fsdp": self.fsdp or None,
-                "zero": self.zero if self.engine == "deepspeed" else None}
+                "zero": self.zero if self.engine == "deepspeed" else None, "ep": self.ep if self.ep > 1 else None}
 
 
-def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES) -> list[Variant]:
+def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES, experts: int | None = None) -> list[Variant]:
     """The variants a tp x pp x dp layout can run: native plain, FSDP2 when there is
     data parallelism to shard over, DeepSpeed ZeRO 0-3 (0 only without data
-    parallelism) for pure data parallelism."""
+    parallelism) for pure data parallelism. For a mixture of ``experts`` routed experts a
+    layer, also native plain and FSDP2 with every expert-parallel degree above 1 that divides
+    both the experts and dp (hwbench.spec's rule), at tp = pp = 1: the engine runs expert
+    parallelism beside data parallelism only."""
     found = []
     if "native" in engines:
         found.append(Variant("native"))
         if dp > 1:
             found.append(Variant("native", fsdp=True))
+        if experts and tp == 1 and pp == 1:
+            found += [Variant("native", fsdp=fsdp, ep=ep) for ep in range(2, min(experts, dp) + 1)
+                      if experts % ep == 0 and dp % ep == 0 for fsdp in (False, True)]
     if "deepspeed" in engines and tp == 1 and pp == 1:
         found += [Variant("deepspeed", zero=zero) for zero in range(4 if dp > 1 else 1)]
     return found

@@ -127,7 +127,8 @@ def _why_not(layout, plan, capacity: int, headroom: float) -> str:
     """One line: what a layout that does not fit needs, against what may be used, and its three largest terms."""
     largest = sorted(TERMS, key=lambda term: -getattr(plan, term[1]))[:3]
     stage = f" stage {plan.stage}" if layout.pp > 1 else ""
-    return (f"{layout.name} {layout.variant}{stage}: {gib(plan.total_bytes)} GiB > {gib(headroom * capacity)} GiB "
+    variant = layout.variant + ("+recompute" if layout.spec.recompute else "")
+    return (f"{layout.name} {variant}{stage}: {gib(plan.total_bytes)} GiB > {gib(headroom * capacity)} GiB "
             "usable; largest: " + ", ".join(f"{label} {gib(getattr(plan, field))}" for label, field in largest))
 
 
