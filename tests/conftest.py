@@ -296,3 +296,23 @@ def target_run(tmp_path_factory) -> dict[str, Any]:
     assert code == 0, printed.getvalue()[-3000:]
     (path,) = out.glob("*.json")
     return {"path": path, "out": printed.getvalue()}
+
+
+# --- One mixture-of-experts run, shared ----------------------------------------
+#
+# tests/test_moe_layer.py checks its routing figures step by step and tests/test_docs.py that every
+# field of its result is documented: the same run of moe-tiny (2 micro-batches a step), once per session.
+
+MOE_TINY_RUN = ["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "1"]
+
+
+@pytest.fixture(scope="session")
+def moe_tiny_run(tmp_path_factory) -> Path:
+    """The result file of `hwbench MOE_TINY_RUN` in this process, run once (read it; copy it to change it)."""
+    from hwbench.cli import main
+
+    out = tmp_path_factory.mktemp("moe-tiny") / "run"
+    assert main([*MOE_TINY_RUN, "--out", str(out)]) == 0
+    (path,) = out.glob("*.json")
+    return path

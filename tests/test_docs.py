@@ -38,13 +38,17 @@ def key_paths(value, prefix=""):
 
 @pytest.mark.parametrize("extra", [[], ["--precision", "fp16", "--eval-iters", "0", "--data", "synthetic",
                                     "--seq-length", "64", "--micro-batch-size", "1", "--global-batch-size", "2"],
-                                   ["--model", "moe-tiny", "--micro-batch-size", "2", "--global-batch-size", "2"],
+                                   None,  # moe-tiny: conftest's moe_tiny_run (routing, expert figures)
                                    ["--precision", "fp8", "--eval-iters", "0"]],  # engine.fp8, device.fp8_*
                          ids=["tiny", "tiny-fp16", "moe-tiny", "fp8"])
-def test_every_result_field_is_documented(tmp_path, extra):
-    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
-                 "--eval-iters", "1", "--out", str(tmp_path), *extra]) == 0
-    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+def test_every_result_field_is_documented(tmp_path, request, extra):
+    if extra is None:
+        path = request.getfixturevalue("moe_tiny_run")
+    else:
+        assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
+                     "--eval-iters", "1", "--out", str(tmp_path), *extra]) == 0
+        path = next(tmp_path.glob("*.json"))
+    result = json.loads(path.read_text())
     doc = (ROOT / "docs" / "results.md").read_text()
     missing = sorted({p for p in key_paths(result) if f"`{p}`" not in doc})
     assert not missing, f"docs/results.md does not describe: {missing}"

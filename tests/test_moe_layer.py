@@ -243,19 +243,14 @@ def test_layouts_the_moe_layers_do_not_run_yet_are_refused_in_one_line(tmp_path,
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
+def test_a_moe_tiny_run_records_its_routing_step_by_step(moe_tiny_run):
     """`hwbench run --model moe-tiny` end to end, 2 micro-batches a step: each step's routing
     (every token's top-2 in each layer counted once), the timed steps' summary, the load-balancing
     loss beside the LM loss, and TFLOP/s on its active parameters (megatron-deepspeed's, which has
     no expert term, null with its reason)."""
     import json
 
-    from hwbench.cli import main
-
-    assert main(["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                 "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "1",
-                 "--out", str(tmp_path)]) == 0
-    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    result = json.loads(moe_tiny_run.read_text())  # conftest's MOE_TINY_RUN
     assert result["status"] == "ok" and result["workload"]["num_experts"] == 4
     assert result["workload"]["parameters_active"] < result["workload"]["parameters"]
     steps, routing = result["steps"], result["metrics"]["routing"]
