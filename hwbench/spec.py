@@ -45,7 +45,7 @@ class ParallelDims:
     tp: Positive = 1
     pp: Positive = 1
     dp: Positive = 1
-    ep: Positive = 1
+    ep: Positive = RUN_OPTIONS["ep"].default  # also what a result written before --ep ran with
     source: str = "default"
 
     @property

@@ -301,3 +301,76 @@ def target_run(tmp_path_factory) -> dict[str, Any]:
     assert code == 0, printed.getvalue()[-3000:]
     (path,) = out.glob("*.json")
     return {"path": path, "out": printed.getvalue()}
+
+
+# --- One mixture-of-experts run, shared ----------------------------------------
+#
+# tests/test_moe_layer.py checks its routing figures step by step and tests/test_docs.py that every
+# field of its result is documented: the same run of moe-tiny (2 micro-batches a step), once per session.
+
+MOE_TINY_RUN = ["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "1"]
+
+
+@pytest.fixture(scope="session")
+def moe_tiny_run(tmp_path_factory) -> Path:
+    """The result file of `hwbench MOE_TINY_RUN` in this process, run once (read it; copy it to change it)."""
+    return _shared_run(tmp_path_factory, "moe-tiny", MOE_TINY_RUN)
+
+
+# --- Two identical seeded runs, shared ------------------------------------------
+#
+# tests/test_parity.py compares them (and copies of them, changed) and tests/test_docs.py checks that every
+# field of a plain run's result is documented: the same two runs of the tiny model on the built-in corpus.
+
+SEEDED_TINY_RUN = ["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "6", "--warmup", "1",
+                   "--eval-iters", "1"]
+
+
+@pytest.fixture(scope="session")
+def seeded_tiny_runs(tmp_path_factory) -> list[Path]:
+    """The result files of `hwbench SEEDED_TINY_RUN` run twice in this process, the same seed each time
+    (read them; copy one to change it)."""
+    from hwbench.cli import main
+
+    paths = []
+    for name in ("a", "b"):
+        out = tmp_path_factory.mktemp(f"seeded-{name}") / "run"
+        assert main([*SEEDED_TINY_RUN, "--out", str(out)]) == 0
+        (path,) = out.glob("*.json")
+        paths.append(path)
+    return paths
+
+
+# --- Runs of the other precisions, shared ----------------------------------------
+#
+# tests/test_docs.py checks that every field of an fp16 and an fp8 result is documented; tests/test_run_e2e.py
+# reads the fp16 run's loss scales and tests/test_fp8.py the emulated fp8 run's marks: the same runs, once.
+
+# a small batch: fp16 on a CPU without fp16 units is emulated, about 10x slower than fp32
+FP16_TINY_RUN = ["run", "--quiet", "--model", "tiny", "--precision", "fp16", "--steps", "3", "--warmup", "1",
+                 "--seq-length", "32", "--micro-batch-size", "1", "--global-batch-size", "2", "--eval-iters", "0"]
+# GPT's tiny: the cheapest model to convert (tests/test_fp8.py runs llama-tiny's in its heavy parity test)
+FP8_TINY_RUN = ["run", "--quiet", "--no-preflight", "--no-telemetry", "--model", "tiny", "--seq-length", "32",
+                "--steps", "2", "--warmup", "0", "--eval-iters", "0", "--precision", "fp8"]
+
+
+def _shared_run(tmp_path_factory, name: str, argv: list[str]) -> Path:
+    from hwbench.cli import main
+
+    out = tmp_path_factory.mktemp(name) / "run"
+    assert main([*argv, "--out", str(out)]) == 0
+    (path,) = out.glob("*.json")
+    return path
+
+
+@pytest.fixture(scope="session")
+def fp16_tiny_run(tmp_path_factory) -> Path:
+    """The result file of `hwbench FP16_TINY_RUN` in this process, run once (read it; copy it to change it)."""
+    return _shared_run(tmp_path_factory, "fp16-tiny", FP16_TINY_RUN)
+
+
+@pytest.fixture(scope="session")
+def fp8_tiny_run(tmp_path_factory) -> Path:
+    """The result file of `hwbench FP8_TINY_RUN` (FP8 emulated on the CPU) in this process, run once."""
+    return _shared_run(tmp_path_factory, "fp8-tiny", FP8_TINY_RUN)

@@ -165,13 +165,11 @@ def test_an_fp8_run_is_held_to_its_fp8_peak_not_the_bf16_one():
     assert "dense fp8 peak" in implausible_throughput(2000e12, device)
 
 
-def test_an_emulated_run_is_a_stand_in_kept_apart(tmp_path, capsys):
-    """A real CPU run (seconds): marked emulated in the device, the key and the warnings, no MFU, no
-    price; then compare never matches it with the device's own FP8 point."""
-    out = tmp_path / "runs"
-    assert main([*RUN, "--model", "tiny", "--steps", "2", "--warmup", "0", "--eval-iters", "0", "--precision", "fp8",
-                 "--out", str(out)]) == 0  # GPT's tiny: the cheapest model; llama-tiny's in the heavy parity test
-    result = RunResult.from_dict(json.loads(next(out.glob("*.json")).read_text()))
+def test_an_emulated_run_is_a_stand_in_kept_apart(tmp_path, capsys, fp8_tiny_run):
+    """A real CPU run (conftest's FP8_TINY_RUN): marked emulated in the device, the key and the warnings, no
+    MFU, no price; then compare never matches it with the device's own FP8 point."""
+    out = fp8_tiny_run.parent
+    result = RunResult.from_dict(json.loads(fp8_tiny_run.read_text()))
     assert result.status == "ok" and result.stand_in == EMULATED and result.point_key.stand_in == EMULATED
     assert result.device.fp8_emulated.startswith("FP8 emulated on the CPU")
     assert result.engine.fp8.recipe == "tensorwise" and result.engine.fp8.converted_layers == 12

@@ -268,19 +268,14 @@ def test_a_tensor_parallel_size_that_does_not_split_every_experts_width_is_refus
     assert (spec.parallel.tp, spec.parallel.ep) == (2, 1)
 
 
-def test_a_moe_tiny_run_records_its_routing_step_by_step(tmp_path):
+def test_a_moe_tiny_run_records_its_routing_step_by_step(moe_tiny_run):
     """`hwbench run --model moe-tiny` end to end, 2 micro-batches a step: each step's routing
     (every token's top-2 in each layer counted once), the timed steps' summary, the load-balancing
     loss beside the LM loss, and TFLOP/s on its active parameters (megatron-deepspeed's, which has
     no expert term, null with its reason)."""
     import json
 
-    from hwbench.cli import main
-
-    assert main(["run", "--quiet", "--model", "moe-tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                 "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "1",
-                 "--out", str(tmp_path)]) == 0
-    result = json.loads(next(tmp_path.glob("*.json")).read_text())
+    result = json.loads(moe_tiny_run.read_text())  # conftest's MOE_TINY_RUN
     assert result["status"] == "ok" and result["workload"]["num_experts"] == 4
     assert result["workload"]["parameters_active"] < result["workload"]["parameters"]
     steps, routing = result["steps"], result["metrics"]["routing"]

@@ -85,6 +85,10 @@ def test_help_works_without_cann(no_cann_env, tmp_path):
     assert done.stderr == ""
 
 
+# heavy (python -m pytest -m heavy): the default run trains on the CPU in the same environment (the stand-in
+# torch_npu without CANN, loaded by `import torch`) in test_auto_run_without_cann_records_and_prints_the_npu_
+# it_passed_over below, where auto has passed over the NPU to the CPU backend --device cpu names directly
+@pytest.mark.heavy
 def test_cpu_run_works_without_cann(no_cann_env, tmp_path):
     out = tmp_path / "out"
     done = hwbench(["run", "--device", "cpu", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",

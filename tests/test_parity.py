@@ -5,20 +5,15 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import SEEDED_TINY_RUN
 
 from hwbench.cli import main
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    paths = []
-    for name in ("a", "b"):
-        out = tmp_path_factory.mktemp(name)
-        assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "6", "--warmup", "1",
-                     "--eval-iters", "1",
-                     "--out", str(out)]) == 0
-        paths.append(next(out.glob("*.json")))
-    return paths
+@pytest.fixture
+def two_runs(seeded_tiny_runs):
+    """conftest's two identical seeded runs (SEEDED_TINY_RUN): read them, copy them to change them."""
+    return seeded_tiny_runs
 
 
 def test_identical_seeded_runs_have_parity(two_runs, capsys):
@@ -130,8 +125,7 @@ def test_a_final_perplexity_beyond_the_margin_is_numerically_different(two_runs,
 def changed_recipe(tmp_path_factory):
     """The runs of two_runs with a 5x learning rate: a changed recipe, numerically different."""
     out = tmp_path_factory.mktemp("lr")
-    assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "6", "--warmup", "1",
-                 "--eval-iters", "1", "--lr", "5e-3", "--out", str(out)]) == 0
+    assert main([*SEEDED_TINY_RUN, "--lr", "5e-3", "--out", str(out)]) == 0
     return next(out.glob("*.json"))
 
 

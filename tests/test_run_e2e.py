@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import kill_tree, sigint_as_usual
+from conftest import FP16_TINY_RUN, kill_tree, sigint_as_usual
 
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
@@ -132,36 +132,14 @@ def test_mfu_uses_a_user_catalog_entry_for_this_cpu(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_runs_record_their_loss_scale(tmp_path, precision):
-    # a small batch: fp16 on a CPU without fp16 units is emulated, about 10x slower than fp32
-    assert (
-        main(
-            [
-                "run",
-                "--quiet",
-                "--model",
-                "tiny",
-                "--precision",
-                precision,
-                "--steps",
-                "3",
-                "--warmup",
-                "1",
-                "--seq-length",
-                "32",
-                "--micro-batch-size",
-                "1",
-                "--global-batch-size",
-                "2",
-                "--eval-iters",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    _, result = _only_result(tmp_path)
+def test_mixed_precision_runs_record_their_loss_scale(tmp_path, request, precision):
+    if precision == "fp16":  # conftest's FP16_TINY_RUN, which tests/test_docs.py reads too
+        folder = request.getfixturevalue("fp16_tiny_run").parent
+    else:  # the same run in bf16
+        folder, argv = tmp_path, list(FP16_TINY_RUN)
+        argv[argv.index("fp16")] = precision
+        assert main([*argv, "--out", str(folder)]) == 0
+    _, result = _only_result(folder)
     assert result.status == "ok"
     scales = [s.loss_scale for s in result.steps]
     if precision == "fp16":

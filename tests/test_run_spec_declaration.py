@@ -25,17 +25,18 @@ RESULT_ONLY = {"run_args"}
 AS_MAPPING = {"optimizer"}
 # Run options the RunSpec holds under another name or in one of its parts, or that are used before it:
 # option -> where the spec holds it (None: nowhere). Every other option is a RunSpec field of its own name,
-# or an OptimizerSpec field of its own name (OPTIMIZER_OPTIONS: the spec's optimizer holds it).
+# an OptimizerSpec field of its own name (OPTIMIZER_OPTIONS: the spec's optimizer holds it), or a
+# ParallelDims field of its own name (PARALLEL_OPTIONS: the spec's parallel holds it).
 OPTIMIZER_OPTIONS = {field.name for field in dataclasses.fields(OptimizerSpec)} & RUN_OPTIONS.keys()
+PARALLEL_OPTIONS = {field.name for field in dataclasses.fields(ParallelDims)} & RUN_OPTIONS.keys()
 ELSEWHERE = {
     "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
     "device_memory": "device_memory_bytes",
-    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "ep": "parallel.ep",
     "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
     "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
     "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",
     "preflight": None,  # the harness checks the machine before the run (hwbench.harness.run)
-} | {name: f"optimizer.{name}" for name in OPTIMIZER_OPTIONS}
+} | {name: f"optimizer.{name}" for name in OPTIMIZER_OPTIONS} | {name: f"parallel.{name}" for name in PARALLEL_OPTIONS}
 
 
 def _base_type(annotation):
@@ -137,6 +138,18 @@ def test_every_optimizer_field_is_a_run_option():
     """So build_run_spec's one copy fills the optimizer: a new optimizer option is its RunOptions
     field and its OptimizerSpec field, nothing more."""
     assert OPTIMIZER_OPTIONS == {field.name for field in dataclasses.fields(OptimizerSpec)}
+
+
+def test_every_parallel_dimension_is_the_run_option_of_its_name_with_its_default():
+    """tp, pp, dp and ep are each one option (hwbench.options) held in the spec's parallel under its
+    name; a dimension whose option has a fixed default (--ep 1) takes it from the option, not a second
+    literal. ``source`` says where tp and pp came from: no option."""
+    dimensions = {field.name: field.default for field in dataclasses.fields(ParallelDims) if field.name != "source"}
+    assert PARALLEL_OPTIONS == dimensions.keys() and "ep" in PARALLEL_OPTIONS
+    fixed = {name: RUN_OPTIONS[name].default for name in PARALLEL_OPTIONS if RUN_OPTIONS[name].default is not None}
+    assert fixed and fixed == {name: dimensions[name] for name in fixed}
+    spec = build_run_spec(RunOptions(model="tiny"), load_catalog(), check_paths=False)
+    assert {name: getattr(spec.parallel, name) for name in fixed} == fixed
 
 
 def test_an_optimizer_option_given_arrives_in_the_specs_optimizer():
