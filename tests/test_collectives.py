@@ -436,8 +436,11 @@ def test_the_table_shows_busbw_as_a_fraction_of_the_catalog_s_link():
     table = collectives_table(with_link)
     assert "# link: h100-sxm NVLink 4 (18 links), 450 GB/s each way (half of 900 GB/s both ways;" in table
     assert " 225.000  50.0% " in table
-    table = collectives_table(_result_file_data("AMD Instinct MI300X", "rocm", 225.0))
-    assert "# no link figure for mi300x: not yet read from a data sheet" in table and "50.0%" not in table
+    table = collectives_table(_result_file_data("AMD Instinct MI300X", "rocm", 224.0))  # 7 links, 896 GB/s
+    assert "# link: mi300x AMD Infinity Fabric (7 links to the other GPUs of the platform), 448 GB/s each way" in table
+    assert " 224.000  50.0% " in table
+    table = collectives_table(_result_file_data("NVIDIA H100 PCIe", "cuda", 225.0))
+    assert "# no link figure for h100-pcie: not yet read from a data sheet" in table and "50.0%" not in table
 
 
 def _result_file_data(device_model: str, device: str, busbw: float):

@@ -152,7 +152,7 @@ def test_a_version_1_history_database_keeps_its_series(tmp_path, capsys):
         version = connection.execute("PRAGMA user_version").fetchone()[0]
     finally:
         connection.close()
-    assert version == store.SCHEMA_VERSION == 5
+    assert version == store.SCHEMA_VERSION == 6
     assert len(runs) == 4 and len({run.point for run in runs}) == 1  # one series: old nights and tonight
     assert runs[0].point.max_positions == 128 and runs[0].point.cross_entropy == "standard"
     assert runs[0].point.stand_in is None and runs[0].point.fp8_recipe is None  # versions 3 and 4: not FP8
