@@ -186,6 +186,19 @@ def test_holistic_trace_analysis_reads_the_traces_back():
     assert "aten::mm" in names and "Optimizer.step#AdamW.step" in names
 
 
+def _hta_reads(folder, ranks: list[int]) -> None:
+    """HTA parses the traces of ``folder``: one per rank, each with its profiled steps' GEMMs."""
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed (the test extra)")
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=str(folder))
+    assert sorted(analysis.t.get_all_traces()) == ranks
+    symbols = analysis.t.symbol_table.sym_table
+    for rank in ranks:
+        names = {symbols[index] for index in analysis.t.get_trace(rank)["name"]}
+        assert any(name.startswith("ProfilerStep#") for name in names) and names & {"aten::mm", "aten::addmm"}
+
+
 # --- runs ----------------------------------------------------------------------------------------
 
 
@@ -215,6 +228,7 @@ def test_the_profiler_hook_writes_a_gzip_trace_per_rank_and_reads_it_back(tmp_pa
         names = {event.get("name") for event in json.load(file)["traceEvents"]}
     assert {"ProfilerStep#1", "ProfilerStep#2", "aten::addmm", "hwbench::data"} <= names
     assert sums_to_step(figures) and figures.matmul_s > 0 and figures.optimizer_s > 0 and figures.data_loading_s > 0
+    _hta_reads(tmp_path / "run.profile", [0])
 
 
 def test_a_trace_that_cannot_be_written_is_a_reason_not_a_lost_run(tmp_path):
@@ -267,6 +281,7 @@ def test_a_profiled_run_keeps_its_profiled_steps_out_of_the_timed_figures(tmp_pa
     assert sums_to_step(figures) and figures.matmul_s > 0 and figures.exposed_communication_s == 0
     assert profile.straggler is None and result.spec.profile is True and result.spec.profile_steps == 1
     assert "profile" in out.getvalue() and "rank 0 time" in out.getvalue()
+    _hta_reads(tmp_path / profile.trace_dir, [0])
 
 
 def test_profile_steps_without_profile_is_refused(capsys):
@@ -291,6 +306,7 @@ def test_a_two_rank_ddp_run_names_the_slow_rank_and_only_it(tmp_path, monkeypatc
     assert [figures.rank for figures in profile.ranks] == [0, 1]
     assert all(sums_to_step(figures) for figures in profile.ranks)
     assert (profile.straggler.rank if profile.straggler else None) == named
+    _hta_reads(tmp_path / profile.trace_dir, [0, 1])
 
 
 @pytest.mark.heavy  # a 2-rank run, 20-40 s here
@@ -304,3 +320,4 @@ def test_a_two_rank_tensor_parallel_run_is_profiled(tmp_path):
     assert len(profile.ranks) == 2
     for figures in profile.ranks:
         assert sums_to_step(figures) and figures.communication_s > 0 and figures.matmul_s > 0
+    _hta_reads(tmp_path / profile.trace_dir, [0, 1])
