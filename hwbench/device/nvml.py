@@ -298,11 +298,7 @@ def _read_gpu(nv: Any, handle: Any, device: Any) -> None:
         device.unread["memory_free_bytes"] = not_supported
     else:
         device.memory_free_bytes, device.memory_total_bytes = int(memory.free), int(memory.total)
-    volatile = getattr(nv, "NVML_VOLATILE_ECC", 0)
-    device.ecc_uncorrected = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, volatile))
-    device.ecc_corrected = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, volatile))
+    device.ecc_uncorrected, device.ecc_corrected = _ecc_counts(nv, handle, getattr(nv, "NVML_VOLATILE_ECC", 0))
     if device.ecc_uncorrected is None:
         device.unread["ecc_uncorrected"] = "NVML: no ECC counts (ECC off, or a GPU without ECC memory)"
     _read_memory_health(nv, handle, device)
@@ -338,14 +334,20 @@ NVLINK_COUNTERS = {"replay": 0, "recovery": 1, "crc_flit": 2, "crc_data": 3}
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of nvml.h (an H100 has 18 links)
 
 
+def _ecc_counts(nv: Any, handle: Any, counter: int) -> tuple[int | None, int | None]:
+    """(uncorrected, corrected) ECC errors of ``counter`` (volatile: since the driver loaded;
+    aggregate: the device's life); None where the GPU does not count them."""
+    def count(kind: int) -> int | None:
+        return quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(handle, kind, counter))
+
+    return count(nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED), count(nv.NVML_MEMORY_ERROR_TYPE_CORRECTED)
+
+
 def _read_memory_health(nv: Any, handle: Any, device: Any) -> None:
     """Aggregate ECC counts, retired pages (before Ampere) and remapped rows (Ampere and newer):
     a GPU answers one of the last two, the other is unread with the reason."""
-    aggregate = getattr(nv, "NVML_AGGREGATE_ECC", 1)
-    device.ecc_uncorrected_aggregate = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, aggregate))
-    device.ecc_corrected_aggregate = quietly(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, aggregate))
+    device.ecc_uncorrected_aggregate, device.ecc_corrected_aggregate = _ecc_counts(
+        nv, handle, getattr(nv, "NVML_AGGREGATE_ECC", 1))
     if device.ecc_uncorrected_aggregate is None:
         device.unread["ecc_uncorrected_aggregate"] = "NVML: no aggregate ECC counts on this GPU"
     rows = quietly(lambda: nv.nvmlDeviceGetRemappedRows(handle))
