@@ -58,11 +58,6 @@ class PhaseClock:
         finally:
             self.switch(left)
 
-    def elapsed_in(self, phase: str) -> float:
-        """The time charged to ``phase`` so far (the current phase up to now)."""
-        running = time.perf_counter() - self._since if self.phase == phase and self.ended is None else 0.0
-        return self.seconds[phase] + running
-
     def stop(self) -> dict[str, float]:
         """Close the clock (the current phase charged up to now); the seconds of every phase."""
         if self.ended is None:

@@ -67,7 +67,7 @@ def build_report(loaded: list[tuple[RunResult, str]], skipped: list[tuple[str, s
     candidates = [decision, runs_section(runs), published_section(runs, comparison, published, published_note),
                   model_section(runs, images, also_formula), procurement_section(runs, devices, notes),
                   convergence_section(runs, images), time_to_target_section(runs), checkpoint_section(runs),
-                  goodput_section(runs),
+                  goodput_section(runs, [result for result, _ in loaded]),
                   profile_section([result for result, _ in loaded]),
                   environment_section(runs, warnings_found), collectives_section(collectives or []),
                   skipped_section(skipped)]

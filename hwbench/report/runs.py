@@ -121,8 +121,7 @@ def goodput_columns(result: RunResult) -> dict[str, Any]:
     goodput = result.metrics.goodput
     shares = (goodput.shares if goodput else None) or {}
     return {"goodput": goodput.goodput if goodput else None, "goodput_total_s": goodput.total_s if goodput else None,
-            **{f"goodput_share_{phase}": shares.get(phase) for phase in GOODPUT_PHASES},
-            "sweep_suite": result.sweep.suite if result.sweep is not None else None}
+            **{f"goodput_share_{phase}": shares.get(phase) for phase in GOODPUT_PHASES}}
 
 
 def checkpoint_figures(result: RunResult) -> dict[str, Any]:

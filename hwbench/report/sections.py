@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from hwbench.harness.goodput import summed_goodput
 from hwbench.metrics import METRICS
 from hwbench.report.against_published import NORMALISATION, published_layout
 from hwbench.report.cells import (
@@ -28,7 +29,7 @@ from hwbench.report.cost import SCALING_ASSUMPTION
 from hwbench.report.document import Section, Table
 from hwbench.report.published import publishes_tokens, table_title, tokens_per_s_per_device
 from hwbench.report.summary import wait_straggler_text
-from hwbench.result.model import BREAKDOWN_CATEGORIES, GOODPUT_PHASES, RunResult, TimeBreakdown
+from hwbench.result.model import BREAKDOWN_CATEGORIES, GOODPUT_PHASES, Goodput, RunResult, TimeBreakdown
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
 SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
@@ -447,7 +448,7 @@ def checkpoint_section(runs: pd.DataFrame) -> Section:
     return section
 
 
-def goodput_section(runs: pd.DataFrame) -> Section | None:
+def goodput_section(runs: pd.DataFrame, results: list[RunResult]) -> Section | None:
     """Where each run's wall time went: the share in training steps against initialisation, loads,
     validation, saves, restarts and the rest; None when no run kept a phase clock."""
     measured = runs[runs["goodput"].notna()] if "goodput" in runs else runs.iloc[:0]
@@ -464,25 +465,26 @@ def goodput_section(runs: pd.DataFrame) -> Section | None:
         ("wall s", lambda run: fmt(run["goodput_total_s"], 1)),
         ("goodput", lambda run: percent(run["goodput"])),
         *[(label, _share_cell(phase)) for phase, label in GOODPUT_PHASES.items()],
-    ], _rows(measured) + _sweep_goodput_rows(measured))))
+    ], _rows(measured) + _sweep_goodput_rows(results))))
     return section
 
 
-def _sweep_goodput_rows(measured: pd.DataFrame) -> list[pd.Series]:
-    """A row per sweep with more than one run here: each phase's seconds summed over its runs
-    (share x total), as shares of the summed total."""
+def _sweep_goodput_rows(results: list[RunResult]) -> list[pd.Series]:
+    """A row per sweep with more than one run here: its runs' clocks summed (harness.goodput's
+    summed_goodput; the time between the runs is in no result file, so none is added)."""
+    by_suite: dict[str, list[Goodput]] = {}
+    for result in results:
+        if result.sweep is not None and result.sweep.suite and result.metrics.goodput is not None:
+            by_suite.setdefault(result.sweep.suite, []).append(result.metrics.goodput)
     rows = []
-    for suite, runs in measured.groupby("sweep_suite") if "sweep_suite" in measured else []:
-        if len(runs) < 2:
+    for suite, clocks in by_suite.items():
+        summed = summed_goodput(clocks, None) if len(clocks) > 1 else None
+        if summed is None:
             continue
-        total = runs["goodput_total_s"].sum()
-        seconds = {phase: (runs[f"goodput_share_{phase}"].fillna(0) * runs["goodput_total_s"]).sum()
-                   for phase in GOODPUT_PHASES}
-        rows.append(pd.Series({"run_id": f"sweep {suite} ({len(runs)} runs)", "model": "", "layout": "",
-                               "goodput_total_s": total,
-                               "goodput": (seconds["warmup"] + seconds["timed_steps"]) / total if total else None,
-                               **{f"goodput_share_{phase}": value / total if total else None
-                                  for phase, value in seconds.items()}}))
+        rows.append(pd.Series({"run_id": f"sweep {suite} ({summed.runs} runs)", "model": "", "layout": "",
+                               "goodput_total_s": summed.total_s, "goodput": summed.goodput,
+                               **{f"goodput_share_{phase}": summed.share(seconds)
+                                  for phase, seconds in summed.phases_s.items()}}))
     return rows
 
 

@@ -83,13 +83,17 @@ class SweepOptions:  # `hwbench sweep`'s options, checked as the command checks 
 class PointRecord:  # what the sweep knows of one point after running (or not running) it
     point: Point
     results: list[RunResult | None]  # None: a job still out, or a run that left no result
-    reused: int = 0  # results found from an earlier sweep
     aggregate: dict[str, Any] | None = None
     jobs: list[str] = dataclasses.field(default_factory=list)  # jobs still out (a detached Slurm sweep)
     kept_ids: list[str] = dataclasses.field(default_factory=list)  # run ids of the results found from an earlier sweep
     # the host seconds this sweep spent running the point's runs in its own process tree; None once
     # one ran as a job elsewhere (Slurm), whose time this host does not see
     wall_s: float | None = 0.0
+
+    @property
+    def reused(self) -> int:
+        """How many results were found from an earlier sweep."""
+        return len(self.kept_ids)
 
     @property
     def fresh(self) -> list[RunResult]:
@@ -234,7 +238,6 @@ def _loop(runs: list[PointRun], force: bool, executor: Executor, say: Say,
                 kept = None if force else keyed_results(run.folder).get(run.key)
                 if kept and not executor.again(kept[1]):
                     record.results.append(kept[1])
-                    record.reused += 1
                     record.kept_ids.append(kept[1].run_id)
                     say(f"{run.label}: {kept[1].status} (kept from an earlier sweep; --force runs it again)")
                     continue
