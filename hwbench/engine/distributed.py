@@ -92,10 +92,6 @@ class DistContext:
         return self.submesh(name).get_group() if self.mesh is not None else None
 
     @property
-    def ep_rank(self) -> int:
-        return self._coordinate("ep") if self.dims.ep > 1 else 0
-
-    @property
     def tp_rank(self) -> int:
         return self._coordinate("tp")
 

@@ -111,6 +111,9 @@ class NativeEngine:
         if self.fp8 and not converts_on_meta(self.fp8.recipe):
             convert_to_fp8(model, self.fp8, emulated)
         self.gpt = model
+        # found once: the experts' gradients are reduced apart at every step (_reduce_expert_gradients)
+        expert_names = set(expert_parameter_names(model)) if dims.ep > 1 else set()
+        self._expert_parameters = [p for name, p in model.named_parameters() if name in expert_names]
         if spec.compile:
             for block in model.blocks.values():
                 block.compile()
@@ -208,14 +211,7 @@ class NativeEngine:
         if dims.ep > 1:
             self._reduce_expert_gradients()
         if self.data_parallel == "all-reduce":
-            grads = [_local(p.grad) for p in self.model.parameters() if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.ctx.all_reduce(flat, "dp")
-            flat /= dims.dp
-            offset = 0
-            for grad in grads:
-                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
+            self._all_reduce_mean([_local(p.grad) for p in self.model.parameters() if p.grad is not None], "dp")
         if self._tied_group is not None:
             dist.all_reduce(self._tied_gradient(), group=self._tied_group)
 
@@ -224,13 +220,17 @@ class NativeEngine:
         of its ep group (hwbench.engine.expert_parallel), so they are summed over the ranks holding
         the same experts (edp) and divided by dp. DDP leaves them out: one flat all-reduce here.
         FSDP2 has averaged them over edp: scaled by edp / dp."""
-        names = set(expert_parameter_names(self.gpt))
-        grads = [_local(p.grad) for name, p in self.gpt.named_parameters() if name in names and p.grad is not None]
+        grads = [_local(p.grad) for p in self._expert_parameters if p.grad is not None]
         if self.data_parallel == "fsdp2":
             torch._foreach_mul_(grads, 1.0 / self.ctx.dims.ep)
             return
+        self._all_reduce_mean(grads, "edp")
+
+    def _all_reduce_mean(self, grads: list[torch.Tensor], dim: str) -> None:
+        """``grads`` summed over the mesh dimension ``dim`` in one flat all-reduce and divided by dp
+        (the mean over the global batch), in place."""
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self.ctx.all_reduce(flat, "edp")
+        self.ctx.all_reduce(flat, dim)
         flat /= self.ctx.dims.dp
         torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in grads]),
                                                                           grads, strict=True)])

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hwbench.checkpoint import (
@@ -105,10 +104,7 @@ def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_h
             plan = _first_plan(spec)
             _write_restart_file(run_dir, {"start_iteration": plan.start_iteration, "end_iteration": plan.end_iteration,
                                           "load": plan.load, "restarts": []})
-    if ctx.distributed:
-        box = [plan]
-        dist.broadcast_object_list(box, src=0)
-        plan = box[0]
+    plan = ctx.broadcast_object(plan)
     assert plan is not None  # rank 0 made it; the others received it
     return plan
 
