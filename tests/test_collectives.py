@@ -66,6 +66,8 @@ def test_the_check_counts_wrong_values():
     (["--nproc-per-node", "1"], ["--nproc-per-node 1", "at least 2 ranks"]),
     (["--slow-link", "--slow-threshold", "half"], ["--slow-threshold", "'half'"]),
     (["--slow-link", "--slow-threshold", "1500%"], ["--slow-threshold", "'1500%'", "below 1000%"]),
+    (["--slow-threshold", "abc"], ["--slow-threshold", "'abc'"]),  # refused without --slow-link too
+    (["--ring-bytes", "xyz"], ["--ring-bytes", "'xyz'", "not a size"]),
     (["--max-bytes", "2", "--min-bytes", "1"], ["--max-bytes 2 B", "no float32 element"]),
     (["--slow-link", "--ring-bytes", "3"], ["--ring-bytes 3 B", "no float32 element"]),
     (["--warmup", "-1"], ["--warmup -1", "from 0 to 100000"]),

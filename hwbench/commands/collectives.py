@@ -9,6 +9,7 @@ import sys
 
 from hwbench.arguments import argument
 from hwbench.device.kinds import DEVICE_CHOICES
+from hwbench.fabric.collectives import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
 
 DESCRIPTION = ("Measure collectives between the ranks of this node (or of several: srun one task per node) on the "
                "device's collective backend (gloo on the CPU, NCCL, RCCL, HCCL): for each message size from "
@@ -18,6 +19,7 @@ DESCRIPTION = ("Measure collectives between the ranks of this node (or of severa
                "a ring of send/recv pairs that names every link slower than the others (docs/collectives.md). "
                "Writes one result file to --out.")
 DEFAULT_RING_BYTES = "1MiB"
+DEFAULT_MAX_TEXT = f"{DEFAULT_MAX_BYTES // 2 ** 20}MiB"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collectives", default="all",
                         help="all (default), or comma-separated of all_reduce, all_gather, reduce_scatter, "
                              "all_to_all, broadcast, send_recv")
-    parser.add_argument("--min-bytes", default="8", help="smallest message, e.g. 8 or 1KiB (default 8)")
-    parser.add_argument("--max-bytes", default="64MiB", help="largest message, e.g. 64MiB (default 64MiB)")
+    parser.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES),
+                        help=f"smallest message, e.g. 8 or 1KiB (default {DEFAULT_MIN_BYTES})")
+    parser.add_argument("--max-bytes", default=DEFAULT_MAX_TEXT,
+                        help=f"largest message, e.g. 64MiB (default {DEFAULT_MAX_TEXT})")
     parser.add_argument("--warmup", default="5", type=argument("--warmup", int, minimum=0, maximum=100_000),
                         help="untimed calls before each size (default 5)")
     parser.add_argument("--iters", default="20", type=argument("--iters", int, minimum=1, maximum=100_000),
@@ -71,16 +75,15 @@ def main(args: argparse.Namespace) -> int:
 
     nodes = nodes_from_slurm()
     check_world_size(args.nproc_per_node * (nodes.nnodes if nodes else 1))
-    ring = None
     settings = CollectiveSettings(names, min_bytes, max_bytes, args.warmup, args.iters, args.check, args.timeout)
-    if args.slow_link:
-        from hwbench.fabric.collectives import MAX_SLOW_THRESHOLD
-        from hwbench.fabric.ring import RingSettings
+    # checked whether or not --slow-link is given: a wrong value is refused, never silently unused
+    from hwbench.fabric.collectives import MAX_SLOW_THRESHOLD
+    from hwbench.fabric.ring import RingSettings
 
-        ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
-        check_ring_bytes(ring_bytes)
-        ring = RingSettings(ring_bytes, args.warmup, args.iters,
-                            parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD))
+    ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
+    check_ring_bytes(ring_bytes)
+    slow_threshold = parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD)
+    ring = RingSettings(ring_bytes, args.warmup, args.iters, slow_threshold) if args.slow_link else None
     from hwbench.fabric.launch import CollectivesJob, NodeDone, run_on_node
     from hwbench.fabric.result import write_collectives
     from hwbench.fabric.table import collectives_table
