@@ -499,3 +499,18 @@ def test_srun_one_task_per_node_places_this_node_and_more_tasks_are_refused(monk
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "2 tasks on this node; accepted: one task per node" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_copied_collectives_file_is_read_once_and_named(tmp_path):
+    """A result copied beside its original would count twice in a baseline's n and an export's median,
+    as a copied run would pass for a repeat: the second file is left out, naming the first."""
+    import shutil
+
+    from hwbench.fabric.result import read_collectives
+
+    original = _result_file(tmp_path / "a", "c1", 10.0)
+    shutil.copy(original, tmp_path / "copy.json")
+    found, skipped = read_collectives([tmp_path])
+    assert len(found) == 1
+    [(path, reason)] = skipped
+    assert "run " in reason and "was already read from" in reason and str(found[0][1]) in reason

@@ -272,10 +272,13 @@ def write_collectives(result: CollectivesResult, out_dir: str | os.PathLike) -> 
 
 def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[CollectivesResult, Path]],
                                                             list[tuple[Path, str]]]:
-    """(result, file) of every collectives result under ``paths``, and (file, reason) of each file
-    that says it is one and cannot be read; files of other kinds are passed over (their readers
-    name them)."""
-    found, skipped = [], []
+    """(result, file) of every collectives result under ``paths``, each run once (as
+    hwbench.result.store.read_results reads runs), and (file, reason) of each file that says it is
+    one and cannot be read or repeats a run already read; files of other kinds are passed over
+    (their readers name them)."""
+    found: list[tuple[CollectivesResult, Path]] = []
+    skipped: list[tuple[Path, str]] = []
+    read_from: dict[str, Path] = {}
     for path in result_files(paths):
         if not Path(path).is_file():
             continue  # a FIFO or device is not opened (it could block): the run reader names it
@@ -286,7 +289,14 @@ def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[Collect
         if not is_collectives_file(data):
             continue
         try:
-            found.append((from_data(data, str(path)), Path(path)))
+            result = from_data(data, str(path))
         except CollectivesFormatError as error:
             skipped.append((Path(path), str(error)))
+            continue
+        if result.run_id in read_from:  # a copy would count twice in a baseline's and an export's figures
+            first = read_from[result.run_id]
+            skipped.append((Path(path), f"{path}: run {result.run_id} was already read from {first}"))
+            continue
+        read_from[result.run_id] = Path(path)
+        found.append((result, Path(path)))
     return found, skipped
