@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from hwbench.device.kinds import DEVICE_KINDS, KINDS
 from hwbench.errors import UsageError
-from hwbench.spec import ENGINES, RunSpec
+from hwbench.spec import ENGINES, RunSpec, expert_parallel_degrees
 from hwbench.units import GIB, parse_size  # noqa: F401  (parse_size: planner.parse_size, as before)
 from hwbench.workload.config import CROSS_ENTROPY_CHUNK_TOKENS, GPTConfig, stage_layers
 from hwbench.workload.params import count_parameters
@@ -695,8 +695,8 @@ def variants(tp: int, pp: int, dp: int, engines: Sequence[str] = ENGINES, expert
         if dp > 1:
             found.append(Variant("native", fsdp=True))
         if experts and tp == 1 and pp == 1:
-            found += [Variant("native", fsdp=fsdp, ep=ep) for ep in range(2, min(experts, dp) + 1)
-                      if experts % ep == 0 and dp % ep == 0 for fsdp in (False, True)]
+            found += [Variant("native", fsdp=fsdp, ep=ep) for ep in expert_parallel_degrees(experts, dp) if ep > 1
+                      for fsdp in (False, True)]
     if "deepspeed" in engines and tp == 1 and pp == 1:
         found += [Variant("deepspeed", zero=zero) for zero in range(4 if dp > 1 else 1)]
     return found

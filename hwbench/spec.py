@@ -355,6 +355,12 @@ def _check_moe_layout(workload: Workload, engine: str, tp: int, pp: int) -> None
                              f"{_divisors(math.gcd(width, model.num_attention_heads, model.kv_heads))}")
 
 
+def expert_parallel_degrees(experts: int, dp: int) -> list[int]:
+    """The --ep a mixture of ``experts`` experts takes over ``dp`` data-parallel ranks: each divides
+    both (a rank holds whole experts; ep ranks of one group hold every expert once)."""
+    return [d for d in range(1, min(experts, dp) + 1) if experts % d == 0 and dp % d == 0]
+
+
 def _expert_parallel(ep: int, workload: Workload, dp: int, tp: int, pp: int) -> int:
     """--ep for this model and layout: 1 for a dense model; else a divisor of both the experts
     (each rank holds E / ep whole experts) and dp (ep ranks of one group hold every expert once),
@@ -369,7 +375,7 @@ def _expert_parallel(ep: int, workload: Workload, dp: int, tp: int, pp: int) -> 
         raise UsageError(f"--ep {ep} with --model {workload.name}: expert parallelism splits the experts of a "
                          f"mixture-of-experts model, and {workload.name} is dense; accepted: --ep 1, or a model "
                          "with experts (`hwbench models` lists their experts)")
-    accepted = ", ".join(str(d) for d in range(1, min(experts, dp) + 1) if experts % d == 0 and dp % d == 0)
+    accepted = ", ".join(map(str, expert_parallel_degrees(experts, dp)))
     if experts % ep:
         raise UsageError(f"--ep {ep} does not divide the {experts} experts of --model {workload.name}; accepted: "
                          f"{accepted} (divisors of the experts and of the data-parallel size {dp})")
