@@ -1,4 +1,4 @@
-"""hwbench: benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.
+"""hwbench: benchmark GPT training across NVIDIA and AMD GPUs, Ascend NPUs, Intel Gaudi and CPUs.
 
 The way one benchmark point travels (docs/architecture.md):
 CLI -> RunSpec (hwbench.spec) -> worker (hwbench.harness.worker) using a device

@@ -143,7 +143,7 @@ def note(line: str) -> None:
 def _top_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hwbench",
-        description="Benchmark GPT training across NVIDIA GPUs, Ascend NPUs and CPUs.",
+        description="Benchmark GPT training across NVIDIA and AMD GPUs, Ascend NPUs, Intel Gaudi and CPUs.",
         epilog="`hwbench COMMAND --help` for each command's options.",
     )
     parser.add_argument("--version", action="version", version=f"hwbench {__version__}")

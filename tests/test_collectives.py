@@ -442,7 +442,7 @@ def test_the_table_shows_busbw_as_a_fraction_of_the_catalog_s_link():
     assert "# link: mi300x AMD Infinity Fabric (7 links to the other GPUs of the platform), 448 GB/s each way" in table
     assert " 224.000  50.0% " in table
     table = collectives_table(_result_file_data("NVIDIA H100 PCIe", "cuda", 225.0))
-    assert "# no link figure for h100-pcie: not yet read from a data sheet" in table and "50.0%" not in table
+    assert "# no link figure for h100-pcie: not read from a data sheet" in table and "50.0%" not in table
 
 
 def _result_file_data(device_model: str, device: str, busbw: float):

@@ -227,7 +227,7 @@ class CpuBackend(Backend):
         if units is None or set(units) & _cpu_flags():
             return None
         return (f"this CPU ({_cpu_model()}) has no {precision} matrix units ({', '.join(units)}), so torch emulates "
-                f"{precision}: about 13x slower than fp32 where measured (an AMD EPYC with AVX2 only)")
+                f"{precision}, many times slower than fp32 (docs/performance.md, 'CPU precisions')")
 
     def fp8_units(self, block_scaled: bool) -> tuple[bool | None, str]:
         return False, f"this CPU ({_cpu_model()}) has no FP8 matrix units"
