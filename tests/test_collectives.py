@@ -275,6 +275,29 @@ def _result_file(folder: Path, run_id: str, busbw: float, wrong: int = 0) -> Pat
     return write_collectives(result, folder)
 
 
+def test_one_key_names_a_row_alike_in_compare_baselines_and_exports(tmp_path):
+    """Compare, the baseline file and the exports key and label a row by CollectiveKey, its size in
+    bytes as the nccl-tests table prints it; a baseline entry (its JSON shape as written) reads into
+    the same key; two sizes one decimal of KiB spells alike (2000 B, 2048 B) keep two labels."""
+    import dataclasses
+
+    from hwbench.exports.figures import collective_figures
+    from hwbench.fabric.table import collectives_table
+    from hwbench.judge.collectives import compare_collectives
+    from hwbench.judge.collectives_baseline import CollectivesBaselinePoint, build_points
+
+    result = load_collectives(_result_file(tmp_path, "c1", 10.0))
+    [figure] = collective_figures([result])
+    [entry] = build_points([result])
+    [point] = compare_collectives([result], [result], 0.05)["points"]
+    label = "all_reduce in place 1048576 B, 2 ranks on 1 host (cpu test cpu, gloo, float32)"
+    assert figure.key.label() == entry["label"] == point.label == label
+    assert CollectivesBaselinePoint.model_validate(json.loads(json.dumps(entry))).collective_key == figure.key
+    assert f"{2 ** 20:>12} " in collectives_table(result)
+    labels = {dataclasses.replace(figure.key, size_bytes=size).label() for size in (2000, 2048)}
+    assert labels == {label.replace("1048576 B", "2000 B"), label.replace("1048576 B", "2048 B")}
+
+
 def test_run_readers_pass_over_collectives_files(tmp_path):
     from hwbench.fabric.result import KIND
     from hwbench.result.store import OTHER_KINDS, read_results

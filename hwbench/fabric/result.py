@@ -17,7 +17,6 @@ from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import Environment
-from hwbench.units import human_bytes
 
 KIND: Literal["collectives"] = "collectives"
 SCHEMA_VERSION: Literal[2] = 2
@@ -147,9 +146,10 @@ SCOPE_TEXT = {SCOPE_ALL: "", "intra_node": " within each node", "inter_node": " 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class CollectiveKey:
-    """One busbw series: a result's point key (POINT_FIELDS), the ranks measured (``scope``: all of
-    them, or a multi-node run's intra_node or inter_node groups), the collective, its form and size.
-    The history stores the point key of the run, the rest is in the figure's name (``figure_name``)."""
+    """One busbw figure's identity, the one key of a collectives row that compare, baselines, the
+    history and the exports read: a result's point key (POINT_FIELDS), the ranks measured (``scope``:
+    all of them, or a multi-node run's intra_node or inter_node groups), the collective, its form and
+    size. The history stores the point key of the run, the rest in the figure's name (``figure_name``)."""
 
     device: str
     device_model: str | None
@@ -163,11 +163,21 @@ class CollectiveKey:
     size_bytes: int
 
     @classmethod
+    def of(cls, result: CollectivesResult, row: Row, scope: str = SCOPE_ALL) -> CollectiveKey:
+        return cls(**dict(zip(POINT_FIELDS, result.point_key, strict=True)), scope=scope,
+                   collective=row.collective, in_place=row.in_place, size_bytes=row.size_bytes)
+
+    @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(field.name for field in dataclasses.fields(cls))
 
     def values(self) -> tuple:
         return dataclasses.astuple(self)
+
+    @property
+    def point_key(self) -> tuple:
+        """CollectivesResult.point_key of the result the figure is of."""
+        return self.values()[:len(POINT_FIELDS)]
 
     def figure_name(self) -> str:
         """The history's name of this key's busbw: busbw_gbs/SCOPE/COLLECTIVE/FORM/SIZE."""
@@ -184,13 +194,15 @@ class CollectiveKey:
         return cls(**dict(zip(POINT_FIELDS, point, strict=True)), scope=parts[1], collective=parts[2],
                    in_place=parts[3] == "in_place", size_bytes=int(parts[4]))
 
-    def label(self, among: object = ()) -> str:
-        """'all_reduce in place 1 MiB on NVIDIA H100 nccl, 16 ranks on 2 hosts' (between nodes: the
-        inter-node groups' figure)."""
-        hosts = f" on {self.hosts} hosts" if self.hosts > 1 else ""
-        return (f"{self.collective} {'in place' if self.in_place else 'out of place'} {human_bytes(self.size_bytes)}"
-                f"{SCOPE_TEXT[self.scope]} on {self.device_model or self.device} {self.dist_backend}, "
-                f"{self.world_size} ranks{hosts}")
+    def label(self) -> str:
+        """'all_reduce in place 1048576 B between nodes, 16 ranks on 2 hosts (cuda NVIDIA H100, nccl,
+        float32)': every field, so two keys never share a label (the CI exports name a series by it).
+        The size in bytes, as nccl-tests' table and ours write it: exact, where one decimal of KiB
+        would spell 2000 B and 2048 B alike."""
+        where = f"{self.device} {self.device_model}" if self.device_model else self.device
+        return (f"{self.collective} {'in' if self.in_place else 'out of'} place {self.size_bytes} B"
+                f"{SCOPE_TEXT[self.scope]}, {self.world_size} ranks on {self.hosts} "
+                f"host{'s' if self.hosts != 1 else ''} ({where}, {self.dist_backend}, {self.dtype})")
 
 
 BUSBW_PREFIX = "busbw_gbs"
@@ -201,10 +213,8 @@ def busbw_figures(result: CollectivesResult) -> list[tuple[CollectiveKey, float]
     check found wrong values is no figure (nor is a failed result's, which has no rows)."""
     if result.status != "ok":
         return []
-    base = dict(zip(POINT_FIELDS, result.point_key, strict=True))
     tables = [(SCOPE_ALL, result.rows), *((scope.scope, scope.rows) for scope in result.scopes)]
-    return [(CollectiveKey(**base, scope=scope, collective=row.collective, in_place=row.in_place,
-                           size_bytes=row.size_bytes), row.busbw_gbs)
+    return [(CollectiveKey.of(result, row, scope), row.busbw_gbs)
             for scope, rows in tables for row in rows if row.busbw_gbs is not None and not row.wrong]
 
 
