@@ -363,6 +363,33 @@ def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
     assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out
 
 
+def test_compare_and_report_read_each_file_once_runs_and_collectives_alike(tmp_path, monkeypatch, capsys):
+    """One reader (hwbench.result.store.read_files) sorts each file by its kind: compare and report open
+    every input file once, whether it holds a run or a collectives result."""
+    import collections
+    import shutil
+
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    files = {"base": _result_file(tmp_path / "base", "b1", 10.0), "cur": _result_file(tmp_path / "cur", "c1", 10.0)}
+    for side in files:
+        shutil.copy(run, tmp_path / side / run.name)
+    texts = {files["base"].read_text(): "b1", files["cur"].read_text(): "c1", run.read_text(): "run"}
+    parsed: collections.Counter = collections.Counter()
+    loads = json.loads
+
+    def counting(text, *args, **kwargs):
+        parsed.update([texts.get(text.decode() if isinstance(text, bytes) else text)])
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 0
+    assert (parsed["b1"], parsed["c1"], parsed["run"]) == (1, 1, 2)  # the run: one file on each side
+    parsed.clear()
+    assert main(["report", str(tmp_path / "base")]) == 0
+    assert "## Collectives" in capsys.readouterr().out
+    assert (parsed["b1"], parsed["run"]) == (1, 1)
+
+
 # --- baselines and acceptance ------------------------------------------------
 
 
@@ -529,7 +556,7 @@ def test_a_copied_collectives_file_is_read_once_and_named(tmp_path):
     as a copied run would pass for a repeat: the second file is left out, naming the first."""
     import shutil
 
-    from hwbench.fabric.result import read_collectives
+    from hwbench.result.store import read_collectives
 
     original = _result_file(tmp_path / "a", "c1", 10.0)
     shutil.copy(original, tmp_path / "copy.json")

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hwbench import __version__
 from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
-from hwbench.paths import result_files
 from hwbench.result.model import Environment
 
 KIND: Literal["collectives"] = "collectives"
@@ -278,35 +277,3 @@ def write_collectives(result: CollectivesResult, out_dir: str | os.PathLike) -> 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(folder / f"{result.run_id}.json", result.model_dump(mode="json", exclude_none=False))
-
-
-def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[CollectivesResult, Path]],
-                                                            list[tuple[Path, str]]]:
-    """(result, file) of every collectives result under ``paths``, each run once (as
-    hwbench.result.store.read_results reads runs), and (file, reason) of each file that says it is
-    one and cannot be read or repeats a run already read; files of other kinds are passed over
-    (their readers name them)."""
-    found: list[tuple[CollectivesResult, Path]] = []
-    skipped: list[tuple[Path, str]] = []
-    read_from: dict[str, Path] = {}
-    for path in result_files(paths):
-        if not Path(path).is_file():
-            continue  # a FIFO or device is not opened (it could block): the run reader names it
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError, RecursionError):
-            continue  # the run reader names a file that is no JSON
-        if not is_collectives_file(data):
-            continue
-        try:
-            result = from_data(data, str(path))
-        except CollectivesFormatError as error:
-            skipped.append((Path(path), str(error)))
-            continue
-        if result.run_id in read_from:  # a copy would count twice in a baseline's and an export's figures
-            first = read_from[result.run_id]
-            skipped.append((Path(path), f"{path}: run {result.run_id} was already read from {first}"))
-            continue
-        read_from[result.run_id] = Path(path)
-        found.append((result, Path(path)))
-    return found, skipped
