@@ -26,6 +26,19 @@ def collectives(out: Path, *options: str, env: dict[str, str] | None = None) -> 
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
 
 
+def test_each_collective_s_factor_text_is_its_factor():
+    """The table's and the docs' text of a factor ('2(n-1)/n') evaluates to the factor it names, for any n,
+    and docs/collectives.md's table writes that text."""
+    import re
+
+    doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
+    for name, collective in COLLECTIVES.items():
+        expression = re.sub(r"(\d)\(", r"\1*(", collective.factor.text)  # 2(n-1)/n: 2 times (n-1), over n
+        for n in range(2, 10):
+            assert eval(expression, {"n": n}) == pytest.approx(collective.bus_factor(n)), (name, n)
+        assert re.search(rf"^\| `{name}` \|.*\| {re.escape(collective.factor.text)} \|$", doc, re.M), name
+
+
 def test_bus_factors_are_nccl_tests():
     """doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
     all-to-all (n-1)/n; broadcast and send/recv 1."""

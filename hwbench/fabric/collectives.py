@@ -12,6 +12,25 @@ from hwbench.units import human_bytes
 
 
 @dataclasses.dataclass(frozen=True)
+class BusFactor:
+    """busbw / algbw of n ranks, ``times`` x (n - ``minus``) / n: the one declaration of a collective's
+    factor (nccl-tests' doc/PERFORMANCE.md), from which its figure and its text are both made."""
+
+    times: int = 1
+    minus: int = 0
+
+    def of(self, world_size: int) -> float:
+        return self.times * (world_size - self.minus) / world_size
+
+    @property
+    def text(self) -> str:
+        """As docs/collectives.md writes it: '2(n-1)/n', '(n-1)/n', '1'."""
+        if self.minus == 0:
+            return str(self.times)
+        return f"{self.times if self.times != 1 else ''}(n-{self.minus})/n"
+
+
+@dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective. ``size`` is nccl-tests' size: the bytes of the largest buffer a rank holds
     (all-gather's output, reduce-scatter's input). ``divides``: the size is cut to a multiple of
@@ -22,26 +41,22 @@ class Collective:
     divides: bool
     in_place: bool
     out_of_place: bool
-    bus_factor_text: str  # as docs/collectives.md writes it
+    factor: BusFactor
 
     def bus_factor(self, world_size: int) -> float:
         """busbw / algbw (nccl-tests' doc/PERFORMANCE.md)."""
-        n = world_size
-        if self.name == "all_reduce":
-            return 2 * (n - 1) / n
-        if self.name in ("all_gather", "reduce_scatter", "all_to_all"):
-            return (n - 1) / n
-        return 1.0
+        return self.factor.of(world_size)
 
 
+SHARE = BusFactor(1, 1)  # each rank moves the others' shares: (n-1)/n
 COLLECTIVES = {c.name: c for c in (
     # torch's all_reduce, all_to_all_single, broadcast and batched send/recv have one form each
-    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, bus_factor_text="2(n-1)/n"),
-    Collective("all_gather", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("broadcast", divides=False, in_place=True, out_of_place=False, bus_factor_text="1"),
-    Collective("send_recv", divides=False, in_place=False, out_of_place=True, bus_factor_text="1"),
+    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, factor=BusFactor(2, 1)),
+    Collective("all_gather", divides=True, in_place=True, out_of_place=True, factor=SHARE),
+    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, factor=SHARE),
+    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, factor=SHARE),
+    Collective("broadcast", divides=False, in_place=True, out_of_place=False, factor=BusFactor()),
+    Collective("send_recv", divides=False, in_place=False, out_of_place=True, factor=BusFactor()),
 )}
 NO_FORM = {  # why a collective has no figure in one of the two columns
     "all_reduce": "torch's all_reduce has no out-of-place form (it reduces into the buffer it is given)",
