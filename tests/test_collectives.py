@@ -60,6 +60,20 @@ def test_sizes_double_and_shares_are_whole():
     assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
 
 
+@pytest.mark.parametrize("size", [2, "4KiB", True, 3.5])
+def test_a_message_size_is_refused_in_one_line_naming_option_value_and_what_is_accepted(size):
+    """The one check of a message size, for argv (parsed to bytes) and the Python API's values alike."""
+    from hwbench.errors import UsageError
+    from hwbench.fabric.collectives import check_message_bytes
+
+    with pytest.raises(UsageError) as refused:
+        check_message_bytes(size, "--ring-bytes")
+    shown = "2 B" if size == 2 and not isinstance(size, bool) else repr(size)
+    assert str(refused.value) == (f"--ring-bytes {shown} holds no float32 element; accepted: a size of at least "
+                                  "4 B, e.g. 4KiB")
+    check_message_bytes(4, "--ring-bytes")
+
+
 def test_the_check_counts_wrong_values():
     """A call that did nothing leaves each rank's own pattern where the sum of both must be."""
     import torch

@@ -110,19 +110,21 @@ def parse_collectives(text: str) -> tuple[str, ...]:
     return names
 
 
-def check_sizes(min_bytes: int, max_bytes: int) -> None:
-    if max_bytes < ELEMENT_BYTES:
-        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} holds no float32 element; accepted: a size of at "
-                         f"least {ELEMENT_BYTES} B")
+def check_message_bytes(size: object, option: str) -> None:
+    """A message size of ``option``: whole bytes holding at least one float32 element."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < ELEMENT_BYTES:
+        shown = human_bytes(size) if isinstance(size, int) and not isinstance(size, bool) else repr(size)
+        raise UsageError(f"{option} {shown} holds no float32 element; accepted: a size of at least {ELEMENT_BYTES} B, "
+                         "e.g. 4KiB")
+
+
+def check_sizes(min_bytes: int, max_bytes: int, min_option: str, max_option: str) -> None:
+    """The doubling sizes' range (``min_option`` to ``max_option``): the largest holds an element and
+    is at least the smallest (a smallest below one element gives sizes that are left out, as nccl-tests')."""
+    check_message_bytes(max_bytes, max_option)
     if max_bytes < min_bytes:
-        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} is below --min-bytes {human_bytes(min_bytes)}; "
-                         "accepted: a size at least --min-bytes")
-
-
-def check_ring_bytes(size: int) -> None:
-    if size < ELEMENT_BYTES:
-        raise UsageError(f"--ring-bytes {human_bytes(size)} holds no float32 element; accepted: a size of at least "
-                         f"{ELEMENT_BYTES} B")
+        raise UsageError(f"{max_option} {human_bytes(max_bytes)} is below {min_option} {human_bytes(min_bytes)}; "
+                         f"accepted: a size at least {min_option}")
 
 
 def check_world_size(world_size: int, option: str = "--nproc-per-node") -> None:
