@@ -33,10 +33,10 @@ def test_each_collective_s_factor_text_is_its_factor():
 
     doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
     for name, collective in COLLECTIVES.items():
-        expression = re.sub(r"(\d)\(", r"\1*(", collective.factor.text)  # 2(n-1)/n: 2 times (n-1), over n
+        expression = re.sub(r"(\d)\(", r"\1*(", collective.bus_factor_text)  # 2(n-1)/n: 2 times (n-1), over n
         for n in range(2, 10):
             assert eval(expression, {"n": n}) == pytest.approx(collective.bus_factor(n)), (name, n)
-        assert re.search(rf"^\| `{name}` \|.*\| {re.escape(collective.factor.text)} \|$", doc, re.M), name
+        assert re.search(rf"^\| `{name}` \|.*\| {re.escape(collective.bus_factor_text)} \|$", doc, re.M), name
 
 
 def test_bus_factors_are_nccl_tests():
@@ -326,12 +326,12 @@ def test_one_key_names_a_row_alike_in_compare_baselines_and_exports(tmp_path):
 
 
 def test_run_readers_pass_over_collectives_files(tmp_path):
-    from hwbench.fabric.result import KIND
-    from hwbench.result.store import OTHER_KINDS, read_results
+    from hwbench.result.store import OtherKindOfResult, load_result, read_results
 
-    _result_file(tmp_path, "c1", 10.0)
-    assert KIND in OTHER_KINDS
+    path = _result_file(tmp_path, "c1", 10.0)
     assert read_results(tmp_path) == ([], [])  # not a damaged run
+    with pytest.raises(OtherKindOfResult, match="a collectives result, not a run's"):
+        load_result(path)
 
 
 @pytest.mark.parametrize(("current", "wrong", "status", "verdict"), [
@@ -583,11 +583,12 @@ def test_a_copied_collectives_file_is_read_once_and_named(tmp_path):
     as a copied run would pass for a repeat: the second file is left out, naming the first."""
     import shutil
 
-    from hwbench.result.store import read_collectives
+    from hwbench.result.store import read_files
 
     original = _result_file(tmp_path / "a", "c1", 10.0)
     shutil.copy(original, tmp_path / "copy.json")
-    found, skipped = read_collectives([tmp_path])
+    files = read_files([tmp_path])
+    found, skipped = files.collectives, files.skipped_collectives
     assert len(found) == 1
     [(path, reason)] = skipped
     assert "run " in reason and "was already read from" in reason and str(found[0][1]) in reason

@@ -12,51 +12,38 @@ from hwbench.units import human_bytes
 
 
 @dataclasses.dataclass(frozen=True)
-class BusFactor:
-    """busbw / algbw of n ranks, ``times`` x (n - ``minus``) / n: the one declaration of a collective's
-    factor (nccl-tests' doc/PERFORMANCE.md), from which its figure and its text are both made."""
-
-    times: int = 1
-    minus: int = 0
-
-    def of(self, world_size: int) -> float:
-        return self.times * (world_size - self.minus) / world_size
-
-    @property
-    def text(self) -> str:
-        """As docs/collectives.md writes it: '2(n-1)/n', '(n-1)/n', '1'."""
-        if self.minus == 0:
-            return str(self.times)
-        return f"{self.times if self.times != 1 else ''}(n-{self.minus})/n"
-
-
-@dataclasses.dataclass(frozen=True)
 class Collective:
     """One collective. ``size`` is nccl-tests' size: the bytes of the largest buffer a rank holds
     (all-gather's output, reduce-scatter's input). ``divides``: the size is cut to a multiple of
     the world size's elements (each rank's share is whole). ``in_place``: torch has an in-place
-    form of it; ``out_of_place``: an out-of-place one."""
+    form of it; ``out_of_place``: an out-of-place one. ``factor``: busbw / algbw of n ranks is
+    times x (n - minus) / n (nccl-tests' doc/PERFORMANCE.md), its figure and its text made from it."""
 
     name: str
     divides: bool
     in_place: bool
     out_of_place: bool
-    factor: BusFactor
+    factor: tuple[int, int]  # (times, minus)
 
     def bus_factor(self, world_size: int) -> float:
-        """busbw / algbw (nccl-tests' doc/PERFORMANCE.md)."""
-        return self.factor.of(world_size)
+        times, minus = self.factor
+        return times * (world_size - minus) / world_size
+
+    @property
+    def bus_factor_text(self) -> str:
+        """As docs/collectives.md writes it: '2(n-1)/n', '(n-1)/n', '1'."""
+        times, minus = self.factor
+        return f"{times if times != 1 else ''}(n-{minus})/n" if minus else str(times)
 
 
-SHARE = BusFactor(1, 1)  # each rank moves the others' shares: (n-1)/n
 COLLECTIVES = {c.name: c for c in (
     # torch's all_reduce, all_to_all_single, broadcast and batched send/recv have one form each
-    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, factor=BusFactor(2, 1)),
-    Collective("all_gather", divides=True, in_place=True, out_of_place=True, factor=SHARE),
-    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, factor=SHARE),
-    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, factor=SHARE),
-    Collective("broadcast", divides=False, in_place=True, out_of_place=False, factor=BusFactor()),
-    Collective("send_recv", divides=False, in_place=False, out_of_place=True, factor=BusFactor()),
+    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, factor=(2, 1)),
+    Collective("all_gather", divides=True, in_place=True, out_of_place=True, factor=(1, 1)),
+    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, factor=(1, 1)),
+    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, factor=(1, 1)),
+    Collective("broadcast", divides=False, in_place=True, out_of_place=False, factor=(1, 0)),
+    Collective("send_recv", divides=False, in_place=False, out_of_place=True, factor=(1, 0)),
 )}
 NO_FORM = {  # why a collective has no figure in one of the two columns
     "all_reduce": "torch's all_reduce has no out-of-place form (it reduces into the buffer it is given)",
@@ -112,8 +99,8 @@ def parse_collectives(text: str) -> tuple[str, ...]:
 
 def check_message_bytes(size: object, option: str) -> None:
     """A message size of ``option``: whole bytes holding at least one float32 element."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < ELEMENT_BYTES:
-        shown = human_bytes(size) if isinstance(size, int) and not isinstance(size, bool) else repr(size)
+    if type(size) is not int or size < ELEMENT_BYTES:  # a bool is an int, and no size
+        shown = human_bytes(size) if type(size) is int else repr(size)
         raise UsageError(f"{option} {shown} holds no float32 element; accepted: a size of at least {ELEMENT_BYTES} B, "
                          "e.g. 4KiB")
 

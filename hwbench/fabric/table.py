@@ -51,7 +51,7 @@ def _rows_lines(rows: list[Row], link: LinkFigure) -> list[str]:
     lines = []
     header = f"{'time':>10} {'algbw':>8} {'busbw':>8} {'link':>6} {'#wrong':>7} {'min':>10} {'max':>10}"
     for name in dict.fromkeys(row.collective for row in rows):
-        lines += ["", f"## {name} (busbw = algbw x {COLLECTIVES[name].factor.text})",
+        lines += ["", f"## {name} (busbw = algbw x {COLLECTIVES[name].bus_factor_text})",
                   f"{'':23}| {'out-of-place':^65} | {'in-place':^65}",
                   f"{'size (B)':>12} {'count':>10} | {header} | {header}"]
         sizes: dict[int, dict[bool, Row]] = {}

@@ -15,13 +15,12 @@ import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
-from hwbench.fabric.result import KIND as COLLECTIVES_KIND
-from hwbench.fabric.result import CollectivesFormatError, CollectivesResult, is_collectives_file
-from hwbench.fabric.result import from_data as collectives_from_data
+from hwbench.fabric import result as collectives_file
 from hwbench.files import json_text, write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
@@ -38,7 +37,7 @@ class OtherKindOfResult(ResultFormatError):
     sorts it to its kind; load_result refuses it."""
 
 
-OTHER_KINDS = (COLLECTIVES_KIND,)
+R = TypeVar("R", RunResult, collectives_file.CollectivesResult)
 
 
 def utc_now() -> str:
@@ -136,7 +135,7 @@ def _run_from(path: Path, data: object) -> RunResult:
     """A run's result of a file's JSON, brought to the current schema and validated."""
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
-    if data.get("kind") in OTHER_KINDS:
+    if collectives_file.is_collectives_file(data):
         raise OtherKindOfResult(f"{path}: a {data['kind']} result, not a run's")
     try:
         return RunResult.from_dict(data)
@@ -161,14 +160,11 @@ Paths = str | os.PathLike | Iterable[str | os.PathLike]
 
 @dataclasses.dataclass
 class ResultFiles:
-    """The results under some paths, each file read once and sorted by its ``kind``, each run of a
-    kind once: a second copy of a run already read (a folder given twice, a result copied beside
-    its original) is left out naming the first, as it would pass for a repeat in a comparison, a
-    baseline's n or an export's median. ``skipped_runs``: files that are no readable result (and
-    copies of runs); ``skipped_collectives``: collectives files that cannot be read (and copies)."""
+    """The results under some paths by ``kind``, each run of a kind once (read_files); ``skipped_runs``:
+    files that are no readable result, ``skipped_collectives``: collectives files that cannot be read."""
 
     runs: list[tuple[RunResult, Path]] = dataclasses.field(default_factory=list)
-    collectives: list[tuple[CollectivesResult, Path]] = dataclasses.field(default_factory=list)
+    collectives: list[tuple[collectives_file.CollectivesResult, Path]] = dataclasses.field(default_factory=list)
     skipped_runs: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
     skipped_collectives: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
 
@@ -178,58 +174,42 @@ class ResultFiles:
 
 
 def read_files(paths: Paths) -> ResultFiles:
-    """Every result file under ``paths``, read once (the one reader of both kinds)."""
+    """Every result file under ``paths`` read once, the one reader of both kinds. A second copy of
+    a run already read (a folder given twice, a result copied beside its original) is left out
+    naming the first: it would pass for a repeat in a comparison, a baseline's n, an export's median."""
     files = ResultFiles()
-    runs_from: dict[str, tuple[RunResult, Path]] = {}
-    collectives_from: dict[str, Path] = {}
+    first: dict[tuple[type, str], tuple[Any, Path]] = {}  # (kind's type, run id): the first read and its file
     for path in result_files(paths):
         try:
             data = _read_json(path)
-            if is_collectives_file(data):
-                _add_collectives(files, path, data, collectives_from)
+            if collectives_file.is_collectives_file(data):
+                result = collectives_file.from_data(data, str(path))
+                _add(files.collectives, files.skipped_collectives, path, result, first)
             else:
-                _add_run(files, path, _run_from(path, data), runs_from)
+                _add(files.runs, files.skipped_runs, path, _run_from(path, data), first)
+        except collectives_file.CollectivesFormatError as error:
+            files.skipped_collectives.append((path, str(error)))
         except ResultFormatError as error:
             files.skipped_runs.append((path, str(error)))
     return files
 
 
-def _add_run(files: ResultFiles, path: Path, result: RunResult, read_from: dict[str, tuple[RunResult, Path]]) -> None:
-    if result.run_id in read_from:
-        first, first_path = read_from[result.run_id]
-        other = "" if first.metrics == result.metrics else ", with other figures (the first file read is kept)"
-        files.skipped_runs.append((path, f"{path}: run {result.run_id} was already read from {first_path}{other}"))
+def _add(found: list[tuple[R, Path]], skipped: list[tuple[Path, str]], path: Path, result: R,
+         first: dict[tuple[type, str], tuple[Any, Path]]) -> None:
+    if (type(result), result.run_id) in first:
+        earlier, earlier_path = first[type(result), result.run_id]
+        other = ("" if getattr(earlier, "metrics", None) == getattr(result, "metrics", None)
+                 else ", with other figures (the first file read is kept)")
+        skipped.append((path, f"{path}: run {result.run_id} was already read from {earlier_path}{other}"))
         return
-    read_from[result.run_id] = (result, path)
-    files.runs.append((result, path))
-
-
-def _add_collectives(files: ResultFiles, path: Path, data: object, read_from: dict[str, Path]) -> None:
-    try:
-        result = collectives_from_data(data, str(path))
-    except CollectivesFormatError as error:
-        files.skipped_collectives.append((path, str(error)))
-        return
-    if result.run_id in read_from:
-        files.skipped_collectives.append((path, f"{path}: run {result.run_id} was already read from "
-                                                f"{read_from[result.run_id]}"))
-        return
-    read_from[result.run_id] = path
-    files.collectives.append((result, path))
+    first[type(result), result.run_id] = (result, path)
+    found.append((result, path))
 
 
 def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
-    """(result, file) of every run under ``paths``, each run once, and (file, reason) of every
-    file left out but collectives files (read_files)."""
+    """The runs of read_files, and the files it left out but collectives files."""
     files = read_files(paths)
     return files.runs, files.skipped_runs
-
-
-def read_collectives(paths: Paths) -> tuple[list[tuple[CollectivesResult, Path]], list[tuple[Path, str]]]:
-    """(result, file) of every collectives result under ``paths``, each run once, and (file, reason)
-    of each collectives file left out (read_files); files of other kinds are read_results'."""
-    files = read_files(paths)
-    return files.collectives, files.skipped_collectives
 
 
 def read_input_files(paths: Iterable[str | os.PathLike], option: str) -> ResultFiles:
