@@ -222,14 +222,12 @@ def baseline_save(paths: str | os.PathLike | Iterable[str | os.PathLike], *, out
     software, date)."""
     from pathlib import Path
 
-    from hwbench.fabric.result import read_collectives
     from hwbench.judge.baseline import save_baseline
     from hwbench.paths import check_output_file
-    from hwbench.result.store import read_inputs
+    from hwbench.result.store import read_input_files
 
     inputs = _paths(paths, "RESULTS")
     out = _path("out", out, "a file path")
     check_output_file(out, "--out", inputs)  # as the command: "" and a path under a file refused before reading
-    found, _skipped = read_inputs(inputs, "RESULTS")
-    fabric, _ = read_collectives(list(inputs))
-    return save_baseline([result for result, _ in found], Path(out), [result for result, _ in fabric])
+    files = read_input_files(inputs, "RESULTS")
+    return save_baseline([result for result, _ in files.runs], Path(out), [result for result, _ in files.collectives])

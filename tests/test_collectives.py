@@ -26,6 +26,19 @@ def collectives(out: Path, *options: str, env: dict[str, str] | None = None) -> 
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
 
 
+def test_each_collective_s_factor_text_is_its_factor():
+    """The table's and the docs' text of a factor ('2(n-1)/n') evaluates to the factor it names, for any n,
+    and docs/collectives.md's table writes that text."""
+    import re
+
+    doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
+    for name, collective in COLLECTIVES.items():
+        expression = re.sub(r"(\d)\(", r"\1*(", collective.bus_factor_text)  # 2(n-1)/n: 2 times (n-1), over n
+        for n in range(2, 10):
+            assert eval(expression, {"n": n}) == pytest.approx(collective.bus_factor(n)), (name, n)
+        assert re.search(rf"^\| `{name}` \|.*\| {re.escape(collective.bus_factor_text)} \|$", doc, re.M), name
+
+
 def test_bus_factors_are_nccl_tests():
     """doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n; all-gather, reduce-scatter and
     all-to-all (n-1)/n; broadcast and send/recv 1."""
@@ -45,6 +58,20 @@ def test_sizes_double_and_shares_are_whole():
     assert message_elements(COLLECTIVES["all_gather"], 8, 4) == 0
     assert message_elements(COLLECTIVES["all_reduce"], 8, 4) == 2
     assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
+
+
+@pytest.mark.parametrize("size", [2, "4KiB", True, 3.5])
+def test_a_message_size_is_refused_in_one_line_naming_option_value_and_what_is_accepted(size):
+    """The one check of a message size, for argv (parsed to bytes) and the Python API's values alike."""
+    from hwbench.errors import UsageError
+    from hwbench.fabric.collectives import check_message_bytes
+
+    with pytest.raises(UsageError) as refused:
+        check_message_bytes(size, "--ring-bytes")
+    shown = "2 B" if size == 2 and not isinstance(size, bool) else repr(size)
+    assert str(refused.value) == (f"--ring-bytes {shown} holds no float32 element; accepted: a size of at least "
+                                  "4 B, e.g. 4KiB")
+    check_message_bytes(4, "--ring-bytes")
 
 
 def test_the_check_counts_wrong_values():
@@ -275,13 +302,36 @@ def _result_file(folder: Path, run_id: str, busbw: float, wrong: int = 0) -> Pat
     return write_collectives(result, folder)
 
 
-def test_run_readers_pass_over_collectives_files(tmp_path):
-    from hwbench.fabric.result import KIND
-    from hwbench.result.store import OTHER_KINDS, read_results
+def test_one_key_names_a_row_alike_in_compare_baselines_and_exports(tmp_path):
+    """Compare, the baseline file and the exports key and label a row by CollectiveKey, its size in
+    bytes as the nccl-tests table prints it; a baseline entry (its JSON shape as written) reads into
+    the same key; two sizes one decimal of KiB spells alike (2000 B, 2048 B) keep two labels."""
+    import dataclasses
 
-    _result_file(tmp_path, "c1", 10.0)
-    assert KIND in OTHER_KINDS
+    from hwbench.exports.figures import collective_figures
+    from hwbench.fabric.table import collectives_table
+    from hwbench.judge.collectives import compare_collectives
+    from hwbench.judge.collectives_baseline import CollectivesBaselinePoint, build_points
+
+    result = load_collectives(_result_file(tmp_path, "c1", 10.0))
+    [figure] = collective_figures([result])
+    [entry] = build_points([result])
+    [point] = compare_collectives([result], [result], 0.05)["points"]
+    label = "all_reduce in place 1048576 B, 2 ranks on 1 host (cpu test cpu, gloo, float32)"
+    assert figure.key.label() == entry["label"] == point.label == label
+    assert CollectivesBaselinePoint.model_validate(json.loads(json.dumps(entry))).collective_key == figure.key
+    assert f"{2 ** 20:>12} " in collectives_table(result)
+    labels = {dataclasses.replace(figure.key, size_bytes=size).label() for size in (2000, 2048)}
+    assert labels == {label.replace("1048576 B", "2000 B"), label.replace("1048576 B", "2048 B")}
+
+
+def test_run_readers_pass_over_collectives_files(tmp_path):
+    from hwbench.result.store import OtherKindOfResult, load_result, read_results
+
+    path = _result_file(tmp_path, "c1", 10.0)
     assert read_results(tmp_path) == ([], [])  # not a damaged run
+    with pytest.raises(OtherKindOfResult, match="a collectives result, not a run's"):
+        load_result(path)
 
 
 @pytest.mark.parametrize(("current", "wrong", "status", "verdict"), [
@@ -338,6 +388,33 @@ def test_runs_and_collectives_together_the_worse_exit_wins(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 3
     out = capsys.readouterr().out
     assert "1 collective points compared: 1 regression(s)" in out and "1 points compared: 0 regression(s)" in out
+
+
+def test_compare_and_report_read_each_file_once_runs_and_collectives_alike(tmp_path, monkeypatch, capsys):
+    """One reader (hwbench.result.store.read_files) sorts each file by its kind: compare and report open
+    every input file once, whether it holds a run or a collectives result."""
+    import collections
+    import shutil
+
+    run = REPO_ROOT / "tests" / "data" / "compare" / "tiny-cpu.json"
+    files = {"base": _result_file(tmp_path / "base", "b1", 10.0), "cur": _result_file(tmp_path / "cur", "c1", 10.0)}
+    for side in files:
+        shutil.copy(run, tmp_path / side / run.name)
+    texts = {files["base"].read_text(): "b1", files["cur"].read_text(): "c1", run.read_text(): "run"}
+    parsed: collections.Counter = collections.Counter()
+    loads = json.loads
+
+    def counting(text, *args, **kwargs):
+        parsed.update([texts.get(text.decode() if isinstance(text, bytes) else text)])
+        return loads(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "cur")]) == 0
+    assert (parsed["b1"], parsed["c1"], parsed["run"]) == (1, 1, 2)  # the run: one file on each side
+    parsed.clear()
+    assert main(["report", str(tmp_path / "base")]) == 0
+    assert "## Collectives" in capsys.readouterr().out
+    assert (parsed["b1"], parsed["run"]) == (1, 1)
 
 
 # --- baselines and acceptance ------------------------------------------------
@@ -506,11 +583,12 @@ def test_a_copied_collectives_file_is_read_once_and_named(tmp_path):
     as a copied run would pass for a repeat: the second file is left out, naming the first."""
     import shutil
 
-    from hwbench.fabric.result import read_collectives
+    from hwbench.result.store import read_files
 
     original = _result_file(tmp_path / "a", "c1", 10.0)
     shutil.copy(original, tmp_path / "copy.json")
-    found, skipped = read_collectives([tmp_path])
+    files = read_files([tmp_path])
+    found, skipped = files.collectives, files.skipped_collectives
     assert len(found) == 1
     [(path, reason)] = skipped
     assert "run " in reason and "was already read from" in reason and str(found[0][1]) in reason

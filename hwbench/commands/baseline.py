@@ -31,16 +31,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hwbench.fabric.result import read_collectives
     from hwbench.judge.baseline import copy_ok_results, save_baseline
     from hwbench.paths import check_output_file
-    from hwbench.result.store import read_inputs
+    from hwbench.result.store import read_input_files
 
     if args.action == "save":
         check_output_file(args.out, "--out", args.results)
-    found, skipped = read_inputs(args.results, "RESULTS")
-    fabric, fabric_skipped = read_collectives(args.results)
-    for _path, reason in skipped + fabric_skipped:  # the reason names the file
+    files = read_input_files(args.results, "RESULTS")
+    found, fabric = files.runs, files.collectives
+    for _path, reason in files.skipped:  # the reason names the file
         print(f"hwbench baseline: warning: left out {reason}", file=sys.stderr)
     if args.action == "copy":
         written = copy_ok_results(found, args.results, args.out)

@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from hwbench.fabric.collectives import (
         CollectiveSettings,
-        check_ring_bytes,
+        check_message_bytes,
         check_sizes,
         check_world_size,
         parse_collectives,
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
 
     names = parse_collectives(args.collectives)
     min_bytes, max_bytes = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
-    check_sizes(min_bytes, max_bytes)
+    check_sizes(min_bytes, max_bytes, "--min-bytes", "--max-bytes")
     from hwbench.fabric.launch import nodes_from_slurm
 
     nodes = nodes_from_slurm()
@@ -81,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     from hwbench.fabric.ring import RingSettings
 
     ring_bytes = parse_size(args.ring_bytes, "--ring-bytes")
-    check_ring_bytes(ring_bytes)
+    check_message_bytes(ring_bytes, "--ring-bytes")
     slow_threshold = parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD)
     ring = RingSettings(ring_bytes, args.warmup, args.iters, slow_threshold) if args.slow_link else None
     from hwbench.fabric.launch import CollectivesJob, NodeDone, run_on_node

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from hwbench.errors import UsageError
 from hwbench.metrics import METRICS
+
+if TYPE_CHECKING:
+    from hwbench.result.store import ResultFiles
 
 DESCRIPTION = ("Compare two sets of results point by point; exit 3 when a point regressed by more than the "
                "threshold and significantly, 5 when a point has fewer ok repeats than asked or than its baseline "
@@ -43,16 +47,22 @@ def main(args: argparse.Namespace) -> int:
         report_data,
     )
     from hwbench.paths import check_output_file
+    from hwbench.result.store import read_input_files
 
     threshold = parse_threshold(args.threshold)
     if args.junit is not None:  # "" is refused, not taken as no --junit
         check_output_file(args.junit, "--junit", [args.baseline, args.current])
-    collectives = _compare_collectives(args, threshold)
+    base_files = read_input_files([args.baseline], "BASELINE")  # each file read once, runs and collectives
+    cur_files = read_input_files([args.current], "CURRENT")
+    for side, files in (("BASELINE", base_files), ("CURRENT", cur_files)):
+        for _path, reason in files.skipped_collectives:
+            print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
+    collectives = _compare_collectives(args, threshold, base_files, cur_files)
     try:
-        baseline, base_unreadable = load_side("BASELINE", args.baseline)
-        current, cur_unreadable = load_side("CURRENT", args.current)
+        baseline, base_unreadable = load_side("BASELINE", args.baseline, base_files)
+        current, cur_unreadable = load_side("CURRENT", args.current, cur_files)
     except UsageError:
-        if collectives is None or _has_runs(args.baseline) or _has_runs(args.current):
+        if collectives is None or base_files.runs or cur_files.runs:
             raise  # runs on one side only: as without collectives
         return _finish_collectives_only(args, *collectives)
     unreadable = [("BASELINE", p, r) for p, r in base_unreadable] + [("CURRENT", p, r) for p, r in cur_unreadable]
@@ -89,20 +99,15 @@ def main(args: argparse.Namespace) -> int:
     return status
 
 
-def _compare_collectives(args: argparse.Namespace, threshold: float) -> tuple[int, dict, str] | None:
+def _compare_collectives(args: argparse.Namespace, threshold: float, base: ResultFiles,
+                         cur: ResultFiles) -> tuple[int, dict, str] | None:
     """Collectives results on both sides compared by busbw; (their exit status, their data for --format
     json, their table), or None when neither side has any."""
-    from hwbench.fabric.result import read_collectives
     from hwbench.judge.collectives import as_data, collectives_exit, compare_collectives, format_collectives
 
-    base, base_bad = read_collectives([args.baseline])
-    cur, cur_bad = read_collectives([args.current])
-    for side, skipped in (("BASELINE", base_bad), ("CURRENT", cur_bad)):
-        for _path, reason in skipped:
-            print(f"hwbench compare: warning: {side} file left out: {reason}", file=sys.stderr)
-    if not base and not cur:
+    if not base.collectives and not cur.collectives:
         return None
-    report = compare_collectives([r for r, _ in base], [r for r, _ in cur], threshold)
+    report = compare_collectives([r for r, _ in base.collectives], [r for r, _ in cur.collectives], threshold)
     return collectives_exit(report, args.allow_missing), as_data(report), format_collectives(report)
 
 
@@ -126,8 +131,3 @@ def _worse(first: int, second: int) -> int:
     order = (REGRESSION_EXIT, REPEATS_EXIT, MISSING_EXIT)
     return min((first, second), key=lambda code: order.index(code) if code in order else len(order))
 
-
-def _has_runs(path: str) -> bool:
-    from hwbench.result.store import read_results
-
-    return bool(read_results(path)[0])

@@ -61,15 +61,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add(args: argparse.Namespace) -> int:
-    from hwbench.fabric.result import read_collectives
     from hwbench.history.store import Stored, add_to_history, metrics_problem, printable, start_problem
     from hwbench.result.model import RunResult
-    from hwbench.result.store import read_inputs
+    from hwbench.result.store import read_input_files
 
-    runs, skipped = read_inputs(args.results, "RESULTS")
-    collectives, skipped_collectives = read_collectives(args.results)
-    found: list[tuple[Stored, Path]] = [*runs, *collectives]
-    reasons, loaded = [reason for _path, reason in skipped + skipped_collectives], []
+    files = read_input_files(args.results, "RESULTS")
+    found: list[tuple[Stored, Path]] = [*files.runs, *files.collectives]
+    reasons, loaded = [reason for _path, reason in files.skipped], []
     for result, path in found:
         problem = start_problem(result.started_at)
         if problem:

@@ -153,7 +153,7 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     UsageError, before anything is written, for bad input: an unknown format, a missing path,
     no run the format can take, an output that would overwrite an input."""
     from hwbench.paths import check_output_file, check_output_folder
-    from hwbench.result.store import read_inputs
+    from hwbench.result.store import read_input_files
 
     chosen = check_request(fmt, out, request)
     paths = [os.fspath(path) for path in paths]
@@ -163,9 +163,10 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
         check_output_file(out, "--out", paths)
     if out is not None and chosen.folder:  # '' was the working folder; a file, or under one, is refused
         check_output_folder(out, "--out")
-    found, skipped = read_inputs(paths, "RESULTS")
-    collectives, left_out_collectives = _collectives_taken(chosen, paths, skipped)
-    taken, left_out = _runs_taken(chosen, found, skipped, bool(collectives))
+    inputs = read_input_files(paths, "RESULTS")
+    skipped = inputs.skipped if chosen.collectives else inputs.skipped_runs
+    collectives, left_out_collectives = _collectives_taken(chosen, inputs.collectives)
+    taken, left_out = _runs_taken(chosen, inputs.runs, skipped, bool(collectives))
     left_out += left_out_collectives
     runs, files = [result for result, _path in taken], [path for _result, path in taken]
     writer = importlib.import_module(f"hwbench.exports.{chosen.module}")
@@ -192,16 +193,11 @@ def export(fmt: str, paths: Iterable[str | os.PathLike], out: str | os.PathLike 
     return outcome
 
 
-def _collectives_taken(chosen: ExportFormat, paths: list[str | os.PathLike], skipped: list) -> tuple[list, list[str]]:
-    """The ok `hwbench collectives` results under ``paths`` for a format that takes them, and a line
-    for each one that is not ok (its figures missing, as a failed run's); an unreadable one is added
-    to ``skipped``."""
+def _collectives_taken(chosen: ExportFormat, found: list) -> tuple[list, list[str]]:
+    """The ok `hwbench collectives` results of ``found`` (result, file) for a format that takes them,
+    and a line for each one that is not ok (its figures missing, as a failed run's)."""
     if not chosen.collectives:
         return [], []
-    from hwbench.fabric.result import read_collectives
-
-    found, unreadable = read_collectives(paths)
-    skipped += unreadable
     left_out = [f"collectives result {result.run_id} ({path}): status {result.status}"
                 f"{_error_text(result)}, no figures" for result, path in found if result.status != "ok"]
     return [result for result, _path in found if result.status == "ok"], left_out

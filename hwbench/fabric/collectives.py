@@ -16,32 +16,34 @@ class Collective:
     """One collective. ``size`` is nccl-tests' size: the bytes of the largest buffer a rank holds
     (all-gather's output, reduce-scatter's input). ``divides``: the size is cut to a multiple of
     the world size's elements (each rank's share is whole). ``in_place``: torch has an in-place
-    form of it; ``out_of_place``: an out-of-place one."""
+    form of it; ``out_of_place``: an out-of-place one. ``factor``: busbw / algbw of n ranks is
+    times x (n - minus) / n (nccl-tests' doc/PERFORMANCE.md), its figure and its text made from it."""
 
     name: str
     divides: bool
     in_place: bool
     out_of_place: bool
-    bus_factor_text: str  # as docs/collectives.md writes it
+    factor: tuple[int, int]  # (times, minus)
 
     def bus_factor(self, world_size: int) -> float:
-        """busbw / algbw (nccl-tests' doc/PERFORMANCE.md)."""
-        n = world_size
-        if self.name == "all_reduce":
-            return 2 * (n - 1) / n
-        if self.name in ("all_gather", "reduce_scatter", "all_to_all"):
-            return (n - 1) / n
-        return 1.0
+        times, minus = self.factor
+        return times * (world_size - minus) / world_size
+
+    @property
+    def bus_factor_text(self) -> str:
+        """As docs/collectives.md writes it: '2(n-1)/n', '(n-1)/n', '1'."""
+        times, minus = self.factor
+        return f"{times if times != 1 else ''}(n-{minus})/n" if minus else str(times)
 
 
 COLLECTIVES = {c.name: c for c in (
     # torch's all_reduce, all_to_all_single, broadcast and batched send/recv have one form each
-    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, bus_factor_text="2(n-1)/n"),
-    Collective("all_gather", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, bus_factor_text="(n-1)/n"),
-    Collective("broadcast", divides=False, in_place=True, out_of_place=False, bus_factor_text="1"),
-    Collective("send_recv", divides=False, in_place=False, out_of_place=True, bus_factor_text="1"),
+    Collective("all_reduce", divides=False, in_place=True, out_of_place=False, factor=(2, 1)),
+    Collective("all_gather", divides=True, in_place=True, out_of_place=True, factor=(1, 1)),
+    Collective("reduce_scatter", divides=True, in_place=True, out_of_place=True, factor=(1, 1)),
+    Collective("all_to_all", divides=True, in_place=False, out_of_place=True, factor=(1, 1)),
+    Collective("broadcast", divides=False, in_place=True, out_of_place=False, factor=(1, 0)),
+    Collective("send_recv", divides=False, in_place=False, out_of_place=True, factor=(1, 0)),
 )}
 NO_FORM = {  # why a collective has no figure in one of the two columns
     "all_reduce": "torch's all_reduce has no out-of-place form (it reduces into the buffer it is given)",
@@ -95,19 +97,21 @@ def parse_collectives(text: str) -> tuple[str, ...]:
     return names
 
 
-def check_sizes(min_bytes: int, max_bytes: int) -> None:
-    if max_bytes < ELEMENT_BYTES:
-        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} holds no float32 element; accepted: a size of at "
-                         f"least {ELEMENT_BYTES} B")
+def check_message_bytes(size: object, option: str) -> None:
+    """A message size of ``option``: whole bytes holding at least one float32 element."""
+    if type(size) is not int or size < ELEMENT_BYTES:  # a bool is an int, and no size
+        shown = human_bytes(size) if type(size) is int else repr(size)
+        raise UsageError(f"{option} {shown} holds no float32 element; accepted: a size of at least {ELEMENT_BYTES} B, "
+                         "e.g. 4KiB")
+
+
+def check_sizes(min_bytes: int, max_bytes: int, min_option: str, max_option: str) -> None:
+    """The doubling sizes' range (``min_option`` to ``max_option``): the largest holds an element and
+    is at least the smallest (a smallest below one element gives sizes that are left out, as nccl-tests')."""
+    check_message_bytes(max_bytes, max_option)
     if max_bytes < min_bytes:
-        raise UsageError(f"--max-bytes {human_bytes(max_bytes)} is below --min-bytes {human_bytes(min_bytes)}; "
-                         "accepted: a size at least --min-bytes")
-
-
-def check_ring_bytes(size: int) -> None:
-    if size < ELEMENT_BYTES:
-        raise UsageError(f"--ring-bytes {human_bytes(size)} holds no float32 element; accepted: a size of at least "
-                         f"{ELEMENT_BYTES} B")
+        raise UsageError(f"{max_option} {human_bytes(max_bytes)} is below {min_option} {human_bytes(min_bytes)}; "
+                         f"accepted: a size at least {min_option}")
 
 
 def check_world_size(world_size: int, option: str = "--nproc-per-node") -> None:

@@ -15,9 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hwbench import __version__
 from hwbench.fields import problem_text
 from hwbench.files import write_json_atomic
-from hwbench.paths import result_files
 from hwbench.result.model import Environment
-from hwbench.units import human_bytes
 
 KIND: Literal["collectives"] = "collectives"
 SCHEMA_VERSION: Literal[2] = 2
@@ -147,9 +145,10 @@ SCOPE_TEXT = {SCOPE_ALL: "", "intra_node": " within each node", "inter_node": " 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class CollectiveKey:
-    """One busbw series: a result's point key (POINT_FIELDS), the ranks measured (``scope``: all of
-    them, or a multi-node run's intra_node or inter_node groups), the collective, its form and size.
-    The history stores the point key of the run, the rest is in the figure's name (``figure_name``)."""
+    """One busbw figure's identity, the one key of a collectives row that compare, baselines, the
+    history and the exports read: a result's point key (POINT_FIELDS), the ranks measured (``scope``:
+    all of them, or a multi-node run's intra_node or inter_node groups), the collective, its form and
+    size. The history stores the point key of the run, the rest in the figure's name (``figure_name``)."""
 
     device: str
     device_model: str | None
@@ -163,11 +162,21 @@ class CollectiveKey:
     size_bytes: int
 
     @classmethod
+    def of(cls, result: CollectivesResult, row: Row, scope: str = SCOPE_ALL) -> CollectiveKey:
+        return cls(**dict(zip(POINT_FIELDS, result.point_key, strict=True)), scope=scope,
+                   collective=row.collective, in_place=row.in_place, size_bytes=row.size_bytes)
+
+    @classmethod
     def fields(cls) -> tuple[str, ...]:
         return tuple(field.name for field in dataclasses.fields(cls))
 
     def values(self) -> tuple:
         return dataclasses.astuple(self)
+
+    @property
+    def point_key(self) -> tuple:
+        """CollectivesResult.point_key of the result the figure is of."""
+        return self.values()[:len(POINT_FIELDS)]
 
     def figure_name(self) -> str:
         """The history's name of this key's busbw: busbw_gbs/SCOPE/COLLECTIVE/FORM/SIZE."""
@@ -184,13 +193,15 @@ class CollectiveKey:
         return cls(**dict(zip(POINT_FIELDS, point, strict=True)), scope=parts[1], collective=parts[2],
                    in_place=parts[3] == "in_place", size_bytes=int(parts[4]))
 
-    def label(self, among: object = ()) -> str:
-        """'all_reduce in place 1 MiB on NVIDIA H100 nccl, 16 ranks on 2 hosts' (between nodes: the
-        inter-node groups' figure)."""
-        hosts = f" on {self.hosts} hosts" if self.hosts > 1 else ""
-        return (f"{self.collective} {'in place' if self.in_place else 'out of place'} {human_bytes(self.size_bytes)}"
-                f"{SCOPE_TEXT[self.scope]} on {self.device_model or self.device} {self.dist_backend}, "
-                f"{self.world_size} ranks{hosts}")
+    def label(self) -> str:
+        """'all_reduce in place 1048576 B between nodes, 16 ranks on 2 hosts (cuda NVIDIA H100, nccl,
+        float32)': every field, so two keys never share a label (the CI exports name a series by it).
+        The size in bytes, as nccl-tests' table and ours write it: exact, where one decimal of KiB
+        would spell 2000 B and 2048 B alike."""
+        where = f"{self.device} {self.device_model}" if self.device_model else self.device
+        return (f"{self.collective} {'in' if self.in_place else 'out of'} place {self.size_bytes} B"
+                f"{SCOPE_TEXT[self.scope]}, {self.world_size} ranks on {self.hosts} "
+                f"host{'s' if self.hosts != 1 else ''} ({where}, {self.dist_backend}, {self.dtype})")
 
 
 BUSBW_PREFIX = "busbw_gbs"
@@ -201,10 +212,8 @@ def busbw_figures(result: CollectivesResult) -> list[tuple[CollectiveKey, float]
     check found wrong values is no figure (nor is a failed result's, which has no rows)."""
     if result.status != "ok":
         return []
-    base = dict(zip(POINT_FIELDS, result.point_key, strict=True))
     tables = [(SCOPE_ALL, result.rows), *((scope.scope, scope.rows) for scope in result.scopes)]
-    return [(CollectiveKey(**base, scope=scope, collective=row.collective, in_place=row.in_place,
-                           size_bytes=row.size_bytes), row.busbw_gbs)
+    return [(CollectiveKey.of(result, row, scope), row.busbw_gbs)
             for scope, rows in tables for row in rows if row.busbw_gbs is not None and not row.wrong]
 
 
@@ -268,35 +277,3 @@ def write_collectives(result: CollectivesResult, out_dir: str | os.PathLike) -> 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(folder / f"{result.run_id}.json", result.model_dump(mode="json", exclude_none=False))
-
-
-def read_collectives(paths: list[str | os.PathLike]) -> tuple[list[tuple[CollectivesResult, Path]],
-                                                            list[tuple[Path, str]]]:
-    """(result, file) of every collectives result under ``paths``, each run once (as
-    hwbench.result.store.read_results reads runs), and (file, reason) of each file that says it is
-    one and cannot be read or repeats a run already read; files of other kinds are passed over
-    (their readers name them)."""
-    found: list[tuple[CollectivesResult, Path]] = []
-    skipped: list[tuple[Path, str]] = []
-    read_from: dict[str, Path] = {}
-    for path in result_files(paths):
-        if not Path(path).is_file():
-            continue  # a FIFO or device is not opened (it could block): the run reader names it
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError, RecursionError):
-            continue  # the run reader names a file that is no JSON
-        if not is_collectives_file(data):
-            continue
-        try:
-            result = from_data(data, str(path))
-        except CollectivesFormatError as error:
-            skipped.append((Path(path), str(error)))
-            continue
-        if result.run_id in read_from:  # a copy would count twice in a baseline's and an export's figures
-            first = read_from[result.run_id]
-            skipped.append((Path(path), f"{path}: run {result.run_id} was already read from {first}"))
-            continue
-        read_from[result.run_id] = Path(path)
-        found.append((result, Path(path)))
-    return found, skipped

@@ -274,11 +274,10 @@ def load_baseline(path: str) -> Baseline:
     """A baseline file, a folder of results or a CSV; UsageError (one line) when it is none of them."""
     where = Path(path)
     if where.is_dir():
-        from hwbench.fabric.result import read_collectives
-        from hwbench.result.store import read_inputs
+        from hwbench.result.store import read_input_files
 
-        found, _skipped = read_inputs([path], "--baseline")
-        fabric, _ = read_collectives([path])
+        files = read_input_files([path], "--baseline")
+        found, fabric = files.runs, files.collectives
         if not found and not fabric:
             raise UsageError(f"--baseline {path!r}: the folder holds no hwbench result files; give a baseline file, "
                              "a folder of results or a CSV")

@@ -14,28 +14,27 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hwbench.fabric.result import CollectivesResult
+from hwbench.fabric.result import CollectiveKey, CollectivesResult
 from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT, PointComparison, compare_point
 from hwbench.metrics import BUSBW
 
-RowKey = tuple[tuple, str, bool, int]  # (result point key, collective, in place, size in bytes)
 
-
-def _samples(results: list[CollectivesResult]) -> tuple[dict[RowKey, list[float]], dict[RowKey, list[str]]]:
+def _samples(results: list[CollectivesResult]) -> tuple[dict[CollectiveKey, list[float]],
+                                                        dict[CollectiveKey, list[str]]]:
     """Each row's busbw over the results, and each row's statuses ("wrong values" for a failed check;
     a failed or timed-out result, which has no rows, counts against every row of its point)."""
-    figures: dict[RowKey, list[float]] = {}
-    statuses: dict[RowKey, list[str]] = {}
+    figures: dict[CollectiveKey, list[float]] = {}
+    statuses: dict[CollectiveKey, list[str]] = {}
     for result in results:
         for row in result.rows:
-            key = (result.point_key, row.collective, row.in_place, row.size_bytes)
+            key = CollectiveKey.of(result, row)
             status = "wrong values" if row.wrong else result.status
             statuses.setdefault(key, []).append(status)
             if status == "ok" and row.busbw_gbs is not None:
                 figures.setdefault(key, []).append(row.busbw_gbs)
     for result in results:
         if result.status != "ok":
-            for key in [k for k in statuses if k[0] == result.point_key]:
+            for key in [k for k in statuses if k.point_key == result.point_key]:
                 statuses[key].append(result.status)
     return figures, statuses
 
@@ -54,12 +53,6 @@ def as_data(report: dict[str, Any]) -> dict[str, Any]:
     return {**report, "points": points}
 
 
-def _label(key: RowKey) -> str:
-    (device, model, backend, world, hosts, dtype), collective, in_place, size = key
-    return (f"{collective} {'in' if in_place else 'out of'} place {size} B; {model or device} {backend} "
-            f"{world} ranks/{hosts} host{'s' if hosts > 1 else ''} {dtype}")
-
-
 def compare_collectives(baseline: list[CollectivesResult], current: list[CollectivesResult],
                         threshold: float) -> dict[str, Any]:
     base_figures, base_statuses = _samples(baseline)
@@ -68,13 +61,13 @@ def compare_collectives(baseline: list[CollectivesResult], current: list[Collect
     for key in base_statuses:
         if key not in cur_statuses:
             continue
-        comparison = PointComparison(key=None, label=_label(key), baseline=base_figures.get(key, []),
+        comparison = PointComparison(key=None, label=key.label(), baseline=base_figures.get(key, []),
                                      current=cur_figures.get(key, []), baseline_statuses=base_statuses[key],
                                      current_statuses=cur_statuses[key])
         points.append(compare_point(comparison, threshold, BUSBW.higher_is_better))
     return {"metric": BUSBW.name, "threshold": threshold, "points": points,
-            "only_baseline": [_label(k) for k in base_statuses if k not in cur_statuses],
-            "only_current": [_label(k) for k in cur_statuses if k not in base_statuses]}
+            "only_baseline": [k.label() for k in base_statuses if k not in cur_statuses],
+            "only_current": [k.label() for k in cur_statuses if k not in base_statuses]}
 
 
 def format_collectives(report: dict[str, Any]) -> str:

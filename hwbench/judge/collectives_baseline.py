@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from hwbench.fabric.result import POINT_FIELDS, CollectivesResult, Row
+from hwbench.fabric.result import POINT_FIELDS, SCOPE_ALL, CollectiveKey, CollectivesResult
 from hwbench.fields import Positive, Text
 
 Bandwidth = Annotated[float, Strict(), Field(gt=0)]  # GB/s: a ratio is taken against it
@@ -54,24 +54,10 @@ class CollectivesBaselinePoint(BaseModel):
     run_ids: list[Text] = []
 
     @property
-    def row_key(self) -> tuple:
-        return (tuple(self.key.model_dump().values()), self.collective, self.in_place, self.size_bytes)
-
-    @property
-    def label(self) -> str:
-        return row_label(self.row_key)
-
-
-def row_label(row_key: tuple) -> str:
-    """'all_reduce in place 1048576 B, 2 ranks on 1 host (cpu test cpu, gloo, float32)'."""
-    (device, model, backend, world, hosts, dtype), collective, in_place, size = row_key
-    where = f"{device} {model}" if model else device
-    return (f"{collective} {'in' if in_place else 'out of'} place {size} B, {world} ranks on {hosts} "
-            f"host{'s' if hosts != 1 else ''} ({where}, {backend}, {dtype})")
-
-
-def _row_key(result: CollectivesResult, row: Row) -> tuple:
-    return (result.point_key, row.collective, row.in_place, row.size_bytes)
+    def collective_key(self) -> CollectiveKey:
+        """The entry as the one key of a collectives row (a baseline holds a result's own rows: every rank)."""
+        return CollectiveKey(**self.key.model_dump(), scope=SCOPE_ALL, collective=self.collective,
+                             in_place=self.in_place, size_bytes=self.size_bytes)
 
 
 def why_not(result: CollectivesResult) -> str | None:
@@ -83,7 +69,7 @@ def why_not(result: CollectivesResult) -> str | None:
     wrong = [row for row in result.rows if row.wrong]
     if wrong:
         return (f"its check found wrong values ({sum(row.wrong or 0 for row in wrong)} element(s) in "
-                f"{len(wrong)} row(s), first {row_label(_row_key(result, wrong[0]))})")
+                f"{len(wrong)} row(s), first {CollectiveKey.of(result, wrong[0]).label()})")
     if not result.rows:
         return "no rows"
     return None
@@ -97,18 +83,18 @@ def left_out(found: list[tuple[CollectivesResult, Path]]) -> list[str]:
 
 def build_points(results: list[CollectivesResult]) -> list[dict[str, Any]]:
     """The baseline file's ``collectives`` entries: every row of an ok result with a busbw, per row key."""
-    figures: dict[tuple, list[tuple[float, str]]] = {}
+    figures: dict[CollectiveKey, list[tuple[float, str]]] = {}
     for result in results:
         if why_not(result) is not None:
             continue
         for row in result.rows:
             if row.busbw_gbs:  # None or 0 (a time below the clock's step): no ratio can be taken against it
-                figures.setdefault(_row_key(result, row), []).append((row.busbw_gbs, result.run_id))
+                figures.setdefault(CollectiveKey.of(result, row), []).append((row.busbw_gbs, result.run_id))
     points = []
     for key, measured in figures.items():
         values = [value for value, _ in measured]
-        points.append({"key": dict(zip(POINT_FIELDS, key[0])), "collective": key[1], "in_place": key[2],
-                       "size_bytes": key[3], "label": row_label(key),
+        points.append({"key": dict(zip(POINT_FIELDS, key.point_key, strict=True)), "collective": key.collective,
+                       "in_place": key.in_place, "size_bytes": key.size_bytes, "label": key.label(),
                        "busbw_gbs": {"median": statistics.median(values), "min": min(values), "max": max(values),
                                      "n": len(values)},
                        "run_ids": list(dict.fromkeys(run_id for _, run_id in measured))})
@@ -130,26 +116,26 @@ def judge_collectives(results: list[CollectivesResult], baseline: list[Collectiv
     """Each row of ``results`` against the baseline's busbw of its row key: below ``min_ratio`` of it is a
     failure naming the collective, size and ranks; a result not ok or with wrong values fails whole;
     a row the baseline lacks is missing."""
-    by_key = {point.row_key: point for point in baseline}
+    by_key = {point.collective_key: point for point in baseline}
     outcome = FabricOutcome([], [], [])
     for result in results:
         reason = why_not(result)
         if reason is not None:
             outcome.failures.append(f"collectives {result.run_id}: {reason}")
             continue
-        measured: dict[tuple, list[float]] = {}
+        measured: dict[CollectiveKey, list[float]] = {}
         for row in result.rows:
-            measured.setdefault(_row_key(result, row), []).append(row.busbw_gbs or 0.0)
+            measured.setdefault(CollectiveKey.of(result, row), []).append(row.busbw_gbs or 0.0)
         for key, values in measured.items():
             point = by_key.get(key)
             if point is None:
-                outcome.missing.append(row_label(key))
+                outcome.missing.append(key.label())
                 continue
             busbw, base = statistics.median(values), point.busbw_gbs.median
             ratio = busbw / base
-            outcome.compared.append((row_label(key), busbw, base, ratio))
+            outcome.compared.append((key.label(), busbw, base, ratio))
             if ratio < min_ratio:
-                outcome.failures.append(f"collective {row_label(key)}: busbw {busbw:,.3f} GB/s is {ratio:.1%} of its "
+                outcome.failures.append(f"collective {key.label()}: busbw {busbw:,.3f} GB/s is {ratio:.1%} of its "
                                         f"baseline {base:,.3f} GB/s, below {min_ratio:.0%}")
     return outcome
 

@@ -46,7 +46,7 @@ from hwbench.metrics import METRICS, result_formula
 from hwbench.point import PointKey
 from hwbench.result.environment import PERFORMANCE_ENVIRONMENT_FIELDS, environment_differences, performance_fingerprint
 from hwbench.result.model import RunResult
-from hwbench.result.store import read_inputs
+from hwbench.result.store import ResultFiles
 from hwbench.stats import mann_whitney_u
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
@@ -252,10 +252,9 @@ def _listed(values: list) -> str:
     return ", ".join(sorted(map(str, values)))
 
 
-def load_side(name: str, path: str) -> tuple[list[RunResult], list[tuple[Path, str]]]:
-    """The readable results under ``path`` and the (file, reason) of every unreadable one."""
-    found, skipped = read_inputs([path], name)  # unreadable files are returned and named by the caller
-    results = [result for result, _file in found]
+def load_side(name: str, path: str, files: ResultFiles) -> tuple[list[RunResult], list[tuple[Path, str]]]:
+    """The runs of ``files`` (read from ``path``) and the (file, reason) of every unreadable one."""
+    results, skipped = [result for result, _file in files.runs], files.skipped_runs
     if not results:
         extra = f" ({len(skipped)} unreadable: {skipped[0][1]})" if skipped else ""
         raise UsageError(f"{name} {path!r}: no hwbench result files found{extra}; give a result file or a folder "

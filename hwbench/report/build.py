@@ -161,20 +161,17 @@ def make_report(paths: Sequence[str], format: str, against: str | None, prices: 
     ``prices``: Price or USD per device-hour by catalog entry or device model. UsageError when
     no file could be read."""
     from hwbench.errors import UsageError
-    from hwbench.fabric.result import read_collectives
     from hwbench.report.cost import check_projection
     from hwbench.report.prices import as_prices
     from hwbench.report.render import render_csv, render_json, render_markdown
-    from hwbench.result.store import read_inputs
+    from hwbench.result.store import read_input_files
 
     tokens, projection_devices = check_projection(tokens, projection_devices)
     checked_prices = as_prices(prices)
-    found, unreadable = read_inputs(paths, "RESULTS")  # the report lists the skipped files itself
-    loaded = [(result, str(path)) for result, path in found]
-    skipped = [(str(path), reason) for path, reason in unreadable]
-    found_collectives, unreadable_collectives = read_collectives(list(paths))
-    collectives = [(result, str(path)) for result, path in found_collectives]
-    skipped += [(str(path), reason) for path, reason in unreadable_collectives]
+    files = read_input_files(paths, "RESULTS")  # the report lists the skipped files itself
+    loaded = [(result, str(path)) for result, path in files.runs]
+    collectives = [(result, str(path)) for result, path in files.collectives]
+    skipped = [(str(path), reason) for path, reason in files.skipped]
     if paths and not loaded and not collectives:
         raise UsageError(f"RESULTS {' '.join(map(str, paths))}: no readable result file "
                          f"({len(skipped)} skipped: {skipped[0][1] if skipped else 'none found'})")

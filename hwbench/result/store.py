@@ -15,10 +15,12 @@ import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
+from hwbench.fabric import result as collectives_file
 from hwbench.files import json_text, write_json_atomic
 from hwbench.paths import result_files
 from hwbench.result.model import RunResult, problem_text
@@ -31,11 +33,11 @@ class ResultFormatError(ValueError):
 
 
 class OtherKindOfResult(ResultFormatError):
-    """A readable hwbench file of another kind than a run's (``kind``: collectives): its own
-    reader takes it (hwbench.fabric.result.read_collectives); readers of runs pass over it."""
+    """A readable hwbench file of another kind than a run's (``kind``: collectives): read_files
+    sorts it to its kind; load_result refuses it."""
 
 
-OTHER_KINDS = ("collectives",)  # hwbench.fabric.result.KIND
+R = TypeVar("R", RunResult, collectives_file.CollectivesResult)
 
 
 def utc_now() -> str:
@@ -110,13 +112,11 @@ def _read_regular_file(path: Path) -> bytes:
         os.close(handle)
 
 
-def load_result(path: str | os.PathLike) -> RunResult:
-    """Read one result file of any schema version this hwbench reads; ResultFormatError names
-    the file and the problem: not readable, not UTF-8, not complete JSON, nested too deeply,
-    not a mapping, of a newer schema version, or a field that does not fit (with its path)."""
-    path = Path(path)
+def _read_json(path: Path) -> object:
+    """The JSON of one result file; ResultFormatError names the file and why it is none: not
+    readable, not UTF-8, not complete JSON, nested too deeply."""
     try:
-        data = json.loads(_read_regular_file(path).decode("utf-8"))
+        return json.loads(_read_regular_file(path).decode("utf-8"))
     except json.JSONDecodeError as error:
         raise ResultFormatError(f"{path}: not a complete JSON document (truncated?): {error}") from None
     except UnicodeDecodeError as error:
@@ -129,9 +129,13 @@ def load_result(path: str | os.PathLike) -> RunResult:
         raise ResultFormatError(f"{path}: not a regular file ({error})") from None
     except (OSError, MemoryError) as error:
         raise ResultFormatError(f"{path}: cannot be read: {getattr(error, 'strerror', None) or error}") from None
+
+
+def _run_from(path: Path, data: object) -> RunResult:
+    """A run's result of a file's JSON, brought to the current schema and validated."""
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ResultFormatError(f"{path}: not an hwbench result (no schema_version)")
-    if data.get("kind") in OTHER_KINDS:
+    if collectives_file.is_collectives_file(data):
         raise OtherKindOfResult(f"{path}: a {data['kind']} result, not a run's")
     try:
         return RunResult.from_dict(data)
@@ -143,43 +147,86 @@ def load_result(path: str | os.PathLike) -> RunResult:
         raise ResultFormatError(f"{path}: JSON nested too deeply to be a result") from None
 
 
+def load_result(path: str | os.PathLike) -> RunResult:
+    """Read one result file of any schema version this hwbench reads; ResultFormatError names
+    the file and the problem: not readable, not UTF-8, not complete JSON, nested too deeply,
+    not a mapping, of a newer schema version, or a field that does not fit (with its path)."""
+    path = Path(path)
+    return _run_from(path, _read_json(path))
+
+
 Paths = str | os.PathLike | Iterable[str | os.PathLike]
 
 
-def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
-    """(result, file) of every run under ``paths``, each run once, and (file, reason) of every
-    file left out: unreadable, or a second copy of a run already read (a folder given twice, a
-    result copied beside its original), which would pass for a repeat in a comparison."""
-    found: list[tuple[RunResult, Path]] = []
-    skipped: list[tuple[Path, str]] = []
-    read_from: dict[str, tuple[RunResult, Path]] = {}
+@dataclasses.dataclass
+class ResultFiles:
+    """The results under some paths by ``kind``, each run of a kind once (read_files); ``skipped_runs``:
+    files that are no readable result, ``skipped_collectives``: collectives files that cannot be read."""
+
+    runs: list[tuple[RunResult, Path]] = dataclasses.field(default_factory=list)
+    collectives: list[tuple[collectives_file.CollectivesResult, Path]] = dataclasses.field(default_factory=list)
+    skipped_runs: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    skipped_collectives: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def skipped(self) -> list[tuple[Path, str]]:
+        return self.skipped_runs + self.skipped_collectives
+
+
+def read_files(paths: Paths) -> ResultFiles:
+    """Every result file under ``paths`` read once, the one reader of both kinds. A second copy of
+    a run already read (a folder given twice, a result copied beside its original) is left out
+    naming the first: it would pass for a repeat in a comparison, a baseline's n, an export's median."""
+    files = ResultFiles()
+    first: dict[tuple[type, str], tuple[Any, Path]] = {}  # (kind's type, run id): the first read and its file
     for path in result_files(paths):
         try:
-            result = load_result(path)
-        except OtherKindOfResult:
-            continue  # read by that kind's reader: not a damaged run
+            data = _read_json(path)
+            if collectives_file.is_collectives_file(data):
+                result = collectives_file.from_data(data, str(path))
+                _add(files.collectives, files.skipped_collectives, path, result, first)
+            else:
+                _add(files.runs, files.skipped_runs, path, _run_from(path, data), first)
+        except collectives_file.CollectivesFormatError as error:
+            files.skipped_collectives.append((path, str(error)))
         except ResultFormatError as error:
-            skipped.append((path, str(error)))
-            continue
-        if result.run_id in read_from:
-            first, first_path = read_from[result.run_id]
-            other = "" if first.metrics == result.metrics else ", with other figures (the first file read is kept)"
-            skipped.append((path, f"{path}: run {result.run_id} was already read from {first_path}{other}"))
-            continue
-        read_from[result.run_id] = (result, path)
-        found.append((result, path))
-    return found, skipped
+            files.skipped_runs.append((path, str(error)))
+    return files
 
 
-def read_inputs(paths: Iterable[str | os.PathLike], option: str
-                ) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
-    """read_results of a command's inputs, once each is known to exist (else a UsageError naming ``option``)."""
+def _add(found: list[tuple[R, Path]], skipped: list[tuple[Path, str]], path: Path, result: R,
+         first: dict[tuple[type, str], tuple[Any, Path]]) -> None:
+    if (type(result), result.run_id) in first:
+        earlier, earlier_path = first[type(result), result.run_id]
+        other = ("" if getattr(earlier, "metrics", None) == getattr(result, "metrics", None)
+                 else ", with other figures (the first file read is kept)")
+        skipped.append((path, f"{path}: run {result.run_id} was already read from {earlier_path}{other}"))
+        return
+    first[type(result), result.run_id] = (result, path)
+    found.append((result, path))
+
+
+def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
+    """The runs of read_files, and the files it left out but collectives files."""
+    files = read_files(paths)
+    return files.runs, files.skipped_runs
+
+
+def read_input_files(paths: Iterable[str | os.PathLike], option: str) -> ResultFiles:
+    """read_files of a command's inputs, once each is known to exist (else a UsageError naming ``option``)."""
     paths = list(paths)
     missing = next((path for path in paths if not Path(path).exists()), None)
     if missing is not None:
         raise UsageError(f"{option} {os.fspath(missing)!r}: no such file or folder; "
                          "give result files or folders of them")
-    return read_results(paths)
+    return read_files(paths)
+
+
+def read_inputs(paths: Iterable[str | os.PathLike], option: str
+                ) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
+    """The runs of read_input_files, and the files left out but collectives files."""
+    files = read_input_files(paths, option)
+    return files.runs, files.skipped_runs
 
 
 def load_results(paths: Paths) -> tuple[list[RunResult], list[tuple[Path, str]]]:
