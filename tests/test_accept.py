@@ -143,7 +143,7 @@ def test_a_point_that_fails_is_a_fail_with_its_cause_and_what_was_measured_is_ke
     (["--probe-time", "1e9"], "--probe-time 1000000000.0 is not accepted; give seconds above 0, at most 30"),
     (["--devices-per-node", "100000"], "--devices-per-node 100000 is not accepted: this host has"),
     (["--fabric-max-bytes", "2KiB"], "--fabric-max-bytes 2.0 KiB is below --fabric-min-bytes 4.0 KiB"),
-    (["--ring-bytes", "2"], "--ring-bytes 2 is not accepted; give a size of at least 4 B"),
+    (["--ring-bytes", "2"], "--ring-bytes 2 B holds no float32 element; accepted: a size of at least 4 B, e.g. 4KiB"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(measured, tmp_path, capsys, extra, says):
     out = tmp_path / "out"

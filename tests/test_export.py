@@ -761,13 +761,13 @@ def test_ci_exports_carry_busbw_and_a_failed_collectives_result_fails_the_gate(r
     code, text, err = export(capsys, "customBiggerIsBetter", folder)
     assert code == 0, err
     entries = {entry["name"]: entry for entry in json.loads(text)}
-    busbw = entries["all_reduce in place 1.0 MiB on test cpu gloo, 4 ranks: bus bandwidth"]
+    busbw = entries["all_reduce in place 1048576 B, 4 ranks on 1 host (cpu test cpu, gloo, float32): bus bandwidth"]
     assert (busbw["unit"], busbw["value"], busbw["range"]) == ("GB/s", 11.0, "10 to 12 over 2 runs")
     assert any(name.endswith(": tokens/s") for name in entries)  # the runs' figures are there too
     code, text, _ = export(capsys, "customSmallerIsBetter", folder)
     assert code == 0 and not any("bus bandwidth" in entry["name"] for entry in json.loads(text))
     code, text, _ = export(capsys, "bencher", folder)
-    assert json.loads(text)["all_reduce in place 1.0 MiB on test cpu gloo, 4 ranks"] == {
+    assert json.loads(text)["all_reduce in place 1048576 B, 4 ranks on 1 host (cpu test cpu, gloo, float32)"] == {
         "busbw": {"value": 11.0, "lower_value": 10.0, "upper_value": 12.0}}
     collectives_result(folder, "c3", 0.0, status="failed")
     code, _, err = export(capsys, "bencher", folder)

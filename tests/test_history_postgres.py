@@ -118,6 +118,6 @@ def test_collectives_busbw_series_work_alike_on_postgresql(tmp_path, capsys, emp
     code, out, _ = history(capsys, "add", results, "--db", empty_postgres)
     assert code == 0 and "added 54 run(s)" in out
     code, out, _ = history(capsys, "changes", "--db", empty_postgres, "--metric", "busbw")
-    assert code == REGRESSION_EXIT and "OPEN REGRESSION: bus bandwidth of all_reduce in place 1.0 MiB" in out
+    assert code == REGRESSION_EXIT and "OPEN REGRESSION: bus bandwidth of all_reduce in place 1048576 B" in out
     history(capsys, "add", results, "--db", tmp_path / "h.sqlite")
     assert history(capsys, "changes", "--db", tmp_path / "h.sqlite", "--metric", "busbw")[1] == out

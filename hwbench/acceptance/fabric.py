@@ -10,7 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hwbench.errors import UsageError
-from hwbench.fabric.collectives import COLLECTIVES, ELEMENT_BYTES, MAX_SLOW_THRESHOLD, CollectiveSettings
+from hwbench.fabric.collectives import (
+    COLLECTIVES,
+    MAX_SLOW_THRESHOLD,
+    CollectiveSettings,
+    check_message_bytes,
+    check_sizes,
+)
 from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.collectives_baseline import CollectivesBaselinePoint
 from hwbench.units import human_bytes
@@ -30,15 +36,9 @@ class FabricOptions:
     ring_bytes: int = DEFAULT_RING_BYTES
     slow_threshold: float = DEFAULT_SLOW_THRESHOLD
 
-    def __post_init__(self) -> None:
-        for option, size in (("--fabric-min-bytes", self.min_bytes), ("--fabric-max-bytes", self.max_bytes),
-                             ("--ring-bytes", self.ring_bytes)):
-            if not isinstance(size, int) or isinstance(size, bool) or size < ELEMENT_BYTES:
-                raise UsageError(f"{option} {size!r} is not accepted; give a size of at least {ELEMENT_BYTES} B "
-                                 "(one float32 element), e.g. 4KiB")
-        if self.max_bytes < self.min_bytes:
-            raise UsageError(f"--fabric-max-bytes {human_bytes(self.max_bytes)} is below --fabric-min-bytes "
-                             f"{human_bytes(self.min_bytes)}; accepted: a size at least --fabric-min-bytes")
+    def __post_init__(self) -> None:  # the checks and words of `hwbench collectives`' own options
+        check_sizes(self.min_bytes, self.max_bytes, "--fabric-min-bytes", "--fabric-max-bytes")
+        check_message_bytes(self.ring_bytes, "--ring-bytes")
         if not isinstance(self.slow_threshold, (int, float)) or not 0 <= self.slow_threshold < MAX_SLOW_THRESHOLD:
             raise UsageError(f"--slow-threshold {self.slow_threshold!r} is not accepted; give a fraction such as "
                              f"25% or 0.25, below {MAX_SLOW_THRESHOLD:.0%}")
