@@ -285,14 +285,6 @@ def breakdown(events: Sequence[TraceEvent], rank: int, trace: str | None = None)
     )
 
 
-def sums_to_step(figures: TimeBreakdown, tolerance: float = SUM_TOLERANCE) -> bool:
-    """Whether the categories add up to the step within ``tolerance`` of it."""
-    if figures.step_s is None:
-        return False
-    total = sum(figures.seconds(category) or 0.0 for category in BREAKDOWN_CATEGORIES)
-    return abs(total - figures.step_s) <= tolerance * figures.step_s
-
-
 def waiting_straggler(ranks: Sequence[TimeBreakdown],
                       threshold: float = STRAGGLER_WAIT_SHARE) -> WaitStraggler | None:
     """The rank the others wait for: the one that waits least in collectives (exposed communication
