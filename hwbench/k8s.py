@@ -15,7 +15,7 @@ into such a manifest on stdout, for `kubectl create -f`. Every pod runs
         --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" --out /results/runs
 
 and hwbench's launcher starts G local ranks there. The run options are checked
-here exactly as `hwbench run` checks them (hwbench.commands.run.parse_run_options, then the spec; paths
+here exactly as `hwbench run` checks them (hwbench.commands.run.parse_run_spec, paths
 excepted: they are the pod's), so a layout that does not fit N x G ranks is
 refused before anything reaches the cluster. Nothing here talks to a cluster.
 

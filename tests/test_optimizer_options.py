@@ -14,22 +14,16 @@ import torch
 
 from hwbench.catalog import load_catalog
 from hwbench.cli import main
-from hwbench.commands.run import parse_run_options
+from hwbench.commands.run import parse_run_spec
 from hwbench.device.cpu import CpuBackend
 from hwbench.engine.native import NativeEngine
 from hwbench.engine.optim import learning_rate, step_learning_rate
 from hwbench.errors import UsageError
-from hwbench.spec import build_run_spec
 from hwbench.workload.data import SyntheticTokens
 from hwbench.workload.gpt_dataset import MegatronData
 from hwbench.workload.indexed import write_indexed_dataset
 
 TINY = ["--model", "tiny", "--device", "cpu", "--data", "synthetic", "--seq-length", "16"]
-
-
-def parse_run_spec(run_argv: list[str], check_paths: bool = True):
-    """The RunSpec that `hwbench run RUN_ARGV...` would run (UsageError when it would refuse them)."""
-    return build_run_spec(parse_run_options(run_argv), load_catalog(), check_paths=check_paths)
 
 
 @pytest.mark.parametrize("argv, line", [

@@ -114,6 +114,15 @@ def parse_run_options(run_argv: Sequence[str], outer: argparse.ArgumentParser | 
     return options_from_namespace(parse(parser, run_argv))
 
 
+def parse_run_spec(run_argv: Sequence[str], check_paths: bool = True):
+    """The RunSpec that `hwbench run RUN_ARGV...` would run (UsageError when it would
+    refuse them). ``check_paths=False`` for a run on another machine (a pod)."""
+    from hwbench.catalog import load_catalog
+    from hwbench.spec import build_run_spec
+
+    return build_run_spec(parse_run_options(run_argv), load_catalog(), check_paths=check_paths)
+
+
 def main(args: argparse.Namespace) -> int:
     from hwbench.cli import note
     from hwbench.commands.preflight import print_findings
