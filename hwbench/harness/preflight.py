@@ -348,8 +348,8 @@ def _bracketed(text: str) -> str:
     return next((word[1:-1] for word in text.split() if word.startswith("[")), text)
 
 
-def cpu_governor(host: Host, cpus: Iterable[int] | None = None) -> Check:
-    cpus = list(allowed_cpus() if cpus is None else cpus)
+def cpu_governor(host: Host) -> Check:
+    cpus = list(allowed_cpus())
     base = host.sys / "devices/system/cpu"
     governors = {cpu: _read(base / f"cpu{cpu}/cpufreq/scaling_governor") for cpu in cpus}
     read = {cpu: governor for cpu, governor in governors.items() if governor}
