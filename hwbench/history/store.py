@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,36 +76,32 @@ def _point_keys_with_positions(connection) -> None:
 def _point_keys_with_stand_in(connection) -> None:
     """Version 3: every stored point key ends with stand_in, "simulated" for a run whose stored
     environment says a stand-in ran it, else null: simulated runs leave the real device's series."""
-    rows = connection.execute("SELECT run_id, point_key, environment FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text, environment in rows:
-        old, stored = _json_column(text), _json_column(environment)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS)):
-            continue  # damaged: runs_with_metric names it
-        simulated = isinstance(stored, dict) and stored.get("simulated") is True
-        key = [*old, SIMULATED if simulated else None]
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+    _extend_point_keys(connection, len(V2_POINT_FIELDS), lambda environment: SIMULATED if isinstance(
+        environment, dict) and environment.get("simulated") is True else None)
 
 
 def _point_keys_with_fp8_recipe(connection) -> None:
     """Version 4: every stored point key ends with fp8_recipe, null: every run stored before it was
     not an FP8 run (--precision fp8 came with the field)."""
-    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text in rows:
-        old = _json_column(text)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 1):
-            continue  # damaged: runs_with_metric names it
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, None]), run_id))
+    _extend_point_keys(connection, len(V2_POINT_FIELDS) + 1, lambda _environment: None)
 
 
 def _point_keys_with_expert_parallelism(connection) -> None:
     """Version 5: every stored point key ends with ep, 1 for every run stored before it (expert
     parallelism, --ep, came with the field)."""
-    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text in rows:
+    _extend_point_keys(connection, len(V2_POINT_FIELDS) + 2, lambda _environment: 1)  # version 4's: fp8_recipe last
+
+
+def _extend_point_keys(connection, length: int, new_field: Callable[[Any], Any]) -> None:
+    """Every stored point key of ``length`` fields (the version before's) with one more field at its
+    end, ``new_field`` of the run's stored environment."""
+    rows = connection.execute("SELECT run_id, point_key, environment FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text, environment in rows:
         old = _json_column(text)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 2):  # version 4's: fp8_recipe last
+        if not (isinstance(old, list) and len(old) == length):
             continue  # damaged: runs_with_metric names it
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, 1]), run_id))
+        key = [*old, new_field(_json_column(environment))]
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
 
 
 def _runs_with_kind(connection) -> None:
