@@ -104,12 +104,8 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
 
     def fits(self, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
-        return fits(self, capacity_bytes, headroom)
-
-
-def fits(plan: MemoryPlan, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
-    """True when the predicted peak is at most ``headroom`` x the device's memory."""
-    return plan.total_bytes <= headroom * capacity_bytes
+        """True when the predicted peak is at most ``headroom`` x the device's memory."""
+        return self.total_bytes <= headroom * capacity_bytes
 
 
 # parameters ---------------------------------------------------------------------

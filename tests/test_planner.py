@@ -14,7 +14,6 @@ from hwbench.planner import (
     OVERHEAD_BYTES,
     SaveRules,
     activation_bytes_per_layer,
-    fits,
     microbatches_in_flight,
     parse_size,
     plan_for_all_stages,
@@ -348,8 +347,8 @@ def test_stage_parameters_match_the_real_model():
 def test_sizes():
     assert parse_size("32GiB") == 32 * 2 ** 30 and parse_size("24G") == 24 * 2 ** 30
     assert parse_size("80GB") == 80 * 10 ** 9 and parse_size("1024") == 1024
-    assert fits(plan_memory(spec_for(), CONFIG, "cpu"), GIB) and not fits(plan_memory(spec_for(), CONFIG, "cpu"),
-                                                                              GIB // 2)
+    plan = plan_memory(spec_for(), CONFIG, "cpu")
+    assert plan.fits(GIB) and not plan.fits(GIB // 2)
 
 
 NO_FLOAT_COMMANDS = [["plan", "--model", "tiny", "--devices", "2"], ["tune", "--model", "tiny", "--devices", "2"],
