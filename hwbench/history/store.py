@@ -646,9 +646,7 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
         point, prints = _json_column(key), _json_column(fingerprint)
         problem = _row_problem(run_id, started, night, commit, status, point, prints, value, metric_name)
         if problem:
-            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
-                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
-                             "again into a new file")
+            raise _damaged(connection, run_id, problem)
         found.append(StoredRun(run_id, started, night, commit, status, PointKey(*point), prints,
                                None if value is None else float(value)))
     return found
@@ -672,11 +670,16 @@ def collectives_with_busbw(connection) -> list[StoredRun]:
         stored_key = None if problem else _collective_key(point, name)
         if problem or stored_key is None:
             problem = problem or f"point_key or figure name {str(name)[:80]!r} is not a collectives result's"
-            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
-                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
-                             "again into a new file")
+            raise _damaged(connection, run_id, problem)
         found.append(StoredRun(run_id, started, night, commit, status, stored_key, prints, float(value)))
     return found
+
+
+def _damaged(connection, run_id: Any, problem: str) -> UsageError:
+    """The refusal of a database whose row of ``run_id`` is damaged (``problem``)."""
+    return UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged (run "
+                      f"{str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results again into a "
+                      "new file")
 
 
 _COLLECTIVE_POINT_TYPES = ((str,), (str, type(None)), (str,), (int,), (int,), (str,))  # POINT_FIELDS'
