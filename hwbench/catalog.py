@@ -484,8 +484,8 @@ class Catalog:
     devices: dict[str, DeviceModel]
     workloads: dict[str, Workload]
 
-    def match_device(self, backend: str, device_name: str, power_limit_w: float | None = None) -> DeviceModel | None:
-        return self.identify(backend, device_name, power_limit_w).entry
+    def match_device(self, backend: str, device_name: str) -> DeviceModel | None:
+        return self.identify(backend, device_name).entry
 
     def identify(self, backend: str, device_name: str, power_limit_w: float | None = None,
                  power_limit_basis: str = "the power limit") -> DeviceMatch:

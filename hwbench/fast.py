@@ -77,12 +77,11 @@ def memory_of_device(spec: RunSpec, catalog: Catalog) -> DeviceMemory:
     return DeviceMemory(backend.name, capacity, source)
 
 
-def choose_fast(spec: RunSpec, given: set[str], catalog: Catalog, memory: DeviceMemory,
-                headroom: float = DEFAULT_HEADROOM) -> RunSpec:
+def choose_fast(spec: RunSpec, given: set[str], catalog: Catalog, memory: DeviceMemory) -> RunSpec:
     """The fast spec for ``memory``: recompute and micro batch chosen (unless in ``given``),
     settings_choice saying what and why. Torch-free: the planner predicts every candidate."""
     config = spec.model_config(catalog.workloads[spec.model].model)
-    usable = None if memory.capacity_bytes is None else headroom * memory.capacity_bytes
+    usable = None if memory.capacity_bytes is None else DEFAULT_HEADROOM * memory.capacity_bytes
 
     def planned(recompute: bool, micro: int) -> int:
         candidate = dataclasses.replace(spec, recompute=recompute, micro_batch_size=micro)
@@ -93,7 +92,7 @@ def choose_fast(spec: RunSpec, given: set[str], catalog: Catalog, memory: Device
     fitting = [] if usable is None else [(recompute, micro, peak) for recompute in recomputes for micro in micros
                                          if (peak := planned(recompute, micro)) <= usable]
     where = (f"fast for {memory.kind} with {gib(memory.capacity_bytes, 1, unit=True)} per device ({memory.source}), "
-             f"{gib(usable, 1, unit=True)} usable at headroom {headroom:g}" if usable is not None else
+             f"{gib(usable, 1, unit=True)} usable at headroom {DEFAULT_HEADROOM:g}" if usable is not None else
              f"fast for {memory.kind}, memory per device unknown ({memory.source}; give --device-memory)")
     if fitting:
         recompute, micro, peak = fitting[0]  # recompute off first, then the largest micro batch

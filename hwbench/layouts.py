@@ -75,14 +75,14 @@ class LayoutPlan:  # what `hwbench plan` shows: the device it planned for and ev
 
 def plan_layouts(base: RunOptions, devices: Any, *, device_memory: Any = None, device_model: str | None = None,
                  device: str | None = None, headroom: Any = None, engines: Iterable[str] = ENGINES,
-                 layout: tuple[int, int, int] | None = None, catalog: Catalog | None = None) -> LayoutPlan:
+                 layout: tuple[int, int, int] | None = None) -> LayoutPlan:
     """`hwbench plan` and hwbench.plan, input checked as the command checks it: every layout
     of ``devices`` (or ``layout``, with the variant ``base`` names). One device's memory:
     ``device_memory`` (bytes, or "32GiB") or the catalog's ``device_model``; ``device``: the
     kind whose framework overhead is added (default: the device model's, else cuda)."""
     from hwbench.catalog import load_catalog
 
-    catalog = catalog or load_catalog()
+    catalog = load_catalog()
     find_workload(catalog, base.value("model"))  # every layout would be refused for it: said once
     capacity, kind = _device(device_memory, device_model, device, catalog)
     headroom = DEFAULT_HEADROOM if headroom is None else _HEADROOM.check(headroom)

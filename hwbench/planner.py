@@ -50,12 +50,6 @@ FP32 = 4
 HALF = 2
 
 
-def expert_parallel(spec: RunSpec) -> int:
-    """The expert-parallel degree of ``spec`` (--ep, Megatron's --expert-model-parallel-size): the
-    data-parallel ranks each layer's routed experts are split over; 1 where the spec has none."""
-    return int(getattr(spec.parallel, "ep", 1) or 1)
-
-
 @dataclasses.dataclass(frozen=True)
 class StageParams:
     """Parameters one rank of a pipeline stage holds, after tensor and expert parallelism and
@@ -110,12 +104,8 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
 
     def fits(self, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
-        return fits(self, capacity_bytes, headroom)
-
-
-def fits(plan: MemoryPlan, capacity_bytes: int, headroom: float = DEFAULT_HEADROOM) -> bool:
-    """True when the predicted peak is at most ``headroom`` x the device's memory."""
-    return plan.total_bytes <= headroom * capacity_bytes
+        """True when the predicted peak is at most ``headroom`` x the device's memory."""
+        return self.total_bytes <= headroom * capacity_bytes
 
 
 # parameters ---------------------------------------------------------------------
@@ -440,7 +430,7 @@ def plan_stage(spec: RunSpec, config: GPTConfig, backend_name: str, stage: int) 
     config = spec.model_config(config)
     if backend_name not in OVERHEAD_BYTES:
         raise UsageError(f"--device {backend_name!r} is not known; accepted: {', '.join(DEVICE_KINDS)}")
-    params = stage_parameters(config, spec.parallel.tp, spec.parallel.pp, stage, expert_parallel(spec))
+    params = stage_parameters(config, spec.parallel.tp, spec.parallel.pp, stage, spec.parallel.ep)
     states = _states(spec, backend_name, params.total, params.experts)
     rules = save_rules(spec, backend_name, config)
     in_flight = microbatches_in_flight(spec, stage)
@@ -472,7 +462,7 @@ def _states(spec: RunSpec, backend_name: str, n: int, experts: int = 0) -> _Stat
     ``experts`` among them (this rank's routed experts) are sharded over the expert-data-parallel
     ranks (dp / ep, those holding the same experts), the others over dp."""
     tp, pp, dp = spec.parallel.tp, spec.parallel.pp, spec.parallel.dp
-    expert_dp = max(1, dp // expert_parallel(spec))
+    expert_dp = max(1, spec.parallel.expert_dp)
 
     def shard(bytes_per_parameter: int) -> int:
         return _ceil((n - experts) * bytes_per_parameter, dp) + _ceil(experts * bytes_per_parameter, expert_dp)
@@ -502,7 +492,7 @@ def _states(spec: RunSpec, backend_name: str, n: int, experts: int = 0) -> _Stat
             # DDP's gradient buckets: a second copy (gradient_as_bucket_view=False). With expert
             # parallelism DDP leaves the experts out: their gradients go in one flat all-reduce
             # over the ranks holding the same experts after the backward (hwbench.engine.native)
-            apart = experts if expert_parallel(spec) > 1 else 0
+            apart = experts if spec.parallel.ep > 1 else 0
             buffers = (n - apart) * g_b
             step_transient = apart * g_b
             notes.append("DDP buckets: one more gradient copy" + (" (the experts': a flat all-reduce at the step)"
@@ -541,7 +531,7 @@ def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: i
     (or with recompute their inputs, and one block's while it is recomputed), and on the last
     stage the final norm's and the output layer's inputs."""
     s, b, h = spec.seq_length, spec.micro_batch_size, config.hidden_size
-    layers = [activation_bytes_per_layer(s, b, config, spec.parallel.tp, rules, layer, expert_parallel(spec))
+    layers = [activation_bytes_per_layer(s, b, config, spec.parallel.tp, rules, layer, spec.parallel.ep)
               for layer in stage_layers(config.num_layers, spec.parallel.pp, stage)]
     notes: tuple[str, ...] = ()
     if spec.recompute:
@@ -551,7 +541,7 @@ def _activations(spec: RunSpec, config: GPTConfig, params: StageParams, stage: i
     else:
         per_micro = sum(layers)
         recompute_peak = 0
-    if expert_parallel(spec) > 1:
+    if spec.parallel.ep > 1:
         notes += ("expert parallelism: balanced routing assumed (each rank's experts receive as many rows as its "
                   "tokens' assignments)",)
     if stage == spec.parallel.pp - 1:

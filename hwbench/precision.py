@@ -23,11 +23,6 @@ DEFAULT_FP8_RECIPE = "tensorwise"  # torchao's default Float8LinearConfig(), tor
 FP8_HIGH_PRECISION = "bf16"
 
 
-def autocast_precision(precision: str) -> str:
-    """The autocast dtype's name of a run in ``precision`` (fp8: bf16 around the FP8 GEMMs)."""
-    return FP8_HIGH_PRECISION if precision == FP8 else precision
-
-
 def peak_precision(precision: str) -> str:
     """The catalog peak a run's MFU is stated against (fp8: the BF16 dense peak)."""
     return FP8_HIGH_PRECISION if precision == FP8 else precision

@@ -75,22 +75,21 @@ DRIFT_THRESHOLD = 0.05  # the last quarter's median step time more than 5% off t
 MIN_STEADY_STEPS = 8  # two quarters of two steps each
 
 
-def steady_state(times: Sequence[float], tolerance: float = SETTLE_TOLERANCE,
-                 drift_threshold: float = DRIFT_THRESHOLD) -> dict[str, Any]:
+def steady_state(times: Sequence[float]) -> dict[str, Any]:
     """How the step time of a timed window settled and whether it drifted.
 
     ``settled_after_steps``: the leading steps up to the middle of the last rolling window (of
-    ``settle_window`` steps: a tenth of them, at least 3) whose median is more than ``tolerance``
+    ``settle_window`` steps: a tenth of them, at least 3) whose median is more than SETTLE_TOLERANCE
     off the median of the timed window's last half; None when the last rolling window is off.
     ``drift``: the last quarter's median step time over the first quarter's, minus 1 (positive:
     slower at the end, as a throttled or down-clocked device is); ``drifting`` when its size is
-    above ``drift_threshold``. Fewer than MIN_STEADY_STEPS steps: every figure None. A None
+    above DRIFT_THRESHOLD. Fewer than MIN_STEADY_STEPS steps: every figure None. A None
     figure has its reason in ``unmeasured``."""
     n = len(times)
     names = ("settled_after_steps", "settle_window", "drift", "drifting", "first_quarter_median_s",
              "last_quarter_median_s")
     figures: dict[str, Any] = dict.fromkeys(names)
-    figures.update(settle_tolerance=tolerance, drift_threshold=drift_threshold, unmeasured={})
+    figures.update(settle_tolerance=SETTLE_TOLERANCE, drift_threshold=DRIFT_THRESHOLD, unmeasured={})
     if n < MIN_STEADY_STEPS:
         why = f"{n} timed steps: steady state needs {MIN_STEADY_STEPS} or more"
         figures["unmeasured"] = dict.fromkeys(names, why)
@@ -98,19 +97,19 @@ def steady_state(times: Sequence[float], tolerance: float = SETTLE_TOLERANCE,
     window = max(3, n // 10)
     reference = statistics.median(times[n // 2:])
     rolling = [statistics.median(times[i:i + window]) for i in range(n - window + 1)]
-    off = [i for i, median in enumerate(rolling) if abs(median / reference - 1) > tolerance]
+    off = [i for i, median in enumerate(rolling) if abs(median / reference - 1) > SETTLE_TOLERANCE]
     quarter = n // 4
     first, last = statistics.median(times[:quarter]), statistics.median(times[-quarter:])
     drift = last / first - 1 if first > 0 else None
     settled = not off or off[-1] < len(rolling) - 1  # the last rolling median off: it never settled
     if not settled:
-        figures["unmeasured"]["settled_after_steps"] = (f"the step time never stayed within {tolerance:.0%} of its "
-                                                        "last half's median")
+        figures["unmeasured"]["settled_after_steps"] = (f"the step time never stayed within {SETTLE_TOLERANCE:.0%} "
+                                                        "of its last half's median")
     # a window whose median is off has its middle step off: the settled part starts after it
     figures.update(settled_after_steps=(off[-1] + window // 2 + 1 if off else 0) if settled else None,
                    settle_window=window,
                    drift=drift,
-                   drifting=drift is not None and abs(drift) > drift_threshold,
+                   drifting=drift is not None and abs(drift) > DRIFT_THRESHOLD,
                    first_quarter_median_s=first, last_quarter_median_s=last)
     return figures
 

@@ -10,6 +10,7 @@ import pytest
 from hwbench.catalog import load_catalog
 from hwbench.workload import GPTConfig, count_parameters
 from hwbench.workload.flops import (
+    DEFAULT_FLOPS_FORMULA,
     FLOPS_FORMULAS,
     FlopsNotCounted,
     flops_by_formula,
@@ -18,6 +19,7 @@ from hwbench.workload.flops import (
     model_flops_per_iteration,
     shape_caveat,
     uncounted,
+    work_formula,
 )
 
 CATALOG = load_catalog()
@@ -296,8 +298,9 @@ def test_a_run_counted_by_a_gpt2_formula_on_a_llama_model_is_warned():
     assert not any("FLOPs formula counts" in w for w in warnings("megatron-core-v0.12"))
 
 
-def merged_moe_metrics(formula: str):
-    """A moe-tiny run's metrics as merge_ranks makes them (one rank, 0.1 s steps) under ``formula``."""
+def merged_moe_metrics(formula: str, peak_flops: float = 1e15):
+    """A moe-tiny run's metrics as merge_ranks makes them (one rank, 0.1 s steps) under ``formula``,
+    on a device of ``peak_flops``."""
     from hwbench.device.base import MemoryStats
     from hwbench.harness.merge import RankReport, merge_ranks
     from hwbench.result.model import RunResult
@@ -310,7 +313,7 @@ def merged_moe_metrics(formula: str):
                                                                                       source="test"),
                         losses=[3.0] * steps, grad_norms=[1.0] * steps, lrs=[1e-4] * steps,
                         loss_scales=[None] * steps, skipped=[False] * steps, wall_time_s=0.2)
-    result = RunResult(run_id="r", status="ok", spec={}, device={"peak_flops": 1e15})
+    result = RunResult(run_id="r", status="ok", spec={}, device={"peak_flops": peak_flops})
     merge_ranks(result, spec, find_workload(CATALOG, "moe-tiny"), [report])
     return spec, result
 
@@ -349,3 +352,24 @@ def test_an_moe_run_under_a_formula_without_expert_terms_has_null_figures_with_t
 
     row = dict(run_summary_rows(result))["TFLOP/s per device"]
     assert row.startswith("null: the megatron-deepspeed FLOPs formula") and "no mixture-of-experts term" in row
+
+
+def test_the_estimate_and_the_merge_count_one_fallback_for_a_formula_that_cannot_count_the_model():
+    """moe-tiny under megatron-deepspeed (no expert term): the duration estimate's work and the
+    merge's speed check both count the default formula's FLOPs (work_formula), the device's work
+    whatever the asked formula reports: a peak just under that rate makes the run implausible,
+    one just over it does not, and the estimate counts the same FLOPs per step."""
+    from hwbench.device import select_backend
+    from hwbench.harness.estimate import run_work
+
+    spec, result = merged_moe_metrics("megatron-deepspeed")
+    counting, reason = work_formula("megatron-deepspeed", spec.model_config(CATALOG.workloads["moe-tiny"].model))
+    assert counting == DEFAULT_FLOPS_FORMULA and reason is not None and "no mixture-of-experts term" in reason
+    per_step = result.metrics.by_formula[counting].flops_per_iteration
+    assert per_step and result.metrics.flops_per_iteration is None
+    assert run_work(spec, CATALOG, select_backend("cpu")).flops == pytest.approx(per_step * (spec.warmup + spec.steps))
+    rate = per_step / 0.1  # one rank, 0.1 s steps
+    _, under = merged_moe_metrics("megatron-deepspeed", peak_flops=rate * 0.99)
+    _, over = merged_moe_metrics("megatron-deepspeed", peak_flops=rate * 1.01)
+    assert under.status == "invalid" and under.error and under.error.type == "ImplausibleThroughput"
+    assert over.status == "ok"

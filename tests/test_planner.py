@@ -14,7 +14,6 @@ from hwbench.planner import (
     OVERHEAD_BYTES,
     SaveRules,
     activation_bytes_per_layer,
-    fits,
     microbatches_in_flight,
     parse_size,
     plan_for_all_stages,
@@ -348,8 +347,8 @@ def test_stage_parameters_match_the_real_model():
 def test_sizes():
     assert parse_size("32GiB") == 32 * 2 ** 30 and parse_size("24G") == 24 * 2 ** 30
     assert parse_size("80GB") == 80 * 10 ** 9 and parse_size("1024") == 1024
-    assert fits(plan_memory(spec_for(), CONFIG, "cpu"), GIB) and not fits(plan_memory(spec_for(), CONFIG, "cpu"),
-                                                                              GIB // 2)
+    plan = plan_memory(spec_for(), CONFIG, "cpu")
+    assert plan.fits(GIB) and not plan.fits(GIB // 2)
 
 
 NO_FLOAT_COMMANDS = [["plan", "--model", "tiny", "--devices", "2"], ["tune", "--model", "tiny", "--devices", "2"],
@@ -615,20 +614,13 @@ EXPERTS = 4 * 3 * 64 * 96  # one layer's routed experts
 
 
 def _with_ep(spec, ep, **changes):
-    """``spec`` with an expert-parallel degree, as a ParallelDims with --ep will carry it (read
-    with getattr: hwbench.planner.expert_parallel)."""
-    import types
-
-    parallel = types.SimpleNamespace(tp=spec.parallel.tp, pp=spec.parallel.pp, dp=spec.parallel.dp, ep=ep,
-                                     world_size=spec.parallel.world_size)
-    return dataclasses.replace(spec, parallel=parallel, **changes)
+    """``spec`` with the expert-parallel degree ``ep`` (--ep)."""
+    return dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, ep=ep), **changes)
 
 
 def test_moe_block_and_stage_parameters_by_hand():
     """An MoE block: the attention and norms as Llama's, the router (E x h) and every expert;
     expert parallelism keeps E / ep experts a rank; --moe-layer-freq 2 makes layer 1 dense."""
-    from hwbench.planner import expert_parallel
-
     assert MOE_BLOCK == 86_400
     assert stage_parameters(MOE, 1, 1, 0).block == MOE_BLOCK
     assert stage_parameters(MOE, 1, 1, 0).experts == 2 * EXPERTS
@@ -646,7 +638,6 @@ def test_moe_block_and_stage_parameters_by_hand():
     qwen = dataclasses.replace(MOE, kv_channels=32, qk_layernorm=True)
     assert stage_parameters(qwen, 1, 1, 0).block == 2 * 64 + 2 * 64 * 128 + 2 * 64 * 64 + 2 * 32 + 4 * 64 + EXPERTS
     assert stage_parameters(qwen, 1, 1, 0).total == count_parameters(qwen).total
-    assert expert_parallel(spec_for()) == 1  # a spec without an expert-parallel degree
 
 
 def test_moe_stage_parameters_match_the_real_model():

@@ -24,7 +24,6 @@ from hwbench.result.breakdown import (
     classify,
     complete_events,
     read_trace,
-    sums_to_step,
     waiting_straggler,
 )
 from hwbench.result.model import BREAKDOWN_CATEGORIES, TimeBreakdown
@@ -32,6 +31,14 @@ from hwbench.result.store import load_result
 
 DATA = Path(__file__).resolve().parent / "data" / "profile"
 SLOW_RUN = DATA / "dp2-slow-rank1.json"
+
+
+def sums_to_step(figures: TimeBreakdown, tolerance: float = SUM_TOLERANCE) -> bool:
+    """Whether the categories add up to the step within ``tolerance`` of it (profile.sum_tolerance)."""
+    if figures.step_s is None:
+        return False
+    total = sum(figures.seconds(category) or 0.0 for category in BREAKDOWN_CATEGORIES)
+    return abs(total - figures.step_s) <= tolerance * figures.step_s
 
 
 def _x(name: str, start: float, duration: float, cat: str = "cpu_op", tid: int = 1, **args) -> dict:

@@ -101,6 +101,7 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     or written. ``before``: called once the input is checked, before the first measurement (the
     command's preflight: the report it made, whose warnings the page shows, or None). When the
     baseline holds collectives, they are measured on this node after the probes (acceptance/fabric.py)."""
+    from hwbench.acceptance.device_probe import probe_devices
     from hwbench.acceptance.fabric import fabric_jobs, measure_fabric
     from hwbench.acceptance.node_probes import check_node_devices, partition_nodes
     from hwbench.device import select_backend
@@ -129,12 +130,15 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
         check_node_devices(nodes, device, options.devices_per_node)
     checked_first = before()
     say = progress_lines(progress)
-    probes, health = _health_and_probes(options, slurm, say, backend, nodes, device)
+    health, probes = _health(options, slurm, say, backend, nodes, device)
     if failing(health):  # nothing more is measured on a system with a device known faulty: its figures are not its
         acceptance = judge(probes, [], baseline, options.min_ratio, options.outlier, checked_first, None, health)
         options.out_dir.mkdir(parents=True, exist_ok=True)
         options.page.write_text(render(acceptance, options.page_format))
         return acceptance, options.page
+    if backend is not None:  # this host's devices (not Slurm's nodes), probed now that none is known faulty
+        probes = probe_devices(backend.name, options.devices_per_node or backend.device_count(),
+                               options.probe_time_s, options.out_dir, say)
     fabric = measure_fabric(jobs, options.out_dir, say)
     records = run_sweep(suite, sweep, slurm=slurm, progress=progress)
     acceptance = judge(probes, [(r.point.name, r.results) for r in records], baseline,
@@ -143,24 +147,20 @@ def accept(options: AcceptOptions, slurm=None, progress: bool = True,
     return acceptance, options.page
 
 
-def _health_and_probes(options: AcceptOptions, slurm, say, backend, nodes: list, device: str
-                       ) -> tuple[list[dict], list[NodeHealth]]:
-    """Each node's devices' health, read before anything is timed, then each device probed alone:
-    locally, this host read here and probed only when no device fails; under Slurm, each node's job
-    reads its own first and probes only then (acceptance/node_probes.py)."""
-    from hwbench.acceptance.device_probe import probe_devices
+def _health(options: AcceptOptions, slurm, say, backend, nodes: list, device: str
+            ) -> tuple[list[NodeHealth], list[dict]]:
+    """Each node's devices' health, read before anything is timed, said; and under Slurm each
+    device's probe, which each node's job runs only after reading its own health as good
+    (acceptance/node_probes.py). Locally no probe yet: the caller probes this host's devices once
+    it has judged their health."""
     from hwbench.acceptance.node_probes import probe_nodes
 
+    probes: list[dict] = []
     if slurm is not None:
         probes, health = probe_nodes(nodes, device, options.devices_per_node, options.probe_time_s,
                                      options.out_dir, slurm, say)
-        for line in health_lines(health):
-            say(line)
-        return probes, health
-    health = [read_node_health(backend.name)]
+    else:
+        health = [read_node_health(backend.name)]
     for line in health_lines(health):
         say(line)
-    if failing(health):
-        return [], health
-    count = options.devices_per_node or backend.device_count()
-    return probe_devices(backend.name, count, options.probe_time_s, options.out_dir, say), health
+    return health, probes

@@ -7,19 +7,17 @@ figures would not be the device's)."""
 
 from __future__ import annotations
 
-import os
 import socket
-from collections.abc import Mapping
 
 from hwbench.device.health import NodeHealth
 
 
-def read_node_health(kind: str, node: str | None = None, environ: Mapping[str, str] = os.environ) -> NodeHealth:
+def read_node_health(kind: str) -> NodeHealth:
     """This node's devices of ``kind``, as its management library reads them; a library that cannot
     be read gives no device and the reason (DeviceReadings.reason), never an exception."""
     from hwbench.device.preflight import read_devices
 
-    return NodeHealth(node or socket.gethostname(), read_devices(kind, environ))
+    return NodeHealth(socket.gethostname(), read_devices(kind))
 
 
 def failing(health: list[NodeHealth]) -> bool:

@@ -103,12 +103,12 @@ class SavedCheckpoint:
         return {key: int(self.manifest["data"][key]) for key in ("consumed_train_samples", "consumed_valid_samples")}
 
 
-def find_checkpoint(path: str | os.PathLike, option: str = "--load") -> SavedCheckpoint:
+def find_checkpoint(path: str | os.PathLike) -> SavedCheckpoint:
     """The checkpoint ``path`` names: a save folder (its latest file), or one iteration folder.
     UsageError, one line, when it is not a checkpoint or not whole (a file missing or shorter
     than the manifest says: truncated)."""
     folder = Path(path)
-    shown = f"{option} {os.fspath(path)}"
+    shown = f"--load {os.fspath(path)}"
     if not folder.is_dir():
         what = "a file, not a folder" if folder.exists() else "no such folder"
         raise UsageError(f"{shown}: {what}; give a folder that `hwbench run --save` wrote")
@@ -176,11 +176,11 @@ def _check_files(folder: Path, manifest: dict[str, Any], shown: str) -> None:
 
 
 def check_resumable(saved: SavedCheckpoint, model: str, model_config: dict[str, Any], engine: str,
-                    layout: dict[str, Any], fused_qkv: bool, option: str = "--load") -> None:
+                    layout: dict[str, Any], fused_qkv: bool) -> None:
     """UsageError, one line naming what does not match, when this run cannot take ``saved``:
     another model's (any difference of shape), another engine's, DeepSpeed's in another layout
     (DeepSpeed loads its files into the layout that wrote them), or another q/k/v projection."""
-    shown = f"{option} {saved.path}"
+    shown = f"--load {saved.path}"
     manifest = saved.manifest
     differences = [f"{key} {manifest['model_config'].get(key)} here {value}" for key, value in model_config.items()
                    if manifest["model_config"].get(key) != value]

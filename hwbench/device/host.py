@@ -19,12 +19,12 @@ def allowed_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+def usable_cores() -> int:
     """Cores this process may really use: its affinity mask, capped by a cgroup
     v2 CPU quota when one is set."""
     cores = len(allowed_cpus())
     try:
-        quota, period = cpu_max.read_text().split()
+        quota, period = CGROUP_CPU_MAX.read_text().split()
         if quota != "max":
             cores = min(cores, max(1, int(int(quota) / int(period))))
     except (OSError, ValueError):

@@ -113,9 +113,10 @@ class DistContext:
             dist.all_reduce(tensor, op=op, group=self.group(dim))
         return tensor
 
-    def all_reduce_world(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce_world(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over every rank, in place."""
         if self.mesh is not None:
-            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(tensor)
         return tensor
 
     def gather_objects(self, value: Any) -> list[Any] | None:

@@ -49,15 +49,10 @@ def run_work(spec: RunSpec, catalog: Catalog, backend: Backend) -> Work:
     """The FLOPs the device computes in ``spec``'s warm-up and timed steps: the model FLOPs of the
     formula the run reports (the default's where that one cannot count the model: the device does
     the same work whatever a formula counts), and the recomputed forward of a run that recomputes."""
-    from hwbench.workload.flops import (
-        DEFAULT_FLOPS_FORMULA,
-        counts_hardware_flops,
-        model_flops_per_iteration,
-        uncounted,
-    )
+    from hwbench.workload.flops import counts_hardware_flops, model_flops_per_iteration, work_formula
 
     config = spec.model_config(catalog.workloads[spec.model].model)
-    formula = DEFAULT_FLOPS_FORMULA if uncounted(spec.flops_formula, config) else spec.flops_formula
+    formula, _ = work_formula(spec.flops_formula, config)
     per_step = model_flops_per_iteration(config, spec.global_batch_size, spec.seq_length,
                                          tensor_parallel=spec.parallel.tp, recompute=spec.recompute, formula=formula)
     if spec.recompute and not counts_hardware_flops(formula, spec.recompute):

@@ -231,13 +231,13 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def recover_stranded_runs(temp_dir: str | None = None) -> list[str]:
+def recover_stranded_runs() -> list[str]:
     """Run folders whose launcher was killed before it could clean up (SIGKILL, the OOM
     killer): a finished result in one is moved to the --out its launcher was given,
     marked as recovered; then the folder is removed. Folders of live launchers are left
     alone. Returns one line per folder for the caller to show."""
     notes = []
-    for run_dir in sorted(Path(temp_dir or tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*")):
+    for run_dir in sorted(Path(tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*")):
         owner = _load_json(run_dir / OWNER_FILE)
         if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
             continue  # not ours, or its owner is still writing the owner file

@@ -54,12 +54,12 @@ from hwbench.spec import RunSpec
 from hwbench.stats import finite_or_none, steady_state, summarize
 from hwbench.target import INIT_BOUND_S
 from hwbench.workload.flops import (
-    DEFAULT_FLOPS_FORMULA,
     FLOPS_FORMULAS,
     flops_by_formula,
     flops_counts,
     shape_caveat,
     uncounted,
+    work_formula,
 )
 
 NOISY_CV = 0.10  # step-time CV above which a result carries a warning
@@ -281,13 +281,12 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
                   for name, formula_flops in formulas.items()}
     flops = formulas[spec.flops_formula]  # None: the formula cannot count this model (an MoE switch)
     achieved = flops * steps_per_s_per_device if flops is not None else None
-    # where the chosen formula has no count, the speed is judged on the default's, which counts every model
-    judged = flops if flops is not None else formulas[DEFAULT_FLOPS_FORMULA]
-    assert judged is not None, f"{DEFAULT_FLOPS_FORMULA} counts every model hwbench builds"
+    counting, not_counted = work_formula(spec.flops_formula, config)
+    judged = formulas[counting]
+    assert judged is not None, f"{counting} counts this model"
     implausible = implausible_throughput(judged * steps_per_s_per_device, result.device)
     ceiling = result.device.measured_ceiling.flops if result.device.measured_ceiling else None
     unmeasured: dict[str, str] = {}
-    not_counted = uncounted(spec.flops_formula, config)
     if implausible:  # a figure the device cannot reach: no MFU against anything (the status says why)
         peak = ceiling = None
         unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)

@@ -29,10 +29,9 @@ from hwbench.units import human_bytes
 
 OK, WARNING, FAILURE = "ok", "warning", "failure"
 SEVERITY = {None: 0, OK: 0, WARNING: 1, FAILURE: 2}
-# The order of the checks in the table and the result.
+# The device's checks, in the order of the table and the result (device_checks); the host's follow
+# (preflight's host_checks), in the order of docs/preflight.md.
 DEVICE_CHECKS = ("other_processes", "device_memory", "ecc_errors", "device_links", "clocks", "persistence_mode")
-CHECKS = (*DEVICE_CHECKS, "cpu_governor",
-          "numa_balancing", "transparent_hugepages", "swap", "cpu_quota", "collective_settings", "disk_space")
 DEVICE_MEMORY_FREE_MIN = 0.9  # below this share free before a run, something else holds the device's memory
 HOST_MEMORY_AVAILABLE_MIN = 0.2
 CPU_LOAD_SHARE_MAX = 0.5  # a 1-minute load above half the usable cores: other processes compete for them
@@ -348,8 +347,8 @@ def _bracketed(text: str) -> str:
     return next((word[1:-1] for word in text.split() if word.startswith("[")), text)
 
 
-def cpu_governor(host: Host, cpus: Iterable[int] | None = None) -> Check:
-    cpus = list(allowed_cpus() if cpus is None else cpus)
+def cpu_governor(host: Host) -> Check:
+    cpus = list(allowed_cpus())
     base = host.sys / "devices/system/cpu"
     governors = {cpu: _read(base / f"cpu{cpu}/cpufreq/scaling_governor") for cpu in cpus}
     read = {cpu: governor for cpu, governor in governors.items() if governor}

@@ -141,9 +141,9 @@ def _tasks_on_node(tasks_per_node: str, node: int, fallback: int) -> int:
     return counts[node] if node < len(counts) else max(fallback, 1)
 
 
-def slurm_record(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+def slurm_record() -> dict[str, Any] | None:
     """``environment.slurm`` of a result: the job this process runs in, or None."""
-    task = SlurmTask.from_environ(environ)
+    task = SlurmTask.from_environ()
     return task.record() if task else None
 
 

@@ -135,8 +135,7 @@ def _worse(test: dict[str, float], higher_is_better: bool) -> bool:
     return (test["difference"] < 0) == higher_is_better
 
 
-def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
-                   min_nights: int = MIN_NIGHTS) -> SeriesChanges:
+def series_changes(series: Series, threshold: float) -> SeriesChanges:
     """The change points of every segment of ``series`` and the open regression of its
     last segment, if any (an earlier segment ran in another environment)."""
     higher_is_better = metric_named(series.metric).higher_is_better
@@ -148,7 +147,7 @@ def series_changes(series: Series, threshold: float, alpha: float = ALPHA,
         # limit (1.7e308) neither overflow nor lose a bit: t, p and every ratio are unchanged
         scale = power_of_two_scale(night.value for night in segment.nights)
         values = [night.value / scale for night in segment.nights]
-        points = change_points(values, alpha, min_nights)
+        points = change_points(values)
         tests = level_changes(values, points)
         latest, open_change = open_regression(tests, threshold, higher_is_better)
         open_index = None if latest is None else len(changes) + latest

@@ -41,13 +41,12 @@ class NoiseModel:
         return rng.choice(self.deviations) if self.deviations else rng.gauss(0.0, self.cv)
 
 
-def simulated_nights(rng: random.Random, noise: NoiseModel, step_night: int | None, step: float,
-                     nights: int = NIGHTS, repeats: int = REPEATS) -> list[float]:
+def simulated_nights(rng: random.Random, noise: NoiseModel, step_night: int | None, step: float) -> list[float]:
     """Night values of a throughput figure at level 1, times (1 + step) from ``step_night`` on."""
     values = []
-    for night in range(nights):
+    for night in range(NIGHTS):
         level = 1.0 + (step if step_night is not None and night >= step_night else 0.0)
-        values.append(statistics.median(level * (1.0 + noise.draw(rng)) for _ in range(repeats)))
+        values.append(statistics.median(level * (1.0 + noise.draw(rng)) for _ in range(REPEATS)))
     return values
 
 

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,36 +76,32 @@ def _point_keys_with_positions(connection) -> None:
 def _point_keys_with_stand_in(connection) -> None:
     """Version 3: every stored point key ends with stand_in, "simulated" for a run whose stored
     environment says a stand-in ran it, else null: simulated runs leave the real device's series."""
-    rows = connection.execute("SELECT run_id, point_key, environment FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text, environment in rows:
-        old, stored = _json_column(text), _json_column(environment)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS)):
-            continue  # damaged: runs_with_metric names it
-        simulated = isinstance(stored, dict) and stored.get("simulated") is True
-        key = [*old, SIMULATED if simulated else None]
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
+    _extend_point_keys(connection, len(V2_POINT_FIELDS), lambda environment: SIMULATED if isinstance(
+        environment, dict) and environment.get("simulated") is True else None)
 
 
 def _point_keys_with_fp8_recipe(connection) -> None:
     """Version 4: every stored point key ends with fp8_recipe, null: every run stored before it was
     not an FP8 run (--precision fp8 came with the field)."""
-    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text in rows:
-        old = _json_column(text)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 1):
-            continue  # damaged: runs_with_metric names it
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, None]), run_id))
+    _extend_point_keys(connection, len(V2_POINT_FIELDS) + 1, lambda _environment: None)
 
 
 def _point_keys_with_expert_parallelism(connection) -> None:
     """Version 5: every stored point key ends with ep, 1 for every run stored before it (expert
     parallelism, --ep, came with the field)."""
-    rows = connection.execute("SELECT run_id, point_key FROM runs WHERE point_key IS NOT NULL").fetchall()
-    for run_id, text in rows:
+    _extend_point_keys(connection, len(V2_POINT_FIELDS) + 2, lambda _environment: 1)  # version 4's: fp8_recipe last
+
+
+def _extend_point_keys(connection, length: int, new_field: Callable[[Any], Any]) -> None:
+    """Every stored point key of ``length`` fields (the version before's) with one more field at its
+    end, ``new_field`` of the run's stored environment."""
+    rows = connection.execute("SELECT run_id, point_key, environment FROM runs WHERE point_key IS NOT NULL").fetchall()
+    for run_id, text, environment in rows:
         old = _json_column(text)
-        if not (isinstance(old, list) and len(old) == len(V2_POINT_FIELDS) + 2):  # version 4's: fp8_recipe last
+        if not (isinstance(old, list) and len(old) == length):
             continue  # damaged: runs_with_metric names it
-        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps([*old, 1]), run_id))
+        key = [*old, new_field(_json_column(environment))]
+        connection.execute("UPDATE runs SET point_key = ? WHERE run_id = ?", (json.dumps(key), run_id))
 
 
 def _runs_with_kind(connection) -> None:
@@ -650,9 +646,7 @@ def runs_with_metric(connection, metric_name: str) -> list[StoredRun]:
         point, prints = _json_column(key), _json_column(fingerprint)
         problem = _row_problem(run_id, started, night, commit, status, point, prints, value, metric_name)
         if problem:
-            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
-                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
-                             "again into a new file")
+            raise _damaged(connection, run_id, problem)
         found.append(StoredRun(run_id, started, night, commit, status, PointKey(*point), prints,
                                None if value is None else float(value)))
     return found
@@ -676,11 +670,16 @@ def collectives_with_busbw(connection) -> list[StoredRun]:
         stored_key = None if problem else _collective_key(point, name)
         if problem or stored_key is None:
             problem = problem or f"point_key or figure name {str(name)[:80]!r} is not a collectives result's"
-            raise UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged "
-                             f"(run {str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results "
-                             "again into a new file")
+            raise _damaged(connection, run_id, problem)
         found.append(StoredRun(run_id, started, night, commit, status, stored_key, prints, float(value)))
     return found
+
+
+def _damaged(connection, run_id: Any, problem: str) -> UsageError:
+    """The refusal of a database whose row of ``run_id`` is damaged (``problem``)."""
+    return UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged (run "
+                      f"{str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results again into a "
+                      "new file")
 
 
 _COLLECTIVE_POINT_TYPES = ((str,), (str, type(None)), (str,), (int,), (int,), (str,))  # POINT_FIELDS'

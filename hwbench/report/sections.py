@@ -32,9 +32,6 @@ from hwbench.report.summary import wait_straggler_text
 from hwbench.result.model import BREAKDOWN_CATEGORIES, GOODPUT_PHASES, Goodput, RunResult, TimeBreakdown
 from hwbench.workload.flops import counts_hardware_flops, hfu_reason
 
-SECTIONS = ("Decision", "Runs", "Against the published tables", "Per model", "Procurement", "Convergence",
-            "Checkpoints", "Environment", "Skipped input files")
-
 
 def runs_section(runs: pd.DataFrame) -> Section:
     section = Section("Runs")

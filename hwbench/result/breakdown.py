@@ -285,18 +285,9 @@ def breakdown(events: Sequence[TraceEvent], rank: int, trace: str | None = None)
     )
 
 
-def sums_to_step(figures: TimeBreakdown, tolerance: float = SUM_TOLERANCE) -> bool:
-    """Whether the categories add up to the step within ``tolerance`` of it."""
-    if figures.step_s is None:
-        return False
-    total = sum(figures.seconds(category) or 0.0 for category in BREAKDOWN_CATEGORIES)
-    return abs(total - figures.step_s) <= tolerance * figures.step_s
-
-
-def waiting_straggler(ranks: Sequence[TimeBreakdown],
-                      threshold: float = STRAGGLER_WAIT_SHARE) -> WaitStraggler | None:
+def waiting_straggler(ranks: Sequence[TimeBreakdown]) -> WaitStraggler | None:
     """The rank the others wait for: the one that waits least in collectives (exposed communication
-    per step), named when the other ranks' median wait exceeds its own by more than ``threshold``
+    per step), named when the other ranks' median wait exceeds its own by more than STRAGGLER_WAIT_SHARE
     of the median step; None with one rank, or when nobody holds the others back."""
     known = [r for r in ranks if r.rank is not None and r.exposed_communication_s is not None and r.step_s]
     if len(known) < 2:
@@ -305,7 +296,7 @@ def waiting_straggler(ranks: Sequence[TimeBreakdown],
     peers = statistics.median(r.exposed_communication_s or 0.0 for r in known if r is not least)
     step = statistics.median(r.step_s or 0.0 for r in known)
     lag = peers - (least.exposed_communication_s or 0.0)
-    if step <= 0 or lag <= threshold * step:
+    if step <= 0 or lag <= STRAGGLER_WAIT_SHARE * step:
         return None
     return WaitStraggler(rank=least.rank, wait_s=least.exposed_communication_s, peers_wait_s=peers, lag_s=lag,
                          lag_share=lag / step)

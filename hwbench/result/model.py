@@ -40,7 +40,7 @@ from hwbench.fields import (  # noqa: F401  (problem_text, validation_problem: i
     problem_text,
     validation_problem,
 )
-from hwbench.point import EMULATED, FROM_SPEC, SIMULATED, PointKey
+from hwbench.point import EMULATED, FROM_RUN, FROM_SPEC, SIMULATED, PointKey
 from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec
 from hwbench.workload.config import accumulation_steps
 
@@ -927,12 +927,8 @@ class RunResult(Section):
         spec = self.spec
         if spec.model is None:
             return None
-        return PointKey(
-            **{name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()},
-            backend=self.backend,
-            device_model=self.device_model,
-            stand_in=self.stand_in,
-        )
+        return PointKey(**{name: attrgetter(path)(spec) for name, path in FROM_SPEC.items()},
+                        **{name: getattr(self, name) for name in FROM_RUN})
 
     @property
     def stand_in(self) -> str | None:

@@ -94,7 +94,7 @@ class LocalExecutor(Executor):
         """The point `skipped` when the planner predicts it will not fit, with the prediction."""
         from hwbench.device import select_backend
         from hwbench.device_check import device_capacity_bytes
-        from hwbench.planner import fits, plan_memory
+        from hwbench.planner import plan_memory
 
         if spec.device not in self.devices:
             backend = select_backend(spec.device)
@@ -103,7 +103,7 @@ class LocalExecutor(Executor):
         if not capacity:
             return None
         plan = plan_memory(spec, self.catalog.workloads[spec.model].model, backend_name)
-        if fits(plan, capacity):
+        if plan.fits(capacity):
             return None
         return recorded(run, "skipped", f"predicted peak {gib(plan.total_bytes, 1, unit=True)} per rank (stage "
                         f"{plan.stage}) does not fit {gib(capacity, 1, unit=True)}; run with --no-plan to try anyway",

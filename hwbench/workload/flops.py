@@ -337,6 +337,16 @@ def uncounted(formula: str, config: GPTConfig) -> str | None:
     return FLOPS_FORMULAS[canonical_formula(formula)].refuses(config)
 
 
+def work_formula(formula: str, config: GPTConfig) -> tuple[str, str | None]:
+    """The formula that counts the device's work in a run that asked for ``formula``, and why the
+    asked one cannot count ``config``'s model (None when it can): ``formula`` itself, else the
+    default, which counts every model hwbench builds. The device does the same work whatever a
+    formula counts, so the run's duration is estimated and its speed judged on this count, while
+    its reported TFLOP/s and MFU stay null with the reason."""
+    reason = uncounted(formula, config)
+    return (DEFAULT_FLOPS_FORMULA if reason else canonical_formula(formula)), reason
+
+
 def flops_counts(formula: str, config: GPTConfig) -> str | None:
     """What ``formula``'s FLOPs of ``config`` count, in words (the result's metrics.flops_counts):
     every weight for a dense model; for a mixture of experts its active parameters, named; None
