@@ -66,7 +66,7 @@ class PhaseClock:
         return dict(self.seconds)
 
 
-def goodput_figures(seconds: dict[str, float], restarts_s: float) -> dict[str, Any]:
+def goodput_figures(seconds: dict[str, float], restarts_s: float, rank: int | None = None) -> Goodput:
     """The result's ``metrics.goodput`` from one rank's phase seconds and the time restarts lost
     before this attempt started: each phase's seconds and share of the total, and the goodput
     (the share of the total spent in training steps, warm-up and timed)."""
@@ -75,7 +75,8 @@ def goodput_figures(seconds: dict[str, float], restarts_s: float) -> dict[str, A
     total = sum(figures.values())
     shares = {name[:-2]: (value / total if total > 0 else None) for name, value in figures.items()}
     training = sum(seconds.get(phase, 0.0) for phase in TRAINING)
-    return {**figures, "total_s": total, "shares": shares, "goodput": training / total if total > 0 else None}
+    return Goodput(**figures, rank=rank, total_s=total, shares=shares,
+                   goodput=training / total if total > 0 else None)
 
 
 def restart_time_before(restart: dict[str, Any] | None, earlier: list[dict[str, Any]], attempt_s: float) -> float:

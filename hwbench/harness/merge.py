@@ -379,7 +379,7 @@ def merged_goodput(reports: list[RankReport]) -> Goodput | None:
     checkpoints = first.checkpoints or {}
     restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
                                      first.init_s or 0.0)
-    return Goodput.model_validate(finite({**goodput_figures(first.phases_s, restarts_s), "rank": first.rank}))
+    return goodput_figures(first.phases_s, restarts_s, first.rank)
 
 
 def merged_profile(spec: RunSpec, reports: list[RankReport]) -> Profile | None:
