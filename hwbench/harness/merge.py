@@ -450,16 +450,16 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
 def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> SteadyState:
     """hwbench.stats.steady_state of the merged step times, with the throttle reasons the
     devices reported over the window beside it (the likely cause of a drift)."""
-    figures = steady_state(times)
+    steady = steady_state(times)
     reported = [device.throttle_reasons for device in (telemetry.devices or [])] if telemetry else []
     known = [reasons for reasons in reported if reasons is not None]
-    figures["throttle_reasons"] = sorted({name for reasons in known for name in reasons}) if known else None
+    steady.throttle_reasons = sorted({name for reasons in known for name in reasons}) if known else None
     if not known:
-        figures["unmeasured"]["throttle_reasons"] = (
+        steady.unmeasured = {**(steady.unmeasured or {}), "throttle_reasons": (
             "telemetry turned off (--no-telemetry)" if telemetry is None
             else telemetry.reason if not telemetry.available and telemetry.reason
-            else "no device reported throttle reasons")
-    return SteadyState.model_validate(finite(figures))
+            else "no device reported throttle reasons")}
+    return steady
 
 
 def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:
