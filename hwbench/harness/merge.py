@@ -249,7 +249,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.warnings += (reports[0].checkpoints or {}).get("warnings", [])
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
-        {**result.environment.dump(), **placement_environment(host_placements(reports))})
+        {**result.environment.dump(), **placement_environment(host_placements(reports)).dump()})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
     result.metrics.goodput = merged_goodput(reports)
     result.profile = merged_profile(spec, reports)
