@@ -29,6 +29,7 @@ from hwbench.result.breakdown import STRAGGLER_WAIT_SHARE, SUM_TOLERANCE, waitin
 from hwbench.result.model import (
     Checkpoints,
     Environment,
+    FormulaFigures,
     Goodput,
     HostSyncs,
     Memory,
@@ -211,19 +212,12 @@ def _rank_placement(placement: Placement | None) -> RankPlacement | None:
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
-    losses, norms = source.losses, source.grad_norms
     # expert parallelism's all-to-all seconds per step (warm-up included), the mean over ranks
     all_to_all = (step_all_to_all_s([r.all_to_all_s for r in reports if r.all_to_all_s is not None])
                   if source.all_to_all_s is not None else None)
     # Step t takes as long as its slowest rank.
     times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
-    result.steps = [Step(step=source.first_iteration + index + 1, phase="timed" if index >= spec.warmup else "warmup",
-                         time_s=times[index - spec.warmup] if index >= spec.warmup else None,
-                         loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
-                         lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index],
-                         **_step_routing(source, index),
-                         **({"all_to_all_s": all_to_all[index]} if all_to_all else {}))
-                    for index in range(len(losses))]
+    result.steps = [_step(source, index, spec.warmup, times, all_to_all) for index in range(len(source.losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
     if source.routing is not None:
         result.metrics.routing = routing_summary(source.routing, spec.warmup, spec.model_config(workload.model))
@@ -257,13 +251,21 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     _judge(result, spec, times, implausible)
 
 
-def _step_routing(source: RankReport, index: int) -> dict[str, Any]:
-    """Step ``index``'s MoE figures (Step's moe_* fields); nothing for a dense model."""
-    if source.routing is None:
-        return {}
-    figures = step_routing(source.routing[index])
-    return {"moe_aux_loss": figures.aux_loss, "moe_imbalance": figures.imbalance,
-            "moe_dropped_tokens": figures.dropped_tokens}
+def _step(source: RankReport, index: int, warmup: int, times: list[float], all_to_all: list[float] | None) -> Step:
+    """Step ``index`` of ``source``'s (warm-up first), its time the slowest rank's (``times``); an MoE
+    model's routing and expert parallelism's all-to-all seconds where the run has them (else unset)."""
+    timed = index >= warmup
+    step = Step(step=source.first_iteration + index + 1, phase="timed" if timed else "warmup",
+                time_s=times[index - warmup] if timed else None, loss=finite_or_none(source.losses[index]),
+                grad_norm=finite_or_none(source.grad_norms[index]), lr=source.lrs[index],
+                loss_scale=source.loss_scales[index], skipped=source.skipped[index])
+    if source.routing is not None:
+        routing = step_routing(source.routing[index])
+        step.moe_aux_loss, step.moe_imbalance = routing.aux_loss, routing.imbalance
+        step.moe_dropped_tokens = routing.dropped_tokens
+    if all_to_all:
+        step.all_to_all_s = all_to_all[index]
+    return step
 
 
 def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport], source: RankReport,
@@ -291,7 +293,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         peak = ceiling = None
         unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)
         for figures in by_formula.values():
-            figures["mfu"] = None
+            figures.mfu = None
     elif not_counted:  # no FLOPs, so no rate and no utilisation: each null with the formula's reason
         peak = ceiling = None
         unmeasured.update(tflops_per_device=not_counted, mfu=not_counted, mfu_measured_ceiling=not_counted)
@@ -300,7 +302,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         peak = ceiling = None
         unmeasured.update(mfu=emulated, mfu_measured_ceiling=emulated)
         for figures in by_formula.values():
-            figures["mfu"] = None
+            figures.mfu = None
     explained = implausible or not_counted or emulated
     if peak is None and not explained:
         unmeasured["mfu"] = result.device.peak_flops_unmeasured or "no peak FLOP/s"
@@ -360,14 +362,14 @@ def _fp8_utilisation(result: RunResult, spec: RunSpec, achieved: float | None, i
 
 
 def _formula_figures(flops: float | None, steps_per_s_per_device: float, peak: float | None,
-                     not_counted: str | None) -> dict[str, Any]:
+                     not_counted: str | None) -> FormulaFigures:
     """One formula's figures in metrics.by_formula: its FLOPs, TFLOP/s and MFU per device, or each
     null with why the formula cannot count the model."""
     if flops is None:
-        return {"flops_per_iteration": None, "tflops_per_device": None, "mfu": None,
-                "unmeasured": dict.fromkeys(("flops_per_iteration", "tflops_per_device", "mfu"), not_counted)}
+        return FormulaFigures(flops_per_iteration=None, tflops_per_device=None, mfu=None, unmeasured=dict.fromkeys(
+            ("flops_per_iteration", "tflops_per_device", "mfu"), not_counted))
     rate = flops * steps_per_s_per_device  # FLOP/s per device
-    return {"flops_per_iteration": flops, "tflops_per_device": rate / 1e12, "mfu": rate / peak if peak else None}
+    return FormulaFigures(flops_per_iteration=flops, tflops_per_device=rate / 1e12, mfu=rate / peak if peak else None)
 
 
 def merged_goodput(reports: list[RankReport]) -> Goodput | None:
