@@ -11,6 +11,7 @@ import pytest
 from hwbench.cli import main
 from hwbench.harness.goodput import PHASES, PhaseClock, goodput_figures, restart_time_before
 from hwbench.report.summary import run_summary_rows
+from hwbench.result.model import Restart
 from hwbench.result.store import load_result
 
 REPORT_DATA = Path(__file__).resolve().parent / "data" / "report" / "good"
@@ -33,9 +34,9 @@ def test_the_clock_charges_each_moment_to_one_phase_and_returns_to_the_interrupt
 
 
 def test_restart_time_leaves_out_what_this_attempt_already_counts():
-    earlier = [{"time_lost_s": 5.0}, {"time_lost_s": None}]
-    assert restart_time_before({"time_lost_s": 3.0}, earlier, attempt_s=1.0) == pytest.approx(7.0)
-    assert restart_time_before({"time_lost_s": 0.5}, [], attempt_s=1.0) == 0.0  # never below zero
+    earlier = [Restart(time_lost_s=5.0), Restart(time_lost_s=None)]
+    assert restart_time_before(Restart(time_lost_s=3.0), earlier, attempt_s=1.0) == pytest.approx(7.0)
+    assert restart_time_before(Restart(time_lost_s=0.5), [], attempt_s=1.0) == 0.0  # never below zero
     figures = goodput_figures(dict.fromkeys(PHASES, 1.0), restarts_s=1.0)
     assert figures.total_s == pytest.approx(8.0) and figures.goodput == pytest.approx(2 / 8)
 

@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.catalog import Workload
 from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
-from hwbench.harness.checkpointing import merge_checkpoints
+from hwbench.harness.checkpointing import RankCheckpoints, merge_checkpoints
 from hwbench.harness.goodput import goodput_figures, restart_time_before
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.profile import PROFILER_WARMUP_STEPS
@@ -27,7 +27,6 @@ from hwbench.plausibility import implausible_throughput
 from hwbench.precision import FP8
 from hwbench.result.breakdown import STRAGGLER_WAIT_SHARE, SUM_TOLERANCE, waiting_straggler
 from hwbench.result.model import (
-    Checkpoints,
     Environment,
     FormulaFigures,
     Goodput,
@@ -95,7 +94,7 @@ class RankReport:
     placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
     phases_s: dict[str, float] | None = None  # PhaseClock.stop(): this rank's wall time per phase
-    checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
+    checkpoints: RankCheckpoints | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
     # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
     # ranks: [assignments per expert..., dropped, mean load-balancing loss]; None for a dense model
@@ -237,10 +236,9 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         telemetry=r.telemetry if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)
-    checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
-                                   result.metrics.step_time_s.median if result.metrics.step_time_s else None)
-    result.checkpoint = Checkpoints.model_validate(finite(checkpoint)) if checkpoint else None
-    result.warnings += (reports[0].checkpoints or {}).get("warnings", [])
+    result.checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
+                                          result.metrics.step_time_s.median if result.metrics.step_time_s else None)
+    result.warnings += reports[0].checkpoints.warnings if reports[0].checkpoints else []
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
         {**result.environment.dump(), **placement_environment(host_placements(reports)).dump()})
@@ -378,9 +376,9 @@ def merged_goodput(reports: list[RankReport]) -> Goodput | None:
     first = min(reports, key=lambda r: r.rank)
     if first.phases_s is None:
         return None
-    checkpoints = first.checkpoints or {}
-    restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
-                                     first.init_s or 0.0)
+    checkpoints = first.checkpoints
+    restarts_s = (restart_time_before(checkpoints.restart, checkpoints.restarts, first.init_s or 0.0)
+                  if checkpoints else 0.0)
     return goodput_figures(first.phases_s, restarts_s, first.rank)
 
 
