@@ -22,7 +22,6 @@ being ready to train again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hwbench.checkpoint import (
@@ -104,8 +104,8 @@ def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_h
             plan = _restarted_plan(state, previous_heartbeat)
         else:
             plan = _first_plan(spec)
-            _write_restart_file(run_dir, {"start_iteration": plan.start_iteration, "end_iteration": plan.end_iteration,
-                                          "load": plan.load, "restarts": []})
+            _write_restart_file(run_dir, RestartFile(start_iteration=plan.start_iteration,
+                                                     end_iteration=plan.end_iteration, load=plan.load))
     plan = ctx.broadcast_object(plan)
     assert plan is not None  # rank 0 made it; the others received it
     return plan
@@ -118,37 +118,54 @@ def _first_plan(spec: RunSpec) -> ResumePlan:
     return ResumePlan(str(saved.path), saved.iteration, saved.iteration + spec.warmup + spec.steps)
 
 
-def _restarted_plan(state: dict[str, Any], previous_heartbeat: dict | None) -> ResumePlan:
-    latest = state.get("latest")
-    if latest:
-        load, start, since = latest["path"], latest["iteration"], latest["committed_at"]
-    else:  # nothing saved by this run yet: where the failed attempt itself started
-        load, start, since = state["load"], state["start_iteration"], state.get("training_since")
+def _restarted_plan(state: RestartFile, previous_heartbeat: dict | None) -> ResumePlan:
+    latest = state.latest  # None: nothing saved by this run yet, so where the failed attempt itself started
+    load, start, since = ((latest.path, latest.iteration, latest.committed_at) if latest
+                          else (state.load, state.start_iteration, state.training_since))
     reached = (previous_heartbeat or {}).get("iteration")
     restart = Restart(attempt=restart_attempt(), resumed_from_iteration=start, reached_iteration=reached,
                       steps_lost=max(0, reached - start) if isinstance(reached, int) else None)
-    earlier = tuple(Restart.model_validate(record) for record in state.get("restarts", []))
-    return ResumePlan(load, start, state["end_iteration"], restart, earlier, since)
+    return ResumePlan(load, start, state.end_iteration, restart, tuple(state.restarts), since)
 
 
-def _read_restart_file(run_dir: str | None) -> dict[str, Any] | None:
+class Committed(BaseModel):
+    """The last checkpoint the run committed."""
+
+    path: str
+    iteration: int
+    committed_at: float  # time.time()
+
+
+class RestartFile(BaseModel):
+    """RESTART_FILE: the run's plan, which rank 0 of each attempt reads and updates."""
+
+    start_iteration: int
+    end_iteration: int
+    load: str | None
+    restarts: list[Restart] = []  # the attempts restarted so far
+    latest: Committed | None = None
+    training_since: float | None = None  # time.time() when the last attempt began training
+
+
+def _read_restart_file(run_dir: str | None) -> RestartFile | None:
     if not run_dir:
         return None
     try:
-        return json.loads((Path(run_dir) / RESTART_FILE).read_text())
-    except (OSError, ValueError):
+        return RestartFile.model_validate_json((Path(run_dir) / RESTART_FILE).read_bytes())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
 
 
-def _write_restart_file(run_dir: str | None, state: dict[str, Any]) -> None:
+def _write_restart_file(run_dir: str | None, state: RestartFile) -> None:
     if run_dir:
-        write_json_atomic(Path(run_dir) / RESTART_FILE, state)
+        write_json_atomic(Path(run_dir) / RESTART_FILE, state.model_dump(exclude_unset=True))
 
 
 def _update_restart_file(run_dir: str | None, **changes: Any) -> None:
+    """The restart file with ``changes`` (typed values of its fields)."""
     state = _read_restart_file(run_dir)
     if state is not None:
-        _write_restart_file(run_dir, {**state, **changes})
+        _write_restart_file(run_dir, state.model_copy(update=changes))
 
 
 @dataclasses.dataclass
@@ -262,7 +279,7 @@ class Checkpointer:
             self.plan.restart.time_lost_s = max(0.0, now - self.plan.restart_since)
         if self.ctx.rank == 0:
             restarts = list(self.plan.restarts) + ([self.plan.restart] if self.plan.restart else [])
-            _update_restart_file(self.run_dir, training_since=now, restarts=[r.dump() for r in restarts])
+            _update_restart_file(self.run_dir, training_since=now, restarts=restarts)
 
     # saving ------------------------------------------------------------------------------
     def due(self, iteration: int) -> bool:
@@ -316,7 +333,7 @@ class Checkpointer:
                 self.last_committed = str(final)
                 _update_restart_file(
                     self.run_dir,
-                    latest={"path": str(final), "iteration": pending.iteration, "committed_at": time.time()},
+                    latest=Committed(path=str(final), iteration=pending.iteration, committed_at=time.time()),
                 )
         except SAVE_ERRORS as error:
             self._failed(pending.iteration, pending.partial, error)
