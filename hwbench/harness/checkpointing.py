@@ -162,7 +162,6 @@ def _write_restart_file(run_dir: str | None, state: RestartFile) -> None:
 
 
 def _update_restart_file(run_dir: str | None, **changes: Any) -> None:
-    """The restart file with ``changes`` (typed values of its fields)."""
     state = _read_restart_file(run_dir)
     if state is not None:
         _write_restart_file(run_dir, state.model_copy(update=changes))
@@ -407,7 +406,11 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
 def _merge_operation(per_rank: list[tuple[int, CheckpointOperation]]) -> CheckpointOperation:
     """One save (or load) over the ranks: every rank's own figures, the bytes of all, the
     slowest rank's time, and the GB/s that makes."""
-    ranks = [_rank_part(rank, own) for rank, own in per_rank]
+    ranks = [CheckpointRank(rank=rank, bytes=own.bytes, wall_time_s=own.wall_time_s,
+                            gb_per_s=_gb_per_s(own.bytes or 0, own.wall_time_s or 0.0)) for rank, own in per_rank]
+    for part, (_rank, own) in zip(ranks, per_rank):
+        if own.stall_s is not None:  # a save's
+            part.stall_s = own.stall_s
     total = sum(r.bytes or 0 for r in ranks)
     wall = max(r.wall_time_s or 0.0 for r in ranks)
     merged = per_rank[0][1].model_copy()  # rank 0's iteration, and a load's folder or whether a save was timed
@@ -416,15 +419,6 @@ def _merge_operation(per_rank: list[tuple[int, CheckpointOperation]]) -> Checkpo
     if stalls:
         merged.stall_s = max(stalls)  # the step waits for its slowest rank
     return merged
-
-
-def _rank_part(rank: int, own: CheckpointOperation) -> CheckpointRank:
-    """One rank's figures of a save or load (a save's with its stall)."""
-    part = CheckpointRank(rank=rank, bytes=own.bytes, wall_time_s=own.wall_time_s,
-                          gb_per_s=_gb_per_s(own.bytes or 0, own.wall_time_s or 0.0))
-    if own.stall_s is not None:
-        part.stall_s = own.stall_s
-    return part
 
 
 def _gb_per_s(size: int, wall_s: float) -> float | None:

@@ -406,31 +406,31 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     target = spec.target
     if target is None:
         return None
-    figures: dict[str, Any] = {"metric": target.metric, "given": target.given, "value": target.value}
-    unmeasured: dict[str, str] = {}
     init = [r.init_s for r in reports if r.init_s is not None]
-    figures["init_s"] = max(init) if init else None  # the job starts training when its last rank is ready
     validation = result.metrics.validation or []
     hit = next((point for point in validation if target.met(getattr(point, target.metric))), None)
-    figures["reached"] = hit is not None
+    # the job starts training when its last rank is ready
+    found = TimeToTarget(metric=target.metric, given=target.given, value=target.value,
+                         init_s=max(init) if init else None, reached=hit is not None)
+    unmeasured: dict[str, str] = {}
     if hit is None:
         last = validation[-1] if validation else None
         figure = getattr(last, target.metric, None) if last else None
         seen = (f"{target.metric} {figure:.4g} at step {last.step}" if last and figure is not None
                 else "no finite validation figure")
         why = f"not reached in {spec.warmup + spec.steps} steps ({seen})"
-        unmeasured.update(dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
-                                         "energy_j", "cost_usd"), why))
-        return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+        found.unmeasured = dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
+                                          "energy_j", "cost_usd"), why)
+        return found
     assert hit.elapsed_s is not None  # the worker times every validation
     samples = hit.step * spec.global_batch_size
-    scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
+    scored = hit.elapsed_s + max(0.0, (found.init_s or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
 
     price = None if result.stand_in else result.device.price_usd_per_hour  # a stand-in's hours are this host's
-    figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
-                   scored_time_s=scored, device_hours=device_hours,
-                   cost_usd=device_hours * price if price is not None else None)
+    found.step, found.samples, found.tokens, found.time_s = hit.step, samples, samples * spec.seq_length, hit.elapsed_s
+    found.scored_time_s, found.device_hours = scored, device_hours
+    found.cost_usd = device_hours * price if price is not None else None
     if price is None:
         unmeasured["cost_usd"] = (STAND_IN_PRICE[result.stand_in] if result.stand_in else
                                   "no price per device-hour in the device's catalog entry (the report takes --price)")
@@ -443,8 +443,9 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
         unmeasured["energy_j"] = (telemetry.reason if telemetry else None) or result.metrics.why("telemetry") \
             or "no device reported its energy"
     else:
-        figures["energy_j"] = energy  # with --warmup 0 the window runs from the first step to the target
-    return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+        found.energy_j = energy  # with --warmup 0 the window runs from the first step to the target
+    found.unmeasured = unmeasured
+    return found
 
 
 def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> SteadyState:
