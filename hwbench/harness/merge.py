@@ -406,10 +406,9 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     target = spec.target
     if target is None:
         return None
-    init = [r.init_s for r in reports if r.init_s is not None]
+    init = [r.init_s for r in reports if r.init_s is not None]  # the job trains once its last rank is ready
     validation = result.metrics.validation or []
     hit = next((point for point in validation if target.met(getattr(point, target.metric))), None)
-    # the job starts training when its last rank is ready
     found = TimeToTarget(metric=target.metric, given=target.given, value=target.value,
                          init_s=max(init) if init else None, reached=hit is not None)
     unmeasured: dict[str, str] = {}
