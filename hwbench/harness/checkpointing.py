@@ -376,10 +376,9 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
     if not ranks or (spec.save is None and spec.load is None and not ranks[0][1].restarts and not ranks[0][1].restart):
         return None
     first = ranks[0][1]
-    saves = [_merge_operation([(rank, entry.saves[i]) for rank, entry in ranks])
-             for i in range(min(len(entry.saves) for _rank, entry in ranks))]
-    loads = [_merge_operation([(rank, entry.loads[i]) for rank, entry in ranks])
-             for i in range(min(len(entry.loads) for _rank, entry in ranks))]
+    numbers = [rank for rank, _entry in ranks]  # the i-th save (load) of every rank, as far as all have one:
+    saves = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.saves for _rank, entry in ranks))]
+    loads = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.loads for _rank, entry in ranks))]
     unmeasured: dict[str, str] = {}
     section = Checkpoints(save_dir=spec.save, save_interval=spec.save_interval, async_save=spec.async_save,
                           load=spec.load, saves=saves, loads=loads, latest=first.latest,

@@ -91,9 +91,8 @@ def host_placements(reports: list[Any]) -> list[HostPlacement] | None:
 
 
 def placement_environment(nodes: list[HostPlacement] | None) -> Environment:
-    """The result's `environment` fields of the placement (only these set): oversubscribed (any
-    node), its reason, threads per rank, devices used and how they were counted; null where a
-    rank did not say."""
+    """An Environment of these fields only: oversubscribed (any node), its reason, threads per
+    rank, devices used and how they were counted; null where a rank did not say."""
     if nodes is None:
         return Environment(oversubscribed=None, oversubscribed_reason=None, threads_per_rank=None,
                            devices_used=None, devices_used_basis="a rank did not report where it ran")
