@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from hwbench.result.model import SteadyState
+
 
 def finite_or_none(value: float | None) -> float | None:
     """A figure as results hold it: a finite number, or None (JSON has no NaN)."""
@@ -75,7 +77,7 @@ DRIFT_THRESHOLD = 0.05  # the last quarter's median step time more than 5% off t
 MIN_STEADY_STEPS = 8  # two quarters of two steps each
 
 
-def steady_state(times: Sequence[float]) -> dict[str, Any]:
+def steady_state(times: Sequence[float]) -> SteadyState:
     """How the step time of a timed window settled and whether it drifted.
 
     ``settled_after_steps``: the leading steps up to the middle of the last rolling window (of
@@ -86,14 +88,12 @@ def steady_state(times: Sequence[float]) -> dict[str, Any]:
     above DRIFT_THRESHOLD. Fewer than MIN_STEADY_STEPS steps: every figure None. A None
     figure has its reason in ``unmeasured``."""
     n = len(times)
-    names = ("settled_after_steps", "settle_window", "drift", "drifting", "first_quarter_median_s",
-             "last_quarter_median_s")
-    figures: dict[str, Any] = dict.fromkeys(names)
-    figures.update(settle_tolerance=SETTLE_TOLERANCE, drift_threshold=DRIFT_THRESHOLD, unmeasured={})
+    thresholds = {"settle_tolerance": SETTLE_TOLERANCE, "drift_threshold": DRIFT_THRESHOLD}
     if n < MIN_STEADY_STEPS:
+        names = ("settled_after_steps", "settle_window", "drift", "drifting", "first_quarter_median_s",
+                 "last_quarter_median_s")
         why = f"{n} timed steps: steady state needs {MIN_STEADY_STEPS} or more"
-        figures["unmeasured"] = dict.fromkeys(names, why)
-        return figures
+        return SteadyState(**dict.fromkeys(names), **thresholds, unmeasured=dict.fromkeys(names, why))
     window = max(3, n // 10)
     reference = statistics.median(times[n // 2:])
     rolling = [statistics.median(times[i:i + window]) for i in range(n - window + 1)]
@@ -102,16 +102,13 @@ def steady_state(times: Sequence[float]) -> dict[str, Any]:
     first, last = statistics.median(times[:quarter]), statistics.median(times[-quarter:])
     drift = last / first - 1 if first > 0 else None
     settled = not off or off[-1] < len(rolling) - 1  # the last rolling median off: it never settled
-    if not settled:
-        figures["unmeasured"]["settled_after_steps"] = (f"the step time never stayed within {SETTLE_TOLERANCE:.0%} "
-                                                        "of its last half's median")
-    # a window whose median is off has its middle step off: the settled part starts after it
-    figures.update(settled_after_steps=(off[-1] + window // 2 + 1 if off else 0) if settled else None,
-                   settle_window=window,
-                   drift=drift,
-                   drifting=drift is not None and abs(drift) > DRIFT_THRESHOLD,
-                   first_quarter_median_s=first, last_quarter_median_s=last)
-    return figures
+    unsettled = f"the step time never stayed within {SETTLE_TOLERANCE:.0%} of its last half's median"
+    return SteadyState(
+        # a window whose median is off has its middle step off: the settled part starts after it
+        settled_after_steps=(off[-1] + window // 2 + 1 if off else 0) if settled else None,
+        settle_window=window, drift=drift, drifting=drift is not None and abs(drift) > DRIFT_THRESHOLD,
+        first_quarter_median_s=first, last_quarter_median_s=last, **thresholds,
+        unmeasured={} if settled else {"settled_after_steps": unsettled})
 
 
 def mann_whitney_u(x: Sequence[float], y: Sequence[float]) -> tuple[float, float, str]:

@@ -11,6 +11,7 @@ import pytest
 from hwbench.cli import main
 from hwbench.harness.goodput import PHASES, PhaseClock, goodput_figures, restart_time_before
 from hwbench.report.summary import run_summary_rows
+from hwbench.result.model import Restart
 from hwbench.result.store import load_result
 
 REPORT_DATA = Path(__file__).resolve().parent / "data" / "report" / "good"
@@ -33,11 +34,11 @@ def test_the_clock_charges_each_moment_to_one_phase_and_returns_to_the_interrupt
 
 
 def test_restart_time_leaves_out_what_this_attempt_already_counts():
-    earlier = [{"time_lost_s": 5.0}, {"time_lost_s": None}]
-    assert restart_time_before({"time_lost_s": 3.0}, earlier, attempt_s=1.0) == pytest.approx(7.0)
-    assert restart_time_before({"time_lost_s": 0.5}, [], attempt_s=1.0) == 0.0  # never below zero
+    earlier = [Restart(time_lost_s=5.0), Restart(time_lost_s=None)]
+    assert restart_time_before(Restart(time_lost_s=3.0), earlier, attempt_s=1.0) == pytest.approx(7.0)
+    assert restart_time_before(Restart(time_lost_s=0.5), [], attempt_s=1.0) == 0.0  # never below zero
     figures = goodput_figures(dict.fromkeys(PHASES, 1.0), restarts_s=1.0)
-    assert figures["total_s"] == pytest.approx(8.0) and figures["goodput"] == pytest.approx(2 / 8)
+    assert figures.total_s == pytest.approx(8.0) and figures.goodput == pytest.approx(2 / 8)
 
 
 @pytest.mark.heavy  # about 5 s on 2 idle cores; test_save_interval_saves_in_the_timed_window_... takes the path
@@ -69,8 +70,8 @@ def _with_goodput(tmp_path: Path) -> Path:
     """A recorded result of a tiny CPU run, with the goodput that goodput_figures makes of GOODPUT's phases."""
     result = json.loads((REPORT_DATA / "b-tiny-cpu.json").read_text())
     phases = {name.removesuffix("_s"): value for name, value in GOODPUT.items() if name.endswith("_s")}
-    figures = goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, restarts_s=0.0)
-    result["metrics"]["goodput"] = {**figures, "rank": 0}
+    figures = goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, restarts_s=0.0, rank=0)
+    result["metrics"]["goodput"] = figures.dump()
     folder = tmp_path / "runs"
     folder.mkdir()
     (folder / "b-tiny-cpu.json").write_text(json.dumps(result))
@@ -125,8 +126,7 @@ def test_the_report_sums_a_sweeps_runs_into_one_row(tmp_path):
     second = json.loads(json.dumps(first))
     phases = {name.removesuffix("_s"): value for name, value in GOODPUT.items() if name.endswith("_s")}
     phases.update(init=4.0, timed_steps=15.0)
-    second["metrics"]["goodput"] = {**goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, 0.0),
-                                    "rank": 0}
+    second["metrics"]["goodput"] = goodput_figures({k: v for k, v in phases.items() if k != "restarts"}, 0.0, 0).dump()
     second["run_id"] += "-2"
     for index, result in enumerate((first, second)):
         result["sweep"] = {"suite": "nightly", "point": "p", "repeat": index, "repeats": 2, "key": f"k{index}"}

@@ -28,7 +28,7 @@ def rank(rank, threads, cpus, usable=None, devices=("package-0",), node=0, exclu
 
 
 def judged(*reports):
-    return placement_environment(host_placements(list(reports)))
+    return placement_environment(host_placements(list(reports))).dump()
 
 
 def test_two_ranks_of_two_threads_on_two_cores_are_oversubscribed():

@@ -38,7 +38,7 @@ def test_each_task_becomes_one_rank_with_torchruns_variables():
     assert task.torchrun_environment({"MASTER_ADDR": "ib-gpu07", "MASTER_PORT": "29400"})["MASTER_PORT"] == "29400"
     assert slurm_mode(task, {}) == "task"
     assert slurm_mode(task, {"nproc_per_node": 4, "nnodes": 2}) == "task"  # as the sweep's scripts pass them
-    assert task.record()["partition"] == "h100" and task.record()["nodelist"] == "gpu[07-08]"
+    assert task.record().partition == "h100" and task.record().nodelist == "gpu[07-08]"
 
 
 def test_a_rank_of_srun_describes_the_whole_job(monkeypatch):

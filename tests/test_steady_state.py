@@ -14,19 +14,19 @@ from hwbench.stats import steady_state
 
 def test_steps_to_settle_count_the_slow_start_and_a_steady_window_does_not_drift():
     figures = steady_state([3.0, 2.0, 1.5] + [1.0, 1.01, 0.99, 1.0] * 4)
-    assert figures["settled_after_steps"] == 3 and figures["settle_window"] == 3
-    assert steady_state([3.0, 2.0, 1.5, 1.4] + [1.0, 1.01, 0.99, 1.0] * 4)["settled_after_steps"] == 4
+    assert figures.settled_after_steps == 3 and figures.settle_window == 3
+    assert steady_state([3.0, 2.0, 1.5, 1.4] + [1.0, 1.01, 0.99, 1.0] * 4).settled_after_steps == 4
     steady = steady_state([1.0, 1.02, 0.98, 1.01] * 4)
-    assert steady["settled_after_steps"] == 0 and not steady["drifting"] and abs(steady["drift"]) < 0.05
+    assert steady.settled_after_steps == 0 and not steady.drifting and abs(steady.drift) < 0.05
 
 
 def test_a_window_that_slows_drifts_and_one_that_never_settles_says_so():
     falling_clock = steady_state([1.0] * 8 + [1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8])
-    assert falling_clock["drifting"] and falling_clock["drift"] == pytest.approx(1.65 / 1.0 - 1)
-    assert falling_clock["settled_after_steps"] is None
-    assert "never stayed within 5%" in falling_clock["unmeasured"]["settled_after_steps"]
+    assert falling_clock.drifting and falling_clock.drift == pytest.approx(1.65 / 1.0 - 1)
+    assert falling_clock.settled_after_steps is None
+    assert "never stayed within 5%" in falling_clock.why("settled_after_steps")
     few = steady_state([1.0] * 7)
-    assert few["drift"] is None and "needs 8 or more" in few["unmeasured"]["drift"]
+    assert few.drift is None and "needs 8 or more" in few.why("drift")
 
 
 @pytest.mark.slow

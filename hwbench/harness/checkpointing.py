@@ -22,7 +22,6 @@ being ready to train again.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from pydantic import BaseModel
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hwbench.checkpoint import (
@@ -49,6 +49,7 @@ from hwbench.device import Backend
 from hwbench.engine.base import Engine
 from hwbench.engine.distributed import DistContext
 from hwbench.files import write_json_atomic
+from hwbench.result.model import CheckpointOperation, CheckpointRank, Checkpoints, Restart
 from hwbench.result.store import utc_now
 from hwbench.spec import RunSpec
 from hwbench.workload.config import GPTConfig
@@ -77,8 +78,9 @@ class ResumePlan:
     load: str | None  # the checkpoint folder this attempt loads, or None (from scratch)
     start_iteration: int  # steps done before this attempt's first
     end_iteration: int  # the step the run ends after
-    restart: dict[str, Any] | None = None  # this attempt's restart record (filled after the load)
-    restarts: tuple[dict[str, Any], ...] = ()  # earlier attempts' records
+    restart: Restart | None = None  # this attempt's restart (its time lost filled after the load)
+    restarts: tuple[Restart, ...] = ()  # earlier attempts'
+    restart_since: float | None = None  # time.time() of the checkpoint this attempt resumes from
 
     def attempt_spec(self, spec: RunSpec) -> RunSpec:
         """``spec`` with the warm-up and timed steps this attempt trains: all of them in a
@@ -102,8 +104,8 @@ def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_h
             plan = _restarted_plan(state, previous_heartbeat)
         else:
             plan = _first_plan(spec)
-            _write_restart_file(run_dir, {"start_iteration": plan.start_iteration, "end_iteration": plan.end_iteration,
-                                          "load": plan.load, "restarts": []})
+            _write_restart_file(run_dir, RestartFile(start_iteration=plan.start_iteration,
+                                                     end_iteration=plan.end_iteration, load=plan.load))
     plan = ctx.broadcast_object(plan)
     assert plan is not None  # rank 0 made it; the others received it
     return plan
@@ -116,37 +118,53 @@ def _first_plan(spec: RunSpec) -> ResumePlan:
     return ResumePlan(str(saved.path), saved.iteration, saved.iteration + spec.warmup + spec.steps)
 
 
-def _restarted_plan(state: dict[str, Any], previous_heartbeat: dict | None) -> ResumePlan:
-    latest = state.get("latest")
-    if latest:
-        load, start, since = latest["path"], latest["iteration"], latest["committed_at"]
-    else:  # nothing saved by this run yet: where the failed attempt itself started
-        load, start, since = state["load"], state["start_iteration"], state.get("training_since")
+def _restarted_plan(state: RestartFile, previous_heartbeat: dict | None) -> ResumePlan:
+    latest = state.latest  # None: nothing saved by this run yet, so where the failed attempt itself started
+    load, start, since = ((latest.path, latest.iteration, latest.committed_at) if latest
+                          else (state.load, state.start_iteration, state.training_since))
     reached = (previous_heartbeat or {}).get("iteration")
-    restart = {"attempt": restart_attempt(), "resumed_from_iteration": start, "reached_iteration": reached,
-               "steps_lost": max(0, reached - start) if isinstance(reached, int) else None,
-               "since": since}
-    return ResumePlan(load, start, state["end_iteration"], restart, tuple(state.get("restarts", [])))
+    restart = Restart(attempt=restart_attempt(), resumed_from_iteration=start, reached_iteration=reached,
+                      steps_lost=max(0, reached - start) if isinstance(reached, int) else None)
+    return ResumePlan(load, start, state.end_iteration, restart, tuple(state.restarts), since)
 
 
-def _read_restart_file(run_dir: str | None) -> dict[str, Any] | None:
+class Committed(BaseModel):
+    """The last checkpoint the run committed."""
+
+    path: str
+    iteration: int
+    committed_at: float  # time.time()
+
+
+class RestartFile(BaseModel):
+    """RESTART_FILE: the run's plan, which rank 0 of each attempt reads and updates."""
+
+    start_iteration: int
+    end_iteration: int
+    load: str | None
+    restarts: list[Restart] = []  # the attempts restarted so far
+    latest: Committed | None = None
+    training_since: float | None = None  # time.time() when the last attempt began training
+
+
+def _read_restart_file(run_dir: str | None) -> RestartFile | None:
     if not run_dir:
         return None
     try:
-        return json.loads((Path(run_dir) / RESTART_FILE).read_text())
-    except (OSError, ValueError):
+        return RestartFile.model_validate_json((Path(run_dir) / RESTART_FILE).read_bytes())
+    except (OSError, ValueError):  # pydantic's ValidationError is a ValueError
         return None
 
 
-def _write_restart_file(run_dir: str | None, state: dict[str, Any]) -> None:
+def _write_restart_file(run_dir: str | None, state: RestartFile) -> None:
     if run_dir:
-        write_json_atomic(Path(run_dir) / RESTART_FILE, state)
+        write_json_atomic(Path(run_dir) / RESTART_FILE, state.model_dump(exclude_unset=True))
 
 
 def _update_restart_file(run_dir: str | None, **changes: Any) -> None:
     state = _read_restart_file(run_dir)
     if state is not None:
-        _write_restart_file(run_dir, {**state, **changes})
+        _write_restart_file(run_dir, state.model_copy(update=changes))
 
 
 @dataclasses.dataclass
@@ -164,6 +182,19 @@ class _PendingSave:
     manifest: dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class RankCheckpoints:
+    """This rank's saves and loads (each its own bytes and time), for rank 0 to merge
+    (RankReport.checkpoints); its warnings; this attempt's restart and the earlier ones."""
+
+    saves: list[CheckpointOperation]
+    loads: list[CheckpointOperation]
+    warnings: list[str]
+    restart: Restart | None
+    restarts: list[Restart]
+    latest: str | None  # the folder this rank committed last (rank 0)
+
+
 class Checkpointer:
     """The saves and the load of one run on this rank (no-ops without --save and --load)."""
 
@@ -172,8 +203,8 @@ class Checkpointer:
         self.spec, self.engine, self.data, self.ctx, self.backend = spec, engine, data, ctx, backend
         self.plan, self.run_dir = plan, run_dir
         self.save_dir = Path(spec.save) if spec.save else None
-        self.saves: list[dict[str, Any]] = []
-        self.loads: list[dict[str, Any]] = []
+        self.saves: list[CheckpointOperation] = []
+        self.loads: list[CheckpointOperation] = []
         self.warnings: list[str] = []
         self.pending: _PendingSave | None = None
         self.last_committed: str | None = None
@@ -212,8 +243,8 @@ class Checkpointer:
         self.data.seek(**saved.data_position())
         self.backend.synchronize()
         wall = time.perf_counter() - started
-        self.loads.append({"iteration": saved.iteration, "path": str(saved.path), "bytes": bytes_read,
-                           "wall_time_s": wall})
+        self.loads.append(CheckpointOperation(iteration=saved.iteration, path=str(saved.path), bytes=bytes_read,
+                                              wall_time_s=wall))
         self._warn_if_data_differs(saved)
 
     def _load_rng(self, saved: SavedCheckpoint) -> int:
@@ -243,14 +274,11 @@ class Checkpointer:
     def started_training(self) -> None:
         """Called once the state is loaded: the time a restart's lost time runs to."""
         now = time.time()
-        if self.plan.restart is not None and self.plan.restart.get("since") is not None:
-            self.plan.restart["time_lost_s"] = max(0.0, now - self.plan.restart["since"])
+        if self.plan.restart is not None and self.plan.restart_since is not None:
+            self.plan.restart.time_lost_s = max(0.0, now - self.plan.restart_since)
         if self.ctx.rank == 0:
-            restarts = list(self.plan.restarts) + ([self._restart_record()] if self.plan.restart else [])
+            restarts = list(self.plan.restarts) + ([self.plan.restart] if self.plan.restart else [])
             _update_restart_file(self.run_dir, training_since=now, restarts=restarts)
-
-    def _restart_record(self) -> dict[str, Any]:
-        return {key: value for key, value in (self.plan.restart or {}).items() if key != "since"}
 
     # saving ------------------------------------------------------------------------------
     def due(self, iteration: int) -> bool:
@@ -304,20 +332,15 @@ class Checkpointer:
                 self.last_committed = str(final)
                 _update_restart_file(
                     self.run_dir,
-                    latest={"path": str(final), "iteration": pending.iteration, "committed_at": time.time()},
+                    latest=Committed(path=str(final), iteration=pending.iteration, committed_at=time.time()),
                 )
         except SAVE_ERRORS as error:
             self._failed(pending.iteration, pending.partial, error)
         finished = pending.write.finished_at or time.perf_counter()
-        self.saves.append(
-            {
-                "iteration": pending.iteration,
-                "timed": pending.timed,
-                "bytes": self._written(pending, {*files, pending.rng_file}),
-                "wall_time_s": max(0.0, finished - pending.started),
-                "stall_s": pending.stall_s + (time.perf_counter() - waited),
-            }
-        )
+        self.saves.append(CheckpointOperation(
+            iteration=pending.iteration, timed=pending.timed, bytes=self._written(pending, {*files, pending.rng_file}),
+            wall_time_s=max(0.0, finished - pending.started),
+            stall_s=pending.stall_s + (time.perf_counter() - waited)))
 
     def _written(self, pending: _PendingSave, files: set[Path]) -> int:
         """Bytes of ``files`` (written in the partial folder, which rank 0 may have renamed since)."""
@@ -331,16 +354,10 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # free what it took; it was never named latest
         raise CheckpointSaveError(text) from error
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RankCheckpoints:
         """This rank's saves and loads, for rank 0 to merge (RankReport.checkpoints)."""
-        return {
-            "saves": self.saves,
-            "loads": self.loads,
-            "warnings": self.warnings,
-            "restart": self._restart_record() if self.plan.restart else None,
-            "restarts": list(self.plan.restarts),
-            "latest": self.last_committed,
-        }
+        return RankCheckpoints(self.saves, self.loads, self.warnings, self.plan.restart, list(self.plan.restarts),
+                               self.last_committed)
 
 
 def _size(path: Path) -> int:
@@ -350,66 +367,56 @@ def _size(path: Path) -> int:
 # --- merged figures (rank 0) ------------------------------------------------------------
 
 
-def merge_checkpoints(
-    spec: RunSpec, per_rank: list[dict[str, Any] | None], median_step_s: float | None
-) -> dict[str, Any] | None:
+def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
+                      median_step_s: float | None) -> Checkpoints | None:
     """The result's ``checkpoint`` section from every rank's saves and loads: per operation the
     bytes of all ranks, the slowest rank's wall time, GB/s in total and per rank, the longest
     stall; the totals; the stall per hour of training that --save-interval costs at this step time."""
     ranks = [(rank, entry) for rank, entry in enumerate(per_rank) if entry]
-    if not ranks or (
-        spec.save is None and spec.load is None and not ranks[0][1].get("restarts") and not ranks[0][1].get("restart")
-    ):
+    if not ranks or (spec.save is None and spec.load is None and not ranks[0][1].restarts and not ranks[0][1].restart):
         return None
     first = ranks[0][1]
-    saves, loads = ([_merge_operation([(rank, entry[kind][i]) for rank, entry in ranks])
-                     for i in range(min(len(entry[kind]) for _rank, entry in ranks))] for kind in ("saves", "loads"))
+    numbers = [rank for rank, _entry in ranks]  # the i-th save (load) of every rank, as far as all have one:
+    saves = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.saves for _rank, entry in ranks))]
+    loads = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.loads for _rank, entry in ranks))]
     unmeasured: dict[str, str] = {}
-    section: dict[str, Any] = {
-        "save_dir": spec.save,
-        "save_interval": spec.save_interval,
-        "async_save": spec.async_save,
-        "load": spec.load,
-        "saves": saves,
-        "loads": loads,
-        "latest": first.get("latest"),
-        "restarts": list(first.get("restarts") or []) + ([first["restart"]] if first.get("restart") else []),
-    }
+    section = Checkpoints(save_dir=spec.save, save_interval=spec.save_interval, async_save=spec.async_save,
+                          load=spec.load, saves=saves, loads=loads, latest=first.latest,
+                          restarts=first.restarts + ([first.restart] if first.restart else []))
     if saves:
-        section["save_bytes"] = saves[-1]["bytes"]
-        rates = [s["gb_per_s"] for s in saves if s["gb_per_s"] is not None]
-        section["save_gb_per_s"] = statistics.median(rates) if rates else None
-        section["save_stall_s"] = statistics.median(s["stall_s"] for s in saves)
-        section["stall_s_total"] = sum(s["stall_s"] for s in saves)
+        stall = statistics.median(s.stall_s or 0.0 for s in saves)
+        rates = [s.gb_per_s for s in saves if s.gb_per_s is not None]
+        section.save_bytes, section.save_gb_per_s = saves[-1].bytes, statistics.median(rates) if rates else None
+        section.save_stall_s, section.stall_s_total = stall, sum(s.stall_s or 0.0 for s in saves)
     elif spec.save is not None:
         unmeasured["saves"] = "no save finished"
     if saves and spec.save_interval and median_step_s:
-        cycle = spec.save_interval * median_step_s + section["save_stall_s"]
-        section["stall_fraction"] = section["save_stall_s"] / cycle
-        section["stall_s_per_hour"] = 3600.0 * section["stall_fraction"]
+        section.stall_fraction = stall / (spec.save_interval * median_step_s + stall)
+        section.stall_s_per_hour = 3600.0 * section.stall_fraction
     else:
         unmeasured["stall_s_per_hour"] = (
             "no --save-interval: one save, after the last step" if spec.save else "no --save"
         )
     if unmeasured:
-        section["unmeasured"] = unmeasured
+        section.unmeasured = unmeasured
     return section
 
 
-def _merge_operation(per_rank: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+def _merge_operation(per_rank: list[tuple[int, CheckpointOperation]]) -> CheckpointOperation:
     """One save (or load) over the ranks: every rank's own figures, the bytes of all, the
     slowest rank's time, and the GB/s that makes."""
-    ranks = [{"rank": rank, "bytes": figures["bytes"], "wall_time_s": figures["wall_time_s"],
-              "gb_per_s": _gb_per_s(figures["bytes"], figures["wall_time_s"]),
-              **({"stall_s": figures["stall_s"]} if "stall_s" in figures else {})} for rank, figures in per_rank]
-    total = sum(r["bytes"] for r in ranks)
-    wall = max(r["wall_time_s"] for r in ranks)
-    first = per_rank[0][1]
-    merged: dict[str, Any] = {key: first[key] for key in ("iteration", "path", "timed") if key in first}
-    merged.update({"bytes": total, "wall_time_s": wall, "gb_per_s": _gb_per_s(total, wall), "ranks": ranks})
-    stalls = [r["stall_s"] for r in ranks if "stall_s" in r]
+    ranks = [CheckpointRank(rank=rank, bytes=own.bytes, wall_time_s=own.wall_time_s,
+                            gb_per_s=_gb_per_s(own.bytes or 0, own.wall_time_s or 0.0)) for rank, own in per_rank]
+    for part, (_rank, own) in zip(ranks, per_rank):
+        if own.stall_s is not None:  # a save's
+            part.stall_s = own.stall_s
+    total = sum(r.bytes or 0 for r in ranks)
+    wall = max(r.wall_time_s or 0.0 for r in ranks)
+    merged = per_rank[0][1].model_copy()  # rank 0's iteration, and a load's folder or whether a save was timed
+    merged.bytes, merged.wall_time_s, merged.gb_per_s, merged.ranks = total, wall, _gb_per_s(total, wall), ranks
+    stalls = [r.stall_s for r in ranks if r.stall_s is not None]
     if stalls:
-        merged["stall_s"] = max(stalls)  # the step waits for its slowest rank
+        merged.stall_s = max(stalls)  # the step waits for its slowest rank
     return merged
 
 

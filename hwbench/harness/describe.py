@@ -4,7 +4,6 @@ ceiling) and the workload (its shape as trained, its parameter counts)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from hwbench.calibration.store import default_store_path, lookup_ceiling
 from hwbench.catalog import Catalog, DeviceModel, Workload
@@ -26,7 +25,7 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Devic
     peak, reason, basis = device_peak(backend, entry, basis_precision, found.why)
     figure = entry.peak_flops.get(basis_precision) if entry and peak else None
     ceiling, ceiling_reason = measured_ceiling(backend, model_name, precision)
-    return Device(
+    device = Device(
         backend=backend.name,
         dist_backend=backend.dist_backend,
         device_model=model_name,
@@ -53,17 +52,19 @@ def describe_device(backend: Backend, catalog: Catalog, precision: str) -> Devic
         },
         tuning=backend.tuning,
         auto_passed_over=list(backend.passed_over) or None,
-        **(_fp8_figures(backend, entry, found.why) if precision == FP8 else {}),
         **backend.device_identity(),
     )
+    if precision == FP8:  # other runs leave the FP8 fields out of the file
+        _set_fp8_peak(device, backend, entry, found.why)
+    return device
 
 
-def _fp8_figures(backend: Backend, entry: DeviceModel | None, why_no_entry: str) -> dict[str, Any]:
+def _set_fp8_peak(device: Device, backend: Backend, entry: DeviceModel | None, why_no_entry: str) -> None:
     """An FP8 run's device fields: whether FP8 ran emulated, and the FP8 dense peak beside the BF16
     one its MFU is stated against (metrics.mfu_fp8_peak)."""
-    peak, reason, basis = device_peak(backend, entry, FP8, why_no_entry)
-    return {"fp8_emulated": backend.fp8_emulation(), "fp8_peak_flops": peak, "fp8_peak_flops_basis": basis,
-            "fp8_peak_flops_unmeasured": reason}
+    device.fp8_peak_flops, device.fp8_peak_flops_unmeasured, device.fp8_peak_flops_basis = device_peak(
+        backend, entry, FP8, why_no_entry)
+    device.fp8_emulated = backend.fp8_emulation()
 
 
 def measured_ceiling(backend: Backend, model_name: str, precision: str) -> tuple[MeasuredCeiling | None, str | None]:

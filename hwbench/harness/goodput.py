@@ -16,9 +16,8 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
-from typing import Any
 
-from hwbench.result.model import GOODPUT_PHASES, Goodput
+from hwbench.result.model import GOODPUT_PHASES, Goodput, Restart
 
 # The phases a rank's clock charges (restarts happen before it starts). "other" is what no
 # boundary names: the telemetry sampler's start and stop, the memory reading, the loss curve's reduction.
@@ -66,7 +65,7 @@ class PhaseClock:
         return dict(self.seconds)
 
 
-def goodput_figures(seconds: dict[str, float], restarts_s: float) -> dict[str, Any]:
+def goodput_figures(seconds: dict[str, float], restarts_s: float, rank: int | None = None) -> Goodput:
     """The result's ``metrics.goodput`` from one rank's phase seconds and the time restarts lost
     before this attempt started: each phase's seconds and share of the total, and the goodput
     (the share of the total spent in training steps, warm-up and timed)."""
@@ -75,17 +74,18 @@ def goodput_figures(seconds: dict[str, float], restarts_s: float) -> dict[str, A
     total = sum(figures.values())
     shares = {name[:-2]: (value / total if total > 0 else None) for name, value in figures.items()}
     training = sum(seconds.get(phase, 0.0) for phase in TRAINING)
-    return {**figures, "total_s": total, "shares": shares, "goodput": training / total if total > 0 else None}
+    return Goodput(**figures, rank=rank, total_s=total, shares=shares,
+                   goodput=training / total if total > 0 else None)
 
 
-def restart_time_before(restart: dict[str, Any] | None, earlier: list[dict[str, Any]], attempt_s: float) -> float:
+def restart_time_before(restart: Restart | None, earlier: list[Restart], attempt_s: float) -> float:
     """The wall time restarts lost before this attempt's clock started. An earlier restart's
     ``time_lost_s`` is all before it; this attempt's own runs from the last committed checkpoint
     to the end of its load, so the part of it this attempt's clock already holds (``attempt_s``:
     from its start to the end of the load) is taken off, never below zero."""
-    lost = sum(float(r.get("time_lost_s") or 0.0) for r in earlier)
-    if restart is not None and restart.get("time_lost_s") is not None:
-        lost += max(0.0, float(restart["time_lost_s"]) - attempt_s)
+    lost = sum(r.time_lost_s or 0.0 for r in earlier)
+    if restart is not None and restart.time_lost_s is not None:
+        lost += max(0.0, restart.time_lost_s - attempt_s)
     return lost
 
 

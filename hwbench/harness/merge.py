@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.catalog import Workload
 from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
-from hwbench.harness.checkpointing import merge_checkpoints
+from hwbench.harness.checkpointing import RankCheckpoints, merge_checkpoints
 from hwbench.harness.goodput import goodput_figures, restart_time_before
 from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
 from hwbench.harness.profile import PROFILER_WARMUP_STEPS
@@ -27,8 +27,8 @@ from hwbench.plausibility import implausible_throughput
 from hwbench.precision import FP8
 from hwbench.result.breakdown import STRAGGLER_WAIT_SHARE, SUM_TOLERANCE, waiting_straggler
 from hwbench.result.model import (
-    Checkpoints,
     Environment,
+    FormulaFigures,
     Goodput,
     HostSyncs,
     Memory,
@@ -94,7 +94,7 @@ class RankReport:
     placement: Placement | None = None
     init_s: float | None = None  # from run_point's start to the first training step
     phases_s: dict[str, float] | None = None  # PhaseClock.stop(): this rank's wall time per phase
-    checkpoints: dict[str, Any] | None = None  # Checkpointer.describe(): saves, loads, restarts
+    checkpoints: RankCheckpoints | None = None  # Checkpointer.describe(): saves, loads, restarts
     first_iteration: int = 0  # steps of the training before this run's first (a resumed run)
     # an MoE model's routing per step (warm-up included), MoE layer and expert, over the data-parallel
     # ranks: [assignments per expert..., dropped, mean load-balancing loss]; None for a dense model
@@ -211,19 +211,12 @@ def _rank_placement(placement: Placement | None) -> RankPlacement | None:
 def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport]) -> None:
     """Fill the result's metrics, steps, ranks and nodes from every rank's report."""
     source = _loss_rank(reports, spec)
-    losses, norms = source.losses, source.grad_norms
     # expert parallelism's all-to-all seconds per step (warm-up included), the mean over ranks
     all_to_all = (step_all_to_all_s([r.all_to_all_s for r in reports if r.all_to_all_s is not None])
                   if source.all_to_all_s is not None else None)
     # Step t takes as long as its slowest rank.
     times = [max(r.step_times_s[i] for r in reports) for i in range(len(source.step_times_s))]
-    result.steps = [Step(step=source.first_iteration + index + 1, phase="timed" if index >= spec.warmup else "warmup",
-                         time_s=times[index - spec.warmup] if index >= spec.warmup else None,
-                         loss=finite_or_none(losses[index]), grad_norm=finite_or_none(norms[index]),
-                         lr=source.lrs[index], loss_scale=source.loss_scales[index], skipped=source.skipped[index],
-                         **_step_routing(source, index),
-                         **({"all_to_all_s": all_to_all[index]} if all_to_all else {}))
-                    for index in range(len(losses))]
+    result.steps = [_step(source, index, spec.warmup, times, all_to_all) for index in range(len(source.losses))]
     implausible, result.metrics = _metrics(result, spec, workload, reports, source, times)
     if source.routing is not None:
         result.metrics.routing = routing_summary(source.routing, spec.warmup, spec.model_config(workload.model))
@@ -243,13 +236,12 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
         telemetry=r.telemetry if len(reports) > 1 else None, placement=_rank_placement(r.placement),
     ) for r in reports]
     result.nodes = merge_nodes(reports)
-    checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
-                                   result.metrics.step_time_s.median if result.metrics.step_time_s else None)
-    result.checkpoint = Checkpoints.model_validate(finite(checkpoint)) if checkpoint else None
-    result.warnings += (reports[0].checkpoints or {}).get("warnings", [])
+    result.checkpoint = merge_checkpoints(spec, [r.checkpoints for r in sorted(reports, key=lambda r: r.rank)],
+                                          result.metrics.step_time_s.median if result.metrics.step_time_s else None)
+    result.warnings += reports[0].checkpoints.warnings if reports[0].checkpoints else []
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
-        {**result.environment.dump(), **placement_environment(host_placements(reports))})
+        {**result.environment.dump(), **placement_environment(host_placements(reports)).dump()})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
     result.metrics.goodput = merged_goodput(reports)
     result.profile = merged_profile(spec, reports)
@@ -257,13 +249,21 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     _judge(result, spec, times, implausible)
 
 
-def _step_routing(source: RankReport, index: int) -> dict[str, Any]:
-    """Step ``index``'s MoE figures (Step's moe_* fields); nothing for a dense model."""
-    if source.routing is None:
-        return {}
-    figures = step_routing(source.routing[index])
-    return {"moe_aux_loss": figures.aux_loss, "moe_imbalance": figures.imbalance,
-            "moe_dropped_tokens": figures.dropped_tokens}
+def _step(source: RankReport, index: int, warmup: int, times: list[float], all_to_all: list[float] | None) -> Step:
+    """Step ``index`` of ``source``'s (warm-up first), its time the slowest rank's (``times``); an MoE
+    model's routing and expert parallelism's all-to-all seconds where the run has them (else unset)."""
+    timed = index >= warmup
+    step = Step(step=source.first_iteration + index + 1, phase="timed" if timed else "warmup",
+                time_s=times[index - warmup] if timed else None, loss=finite_or_none(source.losses[index]),
+                grad_norm=finite_or_none(source.grad_norms[index]), lr=source.lrs[index],
+                loss_scale=source.loss_scales[index], skipped=source.skipped[index])
+    if source.routing is not None:
+        routing = step_routing(source.routing[index])
+        step.moe_aux_loss, step.moe_imbalance = routing.aux_loss, routing.imbalance
+        step.moe_dropped_tokens = routing.dropped_tokens
+    if all_to_all:
+        step.all_to_all_s = all_to_all[index]
+    return step
 
 
 def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list[RankReport], source: RankReport,
@@ -291,7 +291,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         peak = ceiling = None
         unmeasured.update(mfu=implausible, mfu_measured_ceiling=implausible)
         for figures in by_formula.values():
-            figures["mfu"] = None
+            figures.mfu = None
     elif not_counted:  # no FLOPs, so no rate and no utilisation: each null with the formula's reason
         peak = ceiling = None
         unmeasured.update(tflops_per_device=not_counted, mfu=not_counted, mfu_measured_ceiling=not_counted)
@@ -300,7 +300,7 @@ def _metrics(result: RunResult, spec: RunSpec, workload: Workload, reports: list
         peak = ceiling = None
         unmeasured.update(mfu=emulated, mfu_measured_ceiling=emulated)
         for figures in by_formula.values():
-            figures["mfu"] = None
+            figures.mfu = None
     explained = implausible or not_counted or emulated
     if peak is None and not explained:
         unmeasured["mfu"] = result.device.peak_flops_unmeasured or "no peak FLOP/s"
@@ -360,14 +360,14 @@ def _fp8_utilisation(result: RunResult, spec: RunSpec, achieved: float | None, i
 
 
 def _formula_figures(flops: float | None, steps_per_s_per_device: float, peak: float | None,
-                     not_counted: str | None) -> dict[str, Any]:
+                     not_counted: str | None) -> FormulaFigures:
     """One formula's figures in metrics.by_formula: its FLOPs, TFLOP/s and MFU per device, or each
     null with why the formula cannot count the model."""
     if flops is None:
-        return {"flops_per_iteration": None, "tflops_per_device": None, "mfu": None,
-                "unmeasured": dict.fromkeys(("flops_per_iteration", "tflops_per_device", "mfu"), not_counted)}
+        return FormulaFigures(flops_per_iteration=None, tflops_per_device=None, mfu=None, unmeasured=dict.fromkeys(
+            ("flops_per_iteration", "tflops_per_device", "mfu"), not_counted))
     rate = flops * steps_per_s_per_device  # FLOP/s per device
-    return {"flops_per_iteration": flops, "tflops_per_device": rate / 1e12, "mfu": rate / peak if peak else None}
+    return FormulaFigures(flops_per_iteration=flops, tflops_per_device=rate / 1e12, mfu=rate / peak if peak else None)
 
 
 def merged_goodput(reports: list[RankReport]) -> Goodput | None:
@@ -376,10 +376,10 @@ def merged_goodput(reports: list[RankReport]) -> Goodput | None:
     first = min(reports, key=lambda r: r.rank)
     if first.phases_s is None:
         return None
-    checkpoints = first.checkpoints or {}
-    restarts_s = restart_time_before(checkpoints.get("restart"), checkpoints.get("restarts") or [],
-                                     first.init_s or 0.0)
-    return Goodput.model_validate(finite({**goodput_figures(first.phases_s, restarts_s), "rank": first.rank}))
+    checkpoints = first.checkpoints
+    restarts_s = (restart_time_before(checkpoints.restart, checkpoints.restarts, first.init_s or 0.0)
+                  if checkpoints else 0.0)
+    return goodput_figures(first.phases_s, restarts_s, first.rank)
 
 
 def merged_profile(spec: RunSpec, reports: list[RankReport]) -> Profile | None:
@@ -406,31 +406,30 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
     target = spec.target
     if target is None:
         return None
-    figures: dict[str, Any] = {"metric": target.metric, "given": target.given, "value": target.value}
-    unmeasured: dict[str, str] = {}
-    init = [r.init_s for r in reports if r.init_s is not None]
-    figures["init_s"] = max(init) if init else None  # the job starts training when its last rank is ready
+    init = [r.init_s for r in reports if r.init_s is not None]  # the job trains once its last rank is ready
     validation = result.metrics.validation or []
     hit = next((point for point in validation if target.met(getattr(point, target.metric))), None)
-    figures["reached"] = hit is not None
+    found = TimeToTarget(metric=target.metric, given=target.given, value=target.value,
+                         init_s=max(init) if init else None, reached=hit is not None)
+    unmeasured: dict[str, str] = {}
     if hit is None:
         last = validation[-1] if validation else None
         figure = getattr(last, target.metric, None) if last else None
         seen = (f"{target.metric} {figure:.4g} at step {last.step}" if last and figure is not None
                 else "no finite validation figure")
         why = f"not reached in {spec.warmup + spec.steps} steps ({seen})"
-        unmeasured.update(dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
-                                         "energy_j", "cost_usd"), why))
-        return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+        found.unmeasured = dict.fromkeys(("step", "samples", "tokens", "time_s", "scored_time_s", "device_hours",
+                                          "energy_j", "cost_usd"), why)
+        return found
     assert hit.elapsed_s is not None  # the worker times every validation
     samples = hit.step * spec.global_batch_size
-    scored = hit.elapsed_s + max(0.0, (figures["init_s"] or 0.0) - INIT_BOUND_S)
+    scored = hit.elapsed_s + max(0.0, (found.init_s or 0.0) - INIT_BOUND_S)
     device_hours = scored * result.devices_charged / 3600
 
     price = None if result.stand_in else result.device.price_usd_per_hour  # a stand-in's hours are this host's
-    figures.update(step=hit.step, samples=samples, tokens=samples * spec.seq_length, time_s=hit.elapsed_s,
-                   scored_time_s=scored, device_hours=device_hours,
-                   cost_usd=device_hours * price if price is not None else None)
+    found.step, found.samples, found.tokens, found.time_s = hit.step, samples, samples * spec.seq_length, hit.elapsed_s
+    found.scored_time_s, found.device_hours = scored, device_hours
+    found.cost_usd = device_hours * price if price is not None else None
     if price is None:
         unmeasured["cost_usd"] = (STAND_IN_PRICE[result.stand_in] if result.stand_in else
                                   "no price per device-hour in the device's catalog entry (the report takes --price)")
@@ -443,23 +442,24 @@ def time_to_target(result: RunResult, spec: RunSpec, reports: list[RankReport]) 
         unmeasured["energy_j"] = (telemetry.reason if telemetry else None) or result.metrics.why("telemetry") \
             or "no device reported its energy"
     else:
-        figures["energy_j"] = energy  # with --warmup 0 the window runs from the first step to the target
-    return TimeToTarget.model_validate(finite({**figures, "unmeasured": unmeasured}))
+        found.energy_j = energy  # with --warmup 0 the window runs from the first step to the target
+    found.unmeasured = unmeasured
+    return found
 
 
 def measured_steady_state(times: list[float], telemetry: Telemetry | None) -> SteadyState:
     """hwbench.stats.steady_state of the merged step times, with the throttle reasons the
     devices reported over the window beside it (the likely cause of a drift)."""
-    figures = steady_state(times)
+    steady = steady_state(times)
     reported = [device.throttle_reasons for device in (telemetry.devices or [])] if telemetry else []
     known = [reasons for reasons in reported if reasons is not None]
-    figures["throttle_reasons"] = sorted({name for reasons in known for name in reasons}) if known else None
+    steady.throttle_reasons = sorted({name for reasons in known for name in reasons}) if known else None
     if not known:
-        figures["unmeasured"]["throttle_reasons"] = (
+        steady.unmeasured = {**(steady.unmeasured or {}), "throttle_reasons": (
             "telemetry turned off (--no-telemetry)" if telemetry is None
             else telemetry.reason if not telemetry.available and telemetry.reason
-            else "no device reported throttle reasons")
-    return SteadyState.model_validate(finite(figures))
+            else "no device reported throttle reasons")}
+    return steady
 
 
 def _judge(result: RunResult, spec: RunSpec, times: list[float], implausible: str | None = None) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from hwbench.result.model import NodePlacement
+from hwbench.result.model import Environment, NodePlacement
 
 
 @dataclasses.dataclass
@@ -90,27 +90,26 @@ def host_placements(reports: list[Any]) -> list[HostPlacement] | None:
     return nodes
 
 
-def placement_environment(nodes: list[HostPlacement] | None) -> dict[str, Any]:
-    """The result's `environment` fields: oversubscribed (any node), its reason, threads
-    per rank, devices used and how they were counted; null where a rank did not say."""
+def placement_environment(nodes: list[HostPlacement] | None) -> Environment:
+    """An Environment of these fields only: oversubscribed (any node), its reason, threads per
+    rank, devices used and how they were counted; null where a rank did not say."""
     if nodes is None:
-        unknown = "a rank did not report where it ran"
-        return {"oversubscribed": None, "oversubscribed_reason": None, "threads_per_rank": None,
-                "devices_used": None, "devices_used_basis": unknown}
+        return Environment(oversubscribed=None, oversubscribed_reason=None, threads_per_rank=None,
+                           devices_used=None, devices_used_basis="a rank did not report where it ran")
     several = len(nodes) > 1
     reasons = [(f"{n.label}: " if several else "") + reason for n in nodes if (reason := n.oversubscription())]
     bases = list(dict.fromkeys(n.devices_basis for n in nodes))
     basis = "; ".join(bases)
     if several:
         basis += " (" + ", ".join(f"{n.label}: {len(n.device_ranks)}" for n in nodes) + ")"
-    return {
-        "oversubscribed": bool(reasons),
-        "oversubscribed_reason": "; ".join(reasons) or None,
+    return Environment(
+        oversubscribed=bool(reasons),
+        oversubscribed_reason="; ".join(reasons) or None,
         # the ranks' threads are equal unless set apart by hand; the most any rank used
-        "threads_per_rank": max(t for n in nodes for t in n.threads),
-        "devices_used": sum(len(n.device_ranks) for n in nodes),
-        "devices_used_basis": basis,
-    }
+        threads_per_rank=max(t for n in nodes for t in n.threads),
+        devices_used=sum(len(n.device_ranks) for n in nodes),
+        devices_used_basis=basis,
+    )
 
 
 def cpu_list_text(cpus: list[int]) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hwbench.errors import UsageError
+from hwbench.result.model import SlurmJob
 
 PORT_BASE = 10000  # rendezvous port: PORT_BASE + job id mod PORT_SPAN, as Megatron's scripts derive it
 PORT_SPAN = 50000
@@ -123,11 +124,11 @@ class SlurmTask:
         address, port = self.master(environ)
         return {"nnodes": self.nnodes, "node_rank": self.nodeid, "master_addr": address, "master_port": port}
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> SlurmJob:
         """The job as a result's ``environment.slurm``."""
-        return {"job_id": self.job_id, "step_id": self.step_id, "nodelist": self.nodelist or None,
-                "nnodes": self.nnodes, "ntasks": self.ntasks, "partition": self.partition,
-                "cluster": self.cluster, "account": self.account}
+        return SlurmJob(job_id=self.job_id, step_id=self.step_id, nodelist=self.nodelist or None,
+                        nnodes=self.nnodes, ntasks=self.ntasks, partition=self.partition,
+                        cluster=self.cluster, account=self.account)
 
 
 def _tasks_on_node(tasks_per_node: str, node: int, fallback: int) -> int:
@@ -141,7 +142,7 @@ def _tasks_on_node(tasks_per_node: str, node: int, fallback: int) -> int:
     return counts[node] if node < len(counts) else max(fallback, 1)
 
 
-def slurm_record() -> dict[str, Any] | None:
+def slurm_record() -> SlurmJob | None:
     """``environment.slurm`` of a result: the job this process runs in, or None."""
     task = SlurmTask.from_environ()
     return task.record() if task else None
