@@ -78,7 +78,9 @@ LAYOUTS = [
     # two microbatches of 2 per data-parallel rank and step (the same global batch of 8)
     pytest.param("tiny", [*PP2, "--pp-schedule", "gpipe"], (1, 2, 1), None, "gpipe", id="pp2-gpipe", marks=HEAVY),
     pytest.param("tiny", ["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="dp2-ddp"),
-    pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp"),
+    # heavy (python -m pytest -m heavy): FSDP2 on a 1-D mesh; the default run's llama-dp2-fsdp runs it with a tied
+    # output layer as tiny's, and tp2xfsdp2 runs tiny on FSDP2
+    pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp", marks=HEAVY),
     # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
     # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
     # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
