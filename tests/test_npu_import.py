@@ -117,7 +117,8 @@ def test_auto_run_without_cann_records_and_prints_the_npu_it_passed_over(no_cann
     """A CPU figure must not pass for the NPU's: the run says, and its result records, why auto chose the CPU."""
     out = tmp_path / "out"
     done = hwbench(["run", "--device", "auto", "--model", "tiny", "--seq-length", "32", "--steps", "2", "--warmup", "1",
-                    "--eval-iters", "0", "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
+                    "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "1",  # the choice, not speed
+                    "--quiet", "--out", str(out)], no_cann_env, tmp_path, timeout=TRAIN_S)
     assert done.returncode == 0, done.stderr[-3000:]
     reason = f"npu: CANN runtime not found: libhccl.so (source {SET_ENV})"
     assert f"hwbench: note: --device auto passed over {reason}; this run used the cpu" in done.stderr

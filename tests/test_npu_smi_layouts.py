@@ -102,6 +102,10 @@ def test_a3_sampler_reads_the_visible_die(monkeypatch):
     assert (second["power_w"], second["temperature_c"], second["memory_used_mib"]) == (167.1, 38.0, 3116.0)
 
 
+# heavy (python -m pytest -m heavy): the default run reads die Phy-ID 2 through ASCEND_RT_VISIBLE_DEVICES in
+# process (test_a3_sampler_reads_the_visible_die above) and takes the stand-in's npu-smi readings through a
+# whole run into its result (tests/test_npu_standin.py's end-to-end run)
+@pytest.mark.heavy
 def test_run_on_a_simulated_a3_die_reports_that_die(standin_npu_env, tmp_path):
     """End to end: the stand-in NPU with ASCEND_RT_VISIBLE_DEVICES=2 on an A3
     npu-smi: the telemetry is die Phy-ID 2 (NPU 1, chip 0)."""

@@ -233,8 +233,10 @@ def test_standin_counts_one_device_by_default_and_none_when_hidden(standin_npu_e
 
 def test_run_on_the_standin_npu_end_to_end(standin_npu_env, tmp_path, standin):
     out = tmp_path / "results"
+    # one sample a step: what is checked is the NPU path and what the stand-in reports, not the throughput
     done = hwbench(["run", "--device", "npu", "--model", "tiny", "--seq-length", "32", "--steps", "3", "--warmup", "1",
-                    "--quiet", "--out", str(out)], standin_npu_env, tmp_path, timeout=TRAIN_S)
+                    "--micro-batch-size", "1", "--global-batch-size", "1", "--quiet", "--out", str(out)],
+                   standin_npu_env, tmp_path, timeout=TRAIN_S)
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     files = sorted(p.name for p in out.iterdir())
     assert len(files) == 1 and files[0].endswith(".json"), files
@@ -349,6 +351,7 @@ def test_two_simulated_npu_ranks_train_over_gloo_and_say_so(standin_npu_env, tmp
     completed = subprocess.run(
         [sys.executable, "-m", "hwbench", "run", "--quiet", "--device", "npu", "--model", "tiny", "--data",
          "synthetic", "--seq-length", "32", "--steps", "2", "--warmup", "1", "--eval-iters", "0",
+         "--micro-batch-size", "1", "--global-batch-size", "2",  # one sample a rank and step
          "--nproc-per-node", "2", "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(next(out.glob("*.json")).read_text())

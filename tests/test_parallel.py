@@ -78,7 +78,9 @@ LAYOUTS = [
     # two microbatches of 2 per data-parallel rank and step (the same global batch of 8)
     pytest.param("tiny", [*PP2, "--pp-schedule", "gpipe"], (1, 2, 1), None, "gpipe", id="pp2-gpipe", marks=HEAVY),
     pytest.param("tiny", ["--nproc-per-node", "2"], (1, 1, 2), "ddp", None, id="dp2-ddp"),
-    pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp"),
+    # heavy (python -m pytest -m heavy): FSDP2 on a 1-D mesh; the default run's llama-dp2-fsdp runs it with a tied
+    # output layer as tiny's, and tp2xfsdp2 runs tiny on FSDP2
+    pytest.param("tiny", ["--nproc-per-node", "2", "--fsdp"], (1, 1, 2), "fsdp2", None, id="dp2-fsdp", marks=HEAVY),
     # heavy (python -m pytest -m heavy), 4 ranks each: TP2 with the all-reduce data parallelism
     # (pp2xdp2 runs that DP beside a model-parallel dimension, tp2xfsdp2 TP2 beside a DP one) and
     # PP2 with FSDP2 (tp2xfsdp2 runs FSDP2 on the DP dimension of a 2-D mesh, pp2xdp2 PP2 beside DP)
@@ -408,24 +410,28 @@ def _wait_for_ranks(launcher_pid: int, timeout_s: float = 120) -> list[int]:
 # does not): the run skips steps, halves the scale and recovers, so every rank must take the same
 # decisions from the global norm.
 OVERFLOWING_SCALE_POWER = 20
+# `tiny-overflow-1k`: tiny-overflow's layers with 1024 tokens, not GPT-2's 50257 (whose rows were most of
+# each emulated fp16 step), for the default run's TP2 case; 1024 rows split over TP2 unpadded
+SMALL_VOCAB = 1024
 
 
 @pytest.fixture(scope="module")
 def overflowing_fp16(tmp_path_factory):
-    """A catalog folder with `tiny-overflow` (tiny starting at 2^20), in HWBENCH_CATALOG_PATH
-    for this module's fp16 runs and their torchrun ranks; and the single-process run of it at
-    a batch (one run per batch, kept for the module)."""
+    """A catalog folder with `tiny-overflow` (tiny starting at 2^20) and `tiny-overflow-1k` (the same
+    with SMALL_VOCAB), in HWBENCH_CATALOG_PATH for this module's fp16 runs and their torchrun ranks;
+    and the single-process run of one at a batch (one run per workload and batch, kept for the module)."""
     from hwbench.catalog import load_catalog
 
     folder = tmp_path_factory.mktemp("catalog")
     (folder / "workloads").mkdir()
     tiny = Path(load_catalog().workloads["tiny"].path).read_text()
-    assert "initial_scale_power: 12" in tiny
+    assert "initial_scale_power: 12" in tiny and "vocab_size: 50257 " in tiny
+    overflowing = tiny.replace("initial_scale_power: 12", f"initial_scale_power: {OVERFLOWING_SCALE_POWER}")
     (folder / "workloads" / "tiny-overflow.yaml").write_text(
-        tiny.replace("name: tiny\n", "name: tiny-overflow\n").replace(
-            "initial_scale_power: 12", f"initial_scale_power: {OVERFLOWING_SCALE_POWER}"
-        )
-    )
+        overflowing.replace("name: tiny\n", "name: tiny-overflow\n"))
+    (folder / "workloads" / "tiny-overflow-1k.yaml").write_text(
+        overflowing.replace("name: tiny\n", "name: tiny-overflow-1k\n").replace(
+            "vocab_size: 50257 ", f"vocab_size: {SMALL_VOCAB} "))
     runs: dict[tuple[str, ...], dict] = {}
 
     def single_process(batch: tuple[str, ...]) -> dict:
@@ -442,12 +448,14 @@ def overflowing_fp16(tmp_path_factory):
         yield single_process
 
 
-FP16 = ["--precision", "fp16", "--model", "tiny-overflow", "--steps", "4"]
+FP16 = ["--precision", "fp16", "--steps", "4"]
 # fp16 is emulated on most CPUs (tens of times slower than fp32), so the default run's TP2 case
-# takes one sample per micro batch. PP2 and DP2 keep the catalog's batch of 4: with smaller
-# batches their gradients overflowed at one scale more than the single process's (at 2^17 with
-# one sample a micro batch, 2^18 with two), a case at the edge where the summation order decides.
-ONE_SAMPLE = ("--micro-batch-size", "1", "--global-batch-size", "2")
+# takes one sample per micro batch, and 1024 tokens. PP2 and DP2 keep the catalog's batch of 4
+# and vocabulary: with smaller batches their gradients overflowed at one scale more than the
+# single process's (at 2^17 with one sample a micro batch, 2^18 with two; at 2^17 with 1024
+# tokens), a case at the edge where the summation order decides.
+ONE_SAMPLE = ("--model", "tiny-overflow-1k", "--micro-batch-size", "1", "--global-batch-size", "2")
+CATALOG_BATCH = ("--model", "tiny-overflow")
 
 
 # PP2 and FSDP2 are heavy (python -m pytest -m heavy): TP2 takes the same path (the overflow
@@ -456,8 +464,8 @@ ONE_SAMPLE = ("--micro-batch-size", "1", "--global-batch-size", "2")
     "options, batch",
     [
         pytest.param(["--nproc-per-node", "2", "--tp", "2"], ONE_SAMPLE, id="tp2"),
-        pytest.param(["--nproc-per-node", "2", "--pp", "2"], (), id="pp2", marks=pytest.mark.heavy),
-        pytest.param(["--nproc-per-node", "2", "--fsdp"], (), id="dp2-fsdp", marks=pytest.mark.heavy),
+        pytest.param(["--nproc-per-node", "2", "--pp", "2"], CATALOG_BATCH, id="pp2", marks=pytest.mark.heavy),
+        pytest.param(["--nproc-per-node", "2", "--fsdp"], CATALOG_BATCH, id="dp2-fsdp", marks=pytest.mark.heavy),
     ],
 )
 def test_fp16_layout_skips_the_single_process_steps_with_its_scales(tmp_path, overflowing_fp16, options, batch):

@@ -20,8 +20,9 @@ from hwbench.stats import throughput_statistics
 from hwbench.suites.suite import load_suite
 
 REPO = Path(__file__).resolve().parent.parent
+# two samples a step (one a rank on two): the sweeps here check what is recorded of each point, not its speed
 FAST = {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1, "eval-iters": 0,
-        "telemetry": False, "timeout": 120}
+        "micro-batch-size": 1, "global-batch-size": 2, "telemetry": False, "timeout": 120}
 
 
 def _suite(tmp_path: Path, points: list[dict], name: str = "t", **extra) -> Path:
