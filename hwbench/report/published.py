@@ -6,6 +6,7 @@ results/published/README.md.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -47,6 +48,18 @@ def published_files(path: str | os.PathLike) -> list[Path]:
 
 
 def _read_one(path: Path) -> pd.DataFrame:
+    """``path``'s table, read and checked once per process while the file is unchanged (a report
+    reads the same published tables every time; checking their cells row by row is most of its work)."""
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise UsageError(f"--against {path}: not a readable CSV table: {error.strerror}") from None
+    return _read_checked(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _read_checked(path: Path, mtime_ns: int, size: int) -> pd.DataFrame:
+    """Cached, so never handed out: load_published returns a concatenation (new data) of these."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
