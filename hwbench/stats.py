@@ -99,8 +99,9 @@ def steady_state(times: Sequence[float]) -> SteadyState:
     rolling = [statistics.median(times[i:i + window]) for i in range(n - window + 1)]
     off = [i for i, median in enumerate(rolling) if abs(median / reference - 1) > SETTLE_TOLERANCE]
     quarter = n // 4
-    first, last = statistics.median(times[:quarter]), statistics.median(times[-quarter:])
-    drift = last / first - 1 if first > 0 else None
+    # step times a device timer gave as inf or NaN are null here, as everywhere in a result (JSON has no NaN)
+    first, last = (finite_or_none(statistics.median(part)) for part in (times[:quarter], times[-quarter:]))
+    drift = finite_or_none(last / first - 1) if first and last is not None else None
     settled = not off or off[-1] < len(rolling) - 1  # the last rolling median off: it never settled
     unsettled = f"the step time never stayed within {SETTLE_TOLERANCE:.0%} of its last half's median"
     return SteadyState(

@@ -15,7 +15,7 @@ import pytest
 from hwbench.cli import main
 from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, judge_pairs, message_elements
 from hwbench.fabric.launch import laggard, timeout_message
-from hwbench.fabric.result import CollectivesFormatError, load_collectives
+from hwbench.result.collectives import CollectivesFormatError, load_collectives
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -287,7 +287,7 @@ def test_four_ranks_name_both_links_of_the_slowed_rank(tmp_path):
 def _result_file(folder: Path, run_id: str, busbw: float, wrong: int = 0) -> Path:
     """A collectives result of two ranks with one all-reduce row of the given busbw (algbw and time
     follow from it, as the launcher computes them)."""
-    from hwbench.fabric.result import CollectivesResult, Row, Settings, write_collectives
+    from hwbench.result.collectives import CollectivesResult, Row, Settings, write_collectives
 
     size, factor = 2 ** 20, COLLECTIVES["all_reduce"].bus_factor(2)
     algbw = busbw / factor
@@ -357,7 +357,7 @@ def test_report_shows_collectives(tmp_path, capsys):
 
 
 def test_every_field_of_the_file_is_documented():
-    from hwbench.fabric import result as model
+    from hwbench.result import collectives as model
 
     doc = (REPO_ROOT / "docs" / "collectives.md").read_text()
     sections = (model.CollectivesResult, model.Settings, model.Row, model.RankHost, model.SlowLink, model.Link,
@@ -471,7 +471,7 @@ def test_a_collective_the_baseline_lacks_is_missing(tmp_path):
 
 def _with_ring(path: Path, slow: bool) -> Path:
     """The result at ``path`` given a ring of four ranks, its link 2 -> 3 named slow when ``slow``."""
-    from hwbench.fabric.result import Link, SlowLink, write_collectives
+    from hwbench.result.collectives import Link, SlowLink, write_collectives
 
     result = load_collectives(path)
     times = [10.0, 10.0, 40.0 if slow else 10.5, 10.0]

@@ -700,7 +700,7 @@ def test_credentials_in_the_push_url_go_as_basic_auth_and_are_never_shown(result
 def collectives_result(folder: Path, run_id: str, busbw: float, status: str = "ok", hosts: int = 1) -> Path:
     """A `hwbench collectives` result of four ranks with one all-reduce row (1 MiB in place) of the
     given busbw, and with ``hosts`` 2 its intra-node and inter-node tables (busbw x 2 and / 2)."""
-    from hwbench.fabric.result import CollectivesResult, Row, ScopeRows, Settings, write_collectives
+    from hwbench.result.collectives import CollectivesResult, Row, ScopeRows, Settings, write_collectives
 
     size = 2 ** 20
 

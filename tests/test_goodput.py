@@ -139,3 +139,13 @@ def test_the_report_sums_a_sweeps_runs_into_one_row(tmp_path):
     row = next(line for line in section.splitlines() if "sweep nightly (2 runs)" in line)
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[3:6] == ["32.0", f"{22 / 32:.1%}", f"{6 / 32:.1%}"]  # wall s, goodput, init
+
+
+def test_a_phase_clock_that_read_inf_leaves_the_goodput_null_not_the_result_lost():
+    import math
+
+    from hwbench.harness.goodput import goodput_figures
+
+    figures = goodput_figures({"timed_steps": math.inf, "init": 1.0}, 0.0, rank=0)
+    assert figures.timed_steps_s is None and figures.total_s is None and figures.goodput is None
+    assert figures.init_s == 1.0 and figures.shares is not None and set(figures.shares.values()) == {None}

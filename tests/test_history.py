@@ -831,7 +831,7 @@ def test_a_database_whose_add_was_killed_inside_its_transaction_is_read_as_commi
 def write_collectives_nights(folder: Path, levels: list[float], *, seed: int = 3) -> Path:
     """Three `hwbench collectives` results a night around ``levels[night]`` GB/s of all-reduce busbw (two
     ranks, 1 MiB in place), with a start time and a commit."""
-    from hwbench.fabric.result import CollectivesResult, Row, Settings, write_collectives
+    from hwbench.result.collectives import CollectivesResult, Row, Settings, write_collectives
 
     rng = random.Random(seed)
     size = 2 ** 20

@@ -278,7 +278,7 @@ def test_collectives_on_two_nodes_apart_within_and_between_them(slurm_env, tmp_p
     of four ranks on two hosts, its collectives measured on all four, again within each node (ranks
     0-1 and 2-3 at once) and between one rank per node (0 and 2); the ring's pairs classified
     intra- or inter-node by their hosts. A few small sizes: about 20 s on this machine."""
-    from hwbench.fabric.result import load_collectives
+    from hwbench.result.collectives import load_collectives
 
     out = tmp_path / "out"
     done = subprocess.run(

@@ -44,3 +44,11 @@ def test_a_run_whose_device_slows_midway_is_flagged_as_drifting_with_the_throttl
     warning = next(w for w in result.warnings if w.startswith("step time drifted"))
     assert "threshold 5%" in warning and "--no-telemetry" in warning
     assert "DRIFTING" in capsys.readouterr().out
+
+
+def test_a_step_time_a_timer_gave_as_inf_is_null_not_a_lost_result():
+    import math
+
+    steady = steady_state([1.0] * 7 + [math.inf])  # a result holds no inf: the figure is null, the rest kept
+    assert steady.last_quarter_median_s is None and steady.drift is None and steady.drifting is False
+    assert steady.first_quarter_median_s == 1.0

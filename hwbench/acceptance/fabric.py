@@ -17,8 +17,8 @@ from hwbench.fabric.collectives import (
     check_message_bytes,
     check_sizes,
 )
-from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.collectives_baseline import CollectivesBaselinePoint
+from hwbench.result.collectives import CollectivesResult
 from hwbench.units import human_bytes
 
 DEFAULT_MIN_BYTES = 4 * 2 ** 10  # small: a fabric check of seconds, not nccl-tests' sweep to 64 MiB
@@ -70,7 +70,7 @@ def fabric_jobs(entries: list[CollectivesBaselinePoint], device: str | None, opt
 def measure_fabric(jobs: list, out_dir: Path, say: Callable[[str], None]) -> list[CollectivesResult]:
     """Each job run and its result written under ``out_dir``/collectives/."""
     from hwbench.fabric.launch import run_collectives
-    from hwbench.fabric.result import write_collectives
+    from hwbench.result.collectives import write_collectives
 
     results = []
     for job in jobs:

@@ -85,8 +85,8 @@ def main(args: argparse.Namespace) -> int:
     slow_threshold = parse_threshold(args.slow_threshold, "--slow-threshold", below=MAX_SLOW_THRESHOLD)
     ring = RingSettings(ring_bytes, args.warmup, args.iters, slow_threshold) if args.slow_link else None
     from hwbench.fabric.launch import CollectivesJob, NodeDone, run_on_node
-    from hwbench.fabric.result import write_collectives
     from hwbench.fabric.table import collectives_table
+    from hwbench.result.collectives import write_collectives
 
     outcome = run_on_node(CollectivesJob(args.device, args.nproc_per_node, settings, ring, nodes))
     if isinstance(outcome, NodeDone):

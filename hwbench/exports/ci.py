@@ -18,8 +18,8 @@ from typing import Any
 
 from hwbench.errors import UsageError
 from hwbench.exports.figures import CollectiveFigure, Figure, collective_figures, flops_formula, point_figures
-from hwbench.fabric.result import CollectivesResult
 from hwbench.metrics import BUSBW, METRICS
+from hwbench.result.collectives import CollectivesResult
 
 
 def render(fmt: str, runs: list, files: list, request: Any, collectives: list[CollectivesResult] | None = None) -> str:

@@ -13,9 +13,9 @@ import dataclasses
 import datetime
 import statistics
 
-from hwbench.fabric.result import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.metrics import Metric
 from hwbench.point import EMULATED, SIMULATED, PointKey
+from hwbench.result.collectives import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.result.model import RunResult
 
 
@@ -63,7 +63,7 @@ class PointFigures:
 
 @dataclasses.dataclass
 class CollectiveFigure:
-    """One busbw series of the collectives results exported (hwbench.fabric.result.CollectiveKey):
+    """One busbw series of the collectives results exported (hwbench.result.collectives.CollectiveKey):
     the median of the results' busbw in GB/s, their lowest and highest."""
 
     key: CollectiveKey

@@ -17,8 +17,8 @@ from typing import Any
 
 from hwbench.exports import PushError, redacted, without_credentials
 from hwbench.exports.figures import PointFigures, collective_figures, flops_formula, point_figures, unix_time
-from hwbench.fabric.result import CollectiveKey, CollectivesResult
 from hwbench.metrics import BUSBW, METRICS, Gauge
+from hwbench.result.collectives import CollectiveKey, CollectivesResult
 
 RUNS = Gauge("hwbench_point_runs", "Ok runs of the point the figures are the median of")
 LAST_RUN = Gauge("hwbench_point_last_finished_timestamp_seconds", "When the point's latest run finished (Unix time)",

@@ -109,6 +109,8 @@ def check_sizes(min_bytes: int, max_bytes: int, min_option: str, max_option: str
     """The doubling sizes' range (``min_option`` to ``max_option``): the largest holds an element and
     is at least the smallest (a smallest below one element gives sizes that are left out, as nccl-tests')."""
     check_message_bytes(max_bytes, max_option)
+    if type(min_bytes) is not int:  # below one element it is taken (its sizes left out), but it must be a size
+        raise UsageError(f"{min_option} {min_bytes!r} is not a size; accepted: whole bytes, e.g. 4KiB")
     if max_bytes < min_bytes:
         raise UsageError(f"{max_option} {human_bytes(max_bytes)} is below {min_option} {human_bytes(min_bytes)}; "
                          f"accepted: a size at least {min_option}")

@@ -19,16 +19,6 @@ from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
 from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size, judge_pairs, scopes
 from hwbench.fabric.rank import SETTINGS_FILE
-from hwbench.fabric.result import (
-    CollectivesError,
-    CollectivesResult,
-    Link,
-    RankHost,
-    Row,
-    ScopeRows,
-    Settings,
-    SlowLink,
-)
 from hwbench.fabric.ring import RingSettings, pairs
 from hwbench.files import write_json_atomic
 from hwbench.harness.agent import AgentFailure
@@ -43,6 +33,16 @@ from hwbench.harness.launcher import (
     wait_for_agent,
 )
 from hwbench.lifeline import child_environment, stop_signals
+from hwbench.result.collectives import (
+    CollectivesError,
+    CollectivesResult,
+    Link,
+    RankHost,
+    Row,
+    ScopeRows,
+    Settings,
+    SlowLink,
+)
 from hwbench.result.model import Environment
 from hwbench.result.store import new_run_id, utc_now
 

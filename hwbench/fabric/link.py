@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hwbench.fabric.result import CollectivesResult
+from hwbench.result.collectives import CollectivesResult
 
 
 @dataclasses.dataclass(frozen=True)

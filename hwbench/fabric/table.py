@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hwbench.fabric.collectives import COLLECTIVES, NO_FORM
 from hwbench.fabric.link import LinkFigure, link_figure, link_fraction
-from hwbench.fabric.result import CollectivesResult, Link, Row, ScopeRows
+from hwbench.result.collectives import CollectivesResult, Link, Row, ScopeRows
 
 
 def _figures(row: Row | None, link: LinkFigure) -> str:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 
 from hwbench.result.model import GOODPUT_PHASES, Goodput, Restart
+from hwbench.stats import finite_or_none
 
 # The phases a rank's clock charges (restarts happen before it starts). "other" is what no
 # boundary names: the telemetry sampler's start and stop, the memory reading, the loss curve's reduction.
@@ -72,10 +74,11 @@ def goodput_figures(seconds: dict[str, float], restarts_s: float, rank: int | No
     figures = {f"{phase}_s": seconds.get(phase, 0.0) for phase in PHASES}
     figures["restarts_s"] = restarts_s
     total = sum(figures.values())
-    shares = {name[:-2]: (value / total if total > 0 else None) for name, value in figures.items()}
+    counted = math.isfinite(total) and total > 0  # a clock that read inf or NaN leaves every share null
+    shares = {name[:-2]: (value / total if counted else None) for name, value in figures.items()}
     training = sum(seconds.get(phase, 0.0) for phase in TRAINING)
-    return Goodput(**figures, rank=rank, total_s=total, shares=shares,
-                   goodput=training / total if total > 0 else None)
+    return Goodput(**{name: finite_or_none(value) for name, value in figures.items()}, rank=rank,
+                   total_s=finite_or_none(total), shares=shares, goodput=training / total if counted else None)
 
 
 def restart_time_before(restart: Restart | None, earlier: list[Restart], attempt_s: float) -> float:

@@ -366,8 +366,9 @@ def _formula_figures(flops: float | None, steps_per_s_per_device: float, peak: f
     if flops is None:
         return FormulaFigures(flops_per_iteration=None, tflops_per_device=None, mfu=None, unmeasured=dict.fromkeys(
             ("flops_per_iteration", "tflops_per_device", "mfu"), not_counted))
-    rate = flops * steps_per_s_per_device  # FLOP/s per device
-    return FormulaFigures(flops_per_iteration=flops, tflops_per_device=rate / 1e12, mfu=rate / peak if peak else None)
+    rate = finite_or_none(flops * steps_per_s_per_device)  # FLOP/s per device
+    return FormulaFigures(flops_per_iteration=flops, tflops_per_device=rate / 1e12 if rate is not None else None,
+                          mfu=rate / peak if peak and rate is not None else None)
 
 
 def merged_goodput(reports: list[RankReport]) -> Goodput | None:

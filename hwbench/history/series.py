@@ -19,10 +19,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hwbench.fabric.result import CollectiveKey
 from hwbench.history.store import StoredRun, utc_instant
 from hwbench.metrics import metric_named
 from hwbench.point import PointKey
+from hwbench.result.collectives import CollectiveKey
 from hwbench.result.environment import SAMPLE_ENVIRONMENT_FIELDS, environment_differences
 
 

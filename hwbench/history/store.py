@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from hwbench.errors import UsageError
-from hwbench.fabric.result import POINT_FIELDS as COLLECTIVE_POINT_FIELDS
-from hwbench.fabric.result import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.files import umask
 from hwbench.point import EMULATED, SIMULATED, PointKey
+from hwbench.result.collectives import POINT_FIELDS as COLLECTIVE_POINT_FIELDS
+from hwbench.result.collectives import CollectiveKey, CollectivesResult, busbw_figures
 from hwbench.result.environment import performance_fingerprint
 from hwbench.result.model import RunResult
 from hwbench.temporaries import remove_stale_temporaries, signals_held, writer_temporary
@@ -142,7 +142,7 @@ MIGRATIONS: dict[int, tuple[Any, ...]] = {  # SQL text, or a function of the con
     4: (_point_keys_with_fp8_recipe,),
     5: (_point_keys_with_expert_parallelism,),
     # collectives results beside the runs, in the same tables: their point key is CollectiveKey's
-    # (hwbench/fabric/result.py), so every reader of runs asks for kind 'run'
+    # (hwbench/result/collectives.py), so every reader of runs asks for kind 'run'
     6: (_runs_with_kind,),
 }
 RUN_KIND, COLLECTIVES_KIND = "run", "collectives"
@@ -178,8 +178,7 @@ def database_error(name: str, error: sqlite3.Error) -> UsageError:
                           f"to it) and stayed so for {BUSY_TIMEOUT_S:g} s; try again when it has finished")
     damaged = ("malformed", "not a database", "no such table", "no such column", "corrupt", "disk image")
     if not isinstance(error, sqlite3.OperationalError) or any(word in reason for word in damaged):
-        return UsageError(f"{OPTION} {name!r}: the history database is damaged ({reason}); restore it from a copy or "
-                          "add the results again into a new file")
+        return damaged_database(name, reason)
     return UsageError(f"{OPTION} {name!r}: the history database cannot be used ({reason})")
 
 
@@ -675,11 +674,14 @@ def collectives_with_busbw(connection) -> list[StoredRun]:
     return found
 
 
+def damaged_database(name: str, reason: str) -> UsageError:
+    return UsageError(f"{OPTION} {name!r}: the history database is damaged ({reason}); restore it from a copy or "
+                      "add the results again into a new file")
+
+
 def _damaged(connection, run_id: Any, problem: str) -> UsageError:
     """The refusal of a database whose row of ``run_id`` is damaged (``problem``)."""
-    return UsageError(f"{OPTION} {getattr(connection, 'name', '') or '?'!r}: the history database is damaged (run "
-                      f"{str(run_id)[:80]!r}: {problem}); restore it from a copy or add the results again into a "
-                      "new file")
+    return damaged_database(getattr(connection, "name", "") or "?", f"run {str(run_id)[:80]!r}: {problem}")
 
 
 _COLLECTIVE_POINT_TYPES = ((str,), (str, type(None)), (str,), (int,), (int,), (str,))  # POINT_FIELDS'

@@ -32,12 +32,12 @@ import statistics
 from typing import Any
 
 from hwbench.device.health import FAIL, NodeHealth
-from hwbench.fabric.result import CollectivesResult
 from hwbench.judge.baseline import METRIC, Baseline
 from hwbench.judge.collectives_baseline import FabricOutcome, judge_collectives, slow_link_failures
 from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT
 from hwbench.metrics import METRICS
 from hwbench.point import PointKey
+from hwbench.result.collectives import CollectivesResult
 from hwbench.units import bandwidth_text, flops_rate_text
 
 DEFAULT_MIN_RATIO = 0.95

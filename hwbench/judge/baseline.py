@@ -41,12 +41,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from hwbench.errors import UsageError
-from hwbench.fabric.result import CollectivesResult
 from hwbench.fields import Positive, Text, problem_text
 from hwbench.files import write_json_atomic
 from hwbench.judge.collectives_baseline import CollectivesBaselinePoint, build_points
 from hwbench.metrics import METRICS
 from hwbench.point import PointKey
+from hwbench.result.collectives import CollectivesResult
 from hwbench.result.model import RunResult
 from hwbench.result.store import utc_now
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from hwbench.fabric.result import CollectiveKey, CollectivesResult
 from hwbench.judge.compare import MISSING_EXIT, REGRESSION_EXIT, PointComparison, compare_point
 from hwbench.metrics import BUSBW
+from hwbench.result.collectives import CollectiveKey, CollectivesResult
 
 
 def _samples(results: list[CollectivesResult]) -> tuple[dict[CollectiveKey, list[float]],

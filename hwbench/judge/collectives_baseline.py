@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from hwbench.fabric.result import POINT_FIELDS, SCOPE_ALL, CollectiveKey, CollectivesResult
 from hwbench.fields import Positive, Text
+from hwbench.result.collectives import POINT_FIELDS, SCOPE_ALL, CollectiveKey, CollectivesResult
 
 Bandwidth = Annotated[float, Strict(), Field(gt=0)]  # GB/s: a ratio is taken against it
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pandas as pd
 
-from hwbench.fabric.result import CollectivesResult
 from hwbench.report.against_published import match_published
 from hwbench.report.collectives import collectives_section
 from hwbench.report.decision import decision_section
@@ -32,6 +31,7 @@ from hwbench.report.sections import (
     runs_section,
     skipped_section,
 )
+from hwbench.result.collectives import CollectivesResult
 from hwbench.result.model import RunResult
 
 

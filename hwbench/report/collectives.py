@@ -3,9 +3,9 @@ algbw, busbw, #wrong) of each collective, form and size, and the ring's slow lin
 
 from __future__ import annotations
 
-from hwbench.fabric.result import CollectivesResult, Row
 from hwbench.fabric.table import scope_title
 from hwbench.report.document import Section, Table
+from hwbench.result.collectives import CollectivesResult, Row
 
 HEADERS = ["collective", "form", "size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong",
            "slowest rank (us)"]

@@ -48,13 +48,13 @@ def published_files(path: str | os.PathLike) -> list[Path]:
 
 
 def _read_one(path: Path) -> pd.DataFrame:
-    """``path``'s table, read and checked once per process while the file is unchanged (a report
-    reads the same published tables every time; checking their cells row by row is most of its work)."""
+    """``path``'s table, read and checked once per process while the file is unchanged (the API and
+    a long-lived process read the same published tables for every report)."""
     try:
         stat = path.stat()
     except OSError as error:
         raise UsageError(f"--against {path}: not a readable CSV table: {error.strerror}") from None
-    return _read_checked(path, stat.st_mtime_ns, stat.st_size)
+    return _read_checked(path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -72,9 +72,7 @@ def _read_checked(path: Path, mtime_ns: int, size: int) -> pd.DataFrame:
     for column in OPTIONAL_COLUMNS:
         if column not in frame.columns:
             frame[column] = ""
-    frame = frame.map(lambda v: v.strip() if isinstance(v, str) else v)
-    for column in frame.columns:
-        frame[column] = frame[column].replace({"-": ""})
+    frame = frame.map(lambda v: v.strip() if isinstance(v, str) else v).replace("-", "")  # "-": not published
     for index, row in frame.iterrows():
         _check_row(path, index + 2, row)  # the header is line 1
     for column in NUMERIC_COLUMNS:

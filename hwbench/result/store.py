@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from hwbench.errors import UsageError
-from hwbench.fabric import result as collectives_file
 from hwbench.files import json_text, write_json_atomic
 from hwbench.paths import result_files
+from hwbench.result import collectives as collectives_file
 from hwbench.result.model import RunResult, problem_text
 from hwbench.result.upgrade import UpgradeError
 
