@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hwbench.cli import main
-from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, judge_pairs, message_elements
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, message_elements
 from hwbench.fabric.launch import laggard, timeout_message
-from hwbench.result.collectives import CollectivesFormatError, load_collectives
+from hwbench.result.collectives import CollectivesFormatError, judge_pairs, load_collectives
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

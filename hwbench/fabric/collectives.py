@@ -5,7 +5,6 @@ Torch-free: the command checks its input with this before anything starts."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 from hwbench.errors import UsageError
 from hwbench.units import human_bytes
@@ -131,33 +130,9 @@ def message_elements(collective: Collective, size: int, world_size: int) -> int:
     return elements
 
 
-@dataclasses.dataclass(frozen=True)
-class RingVerdict:
-    """Each pair's slowdown against the median of the other pairs (its time over that median,
-    minus 1; None with one pair or a median of 0), the pairs named slow, the median of all pairs."""
-
-    slowdowns: list[float | None]
-    slow: list[int]
-    median_s: float
-
-
 # the largest --slow-threshold taken: a pair ten times its peers' median (one link of a ring of a
 # shared CPU can read a few times slower from noise alone; a faulty NIC or link is slower by orders)
 MAX_SLOW_THRESHOLD = 10.0
-
-
-def judge_pairs(times_s: list[float], threshold: float) -> RingVerdict:
-    """Every pair slower than the median of the other pairs by more than ``threshold`` named. Against
-    the others' median, not all pairs': two slow pairs of four do not lift the figure they are held
-    against. A ring of two ranks has two pairs between the same two ranks: a slow rank slows both
-    alike, and neither is named (its devices are judged by `hwbench accept`'s probes instead)."""
-    slowdowns: list[float | None] = []
-    for index, seconds in enumerate(times_s):
-        others = [t for i, t in enumerate(times_s) if i != index]
-        typical = statistics.median(others) if others else 0.0
-        slowdowns.append(seconds / typical - 1 if typical > 0 else None)
-    slow = [i for i, slowdown in enumerate(slowdowns) if slowdown is not None and slowdown > threshold]
-    return RingVerdict(slowdowns, slow, statistics.median(times_s))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.device import select_backend
 from hwbench.device.fingerprint import environment_fingerprint
 from hwbench.errors import SetupError, UsageError
-from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size, judge_pairs, scopes
+from hwbench.fabric.collectives import COLLECTIVES, CollectiveSettings, check_world_size, scopes
 from hwbench.fabric.rank import SETTINGS_FILE
 from hwbench.fabric.ring import RingSettings, pairs
 from hwbench.files import write_json_atomic
@@ -42,6 +42,7 @@ from hwbench.result.collectives import (
     ScopeRows,
     Settings,
     SlowLink,
+    judge_pairs,
 )
 from hwbench.result.model import Environment
 from hwbench.result.store import new_run_id, utc_now

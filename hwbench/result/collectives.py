@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 from pathlib import Path
 from typing import Literal
 
@@ -243,12 +244,36 @@ def from_data(data: object, where: str) -> CollectivesResult:
         raise CollectivesFormatError(f"{where}: its schema_version {version} ring cannot be read ({error!r})") from None
 
 
+# The ring's verdict, which a result's slow_link holds (`slow`) and an older file's upgrade judges again:
+# here, beside the file it describes, so that reading a file needs nothing of fabric/.
+@dataclasses.dataclass(frozen=True)
+class RingVerdict:
+    """Each pair's slowdown against the median of the other pairs (its time over that median,
+    minus 1; None with one pair or a median of 0), the pairs named slow, the median of all pairs."""
+
+    slowdowns: list[float | None]
+    slow: list[int]
+    median_s: float
+
+
+def judge_pairs(times_s: list[float], threshold: float) -> RingVerdict:
+    """Every pair slower than the median of the other pairs by more than ``threshold`` named. Against
+    the others' median, not all pairs': two slow pairs of four do not lift the figure they are held
+    against. A ring of two ranks has two pairs between the same two ranks: a slow rank slows both
+    alike, and neither is named (its devices are judged by `hwbench accept`'s probes instead)."""
+    slowdowns: list[float | None] = []
+    for index, seconds in enumerate(times_s):
+        others = [t for i, t in enumerate(times_s) if i != index]
+        typical = statistics.median(others) if others else 0.0
+        slowdowns.append(seconds / typical - 1 if typical > 0 else None)
+    slow = [i for i, slowdown in enumerate(slowdowns) if slowdown is not None and slowdown > threshold]
+    return RingVerdict(slowdowns, slow, statistics.median(times_s))
+
+
 def _v1_to_v2(data: dict) -> dict:
     """Version 1's ring named only its slowest pair (``slowest``, ``slowdown``); version 2 names every
     slow pair, each link with its own slowdown: judged again from the times version 1 recorded, by
-    the rule `hwbench collectives` now applies (hwbench/fabric/collectives.py ``judge_pairs``)."""
-    from hwbench.fabric.collectives import judge_pairs
-
+    the rule `hwbench collectives` now applies (``judge_pairs`` above)."""
     data = {**data, "schema_version": 2}
     ring = data.get("slow_link")
     if isinstance(ring, dict) and isinstance(ring.get("links"), list):
