@@ -151,6 +151,27 @@ def test_threads_within_the_quota_are_ok(tmp_path, monkeypatch):
     assert (check.status, check.value) == ("ok", "4 CPUs")
 
 
+
+def test_the_cores_a_run_sizes_its_threads_by_are_capped_by_the_quota_preflight_reads(tmp_path, monkeypatch):
+    """One reading of the cgroup quota: the process's own cgroup v2 slice (a container's), which the
+    CPU backend's thread count (usable_cores) and preflight's check both take; cgroup v1's CFS quota too."""
+    import hwbench.device.host as host
+
+    monkeypatch.setattr(host, "allowed_cpus", lambda: list(range(8)))
+    tree = kernel_tree(tmp_path / "v2", cpu_max="300000 100000")  # 3 CPUs in hwbench.slice, none at the root
+    monkeypatch.setattr(host, "PROC", tree.proc)
+    monkeypatch.setattr(host, "SYS", tree.sys)
+    assert host.usable_cores() == 3
+    v1 = tmp_path / "v1" / "sys/fs/cgroup/cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("250000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    monkeypatch.setattr(host, "PROC", tmp_path / "v1/proc")
+    monkeypatch.setattr(host, "SYS", tmp_path / "v1/sys")
+    assert host.cgroup_cpu_quota(host.PROC, host.SYS) == (2.5, "cgroup v1 cpu.cfs_quota_us")
+    assert host.usable_cores() == 2
+
+
 def test_a_bare_container_fails_no_check_and_an_unforeseen_error_is_a_warning(tmp_path, monkeypatch):
     """A CI container: no accelerator, no cpufreq, no NUMA, no THP, a cgroup quota file in a form
     not foreseen, and a device tool that raises. Every check is read or says why; none fails."""

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 SYSFS_CPU = Path("/sys/devices/system/cpu")
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+PROC, SYS = Path("/proc"), Path("/sys")
 
 
 def allowed_cpus() -> list[int]:
@@ -19,17 +19,43 @@ def allowed_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_quota(proc_root: Path, sys_root: Path) -> tuple[float | None, str]:
+    """(the CPUs this process's cgroup may use, None without a quota; the file it came from): its own
+    cgroup v2 group's cpu.max (a container's slice), else the root's, else cgroup v1's CFS quota.
+    ValueError when the file is there but unreadable as a quota."""
+    relative = ""
+    for line in (_read(proc_root / "self/cgroup") or "").splitlines():
+        if line.startswith("0::"):
+            relative = line[3:].lstrip("/")
+    root = sys_root / "fs/cgroup"
+    for path in dict.fromkeys([root / relative / "cpu.max", root / "cpu.max"]):
+        text = _read(path)
+        if text:
+            quota, _, period = text.partition(" ")
+            return (None if quota == "max" else int(quota) / int(period or 100000)), str(path)
+    quota_v1 = _read(root / "cpu/cpu.cfs_quota_us") or _read(root / "cpu,cpuacct/cpu.cfs_quota_us")
+    period_v1 = _read(root / "cpu/cpu.cfs_period_us") or _read(root / "cpu,cpuacct/cpu.cfs_period_us")
+    if quota_v1 and period_v1 and quota_v1 != "-1":
+        return int(quota_v1) / int(period_v1), "cgroup v1 cpu.cfs_quota_us"
+    return None, "no cgroup CPU quota"
+
+
 def usable_cores() -> int:
-    """Cores this process may really use: its affinity mask, capped by a cgroup
-    v2 CPU quota when one is set."""
+    """Cores this process may really use: its affinity mask, capped by its cgroup's CPU quota
+    (cgroup_cpu_quota, which preflight's check reads too)."""
     cores = len(allowed_cpus())
     try:
-        quota, period = CGROUP_CPU_MAX.read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
+        quota, _ = cgroup_cpu_quota(PROC, SYS)
+    except ValueError:
+        return cores
+    return cores if quota is None else min(cores, max(1, int(quota)))
 
 
 def cpu_packages(cpus: list[int], sysfs_cpu: Path = SYSFS_CPU) -> tuple[list[int] | None, str | None]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from hwbench.device.health import FAIL, INFO, LINKS, MEMORY, DeviceHealth, collective_settings, judge_health, meminfo
 from hwbench.device.health import WARNING as HEALTH_WARNING
-from hwbench.device.host import allowed_cpus, share_of_cores
+from hwbench.device.host import allowed_cpus, cgroup_cpu_quota, share_of_cores
 from hwbench.errors import UsageError
 from hwbench.units import human_bytes
 
@@ -434,28 +434,9 @@ def swap(host: Host) -> Check:
     return Check("swap", OK, reading, "unused")
 
 
-def cgroup_cpu_quota(host: Host) -> tuple[float | None, str]:
-    """(the CPUs this process's cgroup may use, None without a quota; the file it came from)."""
-    relative = ""
-    for line in (_read(host.proc / "self/cgroup") or "").splitlines():
-        if line.startswith("0::"):
-            relative = line[3:].lstrip("/")
-    root = host.sys / "fs/cgroup"
-    for path in dict.fromkeys([root / relative / "cpu.max", root / "cpu.max"]):
-        text = _read(path)
-        if text:
-            quota, _, period = text.partition(" ")
-            return (None if quota == "max" else int(quota) / int(period or 100000)), str(path)
-    quota_v1 = _read(root / "cpu/cpu.cfs_quota_us") or _read(root / "cpu,cpuacct/cpu.cfs_quota_us")
-    period_v1 = _read(root / "cpu/cpu.cfs_period_us") or _read(root / "cpu,cpuacct/cpu.cfs_period_us")
-    if quota_v1 and period_v1 and quota_v1 != "-1":
-        return int(quota_v1) / int(period_v1), "cgroup v1 cpu.cfs_quota_us"
-    return None, "no cgroup CPU quota"
-
-
 def cpu_quota(ranks: int, threads_per_rank: int, host: Host) -> Check:
     try:
-        quota, where = cgroup_cpu_quota(host)
+        quota, where = cgroup_cpu_quota(host.proc, host.sys)
     except ValueError as error:
         return Check("cpu_quota", None, None, reason=f"the cgroup CPU quota is unreadable ({error})")
     threads = ranks * threads_per_rank
