@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
@@ -65,6 +66,21 @@ def test_a_stage_publishes_as_it_goes_resumes_and_is_not_started_without_the_bud
     (tmp_path / "one.yaml").write_text("name: one\n" + QUICK + "points:\n  - {name: p}\n")
     env = {"HWBENCH_SUITE": str(tmp_path / "one.yaml")}
 
+    back, _ = _sweep_published_then_kept(tmp_path, env)
+
+    spent = session(tmp_path, "report", budget=1, step_min=30, **env)  # under 30 s of the call's 1 s left
+    assert spent.returncode == 1
+    log = (back / "session.log").read_text()  # published although the call ran out
+    assert "== report-md: not started" in log and "== report-html: not started" in log
+    assert "run its stage again in the next call" in log
+    with tarfile.open(back / "results.tar.gz") as tar:
+        assert any(n.startswith("./sweep/one/p/") and n.endswith(".json") for n in tar.getnames())
+
+
+def _sweep_published_then_kept(tmp_path: Path, env: dict[str, str]) -> tuple[Path, str]:
+    """A call of the sweep and report stages: everything it made published in back/ (the device tool's
+    limit of files), the results table and goals last; then a second call keeping the finished point.
+    Returns back/ and the first call's session.log (the second call publishes its own over it)."""
     done = session(tmp_path, "sweep", "report", **env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     back = tmp_path / "back"
@@ -78,18 +94,12 @@ def test_a_stage_publishes_as_it_goes_resumes_and_is_not_started_without_the_bud
     last = done.stdout.rstrip().splitlines()  # the table of results, then the goals, come last
     assert last[-1].startswith("| planner within 10% of the measured peak | n/a |")  # a CPU is held to no goal
     assert any(line.startswith("| sweep/one/p: tiny fp32 | ok | 1/1 x 32 |") for line in last[-20:])
+    first_log = (back / "session.log").read_text()
 
     again = session(tmp_path, "sweep", **env)  # the next call: the finished point is kept, not run again
     assert again.returncode == 0 and "kept from an earlier sweep" in again.stdout
     assert len(list((tmp_path / "session" / "sweep" / "one" / "p").glob("*.json"))) == 1
-
-    spent = session(tmp_path, "report", budget=1, step_min=30, **env)  # under 30 s of the call's 1 s left
-    assert spent.returncode == 1
-    log = (back / "session.log").read_text()  # published although the call ran out
-    assert "== report-md: not started" in log and "== report-html: not started" in log
-    assert "run its stage again in the next call" in log
-    with tarfile.open(back / "results.tar.gz") as tar:
-        assert any(n.startswith("./sweep/one/p/") and n.endswith(".json") for n in tar.getnames())
+    return back, first_log
 
 
 # heavy (python -m pytest -m heavy): a step stopped by SIGTERM at the call's budget with its finished point
@@ -104,24 +114,8 @@ def test_stages_resume_publish_as_they_go_and_stop_at_the_budget(tmp_path):
                                         "  - {name: slow, steps: 5000}\n")
     env = {"HWBENCH_SUITE": str(tmp_path / "one.yaml"), "HWBENCH_FAST_SUITE": str(tmp_path / "long.yaml")}
 
-    done = session(tmp_path, "sweep", "report", **env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    back = tmp_path / "back"
-    files = sorted(p.name for p in back.iterdir())
-    assert all((back / name).is_file() for name in files) and len(files) <= 8  # the device tool's limit
-    assert {"session.log", "results.tar.gz", "summary.md", "report.md", "report.html"} <= set(files)
-    with tarfile.open(back / "results.tar.gz") as tar:
-        results = [n for n in tar.getnames() if n.startswith("./sweep/one/p/") and n.endswith(".json")]
-    assert len(results) == 1
-    assert "tiny" in (back / "report.md").read_text()
-    last = done.stdout.rstrip().splitlines()  # the table of results, then the goals, come last
-    assert last[-1].startswith("| planner within 10% of the measured peak | n/a |")  # a CPU is held to no goal
-    assert any(line.startswith("| sweep/one/p: tiny fp32 | ok | 1/1 x 32 |") for line in last[-20:])
-    sweep_s = seconds_of_step((back / "session.log").read_text(), "sweep")
-
-    again = session(tmp_path, "sweep", **env)  # the next call: the finished point is kept, not run again
-    assert again.returncode == 0 and "kept from an earlier sweep" in again.stdout
-    assert len(list((tmp_path / "session" / "sweep" / "one" / "p").glob("*.json"))) == 1
+    back, first_log = _sweep_published_then_kept(tmp_path, env)
+    sweep_s = seconds_of_step(first_log, "sweep")
 
     # The budget from what this machine took for the first call's sweep step (one tiny point, 6 s on a
     # quiet machine): the fast step's quick point, the same work, ends well inside it, the slow one is

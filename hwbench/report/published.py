@@ -54,12 +54,14 @@ def _read_one(path: Path) -> pd.DataFrame:
         stat = path.stat()
     except OSError as error:
         raise UsageError(f"--against {path}: not a readable CSV table: {error.strerror}") from None
-    return _read_checked(path.resolve(), stat.st_mtime_ns, stat.st_size)
+    return _read_checked(path, path.resolve(), stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=32)
-def _read_checked(path: Path, mtime_ns: int, size: int) -> pd.DataFrame:
-    """Cached, so never handed out: load_published returns a concatenation (new data) of these."""
+def _read_checked(path: Path, resolved: Path, mtime_ns: int, size: int) -> pd.DataFrame:
+    """``path`` as given (named in refusals and the ``file`` column); ``resolved``, its mtime and size
+    key the cache with it, so another working directory or a changed file reads again. Cached, so never
+    handed out: load_published returns a concatenation (new data) of these."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
