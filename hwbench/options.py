@@ -80,9 +80,19 @@ def _below_one(beta: float) -> bool:
     return 0 <= beta < 1
 
 
-def option(help: str, **definition: Any) -> Any:
-    """A RunOptions field: None until given; ``definition`` holds Option's other fields."""
-    return dataclasses.field(default=None, metadata={"option": Option(help=help, **definition)})
+# Where the resolved spec keeps an option as given, else as its default (the workload's, or the option's):
+# a field of the option's own name in hwbench.spec's RunSpec or its OptimizerSpec, generated into
+# hwbench/kept_options.py from the definition below (spec_fields_module). Every other option is resolved
+# by a rule of hwbench.spec (the batch sizes, the layout, the launch, ...) into a field declared there.
+RUN_SPEC, OPTIMIZER_SPEC = "RunSpec", "OptimizerSpec"
+
+
+def option(help: str, kept: str | None = None, absent_means_default: bool = False, **definition: Any) -> Any:
+    """A RunOptions field: None until given; ``definition`` holds Option's other fields. ``kept``: the
+    spec part that keeps it (RUN_SPEC, OPTIMIZER_SPEC); ``absent_means_default``: a result written
+    before the option existed lacks it, and ran with its default."""
+    return dataclasses.field(default=None, metadata={"option": Option(help=help, **definition), "kept": kept,
+                                                     "absent_means_default": absent_means_default})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +101,7 @@ class RunOptions:
 
     device: str | None = option(f"auto picks {AUTO_ORDER[0]}, then {', '.join(AUTO_ORDER[1:-1])}, then {FALLBACK_KIND}",
                                 default="auto",
-                                choices=DEVICE_CHOICES)
+                                choices=DEVICE_CHOICES, kept=RUN_SPEC)
     model: str | None = option(
         "workload from the catalog, see `hwbench models`; any case", default="small", accepts="a workload name"
     )
@@ -104,7 +114,7 @@ class RunOptions:
         maximum=MAX_BATCH,
         default_rule="the workload's, scaled with data parallelism when no batch size is given",
     )
-    seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1)
+    seq_length: int | None = option("tokens per sample", default_rule="the workload's", minimum=1, kept=RUN_SPEC)
     max_positions: int | None = option(
         "length of the learned position embedding, at least --seq-length; e.g. 2048 to run a GPT-2 size at seq "
         "2048. A model with rotary positions (the Llama sizes) has no such table: any other value than its own is "
@@ -117,7 +127,7 @@ class RunOptions:
         "fp32, bf16/fp16 autocast, or fp8: torchao's float8 training of the transformer blocks' linear layers, "
         "the rest as a bf16 run (docs/methodology.md, 'FP8 training')",
         default_rule="the workload's",
-        choices=RUN_PRECISIONS,
+        choices=RUN_PRECISIONS, kept=RUN_SPEC
     )
     fp8_recipe: str | None = option(
         "how --precision fp8 scales its tensors: tensorwise (one scale per tensor), rowwise (one per row, powers "
@@ -125,9 +135,12 @@ class RunOptions:
         default_rule=f"{DEFAULT_FP8_RECIPE} with --precision fp8",
         choices=FP8_RECIPES,
     )
-    recompute: bool | None = option("activation checkpointing of every block", default_rule="the workload's")
+    recompute: bool | None = option(
+        "activation checkpointing of every block", default_rule="the workload's",
+        kept=RUN_SPEC
+    )
     compile: bool | None = option(
-        "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on"
+        "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on", kept=RUN_SPEC
     )
     settings: str | None = option(
         "published: the workload's published micro batch and recompute; fast: what fits and is fastest on this "
@@ -135,19 +148,19 @@ class RunOptions:
         "batch that divides the global batch and fits, --compile, --cross-entropy chunked, --fused-qkv; options "
         "given explicitly win",
         default="published",
-        choices=SETTINGS,
+        choices=SETTINGS, kept=RUN_SPEC, absent_means_default=True
     )
     cross_entropy: str | None = option(
         f"standard, or chunked: the output projection and the loss {CROSS_ENTROPY_CHUNK_TOKENS} tokens at a time, "
         "logits recomputed in the backward, so the [tokens, vocab] fp32 logits never exist (native engine, --tp 1)",
         default="standard",
         default_rule="standard; --settings fast: chunked where it can run",
-        choices=CROSS_ENTROPY_CHOICES,
+        choices=CROSS_ENTROPY_CHOICES, kept=RUN_SPEC, absent_means_default=True
     )
     fused_qkv: bool | None = option(
         "one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights as the separate ones",
         default=False,
-        default_rule="off; --settings fast: on where it can run",
+        default_rule="off; --settings fast: on where it can run", kept=RUN_SPEC, absent_means_default=True
     )
     device_memory: str | None = option(
         "memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
@@ -160,13 +173,13 @@ class RunOptions:
         "Megatron dataset PREFIX.bin/.idx",
         default=DATA_KEYWORDS[0],
         accepts="builtin, synthetic or a path prefix",
-        megatron=("--data-path",),
+        megatron=("--data-path",), kept=RUN_SPEC
     )
     split: str | None = option(
         "train,valid,test weights for --data PREFIX",
         default="949,50,1",
         valid=_parses(parse_split),
-        accepts="up to three non-negative weights",
+        accepts="up to three non-negative weights", kept=RUN_SPEC
     )
     valid_data: str | None = option(
         "prefix of a Megatron dataset PREFIX.bin/.idx to validate on, instead of --split's validation part of "
@@ -174,7 +187,7 @@ class RunOptions:
         "unshuffled (MLPerf Training's fixed validation set)",
         default_rule="the validation part of --data (--split)",
         valid=_nonempty,
-        accepts="a path prefix",
+        accepts="a path prefix", kept=RUN_SPEC
     )
     eval_interval: int | None = option(
         "validate every N steps; 0: only after the last",
@@ -183,11 +196,14 @@ class RunOptions:
         maximum=MAX_STEPS,
         default_rule=f"0; with a target: {TARGET_EVAL_INTERVAL}",
     )
-    eval_iters: int | None = option("global batches per validation; 0: none", default=10, minimum=0, maximum=MAX_STEPS)
-    steps: int | None = option(
-        "timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS, megatron=("--train-iters",)
+    eval_iters: int | None = option(
+        "global batches per validation; 0: none", default=10, minimum=0, maximum=MAX_STEPS,
+        kept=RUN_SPEC
     )
-    warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS)
+    steps: int | None = option(
+        "timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS, megatron=("--train-iters",), kept=RUN_SPEC
+    )
+    warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS, kept=RUN_SPEC)
     target_ppl: str | None = option(
         "stop at the first validation whose perplexity is at or below this; floor*F: F times the lowest reachable "
         "perplexity of --data builtin or synthetic; --steps is then the most steps (not reached: status "
@@ -200,13 +216,17 @@ class RunOptions:
     target_loss: float | None = option(
         "as --target-ppl, for the validation loss in nats", minimum=0, above_minimum=True, group=TARGET
     )
-    seed: int | None = option("seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED)
+    seed: int | None = option(
+        "seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED,
+        kept=RUN_SPEC
+    )
     lr: float | None = option(
-        "peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True, group=OPTIMIZER
+        "peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True, group=OPTIMIZER,
+        kept=OPTIMIZER_SPEC
     )
     min_lr: float | None = option(
         "learning rate at the end of the decay, at most --lr", default_rule="the workload's", minimum=0,
-        group=OPTIMIZER
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC
     )
     lr_warmup_iters: int | None = option(
         "steps of linear warm-up from --lr-warmup-init to --lr, counted from the first step (the untimed --warmup "
@@ -218,37 +238,42 @@ class RunOptions:
         default_rule="the workload's", minimum=0, maximum=1, group=OPTIMIZER
     )
     lr_warmup_init: float | None = option(
-        "learning rate the warm-up starts from, at most --lr", default=0.0, minimum=0, group=OPTIMIZER
+        "learning rate the warm-up starts from, at most --lr", default=0.0, minimum=0, group=OPTIMIZER,
+        kept=OPTIMIZER_SPEC, absent_means_default=True
     )
     lr_decay_iters: int | None = option(
         "step at which the decay reaches --min-lr (it may lie far past --steps)", default_rule="the workload's",
-        minimum=1, group=OPTIMIZER
+        minimum=1, group=OPTIMIZER, kept=OPTIMIZER_SPEC
     )
     lr_decay_style: str | None = option(
         "decay from --lr to --min-lr after the warm-up", default_rule="the workload's", choices=LR_DECAY_STYLES,
-        group=OPTIMIZER
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC
     )
     adam_beta1: float | None = option(
         "AdamW's decay rate of the gradient's running mean", default=0.9, valid=_below_one, accepts=BETA,
-        group=OPTIMIZER
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True
     )
     adam_beta2: float | None = option(
         "AdamW's decay rate of the squared gradient's running mean", default=0.999, valid=_below_one, accepts=BETA,
-        group=OPTIMIZER
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True
     )
     adam_eps: float | None = option(
-        "AdamW's epsilon, added to the denominator", default=1e-8, minimum=0, above_minimum=True, group=OPTIMIZER
+        "AdamW's epsilon, added to the denominator", default=1e-8, minimum=0, above_minimum=True, group=OPTIMIZER,
+        kept=OPTIMIZER_SPEC, absent_means_default=True
     )
     weight_decay: float | None = option(
         "AdamW weight decay of the weight matrices (biases and norm gains get none)", default_rule="the workload's",
-        minimum=0, group=OPTIMIZER
+        minimum=0, group=OPTIMIZER, kept=OPTIMIZER_SPEC
     )
     clip_grad: float | None = option(
         "clip the gradients to this global L2 norm; 0: no clipping", default_rule="the workload's", minimum=0,
-        group=OPTIMIZER
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC
     )
     out: str | None = option("folder for the result file", default="results/runs", accepts="a folder")
-    telemetry: bool | None = option("sample power, clocks and temperature during the timed steps", default=True)
+    telemetry: bool | None = option(
+        "sample power, clocks and temperature during the timed steps", default=True,
+        kept=RUN_SPEC
+    )
     telemetry_interval: float | None = option(
         "seconds between telemetry samples", default=0.5, minimum=0.01, maximum=60, accepts="seconds"
     )
@@ -288,7 +313,7 @@ class RunOptions:
     fsdp: bool | None = option(
         "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
         default=False,
-        group=LAYOUT,
+        group=LAYOUT, kept=RUN_SPEC
     )
     zero: int | None = option(
         "DeepSpeed ZeRO stage (--engine deepspeed)",
@@ -298,7 +323,7 @@ class RunOptions:
         megatron=("--zero-stage",),
     )
     engine: str | None = option(
-        "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT
+        "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT, kept=RUN_SPEC
     )
     pp_schedule: str | None = option(
         "pipeline schedule",
@@ -314,7 +339,7 @@ class RunOptions:
         minimum=1,
         maximum=4096,
         default_rule="the usable cores of the node shared among its ranks",
-        group=PROCESSES,
+        group=PROCESSES, kept=RUN_SPEC
     )
     nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES)
     node_rank: int | None = option("this node's rank, below --nnodes", default=0, minimum=0, group=PROCESSES)
@@ -363,34 +388,34 @@ class RunOptions:
         "latest_checkpointed_iteration.txt): after the last step, and every --save-interval steps",
         valid=_nonempty,
         accepts="a folder",
-        group=CHECKPOINTS,
+        group=CHECKPOINTS, kept=RUN_SPEC
     )
     save_interval: int | None = option(
         "save also after every step whose number is a multiple of N (--save)",
         minimum=1,
         maximum=MAX_STEPS,
         default_rule="only after the last step",
-        group=CHECKPOINTS,
+        group=CHECKPOINTS, kept=RUN_SPEC
     )
     load: str | None = option(
         "resume from a checkpoint: a --save folder (its latest) or one of its iter_NNNNNNN folders; the run trains "
         "--warmup + --steps more steps from there, in the same sample order",
         valid=_nonempty,
         accepts="a folder",
-        group=CHECKPOINTS,
+        group=CHECKPOINTS, kept=RUN_SPEC
     )
     async_save: bool | None = option(
         "write each checkpoint in the background (torch.distributed.checkpoint's async_save; native engine): "
         "training stalls only while the state is copied to host memory",
         default=False,
-        group=CHECKPOINTS,
+        group=CHECKPOINTS, kept=RUN_SPEC, absent_means_default=True
     )
     profile: bool | None = option(
         "torch.profiler over --profile-steps extra steps after the timed ones (kept out of every timed figure): "
         "a trace per rank beside the result (<run id>.profile/rank-N.json.gz, Chrome/Perfetto JSON), where each "
         "rank's step time goes, and the rank the others wait for (docs/methodology.md, 'Where the time goes')",
         default=False,
-        group=PROFILE,
+        group=PROFILE, kept=RUN_SPEC, absent_means_default=True
     )
     profile_steps: int | None = option(
         "steps --profile records, after one more it discards (the profiler's warm-up)",
@@ -465,6 +490,8 @@ def _definitions() -> dict[str, Option]:
 
 
 RUN_OPTIONS: dict[str, Option] = _definitions()  # name -> definition, in --help's order
+KEPT: dict[str, str] = {field.name: field.metadata["kept"] for field in dataclasses.fields(RunOptions)
+                        if field.metadata["kept"]}  # option -> the spec part that keeps it, in --help's order
 
 # Megatron flags that set an hwbench option to a fixed value.
 MEGATRON_CONSTANTS = {
@@ -557,5 +584,54 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+# an integer option's minimum as hwbench.fields' range type
+_RANGE_TYPES: dict[float | None, str] = {1: "Positive", 0: "Count"}
+_KEPT_CLASSES = {RUN_SPEC: ("KeptRunOptions", "The run options RunSpec keeps (hwbench.spec)."),
+                 OPTIMIZER_SPEC: ("KeptOptimizerOptions", "The run options OptimizerSpec keeps (hwbench.spec).")}
+
+
+def _kept_field(field: dataclasses.Field) -> str:
+    """The spec field of a kept option: `seq_length: Positive`, `save: str | None = None`."""
+    from hwbench.catalog import TrainingDefaults
+
+    option = RUN_OPTIONS[field.name]
+    kind = {bool: "bool", str: "str", float: "float"}.get(option.type) or _RANGE_TYPES.get(option.minimum, "int")
+    # build_run_spec takes the option as given, else the workload's training default, else the option's
+    if option.default is None and field.name not in TrainingDefaults.model_fields:
+        return f"{field.name}: {kind} | None = None"
+    default = f'"{option.default}"' if isinstance(option.default, str) else repr(option.default)
+    return f"{field.name}: {kind}" + (f" = {default}" if field.metadata["absent_means_default"] else "")
+
+
+def kept_options_module() -> str:
+    """hwbench/kept_options.py: the RunSpec and OptimizerSpec fields of the options they keep, from the
+    definitions above (``kept=``)."""
+    fields = {part: [_kept_field(f) for f in dataclasses.fields(RunOptions) if f.metadata["kept"] == part]
+              for part in _KEPT_CLASSES}
+    ranges = sorted({kind for kind in _RANGE_TYPES.values() if any(f": {kind}" in line
+                                                                   for lines in fields.values() for line in lines)})
+    lines = [
+        '"""The fields of hwbench.spec\'s RunSpec and OptimizerSpec that keep a run option as given, else as its',
+        "default (the workload's training default, or the option's). Written by `python -m hwbench.options",
+        "--kept-options > hwbench/kept_options.py` from the options' definitions in hwbench/options.py (``kept=``);",
+        "tests/test_run_spec_declaration.py fails when this file differs: change the option, not this file.",
+        "A field's type is the option's, with its range (hwbench.fields); None where the option has no default",
+        "of its own or the workload's; a default where a result written before the option existed lacks it",
+        '(``absent_means_default``): the option\'s, which that run ran with."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import dataclasses",
+        "",
+        f"from hwbench.fields import {', '.join(ranges)}",
+    ]
+    for part, (name, doc) in _KEPT_CLASSES.items():
+        lines += ["", "", "@dataclasses.dataclass(frozen=True, kw_only=True)", f"class {name}:", f'    """{doc}"""',
+                  "", *(f"    {line}" for line in fields[part])]
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(markdown(), end="")
+    import sys
+
+    print(kept_options_module() if sys.argv[1:] == ["--kept-options"] else markdown(), end="")

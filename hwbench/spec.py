@@ -17,6 +17,7 @@ from typing import Any
 from hwbench.catalog import Catalog, TrainingDefaults, Workload
 from hwbench.errors import UsageError
 from hwbench.fields import Count, Positive, Rate
+from hwbench.kept_options import KeptOptimizerOptions, KeptRunOptions
 from hwbench.options import (
     DATA_KEYWORDS,
     ENGINES,  # noqa: F401  (hwbench.planner reads it here)
@@ -79,82 +80,50 @@ class LaunchSpec:
         return self.nnodes * self.nproc_per_node
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerSpec:
-    """AdamW with Megatron's schedule: linear warm-up, then decay to min_lr. Each field is the run
-    option of its name (hwbench.options), else the workload's training default, else the option's."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerSpec(KeptOptimizerOptions):
+    """AdamW with Megatron's schedule: linear warm-up, then decay to min_lr. Each kept field
+    (hwbench.kept_options) is the run option of its name, else the workload's training default, else
+    the option's; the warm-up is resolved from two options as Megatron-LM resolves it."""
 
-    lr: float
-    min_lr: float
-    weight_decay: float
-    clip_grad: float  # 0: no clipping, as Megatron-LM's --clip-grad 0
     lr_warmup_iters: int
-    lr_decay_iters: int
-    lr_decay_style: str
-    # The defaults below are what a result written before these options ran with.
     lr_warmup_fraction: float | None = None  # the fraction of lr_decay_iters the warm-up is; None: a count
-    lr_warmup_init: float = RUN_OPTIONS["lr_warmup_init"].default
-    adam_beta1: float = RUN_OPTIONS["adam_beta1"].default
-    adam_beta2: float = RUN_OPTIONS["adam_beta2"].default
-    adam_eps: float = RUN_OPTIONS["adam_eps"].default
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """One benchmark point, resolved. The one declaration of the run spec: the result's spec
-    section (hwbench.result.model.Spec) is made from these fields, so each field's type is
-    also what a result file may hold there (Positive, Count, Rate: hwbench.fields' ranges)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec(KeptRunOptions):
+    """One benchmark point, resolved. The one declaration of the run spec: the options it keeps as
+    given are generated from their definitions (hwbench.kept_options), the fields below are resolved
+    from several options and the workload; the result's spec section (hwbench.result.model.Spec) is made
+    from all of them, so each field's type is also what a result file may hold there (Positive, Count,
+    Rate: hwbench.fields' ranges)."""
 
-    model: str
-    device: str  # as requested: auto or a kind of hwbench.device.kinds
+    model: str  # the catalog's name of --model
     micro_batch_size: Positive
     global_batch_size: Positive
-    seq_length: Positive
-    precision: str
-    recompute: bool
-    compile: bool
-    steps: Positive
-    warmup: Count
-    seed: Count
     parallel: ParallelDims
-    engine: str  # native or deepspeed
     zero_stage: Count  # DeepSpeed ZeRO stage (deepspeed engine only)
-    fsdp: bool  # FSDP2 sharding of the data-parallel dimension (native engine only)
     pp_schedule: str  # 1f1b or gpipe (pipeline parallelism only)
     launch: LaunchSpec
     optimizer: OptimizerSpec
-    initial_scale_power: Count  # fp16 dynamic loss scale starts at 2**this
-    loss_scale: float | None  # fixed fp16 loss scale, or None for dynamic
-    data: str  # builtin, synthetic, or a Megatron dataset prefix
-    split: str
+    initial_scale_power: Count  # the workload's: the fp16 dynamic loss scale starts at 2**this
+    loss_scale: float | None  # the workload's fixed fp16 loss scale, or None for dynamic
     eval_interval: Count  # evaluate every this many steps; 0 = only after the last step
-    eval_iters: Count  # global batches per evaluation; 0 = no validation
-    telemetry: bool
     telemetry_interval_s: Rate
     flops_formula: str
     out_dir: str
-    threads_per_rank: Positive | None = None  # None: the backend shares the usable cores among the ranks
     # Rows of the learned position embedding (--max-positions). build_run_spec always sets it;
     # None only in a spec read back from a result written before the option existed: the workload's.
     max_positions: Positive | None = None
     # The defaults below are what a result written before these options ran with.
-    settings: str = "published"  # --settings: published, or fast (hwbench.fast chose the values)
-    settings_choice: str | None = None  # under fast: what was chosen and why, in words
+    settings_choice: str | None = None  # under --settings fast: what was chosen and why, in words
     device_memory_bytes: Count | None = None  # under fast: the memory per device it planned for
-    cross_entropy: str = "standard"  # --cross-entropy: standard or chunked
-    fused_qkv: bool = False  # --fused-qkv: one q/k/v projection in Megatron's per-head layout
     # --target-ppl / --target-loss (hwbench.target): the run stops at the first validation that
     # reaches it. The resolved figure (floor*1.2 on the built-in language: 5.06) and the text given.
     target_ppl: float | None = None
     target_loss: float | None = None
     target_given: str | None = None
-    save: str | None = None  # --save: the folder checkpoints go to (hwbench.checkpoint)
-    save_interval: Positive | None = None  # --save-interval: also after every step that is a multiple of it
-    load: str | None = None  # --load: the checkpoint the run resumes from
-    async_save: bool = False  # --async-save: torch.distributed.checkpoint's async_save
-    valid_data: str | None = None  # --valid-data: the dataset every validation reads from its first sequence
     fp8_recipe: str | None = None  # --fp8-recipe of a --precision fp8 run (hwbench.engine.float8); None otherwise
-    profile: bool = False  # --profile: extra steps after the timed ones under torch.profiler (hwbench.harness.profile)
     profile_steps: Positive | None = None  # --profile-steps of a profiled run; None otherwise
 
     @property
@@ -579,12 +548,10 @@ def _check_no_clipping(optimizer: OptimizerSpec, engine: str, parallel: Parallel
 
 def _build_optimizer(options: RunOptions, training: TrainingDefaults,
                      given_or_default: Callable[[str], Any]) -> OptimizerSpec:
-    """The OptimizerSpec: each field the option of its name, else the workload's training default,
-    else the option's default (a new optimizer option is its RunOptions field and its OptimizerSpec
-    field); the warm-up resolved as Megatron-LM does (``_warmup``)."""
+    """The OptimizerSpec: each kept field the option of its name, else the workload's training default,
+    else the option's default; the warm-up resolved as Megatron-LM does (``_warmup``)."""
     warmup = _warmup(options, training, given_or_default("lr_decay_iters"))
-    optimizer = OptimizerSpec(**{name: given_or_default(name) for name in _OPTIMIZER_FIELDS - warmup.keys()},
-                              **warmup)
+    optimizer = OptimizerSpec(**{name: given_or_default(name) for name in _KEPT_OPTIMIZER_FIELDS}, **warmup)
     _check_schedule(optimizer, options)
     return optimizer
 
@@ -700,22 +667,21 @@ def build_run_spec(
         flops_formula=canonical_formula(value("flops_formula")),  # an old name recorded as the formula it means
         out_dir=value("out"),
         max_positions=positions,
-        settings=settings,
         device_memory_bytes=device_memory,
+        initial_scale_power=defaults.initial_scale_power,
+        loss_scale=defaults.loss_scale,
         target_ppl=target.value if target and target.metric == "ppl" else None,
         target_loss=target.value if target and target.metric == "loss" else None,
         target_given=target.given if target else None,
         fp8_recipe=fp8_recipe,
         profile_steps=_profile_steps(options),
     )
-    # Every other RunSpec field that is an option or a workload's training default of the same name is
-    # given_or_default's (--steps, --data, --save, --precision, the loss scale, ...): a new option of that
-    # kind is its RunOptions field and its RunSpec field, a new workload default its TrainingDefaults field.
-    kept = {name: given_or_default(name) for name in _SPEC_FIELDS & (RUN_OPTIONS.keys() | training.keys())
-            - resolved.keys()}
+    # The options the spec keeps (--steps, --data, --save, --precision, ...: `kept=` in hwbench.options)
+    # are given_or_default's; a new one is its option's definition, nothing more.
+    kept = {name: given_or_default(name) for name in _KEPT_RUN_FIELDS}
     _check_no_clipping(resolved["optimizer"], engine, parallel, zero_stage, kept["precision"])
     return RunSpec(**kept, **resolved)
 
 
-_SPEC_FIELDS = {field.name for field in dataclasses.fields(RunSpec)}
-_OPTIMIZER_FIELDS = {field.name for field in dataclasses.fields(OptimizerSpec)}
+_KEPT_RUN_FIELDS = [field.name for field in dataclasses.fields(KeptRunOptions)]
+_KEPT_OPTIMIZER_FIELDS = [field.name for field in dataclasses.fields(KeptOptimizerOptions)]

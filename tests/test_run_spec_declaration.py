@@ -1,7 +1,9 @@
-"""The run spec is one declaration: RunSpec (hwbench/spec.py). The result's spec section
-(hwbench.result.model.Spec) is made from its fields, each optional because a result's spec may be
-partial, with its type and range; gradient accumulation is computed in one place that both read; the point key
-(hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their types."""
+"""The run spec is one declaration: RunSpec (hwbench/spec.py), whose fields that keep an option as given
+are generated from the option's definition (hwbench/kept_options.py, from `kept=` in hwbench/options.py).
+The result's spec section (hwbench.result.model.Spec) is made from its fields, each optional because a
+result's spec may be partial, with its type and range; gradient accumulation is computed in one place that
+both read; the point key (hwbench.point.PointKey) is a selection of the spec's fields (FROM_SPEC) with their
+types."""
 
 from __future__ import annotations
 
@@ -134,9 +136,47 @@ def test_an_option_kept_as_given_arrives_in_the_run_spec():
         name: value for name, value in given.items() if name not in ELSEWHERE}
 
 
+def test_the_kept_fields_are_what_the_options_definitions_generate():
+    """hwbench/kept_options.py is written by `python -m hwbench.options --kept-options`: an option kept
+    in the spec is declared once, in hwbench/options.py, and its field follows."""
+    from pathlib import Path
+
+    from hwbench.options import kept_options_module
+
+    module = Path(__file__).resolve().parent.parent / "hwbench" / "kept_options.py"
+    assert module.read_text() == kept_options_module(), (
+        "run: python -m hwbench.options --kept-options > hwbench/kept_options.py")
+
+
+@pytest.mark.parametrize("name, field", [
+    ("steps", "steps: Positive"),  # the option's range: minimum 1
+    ("warmup", "warmup: Count"),  # minimum 0
+    ("seq_length", "seq_length: Positive"),  # no default of its own: the workload's
+    ("save", "save: str | None = None"),  # no default at all: None until given
+    ("cross_entropy", 'cross_entropy: str = "standard"'),  # a result older than the option ran with its default
+    ("lr_warmup_init", "lr_warmup_init: float = 0.0"),
+])
+def test_a_kept_field_takes_its_type_range_and_absence_from_the_option(name, field):
+    from hwbench.options import kept_options_module
+
+    assert f"\n    {field}\n" in kept_options_module()
+
+
+def test_every_kept_option_is_a_field_of_the_part_that_keeps_it():
+    from hwbench.options import KEPT, OPTIMIZER_SPEC, RUN_SPEC
+
+    parts = {RUN_SPEC: RunSpec, OPTIMIZER_SPEC: OptimizerSpec}
+    assert {name: part for name, part in KEPT.items()
+            if name not in {field.name for field in dataclasses.fields(parts[part])}} == {}
+    spec = build_run_spec(RunOptions(model="tiny"), load_catalog(), check_paths=False)
+    assert {name: getattr(spec if part == RUN_SPEC else spec.optimizer, name) == RUN_OPTIONS[name].default
+            for name, part in KEPT.items() if RUN_OPTIONS[name].default is not None} == {
+        name: True for name in KEPT if RUN_OPTIONS[name].default is not None}  # not given: the option's default
+
+
 def test_every_optimizer_field_is_a_run_option():
-    """So build_run_spec's one copy fills the optimizer: a new optimizer option is its RunOptions
-    field and its OptimizerSpec field, nothing more."""
+    """So build_run_spec's one copy fills the optimizer: a new optimizer option is its definition
+    (``kept=OPTIMIZER_SPEC``), nothing more."""
     assert OPTIMIZER_OPTIONS == {field.name for field in dataclasses.fields(OptimizerSpec)}
 
 
