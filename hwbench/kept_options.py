@@ -57,3 +57,16 @@ class KeptOptimizerOptions:
     adam_eps: float = 1e-08
     weight_decay: float
     clip_grad: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KeptLaunchOptions:
+    """The run options LaunchSpec keeps (hwbench.spec)."""
+
+    nproc_per_node: Positive = 1
+    nnodes: Positive = 1
+    node_rank: Count = 0
+    master_addr: str = "127.0.0.1"
+    master_port: Positive | None = None
+    rdzv_endpoint: str | None = None
+    max_restarts: Count = 0

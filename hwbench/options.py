@@ -84,12 +84,12 @@ def _below_one(beta: float) -> bool:
 # a field of the option's own name in hwbench.spec's RunSpec or its OptimizerSpec, generated into
 # hwbench/kept_options.py from the definition below (spec_fields_module). Every other option is resolved
 # by a rule of hwbench.spec (the batch sizes, the layout, the launch, ...) into a field declared there.
-RUN_SPEC, OPTIMIZER_SPEC = "RunSpec", "OptimizerSpec"
+RUN_SPEC, OPTIMIZER_SPEC, LAUNCH_SPEC = "RunSpec", "OptimizerSpec", "LaunchSpec"
 
 
 def option(help: str, kept: str | None = None, absent_means_default: bool = False, **definition: Any) -> Any:
     """A RunOptions field: None until given; ``definition`` holds Option's other fields. ``kept``: the
-    spec part that keeps it (RUN_SPEC, OPTIMIZER_SPEC); ``absent_means_default``: a result written
+    spec part that keeps it (RUN_SPEC, OPTIMIZER_SPEC, LAUNCH_SPEC); ``absent_means_default``: a result written
     before the option existed lacks it, and ran with its default."""
     return dataclasses.field(default=None, metadata={"option": Option(help=help, **definition), "kept": kept,
                                                      "absent_means_default": absent_means_default})
@@ -332,7 +332,8 @@ class RunOptions:
         default_rule="1f1b, or gpipe when there are fewer microbatches than stages",
     )
     nproc_per_node: int | None = option(
-        "ranks on this node; 1 runs in this process", default=1, minimum=1, maximum=1024, group=PROCESSES
+        "ranks on this node; 1 runs in this process", default=1, minimum=1, maximum=1024, group=PROCESSES,
+        kept=LAUNCH_SPEC, absent_means_default=True
     )
     threads_per_rank: int | None = option(
         "torch intra-op threads in each rank; more threads than cores marks the run oversubscribed",
@@ -341,10 +342,13 @@ class RunOptions:
         default_rule="the usable cores of the node shared among its ranks",
         group=PROCESSES, kept=RUN_SPEC
     )
-    nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES)
-    node_rank: int | None = option("this node's rank, below --nnodes", default=0, minimum=0, group=PROCESSES)
+    nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES,
+                                kept=LAUNCH_SPEC, absent_means_default=True)
+    node_rank: int | None = option("this node's rank, below --nnodes", default=0, minimum=0, group=PROCESSES,
+                                   kept=LAUNCH_SPEC, absent_means_default=True)
     master_addr: str | None = option(
-        "address of node 0", default="127.0.0.1", accepts="a host name or address", group=PROCESSES
+        "address of node 0", default="127.0.0.1", accepts="a host name or address", group=PROCESSES,
+        kept=LAUNCH_SPEC, absent_means_default=True
     )
     master_port: int | None = option(
         "port on node 0",
@@ -352,13 +356,13 @@ class RunOptions:
         maximum=65535,
         accepts="a TCP port",
         default_rule=f"a free one on one node; {MULTI_NODE_PORT} across nodes",
-        group=PROCESSES,
+        group=PROCESSES, kept=LAUNCH_SPEC
     )
     rdzv_endpoint: str | None = option(
         "HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port",
         valid=_host_port,
         accepts="HOST:PORT",
-        group=PROCESSES,
+        group=PROCESSES, kept=LAUNCH_SPEC
     )
     timeout: float | None = option(
         "seconds before a run that has not finished is ended, every process with it",
@@ -381,7 +385,7 @@ class RunOptions:
         default=0,
         minimum=0,
         maximum=MAX_RESTARTS,
-        group=PROCESSES,
+        group=PROCESSES, kept=LAUNCH_SPEC, absent_means_default=True
     )
     save: str | None = option(
         "folder to save checkpoints into, as Megatron-LM lays them out (iter_NNNNNNN/, "
@@ -587,7 +591,8 @@ def markdown() -> str:
 # an integer option's minimum as hwbench.fields' range type
 _RANGE_TYPES: dict[float | None, str] = {1: "Positive", 0: "Count"}
 _KEPT_CLASSES = {RUN_SPEC: ("KeptRunOptions", "The run options RunSpec keeps (hwbench.spec)."),
-                 OPTIMIZER_SPEC: ("KeptOptimizerOptions", "The run options OptimizerSpec keeps (hwbench.spec).")}
+                 OPTIMIZER_SPEC: ("KeptOptimizerOptions", "The run options OptimizerSpec keeps (hwbench.spec)."),
+                 LAUNCH_SPEC: ("KeptLaunchOptions", "The run options LaunchSpec keeps (hwbench.spec).")}
 
 
 def _kept_field(field: dataclasses.Field) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from hwbench.catalog import Catalog, TrainingDefaults, Workload
 from hwbench.errors import UsageError
 from hwbench.fields import Count, Positive, Rate
-from hwbench.kept_options import KeptOptimizerOptions, KeptRunOptions
+from hwbench.kept_options import KeptLaunchOptions, KeptOptimizerOptions, KeptRunOptions
 from hwbench.options import (
     DATA_KEYWORDS,
     ENGINES,  # noqa: F401  (hwbench.planner reads it here)
@@ -59,21 +59,15 @@ class ParallelDims:
         return self.dp // self.ep
 
 
-@dataclasses.dataclass(frozen=True)
-class LaunchSpec:
-    """How the processes of a run are started (hwbench.harness.launcher).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchSpec(KeptLaunchOptions):
+    """How the processes of a run are started (hwbench.harness.launcher): the kept options
+    (hwbench.kept_options; --master-port None: a free port, single node only) and these.
     ``under_torchrun``: this command already runs as one rank of a torchrun job
     (in a Kubernetes pod, say) and does not launch again."""
 
-    nnodes: Positive = 1
-    nproc_per_node: Positive = 1
-    node_rank: Count = 0
-    master_addr: str = RUN_OPTIONS["master_addr"].default
-    master_port: Count | None = None  # None: a free port (single node only)
-    rdzv_endpoint: str | None = None  # host:port of a c10d rendezvous, instead of master addr/port
     timeout_s: Rate = RUN_OPTIONS["timeout"].default
     under_torchrun: bool = False
-    max_restarts: Count = 0  # torchrun's restarts of every rank after a failure
 
     @property
     def world_size(self) -> int:
@@ -238,10 +232,8 @@ def _build_launch(options: RunOptions, torchrun_world_size: int | None) -> Launc
     port = options.master_port
     if nnodes > 1 and port is None and options.rdzv_endpoint is None:
         port = MULTI_NODE_PORT  # every node must agree on it
-    launch = LaunchSpec(nnodes=nnodes, nproc_per_node=options.value("nproc_per_node"), node_rank=node_rank,
-                        master_addr=options.value("master_addr"), master_port=port,
-                        rdzv_endpoint=options.rdzv_endpoint, timeout_s=options.value("timeout"),
-                        under_torchrun=torchrun_world_size is not None, max_restarts=options.value("max_restarts"))
+    launch = LaunchSpec(**{name: options.value(name) for name in _KEPT_LAUNCH_FIELDS} | {"master_port": port},
+                        timeout_s=options.value("timeout"), under_torchrun=torchrun_world_size is not None)
     if torchrun_world_size is not None and torchrun_world_size != launch.world_size:
         # Already one rank of a torchrun job: the job's size is torchrun's.
         launch = dataclasses.replace(launch, nnodes=1, nproc_per_node=torchrun_world_size, node_rank=0)
@@ -685,3 +677,4 @@ def build_run_spec(
 
 _KEPT_RUN_FIELDS = [field.name for field in dataclasses.fields(KeptRunOptions)]
 _KEPT_OPTIMIZER_FIELDS = [field.name for field in dataclasses.fields(KeptOptimizerOptions)]
+_KEPT_LAUNCH_FIELDS = [field.name for field in dataclasses.fields(KeptLaunchOptions)]

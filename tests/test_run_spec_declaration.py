@@ -16,7 +16,7 @@ import pytest
 
 from hwbench.catalog import load_catalog
 from hwbench.fields import validation_problem
-from hwbench.options import RUN_OPTIONS, RunOptions
+from hwbench.options import KEPT, LAUNCH_SPEC, RUN_OPTIONS, RunOptions
 from hwbench.point import FROM_RUN, FROM_SPEC, PointKey
 from hwbench.result.model import Parallel, RunResult, Spec, SpecLaunch
 from hwbench.spec import LaunchSpec, OptimizerSpec, ParallelDims, RunSpec, build_run_spec
@@ -31,14 +31,13 @@ AS_MAPPING = {"optimizer"}
 # ParallelDims field of its own name (PARALLEL_OPTIONS: the spec's parallel holds it).
 OPTIMIZER_OPTIONS = {field.name for field in dataclasses.fields(OptimizerSpec)} & RUN_OPTIONS.keys()
 PARALLEL_OPTIONS = {field.name for field in dataclasses.fields(ParallelDims)} & RUN_OPTIONS.keys()
+LAUNCH_OPTIONS = {name for name, part in KEPT.items() if part == LAUNCH_SPEC}
 ELSEWHERE = {
     "zero": "zero_stage", "out": "out_dir", "telemetry_interval": "telemetry_interval_s",
-    "device_memory": "device_memory_bytes",
-    "nproc_per_node": "launch.nproc_per_node", "nnodes": "launch.nnodes", "node_rank": "launch.node_rank",
-    "master_addr": "launch.master_addr", "master_port": "launch.master_port", "rdzv_endpoint": "launch.rdzv_endpoint",
-    "timeout": "launch.timeout_s", "max_restarts": "launch.max_restarts",
+    "device_memory": "device_memory_bytes", "timeout": "launch.timeout_s",
     "preflight": None,  # the harness checks the machine before the run (hwbench.harness.run)
-} | {name: f"optimizer.{name}" for name in OPTIMIZER_OPTIONS} | {name: f"parallel.{name}" for name in PARALLEL_OPTIONS}
+} | {name: f"optimizer.{name}" for name in OPTIMIZER_OPTIONS} | {name: f"parallel.{name}" for name in PARALLEL_OPTIONS
+                                                                 } | {name: f"launch.{name}" for name in LAUNCH_OPTIONS}
 
 
 def _base_type(annotation):
@@ -155,6 +154,7 @@ def test_the_kept_fields_are_what_the_options_definitions_generate():
     ("save", "save: str | None = None"),  # no default at all: None until given
     ("cross_entropy", 'cross_entropy: str = "standard"'),  # a result older than the option ran with its default
     ("lr_warmup_init", "lr_warmup_init: float = 0.0"),
+    ("master_port", "master_port: Positive | None = None"),  # a rule of build_run_spec may set it
 ])
 def test_a_kept_field_takes_its_type_range_and_absence_from_the_option(name, field):
     from hwbench.options import kept_options_module
@@ -163,15 +163,15 @@ def test_a_kept_field_takes_its_type_range_and_absence_from_the_option(name, fie
 
 
 def test_every_kept_option_is_a_field_of_the_part_that_keeps_it():
-    from hwbench.options import KEPT, OPTIMIZER_SPEC, RUN_SPEC
+    from hwbench.options import OPTIMIZER_SPEC, RUN_SPEC
 
-    parts = {RUN_SPEC: RunSpec, OPTIMIZER_SPEC: OptimizerSpec}
+    parts = {RUN_SPEC: RunSpec, OPTIMIZER_SPEC: OptimizerSpec, LAUNCH_SPEC: LaunchSpec}
     assert {name: part for name, part in KEPT.items()
             if name not in {field.name for field in dataclasses.fields(parts[part])}} == {}
     spec = build_run_spec(RunOptions(model="tiny"), load_catalog(), check_paths=False)
-    assert {name: getattr(spec if part == RUN_SPEC else spec.optimizer, name) == RUN_OPTIONS[name].default
-            for name, part in KEPT.items() if RUN_OPTIONS[name].default is not None} == {
-        name: True for name in KEPT if RUN_OPTIONS[name].default is not None}  # not given: the option's default
+    held = {RUN_SPEC: spec, OPTIMIZER_SPEC: spec.optimizer, LAUNCH_SPEC: spec.launch}
+    defaults = {name: RUN_OPTIONS[name].default for name in KEPT if RUN_OPTIONS[name].default is not None}
+    assert {name: getattr(held[KEPT[name]], name) for name in defaults} == defaults  # not given: the option's
 
 
 def test_every_optimizer_field_is_a_run_option():
