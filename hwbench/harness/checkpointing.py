@@ -79,7 +79,7 @@ class ResumePlan:
     load: str | None  # the checkpoint folder this attempt loads, or None (from scratch)
     start_iteration: int  # steps done before this attempt's first
     end_iteration: int  # the step the run ends after
-    restart: Restart | None = None  # this attempt's restart (its time lost filled after the load)
+    restart: Restart | None = None  # this attempt's restart (its time lost once known: training_from)
     restarts: tuple[Restart, ...] = ()  # earlier attempts'
     restart_since: float | None = None  # time.time() of the checkpoint this attempt resumes from
 
@@ -93,6 +93,14 @@ class ResumePlan:
                                f"run's last step {self.end_iteration}")
         warmup = min(spec.warmup, left - 1)
         return dataclasses.replace(spec, warmup=warmup, steps=left - warmup)
+
+    def training_from(self, now: float) -> ResumePlan:
+        """This plan once training starts at ``now`` (time.time(), after the load): its restart
+        with the time lost, from the checkpoint it resumes from to ``now``."""
+        if self.restart is None or self.restart_since is None:
+            return self
+        lost = max(0.0, now - self.restart_since)
+        return dataclasses.replace(self, restart=Restart.model_validate({**self.restart.dump(), "time_lost_s": lost}))
 
 
 def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_heartbeat: dict | None) -> ResumePlan:
@@ -305,8 +313,7 @@ class Checkpointer:
     def started_training(self) -> None:
         """Called once the state is loaded: the time a restart's lost time runs to."""
         now = time.time()
-        if self.plan.restart is not None and self.plan.restart_since is not None:
-            self.plan.restart.time_lost_s = max(0.0, now - self.plan.restart_since)
+        self.plan = self.plan.training_from(now)
         if self.ctx.rank == 0:
             restarts = list(self.plan.restarts) + ([self.plan.restart] if self.plan.restart else [])
             _update_restart_file(self.run_dir, training_since=now, restarts=restarts)
