@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import weakref
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from hwbench.catalog import load_catalog
 from hwbench.planner import activation_bytes_per_layer, save_rules
 from hwbench.spec import build_run_spec
 from hwbench.workload.model import Block
-from tests.autocast_copies import ParameterCasts
+from tests.saved_tensors import SavedTensors
 
 BATCH, SEQ = 16, 128
 
@@ -59,30 +58,17 @@ def main(argv: list[str]) -> int:
         torch.nn.init.normal_(_local(parameter), std=0.02)
     torch.manual_seed(1 + rank)
     x = torch.randn(BATCH, SEQ, config.hidden_size, requires_grad=True)
-    saved: dict[int, list] = {}
+    # autocast's casts of the experts' DTensor weights are casts of their local tensors, which
+    # ParameterCasts does not see as parameters: E / ep experts' gate, up and down, 16-bit
+    local = {tuple(_local(p).shape) for p in block.mlp.experts.parameters()}
 
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        saved.setdefault(storage.data_ptr(), []).append((weakref.ref(tensor), storage.nbytes()))
-        return tensor
+    def expert_cast(tensors: list[torch.Tensor]) -> bool:
+        return precision == "bf16" and any(tuple(t.shape) in local and t.dtype == torch.bfloat16 for t in tensors)
 
-    casts = ParameterCasts()
-    with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensors() as saved:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             output = block(x)
-        weights = {_local(p).untyped_storage().data_ptr() for p in block.parameters()}
-        weights |= {copy().untyped_storage().data_ptr() for copy, _ in casts.copies if copy() is not None}
-        # autocast's casts of the experts' DTensor weights are casts of their local tensors, which
-        # ParameterCasts does not see as parameters: E / ep experts' gate, up and down, 16-bit
-        local = {tuple(_local(p).shape) for p in block.mlp.experts.parameters()}
-        kept = 0
-        for pointer, tensors in saved.items():
-            alive = [(tensor(), size) for tensor, size in tensors if tensor() is not None]
-            if not alive or pointer in weights:
-                continue
-            if precision == "bf16" and any(tuple(t.shape) in local and t.dtype == torch.bfloat16 for t, _ in alive):
-                continue
-            kept += max(size for _, size in alive)
+        kept = saved.held_bytes([_local(p) for p in block.parameters()], leave_out=expert_cast)
     output.float().sum().backward()  # the graph was whole
     spec = build_run_spec({"model": "moe-tiny", "device": "cpu", "data": "synthetic", "precision": precision,
                            "micro_batch_size": BATCH, "seq_length": SEQ}, load_catalog(), check_paths=False)

@@ -17,8 +17,10 @@ import pytest
 from conftest import LLAMA_UNTIED, parity_run, reference_run
 
 from hwbench.checkpoint import LATEST_FILE, MANIFEST_FILE
+from hwbench.harness.checkpointing import ResumePlan
 from hwbench.judge.parity import LAYOUT_TOLERANCE
 from hwbench.paths import result_files
+from hwbench.result.model import Restart
 
 pytestmark = pytest.mark.slow
 
@@ -218,6 +220,22 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     line = _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |")
     assert line.endswith(f"1 (0 steps, {restart['time_lost_s']:,.1f} s)")
 
+
+
+def test_a_restart_s_time_lost_comes_in_a_new_plan_once_training_starts():
+    """The plan is frozen: training_from makes a new one whose restart holds the time from the
+    checkpoint resumed from to the start of training; the plan it came from keeps none."""
+    restart = Restart(attempt=1, resumed_from_iteration=2, reached_iteration=3, steps_lost=1)
+    plan = ResumePlan("checkpoints/iter_0000002", 2, 4, restart, (), restart_since=100.0)
+    started = plan.training_from(112.5)
+    assert started.restart is not None and started.restart.dump() == {
+        "attempt": 1, "resumed_from_iteration": 2, "reached_iteration": 3, "steps_lost": 1, "time_lost_s": 12.5}
+    assert plan.restart is restart and restart.time_lost_s is None
+    assert (started.load, started.start_iteration, started.end_iteration) == (plan.load, 2, 4)
+    behind = plan.training_from(90.0).restart  # a clock behind the checkpoint's time: never below zero
+    assert behind is not None and behind.time_lost_s == 0.0
+    first = ResumePlan(None, 0, 3)  # no restart: nothing to add
+    assert first.training_from(5.0) is first
 
 DEEPSPEED_LAYOUTS = [
     pytest.param(

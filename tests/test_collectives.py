@@ -60,17 +60,24 @@ def test_sizes_double_and_shares_are_whole():
     assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
 
 
-@pytest.mark.parametrize("size", [2, "4KiB", True, 3.5])
-def test_a_message_size_is_refused_in_one_line_naming_option_value_and_what_is_accepted(size):
+NOT_A_SIZE = "is not a size; accepted: whole bytes of at least 4 B, e.g. 4KiB"
+NO_ELEMENT = "holds no float32 element; accepted: a size of at least 4 B, e.g. 4KiB"
+
+
+@pytest.mark.parametrize(("size", "says"), [
+    (2, f"2 B {NO_ELEMENT}"),  # whole bytes, too few for one element
+    ("4KiB", f"'4KiB' {NOT_A_SIZE}"),  # the Python API's values that are not whole bytes at all
+    (True, f"True {NOT_A_SIZE}"),
+    (3.5, f"3.5 {NOT_A_SIZE}"),
+])
+def test_a_message_size_is_refused_in_one_line_naming_option_value_and_what_is_accepted(size, says):
     """The one check of a message size, for argv (parsed to bytes) and the Python API's values alike."""
     from hwbench.errors import UsageError
     from hwbench.fabric.collectives import check_message_bytes
 
     with pytest.raises(UsageError) as refused:
         check_message_bytes(size, "--ring-bytes")
-    shown = "2 B" if size == 2 and not isinstance(size, bool) else repr(size)
-    assert str(refused.value) == (f"--ring-bytes {shown} holds no float32 element; accepted: a size of at least "
-                                  "4 B, e.g. 4KiB")
+    assert str(refused.value) == f"--ring-bytes {says}"
     check_message_bytes(4, "--ring-bytes")
 
 

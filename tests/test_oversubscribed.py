@@ -4,6 +4,7 @@ on real CPU runs of the tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hwbench.cli import main
 from hwbench.device.base import MemoryStats, Placement
 from hwbench.device.host import cpu_packages
 from hwbench.harness.merge import RankReport
-from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.harness.placement import cpu_list_text, host_placements, run_placement
 from hwbench.result.store import load_result
 
 NO_MEMORY = MemoryStats(None, None, None, None, None, source="test")  # a rank's memory statistics without figures
@@ -28,7 +29,7 @@ def rank(rank, threads, cpus, usable=None, devices=("package-0",), node=0, exclu
 
 
 def judged(*reports):
-    return placement_environment(host_placements(list(reports))).dump()
+    return dataclasses.asdict(run_placement(host_placements(list(reports))))
 
 
 def test_two_ranks_of_two_threads_on_two_cores_are_oversubscribed():

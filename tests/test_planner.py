@@ -107,34 +107,20 @@ def saved_by_one_block(config, precision, fused_qkv, batch, seq, rotary=None):
     autocast or in fp32. Parameters and their 16-bit copies (autocast's, the experts' casts) are
     left out: the planner counts those apart (weights, cast_weights). The block's input counts
     (the first norm keeps it)."""
-    import weakref
-
     import torch
 
     from hwbench.workload.model import Block
-    from tests.autocast_copies import ParameterCasts
+    from tests.saved_tensors import SavedTensors
 
     torch.manual_seed(0)
     block = Block(config, fused_qkv=fused_qkv)
     for parameter in block.parameters():  # the experts' and the router's weights are made empty
         torch.nn.init.normal_(parameter, std=0.02)
     x = torch.randn(batch, seq, config.hidden_size, requires_grad=True)
-    saved: dict[int, list] = {}  # storage -> (the saved tensor, held weakly; the storage's bytes)
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        saved.setdefault(storage.data_ptr(), []).append((weakref.ref(tensor), storage.nbytes()))
-        return tensor
-
-    casts = ParameterCasts()
-    with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensors() as saved:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = block(x) if rotary is None else block(x, rotary)
-        weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
-        weights |= {copy().untyped_storage().data_ptr() for copy, _ in casts.copies if copy() is not None}
-        held = {pointer: [size for tensor, size in tensors if tensor() is not None]
-                for pointer, tensors in saved.items()}
-        kept = sum(max(sizes) for pointer, sizes in held.items() if sizes and pointer not in weights)
+        kept = saved.held_bytes(block.parameters())
     out.float().sum().backward()  # the graph was whole
     return kept
 

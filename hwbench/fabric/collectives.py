@@ -98,10 +98,12 @@ def parse_collectives(text: str) -> tuple[str, ...]:
 
 def check_message_bytes(size: object, option: str) -> None:
     """A message size of ``option``: whole bytes holding at least one float32 element."""
-    if type(size) is not int or size < ELEMENT_BYTES:  # a bool is an int, and no size
-        shown = human_bytes(size) if type(size) is int else repr(size)
-        raise UsageError(f"{option} {shown} holds no float32 element; accepted: a size of at least {ELEMENT_BYTES} B, "
+    if type(size) is not int:  # the Python API's value: text, a float, a bool (an int, and no size)
+        raise UsageError(f"{option} {size!r} is not a size; accepted: whole bytes of at least {ELEMENT_BYTES} B, "
                          "e.g. 4KiB")
+    if size < ELEMENT_BYTES:
+        raise UsageError(f"{option} {human_bytes(size)} holds no float32 element; accepted: a size of at least "
+                         f"{ELEMENT_BYTES} B, e.g. 4KiB")
 
 
 def check_sizes(min_bytes: int, max_bytes: int, min_option: str, max_option: str) -> None:

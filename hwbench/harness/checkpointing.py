@@ -26,6 +26,7 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -78,7 +79,7 @@ class ResumePlan:
     load: str | None  # the checkpoint folder this attempt loads, or None (from scratch)
     start_iteration: int  # steps done before this attempt's first
     end_iteration: int  # the step the run ends after
-    restart: Restart | None = None  # this attempt's restart (its time lost filled after the load)
+    restart: Restart | None = None  # this attempt's restart (its time lost once known: training_from)
     restarts: tuple[Restart, ...] = ()  # earlier attempts'
     restart_since: float | None = None  # time.time() of the checkpoint this attempt resumes from
 
@@ -92,6 +93,14 @@ class ResumePlan:
                                f"run's last step {self.end_iteration}")
         warmup = min(spec.warmup, left - 1)
         return dataclasses.replace(spec, warmup=warmup, steps=left - warmup)
+
+    def training_from(self, now: float) -> ResumePlan:
+        """This plan once training starts at ``now`` (time.time(), after the load): its restart
+        with the time lost, from the checkpoint it resumes from to ``now``."""
+        if self.restart is None or self.restart_since is None:
+            return self
+        lost = max(0.0, now - self.restart_since)
+        return dataclasses.replace(self, restart=Restart.model_validate({**self.restart.dump(), "time_lost_s": lost}))
 
 
 def resume_plan(spec: RunSpec, ctx: DistContext, run_dir: str | None, previous_heartbeat: dict | None) -> ResumePlan:
@@ -183,12 +192,43 @@ class _PendingSave:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankLoad:
+    """One load on this rank, measured where it ran."""
+
+    iteration: int  # the checkpoint's
+    path: str  # its folder
+    bytes: int  # this rank's files: its engine state and generator states
+    wall_time_s: float
+
+    def part(self, rank: int) -> CheckpointRank:
+        """This rank's figures as the result's load lists them."""
+        return CheckpointRank(rank=rank, bytes=self.bytes, wall_time_s=self.wall_time_s,
+                              gb_per_s=_gb_per_s(self.bytes, self.wall_time_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSave:
+    """One save on this rank, measured where it finished."""
+
+    iteration: int  # the step it saved after
+    timed: bool  # inside the timed window
+    bytes: int  # this rank's files: its engine state and generator states
+    wall_time_s: float  # from the save's start to the end of its write
+    stall_s: float  # training blocked for it (all of a synchronous save; an async one's copy and waits)
+
+    def part(self, rank: int) -> CheckpointRank:
+        """This rank's figures as the result's save lists them."""
+        return CheckpointRank(rank=rank, bytes=self.bytes, wall_time_s=self.wall_time_s,
+                              gb_per_s=_gb_per_s(self.bytes, self.wall_time_s), stall_s=self.stall_s)
+
+
+@dataclasses.dataclass(frozen=True)
 class RankCheckpoints:
     """This rank's saves and loads (each its own bytes and time), for rank 0 to merge
     (RankReport.checkpoints); its warnings; this attempt's restart and the earlier ones."""
 
-    saves: list[CheckpointOperation]
-    loads: list[CheckpointOperation]
+    saves: list[RankSave]
+    loads: list[RankLoad]
     warnings: list[str]
     restart: Restart | None
     restarts: list[Restart]
@@ -203,8 +243,8 @@ class Checkpointer:
         self.spec, self.engine, self.data, self.ctx, self.backend = spec, engine, data, ctx, backend
         self.plan, self.run_dir = plan, run_dir
         self.save_dir = Path(spec.save) if spec.save else None
-        self.saves: list[CheckpointOperation] = []
-        self.loads: list[CheckpointOperation] = []
+        self.saves: list[RankSave] = []
+        self.loads: list[RankLoad] = []
         self.warnings: list[str] = []
         self.pending: _PendingSave | None = None
         self.last_committed: str | None = None
@@ -243,8 +283,7 @@ class Checkpointer:
         self.data.seek(**saved.data_position())
         self.backend.synchronize()
         wall = time.perf_counter() - started
-        self.loads.append(CheckpointOperation(iteration=saved.iteration, path=str(saved.path), bytes=bytes_read,
-                                              wall_time_s=wall))
+        self.loads.append(RankLoad(iteration=saved.iteration, path=str(saved.path), bytes=bytes_read, wall_time_s=wall))
         self._warn_if_data_differs(saved)
 
     def _load_rng(self, saved: SavedCheckpoint) -> int:
@@ -274,8 +313,7 @@ class Checkpointer:
     def started_training(self) -> None:
         """Called once the state is loaded: the time a restart's lost time runs to."""
         now = time.time()
-        if self.plan.restart is not None and self.plan.restart_since is not None:
-            self.plan.restart.time_lost_s = max(0.0, now - self.plan.restart_since)
+        self.plan = self.plan.training_from(now)
         if self.ctx.rank == 0:
             restarts = list(self.plan.restarts) + ([self.plan.restart] if self.plan.restart else [])
             _update_restart_file(self.run_dir, training_since=now, restarts=restarts)
@@ -337,7 +375,7 @@ class Checkpointer:
         except SAVE_ERRORS as error:
             self._failed(pending.iteration, pending.partial, error)
         finished = pending.write.finished_at or time.perf_counter()
-        self.saves.append(CheckpointOperation(
+        self.saves.append(RankSave(
             iteration=pending.iteration, timed=pending.timed, bytes=self._written(pending, {*files, pending.rng_file}),
             wall_time_s=max(0.0, finished - pending.started),
             stall_s=pending.stall_s + (time.perf_counter() - waited)))
@@ -376,18 +414,21 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
     if not ranks or (spec.save is None and spec.load is None and not ranks[0][1].restarts and not ranks[0][1].restart):
         return None
     first = ranks[0][1]
-    numbers = [rank for rank, _entry in ranks]  # the i-th save (load) of every rank, as far as all have one:
-    saves = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.saves for _rank, entry in ranks))]
-    loads = [_merge_operation(list(zip(numbers, same))) for same in zip(*(entry.loads for _rank, entry in ranks))]
+    numbers = [rank for rank, _entry in ranks]
+    # the i-th save (load) of every rank, as far as all have one
+    per_save = list(zip(*(entry.saves for _rank, entry in ranks)))
+    saves = [_merge_save(numbers, same) for same in per_save]
+    loads = [_merge_load(numbers, same) for same in zip(*(entry.loads for _rank, entry in ranks))]
     unmeasured: dict[str, str] = {}
     section = Checkpoints(save_dir=spec.save, save_interval=spec.save_interval, async_save=spec.async_save,
                           load=spec.load, saves=saves, loads=loads, latest=first.latest,
                           restarts=first.restarts + ([first.restart] if first.restart else []))
     if saves:
-        stall = statistics.median(s.stall_s or 0.0 for s in saves)
+        stalls = [_slowest_stall(same) for same in per_save]
+        stall = statistics.median(stalls)
         rates = [s.gb_per_s for s in saves if s.gb_per_s is not None]
         section.save_bytes, section.save_gb_per_s = saves[-1].bytes, statistics.median(rates) if rates else None
-        section.save_stall_s, section.stall_s_total = stall, sum(s.stall_s or 0.0 for s in saves)
+        section.save_stall_s, section.stall_s_total = stall, sum(stalls)
     elif spec.save is not None:
         unmeasured["saves"] = "no save finished"
     if saves and spec.save_interval and median_step_s:
@@ -402,22 +443,28 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
     return section
 
 
-def _merge_operation(per_rank: list[tuple[int, CheckpointOperation]]) -> CheckpointOperation:
-    """One save (or load) over the ranks: every rank's own figures, the bytes of all, the
-    slowest rank's time, and the GB/s that makes."""
-    ranks = [CheckpointRank(rank=rank, bytes=own.bytes, wall_time_s=own.wall_time_s,
-                            gb_per_s=_gb_per_s(own.bytes or 0, own.wall_time_s or 0.0)) for rank, own in per_rank]
-    for part, (_rank, own) in zip(ranks, per_rank):
-        if own.stall_s is not None:  # a save's
-            part.stall_s = own.stall_s
-    total = sum(r.bytes or 0 for r in ranks)
-    wall = max(r.wall_time_s or 0.0 for r in ranks)
-    merged = per_rank[0][1].model_copy()  # rank 0's iteration, and a load's folder or whether a save was timed
-    merged.bytes, merged.wall_time_s, merged.gb_per_s, merged.ranks = total, wall, _gb_per_s(total, wall), ranks
-    stalls = [r.stall_s for r in ranks if r.stall_s is not None]
-    if stalls:
-        merged.stall_s = max(stalls)  # the step waits for its slowest rank
-    return merged
+def _merge_save(ranks: list[int], saves: Sequence[RankSave]) -> CheckpointOperation:
+    """One save over the ranks (``saves``: rank ``ranks[i]``'s is ``saves[i]``): every rank's own
+    figures, rank 0's iteration and whether it was timed, the bytes of all, the slowest rank's time
+    and the GB/s that makes, the longest stall."""
+    total, wall = sum(own.bytes for own in saves), max(own.wall_time_s for own in saves)
+    return CheckpointOperation(iteration=saves[0].iteration, timed=saves[0].timed, bytes=total, wall_time_s=wall,
+                               gb_per_s=_gb_per_s(total, wall), stall_s=_slowest_stall(saves),
+                               ranks=[own.part(rank) for rank, own in zip(ranks, saves)])
+
+
+def _merge_load(ranks: list[int], loads: Sequence[RankLoad]) -> CheckpointOperation:
+    """One load over the ranks (as _merge_save's): every rank's own figures, rank 0's iteration and
+    folder, the bytes of all, the slowest rank's time and the GB/s that makes."""
+    total, wall = sum(own.bytes for own in loads), max(own.wall_time_s for own in loads)
+    return CheckpointOperation(iteration=loads[0].iteration, path=loads[0].path, bytes=total, wall_time_s=wall,
+                               gb_per_s=_gb_per_s(total, wall),
+                               ranks=[own.part(rank) for rank, own in zip(ranks, loads)])
+
+
+def _slowest_stall(saves: Sequence[RankSave]) -> float:
+    """The stall of one save over the ranks: the step waits for its slowest rank."""
+    return max(own.stall_s for own in saves)
 
 
 def _gb_per_s(size: int, wall_s: float) -> float | None:

@@ -19,7 +19,7 @@ from hwbench.device.base import HostSyncCount, MemoryStats, Placement
 from hwbench.files import finite
 from hwbench.harness.checkpointing import RankCheckpoints, merge_checkpoints
 from hwbench.harness.goodput import goodput_figures, restart_time_before
-from hwbench.harness.placement import cpu_list_text, host_placements, placement_environment
+from hwbench.harness.placement import cpu_list_text, host_placements, run_placement
 from hwbench.harness.profile import PROFILER_WARMUP_STEPS
 from hwbench.harness.routing import expert_parallel_figures, routing_summary, step_all_to_all_s, step_routing
 from hwbench.harness.stand_in import STAND_IN_PRICE
@@ -241,7 +241,7 @@ def merge_ranks(result: RunResult, spec: RunSpec, workload: Workload, reports: l
     result.warnings += reports[0].checkpoints.warnings if reports[0].checkpoints else []
     # the nodes' entries keep each node's own environment as it was reported
     result.environment = Environment.model_validate(
-        {**result.environment.dump(), **placement_environment(host_placements(reports)).dump()})
+        {**result.environment.dump(), **dataclasses.asdict(run_placement(host_placements(reports)))})
     result.metrics.time_to_target = time_to_target(result, spec, reports)
     result.metrics.goodput = merged_goodput(reports)
     result.profile = merged_profile(spec, reports)

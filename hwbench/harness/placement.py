@@ -17,7 +17,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from hwbench.result.model import Environment, NodePlacement
+from hwbench.result.model import NodePlacement
 
 
 @dataclasses.dataclass
@@ -90,19 +90,31 @@ def host_placements(reports: list[Any]) -> list[HostPlacement] | None:
     return nodes
 
 
-def placement_environment(nodes: list[HostPlacement] | None) -> Environment:
-    """An Environment of these fields only: oversubscribed (any node), its reason, threads per
-    rank, devices used and how they were counted; null where a rank did not say."""
+@dataclasses.dataclass(frozen=True)
+class RunPlacement:
+    """The run's placement as the result's environment holds it; the merge copies these five
+    fields there. Null where a rank did not say where it ran (the basis then says so)."""
+
+    oversubscribed: bool | None  # on any node
+    oversubscribed_reason: str | None  # None when not oversubscribed too
+    threads_per_rank: int | None
+    devices_used: int | None
+    devices_used_basis: str
+
+
+def run_placement(nodes: list[HostPlacement] | None) -> RunPlacement:
+    """Whether any node was oversubscribed and why, the threads per rank, the devices used and
+    how they were counted."""
     if nodes is None:
-        return Environment(oversubscribed=None, oversubscribed_reason=None, threads_per_rank=None,
-                           devices_used=None, devices_used_basis="a rank did not report where it ran")
+        return RunPlacement(oversubscribed=None, oversubscribed_reason=None, threads_per_rank=None,
+                            devices_used=None, devices_used_basis="a rank did not report where it ran")
     several = len(nodes) > 1
     reasons = [(f"{n.label}: " if several else "") + reason for n in nodes if (reason := n.oversubscription())]
     bases = list(dict.fromkeys(n.devices_basis for n in nodes))
     basis = "; ".join(bases)
     if several:
         basis += " (" + ", ".join(f"{n.label}: {len(n.device_ranks)}" for n in nodes) + ")"
-    return Environment(
+    return RunPlacement(
         oversubscribed=bool(reasons),
         oversubscribed_reason="; ".join(reasons) or None,
         # the ranks' threads are equal unless set apart by hand; the most any rank used

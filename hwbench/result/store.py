@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -178,15 +178,15 @@ def read_files(paths: Paths) -> ResultFiles:
     a run already read (a folder given twice, a result copied beside its original) is left out
     naming the first: it would pass for a repeat in a comparison, a baseline's n, an export's median."""
     files = ResultFiles()
-    first: dict[tuple[type, str], tuple[Any, Path]] = {}  # (kind's type, run id): the first read and its file
+    runs = _KindRead(files.runs, files.skipped_runs)
+    collectives = _KindRead(files.collectives, files.skipped_collectives)
     for path in result_files(paths):
         try:
             data = _read_json(path)
             if collectives_file.is_collectives_file(data):
-                result = collectives_file.from_data(data, str(path))
-                _add(files.collectives, files.skipped_collectives, path, result, first)
+                collectives.add(collectives_file.from_data(data, str(path)), path)
             else:
-                _add(files.runs, files.skipped_runs, path, _run_from(path, data), first)
+                runs.add(_run_from(path, data), path)
         except collectives_file.CollectivesFormatError as error:
             files.skipped_collectives.append((path, str(error)))
         except ResultFormatError as error:
@@ -194,16 +194,30 @@ def read_files(paths: Paths) -> ResultFiles:
     return files
 
 
-def _add(found: list[tuple[R, Path]], skipped: list[tuple[Path, str]], path: Path, result: R,
-         first: dict[tuple[type, str], tuple[Any, Path]]) -> None:
-    if (type(result), result.run_id) in first:
-        earlier, earlier_path = first[type(result), result.run_id]
-        other = ("" if getattr(earlier, "metrics", None) == getattr(result, "metrics", None)
-                 else ", with other figures (the first file read is kept)")
-        skipped.append((path, f"{path}: run {result.run_id} was already read from {earlier_path}{other}"))
-        return
-    first[type(result), result.run_id] = (result, path)
-    found.append((result, path))
+@dataclasses.dataclass
+class _KindRead(Generic[R]):
+    """The files of one kind read so far: each run kept from the first file read (``found``), a
+    later copy left out naming it (``skipped``). A run id is one run within its kind only."""
+
+    found: list[tuple[R, Path]]
+    skipped: list[tuple[Path, str]]
+    first: dict[str, tuple[R, Path]] = dataclasses.field(default_factory=dict)  # run id -> the first read, its file
+
+    def add(self, result: R, path: Path) -> None:
+        if result.run_id not in self.first:
+            self.first[result.run_id] = (result, path)
+            self.found.append((result, path))
+            return
+        earlier, earlier_path = self.first[result.run_id]
+        other = ", with other figures (the first file read is kept)" if _other_figures(earlier, result) else ""
+        self.skipped.append((path, f"{path}: run {result.run_id} was already read from {earlier_path}{other}"))
+
+
+def _other_figures(earlier: RunResult | collectives_file.CollectivesResult,
+                   result: RunResult | collectives_file.CollectivesResult) -> bool:
+    """Whether a second copy of a run differs from the first in its figures: a run's metrics (a
+    collectives result's rows are not compared)."""
+    return isinstance(earlier, RunResult) and isinstance(result, RunResult) and earlier.metrics != result.metrics
 
 
 def read_results(paths: Paths) -> tuple[list[tuple[RunResult, Path]], list[tuple[Path, str]]]:
