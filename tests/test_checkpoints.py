@@ -214,12 +214,15 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_ok(tmp_path, m
     assert result["metrics"]["timed_steps"] == 1
     assert (save / LATEST_FILE).read_text().strip() == "3"
     assert [load["iteration"] for load in result["checkpoint"]["loads"]] == [2]
+    # each rank's bytes hold its own shard of the model, however soon rank 0 renamed the folder
+    (last,) = [s for s in result["checkpoint"]["saves"] if s["iteration"] == 3]
+    shards = {rank: (save / "iter_0000003" / f"__{rank}_0.distcp").stat().st_size for rank in (0, 1)}
+    assert all(part["bytes"] > shards[part["rank"]] for part in last["ranks"]), (last["ranks"], shards)
     from test_docs import undocumented
 
     assert not undocumented(result)
     line = _report_line(tmp_path / "run", capsys, result["run_id"]).rstrip(" |")
     assert line.endswith(f"1 (0 steps, {restart['time_lost_s']:,.1f} s)")
-
 
 
 def test_a_restart_s_time_lost_comes_in_a_new_plan_once_training_starts():
@@ -591,3 +594,26 @@ def test_a_failed_save_names_the_latest_checkpoint_and_survives_a_damaged_latest
     assert said.endswith({"7\n": "iter_0000007 is still the latest, whole",
                           "seven\n": "not an iteration number (digits 0-9, at most 18))",
                           None: "no earlier checkpoint in it"}[latest])
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_ranks_files_are_found_after_rank_0_renamed_the_save(tmp_path, asynchronous):
+    """Rank 0 commits a save (renames its partial folder) as soon as its own write is done; another
+    rank that looks for its files after that finds them in the renamed folder, not none (its bytes
+    were counted as its generator states' alone)."""
+    import torch
+
+    from hwbench.checkpoint.native import TorchState
+
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 64)).sum().backward()
+    optimizer.step()
+    partial, final = tmp_path / "iter_0000001.partial", tmp_path / "iter_0000001"
+    partial.mkdir()
+    write = TorchState(model, optimizer, None).save(partial, rank=0, asynchronous=asynchronous)
+    written = sorted(path.name for path in write.wait(partial))
+    partial.rename(final)  # what rank 0's commit does
+    found = write.wait(partial, final)
+    assert written and sorted(path.name for path in found) == written and all(path.parent == final for path in found)
+    assert sum(path.stat().st_size for path in found) > 64 * 64 * 4 * 3  # the weights and AdamW's two moments

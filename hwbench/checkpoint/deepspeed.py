@@ -62,7 +62,7 @@ class DeepSpeedState:
             self.engine.save_checkpoint(str(folder), tag=IN_FOLDER, save_latest=False)
         written = sorted(set(paths)) + (sorted(folder.glob(RECOVERY_SCRIPTS)) if rank == 0 else [])
         sync_to_disk(*(path for path in written if path.is_file()), folder)
-        return StateWrite(lambda: written)
+        return StateWrite(lambda _folder: written)  # recorded as written: _written finds each where it is now
 
     def load(self, folder: Path) -> int:
         """DeepSpeed's load_checkpoint of ``folder`` (module, optimizer, loss scaler, scheduler);

@@ -66,9 +66,9 @@ class TorchState:
         state = _state_dict(self)
         writer = dcp.FileSystemWriter(folder)
 
-        def files() -> list[Path]:
-            own = sorted(folder.glob(f"__{rank}_*"))
-            return own + ([folder / ".metadata"] if rank == 0 and (folder / ".metadata").exists() else [])
+        def files(where: Path) -> list[Path]:
+            own = sorted(where.glob(f"__{rank}_*"))
+            return own + ([where / ".metadata"] if rank == 0 and (where / ".metadata").exists() else [])
 
         if not asynchronous:
             with _quiet():

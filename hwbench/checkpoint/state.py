@@ -20,7 +20,7 @@ class StateWrite:
     """One rank's write of an engine's state into a checkpoint folder: finished when it
     returns, or (an async save) running in the background until ``done()``."""
 
-    files: Callable[[], list[Path]]  # what this rank wrote, once finished
+    files: Callable[[Path], list[Path]]  # what this rank wrote, once finished, as found in a folder
     future: Future | None = None  # the background write of an async save
     finished_at: float | None = None  # time.perf_counter() when it finished
 
@@ -36,11 +36,13 @@ class StateWrite:
     def done(self) -> bool:
         return self.future is None or self.future.done()
 
-    def wait(self) -> list[Path]:
-        """The files this rank wrote, once the write has finished; its error if it failed."""
+    def wait(self, *folders: Path) -> list[Path]:
+        """The files this rank wrote, once the write has finished (its error if it failed), looked for in
+        ``folders`` in turn: the folder it wrote into, then the one rank 0 may have renamed it to since
+        (rank 0 commits a save as soon as its own write is done, while another rank may still be looking)."""
         if self.future is not None:
             self.future.result()
-        return self.files()
+        return next((found for folder in folders if (found := self.files(folder))), [])
 
 
 class EngineState(Protocol):

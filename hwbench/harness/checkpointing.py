@@ -364,7 +364,7 @@ class Checkpointer:
             return
         waited = time.perf_counter() if stalled_since is None else stalled_since
         try:
-            files = pending.write.wait()
+            files = pending.write.wait(pending.partial, pending.save_dir / iteration_folder_name(pending.iteration))
             if self.ctx.rank == 0:
                 final = commit(pending.partial, pending.save_dir, pending.iteration, pending.manifest)
                 self.last_committed = str(final)
