@@ -1,10 +1,10 @@
-"""The fields of hwbench.spec's RunSpec and OptimizerSpec that keep a run option as given, else as its
-default (the workload's training default, or the option's). Written by `python -m hwbench.options
---kept-options > hwbench/kept_options.py` from the options' definitions in hwbench/options.py (``kept=``);
-tests/test_run_spec_declaration.py fails when this file differs: change the option, not this file.
-A field's type is the option's, with its range (hwbench.fields); None where the option has no default
-of its own or the workload's; a default where a result written before the option existed lacks it
-(``absent_means_default``): the option's, which that run ran with."""
+"""The fields of hwbench.spec's RunSpec, OptimizerSpec and LaunchSpec that keep a run option as given,
+else as its default (the workload's training default, or the option's). Written by `python -m
+hwbench.options --kept-options > hwbench/kept_options.py` from the options' definitions in
+hwbench/options.py (``kept=``); tests/test_run_spec_declaration.py fails when this file differs: change
+the option, not this file. A field's type is the option's, with its range (hwbench.fields); None where
+the option has no default of its own or the workload's; a default where a result written before the
+option existed lacks it (``absent_means_default``): the option's, which that run ran with."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class KeptRunOptions:
     warmup: Count
     seed: Count
     telemetry: bool
-    fsdp: bool
-    engine: str
+    fsdp: bool = False
+    engine: str = "native"
     threads_per_rank: Positive | None = None
     save: str | None = None
     save_interval: Positive | None = None

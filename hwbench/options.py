@@ -14,6 +14,7 @@ hwbench.spec.build_run_spec resolves the defaults and checks what spans several 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Callable, Mapping
@@ -313,7 +314,7 @@ class RunOptions:
     fsdp: bool | None = option(
         "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
         default=False,
-        group=LAYOUT, kept=RUN_SPEC
+        group=LAYOUT, kept=RUN_SPEC, absent_means_default=True
     )
     zero: int | None = option(
         "DeepSpeed ZeRO stage (--engine deepspeed)",
@@ -323,7 +324,8 @@ class RunOptions:
         megatron=("--zero-stage",),
     )
     engine: str | None = option(
-        "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT, kept=RUN_SPEC
+        "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT,
+        kept=RUN_SPEC, absent_means_default=True
     )
     pp_schedule: str | None = option(
         "pipeline schedule",
@@ -588,47 +590,56 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-# an integer option's minimum as hwbench.fields' range type
-_RANGE_TYPES: dict[float | None, str] = {1: "Positive", 0: "Count"}
 _KEPT_CLASSES = {RUN_SPEC: ("KeptRunOptions", "The run options RunSpec keeps (hwbench.spec)."),
                  OPTIMIZER_SPEC: ("KeptOptimizerOptions", "The run options OptimizerSpec keeps (hwbench.spec)."),
                  LAUNCH_SPEC: ("KeptLaunchOptions", "The run options LaunchSpec keeps (hwbench.spec).")}
+_RANGE_TYPES = ("Positive", "Count")  # hwbench.fields' ranges of an integer
 
 
-def _kept_field(field: dataclasses.Field) -> str:
+def _kept_type(option: Option) -> str:
+    """The spec's type of a kept option's value: its own, an integer's range as hwbench.fields names it."""
+    if option.type in (bool, str, float):
+        return option.type.__name__
+    if option.type is int and option.minimum in (0, 1) and not (option.minimum == 1 and option.above_minimum):
+        return "Positive" if option.minimum == 1 or option.above_minimum else "Count"
+    raise ValueError(f"{option.flag} is kept in the spec, and its type {option.type.__name__} from minimum "
+                     f"{option.minimum} has no spec type here: add one to _kept_type")
+
+
+def _kept_field(name: str, absent_means_default: bool) -> str:
     """The spec field of a kept option: `seq_length: Positive`, `save: str | None = None`."""
     from hwbench.catalog import TrainingDefaults
 
-    option = RUN_OPTIONS[field.name]
-    kind = {bool: "bool", str: "str", float: "float"}.get(option.type) or _RANGE_TYPES.get(option.minimum, "int")
+    option, workload = RUN_OPTIONS[name], TrainingDefaults.model_fields.get(name)
+    kind = _kept_type(option)
     # build_run_spec takes the option as given, else the workload's training default, else the option's
-    if option.default is None and field.name not in TrainingDefaults.model_fields:
-        return f"{field.name}: {kind} | None = None"
-    default = f'"{option.default}"' if isinstance(option.default, str) else repr(option.default)
-    return f"{field.name}: {kind}" + (f" = {default}" if field.metadata["absent_means_default"] else "")
+    if option.default is None and (workload is None or not workload.is_required()):
+        return f"{name}: {kind} | None = None"
+    default = json.dumps(option.default) if isinstance(option.default, str) else repr(option.default)
+    return f"{name}: {kind}" + (f" = {default}" if absent_means_default else "")
 
 
 def kept_options_module() -> str:
-    """hwbench/kept_options.py: the RunSpec and OptimizerSpec fields of the options they keep, from the
-    definitions above (``kept=``)."""
-    fields = {part: [_kept_field(f) for f in dataclasses.fields(RunOptions) if f.metadata["kept"] == part]
+    """hwbench/kept_options.py: the fields of the options RunSpec, OptimizerSpec and LaunchSpec keep,
+    from the definitions above (``kept=``)."""
+    absent = {f.name for f in dataclasses.fields(RunOptions) if f.metadata["absent_means_default"]}
+    fields = {part: [_kept_field(name, name in absent) for name, kept in KEPT.items() if kept == part]
               for part in _KEPT_CLASSES}
-    ranges = sorted({kind for kind in _RANGE_TYPES.values() if any(f": {kind}" in line
-                                                                   for lines in fields.values() for line in lines)})
+    ranges = [kind for kind in _RANGE_TYPES if any(f": {kind}" in line for lines in fields.values() for line in lines)]
     lines = [
-        '"""The fields of hwbench.spec\'s RunSpec and OptimizerSpec that keep a run option as given, else as its',
-        "default (the workload's training default, or the option's). Written by `python -m hwbench.options",
-        "--kept-options > hwbench/kept_options.py` from the options' definitions in hwbench/options.py (``kept=``);",
-        "tests/test_run_spec_declaration.py fails when this file differs: change the option, not this file.",
-        "A field's type is the option's, with its range (hwbench.fields); None where the option has no default",
-        "of its own or the workload's; a default where a result written before the option existed lacks it",
-        '(``absent_means_default``): the option\'s, which that run ran with."""',
+        '"""The fields of hwbench.spec\'s RunSpec, OptimizerSpec and LaunchSpec that keep a run option as given,',
+        "else as its default (the workload's training default, or the option's). Written by `python -m",
+        "hwbench.options --kept-options > hwbench/kept_options.py` from the options' definitions in",
+        "hwbench/options.py (``kept=``); tests/test_run_spec_declaration.py fails when this file differs: change",
+        "the option, not this file. A field's type is the option's, with its range (hwbench.fields); None where",
+        "the option has no default of its own or the workload's; a default where a result written before the",
+        'option existed lacks it (``absent_means_default``): the option\'s, which that run ran with."""',
         "",
         "from __future__ import annotations",
         "",
         "import dataclasses",
         "",
-        f"from hwbench.fields import {', '.join(ranges)}",
+        f"from hwbench.fields import {', '.join(sorted(ranges))}",
     ]
     for part, (name, doc) in _KEPT_CLASSES.items():
         lines += ["", "", "@dataclasses.dataclass(frozen=True, kw_only=True)", f"class {name}:", f'    """{doc}"""',
@@ -639,4 +650,8 @@ def kept_options_module() -> str:
 if __name__ == "__main__":
     import sys
 
-    print(kept_options_module() if sys.argv[1:] == ["--kept-options"] else markdown(), end="")
+    if sys.argv[1:] not in ([], ["--kept-options"]):
+        print(f"python -m hwbench.options {' '.join(sys.argv[1:])}: accepted: no argument (docs/options.md), or "
+              "--kept-options (hwbench/kept_options.py)", file=sys.stderr)
+        sys.exit(2)
+    print(kept_options_module() if sys.argv[1:] else markdown(), end="")

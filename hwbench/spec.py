@@ -96,7 +96,7 @@ class RunSpec(KeptRunOptions):
     micro_batch_size: Positive
     global_batch_size: Positive
     parallel: ParallelDims
-    zero_stage: Count  # DeepSpeed ZeRO stage (deepspeed engine only)
+    zero_stage: Count = 0  # DeepSpeed ZeRO stage (deepspeed engine only); a result older than --zero ran 0
     pp_schedule: str  # 1f1b or gpipe (pipeline parallelism only)
     launch: LaunchSpec
     optimizer: OptimizerSpec

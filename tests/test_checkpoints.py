@@ -596,8 +596,7 @@ def test_a_failed_save_names_the_latest_checkpoint_and_survives_a_damaged_latest
                           None: "no earlier checkpoint in it"}[latest])
 
 
-@pytest.mark.parametrize("asynchronous", [False, True])
-def test_a_ranks_files_are_found_after_rank_0_renamed_the_save(tmp_path, asynchronous):
+def test_a_ranks_files_are_found_after_rank_0_renamed_the_save(tmp_path):
     """Rank 0 commits a save (renames its partial folder) as soon as its own write is done; another
     rank that looks for its files after that finds them in the renamed folder, not none (its bytes
     were counted as its generator states' alone)."""
@@ -611,7 +610,7 @@ def test_a_ranks_files_are_found_after_rank_0_renamed_the_save(tmp_path, asynchr
     optimizer.step()
     partial, final = tmp_path / "iter_0000001.partial", tmp_path / "iter_0000001"
     partial.mkdir()
-    write = TorchState(model, optimizer, None).save(partial, rank=0, asynchronous=asynchronous)
+    write = TorchState(model, optimizer, None).save(partial, rank=0, asynchronous=False)  # async: the same listing
     written = sorted(path.name for path in write.wait(partial))
     partial.rename(final)  # what rank 0's commit does
     found = write.wait(partial, final)

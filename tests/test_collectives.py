@@ -60,7 +60,7 @@ def test_sizes_double_and_shares_are_whole():
     assert message_elements(COLLECTIVES["reduce_scatter"], 40, 4) == 8
 
 
-NOT_A_SIZE = "is not a size; accepted: whole bytes of at least 4 B, e.g. 4KiB"
+NOT_A_SIZE = "is not a size; accepted: whole bytes of at least 4 B, e.g. 4096"
 NO_ELEMENT = "holds no float32 element; accepted: a size of at least 4 B, e.g. 4KiB"
 
 

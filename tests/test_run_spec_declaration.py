@@ -93,7 +93,9 @@ def test_a_field_missing_from_an_older_results_spec_reads_as_what_its_absence_me
     assert (spec.engine, spec.zero_stage, spec.fsdp, spec.fused_qkv, spec.cross_entropy) == (
         "native", 0, False, False, "standard")
     assert (spec.parallel.world_size, spec.launch.nnodes, spec.launch.node_rank) == (1, 1, 0)
-    assert spec.model is spec.settings is spec.parallel.source is spec.launch.master_addr is None
+    assert (spec.settings, spec.async_save, spec.launch.master_addr, spec.launch.max_restarts) == (
+        "published", False, "127.0.0.1", 0)  # what RunSpec's defaults say such a run ran with
+    assert spec.model is spec.parallel.source is spec.launch.master_port is None
     assert spec.dump() == {}  # and nothing is written that was not read
 
 
@@ -160,6 +162,20 @@ def test_a_kept_field_takes_its_type_range_and_absence_from_the_option(name, fie
     from hwbench.options import kept_options_module
 
     assert f"\n    {field}\n" in kept_options_module()
+
+
+@pytest.mark.parametrize("minimum, above, kind", [(1, False, "Positive"), (0, False, "Count"), (0, True, "Positive"),
+                                                  (2, False, None), (None, False, None), (1, True, None)])
+def test_an_integer_options_range_is_a_spec_type_or_refused_by_the_generator(minimum, above, kind):
+    from hwbench.arguments import Option
+    from hwbench.options import _kept_type
+
+    option = Option(help="", name="example", type=int, minimum=minimum, above_minimum=above)
+    if kind is None:
+        with pytest.raises(ValueError, match="--example is kept in the spec"):
+            _kept_type(option)
+    else:
+        assert _kept_type(option) == kind
 
 
 def test_every_kept_option_is_a_field_of_the_part_that_keeps_it():

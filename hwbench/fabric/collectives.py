@@ -100,7 +100,7 @@ def check_message_bytes(size: object, option: str) -> None:
     """A message size of ``option``: whole bytes holding at least one float32 element."""
     if type(size) is not int:  # the Python API's value: text, a float, a bool (an int, and no size)
         raise UsageError(f"{option} {size!r} is not a size; accepted: whole bytes of at least {ELEMENT_BYTES} B, "
-                         "e.g. 4KiB")
+                         "e.g. 4096")
     if size < ELEMENT_BYTES:
         raise UsageError(f"{option} {human_bytes(size)} holds no float32 element; accepted: a size of at least "
                          f"{ELEMENT_BYTES} B, e.g. 4KiB")

@@ -190,6 +190,11 @@ class _PendingSave:
     timed: bool  # inside the timed window
     manifest: dict[str, Any]
 
+    @property
+    def final(self) -> Path:
+        """The folder rank 0 renames the partial one to when it commits the save."""
+        return self.save_dir / iteration_folder_name(self.iteration)
+
 
 @dataclasses.dataclass(frozen=True)
 class RankLoad:
@@ -364,7 +369,7 @@ class Checkpointer:
             return
         waited = time.perf_counter() if stalled_since is None else stalled_since
         try:
-            files = pending.write.wait(pending.partial, pending.save_dir / iteration_folder_name(pending.iteration))
+            files = pending.write.wait(pending.partial, pending.final)
             if self.ctx.rank == 0:
                 final = commit(pending.partial, pending.save_dir, pending.iteration, pending.manifest)
                 self.last_committed = str(final)
@@ -381,9 +386,10 @@ class Checkpointer:
             stall_s=pending.stall_s + (time.perf_counter() - waited)))
 
     def _written(self, pending: _PendingSave, files: set[Path]) -> int:
-        """Bytes of ``files`` (written in the partial folder, which rank 0 may have renamed since)."""
-        final = pending.save_dir / iteration_folder_name(pending.iteration)
-        return sum(_size(path) or _size(final / path.relative_to(pending.partial)) for path in files)
+        """Bytes of ``files``, each where it is now: a file written in the partial folder may be in the
+        committed one since (rank 0 renames it once its own write is done)."""
+        return sum(_size(path) or (_size(pending.final / path.relative_to(pending.partial))
+                                   if path.is_relative_to(pending.partial) else 0) for path in files)
 
     def _failed(self, iteration: int, partial: Path, error: BaseException) -> NoReturn:
         assert self.save_dir is not None

@@ -87,8 +87,9 @@ REASONS = dict[str, Any]  # `unmeasured`: figure -> why it is null (text, or a n
 # made into sections here rather than written again, each optional, because a result's spec may be
 # partial: a sweep's record of a point whose options were refused holds only `run_args`, and a file of an
 # older writer lacks the fields added since. A field holds RunSpec's type (str as Text, bool as Flag,
-# float as Figure); one whose absence in an older file meant a value has that value as its default, the
-# others None. mypy reads the made fields as Any (a class made at run time is a dynamic base to it).
+# float as Figure); one whose absence in an older file meant a value has that value as its default (the
+# dataclass's: for a kept option, its default where `absent_means_default`), the others None. mypy reads
+# the made fields as Any (a class made at run time is a dynamic base to it).
 _HELD = {str: Text, bool: Flag, float: Figure, int: Integer}
 
 
@@ -129,13 +130,18 @@ class Parallel(_optional_fields(ParallelDims, {"tp": 1, "pp": 1, "dp": 1, "ep": 
         return f"TP{self.tp} PP{self.pp} DP{self.dp}" + (f" EP{self.ep}" if self.ep > 1 else "")
 
 
-class SpecLaunch(_optional_fields(LaunchSpec, {"nnodes": 1, "nproc_per_node": 1, "node_rank": 0})):  # type: ignore[misc]
+def _absence_meant(dataclass: type) -> dict[str, Any]:
+    """What an older result's absent field meant: the dataclass's default where it has one (None: unknown)."""
+    return {field.name: field.default for field in dataclasses.fields(dataclass)
+            if field.default is not dataclasses.MISSING and field.default is not None}
+
+
+class SpecLaunch(_optional_fields(LaunchSpec, _absence_meant(LaunchSpec))):  # type: ignore[misc]
     """How the run's processes are started."""
 
 
 class Spec(_optional_fields(  # type: ignore[misc]
-        RunSpec, {"engine": "native", "zero_stage": 0, "fsdp": False, "fused_qkv": False, "cross_entropy": "standard",
-                  "profile": False},
+        RunSpec, _absence_meant(RunSpec),
         {ParallelDims: Parallel, LaunchSpec: SpecLaunch, OptimizerSpec: dict[str, Any]})):
     """The run as requested and resolved (RunSpec's fields; run_spec() is the RunSpec)."""
 
