@@ -264,7 +264,7 @@ try:
 finally:
     os.fsync = real_fsync
     engine.close()
-print(json.dumps({"files": [str(p.resolve()) for p in write.wait()], "folder": str(folder.resolve()),
+print(json.dumps({"files": [str(p.resolve()) for p in write.wait(folder)], "folder": str(folder.resolve()),
                   "synced": synced, "finished_at": write.finished_at}))
 """
 

@@ -36,13 +36,13 @@ class StateWrite:
     def done(self) -> bool:
         return self.future is None or self.future.done()
 
-    def wait(self, *folders: Path) -> list[Path]:
+    def wait(self, folder: Path, *renamed: Path) -> list[Path]:
         """The files this rank wrote, once the write has finished (its error if it failed), looked for in
-        ``folders`` in turn: the folder it wrote into, then the one rank 0 may have renamed it to since
-        (rank 0 commits a save as soon as its own write is done, while another rank may still be looking)."""
+        the ``folder`` it wrote into, then in the one rank 0 may have ``renamed`` it to since (rank 0
+        commits a save as soon as its own write is done, while another rank may still be looking)."""
         if self.future is not None:
             self.future.result()
-        return next((found for folder in folders if (found := self.files(folder))), [])
+        return next((found for where in (folder, *renamed) if (found := self.files(where))), [])
 
 
 class EngineState(Protocol):
