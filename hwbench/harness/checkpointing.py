@@ -450,22 +450,21 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
 
 
 def _merge_save(ranks: list[int], saves: Sequence[RankSave]) -> CheckpointOperation:
-    """One save over the ranks (``saves``: rank ``ranks[i]``'s is ``saves[i]``): every rank's own
-    figures, rank 0's iteration and whether it was timed, the bytes of all, the slowest rank's time
-    and the GB/s that makes, the longest stall."""
-    total, wall = sum(own.bytes for own in saves), max(own.wall_time_s for own in saves)
-    return CheckpointOperation(iteration=saves[0].iteration, timed=saves[0].timed, bytes=total, wall_time_s=wall,
-                               gb_per_s=_gb_per_s(total, wall), stall_s=_slowest_stall(saves),
-                               ranks=[own.part(rank) for rank, own in zip(ranks, saves)])
+    """One save over the ranks (``saves``: rank ``ranks[i]``'s is ``saves[i]``): rank 0's iteration
+    and whether it was timed, the longest stall, and _merged's figures."""
+    return _merged(ranks, saves, iteration=saves[0].iteration, timed=saves[0].timed, stall_s=_slowest_stall(saves))
 
 
 def _merge_load(ranks: list[int], loads: Sequence[RankLoad]) -> CheckpointOperation:
-    """One load over the ranks (as _merge_save's): every rank's own figures, rank 0's iteration and
-    folder, the bytes of all, the slowest rank's time and the GB/s that makes."""
-    total, wall = sum(own.bytes for own in loads), max(own.wall_time_s for own in loads)
-    return CheckpointOperation(iteration=loads[0].iteration, path=loads[0].path, bytes=total, wall_time_s=wall,
-                               gb_per_s=_gb_per_s(total, wall),
-                               ranks=[own.part(rank) for rank, own in zip(ranks, loads)])
+    """One load over the ranks (as _merge_save's): rank 0's iteration and folder, and _merged's figures."""
+    return _merged(ranks, loads, iteration=loads[0].iteration, path=loads[0].path)
+
+
+def _merged(ranks: list[int], same: Sequence[RankSave | RankLoad], **first: Any) -> CheckpointOperation:
+    """Every rank's own figures, the bytes of all, the slowest rank's time and the GB/s that makes."""
+    total, wall = sum(own.bytes for own in same), max(own.wall_time_s for own in same)
+    return CheckpointOperation(bytes=total, wall_time_s=wall, gb_per_s=_gb_per_s(total, wall),
+                               ranks=[own.part(rank) for rank, own in zip(ranks, same)], **first)
 
 
 def _slowest_stall(saves: Sequence[RankSave]) -> float:
