@@ -45,7 +45,7 @@ FAULT_POINTS = [
     {"name": "good"},
     {"name": "raises", "env": {"HWBENCH_FAULT": "0:2:raise"}},
     {"name": "killed", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:signal"}},
-    {"name": "hangs", "timeout": 6, "env": {"HWBENCH_FAULT": "0:2:hang"}},  # hung by 2.5 s here
+    {"name": "hangs", "timeout": 4, "env": {"HWBENCH_FAULT": "0:2:hang"}},  # hung by 3 s here
     {"name": "bad-layout", "nproc-per-node": 2, "tp": 3},
     {"name": "too-big", "model": "3.7b", "seq-length": 32, "micro-batch-size": 1, "global-batch-size": 1},
     {"name": "good-again", "nproc-per-node": 2},
