@@ -224,11 +224,9 @@ def reference_run(request: pytest.FixtureRequest, model: str) -> dict:
 # tests/test_sweep.py reads the statistics of a point's repeats and tests/test_workflows.py lays
 # out nights from real repeats of one point: one sweep, once per session, serves both.
 
-# two samples a step: the tests read what the sweep records of its repeats, not a figure of their size
 THREE_REPEATS_SUITE = {"name": "gate",
                        "defaults": {"model": "tiny", "data": "synthetic", "seq-length": 32, "steps": 2, "warmup": 1,
-                                    "micro-batch-size": 1, "global-batch-size": 2, "eval-iters": 0,
-                                    "telemetry": False, "timeout": 300},
+                                    "eval-iters": 0, "telemetry": False, "timeout": 300},
                        "points": [{"name": "one-rank", "seed": 7}]}
 
 
