@@ -55,6 +55,13 @@ def failed_result(tmp_path_factory) -> Path:
         patch.setenv("HWBENCH_FAULT", "0:2:raise")
         code, result = parity_run(out)
     assert code == 1 and result["status"] == "failed"
+    # the one process's own record of its failure (the default run's fault sweep leaves this point out)
+    error = result["error"]
+    assert error["rank"] == 0 and "InjectedFault" in error["traceback"]
+    assert error["message"] == "injected fault: rank 0 raised at step 2"
+    from test_docs import undocumented
+
+    assert not undocumented(result)
     (path,) = out.glob("*.json")
     return path
 

@@ -331,12 +331,12 @@ def test_a_rank_out_of_memory_gives_status_oom(tmp_path, monkeypatch):
 
 
 def test_a_hung_rank_ends_in_timeout_with_every_ranks_last_step(tmp_path, monkeypatch):
-    # The whole --timeout is waited for. 12 s: on a quiet 2-core machine a whole 2-rank run of these
-    # steps takes about 5 s. A busy one may not have brought rank 1 to its hang by then (its last step below 2):
-    # that run is tried once more with 25 s, so what is checked is a hung rank's timeout, not how
-    # fast the machine started the ranks.
+    # The whole --timeout is waited for. 8 s: on a quiet 2-core machine a whole 2-rank run of these
+    # steps takes about 5 s, and rank 1 is hung at its step 3 within 5 s. A busy one may not have brought
+    # rank 1 to its hang by then (its last step below 2): that run is tried once more with 25 s, so what
+    # is checked is a hung rank's timeout, not how fast the machine started the ranks.
     monkeypatch.setenv("HWBENCH_FAULT", "1:3:hang")
-    for timeout in ("12", "25"):
+    for timeout in ("8", "25"):
         code, result = _run(tmp_path, "--nproc-per-node", "2", "--timeout", timeout, name=f"timeout-{timeout}")
         if any(r["rank"] == 1 and r["last_step"] >= 2 for r in result["ranks"]):
             break

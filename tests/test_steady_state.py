@@ -33,10 +33,11 @@ def test_a_window_that_slows_drifts_and_one_that_never_settles_says_so():
 def test_a_run_whose_device_slows_midway_is_flagged_as_drifting_with_the_throttle_reasons(tmp_path, monkeypatch,
                                                                                           capsys):
     # from the 7th of 8 timed steps on, each step sleeps 2 s: the last quarter (the drift's end) slowed,
-    # for 4 s of sleeping
+    # for 4 s of sleeping; one sample a step, the drift being the sleeps'
     monkeypatch.setenv(FAULT_ENV, "0:8:slow")
     assert main(["run", "--quiet", "--model", "tiny", "--seq-length", "32", "--steps", "8", "--warmup", "1",
-                 "--eval-iters", "0", "--no-telemetry", "--out", str(tmp_path)]) == 0
+                 "--micro-batch-size", "1", "--global-batch-size", "1", "--eval-iters", "0", "--no-telemetry",
+                 "--out", str(tmp_path)]) == 0
     result = load_result(next(tmp_path.glob("*.json")))
     steady = result.metrics.steady_state
     assert steady.drifting and steady.drift > 0.5 and steady.last_quarter_median_s > 2.0

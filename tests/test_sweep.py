@@ -45,7 +45,7 @@ FAULT_POINTS = [
     {"name": "good"},
     {"name": "raises", "env": {"HWBENCH_FAULT": "0:2:raise"}},
     {"name": "killed", "nproc-per-node": 2, "env": {"HWBENCH_FAULT": "1:2:signal"}},
-    {"name": "hangs", "timeout": 6, "env": {"HWBENCH_FAULT": "0:2:hang"}},  # hung by 2.5 s here
+    {"name": "hangs", "timeout": 4, "env": {"HWBENCH_FAULT": "0:2:hang"}},  # hung by 3 s here
     {"name": "bad-layout", "nproc-per-node": 2, "tp": 3},
     {"name": "too-big", "model": "3.7b", "seq-length": 32, "micro-batch-size": 1, "global-batch-size": 1},
     {"name": "good-again", "nproc-per-node": 2},
@@ -56,7 +56,10 @@ FAULT_STATUSES = {"good": ["ok"], "raises": ["failed"], "killed": ["failed"], "h
 
 @pytest.mark.slow
 @pytest.mark.parametrize("points", [
-    pytest.param(FAULT_POINTS[:-1], id="faults"),
+    # "raises" is heavy too: to the sweep it is a point whose process exits 1 leaving a failed result, as
+    # "killed" is; the one process's own record of its failure is tests/test_export.py's failed_result's
+    # (the same `hwbench run`, in that test's process)
+    pytest.param([point for point in FAULT_POINTS[:-1] if point["name"] != "raises"], id="faults"),
     # heavy (python -m pytest -m heavy): a 2-rank point that ends ok after the faults; the default run's
     # sweeps run points after failed ones (above) and 2-rank points that end ok (tests/test_accept.py's
     # and tests/test_tune.py's)
@@ -69,8 +72,9 @@ def test_a_sweep_records_every_fault_and_keeps_the_good_results(tmp_path, capsys
     assert main(["sweep", str(suite), "--out", str(out)]) == 1  # not every point was ok
     assert _statuses(out, "t") == {name: FAULT_STATUSES[name] for name in names}
     results = {r.sweep.point: r for r in load_results([out])[0]}
-    assert results["raises"].error.rank == 0 and "InjectedFault" in results["raises"].error.traceback
-    assert results["raises"].error.message == "injected fault: rank 0 raised at step 2"
+    if "raises" in results:
+        assert results["raises"].error.rank == 0 and "InjectedFault" in results["raises"].error.traceback
+        assert results["raises"].error.message == "injected fault: rank 0 raised at step 2"
     killed = results["killed"]  # the launcher's record of a rank killed by a signal (test_parallel's, heavy)
     assert killed.error.rank == 1 and killed.error.signal == "SIGKILL" and "SIGKILL" in killed.error.message
     assert len(killed.ranks) == 2 and all(process_gone(r.pid) for r in killed.ranks), "a rank outlived the point"
