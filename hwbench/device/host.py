@@ -19,7 +19,8 @@ def allowed_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def _read(path: Path) -> str | None:
+def read_stripped(path: Path) -> str | None:
+    """A small system file's text without its surrounding white space; None when it cannot be read."""
     try:
         return path.read_text().strip()
     except OSError:
@@ -31,17 +32,18 @@ def cgroup_cpu_quota(proc_root: Path, sys_root: Path) -> tuple[float | None, str
     cgroup v2 group's cpu.max (a container's slice), else the root's, else cgroup v1's CFS quota.
     ValueError when the file is there but unreadable as a quota."""
     relative = ""
-    for line in (_read(proc_root / "self/cgroup") or "").splitlines():
+    for line in (read_stripped(proc_root / "self/cgroup") or "").splitlines():
         if line.startswith("0::"):
             relative = line[3:].lstrip("/")
     root = sys_root / "fs/cgroup"
     for path in dict.fromkeys([root / relative / "cpu.max", root / "cpu.max"]):
-        text = _read(path)
+        text = read_stripped(path)
         if text:
             quota, _, period = text.partition(" ")
             return (None if quota == "max" else int(quota) / int(period or 100000)), str(path)
-    quota_v1 = _read(root / "cpu/cpu.cfs_quota_us") or _read(root / "cpu,cpuacct/cpu.cfs_quota_us")
-    period_v1 = _read(root / "cpu/cpu.cfs_period_us") or _read(root / "cpu,cpuacct/cpu.cfs_period_us")
+    v1 = [root / "cpu", root / "cpu,cpuacct"]  # where cgroup v1 mounts its CPU controller
+    quota_v1 = next(filter(None, (read_stripped(folder / "cpu.cfs_quota_us") for folder in v1)), None)
+    period_v1 = next(filter(None, (read_stripped(folder / "cpu.cfs_period_us") for folder in v1)), None)
     if quota_v1 and period_v1 and quota_v1 != "-1":
         return int(quota_v1) / int(period_v1), "cgroup v1 cpu.cfs_quota_us"
     return None, "no cgroup CPU quota"

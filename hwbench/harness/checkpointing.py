@@ -422,15 +422,14 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
     first = ranks[0][1]
     numbers = [rank for rank, _entry in ranks]
     # the i-th save (load) of every rank, as far as all have one
-    per_save = list(zip(*(entry.saves for _rank, entry in ranks)))
-    saves = [_merge_save(numbers, same) for same in per_save]
+    saves = [_merge_save(numbers, same) for same in zip(*(entry.saves for _rank, entry in ranks))]
     loads = [_merge_load(numbers, same) for same in zip(*(entry.loads for _rank, entry in ranks))]
     unmeasured: dict[str, str] = {}
     section = Checkpoints(save_dir=spec.save, save_interval=spec.save_interval, async_save=spec.async_save,
                           load=spec.load, saves=saves, loads=loads, latest=first.latest,
                           restarts=first.restarts + ([first.restart] if first.restart else []))
     if saves:
-        stalls = [_slowest_stall(same) for same in per_save]
+        stalls = [s.stall_s for s in saves if s.stall_s is not None]  # each merged save's: _merge_save sets it
         stall = statistics.median(stalls)
         rates = [s.gb_per_s for s in saves if s.gb_per_s is not None]
         section.save_bytes, section.save_gb_per_s = saves[-1].bytes, statistics.median(rates) if rates else None

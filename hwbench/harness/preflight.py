@@ -23,7 +23,7 @@ from typing import Any
 
 from hwbench.device.health import FAIL, INFO, LINKS, MEMORY, DeviceHealth, collective_settings, judge_health, meminfo
 from hwbench.device.health import WARNING as HEALTH_WARNING
-from hwbench.device.host import allowed_cpus, cgroup_cpu_quota, share_of_cores
+from hwbench.device.host import allowed_cpus, cgroup_cpu_quota, read_stripped, share_of_cores
 from hwbench.errors import UsageError
 from hwbench.units import human_bytes
 
@@ -335,13 +335,6 @@ def persistence_mode(devices: list[DeviceHealth]) -> Check:
 # --- the host -------------------------------------------------------------------------------------
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
 def _bracketed(text: str) -> str:
     """The selected word of a sysfs choice, `always [madvise] never` -> madvise."""
     return next((word[1:-1] for word in text.split() if word.startswith("[")), text)
@@ -350,7 +343,7 @@ def _bracketed(text: str) -> str:
 def cpu_governor(host: Host) -> Check:
     cpus = list(allowed_cpus())
     base = host.sys / "devices/system/cpu"
-    governors = {cpu: _read(base / f"cpu{cpu}/cpufreq/scaling_governor") for cpu in cpus}
+    governors = {cpu: read_stripped(base / f"cpu{cpu}/cpufreq/scaling_governor") for cpu in cpus}
     read = {cpu: governor for cpu, governor in governors.items() if governor}
     if not read:
         return Check(
@@ -375,7 +368,7 @@ def cpu_governor(host: Host) -> Check:
 
 
 def numa_balancing(host: Host) -> Check:
-    setting = _read(host.proc / "sys/kernel/numa_balancing")
+    setting = read_stripped(host.proc / "sys/kernel/numa_balancing")
     nodes = len(list((host.sys / "devices/system/node").glob("node[0-9]*")))
     if setting is None:
         return Check(
@@ -400,7 +393,7 @@ def numa_balancing(host: Host) -> Check:
 
 def transparent_hugepages(host: Host) -> Check:
     base = host.sys / "kernel/mm/transparent_hugepage"
-    enabled, defrag = _read(base / "enabled"), _read(base / "defrag")
+    enabled, defrag = read_stripped(base / "enabled"), read_stripped(base / "defrag")
     if enabled is None:
         return Check("transparent_hugepages", None, None, reason=f"{base} does not exist (no THP in this kernel)")
     value = f"enabled {_bracketed(enabled)}" + (f", defrag {_bracketed(defrag)}" if defrag else "")
