@@ -95,6 +95,7 @@ def test_the_check_counts_wrong_values():
 
 @pytest.mark.parametrize(("options", "words"), [
     (["--min-bytes", "lots"], ["--min-bytes", "'lots'", "not a size"]),
+    (["--min-bytes", "4.5"], ["--min-bytes", "'4.5'", "not a size", "whole bytes"]),  # not read as 4
     (["--max-bytes", "8", "--min-bytes", "1KiB"], ["--max-bytes", "below --min-bytes"]),
     (["--collectives", "all_reduce,allgather"], ["--collectives", "'allgather'", "all_gather"]),
     (["--nproc-per-node", "1"], ["--nproc-per-node 1", "at least 2 ranks"]),

@@ -333,6 +333,10 @@ def test_stage_parameters_match_the_real_model():
 def test_sizes():
     assert parse_size("32GiB") == 32 * 2 ** 30 and parse_size("24G") == 24 * 2 ** 30
     assert parse_size("80GB") == 80 * 10 ** 9 and parse_size("1024") == 1024
+    assert parse_size("1.3KiB") == 1331  # a unit's fraction of a byte is dropped
+    for bytes_with_a_fraction in ("4.5", "4.5B"):  # a number of bytes is whole, not truncated
+        with pytest.raises(UsageError, match=r"--device-memory '4\.5B?' is not a size; .*whole bytes with no unit"):
+            parse_size(bytes_with_a_fraction)
     plan = plan_memory(spec_for(), CONFIG, "cpu")
     assert plan.fits(GIB) and not plan.fits(GIB // 2)
 
