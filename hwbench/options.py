@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hwbench.arguments import Option
-from hwbench.catalog import LR_DECAY_STYLES
+from hwbench.catalog import LR_DECAY_STYLES, TrainingDefaults
 from hwbench.device.kinds import AUTO_ORDER, DEVICE_CHOICES, FALLBACK_KIND
 from hwbench.errors import UsageError
 from hwbench.precision import DEFAULT_FP8_RECIPE, FP8_RECIPES, RUN_PRECISIONS
@@ -82,8 +82,8 @@ def _below_one(beta: float) -> bool:
 
 
 # Where the resolved spec keeps an option as given, else as its default (the workload's, or the option's):
-# a field of the option's own name in hwbench.spec's RunSpec or its OptimizerSpec, generated into
-# hwbench/kept_options.py from the definition below (spec_fields_module). Every other option is resolved
+# a field of the option's own name in hwbench.spec's RunSpec, its OptimizerSpec or LaunchSpec, generated into
+# hwbench/kept_options.py from the definition below (kept_options_module). Every other option is resolved
 # by a rule of hwbench.spec (the batch sizes, the layout, the launch, ...) into a field declared there.
 RUN_SPEC, OPTIMIZER_SPEC, LAUNCH_SPEC = "RunSpec", "OptimizerSpec", "LaunchSpec"
 
@@ -128,7 +128,7 @@ class RunOptions:
         "fp32, bf16/fp16 autocast, or fp8: torchao's float8 training of the transformer blocks' linear layers, "
         "the rest as a bf16 run (docs/methodology.md, 'FP8 training')",
         default_rule="the workload's",
-        choices=RUN_PRECISIONS, kept=RUN_SPEC
+        choices=RUN_PRECISIONS, kept=RUN_SPEC,
     )
     fp8_recipe: str | None = option(
         "how --precision fp8 scales its tensors: tensorwise (one scale per tensor), rowwise (one per row, powers "
@@ -137,11 +137,10 @@ class RunOptions:
         choices=FP8_RECIPES,
     )
     recompute: bool | None = option(
-        "activation checkpointing of every block", default_rule="the workload's",
-        kept=RUN_SPEC
+        "activation checkpointing of every block", default_rule="the workload's", kept=RUN_SPEC,
     )
     compile: bool | None = option(
-        "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on", kept=RUN_SPEC
+        "torch.compile every transformer block", default=False, default_rule="off; --settings fast: on", kept=RUN_SPEC,
     )
     settings: str | None = option(
         "published: the workload's published micro batch and recompute; fast: what fits and is fastest on this "
@@ -149,19 +148,19 @@ class RunOptions:
         "batch that divides the global batch and fits, --compile, --cross-entropy chunked, --fused-qkv; options "
         "given explicitly win",
         default="published",
-        choices=SETTINGS, kept=RUN_SPEC, absent_means_default=True
+        choices=SETTINGS, kept=RUN_SPEC, absent_means_default=True,
     )
     cross_entropy: str | None = option(
         f"standard, or chunked: the output projection and the loss {CROSS_ENTROPY_CHUNK_TOKENS} tokens at a time, "
         "logits recomputed in the backward, so the [tokens, vocab] fp32 logits never exist (native engine, --tp 1)",
         default="standard",
         default_rule="standard; --settings fast: chunked where it can run",
-        choices=CROSS_ENTROPY_CHOICES, kept=RUN_SPEC, absent_means_default=True
+        choices=CROSS_ENTROPY_CHOICES, kept=RUN_SPEC, absent_means_default=True,
     )
     fused_qkv: bool | None = option(
         "one [3h, h] q/k/v projection in Megatron's per-head layout, the same weights as the separate ones",
         default=False,
-        default_rule="off; --settings fast: on where it can run", kept=RUN_SPEC, absent_means_default=True
+        default_rule="off; --settings fast: on where it can run", kept=RUN_SPEC, absent_means_default=True,
     )
     device_memory: str | None = option(
         "memory per device that --settings fast plans for, e.g. 24GiB or 80GB",
@@ -174,13 +173,13 @@ class RunOptions:
         "Megatron dataset PREFIX.bin/.idx",
         default=DATA_KEYWORDS[0],
         accepts="builtin, synthetic or a path prefix",
-        megatron=("--data-path",), kept=RUN_SPEC
+        megatron=("--data-path",), kept=RUN_SPEC,
     )
     split: str | None = option(
         "train,valid,test weights for --data PREFIX",
         default="949,50,1",
         valid=_parses(parse_split),
-        accepts="up to three non-negative weights", kept=RUN_SPEC
+        accepts="up to three non-negative weights", kept=RUN_SPEC,
     )
     valid_data: str | None = option(
         "prefix of a Megatron dataset PREFIX.bin/.idx to validate on, instead of --split's validation part of "
@@ -188,7 +187,7 @@ class RunOptions:
         "unshuffled (MLPerf Training's fixed validation set)",
         default_rule="the validation part of --data (--split)",
         valid=_nonempty,
-        accepts="a path prefix", kept=RUN_SPEC
+        accepts="a path prefix", kept=RUN_SPEC,
     )
     eval_interval: int | None = option(
         "validate every N steps; 0: only after the last",
@@ -198,11 +197,10 @@ class RunOptions:
         default_rule=f"0; with a target: {TARGET_EVAL_INTERVAL}",
     )
     eval_iters: int | None = option(
-        "global batches per validation; 0: none", default=10, minimum=0, maximum=MAX_STEPS,
-        kept=RUN_SPEC
+        "global batches per validation; 0: none", default=10, minimum=0, maximum=MAX_STEPS, kept=RUN_SPEC,
     )
     steps: int | None = option(
-        "timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS, megatron=("--train-iters",), kept=RUN_SPEC
+        "timed optimizer steps", default=20, minimum=1, maximum=MAX_STEPS, megatron=("--train-iters",), kept=RUN_SPEC,
     )
     warmup: int | None = option("untimed steps before them", default=5, minimum=0, maximum=MAX_STEPS, kept=RUN_SPEC)
     target_ppl: str | None = option(
@@ -218,16 +216,15 @@ class RunOptions:
         "as --target-ppl, for the validation loss in nats", minimum=0, above_minimum=True, group=TARGET
     )
     seed: int | None = option(
-        "seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED,
-        kept=RUN_SPEC
+        "seed for weights and data", default_rule="the workload's", minimum=0, maximum=MAX_SEED, kept=RUN_SPEC,
     )
     lr: float | None = option(
         "peak learning rate", default_rule="the workload's", minimum=0, above_minimum=True, group=OPTIMIZER,
-        kept=OPTIMIZER_SPEC
+        kept=OPTIMIZER_SPEC,
     )
     min_lr: float | None = option(
         "learning rate at the end of the decay, at most --lr", default_rule="the workload's", minimum=0,
-        group=OPTIMIZER, kept=OPTIMIZER_SPEC
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC,
     )
     lr_warmup_iters: int | None = option(
         "steps of linear warm-up from --lr-warmup-init to --lr, counted from the first step (the untimed --warmup "
@@ -240,40 +237,39 @@ class RunOptions:
     )
     lr_warmup_init: float | None = option(
         "learning rate the warm-up starts from, at most --lr", default=0.0, minimum=0, group=OPTIMIZER,
-        kept=OPTIMIZER_SPEC, absent_means_default=True
+        kept=OPTIMIZER_SPEC, absent_means_default=True,
     )
     lr_decay_iters: int | None = option(
         "step at which the decay reaches --min-lr (it may lie far past --steps)", default_rule="the workload's",
-        minimum=1, group=OPTIMIZER, kept=OPTIMIZER_SPEC
+        minimum=1, group=OPTIMIZER, kept=OPTIMIZER_SPEC,
     )
     lr_decay_style: str | None = option(
         "decay from --lr to --min-lr after the warm-up", default_rule="the workload's", choices=LR_DECAY_STYLES,
-        group=OPTIMIZER, kept=OPTIMIZER_SPEC
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC,
     )
     adam_beta1: float | None = option(
         "AdamW's decay rate of the gradient's running mean", default=0.9, valid=_below_one, accepts=BETA,
-        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True,
     )
     adam_beta2: float | None = option(
         "AdamW's decay rate of the squared gradient's running mean", default=0.999, valid=_below_one, accepts=BETA,
-        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC, absent_means_default=True,
     )
     adam_eps: float | None = option(
         "AdamW's epsilon, added to the denominator", default=1e-8, minimum=0, above_minimum=True, group=OPTIMIZER,
-        kept=OPTIMIZER_SPEC, absent_means_default=True
+        kept=OPTIMIZER_SPEC, absent_means_default=True,
     )
     weight_decay: float | None = option(
         "AdamW weight decay of the weight matrices (biases and norm gains get none)", default_rule="the workload's",
-        minimum=0, group=OPTIMIZER, kept=OPTIMIZER_SPEC
+        minimum=0, group=OPTIMIZER, kept=OPTIMIZER_SPEC,
     )
     clip_grad: float | None = option(
         "clip the gradients to this global L2 norm; 0: no clipping", default_rule="the workload's", minimum=0,
-        group=OPTIMIZER, kept=OPTIMIZER_SPEC
+        group=OPTIMIZER, kept=OPTIMIZER_SPEC,
     )
     out: str | None = option("folder for the result file", default="results/runs", accepts="a folder")
     telemetry: bool | None = option(
-        "sample power, clocks and temperature during the timed steps", default=True,
-        kept=RUN_SPEC
+        "sample power, clocks and temperature during the timed steps", default=True, kept=RUN_SPEC,
     )
     telemetry_interval: float | None = option(
         "seconds between telemetry samples", default=0.5, minimum=0.01, maximum=60, accepts="seconds"
@@ -314,7 +310,7 @@ class RunOptions:
     fsdp: bool | None = option(
         "shard parameters, gradients and optimizer state over dp with FSDP2 (native engine)",
         default=False,
-        group=LAYOUT, kept=RUN_SPEC, absent_means_default=True
+        group=LAYOUT, kept=RUN_SPEC, absent_means_default=True,
     )
     zero: int | None = option(
         "DeepSpeed ZeRO stage (--engine deepspeed)",
@@ -325,7 +321,7 @@ class RunOptions:
     )
     engine: str | None = option(
         "native (torch.distributed) or deepspeed", default=ENGINES[0], choices=ENGINES, group=LAYOUT,
-        kept=RUN_SPEC, absent_means_default=True
+        kept=RUN_SPEC, absent_means_default=True,
     )
     pp_schedule: str | None = option(
         "pipeline schedule",
@@ -335,14 +331,14 @@ class RunOptions:
     )
     nproc_per_node: int | None = option(
         "ranks on this node; 1 runs in this process", default=1, minimum=1, maximum=1024, group=PROCESSES,
-        kept=LAUNCH_SPEC, absent_means_default=True
+        kept=LAUNCH_SPEC, absent_means_default=True,
     )
     threads_per_rank: int | None = option(
         "torch intra-op threads in each rank; more threads than cores marks the run oversubscribed",
         minimum=1,
         maximum=4096,
         default_rule="the usable cores of the node shared among its ranks",
-        group=PROCESSES, kept=RUN_SPEC
+        group=PROCESSES, kept=RUN_SPEC,
     )
     nnodes: int | None = option("nodes in the job", default=1, minimum=1, maximum=65_536, group=PROCESSES,
                                 kept=LAUNCH_SPEC, absent_means_default=True)
@@ -350,7 +346,7 @@ class RunOptions:
                                    kept=LAUNCH_SPEC, absent_means_default=True)
     master_addr: str | None = option(
         "address of node 0", default="127.0.0.1", accepts="a host name or address", group=PROCESSES,
-        kept=LAUNCH_SPEC, absent_means_default=True
+        kept=LAUNCH_SPEC, absent_means_default=True,
     )
     master_port: int | None = option(
         "port on node 0",
@@ -358,13 +354,13 @@ class RunOptions:
         maximum=65535,
         accepts="a TCP port",
         default_rule=f"a free one on one node; {MULTI_NODE_PORT} across nodes",
-        group=PROCESSES, kept=LAUNCH_SPEC
+        group=PROCESSES, kept=LAUNCH_SPEC,
     )
     rdzv_endpoint: str | None = option(
         "HOST:PORT of a c10d rendezvous, instead of --master-addr/--master-port",
         valid=_host_port,
         accepts="HOST:PORT",
-        group=PROCESSES, kept=LAUNCH_SPEC
+        group=PROCESSES, kept=LAUNCH_SPEC,
     )
     timeout: float | None = option(
         "seconds before a run that has not finished is ended, every process with it",
@@ -387,41 +383,41 @@ class RunOptions:
         default=0,
         minimum=0,
         maximum=MAX_RESTARTS,
-        group=PROCESSES, kept=LAUNCH_SPEC, absent_means_default=True
+        group=PROCESSES, kept=LAUNCH_SPEC, absent_means_default=True,
     )
     save: str | None = option(
         "folder to save checkpoints into, as Megatron-LM lays them out (iter_NNNNNNN/, "
         "latest_checkpointed_iteration.txt): after the last step, and every --save-interval steps",
         valid=_nonempty,
         accepts="a folder",
-        group=CHECKPOINTS, kept=RUN_SPEC
+        group=CHECKPOINTS, kept=RUN_SPEC,
     )
     save_interval: int | None = option(
         "save also after every step whose number is a multiple of N (--save)",
         minimum=1,
         maximum=MAX_STEPS,
         default_rule="only after the last step",
-        group=CHECKPOINTS, kept=RUN_SPEC
+        group=CHECKPOINTS, kept=RUN_SPEC,
     )
     load: str | None = option(
         "resume from a checkpoint: a --save folder (its latest) or one of its iter_NNNNNNN folders; the run trains "
         "--warmup + --steps more steps from there, in the same sample order",
         valid=_nonempty,
         accepts="a folder",
-        group=CHECKPOINTS, kept=RUN_SPEC
+        group=CHECKPOINTS, kept=RUN_SPEC,
     )
     async_save: bool | None = option(
         "write each checkpoint in the background (torch.distributed.checkpoint's async_save; native engine): "
         "training stalls only while the state is copied to host memory",
         default=False,
-        group=CHECKPOINTS, kept=RUN_SPEC, absent_means_default=True
+        group=CHECKPOINTS, kept=RUN_SPEC, absent_means_default=True,
     )
     profile: bool | None = option(
         "torch.profiler over --profile-steps extra steps after the timed ones (kept out of every timed figure): "
         "a trace per rank beside the result (<run id>.profile/rank-N.json.gz, Chrome/Perfetto JSON), where each "
         "rank's step time goes, and the rank the others wait for (docs/methodology.md, 'Where the time goes')",
         default=False,
-        group=PROFILE, kept=RUN_SPEC, absent_means_default=True
+        group=PROFILE, kept=RUN_SPEC, absent_means_default=True,
     )
     profile_steps: int | None = option(
         "steps --profile records, after one more it discards (the profiler's warm-up)",
@@ -600,16 +596,15 @@ def _kept_type(option: Option) -> str:
     """The spec's type of a kept option's value: its own, an integer's range as hwbench.fields names it."""
     if option.type in (bool, str, float):
         return option.type.__name__
-    if option.type is int and option.minimum in (0, 1) and not (option.minimum == 1 and option.above_minimum):
-        return "Positive" if option.minimum == 1 or option.above_minimum else "Count"
+    lowest = None if option.minimum is None else option.minimum + int(option.above_minimum)  # of an integer
+    if option.type is int and lowest in (0, 1):
+        return "Positive" if lowest == 1 else "Count"
     raise ValueError(f"{option.flag} is kept in the spec, and its type {option.type.__name__} from minimum "
                      f"{option.minimum} has no spec type here: add one to _kept_type")
 
 
 def _kept_field(name: str, absent_means_default: bool) -> str:
     """The spec field of a kept option: `seq_length: Positive`, `save: str | None = None`."""
-    from hwbench.catalog import TrainingDefaults
-
     option, workload = RUN_OPTIONS[name], TrainingDefaults.model_fields.get(name)
     kind = _kept_type(option)
     # build_run_spec takes the option as given, else the workload's training default, else the option's

@@ -44,7 +44,7 @@ def parse_size(text: str, option: str = "--device-memory") -> int:
     size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
     # 400 digits are a float's inf (int() of it was an OverflowError); a unit's fraction of a byte is
     # dropped (1.3KiB), but a number of bytes is meant whole (4.5 is no size, not 4)
-    if not (math.isfinite(size) and size >= 1) or (_UNITS.get(unit or "") == 1 and not size.is_integer()):
+    if not (math.isfinite(size) and size >= 1) or (unit in ("", "B") and not size.is_integer()):
         shown = text if len(text) <= 40 else text[:37] + "..."
         raise UsageError(f"{option} {shown!r} is not a size; accepted: a positive number with GiB/MiB/G (2^30, 2^20) "
                          "or GB/MB (10^9, 10^6), or whole bytes with no unit, at least 1 byte and less than 10^308, "

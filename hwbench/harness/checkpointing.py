@@ -451,7 +451,8 @@ def merge_checkpoints(spec: RunSpec, per_rank: list[RankCheckpoints | None],
 def _merge_save(ranks: list[int], saves: Sequence[RankSave]) -> CheckpointOperation:
     """One save over the ranks (``saves``: rank ``ranks[i]``'s is ``saves[i]``): rank 0's iteration
     and whether it was timed, the longest stall, and _merged's figures."""
-    return _merged(ranks, saves, iteration=saves[0].iteration, timed=saves[0].timed, stall_s=_slowest_stall(saves))
+    return _merged(ranks, saves, iteration=saves[0].iteration, timed=saves[0].timed,
+                   stall_s=max(own.stall_s for own in saves))  # the step waits for its slowest rank
 
 
 def _merge_load(ranks: list[int], loads: Sequence[RankLoad]) -> CheckpointOperation:
@@ -464,11 +465,6 @@ def _merged(ranks: list[int], same: Sequence[RankSave | RankLoad], **first: Any)
     total, wall = sum(own.bytes for own in same), max(own.wall_time_s for own in same)
     return CheckpointOperation(bytes=total, wall_time_s=wall, gb_per_s=_gb_per_s(total, wall),
                                ranks=[own.part(rank) for rank, own in zip(ranks, same)], **first)
-
-
-def _slowest_stall(saves: Sequence[RankSave]) -> float:
-    """The stall of one save over the ranks: the step waits for its slowest rank."""
-    return max(own.stall_s for own in saves)
 
 
 def _gb_per_s(size: int, wall_s: float) -> float | None:
